@@ -1,0 +1,11 @@
+"""CPU eviction policies, one per module, each registered by name.
+
+Importing this package registers every built-in policy. Use ``create(name, capacity)``;
+an unknown name raises ``UnknownPolicyError`` listing the known ones.
+"""
+
+from agent.policies import lru  # noqa: F401  (registers itself)
+from agent.policies.base import EvictionPolicy
+from agent.policies.registry import UnknownPolicyError, create, factory, names, register
+
+__all__ = ["EvictionPolicy", "UnknownPolicyError", "create", "factory", "names", "register"]

@@ -1,0 +1,45 @@
+"""The eviction-policy Protocol every evictor implements, CPU or device, baseline or fitted.
+
+Owns the contract only: the three verbs vLLM's block pool uses (touch, free, evict) plus
+membership and size. It must never do I/O, read settings or know about traces.
+
+The life of a cached block, in vLLM's words:
+
+- a request arrives and reuses cached blocks of its prefix: ``touch`` (they are now in use
+  and must not be evicted);
+- the request finishes and releases its blocks, tail first: ``free``. A block the policy
+  has never seen is inserted (it was a miss, just computed); a touched one becomes evictable
+  again;
+- the cache needs room: ``evict(n)`` removes and returns up to ``n`` evictable victims,
+  first victim first. It never returns a block that is in use or not cached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class EvictionPolicy(Protocol):
+    """One cache's eviction order. Block ids are ints (dense ids in replay, hashes live)."""
+
+    def touch(self, blocks: Sequence[int], now: float) -> None:
+        """Cached ``blocks`` are reused by a request arriving at ``now``; they are in use
+        until freed. Touching a block that is already in use is a no-op."""
+
+    def free(
+        self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
+    ) -> None:
+        """A request of ``category`` that accessed ``blocks`` at ``now`` releases them, in
+        release order (vLLM frees a request's blocks tail first). ``offsets[i]`` is the
+        position of ``blocks[i]`` in its prompt (0 = first block)."""
+
+    def evict(self, n: int) -> list[int]:
+        """Remove and return up to ``n`` evictable blocks, first victim first."""
+
+    def __len__(self) -> int:
+        """Number of cached blocks held: evictable or in use."""
+
+    def __contains__(self, block: object) -> bool:
+        """Whether ``block`` is cached (evictable or in use)."""

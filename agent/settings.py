@@ -1,0 +1,37 @@
+"""Agent settings, read from the environment (``KVWISE_`` prefix) in this one place.
+
+Owns every knob of the agent inside an inference worker. Helm values under ``workers``
+mirror these one to one. It must never read anything but the environment.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class AgentSettings(BaseSettings):
+    """What an engine process needs to join kvwise."""
+
+    model_config = SettingsConfigDict(env_prefix="KVWISE_", extra="ignore")
+
+    enable: bool = Field(default=False, description="Turn the agent (and engine plugin) on")
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        description="Redis URL (redis:// or rediss:// for TLS; user:password@ for ACLs)",
+    )
+    key_prefix: str = Field(default="kvwise:", description="Prefix of every Redis key")
+    worker_id: str = Field(default="", description="This worker's id; default host-pid")
+    evictor: str = Field(default="wa", description="Policy name: wa, lru, ... or 'device'")
+    device: str = Field(default="cpu", description="Device of the torch evictor: cuda, cpu")
+    buffer_events: int = Field(
+        default=1 << 18, gt=0, description="Events held before the publisher drops"
+    )
+    batch_events: int = Field(default=8192, gt=0, description="Events per stream entry")
+    flush_interval_s: float = Field(default=0.2, gt=0, description="Longest wait to send")
+    stream_maxlen: int = Field(default=10_000, gt=0, description="XADD MAXLEN ~ per worker")
+    poll_interval_s: float = Field(
+        default=2.0, gt=0, description="Polling of the current policy (pub/sub is a hint)"
+    )
+    heartbeat_interval_s: float = Field(default=5.0, gt=0, description="Heartbeat period")
+    heartbeat_ttl_s: float = Field(default=30.0, gt=0, description="Heartbeat key TTL")

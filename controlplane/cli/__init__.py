@@ -1,0 +1,36 @@
+"""The ``kvwise`` command line: one Typer app, one module per command group.
+
+Owns argument parsing and rendering only; every command calls into library code. Command
+modules import their heavy dependencies inside the command, so ``kvwise --help`` is fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from controlplane.cli import replay_cmd
+
+app = typer.Typer(
+    name="kvwise",
+    help=(
+        "kvwise: a KV-cache eviction control plane for LLM inference servers.\n\n"
+        "Replay traces through eviction policies, fit per-category reuse models, and run "
+        "the live controller that pushes fitted policies to every worker."
+    ),
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """kvwise: a KV-cache eviction control plane for LLM inference servers."""
+
+
+for module in (replay_cmd,):
+    module.register(app)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,173 @@
+"""``kvwise replay``: judge eviction policies on a trace.
+
+Owns the command's options, progress display and output (table or JSON). The replay
+itself is ``controlplane.replay``; trace reading is ``controlplane.traces.reader``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from controlplane.cli.common import fail, parse_fracs, parse_ints, split_list
+
+
+def register(app: typer.Typer) -> None:
+    app.command("replay")(replay)
+
+
+def replay(
+    trace_path: Annotated[
+        Path, typer.Argument(metavar="TRACE", help="Bailian or Mooncake JSONL trace (.gz ok)")
+    ],
+    policy: Annotated[
+        str,
+        typer.Option(
+            "--policy", "-p", help="Comma-separated policy names, or 'all' (every policy + bounds)"
+        ),
+    ] = "all",
+    capacity: Annotated[
+        str | None, typer.Option(help="Cache sizes in blocks, e.g. 5000,10000")
+    ] = None,
+    capacity_frac: Annotated[
+        str | None,
+        typer.Option(help="Cache sizes as fractions of the trace's unique blocks"),
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object on stdout")] = False,
+    jobs: Annotated[
+        int, typer.Option("--jobs", "-j", help="Worker processes (0 = one per core)")
+    ] = 0,
+    skip_bad_lines: Annotated[
+        bool, typer.Option(help="Skip malformed trace lines (counted) instead of stopping")
+    ] = False,
+    top_categories: Annotated[
+        int, typer.Option(help="Categories shown per capacity in the table (by accesses)")
+    ] = 8,
+) -> None:
+    """Replay TRACE through eviction policies at several cache sizes.
+
+    Every request's hits are the longest cached prefix of its blocks; blocks are released
+    tail first and the cache evicts down to capacity after each request (docs/replay.md).
+    Belady (farthest next use) and an infinite cache are the reference bounds.
+
+    Examples:
+
+      kvwise replay trace.jsonl --capacity-frac 0.05,0.1,0.2,0.4
+
+      kvwise replay mooncake_trace.jsonl -p lru,s3fifo --capacity 5000 --json
+    """
+    from controlplane.replay import catalog
+    from controlplane.traces.reader import TraceError, load_trace
+
+    if capacity and capacity_frac:
+        fail("give --capacity or --capacity-frac, not both")
+    names = catalog.names() if policy == "all" else split_list(policy, "--policy")
+    known = set(catalog.names())
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        fail(f"unknown policy {unknown[0]!r}; known policies: {', '.join(catalog.names())}")
+    try:
+        trace = load_trace(trace_path, skip_bad_lines=skip_bad_lines)
+    except (OSError, TraceError) as exc:
+        fail(str(exc))
+    if trace.skipped_lines:
+        first = ", ".join(f"line {ln}: {why}" for ln, why in trace.skipped_lines[:3])
+        typer.echo(f"skipped {len(trace.skipped_lines)} bad lines ({first})", err=True)
+    if trace.n_requests == 0:
+        fail(f"{trace_path}: no requests")
+    if capacity:
+        capacities = parse_ints(capacity, "--capacity")
+    else:
+        fracs = parse_fracs(capacity_frac or "0.05,0.1,0.2,0.4", "--capacity-frac")
+        capacities = [max(1, round(f * trace.n_unique)) for f in fracs]
+
+    results = _run_with_progress(trace, names, capacities, jobs, quiet=json_out)
+    if json_out:
+        doc: dict[str, Any] = {
+            "trace": str(trace_path),
+            "requests": trace.n_requests,
+            "accesses": trace.n_accesses,
+            "unique_blocks": trace.n_unique,
+            "skipped_lines": len(trace.skipped_lines),
+            "results": [r.to_json() for r in results],
+        }
+        json.dump(doc, sys.stdout)
+        sys.stdout.write("\n")
+        return
+    _print_tables(trace, names, capacities, results, top_categories)
+
+
+def _run_with_progress(
+    trace: Any, names: list[str], capacities: list[int], jobs: int, quiet: bool
+) -> list[Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from controlplane.replay.runner import ReplayJob, run_matrix
+
+    total = trace.n_requests * len(names) * len(capacities)
+    # Small replays finish before a bar is worth drawing.
+    if quiet or trace.n_accesses * len(names) * len(capacities) < 2_000_000:
+        return run_matrix(trace, names, capacities, jobs=jobs or None)
+    done: dict[ReplayJob, int] = {}
+    with Progress(
+        TextColumn("[bold]replay"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("requests"),
+        TimeElapsedColumn(),
+        transient=True,
+        console=None,
+    ) as bar:
+        task = bar.add_task("replay", total=total)
+
+        def progress(job: ReplayJob, n: int) -> None:
+            done[job] = n
+            bar.update(task, completed=sum(done.values()))
+
+        return run_matrix(trace, names, capacities, jobs=jobs or None, progress=progress)
+
+
+def _print_tables(
+    trace: Any, names: list[str], capacities: list[int], results: list[Any], top: int
+) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    by = {(r.policy, r.capacity): r for r in results}
+    console.print(
+        f"[bold]{trace.name}[/]: {trace.n_requests:,} requests, {trace.n_accesses:,} block "
+        f"accesses, {trace.n_unique:,} unique blocks"
+    )
+    table = Table(title="Block hit ratio", title_justify="left")
+    table.add_column("policy")
+    for c in capacities:
+        table.add_column(f"{c:,} blocks\n({c / trace.n_unique:.1%})", justify="right")
+    for name in names:
+        ratios = [by[(name, c)].hit_ratio for c in capacities]
+        table.add_row(name, *(f"{x:.4f}" for x in ratios))
+    console.print(table)
+    if len(trace.category_names) <= 1 or top <= 0:
+        return
+    acc = next(iter(results)).per_category
+    cats = sorted(acc, key=lambda k: -acc[k].accesses)[:top]
+    for c in capacities:
+        t = Table(
+            title=f"Per-category hit ratio at {c:,} blocks (top {len(cats)} by accesses)",
+            title_justify="left",
+        )
+        t.add_column("category")
+        t.add_column("accesses", justify="right")
+        for name in names:
+            t.add_column(name, justify="right")
+        for cat in cats:
+            t.add_row(
+                cat,
+                f"{acc[cat].accesses:,}",
+                *(f"{by[(n, c)].per_category[cat].hit_ratio:.3f}" for n in names),
+            )
+        console.print(t)

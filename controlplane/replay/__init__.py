@@ -1,0 +1,1 @@
+"""Offline replay: the loop (engine), the bounds, the policy catalogue and the runner."""

@@ -1,0 +1,119 @@
+"""Offline reference bounds: ``belady`` (evict the farthest next use) and ``inf``.
+
+Owns the two policies that need the whole trace (future knowledge) or no capacity. They
+implement the same Protocol as the agent's policies but live here because they can never
+run online. ``belady`` reads the trace's next-use table and must be driven by the replay
+loop in trace order (one ``free`` per request), which it checks.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from controlplane.traces.model import Trace
+
+NEVER = np.iinfo(np.int64).max
+
+
+def next_use(trace: Trace) -> NDArray[np.int64]:
+    """For every access position, the index of the next request that accesses the same
+    block (``NEVER`` if none)."""
+    n_acc = trace.n_accesses
+    req_of_pos = np.repeat(np.arange(trace.n_requests, dtype=np.int64), trace.lengths)
+    order = np.argsort(trace.blocks, kind="stable")
+    nxt = np.full(n_acc, NEVER, dtype=np.int64)
+    same = trace.blocks[order[1:]] == trace.blocks[order[:-1]]
+    nxt[order[:-1][same]] = req_of_pos[order[1:][same]]
+    # A block repeated inside one request: its next use is a later request, not itself.
+    return nxt
+
+
+class BeladyPolicy:
+    """Evicts the evictable block whose next use is farthest in the future.
+
+    A max-heap of (next use, tie) with lazy deletion: an entry is live only while its block
+    is evictable and its key is the block's current one. Ties (e.g. never used again) go
+    tail first, then in release order.
+    """
+
+    def __init__(self, capacity: int, trace: Trace) -> None:
+        self._next = next_use(trace).tolist()
+        self._offsets = trace.offsets.tolist()
+        self._n_requests = trace.n_requests
+        self._request = 0
+        self._heap: list[tuple[int, int, int]] = []
+        self._key: dict[int, int] = {}  # evictable block -> heap sequence number
+        self._in_use: set[int] = set()
+        self._seq = 0
+
+    def touch(self, blocks: Sequence[int], now: float) -> None:
+        for b in blocks:
+            self._key.pop(b, None)
+        self._in_use.update(blocks)
+
+    def free(
+        self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
+    ) -> None:
+        r = self._request
+        if r >= self._n_requests:
+            raise RuntimeError("belady is driven past the end of its trace")
+        lo, hi = self._offsets[r], self._offsets[r + 1]
+        if hi - lo != len(blocks):
+            raise RuntimeError("belady must be driven by the replay loop, one free per request")
+        self._request = r + 1
+        self._in_use.difference_update(blocks)
+        nxt = self._next
+        heap, key = self._heap, self._key
+        for i, b in enumerate(blocks):
+            # blocks come tail first: position hi-1-i in the trace.
+            self._seq += 1
+            key[b] = self._seq
+            heapq.heappush(heap, (-nxt[hi - 1 - i], self._seq, b))
+        if len(heap) > 4 * (len(key) + 64):
+            self._heap = [e for e in heap if key.get(e[2]) == e[1]]
+            heapq.heapify(self._heap)
+
+    def evict(self, n: int) -> list[int]:
+        heap, key = self._heap, self._key
+        victims: list[int] = []
+        while len(victims) < n and heap:
+            _, seq, b = heapq.heappop(heap)
+            if key.get(b) == seq:
+                del key[b]
+                victims.append(b)
+        return victims
+
+    def __len__(self) -> int:
+        return len(self._key) + len(self._in_use)
+
+    def __contains__(self, block: object) -> bool:
+        return block in self._key or block in self._in_use
+
+
+class InfinitePolicy:
+    """Never evicts: the ideal hit ratio, whatever the capacity."""
+
+    def __init__(self, capacity: int = 0, trace: Trace | None = None) -> None:
+        self._cached: set[int] = set()
+
+    def touch(self, blocks: Sequence[int], now: float) -> None:
+        pass
+
+    def free(
+        self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
+    ) -> None:
+        self._cached.update(blocks)
+
+    def evict(self, n: int) -> list[int]:
+        return []
+
+    def __len__(self) -> int:
+        # The infinite cache reports no size, so the replay never asks it to evict.
+        return 0
+
+    def __contains__(self, block: object) -> bool:
+        return block in self._cached

