@@ -1,0 +1,337 @@
+"""The wire contract between agents and the controller: key names, event batches, policy
+documents and heartbeats, with their encoders and validating decoders.
+
+Owns every Redis key and channel name (``Keys``), the columnar ``EventBatch`` and its
+stream-entry encoding, the JSON form of a ``PolicyDocument`` and the ``AgentStatus``
+heartbeat. Both sides import this one module; a breaking change bumps
+``WIRE_SCHEMA_VERSION``. It must never do I/O, import anything heavier than numpy and
+pydantic, or build one Python object per event.
+
+An event batch is one stream entry whose fields are:
+
+=====  ===============================================================
+``v``  schema version (decimal)
+``w``  worker id
+``e``  epoch: random id of this agent start (a restart is not a gap)
+``s``  sequence number of the batch within the epoch, from 1
+``c``  JSON list of the category names the ``category`` columns index
+``n``  number of events
+``d``  the seven columns, little-endian, concatenated in ``COLUMNS`` order
+=====  ===============================================================
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from enum import IntEnum
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import ValidationError
+
+from agent.params import PolicyDocument
+
+WIRE_SCHEMA_VERSION: Final = 1
+
+
+class WireError(ValueError):
+    """A message that does not follow this contract; ``reason`` names the bad field."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Every Redis key and channel kvwise uses, under one prefix."""
+
+    prefix: str = "kvwise:"
+
+    def events_stream(self, worker: str) -> str:
+        """Stream of one worker's event batches."""
+        return f"{self.prefix}events:{worker}"
+
+    @property
+    def events_match(self) -> str:
+        """SCAN pattern matching every worker's event stream."""
+        return f"{self.prefix}events:*"
+
+    def worker_of(self, stream: str | bytes) -> str:
+        """The worker id of an ``events_stream`` key (inverse of ``events_stream``)."""
+        key = stream.decode() if isinstance(stream, bytes) else stream
+        head = f"{self.prefix}events:"
+        if not key.startswith(head):
+            raise WireError(f"stream key {key!r} is not under {head!r}")
+        return key[len(head) :]
+
+    @property
+    def dead_letter(self) -> str:
+        """Stream of malformed batches, each with its reason."""
+        return f"{self.prefix}deadletter"
+
+    @property
+    def policy_current(self) -> str:
+        """The current policy version, as a decimal string: the only mutable pointer."""
+        return f"{self.prefix}policy:current"
+
+    def policy_doc(self, version: int) -> str:
+        """The immutable JSON document of one policy version."""
+        return f"{self.prefix}policy:v:{version}"
+
+    @property
+    def policy_versions(self) -> str:
+        """Sorted set of published versions (score = version)."""
+        return f"{self.prefix}policy:versions"
+
+    @property
+    def policy_channel(self) -> str:
+        """Pub/sub channel; each message is a new version number (a hint, not a promise)."""
+        return f"{self.prefix}policy:notify"
+
+    def agent(self, worker: str) -> str:
+        """One agent's heartbeat (``AgentStatus`` JSON, expires after its TTL)."""
+        return f"{self.prefix}agent:{worker}"
+
+    @property
+    def agents_match(self) -> str:
+        """SCAN pattern matching every agent heartbeat."""
+        return f"{self.prefix}agent:*"
+
+    @property
+    def leader(self) -> str:
+        """Lock held by the controller replica that refits and publishes."""
+        return f"{self.prefix}leader"
+
+    @property
+    def overrides(self) -> str:
+        """Hash of operator overrides of per-category parameters."""
+        return f"{self.prefix}policy:overrides"
+
+
+class EventKind(IntEnum):
+    """What happened to a block."""
+
+    HIT = 0
+    INSERT = 1
+    EVICT = 2
+
+
+COLUMNS: Final[tuple[tuple[str, np.dtype[Any]], ...]] = (
+    ("ts", np.dtype("<f8")),
+    ("block", np.dtype("<i8")),
+    ("category", np.dtype("<i4")),
+    ("offset", np.dtype("<i4")),
+    ("kind", np.dtype("u1")),
+    ("prev_ts", np.dtype("<f8")),
+    ("prev_category", np.dtype("<i4")),
+)
+"""Wire order and dtype of the event columns."""
+
+ROW_BYTES: Final = sum(dt.itemsize for _, dt in COLUMNS)
+"""Bytes per event in field ``d`` (37)."""
+
+_FIELDS: Final = ("v", "w", "e", "s", "c", "n", "d")
+_DECIMAL: Final = re.compile(r"-?[0-9]{1,19}")
+
+
+@dataclass(frozen=True, eq=False)
+class EventBatch:
+    """A worker's block access events, columnar: element ``i`` of every column is one event.
+
+    ``category`` and ``prev_category`` index ``categories``; ``prev_category`` is ``-1``
+    and ``prev_ts`` NaN when the agent does not know the block's previous access.
+    """
+
+    worker: str
+    seq: int
+    epoch: str
+    categories: tuple[str, ...]
+    ts: NDArray[np.float64]
+    block: NDArray[np.int64]
+    category: NDArray[np.int32]
+    offset: NDArray[np.int32]
+    kind: NDArray[np.uint8]
+    prev_ts: NDArray[np.float64]
+    prev_category: NDArray[np.int32]
+
+    def __post_init__(self) -> None:
+        n = len(self.ts)
+        for name, _ in COLUMNS:
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"column {name} has {len(getattr(self, name))} rows, not {n}")
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+
+def encode_batch(batch: EventBatch) -> dict[str, bytes]:
+    """The stream-entry fields of ``batch`` (``XADD key * **fields``)."""
+    data = b"".join(
+        np.ascontiguousarray(getattr(batch, name), dtype=dt).tobytes() for name, dt in COLUMNS
+    )
+    return {
+        "v": str(WIRE_SCHEMA_VERSION).encode(),
+        "w": batch.worker.encode(),
+        "e": batch.epoch.encode(),
+        "s": str(batch.seq).encode(),
+        "c": json.dumps(list(batch.categories)).encode(),
+        "n": str(len(batch)).encode(),
+        "d": data,
+    }
+
+
+def decode_batch(
+    fields: Mapping[bytes, bytes] | Mapping[str, bytes] | Mapping[str, str],
+) -> EventBatch:
+    """An ``EventBatch`` from stream-entry fields (bytes or str keys and values).
+
+    Raises ``WireError`` naming the field for anything that breaks the contract.
+    """
+    raw = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
+    missing = [f for f in _FIELDS if f not in raw]
+    if missing:
+        raise WireError(f"missing field {missing[0]!r}")
+    v = _int_field(raw, "v")
+    if v != WIRE_SCHEMA_VERSION:
+        raise WireError(f"v: unknown schema version {v} (this side speaks {WIRE_SCHEMA_VERSION})")
+    seq = _int_field(raw, "s")
+    if seq < 1:
+        raise WireError(f"s: sequence number {seq} < 1")
+    n = _int_field(raw, "n")
+    if n < 0:
+        raise WireError(f"n: negative count {n}")
+    categories = _categories(raw["c"])
+    data = raw["d"].encode("latin-1") if isinstance(raw["d"], str) else raw["d"]
+    if len(data) != n * ROW_BYTES:
+        raise WireError(f"d: {len(data)} bytes, expected n * {ROW_BYTES} = {n * ROW_BYTES}")
+    cols: dict[str, NDArray[Any]] = {}
+    pos = 0
+    for name, dt in COLUMNS:
+        # astype copies: aligned, native-endian, writable arrays for the consumer.
+        cols[name] = np.frombuffer(data, dtype=dt, count=n, offset=pos).astype(dt.newbyteorder("="))
+        pos += n * dt.itemsize
+    _check_columns(cols, len(categories))
+    return EventBatch(
+        worker=_text(raw["w"]),
+        seq=seq,
+        epoch=_text(raw["e"]),
+        categories=categories,
+        **cols,
+    )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _int_field(raw: Mapping[str, bytes | str], name: str) -> int:
+    text = _text(raw[name])
+    # int() also takes "1_0", " 1" and non-ASCII digits; the wire allows plain decimals.
+    if _DECIMAL.fullmatch(text) is None:
+        raise WireError(f"{name}: {text[:40]!r} is not an integer")
+    return int(text)
+
+
+def _categories(value: bytes | str) -> tuple[str, ...]:
+    try:
+        names = json.loads(value)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise WireError(f"c: not JSON ({exc})") from None
+    if not isinstance(names, list) or not all(isinstance(c, str) for c in names):
+        raise WireError("c: not a JSON list of strings")
+    return tuple(names)
+
+
+def _check_columns(cols: Mapping[str, NDArray[Any]], k: int) -> None:
+    if len(cols["ts"]) == 0:
+        return
+    cat, prev_cat = cols["category"], cols["prev_category"]
+    if int(cat.min()) < 0 or int(cat.max()) >= k:
+        raise WireError(f"category: index out of range [0, {k})")
+    if int(prev_cat.min()) < -1 or int(prev_cat.max()) >= k:
+        raise WireError(f"prev_category: index out of range [-1, {k})")
+    if not bool(np.isfinite(cols["ts"]).all()):
+        raise WireError("ts: non-finite timestamp")
+    if bool(np.isinf(cols["prev_ts"]).any()):
+        raise WireError("prev_ts: infinite timestamp (NaN means unknown)")
+    if int(cols["kind"].max()) > max(EventKind):
+        raise WireError(f"kind: unknown event kind {int(cols['kind'].max())}")
+
+
+def encode_policy(doc: PolicyDocument) -> bytes:
+    """The JSON document stored under ``Keys.policy_doc(doc.version)``."""
+    return doc.model_dump_json().encode()
+
+
+def decode_policy(raw: bytes | str) -> PolicyDocument:
+    """A validated ``PolicyDocument``; ``WireError`` with pydantic's reason otherwise."""
+    try:
+        return PolicyDocument.model_validate_json(raw)
+    except ValidationError as exc:
+        reasons = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'document'}: {e['msg']}"
+            for e in exc.errors()[:5]
+        )
+        raise WireError(f"policy: {reasons}") from None
+
+
+@dataclass(frozen=True)
+class AgentStatus:
+    """An agent's heartbeat, stored as JSON under ``Keys.agent(id)`` with a TTL."""
+
+    id: str
+    engine: str
+    capacity: int
+    applied_version: int = 0
+    events_sent: int = 0
+    events_dropped: int = 0
+    hits: int = 0
+    accesses: int = 0
+    hit_ratio: float = 0.0
+    rejected: int = 0
+    last_rejection: str = ""
+    started_at: float = 0.0
+    updated_at: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps({"v": WIRE_SCHEMA_VERSION, **asdict(self)})
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> AgentStatus:
+        """Parse a heartbeat; unknown keys are ignored, missing or mistyped ones raise
+        ``WireError``."""
+        try:
+            obj = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise WireError(f"heartbeat: not JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise WireError("heartbeat: not a JSON object")
+        if obj.get("v", WIRE_SCHEMA_VERSION) != WIRE_SCHEMA_VERSION:
+            raise WireError(f"v: unknown schema version {obj.get('v')!r}")
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in obj:
+                raise WireError(f"heartbeat: missing field {f.name!r}")
+            values[f.name] = _typed(f.name, str(f.type), obj[f.name])
+        return cls(**values)
+
+
+def _typed(name: str, type_: str, value: object) -> object:
+    if type_ == "str" and isinstance(value, str):
+        return value
+    if type_ == "int" and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if (
+        type_ == "float"
+        and isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    ):
+        return float(value)
+    raise WireError(f"heartbeat: {name} is not a {type_}: {value!r}")
