@@ -57,6 +57,16 @@ class ControllerSettings(BaseSettings):
     life_s_override: float | None = Field(
         default=None, gt=0, description="One life window for every category (seconds)"
     )
+    window_buckets: int = Field(
+        default=120, ge=1, le=10_000, description="Time buckets of the window (its slide step)"
+    )
+    shrinkage_samples: float = Field(
+        default=200.0, ge=0, description="Pseudo-samples of the pooled fit in each category fit"
+    )
+    rate_min: float = Field(default=1e-6, gt=0, description="Lowest fitted reuse rate (1/s)")
+    rate_max: float = Field(default=1e3, gt=0, description="Highest fitted reuse rate (1/s)")
+    life_min_s: float = Field(default=0.1, gt=0, description="Shortest fitted life window")
+    life_max_s: float = Field(default=3600.0, gt=0, description="Longest fitted life window")
     change_threshold: float = Field(
         default=0.05, ge=0, description="Relative change below which no version is published"
     )
@@ -64,4 +74,6 @@ class ControllerSettings(BaseSettings):
     # --- store and leadership ------------------------------------------------------------
     history_size: int = Field(default=100, ge=2, description="Policy versions kept")
     lease_ttl_s: float = Field(default=10.0, gt=0, description="Leader lease time")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="Log level of the controller process"
+    )
