@@ -66,7 +66,9 @@ class Controller:
         self.store = PolicyStore(self.r, self.keys, settings.history_size)
         self.lease = LeaderLease(self.r, self.keys.leader, self.name, settings.lease_ttl_s)
         self.stats = ReuseStats(
-            window_s=settings.window_s, near_concurrent_s=settings.near_concurrent_s
+            window_s=settings.window_s,
+            near_concurrent_s=settings.near_concurrent_s,
+            n_buckets=settings.window_buckets,
         )
         self._stats_lock = threading.Lock()
         self.last_fit: FitResult | None = None

@@ -1,0 +1,192 @@
+"""The demo stack: Redis, a controller and simulated workers as child processes.
+
+Owns starting and stopping everything ``kvwise demo`` runs, and removing what it created
+(temporary directory, Redis keys under its own prefix, an embedded Redis it started). It
+must never render anything (``controlplane.cli.demo_cmd`` does) and never touches keys
+outside its own prefix, so it is safe against a Redis that serves something else.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import redis
+
+from controlplane.embedded_redis import EmbeddedRedis, free_port
+
+LOCAL_REDIS = "redis://127.0.0.1:6379/0"
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    workers: int = 4
+    speed: float = 30.0
+    trace_minutes: float = 30.0
+    qps: float = 6.0
+    capacity_frac: float = 0.1
+    refit_interval_s: float = 5.0
+    seed: int = 1
+
+
+@dataclass
+class DemoStack:
+    settings: DemoSettings
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kvwise-demo-")))
+    prefix: str = field(default_factory=lambda: f"kvwise-demo-{uuid.uuid4().hex[:8]}:")
+    redis_url: str = ""
+    api_url: str = ""
+    redis_source: str = ""
+    capacity: int = 0
+    workers: dict[str, str] = field(default_factory=dict)  # id -> evictor
+    _embedded: EmbeddedRedis | None = None
+    _procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    # --- start ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self._start_redis()
+        traces = self._write_traces()
+        self._start_controller()
+        self._start_workers(traces)
+
+    def _start_redis(self) -> None:
+        url = os.environ.get("KVWISE_REDIS_URL")
+        if url:
+            self.redis_url, self.redis_source = url, "KVWISE_REDIS_URL"
+        elif _answers(LOCAL_REDIS):
+            self.redis_url, self.redis_source = LOCAL_REDIS, "local Redis on 127.0.0.1:6379"
+        else:
+            self._embedded = EmbeddedRedis(self.workdir).start()
+            self.redis_url, self.redis_source = self._embedded.url, "embedded redis-server"
+        if not _answers(self.redis_url):
+            raise RuntimeError(f"Redis at {self.redis_url} does not answer")
+
+    def _write_traces(self) -> list[Path]:
+        from controlplane.traces.synth import synthesize
+        from controlplane.traces.writer import write_bailian
+
+        s = self.settings
+        paths = []
+        for i in range((s.workers + 1) // 2):
+            trace = synthesize("to-c", duration_s=s.trace_minutes * 60, qps=s.qps, seed=s.seed + i)
+            path = self.workdir / f"to-c-seed{s.seed + i}.jsonl"
+            write_bailian(trace, path)
+            paths.append(path)
+            self.capacity = max(self.capacity, max(1, round(s.capacity_frac * trace.n_unique)))
+        return paths
+
+    def _env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            KVWISE_REDIS_URL=self.redis_url,
+            KVWISE_KEY_PREFIX=self.prefix,
+            **extra,
+        )
+        return env
+
+    def _spawn(self, args: list[str], env: dict[str, str], log: str) -> None:
+        out = (self.workdir / log).open("wb")
+        self._procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "controlplane", *args],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C reaches us; we stop the children
+            )
+        )
+
+    def _start_controller(self) -> None:
+        port = free_port()
+        self.api_url = f"http://127.0.0.1:{port}"
+        env = self._env(
+            KVWISE_REFIT_INTERVAL_S=str(self.settings.refit_interval_s),
+            KVWISE_MIN_SAMPLES="500",
+            KVWISE_CHANGE_THRESHOLD="0.02",
+            KVWISE_WINDOW_S="1800",
+            KVWISE_LOG_LEVEL="warning",
+        )
+        self._spawn(["controller", "--host", "127.0.0.1", "--port", str(port)], env, "controller.log")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.api_url + "/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self._procs[-1].poll() is not None:
+                raise RuntimeError(self._tail("controller.log"))
+            time.sleep(0.1)
+        raise RuntimeError("the controller did not become ready in 30 s")
+
+    def _start_workers(self, traces: list[Path]) -> None:
+        # Workers come in pairs on the same trace: one kvwise (wa), one stock LRU, so the
+        # hit ratios compare like for like.
+        for i in range(self.settings.workers):
+            evictor = "wa" if i % 2 == 0 else "lru"
+            trace = traces[i // 2]
+            wid = f"{evictor}-{i // 2 + 1}"
+            self.workers[wid] = evictor
+            self._spawn(
+                ["worker", "--trace", str(trace), "--speed", str(self.settings.speed),
+                 "--capacity", str(self.capacity), "--id", wid, "--loop"],
+                self._env(KVWISE_EVICTOR=evictor),
+                f"worker-{wid}.log",
+            )
+
+    # --- observe -------------------------------------------------------------------------
+    def get(self, path: str) -> object:
+        return httpx.get(self.api_url + path, timeout=2).json()
+
+    def failed(self) -> str | None:
+        """A message if a child process died."""
+        for p in self._procs:
+            if p.poll() is not None:
+                return f"a child process exited with code {p.returncode}: {p.args}"
+        return None
+
+    def _tail(self, log: str) -> str:
+        path = self.workdir / log
+        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
+
+    # --- stop ----------------------------------------------------------------------------
+    def stop(self) -> None:
+        for p in self._procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self._procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self._procs.clear()
+        if self.redis_url and self._embedded is None:
+            try:
+                client = redis.Redis.from_url(self.redis_url)
+                keys = list(client.scan_iter(match=self.prefix + "*", count=1000))
+                if keys:
+                    client.delete(*keys)
+            except redis.RedisError:
+                pass
+        if self._embedded is not None:
+            self._embedded.stop()
+            self._embedded = None
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
+    except (redis.RedisError, ValueError):
+        return False

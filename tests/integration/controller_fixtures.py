@@ -1,0 +1,97 @@
+"""A real controller for tests: uvicorn on a free loopback port, real Redis, real HTTP."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import httpx
+import numpy as np
+import redis
+import uvicorn
+
+from agent.wire import EventBatch, EventKind, Keys, encode_batch
+from controlplane.embedded_redis import free_port
+from controlplane.server import build_app
+from controlplane.service import Controller
+from controlplane.settings import ControllerSettings
+
+
+@dataclass
+class RunningController:
+    url: str
+    controller: Controller
+    client: httpx.Client
+
+
+@contextmanager
+def running_controller(settings: ControllerSettings) -> Iterator[RunningController]:
+    port = free_port()
+    settings = settings.model_copy(update={"host": "127.0.0.1", "port": port})
+    controller = Controller(settings)
+    app = build_app(settings, controller)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    with httpx.Client(base_url=url, timeout=10) as client:
+        while True:
+            try:
+                if client.get("/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("controller did not start")
+            time.sleep(0.05)
+        try:
+            yield RunningController(url, controller, client)
+        finally:
+            server.should_exit = True
+            thread.join(timeout=20)
+
+
+def reuse_batch(
+    worker: str,
+    seq: int,
+    *,
+    category: str,
+    n: int,
+    rate: float,
+    p: float,
+    t0: float,
+    seed: int,
+    epoch: str = "e1",
+) -> EventBatch:
+    """``n`` accesses of one category at times t0.., a share ``p`` of which are reused
+    after an exponential gap of ``rate``: 2n events at most (access, then its reuse)."""
+    rng = np.random.default_rng(seed)
+    ts = t0 + np.sort(rng.uniform(0, 5.0, n))
+    reused = rng.random(n) < p
+    gaps = rng.exponential(1 / rate, n)
+    re_ts = ts[reused] + gaps[reused]
+    all_ts = np.concatenate([ts, re_ts])
+    prev = np.concatenate([np.full(n, np.nan), ts[reused]])
+    prev_cat = np.concatenate([np.full(n, -1), np.zeros(int(reused.sum()))]).astype(np.int32)
+    m = len(all_ts)
+    return EventBatch(
+        worker=worker,
+        seq=seq,
+        epoch=epoch,
+        categories=(category,),
+        ts=all_ts.astype(np.float64),
+        block=rng.integers(0, 2**62, m).astype(np.int64),
+        category=np.zeros(m, dtype=np.int32),
+        offset=np.zeros(m, dtype=np.int32),
+        kind=np.full(m, EventKind.INSERT, dtype=np.uint8),
+        prev_ts=prev.astype(np.float64),
+        prev_category=prev_cat,
+    )
+
+
+def send(client: redis.Redis, keys: Keys, batch: EventBatch) -> None:
+    client.xadd(keys.events_stream(batch.worker), encode_batch(batch))  # type: ignore[arg-type]

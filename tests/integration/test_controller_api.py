@@ -1,0 +1,176 @@
+"""The controller over real HTTP with a real Redis: policy reads, token-guarded mutations,
+overrides, rollback, refit from ingested events, dead letters, agents, metrics, OpenAPI."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from agent.wire import AgentStatus, Keys
+from controlplane.settings import ControllerSettings
+from tests.integration.controller_fixtures import (
+    RunningController,
+    reuse_batch,
+    running_controller,
+    send,
+)
+
+pytestmark = pytest.mark.integration
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def ctl(redis_url: str, key_prefix: str) -> Iterator[RunningController]:
+    settings = ControllerSettings(
+        redis_url=redis_url,
+        key_prefix=key_prefix,
+        api_token=TOKEN,  # type: ignore[arg-type]
+        refit_interval_s=3600,  # refits only when a test asks
+        min_samples=100,
+        ingest_block_ms=100,
+        lease_ttl_s=5,
+    )
+    with running_controller(settings) as rc:
+        yield rc
+
+
+def _wait(predicate, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def test_health_readiness_and_initial_policy(ctl: RunningController) -> None:
+    c = ctl.client
+    assert c.get("/healthz").json()["status"] == "ok"
+    assert c.get("/readyz").status_code == 200
+    doc = c.get("/v1/policy").json()
+    assert doc["version"] == 1
+    assert doc["categories"] == {}
+    assert [v["version"] for v in c.get("/v1/policy/versions").json()] == [1]
+    assert c.get("/v1/policy/versions/1").json()["version"] == 1
+    missing = c.get("/v1/policy/versions/99")
+    assert missing.status_code == 404
+    assert missing.json()["error"] == "unknown_version"
+
+
+def test_mutations_need_the_token(ctl: RunningController) -> None:
+    c = ctl.client
+    for method, path, body in [
+        ("PUT", "/v1/policy/overrides/text_1", {"life_s": 9}),
+        ("DELETE", "/v1/policy/overrides/text_1", None),
+        ("POST", "/v1/policy/rollback", {"version": 1}),
+        ("POST", "/v1/policy/refit", None),
+    ]:
+        r = c.request(method, path, json=body)
+        assert r.status_code == 401, (method, path)
+        assert r.json() == {"error": "unauthorized", "reason": "missing or wrong bearer token"}
+        r = c.request(method, path, json=body, headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401
+    assert c.get("/v1/policy").json()["version"] == 1
+
+
+def test_override_rollback_and_errors(ctl: RunningController) -> None:
+    c = ctl.client
+    r = c.put("/v1/policy/overrides/text_1", json={"life_s": 42, "p_reuse": 0.7}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["version"] == 2
+    assert doc["categories"]["text_1"]["life_s"] == 42
+    assert doc["categories"]["text_1"]["source"] == "override"
+    assert c.get("/v1/policy/overrides").json() == {"text_1": {"life_s": 42, "p_reuse": 0.7}}
+    bad = c.put("/v1/policy/overrides/text_1", json={"rate": -3}, headers=AUTH)
+    assert bad.status_code == 422
+    assert "rate" in bad.json()["reason"]
+    empty = c.put("/v1/policy/overrides/text_1", json={}, headers=AUTH)
+    assert empty.status_code == 422
+    r = c.post("/v1/policy/rollback", json={"version": 1}, headers=AUTH)
+    assert r.status_code == 200
+    assert r.json()["version"] == 3
+    assert r.json()["categories"] == {}
+    assert c.post("/v1/policy/rollback", json={"version": 77}, headers=AUTH).status_code == 404
+    assert c.delete("/v1/policy/overrides/nope", headers=AUTH).status_code == 404
+
+
+def test_refit_from_ingested_events(ctl: RunningController, redis_url: str) -> None:
+    c = ctl.client
+    keys = Keys(ctl.controller.settings.key_prefix)
+    r = redis.Redis.from_url(redis_url)
+    # Too little data: the guard refuses, and says why.
+    out = c.post("/v1/policy/refit", headers=AUTH).json()
+    assert out["published"] is False
+    assert "min_samples" in out["reason"]
+    now = time.time() - 60
+    for seq in (1, 2, 3):
+        send(r, keys, reuse_batch("w1", seq, category="text_1", n=3000, rate=0.5, p=0.6,
+                                  t0=now + seq * 5, seed=seq))
+    _wait(lambda: ctl.controller.ingestor.counters.batches >= 3)
+    out = c.post("/v1/policy/refit", headers=AUTH).json()
+    assert out["published"] is True, out
+    doc = c.get("/v1/policy").json()
+    assert doc["version"] == out["version"]
+    text1 = doc["categories"]["text_1"]
+    assert text1["source"] in ("fit", "pooled")
+    assert text1["samples"] > 0
+    cats = {x["name"]: x for x in c.get("/v1/categories").json()}
+    assert cats["text_1"]["published_version"] == doc["version"]
+    detail = c.get("/v1/categories/text_1").json()
+    assert detail["cdf"] is not None
+    assert c.get("/v1/categories/nope").status_code == 404
+    assert ctl.controller.ingestor.counters.gaps.get("w1") == 0
+    # A gap: batch 5 arrives without batch 4.
+    send(r, keys, reuse_batch("w1", 5, category="text_1", n=10, rate=0.5, p=0.5,
+                              t0=now + 30, seed=9))
+    _wait(lambda: ctl.controller.ingestor.counters.gaps.get("w1") == 1)
+
+
+def test_malformed_batch_goes_to_dead_letter_and_ingest_continues(
+    ctl: RunningController, redis_url: str
+) -> None:
+    keys = Keys(ctl.controller.settings.key_prefix)
+    r = redis.Redis.from_url(redis_url)
+    r.xadd(keys.events_stream("w9"), {"v": "1", "w": "w9", "e": "x", "s": "1", "c": "[]",
+                                      "n": "3", "d": b"short"})
+    send(r, keys, reuse_batch("w9", 2, category="file_1", n=50, rate=1.0, p=0.2,
+                              t0=time.time(), seed=4))
+    _wait(lambda: ctl.controller.ingestor.counters.batches >= 1)
+    _wait(lambda: r.xlen(keys.dead_letter) == 1)
+    (entry_id, fields), = r.xrange(keys.dead_letter)
+    assert fields[b"reason"].startswith(b"d: ")
+    assert fields[b"stream"] == keys.events_stream("w9").encode()
+    assert ctl.controller.ingestor.counters.dead_letters == 1
+    # Nothing is left pending: both entries were acknowledged.
+    _wait(lambda: ctl.controller.ingestor.pending() == 0)
+
+
+def test_agents_metrics_and_openapi(ctl: RunningController, redis_url: str) -> None:
+    c = ctl.client
+    keys = Keys(ctl.controller.settings.key_prefix)
+    r = redis.Redis.from_url(redis_url)
+    status = AgentStatus(id="w1", engine="sim", capacity=1000, applied_version=1,
+                         events_sent=10, events_dropped=2, hits=5, accesses=10, hit_ratio=0.5,
+                         started_at=time.time(), updated_at=time.time())
+    r.set(keys.agent("w1"), status.to_json(), ex=30)
+    r.set(keys.agent("broken"), "{not json", ex=30)
+    agents = c.get("/v1/agents").json()
+    assert [a["id"] for a in agents] == ["w1"]
+    assert agents[0]["applied_version"] == 1
+    assert agents[0]["events_dropped"] == 2
+    text = c.get("/metrics").text
+    assert "kvwise_policy_version 1.0" in text
+    assert 'kvwise_agent_applied_version{agent="w1"} 1.0' in text
+    assert "kvwise_leader 1.0" in text
+    spec = c.get("/openapi.json").json()
+    for path in ["/v1/policy", "/v1/policy/versions", "/v1/policy/versions/{version}",
+                 "/v1/policy/refit", "/v1/policy/rollback", "/v1/policy/overrides/{category}",
+                 "/v1/categories", "/v1/categories/{name}", "/v1/agents", "/healthz", "/readyz",
+                 "/metrics"]:
+        assert path in spec["paths"], path
+    assert c.get("/docs").status_code == 200
+    json.dumps(spec)

@@ -1,0 +1,22 @@
+"""docs/configuration.md is generated from the settings classes and must stay current."""
+
+from __future__ import annotations
+
+from controlplane.cli.config_cmd import markdown
+from tests.conftest import REPO
+
+
+def test_configuration_doc_is_current() -> None:
+    doc = (REPO / "docs" / "configuration.md").read_text()
+    assert doc.strip() == markdown().strip(), (
+        "docs/configuration.md is stale: run `kvwise config --markdown > docs/configuration.md`"
+    )
+
+
+def test_every_setting_is_documented_where_declared() -> None:
+    from agent.settings import AgentSettings
+    from controlplane.settings import ControllerSettings
+
+    for cls in (ControllerSettings, AgentSettings):
+        for name, field in cls.model_fields.items():
+            assert field.description, f"{cls.__name__}.{name} has no description"
