@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from controlplane.cli import controller_cmd, replay_cmd
+from controlplane.cli import config_cmd, controller_cmd, demo_cmd, replay_cmd, worker_cmd
 
 app = typer.Typer(
     name="kvwise",
@@ -28,7 +28,7 @@ def _root() -> None:
     """kvwise: a KV-cache eviction control plane for LLM inference servers."""
 
 
-for module in (replay_cmd, controller_cmd):
+for module in (demo_cmd, replay_cmd, controller_cmd, config_cmd, worker_cmd):
     module.register(app)
 
 
