@@ -35,3 +35,17 @@ class AgentSettings(BaseSettings):
     )
     heartbeat_interval_s: float = Field(default=5.0, gt=0, description="Heartbeat period")
     heartbeat_ttl_s: float = Field(default=30.0, gt=0, description="Heartbeat key TTL")
+    redis_timeout_s: float = Field(
+        default=2.0, gt=0, description="Connect and socket timeout of every Redis call"
+    )
+    reconnect_max_s: float = Field(
+        default=5.0, gt=0, description="Longest wait between reconnection attempts"
+    )
+    ghost_blocks: int = Field(
+        default=0,
+        ge=0,
+        description="Evicted blocks whose last access is still remembered (0 = capacity)",
+    )
+    max_categories: int = Field(
+        default=1024, gt=1, description="Distinct categories tracked; later ones share 'other'"
+    )

@@ -1,0 +1,48 @@
+"""Category names -> dense codes, one growing table per agent.
+
+Owns the mapping the recorder writes into events (codes) and the publisher sends with
+each batch (names). Codes never change once given; the table only grows, up to a bound,
+after which new names share the ``other`` code, so a flood of distinct labels cannot grow
+memory or the batches. It must never do I/O.
+"""
+
+from __future__ import annotations
+
+OTHER_CATEGORY = "other"
+"""Shared name of the categories seen after the table is full."""
+
+
+class CategoryTable:
+    """Append-only name <-> code table. Written by the engine thread only; other threads
+    read ``names`` (a growing list: a snapshot is ``tuple(table.names)``)."""
+
+    __slots__ = ("_codes", "max_size", "names")
+
+    def __init__(self, max_size: int = 1024) -> None:
+        if max_size < 2:
+            raise ValueError("max_size must be >= 2 (one real category plus 'other')")
+        self.max_size = max_size
+        self.names: list[str] = []
+        self._codes: dict[str, int] = {}
+
+    def code(self, name: str) -> int:
+        """The code of ``name``, assigning the next one on first sight."""
+        code = self._codes.get(name)
+        if code is not None:
+            return code
+        if len(self.names) >= self.max_size - 1 and name != OTHER_CATEGORY:
+            return self.code(OTHER_CATEGORY)
+        code = len(self.names)
+        # Append before publishing the code, so a reader never sees a code past the list.
+        self.names.append(name)
+        self._codes[name] = code
+        return code
+
+    def name(self, code: int) -> str:
+        return self.names[code]
+
+    def snapshot(self) -> tuple[str, ...]:
+        return tuple(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)

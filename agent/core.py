@@ -1,0 +1,257 @@
+"""The ``Agent`` facade: what an engine integration calls, and the threads behind it.
+
+Owns the engine-thread hooks (``touch``, ``free``, ``evict``, ``apply_pending``), which
+drive the evictor, keep the access history and record events, plus the hit counters and
+the lifecycle of the publisher, subscriber and heartbeat threads. Every hook is O(blocks)
+C-level work on memory the agent owns; none touches the network or waits on another thread
+for more than a short lock. It must never be imported by ``agent.policies``.
+
+Block ids are block hashes as signed 64-bit ints (vLLM: low 64 bits of the sha256 hash).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from agent.categories import CategoryTable
+from agent.connection import make_client
+from agent.heartbeat import Heartbeat
+from agent.history import AccessHistory
+from agent.params import BUILTIN_POLICY, PolicyDocument
+from agent.policies import EvictionPolicy, create
+from agent.publisher import EventPublisher
+from agent.recorder import EventRecorder
+from agent.settings import AgentSettings
+from agent.subscriber import PolicySubscriber
+from agent.wire import AgentStatus, EventKind, Keys
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_CATEGORY = "unknown"
+"""Category of an evicted block the agent never saw accessed."""
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _ints(blocks: Sequence[int]) -> list[int]:
+    """Python ints: dict lookups on numpy scalars are slower and keep numpy objects alive."""
+    if isinstance(blocks, list):
+        return blocks
+    if isinstance(blocks, np.ndarray):
+        return blocks.tolist()
+    return list(blocks)
+
+
+class Agent:
+    """One engine's eviction policy plus the live loop around it.
+
+    Use as a context manager (or ``start``/``close``). Without ``start`` the hooks work
+    the same and nothing touches the network: events are buffered, then dropped and
+    counted when the buffer is full.
+    """
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        *,
+        capacity: int,
+        engine: str = "sim",
+        policy: EvictionPolicy | None = None,
+    ) -> None:
+        self.settings = settings
+        self.capacity = capacity
+        self.engine = engine
+        self.worker_id = settings.worker_id or default_worker_id()
+        self.epoch = secrets.token_hex(8)
+        self.keys = Keys(settings.key_prefix)
+        self.policy = policy if policy is not None else create(settings.evictor, capacity)
+        self.categories = CategoryTable(settings.max_categories)
+        self.history = AccessHistory(settings.ghost_blocks or capacity)
+        self.document: PolicyDocument = BUILTIN_POLICY
+        self.hits = 0
+        self.accesses = 0
+        self.started_at = time.time()
+        self.client = make_client(settings)
+        self.recorder = EventRecorder(
+            settings.buffer_events, settings.batch_events, on_batch=self._wake_publisher
+        )
+        self.publisher = EventPublisher(
+            settings,
+            self.client,
+            self.recorder,
+            worker=self.worker_id,
+            epoch=self.epoch,
+            categories=self.categories.snapshot,
+        )
+        self.subscriber = PolicySubscriber(settings, self.client)
+        self.heartbeat = Heartbeat(settings, self.client, self.status)
+        self._started = False
+        self._closed = False
+
+    # --- engine-thread hooks -------------------------------------------------------------
+    def touch(
+        self,
+        blocks: Sequence[int],
+        now: float,
+        category: str,
+        *,
+        offsets: Sequence[int] | None = None,
+        hits: int | None = None,
+    ) -> None:
+        """Cached ``blocks`` are reused by a request of ``category`` arriving at ``now``.
+
+        Records a HIT per block. ``offsets`` are their prompt positions (default
+        ``0..n-1``, a prefix); ``hits`` how many count as prefix hits in the hit ratio
+        (default all of them).
+        """
+        blocks = _ints(blocks)
+        if not blocks:
+            return
+        code = self.categories.code(category)
+        self.policy.touch(blocks, now)
+        prev_ts, prev_cat = self.history.access(blocks, now, code)
+        self.recorder.record(
+            EventKind.HIT,
+            now,
+            blocks,
+            code,
+            range(len(blocks)) if offsets is None else offsets,
+            prev_ts,
+            prev_cat,
+        )
+        self.hits += len(blocks) if hits is None else hits
+
+    def free(
+        self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: str
+    ) -> None:
+        """A request of ``category`` releases ``blocks`` (release order, tail first) with
+        their prompt ``offsets``. Blocks the cache did not hold are inserted (INSERT
+        events); every block counts as one access."""
+        blocks = _ints(blocks)
+        if not blocks:
+            return
+        code = self.categories.code(category)
+        new, prev_ts, prev_cat = self.history.insert(blocks, now, code)
+        self.policy.free(blocks, offsets, now, code)
+        self.accesses += len(blocks)
+        if len(prev_ts) == len(blocks):
+            self.recorder.record(EventKind.INSERT, now, blocks, code, offsets, prev_ts, prev_cat)
+        elif len(prev_ts):
+            fresh = np.asarray(blocks, dtype=np.int64)[new]
+            offs = np.asarray(offsets, dtype=np.int32)[new]
+            self.recorder.record(EventKind.INSERT, now, fresh, code, offs, prev_ts, prev_cat)
+
+    def evict(self, n: int, now: float) -> list[int]:
+        """Evict up to ``n`` blocks (EVICT events, in victim order); return the victims."""
+        victims = self.policy.evict(n)
+        if victims:
+            last_ts, last_cat = self.history.evict(victims)
+            category = last_cat
+            if int(last_cat.min()) < 0:
+                category = np.where(last_cat < 0, self.categories.code(UNKNOWN_CATEGORY), last_cat)
+            self.recorder.record(EventKind.EVICT, now, victims, category, -1, last_ts, last_cat)
+        return victims
+
+    def apply_pending(self) -> bool:
+        """Swap in the policy the subscriber staged, if any (engine thread, between steps).
+        Returns whether a new policy is now in force."""
+        doc = self.subscriber.take()
+        if doc is None:
+            return False
+        setter = getattr(self.policy, "set_policy", None)
+        if setter is not None:
+            try:
+                setter(doc)
+            except Exception as exc:  # an evictor's refusal must not stop the engine
+                self.subscriber.reject(
+                    doc.version, f"evictor refused it: {exc}", keep=self.applied_version
+                )
+                return False
+        self.document = doc
+        log.info("kvwise agent %s: policy v%d in force", self.worker_id, doc.version)
+        return True
+
+    # --- status --------------------------------------------------------------------------
+    @property
+    def applied_version(self) -> int:
+        return self.document.version
+
+    @property
+    def events_sent(self) -> int:
+        return self.publisher.sent
+
+    @property
+    def events_dropped(self) -> int:
+        """Dropped because the buffer was full plus lost in failed sends."""
+        return self.recorder.dropped + self.publisher.dropped
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hits / self.accesses if self.accesses else 0.0
+
+    def status(self) -> AgentStatus:
+        return AgentStatus(
+            id=self.worker_id,
+            engine=self.engine,
+            capacity=self.capacity,
+            applied_version=self.applied_version,
+            events_sent=self.events_sent,
+            events_dropped=self.events_dropped,
+            hits=self.hits,
+            accesses=self.accesses,
+            hit_ratio=self.hit_ratio,
+            rejected=self.subscriber.rejected,
+            last_rejection=self.subscriber.last_rejection,
+            started_at=self.started_at,
+            updated_at=time.time(),
+        )
+
+    # --- lifecycle -----------------------------------------------------------------------
+    def start(self) -> Agent:
+        """Start the publisher, subscriber and heartbeat threads (no waiting on Redis)."""
+        if self._closed:
+            raise RuntimeError("agent is closed")
+        if not self._started:
+            self._started = True
+            self.publisher.start()
+            self.subscriber.start()
+            self.heartbeat.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the threads: the publisher flushes what is buffered, the heartbeat writes
+        the final counters. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._started:
+            self.subscriber.close()
+            self.publisher.close()
+            self.heartbeat.close()
+        self.client.close()
+
+    def __enter__(self) -> Agent:
+        return self.start()
+
+    def __exit__(
+        self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _wake_publisher(self) -> None:
+        self.publisher.wake()
+
+    def __repr__(self) -> str:
+        extra: dict[str, Any] = {"policy": type(self.policy).__name__, "v": self.applied_version}
+        return f"Agent({self.worker_id!r}, capacity={self.capacity}, {extra})"
