@@ -1,0 +1,340 @@
+"""Trace files -> ``Trace``: the Alibaba Bailian and Mooncake JSONL readers.
+
+Owns parsing and validating trace lines, telling the two formats apart, reading gzip, and
+reporting malformed lines (``TraceError``, or counted skips). Hash ids become an int64 row
+per line, merged into chunks of a million, so no Python object per block outlives its
+line; per-request columns grow in compact ``array`` buffers. It must never sort or remap
+hashes (``controlplane.traces.model`` does) or know about policies and replay.
+
+Formats (docs/traces.md):
+
+- Bailian ``qwen_trace*_blksz_16.jsonl``: ``chat_id``, ``parent_chat_id``, ``timestamp``
+  (seconds), ``input_length``, ``output_length``, ``type``, ``turn``, ``hash_ids``.
+- Mooncake ``*_trace.jsonl``: ``timestamp`` (milliseconds), ``input_length``,
+  ``output_length``, ``hash_ids``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+import zlib
+from array import array
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any, Literal, cast
+
+import numpy as np
+import orjson
+
+from controlplane.traces.model import Trace
+
+TraceFormat = Literal["auto", "bailian", "mooncake"]
+FORMATS: tuple[str, ...] = ("auto", "bailian", "mooncake")
+
+BAILIAN_KEYS = frozenset({"chat_id", "parent_chat_id", "type", "turn"})
+"""Any of these on a line marks the Bailian format (Mooncake lines carry none)."""
+MOONCAKE_KEYS = frozenset({"timestamp", "hash_ids"})
+
+MAX_SKIP_DETAILS = 1000
+"""Skipped lines past this many keep a short reason (no offending value), so a file of
+garbage read with ``skip_bad_lines`` costs a few dozen bytes a line; the count stays exact."""
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_BOM = b"\xef\xbb\xbf"
+_INT64_MAX = 2**63 - 1
+_INT64_MIN = -(2**63)
+_CHUNK_BLOCKS = 1 << 20  # hash ids per chunk (8 MiB)
+_SHOWN_MAX = 60
+
+
+class TraceError(ValueError):
+    """A malformed trace line: ``path:line: field 'name': problem``.
+
+    ``line`` is 1-based; ``field`` is ``None`` when the line as a whole is wrong (bad
+    JSON, not an object, unknown format, broken gzip stream).
+    """
+
+    def __init__(self, path: str, line: int, field: str | None, problem: str) -> None:
+        where = f"{path}:{line}: "
+        super().__init__(where + (f"field {field!r}: {problem}" if field else problem))
+        self.path = path
+        self.line = line
+        self.field = field
+        self.problem = problem
+
+
+class _Bad(Exception):
+    """A line's defect, before the reader knows the path and line number."""
+
+    def __init__(self, field: str | None, problem: str, kind: str) -> None:
+        super().__init__(problem)
+        self.field = field
+        self.problem = problem
+        self.kind = kind  # short form kept for skipped lines past MAX_SKIP_DETAILS
+
+    def reason(self, detailed: bool) -> str:
+        text = self.problem if detailed else self.kind
+        return f"field {self.field!r}: {text}" if self.field else text
+
+
+def _shown(value: object) -> str:
+    """The offending value as JSON, cut short: error messages quote it."""
+    try:
+        text = orjson.dumps(value).decode()
+    except TypeError:
+        text = repr(value)
+    return text if len(text) <= _SHOWN_MAX else text[: _SHOWN_MAX - 3] + "..."
+
+
+def _field(obj: dict[str, Any], key: str) -> Any:
+    try:
+        return obj[key]
+    except KeyError:
+        raise _Bad(key, "missing", "missing") from None
+
+
+def _int(obj: dict[str, Any], key: str, minimum: int) -> int:
+    value = _field(obj, key)
+    # type() rather than isinstance: JSON true/false must not pass as 1/0.
+    if type(value) is not int:
+        raise _Bad(key, f"expected an integer, got {_shown(value)}", "not an integer")
+    if not minimum <= value <= _INT64_MAX:
+        want = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
+        raise _Bad(key, f"expected {want} (64-bit), got {value}", "out of range")
+    return value
+
+
+def _timestamp(obj: dict[str, Any]) -> float:
+    value = _field(obj, "timestamp")
+    if type(value) is not int and type(value) is not float:
+        raise _Bad("timestamp", f"expected a number, got {_shown(value)}", "not a number")
+    if not (math.isfinite(value) and value >= 0):
+        problem = f"expected a finite non-negative number, got {_shown(value)}"
+        raise _Bad("timestamp", problem, "negative or not finite")
+    return float(value)
+
+
+def _type(obj: dict[str, Any]) -> str:
+    value = _field(obj, "type")
+    if type(value) is not str or not value:
+        raise _Bad("type", f"expected a non-empty string, got {_shown(value)}", "not a string")
+    return value
+
+
+_HASHES_WANTED = "expected a non-empty list of integers"
+
+
+def _hash_ids(obj: dict[str, Any]) -> list[int]:
+    value = _field(obj, "hash_ids")
+    if type(value) is not list or not value:
+        raise _Bad("hash_ids", f"{_HASHES_WANTED}, got {_shown(value)}", "not a list of integers")
+    # One C-level pass over the element types; the slow search runs only on failure.
+    if set(map(type, value)) != {int}:
+        i, item = next((i, x) for i, x in enumerate(value) if type(x) is not int)
+        problem = f"{_HASHES_WANTED}, got {_shown(item)} at index {i}"
+        raise _Bad("hash_ids", problem, "not a list of integers")
+    if len(set(value)) != len(value):
+        raise _repeated(value)
+    return value
+
+
+def _repeated(ids: list[int]) -> _Bad:
+    """Ids chain the prefix (id i stands for blocks 0..i), so no real request holds one
+    twice; replay semantics are undefined for it, and the line is rejected."""
+    first: dict[int, int] = {}
+    for i, h in enumerate(ids):
+        j = first.setdefault(h, i)
+        if j != i:
+            problem = f"id {h} repeats at index {i} (first at index {j}); ids chain the prefix"
+            return _Bad("hash_ids", problem, "repeated id")
+    raise AssertionError("no repeated id")  # pragma: no cover
+
+
+class _Columns:
+    """Per-request columns in file order, as compact typed buffers."""
+
+    def __init__(self, fmt: str) -> None:
+        self.fmt = fmt
+        self._hash_chunks: list[np.ndarray[Any, np.dtype[np.int64]]] = []
+        self._pending: list[np.ndarray[Any, np.dtype[np.int64]]] = []
+        self._pending_blocks = 0
+        self.lengths = array("q")
+        self.timestamps = array("d")
+        self.input_lengths = array("q")
+        self.output_lengths = array("q")
+        self.chat_ids = array("q")
+        self.parent_chat_ids = array("q")
+        self.turns = array("q")
+        self.types: list[str] = []
+        self._type_names: dict[str, str] = {}  # one string object per distinct type
+        self.add: Callable[[dict[str, Any]], None] = (
+            self._add_bailian if fmt == "bailian" else self._add_mooncake
+        )
+
+    def _extend_hashes(self, ids: list[int]) -> None:
+        try:
+            # fromiter is the fastest list -> int64 path and rejects ids outside 64 bits
+            # (element types were checked already: it would truncate floats silently).
+            row = np.fromiter(ids, dtype=np.int64, count=len(ids))
+        except OverflowError:
+            i, item = next((i, x) for i, x in enumerate(ids) if not _INT64_MIN <= x <= _INT64_MAX)
+            problem = f"{_HASHES_WANTED} (64-bit), got {item} at index {i}"
+            raise _Bad("hash_ids", problem, "out of range") from None
+        self.lengths.append(len(ids))
+        self._pending.append(row)
+        self._pending_blocks += len(ids)
+        if self._pending_blocks >= _CHUNK_BLOCKS:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Merge the per-line rows into one chunk: a few arrays, not one per line."""
+        if self._pending:
+            self._hash_chunks.append(np.concatenate(self._pending))
+            self._pending.clear()
+            self._pending_blocks = 0
+
+    def hashes(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        self._flush()
+        chunks, self._hash_chunks = self._hash_chunks, []
+        if not chunks:
+            return np.zeros(0, dtype=np.int64)
+        return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+
+    def _add_mooncake(self, obj: dict[str, Any]) -> None:
+        ts = _timestamp(obj)
+        inp = _int(obj, "input_length", 0)
+        out = _int(obj, "output_length", 0)
+        self._extend_hashes(_hash_ids(obj))
+        self.timestamps.append(ts)
+        self.input_lengths.append(inp)
+        self.output_lengths.append(out)
+
+    def _add_bailian(self, obj: dict[str, Any]) -> None:
+        chat = _int(obj, "chat_id", 0)
+        parent = _int(obj, "parent_chat_id", -1)
+        ts = _timestamp(obj)
+        inp = _int(obj, "input_length", 0)
+        out = _int(obj, "output_length", 0)
+        type_ = _type(obj)
+        turn = _int(obj, "turn", 0)
+        self._extend_hashes(_hash_ids(obj))
+        self.chat_ids.append(chat)
+        self.parent_chat_ids.append(parent)
+        self.timestamps.append(ts)
+        self.input_lengths.append(inp)
+        self.output_lengths.append(out)
+        self.types.append(self._type_names.setdefault(type_, type_))
+        self.turns.append(turn)
+
+    def to_trace(self, name: str, skipped: list[tuple[int, str]]) -> Trace:
+        def i64(a: array[int]) -> np.ndarray[Any, np.dtype[np.int64]]:
+            return np.frombuffer(a, dtype=np.int64) if len(a) else np.zeros(0, np.int64)
+
+        ts = np.frombuffer(self.timestamps, dtype=np.float64) if self.timestamps else np.zeros(0)
+        bailian = self.fmt == "bailian"
+        return Trace.from_arrays(
+            name=name,
+            source_format=self.fmt,
+            hash_ids=self.hashes(),
+            lengths=i64(self.lengths),
+            timestamps=ts if bailian else ts / 1000.0,  # Mooncake stamps are milliseconds
+            types=self.types if bailian else None,
+            turns=i64(self.turns) if bailian else None,
+            input_lengths=i64(self.input_lengths),
+            output_lengths=i64(self.output_lengths),
+            chat_ids=i64(self.chat_ids) if bailian else None,
+            parent_chat_ids=i64(self.parent_chat_ids) if bailian else None,
+            skipped_lines=skipped,
+        )
+
+
+def detect_format(obj: dict[str, Any]) -> str:
+    """``bailian`` or ``mooncake`` from one line's keys; ``_Bad`` when neither fits."""
+    if not BAILIAN_KEYS.isdisjoint(obj):
+        return "bailian"
+    if obj.keys() >= MOONCAKE_KEYS:
+        return "mooncake"
+    keys = ", ".join(sorted(obj)) or "none"
+    problem = (
+        f"cannot tell the trace format from the keys ({keys}): Bailian lines carry "
+        "chat_id/parent_chat_id/type/turn, Mooncake lines timestamp and hash_ids"
+    )
+    raise _Bad(None, problem, "unknown format")
+
+
+def _open(path: str) -> IO[bytes]:
+    """Plain or gzip, told by the magic bytes (a suffix can lie)."""
+    with open(path, "rb") as raw:
+        magic = raw.read(2)
+    if magic == _GZIP_MAGIC:
+        return cast(IO[bytes], gzip.open(path, "rb"))
+    return open(path, "rb", buffering=1 << 20)
+
+
+def _records(f: IO[bytes], path: str) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed object or ``_Bad``) for every non-blank line."""
+    lineno = 0
+    try:
+        for lineno, line in enumerate(f, 1):
+            if lineno == 1 and line.startswith(_BOM):
+                line = line[len(_BOM) :]
+            try:
+                yield lineno, orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                if line.isspace():
+                    continue
+                yield (
+                    lineno,
+                    _Bad(None, f"invalid JSON ({exc.msg}, column {exc.colno})", "bad JSON"),
+                )
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        # A broken stream cannot be skipped past: nothing after it can be read.
+        raise TraceError(
+            path, lineno + 1, None, f"gzip stream truncated or corrupt ({exc})"
+        ) from None
+
+
+def load_trace(
+    path: str | os.PathLike[str],
+    *,
+    fmt: TraceFormat = "auto",
+    skip_bad_lines: bool = False,
+) -> Trace:
+    """Read a Bailian or Mooncake JSONL trace (plain or gzip) into a ``Trace``.
+
+    ``fmt="auto"`` decides from the first line that is a JSON object. A malformed line
+    raises ``TraceError`` naming file, line and field; with ``skip_bad_lines`` it is left
+    out and recorded, ``(line, reason)``, in ``Trace.skipped_lines`` (every skipped line is
+    recorded; reasons past ``MAX_SKIP_DETAILS`` are short). Blank lines are ignored.
+    Raises ``OSError`` when the file cannot be read.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown trace format {fmt!r}; known formats: {', '.join(FORMATS)}")
+    shown = os.fspath(path)
+    columns = None if fmt == "auto" else _Columns(fmt)
+    skipped: list[tuple[int, str]] = []
+    brief: dict[str, str] = {}  # shared short reasons past MAX_SKIP_DETAILS
+    with _open(shown) as f:
+        for lineno, obj in _records(f, shown):
+            try:
+                if isinstance(obj, _Bad):
+                    raise obj
+                if type(obj) is not dict:
+                    raise _Bad(None, f"expected a JSON object, got {_shown(obj)}", "not an object")
+                if columns is None:
+                    columns = _Columns(detect_format(obj))
+                columns.add(obj)
+            except _Bad as bad:
+                if not skip_bad_lines:
+                    raise TraceError(shown, lineno, bad.field, bad.problem) from None
+                if len(skipped) < MAX_SKIP_DETAILS:
+                    skipped.append((lineno, bad.reason(detailed=True)))
+                else:
+                    reason = bad.reason(detailed=False)
+                    skipped.append((lineno, brief.setdefault(reason, reason)))
+    if columns is None:  # nothing readable: an empty trace of unknown format
+        columns = _Columns("mooncake")
+        columns.fmt = "unknown"
+    return columns.to_trace(Path(shown).name, skipped)

@@ -1,0 +1,168 @@
+"""Benchmark: load a synthetic Bailian-format trace of >= 10 million blocks.
+
+Writes the trace into a temporary directory (synthetic data: first-turn prompts of
+lognormal length around the public trace A's mean of 146 blocks; half the requests are a
+next turn that repeats an earlier request's whole prompt and adds to it). Then times
+``load_trace`` in fresh child processes, so one load's resident-set high-water mark is not
+hidden by the writer's or another load's. Reports the load time, the peak resident-set
+growth (``ru_maxrss`` after minus before the load), the tracemalloc peak (a separate run:
+tracing slows the load) and ``Trace.nbytes()``.
+
+    python -m tests.bench.bench_trace_load [--blocks 10000000] [--gzip] [--seed 1]
+
+Not collected by pytest (no ``test_`` prefix); results go in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+TYPES = ("text", "search", "image", "file")
+TYPE_WEIGHTS = (0.78, 0.08, 0.08, 0.06)
+
+
+def write_synthetic(path: Path, n_blocks: int, seed: int) -> tuple[int, int]:
+    """Stream a Bailian-format trace with at least ``n_blocks`` blocks to ``path``.
+
+    Returns (requests, blocks). Memory stays small: only the last 1000 requests are kept
+    to continue from.
+    """
+    rng = np.random.default_rng(seed)
+    recent: list[tuple[int, int, str, np.ndarray[Any, Any]]] = []  # chat, turn, type, ids
+    next_id = 0
+    blocks = requests = 0
+    t = 0.0
+    with open(path, "wb", buffering=1 << 20) as f:
+        while blocks < n_blocks:
+            t += float(rng.exponential(1 / 6))  # about 6 requests a second
+            if recent and rng.random() < 0.5:
+                # A next turn: the whole earlier prompt, then the new exchange.
+                parent, turn, type_, prev = recent[int(rng.integers(len(recent)))]
+                keep = len(prev)
+                length = min(4000, keep + int(np.clip(rng.lognormal(np.log(40), 1.0), 1, 1000)))
+                turn += 1
+            else:
+                parent, turn, prev, keep = -1, 1, np.zeros(0, np.int64), 0
+                length = int(np.clip(rng.lognormal(np.log(146) - 0.5, 1.0), 1, 4000))
+                type_ = TYPES[int(rng.choice(len(TYPES), p=TYPE_WEIGHTS))]
+            keep = min(keep, length)
+            fresh = np.arange(next_id, next_id + length - keep, dtype=np.int64)
+            next_id += length - keep
+            ids = np.concatenate([prev[:keep], fresh])
+            line = {
+                "chat_id": requests,
+                "parent_chat_id": parent,
+                "timestamp": round(t, 3),
+                "input_length": length * 16 - int(rng.integers(16)),
+                "output_length": int(rng.integers(1, 800)),
+                "type": type_,
+                "turn": turn,
+                "hash_ids": ids.tolist(),
+            }
+            f.write(orjson.dumps(line) + b"\n")
+            recent.append((requests, turn, type_, ids))
+            if len(recent) > 1000:
+                recent.pop(0)
+            requests += 1
+            blocks += length
+    return requests, blocks
+
+
+def measure(path: str, trace_memory: bool) -> dict[str, Any]:
+    """One load in this process: seconds and memory figures."""
+    import resource
+    import tracemalloc
+
+    from controlplane.traces.reader import load_trace
+
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if trace_memory:
+        tracemalloc.start()
+    t0 = time.perf_counter()
+    trace = load_trace(path)
+    seconds = time.perf_counter() - t0
+    out: dict[str, Any] = {
+        "seconds": seconds,
+        "requests": trace.n_requests,
+        "blocks": trace.n_accesses,
+        "unique": trace.n_unique,
+        "nbytes": trace.nbytes(),
+        "rss_growth": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024,
+    }
+    if trace_memory:
+        out["tracemalloc_peak"] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return out
+
+
+def _child(path: Path, trace_memory: bool) -> dict[str, Any]:
+    code = (
+        "import json, sys; from tests.bench.bench_trace_load import measure; "
+        f"print(json.dumps(measure(sys.argv[1], {trace_memory})))"
+    )
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(res.stdout)
+    return result
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
+def report(label: str, path: Path) -> None:
+    timed = _child(path, trace_memory=False)
+    traced = _child(path, trace_memory=True)
+    print(
+        f"{label}: {timed['requests']:,} requests, {timed['blocks']:,} blocks "
+        f"({timed['unique']:,} unique), file {_mb(path.stat().st_size)}\n"
+        f"  load_trace        {timed['seconds']:.2f} s "
+        f"({timed['blocks'] / timed['seconds'] / 1e6:.1f} M blocks/s)\n"
+        f"  peak RSS growth   {_mb(timed['rss_growth'])}\n"
+        f"  tracemalloc peak  {_mb(traced['tracemalloc_peak'])} "
+        f"(load under tracemalloc: {traced['seconds']:.2f} s)\n"
+        f"  Trace.nbytes()    {_mb(timed['nbytes'])}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=10_000_000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--gzip", action="store_true", help="also time a gzip copy")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="kvwise-bench-") as tmp:
+        path = Path(tmp) / "qwen_trace_synthetic_blksz_16.jsonl"
+        t0 = time.perf_counter()
+        requests, blocks = write_synthetic(path, args.blocks, args.seed)
+        print(f"wrote {requests:,} requests, {blocks:,} blocks in {time.perf_counter() - t0:.1f} s")
+        print(f"python {sys.version.split()[0]}, numpy {np.__version__}, cpus {os.cpu_count()}")
+        report("plain", path)
+        if args.gzip:
+            gz = path.with_suffix(".jsonl.gz")
+            with open(path, "rb") as src, gzip.open(gz, "wb", compresslevel=6) as dst:
+                while chunk := src.read(1 << 22):
+                    dst.write(chunk)
+            report("gzip", gz)
+
+
+if __name__ == "__main__":
+    main()
