@@ -1,0 +1,175 @@
+"""ReuseStats: exact counts on hand-made streams, the window, the near-concurrent rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agent.wire import EventBatch, EventKind
+from controlplane.stats import ReuseStats, StatsSnapshot, gap_edges
+from tests.synth_reuse import chain_stream
+
+NAN = np.nan
+
+
+def _cols(rows: list[tuple[float, int, float, int]]) -> tuple[np.ndarray, ...]:
+    ts, cat, pts, pcat = zip(*rows, strict=True)
+    return (
+        np.array(ts, np.float64),
+        np.array(cat, np.int32),
+        np.array(pts, np.float64),
+        np.array(pcat, np.int32),
+    )
+
+
+# (ts, category, prev_ts, prev_category): a, b are categories 0, 1.
+HAND = [
+    (1.0, 0, NAN, -1),  # a opens
+    (2.0, 1, NAN, -1),  # b opens
+    (5.0, 0, 1.0, 0),  # reuse of a@1: gap 4 (a); opens a@5
+    (5.1, 1, 5.0, 0),  # reuse of a@5 after 0.1 s; opens b@5.1
+    (25.0, 0, 2.0, 1),  # reuse of b@2: gap 23 (b); the block is now a: opens a@25
+]
+
+
+def _hand(near_s: float) -> ReuseStats:
+    st = ReuseStats(100.0, n_buckets=10, near_concurrent_s=near_s, categories=["a", "b"])
+    st.ingest(*_cols(HAND))
+    return st
+
+
+def _bin(snap: StatsSnapshot, gap: float) -> int:
+    return int(np.searchsorted(snap.edges, gap, side="right") - 1)
+
+
+def test_hand_made_stream_gives_exact_counts() -> None:
+    snap = _hand(near_s=0.5).snapshot(30.0)
+    a, b = snap.of("a"), snap.of("b")
+    assert (a.accesses, a.reuses, a.near_concurrent) == (3, 1, 1)
+    assert (b.accesses, b.reuses, b.near_concurrent) == (2, 1, 0)
+    assert np.flatnonzero(a.observed).tolist() == [_bin(snap, 4.0)]
+    assert np.flatnonzero(b.observed).tolist() == [_bin(snap, 23.0)]
+    assert a.observed.sum() == b.observed.sum() == 1
+    # One open exposure each: a@25 (bucket [20, 30): age 0..10 s), b@5.1 (age 20..30 s).
+    assert a.censored.sum() == pytest.approx(1.0)
+    assert b.censored.sum() == pytest.approx(1.0)
+    a_ages = snap.edges[np.flatnonzero(a.censored)]
+    b_ages = snap.edges[np.flatnonzero(b.censored) + 1]
+    assert a_ages.min() == 0.0 and snap.edges[np.flatnonzero(a.censored)[-1]] < 10.0
+    assert b_ages.min() > 20.0 and snap.edges[np.flatnonzero(b.censored)[-1]] < 30.0
+    assert snap.dropped == 0
+
+
+def test_near_concurrent_threshold_decides_what_is_a_reuse() -> None:
+    with_threshold = _hand(near_s=0.5).snapshot(30.0).of("a")
+    without = _hand(near_s=0.0).snapshot(30.0)
+    a = without.of("a")
+    assert (with_threshold.reuses, with_threshold.near_concurrent) == (1, 1)
+    assert (a.reuses, a.near_concurrent) == (2, 0)
+    assert a.observed[_bin(without, 5.1 - 5.0)] == 1
+    # Merged: a@5 left the fit's exposures; without the threshold it was a reuse.
+    assert with_threshold.exposures == 2 and a.exposures == 3
+    # A gap exactly at the threshold is a reuse (the threshold is exclusive).
+    st = ReuseStats(100.0, near_concurrent_s=0.5, categories=["a"])
+    st.ingest(*_cols([(1.0, 0, NAN, -1), (1.5, 0, 1.0, 0), (1.9, 0, 1.5, 0)]))
+    row = st.snapshot(2.0).of("a")
+    assert (row.reuses, row.near_concurrent) == (1, 1)
+
+
+def test_every_access_is_reused_merged_or_open() -> None:
+    s = chain_stream([3000, 2000], [0.5, 0.9], [0.2, 5.0], 200.0, seed=4, near_prob=0.3, near_s=1)
+    st = ReuseStats(300.0, near_concurrent_s=0.5, categories=["x", "y"])
+    st.ingest(s.ts, s.category, s.prev_ts, s.prev_category)
+    snap = st.snapshot(200.0)
+    open_ = snap.accesses - snap.reuses - snap.near_concurrent
+    np.testing.assert_allclose(snap.censored.sum(axis=1), open_, rtol=1e-12)
+    np.testing.assert_array_equal(snap.observed.sum(axis=1), snap.reuses)
+    assert snap.accesses.tolist() == [s.accesses(0), s.accesses(1)]
+    assert snap.near_concurrent.sum() > 0
+
+
+def test_sliding_window_forgets_old_accesses() -> None:
+    st = _hand(near_s=0.0)
+    # 100 s window in 10 s buckets: at t=115 the buckets before [20, 30) are gone.
+    st.ingest(*_cols([(115.0, 1, 25.0, 0), (116.0, 1, 5.1, 1)]))
+    snap = st.snapshot(116.0)
+    a, b = snap.of("a"), snap.of("b")
+    assert (a.accesses, a.reuses) == (1, 1)  # a@25 and its reuse 90 s later
+    assert a.observed[_bin(snap, 90.0)] == 1
+    assert (b.accesses, b.reuses) == (2, 0)  # b@115, b@116; b@5.1 expired
+    assert snap.dropped == 1  # the reuse of b@5.1 closed an access the window forgot
+    # With no traffic, the window still slides: everything is forgotten by t=1000.
+    late = st.snapshot(1000.0)
+    assert late.total_accesses == 0 and late.censored.sum() == 0 and late.observed.sum() == 0
+
+
+def test_batches_in_any_order_give_the_same_snapshot() -> None:
+    s = chain_stream([2000, 1000], [0.4, 0.7], [0.05, 1.0], 300.0, seed=9)
+    one = ReuseStats(600.0, categories=["x", "y"], origin=0.0)
+    one.ingest(s.ts, s.category, s.prev_ts, s.prev_category)
+    many = ReuseStats(600.0, categories=["x", "y"], origin=0.0)
+    order = np.random.default_rng(1).permutation(len(s))
+    for part in np.array_split(order, 37):
+        many.ingest(s.ts[part], s.category[part], s.prev_ts[part], s.prev_category[part])
+    a, b = one.snapshot(300.0), many.snapshot(300.0)
+    np.testing.assert_array_equal(a.observed, b.observed)
+    np.testing.assert_array_equal(a.accesses, b.accesses)
+    np.testing.assert_allclose(a.censored, b.censored)
+
+
+def test_accesses_before_the_origin_and_their_reuses_are_dropped() -> None:
+    st = ReuseStats(100.0, categories=["a"])
+    st.ingest(*_cols([(50.0, 0, 10.0, 0), (60.0, 0, NAN, -1)]))  # prev@10 predates the stats
+    # A later batch from a slower sender: before the origin (50), so not counted either.
+    st.ingest(*_cols([(40.0, 0, NAN, -1), (61.0, 0, 40.0, 0)]))
+    row = st.snapshot(61.0).of("a")
+    assert (row.accesses, row.reuses) == (3, 0)
+    assert row.censored.sum() == pytest.approx(3.0)
+    assert st.dropped == 3
+
+
+def test_names_of_a_batch_are_remapped_to_the_stats_table() -> None:
+    st = ReuseStats(100.0, categories=["text_1"])
+    st.ingest(*_cols([(1.0, 0, NAN, -1), (2.0, 1, 1.0, 0)]), names=["file_2", "text_1"])
+    assert st.categories == ("text_1", "file_2")
+    snap = st.snapshot(3.0)
+    assert snap.of("file_2").reuses == 1 and snap.of("text_1").accesses == 1
+    with pytest.raises(ValueError, match="out of range"):
+        st.ingest(*_cols([(3.0, 2, NAN, -1)]), names=["a", "b"])
+
+
+def test_wire_batch_counts_hits_and_inserts_not_evictions() -> None:
+    kinds = np.array([EventKind.INSERT, EventKind.HIT, EventKind.EVICT], np.uint8)
+    batch = EventBatch(
+        worker="w0",
+        seq=1,
+        epoch="e",
+        categories=("text_1",),
+        ts=np.array([1.0, 2.0, 3.0]),
+        block=np.array([7, 7, 7], np.int64),
+        category=np.zeros(3, np.int32),
+        offset=np.zeros(3, np.int32),
+        kind=kinds,
+        prev_ts=np.array([NAN, 1.0, 2.0]),
+        prev_category=np.array([-1, 0, 0], np.int32),
+    )
+    st = ReuseStats(100.0)
+    st.ingest_batch(batch)
+    row = st.snapshot(3.0).of("text_1")
+    assert (row.accesses, row.reuses) == (2, 1)
+
+
+def test_memory_does_not_grow_with_blocks_or_events() -> None:
+    st = ReuseStats(3600.0, categories=[f"c{i}" for i in range(20)])
+    before = st.nbytes()
+    s = chain_stream([5000] * 20, [0.5] * 20, [0.1] * 20, 3000.0, seed=2)
+    st.ingest(s.ts, s.category, s.prev_ts, s.prev_category)
+    assert len(s) > 100_000
+    assert st.nbytes() == before
+
+
+def test_gap_edges_cover_the_window_log_spaced() -> None:
+    e = gap_edges(3600.0, min_s=1e-3, per_decade=20)
+    assert e[0] == 0.0 and np.isinf(e[-1]) and e[-2] >= 3600.0
+    ratios = e[2:-1] / e[1:-2]
+    np.testing.assert_allclose(ratios, 10 ** (1 / 20))
