@@ -61,7 +61,7 @@ class ControllerSettings(BaseSettings):
         default=120, ge=1, le=10_000, description="Time buckets of the window (its slide step)"
     )
     shrinkage_samples: float = Field(
-        default=200.0, ge=0, description="Pseudo-samples of the pooled fit in each category fit"
+        default=50.0, ge=0, description="Pseudo-samples of the pooled fit in each category fit"
     )
     rate_min: float = Field(default=1e-6, gt=0, description="Lowest fitted reuse rate (1/s)")
     rate_max: float = Field(default=1e3, gt=0, description="Highest fitted reuse rate (1/s)")
