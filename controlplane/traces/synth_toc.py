@@ -1,0 +1,273 @@
+"""The to-C generative model: people chatting with a consumer assistant (paper's trace A).
+
+Owns ``ToCKnobs`` and ``generate_to_c``. The model, and the paper finding each part is
+there to reproduce (docs/traces.md, "Synthetic traces", gives targets and tolerances):
+
+- Conversations start as a Poisson process; each belongs to a user drawn with a
+  Pareto activity weight, so a few heavy users start many (reuse is mostly within one
+  user, Fig. 6; skew, Fig. 4).
+- A conversation's type is drawn from ``share`` (text about 78 % of requests, Fig. 3);
+  its next turn follows with probability ``p_next_first`` after turn 1 and
+  ``p_next_later`` after later turns (about 0.5 and 0.8 in the paper, Fig. 8), after an
+  exponential delay whose mean depends on type and turn (the per-category exponential
+  reuse times of Fig. 9: text within a minute or two, file and search slower).
+- A next turn's prompt is the previous prompt, the previous answer and the new input, so
+  it inherits every full block of the previous prompt. Search is the exception: fresh
+  results replace the previous ones, so a search follow-up shares only the conversation
+  history before them (search and file reuse little, Fig. 10).
+- Every first turn starts with its type's short platform system prompt (the only
+  cross-user sharing); some users' text chats start with their own persona prompt,
+  reused across their conversations. A few answers are regenerated: the same prompt is
+  sent again seconds later (single-turn reuse, Fig. 5).
+- Token lengths are lognormal around the paper's means (input 2,338, output 430 for
+  trace A); a conversation ends at the context limit.
+
+It must never build a ``Trace`` itself (``TraceBuilder`` does) or use global randomness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from controlplane.traces.synth_build import TraceBuilder
+from controlplane.traces.synth_prefix import I64
+
+F64 = NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class TypeKnobs:
+    """One request type of the to-C model."""
+
+    share: float
+    """Share of conversations of this type."""
+    platform_prompt: int
+    """Tokens of the type's platform system prompt, shared by every user."""
+    first_input: tuple[float, float]
+    """(mean, sigma) of the lognormal new tokens of a first turn (question + attachment)."""
+    followup_input: tuple[float, float]
+    """(mean, sigma) of the lognormal new tokens of a later turn."""
+    delay_first_s: float
+    """Mean of the exponential delay from turn 1 to turn 2."""
+    delay_later_s: float
+    """Mean of the exponential delay between later turns."""
+    volatile: bool = False
+    """New content (search results) is replaced next turn; only the question stays."""
+
+
+@dataclass(frozen=True)
+class ToCKnobs:
+    """Every number of the to-C model; defaults are the calibrated ones."""
+
+    types: dict[str, TypeKnobs] = field(
+        default_factory=lambda: {
+            "text": TypeKnobs(0.78, 32, (500.0, 1.6), (60.0, 1.2), 40.0, 60.0),
+            "search": TypeKnobs(0.08, 64, (2000.0, 0.5), (2000.0, 0.5), 120.0, 150.0, True),
+            "image": TypeKnobs(0.07, 32, (1300.0, 0.4), (80.0, 1.0), 60.0, 90.0),
+            "file": TypeKnobs(0.07, 48, (3000.0, 0.8), (3000.0, 0.8), 150.0, 200.0, True),
+        }
+    )
+    p_next_first: float = 0.5
+    p_next_later: float = 0.8
+    output: tuple[float, float] = (430.0, 0.9)
+    """(mean, sigma) of the lognormal output tokens."""
+    max_context: int = 32_768
+    """A conversation whose next prompt would exceed this many tokens ends."""
+    history_limit: int = 8192
+    """Tokens of conversation an app keeps; past it, it keeps the newest half."""
+    sessions_per_user: float = 4.0
+    """Mean conversations per user; sets the number of users."""
+    user_pareto_alpha: float = 1.2
+    """Shape of the users' Pareto activity weights (smaller: a few heavier users)."""
+    persona_user_share: float = 0.3
+    """Share of users with a persona prompt."""
+    persona_use: float = 0.8
+    """Probability that such a user's text conversation starts with the persona."""
+    persona_tokens: tuple[float, float] = (500.0, 0.8)
+    regenerate: float = 0.03
+    """Probability that a request is sent again (regenerated answer)."""
+    regenerate_delay_s: float = 20.0
+    kept_question: int = 40
+    """Tokens of a volatile (search) turn's new content that stay in the history."""
+    warmup_s: float = 1800.0
+    """Conversations start this long before the window, so it opens mid-stream."""
+
+
+def lognormal_tokens(
+    rng: np.random.Generator, mean: F64 | float, sigma: F64 | float, n: int, hi: int
+) -> I64:
+    """Lognormal token counts with the given mean, clipped to ``[1, hi]``."""
+    sigma_arr = np.asarray(sigma, dtype=np.float64)
+    mu = np.log(np.asarray(mean, dtype=np.float64)) - sigma_arr**2 / 2
+    draws = rng.lognormal(mu, sigma_arr, n) if n else np.zeros(0)
+    return np.clip(np.rint(draws), 1, hi).astype(np.int64)
+
+
+@dataclass
+class _Turn:
+    """The last request of every live conversation."""
+
+    session: I64
+    type_code: I64
+    time: F64
+    length: I64
+    head: I64
+    prefix: I64
+    new: I64
+    output: I64
+    node: I64
+
+
+def generate_to_c(
+    builder: TraceBuilder, rng: np.random.Generator, duration_s: float, qps: float, k: ToCKnobs
+) -> None:
+    """Add a to-C workload of about ``qps`` requests per second to ``builder``."""
+    names = builder.type_names
+    tk = [k.types[t] for t in names]
+    share = np.array([t.share for t in tk])
+    turns_per_session = 1 + k.p_next_first / (1 - k.p_next_later)
+    rate = qps / (turns_per_session * (1 + k.regenerate))
+    span = duration_s + k.warmup_s
+    n_sessions = int(rng.poisson(rate * span))
+    start = np.sort(rng.uniform(-k.warmup_s, duration_s, n_sessions))
+    stype = rng.choice(len(names), size=n_sessions, p=share / share.sum()).astype(np.int64)
+
+    n_users = max(1, round(n_sessions / k.sessions_per_user))
+    weight = rng.pareto(k.user_pareto_alpha, n_users) + 1
+    user = rng.choice(n_users, size=n_sessions, p=weight / weight.sum())
+    has_persona = rng.random(n_users) < k.persona_user_share
+    persona_len = lognormal_tokens(rng, *k.persona_tokens, n_users, k.max_context // 4)
+
+    platform_len = np.array([t.platform_prompt for t in tk], dtype=np.int64)
+    none = np.full(len(names), -1, dtype=np.int64)
+    platform = builder.templates(parent=none, shared=none * 0, length=platform_len)
+    text = names.index("text")
+    persona_users = np.flatnonzero(has_persona)
+    persona_node = np.full(n_users, -1, dtype=np.int64)
+    persona_node[persona_users] = builder.templates(
+        parent=np.full(len(persona_users), platform[text]),
+        shared=np.full(len(persona_users), platform_len[text]),
+        length=platform_len[text] + persona_len[persona_users],
+    )
+
+    use_persona = (stype == text) & has_persona[user] & (rng.random(n_sessions) < k.persona_use)
+    parent = np.where(use_persona, persona_node[user], platform[stype])
+    prefix = builder.forest.lengths[parent]
+    fin = np.array([t.first_input for t in tk])
+    new = lognormal_tokens(rng, fin[stype, 0], fin[stype, 1], n_sessions, k.max_context // 2)
+    out = lognormal_tokens(rng, *k.output, n_sessions, 8192)
+    length = prefix + new
+    volatile = np.array([t.volatile for t in tk])
+    nodes = _add(builder, rng, k, parent, prefix, length, start, stype, 1, out, none[:1])
+    turn = _Turn(
+        session=np.arange(n_sessions, dtype=np.int64),
+        type_code=stype,
+        time=start,
+        length=length,
+        head=np.where(volatile[stype], prefix, length),
+        prefix=prefix,
+        new=new,
+        output=out,
+        node=nodes,
+    )
+    _later_turns(builder, rng, k, turn, duration_s)
+
+
+def _later_turns(
+    builder: TraceBuilder, rng: np.random.Generator, k: ToCKnobs, turn: _Turn, duration_s: float
+) -> None:
+    tk = [k.types[t] for t in builder.type_names]
+    volatile = np.array([t.volatile for t in tk])
+    delay = np.array([[t.delay_first_s, t.delay_later_s] for t in tk])
+    fin = np.array([t.followup_input for t in tk])
+    number = 2
+    while len(turn.session):
+        n = len(turn.session)
+        p = k.p_next_first if number == 2 else k.p_next_later
+        go = rng.random(n) < p
+        ty = turn.type_code
+        time = turn.time + rng.exponential(1.0, n) * delay[ty, 0 if number == 2 else 1]
+        new = lognormal_tokens(rng, fin[ty, 0], fin[ty, 1], n, k.max_context // 2)
+        out = lognormal_tokens(rng, *k.output, n, 8192)
+        vol = volatile[ty]
+        # A volatile turn keeps only its question; otherwise the head is the whole prompt.
+        kept = np.where(vol, np.minimum(turn.new, k.kept_question), 0)
+        head = turn.head + kept + turn.output
+        shared = np.where(vol, turn.head, turn.length)
+        # Past the history limit the app drops the oldest turns: the prompt then shares
+        # only its system prompt with the previous one.
+        cut = head > k.history_limit
+        head = np.where(cut, turn.prefix + k.history_limit // 2, head)
+        shared = np.where(cut, turn.prefix, shared)
+        length = head + new
+        live = go & (time < duration_s) & (length <= k.max_context)
+        nodes = _add(
+            builder,
+            rng,
+            k,
+            turn.node[live],
+            shared[live],
+            length[live],
+            time[live],
+            ty[live],
+            number,
+            out[live],
+            turn.node[live],
+        )
+        turn = _Turn(
+            session=turn.session[live],
+            type_code=ty[live],
+            time=time[live],
+            length=length[live],
+            head=np.where(vol, head, length)[live],
+            prefix=turn.prefix[live],
+            new=new[live],
+            output=out[live],
+            node=nodes,
+        )
+        number += 1
+
+
+def _add(
+    builder: TraceBuilder,
+    rng: np.random.Generator,
+    k: ToCKnobs,
+    parent: I64,
+    shared: I64,
+    length: I64,
+    time: F64,
+    type_code: I64,
+    number: int,
+    output: I64,
+    prev_turn: I64,
+) -> I64:
+    """Add one turn's requests and their regenerations; return the requests' nodes."""
+    n = len(parent)
+    prev = np.broadcast_to(prev_turn, (n,)) if number == 1 else prev_turn
+    nodes = builder.requests(
+        parent=parent,
+        shared=shared,
+        length=length,
+        time=time,
+        type_code=type_code,
+        turn=np.full(n, number),
+        output=output,
+        prev_turn=prev,
+    )
+    again = rng.random(n) < k.regenerate
+    m = int(again.sum())
+    builder.requests(
+        parent=nodes[again],
+        shared=length[again],
+        length=length[again],
+        time=time[again] + rng.exponential(k.regenerate_delay_s, m),
+        type_code=type_code[again],
+        turn=np.full(m, number),
+        output=lognormal_tokens(rng, *k.output, m, 8192),
+        prev_turn=prev[again],
+        copy=np.ones(m, dtype=bool),
+    )
+    return nodes

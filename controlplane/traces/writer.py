@@ -1,0 +1,82 @@
+"""``Trace`` -> Bailian JSONL: the inverse of the Bailian reader.
+
+Owns ``write_bailian``: one JSON object per request in replay order, with the keys of the
+public ``qwen_trace*_blksz_16.jsonl`` files (``chat_id``, ``parent_chat_id``,
+``timestamp``, ``input_length``, ``output_length``, ``type``, ``turn``, ``hash_ids``) and
+the trace's original hash ids (``trace.hashes[trace.blocks]``), so reading the file back
+gives the same arrays. A name ending in ``.gz`` is written gzip-compressed. It must never
+change the trace (no re-numbering, no re-timing) or write any other format.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+from typing import IO, cast
+
+import numpy as np
+import orjson
+
+from controlplane.traces.model import Trace
+
+_OPTIONS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY
+
+
+def write_bailian(trace: Trace, path: str | os.PathLike[str]) -> None:
+    """Write ``trace`` as Bailian JSONL at ``path`` (gzip when the name ends in ``.gz``).
+
+    Raises ``ValueError`` when the trace lacks the Bailian metadata (a Mooncake trace has
+    no type, turn or chat id), ``OSError`` when the file cannot be written.
+    """
+    n = trace.n_requests
+    if n and (
+        not all(trace.type_names)
+        or np.any(trace.turns < 0)
+        or np.any(trace.chat_ids < 0)
+        or np.any(trace.input_lengths < 0)
+        or np.any(trace.output_lengths < 0)
+    ):
+        raise ValueError(
+            f"{trace.name}: not a Bailian trace (types, turns, chat ids and token counts "
+            "are needed); convert it with its own format's tools"
+        )
+    target = Path(path)
+    with _open(target) as f:
+        hashes = trace.hashes[trace.blocks]  # original ids, serialised straight from numpy
+        offsets = trace.offsets.tolist()
+        columns = zip(
+            trace.chat_ids.tolist(),
+            trace.parent_chat_ids.tolist(),
+            trace.timestamps.tolist(),
+            trace.input_lengths.tolist(),
+            trace.output_lengths.tolist(),
+            trace.types.tolist(),
+            trace.turns.tolist(),
+            strict=True,
+        )
+        lines = []
+        for r, (chat, parent, ts, inp, out, type_code, turn) in enumerate(columns):
+            record = {
+                "chat_id": chat,
+                "parent_chat_id": parent,
+                "timestamp": ts,
+                "input_length": inp,
+                "output_length": out,
+                "type": trace.type_names[type_code],
+                "turn": turn,
+                "hash_ids": hashes[offsets[r] : offsets[r + 1]],
+            }
+            lines.append(orjson.dumps(record, option=_OPTIONS))
+            if len(lines) >= 4096:  # write in slabs: few syscalls, bounded memory
+                f.write(b"".join(lines))
+                lines.clear()
+        f.write(b"".join(lines))
+
+
+def _open(path: Path) -> IO[bytes]:
+    if path.name.endswith(".gz"):
+        # Level 1: on these id lists it writes files ~15 % larger than level 6 in a
+        # seventh of the time.
+        return cast(IO[bytes], gzip.open(path, "wb", compresslevel=1))
+    return open(path, "wb")
