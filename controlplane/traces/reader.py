@@ -46,6 +46,7 @@ _BOM = b"\xef\xbb\xbf"
 _INT64_MAX = 2**63 - 1
 _INT64_MIN = -(2**63)
 _CHUNK_BLOCKS = 1 << 20  # hash ids per chunk (8 MiB)
+_CHUNK_ROWS = 1 << 14  # lines per chunk: short lines must not pile up array objects
 _SHOWN_MAX = 60
 
 
@@ -185,7 +186,7 @@ class _Columns:
         self.lengths.append(len(ids))
         self._pending.append(row)
         self._pending_blocks += len(ids)
-        if self._pending_blocks >= _CHUNK_BLOCKS:
+        if self._pending_blocks >= _CHUNK_BLOCKS or len(self._pending) >= _CHUNK_ROWS:
             self._flush()
 
     def _flush(self) -> None:
@@ -287,7 +288,7 @@ def _records(f: IO[bytes], path: str) -> Iterator[tuple[int, Any]]:
                     continue
                 yield (
                     lineno,
-                    _Bad(None, f"invalid JSON ({exc.msg}, column {exc.colno})", "bad JSON"),
+                    _Bad(None, f"invalid JSON ({exc.msg}, column {exc.pos + 1})", "bad JSON"),
                 )
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         # A broken stream cannot be skipped past: nothing after it can be read.

@@ -127,6 +127,20 @@ def test_bundled_mooncake_sample_loads() -> None:
     assert np.all(np.diff(trace.timestamps) >= 0)
 
 
+def test_many_lines_cross_chunk_boundaries_intact(tmp_path: Path) -> None:
+    # More lines than one hash chunk holds (16,384), of varied lengths, sharing ids.
+    rng = np.random.default_rng(7)
+    draws = rng.integers(0, 60_000, size=(20_000, 5)).tolist()
+    cuts = rng.integers(1, 6, size=20_000).tolist()
+    requests = [list(dict.fromkeys(row[:k])) for row, k in zip(draws, cuts, strict=True)]
+    lines = [mooncake(i, ids, timestamp=i) for i, ids in enumerate(requests)]
+    trace = load_trace(write(tmp_path / "m.jsonl", lines))
+    expected = Trace.from_requests(requests)
+    assert trace.blocks.tolist() == expected.blocks.tolist()
+    assert trace.hashes.tolist() == expected.hashes.tolist()
+    assert trace.offsets.tolist() == expected.offsets.tolist()
+
+
 # ---- auto-detection ---------------------------------------------------------------------
 
 
@@ -349,6 +363,15 @@ def test_error_message_reads_as_documented(tmp_path: Path) -> None:
         load_trace(path)
     assert str(err.value) == (
         f"{path}:17: field 'hash_ids': expected a non-empty list of integers, got []"
+    )
+
+
+def test_bad_json_names_the_column(tmp_path: Path) -> None:
+    path = write(tmp_path / "t.jsonl", [mooncake(0), '{"a": 1,, }'])
+    with pytest.raises(TraceError) as err:
+        load_trace(path)
+    assert str(err.value) == (
+        f"{path}:2: invalid JSON (unexpected character, expected a string key, column 9)"
     )
 
 
