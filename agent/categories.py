@@ -8,22 +8,30 @@ memory or the batches. It must never do I/O.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 OTHER_CATEGORY = "other"
 """Shared name of the categories seen after the table is full."""
 
 
 class CategoryTable:
     """Append-only name <-> code table. Written by the engine thread only; other threads
-    read ``names`` (a growing list: a snapshot is ``tuple(table.names)``)."""
+    read ``names`` (a growing list: a snapshot is ``tuple(table.names)``).
 
-    __slots__ = ("_codes", "max_size", "names")
+    ``on_new(name, code)`` is called once per new name, after it got its code.
+    """
 
-    def __init__(self, max_size: int = 1024) -> None:
+    __slots__ = ("_codes", "_on_new", "max_size", "names")
+
+    def __init__(
+        self, max_size: int = 1024, on_new: Callable[[str, int], None] | None = None
+    ) -> None:
         if max_size < 2:
             raise ValueError("max_size must be >= 2 (one real category plus 'other')")
         self.max_size = max_size
         self.names: list[str] = []
         self._codes: dict[str, int] = {}
+        self._on_new = on_new
 
     def code(self, name: str) -> int:
         """The code of ``name``, assigning the next one on first sight."""
@@ -36,6 +44,8 @@ class CategoryTable:
         # Append before publishing the code, so a reader never sees a code past the list.
         self.names.append(name)
         self._codes[name] = code
+        if self._on_new is not None:
+            self._on_new(name, code)
         return code
 
     def name(self, code: int) -> str:

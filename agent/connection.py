@@ -13,9 +13,10 @@ from redis.retry import Retry
 
 from agent.settings import AgentSettings
 
-CALL_RETRIES = 2
-"""Retries of one Redis call inside redis-py before the caller sees the error; short,
-because every caller has its own outer loop (the next flush, poll or heartbeat)."""
+CALL_RETRIES = 1
+"""Retries of one Redis call inside redis-py before the caller sees the error; one,
+because every caller has its own outer loop (the next flush, poll or heartbeat), and a
+hung server costs ``redis_timeout_s`` per attempt on the caller's thread."""
 
 
 def make_client(settings: AgentSettings) -> redis.Redis:
@@ -25,8 +26,10 @@ def make_client(settings: AgentSettings) -> redis.Redis:
         socket_timeout=settings.redis_timeout_s,
         socket_connect_timeout=settings.redis_timeout_s,
         retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), CALL_RETRIES),
-        health_check_interval=30,
-        client_name=None,
+        # RESP2 and no CLIENT SETINFO: connecting costs no round trip before the command,
+        # so a hung server costs one timeout per attempt, not three.
+        protocol=2,
+        driver_info=None,
     )
 
 

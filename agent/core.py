@@ -76,7 +76,10 @@ class Agent:
         self.epoch = secrets.token_hex(8)
         self.keys = Keys(settings.key_prefix)
         self.policy = policy if policy is not None else create(settings.evictor, capacity)
-        self.categories = CategoryTable(settings.max_categories)
+        # The evictor may number categories itself (``add_category``): map agent codes
+        # to its codes, so the two tables never have to agree.
+        self._evictor_codes: list[int] = []
+        self.categories = CategoryTable(settings.max_categories, on_new=self._new_category)
         self.history = AccessHistory(settings.ghost_blocks or capacity)
         self.document: PolicyDocument = BUILTIN_POLICY
         self.hits = 0
@@ -143,7 +146,7 @@ class Agent:
             return
         code = self.categories.code(category)
         new, prev_ts, prev_cat = self.history.insert(blocks, now, code)
-        self.policy.free(blocks, offsets, now, code)
+        self.policy.free(blocks, offsets, now, self._evictor_codes[code])
         self.accesses += len(blocks)
         if len(prev_ts) == len(blocks):
             self.recorder.record(EventKind.INSERT, now, blocks, code, offsets, prev_ts, prev_cat)
@@ -229,17 +232,25 @@ class Agent:
             self.heartbeat.start()
         return self
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10.0) -> bool:
         """Stop the threads: the publisher flushes what is buffered, the heartbeat writes
-        the final counters. Idempotent."""
+        the final counters. Waits at most about ``timeout`` s in all; returns False if a
+        thread was still waiting on Redis then (its counters may still move). Idempotent."""
         if self._closed:
-            return
+            return True
         self._closed = True
+        done = True
         if self._started:
-            self.subscriber.close()
-            self.publisher.close()
-            self.heartbeat.close()
-        self.client.close()
+            for part in (self.subscriber, self.publisher, self.heartbeat):
+                part.stop()  # all at once: one hung Redis costs one timeout, not three
+            deadline = time.monotonic() + timeout
+            for part in (self.publisher, self.subscriber, self.heartbeat):
+                done = part.close(max(deadline - time.monotonic(), 0.0)) and done
+        if done:
+            self.client.close()
+        else:
+            log.warning("kvwise agent %s: closed with Redis calls still pending", self.worker_id)
+        return done
 
     def __enter__(self) -> Agent:
         return self.start()
@@ -248,6 +259,10 @@ class Agent:
         self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+    def _new_category(self, name: str, code: int) -> None:
+        add = getattr(self.policy, "add_category", None)
+        self._evictor_codes.append(int(add(name)) if add is not None else code)
 
     def _wake_publisher(self) -> None:
         self.publisher.wake()

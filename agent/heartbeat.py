@@ -60,13 +60,22 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="kvwise-heartbeat", daemon=True)
         self._thread.start()
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop the thread, then write a last heartbeat with the final counters."""
+    def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+
+    def close(self, timeout: float = 5.0) -> bool:
+        """Stop the thread, then write a last heartbeat with the final counters (skipped
+        while Redis is failing: it would only wait out another timeout)."""
+        self.stop()
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            return False
+        self._thread = None
+        if self.failures == 0:
             self.beat()
+        return True
 
     def _run(self) -> None:
         self.beat()

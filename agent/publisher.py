@@ -71,14 +71,21 @@ class EventPublisher:
         )
         self._thread.start()
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Stop the thread after a last flush of everything recorded so far (nothing is
-        sent if it never started)."""
+    def stop(self) -> None:
+        """Ask the thread to make a last flush of everything recorded so far and end."""
         self._stop.set()
         self._wake.set()
+
+    def close(self, timeout: float = 10.0) -> bool:
+        """``stop`` and wait up to ``timeout`` s; False if the thread is still sending
+        (it is a daemon: a hung Redis cannot hold the process)."""
+        self.stop()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                return False
             self._thread = None
+        return True
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -113,11 +113,18 @@ class PolicySubscriber:
         self._thread = threading.Thread(target=self._run, name="kvwise-subscriber", daemon=True)
         self._thread.start()
 
-    def close(self, timeout: float = 5.0) -> None:
+    def stop(self) -> None:
         self._stop.set()
+
+    def close(self, timeout: float = 5.0) -> bool:
+        """``stop`` and wait up to ``timeout`` s; False if a poll is still waiting on Redis."""
+        self.stop()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                return False
             self._thread = None
+        return True
 
     def _run(self) -> None:
         pubsub: PubSub | None = None

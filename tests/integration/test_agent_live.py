@@ -1,0 +1,339 @@
+"""The agent's live loop against a real Redis: event publishing (flood, outage, recovery),
+policy subscription (apply, reject, keep), heartbeats."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from agent.core import Agent
+from agent.params import BUILTIN_POLICY, CategoryParams, PolicyDocument
+from agent.policies.lru import LRUPolicy
+from agent.settings import AgentSettings
+from agent.wire import AgentStatus, EventBatch, Keys, decode_batch, encode_policy
+from controlplane.embedded_redis import EmbeddedRedis, free_port
+
+pytestmark = pytest.mark.integration
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    """Poll ``cond`` (test side only) until true or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while not cond():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what or cond}")
+        pause.wait(0.02)
+
+
+def fast_settings(redis_url: str, prefix: str, **update: object) -> AgentSettings:
+    base = AgentSettings(
+        redis_url=redis_url,
+        key_prefix=prefix,
+        evictor="lru",
+        worker_id="w1",
+        flush_interval_s=0.05,
+        poll_interval_s=0.2,
+        heartbeat_interval_s=0.1,
+        heartbeat_ttl_s=5.0,
+        redis_timeout_s=0.5,
+        reconnect_max_s=0.2,
+    )
+    return base.model_copy(update=update)
+
+
+def stream_batches(r: redis.Redis, prefix: str, worker: str = "w1") -> list[EventBatch]:
+    return [decode_batch(f) for _, f in r.xrange(Keys(prefix).events_stream(worker))]
+
+
+class Requests:
+    """Distinct miss-only requests of ``width`` blocks, freed tail first."""
+
+    def __init__(self, width: int = 100) -> None:
+        self.width = width
+        self.next = 0
+        self.offsets = range(width - 1, -1, -1)
+
+    def send(self, agent: Agent) -> float:
+        blocks = list(range(self.next + self.width - 1, self.next - 1, -1))
+        self.next += self.width
+        t0 = time.perf_counter()
+        agent.free(blocks, self.offsets, time.time(), "text_1")
+        agent.evict(len(agent.policy) - agent.capacity, time.time())
+        return time.perf_counter() - t0
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+# --- publisher -------------------------------------------------------------------------
+
+
+def test_events_arrive_as_decodable_batches_with_consecutive_seq(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    s = fast_settings(redis_url, key_prefix, batch_events=64)
+    reqs = Requests(width=50)
+    with Agent(s, capacity=500) as agent:
+        for _ in range(40):
+            reqs.send(agent)
+        agent.touch(list(range(reqs.next - 1, reqs.next - 11, -1)), time.time(), "image_2")
+    batches = stream_batches(r, key_prefix)
+    assert [b.seq for b in batches] == list(range(1, len(batches) + 1))
+    assert {b.epoch for b in batches} == {agent.epoch}
+    assert all(len(b) <= 64 for b in batches)
+    total = sum(len(b) for b in batches)
+    assert total == agent.events_sent == agent.recorder.recorded
+    assert agent.events_dropped == 0
+    last = batches[-1]
+    assert last.categories[last.category[-1]] == "image_2"
+    kinds = np.concatenate([b.kind for b in batches])
+    assert np.bincount(kinds, minlength=3).tolist() == [10, 2000, 1500]
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process now (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux /proc")
+def test_flood_is_bounded_and_every_event_is_sent_or_counted(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    s = fast_settings(
+        redis_url, key_prefix, buffer_events=256, batch_events=32, stream_maxlen=1_000_000
+    )
+    reqs = Requests(width=250)
+    with Agent(s, capacity=1_000) as agent:
+        for _ in range(20):  # warm up the evictor, history and allocator
+            reqs.send(agent)
+        before = rss_bytes()
+        for _ in range(4_000):  # 2,000,000 events: 74 MB even in the wire format
+            reqs.send(agent)
+        grown = rss_bytes() - before
+    recorded = agent.recorder.recorded
+    assert recorded == 4_020 * 250 * 2 - 1_000  # inserts + evictions (capacity reached)
+    assert agent.events_dropped > 0
+    assert agent.events_sent + agent.events_dropped == recorded
+    batches = stream_batches(r, key_prefix)
+    assert sum(len(b) for b in batches) == agent.events_sent
+    assert [b.seq for b in batches] == list(range(1, len(batches) + 1))
+    # Flooding never grows memory with the events.
+    assert grown < 20_000_000, grown
+
+
+def test_redis_down_never_blocks_recording_then_recovers(tmp_path: Path, key_prefix: str) -> None:
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    s = fast_settings(url, key_prefix, buffer_events=2_000, batch_events=100)
+    reqs = Requests(width=50)
+    slowest = 0.0
+    with Agent(s, capacity=500) as agent:
+        deadline = time.monotonic() + 20
+        while not (agent.publisher.failures >= 2 and agent.recorder.dropped > 0):
+            slowest = max(slowest, reqs.send(agent))
+            assert time.monotonic() < deadline, "publisher never noticed the outage"
+        dropped_down = agent.events_dropped
+        assert dropped_down > 0 and agent.events_sent == 0
+        # Loose bound: a call that waited on the network would take the 0.5 s timeout.
+        assert slowest < 0.25, slowest
+        with EmbeddedRedis(tmp_path, port=port) as server:
+            r = redis.Redis.from_url(server.url)
+            deadline = time.monotonic() + 20
+            while agent.events_sent == 0:
+                reqs.send(agent)
+                assert time.monotonic() < deadline, "publisher never reconnected"
+                threading.Event().wait(0.01)
+            assert agent.publisher.failures == 0
+            agent.close()  # flush while the server is still up
+            batches = stream_batches(r, key_prefix)
+            r.close()
+    assert sum(len(b) for b in batches) == agent.events_sent > 0
+    assert agent.events_sent + agent.events_dropped == agent.recorder.recorded
+    # Batches lost in the outage spent their sequence numbers: the controller sees a gap.
+    assert batches[0].seq > 1
+    assert [b.seq for b in batches] == list(range(batches[0].seq, batches[-1].seq + 1))
+
+
+def test_silent_redis_never_blocks_recording(key_prefix: str) -> None:
+    """A server that accepts connections and never answers: the publisher waits on its
+    socket timeout, the engine thread does not."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        s = fast_settings(url, key_prefix, buffer_events=1_000, batch_events=100)
+        reqs = Requests(width=50)
+        slowest = 0.0
+        agent = Agent(s, capacity=500).start()
+        deadline = time.monotonic() + 20
+        while agent.recorder.dropped == 0:
+            slowest = max(slowest, reqs.send(agent))
+            assert time.monotonic() < deadline
+        for _ in range(200):
+            slowest = max(slowest, reqs.send(agent))
+        assert slowest < 0.25, slowest
+        assert agent.events_sent == 0
+        assert agent.close(timeout=10.0)
+    assert agent.events_dropped == agent.recorder.recorded
+
+
+# --- subscriber ------------------------------------------------------------------------
+
+
+class PolicyLRU(LRUPolicy):
+    """LRU that keeps the documents it was given (the ``set_policy`` hook of an evictor)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.docs: list[PolicyDocument] = []
+
+    def set_policy(self, doc: PolicyDocument) -> None:
+        self.docs.append(doc)
+
+
+def publish(
+    r: redis.Redis, prefix: str, version: int, raw: bytes | str, notify: bool = True
+) -> None:
+    """What the controller's store does: document, index, pointer, notice."""
+    k = Keys(prefix)
+    r.set(k.policy_doc(version), raw)
+    r.zadd(k.policy_versions, {str(version): version})
+    r.set(k.policy_current, version)
+    if notify:
+        r.publish(k.policy_channel, version)
+
+
+def doc(version: int, rate: float = 0.5) -> PolicyDocument:
+    return PolicyDocument(
+        version=version,
+        categories={"text_1": CategoryParams(rate=rate, p_reuse=0.4, life_s=30.0)},
+        note=f"test v{version}",
+    )
+
+
+def apply_when_staged(agent: Agent, timeout: float = 10.0) -> None:
+    wait_for(agent.apply_pending, timeout, "a staged policy")
+
+
+def bad_json(version: int, **default: object) -> str:
+    params = {"rate": 0.1, "p_reuse": 0.5, "life_s": 60.0, **default}
+    return json.dumps({"version": version, "default": params})
+
+
+def test_subscriber_applies_valid_and_rejects_bad_documents(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    ev = PolicyLRU()
+    s = fast_settings(redis_url, key_prefix)
+    with Agent(s, capacity=10, policy=ev) as agent:
+        # No controller yet: the built-in policy stays and nothing is staged.
+        assert agent.subscriber.check() is None
+        assert agent.document is BUILTIN_POLICY and not agent.apply_pending()
+        first = doc(1)
+        publish(r, key_prefix, 1, encode_policy(first))
+        apply_when_staged(agent)
+        assert agent.applied_version == 1 and ev.docs == [first]
+
+        bad = [
+            (2, bad_json(2, rate=float("nan")), "default.rate"),
+            (3, bad_json(3, rate=-0.5), "default.rate"),
+            (4, '{"version": 4, "default": {', "policy:"),
+            (5, encode_policy(doc(6)), "document says version 6"),
+        ]
+        for n, (version, raw, reason) in enumerate(bad, start=1):
+            publish(r, key_prefix, version, raw)
+            wait_for(lambda n=n: agent.subscriber.rejected == n, what=f"rejection of v{version}")
+            assert not agent.apply_pending()
+            assert agent.applied_version == 1 and len(ev.docs) == 1
+            assert agent.subscriber.last_rejection.startswith(f"v{version}: ")
+            assert reason in agent.subscriber.last_rejection
+        # A rejected version is not fetched and counted again at every poll.
+        threading.Event().wait(3 * s.poll_interval_s)
+        assert agent.subscriber.rejected == len(bad)
+        agent.heartbeat.beat()
+        status = AgentStatus.from_json(r.get(Keys(key_prefix).agent("w1")) or b"")
+        assert status.rejected == len(bad) and status.applied_version == 1
+        assert "document says version 6" in status.last_rejection
+
+        publish(r, key_prefix, 7, encode_policy(doc(7, rate=2.0)))
+        apply_when_staged(agent)
+        assert agent.applied_version == 7 and ev.docs[-1].categories["text_1"].rate == 2.0
+
+
+def test_pubsub_hint_is_fast_and_polling_is_the_guarantee(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    channel = Keys(key_prefix).policy_channel
+    # Polling is slow here, so only the notice can make the change arrive quickly.
+    s = fast_settings(redis_url, key_prefix, poll_interval_s=60.0)
+    with Agent(s, capacity=10) as agent:
+        wait_for(lambda: dict(r.pubsub_numsub(channel)).get(channel.encode(), 0) > 0)
+        t0 = time.monotonic()
+        publish(r, key_prefix, 1, encode_policy(doc(1)))
+        apply_when_staged(agent, timeout=5.0)
+        assert time.monotonic() - t0 < 5.0
+    # Without any notice, polling picks it up.
+    s = fast_settings(redis_url, key_prefix, poll_interval_s=0.1, worker_id="w2")
+    with Agent(s, capacity=10) as agent:
+        apply_when_staged(agent)
+        assert agent.applied_version == 1
+        publish(r, key_prefix, 2, encode_policy(doc(2)), notify=False)
+        apply_when_staged(agent)
+        assert agent.applied_version == 2
+
+
+def test_an_evictor_refusing_a_document_counts_as_a_rejection(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    class Picky(PolicyLRU):
+        def set_policy(self, doc: PolicyDocument) -> None:
+            if "image_1" not in doc.categories:
+                raise ValueError("no image_1 parameters")
+            super().set_policy(doc)
+
+    s = fast_settings(redis_url, key_prefix)
+    with Agent(s, capacity=10, policy=Picky()) as agent:
+        publish(r, key_prefix, 1, encode_policy(doc(1)))
+        wait_for(lambda: agent.subscriber.known_version == 1)
+        assert not agent.apply_pending()
+        assert agent.applied_version == 0 and agent.subscriber.rejected == 1
+        assert "evictor refused it: no image_1" in agent.subscriber.last_rejection
+
+
+# --- heartbeat -------------------------------------------------------------------------
+
+
+def test_heartbeat_key_has_ttl_and_current_counters(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    key = Keys(key_prefix).agent("w1")
+    s = fast_settings(redis_url, key_prefix, heartbeat_ttl_s=3.0)
+    with Agent(s, capacity=123, engine="sim") as agent:
+        wait_for(lambda: r.exists(key) == 1)
+        ttl = r.pttl(key)
+        assert 0 < ttl <= 3_000
+        agent.free([3, 2, 1], [2, 1, 0], time.time(), "text_1")
+        agent.touch([1, 2], time.time(), "text_1")
+        wait_for(lambda: AgentStatus.from_json(r.get(key) or b"").hits == 2)
+        st = AgentStatus.from_json(r.get(key) or b"")
+        assert (st.id, st.engine, st.capacity) == ("w1", "sim", 123)
+        assert (st.accesses, st.applied_version, st.rejected) == (3, 0, 0)
+        assert st.started_at <= st.updated_at
+    final = AgentStatus.from_json(r.get(key) or b"")
+    assert final.events_sent == 5 and final.hit_ratio == pytest.approx(2 / 3)
+    assert 0 < r.pttl(key) <= 3_000

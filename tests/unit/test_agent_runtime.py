@@ -1,0 +1,232 @@
+"""The agent's engine-thread side without a network: the bounded recorder, the access
+history, the category table and the events the ``Agent`` hooks record."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from agent.categories import OTHER_CATEGORY, CategoryTable
+from agent.core import Agent
+from agent.history import AccessHistory
+from agent.policies.lru import LRUPolicy
+from agent.recorder import Columns, EventRecorder
+from agent.settings import AgentSettings
+from agent.wire import EventKind
+from controlplane.replay.engine import replay_hits
+from controlplane.simworker import TraceWorker
+from controlplane.traces.model import Trace
+
+# A port nothing listens on: an agent that is never started must not use it anyway.
+OFFLINE = AgentSettings(redis_url="redis://127.0.0.1:9/0", evictor="lru", worker_id="t")
+
+
+def record_n(rec: EventRecorder, blocks: Sequence[int], kind: int = 0) -> int:
+    n = len(blocks)
+    return rec.record(kind, 1.0, blocks, 0, range(n), np.full(n, np.nan), -1)
+
+
+def test_recorder_keeps_at_most_half_per_side_and_counts_drops() -> None:
+    rec = EventRecorder(capacity=10, batch_events=4)
+    assert rec.half == 5
+    assert record_n(rec, [1, 2, 3]) == 3
+    assert record_n(rec, [4, 5, 6, 7]) == 2  # only two fit
+    assert record_n(rec, [8]) == 0
+    assert (rec.recorded, rec.dropped, rec.pending) == (8, 3, 5)
+    cols = rec.drain()
+    assert cols.block.tolist() == [1, 2, 3, 4, 5]
+    assert cols.offset.tolist() == [0, 1, 2, 0, 1]
+    # The engine records into the other half while the drained one is read.
+    assert record_n(rec, [9, 10]) == 2
+    assert cols.block.tolist() == [1, 2, 3, 4, 5]
+    assert rec.drain().block.tolist() == [9, 10]
+    assert len(rec.drain()) == 0
+    assert rec.recorded == rec.dropped + 7
+
+
+def test_recorder_columns_broadcast_scalars_and_keep_arrays() -> None:
+    rec = EventRecorder(capacity=100, batch_events=10)
+    rec.record(
+        EventKind.EVICT,
+        5.5,
+        [10, 11],
+        np.array([1, 0], np.int32),
+        -1,
+        np.array([1.0, 2.0]),
+        np.array([1, 0], np.int32),
+    )
+    c: Columns = rec.drain()
+    assert c.ts.tolist() == [5.5, 5.5]
+    assert c.kind.tolist() == [2, 2]
+    assert c.category.tolist() == [1, 0]
+    assert c.offset.tolist() == [-1, -1]
+    assert c.prev_ts.tolist() == [1.0, 2.0]
+
+
+def test_recorder_wakes_the_publisher_once_per_full_batch() -> None:
+    woken: list[int] = []
+    rec = EventRecorder(capacity=100, batch_events=4, on_batch=lambda: woken.append(rec.pending))
+    record_n(rec, [1, 2])
+    assert woken == []
+    record_n(rec, [3, 4, 5])
+    record_n(rec, [6])
+    assert woken == [5]
+    rec.drain()
+    record_n(rec, [1, 2, 3, 4])
+    assert woken == [5, 4]
+
+
+def test_history_reports_previous_access_through_eviction_and_ghost() -> None:
+    h = AccessHistory(ghost_size=2)
+    new, prev_ts, prev_cat = h.insert([1, 2, 3], 10.0, 0)
+    assert new.tolist() == [True, True, True]
+    assert np.isnan(prev_ts).all() and prev_cat.tolist() == [-1, -1, -1]
+    prev_ts, prev_cat = h.access([2], 12.0, 1)
+    assert prev_ts.tolist() == [10.0] and prev_cat.tolist() == [0]
+    # Released after the touch: 2 is held (not new), 4 is new.
+    new, prev_ts, prev_cat = h.insert([4, 2], 12.0, 1)
+    assert new.tolist() == [True, False] and np.isnan(prev_ts).all()
+    last_ts, last_cat = h.evict([1, 2, 3])
+    assert last_ts.tolist() == [10.0, 12.0, 10.0] and last_cat.tolist() == [0, 1, 0]
+    # Ghost holds the two most recent victims; 1 is forgotten.
+    assert h.ghosts == 2 and len(h) == 3
+    new, prev_ts, prev_cat = h.insert([1, 2, 3], 20.0, 2)
+    assert new.tolist() == [True, True, True]
+    assert np.isnan(prev_ts[0]) and prev_ts[1:].tolist() == [12.0, 10.0]
+    assert prev_cat.tolist() == [-1, 1, 0]
+    assert h.ghosts == 0
+
+
+def test_category_table_grows_then_shares_other() -> None:
+    seen: list[tuple[str, int]] = []
+    t = CategoryTable(max_size=3, on_new=lambda name, code: seen.append((name, code)))
+    assert [t.code("a"), t.code("b"), t.code("a")] == [0, 1, 0]
+    assert t.code("c") == t.code("d") == 2
+    assert t.snapshot() == ("a", "b", OTHER_CATEGORY)
+    assert seen == [("a", 0), ("b", 1), (OTHER_CATEGORY, 2)]
+
+
+def drained(agent: Agent) -> Columns:
+    return agent.recorder.drain()
+
+
+def test_agent_hooks_record_hit_insert_evict_events() -> None:
+    agent = Agent(OFFLINE, capacity=3)
+    agent.free([12, 11, 10], [2, 1, 0], 1.0, "text_1")  # a miss: three inserts
+    agent.touch([10, 11], 2.0, "text_2")  # prefix hit
+    agent.free([13, 11, 10], [2, 1, 0], 2.0, "text_2")
+    victims = agent.evict(len(agent.policy) - agent.capacity, 2.0)
+    assert victims == [12]  # LRU: the first request's tail
+    c = drained(agent)
+    names = agent.categories.snapshot()
+    assert names == ("text_1", "text_2")
+    kinds = [EventKind(k).name for k in c.kind.tolist()]
+    assert kinds == ["INSERT"] * 3 + ["HIT"] * 2 + ["INSERT", "EVICT"]
+    assert c.block.tolist() == [12, 11, 10, 10, 11, 13, 12]
+    assert c.offset.tolist() == [2, 1, 0, 0, 1, 2, -1]
+    assert c.category.tolist() == [0, 0, 0, 1, 1, 1, 0]
+    assert c.ts.tolist() == [1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0]
+    # A hit knows the previous access; an eviction reports the block's last one.
+    assert c.prev_ts[3:5].tolist() == [1.0, 1.0] and c.prev_category[3:5].tolist() == [0, 0]
+    assert np.isnan(c.prev_ts[5]) and c.prev_category[5] == -1
+    assert c.prev_ts[6] == 1.0 and c.prev_category[6] == 0
+    assert (agent.hits, agent.accesses) == (2, 6)
+    assert agent.events_dropped == 0 and agent.recorder.recorded == 7
+    agent.close()
+
+
+def test_agent_accepts_numpy_block_arrays() -> None:
+    agent = Agent(OFFLINE, capacity=10)
+    agent.free(np.array([3, 2, 1], dtype=np.int64), np.array([2, 1, 0]), 1.0, "a")
+    agent.touch(np.array([1, 2], dtype=np.int64), 2.0, "a")
+    assert 1 in agent.policy and agent.hits == 2
+    assert drained(agent).block.tolist() == [3, 2, 1, 1, 2]
+
+
+def test_agent_hands_the_evictor_its_own_category_codes() -> None:
+    class NumberingLRU(LRUPolicy):
+        """An evictor that numbers categories itself, from 100."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.codes: dict[str, int] = {}
+            self.freed: list[int] = []
+
+        def add_category(self, name: str) -> int:
+            return self.codes.setdefault(name, 100 + len(self.codes))
+
+        def free(
+            self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
+        ) -> None:
+            self.freed.append(category)
+            super().free(blocks, offsets, now, category)
+
+    ev = NumberingLRU()
+    agent = Agent(OFFLINE, capacity=10, policy=ev)
+    agent.free([1], [0], 1.0, "b")
+    agent.free([2], [0], 1.0, "a")
+    agent.free([3], [0], 1.0, "b")
+    assert ev.freed == [100, 101, 100]
+    assert drained(agent).category.tolist() == [0, 1, 0]  # the wire keeps the agent's codes
+
+
+def test_full_buffer_drops_and_counts_without_a_publisher() -> None:
+    settings = OFFLINE.model_copy(update={"buffer_events": 16, "batch_events": 4})
+    agent = Agent(settings, capacity=1000)
+    for i in range(10):
+        agent.free([i * 3 + 2, i * 3 + 1, i * 3], [2, 1, 0], float(i), "a")
+    assert agent.recorder.recorded == 30
+    assert agent.events_dropped == 30 - 8  # one half of 8 holds events; the rest drop
+    assert len(drained(agent)) == 8
+
+
+def test_simulated_worker_hits_equal_the_offline_replay() -> None:
+    rng = np.random.default_rng(7)
+    requests = [
+        [int(x) for x in rng.choice(40, size=int(rng.integers(1, 8)), replace=False)]
+        for _ in range(300)
+    ]
+    types = [str(t) for t in rng.choice(["text", "image"], size=300)]
+    turns = [int(t) for t in rng.integers(1, 3, size=300)]
+    trace = Trace.from_requests(requests, types=types, turns=turns)
+    want = int(replay_hits(trace, LRUPolicy(), 25).sum())
+    agent = Agent(OFFLINE.model_copy(update={"buffer_events": 1 << 16}), capacity=25)
+    result = TraceWorker(agent, trace, speed=1e9).run()
+    assert result.requests == 300 and result.loops == 1
+    assert result.hits == want
+    assert result.accesses == trace.n_accesses
+    c = drained(agent)
+    inserts = int((c.kind == EventKind.INSERT).sum())
+    evicts = int((c.kind == EventKind.EVICT).sum())
+    assert inserts - evicts == len(agent.policy) <= 25
+    assert set(agent.categories.snapshot()) == set(trace.category_names)
+    assert np.all(np.diff(c.ts) >= 0)
+
+
+def test_worker_loop_shifts_time_and_stops() -> None:
+    trace = Trace.from_requests([[1, 2], [2, 3]], timestamps=[0.0, 1.0])
+    agent = Agent(OFFLINE, capacity=10)
+    worker = TraceWorker(agent, trace, speed=1000.0, loop=True)
+    seen: list[int] = []
+
+    def progress(p: object) -> None:
+        seen.append(worker.requests)
+        if worker.requests >= 9:
+            worker.stop.set()
+
+    result = worker.run(progress, every_s=0.0)
+    assert result.requests == 9 and result.loops == 4
+    assert seen == list(range(1, 10))
+    ts = drained(agent).ts
+    assert np.all(np.diff(ts) >= 0)
+    # Each round is the span (1 s) plus one mean gap (1 s) later, at 1000x speed: the
+    # ninth request is round 4's first, 8 trace seconds after the start.
+    assert ts[-1] - ts[0] == pytest.approx(0.008, abs=1e-5)
+
+
+def test_speed_must_be_positive() -> None:
+    trace = Trace.from_requests([[1]])
+    with pytest.raises(ValueError, match="speed"):
+        TraceWorker(Agent(OFFLINE, capacity=1), trace, speed=0)

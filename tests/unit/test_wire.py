@@ -1,0 +1,293 @@
+"""The wire contract: key names, event batch round trip and every rejection, policy
+documents, heartbeats."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from agent.params import BUILTIN_POLICY, CategoryParams, PolicyDocument
+from agent.wire import (
+    COLUMNS,
+    ROW_BYTES,
+    WIRE_SCHEMA_VERSION,
+    AgentStatus,
+    EventBatch,
+    EventKind,
+    Keys,
+    WireError,
+    decode_batch,
+    decode_policy,
+    encode_batch,
+    encode_policy,
+)
+
+
+def make_batch(n: int = 4, categories: tuple[str, ...] = ("text_1", "image_2")) -> EventBatch:
+    k = len(categories)
+    return EventBatch(
+        worker="w-1",
+        seq=7,
+        epoch="e0",
+        categories=categories,
+        ts=1.7e9 + np.arange(n, dtype=np.float64),
+        block=np.arange(n, dtype=np.int64) * -(2**40),
+        category=(np.arange(n) % k).astype(np.int32),
+        offset=np.arange(n, dtype=np.int32),
+        kind=(np.arange(n) % 3).astype(np.uint8),
+        prev_ts=np.where(np.arange(n) % 2 == 0, np.nan, 1.6e9),
+        prev_category=np.where(np.arange(n) % 2 == 0, -1, 0).astype(np.int32),
+    )
+
+
+def as_redis(fields: dict[str, bytes]) -> dict[bytes, bytes]:
+    """What redis-py's XRANGE returns: bytes keys and values."""
+    return {k.encode(): v for k, v in fields.items()}
+
+
+def test_keys_follow_the_contract() -> None:
+    k = Keys("p:")
+    assert k.events_stream("w1") == "p:events:w1"
+    assert k.events_match == "p:events:*"
+    assert k.dead_letter == "p:deadletter"
+    assert k.policy_current == "p:policy:current"
+    assert k.policy_doc(12) == "p:policy:v:12"
+    assert k.policy_versions == "p:policy:versions"
+    assert k.policy_channel == "p:policy:notify"
+    assert k.agent("w1") == "p:agent:w1"
+    assert k.agents_match == "p:agent:*"
+    assert k.leader == "p:leader"
+    assert k.overrides == "p:policy:overrides"
+    assert Keys().events_stream("x") == "kvwise:events:x"
+    assert k.worker_of(b"p:events:gpu-0:3") == "gpu-0:3"
+    with pytest.raises(WireError):
+        k.worker_of("q:events:w1")
+
+
+def test_row_layout() -> None:
+    assert [name for name, _ in COLUMNS] == [
+        "ts",
+        "block",
+        "category",
+        "offset",
+        "kind",
+        "prev_ts",
+        "prev_category",
+    ]
+    assert ROW_BYTES == 37
+    assert [int(k) for k in EventKind] == [0, 1, 2]
+
+
+def test_encoded_fields_are_compact_and_little_endian() -> None:
+    b = make_batch(3)
+    f = encode_batch(b)
+    assert set(f) == {"v", "w", "e", "s", "c", "n", "d"}
+    assert f["v"] == str(WIRE_SCHEMA_VERSION).encode()
+    assert f["s"] == b"7" and f["n"] == b"3" and f["w"] == b"w-1" and f["e"] == b"e0"
+    assert json.loads(f["c"]) == ["text_1", "image_2"]
+    assert len(f["d"]) == 3 * ROW_BYTES
+    # Columnar: the first column is the three timestamps, little-endian float64.
+    assert np.frombuffer(f["d"][:24], dtype="<f8").tolist() == b.ts.tolist()
+
+
+def assert_same(a: EventBatch, b: EventBatch) -> None:
+    assert (a.worker, a.seq, a.epoch, a.categories) == (b.worker, b.seq, b.epoch, b.categories)
+    assert len(a) == len(b)
+    for name, dt in COLUMNS:
+        x, y = getattr(a, name), getattr(b, name)
+        assert y.dtype == dt.newbyteorder("=")
+        assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), name
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> EventBatch:
+    n = draw(st.integers(0, 40))
+    cats = tuple(draw(st.lists(st.text(max_size=12), min_size=1, max_size=5)))
+    k = len(cats)
+    finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
+
+    def col(dtype: str, elements: st.SearchStrategy[Any]) -> Any:
+        return draw(hnp.arrays(np.dtype(dtype), n, elements=elements))
+
+    return EventBatch(
+        worker=draw(st.text(min_size=1, max_size=20)),
+        seq=draw(st.integers(1, 2**62)),
+        epoch=draw(st.text(min_size=1, max_size=16)),
+        categories=cats,
+        ts=col("f8", finite),
+        block=col("i8", st.integers(-(2**63), 2**63 - 1)),
+        category=col("i4", st.integers(0, k - 1)),
+        offset=col("i4", st.integers(-1, 2**31 - 1)),
+        kind=col("u1", st.sampled_from([0, 1, 2])),
+        prev_ts=col("f8", finite | st.just(math.nan)),
+        prev_category=col("i4", st.integers(-1, k - 1)),
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches(), st.booleans())
+def test_round_trip(batch: EventBatch, as_bytes: bool) -> None:
+    fields = encode_batch(batch)
+    back = decode_batch(as_redis(fields) if as_bytes else fields)
+    assert_same(batch, back)
+
+
+def test_decoded_columns_are_writable_native_copies() -> None:
+    back = decode_batch(as_redis(encode_batch(make_batch(5))))
+    back.ts[0] = 0.0  # a read-only frombuffer view would raise
+    assert back.ts.flags.aligned and back.prev_ts.flags.aligned
+
+
+def test_columns_of_different_lengths_are_refused() -> None:
+    b = make_batch(3)
+    with pytest.raises(ValueError, match="offset"):
+        EventBatch(
+            **{**{f: getattr(b, f) for f in ("worker", "seq", "epoch", "categories")}},
+            ts=b.ts,
+            block=b.block,
+            category=b.category,
+            offset=b.offset[:2],
+            kind=b.kind,
+            prev_ts=b.prev_ts,
+            prev_category=b.prev_category,
+        )
+
+
+def corrupt_column(name: str, value: float) -> dict[bytes, bytes]:
+    b = make_batch(4)
+    getattr(b, name)[2] = value
+    return as_redis(encode_batch(b))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda f: f.pop(b"d"), "'d'"),
+        (lambda f: f.pop(b"v"), "'v'"),
+        (lambda f: f.pop(b"c"), "'c'"),
+        (lambda f: f.update({b"v": b"2"}), "v: unknown schema version"),
+        (lambda f: f.update({b"v": b"one"}), "v:"),
+        (lambda f: f.update({b"s": b"x7"}), "s:"),
+        (lambda f: f.update({b"s": b"1.5"}), "s:"),
+        (lambda f: f.update({b"s": b"0"}), "s:"),
+        (lambda f: f.update({b"n": b"four"}), "n:"),
+        (lambda f: f.update({b"n": b"5"}), "d:"),
+        (lambda f: f.update({b"d": f[b"d"][:-1]}), "d:"),
+        (lambda f: f.update({b"c": b"[text"}), "c:"),
+        (lambda f: f.update({b"c": b'{"a": 1}'}), "c:"),
+        (lambda f: f.update({b"c": b'["only_one"]'}), "category:"),
+    ],
+)
+def test_malformed_fields_raise_wire_error_naming_the_field(
+    mutate: Callable[[dict[bytes, bytes]], object], field: str
+) -> None:
+    fields = as_redis(encode_batch(make_batch(4)))
+    mutate(fields)
+    with pytest.raises(WireError) as err:
+        decode_batch(fields)
+    assert field in str(err.value)
+    assert isinstance(err.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "field"),
+    [
+        ("category", 2, "category:"),
+        ("category", -1, "category:"),
+        ("prev_category", 2, "prev_category:"),
+        ("prev_category", -2, "prev_category:"),
+        ("ts", math.nan, "ts:"),
+        ("ts", math.inf, "ts:"),
+        ("prev_ts", -math.inf, "prev_ts:"),
+        ("kind", 3, "kind:"),
+    ],
+)
+def test_bad_column_values_raise_wire_error(column: str, value: float, field: str) -> None:
+    with pytest.raises(WireError) as err:
+        decode_batch(corrupt_column(column, value))
+    assert str(err.value).startswith(field)
+
+
+def test_empty_batch_round_trips() -> None:
+    back = decode_batch(as_redis(encode_batch(make_batch(0))))
+    assert len(back) == 0 and back.categories == ("text_1", "image_2")
+
+
+def test_policy_round_trip() -> None:
+    doc = PolicyDocument(
+        version=9,
+        categories={"text_1": CategoryParams(rate=0.5, p_reuse=0.3, life_s=30, source="fit")},
+        note="refit",
+    )
+    assert decode_policy(encode_policy(doc)) == doc
+    assert decode_policy(encode_policy(BUILTIN_POLICY).decode()) == BUILTIN_POLICY
+
+
+def policy_json(**default: object) -> str:
+    params = {"rate": 0.1, "p_reuse": 0.5, "life_s": 60.0, **default}
+    return json.dumps({"version": 3, "default": params})
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (policy_json(rate=float("nan")), "default.rate"),
+        (policy_json(rate=float("inf")), "default.rate"),
+        (policy_json(rate=-1.0), "default.rate"),
+        (policy_json(p_reuse=1.5), "default.p_reuse"),
+        (policy_json(life_s=0), "default.life_s"),
+        ('{"version": 3, "default": ', "policy:"),
+        ('{"version": -1}', "version"),
+        ('{"version": 3, "schema_version": 2}', "schema_version"),
+        ('{"version": 3, "surprise": 1}', "surprise"),
+        ("[]", "policy:"),
+        (b"\xff\xfe", "policy:"),
+    ],
+)
+def test_invalid_policy_documents_raise_wire_error(raw: str | bytes, reason: str) -> None:
+    with pytest.raises(WireError) as err:
+        decode_policy(raw)
+    assert reason in str(err.value)
+    assert str(err.value).startswith("policy:")
+
+
+def test_agent_status_round_trip_and_validation() -> None:
+    s = AgentStatus(
+        id="w1",
+        engine="vllm",
+        capacity=1000,
+        applied_version=4,
+        events_sent=10,
+        events_dropped=2,
+        hits=3,
+        accesses=9,
+        hit_ratio=1 / 3,
+        rejected=1,
+        last_rejection="v3: policy: default.rate: bad",
+        started_at=1.0,
+        updated_at=2.0,
+    )
+    assert AgentStatus.from_json(s.to_json()) == s
+    assert AgentStatus.from_json(s.to_json().encode()) == s
+    obj = json.loads(s.to_json())
+    obj["extra_field_from_a_newer_agent"] = True
+    assert AgentStatus.from_json(json.dumps(obj)) == s
+    for bad in (
+        {k: v for k, v in obj.items() if k != "capacity"},
+        {**obj, "capacity": "1000"},
+        {**obj, "hits": True},
+        {**obj, "hit_ratio": None},
+        {**obj, "v": 99},
+    ):
+        with pytest.raises(WireError):
+            AgentStatus.from_json(json.dumps(bad))
+    with pytest.raises(WireError):
+        AgentStatus.from_json("not json")
