@@ -1,0 +1,91 @@
+"""``sieve``: SIEVE (Zhang et al., NSDI 2024), with libCacheSim's exact eviction order.
+
+Owns the queue of cached blocks (newest inserted at one end, never moved on a hit), one
+visited bit per block, the hand, and the blocks in use. It never reads timestamps or
+categories.
+
+The hand walks from the oldest block towards the newest: a visited block loses its bit and
+stays where it is, the first unvisited one is evicted, and the hand stops on the next newer
+block. Past the newest it wraps to the oldest. A hit only sets the bit; a miss is inserted
+as the newest, unvisited, in release order (a request's tail before its head).
+
+The queue is held as two ordered maps split at the hand: ``ahead`` (from the hand to the
+newest, where inserts go) and ``behind`` (from the oldest up to the hand, in queue order).
+The hand pops the head of ``ahead``; a visited block moves to the end of ``behind``, which
+keeps queue order because everything behind the hand is older than everything ahead of it.
+When ``ahead`` runs out the hand wraps: ``behind`` becomes ``ahead``. Every step is O(1)
+and each block is passed at most once per turn of the hand.
+
+A block in use cannot be evicted: the hand parks it (out of the queue) instead of passing
+it on every turn; freed, it rejoins as the newest.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from itertools import repeat
+
+from agent.policies.registry import register
+
+
+@register("sieve")
+class SievePolicy:
+    """SIEVE: lazy promotion through a visited bit and a hand that sweeps old to new."""
+
+    __slots__ = ("_ahead", "_behind", "_in_use", "_parked", "_visited")
+
+    def __init__(self, capacity: int = 0) -> None:
+        self._ahead: OrderedDict[int, None] = OrderedDict()
+        self._behind: OrderedDict[int, None] = OrderedDict()
+        self._visited: dict[int, bool] = {}  # every cached block -> its visited bit
+        self._in_use: set[int] = set()
+        self._parked: set[int] = set()
+
+    def touch(self, blocks: Sequence[int], now: float) -> None:
+        self._visited.update(zip(blocks, repeat(True)))
+        self._in_use.update(blocks)
+
+    def free(
+        self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
+    ) -> None:
+        visited, ahead = self._visited, self._ahead
+        self._in_use.difference_update(blocks)
+        parked = self._parked
+        for b in blocks:
+            if b not in visited:
+                visited[b] = False
+                ahead[b] = None
+            elif b in parked:
+                parked.discard(b)
+                ahead[b] = None
+
+    def evict(self, n: int) -> list[int]:
+        ahead, behind = self._ahead, self._behind
+        visited, in_use = self._visited, self._in_use
+        victims: list[int] = []
+        while len(victims) < n:
+            if not ahead:
+                if not behind:
+                    break
+                ahead, behind = behind, ahead
+            b = ahead.popitem(last=False)[0]
+            if b in in_use:
+                self._parked.add(b)
+            elif visited[b]:
+                visited[b] = False
+                behind[b] = None
+            else:
+                del visited[b]
+                victims.append(b)
+        if not ahead:
+            # The hand left the newest block: the next sweep starts from the oldest.
+            ahead, behind = behind, ahead
+        self._ahead, self._behind = ahead, behind
+        return victims
+
+    def __len__(self) -> int:
+        return len(self._visited)
+
+    def __contains__(self, block: object) -> bool:
+        return block in self._visited
