@@ -65,6 +65,10 @@ class TraceError(ValueError):
         self.field = field
         self.problem = problem
 
+    def __reduce__(self) -> tuple[type[TraceError], tuple[str, int, str | None, str]]:
+        # Survives pickling (process pools) with its attributes.
+        return (TraceError, (self.path, self.line, self.field, self.problem))
+
 
 class _Bad(Exception):
     """A line's defect, before the reader knows the path and line number."""

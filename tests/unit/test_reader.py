@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -364,6 +365,13 @@ def test_error_message_reads_as_documented(tmp_path: Path) -> None:
     assert str(err.value) == (
         f"{path}:17: field 'hash_ids': expected a non-empty list of integers, got []"
     )
+
+
+def test_trace_error_survives_pickling() -> None:
+    err = TraceError("t.jsonl", 4, "turn", "missing")
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.path, back.line, back.field, back.problem) == ("t.jsonl", 4, "turn", "missing")
+    assert str(back) == str(err) == "t.jsonl:4: field 'turn': missing"
 
 
 def test_bad_json_names_the_column(tmp_path: Path) -> None:
