@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import typer
 
-from controlplane.cli import config_cmd, controller_cmd, demo_cmd, replay_cmd, worker_cmd
+from controlplane.cli import (
+    config_cmd,
+    controller_cmd,
+    demo_cmd,
+    replay_cmd,
+    trace_cmd,
+    worker_cmd,
+)
 
 app = typer.Typer(
     name="kvwise",
@@ -28,7 +35,7 @@ def _root() -> None:
     """kvwise: a KV-cache eviction control plane for LLM inference servers."""
 
 
-for module in (demo_cmd, replay_cmd, controller_cmd, config_cmd, worker_cmd):
+for module in (demo_cmd, replay_cmd, trace_cmd, controller_cmd, config_cmd, worker_cmd):
     module.register(app)
 
 

@@ -1,0 +1,176 @@
+"""``kvwise trace``: synthesize traces and print a trace's workload statistics.
+
+Owns the ``trace`` command group's options and output (one summary line, a table, or
+JSON). Synthesis is ``controlplane.traces.synth``, statistics ``controlplane.traces.stats``,
+reading ``controlplane.traces.reader`` and writing ``controlplane.traces.writer``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, cast
+
+import typer
+
+from controlplane.cli.common import fail
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from controlplane.traces.stats import Quantiles, TraceStats
+
+trace_app = typer.Typer(
+    name="trace",
+    help="Synthesize traces and characterize them the way the paper does.",
+    no_args_is_help=True,
+)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(trace_app)
+
+
+@trace_app.command("synth")
+def synth(
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Bailian JSONL file to write (.gz: gzip)")
+    ],
+    profile: Annotated[
+        str, typer.Option(help="Workload: to-c (people chatting) or to-b (API calls)")
+    ] = "to-c",
+    duration: Annotated[float, typer.Option(help="Seconds of trace")] = 600.0,
+    qps: Annotated[float, typer.Option(help="Mean requests per second")] = 6.0,
+    seed: Annotated[int, typer.Option(help="Random seed: same seed, same trace")] = 0,
+) -> None:
+    """Write a synthetic Bailian trace calibrated to the paper's to-C or to-B workload.
+
+    Synthetic data: use it to exercise policies, never as a measurement of the real
+    traces (docs/traces.md, "Synthetic traces").
+
+    Example:
+
+      kvwise trace synth --profile to-c --duration 600 --qps 6 --seed 1 -o toc.jsonl.gz
+    """
+    from controlplane.traces.stats import trace_stats
+    from controlplane.traces.synth import PROFILES, Profile, synthesize
+    from controlplane.traces.writer import write_bailian
+
+    if profile not in PROFILES:
+        fail(f"unknown profile {profile!r}; known profiles: {', '.join(PROFILES)}")
+    try:
+        trace = synthesize(cast(Profile, profile), duration_s=duration, qps=qps, seed=seed)
+    except ValueError as exc:
+        fail(str(exc))
+    try:
+        write_bailian(trace, output)
+    except OSError as exc:
+        fail(f"{output}: {exc.strerror or exc}")
+    s = trace_stats(trace)
+    typer.echo(
+        f"wrote {output}: {s.requests:,} requests, {s.block_accesses:,} block accesses, "
+        f"{s.unique_blocks:,} unique blocks over {duration:g} s; "
+        f"ideal hit ratio {s.ideal_hit_ratio:.3f}"
+    )
+
+
+@trace_app.command("stats")
+def stats(
+    trace_path: Annotated[
+        Path, typer.Argument(metavar="TRACE", help="Bailian or Mooncake JSONL trace (.gz ok)")
+    ],
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object on stdout")] = False,
+    skip_bad_lines: Annotated[
+        bool, typer.Option(help="Skip malformed trace lines (counted) instead of stopping")
+    ] = False,
+    top_categories: Annotated[
+        int, typer.Option(help="Categories shown in the reuse-time table (by reuses)")
+    ] = 10,
+) -> None:
+    """Characterize TRACE: ideal hit ratio, reuse times, lifespans, skew, turns, types.
+
+    Definitions are in docs/traces.md; fields a format cannot support (Mooncake has no
+    type or turn) print as "n/a" (null in JSON).
+
+    Example:
+
+      kvwise trace stats qwen_traceA_blksz_16.jsonl --json
+    """
+    from controlplane.traces.reader import TraceError, load_trace
+    from controlplane.traces.stats import trace_stats
+
+    try:
+        trace = load_trace(trace_path, skip_bad_lines=skip_bad_lines)
+    except (OSError, TraceError) as exc:
+        fail(str(exc))
+    if trace.skipped_lines:
+        first = ", ".join(f"line {ln}: {why}" for ln, why in trace.skipped_lines[:3])
+        typer.echo(f"skipped {len(trace.skipped_lines)} bad lines ({first})", err=True)
+    s = trace_stats(trace)
+    if json_out:
+        doc = {"trace": str(trace_path), "skipped_lines": len(trace.skipped_lines)}
+        doc.update(s.to_json())
+        json.dump(doc, sys.stdout)
+        sys.stdout.write("\n")
+        return
+    _print(s, top_categories)
+
+
+def _na(value: float | None, fmt: str = "{:.3f}") -> str:
+    return "n/a" if value is None else fmt.format(value)
+
+
+def _shares(d: dict[str, float] | None) -> str:
+    if d is None:
+        return "n/a"
+    return ", ".join(f"{k} {v:.1%}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]))
+
+
+def _print(s: TraceStats, top: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    summary = Table(title=f"{s.name} ({s.source_format})", title_justify="left", show_header=False)
+    summary.add_column("statistic")
+    summary.add_column("value", overflow="fold")
+    rows = [
+        ("requests", f"{s.requests:,}"),
+        ("block accesses", f"{s.block_accesses:,}"),
+        ("unique blocks", f"{s.unique_blocks:,}"),
+        ("duration", f"{s.duration_s:,.1f} s"),
+        ("QPS", _na(s.qps, "{:.2f}")),
+        ("mean input / output tokens",
+         f"{_na(s.mean_input_tokens, '{:,.0f}')} / {_na(s.mean_output_tokens, '{:,.0f}')}"),
+        ("ideal hit ratio (infinite cache)", f"{s.ideal_hit_ratio:.4f}"),
+        ("requests giving 90% of hits", _na(s.skew_request_share, "{:.1%}")),
+        ("hits from turn-1 requests", _na(s.single_turn_hit_share, "{:.1%}")),
+        ("multi-turn share (turn >= 2)", _na(s.multi_turn_share, "{:.1%}")),
+        ("  by type", _shares(s.multi_turn_share_by_type)),
+        ("next-turn probability after turn 1", _na(s.next_turn_prob_first)),
+        ("  by type", _shares(s.followup_share_by_type)),
+        ("next-turn probability after later turns", _na(s.next_turn_prob_later)),
+        ("type mix", _shares(s.type_mix)),
+    ]  # fmt: skip
+    for row in rows:
+        summary.add_row(*row)
+    console.print(summary)
+
+    q = Table(title="Times (s): P50 / P80 / P90 / P99", title_justify="left")
+    for col in ("sample", "count", "P50", "P80", "P90", "P99"):
+        q.add_column(col, justify="left" if col == "sample" else "right")
+    _quantile_row(q, "reuse time, all", s.reuse_time)
+    _quantile_row(q, "lifespan, reused blocks", s.lifespan)
+    _quantile_row(q, "lifespan, all blocks", s.lifespan_all_blocks)
+    cats = sorted(s.reuse_time_by_category.items(), key=lambda kv: -kv[1].count)
+    for name, quant in cats[: max(top, 0)]:
+        _quantile_row(q, f"reuse time, {name}", quant)
+    console.print(q)
+
+
+def _quantile_row(table: Table, label: str, q: Quantiles | None) -> None:
+    if q is None:
+        table.add_row(label, "0", "n/a", "n/a", "n/a", "n/a")
+        return
+    table.add_row(label, f"{q.count:,}", *(f"{x:,.3f}" for x in (q.p50, q.p80, q.p90, q.p99)))

@@ -1,0 +1,72 @@
+"""``kvwise trace synth`` and ``kvwise trace stats`` through the real Typer app."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from controlplane.cli import app
+from controlplane.traces.reader import load_trace
+from controlplane.traces.stats import trace_stats
+from controlplane.traces.synth import synthesize
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "mooncake_synthetic.jsonl.gz"
+
+
+@pytest.mark.parametrize("profile", ["to-c", "to-b"])
+def test_synth_writes_the_same_trace_as_the_library(tmp_path: Path, profile: str) -> None:
+    out = tmp_path / "t.jsonl.gz"
+    args = ["trace", "synth", "--profile", profile, "--duration", "60", "--qps", "5"]
+    res = CliRunner().invoke(app, [*args, "--seed", "4", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    want = synthesize(profile, duration_s=60, qps=5, seed=4)  # type: ignore[arg-type]
+    got = load_trace(out)
+    assert got.n_requests == want.n_requests > 0
+    assert (got.hashes[got.blocks] == want.hashes[want.blocks]).all()
+    line = res.stdout.strip()
+    assert line.startswith(f"wrote {out}") and f"{want.n_requests:,} requests" in line
+    assert f"ideal hit ratio {trace_stats(want).ideal_hit_ratio:.3f}" in line
+
+
+def test_stats_json_is_trace_stats(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    CliRunner().invoke(app, ["trace", "synth", "--duration", "90", "--seed", "2", "-o", str(out)])
+    res = CliRunner().invoke(app, ["trace", "stats", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    want = json.loads(json.dumps(trace_stats(load_trace(out)).to_json()))
+    assert doc.pop("trace") == str(out) and doc.pop("skipped_lines") == 0
+    assert doc == want
+
+
+def test_stats_table_on_a_mooncake_trace_says_n_a() -> None:
+    res = CliRunner().invoke(app, ["trace", "stats", str(SAMPLE)])
+    assert res.exit_code == 0, res.output
+    s = trace_stats(load_trace(SAMPLE))
+    assert f"{s.requests:,}" in res.stdout
+    assert f"{s.ideal_hit_ratio:.4f}" in res.stdout
+    assert "n/a" in res.stdout  # type mix, turns: Mooncake has none
+    assert "reuse time, unknown" in res.stdout
+
+
+def test_user_errors_exit_2(tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        app, ["trace", "synth", "--profile", "to-x", "-o", str(tmp_path / "x.jsonl")]
+    )
+    assert res.exit_code == 2 and "known profiles: to-c, to-b" in res.stderr
+    res = CliRunner().invoke(
+        app, ["trace", "synth", "--duration", "0", "-o", str(tmp_path / "x.jsonl")]
+    )
+    assert res.exit_code == 2 and "duration_s" in res.stderr
+    res = CliRunner().invoke(app, ["trace", "stats", str(tmp_path / "missing.jsonl")])
+    assert res.exit_code == 2 and "missing.jsonl" in res.stderr
+    bad = tmp_path / "bad.jsonl"
+    good = '{"timestamp": 0, "input_length": 9, "output_length": 1, "hash_ids": [1]}'
+    bad.write_text(good + "\n" + good.replace("[1]", "[]") + "\n")
+    res = CliRunner().invoke(app, ["trace", "stats", str(bad)])
+    assert res.exit_code == 2 and "hash_ids" in res.stderr
+    res = CliRunner().invoke(app, ["trace", "stats", str(bad), "--skip-bad-lines", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["requests"] == 1
