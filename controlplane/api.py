@@ -15,8 +15,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    model_validator,
+)
+from pydantic.json_schema import SkipJsonSchema
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from agent.params import PolicyDocument, PositiveFinite, Probability
 from controlplane.service import Controller, RefitOutcome
@@ -43,19 +52,48 @@ class ErrorBody(BaseModel):
     reason: str
 
 
+def _json_number(v: object) -> object:
+    """JSON numbers only: pydantic's lax mode would also take "1" and true."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ValueError("expected a JSON number")
+    return v
+
+
+def _json_integer(v: object) -> object:
+    """A JSON Schema integer: an int, or a float with no fraction (1.0)."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError("expected a JSON integer")
+    return v
+
+
+JsonInt = Annotated[int, BeforeValidator(_json_integer)]
+
+
 class OverrideBody(BaseModel):
     """Any of the three parameters; the rest keep their fitted values."""
 
-    model_config = ConfigDict(extra="forbid")
-    rate: PositiveFinite | None = None
-    p_reuse: Probability | None = None
-    life_s: PositiveFinite | None = None
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
+    # Absent means "keep the fitted value"; an explicit null is an error, not absence.
+    rate: Annotated[PositiveFinite, BeforeValidator(_json_number)] | SkipJsonSchema[None] = None
+    p_reuse: Annotated[Probability, BeforeValidator(_json_number)] | SkipJsonSchema[None] = None
+    life_s: Annotated[PositiveFinite, BeforeValidator(_json_number)] | SkipJsonSchema[None] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, value in data.items():
+                if value is None:
+                    raise ValueError(f"{key}: expected a number, got null")
+        return data
 
 
 class RollbackBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    version: int = Field(ge=1, description="A kept version (GET /v1/policy/versions)")
-    hold: bool = Field(
+    version: JsonInt = Field(ge=1, description="A kept version (GET /v1/policy/versions)")
+    hold: StrictBool = Field(
         default=False, description="Stop automatic refits from publishing until POST /refit"
     )
 
@@ -80,9 +118,15 @@ class HealthOut(BaseModel):
     reason: str = ""
 
 
+_BEARER = HTTPBearer(auto_error=False)
+
 ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody},
-    422: {"model": ErrorBody}, 503: {"model": ErrorBody},
+    400: {"model": ErrorBody},
+    401: {"model": ErrorBody},
+    404: {"model": ErrorBody},
+    409: {"model": ErrorBody},
+    422: {"model": ErrorBody},
+    503: {"model": ErrorBody},
 }
 
 
@@ -93,11 +137,11 @@ def create_app(controller: Controller) -> FastAPI:
         description=API_DESCRIPTION,
         responses=ERRORS,
     )
-    bearer = HTTPBearer(auto_error=False)
     token = controller.settings.api_token
 
+    # Annotations are strings here (future import): the dependency must name a module global.
     def require_token(
-        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
     ) -> None:
         if token is None:
             return
@@ -120,9 +164,15 @@ def create_app(controller: Controller) -> FastAPI:
         return JSONResponse({"error": "invalid_request", "reason": reason}, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette names only the first route on the path; RFC 9110 wants them all.
+            headers["Allow"] = ", ".join(_allowed_methods(app, request))
         return JSONResponse(
-            {"error": "http_error", "reason": str(exc.detail)}, status_code=exc.status_code
+            {"error": "http_error", "reason": str(exc.detail)},
+            status_code=exc.status_code,
+            headers=headers,
         )
 
     @app.get("/", include_in_schema=False)
@@ -231,8 +281,9 @@ def create_app(controller: Controller) -> FastAPI:
     def readyz() -> JSONResponse:
         """Readiness: Redis answers and a policy version exists."""
         ok, reason = controller.ready()
-        body = HealthOut(status="ok" if ok else "unavailable", leader=controller.lease.is_leader,
-                         reason=reason)
+        body = HealthOut(
+            status="ok" if ok else "unavailable", leader=controller.lease.is_leader, reason=reason
+        )
         return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 
     @app.get("/metrics", response_class=PlainTextResponse, tags=["ops"])
@@ -243,6 +294,15 @@ def create_app(controller: Controller) -> FastAPI:
         )
 
     return app
+
+
+def _allowed_methods(app: FastAPI, request: Request) -> list[str]:
+    methods: set[str] = set()
+    for route in app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
 
 
 def _refit_out(o: RefitOutcome) -> RefitOut:

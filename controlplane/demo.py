@@ -116,7 +116,9 @@ class DemoStack:
             KVWISE_WINDOW_S="1800",
             KVWISE_LOG_LEVEL="warning",
         )
-        self._spawn(["controller", "--host", "127.0.0.1", "--port", str(port)], env, "controller.log")
+        self._spawn(
+            ["controller", "--host", "127.0.0.1", "--port", str(port)], env, "controller.log"
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -138,8 +140,18 @@ class DemoStack:
             wid = f"{evictor}-{i // 2 + 1}"
             self.workers[wid] = evictor
             self._spawn(
-                ["worker", "--trace", str(trace), "--speed", str(self.settings.speed),
-                 "--capacity", str(self.capacity), "--id", wid, "--loop"],
+                [
+                    "worker",
+                    "--trace",
+                    str(trace),
+                    "--speed",
+                    str(self.settings.speed),
+                    "--capacity",
+                    str(self.capacity),
+                    "--id",
+                    wid,
+                    "--loop",
+                ],
                 self._env(KVWISE_EVICTOR=evictor),
                 f"worker-{wid}.log",
             )
@@ -152,7 +164,7 @@ class DemoStack:
         """A message if a child process died."""
         for p in self._procs:
             if p.poll() is not None:
-                return f"a child process exited with code {p.returncode}: {p.args}"
+                return f"a child process exited with code {p.returncode}: {p.args!r}"
         return None
 
     def _tail(self, log: str) -> str:

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 import redis
 
@@ -124,7 +125,7 @@ class Ingestor:
                 self._streams.clear()
                 return handled
             raise
-        for stream, entries in reply or []:
+        for stream, entries in cast(list[tuple[bytes, list[Entry]]], reply or []):
             handled += self._handle(stream, entries)
         return handled
 
@@ -137,8 +138,12 @@ class Ingestor:
             while True:
                 try:
                     nxt, entries, _deleted = self.r.xautoclaim(
-                        stream, self.group, self.consumer, self.reclaim_idle_ms,
-                        start_id=start, count=self.count,
+                        stream,
+                        self.group,
+                        self.consumer,
+                        self.reclaim_idle_ms,
+                        start_id=start,
+                        count=self.count,
                     )
                 except redis.ResponseError as exc:
                     if "NOGROUP" in str(exc):
@@ -221,7 +226,12 @@ class Ingestor:
         }
         for k, v in fields.items():
             record[b"f:" + (k if isinstance(k, bytes) else str(k).encode())] = v
-        self.r.xadd(self.keys.dead_letter, record, maxlen=DEAD_LETTER_MAXLEN, approximate=True)
+        self.r.xadd(
+            self.keys.dead_letter,
+            record,  # type: ignore[arg-type]  # redis-py's field type is invariant
+            maxlen=DEAD_LETTER_MAXLEN,
+            approximate=True,
+        )
 
     # --- loop ----------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:

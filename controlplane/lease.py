@@ -8,6 +8,7 @@ never decide anything else.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import redis
@@ -63,8 +64,6 @@ class LeaderLease:
     def release(self) -> None:
         with self._lock:
             if self._leader:
-                try:
+                with contextlib.suppress(redis.RedisError):
                     self._release(keys=[self.key], args=[self.holder])
-                except redis.RedisError:
-                    pass
             self._leader = False

@@ -25,7 +25,9 @@ class ControllerMetrics:
             registry=r,
         )
         self.pending = Gauge(
-            "kvwise_ingest_pending_entries", "Stream entries delivered but not acknowledged", registry=r
+            "kvwise_ingest_pending_entries",
+            "Stream entries delivered but not acknowledged",
+            registry=r,
         )
         self.gaps = Gauge(
             "kvwise_ingest_gap_batches",
@@ -34,38 +36,48 @@ class ControllerMetrics:
             registry=r,
         )
         self.dead_letters = Counter(
-            "kvwise_ingest_dead_letters", "Undecodable batches sent to the dead-letter stream",
+            "kvwise_ingest_dead_letters",
+            "Undecodable batches sent to the dead-letter stream",
             registry=r,
         )
         self.reclaimed = Counter(
-            "kvwise_ingest_reclaimed_entries", "Pending entries reclaimed from dead consumers",
+            "kvwise_ingest_reclaimed_entries",
+            "Pending entries reclaimed from dead consumers",
             registry=r,
         )
-        self.refits = Counter(
-            "kvwise_refits", "Refit attempts by outcome", ["outcome"], registry=r
-        )
+        self.refits = Counter("kvwise_refits", "Refit attempts by outcome", ["outcome"], registry=r)
         self.refit_seconds = Histogram(
-            "kvwise_refit_duration_seconds", "Time to snapshot and fit all categories",
-            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r,
+            "kvwise_refit_duration_seconds",
+            "Time to snapshot and fit all categories",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
         )
         self.policy_version = Gauge(
             "kvwise_policy_version", "Current published policy version", registry=r
         )
         self.leader = Gauge("kvwise_leader", "1 if this replica holds the leader lease", registry=r)
         self.param = Gauge(
-            "kvwise_category_param", "Published parameter of a category",
-            ["category", "param"], registry=r,
+            "kvwise_category_param",
+            "Published parameter of a category",
+            ["category", "param"],
+            registry=r,
         )
         self.samples = Gauge(
-            "kvwise_category_samples", "Accesses the last fit saw per category", ["category"],
+            "kvwise_category_samples",
+            "Accesses the last fit saw per category",
+            ["category"],
             registry=r,
         )
         self.agent_version = Gauge(
-            "kvwise_agent_applied_version", "Policy version each live agent applied", ["agent"],
+            "kvwise_agent_applied_version",
+            "Policy version each live agent applied",
+            ["agent"],
             registry=r,
         )
         self.agent_hit_ratio = Gauge(
-            "kvwise_agent_hit_ratio", "Block hit ratio each live agent reports", ["agent"],
+            "kvwise_agent_hit_ratio",
+            "Block hit ratio each live agent reports",
+            ["agent"],
             registry=r,
         )
         self.agent_dropped = Gauge(

@@ -14,7 +14,7 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -170,11 +170,14 @@ class Controller:
         if manual:
             self.store.release_hold()
         elif self.store.held():
-            return self._outcome("held", None, "held after a rollback; POST /v1/policy/refit", seconds)
+            return self._outcome(
+                "held", None, "held after a rollback; POST /v1/policy/refit", seconds
+            )
         fitted = {k: p for k, p in result.categories.items() if p.source != "default"}
         if result.accesses < self.settings.min_samples or not fitted:
             return self._outcome(
-                "skipped", None,
+                "skipped",
+                None,
                 f"{result.accesses} accesses seen, fewer than min_samples "
                 f"({self.settings.min_samples})",
                 seconds,
@@ -183,7 +186,8 @@ class Controller:
         change = _max_relative_change(base.categories, fitted)
         if change < self.settings.change_threshold and set(fitted) <= set(base.categories):
             return self._outcome(
-                "unchanged", None,
+                "unchanged",
+                None,
                 f"largest relative change {change:.3f} < change_threshold "
                 f"{self.settings.change_threshold}",
                 seconds,
@@ -223,7 +227,8 @@ class Controller:
         ):
             return None
         out = self._category_summary(name, current, fit)
-        out["cdf"] = fit.cdf_points(name) if fit is not None else None
+        curve = fit.cdf_points(name) if fit is not None else None
+        out["cdf"] = None if curve is None else asdict(curve)
         return out
 
     @staticmethod
@@ -270,9 +275,7 @@ class Controller:
             m.agent_dropped.labels(agent=a.id).set(a.events_dropped)
 
 
-def _max_relative_change(
-    old: dict[str, CategoryParams], new: dict[str, CategoryParams]
-) -> float:
+def _max_relative_change(old: dict[str, CategoryParams], new: dict[str, CategoryParams]) -> float:
     worst = 0.0
     for name, p in new.items():
         q = old.get(name)

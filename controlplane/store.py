@@ -18,7 +18,7 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -71,7 +71,8 @@ class PolicyStore:
 
     def versions(self) -> list[VersionInfo]:
         """Kept versions, newest first."""
-        nums = [int(v) for v in self.r.zrevrange(self.keys.policy_versions, 0, -1)]
+        listed = cast(list[bytes], self.r.zrevrange(self.keys.policy_versions, 0, -1))
+        nums = [int(v) for v in listed]
         if not nums:
             return []
         raws = self.r.mget([self.keys.policy_doc(v) for v in nums])
@@ -173,6 +174,7 @@ class PolicyStore:
         return cats, base.default
 
     def _publish(self, note: str, copy_of: PolicyDocument | None = None) -> PolicyDocument:
+        default: CategoryParams | None
         if copy_of is not None:
             cats, default = dict(copy_of.categories), copy_of.default
         else:
@@ -181,8 +183,8 @@ class PolicyStore:
         with self.r.pipeline() as pipe:
             while True:
                 try:
-                    pipe.watch(k.policy_versions)
-                    top = pipe.zrevrange(k.policy_versions, 0, 0)
+                    pipe.watch(k.policy_versions)  # type: ignore[no-untyped-call]
+                    top = cast(list[bytes], pipe.zrevrange(k.policy_versions, 0, 0))
                     version = int(top[0]) + 1 if top else 1
                     fields: dict[str, Any] = {"version": version, "categories": cats}
                     fields["note"] = note[:500]
@@ -190,7 +192,7 @@ class PolicyStore:
                     if default is not None:
                         fields["default"] = default
                     doc = PolicyDocument(**fields)
-                    kept = pipe.zrange(k.policy_versions, 0, -1)
+                    kept = cast(list[bytes], pipe.zrange(k.policy_versions, 0, -1))
                     drop = [int(v) for v in kept][: max(0, len(kept) + 1 - self.history_size)]
                     pipe.multi()
                     pipe.set(k.policy_doc(version), encode_policy(doc))

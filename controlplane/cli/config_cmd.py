@@ -64,7 +64,9 @@ def markdown() -> str:
 
 
 def config(
-    markdown_out: Annotated[bool, typer.Option("--markdown", help="Print docs/configuration.md")] = False,
+    markdown_out: Annotated[
+        bool, typer.Option("--markdown", help="Print docs/configuration.md")
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Effective values as JSON")] = False,
 ) -> None:
     """Show every KVWISE_* setting with its default and the value in effect here."""

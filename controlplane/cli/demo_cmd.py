@@ -26,8 +26,12 @@ def demo(
     duration: Annotated[
         float, typer.Option(min=0, help="Stop after this many seconds (0 = until Ctrl-C)")
     ] = 0.0,
-    refit_interval: Annotated[float, typer.Option(min=0.5, help="Controller refit period, s")] = 5.0,
-    json_out: Annotated[bool, typer.Option("--json", help="No live view; final JSON summary")] = False,
+    refit_interval: Annotated[
+        float, typer.Option(min=0.5, help="Controller refit period, s")
+    ] = 5.0,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="No live view; final JSON summary")
+    ] = False,
 ) -> None:
     """Run the whole live loop locally: Redis, the controller, and simulated workers.
 
@@ -86,7 +90,9 @@ def _snapshot(stack: Any) -> dict[str, Any]:
     }
 
 
-def _run_view(stack: Any, stopping: dict[str, bool], deadline: float | None, live: bool) -> dict[str, Any]:
+def _run_view(
+    stack: Any, stopping: dict[str, bool], deadline: float | None, live: bool
+) -> dict[str, Any]:
     from rich.live import Live
 
     snap: dict[str, Any] = {}
@@ -118,15 +124,31 @@ def _render(snap: dict[str, Any]) -> Any:
         f"api {snap['api']}  redis: {snap['redis']}  cache {snap['capacity_blocks']:,} blocks"
         "  (Ctrl-C to stop)"
     )
-    agents = Table(title="Workers (synthetic to-C traffic; pairs replay the same trace)",
-                   title_justify="left")
+    agents = Table(
+        title="Workers (synthetic to-C traffic; pairs replay the same trace)", title_justify="left"
+    )
     for col in ("worker", "evictor", "applied version", "hit ratio", "events sent", "dropped"):
         agents.add_column(col, justify="left" if col in ("worker", "evictor") else "right")
     for a in snap["agents"]:
-        agents.add_row(a["id"], a["evictor"], str(a["applied_version"]), f"{a['hit_ratio']:.4f}",
-                       f"{a['events_sent']:,}", f"{a['events_dropped']:,}")
+        agents.add_row(
+            a["id"],
+            a["evictor"],
+            str(a["applied_version"]),
+            f"{a['hit_ratio']:.4f}",
+            f"{a['events_sent']:,}",
+            f"{a['events_dropped']:,}",
+        )
     cats = Table(title="Fitted parameters per category (top 10 by samples)", title_justify="left")
-    for col in ("category", "samples", "p_reuse", "rate /s", "mean reuse s", "life s", "KS", "source"):
+    for col in (
+        "category",
+        "samples",
+        "p_reuse",
+        "rate /s",
+        "mean reuse s",
+        "life s",
+        "KS",
+        "source",
+    ):
         cats.add_column(col, justify="left" if col in ("category", "source") else "right")
     rows = sorted(snap["categories"], key=lambda c: -(c.get("samples") or 0))[:10]
     for c in rows:
@@ -134,7 +156,14 @@ def _render(snap: dict[str, Any]) -> Any:
         if not p:
             continue
         ks = c.get("fit_quality")
-        cats.add_row(c["name"], f"{c.get('samples') or 0:,}", f"{p['p_reuse']:.3f}",
-                     f"{p['rate']:.4f}", f"{1 / p['rate']:.1f}", f"{p['life_s']:.1f}",
-                     "-" if ks is None else f"{ks:.3f}", p["source"])
+        cats.add_row(
+            c["name"],
+            f"{c.get('samples') or 0:,}",
+            f"{p['p_reuse']:.3f}",
+            f"{p['rate']:.4f}",
+            f"{1 / p['rate']:.1f}",
+            f"{p['life_s']:.1f}",
+            "-" if ks is None else f"{ks:.3f}",
+            p["source"],
+        )
     return Group(head, agents, cats)

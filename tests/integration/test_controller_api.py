@@ -108,8 +108,13 @@ def test_refit_from_ingested_events(ctl: RunningController, redis_url: str) -> N
     assert "min_samples" in out["reason"]
     now = time.time() - 60
     for seq in (1, 2, 3):
-        send(r, keys, reuse_batch("w1", seq, category="text_1", n=3000, rate=0.5, p=0.6,
-                                  t0=now + seq * 5, seed=seq))
+        send(
+            r,
+            keys,
+            reuse_batch(
+                "w1", seq, category="text_1", n=3000, rate=0.5, p=0.6, t0=now + seq * 5, seed=seq
+            ),
+        )
     _wait(lambda: ctl.controller.ingestor.counters.batches >= 3)
     out = c.post("/v1/policy/refit", headers=AUTH).json()
     assert out["published"] is True, out
@@ -125,8 +130,9 @@ def test_refit_from_ingested_events(ctl: RunningController, redis_url: str) -> N
     assert c.get("/v1/categories/nope").status_code == 404
     assert ctl.controller.ingestor.counters.gaps.get("w1") == 0
     # A gap: batch 5 arrives without batch 4.
-    send(r, keys, reuse_batch("w1", 5, category="text_1", n=10, rate=0.5, p=0.5,
-                              t0=now + 30, seed=9))
+    send(
+        r, keys, reuse_batch("w1", 5, category="text_1", n=10, rate=0.5, p=0.5, t0=now + 30, seed=9)
+    )
     _wait(lambda: ctl.controller.ingestor.counters.gaps.get("w1") == 1)
 
 
@@ -135,13 +141,18 @@ def test_malformed_batch_goes_to_dead_letter_and_ingest_continues(
 ) -> None:
     keys = Keys(ctl.controller.settings.key_prefix)
     r = redis.Redis.from_url(redis_url)
-    r.xadd(keys.events_stream("w9"), {"v": "1", "w": "w9", "e": "x", "s": "1", "c": "[]",
-                                      "n": "3", "d": b"short"})
-    send(r, keys, reuse_batch("w9", 2, category="file_1", n=50, rate=1.0, p=0.2,
-                              t0=time.time(), seed=4))
+    r.xadd(
+        keys.events_stream("w9"),
+        {"v": "1", "w": "w9", "e": "x", "s": "1", "c": "[]", "n": "3", "d": b"short"},
+    )
+    send(
+        r,
+        keys,
+        reuse_batch("w9", 2, category="file_1", n=50, rate=1.0, p=0.2, t0=time.time(), seed=4),
+    )
     _wait(lambda: ctl.controller.ingestor.counters.batches >= 1)
     _wait(lambda: r.xlen(keys.dead_letter) == 1)
-    (entry_id, fields), = r.xrange(keys.dead_letter)
+    ((_entry_id, fields),) = r.xrange(keys.dead_letter)
     assert fields[b"reason"].startswith(b"d: ")
     assert fields[b"stream"] == keys.events_stream("w9").encode()
     assert ctl.controller.ingestor.counters.dead_letters == 1
@@ -153,9 +164,19 @@ def test_agents_metrics_and_openapi(ctl: RunningController, redis_url: str) -> N
     c = ctl.client
     keys = Keys(ctl.controller.settings.key_prefix)
     r = redis.Redis.from_url(redis_url)
-    status = AgentStatus(id="w1", engine="sim", capacity=1000, applied_version=1,
-                         events_sent=10, events_dropped=2, hits=5, accesses=10, hit_ratio=0.5,
-                         started_at=time.time(), updated_at=time.time())
+    status = AgentStatus(
+        id="w1",
+        engine="sim",
+        capacity=1000,
+        applied_version=1,
+        events_sent=10,
+        events_dropped=2,
+        hits=5,
+        accesses=10,
+        hit_ratio=0.5,
+        started_at=time.time(),
+        updated_at=time.time(),
+    )
     r.set(keys.agent("w1"), status.to_json(), ex=30)
     r.set(keys.agent("broken"), "{not json", ex=30)
     agents = c.get("/v1/agents").json()
@@ -167,10 +188,20 @@ def test_agents_metrics_and_openapi(ctl: RunningController, redis_url: str) -> N
     assert 'kvwise_agent_applied_version{agent="w1"} 1.0' in text
     assert "kvwise_leader 1.0" in text
     spec = c.get("/openapi.json").json()
-    for path in ["/v1/policy", "/v1/policy/versions", "/v1/policy/versions/{version}",
-                 "/v1/policy/refit", "/v1/policy/rollback", "/v1/policy/overrides/{category}",
-                 "/v1/categories", "/v1/categories/{name}", "/v1/agents", "/healthz", "/readyz",
-                 "/metrics"]:
+    for path in [
+        "/v1/policy",
+        "/v1/policy/versions",
+        "/v1/policy/versions/{version}",
+        "/v1/policy/refit",
+        "/v1/policy/rollback",
+        "/v1/policy/overrides/{category}",
+        "/v1/categories",
+        "/v1/categories/{name}",
+        "/v1/agents",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    ]:
         assert path in spec["paths"], path
     assert c.get("/docs").status_code == 200
     json.dumps(spec)
