@@ -1,0 +1,284 @@
+{{/*
+Names, labels, images, secrets and the Redis connection shared by every template.
+*/}}
+
+{{/* Chart name, overridable. */}}
+{{- define "kvwise.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Fully qualified app name, at most 63 characters (DNS label). A release whose name already
+contains the chart name is not repeated.
+*/}}
+{{- define "kvwise.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Name of one component's resources: <fullname>-<component>, trimmed to 63. */}}
+{{- define "kvwise.componentName" -}}
+{{- printf "%s-%s" (include "kvwise.fullname" .ctx | trunc 52 | trimSuffix "-") .component }}
+{{- end }}
+
+{{/* Chart name and version for the helm.sh/chart label. */}}
+{{- define "kvwise.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Selector labels: stable across upgrades, so never the version. Takes (dict "ctx" . "component" name). */}}
+{{- define "kvwise.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kvwise.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* Every resource's labels. Takes (dict "ctx" . "component" name). */}}
+{{- define "kvwise.labels" -}}
+helm.sh/chart: {{ include "kvwise.chart" .ctx }}
+{{ include "kvwise.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: kvwise
+{{- with .ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* metadata.annotations of every resource, with extra ones. Takes (dict "ctx" . "extra" map). */}}
+{{- define "kvwise.annotations" -}}
+{{- $all := merge (deepCopy (default dict .extra)) (deepCopy .ctx.Values.commonAnnotations) }}
+{{- with $all }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* repository:tag, or repository@digest. Takes (dict "image" map "default" tag). */}}
+{{- define "kvwise.image" -}}
+{{- if .image.digest }}
+{{- printf "%s@%s" .image.repository .image.digest }}
+{{- else }}
+{{- printf "%s:%s" .image.repository (toString (default .default .image.tag)) }}
+{{- end }}
+{{- end }}
+
+{{- define "kvwise.controller.image" -}}
+{{- include "kvwise.image" (dict "image" .Values.controller.image "default" .Chart.AppVersion) }}
+{{- end }}
+
+{{- define "kvwise.controller.serviceAccountName" -}}
+{{- if .Values.controller.serviceAccount.create }}
+{{- default (include "kvwise.componentName" (dict "ctx" . "component" "controller")) .Values.controller.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.controller.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "kvwise.workers.serviceAccountName" -}}
+{{- if .Values.workers.serviceAccount.create }}
+{{- default (include "kvwise.componentName" (dict "ctx" . "component" "worker")) .Values.workers.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.workers.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+A secret value that survives upgrades: the given value, else the one already in the
+cluster (lookup; empty during `helm template`), else 32 random letters and digits.
+Takes (dict "ctx" . "name" secretName "key" key "value" explicit).
+*/}}
+{{- define "kvwise.secretValue" -}}
+{{- if .value }}
+{{- .value }}
+{{- else }}
+{{- $existing := lookup "v1" "Secret" .ctx.Release.Namespace .name | default dict }}
+{{- $old := dig "data" .key "" $existing }}
+{{- if $old }}
+{{- $old | b64dec }}
+{{- else }}
+{{- randAlphaNum 32 }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding the API token, and its key. */}}
+{{- define "kvwise.controller.tokenSecretName" -}}
+{{- default (include "kvwise.componentName" (dict "ctx" . "component" "api-token")) .Values.controller.auth.existingSecret }}
+{{- end }}
+
+{{/* The Secret holding the in-chart Redis password. */}}
+{{- define "kvwise.redis.secretName" -}}
+{{- default (include "kvwise.componentName" (dict "ctx" . "component" "redis")) .Values.redis.auth.existingSecret }}
+{{- end }}
+
+{{/* Host of the in-chart Redis Service, fully qualified so pods in any namespace resolve it. */}}
+{{- define "kvwise.redis.host" -}}
+{{- printf "%s.%s.svc.%s" (include "kvwise.componentName" (dict "ctx" . "component" "redis")) .Release.Namespace .Values.clusterDomain }}
+{{- end }}
+
+{{/* Mount path of the external Redis TLS files. */}}
+{{- define "kvwise.redis.tlsDir" -}}
+/etc/kvwise/redis-tls
+{{- end }}
+
+{{/*
+KVWISE_REDIS_URL. The settings take one URL, so credentials go into its userinfo through
+Kubernetes' $(VAR) expansion of REDIS_USERNAME / REDIS_PASSWORD (defined just before it
+by kvwise.redis.env); the password itself never appears in a rendered manifest. TLS files
+become redis-py URL options (ssl_ca_certs, ssl_certfile, ssl_keyfile).
+*/}}
+{{- define "kvwise.redis.url" -}}
+{{- if .Values.redis.enabled }}
+{{- printf "redis://:$(REDIS_PASSWORD)@%s:%d/%d" (include "kvwise.redis.host" .) (int .Values.redis.service.port) (int .Values.redis.database) }}
+{{- else }}
+{{- $ext := .Values.redis.external }}
+{{- $u := urlParse $ext.url }}
+{{- $auth := "" }}
+{{- if and $ext.existingSecret $ext.existingSecretUsernameKey }}
+{{- $auth = "$(REDIS_USERNAME):$(REDIS_PASSWORD)@" }}
+{{- else if $ext.existingSecret }}
+{{- $auth = ":$(REDIS_PASSWORD)@" }}
+{{- end }}
+{{- $query := list }}
+{{- with $u.query }}
+{{- $query = append $query . }}
+{{- end }}
+{{- with $ext.tls.existingSecret }}
+{{- $dir := include "kvwise.redis.tlsDir" $ }}
+{{- if $ext.tls.caKey }}
+{{- $query = append $query (printf "ssl_ca_certs=%s/%s" $dir $ext.tls.caKey) }}
+{{- end }}
+{{- if $ext.tls.certKey }}
+{{- $query = append $query (printf "ssl_certfile=%s/%s" $dir $ext.tls.certKey) }}
+{{- end }}
+{{- if $ext.tls.keyKey }}
+{{- $query = append $query (printf "ssl_keyfile=%s/%s" $dir $ext.tls.keyKey) }}
+{{- end }}
+{{- end }}
+{{- printf "%s://%s%s%s" $u.scheme $auth $u.host $u.path }}
+{{- with $query }}?{{ join "&" . }}{{ end }}
+{{- end }}
+{{- end }}
+
+{{/* Redis credentials and URL as container env entries (controller and workers). */}}
+{{- define "kvwise.redis.env" -}}
+{{- if .Values.redis.enabled }}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "kvwise.redis.secretName" . }}
+      key: {{ .Values.redis.auth.existingSecretPasswordKey }}
+{{- else }}
+{{- with .Values.redis.external }}
+{{- if and .existingSecret .existingSecretUsernameKey }}
+- name: REDIS_USERNAME
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .existingSecretUsernameKey }}
+{{- end }}
+{{- if .existingSecret }}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .existingSecretPasswordKey }}
+{{- end }}
+{{- end }}
+{{- end }}
+- name: KVWISE_REDIS_URL
+  value: {{ include "kvwise.redis.url" . | quote }}
+{{- end }}
+
+{{/* The read-only TLS volume of an external Redis, if any. */}}
+{{- define "kvwise.redis.tlsVolume" -}}
+{{- if and (not .Values.redis.enabled) .Values.redis.external.tls.existingSecret }}
+- name: redis-tls
+  secret:
+    secretName: {{ .Values.redis.external.tls.existingSecret }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}
+
+{{- define "kvwise.redis.tlsVolumeMount" -}}
+{{- if and (not .Values.redis.enabled) .Values.redis.external.tls.existingSecret }}
+- name: redis-tls
+  mountPath: {{ include "kvwise.redis.tlsDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/*
+A settings value as an environment string: whole numbers without a decimal point or an
+exponent (Helm holds every number as a float64 and would print 1000000 as "1e+06", which
+an int setting rejects), other values as they are.
+*/}}
+{{- define "kvwise.envValue" -}}
+{{- if kindIs "float64" . }}
+{{- if eq (floor .) . }}{{ int64 . }}{{ else }}{{ . }}{{ end }}
+{{- else if kindIs "bool" . }}
+{{- if . }}1{{ else }}0{{ end }}
+{{- else }}
+{{- . }}
+{{- end }}
+{{- end }}
+
+{{/* Settings map -> KVWISE_* env names and values; null values are left out (setting default). */}}
+{{- define "kvwise.settingsData" -}}
+{{- range $key, $value := . }}
+{{- if not (kindIs "invalid" $value) }}
+{{ printf "KVWISE_%s" ($key | snakecase | upper) }}: {{ include "kvwise.envValue" $value | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Checks of combinations the schema cannot express, each with a message that says what to set. */}}
+{{- define "kvwise.validate" -}}
+{{- if not .Values.redis.enabled }}
+{{- $ext := .Values.redis.external }}
+{{- if not $ext.url }}
+{{- fail "redis.enabled=false needs redis.external.url (redis://host:6379/0 or rediss://host:6380/0)" }}
+{{- end }}
+{{- $u := urlParse $ext.url }}
+{{- if not (has $u.scheme (list "redis" "rediss")) }}
+{{- fail (printf "redis.external.url must start with redis:// or rediss://, got %q" $ext.url) }}
+{{- end }}
+{{- if $u.userinfo }}
+{{- fail "redis.external.url must not contain credentials: put them in the Secret named by redis.external.existingSecret" }}
+{{- end }}
+{{- if and $ext.tls.existingSecret (ne $u.scheme "rediss") }}
+{{- fail "redis.external.tls.existingSecret is set but redis.external.url is not rediss://" }}
+{{- end }}
+{{- if and $ext.existingSecretUsernameKey (not $ext.existingSecret) }}
+{{- fail "redis.external.existingSecretUsernameKey needs redis.external.existingSecret" }}
+{{- end }}
+{{- if ne (empty $ext.tls.certKey) (empty $ext.tls.keyKey) }}
+{{- fail "redis.external.tls.certKey and redis.external.tls.keyKey go together (mutual TLS)" }}
+{{- end }}
+{{- end }}
+{{- if and .Values.workers.enabled (not .Values.workers.model.name) }}
+{{- fail "workers.enabled=true needs workers.model.name (a Hugging Face id or a path)" }}
+{{- end }}
+{{- if and .Values.redis.auth.password (not (regexMatch "^[A-Za-z0-9._~-]+$" .Values.redis.auth.password)) }}
+{{- fail "redis.auth.password may hold only letters, digits and -._~ (it is placed in a Redis URL)" }}
+{{- end }}
+{{- end }}
+
+{{/* Settings map -> container env entries (KVWISE_*); null values are left out. */}}
+{{- define "kvwise.settingsEnv" -}}
+{{- range $key, $value := . }}
+{{- if not (kindIs "invalid" $value) }}
+- name: {{ printf "KVWISE_%s" ($key | snakecase | upper) }}
+  value: {{ include "kvwise.envValue" $value | quote }}
+{{- end }}
+{{- end }}
+{{- end }}

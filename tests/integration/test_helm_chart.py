@@ -1,0 +1,259 @@
+"""The Helm chart helm/kvwise, rendered offline with Helm's own Go SDK (helm-python-sdk).
+
+Each case (the defaults, every ci/*-values.yaml, the Llama 3 example) is linted, rendered
+and validated against the Kubernetes 1.30 schemas; the values are checked against
+values.schema.json. The settings classes are imported, so a setting added to or renamed in
+ControllerSettings / AgentSettings without the chart following fails here.
+
+Kubernetes 1.30 is pinned because it is the oldest minor the chart supports (Chart.yaml
+kubeVersion >=1.30): fields are only ever added to the API, so a manifest valid against
+1.30's strict schemas (no unknown fields) is valid on every supported cluster, and a field
+newer than the support floor fails here instead of on a user's older cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import typing
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from agent.settings import AgentSettings
+from controlplane.settings import ControllerSettings
+from tests.conftest import REPO
+from tests.integration import helm_support as hs
+from tests.integration.helm_support import AGENT_DERIVED, CASES, POD_ENV_FIELDS, camel, env_name
+
+K8S_VERSION = "1.30"
+# Chart defaults that differ from the settings' defaults on purpose.
+CONTROLLER_DEFAULT_OVERRIDES = {"host": "0.0.0.0"}  # reachable through the Service
+AGENT_DEFAULT_OVERRIDES = {"enable": True}  # workers.enabled means the plugin runs
+
+
+def schema() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((hs.CHART / "values.schema.json").read_text())
+    return loaded
+
+
+def raw_values() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((hs.CHART / "values.yaml").read_text())
+    return loaded
+
+
+# --- Helm's own checks ------------------------------------------------------------------------
+@pytest.mark.parametrize("case", CASES)
+def test_helm_lint_is_clean(case: str) -> None:
+    values = hs.case_values(case)
+    report = helm.lint(hs.CHART, values, strict=True, kube_version=f"v{K8S_VERSION}.0")
+    assert report["errors"] == []
+    serious = [m for m in report["messages"] if m["severity"] >= 2]  # 2 warning, 3 error
+    assert serious == [], serious
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_manifests_are_valid_kubernetes_objects(case: str) -> None:
+    without_schema = set()
+    for m in hs.rendered(case).manifests:
+        try:
+            kubernetes_validate.validate(m, K8S_VERSION, strict=True)
+        except kubernetes_validate.SchemaNotFoundError:
+            without_schema.add(f"{m['apiVersion']}/{m['kind']}")
+        except kubernetes_validate.ValidationError as exc:
+            where = ".".join(str(p) for p in exc.path)
+            pytest.fail(f"{m['kind']}/{m['metadata']['name']}: {where}: {exc.message}")
+    # Only the Prometheus Operator's CRD has no built-in schema (its shape is checked below).
+    assert without_schema <= {"monitoring.coreos.com/v1/ServiceMonitor"}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_values_satisfy_the_schema(case: str) -> None:
+    jsonschema.Draft7Validator.check_schema(schema())
+    merged = hs.chart().merge_values(hs.case_values(case))
+    assert [e.message for e in jsonschema.Draft7Validator(schema()).iter_errors(merged)] == []
+    hs.chart().validate_schema(hs.case_values(case))  # Helm's own validator agrees
+
+
+BAD_VALUES = [
+    pytest.param(
+        {"controller": {"config": {"lifeRule": "median"}}},
+        "at '/controller/config/lifeRule': value must be one of 'quantile', 'fixed'",
+        "'median' is not one of ['quantile', 'fixed']",
+        id="wrong-enum",
+    ),
+    pytest.param(
+        {"controller": {"config": {"refitInterval": 30}}},
+        "at '/controller/config': additional properties 'refitInterval' not allowed",
+        "Additional properties are not allowed ('refitInterval' was unexpected)",
+        id="unknown-key",
+    ),
+    pytest.param(
+        {"controller": {"replicaCount": "two"}},
+        "at '/controller/replicaCount': got string, want integer",
+        "'two' is not of type 'integer'",
+        id="wrong-type",
+    ),
+    pytest.param(
+        {"workers": {"agent": {"bufferEvents": 0}}},
+        "at '/workers/agent/bufferEvents'",
+        "0 is less than or equal to the minimum of 0",
+        id="out-of-range",
+    ),
+]
+
+
+@pytest.mark.parametrize(("bad", "helm_says", "jsonschema_says"), BAD_VALUES)
+def test_bad_values_are_rejected_with_a_readable_message(
+    bad: dict[str, Any], helm_says: str, jsonschema_says: str
+) -> None:
+    with pytest.raises(helm.HelmValuesError) as err:
+        hs.render(hs.chart(), bad)
+    assert helm_says in str(err.value)
+    merged = hs.chart().merge_values(bad)
+    assert [e.message for e in jsonschema.Draft7Validator(schema()).iter_errors(merged)] == [
+        jsonschema_says
+    ]
+
+
+BAD_COMBINATIONS = [
+    pytest.param({"redis": {"enabled": False}}, "'/redis/external/url': minLength", id="no-url"),
+    pytest.param(
+        {"redis": {"enabled": False, "external": {"url": "redis://u:pw@h:6379/0"}}},
+        "must not contain credentials",
+        id="credentials-in-url",
+    ),
+    pytest.param(
+        {
+            "redis": {
+                "enabled": False,
+                "external": {"url": "redis://h:6379/0", "tls": {"existingSecret": "ca"}},
+            }
+        },
+        "redis.external.tls.existingSecret is set but redis.external.url is not rediss://",
+        id="tls-without-rediss",
+    ),
+    pytest.param({"workers": {"enabled": True}}, "'/workers/model/name': minLength", id="no-model"),
+]
+
+
+@pytest.mark.parametrize(("bad", "says"), BAD_COMBINATIONS)
+def test_bad_combinations_fail_with_what_to_set(bad: dict[str, Any], says: str) -> None:
+    with pytest.raises(helm.HelmError) as err:
+        hs.render(hs.chart(), bad)
+    assert says in str(err.value)
+
+
+# --- the settings mirror ----------------------------------------------------------------------
+def test_controller_values_mirror_controller_settings_one_to_one() -> None:
+    fields = ControllerSettings.model_fields
+    secret = {f for f, info in fields.items() if "SecretStr" in str(info.annotation)}
+    assert secret <= set(POD_ENV_FIELDS), f"secret settings not handled by the chart: {secret}"
+    config = raw_values()["controller"]["config"]
+    assert set(config) == {camel(f) for f in fields if f not in POD_ENV_FIELDS}
+    for field, info in fields.items():
+        if field in POD_ENV_FIELDS:
+            continue
+        default = info.get_default(call_default_factory=True)
+        expected = CONTROLLER_DEFAULT_OVERRIDES.get(field, default)
+        assert config[camel(field)] == expected, field
+
+
+def test_agent_values_mirror_agent_settings_one_to_one() -> None:
+    fields = AgentSettings.model_fields
+    agent = raw_values()["workers"]["agent"]
+    assert set(agent) == {camel(f) for f in fields if f not in AGENT_DERIVED}
+    for field, info in fields.items():
+        if field not in AGENT_DERIVED:
+            expected = AGENT_DEFAULT_OVERRIDES.get(
+                field, info.get_default(call_default_factory=True)
+            )
+            assert agent[camel(field)] == expected, field
+
+
+def _bounds(info: Any) -> dict[str, float]:
+    names = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
+    out: dict[str, float] = {}
+    for item in info.metadata:
+        for attr, key in names.items():
+            if getattr(item, attr, None) is not None:
+                out[key] = getattr(item, attr)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("settings", "schema_path", "skip"),
+    [
+        (ControllerSettings, ("controller", "config"), set(POD_ENV_FIELDS)),
+        (AgentSettings, ("workers", "agent"), AGENT_DERIVED),
+    ],
+    ids=["controller", "agent"],
+)
+def test_schema_constraints_match_the_settings(
+    settings: Any, schema_path: tuple[str, ...], skip: set[str]
+) -> None:
+    node = schema()
+    for part in schema_path:
+        node = node["properties"][part]
+    for field, info in settings.model_fields.items():
+        if field in skip:
+            continue
+        prop = node["properties"][camel(field)]
+        assert prop["description"] == env_name(field)
+        types = {
+            "integer": int,
+            "number": float,
+            "string": str,
+            "boolean": bool,
+            "null": type(None),
+        }
+        declared = prop["type"] if isinstance(prop["type"], list) else [prop["type"]]
+        annotation = info.annotation
+        if typing.get_origin(annotation) is typing.Literal:
+            assert prop["enum"] == list(typing.get_args(annotation)), field
+            continue
+        wanted = set(typing.get_args(annotation)) or {annotation}
+        assert {types[t] for t in declared} == wanted, field
+        got = {
+            k: prop[k]
+            for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+            if k in prop
+        }
+        assert got == _bounds(info), field
+
+
+# --- docs and image -------------------------------------------------------------------------
+def test_every_value_has_a_param_comment() -> None:
+    values = raw_values()
+    documented = [p.path for p in hs.params()]
+    assert len(documented) == len(set(documented)), "a @param appears twice"
+    for path in documented:
+        hs.lookup(values, path)  # raises KeyError for a @param without a value
+    undocumented = [
+        leaf
+        for leaf in hs.leaves(values)
+        if not any(leaf == p or leaf.startswith(p + ".") for p in documented)
+    ]
+    assert undocumented == []
+
+
+def test_deploy_doc_values_table_is_generated_from_the_param_comments() -> None:
+    assert hs.doc_table() == hs.values_table(), (
+        "docs/deploy.md is stale: python -m tests.integration.helm_support docs/deploy.md"
+    )
+
+
+def test_dockerfile_matches_the_chart() -> None:
+    text = (REPO / "helm" / "Dockerfile").read_text()
+    values = raw_values()
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim$", text, re.M)
+    uid = values["controller"]["podSecurityContext"]["runAsUser"]
+    assert re.search(rf"^USER {uid}:{uid}$", text, re.M)
+    assert 'ENTRYPOINT ["kvwise", "controller"]' in text
+    deploy = (hs.CHART / "templates" / "workers" / "deployment.yaml").read_text()
+    bundle = re.search(r"--target (\S+)", text)
+    assert bundle is not None and f'"{bundle.group(1)}/."' in deploy

@@ -1,0 +1,380 @@
+"""The pods the Helm chart renders: every setting reaches its process, credentials resolve,
+probes, hardening, selectors, and the ``helm test`` check run against a real controller.
+
+Each container's environment is resolved as the kubelet would (ConfigMap, Secrets, the pod
+name, ``$(VAR)`` expansion) and loaded into the real settings classes, so a value the
+process would reject or misread fails here. Manifests come from helm_support (Helm's Go SDK).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from pydantic import SecretStr
+
+from agent.settings import AgentSettings
+from controlplane.settings import ControllerSettings
+from tests.integration import helm_support as hs
+from tests.integration.helm_support import (
+    CASES,
+    FULLNAME,
+    NAMESPACE,
+    POD,
+    POD_ENV_FIELDS,
+    RELEASE,
+    camel,
+    env_name,
+    snake,
+)
+
+
+def controller_env(
+    r: hs.Rendered, monkeypatch: pytest.MonkeyPatch
+) -> tuple[dict[str, str], ControllerSettings]:
+    ctr = hs.container(r.component("Deployment", "controller"), "controller")
+    env = hs.resolve_env(r, ctr, pod_name=POD, secrets=hs.all_secrets(r))
+    return env, hs.load_settings(ControllerSettings, env, monkeypatch)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_configmap_holds_every_controller_setting_but_the_per_pod_ones(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = hs.rendered(case)
+    config = r.values["controller"]["config"]
+    cm = r.get("ConfigMap", f"{FULLNAME}-controller")
+    # Helm drops null values when it merges, so an unset optional setting is absent here
+    # (test_controller_values_mirror_controller_settings_one_to_one checks values.yaml).
+    unset_in_values = {
+        env_name(f) for f in ControllerSettings.model_fields if config.get(camel(f)) is None
+    }
+    expected = {
+        env_name(f) for f in ControllerSettings.model_fields if f not in POD_ENV_FIELDS
+    } - unset_in_values
+    assert set(cm["data"]) == expected
+    assert env_name("api_token") not in cm["data"] and env_name("redis_url") not in cm["data"]
+
+    env, settings = controller_env(r, monkeypatch)
+    # Every setting reaches the process: the ConfigMap's, and the per-pod ones from env.
+    set_in_pod = {k for k in env if k.startswith("KVWISE_")}
+    unset = {env_name(f) for f in ControllerSettings.model_fields} - set_in_pod
+    token_off = set() if r.values["controller"]["auth"]["enabled"] else {env_name("api_token")}
+    assert unset == (unset_in_values - {env_name(f) for f in POD_ENV_FIELDS}) | token_off
+    for key, value in config.items():
+        assert getattr(settings, snake(key)) == value, key
+    assert settings.consumer_name == POD
+    auth = r.values["controller"]["auth"]
+    if auth["enabled"]:
+        assert isinstance(settings.api_token, SecretStr)
+        token = settings.api_token.get_secret_value()
+        if auth["existingSecret"]:
+            assert (
+                token
+                == hs.existing_secrets(r.values)[
+                    (auth["existingSecret"], auth["existingSecretKey"])
+                ]
+            )
+        else:  # generated: 32 letters and digits
+            assert re.fullmatch(r"[A-Za-z0-9]{32}", token)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_redis_url_and_credentials_reach_the_controller(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = hs.rendered(case)
+    _, settings = controller_env(r, monkeypatch)
+    assert "$(" not in settings.redis_url, "an env reference was left unexpanded"
+    pool = redis.Redis.from_url(settings.redis_url).connection_pool
+    kw = pool.connection_kwargs
+    secrets = hs.all_secrets(r)
+    rv = r.values["redis"]
+    if rv["enabled"]:
+        svc = r.get("Service", f"{FULLNAME}-redis")
+        assert kw["host"] == f"{FULLNAME}-redis.{NAMESPACE}.svc.cluster.local"
+        assert kw["port"] == svc["spec"]["ports"][0]["port"] and kw["db"] == rv["database"]
+        assert kw["password"] == secrets[(f"{FULLNAME}-redis", "redis-password")]
+        # The server takes its password from the same Secret key.
+        sts = r.component("StatefulSet", "redis")
+        redis_env = hs.resolve_env(r, hs.container(sts, "redis"), pod_name=POD, secrets=secrets)
+        args = hs.container(sts, "redis")["args"]
+        assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+        assert redis_env["REDIS_PASSWORD"] == kw["password"] == redis_env["REDISCLI_AUTH"]
+        return
+    ext = rv["external"]
+    assert settings.redis_url.split("://")[0] == ext["url"].split("://")[0]
+    if ext["existingSecret"]:
+        assert kw["password"] == secrets[(ext["existingSecret"], ext["existingSecretPasswordKey"])]
+    if ext["existingSecretUsernameKey"]:
+        assert kw["username"] == secrets[(ext["existingSecret"], ext["existingSecretUsernameKey"])]
+    tls = ext["tls"]
+    if tls["existingSecret"]:
+        assert pool.connection_class is redis.SSLConnection
+        ctr = hs.container(r.component("Deployment", "controller"), "controller")
+        mounts = {m["mountPath"]: m["name"] for m in ctr["volumeMounts"]}
+        volumes = {
+            v["name"]: v for v in hs.pod_spec(r.component("Deployment", "controller"))["volumes"]
+        }
+        for option, key in (
+            ("ssl_ca_certs", "caKey"),
+            ("ssl_certfile", "certKey"),
+            ("ssl_keyfile", "keyKey"),
+        ):
+            if tls[key]:
+                path = Path(kw[option])
+                assert path.name == tls[key]
+                assert (
+                    volumes[mounts[str(path.parent)]]["secret"]["secretName"]
+                    == tls["existingSecret"]
+                )
+
+
+# --- workers ----------------------------------------------------------------------------------
+WORKER_CASES = [c for c in CASES if hs.case_values(c).get("workers", {}).get("enabled")]
+
+
+@pytest.mark.parametrize("case", WORKER_CASES)
+def test_worker_env_carries_every_agent_setting(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    r = hs.rendered(case)
+    w = r.values["workers"]
+    deploy = r.component("Deployment", "worker")
+    vllm = hs.container(deploy, "vllm")
+    env = hs.resolve_env(r, vllm, pod_name=POD, secrets=hs.all_secrets(r))
+    assert {k for k in env if k.startswith("KVWISE_")} == {
+        env_name(f) for f in AgentSettings.model_fields
+    }
+    assert env["KVWISE_ENABLE"] == "1"
+    assert "kvwise" in env["VLLM_PLUGINS"].split(",")
+    assert set(w["vllmPlugins"]) <= set(env["VLLM_PLUGINS"].split(","))
+    worker_id = next(e for e in vllm["env"] if e["name"] == "KVWISE_WORKER_ID")
+    assert worker_id["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+    agent = hs.load_settings(AgentSettings, env, monkeypatch)
+    for key, value in w["agent"].items():
+        assert getattr(agent, snake(key)) == value, key
+    assert agent.enable is True and agent.worker_id == POD
+    assert agent.key_prefix == r.values["controller"]["config"]["keyPrefix"]
+    _, ctl = controller_env(r, monkeypatch)
+    assert agent.redis_url == ctl.redis_url  # workers and controller meet in the same Redis
+
+    assert vllm["resources"]["limits"][w["gpu"]["resourceName"]] == w["gpu"]["count"]
+    args = vllm["args"]
+    assert args[0] == w["model"]["name"] and "--enable-prefix-caching" in args
+    assert args[args.index("--tensor-parallel-size") + 1] == str(w["gpu"]["count"])
+    if w["pluginBundle"]["enabled"]:
+        init = hs.container(deploy, "kvwise-plugin")
+        bundle = init["command"][-2].rstrip("/.")
+        assert env["PYTHONPATH"].split(":")[0] == bundle
+        assert any(m["mountPath"] == bundle for m in vllm["volumeMounts"])
+
+
+# --- pods: probes, security, secrets, selectors ------------------------------------------------
+@pytest.mark.parametrize("case", CASES)
+def test_controller_probes_and_ports(case: str) -> None:
+    r = hs.rendered(case)
+    ctr = hs.container(r.component("Deployment", "controller"), "controller")
+    port = r.values["controller"]["config"]["port"]
+    assert ctr["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+    assert ctr["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert ctr["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert ctr["args"] == ["--host", r.values["controller"]["config"]["host"], "--port", str(port)]
+    assert ("resources" in ctr) == bool(r.values["controller"]["resources"])  # empty by default
+
+
+HARDENED = ["controller:controller", "redis:redis", "test:check", "worker:kvwise-plugin"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_chart_owned_containers_are_hardened(case: str) -> None:
+    r = hs.rendered(case)
+    seen = 0
+    for wl in r.workloads():
+        component = wl["metadata"]["labels"]["app.kubernetes.io/component"]
+        spec = hs.pod_spec(wl)
+        for ctr in spec["containers"] + spec.get("initContainers", []):
+            sc = ctr.get("securityContext", {})
+            assert sc.get("allowPrivilegeEscalation") is False, ctr["name"]
+            assert sc["capabilities"]["drop"] == ["ALL"], ctr["name"]
+            seccomp = sc.get("seccompProfile") or spec["securityContext"]["seccompProfile"]
+            assert seccomp == {"type": "RuntimeDefault"}, ctr["name"]
+            if f"{component}:{ctr['name']}" not in HARDENED:
+                continue  # vLLM runs as root in its own image
+            seen += 1
+            assert sc["runAsNonRoot"] is True and sc["runAsUser"] > 0, ctr["name"]
+            assert sc["readOnlyRootFilesystem"] is True, ctr["name"]
+        assert spec["automountServiceAccountToken"] is False
+    assert seen >= 2
+    ctl = r.component("Deployment", "controller")
+    tmp = next(
+        m for m in hs.container(ctl, "controller")["volumeMounts"] if m["mountPath"] == "/tmp"
+    )
+    assert (
+        next(v for v in hs.pod_spec(ctl)["volumes"] if v["name"] == tmp["name"])["emptyDir"] == {}
+    )
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_secret_and_configmap_references_resolve(case: str) -> None:
+    r = hs.rendered(case)
+    known = set(hs.all_secrets(r))
+    secret_names = {name for name, _ in known}
+    for wl in r.workloads():
+        spec = hs.pod_spec(wl)
+        for ctr in spec["containers"] + spec.get("initContainers", []):
+            for item in ctr.get("env", []):
+                ref = item.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    assert (ref["name"], ref["key"]) in known, f"{ctr['name']}: {item['name']}"
+            for src in ctr.get("envFrom", []):
+                if "configMapRef" in src:
+                    r.get("ConfigMap", src["configMapRef"]["name"])
+            volumes = {v["name"] for v in spec.get("volumes", [])}
+            claims = {c["metadata"]["name"] for c in wl["spec"].get("volumeClaimTemplates", [])}
+            for mount in ctr.get("volumeMounts", []):
+                assert mount["name"] in volumes | claims, f"{ctr['name']}: {mount['name']}"
+        for vol in spec.get("volumes", []):
+            if "secret" in vol:
+                assert vol["secret"]["secretName"] in secret_names, vol
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_selectors_match_the_pods_they_mean(case: str) -> None:
+    r = hs.rendered(case)
+    pods = {wl["metadata"]["labels"]["app.kubernetes.io/component"]: wl for wl in r.workloads()}
+
+    def matched(selector: dict[str, Any]) -> set[str]:
+        return {c for c, wl in pods.items() if hs.selects(selector, hs.pod_labels(wl))}
+
+    for wl in r.workloads():
+        if wl["kind"] != "Pod":
+            assert hs.selects(wl["spec"]["selector"], hs.pod_labels(wl))
+    for svc in r.of_kind("Service"):
+        component = svc["metadata"]["labels"]["app.kubernetes.io/component"]
+        assert matched(svc["spec"]["selector"]) == {component}, svc["metadata"]["name"]
+        port_names = {
+            p["name"] for c in hs.pod_spec(pods[component])["containers"] for p in c["ports"]
+        }
+        assert {p["targetPort"] for p in svc["spec"]["ports"]} <= port_names
+    for pdb in r.of_kind("PodDisruptionBudget"):
+        assert matched(pdb["spec"]["selector"]) == {"controller"}
+    policies = {
+        np["metadata"]["labels"]["app.kubernetes.io/component"]: np
+        for np in r.of_kind("NetworkPolicy")
+    }
+    if r.values["networkPolicy"]["enabled"]:
+        api = policies["controller"]
+        assert matched(api["spec"]["podSelector"]) == {"controller"}
+        assert any(
+            matched(peer["podSelector"]) == {"test"} for peer in api["spec"]["ingress"][0]["from"]
+        )
+    if "redis" in policies:
+        peers = policies["redis"]["spec"]["ingress"][0]["from"]
+        assert matched(policies["redis"]["spec"]["podSelector"]) == {"redis"}
+        reach = set().union(
+            *(matched(p["podSelector"]) for p in peers if "namespaceSelector" not in p)
+        )
+        assert reach == {"controller", "worker"} & set(pods)  # not the test pod, not Redis
+    for sm in r.of_kind("ServiceMonitor"):
+        svc = r.get("Service", f"{FULLNAME}-controller")
+        assert hs.selects(sm["spec"]["selector"], svc["metadata"]["labels"])
+        assert sm["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+        assert [(e["port"], e["path"]) for e in sm["spec"]["endpoints"]] == [("http", "/metrics")]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_standard_labels_on_every_resource(case: str) -> None:
+    for m in hs.rendered(case).manifests:
+        labels = m["metadata"]["labels"]
+        assert labels["helm.sh/chart"] == "kvwise-0.1.0"
+        assert labels["app.kubernetes.io/name"] == "kvwise"
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["app.kubernetes.io/component"]
+        assert m["metadata"]["name"].startswith(FULLNAME)
+
+
+def test_helm_test_pod_checks_readiness_and_a_policy_version() -> None:
+    r = hs.rendered("default")
+    pod = r.component("Pod", "test")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    ctr = hs.container(pod, "check")
+    url = next(e["value"] for e in ctr["env"] if e["name"] == "KVWISE_URL")
+    assert url == f"http://{FULLNAME}-controller:{r.values['controller']['service']['port']}"
+    script = ctr["args"][0]
+    assert '"/readyz"' in script and '"/v1/policy"' in script and '"version"' in script
+    assert "port-forward svc/kv-kvwise-controller 8080:8080" in r.notes
+    assert "curl -s http://127.0.0.1:8080/v1/policy" in r.notes
+
+
+# --- the helm test check against a real controller --------------------------------------------
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+@pytest.mark.integration
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_helm_test_check_passes_against_a_controller_started_from_the_rendered_pod(
+    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run ``kvwise controller`` with exactly the env the chart gives the pod (ConfigMap,
+    Secrets, Redis URL), then the ``helm test`` pod's script against it."""
+    from controlplane.embedded_redis import free_port
+
+    port = free_port()
+    values = {
+        "controller": {"config": {"host": "127.0.0.1", "port": port, "keyPrefix": key_prefix}},
+        "redis": {"enabled": False, "external": {"url": redis_url}},
+    }
+    r = hs.render(hs.chart(), values)
+    ctr = hs.container(r.component("Deployment", "controller"), "controller")
+    env = hs.resolve_env(r, ctr, pod_name=POD, secrets=hs.all_secrets(r))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("KVWISE_")}
+    exe = shutil.which("kvwise")
+    assert exe is not None, "the kvwise console script is not installed (pip install -e .)"
+    # The image's ENTRYPOINT is `kvwise controller`; the chart supplies the arguments.
+    proc = subprocess.Popen(
+        [exe, "controller", *ctr["args"]],
+        env={**base, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while _status(f"http://127.0.0.1:{port}/readyz") != 200:
+            assert proc.poll() is None, proc.communicate()[0].decode()[-2000:]
+            assert time.monotonic() < deadline, "the controller never became ready"
+            time.sleep(0.2)
+        check = hs.container(r.component("Pod", "test"), "check")
+        script = check["command"][1:] + check["args"]
+        assert script[0] == "-c"
+        done = subprocess.run(
+            [sys.executable, *script],
+            env={**base, "KVWISE_URL": f"http://127.0.0.1:{port}"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "GET /readyz: 200" in done.stdout
+        assert re.search(r"GET /v1/policy: version [1-9][0-9]*, ", done.stdout), done.stdout
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
