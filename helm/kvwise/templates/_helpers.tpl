@@ -282,3 +282,23 @@ an int setting rejects), other values as they are.
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+An HTTP GET probe on the container port named http, from probe values (enabled,
+periodSeconds, timeoutSeconds, failureThreshold, optional initialDelaySeconds).
+Takes (dict "kind" "livenessProbe" "probe" values "path" "/healthz"); empty when disabled.
+*/}}
+{{- define "kvwise.httpProbe" -}}
+{{- if .probe.enabled }}
+{{ .kind }}:
+  httpGet:
+    path: {{ .path }}
+    port: http
+  {{- with .probe.initialDelaySeconds }}
+  initialDelaySeconds: {{ . }}
+  {{- end }}
+  periodSeconds: {{ .probe.periodSeconds }}
+  timeoutSeconds: {{ .probe.timeoutSeconds }}
+  failureThreshold: {{ .probe.failureThreshold }}
+{{- end }}
+{{- end }}
