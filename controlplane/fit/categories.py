@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agent.params import DEFAULT_PARAMS, CategoryParams, ParamSource
-from controlplane.fit.gof import ReuseCurve, ks_distance, reuse_curve
+from controlplane.fit.gof import ReuseCurve, curve_from, empirical_cdf, ks_from
 from controlplane.fit.mle import MixtureFit, fit_cure_rate_many
 from controlplane.settings import ControllerSettings
 from controlplane.stats import StatsSnapshot
@@ -115,36 +115,62 @@ def _pooled_rate(fit: MixtureFit) -> float:
 def fit_all(snapshot: StatsSnapshot, settings: ControllerSettings) -> FitResult:
     """Fit every category of ``snapshot`` (see the module docstring for the rules)."""
     t0 = time.perf_counter()
-    exposures = snapshot.accesses - snapshot.near_concurrent
+    snap = snapshot
+    exposures = snap.accesses - snap.near_concurrent
     present = np.flatnonzero(exposures > 0)
     total = int(exposures.sum())
     own = present[exposures[present] >= settings.min_samples]
-    rows_obs = np.vstack([snapshot.observed.sum(axis=0), snapshot.observed[own]])
-    rows_cen = np.vstack([snapshot.censored.sum(axis=0), snapshot.censored[own]])
+    pooled_obs, pooled_cen = snap.observed.sum(axis=0), snap.censored.sum(axis=0)
     fits = fit_cure_rate_many(
-        rows_obs,
-        rows_cen,
-        snapshot.edges,
-        shift=snapshot.near_concurrent_s,
+        np.vstack([pooled_obs, snap.observed[own]]),
+        np.vstack([pooled_cen, snap.censored[own]]),
+        snap.edges,
+        shift=snap.near_concurrent_s,
         rate_bounds=(settings.rate_min, max(settings.rate_max, settings.rate_min)),
     )
     pooled_fit = fits[0] if total >= settings.min_samples else None
     own_fit = dict(zip(own.tolist(), fits[1:], strict=True))
     t1 = time.perf_counter()
 
-    pooled: CategoryParams | None = None
+    # Row 0: all categories together; then each present category.
+    emp, at_risk = empirical_cdf(
+        np.vstack([pooled_obs, snap.observed[present]]),
+        np.vstack([pooled_cen, snap.censored[present]]),
+    )
+    chosen = [_choose(own_fit.get(c), pooled_fit, int(exposures[c]), settings) for c in present]
+    p = np.array([pooled_fit.p if pooled_fit else np.nan] + [x[0] for x in chosen])
+    rate = np.array([_pooled_rate(pooled_fit) if pooled_fit else np.nan] + [x[1] for x in chosen])
+    ks = ks_from(emp, at_risk, snap.edges, p, rate, shift=snap.near_concurrent_s)
+
+    pooled = None
     if pooled_fit is not None:
-        rate = _pooled_rate(pooled_fit)
-        pooled = _params(snapshot, None, pooled_fit.p, rate, total, "pooled", settings)
+        pooled = _params(p[0], rate[0], ks[0], total, "pooled", settings)
     categories: dict[str, CategoryParams] = {}
     details: dict[str, CategoryFit] = {}
-    for c in present.tolist():
-        detail = _category(snapshot, c, own_fit.get(c), pooled_fit, settings)
-        categories[detail.name] = detail.params
-        details[detail.name] = detail
+    for i, c in enumerate(present.tolist(), start=1):
+        name, n = snap.categories[c], int(exposures[c])
+        _, _, wp, wr, source = chosen[i - 1]
+        params = _params(p[i], rate[i], ks[i], n, source, settings)
+        curve = curve_from(
+            emp[i], at_risk[i], snap.edges, p[i], rate[i], shift=snap.near_concurrent_s
+        )
+        categories[name] = params
+        details[name] = CategoryFit(
+            name=name,
+            params=params,
+            accesses=int(snap.accesses[c]),
+            exposures=n,
+            reuses=int(snap.reuses[c]),
+            near_concurrent=int(snap.near_concurrent[c]),
+            naive_p=float(snap.reuses[c]) / n,
+            raw=own_fit.get(c),
+            weight_p=wp,
+            weight_rate=wr,
+            curve=curve if curve.t_s else None,
+        )
     t2 = time.perf_counter()
     return FitResult(
-        now=snapshot.now,
+        now=snap.now,
         categories=categories,
         pooled=pooled,
         pooled_fit=pooled_fit,
@@ -154,61 +180,29 @@ def fit_all(snapshot: StatsSnapshot, settings: ControllerSettings) -> FitResult:
     )
 
 
-def _category(
-    snap: StatsSnapshot,
-    c: int,
+def _choose(
     own: MixtureFit | None,
     pooled: MixtureFit | None,
+    exposures: int,
     settings: ControllerSettings,
-) -> CategoryFit:
-    n = int(snap.accesses[c] - snap.near_concurrent[c])
-    wp = wr = 0.0
-    source: ParamSource
+) -> tuple[float, float, float, float, ParamSource]:
+    """``(p, rate, weight_p, weight_rate, source)`` of one category."""
     if own is not None and pooled is not None:
-        p, rate, wp, wr = shrink(own, pooled, n, settings.shrinkage_samples)
-        source = "fit"
-    elif pooled is not None:
-        p, rate, source = pooled.p, _pooled_rate(pooled), "pooled"
-    else:
-        p, rate, source = DEFAULT_PARAMS.p_reuse, DEFAULT_PARAMS.rate, "default"
-    params = _params(snap, c, p, rate, n, source, settings)
-    curve = reuse_curve(
-        snap.observed[c], snap.censored[c], snap.edges, p, rate, shift=snap.near_concurrent_s
-    )
-    return CategoryFit(
-        name=snap.categories[c],
-        params=params,
-        accesses=int(snap.accesses[c]),
-        exposures=n,
-        reuses=int(snap.reuses[c]),
-        near_concurrent=int(snap.near_concurrent[c]),
-        naive_p=float(snap.reuses[c]) / n,
-        raw=own,
-        weight_p=wp,
-        weight_rate=wr,
-        curve=curve if curve.t_s else None,
-    )
+        p, rate, wp, wr = shrink(own, pooled, exposures, settings.shrinkage_samples)
+        return p, rate, wp, wr, "fit"
+    if pooled is not None:
+        return pooled.p, _pooled_rate(pooled), 0.0, 0.0, "pooled"
+    return DEFAULT_PARAMS.p_reuse, DEFAULT_PARAMS.rate, 0.0, 0.0, "default"
 
 
 def _params(
-    snap: StatsSnapshot,
-    c: int | None,
-    p: float,
-    rate: float,
-    samples: int,
-    source: ParamSource,
-    settings: ControllerSettings,
+    p: float, rate: float, ks: float, samples: int, source: ParamSource, s: ControllerSettings
 ) -> CategoryParams:
-    """Parameters with the life window and the KS distance on the row's own data (row
-    ``c``, or all categories together for ``None``)."""
-    obs = snap.observed.sum(axis=0) if c is None else snap.observed[c]
-    cen = snap.censored.sum(axis=0) if c is None else snap.censored[c]
-    ks = ks_distance(obs, cen, snap.edges, p, rate, shift=snap.near_concurrent_s)
     return CategoryParams(
-        rate=rate,
-        p_reuse=min(max(p, 0.0), 1.0),
-        life_s=life_window(rate, settings),
+        rate=float(rate),
+        p_reuse=float(min(max(p, 0.0), 1.0)),
+        life_s=life_window(float(rate), s),
         samples=samples,
-        fit_quality=None if ks is None else min(ks, 1.0),
+        fit_quality=None if np.isnan(ks) else float(min(ks, 1.0)),
         source=source,
     )

@@ -39,28 +39,43 @@ class ReuseCurve:
     fitted: tuple[float, ...]
 
 
-def fitted_cdf(t: F64, p: float, rate: float, shift: float = 0.0) -> F64:
-    """``F(t) = p (1 - exp(-rate (t - shift)))``, 0 before ``shift``."""
-    return p * -np.expm1(-rate * np.maximum(np.asarray(t, np.float64) - shift, 0.0))
+def fitted_cdf(t: F64, p: float | F64, rate: float | F64, shift: float = 0.0) -> F64:
+    """``F(t) = p (1 - exp(-rate (t - shift)))``, 0 before ``shift`` (broadcasts)."""
+    out: F64 = np.asarray(p) * -np.expm1(
+        -np.asarray(rate) * np.maximum(np.asarray(t, np.float64) - shift, 0.0)
+    )
+    return out
 
 
 def empirical_cdf(observed: F64, censored: F64) -> tuple[F64, F64]:
-    """Life-table CDF at each bin's upper edge, and the exposures at risk in each bin."""
+    """Life-table CDF at each bin's upper edge, and the exposures at risk in each bin
+    (along the last axis: one row or ``[C, B]``)."""
     obs = np.asarray(observed, np.float64)
     cen = np.asarray(censored, np.float64)
-    total = obs.sum() + cen.sum()
-    left_before = total - np.concatenate(([0.0], np.cumsum(obs + cen)[:-1]))
-    at_risk = left_before - cen / 2.0
+    removed = np.cumsum(obs + cen, axis=-1)
+    total = removed[..., -1:]
+    at_risk = total - (removed - obs - cen) - cen / 2.0
     hazard = np.divide(obs, at_risk, out=np.zeros_like(obs), where=at_risk > 0)
-    surv = np.cumprod(1.0 - np.clip(hazard, 0.0, 1.0))
+    surv = np.cumprod(1.0 - np.clip(hazard, 0.0, 1.0), axis=-1, dtype=np.float64)
     return 1.0 - surv, at_risk
 
 
-def _judged(at_risk: F64, edges: F64, min_at_risk: float) -> NDArray[np.bool_]:
+def judged(at_risk: F64, edges: F64, min_at_risk: float = MIN_AT_RISK) -> NDArray[np.bool_]:
     """Bins whose upper edge is finite and still has enough exposures at risk."""
-    total = at_risk[0] if len(at_risk) else 0.0
-    enough = at_risk >= max(10.0, min_at_risk * total)
-    return enough & np.isfinite(edges[1:])
+    first = at_risk.max(axis=-1, keepdims=True)  # all exposures, less half the first bin's
+    enough = at_risk >= np.maximum(10.0, min_at_risk * first)
+    ok: NDArray[np.bool_] = enough & np.isfinite(edges[1:])
+    return ok
+
+
+def ks_from(emp: F64, at_risk: F64, edges: F64, p: F64, rate: F64, *, shift: float = 0.0) -> F64:
+    """KS distance of each row of a life-table CDF (``empirical_cdf``) to its fitted
+    ``(p, rate)``; NaN for a row with no judged edge."""
+    ok = judged(at_risk, edges)
+    t = np.where(np.isfinite(edges[1:]), edges[1:], 0.0)
+    fit = fitted_cdf(t[None, :], np.asarray(p)[:, None], np.asarray(rate)[:, None], shift)
+    dist = np.where(ok, np.abs(emp - fit), -1.0).max(axis=-1)
+    return np.where(dist >= 0, dist, np.nan)
 
 
 def ks_distance(
@@ -71,16 +86,35 @@ def ks_distance(
     rate: float,
     *,
     shift: float = 0.0,
-    min_at_risk: float = MIN_AT_RISK,
 ) -> float | None:
     """Largest gap between the life-table CDF and the fitted one at the judged bin edges;
     None when no edge has enough exposures at risk."""
-    emp, at_risk = empirical_cdf(observed, censored)
-    ok = _judged(at_risk, edges, min_at_risk)
-    if not ok.any():
-        return None
-    fit = fitted_cdf(edges[1:][ok], p, rate, shift)
-    return float(np.max(np.abs(emp[ok] - fit)))
+    emp, at_risk = empirical_cdf(np.atleast_2d(observed), np.atleast_2d(censored))
+    d = float(ks_from(emp, at_risk, edges, np.array([p]), np.array([rate]), shift=shift)[0])
+    return None if np.isnan(d) else d
+
+
+def curve_from(
+    emp: F64,
+    at_risk: F64,
+    edges: F64,
+    p: float,
+    rate: float,
+    *,
+    shift: float = 0.0,
+    points: int = CURVE_POINTS,
+) -> ReuseCurve:
+    """At most ``points`` judged bin edges (evenly spaced in log time) of one row's
+    life-table CDF, with the fitted CDF there."""
+    idx = np.flatnonzero(judged(at_risk, edges))
+    if len(idx) > points:
+        idx = idx[np.unique(np.linspace(0, len(idx) - 1, points).round().astype(np.int64))]
+    t = edges[1:][idx]
+    return ReuseCurve(
+        t_s=tuple(t.tolist()),
+        empirical=tuple(emp[idx].tolist()),
+        fitted=tuple(fitted_cdf(t, p, rate, shift).tolist()),
+    )
 
 
 def reuse_curve(
@@ -91,17 +125,8 @@ def reuse_curve(
     rate: float,
     *,
     shift: float = 0.0,
-    min_at_risk: float = MIN_AT_RISK,
     points: int = CURVE_POINTS,
 ) -> ReuseCurve:
-    """At most ``points`` judged bin edges (evenly spaced in log time) with both CDFs."""
+    """``curve_from`` of one row of binned data."""
     emp, at_risk = empirical_cdf(observed, censored)
-    idx = np.flatnonzero(_judged(at_risk, edges, min_at_risk))
-    if len(idx) > points:
-        idx = idx[np.unique(np.linspace(0, len(idx) - 1, points).round().astype(np.int64))]
-    t = edges[1:][idx]
-    return ReuseCurve(
-        t_s=tuple(float(x) for x in t),
-        empirical=tuple(float(x) for x in emp[idx]),
-        fitted=tuple(float(x) for x in fitted_cdf(t, p, rate, shift)),
-    )
+    return curve_from(emp, at_risk, edges, p, rate, shift=shift, points=points)

@@ -128,6 +128,18 @@ def _terms(u: F64, s: F64, d: _Data, derivs: bool) -> tuple[F64, F64 | None, F64
     return ll / d.total, grad / d.total[:, None], hess / d.total[:, None, None]
 
 
+def _rows(d: _Data, idx: NDArray[np.intp]) -> _Data:
+    return _Data(
+        n=d.n[idx],
+        m=d.m[idx],
+        lo=d.lo,
+        w=d.w,
+        age=d.age,
+        n_obs=d.n_obs[idx],
+        total=d.total[idx],
+    )
+
+
 def _initial(d: _Data, log_bounds: tuple[float, float]) -> tuple[F64, F64]:
     mid = d.lo + np.where(np.isfinite(d.w), d.w / 2.0, 0.0)
     mean = (d.n @ mid) / np.maximum(d.n_obs, 1.0)
@@ -158,32 +170,38 @@ def fit_cure_rate_many(
     lam = np.full(len(u), 1e-3)
     done = np.zeros(len(u), dtype=bool)
     it = np.zeros(len(u), dtype=np.int64)
-    f, g, h = _terms(u, s, d, derivs=True)
-    assert g is not None and h is not None
+    f = np.zeros(len(u))
     for _ in range(_MAX_ITER):
+        # Only rows still iterating are computed: most converge in a handful of steps.
+        idx = np.flatnonzero(~done)
+        if len(idx) == 0:
+            break
+        sub = _rows(d, idx)
+        ui, si, li = u[idx], s[idx], lam[idx]
+        fi, g, h = _terms(ui, si, sub, derivs=True)
+        assert g is not None and h is not None
         # Damped Newton step on the negative log-likelihood: (-H + lam I) x = g.
-        a11, a22, a12 = -h[:, 0, 0] + lam, -h[:, 1, 1] + lam, -h[:, 0, 1]
+        a11, a22, a12 = -h[:, 0, 0] + li, -h[:, 1, 1] + li, -h[:, 0, 1]
         det = a11 * a22 - a12 * a12
         bad = ~(det > 0) | ~(a11 > 0)
         det = np.where(bad, 1.0, det)
-        du = np.where(bad, g[:, 0] / lam, (a22 * g[:, 0] - a12 * g[:, 1]) / det)
-        ds = np.where(bad, g[:, 1] / lam, (a11 * g[:, 1] - a12 * g[:, 0]) / det)
-        u_new = np.clip(u + du, -LOGIT_BOUND, LOGIT_BOUND)
-        s_new = np.clip(s + ds, *log_bounds)
-        f_new, _, _ = _terms(u_new, s_new, d, derivs=False)
-        better = (f_new >= f) & ~done
-        moved = np.maximum(np.abs(u_new - u), np.abs(s_new - s))
-        u, s = np.where(better, u_new, u), np.where(better, s_new, s)
-        lam = np.where(better, np.maximum(lam / 3.0, 1e-12), lam * 4.0)
-        it += ~done
-        projected = np.abs(np.where(np.abs(u) >= LOGIT_BOUND, 0, g[:, 0])) + np.abs(
-            np.where((s <= log_bounds[0]) | (s >= log_bounds[1]), 0, g[:, 1])
-        )
-        done |= (better & (moved < _TOL_STEP)) | (projected < _TOL_GRAD) | (lam > 1e12)
-        if done.all():
-            break
-        f, g, h = _terms(u, s, d, derivs=True)
-        assert g is not None and h is not None
+        du = np.where(bad, g[:, 0] / li, (a22 * g[:, 0] - a12 * g[:, 1]) / det)
+        ds = np.where(bad, g[:, 1] / li, (a11 * g[:, 1] - a12 * g[:, 0]) / det)
+        u_new = np.clip(ui + du, -LOGIT_BOUND, LOGIT_BOUND)
+        s_new = np.clip(si + ds, *log_bounds)
+        f_new, _, _ = _terms(u_new, s_new, sub, derivs=False)
+        better = f_new >= fi
+        moved = np.maximum(np.abs(u_new - ui), np.abs(s_new - si))
+        u[idx] = np.where(better, u_new, ui)
+        s[idx] = np.where(better, s_new, si)
+        f[idx] = np.where(better, f_new, fi)
+        lam[idx] = np.where(better, np.maximum(li / 3.0, 1e-12), li * 4.0)
+        it[idx] += 1
+        # A gradient component pushing out through an active bound does not count.
+        out_u = ((ui >= LOGIT_BOUND) & (g[:, 0] > 0)) | ((ui <= -LOGIT_BOUND) & (g[:, 0] < 0))
+        out_s = ((si >= log_bounds[1]) & (g[:, 1] > 0)) | ((si <= log_bounds[0]) & (g[:, 1] < 0))
+        grad = np.abs(np.where(out_u, 0.0, g[:, 0])) + np.abs(np.where(out_s, 0.0, g[:, 1]))
+        done[idx] = (better & (moved < _TOL_STEP)) | (grad < _TOL_GRAD) | (lam[idx] > 1e12)
     p = 1.0 / (1.0 + np.exp(-u))
     converged = done & (lam <= 1e12) & (d.n_obs > 0)
     return [
