@@ -186,13 +186,13 @@ def _group_starts(sorted_keys: I64) -> I64:
     return np.flatnonzero(new)
 
 
-def _reuse_gaps(trace: Trace, b_sorted: I64, r_sorted: I64) -> tuple[F64, I64]:
+def _reuse_gaps(trace: Trace, b_sorted: I64, r_sorted: I64) -> tuple[F64, NDArray[np.int32]]:
     """Time from each access to the same block's next access by a later request, and the
     category of the earlier access."""
     pair = (b_sorted[1:] == b_sorted[:-1]) & (r_sorted[1:] != r_sorted[:-1])
     earlier, later = r_sorted[:-1][pair], r_sorted[1:][pair]
     ts = trace.timestamps
-    return ts[later] - ts[earlier], trace.categories[earlier].astype(np.int64)
+    return ts[later] - ts[earlier], trace.categories[earlier]
 
 
 def _lifespans(trace: Trace, b_sorted: I64, r_sorted: I64) -> tuple[F64, F64]:
@@ -205,9 +205,11 @@ def _lifespans(trace: Trace, b_sorted: I64, r_sorted: I64) -> tuple[F64, F64]:
     return life[first != last], life
 
 
-def _by_category(trace: Trace, gaps: F64, cats: I64) -> dict[str, Quantiles]:
+def _by_category(trace: Trace, gaps: F64, cats: NDArray[np.int32]) -> dict[str, Quantiles]:
     out: dict[str, Quantiles] = {}
-    order = np.argsort(cats, kind="stable")
+    # Category codes are small: as 16-bit keys the stable sort is a radix sort, O(n).
+    keys = cats.astype(np.uint16) if len(trace.category_names) <= 1 << 16 else cats
+    order = np.argsort(keys, kind="stable")
     sorted_cats = cats[order]
     bounds = np.searchsorted(sorted_cats, np.arange(len(trace.category_names) + 1))
     for c, name in enumerate(trace.category_names):

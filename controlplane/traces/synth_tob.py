@@ -2,21 +2,23 @@
 
 Owns ``ToBKnobs`` and ``generate_to_b``. Programs, not people, send these requests, so
 nearly all of them are single-turn (a stateless API call carries its whole context, so
-an agent's tenth call is still ``turn 1``). The model, and the paper finding each part is
-there to reproduce (docs/traces.md, "Synthetic traces", gives targets and tolerances):
+an agent's tenth call is still ``turn 1``). Each part of the model is there to reproduce a
+finding of the paper; in brackets, the row of POLICY.md's table "What the paper found"
+(docs/traces.md, "Synthetic traces", gives targets, tolerances and measured values):
 
 - *Plain* apps (most traffic, Zipf popularity): a short per-app system prompt, or none,
-  and a unique user input. Their reuse is the system prompt, every few hundred
-  milliseconds on a hot app (shared system prompts, > 10 QPS: Fig. 5).
+  and a unique user input. A hot app reuses its system prompt every few hundred
+  milliseconds or faster [hits from single-turn requests: shared system prompts,
+  > 10 QPS; a hot app passes 10 QPS once ``qps`` is about 70 or more].
 - *Templated* apps: a long per-app prompt (few-shot examples, a knowledge base) sent with
-  every call. A few percent of requests, but most of the hits (skew: 4 % of requests
-  give 90 % of hits, Fig. 4).
+  every call: a few percent of the requests, most of the hits [skew: 4 % of requests give
+  90 % of hits; ideal hit ratio 54 %].
 - *Batch* apps fan one long document out to several calls (one per question) submitted
-  within tens of milliseconds: reused at once, then never again (lifespan P90 0.3 s,
-  Fig. 11; reuse 80 % within 10 s, Fig. 7).
+  within tens of milliseconds: reused at once, then never again [lifespan: 90 % by
+  0.3 s; reuse 80 % within 10 s].
 - *Agent* apps chain calls, each the previous prompt plus the previous answer plus a tool
-  result, seconds apart (the reuse times between the burst and the system prompt).
-- A few chat apps (type ``text``) see a rare second turn (< 0.1 % multi-turn requests).
+  result, seconds apart [the reuse times between the burst and the system prompt].
+- A few chat apps (type ``text``) see a rare second turn [multi-turn < 0.1 %].
 
 It must never build a ``Trace`` itself (``TraceBuilder`` does) or use global randomness.
 """

@@ -1,26 +1,34 @@
 """The to-C generative model: people chatting with a consumer assistant (paper's trace A).
 
-Owns ``ToCKnobs`` and ``generate_to_c``. The model, and the paper finding each part is
-there to reproduce (docs/traces.md, "Synthetic traces", gives targets and tolerances):
+Owns ``ToCKnobs`` and ``generate_to_c``. Each part of the model is there to reproduce a
+finding of the paper; in brackets, the row of POLICY.md's table "What the paper found"
+it answers to (docs/traces.md, "Synthetic traces", gives every target, its tolerance and
+the measured value; the paper's figure numbers were not checked against the PDF, so rows
+are named instead):
 
-- Conversations start as a Poisson process; each belongs to a user drawn with a
-  Pareto activity weight, so a few heavy users start many (reuse is mostly within one
-  user, Fig. 6; skew, Fig. 4).
-- A conversation's type is drawn from ``share`` (text about 78 % of requests, Fig. 3);
-  its next turn follows with probability ``p_next_first`` after turn 1 and
-  ``p_next_later`` after later turns (about 0.5 and 0.8 in the paper, Fig. 8), after an
-  exponential delay whose mean depends on type and turn (the per-category exponential
-  reuse times of Fig. 9: text within a minute or two, file and search slower).
+- Conversations start as a Poisson process; each belongs to a user drawn with a Pareto
+  activity weight, so a few heavy users start many [skew; "reuse is mostly within one
+  user", the paper's Fig. 6 heat map].
+- A conversation's type is drawn from ``share`` [multi-turn share: text 78 % of
+  requests]. Its next turn follows with probability ``p_next_first`` after turn 1 and
+  ``p_next_later`` after later turns [next-turn probability 0.5 / 0.8], after an
+  exponential delay whose mean depends on type and turn [reuse time; "per category the
+  reuse time follows an exponential distribution"]: text within a minute, image a little
+  later, file and search slower.
 - A next turn's prompt is the previous prompt, the previous answer and the new input, so
-  it inherits every full block of the previous prompt. Search is the exception: fresh
-  results replace the previous ones, so a search follow-up shares only the conversation
-  history before them (search and file reuse little, Fig. 10).
+  it inherits every full block of the previous prompt. Search and file turns are the
+  exception: fresh search results, or the document passages retrieved for the new
+  question, replace the previous ones, so the follow-up shares only the conversation
+  history before them ["file and search requests show almost none" of the reuse].
+- The app keeps at most ``history_limit`` tokens of conversation: past it, the oldest
+  turns go and the prompt shares only its system prompt with the previous one [ideal hit
+  ratio 62 %; without it long conversations push it past 0.7].
 - Every first turn starts with its type's short platform system prompt (the only
   cross-user sharing); some users' text chats start with their own persona prompt,
   reused across their conversations. A few answers are regenerated: the same prompt is
-  sent again seconds later (single-turn reuse, Fig. 5).
-- Token lengths are lognormal around the paper's means (input 2,338, output 430 for
-  trace A); a conversation ends at the context limit.
+  sent again seconds later [single-turn reuse].
+- Token lengths are lognormal around the paper's means [public trace A: input 2,338,
+  output 430 tokens]; a conversation whose prompt would pass ``max_context`` ends.
 
 It must never build a ``Trace`` itself (``TraceBuilder`` does) or use global randomness.
 """
@@ -55,7 +63,8 @@ class TypeKnobs:
     delay_later_s: float
     """Mean of the exponential delay between later turns."""
     volatile: bool = False
-    """New content (search results) is replaced next turn; only the question stays."""
+    """New content (search results, retrieved passages) is replaced next turn; only the
+    question stays in the history."""
 
 
 @dataclass(frozen=True)
