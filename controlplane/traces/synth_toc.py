@@ -144,33 +144,15 @@ def generate_to_c(
     start = np.sort(rng.uniform(-k.warmup_s, duration_s, n_sessions))
     stype = rng.choice(len(names), size=n_sessions, p=share / share.sum()).astype(np.int64)
 
-    n_users = max(1, round(n_sessions / k.sessions_per_user))
-    weight = rng.pareto(k.user_pareto_alpha, n_users) + 1
-    user = rng.choice(n_users, size=n_sessions, p=weight / weight.sum())
-    has_persona = rng.random(n_users) < k.persona_user_share
-    persona_len = lognormal_tokens(rng, *k.persona_tokens, n_users, k.max_context // 4)
-
-    platform_len = np.array([t.platform_prompt for t in tk], dtype=np.int64)
-    none = np.full(len(names), -1, dtype=np.int64)
-    platform = builder.templates(parent=none, shared=none * 0, length=platform_len)
-    text = names.index("text")
-    persona_users = np.flatnonzero(has_persona)
-    persona_node = np.full(n_users, -1, dtype=np.int64)
-    persona_node[persona_users] = builder.templates(
-        parent=np.full(len(persona_users), platform[text]),
-        shared=np.full(len(persona_users), platform_len[text]),
-        length=platform_len[text] + persona_len[persona_users],
-    )
-
-    use_persona = (stype == text) & has_persona[user] & (rng.random(n_sessions) < k.persona_use)
-    parent = np.where(use_persona, persona_node[user], platform[stype])
+    parent = _first_turn_parents(builder, rng, k, stype)
     prefix = builder.forest.lengths[parent]
     fin = np.array([t.first_input for t in tk])
     new = lognormal_tokens(rng, fin[stype, 0], fin[stype, 1], n_sessions, k.max_context // 2)
     out = lognormal_tokens(rng, *k.output, n_sessions, 8192)
     length = prefix + new
     volatile = np.array([t.volatile for t in tk])
-    nodes = _add(builder, rng, k, parent, prefix, length, start, stype, 1, out, none[:1])
+    first = np.full(1, -1, dtype=np.int64)  # no previous turn
+    nodes = _add(builder, rng, k, parent, prefix, length, start, stype, 1, out, first)
     turn = _Turn(
         session=np.arange(n_sessions, dtype=np.int64),
         type_code=stype,
@@ -183,6 +165,34 @@ def generate_to_c(
         node=nodes,
     )
     _later_turns(builder, rng, k, turn, duration_s)
+
+
+def _first_turn_parents(
+    builder: TraceBuilder, rng: np.random.Generator, k: ToCKnobs, stype: I64
+) -> I64:
+    """Templates (platform prompts, personas) and the one each conversation starts from."""
+    names = builder.type_names
+    n_sessions = len(stype)
+    n_users = max(1, round(n_sessions / k.sessions_per_user))
+    weight = rng.pareto(k.user_pareto_alpha, n_users) + 1
+    user = rng.choice(n_users, size=n_sessions, p=weight / weight.sum())
+    has_persona = rng.random(n_users) < k.persona_user_share
+    persona_len = lognormal_tokens(rng, *k.persona_tokens, n_users, k.max_context // 4)
+
+    platform_len = np.array([k.types[t].platform_prompt for t in names], dtype=np.int64)
+    none = np.full(len(names), -1, dtype=np.int64)
+    platform = builder.templates(parent=none, shared=none * 0, length=platform_len)
+    text = names.index("text")
+    persona_users = np.flatnonzero(has_persona)
+    persona_node = np.full(n_users, -1, dtype=np.int64)
+    persona_node[persona_users] = builder.templates(
+        parent=np.full(len(persona_users), platform[text]),
+        shared=np.full(len(persona_users), platform_len[text]),
+        length=platform_len[text] + persona_len[persona_users],
+    )
+
+    use_persona = (stype == text) & has_persona[user] & (rng.random(n_sessions) < k.persona_use)
+    return np.where(use_persona, persona_node[user], platform[stype])
 
 
 def _later_turns(
