@@ -235,7 +235,8 @@ class ReuseStats:
         *,
         names: Sequence[str] | None = None,
     ) -> None:
-        """Apply access events given as columns (any order within and across batches).
+        """Apply access events given as columns. Their order within a batch does not
+        matter, nor across batches for events still inside the window when they arrive.
 
         ``category``/``prev_category`` are codes into ``names`` when given (remapped to
         this object's table), else into ``self.categories``. ``prev_ts`` is NaN and
