@@ -20,9 +20,12 @@ def free_port() -> int:
 
 
 class EmbeddedRedis:
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, *, persist: bool = False) -> None:
         self.workdir = workdir
         self.port = port or free_port()
+        # persist: an append-only file fsynced on every write, so a restart on the same
+        # directory loses nothing (what a production Redis for kvwise should do).
+        self.persist = persist
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -44,7 +47,9 @@ class EmbeddedRedis:
                 "--save",
                 "",
                 "--appendonly",
-                "no",
+                "yes" if self.persist else "no",
+                "--appendfsync",
+                "always",
                 "--dir",
                 str(self.workdir),
             ],

@@ -137,7 +137,8 @@ class Ingestor:
             start = "0-0"
             while True:
                 try:
-                    nxt, entries, _deleted = self.r.xautoclaim(
+                    # Redis 7 answers [next, entries, deleted ids]; Redis 6.2 [next, entries].
+                    reply = self.r.xautoclaim(
                         stream,
                         self.group,
                         self.consumer,
@@ -145,6 +146,7 @@ class Ingestor:
                         start_id=start,
                         count=self.count,
                     )
+                    nxt, entries = reply[0], reply[1]
                 except redis.ResponseError as exc:
                     if "NOGROUP" in str(exc):
                         self._streams.discard(stream)
@@ -248,8 +250,8 @@ class Ingestor:
                 self._streams.clear()
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
-            except redis.RedisError as exc:
-                self.counters.last_error = str(exc)
+            except Exception as exc:  # ingest must outlive any one bad pass
+                self.counters.last_error = f"{type(exc).__name__}: {exc}"
                 log.exception("ingest pass failed")
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
