@@ -255,7 +255,7 @@ class _Columns:
         )
 
 
-def detect_format(obj: dict[str, Any]) -> str:
+def _detect_format(obj: dict[str, Any]) -> str:
     """``bailian`` or ``mooncake`` from one line's keys; ``_Bad`` when neither fits."""
     if not BAILIAN_KEYS.isdisjoint(obj):
         return "bailian"
@@ -329,7 +329,7 @@ def load_trace(
                 if type(obj) is not dict:
                     raise _Bad(None, f"expected a JSON object, got {_shown(obj)}", "not an object")
                 if columns is None:
-                    columns = _Columns(detect_format(obj))
+                    columns = _Columns(_detect_format(obj))
                 columns.add(obj)
             except _Bad as bad:
                 if not skip_bad_lines:
