@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from agent.categories import CategoryTable
 from agent.connection import make_client
@@ -36,12 +37,31 @@ from agent.wire import AgentStatus, EventKind, Keys
 
 log = logging.getLogger(__name__)
 
+# Plain ints: numpy converts an IntEnum scalar more slowly, on every call.
+_HIT, _INSERT, _EVICT = int(EventKind.HIT), int(EventKind.INSERT), int(EventKind.EVICT)
+
 UNKNOWN_CATEGORY = "unknown"
 """Category of an evicted block the agent never saw accessed."""
 
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+_POSITIONS = np.arange(1 << 16, dtype=np.int32)
+"""Prompt positions to slice views from: ranges become arrays without a numpy call."""
+
+
+def _offsets(offsets: Sequence[int]) -> Sequence[int] | NDArray[np.int32]:
+    """A ``range`` as an array: numpy copies ranges element by element, arrays at once."""
+    if not isinstance(offsets, range):
+        return offsets
+    if offsets.step == 1 and offsets.start >= 0 and offsets.stop <= len(_POSITIONS):
+        return _POSITIONS[offsets.start : offsets.stop]
+    if offsets.step == -1 and offsets.stop >= -1 and offsets.start < len(_POSITIONS):
+        # range(n - 1, -1, -1), how engines release a request: a reversed view.
+        return _POSITIONS[offsets.stop + 1 : offsets.start + 1][::-1]
+    return np.arange(offsets.start, offsets.stop, offsets.step, dtype=np.int32)
 
 
 def _ints(blocks: Sequence[int]) -> list[int]:
@@ -125,11 +145,11 @@ class Agent:
         self.policy.touch(blocks, now)
         prev_ts, prev_cat = self.history.access(blocks, now, code)
         self.recorder.record(
-            EventKind.HIT,
+            _HIT,
             now,
             blocks,
             code,
-            range(len(blocks)) if offsets is None else offsets,
+            _offsets(range(len(blocks)) if offsets is None else offsets),
             prev_ts,
             prev_cat,
         )
@@ -149,21 +169,22 @@ class Agent:
         self.policy.free(blocks, offsets, now, self._evictor_codes[code])
         self.accesses += len(blocks)
         if len(prev_ts) == len(blocks):
-            self.recorder.record(EventKind.INSERT, now, blocks, code, offsets, prev_ts, prev_cat)
+            offs = _offsets(offsets)
+            self.recorder.record(_INSERT, now, blocks, code, offs, prev_ts, prev_cat)
         elif len(prev_ts):
             fresh = np.asarray(blocks, dtype=np.int64)[new]
-            offs = np.asarray(offsets, dtype=np.int32)[new]
-            self.recorder.record(EventKind.INSERT, now, fresh, code, offs, prev_ts, prev_cat)
+            offs = np.asarray(_offsets(offsets), dtype=np.int32)[new]
+            self.recorder.record(_INSERT, now, fresh, code, offs, prev_ts, prev_cat)
 
     def evict(self, n: int, now: float) -> list[int]:
         """Evict up to ``n`` blocks (EVICT events, in victim order); return the victims."""
         victims = self.policy.evict(n)
         if victims:
-            last_ts, last_cat = self.history.evict(victims)
+            last_ts, last_cat, complete = self.history.evict(victims)
             category = last_cat
-            if int(last_cat.min()) < 0:
+            if not complete:
                 category = np.where(last_cat < 0, self.categories.code(UNKNOWN_CATEGORY), last_cat)
-            self.recorder.record(EventKind.EVICT, now, victims, category, -1, last_ts, last_cat)
+            self.recorder.record(_EVICT, now, victims, category, -1, last_ts, last_cat)
         return victims
 
     def apply_pending(self) -> bool:

@@ -3,10 +3,13 @@ history, the category table and the events the ``Agent`` hooks record."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.categories import OTHER_CATEGORY, CategoryTable
 from agent.core import Agent
@@ -88,7 +91,8 @@ def test_history_reports_previous_access_through_eviction_and_ghost() -> None:
     # Released after the touch: 2 is held (not new), 4 is new.
     new, prev_ts, prev_cat = h.insert([4, 2], 12.0, 1)
     assert new.tolist() == [True, False] and np.isnan(prev_ts).all()
-    last_ts, last_cat = h.evict([1, 2, 3])
+    last_ts, last_cat, complete = h.evict([1, 2, 3])
+    assert complete
     assert last_ts.tolist() == [10.0, 12.0, 10.0] and last_cat.tolist() == [0, 1, 0]
     # Ghost holds the two most recent victims; 1 is forgotten.
     assert h.ghosts == 2 and len(h) == 3
@@ -230,3 +234,98 @@ def test_speed_must_be_positive() -> None:
     trace = Trace.from_requests([[1]])
     with pytest.raises(ValueError, match="speed"):
         TraceWorker(Agent(OFFLINE, capacity=1), trace, speed=0)
+
+
+class ReferenceHistory:
+    """The history's contract in plain dicts: a model to compare ``AccessHistory`` with."""
+
+    def __init__(self, ghost_size: int) -> None:
+        self.ghost_size = ghost_size
+        self.last: dict[int, tuple[float, int]] = {}
+        self.cached: set[int] = set()
+        self.ghost: dict[int, None] = {}  # insertion order = eviction order
+
+    def prev(self, b: int) -> tuple[float, int]:
+        return self.last.get(b, (math.nan, -1))
+
+    def access(self, blocks: list[int], now: float, cat: int) -> list[tuple[float, int]]:
+        out = [self.prev(b) for b in blocks]
+        for b in blocks:
+            self.ghost.pop(b, None)
+            self.cached.add(b)
+            self.last[b] = (now, cat)
+        return out
+
+    def insert(self, blocks: list[int], now: float, cat: int) -> tuple[list[bool], list]:
+        new = [b not in self.cached for b in blocks]
+        out = [self.prev(b) for b, n in zip(blocks, new, strict=True) if n]
+        self.access([b for b, n in zip(blocks, new, strict=True) if n], now, cat)
+        return new, out
+
+    def evict(self, victims: list[int]) -> list[tuple[float, int]]:
+        out = [self.prev(b) for b in victims]
+        for b in victims:
+            self.cached.discard(b)
+            self.ghost[b] = None
+        while len(self.ghost) > self.ghost_size:
+            old = next(iter(self.ghost))
+            del self.ghost[old]
+            del self.last[old]
+        return out
+
+
+def pairs(ts: np.ndarray, cat: np.ndarray) -> list[tuple[float, int]]:  # type: ignore[type-arg]
+    return list(zip(ts.tolist(), cat.tolist(), strict=True))
+
+
+def same(a: list[tuple[float, int]], b: list[tuple[float, int]]) -> bool:
+    return len(a) == len(b) and all(
+        (x == y or (math.isnan(x) and math.isnan(y))) and c == d
+        for (x, c), (y, d) in zip(a, b, strict=True)
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 4),
+    st.lists(
+        st.tuples(st.sampled_from(["access", "insert", "evict"]), st.integers(0, 2**16)),
+        max_size=80,
+    ),
+)
+def test_history_matches_a_plain_dict_model(ghost_size: int, ops: list[tuple[str, int]]) -> None:
+    # Tiny: exercises slot growth, ring compaction and stale ring entries.
+    h = AccessHistory(ghost_size, initial_slots=2, ring_slack=1)
+    ref = ReferenceHistory(ghost_size)
+    for step, (op, seed) in enumerate(ops):
+        rng = np.random.default_rng(seed)
+        now, cat = float(step), int(rng.integers(0, 3))
+        if op == "evict":
+            pool = sorted(ref.cached)
+            k = int(rng.integers(0, len(pool) + 1))
+            victims = [int(b) for b in rng.permutation(pool)[:k]] if pool else []
+            assert same(pairs(*h.evict(victims)[:2]), ref.evict(victims))
+        else:
+            blocks = [int(b) for b in rng.permutation(8)[: int(rng.integers(1, 5))]]
+            if op == "access":
+                assert same(pairs(*h.access(blocks, now, cat)), ref.access(blocks, now, cat))
+            else:
+                new, prev_ts, prev_cat = h.insert(blocks, now, cat)
+                want_new, want_prev = ref.insert(blocks, now, cat)
+                assert new.tolist() == want_new
+                assert same(pairs(prev_ts, prev_cat), want_prev)
+        assert h.ghosts == len(ref.ghost)
+        assert len(h) == len(ref.last)
+
+
+def test_evicting_blocks_the_agent_never_saw_reports_them_unknown() -> None:
+    ev = LRUPolicy()
+    ev.free([7, 8], [1, 0], 0.0, 0)  # cached before the agent existed
+    agent = Agent(OFFLINE, capacity=10, policy=ev)
+    agent.free([1], [0], 1.0, "text_1")
+    assert agent.evict(3, 2.0) == [7, 8, 1]
+    c = drained(agent)
+    names = agent.categories.snapshot()
+    assert [names[i] for i in c.category[1:].tolist()] == ["unknown", "unknown", "text_1"]
+    assert c.prev_category[1:].tolist() == [-1, -1, 0]
+    assert np.isnan(c.prev_ts[1:3]).all() and c.prev_ts[3] == 1.0

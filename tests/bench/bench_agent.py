@@ -1,0 +1,267 @@
+"""Benchmark: what the agent costs the engine thread per recorded block access.
+
+Replays a synthetic trace (generated here, seeded; not a real workload) through the same
+driver loop twice per policy, in the same process: once calling the evictor alone
+(baseline: ``touch``/``free``/``evict`` as an engine without kvwise would) and once through
+``Agent`` hooks, which add the access history, the category table and the recorder. The
+difference divided by the events recorded is the agent's engine-thread cost per recorded
+block access (goal: <= 1 us amortized). Times are CPU time of the engine thread
+(``time.thread_time``), so other processes on a shared machine do not count; ``--wall``
+uses wall time instead. In the main runs the driver drains the recorder itself (an O(1)
+swap, standing in for the publisher), so every event takes the recording path (none the
+cheaper drop path) and no publisher thread competes for the GIL; ``--redis`` adds a run
+with the real publisher sending to a throwaway local redis-server, timed in wall time (the
+engine thread then also waits for the GIL). Also times ``EventRecorder.record`` alone on
+100-block requests.
+
+    python -m tests.bench.bench_agent [--requests 20000] [--repeats 5] [--redis]
+
+Not collected by pytest (no ``test_`` prefix); results go in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from itertools import compress
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent.core import Agent
+from agent.policies import EvictionPolicy, create, names
+from agent.recorder import EventRecorder
+from agent.settings import AgentSettings
+from controlplane.traces.model import Trace
+
+TYPES = ("text", "image", "search", "file")
+
+
+def synthetic_trace(n_requests: int, seed: int = 1) -> Trace:
+    """Multi-turn chats: half the requests extend an earlier prompt (a prefix hit when it
+    is still cached); prompt lengths lognormal around 40 blocks."""
+    rng = np.random.default_rng(seed)
+    prompts: list[list[int]] = []
+    types: list[str] = []
+    turns: list[int] = []
+    next_id = 0
+    for _ in range(n_requests):
+        if prompts and rng.random() < 0.5:
+            j = int(rng.integers(max(0, len(prompts) - 2000), len(prompts)))
+            base, turn, type_ = prompts[j], turns[j] + 1, types[j]
+        else:
+            base, turn, type_ = [], 1, str(rng.choice(TYPES))
+        extra = int(np.clip(rng.lognormal(np.log(20), 0.8), 1, 400))
+        prompt = base + list(range(next_id, next_id + extra))
+        next_id += extra
+        prompts.append(prompt)
+        types.append(type_)
+        turns.append(min(turn, 5))
+    ts = np.cumsum(rng.exponential(0.1, size=n_requests))
+    return Trace.from_requests(prompts, ts.tolist(), types=types, turns=turns, name="synthetic")
+
+
+def drive(
+    trace: Trace,
+    hooks: Any,
+    contains: Callable[[object], bool],
+    capacity: int,
+    drain: Callable[[], object] | None = None,
+) -> int:
+    """The engine's side of the replay semantics; returns the prefix hits. ``hooks`` is
+    an evictor (baseline) or an Agent: both take the same calls here."""
+    hashes = trace.hashes[trace.blocks]
+    offsets = trace.offsets.tolist()
+    times = trace.timestamps.tolist()
+    cats = trace.categories.tolist()
+    size = hooks.policy.__len__ if isinstance(hooks, Agent) else hooks.__len__
+    agent = isinstance(hooks, Agent)
+    names_ = trace.category_names
+    hits = 0
+    for r in range(trace.n_requests):
+        lo, hi = offsets[r], offsets[r + 1]
+        req: list[int] = hashes[lo:hi].tolist()
+        now = times[r]
+        cached = list(map(contains, req))
+        try:
+            h = cached.index(False)
+        except ValueError:
+            h = hi - lo
+        hits += h
+        category: Any = names_[cats[r]] if agent else cats[r]
+        if any(cached):
+            if agent:
+                hooks.touch(list(compress(req, cached)), now, category)
+            else:
+                hooks.touch(list(compress(req, cached)), now)
+        req.reverse()
+        hooks.free(req, range(hi - lo - 1, -1, -1), now, category)
+        excess = size() - capacity
+        if excess > 0:
+            if agent:
+                hooks.evict(excess, now)
+            else:
+                hooks.evict(excess)
+        if drain is not None and r % 64 == 0:
+            drain()
+    return hits
+
+
+CLOCK: Callable[[], float] = time.thread_time
+
+
+def timed(fn: Callable[[], Any], clock: Callable[[], float] | None = None) -> tuple[float, Any]:
+    clock = clock or CLOCK
+    gc.collect()
+    t0 = clock()
+    out = fn()
+    return clock() - t0, out
+
+
+def bench_policy(
+    trace: Trace, policy: str, capacity: int, repeats: int, redis_url: str | None
+) -> dict[str, Any]:
+    base_s: list[float] = []
+    agent_s: list[float] = []
+    live_s: list[float] = []
+    live_base_s: list[float] = []
+    events = 0
+    settings = AgentSettings(
+        evictor=policy,
+        worker_id="bench",
+        buffer_events=1 << 21,
+        batch_events=8192,
+        redis_url=redis_url or "redis://127.0.0.1:9/0",
+    )
+    for _ in range(repeats):
+        ev: EvictionPolicy = create(policy, capacity)
+        dt, base_hits = timed(lambda ev=ev: drive(trace, ev, ev.__contains__, capacity))
+        base_s.append(dt)
+        agent = Agent(settings, capacity=capacity)
+        dt, agent_hits = timed(lambda a=agent: drive(trace, a, a.policy.__contains__, capacity))
+        assert agent_hits == base_hits, (agent_hits, base_hits)
+        assert agent.events_dropped == 0
+        agent_s.append(dt)
+        events = agent.recorder.recorded
+        agent.close()
+        if redis_url is not None:
+            live = Agent(
+                settings.model_copy(update={"buffer_events": 1 << 18}), capacity=capacity
+            ).start()
+            dt, _ = timed(
+                lambda a=live: drive(trace, a, a.policy.__contains__, capacity),
+                time.perf_counter,
+            )
+            live_s.append(dt)
+            ev2 = create(policy, capacity)
+            dt, _ = timed(
+                lambda ev=ev2: drive(trace, ev, ev.__contains__, capacity), time.perf_counter
+            )
+            live_base_s.append(dt)
+            live.close()
+    b, a = min(base_s), min(agent_s)
+    out = {
+        "policy": policy,
+        "accesses": trace.n_accesses,
+        "events": events,
+        "baseline_ns_per_access": 1e9 * b / trace.n_accesses,
+        "agent_ns_per_access": 1e9 * a / trace.n_accesses,
+        "overhead_ns_per_event": 1e9 * (a - b) / events,
+        "overhead_ns_per_event_median": 1e9
+        * (statistics.median(agent_s) - statistics.median(base_s))
+        / events,
+    }
+    if live_s:
+        out["live_overhead_ns_per_event"] = 1e9 * (min(live_s) - min(live_base_s)) / events
+    return out
+
+
+def _drainer(agent: Agent) -> Callable[[], object]:
+    rec = agent.recorder
+
+    def drain() -> object:
+        return rec.drain() if rec.pending > rec.half // 2 else None
+
+    return drain
+
+
+def bench_recorder(repeats: int, width: int = 100, calls: int = 20_000) -> float:
+    """ns per event of ``EventRecorder.record`` alone, on ``width``-block requests."""
+    blocks = list(range(width))
+    offsets = np.arange(width, dtype=np.int32)
+    prev_ts = np.full(width, np.nan)
+    prev_cat = np.full(width, -1, np.int32)
+    best = float("inf")
+    for _ in range(repeats):
+        rec = EventRecorder(2 * width * calls, 8192)
+        t0 = CLOCK()
+        for _ in range(calls):
+            rec.record(1, 1.0, blocks, 3, offsets, prev_ts, prev_cat)
+        best = min(best, CLOCK() - t0)
+        assert rec.dropped == 0
+    return 1e9 * best / (width * calls)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=20_000)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--capacity-frac", type=float, default=0.1)
+    ap.add_argument("--policies", default="lru,wa")
+    ap.add_argument("--redis", action="store_true", help="also run with a live publisher")
+    ap.add_argument("--wall", action="store_true", help="wall time instead of thread CPU time")
+    args = ap.parse_args()
+    global CLOCK
+    if args.wall:
+        CLOCK = time.perf_counter
+
+    trace = synthetic_trace(args.requests)
+    capacity = max(1, round(args.capacity_frac * trace.n_unique))
+    print(
+        f"synthetic trace: {trace.n_requests:,} requests, {trace.n_accesses:,} block accesses, "
+        f"{trace.n_unique:,} unique blocks, {len(trace.category_names)} categories; "
+        f"capacity {capacity:,} blocks; best of {args.repeats}"
+    )
+    rec_ns = bench_recorder(args.repeats)
+    print(f"EventRecorder.record alone (100-block requests): {rec_ns:.1f} ns/event")
+    server = None
+    redis_url = None
+    tmp = None
+    if args.redis:
+        from controlplane.embedded_redis import EmbeddedRedis
+
+        tmp = tempfile.TemporaryDirectory()
+        server = EmbeddedRedis(Path(tmp.name)).start()
+        redis_url = server.url
+    try:
+        for policy in args.policies.split(","):
+            if policy not in names():
+                print(f"{policy}: not registered, skipped")
+                continue
+            res = bench_policy(trace, policy, capacity, args.repeats, redis_url)
+            line = (
+                f"{policy:>5}: evictor alone {res['baseline_ns_per_access']:.0f} ns/access, "
+                f"through Agent {res['agent_ns_per_access']:.0f} ns/access; "
+                f"{res['events']:,} events recorded; agent overhead "
+                f"{res['overhead_ns_per_event']:.0f} ns/event (median-based "
+                f"{res['overhead_ns_per_event_median']:.0f})"
+            )
+            if "live_overhead_ns_per_event" in res:
+                line += (
+                    f"; with publisher sending: {res['live_overhead_ns_per_event']:.0f} ns/event"
+                )
+            print(line)
+    finally:
+        if server is not None:
+            server.stop()
+        if tmp is not None:
+            tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
