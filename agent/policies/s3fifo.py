@@ -118,7 +118,7 @@ class S3FIFOPolicy:
         small, main = self._small, self._main
         victims: list[int] = []
         while len(victims) < n and (small or main):
-            if len(main) > self._main_size or not small:
+            if main and (len(main) > self._main_size or not small):
                 self._evict_main(victims)
             else:
                 self._evict_small(victims)

@@ -69,6 +69,10 @@ class ReplayResult:
         }
 
 
+class ReplayCheckError(AssertionError):
+    """A policy broke the Protocol during a checked replay (``replay_hits(check=True)``)."""
+
+
 def replay_hits(
     trace: Trace,
     policy: EvictionPolicy,
@@ -76,8 +80,14 @@ def replay_hits(
     *,
     progress: ProgressFn | None = None,
     progress_every: int = 2000,
+    check: bool = False,
 ) -> NDArray[np.int64]:
-    """Replay ``trace`` through ``policy``; return the prefix-hit block count per request."""
+    """Replay ``trace`` through ``policy``; return the prefix-hit block count per request.
+
+    With ``check`` (tests: slow) it verifies after every request that the policy evicted
+    only cached blocks, no more than asked, and enough to fit ``capacity``, and that its
+    ``__contains__`` agrees with what the replay inserted and evicted.
+    """
     if capacity < 0:
         raise ValueError(f"capacity must be >= 0, got {capacity}")
     n = trace.n_requests
@@ -85,34 +95,71 @@ def replay_hits(
     timestamps = trace.timestamps.tolist()
     categories = trace.categories.tolist()
     blocks = trace.blocks
-    hits = np.zeros(n, dtype=np.int64)
+    hits = [0] * n
+    # What is cached, block by block. The policy changes it only by inserting in ``free``
+    # (every block of a request is cached once it is freed) and by the victims ``evict``
+    # returns, so this mirror answers each request's lookups in one vectorised gather
+    # instead of one ``__contains__`` call per block (``check`` verifies the two agree).
+    cached = np.zeros(int(blocks.max()) + 1 if len(blocks) else 0, dtype=np.bool_)
     # Bound methods once: the loop runs millions of times.
-    contains = policy.__contains__
     touch, free, evict = policy.touch, policy.free, policy.evict
     size = policy.__len__
     for r in range(n):
         lo, hi = offsets[r], offsets[r + 1]
-        req = blocks[lo:hi].tolist()
+        req = blocks[lo:hi]
         now = timestamps[r]
-        cached = list(map(contains, req))
-        try:
-            h = cached.index(False)
-        except ValueError:
+        flags = cached[req].tobytes()
+        ids = req.tolist()
+        h = flags.find(0)
+        if h < 0:
             h = hi - lo
         if h:
             hits[r] = h
-        if h or any(cached):
-            touch(list(compress(req, cached)), now)
-        req.reverse()
-        free(req, range(hi - lo - 1, -1, -1), now, categories[r])
+        if h or 1 in flags:
+            touch(list(compress(ids, flags)), now)
+        ids.reverse()
+        free(ids, range(hi - lo - 1, -1, -1), now, categories[r])
+        cached[req] = True
         excess = size() - capacity
-        if excess > 0:
-            evict(excess)
+        victims = evict(excess) if excess > 0 else []
+        if check:
+            _check_request(r, policy, capacity, excess, victims, req, cached)
+        if victims:
+            cached[victims] = False
         if progress is not None and r % progress_every == 0:
             progress(r)
     if progress is not None:
         progress(n)
-    return hits
+    return np.array(hits, dtype=np.int64)
+
+
+def _check_request(
+    r: int,
+    policy: EvictionPolicy,
+    capacity: int,
+    excess: int,
+    victims: list[int],
+    req: NDArray[np.int64],
+    cached: NDArray[np.bool_],
+) -> None:
+    """The Protocol after request ``r``; ``cached`` does not reflect its victims yet."""
+
+    def fail(what: str) -> None:
+        raise ReplayCheckError(f"request {r}: {what}")
+
+    if len(victims) > max(excess, 0):
+        fail(f"evict({excess}) returned {len(victims)} blocks")
+    if len(set(victims)) != len(victims):
+        fail(f"evict returned a block twice: {victims}")
+    if len(policy) > capacity:
+        fail(f"{len(policy)} blocks cached after eviction, capacity {capacity}")
+    gone = set(victims)
+    for b in victims:
+        if not cached[b]:
+            fail(f"evict returned block {b}, which was not cached")
+    for b in gone.union(req.tolist()):
+        if (b in policy) != (b not in gone):
+            fail(f"block {b}: in policy = {b in policy}, evicted = {b in gone}")
 
 
 def summarize(

@@ -1,0 +1,170 @@
+"""Properties every registered policy must keep, on random traces and random Protocol calls.
+
+- Replay (every name ``controlplane.replay.catalog`` knows, bounds included): after every
+  request the cache holds at most ``capacity`` blocks and agrees, block by block, with
+  what the replay inserted and evicted (``replay_hits(check=True)``); no policy scores
+  more than the infinite cache on any request.
+- Live serving (every agent policy, driven through the Protocol directly): with blocks in
+  use by running requests, ``evict(n)`` returns at most ``n`` distinct blocks, every one
+  cached and not in use, and as many as it can (all ``n`` when that many are evictable).
+- Unknown names fail with the list of known ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import agent.policies as agent_policies
+from agent.policies.registry import UnknownPolicyError
+from controlplane.replay import catalog
+from controlplane.replay.engine import replay_hits
+from controlplane.traces.model import Trace
+
+# -- random prefix-sharing traces -------------------------------------------------------
+
+
+@st.composite
+def prefix_traces(draw: st.DrawFn) -> list[list[int]]:
+    """Requests that extend a few shared prefixes (system prompts, earlier turns) with
+    fresh or recurring blocks, and sometimes repeat a block inside one request."""
+    n_prefixes = draw(st.integers(1, 4))
+    prefixes = [
+        [1000 * (p + 1) + i for i in range(draw(st.integers(0, 5)))] for p in range(n_prefixes)
+    ]
+    requests = []
+    for _ in range(draw(st.integers(1, 25))):
+        base = prefixes[draw(st.integers(0, n_prefixes - 1))]
+        cut = draw(st.integers(0, len(base)))
+        tail = draw(st.lists(st.integers(0, 30), max_size=6))
+        requests.append(base[:cut] + tail)
+    return requests
+
+
+@settings(max_examples=60, deadline=None)
+@given(requests=prefix_traces(), capacity=st.integers(0, 24))
+def test_replay_invariants_hold_for_every_policy(requests: list[list[int]], capacity: int) -> None:
+    trace = Trace.from_requests(requests)
+    ideal = replay_hits(trace, catalog.create("inf", capacity, trace), capacity, check=True)
+    for name in catalog.names():
+        policy = catalog.create(name, capacity, trace)
+        # check=True: capacity, victims and membership after every request.
+        got = replay_hits(trace, policy, capacity, check=True)
+        assert (got >= 0).all() and (got <= trace.lengths).all(), name
+        assert (got <= ideal).all(), f"{name} beats the infinite cache: {got} > {ideal}"
+        if name != "inf":  # the infinite cache reports no size, so it is never asked to evict
+            held = sum(b in policy for b in range(trace.n_unique))
+            assert len(policy) == held <= capacity, name
+
+
+# -- the Protocol with blocks in use ----------------------------------------------------
+
+
+@dataclass
+class Model:
+    """What the caller knows: cached blocks, and how many running requests hold each."""
+
+    cached: set[int] = field(default_factory=set)
+    refs: dict[int, int] = field(default_factory=dict)
+    running: list[list[int]] = field(default_factory=list)
+    clock: float = 0.0
+
+    def in_use(self, b: int) -> bool:
+        return self.refs.get(b, 0) > 0
+
+
+Op = tuple[str, int, list[int]]
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("start"), st.just(0), st.lists(st.integers(0, 15), max_size=5)),
+        st.tuples(st.just("finish"), st.integers(0, 7), st.just([])),
+        st.tuples(st.just("evict"), st.integers(0, 6), st.just([])),
+    ),
+    max_size=60,
+)
+
+
+def _start(policy: agent_policies.EvictionPolicy, m: Model, blocks: list[int]) -> None:
+    # A block another running request is still computing cannot be shared yet: skip it,
+    # as the engine would wait for it. Ref counts decide the calls, as in vLLM's pool:
+    # touch on 0 -> 1 for cached blocks; the rest is computed and freed later.
+    req = list(dict.fromkeys(b for b in blocks if b in m.cached or not m.in_use(b)))
+    fresh = [b for b in req if b in m.cached and not m.in_use(b)]
+    policy.touch(fresh, m.clock)
+    for b in req:
+        m.refs[b] = m.refs.get(b, 0) + 1
+    m.running.append(req)
+
+
+def _finish(policy: agent_policies.EvictionPolicy, m: Model, i: int) -> None:
+    req = m.running.pop(i % len(m.running))
+    released = []
+    for b in reversed(req):
+        m.refs[b] -= 1
+        if m.refs[b] == 0:
+            released.append(b)
+    offsets = [req.index(b) for b in released]
+    policy.free(released, offsets, m.clock, 0)
+    m.cached.update(released)
+
+
+def _evict(policy: agent_policies.EvictionPolicy, m: Model, n: int) -> None:
+    evictable = {b for b in m.cached if not m.in_use(b)}
+    victims = policy.evict(n)
+    assert len(victims) == len(set(victims)) == min(n, len(evictable)), (n, victims)
+    for v in victims:
+        assert v in evictable, f"evicted {v}: in use={m.in_use(v)}, cached={v in m.cached}"
+        assert v not in policy
+    m.cached.difference_update(victims)
+
+
+@pytest.mark.parametrize("name", agent_policies.names())
+@settings(max_examples=80, deadline=None)
+@given(script=ops, capacity=st.integers(1, 12))
+def test_evict_never_returns_a_block_in_use(name: str, script: list[Op], capacity: int) -> None:
+    policy = agent_policies.create(name, capacity)
+    m = Model()
+    for kind, arg, blocks in script:
+        m.clock += 1.0
+        if kind == "start":
+            _start(policy, m, blocks)
+        elif kind == "finish" and m.running:
+            _finish(policy, m, arg)
+        elif kind == "evict":
+            _evict(policy, m, arg)
+        assert len(policy) == len(m.cached)
+        for b in range(16):
+            assert (b in policy) == (b in m.cached), b
+    # Drain: finish everything, then the whole cache must come out.
+    while m.running:
+        _finish(policy, m, 0)
+    _evict(policy, m, len(m.cached) + 1)
+    assert len(policy) == 0
+
+
+# -- names ------------------------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(name=st.text(min_size=1, max_size=12))
+def test_unknown_names_list_the_known_ones(name: str) -> None:
+    trace = Trace.from_requests([[1]])
+    if name in catalog.names():
+        return
+    with pytest.raises(UnknownPolicyError) as agent_err:
+        agent_policies.create(name, 4)
+    with pytest.raises(UnknownPolicyError) as replay_err:
+        catalog.create(name, 4, trace)
+    for err, known in ((agent_err, agent_policies.names()), (replay_err, catalog.names())):
+        assert err.value.known == known
+        for k in known:
+            assert repr(name) in str(err.value) and k in str(err.value)
+
+
+def test_baselines_are_registered() -> None:
+    assert {"lru", "fifo", "lfu", "s3fifo", "sieve", "arc"} <= set(agent_policies.names())
+    assert {"belady", "inf"} <= set(catalog.names())
