@@ -1,8 +1,9 @@
 """The ``Agent`` facade: what an engine integration calls, and the threads behind it.
 
 Owns the engine-thread hooks (``touch``, ``free``, ``evict``, ``apply_pending``), which
-drive the evictor, keep the access history and record events, plus the hit counters and
-the lifecycle of the publisher, subscriber and heartbeat threads. Every hook is O(blocks)
+drive the evictor and record raw events (slice assignments into a preallocated buffer;
+``agent.history`` resolves them on the publisher thread), plus the hit counters and the
+lifecycle of the publisher, subscriber and heartbeat threads. Every hook is O(blocks)
 C-level work on memory the agent owns; none touches the network or waits on another thread
 for more than a short lock. It must never be imported by ``agent.policies``.
 
@@ -26,19 +27,16 @@ from numpy.typing import NDArray
 from agent.categories import CategoryTable
 from agent.connection import make_client
 from agent.heartbeat import Heartbeat
-from agent.history import AccessHistory
+from agent.history import EVICT, FREE, HIT, AccessHistory
 from agent.params import BUILTIN_POLICY, PolicyDocument
 from agent.policies import EvictionPolicy, create
 from agent.publisher import EventPublisher
 from agent.recorder import EventRecorder
 from agent.settings import AgentSettings
 from agent.subscriber import PolicySubscriber
-from agent.wire import AgentStatus, EventKind, Keys
+from agent.wire import AgentStatus, Keys
 
 log = logging.getLogger(__name__)
-
-# Plain ints: numpy converts an IntEnum scalar more slowly, on every call.
-_HIT, _INSERT, _EVICT = int(EventKind.HIT), int(EventKind.INSERT), int(EventKind.EVICT)
 
 UNKNOWN_CATEGORY = "unknown"
 """Category of an evicted block the agent never saw accessed."""
@@ -100,7 +98,11 @@ class Agent:
         # to its codes, so the two tables never have to agree.
         self._evictor_codes: list[int] = []
         self.categories = CategoryTable(settings.max_categories, on_new=self._new_category)
-        self.history = AccessHistory(settings.ghost_blocks or capacity)
+        unknown = self.categories.code(UNKNOWN_CATEGORY)
+        ghosts = settings.ghost_blocks or capacity
+        # Cached blocks exceed capacity only by one request between free and evict: more
+        # than twice that plus the ghost means evictions were lost to drops.
+        history = AccessHistory(ghosts, max_blocks=2 * capacity + ghosts + 4096)
         self.document: PolicyDocument = BUILTIN_POLICY
         self.hits = 0
         self.accesses = 0
@@ -116,6 +118,8 @@ class Agent:
             worker=self.worker_id,
             epoch=self.epoch,
             categories=self.categories.snapshot,
+            history=history,
+            unknown_category=unknown,
         )
         self.subscriber = PolicySubscriber(settings, self.client)
         self.heartbeat = Heartbeat(settings, self.client, self.status)
@@ -143,48 +147,30 @@ class Agent:
             return
         code = self.categories.code(category)
         self.policy.touch(blocks, now)
-        prev_ts, prev_cat = self.history.access(blocks, now, code)
-        self.recorder.record(
-            _HIT,
-            now,
-            blocks,
-            code,
-            _offsets(range(len(blocks)) if offsets is None else offsets),
-            prev_ts,
-            prev_cat,
-        )
+        offs = _offsets(range(len(blocks)) if offsets is None else offsets)
+        self.recorder.record(HIT, now, blocks, code, offs)
         self.hits += len(blocks) if hits is None else hits
 
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: str
     ) -> None:
         """A request of ``category`` releases ``blocks`` (release order, tail first) with
-        their prompt ``offsets``. Blocks the cache did not hold are inserted (INSERT
-        events); every block counts as one access."""
+        their prompt ``offsets``. Blocks the cache did not hold become INSERT events (the
+        publisher tells them apart); every block counts as one access."""
         blocks = _ints(blocks)
         if not blocks:
             return
         code = self.categories.code(category)
-        new, prev_ts, prev_cat = self.history.insert(blocks, now, code)
         self.policy.free(blocks, offsets, now, self._evictor_codes[code])
+        self.recorder.record(FREE, now, blocks, code, _offsets(offsets))
         self.accesses += len(blocks)
-        if len(prev_ts) == len(blocks):
-            offs = _offsets(offsets)
-            self.recorder.record(_INSERT, now, blocks, code, offs, prev_ts, prev_cat)
-        elif len(prev_ts):
-            fresh = np.asarray(blocks, dtype=np.int64)[new]
-            offs = np.asarray(_offsets(offsets), dtype=np.int32)[new]
-            self.recorder.record(_INSERT, now, fresh, code, offs, prev_ts, prev_cat)
 
     def evict(self, n: int, now: float) -> list[int]:
         """Evict up to ``n`` blocks (EVICT events, in victim order); return the victims."""
         victims = self.policy.evict(n)
         if victims:
-            last_ts, last_cat, complete = self.history.evict(victims)
-            category = last_cat
-            if not complete:
-                category = np.where(last_cat < 0, self.categories.code(UNKNOWN_CATEGORY), last_cat)
-            self.recorder.record(_EVICT, now, victims, category, -1, last_ts, last_cat)
+            # The category is the block's last one; the publisher's history fills it in.
+            self.recorder.record(EVICT, now, victims, -1, -1)
         return victims
 
     def apply_pending(self) -> bool:

@@ -1,69 +1,102 @@
-"""Last access time and category of each block the agent knows, for ``prev_ts`` and
-``prev_category`` of every event.
+"""Turns the engine's raw block operations into wire events, with each block's previous
+access: the side table of last accesses, and the batch resolver that reads and updates it.
 
-Owns a bounded side table keyed by block hash: every cached block, plus a ghost of the
-most recently evicted ones (oldest forgotten first), so a block that comes back after
-eviction still reports its previous access. One dict maps a hash to a slot; everything
-else lives in numpy arrays indexed by slot, and the ghost's order is a ring of slots, so a
-request costs one C-level dict pass plus vectorised gathers and scatters, never a Python
-loop per block. Called on the engine thread only. It must never do I/O or evict.
+The engine thread records only what it knows cheaply (HIT for touched blocks, FREE for
+every released block, EVICT for victims). This module, on the publisher thread, resolves a
+batch of them in order with vectorised numpy: a FREE of a block the cache did not hold
+becomes an INSERT, a FREE of a held block is dropped, and every event gets ``prev_ts`` and
+``prev_category`` (an EVICT also gets its block's last category). The table holds every
+cached block plus a ghost of the ``ghost_size`` most recently evicted ones (oldest
+forgotten first), so a block that comes back after eviction still reports its previous
+access. One dict maps a hash to a slot; everything else lives in numpy arrays indexed by
+slot, and the ghost's order is a ring of slots. It must never do I/O or be called from the
+engine thread.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Sequence
-from itertools import compress, repeat
-from typing import Any
+from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 from numpy.typing import NDArray
 
-_NO_TS = np.empty(0, np.float64)
-_NO_CAT = np.empty(0, np.int32)
+from agent.wire import COLUMNS, EventKind
+
+log = logging.getLogger(__name__)
+
+HIT = int(EventKind.HIT)
+FREE = int(EventKind.INSERT)
+"""Raw kind of a released block; resolved to INSERT (not held before) or dropped (held)."""
+EVICT = int(EventKind.EVICT)
 
 
-def _constant(n: int, value: float | int | bool, dtype: type) -> NDArray[Any]:
-    a: NDArray[Any] = np.full(n, value, dtype)
-    a.flags.writeable = False
-    return a
+@dataclass(frozen=True, eq=False)
+class RawEvents:
+    """Block operations as the engine thread recorded them, in order."""
+
+    ts: NDArray[np.float64]
+    block: NDArray[np.int64]
+    category: NDArray[np.int32]
+    offset: NDArray[np.int32]
+    kind: NDArray[np.uint8]
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def rows(self, lo: int, hi: int) -> RawEvents:
+        return RawEvents(self.ts[lo:hi], self.block[lo:hi], self.category[lo:hi],
+                         self.offset[lo:hi], self.kind[lo:hi])  # fmt: skip
 
 
-# Read-only answers for the plain miss, sliced instead of allocated per request.
-_CONST_N = 1 << 16
-_ALL_NAN = _constant(_CONST_N, np.nan, np.float64)
-_ALL_UNKNOWN = _constant(_CONST_N, -1, np.int32)
-_ALL_TRUE = _constant(_CONST_N, True, np.bool_)
+@dataclass(frozen=True, eq=False)
+class Events:
+    """Resolved events: the wire's seven columns."""
+
+    ts: NDArray[np.float64]
+    block: NDArray[np.int64]
+    category: NDArray[np.int32]
+    offset: NDArray[np.int32]
+    kind: NDArray[np.uint8]
+    prev_ts: NDArray[np.float64]
+    prev_category: NDArray[np.int32]
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def rows(self, lo: int, hi: int) -> Events:
+        return Events(*(getattr(self, name)[lo:hi] for name, _ in COLUMNS))
 
 
 class AccessHistory:
-    """Cached blocks and up to ``ghost_size`` evicted ones: last access time and category.
+    """The side table (cached blocks and up to ``ghost_size`` evicted ones) and the
+    resolver. More than ``max_blocks`` entries means the table missed evictions (events
+    dropped before it saw them): it is cleared and rebuilt from what comes next.
 
     Per slot: ``ts``, ``cat``, the block hash, and ``gseq``, the eviction number that made
-    it a ghost (-1: not a ghost). The ring lists (slot, eviction number) in eviction
-    order; an entry whose slot has since come back or been reused is stale and skipped.
+    it a ghost (-1: cached). The ring lists (slot, eviction number) in eviction order; an
+    entry whose slot has since come back or been reused is stale and skipped.
     """
 
-    __slots__ = (
-        "_block",
-        "_cat",
-        "_evictions",
-        "_free",
-        "_gseq",
-        "_n_free",
-        "_ring_head",
-        "_ring_seq",
-        "_ring_slot",
-        "_ring_tail",
-        "_slot",
-        "_stale",
-        "_ts",
-        "ghost_size",
-        "ghosts",
-    )
-
-    def __init__(self, ghost_size: int, initial_slots: int = 1024, ring_slack: int = 1024) -> None:
+    def __init__(
+        self,
+        ghost_size: int,
+        max_blocks: int | None = None,
+        *,
+        initial_slots: int = 1024,
+        ring_slack: int = 1024,
+    ) -> None:
         self.ghost_size = max(ghost_size, 0)
+        self.max_blocks = max_blocks
+        self.resets = 0
+        self._initial = (max(initial_slots, 1), max(ring_slack, 1))
+        self._clear()
+
+    def _clear(self) -> None:
+        initial_slots, ring_slack = self._initial
         self.ghosts = 0
         """Evicted blocks remembered now."""
         self._slot: dict[int, int] = {}
@@ -73,104 +106,145 @@ class AccessHistory:
         self._gseq = np.empty(0, np.int64)
         self._free = np.empty(0, np.int64)  # stack of unused slots; top at _n_free - 1
         self._n_free = 0
-        self._grow(max(initial_slots, 1))
+        self._grow(initial_slots)
         # Compacted when full, so O(1) amortized per eviction.
-        ring = 2 * self.ghost_size + max(ring_slack, 1)
+        ring = 2 * self.ghost_size + ring_slack
         self._ring_slot = np.empty(ring, np.int64)
         self._ring_seq = np.empty(ring, np.int64)
-        self._ring_head = 0  # ring entries live in [head, tail)
+        self._ring_head = 0  # live entries are in [head, tail)
         self._ring_tail = 0
         self._evictions = 0
         self._stale = 0  # ring entries of revived ghosts (0: every entry is live)
-
-    def access(
-        self, blocks: list[int], now: float, category: int
-    ) -> tuple[NDArray[np.float64], NDArray[np.int32]]:
-        """Record that cached ``blocks`` were accessed at ``now`` by ``category``; return
-        their previous access times (NaN if unknown) and categories (-1 if unknown)."""
-        slots = self._slots(blocks)
-        if slots.min() < 0:  # cached before the agent saw it: remember it from now on
-            unknown = slots < 0
-            slots[unknown] = self._adopt(list(compress(blocks, unknown.tolist())))
-        ghosts = self._gseq[slots] >= 0
-        if ghosts.any():  # an evicted block in use again: no longer a ghost
-            self._revive(slots[ghosts])
-        prev_ts, prev_cat = self._ts[slots], self._cat[slots]
-        self._ts[slots] = now
-        self._cat[slots] = category
-        return prev_ts, prev_cat
-
-    def insert(
-        self, blocks: list[int], now: float, category: int
-    ) -> tuple[NDArray[np.bool_], NDArray[np.float64], NDArray[np.int32]]:
-        """Blocks released by a request: the ones not cached before (returned as a mask)
-        are inserted with access ``now``; also returns their previous access (known only
-        for blocks still in the ghost)."""
-        n = len(blocks)
-        slots = self._slots(blocks)
-        if n and slots.max() < 0:  # all unknown: the plain miss
-            self._adopt(blocks, now, category)
-            if n <= _CONST_N:
-                return _ALL_TRUE[:n], _ALL_NAN[:n], _ALL_UNKNOWN[:n]
-            return np.ones(n, np.bool_), np.full(n, np.nan), np.full(n, -1, np.int32)
-        unknown = slots < 0
-        ghosts = self._gseq[slots] >= 0  # slot -1 reads the last slot: masked out next
-        ghosts &= ~unknown
-        new = unknown | ghosts
-        if not new.any():  # all held: the hit path
-            return new, _NO_TS, _NO_CAT
-        if unknown.any():
-            slots[unknown] = self._adopt(list(compress(blocks, unknown.tolist())))
-        if ghosts.any():
-            self._revive(slots[ghosts])
-        fresh = slots[new]
-        prev_ts, prev_cat = self._ts[fresh], self._cat[fresh]
-        self._ts[fresh] = now
-        self._cat[fresh] = category
-        return new, prev_ts, prev_cat
-
-    def evict(self, victims: Sequence[int]) -> tuple[NDArray[np.float64], NDArray[np.int32], bool]:
-        """``victims`` left the cache: return their last access time and category (NaN,
-        -1 if unknown) and whether all were known; make them ghosts, forgetting the oldest
-        beyond ``ghost_size``."""
-        slots = self._slots(victims)
-        complete = not len(slots) or slots.min() >= 0
-        if not complete:
-            known = slots >= 0
-            last_ts = np.full(len(slots), np.nan)
-            last_cat = np.full(len(slots), -1, np.int32)
-            slots = slots[known]
-            last_ts[known], last_cat[known] = self._ts[slots], self._cat[slots]
-        else:
-            last_ts, last_cat = self._ts[slots], self._cat[slots]
-        self._push_ghosts(slots)
-        if self.ghosts > self.ghost_size:
-            self._forget(self.ghosts - self.ghost_size)
-        return last_ts, last_cat, complete
 
     def __len__(self) -> int:
         """Blocks remembered: cached plus ghost."""
         return len(self._slot)
 
+    # --- the resolver --------------------------------------------------------------------
+    def resolve(self, raw: RawEvents, unknown_category: int) -> Events:
+        """Resolve ``raw`` (in order) against the table and update it. EVICT events of
+        blocks never seen accessed get category ``unknown_category``."""
+        n = len(raw)
+        if n == 0:
+            e = np.empty(0, np.int64)
+            return Events(raw.ts, raw.block, raw.category, raw.offset, raw.kind,
+                          e.astype(np.float64), e.astype(np.int32))  # fmt: skip
+        uniq, inv = np.unique(raw.block, return_inverse=True)
+        inv = inv.reshape(-1)
+        slots = self._slots(uniq.tolist())
+        known = slots >= 0
+        s = np.where(known, slots, 0)
+        t_cached = known & (self._gseq[s] < 0)
+        t_ts = np.where(known, self._ts[s], np.nan)
+        t_cat = np.where(known, self._cat[s], -1).astype(np.int32)
+
+        # Events grouped by block, in order within each group.
+        order = np.argsort(inv, kind="stable")
+        g = inv[order]
+        k = raw.kind[order]
+        pos = np.arange(n)
+        first = np.ones(n, np.bool_)
+        first[1:] = g[1:] != g[:-1]
+        start = np.maximum.accumulate(np.where(first, pos, 0))
+        # Cached just before an event: the previous event of its block says (anything but
+        # EVICT leaves it cached), or the table for the block's first event.
+        cached = np.empty(n, np.bool_)
+        cached[1:] = k[:-1] != EVICT
+        cached[first] = t_cached[g[first]]
+        insert = (k == FREE) & ~cached
+        access = (k == HIT) | insert
+        # The block's last access strictly before each event (else the table's).
+        last = np.maximum.accumulate(np.where(access, pos, -1))
+        before = np.empty(n, np.int64)
+        before[0] = -1
+        before[1:] = last[:-1]
+        inside = before >= start
+        at = np.maximum(before, 0)
+        ts_s, cat_s = raw.ts[order], raw.category[order]
+        prev_ts_s = np.where(inside, ts_s[at], t_ts[g])
+        prev_cat_s = np.where(inside, cat_s[at], t_cat[g]).astype(np.int32)
+        keep_s = (k != FREE) | insert
+
+        self._update(uniq, slots, g, first, k, last, start, ts_s, cat_s, order, t_cached)
+
+        keep = np.empty(n, np.bool_)
+        keep[order] = keep_s
+        prev_ts = np.empty(n, np.float64)
+        prev_ts[order] = prev_ts_s
+        prev_cat = np.empty(n, np.int32)
+        prev_cat[order] = prev_cat_s
+        category = raw.category.copy()
+        evict = raw.kind == EVICT
+        category[evict] = np.where(prev_cat[evict] >= 0, prev_cat[evict], unknown_category)
+        return Events(raw.ts[keep], raw.block[keep], category[keep], raw.offset[keep],
+                      raw.kind[keep], prev_ts[keep], prev_cat[keep])  # fmt: skip
+
+    def _update(
+        self,
+        uniq: NDArray[np.int64],
+        slots: NDArray[np.int64],
+        g: NDArray[np.intp],
+        first: NDArray[np.bool_],
+        k: NDArray[np.uint8],
+        last: NDArray[np.int64],
+        start: NDArray[np.int64],
+        ts_s: NDArray[np.float64],
+        cat_s: NDArray[np.int32],
+        order: NDArray[np.intp],
+        t_cached: NDArray[np.bool_],
+    ) -> None:
+        """Write each block's state after the batch back to the table. Arrays ``*_u``
+        have one entry per unique block (``g`` is sorted, so group ends come in order)."""
+        end = np.empty(len(k), np.bool_)
+        end[:-1] = first[1:]
+        end[-1] = True
+        last_u = last[end]
+        accessed_u = last_u >= start[end]
+        evicted_u = k[end] == EVICT
+        came_back_u = np.bincount(g, weights=k != EVICT, minlength=len(uniq)) > 0
+        ghost_u = (slots >= 0) & ~t_cached
+        new_u = (slots < 0) & accessed_u  # first seen, with an access worth remembering
+        if new_u.any():
+            slots[new_u] = self._adopt(uniq[new_u])
+        has_u = slots >= 0
+        acc = accessed_u & has_u
+        self._ts[slots[acc]] = ts_s[last_u[acc]]
+        self._cat[slots[acc]] = cat_s[last_u[acc]]
+        # A ghost cached again is revived; one that came back and was evicted again is
+        # revived and pushed anew (its old ring entry goes stale).
+        revive_u = ghost_u & (~evicted_u | came_back_u)
+        if revive_u.any():
+            self._revive(slots[revive_u])
+        push_u = evicted_u & has_u & (~ghost_u | came_back_u)
+        if push_u.any():
+            when = order[end][push_u]  # original position of each block's last EVICT
+            self._push_ghosts(slots[push_u][np.argsort(when, kind="stable")])
+        if self.ghosts > self.ghost_size:
+            self._forget(self.ghosts - self.ghost_size)
+        if self.max_blocks is not None and len(self._slot) > self.max_blocks:
+            self.resets += 1
+            log.warning(
+                "kvwise history: %d blocks remembered (> %d): events were lost; starting over",
+                len(self._slot),
+                self.max_blocks,
+            )
+            self._clear()
+
     # --- slots ---------------------------------------------------------------------------
     def _slots(self, blocks: Sequence[int]) -> NDArray[np.int64]:
         return np.fromiter(map(self._slot.get, blocks, repeat(-1)), np.int64, len(blocks))
 
-    def _adopt(
-        self, blocks: list[int], now: float = np.nan, category: int = -1
-    ) -> NDArray[np.int64]:
-        """Slots for blocks not in the table, stamped ``now`` and ``category`` (default:
-        unknown). A block named twice in one call gets two slots, of which the dict keeps
-        the last; hashes do not repeat within a request, so this never leaks in practice."""
+    def _adopt(self, blocks: NDArray[np.int64]) -> NDArray[np.int64]:
+        """Slots for blocks not in the table (unknown time and category)."""
         k = len(blocks)
         if self._n_free < k:
             self._grow(max(k, len(self._ts)))
         slots = self._free[self._n_free - k : self._n_free][::-1].copy()
         self._n_free -= k
-        self._ts[slots] = now
-        self._cat[slots] = category
+        self._ts[slots] = np.nan
+        self._cat[slots] = -1
         self._block[slots] = blocks
-        self._slot.update(zip(blocks, slots.tolist(), strict=True))
+        self._slot.update(zip(blocks.tolist(), slots.tolist(), strict=True))
         return slots
 
     def _revive(self, slots: NDArray[np.int64]) -> None:

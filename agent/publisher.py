@@ -2,10 +2,12 @@
 
 Owns the background sender, the batch sequence numbers and the sent/dropped counts of the
 network side. It drains the recorder every ``flush_interval_s`` (or as soon as a batch is
-full), cuts ``batch_events``-row batches and sends them in one pipeline with
+full), resolves ``batch_events``-row chunks against the access history (which it owns:
+only this thread touches it), and sends the batches in one pipeline with
 ``XADD MAXLEN ~ stream_maxlen``. When Redis is down or slow the batches in hand are
-dropped and counted (their sequence numbers are spent, so the controller sees the gap),
-and the next round waits with exponential backoff; the engine thread never waits on it.
+dropped and counted (their sequence numbers are spent, so the controller sees the gap;
+the history was still updated), and the next round waits with exponential backoff; the
+engine thread never waits on it.
 It must never be called from the engine thread except ``wake``.
 """
 
@@ -18,7 +20,8 @@ from collections.abc import Callable
 import redis
 
 from agent.connection import reconnect_backoff
-from agent.recorder import Columns, EventRecorder
+from agent.history import AccessHistory, Events
+from agent.recorder import EventRecorder
 from agent.settings import AgentSettings
 from agent.wire import EventBatch, Keys, encode_batch
 
@@ -37,6 +40,8 @@ class EventPublisher:
         worker: str,
         epoch: str,
         categories: Callable[[], tuple[str, ...]],
+        history: AccessHistory,
+        unknown_category: int,
     ) -> None:
         self.settings = settings
         self.client = client
@@ -45,6 +50,8 @@ class EventPublisher:
         self.epoch = epoch
         self.stream = Keys(settings.key_prefix).events_stream(worker)
         self._categories = categories
+        self.history = history
+        self.unknown_category = unknown_category
         self._backoff = reconnect_backoff(settings)
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -55,6 +62,8 @@ class EventPublisher:
         """Events acknowledged by Redis."""
         self.dropped = 0
         """Events lost because their send failed."""
+        self.filtered = 0
+        """Recorded releases of blocks the cache held: not events (see agent.history)."""
         self.failures = 0
         """Consecutive failed sends (0 = connected)."""
         self.last_error = ""
@@ -99,18 +108,32 @@ class EventPublisher:
             self.flush()
         self.flush()
 
+    def collect(self) -> list[Events]:
+        """Drain the recorder and resolve what it held, in chunks of at most
+        ``batch_events`` (each chunk is one batch). Publisher thread only: it owns the
+        history."""
+        raw = self.recorder.drain()
+        step = self.recorder.batch_events
+        chunks = []
+        for lo in range(0, len(raw), step):
+            events = self.history.resolve(raw.rows(lo, lo + step), self.unknown_category)
+            self.filtered += min(step, len(raw) - lo) - len(events)
+            if len(events):
+                chunks.append(events)
+        return chunks
+
     def flush(self) -> int:
         """Send everything recorded so far; return the events sent. Runs on the publisher
         thread (or after it stopped)."""
-        cols = self.recorder.drain()
-        if len(cols) == 0:
+        chunks = self.collect()
+        if not chunks:
             return 0
         names = self._categories()
-        step = self.recorder.batch_events
+        n = sum(len(c) for c in chunks)
         pipe = self.client.pipeline(transaction=False)
-        for lo in range(0, len(cols), step):
+        for events in chunks:
             self.seq += 1
-            batch = _batch(cols.rows(lo, lo + step), self.worker, self.seq, self.epoch, names)
+            batch = _batch(events, self.worker, self.seq, self.epoch, names)
             pipe.xadd(
                 self.stream,
                 encode_batch(batch),  # type: ignore[arg-type]
@@ -120,7 +143,7 @@ class EventPublisher:
         try:
             pipe.execute()
         except redis.RedisError as exc:
-            self._failed(len(cols), exc)
+            self._failed(n, exc)
             return 0
         finally:
             pipe.reset()
@@ -132,8 +155,8 @@ class EventPublisher:
                 self.dropped,
             )
             self.failures = 0
-        self.sent += len(cols)
-        return len(cols)
+        self.sent += n
+        return n
 
     def _failed(self, n: int, exc: redis.RedisError) -> None:
         self.dropped += n
@@ -147,7 +170,7 @@ class EventPublisher:
         self.failures += 1
 
 
-def _batch(cols: Columns, worker: str, seq: int, epoch: str, names: tuple[str, ...]) -> EventBatch:
+def _batch(cols: Events, worker: str, seq: int, epoch: str, names: tuple[str, ...]) -> EventBatch:
     return EventBatch(
         worker=worker,
         seq=seq,

@@ -1,43 +1,25 @@
 """The bounded event buffer between the engine thread and the publisher thread.
 
-Owns two preallocated sets of columns (the wire's seven): the engine thread appends whole
-requests into the active one by slice assignment; the publisher swaps it for the spare and
-reads the full one while the engine keeps appending. Together they never hold more than
-``capacity`` events: when the active half is full, new events are dropped and counted,
-never waited for. It must never do I/O, block on anything but its own short lock, or
-allocate per event.
+Owns two preallocated sets of raw columns (time, block, category, offset, kind; the rest
+is resolved later by ``agent.history`` on the publisher thread): the engine thread appends
+whole requests into the active one by slice assignment; the publisher swaps it for the
+spare and reads the full one while the engine keeps appending. Together they never hold
+more than ``capacity`` events: when the active half is full, new events are dropped and
+counted, never waited for. It must never do I/O, block on anything but its own short
+lock, or allocate per event.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from agent.history import RawEvents
 from agent.wire import COLUMNS
-
-
-@dataclass(frozen=True, eq=False)
-class Columns:
-    """``n`` recorded events: views into a recorder half, valid until the next drain."""
-
-    ts: NDArray[np.float64]
-    block: NDArray[np.int64]
-    category: NDArray[np.int32]
-    offset: NDArray[np.int32]
-    kind: NDArray[np.uint8]
-    prev_ts: NDArray[np.float64]
-    prev_category: NDArray[np.int32]
-
-    def __len__(self) -> int:
-        return len(self.ts)
-
-    def rows(self, lo: int, hi: int) -> Columns:
-        return Columns(*(getattr(self, name)[lo:hi] for name, _ in COLUMNS))
 
 
 def _head(column: Any, k: int) -> Any:
@@ -45,8 +27,12 @@ def _head(column: Any, k: int) -> Any:
     return column if np.isscalar(column) else column[:k]
 
 
-def _allocate(n: int) -> Columns:
-    return Columns(*(np.empty(n, dtype=dt.newbyteorder("=")) for _, dt in COLUMNS))
+def _allocate(n: int) -> RawEvents:
+    dtypes = dict(COLUMNS)
+    return RawEvents(*(np.empty(n, dtypes[name].newbyteorder("=")) for name in _RAW))
+
+
+_RAW = ("ts", "block", "category", "offset", "kind")
 
 
 class EventRecorder:
@@ -82,13 +68,11 @@ class EventRecorder:
         kind: int,
         ts: float,
         blocks: Sequence[int] | NDArray[np.int64],
-        category: int | NDArray[np.int32],
+        category: int,
         offsets: Sequence[int] | NDArray[np.int32] | int,
-        prev_ts: NDArray[np.float64] | float,
-        prev_category: NDArray[np.int32] | int,
     ) -> int:
-        """Append ``len(blocks)`` events sharing ``kind`` and ``ts``; the other columns are
-        sequences of that length or scalars. Returns how many were kept."""
+        """Append ``len(blocks)`` events sharing ``kind``, ``ts`` and ``category``;
+        ``offsets`` is a sequence of that length or a scalar. Returns how many were kept."""
         n = len(blocks)
         if n == 0:
             return 0
@@ -100,8 +84,7 @@ class EventRecorder:
                 self.dropped += n - k
                 if k == 0:
                     return 0
-                blocks, category, offsets = blocks[:k], _head(category, k), _head(offsets, k)
-                prev_ts, prev_category = _head(prev_ts, k), _head(prev_category, k)
+                blocks, offsets = blocks[:k], _head(offsets, k)
             hi = lo + k
             cols = self._active
             cols.ts[lo:hi] = ts
@@ -109,14 +92,12 @@ class EventRecorder:
             cols.category[lo:hi] = category
             cols.offset[lo:hi] = offsets
             cols.kind[lo:hi] = kind
-            cols.prev_ts[lo:hi] = prev_ts
-            cols.prev_category[lo:hi] = prev_category
             self._n = hi
         if lo < self.batch_events <= hi and self._on_batch is not None:
             self._on_batch()
         return k
 
-    def drain(self) -> Columns:
+    def drain(self) -> RawEvents:
         """Take every recorded event (possibly none). The returned views stay valid until
         the next ``drain``; the engine records into the other half meanwhile."""
         with self._lock:

@@ -3,32 +3,29 @@ history, the category table and the events the ``Agent`` hooks record."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from agent.categories import OTHER_CATEGORY, CategoryTable
 from agent.core import Agent
-from agent.history import AccessHistory
+from agent.history import Events, RawEvents
 from agent.policies.lru import LRUPolicy
-from agent.recorder import Columns, EventRecorder
+from agent.recorder import EventRecorder
 from agent.settings import AgentSettings
-from agent.wire import EventKind
+from agent.wire import COLUMNS, EventKind
 from controlplane.replay.engine import replay_hits
 from controlplane.simworker import TraceWorker
 from controlplane.traces.model import Trace
 
 # A port nothing listens on: an agent that is never started must not use it anyway.
 OFFLINE = AgentSettings(redis_url="redis://127.0.0.1:9/0", evictor="lru", worker_id="t")
+FIELDS = [name for name, _ in COLUMNS]
 
 
 def record_n(rec: EventRecorder, blocks: Sequence[int], kind: int = 0) -> int:
-    n = len(blocks)
-    return rec.record(kind, 1.0, blocks, 0, range(n), np.full(n, np.nan), -1)
+    return rec.record(kind, 1.0, blocks, 0, range(len(blocks)))
 
 
 def test_recorder_keeps_at_most_half_per_side_and_counts_drops() -> None:
@@ -51,21 +48,14 @@ def test_recorder_keeps_at_most_half_per_side_and_counts_drops() -> None:
 
 def test_recorder_columns_broadcast_scalars_and_keep_arrays() -> None:
     rec = EventRecorder(capacity=100, batch_events=10)
-    rec.record(
-        EventKind.EVICT,
-        5.5,
-        [10, 11],
-        np.array([1, 0], np.int32),
-        -1,
-        np.array([1.0, 2.0]),
-        np.array([1, 0], np.int32),
-    )
-    c: Columns = rec.drain()
-    assert c.ts.tolist() == [5.5, 5.5]
-    assert c.kind.tolist() == [2, 2]
-    assert c.category.tolist() == [1, 0]
-    assert c.offset.tolist() == [-1, -1]
-    assert c.prev_ts.tolist() == [1.0, 2.0]
+    rec.record(EventKind.EVICT, 5.5, [10, 11], 3, -1)
+    rec.record(EventKind.HIT, 6.0, np.array([12], np.int64), 1, np.array([4], np.int32))
+    c: RawEvents = rec.drain()
+    assert c.ts.tolist() == [5.5, 5.5, 6.0]
+    assert c.kind.tolist() == [2, 2, 0]
+    assert c.block.tolist() == [10, 11, 12]
+    assert c.category.tolist() == [3, 3, 1]
+    assert c.offset.tolist() == [-1, -1, 4]
 
 
 def test_recorder_wakes_the_publisher_once_per_full_batch() -> None:
@@ -81,28 +71,6 @@ def test_recorder_wakes_the_publisher_once_per_full_batch() -> None:
     assert woken == [5, 4]
 
 
-def test_history_reports_previous_access_through_eviction_and_ghost() -> None:
-    h = AccessHistory(ghost_size=2)
-    new, prev_ts, prev_cat = h.insert([1, 2, 3], 10.0, 0)
-    assert new.tolist() == [True, True, True]
-    assert np.isnan(prev_ts).all() and prev_cat.tolist() == [-1, -1, -1]
-    prev_ts, prev_cat = h.access([2], 12.0, 1)
-    assert prev_ts.tolist() == [10.0] and prev_cat.tolist() == [0]
-    # Released after the touch: 2 is held (not new), 4 is new.
-    new, prev_ts, prev_cat = h.insert([4, 2], 12.0, 1)
-    assert new.tolist() == [True, False] and np.isnan(prev_ts).all()
-    last_ts, last_cat, complete = h.evict([1, 2, 3])
-    assert complete
-    assert last_ts.tolist() == [10.0, 12.0, 10.0] and last_cat.tolist() == [0, 1, 0]
-    # Ghost holds the two most recent victims; 1 is forgotten.
-    assert h.ghosts == 2 and len(h) == 3
-    new, prev_ts, prev_cat = h.insert([1, 2, 3], 20.0, 2)
-    assert new.tolist() == [True, True, True]
-    assert np.isnan(prev_ts[0]) and prev_ts[1:].tolist() == [12.0, 10.0]
-    assert prev_cat.tolist() == [-1, 1, 0]
-    assert h.ghosts == 0
-
-
 def test_category_table_grows_then_shares_other() -> None:
     seen: list[tuple[str, int]] = []
     t = CategoryTable(max_size=3, on_new=lambda name, code: seen.append((name, code)))
@@ -112,8 +80,10 @@ def test_category_table_grows_then_shares_other() -> None:
     assert seen == [("a", 0), ("b", 1), (OTHER_CATEGORY, 2)]
 
 
-def drained(agent: Agent) -> Columns:
-    return agent.recorder.drain()
+def drained(agent: Agent) -> Events:
+    """What the publisher would send: the recorder drained and resolved (offline)."""
+    chunks = agent.publisher.collect()
+    return Events(*(np.concatenate([getattr(c, f) for c in chunks] or [[]]) for f in FIELDS))
 
 
 def test_agent_hooks_record_hit_insert_evict_events() -> None:
@@ -125,19 +95,21 @@ def test_agent_hooks_record_hit_insert_evict_events() -> None:
     assert victims == [12]  # LRU: the first request's tail
     c = drained(agent)
     names = agent.categories.snapshot()
-    assert names == ("text_1", "text_2")
+    assert names == ("unknown", "text_1", "text_2")  # "unknown" is always code 0
     kinds = [EventKind(k).name for k in c.kind.tolist()]
     assert kinds == ["INSERT"] * 3 + ["HIT"] * 2 + ["INSERT", "EVICT"]
     assert c.block.tolist() == [12, 11, 10, 10, 11, 13, 12]
     assert c.offset.tolist() == [2, 1, 0, 0, 1, 2, -1]
-    assert c.category.tolist() == [0, 0, 0, 1, 1, 1, 0]
+    assert c.category.tolist() == [1, 1, 1, 2, 2, 2, 1]
     assert c.ts.tolist() == [1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0]
     # A hit knows the previous access; an eviction reports the block's last one.
-    assert c.prev_ts[3:5].tolist() == [1.0, 1.0] and c.prev_category[3:5].tolist() == [0, 0]
+    assert c.prev_ts[3:5].tolist() == [1.0, 1.0] and c.prev_category[3:5].tolist() == [1, 1]
     assert np.isnan(c.prev_ts[5]) and c.prev_category[5] == -1
-    assert c.prev_ts[6] == 1.0 and c.prev_category[6] == 0
+    assert c.prev_ts[6] == 1.0 and c.prev_category[6] == 1
     assert (agent.hits, agent.accesses) == (2, 6)
-    assert agent.events_dropped == 0 and agent.recorder.recorded == 7
+    # Nine raw operations recorded; the release of the two held blocks is not an event.
+    assert agent.recorder.recorded == 9 and agent.publisher.filtered == 2
+    assert agent.events_dropped == 0
     agent.close()
 
 
@@ -172,8 +144,8 @@ def test_agent_hands_the_evictor_its_own_category_codes() -> None:
     agent.free([1], [0], 1.0, "b")
     agent.free([2], [0], 1.0, "a")
     agent.free([3], [0], 1.0, "b")
-    assert ev.freed == [100, 101, 100]
-    assert drained(agent).category.tolist() == [0, 1, 0]  # the wire keeps the agent's codes
+    assert ev.freed == [101, 102, 101]  # 100 is "unknown", registered first
+    assert drained(agent).category.tolist() == [1, 2, 1]  # the wire keeps the agent's codes
 
 
 def test_full_buffer_drops_and_counts_without_a_publisher() -> None:
@@ -205,7 +177,7 @@ def test_simulated_worker_hits_equal_the_offline_replay() -> None:
     inserts = int((c.kind == EventKind.INSERT).sum())
     evicts = int((c.kind == EventKind.EVICT).sum())
     assert inserts - evicts == len(agent.policy) <= 25
-    assert set(agent.categories.snapshot()) == set(trace.category_names)
+    assert set(agent.categories.snapshot()) == {"unknown", *trace.category_names}
     assert np.all(np.diff(c.ts) >= 0)
 
 
@@ -236,88 +208,6 @@ def test_speed_must_be_positive() -> None:
         TraceWorker(Agent(OFFLINE, capacity=1), trace, speed=0)
 
 
-class ReferenceHistory:
-    """The history's contract in plain dicts: a model to compare ``AccessHistory`` with."""
-
-    def __init__(self, ghost_size: int) -> None:
-        self.ghost_size = ghost_size
-        self.last: dict[int, tuple[float, int]] = {}
-        self.cached: set[int] = set()
-        self.ghost: dict[int, None] = {}  # insertion order = eviction order
-
-    def prev(self, b: int) -> tuple[float, int]:
-        return self.last.get(b, (math.nan, -1))
-
-    def access(self, blocks: list[int], now: float, cat: int) -> list[tuple[float, int]]:
-        out = [self.prev(b) for b in blocks]
-        for b in blocks:
-            self.ghost.pop(b, None)
-            self.cached.add(b)
-            self.last[b] = (now, cat)
-        return out
-
-    def insert(self, blocks: list[int], now: float, cat: int) -> tuple[list[bool], list]:
-        new = [b not in self.cached for b in blocks]
-        out = [self.prev(b) for b, n in zip(blocks, new, strict=True) if n]
-        self.access([b for b, n in zip(blocks, new, strict=True) if n], now, cat)
-        return new, out
-
-    def evict(self, victims: list[int]) -> list[tuple[float, int]]:
-        out = [self.prev(b) for b in victims]
-        for b in victims:
-            self.cached.discard(b)
-            self.ghost[b] = None
-        while len(self.ghost) > self.ghost_size:
-            old = next(iter(self.ghost))
-            del self.ghost[old]
-            del self.last[old]
-        return out
-
-
-def pairs(ts: np.ndarray, cat: np.ndarray) -> list[tuple[float, int]]:  # type: ignore[type-arg]
-    return list(zip(ts.tolist(), cat.tolist(), strict=True))
-
-
-def same(a: list[tuple[float, int]], b: list[tuple[float, int]]) -> bool:
-    return len(a) == len(b) and all(
-        (x == y or (math.isnan(x) and math.isnan(y))) and c == d
-        for (x, c), (y, d) in zip(a, b, strict=True)
-    )
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.integers(0, 4),
-    st.lists(
-        st.tuples(st.sampled_from(["access", "insert", "evict"]), st.integers(0, 2**16)),
-        max_size=80,
-    ),
-)
-def test_history_matches_a_plain_dict_model(ghost_size: int, ops: list[tuple[str, int]]) -> None:
-    # Tiny: exercises slot growth, ring compaction and stale ring entries.
-    h = AccessHistory(ghost_size, initial_slots=2, ring_slack=1)
-    ref = ReferenceHistory(ghost_size)
-    for step, (op, seed) in enumerate(ops):
-        rng = np.random.default_rng(seed)
-        now, cat = float(step), int(rng.integers(0, 3))
-        if op == "evict":
-            pool = sorted(ref.cached)
-            k = int(rng.integers(0, len(pool) + 1))
-            victims = [int(b) for b in rng.permutation(pool)[:k]] if pool else []
-            assert same(pairs(*h.evict(victims)[:2]), ref.evict(victims))
-        else:
-            blocks = [int(b) for b in rng.permutation(8)[: int(rng.integers(1, 5))]]
-            if op == "access":
-                assert same(pairs(*h.access(blocks, now, cat)), ref.access(blocks, now, cat))
-            else:
-                new, prev_ts, prev_cat = h.insert(blocks, now, cat)
-                want_new, want_prev = ref.insert(blocks, now, cat)
-                assert new.tolist() == want_new
-                assert same(pairs(prev_ts, prev_cat), want_prev)
-        assert h.ghosts == len(ref.ghost)
-        assert len(h) == len(ref.last)
-
-
 def test_evicting_blocks_the_agent_never_saw_reports_them_unknown() -> None:
     ev = LRUPolicy()
     ev.free([7, 8], [1, 0], 0.0, 0)  # cached before the agent existed
@@ -327,5 +217,5 @@ def test_evicting_blocks_the_agent_never_saw_reports_them_unknown() -> None:
     c = drained(agent)
     names = agent.categories.snapshot()
     assert [names[i] for i in c.category[1:].tolist()] == ["unknown", "unknown", "text_1"]
-    assert c.prev_category[1:].tolist() == [-1, -1, 0]
+    assert c.prev_category[1:].tolist() == [-1, -1, 1]
     assert np.isnan(c.prev_ts[1:3]).all() and c.prev_ts[3] == 1.0
