@@ -27,13 +27,17 @@ until the next request starts (its first ``touch``, ``free`` or ``allocate``). A
 that evicts before it frees, as a classic cache or vLLM's allocator does, announces the
 missed blocks first with ``allocate``; the ghost lookup then happens there.
 
-A block in use stays counted in its list but out of the order, so it is never a victim;
-when the chosen list has only blocks in use, the other list gives the victim.
+In the replay a request's blocks are already in when it evicts, so case IV's ``+ 1``
+(libCacheSim's room for the block about to come in) makes that test one block stricter.
+
+A block in use stays counted in its list (``t2``: it was hit) but out of the order, so it is
+never a victim; when the chosen list has only blocks in use, the other list gives the
+victim.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 from agent.policies.registry import register
@@ -71,7 +75,7 @@ class ARCPolicy:
         self._n2 = 0
         self._p = 0.0
         self._in_use: set[int] = set()
-        self._credits: list[int] = []  # ghost hits of this request not yet used: the ghost
+        self._credits: deque[int] = deque()  # ghost lists of this request's unused hits
         self._admitted: OrderedDict[int, None] = OrderedDict()  # allocated ghost hits
 
     # -- the Protocol -------------------------------------------------------------------
@@ -91,42 +95,49 @@ class ARCPolicy:
 
     def touch(self, blocks: Sequence[int], now: float) -> None:
         self._credits.clear()
-        lists, in_use = self._list, self._in_use
+        in_use, lists, t1, t2 = self._in_use, self._list, self._t1, self._t2
+        moved = 0
         for b in blocks:
-            if b in in_use:
+            if b in in_use:  # already in use (or named twice)
                 continue
             in_use.add(b)
-            if lists[b] == _T1:
-                del self._t1[b]
+            if lists[b] == _T1:  # seen again: t2 from now on
+                del t1[b]
                 lists[b] = _T2
-                self._n1 -= 1
-                self._n2 += 1
+                moved += 1
             else:
-                del self._t2[b]
+                del t2[b]
+        self._n1 -= moved
+        self._n2 += moved
 
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
     ) -> None:
         self._credits.clear()
-        lists, in_use, admitted = self._list, self._in_use, self._admitted
+        lists, in_use, t1, t2 = self._list, self._in_use, self._t1, self._t2
+        admitted, b1, b2 = self._admitted, self._b1, self._b2
+        new1 = 0
         for b in blocks:
-            if b in in_use:
-                in_use.discard(b)
-                (self._t1 if lists[b] == _T1 else self._t2)[b] = None
-            elif b not in lists:
-                if b in admitted:
-                    del admitted[b]
-                    to_t2 = True
-                else:
-                    to_t2 = self._ghost_hit(b)
-                if to_t2:
-                    lists[b] = _T2
-                    self._t2[b] = None
-                    self._n2 += 1
-                else:
-                    lists[b] = _T1
-                    self._t1[b] = None
-                    self._n1 += 1
+            if b in lists:
+                if b in in_use:  # a hit, in t2 since its touch
+                    in_use.discard(b)
+                    t2[b] = None
+            elif (b in b1 or b in b2 or b in admitted) and self._admit_ghost(b):
+                lists[b] = _T2
+                t2[b] = None
+                self._n2 += 1
+            else:
+                lists[b] = _T1
+                t1[b] = None
+                new1 += 1
+        self._n1 += new1
+
+    def _admit_ghost(self, b: int) -> bool:
+        """Whether the miss ``b`` was a ghost hit (announced by ``allocate`` or found now)."""
+        if b in self._admitted:
+            del self._admitted[b]
+            return True
+        return self._ghost_hit(b)
 
     def _ghost_hit(self, b: int) -> bool:
         """If ``b`` is in a ghost list: adapt ``p``, drop the entry, earn an eviction credit."""
@@ -145,56 +156,40 @@ class ARCPolicy:
 
     def evict(self, n: int) -> list[int]:
         victims: list[int] = []
-        credits = self._credits
-        while len(victims) < n and (self._t1 or self._t2):
-            if credits:
-                self._replace(credits.pop(0) == _T2, victims)
+        credits, lists = self._credits, self._list
+        t1, t2, b1, b2 = self._t1, self._t2, self._b1, self._b2
+        c, p, n1, n2 = self._capacity, self._p, self._n1, self._n2
+        while len(victims) < n and (t1 or t2):
+            if credits:  # REPLACE for a ghost hit
+                hit_in_b2 = credits.popleft() == _T2
+                remember = True
+            elif n1 + len(b1) + 1 > c:  # case IV, t1 and b1 full
+                remember = bool(b1)
+                if remember:
+                    b1.popitem(last=False)
+                hit_in_b2 = False
+            else:  # case IV, room in t1 and b1
+                if n1 + len(b1) + n2 + len(b2) >= 2 * c and b2:
+                    b2.popitem(last=False)
+                remember = True
+                hit_in_b2 = False
+            # REPLACE (or, case IV without b1, t1's LRU outright). When the chosen list has
+            # only blocks in use, the other list gives the victim.
+            from_t1 = not remember or (n1 > 0 and (n1 > p or (n1 == p and hit_in_b2))) or n2 == 0
+            if (from_t1 and t1) or not t2:
+                b = t1.popitem(last=False)[0]
+                n1 -= 1
+                if remember:
+                    b1[b] = None
             else:
-                self._case_iv(victims)
+                b = t2.popitem(last=False)[0]
+                n2 -= 1
+                if remember:
+                    b2[b] = None
+            del lists[b]
+            victims.append(b)
+        self._n1, self._n2 = n1, n2
         return victims
-
-    # -- eviction -----------------------------------------------------------------------
-
-    def _replace(self, hit_in_b2: bool, victims: list[int]) -> None:
-        n1, p = self._n1, self._p
-        if (n1 > 0 and (n1 > p or (n1 == p and hit_in_b2))) or self._n2 == 0:
-            self._evict_lru(_T1, True, victims)
-        else:
-            self._evict_lru(_T2, True, victims)
-
-    def _case_iv(self, victims: list[int]) -> None:
-        c = self._capacity
-        b1, b2 = self._b1, self._b2
-        if self._n1 + len(b1) + 1 > c:
-            if b1:
-                b1.popitem(last=False)
-                self._replace(False, victims)
-            else:
-                self._evict_lru(_T1, False, victims)
-            return
-        if self._n1 + len(b1) + self._n2 + len(b2) >= 2 * c and b2:
-            b2.popitem(last=False)
-        self._replace(False, victims)
-
-    def _evict_lru(self, which: int, remember: bool, victims: list[int]) -> None:
-        """Evict the LRU block of ``which`` (of the other list if ``which`` has none that is
-        evictable), into its ghost list when ``remember``."""
-        if which == _T1 and not self._t1:
-            which = _T2
-        elif which == _T2 and not self._t2:
-            which = _T1
-        if which == _T1:
-            b = self._t1.popitem(last=False)[0]
-            self._n1 -= 1
-            ghost = self._b1
-        else:
-            b = self._t2.popitem(last=False)[0]
-            self._n2 -= 1
-            ghost = self._b2
-        del self._list[b]
-        if remember:
-            ghost[b] = None
-        victims.append(b)
 
     def __len__(self) -> int:
         return len(self._list)

@@ -1,6 +1,6 @@
 """``fifo``: first in, first out; a hit never moves a block.
 
-Owns one ordered map of cached blocks in insertion order (head = next victim), the set of
+Owns the queue of cached blocks in insertion order (head = next victim), their set, the
 blocks in use and the blocks the eviction scan parked. A request's misses are inserted in
 release order (tail first), so its tail is evicted before its head.
 
@@ -12,9 +12,8 @@ never reads timestamps or categories.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
-from itertools import islice, repeat
 
 from agent.policies.registry import register
 
@@ -23,10 +22,13 @@ from agent.policies.registry import register
 class FIFOPolicy:
     """Evicts the block inserted longest ago, whatever its hits."""
 
-    __slots__ = ("_in_use", "_order", "_parked")
+    __slots__ = ("_cached", "_in_use", "_order", "_parked")
 
     def __init__(self, capacity: int = 0) -> None:
-        self._order: OrderedDict[int, None] = OrderedDict()
+        # Blocks leave the order only at its head, so a deque (no hashing) holds it and a
+        # set answers membership.
+        self._order: deque[int] = deque()
+        self._cached: set[int] = set()
         self._in_use: set[int] = set()
         self._parked: set[int] = set()
 
@@ -36,38 +38,42 @@ class FIFOPolicy:
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
     ) -> None:
-        self._in_use.difference_update(blocks)
-        if self._parked:
-            self._unpark(blocks)
-        # Existing keys keep their place: only misses join the tail, in release order.
-        self._order.update(zip(blocks, repeat(None)))
+        in_use = self._in_use
+        if in_use:
+            if self._parked:
+                self._unpark(blocks)
+            in_use.difference_update(blocks)
+        cached, order = self._cached, self._order
+        for b in blocks:  # misses join the tail in release order; hits stay where they are
+            if b not in cached:
+                cached.add(b)
+                order.append(b)
 
     def _unpark(self, blocks: Sequence[int]) -> None:
-        parked, order = self._parked, self._order
+        parked, in_use = self._parked, self._in_use
         for b in blocks:
-            if b in parked:
+            if b in parked and b in in_use:
                 parked.discard(b)
-                order[b] = None
-                order.move_to_end(b, last=False)
+                self._order.appendleft(b)
 
     def evict(self, n: int) -> list[int]:
-        order = self._order
-        if not self._in_use:
-            victims = list(islice(order, max(n, 0)))
-            deque(map(order.__delitem__, victims), maxlen=0)
-            return victims
-        in_use, parked = self._in_use, self._parked
-        victims = []
-        while len(victims) < n and order:
-            b = order.popitem(last=False)[0]
-            if b in in_use:
-                parked.add(b)
-            else:
-                victims.append(b)
+        order, in_use = self._order, self._in_use
+        victims: list[int] = []
+        if not in_use:
+            k = min(max(n, 0), len(order))
+            victims = [order.popleft() for _ in range(k)]
+        else:
+            while len(victims) < n and order:
+                b = order.popleft()
+                if b in in_use:
+                    self._parked.add(b)
+                else:
+                    victims.append(b)
+        self._cached.difference_update(victims)
         return victims
 
     def __len__(self) -> int:
-        return len(self._order) + len(self._parked)
+        return len(self._cached)
 
     def __contains__(self, block: object) -> bool:
-        return block in self._order or block in self._parked
+        return block in self._cached

@@ -22,6 +22,7 @@ libCacheSim looks a missed block up in the ghost (removing it there) before it e
 each eviction may push the oldest entry out of a full ghost. Here the miss is only known
 when it is freed, after the eviction, so the ghost is trimmed to its size lazily, just
 after that lookup. Both keep the same entries: the newest ``ghost`` ones, less the block.
+A request's misses are looked up together, then the ghost is trimmed once.
 
 A block in use cannot be evicted: the scan parks it (out of its queue, count kept) instead
 of passing it on every later scan; freed, it rejoins the tail of its queue.
@@ -33,8 +34,9 @@ of two slots or more). Blocks are unit-sized here, so the small queue gets at le
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
+from itertools import islice
 
 from agent.policies.registry import register
 
@@ -66,8 +68,10 @@ class S3FIFOPolicy:
         self._small_size = max(1, int(capacity * SMALL_RATIO))
         self._main_size = capacity - self._small_size
         self._ghost_size = int(capacity * GHOST_RATIO)
-        self._small: OrderedDict[int, None] = OrderedDict()
-        self._main: OrderedDict[int, None] = OrderedDict()
+        # Blocks leave small and main only at the head: deques (no hashing); the ghost
+        # also loses blocks found in it, so it is an ordered map.
+        self._small: deque[int] = deque()
+        self._main: deque[int] = deque()
         self._ghost: OrderedDict[int, None] = OrderedDict()
         self._count: dict[int, int] = {}  # every cached block -> accesses since admission
         self._in_use: set[int] = set()
@@ -77,85 +81,83 @@ class S3FIFOPolicy:
     def touch(self, blocks: Sequence[int], now: float) -> None:
         count, in_use = self._count, self._in_use
         for b in blocks:
-            if b not in in_use:
-                count[b] += 1
+            if b not in in_use:  # already in use (or named twice): counted once
                 in_use.add(b)
+                count[b] += 1
 
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
     ) -> None:
-        count, in_use, parked = self._count, self._in_use, self._parked
+        count, in_use, parked, ghost = self._count, self._in_use, self._parked, self._ghost
+        small, main = self._small, self._main
+        inserted = False
         for b in blocks:
-            if b in in_use:
-                in_use.discard(b)
-                if b in parked:
-                    (self._main if parked.pop(b) else self._small)[b] = None
-            elif b not in count:
-                self._insert(b)
-
-    def _insert(self, b: int) -> None:
-        ghost = self._ghost
-        self._count[b] = 0
-        if b in ghost:
-            del ghost[b]
-            self._main[b] = None
-        elif not self._has_evicted and len(self._small) >= self._small_size:
-            self._main[b] = None
-        else:
-            self._small[b] = None
-        self._trim_ghost()
+            if b in count:
+                if b in in_use:
+                    in_use.discard(b)
+                    if b in parked:
+                        (main if parked.pop(b) else small).append(b)
+                continue
+            # A miss. The request's misses all see the ghost as it stood after the last
+            # evictions (untrimmed); it is trimmed once they are in.
+            inserted = True
+            count[b] = 0
+            if b in ghost:
+                del ghost[b]
+                main.append(b)
+            elif not self._has_evicted and len(small) >= self._small_size:
+                main.append(b)  # before the first eviction, a full small queue overflows
+            else:
+                small.append(b)
+        if inserted:
+            self._trim_ghost()
 
     def _trim_ghost(self) -> None:
         ghost, size = self._ghost, self._ghost_size
-        while len(ghost) > size:
-            ghost.popitem(last=False)
+        excess = len(ghost) - size
+        if excess > 0:
+            deque(map(ghost.__delitem__, list(islice(ghost, excess))), maxlen=0)
 
     def evict(self, n: int) -> list[int]:
         self._has_evicted = True
         # Bounds the ghost when evictions come without inserts; a no-op otherwise, since
         # every insert already trimmed it.
         self._trim_ghost()
-        small, main = self._small, self._main
+        small, main, ghost = self._small, self._main, self._ghost
+        count, in_use, parked = self._count, self._in_use, self._parked
+        main_size = self._main_size
         victims: list[int] = []
         while len(victims) < n and (small or main):
-            if main and (len(main) > self._main_size or not small):
-                self._evict_main(victims)
+            if main and (len(main) > main_size or not small):
+                # Main: a block seen since its last pass goes round again, one count less.
+                while main:
+                    b = main.popleft()
+                    if b in in_use:
+                        parked[b] = True
+                        continue
+                    c = count[b]
+                    if c:
+                        count[b] = (c if c < MAX_COUNT else MAX_COUNT) - 1
+                        main.append(b)
+                    else:
+                        del count[b]
+                        victims.append(b)
+                        break
             else:
-                self._evict_small(victims)
+                # Small: a block seen twice moves to main, else it goes, leaving a ghost.
+                while small:
+                    b = small.popleft()
+                    if b in in_use:
+                        parked[b] = False
+                    elif count[b] >= MOVE_TO_MAIN:
+                        count[b] = 0
+                        main.append(b)
+                    else:
+                        del count[b]
+                        ghost[b] = None
+                        victims.append(b)
+                        break
         return victims
-
-    def _evict_small(self, victims: list[int]) -> None:
-        """Walk the small queue until one block is evicted or the queue is empty."""
-        small, count, in_use = self._small, self._count, self._in_use
-        while small:
-            b = small.popitem(last=False)[0]
-            if b in in_use:
-                self._parked[b] = False
-            elif count[b] >= MOVE_TO_MAIN:
-                count[b] = 0
-                self._main[b] = None
-            else:
-                del count[b]
-                self._ghost[b] = None
-                victims.append(b)
-                return
-
-    def _evict_main(self, victims: list[int]) -> None:
-        """Walk the main queue until one block is evicted or the queue is empty."""
-        main, count, in_use = self._main, self._count, self._in_use
-        while main:
-            b = main.popitem(last=False)[0]
-            if b in in_use:
-                self._parked[b] = True
-                continue
-            c = count[b]
-            if c >= 1:
-                count[b] = min(c, MAX_COUNT) - 1
-                main[b] = None
-            else:
-                del count[b]
-                victims.append(b)
-                return
 
     def __len__(self) -> int:
         return len(self._count)

@@ -9,7 +9,7 @@ stays where it is, the first unvisited one is evicted, and the hand stops on the
 block. Past the newest it wraps to the oldest. A hit only sets the bit; a miss is inserted
 as the newest, unvisited, in release order (a request's tail before its head).
 
-The queue is held as two ordered maps split at the hand: ``ahead`` (from the hand to the
+The queue is held as two deques split at the hand: ``ahead`` (from the hand to the
 newest, where inserts go) and ``behind`` (from the oldest up to the hand, in queue order).
 The hand pops the head of ``ahead``; a visited block moves to the end of ``behind``, which
 keeps queue order because everything behind the hand is older than everything ahead of it.
@@ -22,7 +22,7 @@ it on every turn; freed, it rejoins as the newest.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Sequence
 from itertools import repeat
 
@@ -36,8 +36,9 @@ class SievePolicy:
     __slots__ = ("_ahead", "_behind", "_in_use", "_parked", "_visited")
 
     def __init__(self, capacity: int = 0) -> None:
-        self._ahead: OrderedDict[int, None] = OrderedDict()
-        self._behind: OrderedDict[int, None] = OrderedDict()
+        # Blocks leave either half only at its head: deques, no hashing.
+        self._ahead: deque[int] = deque()
+        self._behind: deque[int] = deque()
         self._visited: dict[int, bool] = {}  # every cached block -> its visited bit
         self._in_use: set[int] = set()
         self._parked: set[int] = set()
@@ -49,16 +50,23 @@ class SievePolicy:
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
     ) -> None:
+        in_use = self._in_use
+        if in_use:
+            if self._parked:
+                self._unpark(blocks)
+            in_use.difference_update(blocks)
         visited, ahead = self._visited, self._ahead
-        self._in_use.difference_update(blocks)
-        parked = self._parked
-        for b in blocks:
+        for b in blocks:  # misses join as the newest, unvisited, in release order
             if b not in visited:
                 visited[b] = False
-                ahead[b] = None
-            elif b in parked:
+                ahead.append(b)
+
+    def _unpark(self, blocks: Sequence[int]) -> None:
+        parked, in_use = self._parked, self._in_use
+        for b in blocks:
+            if b in parked and b in in_use:
                 parked.discard(b)
-                ahead[b] = None
+                self._ahead.append(b)
 
     def evict(self, n: int) -> list[int]:
         ahead, behind = self._ahead, self._behind
@@ -69,12 +77,15 @@ class SievePolicy:
                 if not behind:
                     break
                 ahead, behind = behind, ahead
-            b = ahead.popitem(last=False)[0]
-            if b in in_use:
+            b = ahead.popleft()
+            if visited[b]:
+                if b in in_use:
+                    self._parked.add(b)
+                else:
+                    visited[b] = False
+                    behind.append(b)
+            elif b in in_use:
                 self._parked.add(b)
-            elif visited[b]:
-                visited[b] = False
-                behind[b] = None
             else:
                 del visited[b]
                 victims.append(b)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import agent.policies as agent_policies
 from agent.policies.registry import UnknownPolicyError
 from controlplane.replay import catalog
-from controlplane.replay.engine import replay_hits
+from controlplane.replay.engine import ReplayCheckError, replay_hits
 from controlplane.traces.model import Trace
 
 # -- random prefix-sharing traces -------------------------------------------------------
@@ -52,7 +52,10 @@ def test_replay_invariants_hold_for_every_policy(requests: list[list[int]], capa
     for name in catalog.names():
         policy = catalog.create(name, capacity, trace)
         # check=True: capacity, victims and membership after every request.
-        got = replay_hits(trace, policy, capacity, check=True)
+        try:
+            got = replay_hits(trace, policy, capacity, check=True)
+        except ReplayCheckError as e:
+            raise AssertionError(f"{name}: {e}") from e
         assert (got >= 0).all() and (got <= trace.lengths).all(), name
         assert (got <= ideal).all(), f"{name} beats the infinite cache: {got} > {ideal}"
         if name != "inf":  # the infinite cache reports no size, so it is never asked to evict
