@@ -1,0 +1,92 @@
+"""``wa``: the workload-aware policy of POLICY.md, fitted parameters swapped in live.
+
+Owns ``WAPolicy``: one time-ordered queue per request category; the victim is the block
+least likely to be reused within its category's life window (the key and its full
+tie-break order are defined in ``agent.policies.wa_core``). Every access, hit or insert,
+stamps the block with the request's time when the request releases it. Eviction looks
+only at queue heads, and usually at a few of the W. It must never do I/O or fit
+anything: parameters arrive whole, as a ``PolicyDocument``, through ``set_policy``.
+
+Categories: ``free`` receives an int code; ``category_names[code]`` names it and the
+document's ``params_for(name)`` gives its parameters (a code with no name, or a name the
+document lacks, gets ``doc.default``). ``attribution`` decides a block's category:
+``"last"`` (default) the category of the request that accessed it last, ``"creator"``
+that of the request that first inserted it (kept until the block is evicted).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from agent.params import BUILTIN_POLICY, PolicyDocument
+from agent.policies.registry import register
+from agent.policies.wa_core import (
+    Attribution,
+    Const,
+    WACore,
+    entries_of,
+    log_weight,
+    runs,
+)
+from agent.policies.wa_queue import Entry, TimeQueue
+
+
+class WALane(TimeQueue):
+    """A category's queue and its row in the evictor's arrays."""
+
+    __slots__ = ("idx",)
+
+    def __init__(self, idx: int) -> None:
+        super().__init__()
+        self.idx = idx
+
+
+@register("wa")
+class WAPolicy(WACore[WALane]):
+    """Workload-aware eviction: smallest ``ReuseProb`` first, tail first on ties.
+
+    The registry builds it from a capacity alone: built-in parameters and an empty
+    category table (every code gets the default curve, i.e. LRU order, tail first, until
+    ``set_policy`` and ``add_category`` say otherwise).
+    """
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        capacity: int = 0,
+        *,
+        category_names: Sequence[str] = (),
+        doc: PolicyDocument = BUILTIN_POLICY,
+        attribution: Attribution = "last",
+    ) -> None:
+        super().__init__(
+            category_names=category_names, doc=doc, attribution=attribution, clock=-math.inf
+        )
+
+    def _const_of(self, name: str | None) -> Const:
+        return log_weight(self._doc.default if name is None else self._doc.params_for(name))
+
+    def _new_lane(self, row: int) -> WALane:
+        return WALane(row)
+
+    def free(
+        self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
+    ) -> None:
+        if not len(blocks):
+            return
+        t = self._tick(now)
+        entries, ordered = entries_of(blocks, offsets, t, self._seq)
+        self._release(blocks, entries)
+        if self._by_creator:
+            for code, lo, hi in runs(self._codes_of(blocks, category)):
+                self._file(code, entries[lo:hi], t, ordered)
+        else:
+            self._file(category, entries, t, ordered)
+
+    def _file(self, code: int, entries: list[Entry], t: float, ordered: bool) -> None:
+        lane = self._lanes.get(code) or self._lane(code)
+        if lane.h == len(lane.ents):  # stamps never go back: only an empty lane needs a bound
+            self._t0[lane.idx] = t
+        lane.add(entries, t, ordered)

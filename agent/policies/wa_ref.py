@@ -1,0 +1,134 @@
+"""``wa-ref``: the reference code's workload-aware eviction, shortcuts included, to compare.
+
+Owns ``WARefPolicy``, which keeps the victim order of ``agent.policies.wa_core`` but
+stamps and files blocks the way the reference code (the paper authors' vLLM pull
+request) did, per POLICY.md's "shortcuts":
+
+- last access is set only on a hit: a block inserted and never hit keeps last access 0,
+  so its score is about 0 (and, all such blocks of a category tying, the one deepest in
+  its prompt goes first, however recently it was inserted);
+- a block keeps its creator's category until it is evicted;
+- a category the document does not list gets priority 0 (``-inf``): evicted first;
+- the life window is whatever the document says (the reference fitter puts 5 s there).
+
+A block counts as hit when it is cached (in use or evictable) as its request releases
+it; it is then stamped with the clock (which starts at 0). It must never be used as the
+production policy; it exists so that replays measure what each shortcut costs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from heapq import heappop, heappush
+
+from agent.params import BUILTIN_POLICY, PolicyDocument
+from agent.policies.registry import register
+from agent.policies.wa_core import Const, WACore, entries_of, log_weight, runs
+from agent.policies.wa_queue import Entry, Evictable, Key, TimeQueue, ZeroQueue
+
+_PRIORITY_ZERO: Const = (-math.inf, 1.0)
+
+
+class RefLane:
+    """One category: never-hit blocks in ``ZeroQueue``s by offset (deepest first), then
+    hit blocks in a ``TimeQueue``. Every stamp-0 key is below every later one."""
+
+    __slots__ = ("cur", "heap", "idx", "q", "zero")
+
+    def __init__(self, idx: int) -> None:
+        self.q = TimeQueue()
+        self.zero: dict[int, ZeroQueue] = {}  # -offset -> its queue
+        self.heap: list[int] = []  # the keys of ``zero``, a min-heap
+        self.cur: TimeQueue | ZeroQueue = self.q  # where the head is
+        self.idx = idx
+
+    def add_zero(self, entries: list[Entry]) -> None:
+        zero = self.zero
+        for e in entries:
+            queue = zero.get(e[1])
+            if queue is None:
+                queue = zero[e[1]] = ZeroQueue(e[1])
+                heappush(self.heap, e[1])
+            queue.ents.append(e)
+
+    def head(self, ev: Evictable) -> Entry | None:
+        heap = self.heap
+        while heap:
+            queue = self.zero[heap[0]]
+            e = queue.head(ev)
+            if e is not None:
+                self.cur = queue
+                return e
+            del self.zero[heappop(heap)]
+        self.cur = self.q
+        return self.q.head(ev)
+
+    def take(
+        self, ev: Evictable, lc: float, a: float, now: float, thr: Key | None, limit: int
+    ) -> list[int]:
+        victims: list[int] = []
+        while len(victims) < limit:
+            cur = self.cur
+            victims += cur.take(ev, lc, a, now, thr, limit - len(victims))
+            # Stop where a queue still holds blocks (they are at or above thr); an
+            # emptied one hands over to the next queue of this category.
+            if cur.head(ev) is not None or self.head(ev) is None:
+                break
+        return victims
+
+    def compact(self, ev: Evictable) -> None:
+        self.q.compact(ev)
+        for queue in self.zero.values():
+            queue.compact(ev)
+
+
+@register("wa-ref")
+class WARefPolicy(WACore[RefLane]):
+    """The reference code's behaviour (see the module docstring); same Protocol as ``wa``."""
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        capacity: int = 0,
+        *,
+        category_names: Sequence[str] = (),
+        doc: PolicyDocument = BUILTIN_POLICY,
+    ) -> None:
+        super().__init__(category_names=category_names, doc=doc, attribution="creator", clock=0.0)
+
+    def _const_of(self, name: str | None) -> Const:
+        params = None if name is None else self._doc.categories.get(name)
+        return _PRIORITY_ZERO if params is None else log_weight(params)
+
+    def _new_lane(self, row: int) -> RefLane:
+        return RefLane(row)
+
+    def free(
+        self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
+    ) -> None:
+        if not len(blocks):
+            return
+        t = self._tick(now)
+        ev, in_use = self._ev, self._in_use
+        hit = [b in ev or b in in_use for b in blocks]
+        entries, ordered = entries_of(blocks, offsets, t, self._seq)
+        if t <= 0.0 or not all(hit):
+            # Never-hit blocks keep last access 0 (so do hits at time 0).
+            entries = [
+                e if h and t > 0.0 else (0.0, *e[1:]) for e, h in zip(entries, hit, strict=True)
+            ]
+        self._release(blocks, entries)
+        codes = self._codes_of(blocks, category)
+        # One stretch per (creator, stamped 0 or not): key = 2 * code + stamped.
+        stamped = [e[0] > 0.0 for e in entries]
+        for key, lo, hi in runs([2 * c + h for c, h in zip(codes, stamped, strict=True)]):
+            code = key >> 1
+            lane = self._lane(code)
+            if key & 1:
+                lane.q.add(entries[lo:hi], t, ordered)
+                self._note(lane, t)
+            else:
+                lane.add_zero(entries[lo:hi])
+                self._note(lane, 0.0)
