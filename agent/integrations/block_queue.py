@@ -1,0 +1,250 @@
+"""``KvwiseFreeQueue``: a drop-in for vLLM's ``FreeKVCacheBlockQueue`` whose eviction order
+is a kvwise evictor's, and the per-block side table that feeds it.
+
+Owns the free blocks of one block pool, in three zones, popped in this order:
+
+1. *fresh*: blocks that hold no cached content (never filled, or freed without a hash),
+   last in first out, as vLLM's ``prepend_n`` does; at start-up every block in id order,
+   so the first ``popleft`` returns block 0 (vLLM's null block);
+2. *cached*: free blocks with a block hash, held by the evictor (``wa`` by default), which
+   decides the victims; their ids are vLLM block ids;
+3. *unpinned*: hash-less blocks given back with ``append`` (vLLM's ``unpin_blocks``: still
+   read by someone until reused), first in first out, the last resort as in vLLM.
+
+It also owns the side table (per block id: prompt offset, evictor category code, the low
+64 bits of the block hash), filled by the integration from the engine's cache and hit
+paths. The invariants of vLLM's queue hold: it holds exactly the free blocks and
+``num_free_blocks`` is their count; ``remove`` is O(1) (a hit's evictor ``touch`` is
+staged and applied, batched, at the next ``popleft_n`` or ``append_n``); ``popleft_n(n)``
+returns ``n`` blocks or raises; blocks are never linked (their ``prev_free_block`` and
+``next_free_block`` stay ``None``); it never resets hashes or emits vLLM events. Only the
+engine thread calls it. It must never import vLLM, do I/O or wait on another thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator, Sequence
+from itertools import groupby
+from typing import Any, Protocol
+
+from agent.policies.base import EvictionPolicy
+
+
+class Block(Protocol):
+    """What the queue reads of a vLLM ``KVCacheBlock``."""
+
+    block_id: int
+
+    @property
+    def block_hash(self) -> bytes | None: ...
+
+
+class QueueHooks(Protocol):
+    """The agent side of one queue (events, hot reload); see ``engine_agent``."""
+
+    def before_call(self) -> None:
+        """Called at the start of ``popleft_n`` and ``append_n`` (engine thread)."""
+
+    def evicted(self, hashes: list[int], now: float) -> None:
+        """Cached blocks with these hashes (low 64 bits) were just taken for reuse."""
+
+
+def hash64(key: bytes, group_suffix: int = 4) -> int:
+    """The low 64 bits of a vLLM block hash, as a signed int (what kvwise events carry).
+
+    vLLM publishes ``int.from_bytes(hash, "big") & (2**64 - 1)`` when integer hashes are
+    on: the same 64 bits, read unsigned. ``key`` is a ``BlockHashWithGroupId`` (the hash
+    followed by a 4-byte group id) unless ``group_suffix`` is 0.
+    """
+    end = len(key) - group_suffix
+    return int.from_bytes(key[end - 8 : end], "big", signed=True)
+
+
+class KvwiseFreeQueue:
+    """vLLM's free-queue surface over an evictor. ``blocks[i].block_id`` must be ``i``."""
+
+    def __init__(
+        self,
+        blocks: Sequence[Any],
+        evictor: EvictionPolicy,
+        *,
+        hooks: QueueHooks | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        n = len(blocks)
+        if any(b.block_id != i for i, b in enumerate(blocks)):
+            raise ValueError("blocks[i].block_id must equal i")
+        self.blocks = list(blocks)
+        self.evictor = evictor
+        self.hooks = hooks
+        self.clock = clock
+        self.num_free_blocks = n
+        # The end of the dict is the head: popitem() takes it in O(1).
+        self._fresh: dict[int, Any] = {b.block_id: b for b in reversed(self.blocks)}
+        self._cached: dict[int, None] = {}  # free block ids the evictor holds, release order
+        self._unpinned: OrderedDict[int, Any] = OrderedDict()
+        self._hits: list[int] = []  # removed from the evictor's free set, touch not yet sent
+        # Side table, per block id.
+        self.offset = [0] * n
+        self.code = [0] * n
+        self.hash = [0] * n
+
+    # --- vLLM's surface --------------------------------------------------------------------
+    def popleft(self) -> Any:
+        if self.num_free_blocks <= 0:
+            raise ValueError("No free blocks available")
+        return self.popleft_n(1)[0]
+
+    def popleft_n(self, n: int) -> list[Any]:
+        if n <= 0:
+            return []
+        if n > self.num_free_blocks:
+            raise ValueError(f"cannot pop {n} blocks: {self.num_free_blocks} free")
+        if self.hooks is not None:
+            self.hooks.before_call()
+        self._send_hits()
+        fresh = self._fresh
+        k = min(n, len(fresh))
+        out = [fresh.popitem()[1] for _ in range(k)]
+        if k < n:
+            out += self._evict(n - k)
+        if len(out) < n:
+            unpinned = self._unpinned
+            out += [
+                unpinned.popitem(last=False)[1] for _ in range(min(n - len(out), len(unpinned)))
+            ]
+        if len(out) != n:
+            raise RuntimeError(f"free queue out of sync: {n} wanted, {len(out)} found")
+        self.num_free_blocks -= n
+        return out
+
+    def _evict(self, n: int) -> list[Any]:
+        victims = self.evictor.evict(n)
+        if not victims:
+            return []
+        try:
+            deque(map(self._cached.__delitem__, victims), maxlen=0)
+        except KeyError as exc:
+            raise RuntimeError(f"evictor returned block {exc} that is not free") from None
+        blocks = self.blocks
+        out = [blocks[i] for i in victims]
+        if self.hooks is not None:
+            h = self.hash
+            hashes = [h[b.block_id] for b in out if b.block_hash is not None]
+            if hashes:
+                self.hooks.evicted(hashes, self.clock())
+        return out
+
+    def remove(self, block: Any) -> None:
+        bid = block.block_id
+        if self._cached.pop(bid, 0) is None:
+            self._hits.append(bid)  # the evictor hears of it, batched, before its next use
+        elif self._fresh.pop(bid, None) is None and self._unpinned.pop(bid, None) is None:
+            raise RuntimeError(f"remove() called on a block that is not free: {bid}")
+        self.num_free_blocks -= 1
+
+    def append(self, block: Any) -> None:
+        self.append_n([block])
+
+    def append_n(self, blocks: Sequence[Any]) -> None:
+        if not blocks:
+            return
+        if self.hooks is not None:
+            self.hooks.before_call()
+        self._send_hits()
+        ids = [b.block_id for b in blocks if b.block_hash is not None]
+        if len(ids) != len(blocks):
+            unpinned = self._unpinned
+            for b in blocks:
+                if b.block_hash is None:
+                    unpinned[b.block_id] = b
+        if ids:
+            self._free(ids)
+        self.num_free_blocks += len(blocks)
+
+    def _free(self, ids: list[int]) -> None:
+        """Cached blocks become evictable, stamped now, each with its side-table category
+        and prompt offset (one evictor call per run of equal categories)."""
+        now = self.clock()
+        code = self.code
+        offs = list(map(self.offset.__getitem__, ids))
+        codes = list(map(code.__getitem__, ids))
+        free = self.evictor.free
+        if codes.count(codes[0]) == len(codes):
+            free(ids, offs, now, codes[0])
+        else:
+            lo = 0
+            for c, run in groupby(codes):
+                hi = lo + sum(1 for _ in run)
+                free(ids[lo:hi], offs[lo:hi], now, c)
+                lo = hi
+        self._cached.update(dict.fromkeys(ids))
+
+    def prepend_n(self, blocks: Sequence[Any]) -> None:
+        if not blocks:
+            return
+        self._fresh.update((b.block_id, b) for b in reversed(blocks))
+        self.num_free_blocks += len(blocks)
+
+    def get_all_free_blocks(self) -> list[Any]:
+        """Every free block: fresh (pop order), cached (release order, not the evictor's
+        victim order, which would cost a full sort), unpinned (pop order)."""
+        blocks = self.blocks
+        return [
+            *reversed(self._fresh.values()),
+            *(blocks[i] for i in self._cached),
+            *self._unpinned.values(),
+        ]
+
+    def iter_blocks_after(self, cursor: Any | None) -> Iterator[Any]:
+        """Free blocks after ``cursor`` in ``get_all_free_blocks`` order (O(free blocks))."""
+        seen = cursor is None
+        for b in self.get_all_free_blocks():
+            if seen:
+                yield b
+            elif b is cursor:
+                seen = True
+
+    # --- side table (called by the integration's wrappers) ----------------------------------
+    def _send_hits(self) -> None:
+        if self._hits:
+            hits, self._hits = self._hits, []
+            self.evictor.touch(hits, self.clock())
+
+    def note_cached(self, blocks: Sequence[Any], first: int, code: int) -> list[int]:
+        """``blocks`` (a request's, from prompt position ``first``) just got their hashes:
+        remember position, category and hash. Returns the hashes (blocks without a hash,
+        e.g. null or masked ones, are skipped and get none)."""
+        offset, codes, hashes = self.offset, self.code, self.hash
+        out: list[int] = []
+        for i, b in enumerate(blocks, first):
+            key = b.block_hash
+            if key is None:
+                continue
+            bid = b.block_id
+            offset[bid] = i
+            codes[bid] = code
+            hashes[bid] = h = hash64(key)
+            out.append(h)
+        return out
+
+    def note_hits(self, blocks: Sequence[Any], code: int) -> tuple[list[int], list[int]]:
+        """A request of category ``code`` reuses cached ``blocks``: its category becomes
+        theirs (attribution to the last accessor). Returns their hashes and offsets."""
+        codes = self.code
+        ids = [b.block_id for b in blocks]
+        for bid in ids:
+            codes[bid] = code
+        return list(map(self.hash.__getitem__, ids)), list(map(self.offset.__getitem__, ids))
+
+    def __len__(self) -> int:
+        return self.num_free_blocks
+
+    def __repr__(self) -> str:
+        return (
+            f"KvwiseFreeQueue(free={self.num_free_blocks}, fresh={len(self._fresh)}, "
+            f"cached={len(self._cached)}, unpinned={len(self._unpinned)}, "
+            f"evictor={type(self.evictor).__name__})"
+        )

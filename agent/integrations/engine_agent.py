@@ -1,0 +1,146 @@
+"""The agent inside an engine whose free queue is kvwise's: ``EngineAgent``.
+
+Owns the glue between one ``KvwiseFreeQueue`` (which drives the evictor itself, by block
+id) and the ``Agent`` facade (which keeps the access history, the events, the hit counters,
+the subscriber and the heartbeat, by block hash). The facade's policy slot holds an
+``EngineOrder``: its ``touch`` and ``free`` do nothing (the queue already told the
+evictor), its ``evict`` hands over the hashes of the victims the queue just took, and
+``set_policy`` reaches the evictor, so a hot-reloaded document is swapped in, whole, on
+the engine thread at the next queue call. It also owns the request -> category step:
+``kv_category`` from the request's extra arguments, else ``agent.infer``'s inference,
+bounded by the agent's category table. It must never import an engine or wait on I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from agent.core import Agent
+from agent.params import PolicyDocument
+from agent.policies.base import EvictionPolicy
+from agent.settings import AgentSettings
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CATEGORY = "default"
+"""Category of requests that name none when inference is off."""
+CATEGORY_KEY = "kv_category"
+"""Key of the category in a request's extra arguments (OpenAI ``vllm_xargs``)."""
+
+
+class EngineOrder:
+    """The ``Agent``'s view of a policy that the engine's queue drives directly."""
+
+    def __init__(self, evictor: EvictionPolicy) -> None:
+        self.evictor = evictor
+        self.codes: dict[str, int] = {}
+        self._victims: list[int] = []
+
+    def touch(self, blocks: Sequence[int], now: float) -> None:
+        """Already applied by the queue (by block id)."""
+
+    def free(
+        self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
+    ) -> None:
+        """Already applied by the queue (by block id)."""
+
+    def stage(self, hashes: list[int]) -> None:
+        self._victims = hashes
+
+    def evict(self, n: int) -> list[int]:
+        victims, self._victims = self._victims[:n], []
+        return victims
+
+    def set_policy(self, doc: PolicyDocument) -> None:
+        setter = getattr(self.evictor, "set_policy", None)
+        if setter is not None:
+            setter(doc)
+
+    def add_category(self, name: str) -> int:
+        add = getattr(self.evictor, "add_category", None)
+        code = int(add(name)) if add is not None else len(self.codes)
+        self.codes[name] = code
+        return code
+
+    def __len__(self) -> int:
+        return len(self.evictor)
+
+    def __contains__(self, block: object) -> bool:
+        return False  # hashes are not the evictor's ids; nothing asks
+
+
+class EngineAgent:
+    """The queue hooks (``before_call``, ``evicted``) plus the cache and hit reports."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        evictor: EvictionPolicy,
+        *,
+        capacity: int,
+        engine: str,
+        infer: bool = True,
+    ) -> None:
+        self.order = EngineOrder(evictor)
+        self.agent = Agent(settings, capacity=capacity, engine=engine, policy=self.order)
+        self._names: dict[str, tuple[str, int]] = {}
+        self._inferrer: Any = None
+        if infer:
+            try:
+                from agent.infer import CategoryInferrer
+            except ImportError:  # inference not available: one default category
+                log.info("kvwise: no category inference; unnamed requests are %r", DEFAULT_CATEGORY)
+            else:
+                self._inferrer = CategoryInferrer()
+
+    @property
+    def infers(self) -> bool:
+        """Whether unnamed requests get an inferred category (which needs their hashes)."""
+        return self._inferrer is not None
+
+    # --- queue hooks (engine thread) -----------------------------------------------------
+    def before_call(self) -> None:
+        self.agent.apply_pending()
+
+    def evicted(self, hashes: list[int], now: float) -> None:
+        self.order.stage(hashes)
+        self.agent.evict(len(hashes), now)
+
+    # --- reports from the engine's cache paths ------------------------------------------
+    def category(self, explicit: object, hashes: Sequence[int], n_tokens: int) -> tuple[str, int]:
+        """``(name, evictor code)`` of a request: its explicit category, else the inferred
+        one, else the default. Names beyond the agent's table share ``other``."""
+        if isinstance(explicit, str) and explicit:
+            name = explicit
+        elif self._inferrer is not None:
+            name = self._inferrer.infer(hashes, n_tokens)
+        else:
+            name = DEFAULT_CATEGORY
+        got = self._names.get(name)
+        if got is None:
+            table = self.agent.categories
+            folded = table.name(table.code(name))  # registers it with the evictor too
+            got = (folded, self.order.codes[folded])
+            if len(self._names) < 4 * table.max_size:
+                self._names[name] = got
+        return got
+
+    def cached(self, hashes: list[int], offsets: Sequence[int], now: float, name: str) -> None:
+        """A request's blocks were computed and stored (INSERT events, accesses)."""
+        if hashes:
+            self.agent.free(hashes, offsets, now, name)
+
+    def hit(self, hashes: list[int], offsets: list[int], now: float, name: str) -> None:
+        """A request reuses cached blocks (HIT events, hits and accesses)."""
+        if hashes:
+            self.agent.touch(hashes, now, name, offsets=offsets)
+            self.agent.free(hashes, offsets, now, name)
+
+    def start(self) -> EngineAgent:
+        self.agent.start()
+        return self
+
+    def close(self) -> None:
+        self.agent.close()

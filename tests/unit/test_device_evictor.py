@@ -1,0 +1,189 @@
+"""The device (torch) evictor against the CPU ``wa``: same operations, same parameters, same
+victims in the same order (DESIGN.md invariant 6). Runs on the CPU (``simulated``).
+
+The differential tests draw operation scripts with the cases where orders can diverge:
+several categories (named, unnamed and negative codes), exact score ties (equal times,
+``p_reuse = 0`` giving ``-inf``), offsets in any order, a block named twice in one
+release, blocks in use, late timestamps, and parameter swaps between evictions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+from agent.device_evictor import DeviceEvictor  # noqa: E402
+from agent.params import BUILTIN_POLICY, CategoryParams, PolicyDocument  # noqa: E402
+from agent.policies.base import EvictionPolicy  # noqa: E402
+from agent.policies.wa import WAPolicy  # noqa: E402
+
+NAMES = ["chat", "code", "rag"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Any:
+    """Tiny tensors: intra-op threads only wait on each other on a shared CPU."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def cp(rate: float, p: float, life: float) -> CategoryParams:
+    return CategoryParams(rate=rate, p_reuse=p, life_s=life, source="fit")
+
+
+params = st.builds(
+    cp,
+    rate=st.sampled_from([0.01, 0.1, 1.0, 1.0, 7.5]),
+    p=st.sampled_from([0.0, 0.2, 0.5, 0.5, 1.0]),
+    life=st.sampled_from([0.5, 1.0, 60.0]),
+)
+docs = st.builds(
+    lambda version, cats, default: PolicyDocument(
+        version=version, created_at=0.0, categories=cats, default=default
+    ),
+    version=st.integers(1, 100),
+    cats=st.dictionaries(st.sampled_from(NAMES), params, max_size=3),
+    default=st.one_of(st.just(BUILTIN_POLICY.default), params),
+)
+blocks = st.integers(0, 24)
+times = st.sampled_from([0.0, 0.0, 0.5, 1.0, 1.0, 2.0, 3.25, 10.0])
+codes = st.sampled_from([0, 0, 1, 2, 3, 5, -1])
+op = st.one_of(
+    st.tuples(st.just("free"), st.lists(blocks, max_size=8), times, codes, st.booleans()),
+    st.tuples(st.just("touch"), st.lists(blocks, max_size=5), times),
+    st.tuples(st.just("evict"), st.integers(0, 9)),
+    st.tuples(st.just("policy"), docs),
+    st.tuples(st.just("category"), st.sampled_from([*NAMES, "late"])),
+    st.tuples(st.just("flush")),
+)
+
+
+def apply(pol: Any, step: tuple[Any, ...], clock: float) -> Any:
+    kind = step[0]
+    if kind == "free":
+        _, bs, t, code, tail_first = step
+        offs: Sequence[int] = range(len(bs) - 1, -1, -1) if tail_first else list(range(len(bs)))
+        # Times mostly increase; a smaller one is a late release (stamped with the clock).
+        pol.free(bs, offs, clock + t, code)
+    elif kind == "touch":
+        pol.touch(step[1], clock + step[2])
+    elif kind == "evict":
+        return pol.evict(step[1])
+    elif kind == "policy":
+        pol.set_policy(step[1])
+    elif kind == "category":
+        return pol.add_category(step[1])
+    elif kind == "flush" and isinstance(pol, DeviceEvictor):
+        pol.flush()
+    return None
+
+
+def run_both(script: list[tuple[Any, ...]], attribution: str, initial: int) -> None:
+    cpu = WAPolicy(category_names=NAMES[:initial], attribution=attribution)  # type: ignore[arg-type]
+    dev = DeviceEvictor.simulated(8, category_names=NAMES[:initial], attribution=attribution)  # type: ignore[arg-type]
+    clock = 0.0
+    for i, step in enumerate(script):
+        if step[0] in ("free", "touch") and step[2] > 0.0:
+            clock += 1.0  # time moves on now and then; repeated times make exact ties
+        got_cpu = apply(cpu, step, clock)
+        got_dev = apply(dev, step, clock)
+        assert got_dev == got_cpu, f"step {i} {step[0]}: device {got_dev} != wa {got_cpu}"
+        assert len(dev) == len(cpu)
+    assert all((b in dev) == (b in cpu) for b in range(26))
+    # Drain: the whole remaining order agrees.
+    assert dev.evict(100) == cpu.evict(100)
+    assert len(dev) == len(cpu)
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(script=st.lists(op, max_size=40), initial=st.integers(0, 3))
+def test_same_victims_as_wa_last_attribution(script: list[tuple[Any, ...]], initial: int) -> None:
+    run_both(script, "last", initial)
+
+
+@pytest.mark.slow
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(script=st.lists(op, max_size=40), initial=st.integers(0, 3))
+def test_same_victims_as_wa_creator_attribution(
+    script: list[tuple[Any, ...]], initial: int
+) -> None:
+    run_both(script, "creator", initial)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n_req=st.integers(1, 40),
+    seed=st.integers(0, 2**32 - 1),
+    evict_n=st.sampled_from([1, 16, 256]),
+)
+def test_same_victims_on_a_larger_prefix_workload(n_req: int, seed: int, evict_n: int) -> None:
+    """Requests sharing prefixes, released tail first, evicting in big batches."""
+    import random
+
+    rng = random.Random(seed)
+    d = PolicyDocument(
+        version=1,
+        created_at=0.0,
+        categories={"chat": cp(0.05, 0.6, 30.0), "code": cp(1.0, 0.3, 5.0)},
+    )
+    cpu = WAPolicy(category_names=["chat", "code"], doc=d)
+    dev = DeviceEvictor.simulated(64, category_names=["chat", "code"], doc=d)
+    now = 0.0
+    for r in range(n_req):
+        now += rng.choice([0.0, 0.1, 1.0])
+        base = rng.randrange(4) * 1000
+        req = [base + i for i in range(rng.randrange(1, 30))]
+        req += [10_000 + r * 100 + i for i in range(rng.randrange(0, 30))]
+        code = rng.randrange(3)
+        for pol in (cpu, dev):
+            pol.touch([b for b in req if b in pol], now)
+            pol.free(req[::-1], range(len(req) - 1, -1, -1), now, code)
+        if r % 3 == 2:
+            assert dev.evict(evict_n) == cpu.evict(evict_n)
+    assert dev.evict(10_000) == cpu.evict(10_000)
+
+
+def test_is_an_eviction_policy_and_grows_past_its_capacity() -> None:
+    dev = DeviceEvictor.simulated(2)
+    assert isinstance(dev, EvictionPolicy)
+    dev.free([5, 6, 7, 8], range(3, -1, -1), 1.0, 0)
+    dev.touch([9], 1.0)
+    assert len(dev) == 5 and dev.capacity >= 5
+    assert 9 in dev and 4 not in dev
+    # Tail first among equal times; the block in use never goes.
+    assert dev.evict(10) == [5, 6, 7, 8]
+    assert len(dev) == 1 and dev.evict(1) == []
+
+
+def test_set_policy_changes_the_next_eviction_and_rejects_non_documents() -> None:
+    slow_first = PolicyDocument(
+        version=1, categories={"a": cp(0.01, 0.5, 10.0), "b": cp(1.0, 0.5, 10.0)}
+    )
+    dev = DeviceEvictor.simulated(4, category_names=["a", "b"])
+    dev.free([1], [0], 0.0, 0)  # a, older
+    dev.free([2], [0], 5.0, 1)  # b, newer
+    dev.touch([], 10.0)
+    dev.set_policy(slow_first)
+    # b decays 100x faster: its newer block is the less likely to be reused.
+    assert dev.evict(1) == [2]
+    assert dev.policy is slow_first
+    with pytest.raises(TypeError):
+        dev.set_policy({"version": 2})  # type: ignore[arg-type]
+
+
+def test_zero_reuse_probability_ties_break_by_age_then_offset() -> None:
+    never = PolicyDocument(version=1, default=cp(1.0, 0.0, 1.0))
+    dev = DeviceEvictor.simulated(8, doc=never)
+    dev.free([1, 2], [0, 1], 1.0, 0)
+    dev.free([3, 4], [1, 0], 0.0, 0)  # late: stamped with the clock (1.0)
+    # All scores -inf, all t = 1.0: larger offset first, then release order.
+    assert dev.evict(4) == [2, 3, 1, 4]
