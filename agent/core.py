@@ -104,6 +104,7 @@ class Agent:
         # than twice that plus the ghost means evictions were lost to drops.
         history = AccessHistory(ghosts, max_blocks=2 * capacity + ghosts + 4096)
         self.document: PolicyDocument = BUILTIN_POLICY
+        self.applied_at = 0.0
         self.hits = 0
         self.accesses = 0
         self.started_at = time.time()
@@ -189,6 +190,7 @@ class Agent:
                 )
                 return False
         self.document = doc
+        self.applied_at = time.time()
         log.info("kvwise agent %s: policy v%d in force", self.worker_id, doc.version)
         return True
 
@@ -216,6 +218,7 @@ class Agent:
             engine=self.engine,
             capacity=self.capacity,
             applied_version=self.applied_version,
+            applied_at=self.applied_at,
             events_sent=self.events_sent,
             events_dropped=self.events_dropped,
             hits=self.hits,

@@ -281,6 +281,9 @@ def decode_policy(raw: bytes | str) -> PolicyDocument:
         raise WireError(f"policy: {reasons}") from None
 
 
+_OPTIONAL_STATUS_FIELDS: Final = frozenset({"applied_at"})
+
+
 @dataclass(frozen=True)
 class AgentStatus:
     """An agent's heartbeat, stored as JSON under ``Keys.agent(id)`` with a TTL."""
@@ -298,6 +301,8 @@ class AgentStatus:
     last_rejection: str = ""
     started_at: float = 0.0
     updated_at: float = 0.0
+    applied_at: float = 0.0
+    """When the version in force was swapped in (0: the built-in default, never swapped)."""
 
     def to_json(self) -> str:
         return json.dumps({"v": WIRE_SCHEMA_VERSION, **asdict(self)})
@@ -317,6 +322,8 @@ class AgentStatus:
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name not in obj:
+                if f.name in _OPTIONAL_STATUS_FIELDS:
+                    continue  # added after schema 1 shipped: older agents omit it
                 raise WireError(f"heartbeat: missing field {f.name!r}")
             values[f.name] = _typed(f.name, str(f.type), obj[f.name])
         return cls(**values)

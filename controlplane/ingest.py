@@ -30,20 +30,40 @@ Entry = tuple[bytes, dict[bytes, bytes]]
 DEAD_LETTER_MAXLEN = 10_000
 
 
+MAX_OUT_OF_ORDER = 4096
+"""Sequence numbers tracked above the first gap; past this, the oldest gap is written off."""
+
+
 @dataclass
 class _Sequence:
-    """Sequence accounting of one worker epoch."""
+    """Sequence accounting of one worker epoch: which batches arrived, which are missing.
 
-    top: int = 0
-    seen: int = 0
+    ``floor``: every batch up to it arrived (or was written off as ``lost``); ``above``:
+    batches that arrived beyond the first gap. Memory is bounded by ``MAX_OUT_OF_ORDER``.
+    """
 
-    def add(self, seq: int) -> None:
-        self.top = max(self.top, seq)
-        self.seen += 1
+    floor: int = 0
+    above: set[int] = field(default_factory=set)
+    lost: int = 0
+
+    def add(self, seq: int) -> bool:
+        """Record ``seq``; False if it arrived before (a resent batch: do not apply twice)."""
+        if seq <= self.floor or seq in self.above:
+            return False
+        self.above.add(seq)
+        if len(self.above) > MAX_OUT_OF_ORDER:
+            low = min(self.above)
+            self.lost += low - self.floor - 1
+            self.floor = low - 1
+        while self.floor + 1 in self.above:
+            self.floor += 1
+            self.above.discard(self.floor)
+        return True
 
     @property
     def missing(self) -> int:
-        return max(0, self.top - self.seen)
+        top = max(self.above, default=self.floor)
+        return self.lost + (top - self.floor - len(self.above))
 
 
 @dataclass
@@ -52,6 +72,7 @@ class IngestCounters:
     batches: int = 0
     dead_letters: int = 0
     reclaimed: int = 0
+    duplicates: int = 0
     gaps: dict[str, int] = field(default_factory=dict)
     last_error: str = ""
 
@@ -183,6 +204,12 @@ class Ingestor:
                 self._dead_letter(stream, entry_id, fields, exc.reason)
                 done.append(entry_id)
                 continue
+            seq = self._seqs.setdefault((batch.worker, batch.epoch), _Sequence())
+            if not seq.add(batch.seq):
+                # A pipeline resent after a timeout: it was applied the first time.
+                self.counters.duplicates += 1
+                done.append(entry_id)
+                continue
             try:
                 self.apply(batch)
             except Exception as exc:  # a bug in apply must not wedge the stream
@@ -201,8 +228,6 @@ class Ingestor:
         c = self.counters
         c.events += len(batch)
         c.batches += 1
-        seq = self._seqs.setdefault((batch.worker, batch.epoch), _Sequence())
-        seq.add(batch.seq)
         missing = sum(s.missing for (w, _), s in self._seqs.items() if w == batch.worker)
         c.gaps[batch.worker] = missing
         if self.metrics:

@@ -291,3 +291,15 @@ def test_agent_status_round_trip_and_validation() -> None:
             AgentStatus.from_json(json.dumps(bad))
     with pytest.raises(WireError):
         AgentStatus.from_json("not json")
+
+
+def test_heartbeat_without_applied_at_still_parses() -> None:
+    """``applied_at`` came after schema 1: an older agent's heartbeat omits it."""
+    import json as _json
+
+    from agent.wire import AgentStatus
+
+    full = _json.loads(AgentStatus(id="w", engine="sim", capacity=1, applied_at=5.0).to_json())
+    assert AgentStatus.from_json(_json.dumps(full)).applied_at == 5.0
+    del full["applied_at"]
+    assert AgentStatus.from_json(_json.dumps(full)).applied_at == 0.0
