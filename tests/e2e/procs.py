@@ -85,17 +85,17 @@ class Stack:
 
     def controller(self, name: str, **settings: str) -> tuple[Proc, str]:
         port = free_port()
-        env = self.env(
-            KVWISE_CONSUMER_NAME=name,
-            KVWISE_REFIT_INTERVAL_S="1",
-            KVWISE_MIN_SAMPLES="200",
-            KVWISE_CHANGE_THRESHOLD="0",
-            KVWISE_INGEST_BLOCK_MS="100",
-            KVWISE_RECLAIM_IDLE_MS="1000",
-            KVWISE_LEASE_TTL_S="2",
-            KVWISE_LOG_LEVEL="info",
-            **settings,
-        )
+        defaults = {
+            "KVWISE_CONSUMER_NAME": name,
+            "KVWISE_REFIT_INTERVAL_S": "1",
+            "KVWISE_MIN_SAMPLES": "200",
+            "KVWISE_CHANGE_THRESHOLD": "0",
+            "KVWISE_INGEST_BLOCK_MS": "100",
+            "KVWISE_RECLAIM_IDLE_MS": "1000",
+            "KVWISE_LEASE_TTL_S": "2",
+            "KVWISE_LOG_LEVEL": "info",
+        }
+        env = self.env(**{**defaults, **settings})
         proc = self.spawn(name, ["controller", "--host", "127.0.0.1", "--port", str(port)], env)
         url = f"http://127.0.0.1:{port}"
 
@@ -128,10 +128,12 @@ class Stack:
                 "0",
             ],
             self.env(
-                KVWISE_HEARTBEAT_INTERVAL_S="0.5",
-                KVWISE_POLL_INTERVAL_S="0.5",
-                KVWISE_FLUSH_INTERVAL_S="0.05",
-                **env,
+                **{
+                    "KVWISE_HEARTBEAT_INTERVAL_S": "0.5",
+                    "KVWISE_POLL_INTERVAL_S": "0.5",
+                    "KVWISE_FLUSH_INTERVAL_S": "0.05",
+                    **env,
+                }
             ),
             stdout_file=True,
         )
