@@ -74,9 +74,9 @@ class WAPolicy(WACore[WALane]):
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
     ) -> None:
+        t = self._tick(now)
         if not len(blocks):
             return
-        t = self._tick(now)
         entries, ordered = entries_of(blocks, offsets, t, self._seq)
         self._release(blocks, entries)
         if self._by_creator:

@@ -108,9 +108,9 @@ class WARefPolicy(WACore[RefLane]):
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
     ) -> None:
+        t = self._tick(now)
         if not len(blocks):
             return
-        t = self._tick(now)
         ev, in_use = self._ev, self._in_use
         hit = [b in ev or b in in_use for b in blocks]
         entries, ordered = entries_of(blocks, offsets, t, self._seq)
