@@ -5,8 +5,9 @@ of tests/e2e/test_vllm.py).
 Two measurements, each the best of ``--repeat`` runs, in nanoseconds per block:
 
 - *queue*: ``popleft_n(n)`` then ``append_n`` of the same (cached) blocks, on vLLM's
-  ``FreeKVCacheBlockQueue`` and on ``KvwiseFreeQueue`` over ``wa`` (the ENGINES.md figure
-  of about 190 ns is this cycle for the stock queue);
+  ``FreeKVCacheBlockQueue`` and on ``KvwiseFreeQueue`` over ``lru`` (the queue's own cost)
+  and over ``wa`` (the ENGINES.md figure of about 190 ns is this cycle for the stock
+  queue);
 - *pool*: a real ``BlockPool`` driven like the scheduler: per request, touch a cached
   shared prefix (half the requests), ``get_new_blocks`` (evicting cached blocks),
   ``cache_full_blocks`` and ``free_blocks`` tail first; stock first, then with the plugin
@@ -45,31 +46,32 @@ def queue_cycle(queue: Any, n: int, cycles: int) -> None:
         queue.append_n(queue.popleft_n(n))
 
 
-def bench_queue(args: argparse.Namespace) -> tuple[float, float]:
+def bench_queue(args: argparse.Namespace) -> dict[str, float]:
     from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
 
     from agent.integrations.block_queue import KvwiseFreeQueue
     from agent.policies import create
 
-    out = []
-    for make in (
-        FreeKVCacheBlockQueue,
-        lambda blocks: KvwiseFreeQueue(blocks, create("wa", len(blocks))),
-    ):
+    makers = {
+        "stock": FreeKVCacheBlockQueue,
+        # lru behind the kvwise queue: the queue's own cost, with the cheapest evictor
+        "kvwise(lru)": lambda blocks: KvwiseFreeQueue(blocks, create("lru", len(blocks))),
+        "kvwise(wa)": lambda blocks: KvwiseFreeQueue(blocks, create("wa", len(blocks))),
+    }
+    out = {}
+    for name, make in makers.items():
         blocks = [KVCacheBlock(i) for i in range(args.blocks)]
         queue = make(blocks)
         got = queue.popleft_n(args.blocks)  # cache every block, then free it
         for b in got:
             b._block_hash = random.randbytes(36)
         queue.append_n(got)
-        out.append(
-            per_block(
-                lambda q=queue: queue_cycle(q, args.n, args.requests),
-                args.repeat,
-                args.requests * args.n,
-            )
+        out[name] = per_block(
+            lambda q=queue: queue_cycle(q, args.n, args.requests),
+            args.repeat,
+            args.requests * args.n,
         )
-    return out[0], out[1]
+    return out
 
 
 def pool_workload(pool: Any, args: argparse.Namespace, seed: int) -> int:

@@ -86,9 +86,12 @@ def apply(pol: Any, step: tuple[Any, ...], clock: float) -> Any:
     return None
 
 
-def run_both(script: list[tuple[Any, ...]], attribution: str, initial: int) -> None:
-    cpu = WAPolicy(category_names=NAMES[:initial], attribution=attribution)  # type: ignore[arg-type]
-    dev = DeviceEvictor.simulated(8, category_names=NAMES[:initial], attribution=attribution)  # type: ignore[arg-type]
+def run_both(
+    script: list[tuple[Any, ...]], attribution: str, initial: int, device: str = "cpu"
+) -> None:
+    names = NAMES[:initial]
+    cpu = WAPolicy(category_names=names, attribution=attribution)  # type: ignore[arg-type]
+    dev = DeviceEvictor(8, device=device, category_names=names, attribution=attribution)  # type: ignore[arg-type]
     clock = 0.0
     for i, step in enumerate(script):
         if step[0] in ("free", "touch") and step[2] > 0.0:
@@ -117,6 +120,16 @@ def test_same_victims_as_wa_creator_attribution(
     script: list[tuple[Any, ...]], initial: int
 ) -> None:
     run_both(script, "creator", initial)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(script=st.lists(op, max_size=40), initial=st.integers(0, 3))
+def test_same_victims_as_wa_on_cuda(script: list[tuple[Any, ...]], initial: int) -> None:
+    """The same differential test with the tensors on the GPU (no fused multiply-add may
+    change a score)."""
+    run_both(script, "last", initial, device="cuda")
 
 
 @settings(max_examples=40, deadline=None)

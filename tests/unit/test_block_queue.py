@@ -1,0 +1,187 @@
+"""``KvwiseFreeQueue`` on its own: vLLM's free-queue contract with kvwise's victim order.
+
+``Blk`` stands for vLLM's ``KVCacheBlock`` with the fields the queue reads (id, hash, the
+two links it must leave ``None``); the real ``BlockPool`` runs with the queue in
+tests/e2e/test_vllm.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.integrations.block_queue import KvwiseFreeQueue, hash64
+from agent.params import CategoryParams, PolicyDocument
+from agent.policies import create
+from agent.policies.wa import WAPolicy
+
+
+@dataclass(eq=False)
+class Blk:
+    block_id: int
+    block_hash: bytes | None = None
+    prev_free_block: Any = None
+    next_free_block: Any = None
+
+
+class Hooks:
+    """Counts the queue's hook calls (the engine agent's place)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.hashes: list[int] = []
+
+    def before_call(self) -> None:
+        self.calls += 1
+
+    def evicted(self, hashes: list[int], now: float) -> None:
+        self.hashes += hashes
+
+
+def key(i: int) -> bytes:
+    """A 32-byte hash followed by a 4-byte group id, as vLLM keys cached blocks."""
+    return i.to_bytes(32, "big") + (0).to_bytes(4, "big")
+
+
+def make(n: int, evictor: Any = None) -> tuple[KvwiseFreeQueue, list[Blk]]:
+    blocks = [Blk(i) for i in range(n)]
+    ticks = iter(range(1 << 62))  # every queue call one second later
+    pol = evictor if evictor is not None else create("wa", n)
+    queue = KvwiseFreeQueue(blocks, pol, clock=lambda: float(next(ticks)))
+    return queue, blocks
+
+
+def cache(q: KvwiseFreeQueue, blocks: list[Blk], code: int = 0) -> None:
+    """Give ``blocks`` hashes (as ``cache_full_blocks`` does) and note them."""
+    for b in blocks:
+        b.block_hash = key(1000 + b.block_id)
+    q.note_cached(blocks, 0, code)
+
+
+def test_start_up_pops_block_0_first_then_in_id_order() -> None:
+    q, blocks = make(6)
+    assert q.num_free_blocks == 6
+    assert q.popleft() is blocks[0]  # vLLM's null block
+    assert [b.block_id for b in q.popleft_n(3)] == [1, 2, 3]
+    assert q.num_free_blocks == 2 and len(q) == 2
+
+
+def test_hashless_frees_are_reused_first_and_unpinned_ones_last() -> None:
+    q, blocks = make(8)
+    got = q.popleft_n(8)
+    cache(q, got[4:6])
+    q.append_n(got[4:6])  # cached: the evictor's
+    q.append_n([got[6]])  # hash-less append (vLLM's unpin_blocks): last resort
+    q.prepend_n([got[2], got[3]])  # hash-less free (vLLM's prepend_n): first, in order
+    assert q.num_free_blocks == 5
+    assert [b.block_id for b in q.get_all_free_blocks()] == [2, 3, 4, 5, 6]
+    order = [b.block_id for b in q.popleft_n(5)]
+    assert order[:2] == [2, 3] and set(order[2:4]) == {4, 5} and order[4] == 6
+    assert all(b.prev_free_block is None and b.next_free_block is None for b in blocks)
+    with pytest.raises(ValueError):
+        q.popleft()
+
+
+def test_victims_follow_the_evictor_not_release_order() -> None:
+    doc = PolicyDocument(
+        version=1,
+        categories={
+            "keep": CategoryParams(rate=0.01, p_reuse=0.9, life_s=60),
+            "drop": CategoryParams(rate=0.01, p_reuse=0.0, life_s=60),
+        },
+    )
+    pol = WAPolicy(category_names=["keep", "drop"], doc=doc)
+    q, _ = make(7, pol)
+    got = q.popleft_n(7)
+    cache(q, got[1:4], code=0)  # released first: LRU would evict these first
+    cache(q, got[4:7], code=1)
+    q.append_n(list(reversed(got[1:4])))
+    q.append_n(list(reversed(got[4:7])))
+    # p_reuse 0: the "drop" blocks go first, tail first; then "keep", tail first.
+    assert [b.block_id for b in q.popleft_n(6)] == [6, 5, 4, 3, 2, 1]
+
+
+def test_remove_takes_a_hit_out_of_the_victims_and_it_comes_back_when_freed() -> None:
+    q, _ = make(5)
+    got = q.popleft_n(5)
+    cache(q, got[1:])
+    q.append_n(list(reversed(got[1:])))  # victims in order 4, 3, 2, 1
+    q.remove(got[3])  # a prefix hit on block 3
+    assert q.num_free_blocks == 3
+    assert [b.block_id for b in q.popleft_n(2)] == [4, 2]
+    q.append_n([got[3]])  # the request that hit it finishes
+    assert [b.block_id for b in q.popleft_n(2)] == [1, 3]
+    with pytest.raises(RuntimeError):
+        q.remove(got[1])  # not free
+
+
+def test_hooks_see_every_call_and_the_hashes_of_evicted_cached_blocks() -> None:
+    blocks = [Blk(i) for i in range(4)]
+    hooks = Hooks()
+    q = KvwiseFreeQueue(blocks, create("lru", 4), hooks=hooks, clock=lambda: 1.0)
+    got = q.popleft_n(4)
+    cache(q, got[2:])
+    q.append_n([got[3], got[2]])
+    q.prepend_n([got[1]])
+    q.popleft_n(3)
+    assert hooks.calls == 3  # popleft_n, append_n, popleft_n (prepend_n does no eviction)
+    assert hooks.hashes == [hash64(key(1003)), hash64(key(1002))]
+
+
+def test_hash64_is_vllms_int_hash_read_as_signed() -> None:
+    h = bytes(range(200, 232))
+    unsigned = int.from_bytes(h, "big") & ((1 << 64) - 1)  # vLLM's maybe_convert_block_hash
+    signed = unsigned - (1 << 64) if unsigned >= 1 << 63 else unsigned
+    assert hash64(h + b"\0\0\0\1") == signed
+    assert hash64(h, 0) == signed
+
+
+ops = st.lists(
+    st.tuples(st.sampled_from(["pop", "free", "hit", "unpin"]), st.integers(1, 5)), max_size=60
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(script=ops, evictor=st.sampled_from(["wa", "lru", "s3fifo"]))
+def test_holds_exactly_the_free_blocks(script: list[tuple[str, int]], evictor: str) -> None:
+    """Against a model of which blocks are free: the count, the listed set, no duplicates,
+    and a pop of more than is free fails loudly."""
+    n = 12
+    q, blocks = make(n, create(evictor, n))
+    free = set(range(n))
+    used: list[Blk] = []
+    for kind, k in script:
+        if kind == "pop":
+            if k > len(free):
+                with pytest.raises(ValueError):
+                    q.popleft_n(k)
+                continue
+            got = q.popleft_n(k)
+            assert {b.block_id for b in got} <= free
+            free -= {b.block_id for b in got}
+            for b in got:
+                b.block_hash = None  # vLLM drops an evicted block's hash
+            used += got
+        elif kind in ("free", "unpin") and used:
+            batch, used = used[:k], used[k:]
+            if kind == "free":
+                cache(q, batch)
+                q.append_n(batch[::-1])
+            else:
+                q.append_n(batch)  # hash-less: unpinned
+            free |= {b.block_id for b in batch}
+        elif kind == "hit":
+            cached = [blocks[i] for i in sorted(free) if blocks[i].block_hash is not None]
+            for b in cached[:k]:
+                q.remove(b)
+                free.discard(b.block_id)
+                used.append(b)
+        listed = [b.block_id for b in q.get_all_free_blocks()]
+        assert len(listed) == len(set(listed)) == q.num_free_blocks == len(free)
+        assert set(listed) == free
+        after = list(q.iter_blocks_after(blocks[listed[0]])) if listed else []
+        assert [b.block_id for b in after] == listed[1:]
