@@ -1,0 +1,100 @@
+"""``EngineAgent`` behind a ``KvwiseFreeQueue``, on a real Redis: categories (explicit,
+default, folded into ``other``), hit and store accounting, eviction events by hash, and a
+policy version written to Redis reaching the evictor at the next queue call.
+
+``Blk`` stands for vLLM's ``KVCacheBlock`` (the real one runs in tests/e2e/test_vllm.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+
+from agent.integrations.block_queue import KvwiseFreeQueue, hash64
+from agent.integrations.engine_agent import DEFAULT_CATEGORY, EngineAgent
+from agent.params import CategoryParams, PolicyDocument
+from agent.policies.wa import WAPolicy
+from agent.settings import AgentSettings
+from agent.wire import EventKind, Keys, encode_policy
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass(eq=False)
+class Blk:
+    block_id: int
+    block_hash: bytes | None = None
+    prev_free_block: Any = None
+    next_free_block: Any = None
+
+
+@pytest.fixture
+def engine(redis_url: str, key_prefix: str) -> Iterator[tuple[EngineAgent, KvwiseFreeQueue]]:
+    settings = AgentSettings(
+        enable=True, redis_url=redis_url, key_prefix=key_prefix, max_categories=5
+    )
+    evictor = WAPolicy()
+    ea = EngineAgent(settings, evictor, capacity=8, engine="vllm", infer=False)
+    queue = KvwiseFreeQueue([Blk(i) for i in range(8)], evictor, hooks=ea)
+    yield ea, queue
+    ea.close()
+
+
+def store(queue: KvwiseFreeQueue, ea: EngineAgent, blocks: list[Any], name: str) -> None:
+    """What the plugin does for ``cache_full_blocks``: hash, side table, INSERT events."""
+    for b in blocks:
+        b.block_hash = (1000 + b.block_id).to_bytes(32, "big") + bytes(4)
+    _, code = ea.category(name, (), 0)
+    hashes = queue.note_cached(blocks, 0, code)
+    ea.cached(hashes, range(len(blocks)), 1.0, ea.category(name, (), 0)[0])
+
+
+def test_categories_are_explicit_default_or_folded(engine: Any) -> None:
+    ea, _ = engine
+    assert ea.category("chat", (), 0)[0] == "chat"
+    assert ea.category(None, (), 0)[0] == DEFAULT_CATEGORY  # no inference asked for
+    ea.category("doc", (), 0)
+    # max_categories 5: the agent's "unknown", chat, default, doc, then "other" for all.
+    assert ea.category("late", (), 0)[0] == "other"
+    assert ea.category("later", (), 0) == ea.category("late", (), 0)
+    codes = {ea.category(n, (), 0)[1] for n in ("chat", DEFAULT_CATEGORY, "doc", "late")}
+    assert len(codes) == 4  # the evictor got one code per table entry
+
+
+def test_stores_hits_and_evictions_are_recorded_by_hash(engine: Any) -> None:
+    ea, queue = engine
+    got = queue.popleft_n(4)
+    store(queue, ea, got, "chat")
+    hits, offs = queue.note_hits(got[:2], ea.category("chat", (), 0)[1])
+    ea.hit(hits, offs, 2.0, "chat")
+    assert ea.agent.hits == 2 and ea.agent.accesses == 6
+    queue.append_n(got[::-1])
+    queue.popleft_n(4 + 2)  # the 4 fresh blocks, then two cached victims (tail first)
+    cols = ea.agent.recorder.drain()
+    kinds = list(cols.kind)
+    # Every access is recorded as a release (INSERT kind: the publisher keeps those of
+    # blocks not cached before); the two hits also as HIT.
+    assert kinds.count(EventKind.INSERT) == 6 and kinds.count(EventKind.HIT) == 2
+    evicted = [b for b, k in zip(cols.block, kinds, strict=True) if k == EventKind.EVICT]
+    assert evicted == [hash64(got[3].block_hash), hash64(got[2].block_hash)]
+
+
+def test_a_published_version_reaches_the_evictor_at_the_next_queue_call(
+    engine: Any, redis_url: str, key_prefix: str
+) -> None:
+    ea, queue = engine
+    doc = PolicyDocument(
+        version=7, categories={"doc": CategoryParams(rate=0.1, p_reuse=0.0, life_s=10)}
+    )
+    keys = Keys(key_prefix)
+    client = redis.Redis.from_url(redis_url)
+    client.set(keys.policy_doc(7), encode_policy(doc))
+    client.set(keys.policy_current, 7)
+    assert ea.agent.subscriber.check() is not None  # one poll (the thread does it live)
+    assert ea.order.evictor.policy.version == 0  # staged only: the engine has not run
+    queue.popleft_n(1)
+    assert ea.order.evictor.policy == doc and ea.agent.applied_version == 7
