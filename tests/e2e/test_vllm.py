@@ -149,8 +149,16 @@ def controller(stack: Stack) -> tuple[Proc, str]:
     return proc, url
 
 
-def test_kvwise_queue_keeps_vllm_block_pool_invariants(vllm_python: Path, tmp_path: Path) -> None:
-    got = driver(vllm_python, ["pool", "--blocks", "48", "--ops", "3000"], {}, tmp_path)
+@pytest.mark.parametrize("evictor", ["wa", "device"])
+def test_kvwise_queue_keeps_vllm_block_pool_invariants(
+    vllm_python: Path, tmp_path: Path, evictor: str
+) -> None:
+    got = driver(
+        vllm_python,
+        ["pool", "--blocks", "48", "--ops", "3000"],
+        {"KVWISE_EVICTOR": evictor, "KVWISE_DEVICE": "cpu"},
+        tmp_path,
+    )
     assert got["checks"] == 3000
     # The run exercised every path: allocations that evicted cached blocks, hits, frees.
     assert got["evicted"] > 100 and got["hit"] > 100 and got["free"] > 100
