@@ -2,8 +2,10 @@
 
 Owns the name -> ``ReplayFactory`` lookup used by ``kvwise replay``. Agent policies come
 from ``agent.policies`` (they need only a capacity); offline ones (bounds, fitted policies
-with a replay-time refitter) register here and also receive the trace. It must never
-hold per-run state.
+with a replay-time refitter) register here and also receive the trace and the run's
+``ReplayOptions``. An offline name wins over the agent policy of the same name: ``wa`` and
+``wa-ref`` replay fitted (``controlplane.replay.online``), not with built-in parameters.
+It must never hold per-run state.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from typing import TypeVar
 import agent.policies as agent_policies
 from agent.policies.base import EvictionPolicy
 from agent.policies.registry import UnknownPolicyError
+from controlplane.replay import online
 from controlplane.replay.bounds import BeladyPolicy, InfinitePolicy
+from controlplane.replay.options import DEFAULT_OPTIONS, ReplayOptions
 from controlplane.traces.model import Trace
 
-ReplayFactory = Callable[[int, Trace], EvictionPolicy]
+ReplayFactory = Callable[[int, Trace, ReplayOptions], EvictionPolicy]
 """Builds a policy for a cache of ``capacity`` blocks that will replay ``trace``."""
 
 _F = TypeVar("_F", bound=ReplayFactory)
@@ -27,7 +31,7 @@ BOUNDS = ("belady", "inf")
 
 
 def register_offline(name: str) -> Callable[[_F], _F]:
-    """Register a replay-only policy (it may read the trace)."""
+    """Register a replay-only policy (it may read the trace and the run's options)."""
 
     def deco(f: _F) -> _F:
         _OFFLINE[name] = f
@@ -36,14 +40,17 @@ def register_offline(name: str) -> Callable[[_F], _F]:
     return deco
 
 
-register_offline("belady")(BeladyPolicy)
-register_offline("inf")(InfinitePolicy)
+register_offline("wa")(online.fitted_wa)
+register_offline("wa-ref")(online.fitted_wa_ref)
+register_offline("belady")(lambda capacity, trace, options: BeladyPolicy(capacity, trace))
+register_offline("inf")(lambda capacity, trace, options: InfinitePolicy(capacity, trace))
 
 
 def names() -> list[str]:
     """Every runnable name: agent policies, then offline ones (bounds last)."""
-    offline = [n for n in _OFFLINE if n not in BOUNDS]
-    return [*agent_policies.names(), *offline, *BOUNDS]
+    agent_names = agent_policies.names()
+    offline = [n for n in _OFFLINE if n not in BOUNDS and n not in agent_names]
+    return [*agent_names, *offline, *BOUNDS]
 
 
 def factory(name: str) -> ReplayFactory:
@@ -53,8 +60,10 @@ def factory(name: str) -> ReplayFactory:
         agent_factory = agent_policies.factory(name)
     except UnknownPolicyError:
         raise UnknownPolicyError(name, names()) from None
-    return lambda capacity, trace: agent_factory(capacity)
+    return lambda capacity, trace, options: agent_factory(capacity)
 
 
-def create(name: str, capacity: int, trace: Trace) -> EvictionPolicy:
-    return factory(name)(capacity, trace)
+def create(
+    name: str, capacity: int, trace: Trace, options: ReplayOptions = DEFAULT_OPTIONS
+) -> EvictionPolicy:
+    return factory(name)(capacity, trace, options)

@@ -175,16 +175,20 @@ def test_a_category_never_reused_gets_p_near_zero_and_the_pooled_rate() -> None:
 
 
 def test_life_window_rules() -> None:
-    q = ControllerSettings(life_quantile=0.9, life_min_s=0.5, life_max_s=100.0)
+    q = ControllerSettings(
+        life_quantile=0.9, life_min_s=0.5, life_max_s=100.0, life_s_override=None
+    )
     assert life_window(0.1, q) == pytest.approx(math.log(10) / 0.1)
     assert life_window(100.0, q) == 0.5  # clamped up
     assert life_window(1e-4, q) == 100.0  # clamped down
-    assert life_window(0.1, ControllerSettings(life_rule="fixed")) == 60.0
+    fixed = ControllerSettings(life_rule="fixed", life_s_override=None)
+    assert life_window(0.1, fixed) == 60.0
     over = ControllerSettings(life_s_override=7.0)
     assert life_window(0.1, over) == life_window(5.0, over) == 7.0
     res = fit_all(_three_categories(), ControllerSettings(min_samples=10, life_s_override=7.0))
     assert {p.life_s for p in res.categories.values()} == {7.0}
-    res = fit_all(_three_categories(), ControllerSettings(min_samples=10))
+    quantile = ControllerSettings(min_samples=10, life_s_override=None)
+    res = fit_all(_three_categories(), quantile)
     for p in res.categories.values():
         assert p.life_s == pytest.approx(min(max(math.log(10) / p.rate, 0.1), 3600.0))
 

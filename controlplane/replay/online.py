@@ -1,0 +1,264 @@
+"""``wa`` and ``wa-ref`` in replay, fitted the way the controller fits them.
+
+Owns ``FittedReplayPolicy``, which drives an agent evictor (``WAPolicy`` or
+``WARefPolicy``) through a replay and swaps fitted ``PolicyDocument``s into it, and the two
+refitters that produce them:
+
+- ``CensoredRefitter`` (``wa``): a ``ReuseStats`` window fed with the accesses replayed
+  since the last refit, then ``fit_all``; the pooled fit is the document's default;
+- ``ReferenceRefitter`` (``wa-ref``): the reference code's fitter (``fit_reference``:
+  shifted exponential, ``p = reuses / accesses``, 5 s life window) on every reuse gap seen
+  so far.
+
+Two protocols (``ReplayOptions.wa_fit``): ``online`` starts from the built-in default
+(``agent.params.BUILTIN_POLICY``) and refits every ``refit_every_s`` trace seconds from
+everything replayed before the request being served; ``split`` fits once on the first
+part of the requests (the paper's protocol) and serves the whole trace with it (only the
+second part is scored, see ``ReplayOptions.first_scored``). Categories come from the
+trace's labels or are inferred (``controlplane.replay.accesses``).
+
+``controlplane.replay.catalog`` registers ``fitted_wa`` and ``fitted_wa_ref`` as ``wa`` and
+``wa-ref``, where they win over the agent registry's unfitted ones. It must never do I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+
+from agent.params import BUILTIN_POLICY, DEFAULT_PARAMS, PolicyDocument
+from agent.policies.wa import WAPolicy
+from agent.policies.wa_core import runs
+from agent.policies.wa_ref import WARefPolicy
+from controlplane.fit import REFERENCE_LIFE_S, fit_all, fit_reference_all
+from controlplane.fit.reference import REFERENCE_MIN_GAP_S
+from controlplane.replay.accesses import (
+    AccessColumns,
+    access_columns,
+    request_categories,
+    with_reuse_class,
+)
+from controlplane.replay.options import ReplayOptions
+from controlplane.settings import ControllerSettings
+from controlplane.stats import ReuseStats
+from controlplane.traces.model import Trace
+
+
+class Refitter(Protocol):
+    """Turns the accesses replayed so far into a policy document."""
+
+    def ingest(self, cols: AccessColumns, lo: int, hi: int) -> None:
+        """Accesses ``lo:hi`` (positions in ``cols``) have been replayed."""
+
+    def document(self, now: float, version: int) -> PolicyDocument | None:
+        """The document to apply at ``now`` (None: nothing to fit from yet)."""
+
+
+class CensoredRefitter:
+    """``fit_all`` on a sliding ``ReuseStats`` window, as the controller does."""
+
+    def __init__(self, names: Sequence[str], settings: ControllerSettings) -> None:
+        self.settings = settings
+        self.names = tuple(names)
+        self.stats = ReuseStats(
+            settings.window_s,
+            near_concurrent_s=settings.near_concurrent_s,
+            n_buckets=settings.window_buckets,
+            categories=self.names,
+        )
+
+    def ingest(self, cols: AccessColumns, lo: int, hi: int) -> None:
+        if hi > lo:
+            sl = slice(lo, hi)
+            self.stats.ingest(
+                cols.ts[sl], cols.category[sl], cols.prev_ts[sl], cols.prev_category[sl]
+            )
+
+    def document(self, now: float, version: int) -> PolicyDocument | None:
+        snap = self.stats.snapshot(now)
+        if not snap.total_accesses:
+            return None
+        fit = fit_all(snap, self.settings)
+        return PolicyDocument(
+            version=version,
+            created_at=now,
+            categories=fit.categories,
+            default=fit.pooled if fit.pooled is not None else DEFAULT_PARAMS,
+            note=f"replay refit at {now:.1f}s from {fit.accesses} exposures",
+        )
+
+
+class ReferenceRefitter:
+    """The reference code's fitter on every reuse gap replayed so far (no window)."""
+
+    def __init__(self, names: Sequence[str], life_s: float = REFERENCE_LIFE_S) -> None:
+        self.names = tuple(names)
+        self.life_s = life_s
+        self._gaps: list[list[np.ndarray]] = [[] for _ in self.names]
+        self._accesses = np.zeros(len(self.names), dtype=np.int64)
+
+    def ingest(self, cols: AccessColumns, lo: int, hi: int) -> None:
+        if hi <= lo:
+            return
+        k = len(self.names)
+        self._accesses += np.bincount(cols.category[lo:hi], minlength=k)[:k]
+        pc = cols.prev_category[lo:hi]
+        known = pc >= 0
+        gaps = (cols.ts[lo:hi] - cols.prev_ts[lo:hi])[known]
+        pc = pc[known]
+        for c in np.unique(pc).tolist():
+            self._gaps[c].append(gaps[pc == c])
+
+    def document(self, now: float, version: int) -> PolicyDocument | None:
+        gaps = {n: np.concatenate(g) for n, g in zip(self.names, self._gaps, strict=True) if g}
+        acc = {n: int(a) for n, a in zip(self.names, self._accesses, strict=True) if a}
+        if not acc:
+            return None
+        cats = fit_reference_all(gaps, acc, min_gap_s=REFERENCE_MIN_GAP_S, life_s=self.life_s)
+        return PolicyDocument(
+            version=version, created_at=now, categories=cats, note="reference refit"
+        )
+
+
+@dataclass(frozen=True)
+class AppliedVersion:
+    """One document swapped in during the replay."""
+
+    version: int
+    at_s: float
+    request: int
+    """Index of the first request served with it."""
+    doc: PolicyDocument
+
+
+class FittedReplayPolicy:
+    """An agent evictor driven through a replay, its parameters refitted as it goes.
+
+    Must be driven by the replay loop: one ``free`` per request, in trace order (it
+    counts them to know which request is being served). ``free``'s category argument is
+    replaced by this run's category code of the request (labels or inferred), plus, with
+    ``block_class`` (per access, in trace order), that access's class offset: the blocks
+    of a request are then released in runs of equal codes, in release order.
+    """
+
+    def __init__(
+        self,
+        inner: WAPolicy | WARefPolicy,
+        trace: Trace,
+        codes: Sequence[int],
+        cols: AccessColumns,
+        refitter: Refitter,
+        options: ReplayOptions,
+        block_class: Sequence[int] | None = None,
+    ) -> None:
+        self.inner = inner
+        self._class = block_class
+        self.applied: list[AppliedVersion] = []
+        self._codes = list(codes)
+        self._ts = trace.timestamps.tolist()
+        self._offsets = trace.offsets.tolist()
+        self._cols = cols
+        self.refitter = refitter
+        self._every = options.refit_every_s
+        self._online = options.wa_fit == "online"
+        self._r = 0
+        self._done = 0  # accesses ingested
+        n = trace.n_requests
+        self._t0 = self._ts[0] if n else 0.0
+        self._due = self._t0 + self._every if self._online else float("inf")
+        if not self._online and n:
+            self._refit(options.first_scored(trace))
+
+    @property
+    def policy(self) -> PolicyDocument:
+        return self.inner.policy
+
+    def _refit(self, r: int) -> None:
+        """Fit on requests ``[0, r)`` and apply the result from request ``r`` on."""
+        hi = self._offsets[r]
+        self.refitter.ingest(self._cols, self._done, hi)
+        self._done = hi
+        now = self._ts[min(r, len(self._ts) - 1)]
+        doc = self.refitter.document(now, len(self.applied) + 1)
+        if doc is not None:
+            self.inner.set_policy(doc)
+            self.applied.append(AppliedVersion(doc.version, now, r, doc))
+
+    def touch(self, blocks: Sequence[int], now: float) -> None:
+        self.inner.touch(blocks, now)
+
+    def free(
+        self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
+    ) -> None:
+        r = self._r
+        if r >= len(self._codes):
+            raise RuntimeError("a fitted replay policy is driven past the end of its trace")
+        self._r = r + 1
+        t = self._ts[r]
+        if t >= self._due:
+            self._refit(r)
+            steps = int((t - self._t0) // self._every) + 1
+            self._due = self._t0 + steps * self._every
+        code = self._codes[r]
+        if self._class is None:
+            self.inner.free(blocks, offsets, now, code)
+            return
+        lo, cls = self._offsets[r], self._class
+        keys = [code + cls[lo + o] for o in offsets]
+        for key, a, b in runs(keys):
+            self.inner.free(blocks[a:b], offsets[a:b], now, key)
+
+    def evict(self, n: int) -> list[int]:
+        return self.inner.evict(n)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __contains__(self, block: object) -> bool:
+        return block in self.inner
+
+
+Evictor = Literal["wa", "wa-ref"]
+Fitter = Literal["censored", "reference"]
+
+
+def build(
+    kind: Evictor, trace: Trace, options: ReplayOptions, *, fitter: Fitter | None = None
+) -> FittedReplayPolicy:
+    """A fitted ``wa`` (``kind="wa"``) or ``wa-ref`` for a replay of ``trace``.
+
+    ``fitter`` defaults to each one's own (``wa``: censored, ``wa-ref``: reference); the
+    ablation report crosses them. ``wa-ref`` always attributes a block to its creator.
+    """
+    codes, names = request_categories(trace, options.categories)
+    attr = "creator" if kind == "wa-ref" else options.attribution
+    cols = access_columns(trace, codes, attr)
+    block_class = None
+    if options.reuse_class:
+        cols, names, offsets = with_reuse_class(trace, cols, names)
+        block_class = offsets.tolist()
+    inner: WAPolicy | WARefPolicy
+    if kind == "wa-ref":
+        inner = WARefPolicy(category_names=names, doc=BUILTIN_POLICY)
+    else:
+        inner = WAPolicy(category_names=names, doc=BUILTIN_POLICY, attribution=attr)
+    refitter: Refitter
+    if (fitter or ("reference" if kind == "wa-ref" else "censored")) == "reference":
+        life = options.life_s if options.life_s is not None else REFERENCE_LIFE_S
+        refitter = ReferenceRefitter(names, life_s=life)
+    else:
+        refitter = CensoredRefitter(names, options.fit_settings(trace))
+    return FittedReplayPolicy(inner, trace, codes.tolist(), cols, refitter, options, block_class)
+
+
+def fitted_wa(capacity: int, trace: Trace, options: ReplayOptions) -> FittedReplayPolicy:
+    """``wa`` fitted online (or split) during the replay."""
+    return build("wa", trace, options)
+
+
+def fitted_wa_ref(capacity: int, trace: Trace, options: ReplayOptions) -> FittedReplayPolicy:
+    """``wa-ref`` with the reference fitter, fitted the same way as ``wa``."""
+    return build("wa-ref", trace, options)

@@ -1,0 +1,111 @@
+"""Options of one replay run that reach every policy factory: ``ReplayOptions``.
+
+Owns the run-level choices a fitted policy needs beyond a capacity and the trace: how
+``wa``/``wa-ref`` are fitted during the replay (online every ``refit_every_s`` trace
+seconds, or once on the first part of the trace, the paper's protocol), where categories
+come from (the trace's labels or inferred from blocks), and the fitting knobs the
+controller takes from ``ControllerSettings``. Also ``first_scored``: the first request a
+run's hit ratio counts (the second part in split mode, for every policy of the run).
+
+Fitting knobs come from ``ControllerSettings``'s declared defaults, never from the
+environment, so a replay gives the same numbers on every machine; an option set here
+overrides them. It must never read files or the environment, or build policies.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from controlplane.settings import ControllerSettings
+from controlplane.traces.model import Trace
+
+FitMode = Literal["online", "split"]
+CategorySource = Literal["labels", "auto"]
+Attribution = Literal["creator", "last"]
+
+DEFAULT_ATTRIBUTION: Attribution = "last"
+"""Chosen by measurement (docs/policy.md, "Measured settings")."""
+
+
+def default_settings() -> ControllerSettings:
+    """``ControllerSettings`` with its declared defaults, ignoring the environment."""
+    return ControllerSettings.model_construct()
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """How fitted policies are fitted and scored in one replay (module docstring).
+
+    ``split``: the share of the trace's *requests* fitted on in split mode; the rest are
+    scored. ``near_concurrent_s``, ``life_s``, ``window_s``, ``shrinkage_samples``,
+    ``min_samples``: ``None`` keeps the ``ControllerSettings`` default (``life_s`` set =
+    one life window for every category; ``window_s = inf`` = every access since the
+    start). ``settings``
+    replaces the defaults those overrides apply to. ``reuse_class``: each category is
+    split by whether the block was accessed before (``w`` and ``w/re``; measured in
+    docs/policy.md, not yet done by the agent).
+    """
+
+    refit_every_s: float = 60.0
+    wa_fit: FitMode = "online"
+    split: float = 0.5
+    categories: CategorySource = "labels"
+    attribution: Attribution = DEFAULT_ATTRIBUTION
+    near_concurrent_s: float | None = None
+    life_s: float | None = None
+    window_s: float | None = None
+    shrinkage_samples: float | None = None
+    min_samples: int | None = None
+    reuse_class: bool = False
+    settings: ControllerSettings = field(default_factory=default_settings, compare=False)
+
+    def __post_init__(self) -> None:
+        if not (self.refit_every_s > 0 and math.isfinite(self.refit_every_s)):
+            raise ValueError(f"refit_every_s must be positive, got {self.refit_every_s}")
+        if self.wa_fit not in ("online", "split"):
+            raise ValueError(f"wa_fit must be 'online' or 'split', got {self.wa_fit!r}")
+        if not 0.0 < self.split < 1.0:
+            raise ValueError(f"split must be in (0, 1), got {self.split}")
+        if self.categories not in ("labels", "auto"):
+            raise ValueError(f"categories must be 'labels' or 'auto', got {self.categories!r}")
+        if self.attribution not in ("creator", "last"):
+            raise ValueError(f"attribution must be 'creator' or 'last', got {self.attribution!r}")
+        if self.min_samples is not None and self.min_samples < 1:
+            raise ValueError(f"min_samples must be >= 1, got {self.min_samples}")
+        for name in ("near_concurrent_s", "shrinkage_samples"):
+            v = getattr(self, name)
+            if v is not None and not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v}")
+        for name in ("life_s", "window_s"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise ValueError(f"{name} must be positive, got {v}")
+
+    def fit_settings(self, trace: Trace) -> ControllerSettings:
+        """The controller's fitting knobs with this run's overrides applied. An infinite
+        window becomes one that outlasts ``trace``."""
+        update: dict[str, object] = {}
+        if self.near_concurrent_s is not None:
+            update["near_concurrent_s"] = self.near_concurrent_s
+        if self.life_s is not None:
+            update["life_s_override"] = self.life_s
+        if self.shrinkage_samples is not None:
+            update["shrinkage_samples"] = self.shrinkage_samples
+        if self.min_samples is not None:
+            update["min_samples"] = self.min_samples
+        if self.window_s is not None:
+            span = float(trace.timestamps[-1] - trace.timestamps[0]) if trace.n_requests else 0
+            update["window_s"] = self.window_s if math.isfinite(self.window_s) else span + 1.0
+        return self.settings.model_copy(update=update)
+
+    def first_scored(self, trace: Trace) -> int:
+        """Index of the first request whose hits count: 0, or in split mode the first
+        request of the scored part (``ceil(split * n)``, at least one request fitted)."""
+        if self.wa_fit != "split" or trace.n_requests == 0:
+            return 0
+        return min(max(1, math.ceil(self.split * trace.n_requests)), trace.n_requests)
+
+
+DEFAULT_OPTIONS = ReplayOptions()

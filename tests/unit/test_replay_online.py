@@ -1,0 +1,275 @@
+"""``wa``/``wa-ref`` fitted inside the replay: online refits, the split protocol, options
+from the CLI to the factory, inferred categories."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from agent.params import BUILTIN_POLICY
+from controlplane.cli import app
+from controlplane.replay import catalog
+from controlplane.replay.accesses import (
+    access_columns,
+    previous_access,
+    request_categories,
+    with_reuse_class,
+)
+from controlplane.replay.engine import replay_hits
+from controlplane.replay.online import CensoredRefitter, FittedReplayPolicy, build
+from controlplane.replay.options import ReplayOptions
+from controlplane.replay.runner import ReplayJob, run_matrix, run_one
+from controlplane.traces.model import Trace
+from controlplane.traces.synth import synthesize
+
+
+def write_tiny(path: Path, requests: list[list[int]]) -> None:
+    """A Bailian file: one first-turn text request per second."""
+    lines = [
+        {
+            "chat_id": i,
+            "parent_chat_id": -1,
+            "timestamp": float(i),
+            "input_length": 16 * len(r),
+            "output_length": 1,
+            "type": "text",
+            "turn": 1,
+            "hash_ids": r,
+        }
+        for i, r in enumerate(requests)
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+@pytest.fixture(scope="module")
+def small_to_c() -> Trace:
+    # Ten minutes (refits need a few minutes of to-C history to say anything), about 1,250
+    # requests and 180,000 block accesses: a wa replay takes about two seconds.
+    return synthesize("to-c", duration_s=600, qps=2, seed=3)
+
+
+@pytest.fixture(scope="module")
+def tiny_to_c() -> Trace:
+    # Four minutes, about 500 requests: enough exposures for own fits after a minute.
+    return synthesize("to-c", duration_s=240, qps=2, seed=3)
+
+
+def _replay(trace: Trace, options: ReplayOptions, capacity: int) -> FittedReplayPolicy:
+    policy = build("wa", trace, options)
+    replay_hits(trace, policy, capacity)
+    return policy
+
+
+# --- the access columns ----------------------------------------------------------------
+
+
+def test_access_columns_by_hand() -> None:
+    # R0 [a b] at 0 s, R1 [a c] at 2 s, R2 [b] at 5 s; categories x, y, x.
+    trace = Trace.from_requests(
+        [[10, 11], [10, 12], [11]], [0.0, 2.0, 5.0], types=["x", "y", "x"], turns=[1, 1, 1]
+    )
+    assert previous_access(trace.blocks).tolist() == [-1, -1, 0, -1, 1]
+    x, y = trace.category_names.index("x_1"), trace.category_names.index("y_1")
+    last = access_columns(trace, trace.categories, "last")
+    assert last.ts.tolist() == [0.0, 0.0, 2.0, 2.0, 5.0]
+    assert last.category.tolist() == [x, x, y, y, x]
+    assert np.isnan(last.prev_ts[[0, 1, 3]]).all()
+    assert last.prev_ts[[2, 4]].tolist() == [0.0, 0.0]
+    assert last.prev_category.tolist() == [-1, -1, x, -1, x]
+    creator = access_columns(trace, trace.categories, "creator")
+    # a was created by R0 (x): its access by R1 stays x; c was created by R1 (y).
+    assert creator.category.tolist() == [x, x, x, y, x]
+
+
+def test_reuse_class_by_hand() -> None:
+    # R0 [a b], R1 [a c], R2 [b]: a's access by R1 and b's by R2 are re-accesses.
+    trace = Trace.from_requests([[10, 11], [10, 12], [11]], [0.0, 2.0, 5.0])
+    cols = access_columns(trace, trace.categories, "last")
+    classed, names, shift = with_reuse_class(trace, cols, trace.category_names)
+    assert names == ("unknown", "unknown/re")
+    assert shift.tolist() == [0, 0, 1, 0, 1]
+    assert classed.category.tolist() == [0, 0, 1, 0, 1]
+    # Both reuses close a first access: their gaps belong to the first-access class.
+    assert classed.prev_category.tolist() == [-1, -1, 0, -1, 0]
+    # A replay with classes keeps the Protocol (checked mode) and files blocks by class.
+    policy = build("wa", trace, ReplayOptions(reuse_class=True))
+    replay_hits(trace, policy, 2, check=True)
+    assert policy.inner.category_names == names
+
+
+# --- online refits ---------------------------------------------------------------------
+
+
+def test_online_refit_changes_the_policy_during_the_replay(tiny_to_c: Trace) -> None:
+    trace = tiny_to_c
+    capacity = trace.n_unique // 10
+    policy = _replay(trace, ReplayOptions(refit_every_s=30.0), capacity)
+    versions = [a.version for a in policy.applied]
+    # 240 s of trace, a refit due every 30 s: about 7 refits once there is data.
+    assert len(versions) > 1
+    assert versions == list(range(1, len(versions) + 1))
+    assert all(a.at_s >= 30.0 for a in policy.applied)
+    assert [a.request for a in policy.applied] == sorted(a.request for a in policy.applied)
+    final = policy.policy
+    assert final is policy.applied[-1].doc is not BUILTIN_POLICY
+    assert final.categories, "the fit found no category"
+    assert any(p != BUILTIN_POLICY.default for p in final.categories.values())
+    assert {p.source for p in final.categories.values()} <= {"fit", "pooled"}
+    # Refits see more data as the replay goes: the last fit saw more exposures.
+    first, last = policy.applied[0].doc, policy.applied[-1].doc
+    assert sum(p.samples for p in last.categories.values()) > sum(
+        p.samples for p in first.categories.values()
+    )
+
+
+def test_online_refit_is_deterministic(tiny_to_c: Trace) -> None:
+    trace = tiny_to_c
+    capacity = trace.n_unique // 10
+    runs = []
+    for _ in range(2):
+        policy = build("wa", trace, ReplayOptions(refit_every_s=30.0))
+        hits = replay_hits(trace, policy, capacity)
+        docs = [a.doc.model_dump(exclude={"created_at"}) for a in policy.applied]
+        runs.append((hits.tolist(), docs))
+    assert runs[0] == runs[1]
+
+
+def test_refits_happen_on_the_trace_clock() -> None:
+    # Requests at 0, 1, ..., 9 s; a refit is due every 4 s: before the requests at 4 and 8.
+    reqs = [[i, i + 1] for i in range(10)]
+    trace = Trace.from_requests(reqs, [float(i) for i in range(10)])
+    policy = build("wa", trace, ReplayOptions(refit_every_s=4.0))
+    replay_hits(trace, policy, 5)
+    assert [(a.request, a.at_s) for a in policy.applied] == [(4, 4.0), (8, 8.0)]
+    # Fewer than min_samples (200) exposures: every category gets the built-in default.
+    assert policy.policy.default == BUILTIN_POLICY.default
+
+
+def test_wa_ref_is_refitted_with_the_reference_fitter(tiny_to_c: Trace) -> None:
+    trace = tiny_to_c
+    policy = build("wa-ref", trace, ReplayOptions(refit_every_s=60.0))
+    replay_hits(trace, policy, trace.n_unique // 10)
+    assert len(policy.applied) > 1
+    doc = policy.policy
+    assert doc.categories
+    assert {p.life_s for p in doc.categories.values()} == {5.0}  # the reference's L
+
+
+# --- split mode --------------------------------------------------------------------------
+
+
+def test_split_scores_only_the_second_part() -> None:
+    # Four requests, split 0.5: requests 0, 1 are fitted on, 2 and 3 scored.
+    # With an unbounded capacity: R0 [1 2] misses both, R1 [1 2] hits both, R2 [3] misses,
+    # R3 [1 2] hits both. Scored: hits 0 + 2 of 1 + 2 blocks.
+    trace = Trace.from_requests([[1, 2], [1, 2], [3], [1, 2]], [0.0, 1.0, 2.0, 3.0])
+    opts = ReplayOptions(wa_fit="split", split=0.5)
+    assert opts.first_scored(trace) == 2
+    for res in run_matrix(trace, ["lru", "wa", "inf"], [10], jobs=1, options=opts):
+        assert (res.hits, res.accesses) == (2, 3), res.policy
+    full = run_one(trace, ReplayJob("lru", 10))
+    assert (full.hits, full.accesses) == (4, 7)
+
+
+def test_split_fits_once_on_the_first_part(small_to_c: Trace) -> None:
+    trace = small_to_c
+    opts = ReplayOptions(wa_fit="split", split=0.5)
+    start = opts.first_scored(trace)
+    policy = build("wa", trace, opts)
+    # Fitted before the replay starts, from the first part's accesses alone.
+    assert [(a.version, a.request) for a in policy.applied] == [(1, start)]
+    assert policy.applied[0].at_s == float(trace.timestamps[start])
+    refitter = policy.refitter
+    assert isinstance(refitter, CensoredRefitter)
+    snap = refitter.stats.snapshot(float(trace.timestamps[start]))
+    assert snap.total_accesses == int(trace.offsets[start])
+    replay_hits(trace, policy, trace.n_unique // 10)
+    assert len(policy.applied) == 1
+
+
+# --- categories --------------------------------------------------------------------------
+
+
+def test_auto_categories_ignore_the_labels(small_to_c: Trace) -> None:
+    codes, names = request_categories(small_to_c, "auto")
+    assert all(n.startswith("t") for n in names)
+    assert len(codes) == small_to_c.n_requests
+    # The same blocks with the labels stripped infer the same categories.
+    stripped = Trace.from_arrays(
+        name="stripped",
+        source_format="inline",
+        hash_ids=small_to_c.hashes[small_to_c.blocks],
+        lengths=small_to_c.lengths,
+        timestamps=small_to_c.timestamps,
+        input_lengths=small_to_c.input_lengths,
+    )
+    codes2, names2 = request_categories(stripped, "auto")
+    assert names2 == names and codes2.tolist() == codes.tolist()
+    # Inferred turns agree with the labels on most requests (first turn or not).
+    inferred_later = np.array([not names[c].startswith("t1_") for c in codes])
+    labelled_later = small_to_c.turns > 1
+    assert (inferred_later == labelled_later).mean() > 0.8
+
+
+def test_wa_with_inferred_categories_runs_and_refits(tiny_to_c: Trace) -> None:
+    policy = _replay(tiny_to_c, ReplayOptions(categories="auto"), tiny_to_c.n_unique // 10)
+    assert len(policy.applied) > 1
+    assert set(policy.policy.categories) <= set(policy.inner.category_names)
+
+
+# --- the margin over lru ------------------------------------------------------------------
+
+
+def test_wa_online_beats_lru_on_small_synthetic_to_c(small_to_c: Trace) -> None:
+    trace = small_to_c
+    capacity = trace.n_unique // 20  # 5 % of the unique blocks
+    lru, wa = run_matrix(trace, ["lru", "wa"], [capacity], jobs=1)
+    # Stated margin: at least 1 point of block hit ratio (measured when written: lru
+    # 0.1458, wa 0.1695); docs/policy.md has the full-size measurements.
+    assert wa.hit_ratio >= lru.hit_ratio + 0.01, (wa.hit_ratio, lru.hit_ratio)
+
+
+# --- options from the CLI to the factory --------------------------------------------------
+
+
+def test_cli_options_reach_the_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[ReplayOptions] = []
+
+    def probe(capacity: int, trace: Trace, options: ReplayOptions) -> object:
+        seen.append(options)
+        return catalog.create("lru", capacity, trace, options)
+
+    monkeypatch.setitem(catalog._OFFLINE, "probe", probe)
+    path = tmp_path / "t.jsonl"
+    write_tiny(path, [[1, 2], [1, 2], [3], [1, 2]])
+    args = ["replay", str(path), "-p", "probe,lru", "--capacity", "10", "-j", "1", "--json"]
+    args += ["--wa-fit", "split", "--split", "0.5", "--refit-every", "5", "--categories", "auto"]
+    args += ["--attribution", "creator", "--near-concurrent", "0.2", "--life", "7"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    want = ReplayOptions(
+        refit_every_s=5.0,
+        wa_fit="split",
+        split=0.5,
+        categories="auto",
+        attribution="creator",
+        near_concurrent_s=0.2,
+        life_s=7.0,
+    )
+    assert seen == [want]
+    out = json.loads(res.stdout)
+    assert out["options"]["wa_fit"] == "split" and out["options"]["life_s"] == 7.0
+    assert out["scored"]["first_request"] == 2 and out["scored"]["part"] == "after split"
+    assert [(r["hits"], r["accesses"]) for r in out["results"]] == [(2, 3), (2, 3)]
+
+
+def test_cli_rejects_bad_options(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    write_tiny(path, [[1, 2]])
+    for extra in (["--wa-fit", "twice"], ["--split", "1.5"], ["--categories", "guess"]):
+        res = CliRunner().invoke(app, ["replay", str(path), "-p", "lru", *extra])
+        assert res.exit_code == 2, (extra, res.output)
