@@ -134,10 +134,10 @@ def main() -> None:
     import vllm
 
     print(f"vLLM {vllm.__version__}, {args.blocks} blocks, {args.n} blocks per request")
-    stock, kv = bench_queue(args)
+    queue = bench_queue(args)
     print(
-        f"queue popleft_n+append_n: stock {stock:6.0f} ns/block, kvwise(wa) {kv:6.0f} "
-        f"ns/block, ratio {kv / stock:4.2f}x"
+        "queue popleft_n+append_n: "
+        + ", ".join(f"{k} {v:.0f} ns/block ({v / queue['stock']:.1f}x)" for k, v in queue.items())
     )
     stock, kv = bench_pool(args)
     print(
