@@ -181,9 +181,9 @@ class DeviceEvictor:
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
     ) -> None:
+        t = self._tick(now)  # even for no blocks: the clock is the largest time passed
         if not len(blocks):
             return
-        t = self._tick(now)
         seq0 = self._seq
         self._seq += len(blocks)
         slots = list(map(self._slot_of, blocks))

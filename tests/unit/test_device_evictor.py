@@ -200,3 +200,25 @@ def test_zero_reuse_probability_ties_break_by_age_then_offset() -> None:
     dev.free([3, 4], [1, 0], 0.0, 0)  # late: stamped with the clock (1.0)
     # All scores -inf, all t = 1.0: larger offset first, then release order.
     assert dev.evict(4) == [2, 3, 1, 4]
+
+
+def test_an_empty_release_still_moves_the_clock() -> None:
+    """Found by the differential test: ``wa`` ticks its clock on ``free([])`` too."""
+    run_both(
+        [
+            ("free", [], 2.0, 0, False),
+            ("free", [2], 0.0, 0, False),
+            ("free", [0, 1], 0.5, 0, False),
+        ],
+        "last",
+        0,
+    )
+    run_both(
+        [
+            ("free", [1], 2.0, 0, False),
+            ("free", [], 0.5, 0, False),
+            ("free", [0, 0], 0.0, 0, False),
+        ],
+        "last",
+        0,
+    )
