@@ -13,15 +13,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-torch = pytest.importorskip("torch")
-
-from agent.device_evictor import DeviceEvictor  # noqa: E402
-from agent.params import BUILTIN_POLICY, CategoryParams, PolicyDocument  # noqa: E402
-from agent.policies.base import EvictionPolicy  # noqa: E402
-from agent.policies.wa import WAPolicy  # noqa: E402
+from agent.device_evictor import DeviceEvictor
+from agent.params import BUILTIN_POLICY, CategoryParams, PolicyDocument
+from agent.policies.base import EvictionPolicy
+from agent.policies.wa import WAPolicy
 
 NAMES = ["chat", "code", "rag"]
 
