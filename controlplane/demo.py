@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from controlplane.embedded_redis import EmbeddedRedis, free_port
+from controlplane.embedded_redis import EmbeddedRedis, free_port, redis_answers
 
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
 
@@ -62,12 +62,12 @@ class DemoStack:
         url = os.environ.get("KVWISE_REDIS_URL")
         if url:
             self.redis_url, self.redis_source = url, "KVWISE_REDIS_URL"
-        elif _answers(LOCAL_REDIS):
+        elif redis_answers(LOCAL_REDIS):
             self.redis_url, self.redis_source = LOCAL_REDIS, "local Redis on 127.0.0.1:6379"
         else:
             self._embedded = EmbeddedRedis(self.workdir).start()
             self.redis_url, self.redis_source = self._embedded.url, "embedded redis-server"
-        if not _answers(self.redis_url):
+        if not redis_answers(self.redis_url):
             raise RuntimeError(f"Redis at {self.redis_url} does not answer")
 
     def _write_traces(self) -> list[Path]:
@@ -195,10 +195,3 @@ class DemoStack:
             self._embedded.stop()
             self._embedded = None
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
-    except (redis.RedisError, ValueError):
-        return False

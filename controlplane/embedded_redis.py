@@ -13,6 +13,16 @@ from pathlib import Path
 from types import TracebackType
 
 
+def redis_answers(url: str) -> bool:
+    """Whether a Redis server answers PING at ``url`` within half a second."""
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
+    except (redis.RedisError, ValueError):
+        return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

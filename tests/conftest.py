@@ -13,23 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.embedded_redis import redis_answers
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _answers(url: str) -> bool:
-    import redis
-
-    try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
-    except redis.RedisError:
-        return False
 
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL of a real Redis server for this test session."""
     url = os.environ.get("KVWISE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-    if _answers(url):
+    if redis_answers(url):
         yield url
         return
     from controlplane.embedded_redis import EmbeddedRedis
