@@ -21,10 +21,10 @@ cache can know when a request arrives: its block hashes and its prompt length.
   (on synthetic traces this separated categories better than the whole prompt's length).
 
 The name is ``t{turn}_n{bucket}`` (e.g. ``t2_n1``): at most
-``max_turn x (len(new_token_edges) + 1)`` categories. Memory is bounded: one small int per remembered block, at most
-``max_blocks`` blocks, least recently seen forgotten first. Work is O(blocks) per request
-(one dict lookup per block). It must never do I/O, import the control plane, or look at
-anything a cache would not know at the request's arrival.
+``max_turn x (len(new_token_edges) + 1)`` categories. Memory is bounded: one small int
+per remembered block, at most ``max_blocks`` blocks, least recently seen forgotten first.
+Work is O(blocks) per request (one dict lookup per block). It must never do I/O, import
+the control plane, or look at anything a cache would not know at the request's arrival.
 """
 
 from __future__ import annotations
