@@ -74,6 +74,13 @@ def replay(
     life: Annotated[
         float | None, typer.Option(help="wa: one life window (seconds) for every category")
     ] = None,
+    reuse_class: Annotated[
+        bool,
+        typer.Option(
+            help="wa: split each category by whether the block was accessed before "
+            "(measured in docs/policy.md; the agent does not do it yet)"
+        ),
+    ] = False,
 ) -> None:
     """Replay TRACE through eviction policies at several cache sizes.
 
@@ -94,7 +101,9 @@ def replay(
 
     if capacity and capacity_frac:
         fail("give --capacity or --capacity-frac, not both")
-    options = _options(refit_every, wa_fit, split, categories, attribution, near_concurrent, life)
+    options = _options(
+        refit_every, wa_fit, split, categories, attribution, near_concurrent, life, reuse_class
+    )
     names = catalog.names() if policy == "all" else split_list(policy, "--policy")
     known = set(catalog.names())
     unknown = [n for n in names if n not in known]
@@ -141,6 +150,7 @@ def _options(
     attribution: str | None,
     near_concurrent: float | None,
     life: float | None,
+    reuse_class: bool,
 ) -> Any:
     from controlplane.replay.options import DEFAULT_ATTRIBUTION, ReplayOptions
 
@@ -162,6 +172,7 @@ def _options(
             attribution=attribution or DEFAULT_ATTRIBUTION,  # type: ignore[arg-type]
             near_concurrent_s=near_concurrent,
             life_s=life,
+            reuse_class=reuse_class,
         )
     except ValueError as exc:
         fail(str(exc))
@@ -176,6 +187,7 @@ def _options_json(options: Any) -> dict[str, Any]:
         "attribution": options.attribution,
         "near_concurrent_s": options.near_concurrent_s,
         "life_s": options.life_s,
+        "reuse_class": options.reuse_class,
     }
 
 

@@ -35,7 +35,8 @@ from controlplane.traces.reader import load_trace
 from controlplane.traces.synth import synthesize
 
 BASELINES = ("lru", "fifo", "lfu", "s3fifo", "sieve", "arc")
-FRACS = (0.05, 0.1, 0.2, 0.4)
+FRACS = [0.05, 0.1, 0.2, 0.4]
+"""Capacities as fractions of a trace's unique blocks (``--fracs`` replaces them)."""
 MOONCAKE = Path(__file__).resolve().parents[1] / "data" / "mooncake_synthetic.jsonl.gz"
 
 
@@ -234,7 +235,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--profiles", default="to-c,to-b")
     ap.add_argument("--mooncake", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--fracs", default="0.05,0.1,0.2,0.4", help="capacities, shares of unique")
     args = ap.parse_args(argv)
+    FRACS[:] = [float(f) for f in args.fracs.split(",")]
     defaults = ReplayOptions()
     print(f"defaults: {defaults}", file=sys.stderr)
     for profile in args.profiles.split(","):

@@ -7,10 +7,11 @@ Run (not collected by pytest)::
 On synthetic to-C and to-B traces of a seed never used for reported results, at 5, 10,
 20 and 40 % of the unique blocks, it scores a setting by its mean block hit ratio over
 those eight cells (``wa`` fitted online, as ``kvwise replay`` does). Knobs are chosen one
-at a time in a fixed order, each with the earlier ones at their chosen values; a
-candidate must beat the incumbent's mean by more than ``--tie`` to replace it (ties keep
-the value listed first, the simpler or current one). Prints each round's table and the
-choices; progress goes to stderr.
+at a time in a fixed order, each with the earlier ones at their chosen values, starting
+from the fitter's defaults before the search (``START``); a candidate must beat the
+incumbent's mean by more than ``--tie`` to replace it (ties keep the incumbent, the
+simpler or current value). Prints each round's table and the choices; progress goes to
+stderr.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from controlplane.replay.options import ReplayOptions
+from controlplane.replay.options import ReplayOptions, default_settings
 from controlplane.traces.model import Trace
 from controlplane.traces.synth import synthesize
 from tests.bench.ablation import FRACS, Variant, run
@@ -33,7 +34,11 @@ KNOBS: tuple[tuple[str, tuple[Any, ...]], ...] = (
     ("attribution", ("last", "creator")),
     ("reuse_class", (False, True)),
 )
-"""Candidates per knob; the first is the incumbent (``None``: ControllerSettings' default)."""
+"""Candidates per knob; ``None`` is the starting point's value (below)."""
+
+START = ReplayOptions(settings=default_settings().model_copy(update={"life_s_override": None}))
+"""The fitter's defaults before this search: a life window per category (the quantile
+rule), no near-concurrent merging, shrinkage worth 50 samples, the last accessor."""
 
 
 def score(traces: Sequence[Trace], options: ReplayOptions, jobs: int, tag: str) -> list[float]:
@@ -78,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in ("lru", "s3fifo"):
         ratios = [x for t in traces for x in run(t, [name], args.jobs, ReplayOptions())[name]]
         print(f"{name}: " + ", ".join(f"{c} {x:.4f}" for c, x in zip(cells, ratios, strict=True)))
-    best = replace(ReplayOptions(), **dict(_parse(kv) for kv in args.base.split(",") if kv))
+    best = replace(START, **dict(_parse(kv) for kv in args.base.split(",") if kv))
     knobs = [k for k in KNOBS if not args.only or k[0] in args.only.split(",")]
     print(f"start: {best}")
     best_scores = score(traces, best, args.jobs, "incumbent")

@@ -249,6 +249,7 @@ def test_cli_options_reach_the_factory(tmp_path: Path, monkeypatch: pytest.Monke
     args = ["replay", str(path), "-p", "probe,lru", "--capacity", "10", "-j", "1", "--json"]
     args += ["--wa-fit", "split", "--split", "0.5", "--refit-every", "5", "--categories", "auto"]
     args += ["--attribution", "creator", "--near-concurrent", "0.2", "--life", "7"]
+    args += ["--reuse-class"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     want = ReplayOptions(
@@ -259,6 +260,7 @@ def test_cli_options_reach_the_factory(tmp_path: Path, monkeypatch: pytest.Monke
         attribution="creator",
         near_concurrent_s=0.2,
         life_s=7.0,
+        reuse_class=True,
     )
     assert seen == [want]
     out = json.loads(res.stdout)
