@@ -17,7 +17,6 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
 import redis
 from apscheduler.schedulers.background import BackgroundScheduler
 from redis.backoff import ExponentialBackoff
@@ -269,6 +268,9 @@ class Controller:
                 for field in ("rate", "p_reuse", "life_s"):
                     m.param.labels(category=name, param=field).set(getattr(p, field))
                 m.samples.labels(category=name).set(p.samples)
+        # Agents whose heartbeat expired leave the gauges instead of lingering as stale series.
+        for gauge in (m.agent_version, m.agent_hit_ratio, m.agent_dropped):
+            gauge.clear()
         for a in agents:
             m.agent_version.labels(agent=a.id).set(a.applied_version)
             m.agent_hit_ratio.labels(agent=a.id).set(a.hit_ratio)
@@ -284,4 +286,4 @@ def _max_relative_change(old: dict[str, CategoryParams], new: dict[str, Category
         for field in ("rate", "p_reuse", "life_s"):
             a, b = getattr(q, field), getattr(p, field)
             worst = max(worst, abs(a - b) / max(abs(a), 1e-12))
-    return float(np.float64(worst))
+    return worst
