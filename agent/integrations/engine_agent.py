@@ -7,7 +7,7 @@ the subscriber and the heartbeat, by block hash). The facade's policy slot holds
 evictor), its ``evict`` hands over the hashes of the victims the queue just took, and
 ``set_policy`` reaches the evictor, so a hot-reloaded document is swapped in, whole, on
 the engine thread at the next queue call. It also owns the request -> category step:
-``kv_category`` from the request's extra arguments, else ``agent.infer``'s inference,
+``kv_category`` from the request's extra arguments, else ``agent.category_inference``'s inference,
 bounded by the agent's category table. It must never import an engine or wait on I/O.
 """
 
@@ -17,9 +17,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from agent.core import Agent
-from agent.params import PolicyDocument
 from agent.policies.base import EvictionPolicy
+from agent.policy_document import PolicyDocument
+from agent.runtime.agent import Agent
 from agent.settings import AgentSettings
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class EngineAgent:
         self._inferrer: Any = None
         if infer:
             try:
-                from agent.infer import CategoryInferrer
+                from agent.category_inference import CategoryInferrer
             except ImportError:  # inference not available: one default category
                 log.info("kvwise: no category inference; unnamed requests are %r", DEFAULT_CATEGORY)
             else:
