@@ -25,7 +25,8 @@ import numpy as np
 
 from controlplane.traces.synth import synthesize
 from controlplane.traces.writer import write_bailian
-from tests.e2e.procs import Stack, get, wait_for
+from tests.e2e.procs import Stack, get
+from tests.waiting import wait_until
 
 TOKEN = "bench"
 
@@ -48,7 +49,9 @@ def run(workers: int, rounds: int, url: str) -> None:
                     KVWISE_HEARTBEAT_INTERVAL_S="0.1",
                     KVWISE_POLL_INTERVAL_S="2.0",  # the default: pub/sub is the fast path
                 )
-            wait_for(lambda: len(get(api, "/v1/agents")) == workers, 60, "all workers")
+            wait_until(
+                lambda: len(get(api, "/v1/agents")) == workers, timeout=60, what="all workers"
+            )
             lat: list[float] = []
             for r in range(rounds):
                 doc = httpx.put(
@@ -64,7 +67,7 @@ def run(workers: int, rounds: int, url: str) -> None:
                     ok = len(agents) == workers and all(a["applied_version"] >= v for a in agents)
                     return agents if ok else None
 
-                agents = wait_for(applied, 20, f"version {v} everywhere")
+                agents = wait_until(applied, timeout=20, what=f"version {v} everywhere")
                 lat += [a["applied_at"] - created for a in agents if a["applied_version"] == v]
                 time.sleep(0.3)
         finally:

@@ -9,8 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,17 +16,7 @@ from typing import Any
 import httpx
 
 from controlplane.dev.embedded_redis import free_port
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
+from tests.waiting import wait_until
 
 
 @dataclass
@@ -106,7 +94,7 @@ class Stack:
             except httpx.TransportError:
                 return False
 
-        wait_for(up, 30, f"controller {name} to serve")
+        wait_until(up, timeout=30, what=f"controller {name} to serve")
         return proc, url
 
     def worker(self, wid: str, trace: Path, capacity: int, speed: float = 20, **env: str) -> Proc:

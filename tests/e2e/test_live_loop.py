@@ -21,7 +21,8 @@ from agent.wire import Keys
 from controlplane.dev.embedded_redis import EmbeddedRedis
 from controlplane.traces.synth import synthesize
 from controlplane.traces.writer import write_bailian
-from tests.e2e.procs import Stack, get, metric, wait_for
+from tests.e2e.procs import Stack, get, metric
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -65,7 +66,7 @@ def test_workers_apply_fitted_versions_and_reject_a_bad_one(
     workers = [stack.worker(f"w{i}", trace, capacity) for i in range(3)]
     # The controller fits from the workers' events and publishes a version beyond the
     # initial one; every worker applies it.
-    wait_for(lambda: get(url, "/v1/policy")["version"] >= 2, 90, "a fitted policy")
+    wait_until(lambda: get(url, "/v1/policy")["version"] >= 2, timeout=90, what="a fitted policy")
     doc = get(url, "/v1/policy")
     assert any(p["source"] in ("fit", "pooled") for p in doc["categories"].values())
 
@@ -74,7 +75,7 @@ def test_workers_apply_fitted_versions_and_reject_a_bad_one(
         agents = _agents(url)
         return len(agents) == 3 and all(a["applied_version"] >= v for a in agents.values())
 
-    wait_for(all_applied, 60, "every worker to apply the current version")
+    wait_until(all_applied, timeout=60, what="every worker to apply the current version")
 
     # A bad document (negative rate) published as the next version is rejected by every
     # agent, which keeps the version it had and reports the rejection.
@@ -89,10 +90,10 @@ def test_workers_apply_fitted_versions_and_reject_a_bad_one(
     )
     r.set(keys.policy_current, str(bad))
     r.publish(keys.policy_channel, str(bad))
-    wait_for(
+    wait_until(
         lambda: all(a["rejected"] >= 1 for a in _agents(url).values()),
-        30,
-        "every agent to report the rejection",
+        timeout=30,
+        what="every agent to report the rejection",
     )
     for a in _agents(url).values():
         assert a["applied_version"] < bad
@@ -105,7 +106,11 @@ def test_workers_apply_fitted_versions_and_reject_a_bad_one(
         assert w.stop() == 0, w.output()[-2000:]
         summaries.append(stack.summary(w))
     sent = sum(s["events_sent"] for s in summaries)
-    wait_for(lambda: metric(url, "kvwise_ingest_events_total") >= sent, 30, "ingest to catch up")
+    wait_until(
+        lambda: metric(url, "kvwise_ingest_events_total") >= sent,
+        timeout=30,
+        what="ingest to catch up",
+    )
     assert metric(url, "kvwise_ingest_events_total") == sent
 
 
@@ -119,17 +124,24 @@ def test_redis_restart_mid_run_loses_nothing_acknowledged(
         stack.worker(f"w{i}", trace, capacity, speed=40, KVWISE_BUFFER_EVENTS="20000")
         for i in range(2)
     ]
-    wait_for(lambda: metric(url, "kvwise_ingest_events_total") > 0, 60, "first events")
+    wait_until(
+        lambda: metric(url, "kvwise_ingest_events_total") > 0, timeout=60, what="first events"
+    )
     version_before = get(url, "/v1/policy")["version"]
     redis_server.stop()
-    time.sleep(3)  # the outage itself: workers keep serving
+    # The outage lasts until every worker has noticed it (and so dropped events).
+    wait_until(
+        lambda: all("cannot send" in w.output() for w in workers),
+        timeout=60,
+        what="every worker to notice the outage",
+    )
     assert all(w.alive() for w in workers), "a worker died while Redis was down"
     redis_server.start()
     before = metric(url, "kvwise_ingest_events_total")
-    wait_for(
+    wait_until(
         lambda: metric(url, "kvwise_ingest_events_total") > before,
-        60,
-        "ingest to resume after the restart",
+        timeout=60,
+        what="ingest to resume after the restart",
     )
     assert get(url, "/v1/policy")["version"] >= version_before  # versions survived
     summaries = []
@@ -139,7 +151,11 @@ def test_redis_restart_mid_run_loses_nothing_acknowledged(
     sent = sum(s["events_sent"] for s in summaries)
     dropped = sum(s["events_dropped"] for s in summaries)
     assert dropped > 0, "the outage should have overflowed the small buffers"
-    wait_for(lambda: metric(url, "kvwise_ingest_events_total") >= sent, 30, "ingest to catch up")
+    wait_until(
+        lambda: metric(url, "kvwise_ingest_events_total") >= sent,
+        timeout=30,
+        what="ingest to catch up",
+    )
     ingested = metric(url, "kvwise_ingest_events_total")
     # Every batch a worker saw acknowledged by Redis reached the controller. A batch whose
     # XADD landed just as the connection broke counts as dropped by the worker yet may
@@ -151,20 +167,24 @@ def test_controller_sigkill_and_restart(stack: Stack, trace_file: tuple[Path, in
     trace, capacity = trace_file
     a, url_a = stack.controller("ctl-a")
     w = stack.worker("w0", trace, capacity, speed=40)
-    wait_for(lambda: get(url_a, "/v1/policy")["version"] >= 2, 90, "a fitted policy")
+    wait_until(lambda: get(url_a, "/v1/policy")["version"] >= 2, timeout=90, what="a fitted policy")
     versions_a = [v["version"] for v in get(url_a, "/v1/policy/versions")]
     a.stop(signal.SIGKILL)
     # A new controller (another consumer name) takes over once the lease expires,
     # reclaims what the dead one left pending, and goes on ingesting and publishing.
     _, url_b = stack.controller("ctl-b")
-    wait_for(lambda: httpx.get(url_b + "/healthz").json()["leader"], 30, "ctl-b to lead")
+    wait_until(
+        lambda: httpx.get(url_b + "/healthz").json()["leader"], timeout=30, what="ctl-b to lead"
+    )
     versions_b = [v["version"] for v in get(url_b, "/v1/policy/versions")]
     assert set(versions_a) <= set(versions_b)
-    wait_for(lambda: metric(url_b, "kvwise_ingest_events_total") > 0, 30, "ingest to resume")
-    wait_for(
+    wait_until(
+        lambda: metric(url_b, "kvwise_ingest_events_total") > 0, timeout=30, what="ingest to resume"
+    )
+    wait_until(
         lambda: get(url_b, "/v1/policy")["version"] > max(versions_a),
-        60,
-        "ctl-b to publish a newer version",
+        timeout=60,
+        what="ctl-b to publish a newer version",
     )
     assert w.stop() == 0
     r = redis.Redis.from_url(stack.redis_url)
@@ -177,7 +197,7 @@ def test_controller_sigkill_and_restart(stack: Stack, trace_file: tuple[Path, in
             and info["last-delivered-id"] == r.xinfo_stream(stream)["last-generated-id"]
         )
 
-    wait_for(all_acknowledged, 30, "every entry to be delivered and acknowledged")
+    wait_until(all_acknowledged, timeout=30, what="every entry to be delivered and acknowledged")
 
 
 def test_two_controllers_one_leader_and_failover(stack: Stack) -> None:
@@ -194,7 +214,7 @@ def test_two_controllers_one_leader_and_failover(stack: Stack) -> None:
                 pass
         return out
 
-    wait_for(lambda: len(leaders()) == 1, 20, "exactly one leader")
+    wait_until(lambda: len(leaders()) == 1, timeout=20, what="exactly one leader")
     first = leaders()[0]
     # The standby refuses to refit and names the leader.
     standby_url = url_b if first == "ctl-a" else url_a
@@ -204,6 +224,6 @@ def test_two_controllers_one_leader_and_failover(stack: Stack) -> None:
     (a if first == "ctl-a" else b).stop(signal.SIGKILL)
     killed = time.monotonic()
     other = "ctl-b" if first == "ctl-a" else "ctl-a"
-    wait_for(lambda: leaders() == [other], 10, "the standby to take over")
+    wait_until(lambda: leaders() == [other], timeout=10, what="the standby to take over")
     # Lease 2 s, renewed every 2/3 s: take-over within lease time plus one tick.
     assert time.monotonic() - killed < 2 + 2 / 3 + 1.0

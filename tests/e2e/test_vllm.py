@@ -30,7 +30,8 @@ import httpx
 import pytest
 
 from tests.conftest import REPO
-from tests.e2e.procs import Proc, Stack, get, wait_for
+from tests.e2e.procs import Proc, Stack, get
+from tests.waiting import wait_until
 
 pytestmark = [
     pytest.mark.vllm,
@@ -145,7 +146,7 @@ def controller(stack: Stack) -> tuple[Proc, str]:
         except httpx.TransportError:
             return False
 
-    wait_for(up, 60, "the controller to serve")
+    wait_until(up, timeout=60, what="the controller to serve")
     return proc, url
 
 
@@ -227,7 +228,9 @@ def test_kvwise_keeps_it_once_a_pushed_policy_applies_and_reports_events(
         ok = all(cats.get(n, {}).get("fitted") for n in ("chat", "doc"))
         return list(cats.values()) if ok else None
 
-    cats = {c["name"]: c for c in wait_for(fitted, 60, "fitted chat and doc categories")}
+    cats = {
+        c["name"]: c for c in wait_until(fitted, timeout=60, what="fitted chat and doc categories")
+    }
     assert cats["chat"]["samples"] > 0 and cats["doc"]["samples"] > 0
     # The pushed override survives the refit; chat's own blocks were reused, doc's never.
     assert cats["doc"]["published"]["p_reuse"] == 0.0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from controlplane.api.server import build_app
 from controlplane.dev.embedded_redis import free_port
 from controlplane.service.controller import Controller
 from controlplane.service.settings import ControllerSettings
+from tests.waiting import wait_until
 
 
 @dataclass
@@ -37,17 +37,15 @@ def running_controller(settings: ControllerSettings) -> Iterator[RunningControll
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
     with httpx.Client(base_url=url, timeout=10) as client:
-        while True:
+
+        def serving() -> bool:
             try:
-                if client.get("/healthz").status_code == 200:
-                    break
+                return client.get("/healthz").status_code == 200
             except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("controller did not start")
-            time.sleep(0.05)
+                return False
+
+        wait_until(serving, timeout=20, what="the controller to serve")
         try:
             yield RunningController(url, controller, client)
         finally:

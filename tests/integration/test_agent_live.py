@@ -8,7 +8,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,18 +21,9 @@ from agent.runtime.agent import Agent
 from agent.settings import AgentSettings
 from agent.wire import AgentStatus, EventBatch, Keys, decode_batch, encode_policy
 from controlplane.dev.embedded_redis import EmbeddedRedis, free_port
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
-    """Poll ``cond`` (test side only) until true or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what or cond}")
-        pause.wait(0.02)
 
 
 def fast_settings(redis_url: str, prefix: str, **update: object) -> AgentSettings:
@@ -145,21 +136,24 @@ def test_redis_down_never_blocks_recording_then_recovers(tmp_path: Path, key_pre
     reqs = Requests(width=50)
     slowest = 0.0
     with Agent(s, capacity=500) as agent:
-        deadline = time.monotonic() + 20
-        while not (agent.publisher.failures >= 2 and agent.recorder.dropped > 0):
+
+        def outage_seen() -> bool:
+            nonlocal slowest
             slowest = max(slowest, reqs.send(agent))
-            assert time.monotonic() < deadline, "publisher never noticed the outage"
+            return agent.publisher.failures >= 2 and agent.recorder.dropped > 0
+
+        wait_until(outage_seen, timeout=20, what="the publisher to notice the outage", every=0)
         dropped_down = agent.events_dropped
         assert dropped_down > 0 and agent.events_sent == 0
         # Loose bound: a call that waited on the network would take the 0.5 s timeout.
         assert slowest < 0.25, slowest
         with EmbeddedRedis(tmp_path, port=port) as server:
             r = redis.Redis.from_url(server.url)
-            deadline = time.monotonic() + 20
-            while agent.events_sent == 0:
-                reqs.send(agent)
-                assert time.monotonic() < deadline, "publisher never reconnected"
-                threading.Event().wait(0.01)
+            wait_until(
+                lambda: reqs.send(agent) >= 0 and agent.events_sent > 0,
+                timeout=20,
+                what="the publisher to reconnect",
+            )
             assert agent.publisher.failures == 0
             agent.close()  # flush while the server is still up
             batches = stream_batches(r, key_prefix)
@@ -183,10 +177,13 @@ def test_silent_redis_never_blocks_recording(key_prefix: str) -> None:
         reqs = Requests(width=50)
         slowest = 0.0
         agent = Agent(s, capacity=500).start()
-        deadline = time.monotonic() + 20
-        while agent.recorder.dropped == 0:
+
+        def dropping() -> bool:
+            nonlocal slowest
             slowest = max(slowest, reqs.send(agent))
-            assert time.monotonic() < deadline
+            return agent.recorder.dropped > 0
+
+        wait_until(dropping, timeout=20, what="the buffer to overflow", every=0)
         for _ in range(200):
             slowest = max(slowest, reqs.send(agent))
         assert slowest < 0.25, slowest
@@ -230,7 +227,7 @@ def doc(version: int, rate: float = 0.5) -> PolicyDocument:
 
 
 def apply_when_staged(agent: Agent, timeout: float = 10.0) -> None:
-    wait_for(agent.apply_pending, timeout, "a staged policy")
+    wait_until(agent.apply_pending, timeout=timeout, what="a staged policy")
 
 
 def bad_json(version: int, **default: object) -> str:
@@ -260,7 +257,7 @@ def test_subscriber_applies_valid_and_rejects_bad_documents(
         ]
         for n, (version, raw, reason) in enumerate(bad, start=1):
             publish(r, key_prefix, version, raw)
-            wait_for(lambda n=n: agent.subscriber.rejected == n, what=f"rejection of v{version}")
+            wait_until(lambda n=n: agent.subscriber.rejected == n, what=f"rejection of v{version}")
             assert not agent.apply_pending()
             assert agent.applied_version == 1 and len(ev.docs) == 1
             assert agent.subscriber.last_rejection.startswith(f"v{version}: ")
@@ -285,7 +282,7 @@ def test_pubsub_hint_is_fast_and_polling_is_the_guarantee(
     # Polling is slow here, so only the notice can make the change arrive quickly.
     s = fast_settings(redis_url, key_prefix, poll_interval_s=60.0)
     with Agent(s, capacity=10) as agent:
-        wait_for(lambda: dict(r.pubsub_numsub(channel)).get(channel.encode(), 0) > 0)
+        wait_until(lambda: dict(r.pubsub_numsub(channel)).get(channel.encode(), 0) > 0)
         t0 = time.monotonic()
         publish(r, key_prefix, 1, encode_policy(doc(1)))
         apply_when_staged(agent, timeout=5.0)
@@ -312,7 +309,7 @@ def test_an_evictor_refusing_a_document_counts_as_a_rejection(
     s = fast_settings(redis_url, key_prefix)
     with Agent(s, capacity=10, policy=Picky()) as agent:
         publish(r, key_prefix, 1, encode_policy(doc(1)))
-        wait_for(lambda: agent.subscriber.known_version == 1)
+        wait_until(lambda: agent.subscriber.known_version == 1)
         assert not agent.apply_pending()
         assert agent.applied_version == 0 and agent.subscriber.rejected == 1
         assert "evictor refused it: no image_1" in agent.subscriber.last_rejection
@@ -327,12 +324,12 @@ def test_heartbeat_key_has_ttl_and_current_counters(
     key = Keys(key_prefix).agent("w1")
     s = fast_settings(redis_url, key_prefix, heartbeat_ttl_s=3.0)
     with Agent(s, capacity=123, engine="sim") as agent:
-        wait_for(lambda: r.exists(key) == 1)
+        wait_until(lambda: r.exists(key) == 1)
         ttl = r.pttl(key)
         assert 0 < ttl <= 3_000
         agent.free([3, 2, 1], [2, 1, 0], time.time(), "text_1")
         agent.touch([1, 2], time.time(), "text_1")
-        wait_for(lambda: AgentStatus.from_json(r.get(key) or b"").hits == 2)
+        wait_until(lambda: AgentStatus.from_json(r.get(key) or b"").hits == 2)
         st = AgentStatus.from_json(r.get(key) or b"")
         assert (st.id, st.engine, st.capacity) == ("w1", "sim", 123)
         assert (st.accesses, st.applied_version, st.rejected) == (3, 0, 0)

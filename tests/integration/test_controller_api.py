@@ -18,6 +18,7 @@ from tests.integration.controller_fixtures import (
     running_controller,
     send,
 )
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 TOKEN = "s3cret-token"
@@ -37,13 +38,6 @@ def ctl(redis_url: str, key_prefix: str) -> Iterator[RunningController]:
     )
     with running_controller(settings) as rc:
         yield rc
-
-
-def _wait(predicate, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
 
 
 def test_health_readiness_and_initial_policy(ctl: RunningController) -> None:
@@ -115,7 +109,7 @@ def test_refit_from_ingested_events(ctl: RunningController, redis_url: str) -> N
                 "w1", seq, category="text_1", n=3000, rate=0.5, p=0.6, t0=now + seq * 5, seed=seq
             ),
         )
-    _wait(lambda: ctl.controller.ingestor.counters.batches >= 3)
+    wait_until(lambda: ctl.controller.ingestor.counters.batches >= 3)
     out = c.post("/v1/policy/refit", headers=AUTH).json()
     assert out["published"] is True, out
     doc = c.get("/v1/policy").json()
@@ -133,7 +127,7 @@ def test_refit_from_ingested_events(ctl: RunningController, redis_url: str) -> N
     send(
         r, keys, reuse_batch("w1", 5, category="text_1", n=10, rate=0.5, p=0.5, t0=now + 30, seed=9)
     )
-    _wait(lambda: ctl.controller.ingestor.counters.gaps.get("w1") == 1)
+    wait_until(lambda: ctl.controller.ingestor.counters.gaps.get("w1") == 1)
 
 
 def test_malformed_batch_goes_to_dead_letter_and_ingest_continues(
@@ -150,14 +144,14 @@ def test_malformed_batch_goes_to_dead_letter_and_ingest_continues(
         keys,
         reuse_batch("w9", 2, category="file_1", n=50, rate=1.0, p=0.2, t0=time.time(), seed=4),
     )
-    _wait(lambda: ctl.controller.ingestor.counters.batches >= 1)
-    _wait(lambda: r.xlen(keys.dead_letter) == 1)
+    wait_until(lambda: ctl.controller.ingestor.counters.batches >= 1)
+    wait_until(lambda: r.xlen(keys.dead_letter) == 1)
     ((_entry_id, fields),) = r.xrange(keys.dead_letter)
     assert fields[b"reason"].startswith(b"d: ")
     assert fields[b"stream"] == keys.events_stream("w9").encode()
     assert ctl.controller.ingestor.counters.dead_letters == 1
     # Nothing is left pending: both entries were acknowledged.
-    _wait(lambda: ctl.controller.ingestor.pending() == 0)
+    wait_until(lambda: ctl.controller.ingestor.pending() == 0)
 
 
 def test_agents_metrics_and_openapi(ctl: RunningController, redis_url: str) -> None:

@@ -13,7 +13,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -37,6 +36,7 @@ from tests.integration.helm_support import (
     env_name,
     snake,
 )
+from tests.waiting import wait_until
 
 
 def controller_env(
@@ -357,11 +357,12 @@ def test_helm_test_check_passes_against_a_controller_started_from_the_rendered_p
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 60
-        while _status(f"http://127.0.0.1:{port}/readyz") != 200:
+
+        def ready() -> bool:
             assert proc.poll() is None, proc.communicate()[0].decode()[-2000:]
-            assert time.monotonic() < deadline, "the controller never became ready"
-            time.sleep(0.2)
+            return _status(f"http://127.0.0.1:{port}/readyz") == 200
+
+        wait_until(ready, timeout=60, what="the controller to be ready", every=0.2)
         check = hs.container(r.component("Pod", "test"), "check")
         script = check["command"][1:] + check["args"]
         assert script[0] == "-c"
