@@ -18,13 +18,12 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import repeat
 
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.wire import COLUMNS, EventKind
+from agent.wire import EventKind, Events, RawEvents
 
 log = logging.getLogger(__name__)
 
@@ -32,43 +31,6 @@ HIT = int(EventKind.HIT)
 FREE = int(EventKind.INSERT)
 """Raw kind of a released block; resolved to INSERT (not held before) or dropped (held)."""
 EVICT = int(EventKind.EVICT)
-
-
-@dataclass(frozen=True, eq=False)
-class RawEvents:
-    """Block operations as the engine thread recorded them, in order."""
-
-    ts: NDArray[np.float64]
-    block: NDArray[np.int64]
-    category: NDArray[np.int32]
-    offset: NDArray[np.int32]
-    kind: NDArray[np.uint8]
-
-    def __len__(self) -> int:
-        return len(self.ts)
-
-    def rows(self, lo: int, hi: int) -> RawEvents:
-        return RawEvents(self.ts[lo:hi], self.block[lo:hi], self.category[lo:hi],
-                         self.offset[lo:hi], self.kind[lo:hi])  # fmt: skip
-
-
-@dataclass(frozen=True, eq=False)
-class Events:
-    """Resolved events: the wire's seven columns."""
-
-    ts: NDArray[np.float64]
-    block: NDArray[np.int64]
-    category: NDArray[np.int32]
-    offset: NDArray[np.int32]
-    kind: NDArray[np.uint8]
-    prev_ts: NDArray[np.float64]
-    prev_category: NDArray[np.int32]
-
-    def __len__(self) -> int:
-        return len(self.ts)
-
-    def rows(self, lo: int, hi: int) -> Events:
-        return Events(*(getattr(self, name)[lo:hi] for name, _ in COLUMNS))
 
 
 class AccessHistory:

@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.history import RawEvents
-from agent.wire import COLUMNS
+from agent.wire import RAW_COLUMNS, RawEvents
 
 
 def _head(column: Any, k: int) -> Any:
@@ -28,11 +27,7 @@ def _head(column: Any, k: int) -> Any:
 
 
 def _allocate(n: int) -> RawEvents:
-    dtypes = dict(COLUMNS)
-    return RawEvents(*(np.empty(n, dtypes[name].newbyteorder("=")) for name in _RAW))
-
-
-_RAW = ("ts", "block", "category", "offset", "kind")
+    return RawEvents(*(np.empty(n, dtype.newbyteorder("=")) for _, dtype in RAW_COLUMNS))
 
 
 class EventRecorder:

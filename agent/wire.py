@@ -26,9 +26,9 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from enum import IntEnum
-from typing import Any, Final
+from typing import Any, ClassVar, Final, Self
 
 import numpy as np
 from numpy.typing import NDArray
@@ -140,34 +140,67 @@ _FIELDS: Final = ("v", "w", "e", "s", "c", "n", "d")
 _DECIMAL: Final = re.compile(r"-?[0-9]{1,19}")
 
 
+RAW_COLUMNS: Final = COLUMNS[:5]
+"""The columns an engine thread records; the last two are resolved later (agent.history)."""
+
+
 @dataclass(frozen=True, eq=False)
-class EventBatch:
-    """A worker's block access events, columnar: element ``i`` of every column is one event.
+class RawEvents:
+    """Block events, columnar: element ``i`` of every column is one event. The one
+    event-columns type: ``Events`` and ``EventBatch`` extend it, and ``rows`` and the length
+    check are written here once for all three. As recorded (``RAW_COLUMNS``): ``kind`` may
+    still be a raw FREE that ``agent.history`` resolves."""
 
-    ``category`` and ``prev_category`` index ``categories``; ``prev_category`` is ``-1``
-    and ``prev_ts`` NaN when the agent does not know the block's previous access.
-    """
+    columns: ClassVar[tuple[str, ...]] = tuple(name for name, _ in RAW_COLUMNS)
 
-    worker: str
-    seq: int
-    epoch: str
-    categories: tuple[str, ...]
     ts: NDArray[np.float64]
     block: NDArray[np.int64]
     category: NDArray[np.int32]
     offset: NDArray[np.int32]
     kind: NDArray[np.uint8]
-    prev_ts: NDArray[np.float64]
-    prev_category: NDArray[np.int32]
 
     def __post_init__(self) -> None:
         n = len(self.ts)
-        for name, _ in COLUMNS:
+        for name in self.columns:
             if len(getattr(self, name)) != n:
                 raise ValueError(f"column {name} has {len(getattr(self, name))} rows, not {n}")
 
     def __len__(self) -> int:
         return len(self.ts)
+
+    def rows(self, lo: int, hi: int) -> Self:
+        """Rows ``lo:hi`` of every column (views, no copy); everything else is kept."""
+        return replace(self, **{name: getattr(self, name)[lo:hi] for name in self.columns})
+
+
+@dataclass(frozen=True, eq=False)
+class Events(RawEvents):
+    """Resolved events: the wire's seven ``COLUMNS``. ``prev_category`` is ``-1`` and
+    ``prev_ts`` NaN when the agent does not know the block's previous access."""
+
+    columns: ClassVar[tuple[str, ...]] = tuple(name for name, _ in COLUMNS)
+
+    prev_ts: NDArray[np.float64]
+    prev_category: NDArray[np.int32]
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class EventBatch(Events):
+    """One stream entry: a worker's resolved events, whose ``category`` and
+    ``prev_category`` index ``categories``."""
+
+    worker: str
+    seq: int
+    epoch: str
+    categories: tuple[str, ...]
+
+    @classmethod
+    def of(
+        cls, events: Events, *, worker: str, seq: int, epoch: str, categories: tuple[str, ...]
+    ) -> EventBatch:
+        """``events`` as batch ``seq`` of ``worker``'s ``epoch``."""
+        cols = {name: getattr(events, name) for name in Events.columns}
+        return cls(worker=worker, seq=seq, epoch=epoch, categories=categories, **cols)
 
 
 def encode_batch(batch: EventBatch) -> dict[str, bytes]:

@@ -29,7 +29,7 @@ from agent.history import EVICT, FREE, HIT, AccessHistory
 from agent.policies import EvictionPolicy, create
 from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 from agent.recorder import EventRecorder
-from agent.runtime.connection import make_client
+from agent.runtime.connection import AGENT_CALL_RETRIES, connect
 from agent.runtime.heartbeat import Heartbeat
 from agent.runtime.publisher import EventPublisher
 from agent.runtime.subscriber import PolicySubscriber
@@ -108,7 +108,12 @@ class Agent:
         self.hits = 0
         self.accesses = 0
         self.started_at = time.time()
-        self.client = make_client(settings)
+        self.client = connect(
+            settings.redis_url,
+            timeout_s=settings.redis_timeout_s,
+            retries=AGENT_CALL_RETRIES,
+            cluster=settings.redis_cluster,
+        )
         self.recorder = EventRecorder(
             settings.buffer_events, settings.batch_events, on_batch=self._wake_publisher
         )

@@ -1,39 +1,158 @@
-"""The agent's Redis client: timeouts, retries and backoff as explicit objects.
+"""The one Redis client factory of kvwise, and the one reading of what a Redis error means.
 
-Owns how every agent thread connects (one pooled client, shared; pub/sub takes its own
-connection from it) and the backoff used between reconnection attempts. It must never be
-called from the engine thread: every call here may wait on the network.
+Owns how every process connects (``connect``: one pooled, thread-safe client per URL, with
+explicit timeouts and retries, standalone or Redis Cluster), the clear error for a URL that
+is not a Redis URL (``RedisUrlError``), and ``RedisState``: whether an error means Redis is
+unreachable, out of memory, read-only, loading or refusing our credentials, so that every
+log line and readiness answer names the real cause. The agent's threads and the controller
+both use it (the controller may import this module; it imports nothing of the controller).
+It must never be called from an engine thread: every call through a client may wait on the
+network.
 """
 
 from __future__ import annotations
 
+import re
+from enum import StrEnum
+from typing import Final, TypeAlias
+
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from agent.settings import AgentSettings
+RedisClient: TypeAlias = redis.Redis | RedisCluster
+"""What ``connect`` returns: a standalone client or a cluster client (same commands)."""
 
-CALL_RETRIES = 1
-"""Retries of one Redis call inside redis-py before the caller sees the error; one,
-because every caller has its own outer loop (the next flush, poll or heartbeat), and a
-hung server costs ``redis_timeout_s`` per attempt on the caller's thread."""
+URL_SCHEMES: Final = ("redis://", "rediss://", "unix://")
 
-
-def make_client(settings: AgentSettings) -> redis.Redis:
-    """A pooled, thread-safe client for ``settings.redis_url`` that returns bytes."""
-    return redis.Redis.from_url(
-        settings.redis_url,
-        socket_timeout=settings.redis_timeout_s,
-        socket_connect_timeout=settings.redis_timeout_s,
-        retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), CALL_RETRIES),
-        # RESP2 and no CLIENT SETINFO: connecting costs no round trip before the command,
-        # so a hung server costs one timeout per attempt, not three.
-        protocol=2,
-        driver_info=None,
-    )
+AGENT_CALL_RETRIES: Final = 1
+"""Retries of one Redis call inside redis-py before an agent thread sees the error; one,
+because every agent thread has its own outer loop (the next flush, poll or heartbeat), and
+a hung server costs ``redis_timeout_s`` per attempt on that thread."""
 
 
-def reconnect_backoff(settings: AgentSettings) -> ExponentialBackoff:
-    """Wait between failed rounds of a background loop: 0.1 s doubling up to
-    ``reconnect_max_s``."""
-    return ExponentialBackoff(cap=settings.reconnect_max_s, base=0.1)
+class RedisUrlError(ValueError):
+    """A Redis URL that cannot be used; the message says why in one line (no secrets)."""
+
+
+class RedisState(StrEnum):
+    """What a Redis failure means for kvwise."""
+
+    OK = "ok"
+    UNREACHABLE = "unreachable"
+    OUT_OF_MEMORY = "out_of_memory"
+    READ_ONLY = "read_only"
+    LOADING = "loading"
+    AUTH = "auth_refused"
+    ERROR = "error"
+
+
+_PHRASES: Final = {
+    RedisState.OK: "Redis answers",
+    RedisState.UNREACHABLE: "Redis unreachable",
+    RedisState.OUT_OF_MEMORY: "Redis out of memory (maxmemory reached: writes refused)",
+    RedisState.READ_ONLY: "Redis is a read-only replica (writes refused)",
+    RedisState.LOADING: "Redis is loading its dataset",
+    RedisState.AUTH: "Redis refused our credentials",
+    RedisState.ERROR: "Redis error",
+}
+
+
+_STATE_OF_ERROR: Final[tuple[tuple[tuple[type[BaseException], ...], RedisState], ...]] = (
+    ((redis.exceptions.OutOfMemoryError,), RedisState.OUT_OF_MEMORY),
+    ((redis.exceptions.ReadOnlyError,), RedisState.READ_ONLY),
+    ((redis.exceptions.BusyLoadingError,), RedisState.LOADING),
+    (
+        (
+            redis.exceptions.AuthenticationError,
+            redis.exceptions.AuthorizationError,
+            redis.exceptions.NoPermissionError,
+        ),
+        RedisState.AUTH,
+    ),
+    (
+        (
+            redis.ConnectionError,
+            redis.TimeoutError,
+            OSError,
+            redis.exceptions.ClusterDownError,
+            redis.exceptions.MasterDownError,
+        ),
+        RedisState.UNREACHABLE,
+    ),
+)
+
+
+def redis_state(exc: BaseException) -> RedisState:
+    """The state a Redis error reveals (``ERROR`` for one that says nothing of the server).
+    A transaction aborted by a refused write (``EXECABORT ... OOM``) is out of memory too."""
+    if "OOM command not allowed" in str(exc):
+        return RedisState.OUT_OF_MEMORY
+    for types, state in _STATE_OF_ERROR:
+        if isinstance(exc, types):
+            return state
+    return RedisState.ERROR
+
+
+def describe_redis_error(exc: BaseException) -> str:
+    """One line naming the state and the server's words, e.g. ``Redis out of memory (...):
+    OOM command not allowed ...``."""
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"{_PHRASES[redis_state(exc)]}: {detail[:300]}"
+
+
+def state_phrase(state: RedisState) -> str:
+    """The words for ``state`` used in logs and readiness reasons."""
+    return _PHRASES[state]
+
+
+def redact(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for messages)."""
+    return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", url)
+
+
+def connect(
+    url: str,
+    *,
+    timeout_s: float,
+    retries: int,
+    cluster: bool = False,
+    health_check_s: int = 0,
+) -> RedisClient:
+    """A pooled client for ``url`` returning bytes; ``cluster`` for Redis Cluster (the URL
+    names any one node; the client discovers the rest and follows MOVED/ASK and failovers).
+
+    Each call is retried ``retries`` times with capped exponential backoff on connection
+    errors and timeouts. Raises ``RedisUrlError`` for a URL that is not a Redis URL.
+    """
+    if not url.startswith(URL_SCHEMES):
+        raise RedisUrlError(
+            f"Redis URL {redact(url)!r} must start with {', '.join(URL_SCHEMES)} "
+            "(e.g. redis://127.0.0.1:6379/0)"
+        )
+    retry = Retry(ExponentialBackoff(cap=1.0, base=0.02), retries)
+    try:
+        if cluster:
+            return RedisCluster.from_url(
+                url,
+                socket_timeout=timeout_s,
+                socket_connect_timeout=timeout_s,
+                retry=retry,
+                protocol=2,
+                driver_info=None,
+            )
+        return redis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=retry,
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+            health_check_interval=health_check_s,
+            # RESP2 and no CLIENT SETINFO: connecting costs no round trip before the
+            # command, so a hung server costs one timeout per attempt, not three.
+            protocol=2,
+            driver_info=None,
+        )
+    except ValueError as exc:
+        raise RedisUrlError(f"Redis URL {redact(url)!r} is malformed: {exc}") from None

@@ -8,76 +8,49 @@ from the engine thread; it only reads counters through ``status``.
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Callable
 
-import redis
-
+from agent.runtime.connection import RedisClient
+from agent.runtime.loop import BackgroundLoop
 from agent.settings import AgentSettings
 from agent.wire import AgentStatus, Keys
 
-log = logging.getLogger(__name__)
 
-
-class Heartbeat:
+class Heartbeat(BackgroundLoop):
     """Writes ``status()`` every interval from a daemon thread."""
 
     def __init__(
-        self, settings: AgentSettings, client: redis.Redis, status: Callable[[], AgentStatus]
+        self, settings: AgentSettings, client: RedisClient, status: Callable[[], AgentStatus]
     ) -> None:
+        super().__init__(
+            "heartbeat",
+            interval_s=settings.heartbeat_interval_s,
+            max_backoff_s=settings.reconnect_max_s,
+        )
         self.settings = settings
         self.client = client
         self._status = status
         self.keys = Keys(settings.key_prefix)
         self.beats = 0
-        self.failures = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def beat(self) -> bool:
-        """Write the status once; False (logged once per outage) if Redis is unreachable."""
+        """Write the status once; False (logged once per outage) if Redis refused it."""
+        return self.run_step()
+
+    def step(self) -> None:
         status = self._status()
-        try:
-            self.client.set(
-                self.keys.agent(status.id),
-                status.to_json(),
-                px=max(1, round(self.settings.heartbeat_ttl_s * 1000)),
-            )
-        except redis.RedisError as exc:
-            if self.failures == 0:
-                log.warning("kvwise heartbeat: cannot reach Redis (%s)", exc)
-            self.failures += 1
-            return False
-        self.failures = 0
+        self.client.set(
+            self.keys.agent(status.id),
+            status.to_json(),
+            px=max(1, round(self.settings.heartbeat_ttl_s * 1000)),
+        )
         self.beats += 1
-        return True
 
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="kvwise-heartbeat", daemon=True)
-        self._thread.start()
+    def next_wait(self) -> float:
+        return self.interval_s  # a beat is one small write: no backoff needed
 
-    def stop(self) -> None:
-        self._stop.set()
-
-    def close(self, timeout: float = 5.0) -> bool:
-        """Stop the thread, then write a last heartbeat with the final counters (skipped
-        while Redis is failing: it would only wait out another timeout)."""
-        self.stop()
-        if self._thread is None:
-            return True
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            return False
-        self._thread = None
+    def finish(self) -> None:
+        """A last heartbeat with the final counters (skipped while Redis is failing: it
+        would only wait out another timeout)."""
         if self.failures == 0:
-            self.beat()
-        return True
-
-    def _run(self) -> None:
-        self.beat()
-        while not self._stop.wait(self.settings.heartbeat_interval_s):
             self.beat()

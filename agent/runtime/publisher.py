@@ -14,27 +14,25 @@ It must never be called from the engine thread except ``wake``.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 
-import redis
-
-from agent.history import AccessHistory, Events
+from agent.history import AccessHistory
 from agent.recorder import EventRecorder
-from agent.runtime.connection import reconnect_backoff
+from agent.runtime.connection import RedisClient
+from agent.runtime.loop import BackgroundLoop
 from agent.settings import AgentSettings
-from agent.wire import EventBatch, Keys, encode_batch
+from agent.wire import EventBatch, Events, Keys, encode_batch
 
 log = logging.getLogger(__name__)
 
 
-class EventPublisher:
+class EventPublisher(BackgroundLoop):
     """Sends what ``recorder`` holds to ``Keys.events_stream(worker)`` from a daemon thread."""
 
     def __init__(
         self,
         settings: AgentSettings,
-        client: redis.Redis,
+        client: RedisClient,
         recorder: EventRecorder,
         *,
         worker: str,
@@ -43,6 +41,11 @@ class EventPublisher:
         history: AccessHistory,
         unknown_category: int,
     ) -> None:
+        super().__init__(
+            f"publisher-{worker}",
+            interval_s=settings.flush_interval_s,
+            max_backoff_s=settings.reconnect_max_s,
+        )
         self.settings = settings
         self.client = client
         self.recorder = recorder
@@ -52,10 +55,6 @@ class EventPublisher:
         self._categories = categories
         self.history = history
         self.unknown_category = unknown_category
-        self._backoff = reconnect_backoff(settings)
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.seq = 0
         """Sequence number of the last batch cut (sent or dropped)."""
         self.sent = 0
@@ -64,49 +63,16 @@ class EventPublisher:
         """Events lost because their send failed."""
         self.filtered = 0
         """Recorded releases of blocks the cache held: not events (see agent.history)."""
-        self.failures = 0
-        """Consecutive failed sends (0 = connected)."""
-        self.last_error = ""
 
-    def wake(self) -> None:
-        """Ask for a flush now (the recorder calls this when a batch is full)."""
-        self._wake.set()
-
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(
-            target=self._run, name=f"kvwise-publisher-{self.worker}", daemon=True
-        )
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Ask the thread to make a last flush of everything recorded so far and end."""
-        self._stop.set()
-        self._wake.set()
-
-    def close(self, timeout: float = 10.0) -> bool:
-        """``stop`` and wait up to ``timeout`` s; False if the thread is still sending
-        (it is a daemon: a hung Redis cannot hold the process)."""
-        self.stop()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                return False
-            self._thread = None
-        return True
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            wait = self.settings.flush_interval_s
-            if self.failures:
-                wait = max(wait, self._backoff.compute(self.failures))
-            self._wake.wait(wait)
-            self._wake.clear()
-            if self._stop.is_set():
-                break
-            self.flush()
+    def step(self) -> None:
         self.flush()
+
+    def finish(self) -> None:
+        """A last flush of everything recorded before ``stop``."""
+        self.run_step()
+
+    def outage_note(self) -> str:
+        return f"dropping events for {self.stream} until it recovers"
 
     def collect(self) -> list[Events]:
         """Drain the recorder and resolve what it held, in chunks of at most
@@ -124,7 +90,8 @@ class EventPublisher:
 
     def flush(self) -> int:
         """Send everything recorded so far; return the events sent. Runs on the publisher
-        thread (or after it stopped)."""
+        thread (or after it stopped). A failed send drops and counts its events, then
+        raises the ``redis.RedisError``."""
         chunks = self.collect()
         if not chunks:
             return 0
@@ -133,7 +100,8 @@ class EventPublisher:
         pipe = self.client.pipeline(transaction=False)
         for events in chunks:
             self.seq += 1
-            batch = _batch(events, self.worker, self.seq, self.epoch, names)
+            batch = EventBatch.of(events, worker=self.worker, seq=self.seq, epoch=self.epoch,
+                                  categories=names)  # fmt: skip
             pipe.xadd(
                 self.stream,
                 encode_batch(batch),  # type: ignore[arg-type]
@@ -142,45 +110,10 @@ class EventPublisher:
             )
         try:
             pipe.execute()
-        except redis.RedisError as exc:
-            self._failed(n, exc)
-            return 0
+        except BaseException:
+            self.dropped += n
+            raise
         finally:
             pipe.reset()
-        if self.failures:
-            log.info(
-                "kvwise publisher: Redis reachable again after %d failed sends; %d events "
-                "dropped so far",
-                self.failures,
-                self.dropped,
-            )
-            self.failures = 0
         self.sent += n
         return n
-
-    def _failed(self, n: int, exc: redis.RedisError) -> None:
-        self.dropped += n
-        self.last_error = f"{type(exc).__name__}: {exc}"
-        if self.failures == 0:
-            log.warning(
-                "kvwise publisher: cannot send to %s (%s); dropping events until it recovers",
-                self.stream,
-                self.last_error,
-            )
-        self.failures += 1
-
-
-def _batch(cols: Events, worker: str, seq: int, epoch: str, names: tuple[str, ...]) -> EventBatch:
-    return EventBatch(
-        worker=worker,
-        seq=seq,
-        epoch=epoch,
-        categories=names,
-        ts=cols.ts,
-        block=cols.block,
-        category=cols.category,
-        offset=cols.offset,
-        kind=cols.kind,
-        prev_ts=cols.prev_ts,
-        prev_category=cols.prev_category,
-    )

@@ -20,6 +20,8 @@ import redis
 from redis.client import PubSub
 
 from agent.policy_document import PolicyDocument
+from agent.runtime.connection import RedisClient
+from agent.runtime.loop import BackgroundLoop
 from agent.settings import AgentSettings
 from agent.wire import Keys, WireError, decode_policy
 
@@ -29,10 +31,15 @@ _PUBSUB_WAIT_S = 0.25
 """Longest wait for a pub/sub message, so ``close`` returns promptly."""
 
 
-class PolicySubscriber:
+class PolicySubscriber(BackgroundLoop):
     """Follows ``current``: stages every version it points to that validates."""
 
-    def __init__(self, settings: AgentSettings, client: redis.Redis, *, applied: int = 0) -> None:
+    def __init__(self, settings: AgentSettings, client: RedisClient, *, applied: int = 0) -> None:
+        super().__init__(
+            "subscriber",
+            interval_s=settings.poll_interval_s,
+            max_backoff_s=settings.reconnect_max_s,
+        )
         self.settings = settings
         self.client = client
         self.keys = Keys(settings.key_prefix)
@@ -40,13 +47,10 @@ class PolicySubscriber:
         """Version applied or staged last (what ``current`` is compared with)."""
         self.rejected = 0
         self.last_rejection = ""
-        self.failures = 0
-        """Consecutive failed polls (0 = connected)."""
         self._rejected_version: int | None = None
         self._pending: PolicyDocument | None = None
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._pubsub: PubSub | None = None
 
     def take(self) -> PolicyDocument | None:
         """The staged document, once (engine thread, between steps); None if none."""
@@ -106,52 +110,44 @@ class PolicySubscriber:
             self.known_version,
         )
 
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="kvwise-subscriber", daemon=True)
-        self._thread.start()
+    # --- the loop ------------------------------------------------------------------------
+    def step(self) -> None:
+        """Subscribe if not yet, then poll ``current`` once."""
+        if self._pubsub is None:
+            self._pubsub = self._subscribe()
+        self.check()
 
-    def stop(self) -> None:
-        self._stop.set()
+    def outage_note(self) -> str:
+        return f"keeping v{self.known_version}"
 
-    def close(self, timeout: float = 5.0) -> bool:
-        """``stop`` and wait up to ``timeout`` s; False if a poll is still waiting on Redis."""
-        self.stop()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                return False
-            self._thread = None
-        return True
+    def pause(self, seconds: float) -> None:
+        """Wait for a pub/sub notice (then poll at once) or ``seconds``, whichever first."""
+        deadline = time.monotonic() + seconds
+        while not self.stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._pubsub is None:
+                super().pause(left)
+                return
+            try:
+                msg = self._pubsub.get_message(
+                    ignore_subscribe_messages=True, timeout=min(left, _PUBSUB_WAIT_S)
+                )
+            except (redis.RedisError, OSError, ValueError):
+                # A dead pub/sub connection: polling carries on; resubscribe next round.
+                self._close_pubsub()
+                continue
+            if msg is not None and msg.get("type") == "message":
+                return
 
-    def _run(self) -> None:
-        pubsub: PubSub | None = None
-        next_poll = 0.0
-        try:
-            while not self._stop.is_set():
-                if time.monotonic() >= next_poll:
-                    if pubsub is None:
-                        pubsub = self._subscribe()
-                    self._poll()
-                    next_poll = time.monotonic() + self.settings.poll_interval_s
-                wait = min(max(next_poll - time.monotonic(), 0.0), _PUBSUB_WAIT_S)
-                if pubsub is None:
-                    self._stop.wait(wait)
-                    continue
-                try:
-                    msg = pubsub.get_message(ignore_subscribe_messages=True, timeout=wait)
-                except (redis.RedisError, OSError, ValueError):
-                    # A dead pub/sub connection: polling carries on; resubscribe next poll.
-                    pubsub.close()
-                    pubsub = None
-                    continue
-                if msg is not None and msg.get("type") == "message":
-                    self._poll()
-        finally:
-            if pubsub is not None:
-                pubsub.close()
+    def finish(self) -> None:
+        self._close_pubsub()
+
+    def _close_pubsub(self) -> None:
+        if self._pubsub is not None:
+            self._pubsub.close()
+            self._pubsub = None
 
     def _subscribe(self) -> PubSub | None:
         pubsub: PubSub = self.client.pubsub(  # type: ignore[no-untyped-call]
@@ -163,21 +159,3 @@ class PolicySubscriber:
             pubsub.close()
             return None
         return pubsub
-
-    def _poll(self) -> None:
-        try:
-            self.check()
-        except redis.RedisError as exc:
-            if self.failures == 0:
-                log.warning(
-                    "kvwise subscriber: cannot reach Redis (%s); keeping v%d",
-                    exc,
-                    self.known_version,
-                )
-            self.failures += 1
-            return
-        if self.failures:
-            log.info(
-                "kvwise subscriber: Redis reachable again after %d failed polls", self.failures
-            )
-            self.failures = 0

@@ -19,10 +19,9 @@ from typing import Any
 
 import redis
 from apscheduler.schedulers.background import BackgroundScheduler
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
 
 from agent.policy_document import CategoryParams, PolicyDocument
+from agent.runtime.connection import RedisClient, connect
 from agent.wire import AgentStatus, EventBatch, Keys, WireError
 from controlplane.fit import FitResult, fit_all
 from controlplane.fit.reuse_window import ReuseStats
@@ -43,15 +42,18 @@ class RefitOutcome:
     seconds: float
 
 
-def redis_client(url: str, *, timeout_s: float = 5.0) -> redis.Redis:
-    """A client with explicit retries: three tries with capped exponential backoff."""
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-        health_check_interval=15,
+CALL_RETRIES = 3
+"""Retries of one Redis call (capped exponential backoff) before the controller sees it."""
+
+
+def redis_client(settings: ControllerSettings, *, timeout_s: float = 5.0) -> RedisClient:
+    """The controller's client for ``settings.redis_url`` (``RedisUrlError`` if malformed)."""
+    return connect(
+        settings.redis_url,
+        timeout_s=timeout_s,
+        retries=CALL_RETRIES,
+        cluster=settings.redis_cluster,
+        health_check_s=15,
     )
 
 
@@ -59,7 +61,7 @@ class Controller:
     def __init__(self, settings: ControllerSettings) -> None:
         self.settings = settings
         self.keys = Keys(settings.key_prefix)
-        self.r = redis_client(settings.redis_url)
+        self.r = redis_client(settings)
         self.metrics = ControllerMetrics()
         self.name = settings.consumer_name or f"{socket.gethostname()}-{os.getpid()}"
         self.store = PolicyStore(self.r, self.keys, settings.history_size)
@@ -74,7 +76,7 @@ class Controller:
         # Ingest blocks on XREADGROUP: its own client, with a timeout longer than the block.
         block_s = settings.ingest_block_ms / 1000
         self.ingestor = Ingestor(
-            redis_client(settings.redis_url, timeout_s=block_s + 5),
+            redis_client(settings, timeout_s=block_s + 5),
             self.keys,
             self._apply,
             group=settings.consumer_group,
@@ -84,8 +86,6 @@ class Controller:
             reclaim_idle_ms=settings.reclaim_idle_ms,
             metrics=self.metrics,
         )
-        self._ingest_stop = threading.Event()
-        self._ingest_thread: threading.Thread | None = None
         self.scheduler = BackgroundScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None}
         )
@@ -114,7 +114,7 @@ class Controller:
         if now and not was:
             log.info("%s is the leader", self.name)
             self._ensure_initial_policy()
-            self._start_ingest()
+            self.ingestor.start()
         elif was and not now:
             log.warning("%s lost the leader lease", self.name)
             self._stop_ingest()
@@ -126,20 +126,8 @@ class Controller:
         except redis.RedisError:
             log.exception("could not publish the initial policy")
 
-    def _start_ingest(self) -> None:
-        if self._ingest_thread is not None and self._ingest_thread.is_alive():
-            return
-        self._ingest_stop = threading.Event()
-        self._ingest_thread = threading.Thread(
-            target=self.ingestor.run, args=(self._ingest_stop,), name="kvwise-ingest", daemon=True
-        )
-        self._ingest_thread.start()
-
     def _stop_ingest(self) -> None:
-        self._ingest_stop.set()
-        if self._ingest_thread is not None:
-            self._ingest_thread.join(timeout=self.settings.ingest_block_ms / 1000 + 10)
-            self._ingest_thread = None
+        self.ingestor.close(timeout=self.settings.ingest_block_ms / 1000 + 10)
 
     # --- ingest -> stats ---------------------------------------------------------------
     def _apply(self, batch: EventBatch) -> None:

@@ -12,7 +12,6 @@ It must never fit or publish, and never holds more than one read's entries in me
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -20,6 +19,8 @@ from typing import cast
 
 import redis
 
+from agent.runtime.connection import RedisClient
+from agent.runtime.loop import BackgroundLoop
 from agent.wire import EventBatch, Keys, WireError, decode_batch
 from controlplane.service.metrics import ControllerMetrics
 
@@ -74,15 +75,19 @@ class IngestCounters:
     reclaimed: int = 0
     duplicates: int = 0
     gaps: dict[str, int] = field(default_factory=dict)
-    last_error: str = ""
 
 
-class Ingestor:
-    """Consumes event batches as ``consumer`` in ``group``; run it in one thread."""
+IDLE_WAIT_S = 0.5
+"""Wait between passes while no worker stream exists (nothing to block on)."""
+MAX_BACKOFF_S = 5.0
+
+
+class Ingestor(BackgroundLoop):
+    """Consumes event batches as ``consumer`` in ``group`` on its own thread (``start``)."""
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: RedisClient,
         keys: Keys,
         apply: ApplyFn,
         *,
@@ -93,6 +98,7 @@ class Ingestor:
         reclaim_idle_ms: int = 30_000,
         metrics: ControllerMetrics | None = None,
     ) -> None:
+        super().__init__("ingest", interval_s=0.0, max_backoff_s=MAX_BACKOFF_S)
         self.r = client
         self.keys = keys
         self.apply = apply
@@ -261,22 +267,17 @@ class Ingestor:
         )
 
     # --- loop ----------------------------------------------------------------------------
-    def run(self, stop: threading.Event) -> None:
-        """Poll until ``stop`` is set; Redis outages back off and retry."""
-        backoff = 0.1
-        while not stop.is_set():
-            try:
-                if not self.poll_once() and not self._streams:
-                    stop.wait(0.5)  # no worker has written yet: nothing to block on
-                backoff = 0.1
-                self.counters.last_error = ""
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                self.counters.last_error = f"redis unavailable: {exc}"
-                self._streams.clear()
-                stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
-            except Exception as exc:  # ingest must outlive any one bad pass
-                self.counters.last_error = f"{type(exc).__name__}: {exc}"
-                log.exception("ingest pass failed")
-                stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+    def step(self) -> None:
+        try:
+            self.poll_once()
+        except (redis.ConnectionError, redis.TimeoutError):
+            self._streams.clear()  # Redis may come back without our groups: rediscover
+            raise
+
+    def next_wait(self) -> float:
+        if not self.failures and not self._streams:
+            return IDLE_WAIT_S  # no worker has written yet: XREADGROUP has nothing to block on
+        return super().next_wait()
+
+    def outage_note(self) -> str:
+        return "ingest pauses; entries wait in the streams"

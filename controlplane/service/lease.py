@@ -13,6 +13,8 @@ import threading
 
 import redis
 
+from agent.runtime.connection import RedisClient
+
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -29,7 +31,7 @@ return 0
 
 
 class LeaderLease:
-    def __init__(self, client: redis.Redis, key: str, holder: str, ttl_s: float) -> None:
+    def __init__(self, client: RedisClient, key: str, holder: str, ttl_s: float) -> None:
         self.r = client
         self.key = key
         self.holder = holder

@@ -25,6 +25,9 @@ class ControllerSettings(BaseSettings, FitSettings):
         default="redis://127.0.0.1:6379/0",
         description="Redis URL (redis:// or rediss:// for TLS; user:password@ for ACLs)",
     )
+    redis_cluster: bool = Field(
+        default=False, description="The URL names a node of a Redis Cluster (cluster client)"
+    )
     key_prefix: str = Field(default="kvwise:", description="Prefix of every Redis key")
 
     # --- HTTP API ----------------------------------------------------------------------

@@ -23,6 +23,7 @@ from typing import Any, cast
 import redis
 
 from agent.policy_document import CategoryParams, PolicyDocument
+from agent.runtime.connection import RedisClient
 from agent.wire import Keys, decode_policy, encode_policy
 
 OVERRIDE_FIELDS = ("rate", "p_reuse", "life_s")
@@ -49,7 +50,7 @@ class Base:
 
 
 class PolicyStore:
-    def __init__(self, client: redis.Redis, keys: Keys, history_size: int = 100) -> None:
+    def __init__(self, client: RedisClient, keys: Keys, history_size: int = 100) -> None:
         self.r = client
         self.keys = keys
         self.history_size = history_size
@@ -183,7 +184,7 @@ class PolicyStore:
         with self.r.pipeline() as pipe:
             while True:
                 try:
-                    pipe.watch(k.policy_versions)  # type: ignore[no-untyped-call]
+                    pipe.watch(k.policy_versions)
                     top = cast(list[bytes], pipe.zrevrange(k.policy_versions, 0, 0))
                     version = int(top[0]) + 1 if top else 1
                     fields: dict[str, Any] = {"version": version, "categories": cats}

@@ -131,7 +131,7 @@ def test_redis_restart_mid_run_loses_nothing_acknowledged(
     redis_server.stop()
     # The outage lasts until every worker has noticed it (and so dropped events).
     wait_until(
-        lambda: all("cannot send" in w.output() for w in workers),
+        lambda: all("dropping events" in w.output() for w in workers),
         timeout=60,
         what="every worker to notice the outage",
     )

@@ -47,9 +47,10 @@ POD_ENV_FIELDS = {
     "redis_url": "carries the Redis credentials: composed from the redis values and a Secret",
     "api_token": "a Secret (controller.auth)",
     "consumer_name": "one per replica: the pod name",
+    "redis_cluster": "from the redis values (redis.external.cluster), like the URL",
 }
 # AgentSettings fields the chart derives instead of taking them from workers.agent.
-AGENT_DERIVED = {"redis_url", "key_prefix", "worker_id"}
+AGENT_DERIVED = {"redis_url", "redis_cluster", "key_prefix", "worker_id"}
 
 Manifest = dict[str, Any]
 

@@ -9,8 +9,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.history import EVICT, FREE, HIT, AccessHistory, Events, RawEvents
-from agent.wire import EventKind
+from agent.history import EVICT, FREE, HIT, AccessHistory
+from agent.wire import EventKind, Events, RawEvents
 
 UNKNOWN = 9
 

@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 
 from agent.category_table import OTHER_CATEGORY, CategoryTable
-from agent.history import Events, RawEvents
 from agent.policies.lru import LRUPolicy
 from agent.recorder import EventRecorder
 from agent.runtime.agent import Agent
 from agent.settings import AgentSettings
-from agent.wire import COLUMNS, EventKind
+from agent.wire import COLUMNS, EventKind, Events, RawEvents
 from controlplane.dev.simworker import TraceWorker
 from controlplane.replay.engine import replay_hits
 from controlplane.traces.model import Trace

@@ -197,6 +197,8 @@ become redis-py URL options (ssl_ca_certs, ssl_certfile, ssl_keyfile).
 {{- end }}
 - name: KVWISE_REDIS_URL
   value: {{ include "kvwise.redis.url" . | quote }}
+- name: KVWISE_REDIS_CLUSTER
+  value: {{ and (not .Values.redis.enabled) .Values.redis.external.cluster | quote }}
 {{- end }}
 
 {{/* The read-only TLS volume of an external Redis, if any. */}}

@@ -1,0 +1,140 @@
+"""The one background-loop class behind every kvwise thread that talks to Redis: the agent's
+publisher, subscriber and heartbeat, and the controller's ingest.
+
+Owns a daemon thread's lifecycle (``start``, ``stop``, ``close``; restartable after
+``close``), its pacing (a round every ``interval_s``, at once on ``wake``, and exponential
+backoff up to ``max_backoff_s`` while rounds fail) and how failures are told: one warning
+when rounds start failing (naming the Redis state: unreachable, out of memory, ...), one
+line when they succeed again, and a traceback only for an unexpected error, once per
+distinct error. A failed round never ends the thread. Subclasses say what one round does
+(``step``) and may change how to wait (``pause``), how long (``next_wait``) and what to do
+once the loop ends (``finish``). It must never run on an engine thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+
+import redis
+from redis.backoff import ExponentialBackoff
+
+from agent.runtime.connection import describe_redis_error
+
+log = logging.getLogger(__name__)
+
+BACKOFF_BASE_S = 0.1
+"""First wait after a failed round; it doubles per further failure up to ``max_backoff_s``."""
+
+
+class BackgroundLoop(ABC):
+    """A daemon thread calling ``step`` until stopped; see the module docstring."""
+
+    def __init__(self, name: str, *, interval_s: float, max_backoff_s: float) -> None:
+        self.name = name
+        self.interval_s = interval_s
+        self._backoff = ExponentialBackoff(cap=max_backoff_s, base=BACKOFF_BASE_S)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.failures = 0
+        """Consecutive failed rounds (0: the last round succeeded)."""
+        self.last_error = ""
+        """Why the last round failed ("" once one succeeds)."""
+
+    # --- what a subclass says --------------------------------------------------------------
+    @abstractmethod
+    def step(self) -> None:
+        """One step of work; raise (``redis.RedisError`` or anything) to count a failure."""
+
+    def outage_note(self) -> str:
+        """What happens while rounds fail, for the warning (e.g. "dropping events")."""
+        return "retrying with backoff"
+
+    def next_wait(self) -> float:
+        """Seconds to wait before the next round."""
+        if self.failures:
+            return max(self.interval_s, self._backoff.compute(self.failures))
+        return self.interval_s
+
+    def pause(self, seconds: float) -> None:
+        """Wait up to ``seconds``; returns early on ``wake`` or ``stop``."""
+        self._wake.wait(seconds)
+        self._wake.clear()
+
+    def finish(self) -> None:  # noqa: B027 (a hook: doing nothing is the default)
+        """Runs on the thread once the loop has ended (e.g. a last flush)."""
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the thread (again, after ``close``); a no-op while it runs."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._wake.clear()
+        self._thread = threading.Thread(target=self._main, name=f"kvwise-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the thread to end after its current round (returns at once)."""
+        self._stop.set()
+        self._wake.set()
+
+    def close(self, timeout: float = 5.0) -> bool:
+        """``stop`` and wait up to ``timeout`` s; False if the thread is still in a round
+        (it is a daemon: a hung Redis cannot hold the process)."""
+        self.stop()
+        thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout)
+        if thread.is_alive():
+            return False
+        self._thread = None
+        return True
+
+    def wake(self) -> None:
+        """Cut the current wait short: the next round starts now."""
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # --- the loop --------------------------------------------------------------------------
+    def run_step(self) -> bool:
+        """Run one step, account for its outcome; True if it succeeded."""
+        try:
+            self.step()
+        except redis.RedisError as exc:
+            self._failed(describe_redis_error(exc), unexpected=False)
+            return False
+        except Exception as exc:  # a bug in one step must not end the thread
+            self._failed(f"{type(exc).__name__}: {exc}", unexpected=True)
+            return False
+        if self.failures:
+            log.info("kvwise %s: working again after %d failed rounds", self.name, self.failures)
+        self.failures = 0
+        self.last_error = ""
+        return True
+
+    def _failed(self, error: str, *, unexpected: bool) -> None:
+        if unexpected and error != self.last_error:
+            log.exception("kvwise %s: round failed (%s); %s", self.name, error, self.outage_note())
+        elif self.failures == 0:
+            log.warning("kvwise %s: %s; %s", self.name, error, self.outage_note())
+        self.failures += 1
+        self.last_error = error
+
+    def _main(self) -> None:
+        while not self._stop.is_set():
+            self.run_step()
+            if self._stop.is_set():
+                break
+            self.pause(self.next_wait())
+        self.finish()
