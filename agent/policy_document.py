@@ -49,6 +49,9 @@ class CategoryParams(BaseModel):
         )
 
 
+MODEL_PARAMS: tuple[str, ...] = ("rate", "p_reuse", "life_s")
+"""The fields of ``CategoryParams`` that a fit produces and an operator may override."""
+
 DEFAULT_PARAMS = CategoryParams(rate=1 / 60, p_reuse=0.5, life_s=60.0, source="default")
 """Cold-start parameters: one shared curve, so every category ranks by idle time alone
 (LRU order with the tail first) until a fit says otherwise."""

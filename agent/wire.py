@@ -36,7 +36,8 @@ from pydantic import ValidationError
 
 from agent.policy_document import PolicyDocument
 
-WIRE_SCHEMA_VERSION: Final = 1
+WIRE_SCHEMA_VERSION: Final = 2
+"""2: keys carry Redis Cluster hash tags (see ``Keys``). 1: untagged keys."""
 
 
 class WireError(ValueError):
@@ -49,59 +50,98 @@ class WireError(ValueError):
 
 @dataclass(frozen=True)
 class Keys:
-    """Every Redis key and channel kvwise uses, under one prefix."""
+    """Every Redis key and channel kvwise uses, under one prefix.
+
+    Keys carry Redis Cluster hash tags (the part in braces picks the shard): each worker's
+    keys share the tag ``{worker}``, so its stream, heartbeat and the controller's state of
+    it live on one shard while workers spread across shards; every policy key shares the
+    tag ``{policy}``, so a publication is one transaction on one shard. The channel is not a
+    key (a cluster broadcasts classic pub/sub to every node). Schema 1 had no tags.
+    """
 
     prefix: str = "kvwise:"
 
+    def __post_init__(self) -> None:
+        if "{" in self.prefix or "}" in self.prefix:
+            raise WireError(f"key prefix {self.prefix!r} must not contain braces (hash tags)")
+
+    # --- per worker: tag {worker} ----------------------------------------------------------
     def events_stream(self, worker: str) -> str:
         """Stream of one worker's event batches."""
-        return f"{self.prefix}events:{worker}"
+        return f"{self.prefix}events:{{{worker}}}"
 
     @property
     def events_match(self) -> str:
-        """SCAN pattern matching every worker's event stream."""
+        """SCAN pattern matching every worker's event stream (also schema 1's, untagged,
+        so that the controller can tell an old agent what is wrong)."""
         return f"{self.prefix}events:*"
 
     def worker_of(self, stream: str | bytes) -> str:
         """The worker id of an ``events_stream`` key (inverse of ``events_stream``)."""
         key = stream.decode() if isinstance(stream, bytes) else stream
         head = f"{self.prefix}events:"
-        if not key.startswith(head):
-            raise WireError(f"stream key {key!r} is not under {head!r}")
-        return key[len(head) :]
+        if not (key.startswith(head + "{") and key.endswith("}")):
+            raise WireError(f"stream key {key!r} is not {head}{{worker}}")
+        return key[len(head) + 1 : -1]
+
+    def agent(self, worker: str) -> str:
+        """One agent's heartbeat (``AgentStatus`` JSON, expires after its TTL)."""
+        return f"{self.prefix}agent:{{{worker}}}"
 
     @property
-    def dead_letter(self) -> str:
-        """Stream of malformed batches, each with its reason."""
-        return f"{self.prefix}deadletter"
+    def agents_match(self) -> str:
+        """SCAN pattern matching every agent heartbeat."""
+        return f"{self.prefix}agent:*"
 
+    def ingest_state(self, worker: str) -> str:
+        """The controller's record of one worker: sequence floors per epoch, counts."""
+        return f"{self.prefix}ingest:{{{worker}}}"
+
+    # --- policy: tag {policy} --------------------------------------------------------------
     @property
     def policy_current(self) -> str:
         """The current policy version, as a decimal string: the only mutable pointer."""
-        return f"{self.prefix}policy:current"
+        return f"{self.prefix}{{policy}}:current"
 
     def policy_doc(self, version: int) -> str:
         """The immutable JSON document of one policy version."""
-        return f"{self.prefix}policy:v:{version}"
+        return f"{self.prefix}{{policy}}:v:{version}"
 
     @property
     def policy_versions(self) -> str:
         """Sorted set of published versions (score = version)."""
-        return f"{self.prefix}policy:versions"
+        return f"{self.prefix}{{policy}}:versions"
+
+    @property
+    def overrides(self) -> str:
+        """Hash of operator overrides of per-category parameters."""
+        return f"{self.prefix}{{policy}}:overrides"
+
+    @property
+    def policy_base(self) -> str:
+        """The parameters of the last fit (or rollback), before overrides."""
+        return f"{self.prefix}{{policy}}:base"
+
+    @property
+    def policy_hold(self) -> str:
+        """Present while automatic refits are held back after a rollback."""
+        return f"{self.prefix}{{policy}}:hold"
 
     @property
     def policy_channel(self) -> str:
         """Pub/sub channel; each message is a new version number (a hint, not a promise)."""
         return f"{self.prefix}policy:notify"
 
-    def agent(self, worker: str) -> str:
-        """One agent's heartbeat (``AgentStatus`` JSON, expires after its TTL)."""
-        return f"{self.prefix}agent:{worker}"
-
     @property
-    def agents_match(self) -> str:
-        """SCAN pattern matching every agent heartbeat."""
-        return f"{self.prefix}agent:*"
+    def schema1_policy_current(self) -> str:
+        """Where a schema-1 controller kept ``current``: only to say what is wrong."""
+        return f"{self.prefix}policy:current"
+
+    # --- the controller's own --------------------------------------------------------------
+    @property
+    def dead_letter(self) -> str:
+        """Stream of refused entries: reason, source ids and a bounded payload prefix."""
+        return f"{self.prefix}deadletter"
 
     @property
     def leader(self) -> str:
@@ -109,9 +149,9 @@ class Keys:
         return f"{self.prefix}leader"
 
     @property
-    def overrides(self) -> str:
-        """Hash of operator overrides of per-category parameters."""
-        return f"{self.prefix}policy:overrides"
+    def checkpoint(self) -> str:
+        """The leader's last checkpoint of its statistics window."""
+        return f"{self.prefix}checkpoint"
 
 
 class EventKind(IntEnum):
@@ -232,7 +272,7 @@ def decode_batch(
         raise WireError(f"missing field {missing[0]!r}")
     v = _int_field(raw, "v")
     if v != WIRE_SCHEMA_VERSION:
-        raise WireError(f"v: unknown schema version {v} (this side speaks {WIRE_SCHEMA_VERSION})")
+        raise WireError(_other_schema(v))
     seq = _int_field(raw, "s")
     if seq < 1:
         raise WireError(f"s: sequence number {seq} < 1")
@@ -256,6 +296,13 @@ def decode_batch(
         epoch=_text(raw["e"]),
         categories=categories,
         **cols,
+    )
+
+
+def _other_schema(version: object) -> str:
+    return (
+        f"v: the sender speaks wire schema {version!r}, this side {WIRE_SCHEMA_VERSION}: "
+        "run the same kvwise release on agents and controller"
     )
 
 
@@ -351,7 +398,7 @@ class AgentStatus:
         if not isinstance(obj, dict):
             raise WireError("heartbeat: not a JSON object")
         if obj.get("v", WIRE_SCHEMA_VERSION) != WIRE_SCHEMA_VERSION:
-            raise WireError(f"v: unknown schema version {obj.get('v')!r}")
+            raise WireError(_other_schema(obj.get("v")))
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name not in obj:

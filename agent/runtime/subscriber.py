@@ -23,7 +23,7 @@ from agent.policy_document import PolicyDocument
 from agent.runtime.connection import RedisClient
 from agent.runtime.loop import BackgroundLoop
 from agent.settings import AgentSettings
-from agent.wire import Keys, WireError, decode_policy
+from agent.wire import WIRE_SCHEMA_VERSION, Keys, WireError, decode_policy
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ class PolicySubscriber(BackgroundLoop):
         self._pending: PolicyDocument | None = None
         self._lock = threading.Lock()
         self._pubsub: PubSub | None = None
+        self._schema1_told = False
 
     def take(self) -> PolicyDocument | None:
         """The staged document, once (engine thread, between steps); None if none."""
@@ -65,6 +66,7 @@ class PolicySubscriber(BackgroundLoop):
         Returns the staged document, if any. Raises ``redis.RedisError``."""
         raw_current = self.client.get(self.keys.policy_current)
         if raw_current is None:
+            self._notice_schema1_controller()
             return None
         try:
             version = int(raw_current)
@@ -91,6 +93,19 @@ class PolicySubscriber(BackgroundLoop):
             self.known_version = version
         log.info("kvwise subscriber: staged policy v%d (%s)", version, doc.note or "no note")
         return doc
+
+    def _notice_schema1_controller(self) -> None:
+        """Say once if an older controller (untagged keys) is publishing: otherwise this
+        agent would wait for a policy in silence."""
+        if self._schema1_told or self.client.get(self.keys.schema1_policy_current) is None:
+            return
+        self._schema1_told = True
+        log.error(
+            "kvwise subscriber: a controller of an older release (wire schema 1) publishes "
+            "under %s; this agent speaks schema %d: run the same kvwise release on both",
+            self.keys.schema1_policy_current,
+            WIRE_SCHEMA_VERSION,
+        )
 
     def reject(self, version: int, reason: str, *, keep: int) -> None:
         """Reject a staged ``version`` after the fact (the evictor refused it); ``keep``

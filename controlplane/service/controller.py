@@ -20,7 +20,7 @@ from typing import Any
 import redis
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from agent.policy_document import CategoryParams, PolicyDocument
+from agent.policy_document import MODEL_PARAMS, CategoryParams, PolicyDocument
 from agent.runtime.connection import RedisClient, connect
 from agent.wire import AgentStatus, EventBatch, Keys, WireError
 from controlplane.fit import FitResult, fit_all
@@ -253,7 +253,7 @@ class Controller:
         if cur is not None:
             m.policy_version.set(cur.version)
             for name, p in cur.categories.items():
-                for field in ("rate", "p_reuse", "life_s"):
+                for field in MODEL_PARAMS:
                     m.param.labels(category=name, param=field).set(getattr(p, field))
                 m.samples.labels(category=name).set(p.samples)
         # Agents whose heartbeat expired leave the gauges instead of lingering as stale series.
@@ -271,7 +271,7 @@ def _max_relative_change(old: dict[str, CategoryParams], new: dict[str, Category
         q = old.get(name)
         if q is None:
             return float("inf")
-        for field in ("rate", "p_reuse", "life_s"):
+        for field in MODEL_PARAMS:
             a, b = getattr(q, field), getattr(p, field)
             worst = max(worst, abs(a - b) / max(abs(a), 1e-12))
     return worst

@@ -22,11 +22,11 @@ from typing import Any, cast
 
 import redis
 
-from agent.policy_document import CategoryParams, PolicyDocument
+from agent.policy_document import MODEL_PARAMS, CategoryParams, PolicyDocument
 from agent.runtime.connection import RedisClient
 from agent.wire import Keys, decode_policy, encode_policy
 
-OVERRIDE_FIELDS = ("rate", "p_reuse", "life_s")
+OVERRIDE_FIELDS = MODEL_PARAMS
 
 
 class StoreError(RuntimeError):
@@ -54,8 +54,6 @@ class PolicyStore:
         self.r = client
         self.keys = keys
         self.history_size = history_size
-        self._base_key = keys.prefix + "policy:base"
-        self._hold_key = keys.prefix + "policy:hold"
 
     # --- reads ---------------------------------------------------------------------------
     def current_version(self) -> int | None:
@@ -90,7 +88,7 @@ class PolicyStore:
         return {_s(k): json.loads(v) for k, v in raw.items()}
 
     def base(self) -> Base:
-        raw = self.r.get(self._base_key)
+        raw = self.r.get(self.keys.policy_base)
         if raw is None:
             return Base({}, None)
         data = json.loads(raw)
@@ -100,7 +98,7 @@ class PolicyStore:
 
     def held(self) -> bool:
         """Whether automatic refits are held back (after a rollback with ``hold``)."""
-        return bool(self.r.exists(self._hold_key))
+        return bool(self.r.exists(self.keys.policy_hold))
 
     # --- writes --------------------------------------------------------------------------
     def publish_fit(
@@ -111,7 +109,7 @@ class PolicyStore:
             "categories": {k: v.model_dump() for k, v in categories.items()},
             "default": None if default is None else default.model_dump(),
         }
-        self.r.set(self._base_key, json.dumps(payload))
+        self.r.set(self.keys.policy_base, json.dumps(payload))
         return self._publish(note)
 
     def set_override(self, category: str, values: Mapping[str, float]) -> PolicyDocument:
@@ -140,14 +138,14 @@ class PolicyStore:
             "categories": {k: v.model_dump() for k, v in old.categories.items()},
             "default": old.default.model_dump(),
         }
-        self.r.set(self._base_key, json.dumps(payload))
+        self.r.set(self.keys.policy_base, json.dumps(payload))
         self.r.delete(self.keys.overrides)
         if hold:
-            self.r.set(self._hold_key, str(version))
+            self.r.set(self.keys.policy_hold, str(version))
         return self._publish(f"rollback to version {version}", copy_of=old)
 
     def release_hold(self) -> None:
-        self.r.delete(self._hold_key)
+        self.r.delete(self.keys.policy_hold)
 
     # --- internals -----------------------------------------------------------------------
     def _params_for_override(self, category: str) -> CategoryParams:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from agent.wire import AgentStatus, Keys
+from agent.wire import WIRE_SCHEMA_VERSION, AgentStatus, Keys
 from controlplane.service.settings import ControllerSettings
 from tests.integration.controller_fixtures import (
     RunningController,
@@ -137,7 +137,15 @@ def test_malformed_batch_goes_to_dead_letter_and_ingest_continues(
     r = redis.Redis.from_url(redis_url)
     r.xadd(
         keys.events_stream("w9"),
-        {"v": "1", "w": "w9", "e": "x", "s": "1", "c": "[]", "n": "3", "d": b"short"},
+        {
+            "v": str(WIRE_SCHEMA_VERSION),
+            "w": "w9",
+            "e": "x",
+            "s": "1",
+            "c": "[]",
+            "n": "3",
+            "d": b"short",
+        },
     )
     send(
         r,

@@ -55,21 +55,42 @@ def as_redis(fields: dict[str, bytes]) -> dict[bytes, bytes]:
 
 def test_keys_follow_the_contract() -> None:
     k = Keys("p:")
-    assert k.events_stream("w1") == "p:events:w1"
+    assert k.events_stream("w1") == "p:events:{w1}"
     assert k.events_match == "p:events:*"
     assert k.dead_letter == "p:deadletter"
-    assert k.policy_current == "p:policy:current"
-    assert k.policy_doc(12) == "p:policy:v:12"
-    assert k.policy_versions == "p:policy:versions"
+    assert k.policy_current == "p:{policy}:current"
+    assert k.policy_doc(12) == "p:{policy}:v:12"
+    assert k.policy_versions == "p:{policy}:versions"
     assert k.policy_channel == "p:policy:notify"
-    assert k.agent("w1") == "p:agent:w1"
+    assert k.agent("w1") == "p:agent:{w1}"
     assert k.agents_match == "p:agent:*"
     assert k.leader == "p:leader"
-    assert k.overrides == "p:policy:overrides"
-    assert Keys().events_stream("x") == "kvwise:events:x"
-    assert k.worker_of(b"p:events:gpu-0:3") == "gpu-0:3"
+    assert k.overrides == "p:{policy}:overrides"
+    assert Keys().events_stream("x") == "kvwise:events:{x}"
+    assert k.worker_of(b"p:events:{gpu-0:3}") == "gpu-0:3"
     with pytest.raises(WireError):
-        k.worker_of("q:events:w1")
+        k.worker_of("q:events:{w1}")
+    with pytest.raises(WireError):
+        k.worker_of("p:events:w1")  # schema 1's untagged name
+    with pytest.raises(WireError, match="braces"):
+        Keys("a{b}:")
+
+
+def _slot(key: str) -> str:
+    """The part of ``key`` Redis Cluster hashes: the first non-empty ``{...}``, else all."""
+    lo = key.find("{")
+    hi = key.find("}", lo + 1)
+    return key[lo + 1 : hi] if lo >= 0 and hi > lo + 1 else key
+
+
+def test_a_workers_keys_share_a_shard_and_so_do_the_policy_keys() -> None:
+    k = Keys("kvwise:")
+    worker = {k.events_stream("w7"), k.agent("w7"), k.ingest_state("w7")}
+    assert {_slot(key) for key in worker} == {"w7"}
+    assert _slot(k.events_stream("w8")) != _slot(k.events_stream("w7"))
+    policy = {k.policy_current, k.policy_doc(3), k.policy_versions, k.overrides}
+    policy |= {k.policy_base, k.policy_hold}
+    assert {_slot(key) for key in policy} == {"policy"}
 
 
 def test_row_layout() -> None:
@@ -173,7 +194,7 @@ def corrupt_column(name: str, value: float) -> dict[bytes, bytes]:
         (lambda f: f.pop(b"d"), "'d'"),
         (lambda f: f.pop(b"v"), "'v'"),
         (lambda f: f.pop(b"c"), "'c'"),
-        (lambda f: f.update({b"v": b"2"}), "v: unknown schema version"),
+        (lambda f: f.update({b"v": b"1"}), "v: the sender speaks wire schema 1, this side 2"),
         (lambda f: f.update({b"v": b"one"}), "v:"),
         (lambda f: f.update({b"s": b"x7"}), "s:"),
         (lambda f: f.update({b"s": b"1.5"}), "s:"),
