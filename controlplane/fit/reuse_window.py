@@ -129,6 +129,29 @@ class StatsSnapshot:
         )
 
 
+@dataclass(frozen=True, eq=False)
+class WindowState:
+    """Everything a ``ReuseStats`` counts, compactly: only the buckets inside the window and
+    the categories that hold a count (for checkpoints; ``ReuseStats.from_state`` restores).
+
+    ``accesses``/``near_concurrent`` are ``[S, C]`` and ``gaps`` ``[S, C, B]`` for the
+    ``S`` buckets ``bucket_ids`` and the ``C`` categories ``names``.
+    """
+
+    window_s: float
+    near_concurrent_s: float
+    n_buckets: int
+    edges: F64
+    names: tuple[str, ...]
+    bucket_ids: I64
+    accesses: I64
+    near_concurrent: I64
+    gaps: NDArray[np.int32]
+    head: int | None
+    origin: float | None
+    dropped: int
+
+
 class ReuseStats:
     """Sliding-window reuse counters fed with columnar access events (not thread-safe).
 
@@ -213,6 +236,82 @@ class ReuseStats:
     def nbytes(self) -> int:
         """Memory held by the counters: buckets x categories x bins, never per block."""
         return sum(a.nbytes for a in (self._slot_bucket, self._acc, self._near, self._gaps))
+
+    def forget_unused(self) -> int:
+        """Drop the categories no bucket inside the window counts any more (their codes
+        change; names stay the key); returns how many were dropped. A category that comes
+        back later starts again from nothing, as it would after leaving the window."""
+        c = len(self._names)
+        slots = self._live_slots()
+        used = (
+            self._acc[slots, :c].any(axis=0)
+            | self._near[slots, :c].any(axis=0)
+            | self._gaps[slots, :c, :].any(axis=(0, 2))
+        )
+        if used.all():
+            return 0
+        keep = np.flatnonzero(used)
+        self._names = [self._names[i] for i in keep]
+        self._codes = {name: i for i, name in enumerate(self._names)}
+        self._cap = max(len(keep), 8)
+        for attr in ("_acc", "_near", "_gaps"):
+            old = getattr(self, attr)
+            new = np.zeros((old.shape[0], self._cap, *old.shape[2:]), dtype=old.dtype)
+            new[:, : len(keep)] = old[:, keep]
+            setattr(self, attr, new)
+        return int(c - len(keep))
+
+    def _live_slots(self) -> I64:
+        if self._head is None:
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(self._slot_bucket > self._head - self.n_buckets)
+
+    def state(self) -> WindowState:
+        """The counts inside the window, compactly (see ``WindowState``)."""
+        c = len(self._names)
+        slots = self._live_slots()
+        return WindowState(
+            window_s=self.window_s,
+            near_concurrent_s=self.near_concurrent_s,
+            n_buckets=self.n_buckets,
+            edges=self.edges.copy(),
+            names=tuple(self._names),
+            bucket_ids=self._slot_bucket[slots].copy(),
+            accesses=self._acc[slots, :c].copy(),
+            near_concurrent=self._near[slots, :c].copy(),
+            gaps=self._gaps[slots, :c, :].copy(),
+            head=self._head,
+            origin=self._origin if self._origin_set else None,
+            dropped=self.dropped,
+        )
+
+    def restore(self, state: WindowState) -> None:
+        """Replace everything counted by ``state`` (an empty window's own ``state()`` or a
+        checkpoint). ``ValueError`` if it was taken with another window shape or edges."""
+        same = (
+            state.window_s == self.window_s
+            and state.near_concurrent_s == self.near_concurrent_s
+            and state.n_buckets == self.n_buckets
+            and np.array_equal(state.edges, self.edges)
+        )
+        if not same:
+            raise ValueError("the state was taken with other window settings")
+        self._names, self._codes, self._cap = [], {}, 0
+        self._ensure_capacity(len(state.names))
+        for name in state.names:
+            self.code(name)
+        c, slots = len(state.names), state.bucket_ids % self.n_buckets
+        self._slot_bucket[:] = np.iinfo(np.int64).min
+        self._slot_bucket[slots] = state.bucket_ids
+        for attr in ("_acc", "_near", "_gaps"):
+            getattr(self, attr)[:] = 0
+        self._acc[slots, :c] = state.accesses
+        self._near[slots, :c] = state.near_concurrent
+        self._gaps[slots, :c, :] = state.gaps
+        self._head = state.head
+        self._origin_set = state.origin is not None
+        self._origin = -np.inf if state.origin is None else float(state.origin)
+        self.dropped = state.dropped
 
     # --- ingest --------------------------------------------------------------------------
     def ingest_batch(self, batch: EventBatch) -> None:

@@ -173,3 +173,38 @@ def test_gap_edges_cover_the_window_log_spaced() -> None:
     assert e[0] == 0.0 and np.isinf(e[-1]) and e[-2] >= 3600.0
     ratios = e[2:-1] / e[1:-2]
     np.testing.assert_allclose(ratios, 10 ** (1 / 20))
+
+
+def _snapshots_equal(a: StatsSnapshot, b: StatsSnapshot) -> None:
+    assert a.categories == b.categories
+    for name in ("observed", "censored", "accesses", "reuses", "near_concurrent"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    assert a.dropped == b.dropped
+
+
+def test_state_restores_the_same_window() -> None:
+    st = _hand(0.5)
+    st.ingest(*_cols(HAND))
+    again = ReuseStats(100.0, n_buckets=10, near_concurrent_s=0.5)
+    again.restore(st.state())
+    _snapshots_equal(st.snapshot(12.0), again.snapshot(12.0))
+    # Both go on alike.
+    more = [(40.0, 0, 5.0, 0), (41.0, 1, NAN, -1)]
+    st.ingest(*_cols(more))
+    again.ingest(*_cols(more))
+    _snapshots_equal(st.snapshot(45.0), again.snapshot(45.0))
+    with pytest.raises(ValueError, match="other window settings"):
+        ReuseStats(200.0, n_buckets=10, near_concurrent_s=0.5).restore(st.state())
+
+
+def test_unused_categories_age_out_with_the_window() -> None:
+    st = ReuseStats(100.0, n_buckets=10, categories=["a", "b", "c"])
+    st.ingest(*_cols([(1.0, 0, NAN, -1), (2.0, 1, NAN, -1)]))
+    assert st.forget_unused() == 1  # "c" was named but never counted
+    assert st.categories == ("a", "b")
+    # 150 s later "a" is still used, "b" left the window with its bucket.
+    st.ingest(*_cols([(150.0, 0, NAN, -1)]))
+    assert st.forget_unused() == 1
+    assert st.categories == ("a",)
+    assert st.snapshot(150.0).total_accesses == 1
+    assert st.nbytes() <= ReuseStats(100.0, n_buckets=10, categories=["a"] * 8).nbytes()
