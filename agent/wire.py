@@ -259,14 +259,46 @@ def encode_batch(batch: EventBatch) -> dict[str, bytes]:
     }
 
 
+MAX_CATEGORY_NAME_CHARS: Final = 128
+"""Longest category name an agent sends (longer ones share ``other`` there) and the
+controller accepts."""
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """What a decoder accepts in one stream entry: over a limit is ``WireLimitError``."""
+
+    max_events: int = 65_536
+    max_categories: int = 1024
+    max_name_chars: int = MAX_CATEGORY_NAME_CHARS
+
+    @property
+    def max_categories_bytes(self) -> int:
+        """Longest ``c`` field within the limits (every character escaped, as JSON may)."""
+        return 2 + self.max_categories * (12 * self.max_name_chars + 4)
+
+    @property
+    def max_entry_bytes(self) -> int:
+        """Largest entry (field names and values) that can be within the limits."""
+        return self.max_events * ROW_BYTES + self.max_categories_bytes + 4096
+
+
+class WireLimitError(WireError):
+    """A well-formed message over a ``BatchLimits`` bound."""
+
+
 def decode_batch(
     fields: Mapping[bytes, bytes] | Mapping[str, bytes] | Mapping[str, str],
+    limits: BatchLimits | None = None,
 ) -> EventBatch:
     """An ``EventBatch`` from stream-entry fields (bytes or str keys and values).
 
-    Raises ``WireError`` naming the field for anything that breaks the contract.
+    Raises ``WireError`` naming the field for anything that breaks the contract, whatever
+    the bytes (bad UTF-8, nesting too deep, ...), and ``WireLimitError`` for an entry over
+    ``limits`` (checked before anything large is parsed). Nothing else escapes.
     """
-    raw = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
+    limits = limits or BatchLimits()
+    raw = {_text(k, "field name"): v for k, v in fields.items()}
     missing = [f for f in _FIELDS if f not in raw]
     if missing:
         raise WireError(f"missing field {missing[0]!r}")
@@ -279,8 +311,10 @@ def decode_batch(
     n = _int_field(raw, "n")
     if n < 0:
         raise WireError(f"n: negative count {n}")
-    categories = _categories(raw["c"])
-    data = raw["d"].encode("latin-1") if isinstance(raw["d"], str) else raw["d"]
+    if n > limits.max_events:
+        raise WireLimitError(f"n: {n} events in one entry > limit {limits.max_events}")
+    categories = _categories(raw["c"], limits)
+    data = _data(raw["d"])
     if len(data) != n * ROW_BYTES:
         raise WireError(f"d: {len(data)} bytes, expected n * {ROW_BYTES} = {n * ROW_BYTES}")
     cols: dict[str, NDArray[Any]] = {}
@@ -291,9 +325,9 @@ def decode_batch(
         pos += n * dt.itemsize
     _check_columns(cols, len(categories))
     return EventBatch(
-        worker=_text(raw["w"]),
+        worker=_text(raw["w"], "w"),
         seq=seq,
-        epoch=_text(raw["e"]),
+        epoch=_text(raw["e"], "e"),
         categories=categories,
         **cols,
     )
@@ -306,25 +340,51 @@ def _other_schema(version: object) -> str:
     )
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+def _text(value: bytes | str, name: str) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        raise WireError(f"{name}: not UTF-8 ({value[:40]!r})") from None
+
+
+def _data(value: bytes | str) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    try:
+        return value.encode("latin-1")  # a str holding bytes one to one
+    except UnicodeEncodeError:
+        raise WireError("d: a str field with characters beyond one byte") from None
 
 
 def _int_field(raw: Mapping[str, bytes | str], name: str) -> int:
-    text = _text(raw[name])
+    text = _text(raw[name], name)
     # int() also takes "1_0", " 1" and non-ASCII digits; the wire allows plain decimals.
     if _DECIMAL.fullmatch(text) is None:
         raise WireError(f"{name}: {text[:40]!r} is not an integer")
     return int(text)
 
 
-def _categories(value: bytes | str) -> tuple[str, ...]:
+def _categories(value: bytes | str, limits: BatchLimits) -> tuple[str, ...]:
+    if len(value) > limits.max_categories_bytes:
+        raise WireLimitError(
+            f"c: {len(value)} bytes > limit {limits.max_categories_bytes} "
+            f"({limits.max_categories} names of {limits.max_name_chars} characters)"
+        )
     try:
         names = json.loads(value)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise WireError(f"c: not JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise WireError(f"c: not JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
     if not isinstance(names, list) or not all(isinstance(c, str) for c in names):
         raise WireError("c: not a JSON list of strings")
+    if len(names) > limits.max_categories:
+        raise WireLimitError(f"c: {len(names)} category names > limit {limits.max_categories}")
+    longest = max(map(len, names), default=0)
+    if longest > limits.max_name_chars:
+        raise WireLimitError(
+            f"c: a category name of {longest} characters > limit {limits.max_name_chars}"
+        )
     return tuple(names)
 
 

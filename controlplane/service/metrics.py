@@ -1,8 +1,10 @@
 """Prometheus metrics of the controller, on a registry of its own (no global state).
 
-Owns metric names and help texts. Counters are bumped by ingest and jobs; gauges that
-mirror state (policy version, per-category parameters, agents) are refreshed when
-scraped or after each refit. It must never compute anything it exports.
+Owns metric names and help texts, grouped by what they describe: ingest, refits, the
+published policy, the agents, Redis and the checkpoint. Counters are bumped by ingest and
+jobs; gauges that mirror state (policy version, per-category parameters, agents, Redis
+state) are refreshed when scraped or when the state changes. It must never compute
+anything it exports.
 """
 
 from __future__ import annotations
@@ -11,8 +13,19 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class ControllerMetrics:
+    """Every metric of one controller process."""
+
     def __init__(self) -> None:
-        r = self.registry = CollectorRegistry()
+        self.registry = CollectorRegistry()
+        self._ingest_metrics()
+        self._refusal_metrics()
+        self._refit_metrics()
+        self._policy_metrics()
+        self._agent_metrics()
+        self._redis_metrics()
+
+    def _ingest_metrics(self) -> None:
+        r = self.registry
         self.events = Counter(
             "kvwise_ingest_events", "Block access events decoded and applied", registry=r
         )
@@ -35,16 +48,41 @@ class ControllerMetrics:
             ["worker"],
             registry=r,
         )
-        self.dead_letters = Counter(
-            "kvwise_ingest_dead_letters",
-            "Undecodable batches sent to the dead-letter stream",
-            registry=r,
-        )
         self.reclaimed = Counter(
             "kvwise_ingest_reclaimed_entries",
             "Pending entries reclaimed from dead consumers",
             registry=r,
         )
+        self.window_categories = Gauge(
+            "kvwise_window_categories",
+            "Categories in the statistics window (unused ones age out with it)",
+            registry=r,
+        )
+
+    def _refusal_metrics(self) -> None:
+        r = self.registry
+        self.dead_letters = Counter(
+            "kvwise_ingest_dead_letters",
+            "Stream entries refused (undecodable, over a limit, failed to apply) by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.clock_rejected = Counter(
+            "kvwise_ingest_clock_rejected_events",
+            "Events dropped because their time was outside clock_tolerance_s of the "
+            "controller's clock, per worker",
+            ["worker"],
+            registry=r,
+        )
+        self.cleanup = Counter(
+            "kvwise_cleanup",
+            "Housekeeping removals: expired worker streams, stale consumers",
+            ["what"],
+            registry=r,
+        )
+
+    def _refit_metrics(self) -> None:
+        r = self.registry
         self.refits = Counter("kvwise_refits", "Refit attempts by outcome", ["outcome"], registry=r)
         self.refit_seconds = Histogram(
             "kvwise_refit_duration_seconds",
@@ -52,6 +90,15 @@ class ControllerMetrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=r,
         )
+        self.checkpoints = Counter(
+            "kvwise_checkpoints", "Window checkpoints by outcome", ["outcome"], registry=r
+        )
+        self.checkpoint_bytes = Gauge(
+            "kvwise_checkpoint_bytes", "Size of the last window checkpoint written", registry=r
+        )
+
+    def _policy_metrics(self) -> None:
+        r = self.registry
         self.policy_version = Gauge(
             "kvwise_policy_version", "Current published policy version", registry=r
         )
@@ -68,6 +115,9 @@ class ControllerMetrics:
             ["category"],
             registry=r,
         )
+
+    def _agent_metrics(self) -> None:
+        r = self.registry
         self.agent_version = Gauge(
             "kvwise_agent_applied_version",
             "Policy version each live agent applied",
@@ -82,4 +132,13 @@ class ControllerMetrics:
         )
         self.agent_dropped = Gauge(
             "kvwise_agent_events_dropped", "Events each live agent dropped", ["agent"], registry=r
+        )
+
+    def _redis_metrics(self) -> None:
+        self.redis_state = Gauge(
+            "kvwise_redis_state",
+            "1 for the state Redis is in as this controller last saw it "
+            "(ok, unreachable, out_of_memory, read_only, loading, auth_refused, error)",
+            ["state"],
+            registry=self.registry,
         )

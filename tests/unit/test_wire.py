@@ -3,6 +3,7 @@ documents, heartbeats."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Callable
@@ -20,10 +21,12 @@ from agent.wire import (
     ROW_BYTES,
     WIRE_SCHEMA_VERSION,
     AgentStatus,
+    BatchLimits,
     EventBatch,
     EventKind,
     Keys,
     WireError,
+    WireLimitError,
     decode_batch,
     decode_policy,
     encode_batch,
@@ -205,6 +208,13 @@ def corrupt_column(name: str, value: float) -> dict[bytes, bytes]:
         (lambda f: f.update({b"c": b"[text"}), "c:"),
         (lambda f: f.update({b"c": b'{"a": 1}'}), "c:"),
         (lambda f: f.update({b"c": b'["only_one"]'}), "category:"),
+        # Issue 14, B1: each of these once escaped as UnicodeDecodeError or RecursionError.
+        (lambda f: f.update({b"\xff\xfe": b"x"}), "field name: not UTF-8"),
+        (lambda f: f.update({b"v": b"\xff"}), "v: not UTF-8"),
+        (lambda f: f.update({b"w": b"\xc3\x28"}), "w: not UTF-8"),
+        (lambda f: f.update({b"e": b"\x80"}), "e: not UTF-8"),
+        (lambda f: f.update({b"c": b"[" * 50_000 + b"]" * 50_000}), "c: not JSON (RecursionError"),
+        (lambda f: f.update({b"c": b'["\xff"]'}), "c: not JSON"),
     ],
 )
 def test_malformed_fields_raise_wire_error_naming_the_field(
@@ -235,6 +245,38 @@ def test_bad_column_values_raise_wire_error(column: str, value: float, field: st
     with pytest.raises(WireError) as err:
         decode_batch(corrupt_column(column, value))
     assert str(err.value).startswith(field)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from([b"v", b"w", b"e", b"s", b"c", b"n", b"d", b"\xff"])
+        | st.binary(max_size=3),
+        st.binary(max_size=64) | st.sampled_from([b"2", b"1", b"0", b"[]", b'["a"]', b"[[[["]),
+        max_size=9,
+    )
+)
+def test_any_bytes_decode_or_raise_wire_error(fields: dict[bytes, bytes]) -> None:
+    with contextlib.suppress(WireError):  # anything else fails the test
+        decode_batch(fields)
+
+
+def test_limits_are_wire_limit_errors_checked_before_parsing() -> None:
+    limits = BatchLimits(max_events=3, max_categories=2, max_name_chars=5)
+    fields = as_redis(encode_batch(make_batch(4)))
+    with pytest.raises(WireLimitError, match="n: 4 events in one entry > limit 3"):
+        decode_batch(fields, limits)
+    small = as_redis(encode_batch(make_batch(2)))
+    small[b"c"] = json.dumps(["a", "b", "c"]).encode()
+    with pytest.raises(WireLimitError, match="3 category names > limit 2"):
+        decode_batch(small, limits)
+    small[b"c"] = json.dumps(["a", "sixsix"]).encode()
+    with pytest.raises(WireLimitError, match="name of 6 characters > limit 5"):
+        decode_batch(small, limits)
+    small[b"c"] = b'["' + b"x" * limits.max_categories_bytes + b'"]'
+    with pytest.raises(WireLimitError, match=r"c: \d+ bytes > limit"):
+        decode_batch(small, limits)
+    assert len(small[b"d"]) + 1000 < limits.max_entry_bytes
 
 
 def test_empty_batch_round_trips() -> None:
