@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
+from typing import Protocol
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -28,11 +29,27 @@ BACKOFF_BASE_S = 0.1
 """First wait after a failed round; it doubles per further failure up to ``max_backoff_s``."""
 
 
+class RedisObserver(Protocol):
+    """Told of every Redis failure and success of a loop (it then logs outages itself)."""
+
+    def failed(self, exc: BaseException) -> object: ...
+
+    def answered(self) -> None: ...
+
+
 class BackgroundLoop(ABC):
     """A daemon thread calling ``step`` until stopped; see the module docstring."""
 
-    def __init__(self, name: str, *, interval_s: float, max_backoff_s: float) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        interval_s: float,
+        max_backoff_s: float,
+        observer: RedisObserver | None = None,
+    ) -> None:
         self.name = name
+        self.observer = observer
         self.interval_s = interval_s
         self._backoff = ExponentialBackoff(cap=max_backoff_s, base=BACKOFF_BASE_S)
         self._wake = threading.Event()
@@ -112,6 +129,8 @@ class BackgroundLoop(ABC):
         try:
             self.step()
         except redis.RedisError as exc:
+            if self.observer is not None:
+                self.observer.failed(exc)
             self._failed(describe_redis_error(exc), unexpected=False)
             return False
         except Exception as exc:  # a bug in one step must not end the thread
@@ -126,7 +145,7 @@ class BackgroundLoop(ABC):
     def _failed(self, error: str, *, unexpected: bool) -> None:
         if unexpected and error != self.last_error:
             log.exception("kvwise %s: round failed (%s); %s", self.name, error, self.outage_note())
-        elif self.failures == 0:
+        elif self.failures == 0 and self.observer is None:
             log.warning("kvwise %s: %s; %s", self.name, error, self.outage_note())
         self.failures += 1
         self.last_error = error

@@ -1,10 +1,15 @@
-"""The controller process: wiring of lease, ingest, stats, refit jobs and the store.
+"""The controller process: wiring of lease, ingest, the statistics window, refit jobs,
+checkpoints and the store.
 
 Owns the controller's lifecycle and its background work: an APScheduler scheduler
-(``coalesce``, ``max_instances=1``) runs the lease tick and the refit; the leader alone
-runs the ingest thread and publishes. A standby replica serves reads and takes over
-within one lease time. It must never parse HTTP (``controlplane.api.app``) or encode wire
-data itself (``agent.wire``).
+(``coalesce``, ``max_instances=1``; its own chatter kept below warning) runs the lease tick,
+the refit, the window checkpoint and the ageing out of unused categories; the leader alone
+runs the ingest thread, refits, checkpoints and publishes. A new leader loads the last
+checkpoint before it ingests, so a restart keeps the fit. A standby replica serves reads and
+takes over within one lease time. Redis trouble is told once per change of state
+(``RedisHealth``) and raised to the API as ``RedisUnavailable``; a refit that publishes
+nothing says why once per change of reason. It must never parse HTTP
+(``controlplane.api.app``) or encode wire data itself (``agent.wire``).
 """
 
 from __future__ import annotations
@@ -12,26 +17,32 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import redis
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from agent.policy_document import MODEL_PARAMS, CategoryParams, PolicyDocument
-from agent.runtime.connection import RedisClient, connect
-from agent.wire import AgentStatus, EventBatch, Keys, WireError
+from agent.runtime.connection import RedisClient, connect, redact
+from agent.wire import BatchLimits, EventBatch, Keys
 from controlplane.fit import FitResult, fit_all
 from controlplane.fit.reuse_window import ReuseStats
-from controlplane.service.ingest import Ingestor
+from controlplane.service.agents import AgentReader, AgentView
+from controlplane.service.checkpoint import CheckpointError, CheckpointStore
+from controlplane.service.health import RedisHealth, RedisUnavailable, guarded
+from controlplane.service.housekeeping import Housekeeper, HousekeepingSettings
+from controlplane.service.ingest import Ingestor, IngestSettings
 from controlplane.service.lease import LeaderLease
 from controlplane.service.metrics import ControllerMetrics
 from controlplane.service.settings import ControllerSettings
 from controlplane.service.store import PolicyStore
+from controlplane.service.window import LiveWindow, WindowLimits
 
 log = logging.getLogger(__name__)
+
+CALL_RETRIES = 3
+"""Retries of one Redis call (capped exponential backoff) before the controller sees it."""
 
 
 @dataclass(frozen=True)
@@ -40,10 +51,6 @@ class RefitOutcome:
     version: int | None
     reason: str
     seconds: float
-
-
-CALL_RETRIES = 3
-"""Retries of one Redis call (capped exponential backoff) before the controller sees it."""
 
 
 def redis_client(settings: ControllerSettings, *, timeout_s: float = 5.0) -> RedisClient:
@@ -63,48 +70,93 @@ class Controller:
         self.keys = Keys(settings.key_prefix)
         self.r = redis_client(settings)
         self.metrics = ControllerMetrics()
+        self.health = RedisHealth(redact(settings.redis_url), self.metrics)
         self.name = settings.consumer_name or f"{socket.gethostname()}-{os.getpid()}"
-        self.store = PolicyStore(self.r, self.keys, settings.history_size)
-        self.lease = LeaderLease(self.r, self.keys.leader, self.name, settings.lease_ttl_s)
-        self.stats = ReuseStats(
-            window_s=settings.window_s,
-            near_concurrent_s=settings.near_concurrent_s,
-            n_buckets=settings.window_buckets,
+        self.store = PolicyStore(self.r, self.keys, settings.history_size, health=self.health)
+        self.lease = LeaderLease(
+            self.r, self.keys.leader, self.name, settings.lease_ttl_s, observer=self.health
         )
-        self._stats_lock = threading.Lock()
+        self.window = LiveWindow(
+            ReuseStats(
+                window_s=settings.window_s,
+                near_concurrent_s=settings.near_concurrent_s,
+                n_buckets=settings.window_buckets,
+            ),
+            WindowLimits(
+                clock_tolerance_s=settings.clock_tolerance_s,
+                max_categories=settings.max_categories,
+                max_categories_per_worker=settings.max_categories_per_worker,
+            ),
+        )
+        self.checkpoints = CheckpointStore(
+            self.r, self.keys.checkpoint, max_bytes=settings.max_checkpoint_bytes
+        )
+        self.agent_reader = AgentReader(self.r, self.keys)
         self.last_fit: FitResult | None = None
-        # Ingest blocks on XREADGROUP: its own client, with a timeout longer than the block.
-        block_s = settings.ingest_block_ms / 1000
-        self.ingestor = Ingestor(
-            redis_client(settings, timeout_s=block_s + 5),
-            self.keys,
-            self._apply,
-            group=settings.consumer_group,
-            consumer=self.name,
-            count=settings.ingest_count,
-            block_ms=settings.ingest_block_ms,
-            reclaim_idle_ms=settings.reclaim_idle_ms,
-            metrics=self.metrics,
-        )
+        self._last_refusal = ""
+        self.ingestor = self._make_ingestor()
         self.scheduler = BackgroundScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None}
+        )
+        if settings.log_level != "debug":
+            logging.getLogger("apscheduler").setLevel(logging.WARNING)
+
+    def _make_ingestor(self) -> Ingestor:
+        s = self.settings
+        # A blocked read may wait ingest_block_ms on the server: its own client, longer timeout.
+        client = redis_client(s, timeout_s=s.ingest_block_ms / 1000 + 5)
+        limits = BatchLimits(
+            max_events=s.ingest_max_events, max_categories=s.max_categories_per_worker
+        )
+        sweep = HousekeepingSettings(
+            interval_s=s.housekeeping_interval_s,
+            worker_expire_s=s.worker_expire_s,
+            stale_consumer_s=s.stale_consumer_s,
+        )
+        return Ingestor(
+            client,
+            self.keys,
+            self._apply,
+            IngestSettings(
+                group=s.consumer_group,
+                consumer=self.name,
+                count=s.ingest_count,
+                block_ms=s.ingest_block_ms,
+                reclaim_idle_ms=s.reclaim_idle_ms,
+                limits=limits,
+                max_read_bytes=s.ingest_max_read_bytes,
+            ),
+            metrics=self.metrics,
+            housekeeper=Housekeeper(
+                client, self.keys, group=s.consumer_group, consumer=self.name, settings=sweep
+            ),
+            observer=self.health,
         )
 
     # --- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
+        try:
+            self.r.ping()
+            self.health.answered()
+        except Exception as exc:  # said once by the health: the API answers 503 meanwhile
+            self.health.failed(exc)
         self._tick_lease()
-        self.scheduler.add_job(
-            self._tick_lease, "interval", seconds=self.settings.lease_ttl_s / 3, id="lease"
+        s = self.settings
+        jobs = (
+            (self._tick_lease, s.lease_ttl_s / 3, "lease"),
+            (self._scheduled_refit, s.refit_interval_s, "refit"),
+            (self._scheduled_checkpoint, s.checkpoint_interval_s, "checkpoint"),
         )
-        self.scheduler.add_job(
-            self._scheduled_refit, "interval", seconds=self.settings.refit_interval_s, id="refit"
-        )
+        for job, seconds, name in jobs:
+            self.scheduler.add_job(job, "interval", seconds=seconds, id=name)
         self.scheduler.start()
 
     def stop(self) -> None:
         if self.scheduler.running:
             self.scheduler.shutdown(wait=True)
-        self._stop_ingest()
+        if self.lease.is_leader:
+            self._stop_ingest()
+            self.checkpoint()
         self.lease.release()
 
     def _tick_lease(self) -> None:
@@ -114,6 +166,7 @@ class Controller:
         if now and not was:
             log.info("%s is the leader", self.name)
             self._ensure_initial_policy()
+            self._load_checkpoint()
             self.ingestor.start()
         elif was and not now:
             log.warning("%s lost the leader lease", self.name)
@@ -123,16 +176,57 @@ class Controller:
         try:
             if self.store.current_version() is None:
                 self.store.publish_fit({}, None, "initial: built-in defaults until a fit")
-        except redis.RedisError:
-            log.exception("could not publish the initial policy")
+        except RedisUnavailable:
+            pass  # said by the health; the next leader tick tries again
 
     def _stop_ingest(self) -> None:
         self.ingestor.close(timeout=self.settings.ingest_block_ms / 1000 + 10)
 
-    # --- ingest -> stats ---------------------------------------------------------------
-    def _apply(self, batch: EventBatch) -> None:
-        with self._stats_lock:
-            self.stats.ingest_batch(batch)
+    # --- the window --------------------------------------------------------------------------
+    def _apply(self, batch: EventBatch) -> int:
+        return self.window.apply(batch, time.time())
+
+    def _load_checkpoint(self) -> None:
+        try:
+            loaded = self.health.guard(self.checkpoints.load)()
+        except (RedisUnavailable, CheckpointError) as exc:
+            log.warning("no checkpoint loaded (%s): the window starts empty", exc)
+            return
+        if loaded is None:
+            log.info("no checkpoint yet: the window starts empty")
+            return
+        try:
+            self.window.restore(loaded.state)
+        except ValueError as exc:
+            log.warning("checkpoint ignored (%s): the window starts empty", exc)
+            return
+        log.info(
+            "loaded the window checkpoint of %.0f s ago: %d categories, %d bytes",
+            time.time() - loaded.taken_at,
+            len(loaded.state.names),
+            loaded.nbytes,
+        )
+
+    def _scheduled_checkpoint(self) -> None:
+        if self.lease.is_leader:
+            self.checkpoint()
+
+    def checkpoint(self) -> int | None:
+        """Age unused categories out, then save the window; returns the bytes written."""
+        aged = self.window.age_out()
+        if aged:
+            log.info("%d unused categories aged out of the window", aged)
+        self.metrics.window_categories.set(self.window.categories)
+        try:
+            size = self.health.guard(self.checkpoints.save)(self.window.state())
+        except (RedisUnavailable, CheckpointError) as exc:
+            self.metrics.checkpoints.labels(outcome="failed").inc()
+            if isinstance(exc, CheckpointError):
+                log.warning("checkpoint not written: %s", exc)
+            return None
+        self.metrics.checkpoints.labels(outcome="written").inc()
+        self.metrics.checkpoint_bytes.set(size)
+        return size
 
     # --- refit ---------------------------------------------------------------------------
     def _scheduled_refit(self) -> None:
@@ -140,17 +234,23 @@ class Controller:
             return
         try:
             outcome = self.refit(manual=False)
-            log.info("refit: %s", outcome.reason)
-        except redis.RedisError:
+        except RedisUnavailable:
             self.metrics.refits.labels(outcome="error").inc()
-            log.exception("refit failed: Redis unavailable")
+            return
+        if outcome.published:
+            self._last_refusal = ""
+            return
+        kind = outcome.reason.split(":")[0]
+        if kind != self._last_refusal:
+            log.info("refit published nothing: %s", outcome.reason)
+            self._last_refusal = kind
+        else:
+            log.debug("refit published nothing: %s", outcome.reason)
 
     def refit(self, *, manual: bool) -> RefitOutcome:
         """Snapshot, fit, guard, publish. Manual refits also release a rollback hold."""
         t0 = time.perf_counter()
-        with self._stats_lock:
-            snapshot = self.stats.snapshot(time.time())
-        result = fit_all(snapshot, self.settings)
+        result = fit_all(self.window.snapshot(time.time()), self.settings)
         seconds = time.perf_counter() - t0
         self.metrics.refit_seconds.observe(seconds)
         self.last_fit = result
@@ -158,14 +258,14 @@ class Controller:
             self.store.release_hold()
         elif self.store.held():
             return self._outcome(
-                "held", None, "held after a rollback; POST /v1/policy/refit", seconds
+                "held", None, "held: after a rollback; POST /v1/policy/refit", seconds
             )
         fitted = {k: p for k, p in result.categories.items() if p.source != "default"}
         if result.accesses < self.settings.min_samples or not fitted:
             return self._outcome(
                 "skipped",
                 None,
-                f"{result.accesses} accesses seen, fewer than min_samples "
+                f"skipped: {result.accesses} accesses seen, fewer than min_samples "
                 f"({self.settings.min_samples})",
                 seconds,
             )
@@ -175,11 +275,12 @@ class Controller:
             return self._outcome(
                 "unchanged",
                 None,
-                f"largest relative change {change:.3f} < change_threshold "
+                f"unchanged: largest relative change {change:.3f} < change_threshold "
                 f"{self.settings.change_threshold}",
                 seconds,
             )
-        doc = self.store.publish_fit(fitted, result.pooled, f"refit of {result.accesses} accesses")
+        note = f"refit of {result.accesses} accesses (largest relative change {change:.3g})"
+        doc = self.store.publish_fit(fitted, result.pooled, note)
         self.metrics.policy_version.set(doc.version)
         return self._outcome("published", doc.version, f"published version {doc.version}", seconds)
 
@@ -188,24 +289,19 @@ class Controller:
         return RefitOutcome(label == "published", version, reason, s)
 
     # --- reads for the API -----------------------------------------------------------------
-    def agents(self) -> list[AgentStatus]:
-        out = []
-        keys = list(self.r.scan_iter(match=self.keys.agents_match, count=500))
-        for raw in self.r.mget(keys) if keys else []:
-            if raw is None:
-                continue  # expired between SCAN and MGET
-            try:
-                out.append(AgentStatus.from_json(raw))
-            except WireError:
-                log.warning("ignoring a malformed heartbeat")
-        return sorted(out, key=lambda a: a.id)
+    @guarded
+    def agents(self) -> list[AgentView]:
+        """Live agents (by heartbeat) with the controller's counts of their events."""
+        return self.agent_reader.read()
 
+    @guarded
     def categories(self) -> list[dict[str, Any]]:
         current = self.store.current()
         fit = self.last_fit
         names = set(current.categories if current else ()) | set(fit.categories if fit else ())
         return [self._category_summary(n, current, fit) for n in sorted(names)]
 
+    @guarded
     def category(self, name: str) -> dict[str, Any] | None:
         current = self.store.current()
         fit = self.last_fit
@@ -234,12 +330,13 @@ class Controller:
         }
 
     def ready(self) -> tuple[bool, str]:
+        """Readiness and, when not ready, why (Redis's state named: out of memory, ...)."""
         try:
-            self.r.ping()
+            self.health.guard(self.r.ping)()
             if self.store.current_version() is None:
                 return False, "no policy version published yet"
-        except redis.RedisError as exc:
-            return False, f"redis unavailable: {exc}"
+        except RedisUnavailable as exc:
+            return False, exc.reason
         return True, ""
 
     def refresh_gauges(self) -> None:
@@ -248,7 +345,10 @@ class Controller:
             cur = self.store.current()
             agents = self.agents()
             m.pending.set(self.ingestor.pending() if self.lease.is_leader else 0)
-        except redis.RedisError:
+        except (RedisUnavailable, OSError):
+            return
+        except Exception as exc:  # a read of another thread's list: never fail a scrape
+            log.debug("gauges not refreshed: %s", exc)
             return
         if cur is not None:
             m.policy_version.set(cur.version)

@@ -1,283 +1,418 @@
-"""Ingest: every worker's event stream -> decode -> apply -> acknowledge.
+"""Ingest: every worker's event stream -> bounded read -> decode -> judge -> apply -> commit.
 
-Owns the consumer group over all ``events:*`` streams (new workers discovered by SCAN),
-reclaiming entries a dead consumer left pending (``XAUTOCLAIM``), per-worker sequence
-gap accounting, and the dead-letter stream for undecodable batches. An entry is
-acknowledged only after ``apply`` returned, so a crash re-delivers instead of losing.
-If Redis restarts and forgets the group, the group is recreated on the next pass.
+Owns the consumer group over all ``events:*`` streams (new workers discovered by SCAN), the
+reading of them in bounded passes (``stream_io``: no entry over ``max_entry_bytes`` and no
+pass over about ``max_read_bytes`` reaches this process), reclaiming entries a dead consumer
+left pending, each worker's ledger (sequence gaps and counts, ``ledger``), and the
+dead-letter stream. Each entry ends one way: applied; a duplicate (a resent batch); or
+dead-lettered with its reason, its ids and a bounded prefix of its payload, and deleted
+from its stream. Any failure on one entry (bad bytes, a limit, an exception in ``apply``)
+dead-letters that entry and the pass goes on. An entry is acknowledged only after it was
+applied or dead-lettered, in the same call that records it in the worker's ledger and
+trims what the group has acknowledged; a crash re-delivers instead of losing. If Redis
+restarts and forgets the group, the group is recreated on the next pass.
 
-It must never fit or publish, and never holds more than one read's entries in memory.
+It must never fit or publish.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Final, cast
 
 import redis
 
 from agent.runtime.connection import RedisClient
-from agent.runtime.loop import BackgroundLoop
-from agent.wire import EventBatch, Keys, WireError, decode_batch
+from agent.runtime.loop import BackgroundLoop, RedisObserver
+from agent.wire import BatchLimits, EventBatch, Keys, WireError, WireLimitError, decode_batch
+from controlplane.service.housekeeping import Housekeeper
+from controlplane.service.ledger import MAX_OUT_OF_ORDER, WorkerLedger
 from controlplane.service.metrics import ControllerMetrics
+from controlplane.service.stream_io import (
+    DELETED,
+    OVERSIZE,
+    PREFIX,
+    Commit,
+    Fields,
+    ReadLimits,
+    StreamIO,
+    StreamRead,
+)
+from controlplane.service.window import BatchRefused
 
 log = logging.getLogger(__name__)
 
-ApplyFn = Callable[[EventBatch], None]
-Entry = tuple[bytes, dict[bytes, bytes]]
-DEAD_LETTER_MAXLEN = 10_000
+ApplyFn = Callable[[EventBatch], int]
+"""Adds a batch to the statistics; returns the events it dropped for their clock; raises
+``BatchRefused`` for a batch over a limit."""
+
+DEAD_LETTER_MAXLEN: Final = 10_000
+DEAD_LETTER_PREFIX_BYTES: Final = 1024
+DISCOVER_EVERY_S: Final = 2.0
+MAX_BACKOFF_S: Final = 5.0
 
 
-MAX_OUT_OF_ORDER = 4096
-"""Sequence numbers tracked above the first gap; past this, the oldest gap is written off."""
-
-
-@dataclass
-class _Sequence:
-    """Sequence accounting of one worker epoch: which batches arrived, which are missing.
-
-    ``floor``: every batch up to it arrived (or was written off as ``lost``); ``above``:
-    batches that arrived beyond the first gap. Memory is bounded by ``MAX_OUT_OF_ORDER``.
-    """
-
-    floor: int = 0
-    above: set[int] = field(default_factory=set)
-    lost: int = 0
-
-    def add(self, seq: int) -> bool:
-        """Record ``seq``; False if it arrived before (a resent batch: do not apply twice)."""
-        if seq <= self.floor or seq in self.above:
-            return False
-        self.above.add(seq)
-        if len(self.above) > MAX_OUT_OF_ORDER:
-            low = min(self.above)
-            self.lost += low - self.floor - 1
-            self.floor = low - 1
-        while self.floor + 1 in self.above:
-            self.floor += 1
-            self.above.discard(self.floor)
-        return True
-
-    @property
-    def missing(self) -> int:
-        top = max(self.above, default=self.floor)
-        return self.lost + (top - self.floor - len(self.above))
+@dataclass(frozen=True)
+class IngestSettings:
+    group: str
+    consumer: str
+    count: int = 64
+    """Entries per stream per read."""
+    block_ms: int = 500
+    """Wait after a pass that found nothing."""
+    reclaim_idle_ms: int = 30_000
+    limits: BatchLimits = field(default_factory=BatchLimits)
+    max_read_bytes: int = 32 << 20
+    max_out_of_order: int = MAX_OUT_OF_ORDER
 
 
 @dataclass
 class IngestCounters:
+    """This process's totals (the per-worker ones live in the ledgers)."""
+
     events: int = 0
     batches: int = 0
     dead_letters: int = 0
     reclaimed: int = 0
     duplicates: int = 0
+    clock_rejected: int = 0
+    trimmed: int = 0
     gaps: dict[str, int] = field(default_factory=dict)
 
 
-IDLE_WAIT_S = 0.5
-"""Wait between passes while no worker stream exists (nothing to block on)."""
-MAX_BACKOFF_S = 5.0
+@dataclass
+class _Refusal:
+    entry_id: bytes
+    reason: str
+    label: str
+    fields: Fields
 
 
 class Ingestor(BackgroundLoop):
-    """Consumes event batches as ``consumer`` in ``group`` on its own thread (``start``)."""
+    """Consumes event batches as ``settings.consumer`` on its own thread (``start``)."""
 
     def __init__(
         self,
         client: RedisClient,
         keys: Keys,
         apply: ApplyFn,
+        settings: IngestSettings,
         *,
-        group: str,
-        consumer: str,
-        count: int = 64,
-        block_ms: int = 500,
-        reclaim_idle_ms: int = 30_000,
         metrics: ControllerMetrics | None = None,
+        housekeeper: Housekeeper | None = None,
+        observer: RedisObserver | None = None,
     ) -> None:
-        super().__init__("ingest", interval_s=0.0, max_backoff_s=MAX_BACKOFF_S)
+        super().__init__("ingest", interval_s=0.0, max_backoff_s=MAX_BACKOFF_S, observer=observer)
+        self.housekeeper = housekeeper
+        self._last_sweep = time.monotonic()
         self.r = client
         self.keys = keys
         self.apply = apply
-        self.group = group
-        self.consumer = consumer
-        self.count = count
-        self.block_ms = block_ms
-        self.reclaim_idle_ms = reclaim_idle_ms
+        self.settings = settings
         self.metrics = metrics
+        self.io = StreamIO(client, group=settings.group, consumer=settings.consumer)
         self.counters = IngestCounters()
-        self._streams: set[bytes] = set()
-        self._seqs: dict[tuple[str, str], _Sequence] = {}
+        self.ledgers: dict[str, WorkerLedger] = {}
+        self._streams: list[bytes] = []
+        self._next = 0  # where the next pass starts in _streams
+        self._cursors: dict[bytes, bytes] = {}
         self._last_discover = 0.0
         self._last_reclaim = 0.0
-
-    # --- one pass ------------------------------------------------------------------------
-    def discover(self) -> None:
-        """Find worker streams and make sure the group exists on each."""
-        for key in self.r.scan_iter(match=self.keys.events_match, count=500, _type="stream"):
-            if key in self._streams:
-                continue
-            try:
-                self.r.xgroup_create(key, self.group, id="0", mkstream=True)
-            except redis.ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
-            self._streams.add(key)
-        self._last_discover = time.monotonic()
-
-    def poll_once(self) -> int:
-        """Read, apply and acknowledge one round; returns batches handled."""
-        now = time.monotonic()
-        if now - self._last_discover > 2.0 or not self._streams:
-            self.discover()
-        if not self._streams:
-            return 0
-        handled = 0
-        if now - self._last_reclaim > self.reclaim_idle_ms / 2000:
-            handled += self.reclaim()
-        try:
-            reply = self.r.xreadgroup(
-                self.group,
-                self.consumer,
-                {s: ">" for s in self._streams},
-                count=self.count,
-                block=self.block_ms,
-            )
-        except redis.ResponseError as exc:
-            if "NOGROUP" in str(exc):
-                # Redis restarted (or the stream was deleted): rediscover and recreate.
-                self._streams.clear()
-                return handled
-            raise
-        for stream, entries in cast(list[tuple[bytes, list[Entry]]], reply or []):
-            handled += self._handle(stream, entries)
-        return handled
-
-    def reclaim(self) -> int:
-        """Take over entries other consumers left pending longer than the idle limit."""
-        self._last_reclaim = time.monotonic()
-        handled = 0
-        for stream in list(self._streams):
-            start = "0-0"
-            while True:
-                try:
-                    # Redis 7 answers [next, entries, deleted ids]; Redis 6.2 [next, entries].
-                    reply = self.r.xautoclaim(
-                        stream,
-                        self.group,
-                        self.consumer,
-                        self.reclaim_idle_ms,
-                        start_id=start,
-                        count=self.count,
-                    )
-                    nxt, entries = reply[0], reply[1]
-                except redis.ResponseError as exc:
-                    if "NOGROUP" in str(exc):
-                        self._streams.discard(stream)
-                        break
-                    raise
-                entries = [e for e in entries if e is not None and e[1] is not None]
-                if entries:
-                    self.counters.reclaimed += len(entries)
-                    if self.metrics:
-                        self.metrics.reclaimed.inc(len(entries))
-                    handled += self._handle(stream, entries)
-                if nxt in (b"0-0", "0-0"):
-                    break
-                start = nxt
-        return handled
-
-    def pending(self) -> int:
-        total = 0
-        for stream in list(self._streams):
-            try:
-                total += int(self.r.xpending(stream, self.group)["pending"])
-            except redis.ResponseError:
-                continue
-        return total
-
-    # --- entries -------------------------------------------------------------------------
-    def _handle(self, stream: bytes, entries: Iterable[Entry]) -> int:
-        done: list[bytes] = []
-        n = 0
-        for entry_id, fields in entries:
-            try:
-                batch = decode_batch(fields)
-            except WireError as exc:
-                self._dead_letter(stream, entry_id, fields, exc.reason)
-                done.append(entry_id)
-                continue
-            seq = self._seqs.setdefault((batch.worker, batch.epoch), _Sequence())
-            if not seq.add(batch.seq):
-                # A pipeline resent after a timeout: it was applied the first time.
-                self.counters.duplicates += 1
-                done.append(entry_id)
-                continue
-            try:
-                self.apply(batch)
-            except Exception as exc:  # a bug in apply must not wedge the stream
-                log.exception("applying batch %s of %s failed", entry_id, stream)
-                self._dead_letter(stream, entry_id, fields, f"apply failed: {exc!r}")
-                done.append(entry_id)
-                continue
-            self._account(batch)
-            done.append(entry_id)
-            n += 1
-        if done:
-            self.r.xack(stream, self.group, *done)
-        return n
-
-    def _account(self, batch: EventBatch) -> None:
-        c = self.counters
-        c.events += len(batch)
-        c.batches += 1
-        missing = sum(s.missing for (w, _), s in self._seqs.items() if w == batch.worker)
-        c.gaps[batch.worker] = missing
-        if self.metrics:
-            m = self.metrics
-            m.events.inc(len(batch))
-            m.batches.inc()
-            m.gaps.labels(worker=batch.worker).set(missing)
-            if len(batch):
-                m.ingest_lag.set(max(0.0, time.time() - float(batch.ts.max())))
-
-    def _dead_letter(
-        self, stream: bytes, entry_id: bytes, fields: dict[bytes, bytes], reason: str
-    ) -> None:
-        self.counters.dead_letters += 1
-        if self.metrics:
-            self.metrics.dead_letters.inc()
-        log.warning("dead-lettered entry %s of %s: %s", entry_id, stream, reason)
-        record: dict[bytes | str, bytes | str] = {
-            "stream": stream,
-            "id": entry_id,
-            "reason": reason,
-            "consumer": self.consumer,
-        }
-        for k, v in fields.items():
-            record[b"f:" + (k if isinstance(k, bytes) else str(k).encode())] = v
-        self.r.xadd(
-            self.keys.dead_letter,
-            record,  # type: ignore[arg-type]  # redis-py's field type is invariant
-            maxlen=DEAD_LETTER_MAXLEN,
-            approximate=True,
+        self._idle = False
+        self._schema1_told: set[bytes] = set()
+        per_stream = settings.limits.max_entry_bytes
+        self._width = max(1, settings.max_read_bytes // per_stream)
+        self._read_limits = ReadLimits(
+            count=settings.count,
+            max_entry_bytes=per_stream,
+            budget_bytes=max(per_stream, settings.max_read_bytes // self._width),
+            prefix_bytes=DEAD_LETTER_PREFIX_BYTES,
         )
 
-    # --- loop ----------------------------------------------------------------------------
+    # --- the loop ----------------------------------------------------------------------------
     def step(self) -> None:
         try:
-            self.poll_once()
+            self._idle = self.poll_once() == 0
         except (redis.ConnectionError, redis.TimeoutError):
             self._streams.clear()  # Redis may come back without our groups: rediscover
             raise
 
     def next_wait(self) -> float:
-        if not self.failures and not self._streams:
-            return IDLE_WAIT_S  # no worker has written yet: XREADGROUP has nothing to block on
-        return super().next_wait()
+        if self.failures:
+            return super().next_wait()
+        return self.settings.block_ms / 1000 if self._idle else 0.0
 
     def outage_note(self) -> str:
         return "ingest pauses; entries wait in the streams"
+
+    # --- one pass ----------------------------------------------------------------------------
+    def discover(self) -> None:
+        """Find worker streams and make sure the group exists on each."""
+        known = set(self._streams)
+        found = self.r.scan_iter(match=self.keys.events_match, count=500, _type="stream")
+        for key in cast(list[bytes], list(found)):
+            if key in known:
+                continue
+            try:
+                self.r.xgroup_create(key, self.settings.group, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+            self._streams.append(key)
+            known.add(key)
+        self._last_discover = time.monotonic()
+
+    def poll_once(self) -> int:
+        """Read, judge, apply and commit one pass; returns the entries handled."""
+        now = time.monotonic()
+        if now - self._last_discover > DISCOVER_EVERY_S or not self._streams:
+            self.discover()
+        if not self._streams:
+            return 0
+        handled = 0
+        if now - self._last_reclaim > self.settings.reclaim_idle_ms / 2000:
+            handled += self.reclaim()
+        handled += self._handle_reads(self.io.read(self._chunk(), self._read_limits))
+        if self.housekeeper and now - self._last_sweep > self.housekeeper.settings.interval_s:
+            self.sweep()
+        return handled
+
+    def sweep(self) -> None:
+        """One housekeeping round: expire dead workers, drop stale consumers."""
+        self._last_sweep = time.monotonic()
+        if self.housekeeper is None:
+            return
+        swept = self.housekeeper.sweep(list(self._streams))
+        for worker in swept.workers:
+            self.forget(worker)
+        if self.metrics:
+            self.metrics.cleanup.labels(what="worker").inc(len(swept.workers))
+            self.metrics.cleanup.labels(what="consumer").inc(swept.consumers)
+
+    def reclaim(self) -> int:
+        """Take over entries other consumers left pending longer than the idle limit."""
+        self._last_reclaim = time.monotonic()
+        handled = 0
+        for lo in range(0, len(self._streams), self._width):
+            reads = self.io.read(
+                self._streams[lo : lo + self._width],
+                self._read_limits,
+                mode="claim",
+                min_idle_ms=self.settings.reclaim_idle_ms,
+                cursors=self._cursors,
+            )
+            for read in reads:
+                self._cursors[read.stream] = read.cursor
+                self.counters.reclaimed += len(read.entries)
+                if self.metrics and read.entries:
+                    self.metrics.reclaimed.inc(len(read.entries))
+            handled += self._handle_reads(reads)
+        return handled
+
+    def pending(self) -> int:
+        """Entries delivered to some consumer of the group and not yet acknowledged."""
+        pipe = self.r.pipeline(transaction=False)
+        for stream in list(self._streams):  # a copy: the ingest thread may change it
+            pipe.xpending(stream, self.settings.group)
+        total = 0
+        for reply in pipe.execute(raise_on_error=False):
+            if isinstance(reply, dict):
+                total += int(reply["pending"])
+        return total
+
+    def _chunk(self) -> list[bytes]:
+        """The next ``_width`` streams, round robin: bounded reads still reach everyone."""
+        n = len(self._streams)
+        if n <= self._width:
+            return list(self._streams)
+        start = self._next % n
+        self._next = start + self._width
+        return [self._streams[(start + i) % n] for i in range(self._width)]
+
+    # --- entries -----------------------------------------------------------------------------
+    def _handle_reads(self, reads: list[StreamRead]) -> int:
+        self._load_ledgers([r.stream for r in reads if r.entries])
+        commits: dict[bytes, Commit] = {}
+        refusals: list[tuple[bytes, _Refusal]] = []
+        handled = 0
+        for read in reads:
+            if read.no_group:
+                self._streams.remove(read.stream)  # rediscovered (and the group made) soon
+                continue
+            if not read.entries:
+                continue
+            commit, refused = self._judge_all(read)
+            commits[read.stream] = commit
+            refusals += [(read.stream, r) for r in refused]
+            handled += len(read.entries)
+        if refusals:
+            self._dead_letter(refusals)
+        if commits:
+            ledger_keys = {s: self._ledger_key(s) for s in commits}
+            trimmed = self.io.commit(ledger_keys, commits)
+            self.counters.trimmed += trimmed
+        return handled
+
+    def _judge_all(self, read: StreamRead) -> tuple[Commit, list[_Refusal]]:
+        worker = self._worker_of(read.stream)
+        ledger = self.ledgers.get(worker) if worker is not None else None
+        commit = Commit()
+        refused: list[_Refusal] = []
+        for entry_id, fields in read.entries:
+            refusal = self._judge(worker, ledger, entry_id, fields)
+            commit.ack.append(entry_id)
+            if refusal is not None:
+                refused.append(refusal)
+                commit.delete.append(entry_id)
+                if ledger is not None:
+                    ledger.counts.dead_letters += 1
+        if ledger is not None:
+            commit.ledger = ledger.to_hash()
+            self.counters.gaps[ledger.worker] = ledger.missing
+            if self.metrics:
+                self.metrics.gaps.labels(worker=ledger.worker).set(ledger.missing)
+        return commit, refused
+
+    def _judge(
+        self, worker: str | None, ledger: WorkerLedger | None, entry_id: bytes, fields: Fields
+    ) -> _Refusal | None:
+        """Apply one entry or say why not (None: applied, a duplicate or a deleted one)."""
+        if DELETED in fields:
+            return None
+        if OVERSIZE in fields:
+            reason = (
+                f"entry of {int(fields[OVERSIZE])} bytes > max_entry_bytes "
+                f"({self.settings.limits.max_entry_bytes})"
+            )
+            return _Refusal(entry_id, reason, "limit", {PREFIX: fields.get(PREFIX, b"")})
+        try:
+            batch = decode_batch(fields, self.settings.limits)
+        except WireError as exc:
+            label = "limit" if isinstance(exc, WireLimitError) else "decode"
+            return _Refusal(entry_id, exc.reason, label, fields)
+        except Exception as exc:  # WireError is the contract; anything else is still refused
+            return _Refusal(entry_id, f"decode failed: {exc!r}"[:300], "decode", fields)
+        if ledger is None or batch.worker != worker:
+            where = "a stream not named for a worker" if worker is None else "another's stream"
+            reason = f"w: worker {batch.worker!r} wrote into {where}"
+            return _Refusal(entry_id, reason, "decode", fields)
+        if not ledger.see(batch.epoch, batch.seq):
+            ledger.counts.duplicates += 1
+            self.counters.duplicates += 1
+            return None  # a pipeline resent after a timeout: applied the first time
+        return self._apply(ledger, entry_id, batch, fields)
+
+    def _apply(
+        self, ledger: WorkerLedger, entry_id: bytes, batch: EventBatch, fields: Fields
+    ) -> _Refusal | None:
+        try:
+            rejected = self.apply(batch)
+        except BatchRefused as exc:
+            ledger.counts.refused += len(batch)
+            return _Refusal(entry_id, str(exc), "limit", fields)
+        except Exception as exc:  # a bug in apply must not wedge the stream
+            log.exception("applying batch %s of %s failed", entry_id, batch.worker)
+            ledger.counts.refused += len(batch)
+            return _Refusal(entry_id, f"apply failed: {exc!r}"[:300], "apply", fields)
+        self._account(ledger, batch, rejected)
+        return None
+
+    def _account(self, ledger: WorkerLedger, batch: EventBatch, rejected: int) -> None:
+        taken = len(batch) - rejected
+        c, w = self.counters, ledger.counts
+        c.events += taken
+        c.batches += 1
+        c.clock_rejected += rejected
+        w.events += taken
+        w.batches += 1
+        w.clock_rejected += rejected
+        if self.metrics:
+            m = self.metrics
+            m.events.inc(taken)
+            m.batches.inc()
+            if rejected:
+                m.clock_rejected.labels(worker=ledger.worker).inc(rejected)
+            if len(batch):
+                m.ingest_lag.set(max(0.0, time.time() - float(batch.ts.max())))
+
+    # --- ledgers and dead letters ------------------------------------------------------------
+    def _worker_of(self, stream: bytes) -> str | None:
+        try:
+            return self.keys.worker_of(stream)
+        except WireError:
+            if stream not in self._schema1_told:
+                self._schema1_told.add(stream)
+                log.error(
+                    "stream %r is not a schema-2 worker stream (an agent of an older kvwise "
+                    "release?): its entries are dead-lettered",
+                    stream,
+                )
+            return None
+
+    def _ledger_key(self, stream: bytes) -> str:
+        worker = self._worker_of(stream)
+        # An untagged (schema 1) stream: no ledger; its own key keeps the call on one shard.
+        return self.keys.ingest_state(worker) if worker is not None else stream.decode()
+
+    def _load_ledgers(self, streams: list[bytes]) -> None:
+        workers = [w for w in map(self._worker_of, streams) if w and w not in self.ledgers]
+        if not workers:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for worker in workers:
+            pipe.hgetall(self.keys.ingest_state(worker))
+        for worker, raw in zip(workers, pipe.execute(), strict=True):
+            try:
+                ledger = WorkerLedger.from_hash(worker, raw, self.settings.max_out_of_order)
+            except (ValueError, KeyError) as exc:
+                log.warning("ledger of %s unreadable (%s): starting it again", worker, exc)
+                ledger = WorkerLedger(worker, self.settings.max_out_of_order)
+            self.ledgers[worker] = ledger
+
+    def forget(self, worker: str) -> None:
+        """Drop what this process holds of a worker whose stream was expired."""
+        self.ledgers.pop(worker, None)
+        self.counters.gaps.pop(worker, None)
+        for stream in (self.keys.events_stream(worker).encode(), worker.encode()):
+            if stream in self._streams:
+                self._streams.remove(stream)
+        if self.metrics:
+            for series in (self.metrics.gaps, self.metrics.clock_rejected):
+                with contextlib.suppress(KeyError):
+                    series.remove(worker)
+
+    def _dead_letter(self, refusals: list[tuple[bytes, _Refusal]]) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        for stream, refusal in refusals:
+            self.counters.dead_letters += 1
+            if self.metrics:
+                self.metrics.dead_letters.labels(reason=refusal.label).inc()
+            log.warning(
+                "dead-lettered entry %s of %s: %s", refusal.entry_id, stream, refusal.reason
+            )
+            record = {
+                "stream": stream,
+                "id": refusal.entry_id,
+                "reason": refusal.reason[:1000],
+                "consumer": self.settings.consumer,
+                "prefix": _prefix(refusal.fields, DEAD_LETTER_PREFIX_BYTES),
+            }
+            pipe.xadd(
+                self.keys.dead_letter,
+                record,  # type: ignore[arg-type]  # redis-py's field type is invariant
+                maxlen=DEAD_LETTER_MAXLEN,
+                approximate=True,
+            )
+        pipe.execute()
+
+
+def _prefix(fields: Fields, limit: int) -> bytes:
+    """``name=value`` pairs of an entry, each value cut at 64 bytes, the whole at ``limit``."""
+    if PREFIX in fields:
+        return fields[PREFIX][:limit]
+    parts = [k + b"=" + v[:64] for k, v in fields.items()]
+    return b" ".join(parts)[:limit]

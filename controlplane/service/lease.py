@@ -14,6 +14,7 @@ import threading
 import redis
 
 from agent.runtime.connection import RedisClient
+from agent.runtime.loop import RedisObserver
 
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -31,8 +32,17 @@ return 0
 
 
 class LeaderLease:
-    def __init__(self, client: RedisClient, key: str, holder: str, ttl_s: float) -> None:
+    def __init__(
+        self,
+        client: RedisClient,
+        key: str,
+        holder: str,
+        ttl_s: float,
+        *,
+        observer: RedisObserver | None = None,
+    ) -> None:
         self.r = client
+        self.observer = observer
         self.key = key
         self.holder = holder
         self.ttl_ms = max(1, int(ttl_s * 1000))
@@ -49,12 +59,19 @@ class LeaderLease:
         """Acquire or renew; call at least three times per lease time. Returns leadership."""
         with self._lock:
             try:
-                if self._leader and self._renew(keys=[self.key], args=[self.holder, self.ttl_ms]):
-                    return True
-                self._leader = bool(self.r.set(self.key, self.holder, nx=True, px=self.ttl_ms))
-            except redis.RedisError:
+                renewed = self._leader and self._renew(
+                    keys=[self.key], args=[self.holder, self.ttl_ms]
+                )
+                if not renewed:
+                    self._leader = bool(self.r.set(self.key, self.holder, nx=True, px=self.ttl_ms))
+            except redis.RedisError as exc:
                 # Unreachable Redis: assume the lease may be lost; a standby may take it.
                 self._leader = False
+                if self.observer is not None:
+                    self.observer.failed(exc)
+                return False
+            if self.observer is not None:
+                self.observer.answered()
             return self._leader
 
     def holder_now(self) -> str | None:

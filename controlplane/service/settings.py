@@ -45,6 +45,44 @@ class ControllerSettings(BaseSettings, FitSettings):
     reclaim_idle_ms: int = Field(
         default=30_000, gt=0, description="Pending entries idle this long are reclaimed"
     )
+    ingest_max_events: int = Field(
+        default=65_536, gt=0, description="Events one stream entry may hold; more: dead-lettered"
+    )
+    ingest_max_read_bytes: int = Field(
+        default=32 << 20, ge=1 << 20, description="Bytes one ingest pass may read, about"
+    )
+    clock_tolerance_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Events further than this from the controller's clock are dropped, counted",
+    )
+    max_categories: int = Field(
+        default=2048, ge=2, description="Categories the statistics window holds, in all"
+    )
+    max_categories_per_worker: int = Field(
+        default=1024,
+        ge=2,
+        description="Categories one worker may name (the agents' max_categories) and bring in",
+    )
+
+    # --- housekeeping and checkpoints -----------------------------------------------------
+    housekeeping_interval_s: float = Field(
+        default=60.0, gt=0, description="Seconds between sweeps of dead workers and consumers"
+    )
+    worker_expire_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="A worker with no entry and no heartbeat this long: its stream is deleted",
+    )
+    stale_consumer_s: float = Field(
+        default=600.0, gt=0, description="A consumer idle this long with nothing pending is removed"
+    )
+    checkpoint_interval_s: float = Field(
+        default=60.0, gt=0, description="Seconds between checkpoints of the statistics window"
+    )
+    max_checkpoint_bytes: int = Field(
+        default=64 << 20, ge=1 << 16, description="Largest checkpoint written (compressed)"
+    )
 
     # --- fitting (and every field of FitSettings) -------------------------------------
     refit_interval_s: float = Field(default=30.0, gt=0, description="Seconds between refits")

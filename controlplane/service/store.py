@@ -1,32 +1,43 @@
 """The policy store in Redis: immutable versions, the ``current`` pointer, overrides, rollback.
 
-Owns every write of policy state. A version is published in one optimistic transaction
-(WATCH the version index, MULTI, EXEC): the document, its index entry, the ``current``
-pointer and the notice on the channel land together or not at all, so versions are
-strictly increasing even with several controller replicas or concurrent REST calls.
-Versions are never rewritten; a rollback publishes a *new* version with an old version's
-parameters, so agents only ever move forward. History is bounded (oldest trimmed, never
-the current one). Everything lives in Redis: a controller restart loses nothing.
+Owns every write of policy state. Each change is one optimistic transaction: WATCH the
+version index, the base and the overrides; read them; compose the document from what was
+read; MULTI; write the change itself (the new base, override or hold), the document, its
+index entry, the ``current`` pointer and the notice on the channel; EXEC. If another writer
+got there first, all of it is read and composed again, so a document always equals the
+base plus the overrides stored with it, whatever races (all policy keys share one Redis
+Cluster hash tag, so this holds on a cluster too). Versions are strictly increasing and
+never rewritten; a rollback publishes a *new* version with an old version's parameters.
+History is bounded (oldest trimmed, never the current one). Each publication is logged
+once with its note. Everything lives in Redis: a controller restart loses nothing.
 
 A published document is ``base`` (the last fitted parameters) with the operator's
-overrides applied on top. It must never fit anything or talk HTTP.
+overrides applied on top. A failed Redis call surfaces as ``RedisUnavailable``. It must
+never fit anything or talk HTTP.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, cast
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, cast
 
 import redis
+from redis.client import Pipeline
 
 from agent.policy_document import MODEL_PARAMS, CategoryParams, PolicyDocument
 from agent.runtime.connection import RedisClient
-from agent.wire import Keys, decode_policy, encode_policy
+from agent.wire import MAX_CATEGORY_NAME_CHARS, Keys, decode_policy, encode_policy
+from controlplane.service.health import RedisHealth, guarded
+
+log = logging.getLogger(__name__)
 
 OVERRIDE_FIELDS = MODEL_PARAMS
+MAX_OVERRIDES: Final = 1024
+"""Overrides kept at once (a bound on every document's size)."""
 
 
 class StoreError(RuntimeError):
@@ -48,26 +59,70 @@ class Base:
     categories: dict[str, CategoryParams]
     default: CategoryParams | None
 
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "categories": {k: v.model_dump() for k, v in self.categories.items()},
+                "default": None if self.default is None else self.default.model_dump(),
+            }
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes | str | None) -> Base:
+        if raw is None:
+            return cls({}, None)
+        data = json.loads(raw)
+        cats = {k: CategoryParams.model_validate(v) for k, v in data["categories"].items()}
+        default = data.get("default")
+        return cls(cats, None if default is None else CategoryParams.model_validate(default))
+
+
+@dataclass
+class _Draft:
+    """One change, as read inside the transaction: the state it starts from and what it
+    writes; ``categories``/``default`` are the document to publish (None: compose)."""
+
+    base: Base
+    overrides: dict[str, dict[str, float]]
+    note: str
+    writes: list[Callable[[Pipeline], object]] = field(default_factory=list)
+    copy_of: PolicyDocument | None = None
+
+
+Prepare = Callable[[Pipeline], _Draft]
+
 
 class PolicyStore:
-    def __init__(self, client: RedisClient, keys: Keys, history_size: int = 100) -> None:
+    def __init__(
+        self,
+        client: RedisClient,
+        keys: Keys,
+        history_size: int = 100,
+        *,
+        health: RedisHealth | None = None,
+    ) -> None:
         self.r = client
         self.keys = keys
         self.history_size = history_size
+        self.health = health or RedisHealth("redis")
 
     # --- reads ---------------------------------------------------------------------------
+    @guarded
     def current_version(self) -> int | None:
         raw = self.r.get(self.keys.policy_current)
         return int(raw) if raw is not None else None
 
+    @guarded
     def current(self) -> PolicyDocument | None:
         v = self.current_version()
         return None if v is None else self.get(v)
 
+    @guarded
     def get(self, version: int) -> PolicyDocument | None:
         raw = self.r.get(self.keys.policy_doc(version))
         return None if raw is None else decode_policy(raw)
 
+    @guarded
     def versions(self) -> list[VersionInfo]:
         """Kept versions, newest first."""
         listed = cast(list[bytes], self.r.zrevrange(self.keys.policy_versions, 0, -1))
@@ -83,50 +138,70 @@ class PolicyStore:
             out.append(VersionInfo(doc.version, doc.created_at, doc.note, len(doc.categories)))
         return out
 
+    @guarded
     def overrides(self) -> dict[str, dict[str, float]]:
-        raw = self.r.hgetall(self.keys.overrides)
-        return {_s(k): json.loads(v) for k, v in raw.items()}
+        return _overrides(self.r.hgetall(self.keys.overrides))
 
+    @guarded
     def base(self) -> Base:
-        raw = self.r.get(self.keys.policy_base)
-        if raw is None:
-            return Base({}, None)
-        data = json.loads(raw)
-        cats = {k: CategoryParams.model_validate(v) for k, v in data["categories"].items()}
-        default = data.get("default")
-        return Base(cats, None if default is None else CategoryParams.model_validate(default))
+        return Base.from_json(self.r.get(self.keys.policy_base))
 
+    @guarded
     def held(self) -> bool:
         """Whether automatic refits are held back (after a rollback with ``hold``)."""
         return bool(self.r.exists(self.keys.policy_hold))
 
     # --- writes --------------------------------------------------------------------------
+    @guarded
     def publish_fit(
         self, categories: Mapping[str, CategoryParams], default: CategoryParams | None, note: str
     ) -> PolicyDocument:
         """Record a new fit as the base and publish base + overrides."""
-        payload = {
-            "categories": {k: v.model_dump() for k, v in categories.items()},
-            "default": None if default is None else default.model_dump(),
-        }
-        self.r.set(self.keys.policy_base, json.dumps(payload))
-        return self._publish(note)
+        new_base = Base(dict(categories), default)
 
+        def prepare(pipe: Pipeline) -> _Draft:
+            draft = self._read(pipe, note)
+            draft.base = new_base
+            draft.writes.append(lambda p: p.set(self.keys.policy_base, new_base.to_json()))
+            return draft
+
+        return self._publish(prepare)
+
+    @guarded
     def set_override(self, category: str, values: Mapping[str, float]) -> PolicyDocument:
         unknown = set(values) - set(OVERRIDE_FIELDS)
         if unknown or not values:
             raise StoreError(f"override takes any of {', '.join(OVERRIDE_FIELDS)}")
-        merged = {**self.overrides().get(category, {}), **values}
-        # Validate before storing: a bad override must never reach agents.
-        self._apply_one(self._params_for_override(category), merged)
-        self.r.hset(self.keys.overrides, category, json.dumps(merged))
-        return self._publish(f"override {category}: {json.dumps(merged, sort_keys=True)}")
+        if not 0 < len(category) <= MAX_CATEGORY_NAME_CHARS:
+            raise StoreError(f"a category name has 1 to {MAX_CATEGORY_NAME_CHARS} characters")
 
+        def prepare(pipe: Pipeline) -> _Draft:
+            draft = self._read(pipe, "")
+            if category not in draft.overrides and len(draft.overrides) >= MAX_OVERRIDES:
+                raise StoreError(f"{MAX_OVERRIDES} overrides already: delete one first")
+            merged = {**draft.overrides.get(category, {}), **values}
+            # Validate before storing: a bad override must never reach agents.
+            _apply_one(_params_for_override(draft, self._current_in(pipe), category), merged)
+            draft.overrides[category] = merged
+            draft.note = f"override {category}: {json.dumps(merged, sort_keys=True)}"
+            text = json.dumps(merged)
+            draft.writes.append(lambda p: p.hset(self.keys.overrides, category, text))
+            return draft
+
+        return self._publish(prepare)
+
+    @guarded
     def delete_override(self, category: str) -> PolicyDocument:
-        if not self.r.hdel(self.keys.overrides, category):
-            raise StoreError(f"no override for category {category!r}")
-        return self._publish(f"override {category} removed")
+        def prepare(pipe: Pipeline) -> _Draft:
+            draft = self._read(pipe, f"override {category} removed")
+            if draft.overrides.pop(category, None) is None:
+                raise StoreError(f"no override for category {category!r}")
+            draft.writes.append(lambda p: p.hdel(self.keys.overrides, category))
+            return draft
 
+        return self._publish(prepare)
+
+    @guarded
     def rollback(self, version: int, *, hold: bool = False) -> PolicyDocument:
         """Publish a new version carrying ``version``'s parameters.
 
@@ -134,77 +209,106 @@ class PolicyStore:
         old = self.get(version)
         if old is None:
             raise StoreError(f"version {version} is not kept (see GET /v1/policy/versions)")
-        payload = {
-            "categories": {k: v.model_dump() for k, v in old.categories.items()},
-            "default": old.default.model_dump(),
-        }
-        self.r.set(self.keys.policy_base, json.dumps(payload))
-        self.r.delete(self.keys.overrides)
-        if hold:
-            self.r.set(self.keys.policy_hold, str(version))
-        return self._publish(f"rollback to version {version}", copy_of=old)
+        new_base = Base(dict(old.categories), old.default)
 
+        def prepare(pipe: Pipeline) -> _Draft:
+            draft = self._read(pipe, f"rollback to version {version}" + (", held" if hold else ""))
+            draft.base, draft.overrides, draft.copy_of = new_base, {}, old
+            draft.writes.append(lambda p: p.set(self.keys.policy_base, new_base.to_json()))
+            draft.writes.append(lambda p: p.delete(self.keys.overrides))
+            if hold:
+                draft.writes.append(lambda p: p.set(self.keys.policy_hold, str(version)))
+            return draft
+
+        return self._publish(prepare)
+
+    @guarded
     def release_hold(self) -> None:
         self.r.delete(self.keys.policy_hold)
 
-    # --- internals -----------------------------------------------------------------------
-    def _params_for_override(self, category: str) -> CategoryParams:
-        base = self.base()
-        if category in base.categories:
-            return base.categories[category]
-        cur = self.current()
-        if cur is not None:
-            return cur.params_for(category)
-        return base.default or PolicyDocument(version=0).default
+    # --- the transaction -------------------------------------------------------------------
+    def _read(self, pipe: Pipeline, note: str) -> _Draft:
+        """What a change starts from, read through ``pipe`` after its WATCH."""
+        base = Base.from_json(pipe.get(self.keys.policy_base))
+        return _Draft(base, _overrides(pipe.hgetall(self.keys.overrides)), note)
 
-    @staticmethod
-    def _apply_one(params: CategoryParams, values: Mapping[str, Any]) -> CategoryParams:
-        data = params.model_dump()
-        data.update(values)
-        data["source"] = "override"
-        return CategoryParams.model_validate(data)
+    def _current_in(self, pipe: Pipeline) -> PolicyDocument | None:
+        raw = pipe.get(self.keys.policy_current)
+        doc = None if raw is None else pipe.get(self.keys.policy_doc(int(raw)))
+        return None if doc is None else decode_policy(doc)
 
-    def _compose(self) -> tuple[dict[str, CategoryParams], CategoryParams | None]:
-        base = self.base()
-        cats = dict(base.categories)
-        for name, values in self.overrides().items():
-            start = cats.get(name) or base.default or PolicyDocument(version=0).default
-            cats[name] = self._apply_one(start, values)
-        return cats, base.default
-
-    def _publish(self, note: str, copy_of: PolicyDocument | None = None) -> PolicyDocument:
-        default: CategoryParams | None
-        if copy_of is not None:
-            cats, default = dict(copy_of.categories), copy_of.default
-        else:
-            cats, default = self._compose()
+    def _publish(self, prepare: Prepare) -> PolicyDocument:
         k = self.keys
+        watched = (k.policy_versions, k.policy_base, k.overrides)
         with self.r.pipeline() as pipe:
             while True:
                 try:
-                    pipe.watch(k.policy_versions)
-                    top = cast(list[bytes], pipe.zrevrange(k.policy_versions, 0, 0))
-                    version = int(top[0]) + 1 if top else 1
-                    fields: dict[str, Any] = {"version": version, "categories": cats}
-                    fields["note"] = note[:500]
-                    fields["created_at"] = time.time()
-                    if default is not None:
-                        fields["default"] = default
-                    doc = PolicyDocument(**fields)
-                    kept = cast(list[bytes], pipe.zrange(k.policy_versions, 0, -1))
-                    drop = [int(v) for v in kept][: max(0, len(kept) + 1 - self.history_size)]
+                    pipe.watch(*watched)
+                    draft = prepare(pipe)
+                    doc, drop = self._compose(pipe, draft)
                     pipe.multi()
-                    pipe.set(k.policy_doc(version), encode_policy(doc))
-                    pipe.zadd(k.policy_versions, {str(version): version})
-                    pipe.set(k.policy_current, str(version))
+                    for write in draft.writes:
+                        write(pipe)
+                    pipe.set(k.policy_doc(doc.version), encode_policy(doc))
+                    pipe.zadd(k.policy_versions, {str(doc.version): doc.version})
+                    pipe.set(k.policy_current, str(doc.version))
                     for v in drop:
                         pipe.zrem(k.policy_versions, str(v))
                         pipe.delete(k.policy_doc(v))
-                    pipe.publish(k.policy_channel, str(version))
+                    pipe.publish(k.policy_channel, str(doc.version))
                     pipe.execute()
-                    return doc
                 except redis.WatchError:
                     continue
+                log.info("published policy v%d: %s", doc.version, doc.note)
+                return doc
+
+    def _compose(self, pipe: Pipeline, draft: _Draft) -> tuple[PolicyDocument, list[int]]:
+        """The document ``draft`` publishes and the old versions it pushes out."""
+        top = cast(list[bytes], pipe.zrevrange(self.keys.policy_versions, 0, 0))
+        version = int(top[0]) + 1 if top else 1
+        default: CategoryParams | None
+        if draft.copy_of is not None:
+            cats, default = dict(draft.copy_of.categories), draft.copy_of.default
+        else:
+            cats, default = _composed(draft.base, draft.overrides)
+        fields: dict[str, Any] = {"version": version, "categories": cats}
+        fields.update(note=draft.note[:500], created_at=time.time())
+        if default is not None:
+            fields["default"] = default
+        kept = cast(list[bytes], pipe.zrange(self.keys.policy_versions, 0, -1))
+        drop = [int(v) for v in kept][: max(0, len(kept) + 1 - self.history_size)]
+        return PolicyDocument(**fields), drop
+
+
+def _overrides(raw: Mapping[bytes | str, bytes | str]) -> dict[str, dict[str, float]]:
+    return {_s(k): json.loads(v) for k, v in raw.items()}
+
+
+def _composed(
+    base: Base, overrides: Mapping[str, Mapping[str, float]]
+) -> tuple[dict[str, CategoryParams], CategoryParams | None]:
+    cats = dict(base.categories)
+    for name, values in overrides.items():
+        start = cats.get(name) or base.default or PolicyDocument(version=0).default
+        cats[name] = _apply_one(start, values)
+    return cats, base.default
+
+
+def _params_for_override(
+    draft: _Draft, current: PolicyDocument | None, category: str
+) -> CategoryParams:
+    if category in draft.base.categories:
+        return draft.base.categories[category]
+    if current is not None:
+        return current.params_for(category)
+    return draft.base.default or PolicyDocument(version=0).default
+
+
+def _apply_one(params: CategoryParams, values: Mapping[str, Any]) -> CategoryParams:
+    data = params.model_dump()
+    data.update(values)
+    data["source"] = "override"
+    return CategoryParams.model_validate(data)
 
 
 def _s(v: bytes | str) -> str:

@@ -4,6 +4,7 @@ rollback, bounded history, and nothing lost when the store object is recreated."
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
@@ -116,3 +117,47 @@ def test_a_new_store_object_sees_everything(store: PolicyStore, redis_url: str) 
     raw = redis.Redis.from_url(redis_url).get(store.keys.policy_doc(2))
     assert raw is not None
     assert decode_policy(raw).categories["text_1"].p_reuse == 0.9
+
+
+def test_racing_overrides_and_rollbacks_never_lose_an_override(
+    redis_url: str, key_prefix: str
+) -> None:
+    """Issue 14, B4: the document was composed before the WATCH/MULTI loop and reused on a
+    retry, so racing PUTs published documents missing overrides."""
+    keys = Keys(key_prefix)
+    base = PolicyStore(redis.Redis.from_url(redis_url), keys, history_size=500)
+    base.publish_fit({"q0": _p(0.5)}, None, "fit")
+    start = threading.Barrier(22)
+    returned: dict[str, list[float]] = {}
+    lock = threading.Lock()
+
+    def put(i: int) -> None:
+        s = PolicyStore(redis.Redis.from_url(redis_url), keys, history_size=500)
+        start.wait()
+        for round_ in range(3):
+            life = 10.0 + i + round_ / 10
+            doc = s.set_override(f"q{i}", {"life_s": life})
+            # The document a PUT returns holds its own override.
+            assert doc.categories[f"q{i}"].life_s == life
+            with lock:
+                returned.setdefault(f"q{i}", []).append(life)
+
+    def roll_back() -> None:
+        s = PolicyStore(redis.Redis.from_url(redis_url), keys, history_size=500)
+        start.wait()
+        s.rollback(1)
+
+    with ThreadPoolExecutor(22) as pool:
+        done = [pool.submit(put, i) for i in range(20)] + [pool.submit(roll_back) for _ in "ab"]
+        for future in done:
+            future.result()  # an assertion inside a thread fails the test here
+    assert len(returned) == 20
+    current = base.current()
+    assert current is not None
+    overrides = base.overrides()
+    # The current document is exactly base + the overrides stored now: none lost.
+    for name, values in overrides.items():
+        assert current.categories[name].life_s == values["life_s"], name
+        assert current.categories[name].source == "override"
+    fitted = set(base.base().categories)
+    assert set(current.categories) == fitted | set(overrides)

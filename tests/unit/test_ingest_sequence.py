@@ -1,20 +1,20 @@
-"""Per-worker sequence accounting of ingest: gaps, late arrivals, resent duplicates."""
+"""Per-worker sequence accounting of ingest: gaps, late arrivals, resent duplicates, and a
+ledger that survives its stored form (so a restart does not move the gap gauge)."""
 
 from __future__ import annotations
 
-from controlplane.service import ingest
-from controlplane.service.ingest import _Sequence
+from controlplane.service.ledger import EPOCHS_KEPT, SequenceTracker, WorkerLedger
 
 
 def test_in_order_has_no_gap() -> None:
-    s = _Sequence()
+    s = SequenceTracker()
     assert all(s.add(i) for i in range(1, 6))
     assert s.missing == 0
     assert (s.floor, s.above) == (5, set())
 
 
 def test_a_gap_then_the_late_batch_fills_it() -> None:
-    s = _Sequence()
+    s = SequenceTracker()
     for i in (1, 2, 4, 5):
         s.add(i)
     assert s.missing == 1
@@ -24,13 +24,13 @@ def test_a_gap_then_the_late_batch_fills_it() -> None:
 
 
 def test_a_first_batch_beyond_one_counts_what_never_arrived() -> None:
-    s = _Sequence()
+    s = SequenceTracker()
     s.add(4)
     assert s.missing == 3
 
 
 def test_a_resent_batch_is_reported_as_duplicate() -> None:
-    s = _Sequence()
+    s = SequenceTracker()
     s.add(1)
     s.add(3)
     assert not s.add(1)  # below the floor
@@ -38,9 +38,8 @@ def test_a_resent_batch_is_reported_as_duplicate() -> None:
     assert s.missing == 1
 
 
-def test_memory_is_bounded_and_written_off_gaps_stay_counted(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(ingest, "MAX_OUT_OF_ORDER", 3)
-    s = _Sequence()
+def test_memory_is_bounded_and_written_off_gaps_stay_counted() -> None:
+    s = SequenceTracker(max_out_of_order=3)
     s.add(1)
     for i in (3, 5, 7, 9):  # gaps at 2, 4, 6, 8
         s.add(i)
@@ -49,3 +48,25 @@ def test_memory_is_bounded_and_written_off_gaps_stay_counted(monkeypatch) -> Non
     assert s.floor == 3  # the gap at 2 was written off to make room
     assert not s.add(2)  # if it arrives after all, it is not applied a second time
     assert s.missing == 4
+
+
+def test_the_ledger_round_trips_through_its_stored_form() -> None:
+    ledger = WorkerLedger("w1", max_out_of_order=8)
+    for seq in (1, 2, 5, 6):
+        ledger.see("e1", seq)
+    ledger.counts.events = 123
+    ledger.counts.clock_rejected = 4
+    stored = {k.encode(): v.encode() for k, v in ledger.to_hash().items()}
+    again = WorkerLedger.from_hash("w1", stored, max_out_of_order=8)
+    assert again.missing == ledger.missing == 2
+    assert again.counts == ledger.counts
+    assert not again.see("e1", 5)  # seen before the "restart"
+    assert again.see("e1", 3) and again.missing == 1
+
+
+def test_old_epochs_are_forgotten() -> None:
+    ledger = WorkerLedger("w1")
+    for i in range(EPOCHS_KEPT + 2):
+        ledger.see(f"e{i}", 2)  # each epoch misses its batch 1
+    assert len(ledger.epochs) == EPOCHS_KEPT
+    assert ledger.missing == EPOCHS_KEPT

@@ -1,0 +1,148 @@
+"""What the controller knows of Redis right now, told once per change.
+
+Owns ``RedisHealth``: the state (``RedisState``: ok, unreachable, out of memory, ...) as the
+last Redis call of any controller thread left it, with the reason and since when; a warning
+(or, on recovery, an info line) is logged on each change of state and never per request;
+the ``kvwise_redis_state`` gauge follows it. And ``RedisUnavailable``, the one error the
+service raises to the API for a failed Redis call (the API answers 503 with ``reason``):
+the service's public methods that touch Redis are wrapped with ``RedisHealth.guard``. It
+must never retry or wait: callers own their loops.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
+
+import redis
+
+from agent.runtime.connection import (
+    RedisState,
+    describe_redis_error,
+    redis_state,
+    state_phrase,
+)
+from controlplane.service.metrics import ControllerMetrics
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class RedisReport:
+    """Redis as this controller last saw it."""
+
+    state: RedisState
+    reason: str
+    """One line: the state and the server's (or the socket's) words; "" when ok."""
+    since: float
+    """Unix time of the last change of state."""
+
+    @property
+    def ok(self) -> bool:
+        return self.state is RedisState.OK
+
+
+class RedisUnavailable(RuntimeError):
+    """A Redis call failed for a reason that is Redis's, not the request's: answer 503."""
+
+    def __init__(self, report: RedisReport) -> None:
+        super().__init__(report.reason)
+        self.state = report.state
+        self.reason = report.reason
+
+
+class RedisHealth:
+    """The controller's view of Redis, shared by all its threads."""
+
+    def __init__(self, url: str, metrics: ControllerMetrics | None = None) -> None:
+        self.url = url
+        self._metrics = metrics
+        self._lock = threading.Lock()
+        self._report = RedisReport(RedisState.OK, "", time.time())
+        self._set_gauge(RedisState.OK)
+
+    @property
+    def report(self) -> RedisReport:
+        return self._report
+
+    def failed(self, exc: BaseException) -> RedisUnavailable:
+        """Record a failed call; returns the error to raise to the API."""
+        state = redis_state(exc)
+        reason = describe_redis_error(exc)
+        self._change(state, reason)
+        return RedisUnavailable(RedisReport(state, reason, self._report.since))
+
+    def answered(self) -> None:
+        """Record a call that succeeded."""
+        if not self._report.ok:
+            self._change(RedisState.OK, "")
+
+    def guard(self, fn: Callable[P, R]) -> Callable[P, R]:
+        """``fn`` with ``redis.RedisError`` turned into ``RedisUnavailable`` and recorded."""
+
+        @functools.wraps(fn)
+        def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                out = fn(*args, **kwargs)
+            except redis.RedisError as exc:
+                raise self.failed(exc) from exc
+            self.answered()
+            return out
+
+        return guarded
+
+    def _change(self, state: RedisState, reason: str) -> None:
+        with self._lock:
+            old = self._report
+            if old.state is state:
+                return
+            self._report = RedisReport(state, reason, time.time())
+        self._set_gauge(state)
+        if state is RedisState.OK:
+            log.warning(
+                "Redis at %s answers again (%s for %.0f s)",
+                self.url,
+                state_phrase(old.state),
+                time.time() - old.since,
+            )
+        else:
+            log.warning(
+                "%s at %s; the API answers 503 and ingest waits until it recovers",
+                reason,
+                self.url,
+            )
+
+    def _set_gauge(self, state: RedisState) -> None:
+        if self._metrics is None:
+            return
+        for s in RedisState:
+            self._metrics.redis_state.labels(state=s.value).set(1 if s is state else 0)
+
+
+class HasHealth(Protocol):
+    """Something whose Redis calls report to a ``RedisHealth`` (store, controller)."""
+
+    @property
+    def health(self) -> RedisHealth: ...
+
+
+S = TypeVar("S", bound=HasHealth)
+
+
+def guarded(fn: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
+    """Method decorator: a Redis failure inside becomes ``RedisUnavailable`` (recorded in
+    ``self.health``); a success marks Redis as answering."""
+
+    def method(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.health.guard(fn)(self, *args, **kwargs)
+
+    method.__doc__, method.__name__ = fn.__doc__, fn.__name__
+    return method

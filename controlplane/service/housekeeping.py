@@ -1,0 +1,125 @@
+"""Housekeeping of the worker streams, so that Redis holds only what is still of use.
+
+Owns two removals, run by the leader's ingest thread every ``interval_s``: a worker whose
+stream got no entry for ``worker_expire_s``, whose heartbeat has expired and whose entries
+are all acknowledged is gone: its stream and its ledger are deleted (a worker restarted with
+the default ``host-pid`` id is a new worker, and the old one's keys would stay for ever);
+and a consumer of the group other than this one, idle for ``stale_consumer_s`` with nothing
+pending, is deleted (each controller process joins as a new consumer). Acknowledged entries
+are trimmed by ingest itself (``stream_io``). It must never touch an entry that is unread
+or pending.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.runtime.connection import RedisClient
+from agent.wire import Keys, WireError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HousekeepingSettings:
+    interval_s: float = 60.0
+    worker_expire_s: float = 3600.0
+    stale_consumer_s: float = 600.0
+
+
+@dataclass
+class Swept:
+    """What one round removed."""
+
+    workers: list[str] = field(default_factory=list)
+    consumers: int = 0
+
+
+class Housekeeper:
+    """Removes dead workers' streams and ledgers, and stale consumers of ``group``."""
+
+    def __init__(
+        self,
+        client: RedisClient,
+        keys: Keys,
+        *,
+        group: str,
+        consumer: str,
+        settings: HousekeepingSettings,
+    ) -> None:
+        self.r = client
+        self.keys = keys
+        self.group = group
+        self.consumer = consumer
+        self.settings = settings
+
+    def sweep(self, streams: Sequence[bytes], now: float | None = None) -> Swept:
+        """One round over ``streams``."""
+        now = time.time() if now is None else now
+        swept = Swept()
+        if not streams:
+            return swept
+        pipe = self.r.pipeline(transaction=False)
+        for stream in streams:
+            pipe.xinfo_stream(stream)
+            pipe.xinfo_consumers(stream, self.group)
+        replies = pipe.execute(raise_on_error=False)
+        for i, stream in enumerate(streams):
+            info, consumers = replies[2 * i], replies[2 * i + 1]
+            if isinstance(info, Exception) or isinstance(consumers, Exception):
+                continue  # gone already, or no group yet: nothing to sweep
+            swept.consumers += self._drop_stale_consumers(stream, consumers)
+            worker = self._expired_worker(stream, info, consumers, now)
+            if worker is not None:
+                swept.workers.append(worker)
+        return swept
+
+    def _drop_stale_consumers(self, stream: bytes, consumers: list[dict[str, Any]]) -> int:
+        dropped = 0
+        for c in consumers:
+            name = _text(c["name"])
+            idle_s = int(c["idle"]) / 1000
+            if (
+                name == self.consumer
+                or int(c["pending"])
+                or idle_s < self.settings.stale_consumer_s
+            ):
+                continue
+            self.r.xgroup_delconsumer(stream, self.group, name)
+            log.info(
+                "removed consumer %s of %s (idle %.0f s, nothing pending)", name, stream, idle_s
+            )
+            dropped += 1
+        return dropped
+
+    def _expired_worker(
+        self, stream: bytes, info: dict[str, Any], consumers: list[dict[str, Any]], now: float
+    ) -> str | None:
+        try:
+            worker = self.keys.worker_of(stream)
+        except WireError:
+            worker = None
+        last_ms = int(_text(info["last-generated-id"]).split("-")[0])
+        idle_s = now - last_ms / 1000
+        pending = sum(int(c["pending"]) for c in consumers)
+        if idle_s < self.settings.worker_expire_s or pending:
+            return None
+        if worker is not None and self.r.exists(self.keys.agent(worker)):
+            return None  # alive, only idle
+        self.r.delete(stream)
+        if worker is not None:
+            self.r.delete(self.keys.ingest_state(worker))
+        log.info(
+            "expired worker %s: no entry for %.0f s, no heartbeat; its stream is deleted",
+            worker or _text(stream),
+            idle_s,
+        )
+        return worker or _text(stream)
+
+
+def _text(v: bytes | str) -> str:
+    return v.decode() if isinstance(v, bytes) else v

@@ -1,0 +1,136 @@
+"""The controller's ledger of each worker: which batches arrived, which are missing, and
+how many events were applied or refused, persisted so that a restart forgets nothing.
+
+Owns ``SequenceTracker`` (per worker epoch: batches up to ``floor`` arrived or were written
+off, ``above`` arrived past the first gap; memory bounded by ``max_out_of_order``) and
+``WorkerLedger`` (the trackers of a worker's last few epochs plus its counts), with their
+flat form under ``Keys.ingest_state(worker)``: ingest writes it in the same call that
+acknowledges the entries it covers, so after a restart (or a new leader) sequence tracking
+and counts go on where they were, and the gap gauge does not jump. Any replica reads it to
+answer ``/v1/agents``. It must never talk to Redis itself.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Final
+
+MAX_OUT_OF_ORDER: Final = 4096
+"""Default bound of sequence numbers tracked above the first gap; past it, the oldest gap
+is written off as lost."""
+
+EPOCHS_KEPT: Final = 4
+"""Epochs (agent starts) tracked per worker; an older one's gaps are no longer shown."""
+
+
+@dataclass
+class SequenceTracker:
+    """Sequence accounting of one worker epoch: which batches arrived, which are missing."""
+
+    max_out_of_order: int = MAX_OUT_OF_ORDER
+    floor: int = 0
+    above: set[int] = field(default_factory=set)
+    lost: int = 0
+
+    def add(self, seq: int) -> bool:
+        """Record ``seq``; False if it arrived before (a resent batch: do not apply twice)."""
+        if seq <= self.floor or seq in self.above:
+            return False
+        self.above.add(seq)
+        if len(self.above) > self.max_out_of_order:
+            low = min(self.above)
+            self.lost += low - self.floor - 1
+            self.floor = low - 1
+        while self.floor + 1 in self.above:
+            self.floor += 1
+            self.above.discard(self.floor)
+        return True
+
+    @property
+    def missing(self) -> int:
+        top = max(self.above, default=self.floor)
+        return self.lost + (top - self.floor - len(self.above))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"floor": self.floor, "above": sorted(self.above), "lost": self.lost}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], max_out_of_order: int) -> SequenceTracker:
+        return cls(
+            max_out_of_order,
+            int(data["floor"]),
+            {int(s) for s in data["above"]},
+            int(data["lost"]),
+        )
+
+
+@dataclass
+class WorkerCounts:
+    """What ingest did with one worker's entries (events unless named otherwise)."""
+
+    events: int = 0
+    """Applied to the statistics window."""
+    batches: int = 0
+    clock_rejected: int = 0
+    """Dropped: their time was outside ``clock_tolerance_s`` of the controller's clock."""
+    refused: int = 0
+    """In entries that decoded but broke a limit (dead-lettered)."""
+    dead_letters: int = 0
+    """Entries dead-lettered, for any reason."""
+    duplicates: int = 0
+    """Batches received twice (a resent pipeline) and applied once."""
+
+
+@dataclass
+class WorkerLedger:
+    """One worker's trackers (last ``EPOCHS_KEPT`` epochs, least recent first) and counts."""
+
+    worker: str
+    max_out_of_order: int = MAX_OUT_OF_ORDER
+    epochs: dict[str, SequenceTracker] = field(default_factory=dict)
+    counts: WorkerCounts = field(default_factory=WorkerCounts)
+    updated_at: float = 0.0
+
+    def see(self, epoch: str, seq: int) -> bool:
+        """Record batch ``seq`` of ``epoch``; False for a batch seen before."""
+        tracker = self.epochs.pop(epoch, None) or SequenceTracker(self.max_out_of_order)
+        self.epochs[epoch] = tracker  # most recent last
+        while len(self.epochs) > EPOCHS_KEPT:
+            del self.epochs[next(iter(self.epochs))]
+        return tracker.add(seq)
+
+    @property
+    def missing(self) -> int:
+        """Batches missing over the kept epochs (the gap gauge)."""
+        return sum(t.missing for t in self.epochs.values())
+
+    def to_hash(self) -> dict[str, str]:
+        """The flat form stored under ``Keys.ingest_state(worker)``."""
+        self.updated_at = time.time()
+        out = {f.name: str(getattr(self.counts, f.name)) for f in fields(WorkerCounts)}
+        out["epochs"] = json.dumps({e: t.to_json() for e, t in self.epochs.items()})
+        out["missing"] = str(self.missing)
+        out["updated_at"] = repr(self.updated_at)
+        return out
+
+    @classmethod
+    def from_hash(
+        cls, worker: str, raw: Mapping[bytes, bytes], max_out_of_order: int = MAX_OUT_OF_ORDER
+    ) -> WorkerLedger:
+        """The ledger stored as ``raw`` (empty: a worker not seen before). ``ValueError``
+        for a stored form this release cannot read."""
+        text = {k.decode(): v.decode() for k, v in raw.items()}
+        ledger = cls(worker, max_out_of_order)
+        if not text:
+            return ledger
+        for f in fields(WorkerCounts):
+            setattr(ledger.counts, f.name, int(text.get(f.name, "0")))
+        epochs = json.loads(text.get("epochs", "{}"))
+        ledger.epochs = {
+            e: SequenceTracker.from_json(t, max_out_of_order) for e, t in epochs.items()
+        }
+        ledger.updated_at = float(text.get("updated_at", "0"))
+        return ledger
