@@ -12,12 +12,20 @@ import math
 import time
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 SCHEMA_VERSION: Literal[1] = 1
 
+
+def _no_negative_zero(value: float) -> float:
+    """``-0.0`` passes ``ge=0``; it becomes ``0.0``, so a document says one zero only."""
+    return value + 0.0
+
+
 PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-Probability = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Probability = Annotated[
+    float, Field(ge=0, le=1, allow_inf_nan=False), AfterValidator(_no_negative_zero)
+]
 
 ParamSource = Literal["default", "fit", "pooled", "override"]
 

@@ -49,6 +49,12 @@ class AgentSettings(BaseSettings):
         ge=0,
         description="Evicted blocks whose last access is still remembered (0 = capacity)",
     )
+    max_policy_bytes: int = Field(
+        default=4 << 20, ge=1024, description="Largest policy document accepted (bytes)"
+    )
+    max_policy_categories: int = Field(
+        default=4096, gt=0, description="Most categories a policy document may hold"
+    )
     max_categories: int = Field(
         default=1024, gt=1, description="Distinct categories tracked; later ones share 'other'"
     )

@@ -148,6 +148,10 @@ class Keys:
         """Lock held by the controller replica that refits and publishes."""
         return f"{self.prefix}leader"
 
+    def probe(self, controller: str) -> str:
+        """A small expiring key each controller writes to learn whether Redis takes writes."""
+        return f"{self.prefix}probe:{controller}"
+
     @property
     def checkpoint(self) -> str:
         """The leader's last checkpoint of its statistics window."""
@@ -409,16 +413,24 @@ def encode_policy(doc: PolicyDocument) -> bytes:
     return doc.model_dump_json().encode()
 
 
-def decode_policy(raw: bytes | str) -> PolicyDocument:
-    """A validated ``PolicyDocument``; ``WireError`` with pydantic's reason otherwise."""
+def decode_policy(
+    raw: bytes | str, *, max_bytes: int | None = None, max_categories: int | None = None
+) -> PolicyDocument:
+    """A validated ``PolicyDocument``; ``WireError`` with pydantic's reason otherwise, or
+    for a document over ``max_bytes`` (checked before parsing) or ``max_categories``."""
+    if max_bytes is not None and len(raw) > max_bytes:
+        raise WireLimitError(f"policy: document of {len(raw)} bytes > limit {max_bytes}")
     try:
-        return PolicyDocument.model_validate_json(raw)
+        doc = PolicyDocument.model_validate_json(raw)
     except ValidationError as exc:
         reasons = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'document'}: {e['msg']}"
             for e in exc.errors()[:5]
         )
         raise WireError(f"policy: {reasons}") from None
+    if max_categories is not None and len(doc.categories) > max_categories:
+        raise WireLimitError(f"policy: {len(doc.categories)} categories > limit {max_categories}")
+    return doc
 
 
 _OPTIONAL_STATUS_FIELDS: Final = frozenset({"applied_at"})

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import redis
+
 from agent.runtime.connection import RedisClient
 from agent.runtime.loop import BackgroundLoop
 from agent.settings import AgentSettings
@@ -39,12 +41,21 @@ class Heartbeat(BackgroundLoop):
 
     def step(self) -> None:
         status = self._status()
-        self.client.set(
+        key, ttl_ms = (
             self.keys.agent(status.id),
-            status.to_json(),
-            px=max(1, round(self.settings.heartbeat_ttl_s * 1000)),
+            max(1, round(self.settings.heartbeat_ttl_s * 1000)),
         )
+        try:
+            self.client.set(key, status.to_json(), px=ttl_ms)
+        except redis.exceptions.OutOfMemoryError:
+            # Redis refuses writes that need memory, not PEXPIRE: the last heartbeat stays
+            # (with its old counters), so the controller still lists this serving worker.
+            self.client.pexpire(key, ttl_ms)
+            raise
         self.beats += 1
+
+    def outage_note(self) -> str:
+        return "the last heartbeat is kept alive while Redis is out of memory"
 
     def next_wait(self) -> float:
         return self.interval_s  # a beat is one small write: no backoff needed

@@ -47,7 +47,10 @@ class PolicySubscriber(BackgroundLoop):
         """Version applied or staged last (what ``current`` is compared with)."""
         self.rejected = 0
         self.last_rejection = ""
-        self._rejected_version: int | None = None
+        self._refused: bytes | None = None
+        """What ``current`` held when a document was last refused (reported once)."""
+        self._missing = False
+        """That refusal was of a missing document: fetch it again at each poll."""
         self._pending: PolicyDocument | None = None
         self._lock = threading.Lock()
         self._pubsub: PubSub | None = None
@@ -68,29 +71,35 @@ class PolicySubscriber(BackgroundLoop):
         if raw_current is None:
             self._notice_schema1_controller()
             return None
+        pointer = raw_current if isinstance(raw_current, bytes) else raw_current.encode()
         try:
-            version = int(raw_current)
+            version = int(pointer)
         except ValueError:
-            self._reject(None, f"current is not a version number: {raw_current[:40]!r}")
+            self._refuse(pointer, None, f"current is not a version number: {pointer[:40]!r}")
             return None
         # Follow the pointer whichever way it moved: a rollback or a reset controller may
-        # point at a lower version, and only ``current`` is authoritative.
-        if version in (self.known_version, self._rejected_version):
+        # point at a lower version, and only ``current`` is authoritative. A refused
+        # document is never fetched again (versions are immutable); a missing one is.
+        if version == self.known_version or (pointer == self._refused and not self._missing):
             return None
         raw = self.client.get(self.keys.policy_doc(version))
         if raw is None:
-            log.debug("kvwise subscriber: current points at v%d, which has no document", version)
+            self._refuse(pointer, version, "current points at a missing document", missing=True)
             return None
+        s = self.settings
         try:
-            doc = decode_policy(raw)
+            doc = decode_policy(
+                raw, max_bytes=s.max_policy_bytes, max_categories=s.max_policy_categories
+            )
             if doc.version != version:
                 raise WireError(f"policy: document says version {doc.version}, key says {version}")
         except WireError as exc:
-            self._reject(version, exc.reason)
+            self._refuse(pointer, version, exc.reason)
             return None
         with self._lock:
             self._pending = doc
             self.known_version = version
+            self._refused, self._missing = None, False
         log.info("kvwise subscriber: staged policy v%d (%s)", version, doc.note or "no note")
         return doc
 
@@ -112,12 +121,18 @@ class PolicySubscriber(BackgroundLoop):
         is the version still in force."""
         with self._lock:
             self.known_version = keep
-        self._reject(version, reason)
+        self._refuse(str(version).encode(), version, reason)
 
-    def _reject(self, version: int | None, reason: str) -> None:
+    def _refuse(
+        self, pointer: bytes, version: int | None, reason: str, *, missing: bool = False
+    ) -> None:
+        """Count and report a refusal once per document (not once per poll)."""
         with self._lock:
+            again = pointer == self._refused
+            self._refused, self._missing = pointer, missing
+            if again:
+                return
             self.rejected += 1
-            self._rejected_version = version
             self.last_rejection = f"v{version}: {reason}" if version is not None else reason
         log.warning(
             "kvwise subscriber: rejected policy %s; keeping v%d",

@@ -99,7 +99,9 @@ class Controller:
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None}
         )
         if settings.log_level != "debug":
-            logging.getLogger("apscheduler").setLevel(logging.WARNING)
+            # Its "skipped: maximum number of running instances" comes with every slow tick
+            # while Redis is unreachable, which RedisHealth has already said once.
+            logging.getLogger("apscheduler").setLevel(logging.ERROR)
 
     def _make_ingestor(self) -> Ingestor:
         s = self.settings
@@ -135,12 +137,7 @@ class Controller:
 
     # --- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
-        try:
-            self.r.ping()
-            self.health.answered()
-        except Exception as exc:  # said once by the health: the API answers 503 meanwhile
-            self.health.failed(exc)
-        self._tick_lease()
+        self._tick_lease()  # probes Redis first: trouble is said once, here
         s = self.settings
         jobs = (
             (self._tick_lease, s.lease_ttl_s / 3, "lease"),
@@ -160,6 +157,7 @@ class Controller:
         self.lease.release()
 
     def _tick_lease(self) -> None:
+        self.health.probe(self.r, self.keys.probe(self.name))
         was = self.lease.is_leader
         now = self.lease.tick()
         self.metrics.leader.set(1 if now else 0)
@@ -331,8 +329,10 @@ class Controller:
 
     def ready(self) -> tuple[bool, str]:
         """Readiness and, when not ready, why (Redis's state named: out of memory, ...)."""
+        report = self.health.probe(self.r, self.keys.probe(self.name))
+        if not report.ok:
+            return False, report.reason
         try:
-            self.health.guard(self.r.ping)()
             if self.store.current_version() is None:
                 return False, "no policy version published yet"
         except RedisUnavailable as exc:

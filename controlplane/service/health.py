@@ -22,6 +22,7 @@ from typing import Concatenate, ParamSpec, Protocol, TypeVar
 import redis
 
 from agent.runtime.connection import (
+    RedisClient,
     RedisState,
     describe_redis_error,
     redis_state,
@@ -81,9 +82,25 @@ class RedisHealth:
         return RedisUnavailable(RedisReport(state, reason, self._report.since))
 
     def answered(self) -> None:
-        """Record a call that succeeded."""
+        """Record a call that succeeded. Reads still succeed on a Redis that refuses writes:
+        out of memory and read-only stay until ``probe`` finds them over."""
+        if not self._report.ok and self._report.state not in _STICKY:
+            self._change(RedisState.OK, "")
+
+    def probe(self, client: RedisClient, key: str) -> RedisReport:
+        """Write one expiring ``key`` of ``PROBE_BYTES`` (a write that needs memory):
+        the only sure way to learn whether Redis refuses writes (out of memory, a read-only
+        replica) while reads still succeed. Records and returns the outcome."""
+        try:
+            client.set(key, _PROBE_VALUE, px=PROBE_TTL_MS)
+            if self._report.state is RedisState.OUT_OF_MEMORY and _near_full(client):
+                return self._report  # a write got through, but others will not: no flapping
+        except redis.RedisError as exc:
+            self.failed(exc)
+            return self._report
         if not self._report.ok:
             self._change(RedisState.OK, "")
+        return self._report
 
     def guard(self, fn: Callable[P, R]) -> Callable[P, R]:
         """``fn`` with ``redis.RedisError`` turned into ``RedisUnavailable`` and recorded."""
@@ -125,6 +142,23 @@ class RedisHealth:
             return
         for s in RedisState:
             self._metrics.redis_state.labels(state=s.value).set(1 if s is state else 0)
+
+
+_STICKY = frozenset({RedisState.OUT_OF_MEMORY, RedisState.READ_ONLY})
+PROBE_TTL_MS = 60_000
+PROBE_BYTES = 64 << 10
+"""Size of the probe write: Redis refuses a write that would pass maxmemory, so a tiny
+probe still passes when the agents' batches (hundreds of KB) are refused."""
+_PROBE_VALUE = b"\0" * PROBE_BYTES
+
+
+def _near_full(client: RedisClient) -> bool:
+    """Whether any node is within a few probe sizes of its maxmemory (INFO memory)."""
+    info = client.info("memory")
+    nodes = [info] if "used_memory" in info else [v for v in info.values() if isinstance(v, dict)]
+    return any(
+        0 < int(n.get("maxmemory", 0)) < int(n["used_memory"]) + 4 * PROBE_BYTES for n in nodes
+    )
 
 
 class HasHealth(Protocol):

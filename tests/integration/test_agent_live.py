@@ -275,6 +275,37 @@ def test_subscriber_applies_valid_and_rejects_bad_documents(
         assert agent.applied_version == 7 and ev.docs[-1].categories["text_1"].rate == 2.0
 
 
+def test_missing_oversized_and_garbled_documents_are_reported_once(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    """Issue 14, B11/B12 on the agent: a repeated refusal counted at every poll; `current`
+    pointing at a missing document said nothing; no bound on the document's size."""
+    s = fast_settings(redis_url, key_prefix, max_policy_bytes=2048, max_policy_categories=3)
+    k = Keys(key_prefix)
+    with Agent(s, capacity=10) as agent:
+        sub = agent.subscriber
+        r.set(k.policy_current, "not-a-number")
+        wait_until(lambda: sub.rejected == 1, what="the garbled pointer refused")
+        r.set(k.policy_current, 5)  # no document under v5
+        wait_until(lambda: sub.rejected == 2, what="the missing document reported")
+        assert sub.last_rejection == "v5: current points at a missing document"
+        many = {f"c{i}": CategoryParams(rate=1, p_reuse=0.5, life_s=1) for i in range(4)}
+        publish(r, key_prefix, 6, encode_policy(PolicyDocument(version=6, categories=many)))
+        wait_until(lambda: sub.rejected == 3, what="too many categories refused")
+        assert "4 categories > limit 3" in sub.last_rejection
+        publish(r, key_prefix, 7, json.dumps({"version": 7, "note": "x" * 3000}))
+        wait_until(lambda: sub.rejected == 4, what="the large document refused")
+        assert "bytes > limit 2048" in sub.last_rejection
+        threading.Event().wait(5 * s.poll_interval_s)  # polls go on: no new count
+        assert sub.rejected == 4
+        # A missing document that appears later is applied: it is fetched at each poll.
+        r.set(k.policy_current, 5)
+        wait_until(lambda: sub.rejected == 5, what="v5 missing again")
+        r.set(k.policy_doc(5), encode_policy(doc(5)))
+        apply_when_staged(agent)
+        assert agent.applied_version == 5 and sub.rejected == 5
+
+
 def test_pubsub_hint_is_fast_and_polling_is_the_guarantee(
     redis_url: str, key_prefix: str, r: redis.Redis
 ) -> None:

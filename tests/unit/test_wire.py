@@ -322,6 +322,15 @@ def test_invalid_policy_documents_raise_wire_error(raw: str | bytes, reason: str
     assert str(err.value).startswith("policy:")
 
 
+def test_negative_zero_is_normalised() -> None:
+    raw = json.dumps(
+        {"version": 3, "categories": {"a": {"rate": 1.0, "p_reuse": -0.0, "life_s": 2.0}}}
+    )
+    p = decode_policy(raw).categories["a"].p_reuse
+    assert p == 0.0 and math.copysign(1.0, p) == 1.0
+    assert '"p_reuse":0.0' in encode_policy(decode_policy(raw)).decode()
+
+
 def test_agent_status_round_trip_and_validation() -> None:
     s = AgentStatus(
         id="w1",

@@ -1,0 +1,231 @@
+"""Issue 14's attacks on ingest, each against a real controller and a real Redis: poison
+entries, a clock hours ahead, a category bomb, oversized entries, a restart mid-sequence,
+streams that grow, and a restart that must keep the fit. Each test failed before its fix."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+from agent.wire import WIRE_SCHEMA_VERSION, AgentStatus, EventBatch, Keys, encode_batch
+from controlplane.service.controller import Controller
+from controlplane.service.settings import ControllerSettings
+from tests.integration.controller_fixtures import reuse_batch, send
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+@contextmanager
+def controller(redis_url: str, prefix: str, **settings: Any) -> Iterator[Controller]:
+    defaults: dict[str, Any] = {
+        "refit_interval_s": 3600,
+        "checkpoint_interval_s": 3600,
+        "min_samples": 50,
+        "ingest_block_ms": 50,
+        "lease_ttl_s": 5,
+        "consumer_name": "ctl-test",
+    }
+    c = Controller(
+        ControllerSettings(redis_url=redis_url, key_prefix=prefix, **{**defaults, **settings})
+    )
+    c.start()
+    try:
+        wait_until(lambda: c.lease.is_leader and c.ingestor.running, what="leadership")
+        yield c
+    finally:
+        c.stop()
+
+
+def heartbeat(r: redis.Redis, keys: Keys, worker: str) -> None:
+    status = AgentStatus(id=worker, engine="sim", capacity=10, updated_at=time.time())
+    r.set(keys.agent(worker), status.to_json(), px=60_000)
+
+
+def good_batch(worker: str, seq: int, *, t0: float | None = None, n: int = 200) -> EventBatch:
+    t0 = time.time() - 10 if t0 is None else t0
+    return reuse_batch(worker, seq, category="text_1", n=n, rate=0.5, p=0.5, t0=t0, seed=seq)
+
+
+def raw_fields(**fields: bytes) -> dict[bytes, bytes]:
+    base = {
+        b"v": str(WIRE_SCHEMA_VERSION).encode(),
+        b"w": b"w1",
+        b"e": b"x",
+        b"s": b"1",
+        b"c": b"[]",
+        b"n": b"0",
+        b"d": b"",
+    }
+    base.update({k.encode(): v for k, v in fields.items()})
+    return base
+
+
+def dead_letters(r: redis.Redis, keys: Keys) -> list[dict[bytes, bytes]]:
+    return [f for _, f in r.xrange(keys.dead_letter)]
+
+
+def test_poison_entries_are_dead_lettered_and_the_reclaim_loop_goes_on(
+    redis_url: str, key_prefix: str
+) -> None:
+    """B1: bad UTF-8 and deep nesting escaped decode_batch as UnicodeDecodeError and
+    RecursionError: never acknowledged, every reclaim pass aborted, ``reclaimed`` grew."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    stream = keys.events_stream("w1")
+    poison = [
+        {**raw_fields(), b"\xff\xfe": b"x"},
+        raw_fields(v=b"\xff"),
+        raw_fields(w=b"\xc3\x28"),
+        raw_fields(c=b"[" * 50_000 + b"]" * 50_000),
+    ]
+    for fields in poison:
+        r.xadd(stream, fields)  # type: ignore[arg-type]
+    send(r, keys, good_batch("w1", 1))
+    with controller(redis_url, key_prefix, reclaim_idle_ms=200) as c:
+        wait_until(lambda: c.ingestor.counters.batches == 1, what="the good batch")
+        wait_until(lambda: len(dead_letters(r, keys)) == 4, what="four dead letters")
+        wait_until(lambda: c.ingestor.pending() == 0, what="nothing pending")
+        time.sleep(0.5)  # two reclaim passes' worth: nothing may come back
+        assert c.ingestor.counters.reclaimed == 0
+        reasons = sorted(f[b"reason"].decode() for f in dead_letters(r, keys))
+        assert any("not UTF-8" in x for x in reasons), reasons
+        assert any("RecursionError" in x for x in reasons), reasons
+        assert r.xlen(stream) == 0  # dead-lettered sources deleted, applied ones trimmed
+
+
+def test_a_clock_hours_ahead_moves_nothing_and_is_counted(redis_url: str, key_prefix: str) -> None:
+    """B2: one event at now + 7200 slid the window into the future; every later event was
+    dropped while still counted, and refits starved."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    heartbeat(r, keys, "evil")
+    with controller(redis_url, key_prefix, clock_tolerance_s=30) as c:
+        send(r, keys, good_batch("evil", 1, t0=time.time() + 7200, n=50))
+        wait_until(lambda: c.ingestor.counters.batches == 1, what="the future batch")
+        good = good_batch("good", 1)
+        send(r, keys, good)
+        wait_until(lambda: c.ingestor.counters.batches == 2, what="the good batch")
+        snap = c.window.snapshot(time.time())
+        assert snap.total_accesses == len(good)  # every access of the good worker counts
+        assert c.ingestor.counters.clock_rejected > 0
+        rejected = c.metrics.registry.get_sample_value(
+            "kvwise_ingest_clock_rejected_events_total", {"worker": "evil"}
+        )
+        assert rejected == c.ingestor.counters.clock_rejected
+        (evil,) = [a for a in c.agents() if a.id == "evil"]
+        assert evil.clock_rejected == rejected and evil.events_ingested == 0
+        assert c.refit(manual=True).published
+
+
+def test_a_category_bomb_is_refused_per_worker_and_in_total(
+    redis_url: str, key_prefix: str
+) -> None:
+    """B3: every name of ``c`` joined the table for good (20,000 names: +2 GB)."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    limits = {"max_categories_per_worker": 4, "max_categories": 6}
+    with controller(redis_url, key_prefix, **limits) as c:
+        bomb = raw_fields(w=b"bomb", c=json.dumps([f"c{i}" for i in range(20_000)]).encode())
+        r.xadd(keys.events_stream("bomb"), bomb)  # type: ignore[arg-type]
+        wait_until(lambda: c.ingestor.counters.dead_letters == 1, what="the bomb refused")
+        assert dead_letters(r, keys)[0][b"reason"].startswith(b"c: ")
+        assert b"> limit" in dead_letters(r, keys)[0][b"reason"]
+        # Only the names a batch uses join; one worker may bring at most 4.
+        for seq, cat in enumerate(["a", "b", "c", "d", "e"], start=1):
+            b = reuse_batch("w1", seq, category=cat, n=5, rate=1, p=0.5, t0=time.time(), seed=1)
+            send(r, keys, b)
+        wait_until(lambda: c.ingestor.counters.dead_letters == 2, what="the fifth refused")
+        assert c.window.categories == 4
+        assert b"max_categories_per_worker (4)" in dead_letters(r, keys)[1][b"reason"]
+        for seq, cat in enumerate(["f", "g", "h"], start=1):
+            b = reuse_batch("w2", seq, category=cat, n=5, rate=1, p=0.5, t0=time.time(), seed=1)
+            send(r, keys, b)
+        wait_until(lambda: c.ingestor.counters.dead_letters == 3, what="the total refused")
+        assert c.window.categories == 6
+        assert b"max_categories (6)" in dead_letters(r, keys)[2][b"reason"]
+        assert c.ingestor.pending() == 0
+
+
+def test_oversized_entries_never_reach_the_controller_whole(
+    redis_url: str, key_prefix: str
+) -> None:
+    """B13/B7: a 176 MB entry was ingested whole, and its dead letter copied it whole."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    stream = keys.events_stream("w1")
+    with controller(redis_url, key_prefix, ingest_max_events=1000) as c:
+        too_many = encode_batch(good_batch("w1", 1, n=1500))  # 1500 accesses + reuses
+        huge = raw_fields(n=b"300000", d=b"\0" * (300_000 * 37))  # 11 MB in one entry
+        big_id = r.xadd(stream, too_many)  # type: ignore[arg-type]
+        huge_id = r.xadd(stream, huge)  # type: ignore[arg-type]
+        send(r, keys, good_batch("w1", 2, n=100))
+        wait_until(lambda: c.ingestor.counters.batches == 1, what="the small batch")
+        wait_until(lambda: c.ingestor.counters.dead_letters == 2, what="two dead letters")
+        letters = dead_letters(r, keys)
+        assert {f[b"id"] for f in letters} == {big_id, huge_id}
+        assert all(f[b"stream"] == stream.encode() for f in letters)
+        assert all(len(f[b"prefix"]) <= 1024 for f in letters)
+        reasons = b" ".join(f[b"reason"] for f in letters)
+        assert b"events in one entry > limit 1000" in reasons
+        assert b"bytes > max_entry_bytes" in reasons
+        assert r.xrange(stream, big_id, big_id) == r.xrange(stream, huge_id, huge_id) == []
+        assert r.xlen(keys.dead_letter) == 2 and r.memory_usage(keys.dead_letter) < 64_000
+
+
+def test_a_restart_keeps_sequence_tracking_and_the_fit(redis_url: str, key_prefix: str) -> None:
+    """B6 and "restart keeps the fit": the gap gauge jumped by every batch seen before a
+    restart, and the window restarted empty."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    with controller(redis_url, key_prefix) as c:
+        for seq in range(1, 6):
+            send(r, keys, good_batch("w1", seq))
+        wait_until(lambda: c.ingestor.counters.batches == 5, what="five batches")
+        before = c.window.snapshot(time.time())
+        assert c.ingestor.counters.gaps["w1"] == 0
+    # stop() wrote a checkpoint; a new controller (another consumer) takes over.
+    with controller(redis_url, key_prefix, consumer_name="ctl-next") as c:
+        after = c.window.snapshot(before.now)
+        assert after.total_accesses == before.total_accesses > 0
+        np.testing.assert_array_equal(after.observed, before.observed)
+        send(r, keys, good_batch("w1", 3))  # resent: applied before the restart
+        for seq in (6, 7):
+            send(r, keys, good_batch("w1", seq))
+        wait_until(lambda: c.ingestor.counters.batches == 2, what="two new batches")
+        wait_until(lambda: c.ingestor.counters.duplicates == 1, what="the resent one seen")
+        assert c.ingestor.counters.gaps["w1"] == 0
+        gap = c.metrics.registry.get_sample_value("kvwise_ingest_gap_batches", {"worker": "w1"})
+        assert gap == 0
+
+
+def test_streams_stay_small_and_dead_workers_and_consumers_go(
+    redis_url: str, key_prefix: str
+) -> None:
+    """B8: acknowledged entries stayed until the next capped XADD; dead workers' streams
+    and consumers stayed for ever."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    heartbeat(r, keys, "alive")
+    sweep = {"housekeeping_interval_s": 0.3, "worker_expire_s": 1, "stale_consumer_s": 0.5}
+    with controller(redis_url, key_prefix, **sweep) as c:
+        for worker in ("alive", "dead"):
+            send(r, keys, good_batch(worker, 1))
+        wait_until(lambda: c.ingestor.counters.batches == 2, what="both batches")
+        wait_until(lambda: r.xlen(keys.events_stream("alive")) == 0, what="acked trimmed")
+        alive = keys.events_stream("alive")
+        r.xreadgroup("controller", "ghost", {alive: "0"})  # a consumer of another process
+        wait_until(lambda: not r.exists(keys.events_stream("dead")), what="dead expired")
+        assert not r.exists(keys.ingest_state("dead"))
+        assert r.exists(alive) and r.exists(keys.ingest_state("alive"))
+        wait_until(
+            lambda: [x["name"] for x in r.xinfo_consumers(alive, "controller")] == [b"ctl-test"],
+            what="the ghost consumer removed",
+        )

@@ -1,0 +1,119 @@
+"""The controller and agents when Redis is in trouble (issue 9 and issue 14, B9): down at
+start, out of memory, and a URL that is not one. Each is said once, by name; the service
+raises ``RedisUnavailable`` (the API's 503), never a traceback per call."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from agent.runtime.agent import Agent
+from agent.runtime.connection import RedisState, RedisUrlError
+from agent.settings import AgentSettings
+from controlplane.dev.embedded_redis import EmbeddedRedis, free_port
+from controlplane.service.controller import Controller
+from controlplane.service.health import RedisUnavailable
+from controlplane.service.settings import ControllerSettings
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def settings(url: str, prefix: str, **extra: object) -> ControllerSettings:
+    return ControllerSettings(
+        redis_url=url,
+        key_prefix=prefix,
+        refit_interval_s=3600,
+        lease_ttl_s=0.6,
+        ingest_block_ms=50,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def test_redis_down_is_said_once_and_each_call_is_redis_unavailable(
+    key_prefix: str, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    port = free_port()
+    c = Controller(settings(f"redis://127.0.0.1:{port}/0", key_prefix))
+    with caplog.at_level(logging.INFO):
+        c.start()
+        try:
+            for call in (c.store.current, c.store.versions, c.agents, c.categories):
+                with pytest.raises(RedisUnavailable) as err:
+                    call()
+                assert err.value.state is RedisState.UNREACHABLE
+                assert "Redis unreachable" in err.value.reason
+            ok, reason = c.ready()
+            assert not ok and reason.startswith("Redis unreachable")
+            time.sleep(1.5)  # several lease ticks while down: still one warning
+            down = [r for r in caplog.records if "Redis unreachable" in r.getMessage()]
+            assert len(down) == 1, [r.getMessage() for r in down]
+            assert not any(r.exc_info for r in caplog.records), "a traceback was logged"
+            with EmbeddedRedis(tmp_path, port=port):
+                wait_until(lambda: c.ready()[0], timeout=15, what="ready once Redis answers")
+                assert c.store.current_version() == 1
+                back = [r for r in caplog.records if "answers again" in r.getMessage()]
+                assert len(back) == 1
+                c.stop()
+        finally:
+            c.stop()
+
+
+def test_out_of_memory_is_reported_as_such(key_prefix: str, tmp_path: Path) -> None:
+    with EmbeddedRedis(tmp_path) as server:
+        r = redis.Redis.from_url(server.url)
+        agent = Agent(
+            AgentSettings(
+                redis_url=server.url,
+                key_prefix=key_prefix,
+                worker_id="w1",
+                evictor="lru",
+                heartbeat_interval_s=0.1,
+                heartbeat_ttl_s=1.0,
+            ),
+            capacity=10,
+        )
+        c = Controller(settings(server.url, key_prefix))
+        c.start()
+        with agent:
+            wait_until(lambda: [a.id for a in c.agents()] == ["w1"], what="the heartbeat")
+            # Below what it holds: every write that needs memory is refused.
+            used = int(r.info("memory")["used_memory"])
+            r.config_set("maxmemory-policy", "noeviction")
+            r.config_set("maxmemory", used // 2)
+            ok, reason = c.ready()
+            assert not ok and reason.startswith("Redis out of memory"), reason
+            assert c.health.report.state is RedisState.OUT_OF_MEMORY
+            gauge = c.metrics.registry.get_sample_value(
+                "kvwise_redis_state", {"state": "out_of_memory"}
+            )
+            assert gauge == 1
+            # Refused heartbeats no longer empty /v1/agents: the last one is kept alive.
+            wait_until(
+                lambda: agent.heartbeat.failures >= 3,
+                what=f"refused heartbeats ({agent.heartbeat.beats} {agent.heartbeat.last_error})",
+            )
+            time.sleep(1.2)  # past the heartbeat's TTL
+            assert [a.id for a in c.agents()] == ["w1"]
+            assert "out of memory" in agent.heartbeat.last_error
+            r.config_set("maxmemory", 0)
+            wait_until(lambda: c.ready()[0], what="ready once memory is free")
+        c.stop()
+
+
+def test_a_malformed_url_is_one_clear_error() -> None:
+    for build in (
+        lambda: Controller(ControllerSettings(redis_url="notaurl")),
+        lambda: Agent(AgentSettings(redis_url="notaurl"), capacity=4),
+    ):
+        with pytest.raises(RedisUrlError) as err:
+            build()
+        message = str(err.value)
+        assert "'notaurl'" in message and "redis://" in message and "\n" not in message
+    with pytest.raises(RedisUrlError, match="malformed") as err:
+        Controller(ControllerSettings(redis_url="redis://:s3cret@host:notaport/0"))
+    assert "s3cret" not in str(err.value)  # no password in the message
