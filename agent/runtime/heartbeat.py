@@ -55,13 +55,17 @@ class Heartbeat(BackgroundLoop):
         self.beats += 1
 
     def outage_note(self) -> str:
-        return "the last heartbeat is kept alive while Redis is out of memory"
+        return "the last heartbeat expires after its TTL (kept alive if Redis is only full)"
 
     def next_wait(self) -> float:
         return self.interval_s  # a beat is one small write: no backoff needed
 
-    def finish(self) -> None:
-        """A last heartbeat with the final counters (skipped while Redis is failing: it
-        would only wait out another timeout)."""
+    def close(self, timeout: float = 5.0) -> bool:
+        """Stop the thread, then write a last heartbeat with the final counters, from the
+        caller (after the publisher's last flush: the agent closes it first). Skipped while
+        Redis is failing: it would only wait out another timeout."""
+        if not super().close(timeout):
+            return False
         if self.failures == 0:
             self.beat()
+        return True
