@@ -13,12 +13,14 @@ network.
 from __future__ import annotations
 
 import re
+import threading
 from enum import StrEnum
-from typing import Final, TypeAlias
+from typing import Any, Final, TypeAlias, cast
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 RedisClient: TypeAlias = redis.Redis | RedisCluster
@@ -134,14 +136,7 @@ def connect(
     retry = Retry(ExponentialBackoff(cap=1.0, base=0.02), retries)
     try:
         if cluster:
-            return RedisCluster.from_url(
-                url,
-                socket_timeout=timeout_s,
-                socket_connect_timeout=timeout_s,
-                retry=retry,
-                protocol=2,
-                driver_info=None,
-            )
+            return cast(RedisCluster, _LazyCluster(url, timeout_s, retry))
         return redis.Redis.from_url(
             url,
             socket_timeout=timeout_s,
@@ -156,3 +151,43 @@ def connect(
         )
     except ValueError as exc:
         raise RedisUrlError(f"Redis URL {redact(url)!r} is malformed: {exc}") from None
+
+
+class _LazyCluster:
+    """A cluster client made on first use. redis-py's ``RedisCluster`` connects when it is
+    made (to learn the slots) and raises if no node answers; made here instead from the
+    first call of a background thread, a cluster that is down at start is a failed call
+    (retried with backoff), never a process that cannot start. Every attribute is the real
+    client's."""
+
+    def __init__(self, url: str, timeout_s: float, retry: Retry) -> None:
+        from redis.connection import parse_url
+
+        parse_url(url)  # type: ignore[no-untyped-call]  # a malformed URL fails now (ValueError), not at the first call
+        self._url = url
+        self._kwargs: dict[str, Any] = {
+            "socket_timeout": timeout_s,
+            "socket_connect_timeout": timeout_s,
+            "retry": retry,
+            "protocol": 2,
+            "driver_info": None,
+        }
+        self._client: RedisCluster | None = None
+        self._lock = threading.Lock()
+
+    def _get(self) -> RedisCluster:
+        with self._lock:
+            if self._client is None:
+                try:
+                    self._client = RedisCluster.from_url(self._url, **self._kwargs)
+                except RedisClusterException as exc:
+                    where = redact(self._url)
+                    raise redis.ConnectionError(f"Redis Cluster at {where}: {exc}") from exc
+            return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)

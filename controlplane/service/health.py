@@ -68,6 +68,7 @@ class RedisHealth:
         self._metrics = metrics
         self._lock = threading.Lock()
         self._report = RedisReport(RedisState.OK, "", time.time())
+        self._last_failure = -SETTLE_S
         self._set_gauge(RedisState.OK)
 
     @property
@@ -78,6 +79,7 @@ class RedisHealth:
         """Record a failed call; returns the error to raise to the API."""
         state = redis_state(exc)
         reason = describe_redis_error(exc)
+        self._last_failure = time.monotonic()
         self._change(state, reason)
         return RedisUnavailable(RedisReport(state, reason, self._report.since))
 
@@ -85,7 +87,7 @@ class RedisHealth:
         """Record a call that succeeded. Reads still succeed on a Redis that refuses writes:
         out of memory and read-only stay until ``probe`` finds them over."""
         if not self._report.ok and self._report.state not in _STICKY:
-            self._change(RedisState.OK, "")
+            self._recovered()
 
     def probe(self, client: RedisClient, key: str) -> RedisReport:
         """Write one expiring ``key`` of ``PROBE_BYTES`` (a write that needs memory):
@@ -99,8 +101,14 @@ class RedisHealth:
             self.failed(exc)
             return self._report
         if not self._report.ok:
-            self._change(RedisState.OK, "")
+            self._recovered()
         return self._report
+
+    def _recovered(self) -> None:
+        """Back to ok, once calls have succeeded for ``SETTLE_S`` with no failure between
+        (on a cluster some shards answer while one fails over: no flapping)."""
+        if time.monotonic() - self._last_failure >= SETTLE_S:
+            self._change(RedisState.OK, "")
 
     def guard(self, fn: Callable[P, R]) -> Callable[P, R]:
         """``fn`` with ``redis.RedisError`` turned into ``RedisUnavailable`` and recorded."""
@@ -145,6 +153,8 @@ class RedisHealth:
 
 
 _STICKY = frozenset({RedisState.OUT_OF_MEMORY, RedisState.READ_ONLY})
+SETTLE_S = 2.0
+"""Calls must succeed this long after the last failure before Redis is said to be back."""
 PROBE_TTL_MS = 60_000
 PROBE_BYTES = 64 << 10
 """Size of the probe write: Redis refuses a write that would pass maxmemory, so a tiny

@@ -3,10 +3,11 @@
 Owns every write of policy state. Each change is one optimistic transaction: WATCH the
 version index, the base and the overrides; read them; compose the document from what was
 read; MULTI; write the change itself (the new base, override or hold), the document, its
-index entry, the ``current`` pointer and the notice on the channel; EXEC. If another writer
-got there first, all of it is read and composed again, so a document always equals the
-base plus the overrides stored with it, whatever races (all policy keys share one Redis
-Cluster hash tag, so this holds on a cluster too). Versions are strictly increasing and
+index entry and the ``current`` pointer; EXEC; then the notice on the channel (a hint:
+agents poll ``current``). If another writer got there first, all of it is read and
+composed again, so a document always equals the base plus the overrides stored with it,
+whatever races (all policy keys share one Redis Cluster hash tag, so this holds on a
+cluster too). Versions are strictly increasing and
 never rewritten; a rollback publishes a *new* version with an old version's parameters.
 History is bounded (oldest trimmed, never the current one). Each publication is logged
 once with its note. Everything lives in Redis: a controller restart loses nothing.
@@ -240,7 +241,7 @@ class PolicyStore:
     def _publish(self, prepare: Prepare) -> PolicyDocument:
         k = self.keys
         watched = (k.policy_versions, k.policy_base, k.overrides)
-        with self.r.pipeline() as pipe:
+        with self.r.pipeline(transaction=True) as pipe:
             while True:
                 try:
                     pipe.watch(*watched)
@@ -255,12 +256,20 @@ class PolicyStore:
                     for v in drop:
                         pipe.zrem(k.policy_versions, str(v))
                         pipe.delete(k.policy_doc(v))
-                    pipe.publish(k.policy_channel, str(doc.version))
                     pipe.execute()
                 except redis.WatchError:
                     continue
                 log.info("published policy v%d: %s", doc.version, doc.note)
+                self._notify(doc.version)
                 return doc
+
+    def _notify(self, version: int) -> None:
+        """The notice on the channel, after the transaction (a cluster pipeline cannot
+        PUBLISH): a hint only, agents poll ``current`` anyway."""
+        try:
+            self.r.publish(self.keys.policy_channel, str(version))
+        except redis.RedisError as exc:
+            log.debug("notice of v%d not sent (%s): agents will poll it", version, exc)
 
     def _compose(self, pipe: Pipeline, draft: _Draft) -> tuple[PolicyDocument, list[int]]:
         """The document ``draft`` publishes and the old versions it pushes out."""

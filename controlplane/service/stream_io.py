@@ -171,7 +171,9 @@ class StreamIO:
         pipe = self.r.pipeline(transaction=False)
         for stream in streams:
             cursor = (cursors or {}).get(stream, b"0-0")
-            pipe.eval(
+            # execute_command: a cluster pipeline routes EVAL by its key, but has no eval().
+            pipe.execute_command(
+                "EVAL",
                 _READ,
                 1,
                 stream,
@@ -188,7 +190,9 @@ class StreamIO:
             payload = json.dumps(
                 {"ack": _texts(job.ack), "delete": _texts(job.delete), "ledger": job.ledger}
             )
-            pipe.eval(_COMMIT, 2, stream, ledger_keys[stream], self.group, payload)
+            pipe.execute_command(
+                "EVAL", _COMMIT, 2, stream, ledger_keys[stream], self.group, payload
+            )
         replies = pipe.execute(raise_on_error=False)
         trimmed = 0
         for reply in replies:
