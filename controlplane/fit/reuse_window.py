@@ -296,7 +296,11 @@ class ReuseStats:
         )
         if not same:
             raise ValueError("the state was taken with other window settings")
+        k, b = self.n_buckets, self._gaps.shape[2]
         self._names, self._codes, self._cap = [], {}, 0
+        self._acc = np.zeros((k, 0), dtype=np.int64)
+        self._near = np.zeros((k, 0), dtype=np.int64)
+        self._gaps = np.zeros((k, 0, b), dtype=np.int32)
         self._ensure_capacity(len(state.names))
         for name in state.names:
             self.code(name)

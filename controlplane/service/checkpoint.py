@@ -36,13 +36,16 @@ class CheckpointError(ValueError):
 class Loaded:
     state: WindowState
     taken_at: float
+    writer: str
+    """The controller (consumer name) that wrote it."""
     nbytes: int
 
 
-def encode(state: WindowState, *, taken_at: float | None = None) -> bytes:
+def encode(state: WindowState, *, writer: str = "", taken_at: float | None = None) -> bytes:
     """The stored form of ``state``."""
     header = {
         "format": FORMAT,
+        "writer": writer,
         "taken_at": time.time() if taken_at is None else taken_at,
         "window_s": state.window_s,
         "near_concurrent_s": state.near_concurrent_s,
@@ -81,7 +84,7 @@ def decode(raw: bytes) -> Loaded:
     c, s = len(state.names), len(state.bucket_ids)
     if state.accesses.shape != (s, c) or state.gaps.shape[:2] != (s, c):
         raise CheckpointError("checkpoint arrays do not match its categories and buckets")
-    return Loaded(state, float(header["taken_at"]), len(raw))
+    return Loaded(state, float(header["taken_at"]), str(header.get("writer", "")), len(raw))
 
 
 class CheckpointStore:
@@ -92,10 +95,10 @@ class CheckpointStore:
         self.key = key
         self.max_bytes = max_bytes
 
-    def save(self, state: WindowState) -> int:
+    def save(self, state: WindowState, *, writer: str = "") -> int:
         """Write ``state``; returns its size. ``CheckpointError`` (nothing written) when it
         would be larger than ``max_bytes``."""
-        raw = encode(state)
+        raw = encode(state, writer=writer)
         if len(raw) > self.max_bytes:
             raise CheckpointError(
                 f"checkpoint of {len(raw)} bytes > max_checkpoint_bytes ({self.max_bytes})"

@@ -193,9 +193,11 @@ class Controller:
         if loaded is None:
             log.info("no checkpoint yet: the window starts empty")
             return
+        if loaded.writer == self.name:
+            return  # ours: what this process holds in memory is at least as new
         try:
             self.window.restore(loaded.state)
-        except ValueError as exc:
+        except Exception as exc:  # a checkpoint that does not fit is ignored, never fatal
             log.warning("checkpoint ignored (%s): the window starts empty", exc)
             return
         log.info(
@@ -216,7 +218,7 @@ class Controller:
             log.info("%d unused categories aged out of the window", aged)
         self.metrics.window_categories.set(self.window.categories)
         try:
-            size = self.health.guard(self.checkpoints.save)(self.window.state())
+            size = self.health.guard(self.checkpoints.save)(self.window.state(), writer=self.name)
         except (RedisUnavailable, CheckpointError) as exc:
             self.metrics.checkpoints.labels(outcome="failed").inc()
             if isinstance(exc, CheckpointError):

@@ -53,6 +53,8 @@ ApplyFn = Callable[[EventBatch], int]
 DEAD_LETTER_MAXLEN: Final = 10_000
 DEAD_LETTER_PREFIX_BYTES: Final = 1024
 DISCOVER_EVERY_S: Final = 2.0
+TELL_EVERY_S: Final = 60.0
+"""Dead letters of one kind from one stream are logged at most this often (all counted)."""
 MAX_BACKOFF_S: Final = 5.0
 
 
@@ -124,6 +126,7 @@ class Ingestor(BackgroundLoop):
         self._last_reclaim = 0.0
         self._idle = False
         self._schema1_told: set[bytes] = set()
+        self._told: dict[tuple[bytes, str], tuple[float, int]] = {}
         per_stream = settings.limits.max_entry_bytes
         self._width = max(1, settings.max_read_bytes // per_stream)
         self._read_limits = ReadLimits(
@@ -385,15 +388,28 @@ class Ingestor(BackgroundLoop):
                 with contextlib.suppress(KeyError):
                     series.remove(worker)
 
+    def _tell(self, stream: bytes, refusal: _Refusal) -> None:
+        """Log a dead letter: the first of a kind per stream each ``TELL_EVERY_S``, with the
+        count of those not logged since (a flood of poison must not flood the log)."""
+        key = (stream, refusal.label)
+        now = time.monotonic()
+        last, quiet = self._told.get(key, (-TELL_EVERY_S, 0))
+        if now - last < TELL_EVERY_S:
+            self._told[key] = (last, quiet + 1)
+            return
+        self._told[key] = (now, 0)
+        more = f" ({quiet} more like it not logged)" if quiet else ""
+        log.warning(
+            "dead-lettered entry %s of %s: %s%s", refusal.entry_id, stream, refusal.reason, more
+        )
+
     def _dead_letter(self, refusals: list[tuple[bytes, _Refusal]]) -> None:
         pipe = self.r.pipeline(transaction=False)
         for stream, refusal in refusals:
             self.counters.dead_letters += 1
             if self.metrics:
                 self.metrics.dead_letters.labels(reason=refusal.label).inc()
-            log.warning(
-                "dead-lettered entry %s of %s: %s", refusal.entry_id, stream, refusal.reason
-            )
+            self._tell(stream, refusal)
             record = {
                 "stream": stream,
                 "id": refusal.entry_id,

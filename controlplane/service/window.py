@@ -116,6 +116,11 @@ class LiveWindow:
         """Load a checkpoint (``ValueError`` if it does not fit this window); the categories
         it holds count as brought by nobody in particular."""
         with self._lock:
-            self.stats.restore(state)
+            before = self.stats.state()
+            try:
+                self.stats.restore(state)
+            except Exception:
+                self.stats.restore(before)  # all or nothing
+                raise
             self._brought_by = dict.fromkeys(state.names, "")
             self._brought = Counter({"": len(state.names)})

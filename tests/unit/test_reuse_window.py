@@ -193,6 +193,12 @@ def test_state_restores_the_same_window() -> None:
     st.ingest(*_cols(more))
     again.ingest(*_cols(more))
     _snapshots_equal(st.snapshot(45.0), again.snapshot(45.0))
+    # Restoring into a window that already counted (and grew its table) works too.
+    busy = ReuseStats(100.0, n_buckets=10, near_concurrent_s=0.5, categories=list("abcdefghij"))
+    busy.ingest(*_cols([(1.0, 9, NAN, -1)]))
+    busy.restore(st.state())
+    busy.ingest(*_cols(more), names=["a", "new"])
+    assert busy.categories == ("a", "b", "new")
     with pytest.raises(ValueError, match="other window settings"):
         ReuseStats(200.0, n_buckets=10, near_concurrent_s=0.5).restore(st.state())
 
