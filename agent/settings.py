@@ -6,16 +6,13 @@ mirror these one to one. It must never read anything but the environment.
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
-class AgentSettings(BaseSettings):
-    """What an engine process needs to join kvwise."""
+class RedisSettings(BaseModel):
+    """Where kvwise's Redis is: the same three settings for agents and the controller."""
 
-    model_config = SettingsConfigDict(env_prefix="KVWISE_", extra="ignore")
-
-    enable: bool = Field(default=False, description="Turn the agent (and engine plugin) on")
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0",
         description="Redis URL (redis:// or rediss:// for TLS; user:password@ for ACLs)",
@@ -24,6 +21,14 @@ class AgentSettings(BaseSettings):
         default=False, description="The URL names a node of a Redis Cluster (cluster client)"
     )
     key_prefix: str = Field(default="kvwise:", description="Prefix of every Redis key")
+
+
+class AgentSettings(BaseSettings, RedisSettings):
+    """What an engine process needs to join kvwise."""
+
+    model_config = SettingsConfigDict(env_prefix="KVWISE_", extra="ignore")
+
+    enable: bool = Field(default=False, description="Turn the agent (and engine plugin) on")
     worker_id: str = Field(default="", description="This worker's id; default host-pid")
     evictor: str = Field(default="wa", description="Policy name: wa, lru, ... or 'device'")
     device: str = Field(default="cpu", description="Device of the torch evictor: cuda, cpu")

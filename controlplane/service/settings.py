@@ -12,23 +12,15 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agent.settings import RedisSettings
 from controlplane.fit.settings import FitSettings
 
 
-class ControllerSettings(BaseSettings, FitSettings):
-    """Settings of ``kvwise controller``; the fitting knobs are ``FitSettings``'s."""
+class ControllerSettings(BaseSettings, RedisSettings, FitSettings):
+    """Settings of ``kvwise controller``; Redis's are ``RedisSettings``'s (shared with the
+    agents), the fitting knobs ``FitSettings``'s."""
 
     model_config = SettingsConfigDict(env_prefix="KVWISE_", extra="ignore", frozen=False)
-
-    # --- connections -------------------------------------------------------------------
-    redis_url: str = Field(
-        default="redis://127.0.0.1:6379/0",
-        description="Redis URL (redis:// or rediss:// for TLS; user:password@ for ACLs)",
-    )
-    redis_cluster: bool = Field(
-        default=False, description="The URL names a node of a Redis Cluster (cluster client)"
-    )
-    key_prefix: str = Field(default="kvwise:", description="Prefix of every Redis key")
 
     # --- HTTP API ----------------------------------------------------------------------
     host: str = Field(default="127.0.0.1", description="Address the REST API binds")
@@ -40,8 +32,12 @@ class ControllerSettings(BaseSettings, FitSettings):
     # --- ingest ------------------------------------------------------------------------
     consumer_group: str = Field(default="controller", description="Stream consumer group")
     consumer_name: str = Field(default="", description="This replica's consumer; default host-pid")
-    ingest_count: int = Field(default=64, gt=0, description="Stream entries per XREADGROUP")
-    ingest_block_ms: int = Field(default=500, ge=0, description="XREADGROUP block time")
+    ingest_count: int = Field(
+        default=64, gt=0, description="Entries read per stream per ingest pass, at most"
+    )
+    ingest_block_ms: int = Field(
+        default=500, ge=0, description="Wait after an ingest pass that found nothing (ms)"
+    )
     reclaim_idle_ms: int = Field(
         default=30_000, gt=0, description="Pending entries idle this long are reclaimed"
     )
