@@ -4,7 +4,8 @@ Synthetic data (``tests.synth_reuse.chain_stream``, 20 categories, one hour) cut
 batches of ``--batch`` events, as an agent sends them. Three measurements in one process:
 
 1. decode only (``agent.wire.decode_batch``): the floor of any ingest;
-2. decode + apply (``ReuseStats.ingest_batch``): the controller's work per batch;
+2. decode + apply (``LiveWindow.apply``: clock and category checks, then the reuse window):
+   the controller's work per batch;
 3. the whole path through a real Redis: the batches are XADDed to a worker stream first
    (timed apart, with the Redis server's CPU), then ``controlplane.service.ingest.Ingestor``
    reads them (bounded reads in Lua), decodes, applies, acknowledges and trims until the
@@ -27,6 +28,7 @@ import redis
 from agent.wire import EventBatch, EventKind, Keys, decode_batch, encode_batch
 from controlplane.fit.reuse_window import ReuseStats
 from controlplane.service.ingest import Ingestor, IngestSettings
+from controlplane.service.window import LiveWindow, WindowLimits
 from tests.synth_reuse import chain_stream
 
 HOUR = 3600.0
@@ -77,10 +79,10 @@ def run(n_events: int, batch: int, url: str) -> None:
         decode_batch(fields)
     t_decode = time.perf_counter() - t0
 
-    stats = ReuseStats(HOUR, origin=0.0)
+    window = live_window()
     t0 = time.perf_counter()
     for fields in raw:
-        stats.ingest_batch(decode_batch(fields))
+        window.apply(decode_batch(fields), HOUR)
     t_apply = time.perf_counter() - t0
 
     client = redis.Redis.from_url(url)
@@ -95,11 +97,10 @@ def run(n_events: int, batch: int, url: str) -> None:
         pipe.execute()
         t_xadd = time.perf_counter() - t0
         cpu_xadd = redis_cpu(client) - cpu0
-        stats2 = ReuseStats(HOUR, origin=0.0)
+        window2 = live_window()
 
         def apply(batch: EventBatch) -> int:
-            stats2.ingest_batch(batch)
-            return 0  # synthetic trace time: no clock to check
+            return window2.apply(batch, HOUR)  # trace time: "now" is the trace's end
 
         ing = Ingestor(
             client, keys, apply, IngestSettings(group="bench", consumer="c1", block_ms=0)
@@ -124,6 +125,12 @@ def run(n_events: int, batch: int, url: str) -> None:
         f"Redis CPU: {cpu_xadd:.2f} s for XADD + {cpu_ingest:.2f} s for ingest "
         f"= {per_core / 1e6:.2f} M events per Redis CPU-second"
     )
+
+
+def live_window() -> LiveWindow:
+    """The controller's window with its default limits."""
+    limits = WindowLimits(clock_tolerance_s=60, max_categories=2048, max_categories_per_worker=1024)
+    return LiveWindow(ReuseStats(HOUR, origin=0.0), limits)
 
 
 def redis_cpu(client: redis.Redis) -> float:

@@ -223,6 +223,11 @@ def account(
         return True
 
     wait_until(drained, timeout=120, what="every stream drained")
+    stuck = sum(
+        int(r.xpending(keys.events_stream(w), "controller")["pending"])
+        + r.xlen(keys.events_stream(w))
+        for w in summaries
+    )
     per_worker = {}
     ok = True
     for w, s in summaries.items():
@@ -259,7 +264,7 @@ def account(
         "future_clock_events_sent": poisoner.future_events,
         "future_clock_events_rejected": int(evil.get("clock_rejected", 0)),
         "future_clock_events_ingested": int(evil.get("events", 0)),
-        "stuck_pending": 0,
+        "stuck_pending_or_unread": stuck,
     }
 
 
