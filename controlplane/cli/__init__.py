@@ -25,7 +25,7 @@ app = typer.Typer(
         "the live controller that pushes fitted policies to every worker."
     ),
     no_args_is_help=True,
-    rich_markup_mode="rich",
+    rich_markup_mode="markdown",
     pretty_exceptions_enable=False,
 )
 

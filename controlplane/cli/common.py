@@ -1,53 +1,140 @@
-"""Helpers shared by CLI commands: list parsing, error exits, consoles.
+"""What every CLI command shares: user errors, option parsers, option types, trace loading.
 
-Owns how the CLI reports a user error (one red line naming what was wrong, exit code 2).
-It must never contain command logic.
+Owns how the CLI reports a user error (one red line naming the option or file that was
+wrong, exit code 2), the parsing of comma-separated option values (duplicates merged,
+first order kept), the options several commands declare alike (a trace argument,
+``--json``, ``--skip-bad-lines``) and loading a trace for a command (bad lines reported,
+an empty trace refused). It must never contain command logic.
 """
 
 from __future__ import annotations
 
-from typing import NoReturn
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
 
+if TYPE_CHECKING:
+    from controlplane.traces.model import Trace
+
 err_console = Console(stderr=True)
+
+TraceArgument = Annotated[
+    Path, typer.Argument(metavar="TRACE", help="Bailian or Mooncake JSONL trace (.gz ok)")
+]
+JsonFlag = Annotated[bool, typer.Option("--json", help="One JSON object on stdout")]
+SkipBadLinesFlag = Annotated[
+    bool,
+    typer.Option(
+        "--skip-bad-lines", help="Skip malformed trace lines (counted) instead of stopping"
+    ),
+]
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``message`` as an error and exit with ``code``."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
-def split_list(value: str, what: str) -> list[str]:
-    items = [v.strip() for v in value.split(",") if v.strip()]
+def unique(items: Iterable[str]) -> list[str]:
+    """``items`` with repeats dropped, first occurrence kept in place."""
+    return list(dict.fromkeys(items))
+
+
+def split_list(value: str, option: str) -> list[str]:
+    """The comma-separated items of ``value``, each once; an empty list fails."""
+    items = unique(v.strip() for v in value.split(",") if v.strip())
     if not items:
-        fail(f"{what}: empty list")
+        fail(f"{option}: empty list")
     return items
 
 
-def parse_ints(value: str, what: str) -> list[int]:
-    out = []
-    for item in split_list(value, what):
+def check_names(names: list[str], known: Iterable[str], option: str, what: str) -> list[str]:
+    """``names`` if each is ``known``; else fail naming the first unknown one."""
+    catalog = list(known)
+    for name in names:
+        if name not in catalog:
+            fail(f"{option}: unknown {what} {name!r}; known: {', '.join(catalog)}")
+    return names
+
+
+def parse_ints(value: str, option: str) -> list[int]:
+    """Comma-separated non-negative integers, each once."""
+    out: list[int] = []
+    for item in split_list(value, option):
         try:
             n = int(item)
         except ValueError:
-            fail(f"{what}: {item!r} is not an integer")
+            fail(f"{option}: {item!r} is not an integer")
         if n < 0:
-            fail(f"{what}: {n} is negative")
+            fail(f"{option}: {n} is negative")
         out.append(n)
-    return out
+    return list(dict.fromkeys(out))
 
 
-def parse_fracs(value: str, what: str) -> list[float]:
-    out = []
-    for item in split_list(value, what):
+def parse_fracs(value: str, option: str) -> list[float]:
+    """Comma-separated fractions in (0, 1], each once."""
+    out: list[float] = []
+    for item in split_list(value, option):
         try:
             f = float(item)
         except ValueError:
-            fail(f"{what}: {item!r} is not a number")
+            fail(f"{option}: {item!r} is not a number")
         if not 0 < f <= 1:
-            fail(f"{what}: {f} is not in (0, 1]")
+            fail(f"{option}: {f:g} is not in (0, 1]")
         out.append(f)
-    return out
+    return list(dict.fromkeys(out))
+
+
+def positive(text: str) -> float:
+    """Typer parser of a finite number > 0 (the error names the option)."""
+    value = _number(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise typer.BadParameter(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def non_negative(text: str) -> float:
+    """Typer parser of a finite number >= 0 (the error names the option)."""
+    value = _number(text)
+    if not (value >= 0 and math.isfinite(value)):
+        raise typer.BadParameter(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def open_fraction(text: str) -> float:
+    """Typer parser of a number strictly between 0 and 1."""
+    value = _number(text)
+    if not 0 < value < 1:
+        raise typer.BadParameter(f"must be in (0, 1), got {text}")
+    return value
+
+
+def _number(text: str | float) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a number") from None
+
+
+def load_trace_or_fail(path: Path, *, skip_bad_lines: bool = False) -> Trace:
+    """``path`` read as a trace; unreadable, malformed or empty: fail with exit code 2.
+
+    Skipped lines (``skip_bad_lines``) are counted on stderr with the first reasons.
+    """
+    from controlplane.traces.reader import TraceError, load_trace
+
+    try:
+        trace = load_trace(path, skip_bad_lines=skip_bad_lines)
+    except (OSError, TraceError) as exc:
+        fail(str(exc))
+    if trace.skipped_lines:
+        first = ", ".join(f"line {ln}: {why}" for ln, why in trace.skipped_lines[:3])
+        typer.echo(f"skipped {len(trace.skipped_lines)} bad lines ({first})", err=True)
+    if trace.n_requests == 0:
+        fail(f"{path}: no requests")
+    return trace

@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
-from controlplane.cli.common import fail
+from controlplane.cli.common import (
+    JsonFlag,
+    SkipBadLinesFlag,
+    TraceArgument,
+    check_names,
+    fail,
+    load_trace_or_fail,
+    positive,
+)
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -41,8 +49,12 @@ def synth(
     profile: Annotated[
         str, typer.Option(help="Workload: to-c (people chatting) or to-b (API calls)")
     ] = "to-c",
-    duration: Annotated[float, typer.Option(help="Seconds of trace")] = 600.0,
-    qps: Annotated[float, typer.Option(help="Mean requests per second")] = 6.0,
+    duration: Annotated[
+        float, typer.Option(parser=positive, metavar="SECONDS", help="Seconds of trace")
+    ] = 600.0,
+    qps: Annotated[
+        float, typer.Option(parser=positive, metavar="RATE", help="Mean requests per second")
+    ] = 6.0,
     seed: Annotated[int, typer.Option(help="Random seed: same seed, same trace")] = 0,
 ) -> None:
     """Write a synthetic Bailian trace calibrated to the paper's to-C or to-B workload.
@@ -52,18 +64,14 @@ def synth(
 
     Example:
 
-      kvwise trace synth --profile to-c --duration 600 --qps 6 --seed 1 -o toc.jsonl.gz
+        kvwise trace synth --profile to-c --duration 600 --seed 1 -o toc.jsonl.gz
     """
     from controlplane.traces.synth import PROFILES, Profile, synthesize
     from controlplane.traces.workload_stats import trace_stats
     from controlplane.traces.writer import write_bailian
 
-    if profile not in PROFILES:
-        fail(f"unknown profile {profile!r}; known profiles: {', '.join(PROFILES)}")
-    try:
-        trace = synthesize(cast(Profile, profile), duration_s=duration, qps=qps, seed=seed)
-    except ValueError as exc:
-        fail(str(exc))
+    check_names([profile], PROFILES, "--profile", "profile")
+    trace = synthesize(cast(Profile, profile), duration_s=duration, qps=qps, seed=seed)
     try:
         write_bailian(trace, output)
     except OSError as exc:
@@ -78,15 +86,11 @@ def synth(
 
 @trace_app.command("stats")
 def stats(
-    trace_path: Annotated[
-        Path, typer.Argument(metavar="TRACE", help="Bailian or Mooncake JSONL trace (.gz ok)")
-    ],
-    json_out: Annotated[bool, typer.Option("--json", help="One JSON object on stdout")] = False,
-    skip_bad_lines: Annotated[
-        bool, typer.Option(help="Skip malformed trace lines (counted) instead of stopping")
-    ] = False,
+    trace_path: TraceArgument,
+    json_out: JsonFlag = False,
+    skip_bad_lines: SkipBadLinesFlag = False,
     top_categories: Annotated[
-        int, typer.Option(help="Categories shown in the reuse-time table (by reuses)")
+        int, typer.Option(min=0, metavar="N", help="Categories in the reuse-time table")
     ] = 10,
 ) -> None:
     """Characterize TRACE: ideal hit ratio, reuse times, lifespans, skew, turns, types.
@@ -96,18 +100,11 @@ def stats(
 
     Example:
 
-      kvwise trace stats qwen_traceA_blksz_16.jsonl --json
+        kvwise trace stats qwen_traceA_blksz_16.jsonl --json
     """
-    from controlplane.traces.reader import TraceError, load_trace
     from controlplane.traces.workload_stats import trace_stats
 
-    try:
-        trace = load_trace(trace_path, skip_bad_lines=skip_bad_lines)
-    except (OSError, TraceError) as exc:
-        fail(str(exc))
-    if trace.skipped_lines:
-        first = ", ".join(f"line {ln}: {why}" for ln, why in trace.skipped_lines[:3])
-        typer.echo(f"skipped {len(trace.skipped_lines)} bad lines ({first})", err=True)
+    trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
     s = trace_stats(trace)
     if json_out:
         doc = {"trace": str(trace_path), "skipped_lines": len(trace.skipped_lines)}

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import stats
 
 from agent.policy_document import CategoryParams
 
@@ -39,6 +38,8 @@ def fit_reference(
     kept = g[np.isfinite(g) & (g >= min_gap_s)]
     if len(kept) < 2 or accesses <= 0:
         return None
+    from scipy import stats
+
     _loc, scale = stats.expon.fit(kept)
     if not scale > 0:
         return None
