@@ -1,10 +1,11 @@
 """What every CLI command shares: user errors, option parsers, option types, trace loading.
 
-Owns how the CLI reports a user error (one red line naming the option or file that was
-wrong, exit code 2), the parsing of comma-separated option values (duplicates merged,
-first order kept), the options several commands declare alike (a trace argument,
-``--json``, ``--skip-bad-lines``) and loading a trace for a command (bad lines reported,
-an empty trace refused). It must never contain command logic.
+Owns how the CLI reports a user error (one red line naming the option, environment
+variable or file that was wrong, exit code 2), the parsing of comma-separated option
+values (duplicates merged, first order kept), the options several commands declare alike
+(a trace argument, ``--json``, ``--skip-bad-lines``), loading a trace for a command (bad
+lines reported, an empty trace refused) and checking settings and Redis URLs before a
+command starts anything. It must never contain command logic.
 """
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
+from pydantic_settings import BaseSettings
 from rich.console import Console
 
 if TYPE_CHECKING:
     from controlplane.traces.model import Trace
+
+SettingsT = TypeVar("SettingsT", bound=BaseSettings)
 
 err_console = Console(stderr=True)
 
@@ -138,3 +142,33 @@ def load_trace_or_fail(path: Path, *, skip_bad_lines: bool = False) -> Trace:
     if trace.n_requests == 0:
         fail(f"{path}: no requests")
     return trace
+
+
+def settings_or_fail(
+    cls: type[SettingsT], overrides: dict[str, Any], options: dict[str, str]
+) -> SettingsT:
+    """``cls`` read from the environment, ``overrides`` on top. A bad value fails naming
+    its CLI option (``options``: field -> option) when it came from one, else its
+    environment variable."""
+    from pydantic import ValidationError
+
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else ""
+        prefix = str(cls.model_config.get("env_prefix", ""))
+        where = options[field] if field in overrides else f"{prefix}{field}".upper()
+        fail(f"{where}: {error['msg']}")
+
+
+def check_redis_url(url: str, where: str) -> str:
+    """``url`` if redis-py can parse it (nothing is connected); else fail naming ``where``
+    (the option or environment variable it came from)."""
+    import redis
+
+    try:
+        redis.ConnectionPool.from_url(url).disconnect()
+    except ValueError as exc:
+        fail(f"{where}: {exc} (got {url!r})")
+    return url
