@@ -72,3 +72,12 @@ def test_user_errors_exit_2(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "hash_ids" in res.stderr
     res = CliRunner().invoke(app, ["trace", "stats", str(bad), "--skip-bad-lines", "--json"])
     assert res.exit_code == 0 and json.loads(res.stdout)["requests"] == 1
+
+
+def test_stats_on_an_empty_trace_errors_as_replay_does(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    for args in (["trace", "stats", str(empty)], ["replay", str(empty), "-p", "lru"]):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2, args
+        assert res.stderr.strip() == f"error: {empty}: no requests"
