@@ -9,7 +9,7 @@ a policy.
 Definitions (all times in seconds, all quantiles ``inverted_cdf``: the P80 is the
 smallest observed value with at least 80 % of the sample at or below it):
 
-- *Ideal hit ratio*: an infinite cache under DESIGN.md's replay semantics. A block at
+- *Ideal hit ratio*: an infinite cache under the replay semantics (docs/replay.md). A block at
   position ``i`` of a request is a hit iff every block ``0..i`` of that request was
   accessed by an *earlier* request (a block repeated inside one request is no hit).
 - *Reuse time*: for every access of a block that is accessed again by a later request,

@@ -4,7 +4,8 @@ Owns ``fit_reference``: per category, ``scipy.stats.expon.fit`` (location and sc
 *shifted* exponential) on the reuse gaps of at least ``REFERENCE_MIN_GAP_S``, with the
 location then thrown away (``rate = 1 / scale``, used unshifted); ``p = kept gaps /
 accesses``, blind to censoring; the life window fixed at ``REFERENCE_LIFE_S``. These are
-the shortcuts POLICY.md lists; ``controlplane.fit.per_category`` is the fitter to use. It
+the shortcuts docs/fitting.md lists ("The reference fitter"); ``controlplane.fit.per_category``
+is the fitter to use. It
 must never do I/O or be used to publish a policy.
 """
 
