@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 import typer
 from pydantic_settings import BaseSettings
 from rich.console import Console
+from rich.markup import escape
 
 if TYPE_CHECKING:
     from controlplane.traces.model import Trace
@@ -40,7 +41,7 @@ SkipBadLinesFlag = Annotated[
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``message`` as an error and exit with ``code``."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -172,3 +173,13 @@ def check_redis_url(url: str, where: str) -> str:
     except ValueError as exc:
         fail(f"{where}: {exc} (got {url!r})")
     return url
+
+
+def check_plotting(option: str) -> None:
+    """Fail now, naming ``option``, if figures cannot be drawn (no ``plot`` extra)."""
+    from controlplane.plots.canvas import PlotsUnavailable, check_available
+
+    try:
+        check_available()
+    except PlotsUnavailable as exc:
+        fail(f"{option}: {exc}")

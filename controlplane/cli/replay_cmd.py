@@ -1,15 +1,16 @@
 """``kvwise replay``: judge eviction policies on a trace.
 
 Owns the command's options and the checks on them, its progress display (stderr) and
-output (tables that fold at the terminal's width, or JSON). The replay itself is
-``controlplane.replay``; trace reading is ``controlplane.traces.reader``. It must never
-compute a hit ratio itself.
+output (tables that fold at the terminal's width, JSON, and with ``--plot`` a figure).
+The replay itself is ``controlplane.replay``, trace reading ``controlplane.traces.reader``
+and drawing ``controlplane.plots``. It must never compute a hit ratio itself.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -19,6 +20,7 @@ from controlplane.cli.common import (
     SkipBadLinesFlag,
     TraceArgument,
     check_names,
+    check_plotting,
     fail,
     load_trace_or_fail,
     non_negative,
@@ -33,8 +35,6 @@ from controlplane.replay import catalog
 from controlplane.replay.options import Attribution, CategorySource, FitMode
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from rich.console import Console
 
     from controlplane.replay.engine import ReplayResult
@@ -136,6 +136,15 @@ LifeOpt = Annotated[
         help="One life window for every category",
     ),
 ]
+PlotOpt = Annotated[
+    Path | None,
+    typer.Option(
+        metavar="FILE.png",
+        rich_help_panel=_OUTPUT,
+        help="Also draw hit ratio against cache size per policy (PNG, 1000x625 px); "
+        "runs belady and inf too if not named. Needs the plot extra",
+    ),
+]
 ReuseClassFlag = Annotated[
     bool,
     typer.Option(
@@ -159,6 +168,7 @@ def replay(
     jobs: JobsOpt = 0,
     skip_bad_lines: SkipBadLinesFlag = False,
     json_out: JsonFlag = False,
+    plot: PlotOpt = None,
     top_categories: TopCategoriesOpt = 8,
     refit_every: RefitEveryOpt = 60.0,
     wa_fit: WaFitOpt = "online",
@@ -180,12 +190,15 @@ def replay(
         kvwise replay trace.jsonl --capacity-frac 0.05,0.1,0.2,0.4
         kvwise replay trace.jsonl -p lru,s3fifo --capacity 5000 --json
         kvwise replay trace.jsonl -p lru,wa,wa-ref --wa-fit split --split 0.5
+        kvwise replay trace.jsonl -p lru,s3fifo,wa --plot curve.png
     """
     from controlplane.replay.options import DEFAULT_ATTRIBUTION, ReplayOptions
 
     if capacity and capacity_frac:
         fail("give --capacity or --capacity-frac, not both")
     names = _policy_names(policy)
+    if plot is not None:
+        names = _with_bounds(names)
     options = ReplayOptions(
         refit_every_s=refit_every,
         wa_fit=wa_fit,
@@ -199,6 +212,8 @@ def replay(
     trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
     capacities = _capacities(trace, capacity, capacity_frac)
     results = _run_with_progress(trace, names, capacities, jobs, options, json_out)
+    if plot is not None:
+        _plot(plot, trace, results)
     if json_out:
         json.dump(_json_doc(trace_path, trace, options, results), sys.stdout)
         sys.stdout.write("\n")
@@ -210,6 +225,23 @@ def _policy_names(policy: str) -> list[str]:
     if policy == "all":
         return catalog.names()
     return check_names(split_list(policy, "--policy"), catalog.names(), "--policy", "policy")
+
+
+def _with_bounds(names: list[str]) -> list[str]:
+    """``names`` and the bounds a plot draws; fails now if plotting is not possible."""
+    check_plotting("--plot")
+    return names + [b for b in catalog.BOUNDS if b not in names]
+
+
+def _plot(path: Path, trace: Trace, results: list[ReplayResult]) -> None:
+    from controlplane.plots.capacity_curve import write_capacity_curve
+
+    title = f"Block hit ratio by cache size: {trace.name}"
+    try:
+        write_capacity_curve(path, results, trace.n_unique, title)
+    except OSError as exc:
+        fail(f"--plot: {path}: {exc.strerror or exc}")
+    typer.echo(f"wrote {path}", err=True)
 
 
 def _capacities(trace: Trace, capacity: str | None, capacity_frac: str | None) -> list[int]:

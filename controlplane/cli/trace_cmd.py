@@ -1,9 +1,9 @@
 """``kvwise trace``: synthesize traces and print a trace's workload statistics.
 
-Owns the ``trace`` command group's options and output (one summary line, a table, or
-JSON). Synthesis is ``controlplane.traces.synth``, statistics
-``controlplane.traces.workload_stats``, reading ``controlplane.traces.reader`` and writing
-``controlplane.traces.writer``.
+Owns the ``trace`` command group's options and output (one summary line, a table, JSON,
+or with ``--plot`` the paper's figures). Synthesis is ``controlplane.traces.synth``,
+statistics ``controlplane.traces.workload_stats``, reading ``controlplane.traces.reader``,
+writing ``controlplane.traces.writer`` and figures ``controlplane.plots.trace_figures``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from controlplane.cli.common import (
     SkipBadLinesFlag,
     TraceArgument,
     check_names,
+    check_plotting,
     fail,
     load_trace_or_fail,
     positive,
@@ -28,7 +29,8 @@ from controlplane.cli.common import (
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from controlplane.traces.workload_stats import Quantiles, TraceStats
+    from controlplane.traces.model import Trace
+    from controlplane.traces.workload_stats import Quantiles, TraceStats, WorkloadSamples
 
 trace_app = typer.Typer(
     name="trace",
@@ -84,11 +86,23 @@ def synth(
     )
 
 
+PlotDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--plot",
+        metavar="DIR",
+        help="Also draw the paper's figures into DIR (PNG, 1000x625 px): reuse-time CDF "
+        "per category, lifespan CDF, hit share by turn, skew. Needs the plot extra",
+    ),
+]
+
+
 @trace_app.command("stats")
 def stats(
     trace_path: TraceArgument,
     json_out: JsonFlag = False,
     skip_bad_lines: SkipBadLinesFlag = False,
+    plot: PlotDirOpt = None,
     top_categories: Annotated[
         int, typer.Option(min=0, metavar="N", help="Categories in the reuse-time table")
     ] = 10,
@@ -96,16 +110,23 @@ def stats(
     """Characterize TRACE: ideal hit ratio, reuse times, lifespans, skew, turns, types.
 
     Definitions are in docs/traces.md; fields a format cannot support (Mooncake has no
-    type or turn) print as "n/a" (null in JSON).
+    type or turn) print as "n/a" (null in JSON), and figures it cannot support are
+    skipped with the reason.
 
-    Example:
+    Examples:
 
         kvwise trace stats qwen_traceA_blksz_16.jsonl --json
+        kvwise trace stats qwen_traceA_blksz_16.jsonl --plot figures/
     """
-    from controlplane.traces.workload_stats import trace_stats
+    from controlplane.traces.workload_stats import trace_stats, workload_samples
 
+    if plot is not None:
+        check_plotting("--plot")
     trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
-    s = trace_stats(trace)
+    samples = workload_samples(trace)
+    s = trace_stats(trace, samples)
+    if plot is not None:
+        _plot(plot, trace, samples, top_categories)
     if json_out:
         doc = {"trace": str(trace_path), "skipped_lines": len(trace.skipped_lines)}
         doc.update(s.to_json())
@@ -113,6 +134,19 @@ def stats(
         sys.stdout.write("\n")
         return
     _print(s, top_categories)
+
+
+def _plot(directory: Path, trace: Trace, samples: WorkloadSamples, top: int) -> None:
+    from controlplane.plots.trace_figures import write_trace_figures
+
+    try:
+        written = write_trace_figures(directory, trace, samples, top_categories=max(top, 1))
+    except OSError as exc:
+        fail(f"--plot: {directory}: {exc.strerror or exc}")
+    for path in written.paths:
+        typer.echo(f"wrote {path}", err=True)
+    for name, why in written.skipped.items():
+        typer.echo(f"skipped {name}: {why}", err=True)
 
 
 def _na(value: float | None, fmt: str = "{:.3f}") -> str:
