@@ -11,7 +11,7 @@ command starts anything. It must never contain command logic.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from controlplane.traces.model import Trace
 
 SettingsT = TypeVar("SettingsT", bound=BaseSettings)
+NumberT = TypeVar("NumberT", int, float)
 
 err_console = Console(stderr=True)
 
@@ -69,29 +70,31 @@ def check_names(names: list[str], known: Iterable[str], option: str, what: str) 
 
 def parse_ints(value: str, option: str) -> list[int]:
     """Comma-separated non-negative integers, each once."""
-    out: list[int] = []
-    for item in split_list(value, option):
-        try:
-            n = int(item)
-        except ValueError:
-            fail(f"{option}: {item!r} is not an integer")
-        if n < 0:
-            fail(f"{option}: {n} is negative")
-        out.append(n)
-    return list(dict.fromkeys(out))
+    return _parse_list(value, option, int, "an integer", lambda n: n >= 0, "is negative")
 
 
 def parse_fracs(value: str, option: str) -> list[float]:
     """Comma-separated fractions in (0, 1], each once."""
-    out: list[float] = []
+    return _parse_list(value, option, float, "a number", lambda f: 0 < f <= 1, "is not in (0, 1]")
+
+
+def _parse_list(
+    value: str,
+    option: str,
+    convert: Callable[[str], NumberT],
+    kind: str,
+    valid: Callable[[NumberT], bool],
+    invalid: str,
+) -> list[NumberT]:
+    out: list[NumberT] = []
     for item in split_list(value, option):
         try:
-            f = float(item)
+            number = convert(item)
         except ValueError:
-            fail(f"{option}: {item!r} is not a number")
-        if not 0 < f <= 1:
-            fail(f"{option}: {f:g} is not in (0, 1]")
-        out.append(f)
+            fail(f"{option}: {item!r} is not {kind}")
+        if not valid(number):
+            fail(f"{option}: {number:g} {invalid}")
+        out.append(number)
     return list(dict.fromkeys(out))
 
 

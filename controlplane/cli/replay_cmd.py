@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -42,29 +43,25 @@ if TYPE_CHECKING:
     from controlplane.traces.model import Trace
 
 DEFAULT_FRACS = "0.05,0.1,0.2,0.4"
-_SIZES = "Policies and cache sizes"
-_FITTED = "Fitted policies (wa, wa-ref)"
-_OUTPUT = "Output"
+# Options grouped in the help by what they are about.
+_sizes = partial(typer.Option, rich_help_panel="Policies and cache sizes")
+_fitted = partial(typer.Option, rich_help_panel="Fitted policies (wa, wa-ref)")
+_output = partial(typer.Option, rich_help_panel="Output")
 
 PolicyOpt = Annotated[
     str,
-    typer.Option(
+    _sizes(
         "--policy",
         "-p",
         metavar="NAMES",
-        rich_help_panel=_SIZES,
         help="Comma-separated policies, or 'all'. Known: " + ", ".join(catalog.names()) + ".",
     ),
 ]
-CapacityOpt = Annotated[
-    str | None,
-    typer.Option(metavar="BLOCKS", rich_help_panel=_SIZES, help="Cache sizes, e.g. 5000,10000"),
-]
+CapacityOpt = Annotated[str | None, _sizes(metavar="BLOCKS", help="Cache sizes, e.g. 5000,10000")]
 CapacityFracOpt = Annotated[
     str | None,
-    typer.Option(
+    _sizes(
         metavar="FRACS",
-        rich_help_panel=_SIZES,
         help=f"Cache sizes as shares of the trace's unique blocks [default: {DEFAULT_FRACS}]",
     ),
 ]
@@ -73,83 +70,53 @@ JobsOpt = Annotated[
     typer.Option("--jobs", "-j", min=0, metavar="N", help="Worker processes (0 = one per core)"),
 ]
 TopCategoriesOpt = Annotated[
-    int,
-    typer.Option(
-        min=0, metavar="N", rich_help_panel=_OUTPUT, help="Categories per table (by accesses)"
-    ),
-]
-RefitEveryOpt = Annotated[
-    float,
-    typer.Option(
-        parser=positive,
-        metavar="SECONDS",
-        rich_help_panel=_FITTED,
-        help="Online fit: refit every this many trace seconds",
-    ),
-]
-WaFitOpt = Annotated[
-    FitMode,
-    typer.Option(
-        rich_help_panel=_FITTED,
-        help="online: refit as the replay goes; split: fit on the first --split of the "
-        "requests, score every policy on the rest only",
-    ),
-]
-SplitOpt = Annotated[
-    float,
-    typer.Option(
-        parser=open_fraction,
-        metavar="SHARE",
-        rich_help_panel=_FITTED,
-        help="Share of requests fitted on with --wa-fit split",
-    ),
-]
-CategoriesOpt = Annotated[
-    CategorySource,
-    typer.Option(
-        rich_help_panel=_FITTED,
-        help="labels: the trace's type_turn; auto: inferred from blocks and length",
-    ),
-]
-AttributionOpt = Annotated[
-    Attribution | None,
-    typer.Option(
-        rich_help_panel=_FITTED,
-        help="A block's category is its last accessor's or its creator's [default: last]",
-    ),
-]
-NearConcurrentOpt = Annotated[
-    float | None,
-    typer.Option(
-        parser=non_negative,
-        metavar="SECONDS",
-        rich_help_panel=_FITTED,
-        help="Reuse gaps below this are merged",
-    ),
-]
-LifeOpt = Annotated[
-    float | None,
-    typer.Option(
-        parser=positive,
-        metavar="SECONDS",
-        rich_help_panel=_FITTED,
-        help="One life window for every category",
-    ),
+    int, _output(min=0, metavar="N", help="Categories per table (by accesses)")
 ]
 PlotOpt = Annotated[
     Path | None,
-    typer.Option(
+    _output(
         metavar="FILE.png",
-        rich_help_panel=_OUTPUT,
         help="Also draw hit ratio against cache size per policy (PNG, 1000x625 px); "
         "runs belady and inf too if not named. Needs the plot extra",
     ),
 ]
+RefitEveryOpt = Annotated[
+    float,
+    _fitted(
+        parser=positive, metavar="SECONDS", help="Online fit: refit every this many trace seconds"
+    ),
+]
+WaFitOpt = Annotated[
+    FitMode,
+    _fitted(
+        help="online: refit as the replay goes; split: fit on the first --split of the "
+        "requests, score every policy on the rest only"
+    ),
+]
+SplitOpt = Annotated[
+    float,
+    _fitted(parser=open_fraction, metavar="SHARE", help="Share fitted on with --wa-fit split"),
+]
+CategoriesOpt = Annotated[
+    CategorySource,
+    _fitted(help="labels: the trace's type_turn; auto: inferred from blocks and length"),
+]
+AttributionOpt = Annotated[
+    Attribution | None,
+    _fitted(help="A block's category is its last accessor's or its creator's [default: last]"),
+]
+NearConcurrentOpt = Annotated[
+    float | None,
+    _fitted(parser=non_negative, metavar="SECONDS", help="Reuse gaps below this are merged"),
+]
+LifeOpt = Annotated[
+    float | None,
+    _fitted(parser=positive, metavar="SECONDS", help="One life window for every category"),
+]
 ReuseClassFlag = Annotated[
     bool,
-    typer.Option(
+    _fitted(
         "--reuse-class",
-        rich_help_panel=_FITTED,
         help="Split each category by whether the block was accessed before (measured in "
         "docs/policy.md; the agent does not do it yet)",
     ),

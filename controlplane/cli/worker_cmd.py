@@ -101,9 +101,9 @@ def worker(
         sys.stdout.write("\n")
     else:
         typer.echo(f"done: {_status_line(result)}")
-    if result.events_sent == 0 and result.events_dropped > 0:
+    if result.agent.events_sent == 0 and result.agent.events_dropped > 0:
         fail(
-            f"sent no event to {settings.redis_url} ({result.events_dropped:,} dropped): "
+            f"sent no event to {settings.redis_url} ({result.agent.events_dropped:,} dropped): "
             "Redis was unreachable for the whole run",
             code=1,
         )
@@ -147,11 +147,12 @@ def _replay(
 
 
 def _status_line(p: WorkerProgress) -> str:
+    a = p.agent
     return (
-        f"worker {p.worker} [{p.policy}, {p.capacity:,} blocks]: {p.requests:,} requests "
-        f"(loop {p.loops}), hit ratio {p.hit_ratio:.4f}, applied version {p.applied_version}, "
-        f"events sent {p.events_sent:,} dropped {p.events_dropped:,}, "
-        f"rejected {p.rejected}, lag {p.lag_s:.2f}s"
+        f"worker {a.id} [{p.policy}, {a.capacity:,} blocks]: {p.requests:,} requests "
+        f"(loop {p.loops}), hit ratio {a.hit_ratio:.4f}, applied version {a.applied_version}, "
+        f"events sent {a.events_sent:,} dropped {a.events_dropped:,}, "
+        f"rejected {a.rejected}, lag {p.lag_s:.2f}s"
     )
 
 
