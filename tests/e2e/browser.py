@@ -59,7 +59,8 @@ def chromium(profile_dir: Path, width: int = 1366, height: int = 900) -> Iterato
     browser, driver_path = require_chromium()
     options = webdriver.ChromeOptions()
     options.binary_location = browser
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile_dir}", f"--window-size={width},{height}"):
+    profile = f"--user-data-dir={profile_dir}"
+    for flag in (*CHROMIUM_FLAGS, profile, f"--window-size={width},{height}"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(driver_path), options=options)
@@ -114,7 +115,8 @@ const out = [];
 const visible = (e) => e.getClientRects().length > 0;
 for (const e of document.querySelectorAll('input, select, textarea')) {
   if (e.type === 'hidden') continue;
-  if (!(e.labels && e.labels.length) && !e.getAttribute('aria-label')) out.push(`unlabelled ${e.tagName} #${e.id}`);
+  const labelled = (e.labels && e.labels.length) || e.getAttribute('aria-label');
+  if (!labelled) out.push(`unlabelled ${e.tagName} #${e.id}`);
 }
 for (const e of document.querySelectorAll('button, a[href]')) {
   const name = (e.getAttribute('aria-label') || e.textContent || '').trim();
@@ -122,11 +124,14 @@ for (const e of document.querySelectorAll('button, a[href]')) {
 }
 for (const s of document.querySelectorAll('svg[role="img"]')) {
   const ids = (s.getAttribute('aria-labelledby') || '').split(/\\s+/).filter(Boolean);
-  const text = ids.map((i) => (document.getElementById(i) || {}).textContent || '').join(' ').trim();
+  const text = ids.map((i) => (document.getElementById(i) || {}).textContent || '')
+    .join(' ').trim();
   if (!text) out.push('chart without a text alternative');
 }
 for (const t of document.querySelectorAll('table')) {
-  if (!t.querySelector('caption') || !t.querySelector('th[scope]')) out.push(`table without caption or header scope: ${t.id}`);
+  if (!t.querySelector('caption') || !t.querySelector('th[scope]')) {
+    out.push(`table without caption or header scope: ${t.id}`);
+  }
 }
 return out;
 """
@@ -141,7 +146,10 @@ const parse = (c) => {
   return { rgb: p.slice(0, 3), a: p.length > 3 ? p[3] : 1 };
 };
 const lum = (rgb) => {
-  const [r, g, b] = rgb.map((v) => { v /= 255; return v <= 0.04045 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; });
+  const [r, g, b] = rgb.map((v) => {
+    v /= 255;
+    return v <= 0.04045 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
+  });
   return 0.2126 * r + 0.7152 * g + 0.0722 * b;
 };
 const background = (e) => {
@@ -168,7 +176,9 @@ while (walker.nextNode()) {
   const size = parseFloat(cs.fontSize);
   const large = size >= 24 || (size >= 18.66 && Number(cs.fontWeight) >= 700);
   checked++;
-  if (ratio < (large ? 3 : 4.5)) out.push(`${ratio.toFixed(2)}:1 "${node.textContent.trim().slice(0, 40)}"`);
+  if (ratio < (large ? 3 : 4.5)) {
+    out.push(`${ratio.toFixed(2)}:1 "${node.textContent.trim().slice(0, 40)}"`);
+  }
 }
 return { checked, failures: out.slice(0, 20) };
 """

@@ -114,8 +114,11 @@ def _confirm(driver: Any, *, by_keyboard: bool = True) -> None:
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.keys import Keys
 
-    _until(driver, "the dialog open", lambda: driver.execute_script(
-        "return document.getElementById('confirm').open"))
+    _until(
+        driver,
+        "the dialog open",
+        lambda: driver.execute_script("return document.getElementById('confirm').open"),
+    )
     assert driver.switch_to.active_element.get_attribute("id") == "confirm-cancel"
     if by_keyboard:
         ActionChains(driver).send_keys(Keys.TAB).perform()
@@ -123,8 +126,11 @@ def _confirm(driver: Any, *, by_keyboard: bool = True) -> None:
         ActionChains(driver).send_keys(Keys.ENTER).perform()
     else:
         driver.find_element("id", "confirm-ok").click()
-    _until(driver, "the dialog closed", lambda: not driver.execute_script(
-        "return document.getElementById('confirm').open"))
+    _until(
+        driver,
+        "the dialog closed",
+        lambda: not driver.execute_script("return document.getElementById('confirm').open"),
+    )
 
 
 def _submit(driver: Any, form: str) -> None:
@@ -217,8 +223,11 @@ def test_dashboard_shows_the_loop_and_acts_through_the_api(
         _fill(driver, "ov-p", "")
         _fill(driver, "ov-life", "7.5")
         _submit(driver, "override-form")
-        _until(driver, "the dialog", lambda: driver.execute_script(
-            "return document.getElementById('confirm').open"))
+        _until(
+            driver,
+            "the dialog",
+            lambda: driver.execute_script("return document.getElementById('confirm').open"),
+        )
         from selenium.webdriver.common.action_chains import ActionChains
         from selenium.webdriver.common.keys import Keys
 
@@ -237,8 +246,11 @@ def test_dashboard_shows_the_loop_and_acts_through_the_api(
         assert doc["note"].startswith(f"override {category}")
         assert doc["categories"][category]["life_s"] == 7.5
         assert doc["categories"][category]["source"] == "override"
-        _until(driver, "the version in the history", lambda: str(published)
-               in _column(driver, "versions", 0))
+        _until(
+            driver,
+            "the version in the history",
+            lambda: str(published) in _column(driver, "versions", 0),
+        )
         row = _column(driver, "versions", 0).index(str(published))
         assert _column(driver, "versions", 2)[row] == "override"
 
@@ -261,8 +273,9 @@ def test_dashboard_shows_the_loop_and_acts_through_the_api(
         driver.find_element("id", "rb-hold").click()
         _submit(driver, "rollback-form")
         _confirm(driver)
-        _until(driver, "rolled back", lambda: f"rollback to version {published - 1}"
-               in _result(driver))
+        _until(
+            driver, "rolled back", lambda: f"rollback to version {published - 1}" in _result(driver)
+        )
         assert get(url, "/v1/policy/overrides") == {}
         _next_refresh(driver)
         assert _column(driver, "overrides", 0) == []
