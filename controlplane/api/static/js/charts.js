@@ -32,13 +32,19 @@ export function niceTicks(lo, hi, count = 5) {
   return ticks;
 }
 
-/** Powers of ten within [lo, hi] (at least the two ends when the range is under a decade). */
+/** Powers of ten within [lo, hi]; with 1, 2 and 5 times them when that gives too few. */
 export function logTicks(lo, hi) {
-  const ticks = [];
-  for (let e = Math.ceil(Math.log10(lo) - 1e-9); e <= Math.floor(Math.log10(hi) + 1e-9); e++) {
-    ticks.push(10 ** e);
+  for (const steps of [[1], [1, 2, 5]]) {
+    const ticks = [];
+    for (let e = Math.floor(Math.log10(lo)); e <= Math.ceil(Math.log10(hi)); e++) {
+      for (const k of steps) {
+        const v = k * 10 ** e;
+        if (v >= lo * (1 - 1e-9) && v <= hi * (1 + 1e-9)) ticks.push(v);
+      }
+    }
+    if (ticks.length >= 3) return ticks;
   }
-  return ticks.length >= 2 ? ticks : [lo, hi];
+  return [lo, hi];
 }
 
 export function tickLabel(v) {
