@@ -7,7 +7,8 @@ every worker the API lists and draws the categories' curves; it fits a laptop's 
 contrast; an action without the token, and one with a bad value, show the API's error as
 the API gave it; an override made through the page (confirmed in its dialog, by keyboard)
 becomes a new version that every worker applies; roll back and refit work from the page.
-Screenshots go to ``$KVWISE_TEST_ARTIFACTS`` when set, else to pytest's tmp dir.
+Screenshots go to ``$KVWISE_TEST_ARTIFACTS`` when set, else to pytest's tmp dir
+(``<tmp>/artifacts/``); ``$KVWISE_DOCS_SCREENSHOT`` names where to write the docs' picture.
 """
 
 from __future__ import annotations
@@ -282,11 +283,16 @@ def test_dashboard_shows_the_loop_and_acts_through_the_api(
         assert re.match(r"Refit (published version \d+|did not publish: .+) \(", _result(driver))
         assert console_problems(driver) == []
         _save_full_page(driver, artifacts / "dashboard.png")
+        if docs_picture := os.environ.get("KVWISE_DOCS_SCREENSHOT"):
+            # docs/images/dashboard.png: this, then `pngquant` (docs/dashboard.md).
+            _save_full_page(driver, Path(docs_picture), zoom=0.75)
 
 
-def _save_full_page(driver: Any, path: Path) -> None:
+def _save_full_page(driver: Any, path: Path, zoom: float = 1.0) -> None:
+    """The whole page, 1280 CSS pixels wide, drawn at ``zoom`` device pixels per CSS pixel."""
+    emulate_zoom(driver, round(1280 * zoom), 800, zoom)
     height = int(driver.execute_script("return document.documentElement.scrollHeight"))
-    emulate_zoom(driver, 1366, min(height, 8000), 1.0)
+    emulate_zoom(driver, round(1280 * zoom), round(min(height, 8000) * zoom), zoom)
     driver.save_screenshot(str(path))
     clear_emulation(driver)
 
