@@ -102,6 +102,8 @@ def simulate(
 
     if sum(x is not None for x in (capacity, capacity_frac, capacity_gib)) > 1:
         fail("give one of --capacity, --capacity-frac, --capacity-gib")
+    if plot is not None and plot.suffix.lower() != ".png":
+        fail(f"--plot {plot}: plots are written as .png")
     try:
         prof = load_profile(profile)
     except ProfileError as exc:
