@@ -6,10 +6,15 @@ It must never contain command logic.
 
 from __future__ import annotations
 
-from typing import NoReturn
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from controlplane.traces.model import Trace
 
 err_console = Console(stderr=True)
 
@@ -40,14 +45,34 @@ def parse_ints(value: str, what: str) -> list[int]:
     return out
 
 
-def parse_fracs(value: str, what: str) -> list[float]:
+def parse_floats(value: str, what: str, *, at_most: float = math.inf) -> list[float]:
+    """Comma-separated numbers in (0, ``at_most``]."""
     out = []
     for item in split_list(value, what):
         try:
             f = float(item)
         except ValueError:
             fail(f"{what}: {item!r} is not a number")
-        if not 0 < f <= 1:
-            fail(f"{what}: {f} is not in (0, 1]")
+        if not 0 < f <= at_most or f == math.inf:
+            fail(f"{what}: {f} is not in (0, {at_most:g}]")
         out.append(f)
     return out
+
+
+def parse_fracs(value: str, what: str) -> list[float]:
+    return parse_floats(value, what, at_most=1.0)
+
+
+def load_trace_or_fail(path: Path, *, skip_bad_lines: bool = False) -> Trace:
+    """The trace at ``path``; a file that cannot be read is a one-line error (exit 2),
+    skipped lines are counted on stderr."""
+    from controlplane.traces.reader import TraceError, load_trace
+
+    try:
+        trace = load_trace(path, skip_bad_lines=skip_bad_lines)
+    except (OSError, TraceError) as exc:
+        fail(str(exc))
+    if trace.skipped_lines:
+        first = ", ".join(f"line {ln}: {why}" for ln, why in trace.skipped_lines[:3])
+        typer.echo(f"skipped {len(trace.skipped_lines)} bad lines ({first})", err=True)
+    return trace
