@@ -13,7 +13,14 @@ from typing import Annotated, Any
 
 import typer
 
-from controlplane.cli.common import fail, parse_fracs, parse_ints, split_list
+from controlplane.cli.common import (
+    fail,
+    load_trace_or_fail,
+    parse_floats,
+    parse_fracs,
+    parse_ints,
+    split_list,
+)
 
 DEFAULT_POLICIES = "lru,s3fifo,arc,wa"
 
@@ -98,7 +105,6 @@ def simulate(
     """
     from controlplane.replay import catalog
     from controlplane.simulate.profiles import ProfileError, load_profile
-    from controlplane.traces.reader import TraceError, load_trace
 
     if sum(x is not None for x in (capacity, capacity_frac, capacity_gib)) > 1:
         fail("give one of --capacity, --capacity-frac, --capacity-gib")
@@ -123,13 +129,7 @@ def simulate(
         categories,
         refit_every,
     )
-    try:
-        trace = load_trace(trace_path, skip_bad_lines=skip_bad_lines)
-    except (OSError, TraceError) as exc:
-        fail(str(exc))
-    if trace.skipped_lines:
-        first = ", ".join(f"line {ln}: {why}" for ln, why in trace.skipped_lines[:3])
-        typer.echo(f"skipped {len(trace.skipped_lines)} bad lines ({first})", err=True)
+    trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
     if trace.n_requests == 0:
         fail(f"{trace_path}: no requests")
     block = _block_tokens(trace, options)
@@ -209,22 +209,9 @@ def _capacities(
         fracs = parse_fracs(capacity_frac, "--capacity-frac")
         return [max(1, round(f * trace.n_unique)) for f in fracs]
     if capacity_gib is not None:
-        sizes = [float(x) for x in _numbers(capacity_gib, "--capacity-gib")]
+        sizes = parse_floats(capacity_gib, "--capacity-gib")
         return [prof.blocks_for_gib(g, block) for g in sizes]
     return [prof.kv_pool_blocks(block)]
-
-
-def _numbers(value: str, what: str) -> list[float]:
-    out = []
-    for item in split_list(value, what):
-        try:
-            x = float(item)
-        except ValueError:
-            fail(f"{what}: {item!r} is not a number")
-        if not x > 0 or x == float("inf"):
-            fail(f"{what}: {item} is not a positive number")
-        out.append(x)
-    return out
 
 
 def _run_with_progress(

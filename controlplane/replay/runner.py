@@ -24,6 +24,8 @@ from controlplane.traces.model import Trace
 
 @dataclass(frozen=True)
 class ReplayJob:
+    """One policy at one capacity (``kvwise simulate`` runs the same jobs)."""
+
     policy: str
     capacity: int
 
@@ -69,6 +71,14 @@ def summarize_from(
     )
 
 
+def policy_matrix(policies: Sequence[str], capacities: Sequence[int]) -> list[ReplayJob]:
+    """Every policy at every capacity, in (policy, capacity) order; unknown policy names
+    fail here, before any work starts."""
+    for name in policies:
+        catalog.factory(name)
+    return [ReplayJob(p, c) for p in policies for c in capacities]
+
+
 def run_matrix(
     trace: Trace,
     policies: Sequence[str],
@@ -83,9 +93,7 @@ def run_matrix(
     ``options`` reach every policy factory and decide the scored requests. Unknown policy
     names fail before any work starts.
     """
-    for name in policies:
-        catalog.factory(name)
-    matrix = [ReplayJob(p, c) for p in policies for c in capacities]
+    matrix = policy_matrix(policies, capacities)
 
     def one(job: ReplayJob, report: JobProgress | None) -> ReplayResult:
         return run_one(trace, job, report, options)

@@ -9,20 +9,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-from controlplane.replay import catalog
 from controlplane.replay.pool import JobProgress, run_jobs
+from controlplane.replay.runner import ReplayJob, policy_matrix
 from controlplane.simulate.engine import SimOptions, simulate
 from controlplane.simulate.report import SimResult, summarize
 from controlplane.traces.model import Trace
 
-
-@dataclass(frozen=True)
-class SimJob:
-    policy: str
-    capacity: int
-
+SimJob = ReplayJob
+"""One policy at one capacity."""
 
 ProgressSink = Callable[[SimJob, int], None]
 """Receives (job, requests arrived so far)."""
@@ -46,9 +41,7 @@ def run_matrix(
     progress: ProgressSink | None = None,
 ) -> list[SimResult]:
     """Every policy at every capacity; results in (policy, capacity) order."""
-    for name in policies:
-        catalog.factory(name)
-    matrix = [SimJob(p, c) for p in policies for c in capacities]
+    matrix = policy_matrix(policies, capacities)
 
     def one(job: SimJob, report: JobProgress | None) -> SimResult:
         return run_one(trace, job, options, report)

@@ -10,10 +10,11 @@ Run (not collected by pytest)::
 other policy's result): at one instance of the profile and a cache of the profile's KV
 pool, the largest speed-up of ``SPEEDS`` at which ``lru`` stays stable (p99 QTTFT under
 ``STABLE_P99_S``), just below saturation (searched up from x1, or down when x1 is not
-stable). ``report`` then runs ``POLICIES`` and ``inf`` at
-0.5, 1 and 2 times the pool at that speed and at half of it (light load), on traces of
-another seed, and prints Markdown tables. The to-C and to-B traces are synthetic (``kvwise trace synth``); the
-Mooncake sample is the authors' synthetic workload. Results to stdout, progress to stderr.
+stable). ``report`` then runs ``POLICIES`` and ``inf`` at 0.5, 1 and 2 times the pool at
+that speed and at half of it (light load), on traces of another seed, and prints
+Markdown tables. The to-C and to-B traces are synthetic (``kvwise trace synth``); the
+Mooncake sample is the authors' synthetic workload. Results to stdout, progress to
+stderr.
 """
 
 from __future__ import annotations
@@ -53,30 +54,31 @@ def pool_blocks(trace: Trace) -> int:
     return BUILTIN[DEFAULT_PROFILE].kv_pool_blocks(block)
 
 
+def stable_at(name: str, trace: Trace, pool: int, speed: float) -> bool:
+    """Whether ``lru`` at ``speed`` keeps p99 QTTFT under ``STABLE_P99_S``."""
+    [r] = run_matrix(trace, ["lru"], [pool], SimOptions(speed=speed), jobs=1)
+    stable = bool(r.qttft.p99 < STABLE_P99_S)
+    print(
+        f"{name} x{speed:g}: lru queue {r.queue.mean:.3f} s, QTTFT mean "
+        f"{r.qttft.mean:.3f} p99 {r.qttft.p99:.2f} s, stable={stable}",
+        file=sys.stderr,
+    )
+    return stable
+
+
 def select(seed: int, duration: float) -> None:
     for name, trace in traces(seed, duration).items():
         pool = pool_blocks(trace)
-
-        def stable_at(speed: float) -> bool:
-            [r] = run_matrix(trace, ["lru"], [pool], SimOptions(speed=speed), jobs=1)
-            stable = bool(r.qttft.p99 < STABLE_P99_S)
-            print(
-                f"{name} x{speed:g}: lru queue {r.queue.mean:.3f} s, QTTFT mean "
-                f"{r.qttft.mean:.3f} p99 {r.qttft.p99:.2f} s, stable={stable}",
-                file=sys.stderr,
-            )
-            return stable
-
         chosen = None
-        if stable_at(1.0):
+        if stable_at(name, trace, pool, 1.0):
             chosen = 1.0
             for speed in [x for x in SPEEDS if x > 1.0]:
-                if not stable_at(speed):
+                if not stable_at(name, trace, pool, speed):
                     break
                 chosen = speed
         else:
             for speed in [x for x in reversed(SPEEDS) if x < 1.0]:
-                if stable_at(speed):
+                if stable_at(name, trace, pool, speed):
                     chosen = speed
                     break
         print(f"{name}: loaded speed x{chosen}")
@@ -86,8 +88,10 @@ def report(seed: int, duration: float, speeds: dict[str, float], jobs: int | Non
     for name, trace in traces(seed, duration).items():
         pool = pool_blocks(trace)
         caps = [max(1, round(m * pool)) for m in POOL_MULTIPLES]
-        print(f"\n### {name} ({trace.name}: {trace.n_requests:,} requests, "
-              f"{trace.n_accesses:,} accesses; KV pool {pool:,} blocks)\n")
+        print(
+            f"\n### {name} ({trace.name}: {trace.n_requests:,} requests, "
+            f"{trace.n_accesses:,} accesses; KV pool {pool:,} blocks)\n"
+        )
         loaded = speeds.get(name, 1.0)
         for speed in (loaded / 2, loaded):
             t0 = time.perf_counter()
