@@ -35,7 +35,26 @@ from controlplane.traces.reader import load_trace
 from controlplane.traces.synth import synthesize
 
 POLICIES = ("lru", "s3fifo", "arc", "wa")
-SPEEDS = (0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0)
+SPEEDS = (
+    0.1,
+    0.15,
+    0.2,
+    0.25,
+    0.3,
+    0.4,
+    0.5,
+    0.6,
+    0.8,
+    1.0,
+    1.25,
+    1.5,
+    1.75,
+    2.0,
+    2.5,
+    3.0,
+    3.5,
+    4.0,
+)
 POOL_MULTIPLES = (0.5, 1.0, 2.0)
 STABLE_P99_S = 30.0
 MOONCAKE = Path(__file__).resolve().parents[1] / "data" / "mooncake_synthetic.jsonl.gz"
