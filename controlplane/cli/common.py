@@ -7,8 +7,9 @@ It must never contain command logic.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from controlplane.traces.model import Trace
 
 err_console = Console(stderr=True)
+T = TypeVar("T")
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -32,31 +34,38 @@ def split_list(value: str, what: str) -> list[str]:
     return items
 
 
-def parse_ints(value: str, what: str) -> list[int]:
+def _parse_numbers(
+    value: str, what: str, convert: Callable[[str], T], noun: str, rule: Callable[[T], str]
+) -> list[T]:
+    """Comma-separated ``convert``-ed items; ``rule`` says what is wrong with one ("")."""
     out = []
     for item in split_list(value, what):
         try:
-            n = int(item)
+            x = convert(item)
         except ValueError:
-            fail(f"{what}: {item!r} is not an integer")
-        if n < 0:
-            fail(f"{what}: {n} is negative")
-        out.append(n)
+            fail(f"{what}: {item!r} is not {noun}")
+        problem = rule(x)
+        if problem:
+            fail(f"{what}: {problem}")
+        out.append(x)
     return out
+
+
+def parse_ints(value: str, what: str) -> list[int]:
+    def rule(n: int) -> str:
+        return f"{n} is negative" if n < 0 else ""
+
+    return _parse_numbers(value, what, int, "an integer", rule)
 
 
 def parse_floats(value: str, what: str, *, at_most: float = math.inf) -> list[float]:
     """Comma-separated numbers in (0, ``at_most``]."""
-    out = []
-    for item in split_list(value, what):
-        try:
-            f = float(item)
-        except ValueError:
-            fail(f"{what}: {item!r} is not a number")
-        if not 0 < f <= at_most or f == math.inf:
-            fail(f"{what}: {f} is not in (0, {at_most:g}]")
-        out.append(f)
-    return out
+
+    def rule(f: float) -> str:
+        ok = 0 < f <= at_most and f != math.inf
+        return "" if ok else f"{f} is not in (0, {at_most:g}]"
+
+    return _parse_numbers(value, what, float, "a number", rule)
 
 
 def parse_fracs(value: str, what: str) -> list[float]:
