@@ -17,6 +17,7 @@ from controlplane.cli import (
     controller_cmd,
     demo_cmd,
     replay_cmd,
+    simulate_cmd,
     trace_cmd,
     worker_cmd,
 )
@@ -54,7 +55,15 @@ def _root(
     """kvwise: a KV-cache eviction control plane for LLM inference servers."""
 
 
-for module in (demo_cmd, replay_cmd, trace_cmd, controller_cmd, config_cmd, worker_cmd):
+for module in (
+    demo_cmd,
+    replay_cmd,
+    simulate_cmd,
+    trace_cmd,
+    controller_cmd,
+    config_cmd,
+    worker_cmd,
+):
     module.register(app)
 
 

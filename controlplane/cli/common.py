@@ -73,9 +73,21 @@ def parse_ints(value: str, option: str) -> list[int]:
     return _parse_list(value, option, int, "an integer", lambda n: n >= 0, "is negative")
 
 
+def parse_floats(value: str, option: str, *, at_most: float = math.inf) -> list[float]:
+    """Comma-separated numbers in (0, ``at_most``], each once."""
+    return _parse_list(
+        value,
+        option,
+        float,
+        "a number",
+        lambda f: 0 < f <= at_most and f != math.inf,
+        f"is not in (0, {at_most:g}]",
+    )
+
+
 def parse_fracs(value: str, option: str) -> list[float]:
     """Comma-separated fractions in (0, 1], each once."""
-    return _parse_list(value, option, float, "a number", lambda f: 0 < f <= 1, "is not in (0, 1]")
+    return parse_floats(value, option, at_most=1.0)
 
 
 def _parse_list(
@@ -178,11 +190,14 @@ def check_redis_url(url: str, where: str) -> str:
     return url
 
 
-def check_plotting(option: str) -> None:
-    """Fail now, naming ``option``, if figures cannot be drawn (no ``plot`` extra)."""
-    from controlplane.plots.canvas import PlotsUnavailable, check_available
+def check_plotting(option: str, png: Path | None = None) -> None:
+    """Fail now, naming ``option``, if figures cannot be drawn (no ``plot`` extra) or
+    ``png`` does not name a PNG file."""
+    from controlplane.plots.common import PlotsUnavailable, check_available, check_path
 
     try:
         check_available()
-    except PlotsUnavailable as exc:
+        if png is not None:
+            check_path(png)
+    except (PlotsUnavailable, OSError) as exc:
         fail(f"{option}: {exc}")

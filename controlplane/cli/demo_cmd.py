@@ -1,10 +1,11 @@
 """``kvwise demo``: the live loop on your machine, with a terminal view.
 
 Owns the demo's options, what it says at each start step (which Redis it uses and why,
-where the controller listens), its live view (fitted parameters per category with what
-each column means, the policy version each worker applied, hit ratios of kvwise vs stock
-LRU on the same traffic) and the final JSON. A malformed ``KVWISE_REDIS_URL`` is refused
-before anything is created. The processes are ``controlplane.dev.demo``'s.
+where the controller and its dashboard listen), its live view (fitted parameters per
+category with what each column means, the policy version each worker applied, hit ratios
+of kvwise vs stock LRU on the same traffic) and the final JSON. A malformed
+``KVWISE_REDIS_URL`` is refused before anything is created. The processes are
+``controlplane.dev.demo``'s.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def _start(stack: DemoStack) -> None:
         _say(f"Redis at {stack.redis_url}: {_REDIS_SOURCE[stack.redis_source]}")
         _say(f"keys under {stack.prefix!r}, deleted at the end")
         stack.start_controller()
-        _say(f"controller at {stack.api_url} (REST API and its docs: {stack.api_url}/docs)")
+        _say(f"controller at {stack.api_url} (REST API docs: {stack.api_url}/docs)")
+        _say(f"open the dashboard: {_dashboard(stack)}")
         stack.start_workers()
     except RuntimeError as exc:
         fail(str(exc))
@@ -116,6 +118,10 @@ def _start(stack: DemoStack) -> None:
         f"{s.workers} workers ({s.workers // 2} wa, {s.workers - s.workers // 2} lru) on "
         f"synthetic to-C traces at {s.speed:g}x speed, {stack.capacity:,} blocks each"
     )
+
+
+def _dashboard(stack: DemoStack) -> str:
+    return f"{stack.api_url}/ui/"
 
 
 def _snapshot(stack: DemoStack) -> dict[str, Any]:
@@ -131,6 +137,7 @@ def _snapshot(stack: DemoStack) -> dict[str, Any]:
         "redis": stack.redis_url,
         "redis_source": stack.redis_source,
         "api": stack.api_url,
+        "dashboard": _dashboard(stack),
         "speed": stack.settings.speed,
         "capacity_blocks": stack.capacity,
         "policy_version": policy.get("version") if isinstance(policy, dict) else None,
@@ -171,7 +178,7 @@ def _render(snap: dict[str, Any]) -> RenderableType:
     head = Text.from_markup(
         f"[bold]kvwise demo[/]  policy version [bold cyan]{snap['policy_version']}[/]  "
         f"cache {snap['capacity_blocks']:,} blocks  (Ctrl-C to stop)\n"
-        f"api {snap['api']}  redis {snap['redis']}"
+        f"dashboard [bold]{snap['dashboard']}[/]  redis {snap['redis']}"
     )
     return Group(head, _workers_table(snap), *_categories_table(snap))
 

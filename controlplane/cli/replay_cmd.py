@@ -165,7 +165,8 @@ def replay(
         fail("give --capacity or --capacity-frac, not both")
     names = _policy_names(policy)
     if plot is not None:
-        names = _with_bounds(names)
+        check_plotting("--plot", png=plot)
+        names += [b for b in catalog.BOUNDS if b not in names]
     options = ReplayOptions(
         refit_every_s=refit_every,
         wa_fit=wa_fit,
@@ -192,12 +193,6 @@ def _policy_names(policy: str) -> list[str]:
     if policy == "all":
         return catalog.names()
     return check_names(split_list(policy, "--policy"), catalog.names(), "--policy", "policy")
-
-
-def _with_bounds(names: list[str]) -> list[str]:
-    """``names`` and the bounds a plot draws; fails now if plotting is not possible."""
-    check_plotting("--plot")
-    return names + [b for b in catalog.BOUNDS if b not in names]
 
 
 def _plot(path: Path, trace: Trace, results: list[ReplayResult]) -> None:

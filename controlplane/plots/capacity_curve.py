@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from controlplane.plots.canvas import DEFAULT_SIZE, Size, new_figure, save
+from controlplane.plots.common import DEFAULT_SIZE, Size, figure, save
 from controlplane.replay.catalog import BOUNDS
 from controlplane.replay.engine import ReplayResult
 
@@ -36,8 +36,7 @@ def capacity_curve(
     results: Sequence[ReplayResult], unique_blocks: int, title: str, size: Size = DEFAULT_SIZE
 ) -> Figure:
     """The figure of ``results`` (every policy at every capacity of one trace)."""
-    figure = new_figure(size)
-    ax = figure.subplots()
+    fig, (ax,) = figure(size=size)
     policies = list(dict.fromkeys(r.policy for r in results))
     for policy in [p for p in policies if p not in BOUNDS] + [p for p in BOUNDS if p in policies]:
         runs = sorted((r for r in results if r.policy == policy), key=lambda r: r.capacity)
@@ -57,8 +56,8 @@ def capacity_curve(
     ax.set_ylim(0, max(1e-3, max(r.hit_ratio for r in results)) * 1.08)
     ax.set_title(title)
     ax.grid(True, which="major", alpha=0.3)
-    figure.legend(loc="outside right upper", title="policy")
-    return figure
+    fig.legend(loc="outside right upper", title="policy")
+    return fig
 
 
 def _capacity_ticks(ax: Axes, capacities: list[int], unique_blocks: int) -> None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from controlplane.plots.canvas import DEFAULT_SIZE, Size, new_figure, save
+from controlplane.plots.common import DEFAULT_SIZE, Size, figure, save
 from controlplane.traces.model import Trace
 from controlplane.traces.workload_stats import (
     SKEW_HIT_SHARE,
@@ -99,8 +99,7 @@ def reuse_time_cdf(
     """CDF of reuse times, all together and for the ``top`` categories by reuses."""
     if len(samples.reuse_times) == 0:
         return "no block is accessed by two requests"
-    figure = new_figure(size)
-    ax = figure.subplots()
+    fig, (ax,) = figure(size=size)
     x, y = _cdf(samples.reuse_times)
     ax.plot(x, y, color="black", linewidth=2.2, label=f"all ({len(samples.reuse_times):,})")
     counts = np.bincount(samples.reuse_categories, minlength=len(trace.category_names))
@@ -112,7 +111,7 @@ def reuse_time_cdf(
             ax.plot(x, y, linewidth=1.2, label=label)
     _time_axes(ax, "time to the next access", f"Reuse time by category: {trace.name}")
     ax.legend(title="category (reuses)", fontsize="small", loc="lower right")
-    return figure
+    return fig
 
 
 def lifespan_cdf(samples: WorkloadSamples, size: Size, name: str = "") -> Figure | str:
@@ -120,8 +119,7 @@ def lifespan_cdf(samples: WorkloadSamples, size: Size, name: str = "") -> Figure
     reused = samples.lifespans[samples.reused]
     if len(reused) == 0:
         return "no block is accessed by two requests"
-    figure = new_figure(size)
-    ax = figure.subplots()
+    fig, (ax,) = figure(size=size)
     x, y = _cdf(reused)
     share = len(reused) / len(samples.lifespans)
     ax.plot(x, y, color="tab:blue", linewidth=2, label=f"reused blocks ({len(reused):,})")
@@ -136,7 +134,7 @@ def lifespan_cdf(samples: WorkloadSamples, size: Size, name: str = "") -> Figure
         transform=ax.transAxes,
         va="top",
     )
-    return figure
+    return fig
 
 
 def hit_share_by_turn(trace: Trace, samples: WorkloadSamples, size: Size) -> Figure | str:
@@ -149,8 +147,7 @@ def hit_share_by_turn(trace: Trace, samples: WorkloadSamples, size: Size) -> Fig
     turn = np.minimum(trace.turns, MAX_TURN)
     hits = np.bincount(turn, weights=samples.request_hits, minlength=MAX_TURN + 1)[1:]
     requests = np.bincount(turn, minlength=MAX_TURN + 1)[1:]
-    figure = new_figure(size)
-    ax = figure.subplots()
+    fig, (ax,) = figure(size=size)
     at = np.arange(1, MAX_TURN + 1)
     ax.bar(at - 0.2, hits / total_hits, width=0.4, label="share of ideal hits")
     ax.bar(at + 0.2, requests / trace.n_requests, width=0.4, label="share of requests")
@@ -160,7 +157,7 @@ def hit_share_by_turn(trace: Trace, samples: WorkloadSamples, size: Size) -> Fig
     ax.set_title(f"Ideal (infinite cache) hits by turn: {trace.name}")
     ax.legend()
     ax.grid(True, axis="y", alpha=0.3)
-    return figure
+    return fig
 
 
 def skew(samples: WorkloadSamples, size: Size) -> Figure | str:
@@ -172,8 +169,7 @@ def skew(samples: WorkloadSamples, size: Size) -> Figure | str:
     cumulative = np.cumsum(np.sort(hits)[::-1]) / hits.sum()
     requests = np.arange(1, len(hits) + 1) / len(hits)
     keep = _thinned(len(hits))
-    figure = new_figure(size)
-    ax = figure.subplots()
+    fig, (ax,) = figure(size=size)
     ax.plot(requests[keep], cumulative[keep], linewidth=2, label="this trace")
     ax.plot([0, 1], [0, 1], color="gray", linestyle=":", label="hits spread evenly")
     ax.axhline(SKEW_HIT_SHARE, color="gray", linewidth=0.8)
@@ -185,4 +181,4 @@ def skew(samples: WorkloadSamples, size: Size) -> Figure | str:
     ax.set_ylim(0, 1.01)
     ax.legend(loc="lower right")
     ax.grid(True, alpha=0.3)
-    return figure
+    return fig

@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from controlplane.cli import app
-from controlplane.plots.canvas import DEFAULT_SIZE, Size
 from controlplane.plots.capacity_curve import write_capacity_curve
+from controlplane.plots.common import DEFAULT_SIZE, Size
 from controlplane.replay.engine import ReplayResult
 from controlplane.traces.synth import synthesize
 from controlplane.traces.writer import write_bailian
@@ -114,6 +114,14 @@ def test_without_matplotlib_plotting_fails_before_any_work(
         assert res.stderr.strip() == want
         assert res.stdout == ""
     assert list(tmp_path.iterdir()) == []
+
+
+def test_replay_refuses_a_plot_file_that_is_not_png_before_replaying(tmp_path: Path) -> None:
+    args = ["replay", str(SAMPLE), "-p", "lru", "--plot", str(tmp_path / "c.svg")]
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert res.exit_code == 2
+    assert res.stderr.strip() == f"error: --plot: {tmp_path / 'c.svg'}: plots are written as .png"
+    assert res.stdout == "" and "replay:" not in res.stderr
 
 
 @pytest.mark.slow

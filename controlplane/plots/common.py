@@ -2,10 +2,11 @@
 
 Owns ``PlotsUnavailable`` (matplotlib is not installed: the ``plot`` extra is missing),
 ``Size`` (a figure's size in pixels, which is what the written PNG measures),
-``new_figure`` and ``save``. Figures are built with matplotlib's object API (``Figure``),
-never ``pyplot``: no global state, no backend to choose, nothing ever opens a window.
-Layout is "constrained", so labels stay inside the figure without changing its size. It
-must never compute what a figure shows.
+``figure`` (an empty figure of side-by-side axes) and ``save`` (PNG only). Figures are
+built with matplotlib's object API (``Figure``), never ``pyplot``: no global state, no
+backend to choose, nothing ever opens a window, and nothing has to be closed. Layout is
+"constrained", so labels stay inside the figure without changing its size. It must never
+compute what a figure shows.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 DPI = 100
@@ -54,16 +56,27 @@ def check_available() -> None:
         raise PlotsUnavailable() from exc
 
 
-def new_figure(size: Size = DEFAULT_SIZE) -> Figure:
-    """An empty figure of ``size`` pixels."""
+def check_path(path: Path) -> None:
+    """Raise ``OSError`` unless ``path`` names a PNG (the only format written)."""
+    if path.suffix.lower() != ".png":
+        raise OSError(f"{path}: plots are written as .png")
+
+
+def figure(columns: int = 1, *, size: Size = DEFAULT_SIZE) -> tuple[Figure, list[Axes]]:
+    """An empty figure of ``size`` pixels with ``columns`` side-by-side axes."""
     check_available()
     from matplotlib.figure import Figure
 
-    return Figure(figsize=(size.width / DPI, size.height / DPI), dpi=DPI, layout="constrained")
+    fig = Figure(figsize=(size.width / DPI, size.height / DPI), dpi=DPI, layout="constrained")
+    axes = fig.subplots(1, columns, squeeze=False)
+    return fig, list(axes[0])
 
 
-def save(figure: Figure, path: Path) -> Path:
-    """Write ``figure`` as a PNG of exactly its size to ``path`` (parents created)."""
+def save(fig: Figure, path: Path, title: str = "") -> Path:
+    """Write ``fig`` to ``path`` as a PNG of exactly its size (parents created)."""
+    check_path(path)
+    if title:
+        fig.suptitle(title)
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png", dpi=DPI)
+    fig.savefig(path, format="png", dpi=DPI)
     return path
