@@ -160,6 +160,17 @@ def load_trace_or_fail(path: Path, *, skip_bad_lines: bool = False) -> Trace:
     return trace
 
 
+def trace_json(path: Path, trace: Trace) -> dict[str, object]:
+    """What every command's JSON says about the trace it read."""
+    return {
+        "trace": str(path),
+        "requests": trace.n_requests,
+        "accesses": trace.n_accesses,
+        "unique_blocks": trace.n_unique,
+        "skipped_lines": len(trace.skipped_lines),
+    }
+
+
 def settings_or_fail(
     cls: type[SettingsT], overrides: dict[str, Any], options: dict[str, str]
 ) -> SettingsT:

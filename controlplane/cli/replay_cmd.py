@@ -30,6 +30,7 @@ from controlplane.cli.common import (
     parse_ints,
     positive,
     split_list,
+    trace_json,
 )
 from controlplane.cli.tables import Column, FoldedTable
 from controlplane.replay import catalog
@@ -218,11 +219,7 @@ def _json_doc(
     trace_path: Path, trace: Trace, options: ReplayOptions, results: list[ReplayResult]
 ) -> dict[str, object]:
     return {
-        "trace": str(trace_path),
-        "requests": trace.n_requests,
-        "accesses": trace.n_accesses,
-        "unique_blocks": trace.n_unique,
-        "skipped_lines": len(trace.skipped_lines),
+        **trace_json(trace_path, trace),
         "options": options.to_json(),
         "scored": _scored(trace, options),
         "results": [r.to_json() for r in results],

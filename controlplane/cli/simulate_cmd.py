@@ -21,6 +21,7 @@ from controlplane.cli.common import (
     parse_fracs,
     parse_ints,
     split_list,
+    trace_json,
 )
 
 DEFAULT_POLICIES = "lru,s3fifo,arc,wa"
@@ -258,11 +259,7 @@ def _json_doc(
 ) -> dict[str, Any]:
     prof = options.profile
     return {
-        "trace": str(trace_path),
-        "requests": trace.n_requests,
-        "accesses": trace.n_accesses,
-        "unique_blocks": trace.n_unique,
-        "skipped_lines": len(trace.skipped_lines),
+        **trace_json(trace_path, trace),
         "block_tokens": block,
         "profile": prof.model_dump(),
         "profile_kv_pool_blocks": prof.kv_pool_blocks(block),
