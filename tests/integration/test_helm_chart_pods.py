@@ -69,12 +69,16 @@ def test_configmap_holds_every_controller_setting_but_the_per_pod_ones(
     # Every setting reaches the process: the ConfigMap's, and the per-pod ones from env.
     set_in_pod = {k for k in env if k.startswith("KVWISE_")}
     unset = {env_name(f) for f in ControllerSettings.model_fields} - set_in_pod
-    token_off = set() if r.values["controller"]["auth"]["enabled"] else {env_name("api_token")}
+    auth = r.values["controller"]["auth"]
+    token_off = set() if auth["enabled"] else {env_name("api_token")}
+    token_off |= set() if auth["readToken"]["enabled"] else {env_name("api_read_token")}
     assert unset == (unset_in_values - {env_name(f) for f in POD_ENV_FIELDS}) | token_off
     for key, value in config.items():
         assert getattr(settings, snake(key)) == value, key
     assert settings.consumer_name == POD
-    auth = r.values["controller"]["auth"]
+    if auth["readToken"]["enabled"]:
+        assert isinstance(settings.api_read_token, SecretStr)
+        assert re.fullmatch(r"[A-Za-z0-9]{32}", settings.api_read_token.get_secret_value())
     if auth["enabled"]:
         assert isinstance(settings.api_token, SecretStr)
         token = settings.api_token.get_secret_value()
@@ -331,16 +335,21 @@ def _status(url: str) -> int:
 @pytest.mark.integration
 @pytest.mark.e2e
 @pytest.mark.slow
+@pytest.mark.parametrize("read_token", [False, True], ids=["reads-open", "read-token"])
 def test_helm_test_check_passes_against_a_controller_started_from_the_rendered_pod(
-    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, key_prefix: str, read_token: bool
 ) -> None:
     """Run ``kvwise controller`` with exactly the env the chart gives the pod (ConfigMap,
-    Secrets, Redis URL), then the ``helm test`` pod's script against it."""
+    Secrets, Redis URL), then the ``helm test`` pod's script, with its own env, against
+    it (with a read token, the script must send it)."""
     from controlplane.dev.embedded_redis import free_port
 
     port = free_port()
     values = {
-        "controller": {"config": {"host": "127.0.0.1", "port": port, "keyPrefix": key_prefix}},
+        "controller": {
+            "config": {"host": "127.0.0.1", "port": port, "keyPrefix": key_prefix},
+            "auth": {"readToken": {"enabled": read_token}},
+        },
         "redis": {"enabled": False, "external": {"url": redis_url}},
     }
     r = hs.render(hs.chart(), values)
@@ -365,9 +374,14 @@ def test_helm_test_check_passes_against_a_controller_started_from_the_rendered_p
         check = hs.container(r.component("Pod", "test"), "check")
         script = check["command"][1:] + check["args"]
         assert script[0] == "-c"
+        check_env = hs.resolve_env(r, check, pod_name=POD, secrets=hs.all_secrets(r))
+        assert ("KVWISE_READ_TOKEN" in check_env) is read_token
+        if read_token:
+            policy = f"http://127.0.0.1:{port}/v1/policy"
+            assert _status(policy) == 401, "reads should need the read token"
         done = subprocess.run(
             [sys.executable, *script],
-            env={**base, "KVWISE_URL": f"http://127.0.0.1:{port}"},
+            env={**base, **check_env, "KVWISE_URL": f"http://127.0.0.1:{port}"},
             capture_output=True,
             text=True,
             timeout=120,
