@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-import redis
 
 from controlplane.api.access import MAX_BODY_BYTES
 from controlplane.service.settings import ControllerSettings
+from tests.conftest import delete_prefix
 from tests.integration.controller_fixtures import RunningController, running_controller
 
 pytestmark = pytest.mark.integration
@@ -38,10 +38,7 @@ def ctl(redis_url: str) -> Iterator[RunningController]:
     )
     with running_controller(settings) as rc:
         yield rc
-    client = redis.Redis.from_url(redis_url)
-    keys = list(client.scan_iter(match=settings.key_prefix + "*"))
-    if keys:
-        client.delete(*keys)
+    delete_prefix(redis_url, settings.key_prefix)
 
 
 READS = ["/v1/policy", "/v1/policy/versions", "/v1/policy/overrides", "/v1/agents"]

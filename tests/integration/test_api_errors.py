@@ -16,6 +16,7 @@ import redis
 
 from controlplane.dev.embedded_redis import EmbeddedRedis, free_port
 from controlplane.service.settings import ControllerSettings
+from tests.conftest import delete_prefix
 from tests.integration.controller_fixtures import RunningController, running_controller
 
 pytestmark = pytest.mark.integration
@@ -135,10 +136,7 @@ def ctl(redis_url: str) -> Iterator[RunningController]:
     settings = _settings(redis_url)
     with running_controller(settings) as rc:
         yield rc
-    client = redis.Redis.from_url(redis_url)
-    keys = list(client.scan_iter(match=settings.key_prefix + "*"))
-    if keys:
-        client.delete(*keys)
+    delete_prefix(redis_url, settings.key_prefix)
 
 
 @pytest.mark.parametrize(

@@ -15,13 +15,13 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-import redis
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
 from controlplane.dev.embedded_redis import free_port
 from controlplane.service.settings import ControllerSettings
+from tests.conftest import delete_prefix
 from tests.integration.controller_fixtures import running_controller
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -45,10 +45,7 @@ def api_schema(redis_url: str) -> Iterator[schemathesis.BaseSchema]:
     settings_ = _settings(redis_url)
     with running_controller(settings_) as rc:
         yield schemathesis.openapi.from_url(rc.url + "/openapi.json")
-    client = redis.Redis.from_url(redis_url)
-    keys = list(client.scan_iter(match=settings_.key_prefix + "*"))
-    if keys:
-        client.delete(*keys)
+    delete_prefix(redis_url, settings_.key_prefix)
 
 
 @pytest.fixture(scope="module")
