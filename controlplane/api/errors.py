@@ -84,7 +84,8 @@ _DESCRIPTIONS = {
     409: "The request conflicts with the controller's state",
     413: "The request body is larger than the API accepts",
     422: "A field of the request is invalid; `field` names it",
-    503: "Redis is unavailable, out of memory or refusing; `error` and `reason` say which",
+    503: "Redis is unavailable, out of memory or refusing, or the stored policy is "
+    "inconsistent; `error` and `reason` say which",
 }
 
 

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import redis
 
+from agent.wire import Keys
 from controlplane.dev.embedded_redis import EmbeddedRedis, free_port
 from controlplane.service.settings import ControllerSettings
 from tests.conftest import delete_prefix
@@ -211,3 +212,18 @@ def test_unknown_paths_and_methods_answer_json(ctl: RunningController) -> None:
     assert wrong.headers["Allow"] == "DELETE, PUT"
     read_only = ctl.client.post("/v1/policy", headers=AUTH)
     assert read_only.status_code == 405 and read_only.headers["Allow"] == "GET, HEAD"
+
+
+def test_a_current_pointer_without_its_document_is_reported(
+    redis_url: str, key_prefix: str
+) -> None:
+    settings = _settings(redis_url).model_copy(update={"key_prefix": key_prefix})
+    with running_controller(settings) as rc:
+        version = rc.client.get("/v1/policy").json()["version"]
+        redis.Redis.from_url(redis_url).delete(Keys(key_prefix).policy_doc(version))
+        r = rc.client.get("/v1/policy")
+        assert r.status_code == 503
+        assert r.json() == {
+            "error": "policy_missing",
+            "reason": f"current names version {version}, not stored",
+        }

@@ -24,9 +24,12 @@ writes = APIRouter(tags=[TAG])
 @reads.get("/v1/policy", response_model=PolicyDocument, responses=documented(404))
 def get_policy(controller: ControllerDep) -> PolicyDocument:
     """The current policy document: what every worker should be applying."""
-    doc = controller.store.current()
-    if doc is None:
+    version = controller.store.current_version()
+    if version is None:
         raise ApiError(404, "no_policy", "no policy version has been published yet")
+    doc = controller.store.get(version)
+    if doc is None:  # the pointer outlived its document: say so, never "no policy"
+        raise ApiError(503, "policy_missing", f"current names version {version}, not stored")
     return doc
 
 
