@@ -1,4 +1,5 @@
-"""The ASGI application of the controller: the API bound to a running ``Controller``.
+"""The ASGI application of the controller: the API bound to a running ``Controller``, and
+the dashboard beside it (``controlplane.api.ui``).
 
 Owns the lifespan: the exposure check before anything starts, the controller started
 with the server (after saying who may call the API) and stopped (releasing its lease
@@ -14,6 +15,7 @@ from fastapi import FastAPI
 
 from controlplane.api.app import create_app
 from controlplane.api.exposure import announce_exposure, check_exposure
+from controlplane.api.ui import mount_ui
 from controlplane.service.controller import Controller
 from controlplane.service.settings import ControllerSettings
 
@@ -23,6 +25,7 @@ def build_app(settings: ControllerSettings, controller: Controller | None = None
     check_exposure(settings)
     ctl = controller or Controller(settings)
     app = create_app(ctl)
+    mount_ui(app)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
