@@ -377,6 +377,11 @@ def attach(cache: Any, settings: AgentSettings) -> RadixHooks:
     return hooks
 
 
+def attached() -> RadixHooks | None:
+    """The hooks of the cache kvwise is attached to in this process, if any."""
+    return _state.hooks
+
+
 def detach() -> None:
     """Close the attached agent (tests; the process's exit does it otherwise)."""
     hooks, _state.hooks = _state.hooks, None
