@@ -144,7 +144,10 @@ def test_redis_url_and_credentials_reach_the_controller(
 WORKER_CASES = [c for c in CASES if hs.case_values(c).get("workers", {}).get("enabled")]
 
 
-ENGINE_PLUGINS = {"vllm": ("VLLM_PLUGINS", "vllmPlugins"), "sglang": ("SGLANG_PLUGINS", "sglangPlugins")}
+ENGINE_PLUGINS = {
+    "vllm": ("VLLM_PLUGINS", "vllmPlugins"),
+    "sglang": ("SGLANG_PLUGINS", "sglangPlugins"),
+}
 
 
 @pytest.mark.parametrize("case", WORKER_CASES)
