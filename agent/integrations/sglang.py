@@ -171,20 +171,18 @@ class RadixHooks:
         return nodes, starts
 
     def _ids(self, nodes: list[Any]) -> list[int]:
-        """Content ids of ``nodes`` (known ones from the side table, the rest computed
-        from the tokens of their path)."""
+        """Content ids of ``nodes``, the last ones of a path from the root: known ones from
+        the side table, else all computed from the tokens of that path."""
         marks = self.order.marks(nodes)
-        if all(m is not None and m.block for m in marks):
-            return [m.block for m in marks if m is not None]
-        return [self._id_of(n) for n in nodes]
+        known = [m.block for m in marks if m is not None and m.block]
+        if len(known) == len(nodes):
+            return known
+        chain, _ = self._path(nodes[-1], 1 << 62, -1)
+        ids = path_ids(_namespace(nodes[-1].key), [_token_bytes(n.key) for n in chain])
+        return ids[len(ids) - len(nodes) :]
 
     def _id_of(self, node: Any) -> int:
-        mark = self.order.mark_of(node)
-        if mark is not None and mark.block:
-            return mark.block
-        chain, _ = self._path(node, 1 << 62, -1)
-        ids = path_ids(_namespace(node.key), [_token_bytes(n.key) for n in chain])
-        return ids[-1]
+        return self._ids([node])[0]
 
     def _hit(self, request: Any, last: Any, prefix_len: int) -> None:
         """A request's prefix matched ``prefix_len`` tokens: report the nodes it had not

@@ -15,6 +15,7 @@ the README's plain ``pytest`` skips it unless ``KVWISE_TEST_SGLANG=1``.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import time
@@ -107,7 +108,25 @@ def tree(
         "KVWISE_FLUSH_INTERVAL_S": "0.05",
     }.items():
         monkeypatch.setenv(name, value)
-    plugin.register()  # SGLang's plugin loader calls it; idempotent
+    cache = build_through_backend(sg)
+    assert type(cache) is sg.RadixCache
+    hooks = plugin.attached()
+    assert hooks is not None and hooks.cache is cache
+    assert cache.eviction_strategy is hooks.order
+    t = Tree(cache, cache.token_to_kv_pool_allocator, hooks, sg)
+    spy_on_victims(t)
+    try:
+        yield t
+    finally:
+        plugin.detach()
+
+
+def build_through_backend(sg: SG) -> Any:
+    """A radix cache as SGLang's ``create_tree_cache`` builds it for
+    ``--radix-cache-backend kvwise`` (after its plugin loader ran ``register``)."""
+    from agent.integrations import sglang as plugin
+
+    plugin.register()  # idempotent
     factory = sg.registry.get_radix_cache_factory(plugin.BACKEND)
     assert factory is not None
     allocator = sg.Allocator(SIZE, sg.torch.int64, "cpu", None, False)
@@ -127,17 +146,7 @@ def tree(
         tp_rank=0,
         tp_group=None,
     )
-    cache = factory(ctx)
-    assert type(cache) is sg.RadixCache
-    hooks = plugin.attached()
-    assert hooks is not None and hooks.cache is cache
-    assert cache.eviction_strategy is hooks.order
-    t = Tree(cache, allocator, hooks, sg)
-    spy_on_victims(t)
-    try:
-        yield t
-    finally:
-        plugin.detach()
+    return factory(ctx)
 
 
 def spy_on_victims(t: Tree) -> None:
@@ -150,6 +159,27 @@ def spy_on_victims(t: Tree) -> None:
         return inner(node)
 
     t.cache._delete_leaf = _delete_leaf
+
+
+def test_off_switch_and_version_gate_keep_sglang_s_own_tree(
+    sg: SG, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import sglang
+
+    from agent.integrations import sglang as plugin
+
+    monkeypatch.setenv("KVWISE_ENABLE", "0")
+    cache = build_through_backend(sg)
+    assert type(cache.eviction_strategy).__name__ == "LRUStrategy"
+    assert plugin.attached() is None and "match_prefix" not in vars(cache)  # no wrapper
+    monkeypatch.setenv("KVWISE_ENABLE", "1")
+    monkeypatch.setenv("KVWISE_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setattr(sglang, "__version__", "0.5.22")
+    with caplog.at_level(logging.WARNING, logger="sglang.kvwise"):
+        cache = build_through_backend(sg)
+    assert "SGLang 0.5.22 is outside the tested range 0.5.23-0.5.24" in caplog.text
+    assert type(cache.eviction_strategy).__name__ == "LRUStrategy"
+    assert plugin.attached() is None and "match_prefix" not in vars(cache)
 
 
 def request(t: Tree, tokens: list[int], category: str | None) -> Request:
