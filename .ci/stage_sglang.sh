@@ -22,15 +22,18 @@ RADIX_DEPS=(numpy orjson psutil pybase64 requests packaging pillow starlette msg
   pyzmq tqdm ipython aiohttp dill gguf transformers==5.19.0 apache-tvm-ffi==0.1.11
   sentencepiece==0.2.1 compressed-tensors==0.18.0)
 TEST_DEPS=(pytest pytest-timeout httpx)
+# The test tools at the versions the main suite pins (tests/constraints.txt pins torch 2.13.0
+# too, so only these lines of it apply here).
+TEST_PINS="$(grep -E '^(pytest|pytest-timeout|httpx)==' tests/constraints.txt)"
 
-want="$(printf '%s\n' "${TORCH[@]}" "$SGLANG" "${RADIX_DEPS[@]}" "${TEST_DEPS[@]}" \
+want="$(printf '%s\n' "${TORCH[@]}" "$SGLANG" "${RADIX_DEPS[@]}" "$TEST_PINS" \
   "$PWD" "$(sha256sum pyproject.toml)")"
 stamp="$VENV/kvwise-stamp"
 if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
   start=$SECONDS
-  [[ -x "$PY" ]] || python -m venv "$VENV"
+  [[ -x "$PY" ]] || python3 -m venv "$VENV"
   pins="$VENV/kvwise-pins.txt"
-  printf '%s\n' "${TORCH[@]}" >"$pins"
+  printf '%s\n' "${TORCH[@]}" "$TEST_PINS" >"$pins"
   "${PIP[@]}" "${TORCH[@]}"
   "${PIP[@]}" --no-deps "$SGLANG"
   "${PIP[@]}" -c "$pins" "${RADIX_DEPS[@]}" "${TEST_DEPS[@]}"

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
-from agent.params import PolicyDocument
 from agent.policies.wa import WAPolicy
+from agent.policy_document import PolicyDocument
 
 
 @dataclass(frozen=True)

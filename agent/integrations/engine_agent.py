@@ -3,13 +3,13 @@
 Owns the glue between the engine's own eviction path (vLLM: a ``KvwiseFreeQueue``, which
 drives the evictor itself, by block id; SGLang: a radix tree ranking its leaves with a
 ``RadixOrder``) and the ``Agent`` facade (which keeps the access history, the events, the
-hit counters, the subscriber and the heartbeat, by block hash). The facade's policy slot holds an
-``EngineOrder``: its ``touch`` and ``free`` do nothing (the engine already told the
-order), its ``evict`` hands over the ids of the victims the engine just took, and
-``set_policy`` reaches the order, so a hot-reloaded document is swapped in, whole, on
-the engine thread at the next ``before_call``. It also owns the request -> category step:
-``kv_category`` from the request's extra arguments, else ``agent.infer``'s inference,
-bounded by the agent's category table. It must never import an engine or wait on I/O.
+hit counters, the subscriber and the heartbeat, by block hash). The facade's policy slot
+holds an ``EngineOrder``: its ``touch`` and ``free`` do nothing (the engine already told
+the order), its ``evict`` hands over the ids of the victims the engine just took, and
+``set_policy`` reaches the order, so a hot-reloaded document is swapped in, whole, on the
+engine thread at the next ``before_call``. It also owns the request -> category step:
+``kv_category`` from the request's extra arguments, else ``agent.category_inference``'s
+inference, bounded by the agent's category table. It must never import an engine or wait on I/O.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from agent.core import Agent
-from agent.params import PolicyDocument
+from agent.policy_document import PolicyDocument
+from agent.runtime.agent import Agent
 from agent.settings import AgentSettings
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 DEFAULT_CATEGORY = "default"
 """Category of requests that name none when inference is off."""
 CATEGORY_KEY = "kv_category"
-"""Key of the category in a request's extra arguments (OpenAI ``vllm_xargs``)."""
+"""Key of the category in a request's extra arguments (vLLM: OpenAI ``vllm_xargs``; SGLang:
+``custom_params``)."""
 
 
 class EngineEvictor(Protocol):
@@ -98,7 +99,7 @@ class EngineAgent:
         self._inferrer: Any = None
         if infer:
             try:
-                from agent.infer import CategoryInferrer
+                from agent.category_inference import CategoryInferrer
             except ImportError:  # inference not available: one default category
                 log.info("kvwise: no category inference; unnamed requests are %r", DEFAULT_CATEGORY)
             else:

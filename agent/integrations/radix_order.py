@@ -28,8 +28,8 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
-from agent.params import BUILTIN_POLICY, PolicyDocument
 from agent.policies.wa_core import Const, log_weight
+from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 
 RadixKeyTuple = tuple[float, float, int, int]
 """``(log reuse probability, last access, -depth, mark order)``: smaller is evicted first."""

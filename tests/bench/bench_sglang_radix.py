@@ -49,7 +49,7 @@ def build(kvwise: bool, size: int) -> tuple[Any, Any]:
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
     from agent.integrations import sglang as plugin
-    from agent.params import CategoryParams, PolicyDocument
+    from agent.policy_document import CategoryParams, PolicyDocument
     from agent.settings import AgentSettings
 
     allocator = TokenToKVPoolAllocator(size, torch.int64, "cpu", None, False)

@@ -124,7 +124,7 @@ def stack(tmp_path: Path, redis_url: str) -> Iterator[Stack]:
 def controller(stack: Stack) -> tuple[Proc, str]:
     """A controller that refits only when asked (so the policy in force is the one the test
     pushes) and fits categories from few samples."""
-    from controlplane.embedded_redis import free_port
+    from controlplane.dev.embedded_redis import free_port
 
     port = free_port()
     env = stack.env(

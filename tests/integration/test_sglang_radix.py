@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from agent.params import BUILTIN_POLICY, CategoryParams, PolicyDocument
+from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
 from tests.radix_reference import Leaf, wa_victims
 
 pytestmark = [
@@ -363,7 +363,7 @@ def test_victims_follow_wa_and_the_tree_stays_consistent(tree: Tree, seed: int) 
 def test_events_reach_the_controller_and_a_pushed_version_applies_live(
     tree: Tree, redis_url: str, key_prefix: str
 ) -> None:
-    from controlplane.settings import ControllerSettings
+    from controlplane.service.settings import ControllerSettings
     from tests.integration.controller_fixtures import running_controller
 
     settings = ControllerSettings(

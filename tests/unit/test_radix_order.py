@@ -10,7 +10,7 @@ import random
 import pytest
 
 from agent.integrations.radix_order import RadixOrder, path_ids, prompt_block_hashes
-from agent.params import BUILTIN_POLICY, CategoryParams, PolicyDocument
+from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
 from tests.radix_reference import Leaf, wa_first
 
 NAMES = ("chat", "doc", "code", "agent")
