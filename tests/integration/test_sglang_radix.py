@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import time
 import uuid
 from array import array
@@ -358,6 +359,10 @@ def test_victims_follow_wa_and_the_tree_stays_consistent(tree: Tree, seed: int) 
         time.sleep(0.0005)  # distinct access times (exact ties: tests/unit/test_radix_order.py)
     assert evictions > 100, evictions  # the run exercised eviction passes
     assert tree.hooks.engine.agent.hits > 0
+    # Named categories as sent; unnamed requests got an inferred one (turn, new tokens).
+    names = set(tree.hooks.engine.agent.categories.names)
+    assert {"chat", "doc", "code"} <= names
+    assert any(re.fullmatch(r"t\d_n\d", n) for n in names), names
 
 
 def test_events_reach_the_controller_and_a_pushed_version_applies_live(
