@@ -57,17 +57,20 @@ class NodeMark:
         return f"NodeMark(code={self.code}, depth={self.depth}, seq={self.seq})"
 
 
-def path_ids(namespace: bytes, segments: Sequence[bytes]) -> list[int]:
+def path_ids(namespace: bytes, segments: Sequence[bytes], last: int | None = None) -> list[int]:
     """Content ids of the nodes on a path from the root, ``segments`` being their token
-    bytes in order: node ``i``'s id is 64 bits of a hash of the namespace (LoRA name,
-    cache salt) and every token from the root to its end, as a signed int. A node split
-    in two keeps its id for the lower half (same last token); content evicted and inserted
-    again gets the same id, so its reuse after eviction is seen."""
+    bytes in order (only the ``last`` ones when given): node ``i``'s id is 64 bits of a
+    hash of the namespace (LoRA name, cache salt) and every token from the root to its end,
+    as a signed int. A node split in two keeps its id for the lower half (same last token);
+    content evicted and inserted again gets the same id, so its reuse after eviction is
+    seen."""
     digest = hashlib.blake2b(namespace, digest_size=8, person=b"kvwise-radix")
+    first = 0 if last is None else len(segments) - last
     out: list[int] = []
-    for tokens in segments:
+    for i, tokens in enumerate(segments):
         digest.update(tokens)
-        out.append(int.from_bytes(digest.copy().digest(), "big", signed=True))
+        if i >= first:
+            out.append(int.from_bytes(digest.copy().digest(), "big", signed=True))
     return out
 
 

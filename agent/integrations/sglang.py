@@ -178,8 +178,8 @@ class RadixHooks:
         if len(known) == len(nodes):
             return known
         chain, _ = self._path(nodes[-1], 1 << 62, -1)
-        ids = path_ids(_namespace(nodes[-1].key), [_token_bytes(n.key) for n in chain])
-        return ids[len(ids) - len(nodes) :]
+        tokens = [_token_bytes(n.key) for n in chain]
+        return path_ids(_namespace(nodes[-1].key), tokens, last=len(nodes))
 
     def _id_of(self, node: Any) -> int:
         return self._ids([node])[0]

@@ -119,6 +119,7 @@ def test_content_ids_follow_the_tokens_not_the_node_boundaries() -> None:
     split = path_ids(b"", [a, b, c])
     assert split[1] == whole[0] and split[2] == whole[1]  # a split keeps the lower id
     assert len(set(split)) == 3
+    assert path_ids(b"", [a, b, c], last=2) == split[1:]
     assert path_ids(b"lora-x", [a + b]) != path_ids(b"", [a + b])  # namespaces differ
     hashes = prompt_block_hashes(a + b + c[:8], 16)
     assert len(hashes) == 2 and hashes[0] == prompt_block_hashes(a, 16)[0]
