@@ -1,4 +1,5 @@
-"""The ASGI application of the controller: the API bound to a running ``Controller``.
+"""The ASGI application of the controller: the API bound to a running ``Controller``, and
+the dashboard beside it (``controlplane.api.ui``).
 
 Owns the lifespan: the controller starts with the server and stops (releasing its lease
 and flushing nothing half-done) when the server stops. It must never contain routes.
@@ -12,6 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from controlplane.api.app import create_app
+from controlplane.api.ui import mount_ui
 from controlplane.service.controller import Controller
 from controlplane.service.settings import ControllerSettings
 
@@ -19,6 +21,7 @@ from controlplane.service.settings import ControllerSettings
 def build_app(settings: ControllerSettings, controller: Controller | None = None) -> FastAPI:
     ctl = controller or Controller(settings)
     app = create_app(ctl)
+    mount_ui(app)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

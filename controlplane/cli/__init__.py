@@ -13,6 +13,7 @@ from controlplane.cli import (
     controller_cmd,
     demo_cmd,
     replay_cmd,
+    simulate_cmd,
     trace_cmd,
     worker_cmd,
 )
@@ -35,7 +36,15 @@ def _root() -> None:
     """kvwise: a KV-cache eviction control plane for LLM inference servers."""
 
 
-for module in (demo_cmd, replay_cmd, trace_cmd, controller_cmd, config_cmd, worker_cmd):
+for module in (
+    demo_cmd,
+    replay_cmd,
+    simulate_cmd,
+    trace_cmd,
+    controller_cmd,
+    config_cmd,
+    worker_cmd,
+):
     module.register(app)
 
 
