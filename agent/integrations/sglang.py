@@ -31,7 +31,7 @@ import logging
 import re
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from agent.integrations.engine_agent import CATEGORY_KEY, DEFAULT_CATEGORY, EngineAgent
@@ -125,7 +125,7 @@ class RadixHooks:
 
     # --- categories ----------------------------------------------------------------------
     @contextlib.contextmanager
-    def serving(self, request: Any) -> Any:
+    def serving(self, request: Any) -> Iterator[Any]:
         """Inserts inside this block are ``request``'s (what ``_insert_cache`` does)."""
         previous, self.request = self.request, request
         try:
