@@ -104,6 +104,12 @@ BAD_VALUES = [
         "0 is less than or equal to the minimum of 0",
         id="out-of-range",
     ),
+    pytest.param(
+        {"workers": {"engine": "tgi"}},
+        "at '/workers/engine': value must be one of 'vllm', 'sglang'",
+        "'tgi' is not one of ['vllm', 'sglang']",
+        id="unknown-engine",
+    ),
 ]
 
 

@@ -148,20 +148,29 @@ def test_redis_url_and_credentials_reach_the_controller(
 WORKER_CASES = [c for c in CASES if hs.case_values(c).get("workers", {}).get("enabled")]
 
 
+ENGINE_PLUGINS = {
+    "vllm": ("VLLM_PLUGINS", "vllmPlugins"),
+    "sglang": ("SGLANG_PLUGINS", "sglangPlugins"),
+}
+
+
 @pytest.mark.parametrize("case", WORKER_CASES)
 def test_worker_env_carries_every_agent_setting(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     r = hs.rendered(case)
     w = r.values["workers"]
     deploy = r.component("Deployment", "worker")
-    vllm = hs.container(deploy, "vllm")
-    env = hs.resolve_env(r, vllm, pod_name=POD, secrets=hs.all_secrets(r))
+    engine = hs.container(deploy, w["engine"])
+    assert [c["name"] for c in deploy["spec"]["template"]["spec"]["containers"]] == [w["engine"]]
+    env = hs.resolve_env(r, engine, pod_name=POD, secrets=hs.all_secrets(r))
     assert {k for k in env if k.startswith("KVWISE_")} == {
         env_name(f) for f in AgentSettings.model_fields
     }
     assert env["KVWISE_ENABLE"] == "1"
-    assert "kvwise" in env["VLLM_PLUGINS"].split(",")
-    assert set(w["vllmPlugins"]) <= set(env["VLLM_PLUGINS"].split(","))
-    worker_id = next(e for e in vllm["env"] if e["name"] == "KVWISE_WORKER_ID")
+    plugins_env, plugins_value = ENGINE_PLUGINS[w["engine"]]
+    other_env = {e for e, _ in ENGINE_PLUGINS.values()} - {plugins_env}
+    assert "kvwise" in env[plugins_env].split(",") and not other_env & set(env)
+    assert set(w[plugins_value]) <= set(env[plugins_env].split(","))
+    worker_id = next(e for e in engine["env"] if e["name"] == "KVWISE_WORKER_ID")
     assert worker_id["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
     agent = hs.load_settings(AgentSettings, env, monkeypatch)
@@ -172,15 +181,33 @@ def test_worker_env_carries_every_agent_setting(case: str, monkeypatch: pytest.M
     _, ctl = controller_env(r, monkeypatch)
     assert agent.redis_url == ctl.redis_url  # workers and controller meet in the same Redis
 
-    assert vllm["resources"]["limits"][w["gpu"]["resourceName"]] == w["gpu"]["count"]
-    args = vllm["args"]
-    assert args[0] == w["model"]["name"] and "--enable-prefix-caching" in args
-    assert args[args.index("--tensor-parallel-size") + 1] == str(w["gpu"]["count"])
+    assert engine["resources"]["limits"][w["gpu"]["resourceName"]] == w["gpu"]["count"]
+    check_engine_command(w, engine)
     if w["pluginBundle"]["enabled"]:
         init = hs.container(deploy, "kvwise-plugin")
         bundle = init["command"][-2].rstrip("/.")
         assert env["PYTHONPATH"].split(":")[0] == bundle
-        assert any(m["mountPath"] == bundle for m in vllm["volumeMounts"])
+        assert any(m["mountPath"] == bundle for m in engine["volumeMounts"])
+
+
+def check_engine_command(w: dict[str, Any], engine: dict[str, Any]) -> None:
+    """The engine serves the model on the worker port, tensor-parallel over the pod's GPUs,
+    with the cache kvwise plugs into turned on, and the extra arguments last."""
+    args = engine["args"]
+    if w["engine"] == "sglang":
+        image = w["sglangImage"]
+        assert engine["command"] == ["python3", "-m", "sglang.launch_server"]
+        assert args[args.index("--model-path") + 1] == w["model"]["name"]
+        assert args[args.index("--radix-cache-backend") + 1] == "kvwise"
+        assert args[args.index("--tp-size") + 1] == str(w["gpu"]["count"])
+    else:
+        image = w["image"]
+        assert engine["command"] == ["vllm", "serve"]
+        assert args[0] == w["model"]["name"] and "--enable-prefix-caching" in args
+        assert args[args.index("--tensor-parallel-size") + 1] == str(w["gpu"]["count"])
+    assert engine["image"] == f"{image['repository']}:{image['tag']}"
+    assert args[args.index("--port") + 1] == str(w["port"])
+    assert args[len(args) - len(w["extraArgs"]) :] == w["extraArgs"]
 
 
 # --- pods: probes, security, secrets, selectors ------------------------------------------------
