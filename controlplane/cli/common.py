@@ -172,11 +172,11 @@ def trace_json(path: Path, trace: Trace) -> dict[str, object]:
 
 
 def settings_or_fail(
-    cls: type[SettingsT], overrides: dict[str, Any], options: dict[str, str]
+    cls: type[SettingsT], overrides: dict[str, Any], options: dict[str, str], *, what: str
 ) -> SettingsT:
     """``cls`` read from the environment, ``overrides`` on top. A bad value fails naming
     its CLI option (``options``: field -> option) when it came from one, else its
-    environment variable."""
+    environment variable (``bad {what} setting KVWISE_...``)."""
     from pydantic import ValidationError
 
     try:
@@ -184,9 +184,11 @@ def settings_or_fail(
     except ValidationError as exc:
         error = exc.errors()[0]
         field = str(error["loc"][0]) if error["loc"] else ""
-        prefix = str(cls.model_config.get("env_prefix", ""))
-        where = options[field] if field in overrides else f"{prefix}{field}".upper()
-        fail(f"{where}: {error['msg']}")
+        reason = error["msg"].removeprefix("Value error, ")
+        if field in overrides:
+            fail(f"{options[field]}: {reason}")
+        variable = f"{cls.model_config.get('env_prefix', '')}{field}".upper()
+        fail(f"bad {what} setting {variable}: {reason}")
 
 
 def check_redis_url(url: str, where: str) -> str:

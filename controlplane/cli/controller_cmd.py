@@ -32,8 +32,9 @@ def controller(
 
     import uvicorn
 
+    from controlplane.api.exposure import UnsafeExposure
     from controlplane.api.server import build_app
-    from controlplane.cli.common import check_redis_url, settings_or_fail
+    from controlplane.cli.common import check_redis_url, fail, settings_or_fail
     from controlplane.service.settings import ControllerSettings
 
     overrides = {"host": host, "port": port}
@@ -41,13 +42,18 @@ def controller(
         ControllerSettings,
         {k: v for k, v in overrides.items() if v is not None},
         {"host": "--host", "port": "--port"},
+        what="controller",
     )
     check_redis_url(settings.redis_url, "KVWISE_REDIS_URL")
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    try:
+        app = build_app(settings)
+    except UnsafeExposure as exc:
+        fail(str(exc))
     uvicorn.run(
-        build_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,

@@ -112,7 +112,7 @@ def worker(
 def _settings(overrides: dict[str, Any]) -> AgentSettings:
     from agent.settings import AgentSettings
 
-    settings = settings_or_fail(AgentSettings, overrides, _OPTION_OF_FIELD)
+    settings = settings_or_fail(AgentSettings, overrides, _OPTION_OF_FIELD, what="agent")
     where = "--redis-url" if "redis_url" in overrides else "KVWISE_REDIS_URL"
     check_redis_url(settings.redis_url, where)
     return settings

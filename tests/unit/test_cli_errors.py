@@ -40,7 +40,7 @@ def one_error_line(res: subprocess.CompletedProcess[str]) -> str:
     [
         (["--redis-url", "notaurl"], {}, "--redis-url: "),
         ([], {"KVWISE_REDIS_URL": "notaurl"}, "KVWISE_REDIS_URL: "),
-        ([], {"KVWISE_BATCH_EVENTS": "many"}, "KVWISE_BATCH_EVENTS: "),
+        ([], {"KVWISE_BATCH_EVENTS": "many"}, "bad agent setting KVWISE_BATCH_EVENTS: "),
         (["--policy", "nope"], {}, "--policy: unknown policy 'nope'"),
         ([], {"KVWISE_EVICTOR": "nope"}, "KVWISE_EVICTOR: unknown policy 'nope'"),
     ],

@@ -10,7 +10,8 @@ export class ApiError extends Error {
   }
 }
 
-/** The bearer token for mutations: typed by the operator, kept for this tab only. */
+/** The bearer token (the API token, or a read token to view only): typed by the operator,
+ * kept for this tab only. */
 export const token = {
   get() {
     return sessionStorage.getItem(TOKEN_KEY) || "";
@@ -24,7 +25,8 @@ export const token = {
 async function call(method, path, body) {
   const headers = { Accept: "application/json" };
   if (body !== undefined) headers["Content-Type"] = "application/json";
-  if (method !== "GET" && token.get()) headers.Authorization = `Bearer ${token.get()}`;
+  // Reads need a token too when the controller has a read token (KVWISE_API_READ_TOKEN).
+  if (token.get()) headers.Authorization = `Bearer ${token.get()}`;
   let response;
   try {
     response = await fetch(path, {
