@@ -7,7 +7,8 @@ the refit, the window checkpoint and the ageing out of unused categories; the le
 runs the ingest thread, refits, checkpoints and publishes. A new leader loads the last
 checkpoint before it ingests, so a restart keeps the fit. A standby replica serves reads and
 takes over within one lease time. Redis trouble is told once per change of state
-(``RedisHealth``) and raised to the API as ``RedisUnavailable``; a refit that publishes
+(``RedisHealth``), and a failed call reaches the API as the ``redis.RedisError`` it was; a
+refit that publishes
 nothing says why once per change of reason. It must never parse HTTP
 (``controlplane.api.app``) or encode wire data itself (``agent.wire``).
 """
@@ -18,19 +19,20 @@ import logging
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
+import redis
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from agent.policy_document import MODEL_PARAMS, CategoryParams, PolicyDocument
 from agent.runtime.connection import RedisClient, connect, redact
 from agent.wire import BatchLimits, EventBatch, Keys
 from controlplane.fit import FitResult, fit_all
+from controlplane.fit.gof import ReuseCurve
 from controlplane.fit.reuse_window import ReuseStats
 from controlplane.service.agents import AgentReader, AgentView
 from controlplane.service.checkpoint import CheckpointError, CheckpointStore
-from controlplane.service.health import RedisHealth, RedisUnavailable, guarded
+from controlplane.service.health import RedisHealth, guarded
 from controlplane.service.housekeeping import Housekeeper, HousekeepingSettings
 from controlplane.service.ingest import Ingestor, IngestSettings
 from controlplane.service.lease import LeaderLease
@@ -47,10 +49,31 @@ CALL_RETRIES = 3
 
 @dataclass(frozen=True)
 class RefitOutcome:
+    """What one refit did: published a version, or why not."""
+
     published: bool
     version: int | None
     reason: str
     seconds: float
+
+
+@dataclass(frozen=True)
+class CategorySummary:
+    """One category as operators see it: the last fit beside the published parameters."""
+
+    name: str
+    samples: int
+    fitted: CategoryParams | None
+    published: CategoryParams | None
+    published_version: int | None
+    fit_quality: float | None
+
+
+@dataclass(frozen=True)
+class CategoryDetail(CategorySummary):
+    """A summary with the empirical and fitted reuse-time CDF (None: no fit data)."""
+
+    cdf: ReuseCurve | None
 
 
 def redis_client(settings: ControllerSettings, *, timeout_s: float = 5.0) -> RedisClient:
@@ -72,7 +95,13 @@ class Controller:
         self.metrics = ControllerMetrics()
         self.health = RedisHealth(redact(settings.redis_url), self.metrics)
         self.name = settings.consumer_name or f"{socket.gethostname()}-{os.getpid()}"
-        self.store = PolicyStore(self.r, self.keys, settings.history_size, health=self.health)
+        self.store = PolicyStore(
+            self.r,
+            self.keys,
+            settings.history_size,
+            max_overrides=settings.max_overrides,
+            health=self.health,
+        )
         self.lease = LeaderLease(
             self.r, self.keys.leader, self.name, settings.lease_ttl_s, observer=self.health
         )
@@ -174,7 +203,7 @@ class Controller:
         try:
             if self.store.current_version() is None:
                 self.store.publish_fit({}, None, "initial: built-in defaults until a fit")
-        except RedisUnavailable:
+        except redis.RedisError:
             pass  # said by the health; the next leader tick tries again
 
     def _stop_ingest(self) -> None:
@@ -187,7 +216,7 @@ class Controller:
     def _load_checkpoint(self) -> None:
         try:
             loaded = self.health.guard(self.checkpoints.load)()
-        except (RedisUnavailable, CheckpointError) as exc:
+        except (redis.RedisError, CheckpointError) as exc:
             log.warning("no checkpoint loaded (%s): the window starts empty", exc)
             return
         if loaded is None:
@@ -219,7 +248,7 @@ class Controller:
         self.metrics.window_categories.set(self.window.categories)
         try:
             size = self.health.guard(self.checkpoints.save)(self.window.state(), writer=self.name)
-        except (RedisUnavailable, CheckpointError) as exc:
+        except (redis.RedisError, CheckpointError) as exc:
             self.metrics.checkpoints.labels(outcome="failed").inc()
             if isinstance(exc, CheckpointError):
                 log.warning("checkpoint not written: %s", exc)
@@ -234,7 +263,7 @@ class Controller:
             return
         try:
             outcome = self.refit(manual=False)
-        except RedisUnavailable:
+        except redis.RedisError:
             self.metrics.refits.labels(outcome="error").inc()
             return
         if outcome.published:
@@ -295,39 +324,37 @@ class Controller:
         return self.agent_reader.read()
 
     @guarded
-    def categories(self) -> list[dict[str, Any]]:
+    def categories(self) -> list[CategorySummary]:
         current = self.store.current()
         fit = self.last_fit
         names = set(current.categories if current else ()) | set(fit.categories if fit else ())
         return [self._category_summary(n, current, fit) for n in sorted(names)]
 
     @guarded
-    def category(self, name: str) -> dict[str, Any] | None:
+    def category(self, name: str) -> CategoryDetail | None:
         current = self.store.current()
         fit = self.last_fit
         if (current is None or name not in current.categories) and (
             fit is None or name not in fit.categories
         ):
             return None
-        out = self._category_summary(name, current, fit)
         curve = fit.cdf_points(name) if fit is not None else None
-        out["cdf"] = None if curve is None else asdict(curve)
-        return out
+        return CategoryDetail(**vars(self._category_summary(name, current, fit)), cdf=curve)
 
     @staticmethod
     def _category_summary(
         name: str, current: PolicyDocument | None, fit: FitResult | None
-    ) -> dict[str, Any]:
+    ) -> CategorySummary:
         published = current.categories.get(name) if current else None
         fitted = fit.categories.get(name) if fit else None
-        return {
-            "name": name,
-            "samples": fitted.samples if fitted else (published.samples if published else 0),
-            "fitted": fitted.model_dump() if fitted else None,
-            "published": published.model_dump() if published else None,
-            "published_version": current.version if current else None,
-            "fit_quality": fitted.fit_quality if fitted else None,
-        }
+        return CategorySummary(
+            name=name,
+            samples=fitted.samples if fitted else (published.samples if published else 0),
+            fitted=fitted,
+            published=published,
+            published_version=current.version if current else None,
+            fit_quality=fitted.fit_quality if fitted else None,
+        )
 
     def ready(self) -> tuple[bool, str]:
         """Readiness and, when not ready, why (Redis's state named: out of memory, ...)."""
@@ -337,8 +364,8 @@ class Controller:
         try:
             if self.store.current_version() is None:
                 return False, "no policy version published yet"
-        except RedisUnavailable as exc:
-            return False, exc.reason
+        except redis.RedisError:
+            return False, self.health.report.reason
         return True, ""
 
     def refresh_gauges(self) -> None:
@@ -347,7 +374,7 @@ class Controller:
             cur = self.store.current()
             agents = self.agents()
             m.pending.set(self.ingestor.pending() if self.lease.is_leader else 0)
-        except (RedisUnavailable, OSError):
+        except (redis.RedisError, OSError):
             return
         except Exception as exc:  # a read of another thread's list: never fail a scrape
             log.debug("gauges not refreshed: %s", exc)

@@ -3,10 +3,10 @@
 Owns ``RedisHealth``: the state (``RedisState``: ok, unreachable, out of memory, ...) as the
 last Redis call of any controller thread left it, with the reason and since when; a warning
 (or, on recovery, an info line) is logged on each change of state and never per request;
-the ``kvwise_redis_state`` gauge follows it. And ``RedisUnavailable``, the one error the
-service raises to the API for a failed Redis call (the API answers 503 with ``reason``):
-the service's public methods that touch Redis are wrapped with ``RedisHealth.guard``. It
-must never retry or wait: callers own their loops.
+the ``kvwise_redis_state`` gauge follows it. The service's public methods that touch Redis
+are ``guarded``: a failure is recorded here, then raised as the ``redis.RedisError`` it was
+(the API answers it as a JSON 503, by its kind), so the state is said once however many
+requests fail. It must never retry or wait: callers own their loops.
 """
 
 from __future__ import annotations
@@ -51,15 +51,6 @@ class RedisReport:
         return self.state is RedisState.OK
 
 
-class RedisUnavailable(RuntimeError):
-    """A Redis call failed for a reason that is Redis's, not the request's: answer 503."""
-
-    def __init__(self, report: RedisReport) -> None:
-        super().__init__(report.reason)
-        self.state = report.state
-        self.reason = report.reason
-
-
 class RedisHealth:
     """The controller's view of Redis, shared by all its threads."""
 
@@ -75,13 +66,13 @@ class RedisHealth:
     def report(self) -> RedisReport:
         return self._report
 
-    def failed(self, exc: BaseException) -> RedisUnavailable:
-        """Record a failed call; returns the error to raise to the API."""
+    def failed(self, exc: BaseException) -> RedisReport:
+        """Record a failed call; returns the report it leaves."""
         state = redis_state(exc)
         reason = describe_redis_error(exc)
         self._last_failure = time.monotonic()
         self._change(state, reason)
-        return RedisUnavailable(RedisReport(state, reason, self._report.since))
+        return self._report
 
     def answered(self) -> None:
         """Record a call that succeeded. Reads still succeed on a Redis that refuses writes:
@@ -111,14 +102,15 @@ class RedisHealth:
             self._change(RedisState.OK, "")
 
     def guard(self, fn: Callable[P, R]) -> Callable[P, R]:
-        """``fn`` with ``redis.RedisError`` turned into ``RedisUnavailable`` and recorded."""
+        """``fn`` with its ``redis.RedisError`` recorded (then raised as it was)."""
 
         @functools.wraps(fn)
         def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
             try:
                 out = fn(*args, **kwargs)
             except redis.RedisError as exc:
-                raise self.failed(exc) from exc
+                self.failed(exc)
+                raise
             self.answered()
             return out
 
@@ -182,8 +174,8 @@ S = TypeVar("S", bound=HasHealth)
 
 
 def guarded(fn: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
-    """Method decorator: a Redis failure inside becomes ``RedisUnavailable`` (recorded in
-    ``self.health``); a success marks Redis as answering."""
+    """Method decorator: a Redis failure inside is recorded in ``self.health`` (and raised
+    as it was); a success marks Redis as answering."""
 
     def method(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.health.guard(fn)(self, *args, **kwargs)

@@ -13,7 +13,7 @@ History is bounded (oldest trimmed, never the current one). Each publication is 
 once with its note. Everything lives in Redis: a controller restart loses nothing.
 
 A published document is ``base`` (the last fitted parameters) with the operator's
-overrides applied on top. A failed Redis call surfaces as ``RedisUnavailable``. It must
+overrides applied on top. A failed Redis call is recorded in the ``RedisHealth``. It must
 never fit anything or talk HTTP.
 """
 
@@ -37,8 +37,8 @@ from controlplane.service.health import RedisHealth, guarded
 log = logging.getLogger(__name__)
 
 OVERRIDE_FIELDS = MODEL_PARAMS
-MAX_OVERRIDES: Final = 1024
-"""Overrides kept at once (a bound on every document's size)."""
+MAX_OVERRIDES: Final = 256
+"""Default bound of the overrides kept at once (a bound on every document's size)."""
 
 
 class StoreError(RuntimeError):
@@ -100,11 +100,13 @@ class PolicyStore:
         keys: Keys,
         history_size: int = 100,
         *,
+        max_overrides: int = MAX_OVERRIDES,
         health: RedisHealth | None = None,
     ) -> None:
         self.r = client
         self.keys = keys
         self.history_size = history_size
+        self.max_overrides = max_overrides
         self.health = health or RedisHealth("redis")
 
     # --- reads ---------------------------------------------------------------------------
@@ -178,8 +180,9 @@ class PolicyStore:
 
         def prepare(pipe: Pipeline) -> _Draft:
             draft = self._read(pipe, "")
-            if category not in draft.overrides and len(draft.overrides) >= MAX_OVERRIDES:
-                raise StoreError(f"{MAX_OVERRIDES} overrides already: delete one first")
+            full = len(draft.overrides) >= self.max_overrides
+            if category not in draft.overrides and full:
+                raise StoreError(f"{self.max_overrides} overrides already (max_overrides)")
             merged = {**draft.overrides.get(category, {}), **values}
             # Validate before storing: a bad override must never reach agents.
             _apply_one(_params_for_override(draft, self._current_in(pipe), category), merged)

@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 import redis
 import uvicorn
+from fastapi import FastAPI
 
 from agent.wire import EventBatch, EventKind, Keys, encode_batch
 from controlplane.api.server import build_app
@@ -25,6 +26,7 @@ class RunningController:
     url: str
     controller: Controller
     client: httpx.Client
+    app: FastAPI
 
 
 @contextmanager
@@ -47,7 +49,7 @@ def running_controller(settings: ControllerSettings) -> Iterator[RunningControll
 
         wait_until(serving, timeout=20, what="the controller to serve")
         try:
-            yield RunningController(url, controller, client)
+            yield RunningController(url, controller, client, app)
         finally:
             server.should_exit = True
             thread.join(timeout=20)

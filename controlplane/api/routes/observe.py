@@ -1,0 +1,41 @@
+"""Routes of the ``observe`` tag: categories (fit beside published) and live agents.
+
+Responses are the controller's ``CategorySummary``/``CategoryDetail`` and ``AgentView``
+(each agent's heartbeat with what ingest did with its events). Read-only: it must never
+change state.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from controlplane.api.errors import ApiError, documented
+from controlplane.api.routes import ControllerDep
+from controlplane.service.agents import AgentView
+from controlplane.service.controller import CategoryDetail, CategorySummary
+
+TAG = "observe"
+reads = APIRouter(tags=[TAG])
+
+
+@reads.get("/v1/categories", response_model=list[CategorySummary])
+def list_categories(controller: ControllerDep) -> list[CategorySummary]:
+    """Per category: samples, fitted and published parameters, fit quality."""
+    return controller.categories()
+
+
+@reads.get("/v1/categories/{name}", response_model=CategoryDetail, responses=documented(404))
+def get_category(name: str, controller: ControllerDep) -> CategoryDetail:
+    """One category with its empirical and fitted reuse-time CDF points."""
+    detail = controller.category(name)
+    if detail is None:
+        raise ApiError(404, "unknown_category", f"category {name!r} has not been seen")
+    return detail
+
+
+@reads.get("/v1/agents", response_model=list[AgentView])
+def list_agents(controller: ControllerDep) -> list[AgentView]:
+    """Live agents (heartbeat not expired) with their applied policy version, and the
+    controller's counts of their events (ingested, dropped for their clock, refused,
+    dead-lettered, batches missing)."""
+    return controller.agents()
