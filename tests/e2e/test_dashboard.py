@@ -34,7 +34,8 @@ from tests.e2e.browser import (
     emulate_zoom,
     require_chromium,
 )
-from tests.e2e.procs import Stack, get, wait_for
+from tests.e2e.procs import Stack, get
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 TOKEN = "ui-test-token"
@@ -69,9 +70,13 @@ def live(
         )
         for wid, evictor in zip(WORKERS, ("wa", "lru"), strict=True):
             stack.worker(wid, trace, capacity, speed=20, KVWISE_EVICTOR=evictor)
-        wait_for(lambda: get(url, "/v1/policy")["version"] >= 2, 90, "a fitted policy")
-        wait_for(
-            lambda: {a["id"] for a in get(url, "/v1/agents")} == set(WORKERS), 60, "both workers"
+        wait_until(
+            lambda: get(url, "/v1/policy")["version"] >= 2, timeout=90, what="a fitted policy"
+        )
+        wait_until(
+            lambda: {a["id"] for a in get(url, "/v1/agents")} == set(WORKERS),
+            timeout=60,
+            what="both workers",
         )
         yield url
     finally:

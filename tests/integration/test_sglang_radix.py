@@ -22,7 +22,7 @@ import re
 import time
 import uuid
 from array import array
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ import pytest
 
 from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
 from tests.radix_reference import Leaf, wa_victims
+from tests.waiting import wait_until
 
 pytestmark = [
     pytest.mark.sglang,
@@ -420,7 +421,7 @@ def test_events_reach_the_controller_and_a_pushed_version_applies_live(
             got = rows.get(tree.hooks.engine.agent.worker_id)
             return got if got and got["applied_version"] >= version else None
 
-        row = wait(agent, "the agent's heartbeat with the pushed version")
+        row = wait_until(agent, timeout=30, what="the agent's heartbeat with the pushed version")
         assert row["engine"] == "sglang" and row["hits"] > 0 and row["events_sent"] > 0
 
         def fitted() -> dict[str, Any] | None:
@@ -430,17 +431,7 @@ def test_events_reach_the_controller_and_a_pushed_version_applies_live(
             ok = all(cats.get(n, {}).get("fitted") for n in ("chat", "doc"))
             return cats if ok else None
 
-        cats = wait(fitted, "fitted chat and doc categories")
+        cats = wait_until(fitted, timeout=30, what="fitted chat and doc categories")
         assert cats["chat"]["samples"] > 0 and cats["doc"]["samples"] > 0
         assert cats["doc"]["published"]["p_reuse"] == 0.0  # the override survives a refit
         assert cats["chat"]["fitted"]["p_reuse"] > cats["doc"]["fitted"]["p_reuse"]
-
-
-def wait(probe: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = probe()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
