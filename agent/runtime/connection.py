@@ -51,13 +51,13 @@ class RedisState(StrEnum):
 
 
 _PHRASES: Final = {
-    RedisState.OK: "Redis answers",
-    RedisState.UNREACHABLE: "Redis unreachable",
-    RedisState.OUT_OF_MEMORY: "Redis out of memory (maxmemory reached: writes refused)",
-    RedisState.READ_ONLY: "Redis is a read-only replica (writes refused)",
-    RedisState.LOADING: "Redis is loading its dataset",
-    RedisState.AUTH: "Redis refused our credentials",
-    RedisState.ERROR: "Redis error",
+    RedisState.OK: "redis answers",
+    RedisState.UNREACHABLE: "redis unavailable",
+    RedisState.OUT_OF_MEMORY: "redis out of memory (maxmemory reached: writes refused)",
+    RedisState.READ_ONLY: "redis is a read-only replica (writes refused)",
+    RedisState.LOADING: "redis is loading its dataset",
+    RedisState.AUTH: "redis refused our credentials",
+    RedisState.ERROR: "redis error",
 }
 
 
@@ -98,7 +98,7 @@ def redis_state(exc: BaseException) -> RedisState:
 
 
 def describe_redis_error(exc: BaseException) -> str:
-    """One line naming the state and the server's words, e.g. ``Redis out of memory (...):
+    """One line naming the state and the server's words, e.g. ``redis out of memory (...):
     OOM command not allowed ...``."""
     detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return f"{_PHRASES[redis_state(exc)]}: {detail[:300]}"
