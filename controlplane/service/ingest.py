@@ -31,7 +31,7 @@ from agent.runtime.loop import BackgroundLoop, RedisObserver
 from agent.wire import BatchLimits, EventBatch, Keys, WireError, WireLimitError, decode_batch
 from controlplane.service.housekeeping import Housekeeper
 from controlplane.service.ledger import MAX_OUT_OF_ORDER, WorkerLedger
-from controlplane.service.metrics import ControllerMetrics
+from controlplane.service.metrics import DEAD_LETTER_REASONS, ControllerMetrics
 from controlplane.service.stream_io import (
     DELETED,
     OVERSIZE,
@@ -50,6 +50,7 @@ ApplyFn = Callable[[EventBatch], int]
 """Adds a batch to the statistics; returns the events it dropped for their clock; raises
 ``BatchRefused`` for a batch over a limit."""
 
+DECODE, LIMIT, APPLY = DEAD_LETTER_REASONS
 DEAD_LETTER_MAXLEN: Final = 10_000
 DEAD_LETTER_PREFIX_BYTES: Final = 1024
 DISCOVER_EVERY_S: Final = 2.0
@@ -291,18 +292,18 @@ class Ingestor(BackgroundLoop):
                 f"entry of {int(fields[OVERSIZE])} bytes > max_entry_bytes "
                 f"({self.settings.limits.max_entry_bytes})"
             )
-            return _Refusal(entry_id, reason, "limit", {PREFIX: fields.get(PREFIX, b"")})
+            return _Refusal(entry_id, reason, LIMIT, {PREFIX: fields.get(PREFIX, b"")})
         try:
             batch = decode_batch(fields, self.settings.limits)
         except WireError as exc:
-            label = "limit" if isinstance(exc, WireLimitError) else "decode"
-            return _Refusal(entry_id, exc.reason, label, fields)
+            kind = LIMIT if isinstance(exc, WireLimitError) else DECODE
+            return _Refusal(entry_id, exc.reason, kind, fields)
         except Exception as exc:  # WireError is the contract; anything else is still refused
-            return _Refusal(entry_id, f"decode failed: {exc!r}"[:300], "decode", fields)
+            return _Refusal(entry_id, f"decode failed: {exc!r}"[:300], DECODE, fields)
         if ledger is None or batch.worker != worker:
             where = "a stream not named for a worker" if worker is None else "another's stream"
             reason = f"w: worker {batch.worker!r} wrote into {where}"
-            return _Refusal(entry_id, reason, "decode", fields)
+            return _Refusal(entry_id, reason, DECODE, fields)
         if not ledger.see(batch.epoch, batch.seq):
             ledger.counts.duplicates += 1
             self.counters.duplicates += 1
@@ -316,11 +317,11 @@ class Ingestor(BackgroundLoop):
             rejected = self.apply(batch)
         except BatchRefused as exc:
             ledger.counts.refused += len(batch)
-            return _Refusal(entry_id, str(exc), "limit", fields)
+            return _Refusal(entry_id, str(exc), LIMIT, fields)
         except Exception as exc:  # a bug in apply must not wedge the stream
             log.exception("applying batch %s of %s failed", entry_id, batch.worker)
             ledger.counts.refused += len(batch)
-            return _Refusal(entry_id, f"apply failed: {exc!r}"[:300], "apply", fields)
+            return _Refusal(entry_id, f"apply failed: {exc!r}"[:300], APPLY, fields)
         self._account(ledger, batch, rejected)
         return None
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+DEAD_LETTER_REASONS = ("decode", "limit", "apply")
+"""Labels of ``kvwise_ingest_dead_letters``: undecodable, over a limit, failed to apply."""
+
 
 class ControllerMetrics:
     """Every metric of one controller process."""
@@ -80,6 +83,11 @@ class ControllerMetrics:
             ["what"],
             registry=r,
         )
+        # Every label value from the start: a series that exists reads 0, not "no data".
+        for reason in DEAD_LETTER_REASONS:
+            self.dead_letters.labels(reason=reason)
+        for what in ("worker", "consumer"):
+            self.cleanup.labels(what=what)
 
     def _refit_metrics(self) -> None:
         r = self.registry
@@ -93,6 +101,8 @@ class ControllerMetrics:
         self.checkpoints = Counter(
             "kvwise_checkpoints", "Window checkpoints by outcome", ["outcome"], registry=r
         )
+        for outcome in ("written", "failed"):
+            self.checkpoints.labels(outcome=outcome)
         self.checkpoint_bytes = Gauge(
             "kvwise_checkpoint_bytes", "Size of the last window checkpoint written", registry=r
         )

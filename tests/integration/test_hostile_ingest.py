@@ -135,20 +135,20 @@ def test_a_category_bomb_is_refused_per_worker_and_in_total(
     with controller(redis_url, key_prefix, **limits) as c:
         bomb = raw_fields(w=b"bomb", c=json.dumps([f"c{i}" for i in range(20_000)]).encode())
         r.xadd(keys.events_stream("bomb"), bomb)  # type: ignore[arg-type]
-        wait_until(lambda: c.ingestor.counters.dead_letters == 1, what="the bomb refused")
+        wait_until(lambda: r.xlen(keys.dead_letter) == 1, what="the bomb refused")
         assert dead_letters(r, keys)[0][b"reason"].startswith(b"c: ")
         assert b"> limit" in dead_letters(r, keys)[0][b"reason"]
         # Only the names a batch uses join; one worker may bring at most 4.
         for seq, cat in enumerate(["a", "b", "c", "d", "e"], start=1):
             b = reuse_batch("w1", seq, category=cat, n=5, rate=1, p=0.5, t0=time.time(), seed=1)
             send(r, keys, b)
-        wait_until(lambda: c.ingestor.counters.dead_letters == 2, what="the fifth refused")
+        wait_until(lambda: r.xlen(keys.dead_letter) == 2, what="the fifth refused")
         assert c.window.categories == 4
         assert b"max_categories_per_worker (4)" in dead_letters(r, keys)[1][b"reason"]
         for seq, cat in enumerate(["f", "g", "h"], start=1):
             b = reuse_batch("w2", seq, category=cat, n=5, rate=1, p=0.5, t0=time.time(), seed=1)
             send(r, keys, b)
-        wait_until(lambda: c.ingestor.counters.dead_letters == 3, what="the total refused")
+        wait_until(lambda: r.xlen(keys.dead_letter) == 3, what="the total refused")
         assert c.window.categories == 6
         assert b"max_categories (6)" in dead_letters(r, keys)[2][b"reason"]
         assert c.ingestor.pending() == 0
@@ -168,7 +168,9 @@ def test_oversized_entries_never_reach_the_controller_whole(
         huge_id = r.xadd(stream, huge)  # type: ignore[arg-type]
         send(r, keys, good_batch("w1", 2, n=100))
         wait_until(lambda: c.ingestor.counters.batches == 1, what="the small batch")
-        wait_until(lambda: c.ingestor.counters.dead_letters == 2, what="two dead letters")
+        wait_until(lambda: r.xlen(keys.dead_letter) == 2, what="two dead letters")
+        # The sources are deleted in the commit that follows the dead letters.
+        wait_until(lambda: r.xlen(stream) == 0, what="the refused entries deleted")
         letters = dead_letters(r, keys)
         assert {f[b"id"] for f in letters} == {big_id, huge_id}
         assert all(f[b"stream"] == stream.encode() for f in letters)
