@@ -3,11 +3,12 @@
 Owns the agent's view of the controller's ``current`` pointer. Pub/sub on
 ``Keys.policy_channel`` is a hint that makes a change arrive at once; polling
 ``Keys.policy_current`` every ``poll_interval_s`` is the guarantee. A version whose document
-validates is staged; the engine thread takes it between steps (``take``), so a swap never
-happens mid-step. A document that fails validation is rejected, counted, reported and never
-fetched again (versions are immutable); the policy in force stays. Without a controller
-nothing is staged and the last good policy (or the built-in one) stays. It must never be
-called from the engine thread except ``take``.
+validates is staged (``staged_version``); the engine thread takes it at its next call into
+the agent (``take``), so a swap never happens mid-step and an idle engine keeps it staged
+until it works again. A document that fails validation is rejected, counted, reported and
+never fetched again (versions are immutable); the policy in force stays. Without a
+controller nothing is staged and the last good policy (or the built-in one) stays. It must
+never be called from the engine thread except ``take``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class PolicySubscriber:
         self.keys = Keys(settings.key_prefix)
         self.known_version = applied
         """Version applied or staged last (what ``current`` is compared with)."""
+        self.staged_version = applied
+        """Version in force once the engine takes what is staged: the last one staged, or
+        the one kept after a refusal (what the heartbeat reports as ``staged_version``)."""
         self.rejected = 0
         self.last_rejection = ""
         self.failures = 0
@@ -85,6 +89,7 @@ class PolicySubscriber:
         with self._lock:
             self._pending = doc
             self.known_version = version
+            self.staged_version = version
         log.info("kvwise subscriber: staged policy v%d (%s)", version, doc.note or "no note")
         return doc
 
@@ -93,6 +98,7 @@ class PolicySubscriber:
         is the version still in force."""
         with self._lock:
             self.known_version = keep
+            self.staged_version = keep
         self._reject(version, reason)
 
     def _reject(self, version: int | None, reason: str) -> None:

@@ -268,7 +268,9 @@ def create_app(controller: Controller) -> FastAPI:
 
     @app.get("/v1/agents", tags=["observe"])
     def list_agents() -> list[dict[str, Any]]:
-        """Live agents (heartbeat not expired) with their applied policy version."""
+        """Live agents (heartbeat not expired): the policy version each has in force
+        (`applied_version`) and the one it received (`staged_version`), which an engine
+        applies at its next call into the agent (an idle vLLM engine makes none)."""
         return [a.__dict__ for a in controller.agents()]
 
     # --- operations ------------------------------------------------------------------------

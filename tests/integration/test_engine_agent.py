@@ -1,13 +1,15 @@
 """``EngineAgent`` behind a ``KvwiseFreeQueue``, on a real Redis: categories (explicit,
 default, folded into ``other``), hit and store accounting, eviction events by hash, and a
-policy version written to Redis reaching the evictor at the next queue call.
+policy version written to Redis reaching the evictor at the next queue call, and an idle
+engine reporting a version staged but not yet applied.
 
 ``Blk`` stands for vLLM's ``KVCacheBlock`` (the real one runs in tests/e2e/test_vllm.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +22,8 @@ from agent.params import CategoryParams, PolicyDocument
 from agent.policies.wa import WAPolicy
 from agent.settings import AgentSettings
 from agent.wire import EventKind, Keys, encode_policy
+from controlplane.settings import ControllerSettings
+from tests.integration.controller_fixtures import RunningController, running_controller
 
 pytestmark = pytest.mark.integration
 
@@ -98,3 +102,63 @@ def test_a_published_version_reaches_the_evictor_at_the_next_queue_call(
     assert ea.order.evictor.policy.version == 0  # staged only: the engine has not run
     queue.popleft_n(1)
     assert ea.order.evictor.policy == doc and ea.agent.applied_version == 7
+
+
+def test_an_idle_engine_reports_the_version_staged_and_applies_it_at_its_next_call(
+    redis_url: str, key_prefix: str
+) -> None:
+    """``/v1/agents`` on a real controller: a version pushed while the engine is idle shows
+    as ``staged_version`` with the old ``applied_version``, until the queue is called."""
+    token = "staged-token"
+    settings = AgentSettings(
+        enable=True,
+        redis_url=redis_url,
+        key_prefix=key_prefix,
+        worker_id="idle-engine",
+        poll_interval_s=0.1,
+        heartbeat_interval_s=0.1,
+    )
+    controller = ControllerSettings(
+        redis_url=redis_url,
+        key_prefix=key_prefix,
+        api_token=token,  # type: ignore[arg-type]
+        refit_interval_s=3600,
+    )
+    evictor = WAPolicy()
+    with running_controller(controller) as ctl:
+        ea = EngineAgent(settings, evictor, capacity=8, engine="vllm", infer=False).start()
+        try:
+            queue = KvwiseFreeQueue([Blk(i) for i in range(8)], evictor, hooks=ea)
+            # The controller's first version reaches the idle engine: staged, not applied.
+            me = _wait_agent(ctl, lambda a: a["staged_version"] == 1)
+            assert me["applied_version"] == 0
+            queue.popleft_n(1)  # the engine's next queue call applies it
+            me = _wait_agent(ctl, lambda a: a["applied_version"] == 1)
+            assert me["staged_version"] == 1  # nothing waits
+            r = ctl.client.put(
+                "/v1/policy/overrides/doc",
+                json={"p_reuse": 0.0},
+                headers={"Authorization": f"Bearer {token}"},
+            )
+            pushed = r.json()["version"]
+            me = _wait_agent(ctl, lambda a: a["staged_version"] == pushed)
+            assert me["applied_version"] == 1  # idle: received, not in force
+            time.sleep(0.5)  # still idle after several polls and heartbeats
+            assert _wait_agent(ctl, lambda a: True)["applied_version"] == 1
+            queue.popleft_n(1)  # the next queue call applies it
+            me = _wait_agent(ctl, lambda a: a["applied_version"] == pushed)
+            assert me["staged_version"] == pushed
+            assert evictor.policy.version == pushed
+        finally:
+            ea.close()
+
+
+def _wait_agent(ctl: RunningController, ok: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    deadline = time.monotonic() + 15
+    while True:
+        agents = {a["id"]: a for a in ctl.client.get("/v1/agents").json()}
+        me = agents.get("idle-engine")
+        if me is not None and ok(me):
+            return me
+        assert time.monotonic() < deadline, f"agent state not reached: {me}"
+        time.sleep(0.05)
