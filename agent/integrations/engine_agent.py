@@ -13,16 +13,13 @@ bounded by the agent's category table. It must never import an engine or wait on
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
-from typing import Any
 
 from agent.core import Agent
+from agent.infer import CategoryInferrer, InferSettings
 from agent.params import PolicyDocument
 from agent.policies.base import EvictionPolicy
 from agent.settings import AgentSettings
-
-log = logging.getLogger(__name__)
 
 DEFAULT_CATEGORY = "default"
 """Category of requests that name none when inference is off."""
@@ -82,18 +79,16 @@ class EngineAgent:
         capacity: int,
         engine: str,
         infer: bool = True,
+        block_tokens: int = 16,
     ) -> None:
+        """``block_tokens``: tokens per block hash of the engine (vLLM's hash block size,
+        its ``--block-size``), which category inference counts new tokens in."""
         self.order = EngineOrder(evictor)
         self.agent = Agent(settings, capacity=capacity, engine=engine, policy=self.order)
         self._names: dict[str, tuple[str, int]] = {}
-        self._inferrer: Any = None
+        self._inferrer: CategoryInferrer | None = None
         if infer:
-            try:
-                from agent.infer import CategoryInferrer
-            except ImportError:  # inference not available: one default category
-                log.info("kvwise: no category inference; unnamed requests are %r", DEFAULT_CATEGORY)
-            else:
-                self._inferrer = CategoryInferrer()
+            self._inferrer = CategoryInferrer(InferSettings(block_tokens=block_tokens))
 
     @property
     def infers(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import typer
 
 from controlplane.cli import (
+    bench_cmd,
     config_cmd,
     controller_cmd,
     demo_cmd,
@@ -35,7 +36,15 @@ def _root() -> None:
     """kvwise: a KV-cache eviction control plane for LLM inference servers."""
 
 
-for module in (demo_cmd, replay_cmd, trace_cmd, controller_cmd, config_cmd, worker_cmd):
+for module in (
+    demo_cmd,
+    replay_cmd,
+    trace_cmd,
+    bench_cmd,
+    controller_cmd,
+    config_cmd,
+    worker_cmd,
+):
     module.register(app)
 
 

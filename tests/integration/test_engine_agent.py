@@ -69,6 +69,25 @@ def test_categories_are_explicit_default_or_folded(engine: Any) -> None:
     assert len(codes) == 4  # the evictor got one code per table entry
 
 
+def test_inference_counts_new_tokens_in_the_engines_block_size(
+    redis_url: str, key_prefix: str
+) -> None:
+    """vLLM with ``--block-size 32``: chat requests of a 4-block system prompt plus 69
+    new tokens (6 full blocks of 32) have 69 new tokens, under the first edge (128)."""
+    settings = AgentSettings(enable=True, redis_url=redis_url, key_prefix=key_prefix)
+    ea = EngineAgent(settings, WAPolicy(), capacity=64, engine="vllm", block_tokens=32)
+    system = [1, 2, 3, 4]
+    names = []
+    for chat in range(3):
+        hashes = [*system, 100 + 10 * chat, 101 + 10 * chat]  # 197 tokens: 6 full blocks
+        names.append(ea.category(None, hashes, 4 * 32 + 69)[0])
+    ea.close()
+    # First: all 197 tokens new; second: taken for a follow-up of the first (one
+    # divergence after the system prompt); third: a first turn with 69 new tokens.
+    # Counted in 16-token blocks the new tokens would be 197 - 64 = 133: bucket 1.
+    assert names == ["t1_n1", "t2_n0", "t1_n0"]
+
+
 def test_stores_hits_and_evictions_are_recorded_by_hash(engine: Any) -> None:
     ea, queue = engine
     got = queue.popleft_n(4)
