@@ -1,6 +1,8 @@
 """kvwise agent: what runs inside an inference worker.
 
-Owns the eviction policies (the CPU evictors), and later the event publisher, the policy
-subscriber and the engine integrations. It must never import ``controlplane``, fastapi,
-scipy or apscheduler: it lives in the engine process and stays light.
+Owns the eviction policies (``policies``, ``device_evictor``), the event path from the
+engine thread to Redis (``recorder``, ``history``, ``runtime.publisher``), the policy
+subscriber and heartbeat (``runtime``), the wire contract (``wire``) and the engine
+integrations (``integrations``). It must never import ``controlplane``, fastapi, scipy or
+apscheduler: it lives in the engine process and stays light.
 """

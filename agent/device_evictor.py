@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from agent.params import BUILTIN_POLICY, PolicyDocument
 from agent.policies.wa_core import Attribution, log_weight
+from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 
 _IN_USE = (0.0, 0.0, 0.0, 0.0, 0.0)
 """Staged row of a touched block: not evictable (the other fields are never read)."""

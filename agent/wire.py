@@ -34,7 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import ValidationError
 
-from agent.params import PolicyDocument
+from agent.policy_document import PolicyDocument
 
 WIRE_SCHEMA_VERSION: Final = 1
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.embedded_redis import redis_answers
+from controlplane.dev.embedded_redis import redis_answers
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -25,7 +25,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if redis_answers(url):
         yield url
         return
-    from controlplane.embedded_redis import EmbeddedRedis
+    from controlplane.dev.embedded_redis import EmbeddedRedis
 
     with EmbeddedRedis(tmp_path_factory.mktemp("redis")) as server:
         yield server.url

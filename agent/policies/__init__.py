@@ -4,7 +4,7 @@ Importing this package registers every built-in policy. Use ``create(name, capac
 an unknown name raises ``UnknownPolicyError`` listing the known ones.
 """
 
-from agent.policies import arc, fifo, lfu, lru, s3fifo, sieve, wa, wa_ref  # noqa: F401  (register themselves)
+from agent.policies import arc, fifo, lfu, lru, s3fifo, sieve, wa  # noqa: F401  (register themselves)
 from agent.policies.base import EvictionPolicy
 from agent.policies.registry import UnknownPolicyError, create, factory, names, register
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from agent.params import BUILTIN_POLICY, PolicyDocument
 from agent.policies.registry import register
 from agent.policies.wa_core import (
     Attribution,
@@ -30,6 +29,7 @@ from agent.policies.wa_core import (
     runs,
 )
 from agent.policies.wa_queue import Entry, TimeQueue
+from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 
 
 class WALane(TimeQueue):

@@ -51,8 +51,8 @@ from typing import Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 
-from agent.params import CategoryParams, PolicyDocument
 from agent.policies.wa_queue import Entry, Evictable, Key
+from agent.policy_document import CategoryParams, PolicyDocument
 
 Const = tuple[float, float]
 """``(lc_w, a_w)`` of one category code."""

@@ -1,7 +1,7 @@
 """``kvwise config``: show every setting, its environment variable, default and value.
 
 Owns rendering of settings (markdown for docs/configuration.md, a table, or JSON). Secrets
-are masked. The settings themselves are declared in ``controlplane.settings`` and
+are masked. The settings themselves are declared in ``controlplane.service.settings`` and
 ``agent.settings``; this module must never declare one.
 """
 
@@ -19,10 +19,19 @@ def register(app: typer.Typer) -> None:
     app.command("config")(config)
 
 
+def _field_order(cls: type[BaseSettings]) -> list[str]:
+    """The class's own fields in declaration order, then those it inherits (the fitting
+    knobs of ``FitSettings`` after the controller's connections and API)."""
+    own = [name for name in vars(cls).get("__annotations__", {}) if name in cls.model_fields]
+    return own + [name for name in cls.model_fields if name not in own]
+
+
 def _rows(settings: BaseSettings) -> list[dict[str, Any]]:
     prefix = str(settings.model_config.get("env_prefix", ""))
     rows = []
-    for name, field in type(settings).model_fields.items():
+    fields = type(settings).model_fields
+    for name in _field_order(type(settings)):
+        field = fields[name]
         value = getattr(settings, name)
         if isinstance(value, SecretStr):
             value = "********"
@@ -41,7 +50,7 @@ def _rows(settings: BaseSettings) -> list[dict[str, Any]]:
 def markdown() -> str:
     """The body of docs/configuration.md (both settings classes, defaults only)."""
     from agent.settings import AgentSettings
-    from controlplane.settings import ControllerSettings
+    from controlplane.service.settings import ControllerSettings
 
     out = [
         "# Configuration",
@@ -71,7 +80,7 @@ def config(
 ) -> None:
     """Show every KVWISE_* setting with its default and the value in effect here."""
     from agent.settings import AgentSettings
-    from controlplane.settings import ControllerSettings
+    from controlplane.service.settings import ControllerSettings
 
     if markdown_out:
         typer.echo(markdown())

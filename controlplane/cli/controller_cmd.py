@@ -30,9 +30,9 @@ def controller(
     import uvicorn
     from pydantic import ValidationError
 
+    from controlplane.api.server import build_app
     from controlplane.cli.common import fail
-    from controlplane.server import build_app
-    from controlplane.settings import ControllerSettings
+    from controlplane.service.settings import ControllerSettings
 
     try:
         settings = ControllerSettings()

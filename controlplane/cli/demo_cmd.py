@@ -2,7 +2,7 @@
 
 Owns the demo's options and its live view (fitted parameters per category, the policy
 version each worker applied, hit ratios of kvwise vs stock LRU on the same traffic). The
-processes are ``controlplane.demo``'s.
+processes are ``controlplane.dev.demo``'s.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def demo(
     each new version. Ctrl-C stops every process and removes what the demo created.
     """
     from controlplane.cli.common import fail
-    from controlplane.demo import DemoSettings, DemoStack
+    from controlplane.dev.demo import DemoSettings, DemoStack
 
     stack = DemoStack(DemoSettings(workers=workers, speed=speed, refit_interval_s=refit_interval))
     stopping = {"flag": False}

@@ -1,8 +1,9 @@
 """``kvwise trace``: synthesize traces and print a trace's workload statistics.
 
 Owns the ``trace`` command group's options and output (one summary line, a table, or
-JSON). Synthesis is ``controlplane.traces.synth``, statistics ``controlplane.traces.stats``,
-reading ``controlplane.traces.reader`` and writing ``controlplane.traces.writer``.
+JSON). Synthesis is ``controlplane.traces.synth``, statistics
+``controlplane.traces.workload_stats``, reading ``controlplane.traces.reader`` and writing
+``controlplane.traces.writer``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from controlplane.cli.common import fail
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from controlplane.traces.stats import Quantiles, TraceStats
+    from controlplane.traces.workload_stats import Quantiles, TraceStats
 
 trace_app = typer.Typer(
     name="trace",
@@ -53,8 +54,8 @@ def synth(
 
       kvwise trace synth --profile to-c --duration 600 --qps 6 --seed 1 -o toc.jsonl.gz
     """
-    from controlplane.traces.stats import trace_stats
     from controlplane.traces.synth import PROFILES, Profile, synthesize
+    from controlplane.traces.workload_stats import trace_stats
     from controlplane.traces.writer import write_bailian
 
     if profile not in PROFILES:
@@ -98,7 +99,7 @@ def stats(
       kvwise trace stats qwen_traceA_blksz_16.jsonl --json
     """
     from controlplane.traces.reader import TraceError, load_trace
-    from controlplane.traces.stats import trace_stats
+    from controlplane.traces.workload_stats import trace_stats
 
     try:
         trace = load_trace(trace_path, skip_bad_lines=skip_bad_lines)

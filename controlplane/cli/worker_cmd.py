@@ -2,8 +2,8 @@
 
 Owns the command's options, signal handling (SIGINT/SIGTERM stop the replay, then the
 agent flushes) and output: a status line on stderr every few seconds and a final summary
-(one line, or JSON with ``--json``) on stdout. The replay is ``controlplane.simworker``;
-the agent is ``agent.core.Agent``, configured from ``KVWISE_*`` like a real worker.
+(one line, or JSON with ``--json``) on stdout. The replay is ``controlplane.dev.simworker``;
+the agent is ``agent.runtime.agent.Agent``, configured from ``KVWISE_*`` like a real worker.
 """
 
 from __future__ import annotations
@@ -61,10 +61,10 @@ def worker(
 
       kvwise worker --trace mooncake_trace.jsonl --speed 10 --capacity 20000 --id w1
     """
-    from agent.core import Agent
     from agent.policies import UnknownPolicyError
+    from agent.runtime.agent import Agent
     from agent.settings import AgentSettings
-    from controlplane.simworker import TraceWorker, WorkerProgress
+    from controlplane.dev.simworker import TraceWorker, WorkerProgress
     from controlplane.traces.reader import TraceError, load_trace
 
     overrides: dict[str, Any] = {}

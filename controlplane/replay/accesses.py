@@ -6,9 +6,9 @@ same block's previous access (NaN / -1 for a first access). The previous access 
 block's previous access in the trace, whether or not the block stayed cached in between:
 the agent remembers it past eviction (docs/fitting.md, "What the sender must know").
 Also ``request_categories``: each request's category code and the name table, from the
-trace's labels or inferred from its blocks (``agent.infer``), as a cache would see them;
-and ``with_reuse_class``, which splits each category by whether the block was accessed
-before.
+trace's labels or inferred from its blocks (``agent.category_inference``), as a cache
+would see them; and ``with_reuse_class``, which splits each category by whether the block
+was accessed before.
 
 It must never replay, fit or hold state between calls.
 """
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.infer import CategoryInferrer, InferSettings
+from agent.category_inference import CategoryInferrer, InferSettings
 from controlplane.replay.options import Attribution, CategorySource
 from controlplane.traces.model import Trace
 
@@ -103,7 +103,7 @@ def request_categories(
 ) -> tuple[I32, tuple[str, ...]]:
     """Each request's category code and the code -> name table: the trace's labels, or
     categories inferred request by request, in replay order, from blocks and prompt
-    length alone (``agent.infer``; the trace's labels are not looked at)."""
+    length alone (``agent.category_inference``; the trace's labels are not looked at)."""
     if source == "labels":
         return trace.categories, trace.category_names
     if infer is None:

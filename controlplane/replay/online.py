@@ -11,7 +11,7 @@ refitters that produce them:
   so far.
 
 Two protocols (``ReplayOptions.wa_fit``): ``online`` starts from the built-in default
-(``agent.params.BUILTIN_POLICY``) and refits every ``refit_every_s`` trace seconds from
+(``agent.policy_document.BUILTIN_POLICY``) and refits every ``refit_every_s`` trace seconds from
 everything replayed before the request being served; ``split`` fits once on the first
 part of the requests (the paper's protocol) and serves the whole trace with it (only the
 second part is scored, see ``ReplayOptions.first_scored``). Categories come from the
@@ -29,12 +29,12 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from agent.params import BUILTIN_POLICY, DEFAULT_PARAMS, PolicyDocument
 from agent.policies.wa import WAPolicy
 from agent.policies.wa_core import runs
-from agent.policies.wa_ref import WARefPolicy
-from controlplane.fit import REFERENCE_LIFE_S, fit_all, fit_reference_all
-from controlplane.fit.reference import REFERENCE_MIN_GAP_S
+from agent.policy_document import BUILTIN_POLICY, DEFAULT_PARAMS, PolicyDocument
+from controlplane.fit import fit_all
+from controlplane.fit.reuse_window import ReuseStats
+from controlplane.fit.settings import FitSettings
 from controlplane.replay.accesses import (
     AccessColumns,
     access_columns,
@@ -42,8 +42,12 @@ from controlplane.replay.accesses import (
     with_reuse_class,
 )
 from controlplane.replay.options import ReplayOptions
-from controlplane.settings import ControllerSettings
-from controlplane.stats import ReuseStats
+from controlplane.replay.reference.fit import (
+    REFERENCE_LIFE_S,
+    REFERENCE_MIN_GAP_S,
+    fit_reference_all,
+)
+from controlplane.replay.reference.wa_ref import WARefPolicy
 from controlplane.traces.model import Trace
 
 
@@ -60,7 +64,7 @@ class Refitter(Protocol):
 class CensoredRefitter:
     """``fit_all`` on a sliding ``ReuseStats`` window, as the controller does."""
 
-    def __init__(self, names: Sequence[str], settings: ControllerSettings) -> None:
+    def __init__(self, names: Sequence[str], settings: FitSettings) -> None:
         self.settings = settings
         self.names = tuple(names)
         self.stats = ReuseStats(

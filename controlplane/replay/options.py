@@ -3,13 +3,14 @@
 Owns the run-level choices a fitted policy needs beyond a capacity and the trace: how
 ``wa``/``wa-ref`` are fitted during the replay (online every ``refit_every_s`` trace
 seconds, or once on the first part of the trace, the paper's protocol), where categories
-come from (the trace's labels or inferred from blocks), and the fitting knobs the
-controller takes from ``ControllerSettings``. Also ``first_scored``: the first request a
-run's hit ratio counts (the second part in split mode, for every policy of the run).
+come from (the trace's labels or inferred from blocks), and the fitting knobs
+(``FitSettings``, which the controller's settings extend). Also ``first_scored``: the
+first request a run's hit ratio counts (the second part in split mode, for every policy
+of the run).
 
-Fitting knobs come from ``ControllerSettings``'s declared defaults, never from the
-environment, so a replay gives the same numbers on every machine; an option set here
-overrides them. It must never read files or the environment, or build policies.
+Fitting knobs come from ``FitSettings``'s declared defaults, never from the environment,
+so a replay gives the same numbers on every machine; an option set here overrides them.
+It must never read files or the environment, or build policies.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from controlplane.settings import ControllerSettings
+from controlplane.fit.settings import FitSettings
 from controlplane.traces.model import Trace
 
 FitMode = Literal["online", "split"]
@@ -29,21 +30,15 @@ DEFAULT_ATTRIBUTION: Attribution = "last"
 """Chosen by measurement (docs/policy.md, "Measured settings")."""
 
 
-def default_settings() -> ControllerSettings:
-    """``ControllerSettings`` with its declared defaults, ignoring the environment."""
-    return ControllerSettings.model_construct()
-
-
 @dataclass(frozen=True)
 class ReplayOptions:
     """How fitted policies are fitted and scored in one replay (module docstring).
 
     ``split``: the share of the trace's *requests* fitted on in split mode; the rest are
     scored. ``near_concurrent_s``, ``life_s``, ``window_s``, ``shrinkage_samples``,
-    ``min_samples``: ``None`` keeps the ``ControllerSettings`` default (``life_s`` set =
-    one life window for every category; ``window_s = inf`` = every access since the
-    start). ``settings``
-    replaces the defaults those overrides apply to. ``reuse_class``: each category is
+    ``min_samples``: ``None`` keeps the ``fit`` default (``life_s`` set = one life window
+    for every category; ``window_s = inf`` = every access since the start). ``fit``
+    holds the fitting knobs those overrides apply to. ``reuse_class``: each category is
     split by whether the block was accessed before (``w`` and ``w/re``; measured in
     docs/policy.md, not yet done by the agent).
     """
@@ -59,7 +54,7 @@ class ReplayOptions:
     shrinkage_samples: float | None = None
     min_samples: int | None = None
     reuse_class: bool = False
-    settings: ControllerSettings = field(default_factory=default_settings, compare=False)
+    fit: FitSettings = field(default_factory=FitSettings, compare=False)
 
     def __post_init__(self) -> None:
         if not (self.refit_every_s > 0 and math.isfinite(self.refit_every_s)):
@@ -83,7 +78,7 @@ class ReplayOptions:
             if v is not None and not v > 0:
                 raise ValueError(f"{name} must be positive, got {v}")
 
-    def fit_settings(self, trace: Trace) -> ControllerSettings:
+    def fit_settings(self, trace: Trace) -> FitSettings:
         """The controller's fitting knobs with this run's overrides applied. An infinite
         window becomes one that outlasts ``trace``."""
         update: dict[str, object] = {}
@@ -98,7 +93,7 @@ class ReplayOptions:
         if self.window_s is not None:
             span = float(trace.timestamps[-1] - trace.timestamps[0]) if trace.n_requests else 0
             update["window_s"] = self.window_s if math.isfinite(self.window_s) else span + 1.0
-        return self.settings.model_copy(update=update)
+        return self.fit.model_copy(update=update)
 
     def first_scored(self, trace: Trace) -> int:
         """Index of the first request whose hits count: 0, or in split mode the first

@@ -8,7 +8,7 @@ ids follow from which tokens two prompts share (``synth_prefix``). The models ar
 calling an API; the to-B column); their docstrings say which paper figure each knob
 reproduces, and docs/traces.md ("Synthetic traces") lists every target with its
 tolerance and what the default knobs measure. The statistics are defined in
-``controlplane.traces.stats``.
+``controlplane.traces.workload_stats``.
 
 Same profile, duration, rate, seed and knobs give the identical trace; everything is
 vectorised (ten minutes of to-C at 6 QPS takes well under a second plus the ``Trace``

@@ -84,13 +84,13 @@ def ladder(defaults: ReplayOptions) -> list[Variant]:
     for label, change in steps:
         prev = replace(prev, **change)
         rows.append(Variant(label, "wa", "censored", prev))
-    quantile = defaults.settings.model_copy(update={"life_s_override": None})
+    quantile = defaults.fit.model_copy(update={"life_s_override": None})
     rows += [
         Variant(
             "alt: wa, life window per category (0.9 quantile)",
             "wa",
             "censored",
-            replace(defaults, settings=quantile),
+            replace(defaults, fit=quantile),
         ),
         Variant("wa, inferred categories", "wa", "censored", replace(defaults, categories="auto")),
         Variant(

@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from agent.core import Agent
 from agent.policies import EvictionPolicy, create, names
 from agent.recorder import EventRecorder
+from agent.runtime.agent import Agent
 from agent.settings import AgentSettings
 from controlplane.traces.model import Trace
 
@@ -255,7 +255,7 @@ def main() -> None:
     redis_url = None
     tmp = None
     if args.redis:
-        from controlplane.embedded_redis import EmbeddedRedis
+        from controlplane.dev.embedded_redis import EmbeddedRedis
 
         tmp = tempfile.TemporaryDirectory()
         server = EmbeddedRedis(Path(tmp.name)).start()

@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from agent.device_evictor import DeviceEvictor
-from agent.params import CategoryParams, PolicyDocument
 from agent.policies.wa import WAPolicy
+from agent.policy_document import CategoryParams, PolicyDocument
 
 N_CATEGORIES = 20
 

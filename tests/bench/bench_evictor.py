@@ -29,11 +29,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.params import CategoryParams, PolicyDocument
 from agent.policies import create
 from agent.policies.base import EvictionPolicy
 from agent.policies.wa import WAPolicy
-from agent.policies.wa_ref import WARefPolicy
+from agent.policy_document import CategoryParams, PolicyDocument
+from controlplane.replay.reference.wa_ref import WARefPolicy
 
 Request = tuple[list[int], float, int]
 """(prompt blocks in offset order, time, category code)"""

@@ -28,8 +28,8 @@ import time
 import numpy as np
 
 from controlplane.fit import fit_all, fit_cure_rate
-from controlplane.settings import ControllerSettings
-from controlplane.stats import ReuseStats
+from controlplane.fit.reuse_window import ReuseStats
+from controlplane.fit.settings import FitSettings
 from tests.synth_reuse import Stream, chain_stream
 
 HOUR = 3600.0
@@ -74,7 +74,7 @@ def bench_ingest(s: Stream, n_categories: int, batch: int) -> dict[str, float]:
 def bench_fit(s: Stream, n_categories: int, repeat: int) -> dict[str, float]:
     st = ReuseStats(HOUR, categories=[f"c{i}" for i in range(n_categories)], origin=0.0)
     st.ingest(s.ts, s.category, s.prev_ts, s.prev_category)
-    settings = ControllerSettings()
+    settings = FitSettings()
     times: dict[str, list[float]] = {}
 
     def timed(key: str, w0: float, c0: float) -> tuple[float, float]:

@@ -6,7 +6,7 @@ batches of ``--batch`` events, as an agent sends them. Three measurements in one
 1. decode only (``agent.wire.decode_batch``): the floor of any ingest;
 2. decode + apply (``ReuseStats.ingest_batch``): the controller's work per batch;
 3. the whole path through a real Redis: the batches are XADDed to a worker stream first
-   (not timed), then ``controlplane.ingest.Ingestor`` reads them with XREADGROUP, decodes,
+   (not timed), then ``controlplane.service.ingest.Ingestor`` reads them with XREADGROUP, decodes,
    applies and XACKs until the stream is drained.
 
     python -m tests.bench.bench_ingest [--events 4000000] [--batch 8192] [--redis-url URL]
@@ -24,8 +24,8 @@ import numpy as np
 import redis
 
 from agent.wire import EventBatch, EventKind, Keys, decode_batch, encode_batch
-from controlplane.ingest import Ingestor
-from controlplane.stats import ReuseStats
+from controlplane.fit.reuse_window import ReuseStats
+from controlplane.service.ingest import Ingestor
 from tests.synth_reuse import chain_stream
 
 HOUR = 3600.0

@@ -40,7 +40,7 @@ from typing import Any
 
 import httpx
 
-from controlplane.embedded_redis import EmbeddedRedis, free_port
+from controlplane.dev.embedded_redis import EmbeddedRedis, free_port
 from controlplane.loadgen.plan import PlanOptions, plan_requests
 from controlplane.loadgen.prompts import TokenSpace
 from controlplane.loadgen.report import summarize

@@ -21,8 +21,8 @@ from typing import TypeVar
 
 import numpy as np
 
-from controlplane.traces.stats import trace_stats
 from controlplane.traces.synth import synthesize
+from controlplane.traces.workload_stats import trace_stats
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""How well ``agent.infer`` recovers turns from blocks alone, on synthetic traces.
+"""How well ``agent.category_inference`` recovers turns from blocks alone, on synthetic traces.
 
 Run (not collected by pytest)::
 

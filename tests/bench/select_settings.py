@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from controlplane.replay.options import ReplayOptions, default_settings
+from controlplane.fit.settings import FitSettings
+from controlplane.replay.options import ReplayOptions
 from controlplane.traces.model import Trace
 from controlplane.traces.synth import synthesize
 from tests.bench.ablation import FRACS, Variant, run
@@ -36,7 +37,7 @@ KNOBS: tuple[tuple[str, tuple[Any, ...]], ...] = (
 )
 """Candidates per knob; ``None`` is the starting point's value (below)."""
 
-START = ReplayOptions(settings=default_settings().model_copy(update={"life_s_override": None}))
+START = ReplayOptions(fit=FitSettings(life_s_override=None))
 """The fitter's defaults before this search: a life window per category (the quantile
 rule), no near-concurrent merging, shrinkage worth 50 samples, the last accessor."""
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from controlplane.embedded_redis import free_port
+from controlplane.dev.embedded_redis import free_port
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from agent.wire import Keys
-from controlplane.embedded_redis import EmbeddedRedis
+from controlplane.dev.embedded_redis import EmbeddedRedis
 from controlplane.traces.synth import synthesize
 from controlplane.traces.writer import write_bailian
 from tests.e2e.procs import Stack, get, metric, wait_for

@@ -130,7 +130,7 @@ def stack(tmp_path: Path, redis_url: str) -> Iterator[Stack]:
 def controller(stack: Stack) -> tuple[Proc, str]:
     """A controller that refits only when asked (so the policy in force is the one the test
     pushes) and fits categories from few samples."""
-    from controlplane.embedded_redis import free_port
+    from controlplane.dev.embedded_redis import free_port
 
     port = free_port()
     env = stack.env(
@@ -273,7 +273,7 @@ def _server_command(python: Path, model: Path, port: int) -> list[str]:
 def openai_server(
     vllm_python: Path, tmp_path_factory: pytest.TempPathFactory, redis_url: str
 ) -> Iterator[OpenAIServer]:
-    from controlplane.embedded_redis import free_port
+    from controlplane.dev.embedded_redis import free_port
     from tests.e2e.vllm_driver import write_model
 
     workdir = tmp_path_factory.mktemp("openai")

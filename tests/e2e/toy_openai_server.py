@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from controlplane.embedded_redis import free_port
+from controlplane.dev.embedded_redis import free_port
 
 MODEL = "toy-model"
 

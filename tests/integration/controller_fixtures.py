@@ -14,10 +14,10 @@ import redis
 import uvicorn
 
 from agent.wire import EventBatch, EventKind, Keys, encode_batch
-from controlplane.embedded_redis import free_port
-from controlplane.server import build_app
-from controlplane.service import Controller
-from controlplane.settings import ControllerSettings
+from controlplane.api.server import build_app
+from controlplane.dev.embedded_redis import free_port
+from controlplane.service.controller import Controller
+from controlplane.service.settings import ControllerSettings
 
 
 @dataclass

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import redis
 
-from agent.core import Agent
-from agent.params import BUILTIN_POLICY, CategoryParams, PolicyDocument
 from agent.policies.lru import LRUPolicy
+from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
+from agent.runtime.agent import Agent
 from agent.settings import AgentSettings
 from agent.wire import AgentStatus, EventBatch, Keys, decode_batch, encode_policy
-from controlplane.embedded_redis import EmbeddedRedis, free_port
+from controlplane.dev.embedded_redis import EmbeddedRedis, free_port
 
 pytestmark = pytest.mark.integration
 

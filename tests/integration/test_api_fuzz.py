@@ -10,7 +10,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from controlplane.settings import ControllerSettings
+from controlplane.service.settings import ControllerSettings
 from tests.integration.controller_fixtures import running_controller
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from agent.wire import AgentStatus, Keys
-from controlplane.settings import ControllerSettings
+from controlplane.service.settings import ControllerSettings
 from tests.integration.controller_fixtures import (
     RunningController,
     reuse_batch,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from controlplane.embedded_redis import EmbeddedRedis, redis_answers
+from controlplane.dev.embedded_redis import EmbeddedRedis, redis_answers
 
 pytestmark = pytest.mark.integration
 

@@ -18,11 +18,11 @@ import redis
 
 from agent.integrations.block_queue import KvwiseFreeQueue, hash64
 from agent.integrations.engine_agent import DEFAULT_CATEGORY, EngineAgent
-from agent.params import CategoryParams, PolicyDocument
 from agent.policies.wa import WAPolicy
+from agent.policy_document import CategoryParams, PolicyDocument
 from agent.settings import AgentSettings
 from agent.wire import EventKind, Keys, encode_policy
-from controlplane.settings import ControllerSettings
+from controlplane.service.settings import ControllerSettings
 from tests.integration.controller_fixtures import RunningController, running_controller
 
 pytestmark = pytest.mark.integration

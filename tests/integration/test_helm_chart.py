@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from agent.settings import AgentSettings
-from controlplane.settings import ControllerSettings
+from controlplane.service.settings import ControllerSettings
 from tests.conftest import REPO
 from tests.integration import helm_support as hs
 from tests.integration.helm_support import AGENT_DERIVED, CASES, POD_ENV_FIELDS, camel, env_name

@@ -24,7 +24,7 @@ import redis
 from pydantic import SecretStr
 
 from agent.settings import AgentSettings
-from controlplane.settings import ControllerSettings
+from controlplane.service.settings import ControllerSettings
 from tests.integration import helm_support as hs
 from tests.integration.helm_support import (
     CASES,
@@ -336,7 +336,7 @@ def test_helm_test_check_passes_against_a_controller_started_from_the_rendered_p
 ) -> None:
     """Run ``kvwise controller`` with exactly the env the chart gives the pod (ConfigMap,
     Secrets, Redis URL), then the ``helm test`` pod's script against it."""
-    from controlplane.embedded_redis import free_port
+    from controlplane.dev.embedded_redis import free_port
 
     port = free_port()
     values = {

@@ -7,7 +7,7 @@ import time
 import pytest
 import redis
 
-from controlplane.lease import LeaderLease
+from controlplane.service.lease import LeaderLease
 
 pytestmark = pytest.mark.integration
 

@@ -8,9 +8,9 @@ import threading
 import pytest
 import redis
 
-from agent.params import CategoryParams
+from agent.policy_document import CategoryParams
 from agent.wire import Keys, decode_policy
-from controlplane.store import PolicyStore, StoreError
+from controlplane.service.store import PolicyStore, StoreError
 
 pytestmark = pytest.mark.integration
 

@@ -8,15 +8,15 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from agent.categories import OTHER_CATEGORY, CategoryTable
-from agent.core import Agent
+from agent.category_table import OTHER_CATEGORY, CategoryTable
 from agent.history import Events, RawEvents
 from agent.policies.lru import LRUPolicy
 from agent.recorder import EventRecorder
+from agent.runtime.agent import Agent
 from agent.settings import AgentSettings
 from agent.wire import COLUMNS, EventKind
+from controlplane.dev.simworker import TraceWorker
 from controlplane.replay.engine import replay_hits
-from controlplane.simworker import TraceWorker
 from controlplane.traces.model import Trace
 
 # A port nothing listens on: an agent that is never started must not use it anyway.

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.integrations.block_queue import KvwiseFreeQueue, hash64
-from agent.params import CategoryParams, PolicyDocument
 from agent.policies import create
 from agent.policies.wa import WAPolicy
+from agent.policy_document import CategoryParams, PolicyDocument
 
 
 @dataclass(eq=False)

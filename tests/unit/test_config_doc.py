@@ -15,7 +15,7 @@ def test_configuration_doc_is_current() -> None:
 
 def test_every_setting_is_documented_where_declared() -> None:
     from agent.settings import AgentSettings
-    from controlplane.settings import ControllerSettings
+    from controlplane.service.settings import ControllerSettings
 
     for cls in (ControllerSettings, AgentSettings):
         for name, field in cls.model_fields.items():

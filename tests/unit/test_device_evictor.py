@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.device_evictor import DeviceEvictor
-from agent.params import BUILTIN_POLICY, CategoryParams, PolicyDocument
 from agent.policies.base import EvictionPolicy
 from agent.policies.wa import WAPolicy
+from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
 
 NAMES = ["chat", "code", "rag"]
 

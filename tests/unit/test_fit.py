@@ -12,13 +12,13 @@ from scipy.optimize import minimize
 from controlplane.fit import (
     fit_all,
     fit_cure_rate,
-    fit_reference,
     fitted_cdf,
     ks_distance,
     life_window,
 )
-from controlplane.settings import ControllerSettings
-from controlplane.stats import ReuseStats, StatsSnapshot, gap_edges
+from controlplane.fit.reuse_window import ReuseStats, StatsSnapshot, gap_edges
+from controlplane.fit.settings import FitSettings
+from controlplane.replay.reference.fit import fit_reference
 from tests.synth_reuse import Stream, chain_stream
 
 
@@ -117,7 +117,7 @@ def _three_categories() -> StatsSnapshot:
 
 def test_shrinkage_pulls_a_small_category_toward_the_pool_and_leaves_a_big_one() -> None:
     snap = _three_categories()
-    settings = ControllerSettings(min_samples=10, shrinkage_samples=50)
+    settings = FitSettings(min_samples=10, shrinkage_samples=50)
     res = fit_all(snap, settings)
     assert res.pooled is not None and res.pooled_fit is not None
     tiny, big = res.details["tiny"], res.details["big"]
@@ -140,7 +140,7 @@ def test_shrinkage_pulls_a_small_category_toward_the_pool_and_leaves_a_big_one()
 
 
 def test_below_min_samples_a_category_gets_the_pooled_fit() -> None:
-    res = fit_all(_three_categories(), ControllerSettings(min_samples=200))
+    res = fit_all(_three_categories(), FitSettings(min_samples=200))
     tiny = res.categories["tiny"]
     assert res.pooled is not None and tiny.source == "pooled"
     assert (tiny.p_reuse, tiny.rate) == (res.pooled.p_reuse, res.pooled.rate)
@@ -157,7 +157,7 @@ def test_too_little_data_overall_gives_the_default() -> None:
         np.array([np.nan, 1.0]),
         np.array([-1, 0], np.int32),
     )
-    res = fit_all(st.snapshot(3.0), ControllerSettings(min_samples=200))
+    res = fit_all(st.snapshot(3.0), FitSettings(min_samples=200))
     assert res.pooled is None
     assert res.categories["a"].source == "default" and res.categories["a"].samples == 2
 
@@ -168,26 +168,24 @@ def test_a_category_never_reused_gets_p_near_zero_and_the_pooled_rate() -> None:
     st.ingest(
         t, np.full(len(t), 3, np.int32), np.full(len(t), np.nan), np.full(len(t), -1, np.int32)
     )
-    res = fit_all(st.snapshot(200.0), ControllerSettings(min_samples=100))
+    res = fit_all(st.snapshot(200.0), FitSettings(min_samples=100))
     cold = res.details["cold"]
     assert cold.params.p_reuse < 0.01 and cold.weight_rate == 0.0
     assert res.pooled is not None and cold.params.rate == pytest.approx(res.pooled.rate)
 
 
 def test_life_window_rules() -> None:
-    q = ControllerSettings(
-        life_quantile=0.9, life_min_s=0.5, life_max_s=100.0, life_s_override=None
-    )
+    q = FitSettings(life_quantile=0.9, life_min_s=0.5, life_max_s=100.0, life_s_override=None)
     assert life_window(0.1, q) == pytest.approx(math.log(10) / 0.1)
     assert life_window(100.0, q) == 0.5  # clamped up
     assert life_window(1e-4, q) == 100.0  # clamped down
-    fixed = ControllerSettings(life_rule="fixed", life_s_override=None)
+    fixed = FitSettings(life_rule="fixed", life_s_override=None)
     assert life_window(0.1, fixed) == 60.0
-    over = ControllerSettings(life_s_override=7.0)
+    over = FitSettings(life_s_override=7.0)
     assert life_window(0.1, over) == life_window(5.0, over) == 7.0
-    res = fit_all(_three_categories(), ControllerSettings(min_samples=10, life_s_override=7.0))
+    res = fit_all(_three_categories(), FitSettings(min_samples=10, life_s_override=7.0))
     assert {p.life_s for p in res.categories.values()} == {7.0}
-    quantile = ControllerSettings(min_samples=10, life_s_override=None)
+    quantile = FitSettings(min_samples=10, life_s_override=None)
     res = fit_all(_three_categories(), quantile)
     for p in res.categories.values():
         assert p.life_s == pytest.approx(min(max(math.log(10) / p.rate, 0.1), 3600.0))
@@ -214,13 +212,13 @@ def test_ks_is_small_for_the_right_model_and_large_for_a_wrong_one() -> None:
     bad = fit_cure_rate(obs, cen, snap.edges)
     misfit = ks_distance(obs, cen, snap.edges, bad.p, bad.rate)
     assert misfit is not None and misfit > 0.08
-    assert fit_all(snap, ControllerSettings()).categories["w"].fit_quality == pytest.approx(
+    assert fit_all(snap, FitSettings()).categories["w"].fit_quality == pytest.approx(
         good, abs=0.005
     )
 
 
 def test_cdf_points_follow_the_fit_for_the_right_model() -> None:
-    res = fit_all(_three_categories(), ControllerSettings(min_samples=10))
+    res = fit_all(_three_categories(), FitSettings(min_samples=10))
     curve = res.cdf_points("fast")
     assert curve is not None and 5 <= len(curve.t_s) <= 32
     assert list(curve.t_s) == sorted(curve.t_s)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from controlplane import ingest
-from controlplane.ingest import _Sequence
+from controlplane.service import ingest
+from controlplane.service.ingest import _Sequence
 
 
 def test_in_order_has_no_gap() -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from agent.params import BUILTIN_POLICY
+from agent.policy_document import BUILTIN_POLICY
 from controlplane.cli import app
 from controlplane.replay import catalog
 from controlplane.replay.accesses import (

@@ -16,10 +16,10 @@ import pytest
 
 from controlplane.traces.model import Trace
 from controlplane.traces.reader import load_trace
-from controlplane.traces.stats import TraceStats, trace_stats
 from controlplane.traces.synth import synthesize
 from controlplane.traces.synth_prefix import BLOCK_TOKENS, PromptForest
 from controlplane.traces.synth_toc import ToCKnobs
+from controlplane.traces.workload_stats import TraceStats, trace_stats
 from controlplane.traces.writer import write_bailian
 
 # to-C (trace A): 30 minutes at 6 QPS (~10,500 requests, ~2.5 M block accesses). The

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from controlplane.cli import app
 from controlplane.traces.reader import load_trace
-from controlplane.traces.stats import trace_stats
 from controlplane.traces.synth import synthesize
+from controlplane.traces.workload_stats import trace_stats
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "mooncake_synthetic.jsonl.gz"
 

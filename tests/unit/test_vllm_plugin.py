@@ -59,9 +59,9 @@ def test_agent_log_lines_reach_vllms_logger_tree() -> None:
     try:
         plugin.route_agent_logs()
         plugin.route_agent_logs()  # idempotent: one handler, each line once
-        logging.getLogger("agent.core").info("kvwise agent w: policy v%d in force", 7)
-        logging.getLogger("agent.subscriber").debug("below vLLM's level")
-        logging.getLogger("agent.heartbeat").warning("kvwise heartbeat: cannot reach Redis")
+        logging.getLogger("agent.runtime.agent").info("kvwise agent w: policy v%d in force", 7)
+        logging.getLogger("agent.runtime.subscriber").debug("below vLLM's level")
+        logging.getLogger("agent.runtime.heartbeat").warning("kvwise heartbeat: cannot reach Redis")
     finally:
         vllm_log.removeHandler(in_vllm)
         root.removeHandler(at_root)
@@ -71,5 +71,5 @@ def test_agent_log_lines_reach_vllms_logger_tree() -> None:
         "kvwise agent w: policy v7 in force",
         "kvwise heartbeat: cannot reach Redis",
     ]
-    assert [r.name for r in in_vllm.records] == ["agent.core", "agent.heartbeat"]
+    assert [r.name for r in in_vllm.records] == ["agent.runtime.agent", "agent.runtime.heartbeat"]
     assert at_root.records == []

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from agent.params import BUILTIN_POLICY, CategoryParams, PolicyDocument
+from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
 from agent.wire import (
     COLUMNS,
     ROW_BYTES,

@@ -19,9 +19,9 @@ from collections.abc import Callable
 
 import redis
 
-from agent.connection import reconnect_backoff
 from agent.history import AccessHistory, Events
 from agent.recorder import EventRecorder
+from agent.runtime.connection import reconnect_backoff
 from agent.settings import AgentSettings
 from agent.wire import EventBatch, Keys, encode_batch
 

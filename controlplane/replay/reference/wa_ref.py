@@ -22,10 +22,9 @@ import math
 from collections.abc import Sequence
 from heapq import heappop, heappush
 
-from agent.params import BUILTIN_POLICY, PolicyDocument
-from agent.policies.registry import register
 from agent.policies.wa_core import Const, WACore, entries_of, log_weight, runs
 from agent.policies.wa_queue import Entry, Evictable, Key, TimeQueue, ZeroQueue
+from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 
 _PRIORITY_ZERO: Const = (-math.inf, 1.0)
 
@@ -83,7 +82,6 @@ class RefLane:
             queue.compact(ev)
 
 
-@register("wa-ref")
 class WARefPolicy(WACore[RefLane]):
     """The reference code's behaviour (see the module docstring); same Protocol as ``wa``."""
 

@@ -12,11 +12,13 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from controlplane.fit.settings import FitSettings
 
-class ControllerSettings(BaseSettings):
-    """Settings of ``kvwise controller``."""
 
-    model_config = SettingsConfigDict(env_prefix="KVWISE_", extra="ignore")
+class ControllerSettings(BaseSettings, FitSettings):
+    """Settings of ``kvwise controller``; the fitting knobs are ``FitSettings``'s."""
+
+    model_config = SettingsConfigDict(env_prefix="KVWISE_", extra="ignore", frozen=False)
 
     # --- connections -------------------------------------------------------------------
     redis_url: str = Field(
@@ -41,35 +43,8 @@ class ControllerSettings(BaseSettings):
         default=30_000, gt=0, description="Pending entries idle this long are reclaimed"
     )
 
-    # --- fitting -----------------------------------------------------------------------
+    # --- fitting (and every field of FitSettings) -------------------------------------
     refit_interval_s: float = Field(default=30.0, gt=0, description="Seconds between refits")
-    window_s: float = Field(default=3600.0, gt=0, description="Sliding window of reuse data")
-    min_samples: int = Field(default=200, ge=1, description="Fewer accesses: no own fit")
-    near_concurrent_s: float = Field(
-        default=0.0, ge=0, description="Reuse gaps below this are not reuse observations"
-    )
-    life_rule: Literal["quantile", "fixed"] = Field(
-        default="quantile", description="How each category's life window is chosen"
-    )
-    life_quantile: float = Field(
-        default=0.9, gt=0, lt=1, description="Reuse-time quantile used as the life window"
-    )
-    life_s_override: float | None = Field(
-        default=0.1,
-        gt=0,
-        description="One life window for every category (seconds); null = life_rule. The "
-        "short default ranks blocks by reuse density (measured: docs/policy.md)",
-    )
-    window_buckets: int = Field(
-        default=120, ge=1, le=10_000, description="Time buckets of the window (its slide step)"
-    )
-    shrinkage_samples: float = Field(
-        default=50.0, ge=0, description="Pseudo-samples of the pooled fit in each category fit"
-    )
-    rate_min: float = Field(default=1e-6, gt=0, description="Lowest fitted reuse rate (1/s)")
-    rate_max: float = Field(default=1e3, gt=0, description="Highest fitted reuse rate (1/s)")
-    life_min_s: float = Field(default=0.1, gt=0, description="Shortest fitted life window")
-    life_max_s: float = Field(default=3600.0, gt=0, description="Longest fitted life window")
     change_threshold: float = Field(
         default=0.05, ge=0, description="Relative change below which no version is published"
     )

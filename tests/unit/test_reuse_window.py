@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from agent.wire import EventBatch, EventKind
-from controlplane.stats import ReuseStats, StatsSnapshot, gap_edges
+from controlplane.fit.reuse_window import ReuseStats, StatsSnapshot, gap_edges
 from tests.synth_reuse import chain_stream
 
 NAN = np.nan

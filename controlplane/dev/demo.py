@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from controlplane.embedded_redis import EmbeddedRedis, free_port, redis_answers
+from controlplane.dev.embedded_redis import EmbeddedRedis, free_port, redis_answers
 
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
 

@@ -14,8 +14,13 @@ from controlplane.replay.bounds import InfinitePolicy
 from controlplane.replay.engine import replay_hits
 from controlplane.traces.model import Trace
 from controlplane.traces.reader import load_trace
-from controlplane.traces.stats import Quantiles, prefix_hits, skew_request_share, trace_stats
 from controlplane.traces.synth import synthesize
+from controlplane.traces.workload_stats import (
+    Quantiles,
+    prefix_hits,
+    skew_request_share,
+    trace_stats,
+)
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "mooncake_synthetic.jsonl.gz"
 

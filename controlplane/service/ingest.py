@@ -21,7 +21,7 @@ from typing import cast
 import redis
 
 from agent.wire import EventBatch, Keys, WireError, decode_batch
-from controlplane.metrics import ControllerMetrics
+from controlplane.service.metrics import ControllerMetrics
 
 log = logging.getLogger(__name__)
 

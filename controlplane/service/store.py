@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import redis
 
-from agent.params import CategoryParams, PolicyDocument
+from agent.policy_document import CategoryParams, PolicyDocument
 from agent.wire import Keys, decode_policy, encode_policy
 
 OVERRIDE_FIELDS = ("rate", "p_reuse", "life_s")

@@ -1,11 +1,11 @@
-"""``agent.infer``: categories inferred from block hashes and prompt length, on hand-made
-request streams whose right answers are derived in the comments."""
+"""``agent.category_inference``: categories inferred from block hashes and prompt length,
+on hand-made request streams whose right answers are derived in the comments."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.infer import CategoryInferrer, InferSettings
+from agent.category_inference import CategoryInferrer, InferSettings
 
 S = [100, 101]  # a system prompt: two blocks every user's first turn starts with
 

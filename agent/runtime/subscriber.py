@@ -20,7 +20,7 @@ import time
 import redis
 from redis.client import PubSub
 
-from agent.params import PolicyDocument
+from agent.policy_document import PolicyDocument
 from agent.settings import AgentSettings
 from agent.wire import Keys, WireError, decode_policy
 

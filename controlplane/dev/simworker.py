@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from itertools import compress
 
-from agent.core import Agent
+from agent.runtime.agent import Agent
 from controlplane.traces.model import Trace
 
 

@@ -24,16 +24,16 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.categories import CategoryTable
-from agent.connection import make_client
-from agent.heartbeat import Heartbeat
+from agent.category_table import CategoryTable
 from agent.history import EVICT, FREE, HIT, AccessHistory
-from agent.params import BUILTIN_POLICY, PolicyDocument
 from agent.policies import EvictionPolicy, create
-from agent.publisher import EventPublisher
+from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 from agent.recorder import EventRecorder
+from agent.runtime.connection import make_client
+from agent.runtime.heartbeat import Heartbeat
+from agent.runtime.publisher import EventPublisher
+from agent.runtime.subscriber import PolicySubscriber
 from agent.settings import AgentSettings
-from agent.subscriber import PolicySubscriber
 from agent.wire import AgentStatus, Keys
 
 log = logging.getLogger(__name__)

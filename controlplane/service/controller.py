@@ -3,7 +3,7 @@
 Owns the controller's lifecycle and its background work: an APScheduler scheduler
 (``coalesce``, ``max_instances=1``) runs the lease tick and the refit; the leader alone
 runs the ingest thread and publishes. A standby replica serves reads and takes over
-within one lease time. It must never parse HTTP (``controlplane.api``) or encode wire
+within one lease time. It must never parse HTTP (``controlplane.api.app``) or encode wire
 data itself (``agent.wire``).
 """
 
@@ -22,15 +22,15 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from agent.params import CategoryParams, PolicyDocument
+from agent.policy_document import CategoryParams, PolicyDocument
 from agent.wire import AgentStatus, EventBatch, Keys, WireError
 from controlplane.fit import FitResult, fit_all
-from controlplane.ingest import Ingestor
-from controlplane.lease import LeaderLease
-from controlplane.metrics import ControllerMetrics
-from controlplane.settings import ControllerSettings
-from controlplane.stats import ReuseStats
-from controlplane.store import PolicyStore
+from controlplane.fit.reuse_window import ReuseStats
+from controlplane.service.ingest import Ingestor
+from controlplane.service.lease import LeaderLease
+from controlplane.service.metrics import ControllerMetrics
+from controlplane.service.settings import ControllerSettings
+from controlplane.service.store import PolicyStore
 
 log = logging.getLogger(__name__)
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.params import DEFAULT_PARAMS, CategoryParams, ParamSource
+from agent.policy_document import DEFAULT_PARAMS, CategoryParams, ParamSource
 from controlplane.fit.gof import ReuseCurve, curve_from, empirical_cdf, ks_from
 from controlplane.fit.mle import MixtureFit, fit_cure_rate_many
-from controlplane.settings import ControllerSettings
-from controlplane.stats import StatsSnapshot
+from controlplane.fit.reuse_window import StatsSnapshot
+from controlplane.fit.settings import FitSettings
 
 _P_CLIP = 1e-6
 """p is blended on the logit scale; kept this far from 0 and 1 so logits stay finite."""
@@ -81,7 +81,7 @@ class FitResult:
         return d.curve if d is not None else None
 
 
-def life_window(rate: float, settings: ControllerSettings) -> float:
+def life_window(rate: float, settings: FitSettings) -> float:
     """The life window L of a category with reuse rate ``rate`` (module docstring)."""
     if settings.life_s_override is not None:
         return settings.life_s_override
@@ -112,7 +112,7 @@ def _pooled_rate(fit: MixtureFit) -> float:
     return fit.rate if fit.reuses > 0 else DEFAULT_PARAMS.rate
 
 
-def fit_all(snapshot: StatsSnapshot, settings: ControllerSettings) -> FitResult:
+def fit_all(snapshot: StatsSnapshot, settings: FitSettings) -> FitResult:
     """Fit every category of ``snapshot`` (see the module docstring for the rules)."""
     t0 = time.perf_counter()
     snap = snapshot
@@ -184,7 +184,7 @@ def _choose(
     own: MixtureFit | None,
     pooled: MixtureFit | None,
     exposures: int,
-    settings: ControllerSettings,
+    settings: FitSettings,
 ) -> tuple[float, float, float, float, ParamSource]:
     """``(p, rate, weight_p, weight_rate, source)`` of one category."""
     if own is not None and pooled is not None:
@@ -196,7 +196,7 @@ def _choose(
 
 
 def _params(
-    p: float, rate: float, ks: float, samples: int, source: ParamSource, s: ControllerSettings
+    p: float, rate: float, ks: float, samples: int, source: ParamSource, s: FitSettings
 ) -> CategoryParams:
     return CategoryParams(
         rate=float(rate),

@@ -11,9 +11,9 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from controlplane.api import create_app
-from controlplane.service import Controller
-from controlplane.settings import ControllerSettings
+from controlplane.api.app import create_app
+from controlplane.service.controller import Controller
+from controlplane.service.settings import ControllerSettings
 
 
 def build_app(settings: ControllerSettings, controller: Controller | None = None) -> FastAPI:

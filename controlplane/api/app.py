@@ -2,7 +2,7 @@
 
 Owns routes, request/response models, bearer-token checks on mutations and the JSON
 error shape ``{"error": code, "reason": text}``. All state lives in the ``Controller``
-(``controlplane.service``); this module must never touch Redis keys itself.
+(``controlplane.service.controller``); this module must never touch Redis keys itself.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from pydantic.json_schema import SkipJsonSchema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from agent.params import PolicyDocument, PositiveFinite, Probability
-from controlplane.service import Controller, RefitOutcome
-from controlplane.store import StoreError
+from agent.policy_document import PolicyDocument, PositiveFinite, Probability
+from controlplane.service.controller import Controller, RefitOutcome
+from controlplane.service.store import StoreError
 
 API_DESCRIPTION = """
 kvwise fits per-category reuse models (``F(t) = p_reuse * (1 - exp(-rate * t))`` and a

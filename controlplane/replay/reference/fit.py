@@ -4,7 +4,7 @@ Owns ``fit_reference``: per category, ``scipy.stats.expon.fit`` (location and sc
 *shifted* exponential) on the reuse gaps of at least ``REFERENCE_MIN_GAP_S``, with the
 location then thrown away (``rate = 1 / scale``, used unshifted); ``p = kept gaps /
 accesses``, blind to censoring; the life window fixed at ``REFERENCE_LIFE_S``. These are
-the shortcuts POLICY.md lists; ``controlplane.fit.categories`` is the fitter to use. It
+the shortcuts POLICY.md lists; ``controlplane.fit.per_category`` is the fitter to use. It
 must never do I/O or be used to publish a policy.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats
 
-from agent.params import CategoryParams
+from agent.policy_document import CategoryParams
 
 REFERENCE_MIN_GAP_S = 0.3
 """Gaps under this were dropped (near-concurrent system-prompt sharing)."""

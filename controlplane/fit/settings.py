@@ -1,0 +1,52 @@
+"""The fitter's knobs: ``FitSettings``, a plain value with declared defaults.
+
+Owns every number that decides how reuse observations become fitted parameters: the
+statistics window, the samples a category needs for a fit of its own, shrinkage, the
+life-window rule and the bounds of fitted values. The controller's settings extend it
+(so each knob is read from ``KVWISE_*`` there and declared once here); replays build one
+from its defaults. It must never read the environment or files.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class FitSettings(BaseModel):
+    """How the fitter turns a window of reuse observations into parameters."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    window_s: float = Field(default=3600.0, gt=0, description="Sliding window of reuse data")
+    min_samples: int = Field(default=200, ge=1, description="Fewer accesses: no own fit")
+    near_concurrent_s: float = Field(
+        default=0.0, ge=0, description="Reuse gaps below this are not reuse observations"
+    )
+    life_rule: Literal["quantile", "fixed"] = Field(
+        default="quantile", description="How each category's life window is chosen"
+    )
+    life_quantile: float = Field(
+        default=0.9, gt=0, lt=1, description="Reuse-time quantile used as the life window"
+    )
+    life_s_override: float | None = Field(
+        default=0.1,
+        gt=0,
+        description="One life window for every category (seconds); null = life_rule. The "
+        "short default ranks blocks by reuse density (measured: docs/policy.md)",
+    )
+    window_buckets: int = Field(
+        default=120, ge=1, le=10_000, description="Time buckets of the window (its slide step)"
+    )
+    shrinkage_samples: float = Field(
+        default=50.0, ge=0, description="Pseudo-samples of the pooled fit in each category fit"
+    )
+    rate_min: float = Field(default=1e-6, gt=0, description="Lowest fitted reuse rate (1/s)")
+    rate_max: float = Field(default=1e3, gt=0, description="Highest fitted reuse rate (1/s)")
+    life_min_s: float = Field(default=0.1, gt=0, description="Shortest fitted life window")
+    life_max_s: float = Field(default=3600.0, gt=0, description="Longest fitted life window")
+
+    def fit_only(self) -> FitSettings:
+        """These knobs alone, as a plain ``FitSettings`` (from a subclass's instance)."""
+        return FitSettings.model_validate(self.model_dump(include=set(FitSettings.model_fields)))
