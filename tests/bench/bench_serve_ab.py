@@ -213,11 +213,24 @@ def classify(stack: list[str]) -> tuple[str, str]:
     return stack[outer].split(" (")[0], stack[inner].split(" (")[0]
 
 
-def profile_summary(raw: Path) -> dict[str, Any]:
-    """Split py-spy's collapsed stacks (``--threads``: the first frame names the thread)
-    into the engine thread's (``MainThread``) time in kvwise code, by entry and by leaf
-    function; and the active samples of every thread (the agent's are ``kvwise-*``)."""
-    engine_total = in_kvwise = 0
+WAIT_LEAVES = frozenset(
+    {"sched_yield", "Condition.wait", "SpinCondition.wait", "Event.wait", "select",
+     "SocketBuffer._read_from_socket", "MessageQueue.acquire_read", "memory_fence",
+     "MessageQueue.ReadTimeoutWithWarnings.timeout_ms",
+     "MessageQueue.ReadTimeoutWithWarnings.should_warn",
+     "MessageQueue.acquire_read.<locals>.check"}
+)  # fmt: skip
+"""Leaf functions of samples that wait (vLLM's engine thread spins on its shared-memory
+queue for the model worker's results; the agent's threads block on Redis and timers);
+py-spy's --nonblocking mode counts some of them as active."""
+
+
+def profile_summary(raw: Path, rate: float, requests: int) -> dict[str, Any]:
+    """Split py-spy's collapsed stacks (``--threads``: the first frame names the thread):
+    the engine thread's (``MainThread``) working samples, those inside vLLM's scheduler
+    and KV cache code (``vllm/v1/core``), the plugin's own work (``classify``) by entry and
+    leaf, and its seconds per request; the agent's threads' working samples."""
+    busy = core = in_kvwise = 0
     entries: Counter[str] = Counter()
     leaves: Counter[str] = Counter()
     threads: Counter[str] = Counter()
@@ -225,22 +238,30 @@ def profile_summary(raw: Path) -> dict[str, Any]:
         frames_text, _, count_text = line.rpartition(" ")
         thread, *frames = frames_text.split(";")
         count = int(count_text)
-        threads[thread.split(": ", 1)[-1]] += count
-        if not thread.endswith("MainThread"):
+        if not frames or frames[-1].split(" (")[0] in WAIT_LEAVES:
             continue
-        engine_total += count
+        name = thread.split(": ", 1)[-1]
+        threads[name] += count
+        if name != "MainThread":
+            continue
+        busy += count
+        core += count if any("vllm/v1/core/" in f for f in frames) else 0
         entry, leaf = classify(frames)
         if entry:
             in_kvwise += count
             entries[entry] += count
             leaves[leaf] += count
     return {
-        "engine_samples": engine_total,
+        "rate_hz": rate,
+        "engine_working_samples": busy,
+        "engine_core_samples": core,
         "kvwise_samples": in_kvwise,
-        "kvwise_share": in_kvwise / engine_total if engine_total else None,
+        "kvwise_share_of_working": in_kvwise / busy if busy else None,
+        "kvwise_share_of_core": in_kvwise / core if core else None,
+        "kvwise_ms_per_request": in_kvwise / rate / requests * 1000 if requests else None,
         "by_entry": entries.most_common(12),
         "by_leaf": leaves.most_common(15),
-        "threads": threads.most_common(10),
+        "working_samples_by_thread": threads.most_common(10),
     }
 
 
@@ -264,14 +285,18 @@ def profiled_run(server: dict[str, Any], args: argparse.Namespace, out: Path) ->
     spy_bin = Path(sys.executable).with_name("py-spy")
     spy = subprocess.Popen(
         [str(spy_bin if spy_bin.exists() else "py-spy"), "record", "--pid", str(pid),
-         "--rate", "250", "--nonblocking", "--threads", "--format", "raw", "--output", str(raw)],
+         "--rate", str(args.profile_rate), "--nonblocking", "--threads", "--format", "raw",
+         "--output", str(raw)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     time.sleep(2)
     summary = one_run(server["url"], args, salt=999)
     spy.send_signal(signal.SIGINT)
     spy.wait(timeout=60)
-    return {"run": summary, "profile": profile_summary(raw)}
+    return {
+        "run": summary,
+        "profile": profile_summary(raw, args.profile_rate, summary["requests"]),
+    }
 
 
 def main() -> None:
@@ -287,6 +312,7 @@ def main() -> None:
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile-rate", type=int, default=250, help="py-spy samples per second")
     args = ap.parse_args()
     args.configs = args.configs.split(",")
     out = args.out or Path(tempfile.mkdtemp(prefix="kvwise-ab-"))
