@@ -20,6 +20,7 @@ from controlplane.cli.common import fail
 
 if TYPE_CHECKING:
     from controlplane.loadgen.client import RequestResult
+    from controlplane.loadgen.plan import PlannedRequest
 
 bench_app = typer.Typer(
     name="bench",
@@ -140,37 +141,20 @@ def _serve(
     import httpx
 
     from controlplane.loadgen.observe import ServerUnreachable, kvwise_state, served_model
-    from controlplane.loadgen.plan import PlanOptions, plan_requests
     from controlplane.loadgen.prompts import TokenSpace
     from controlplane.loadgen.report import summarize
     from controlplane.loadgen.runner import ServerOptions, run_bench
-    from controlplane.traces.reader import TraceError, load_trace
 
-    try:
-        trace = load_trace(trace_path, skip_bad_lines=skip_bad_lines)
-    except (OSError, TraceError) as exc:
-        fail(str(exc))
-    if trace.n_requests == 0:
-        fail(f"{trace_path}: no requests in the trace")
+    plan = _plan(trace_path, args, skip_bad_lines)
     base_url = _base_url(args["url"])
     controller = args["controller"].rstrip("/") if args["controller"] else None
-    space = TokenSpace(block_tokens=args["block_tokens"], vocab=args["vocab"], salt=args["salt"])
-    plan = plan_requests(
-        trace,
-        PlanOptions(
-            speed=args["speed"],
-            limit=args["limit"],
-            max_tokens=args["max_tokens"],
-            max_blocks=args["max_blocks"],
-            send_categories=args["categories"],
-        ),
-    )
     try:
         with httpx.Client(timeout=30) as client:
             model = args["model"] or served_model(client, base_url)
             kvwise_before = kvwise_state(client, controller) if controller else None
     except ServerUnreachable as exc:
         fail(str(exc))
+    space = TokenSpace(block_tokens=args["block_tokens"], vocab=args["vocab"], salt=args["salt"])
     server = ServerOptions(base_url, model, args["concurrency"], args["timeout"])
     lines = _open_lines(requests_out)
     try:
@@ -185,18 +169,35 @@ def _serve(
     finally:
         if lines is not None:
             lines.close()
-    config = {**args, "url": base_url, "model": model, "trace": str(trace_path)}
-    summary = summarize(run, config)
+    summary = summarize(run, {**args, "url": base_url, "model": model, "trace": str(trace_path)})
     if controller:
+        summary["kvwise"] = {"before": kvwise_before, "after": None}
         try:
             with httpx.Client(timeout=30) as client:
-                summary["kvwise"] = {
-                    "before": kvwise_before,
-                    "after": kvwise_state(client, controller),
-                }
+                summary["kvwise"]["after"] = kvwise_state(client, controller)
         except ServerUnreachable as exc:
-            summary["kvwise"] = {"before": kvwise_before, "after": None, "error": str(exc)}
+            summary["kvwise"]["error"] = str(exc)
     return summary
+
+
+def _plan(trace_path: Path, args: dict[str, Any], skip_bad_lines: bool) -> list[PlannedRequest]:
+    from controlplane.loadgen.plan import PlanOptions, plan_requests
+    from controlplane.traces.reader import TraceError, load_trace
+
+    try:
+        trace = load_trace(trace_path, skip_bad_lines=skip_bad_lines)
+    except (OSError, TraceError) as exc:
+        fail(str(exc))
+    if trace.n_requests == 0:
+        fail(f"{trace_path}: no requests in the trace")
+    options = PlanOptions(
+        speed=args["speed"],
+        limit=args["limit"],
+        max_tokens=args["max_tokens"],
+        max_blocks=args["max_blocks"],
+        send_categories=args["categories"],
+    )
+    return plan_requests(trace, options)
 
 
 def _base_url(url: str) -> str:
