@@ -296,7 +296,9 @@ def _print_summary(s: dict[str, Any]) -> None:
     console = Console(width=min(Console().width, 100))
     cfg = s["config"]
     console.print(
-        f"[bold]{Path(cfg['trace']).name}[/] -> {cfg['url']} ({cfg['model']}): "
+        f"[bold]{Path(cfg['trace']).name}[/] -> {cfg['url']} ({cfg['model']})", highlight=False
+    )
+    console.print(
         f"{s['requests']:,} requests in {s['wall_s']:.1f} s, {s['errors']} errors",
         highlight=False,
     )
