@@ -31,14 +31,19 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.url
 
 
-@pytest.fixture
-def key_prefix(redis_url: str) -> Iterator[str]:
-    """A fresh key prefix per test; its keys are deleted afterwards."""
+def delete_prefix(redis_url: str, prefix: str) -> None:
+    """Delete every key under ``prefix`` (never anything else: Redis may be shared)."""
     import redis
 
-    prefix = f"kvwise-test-{uuid.uuid4().hex[:10]}:"
-    yield prefix
     client = redis.Redis.from_url(redis_url)
     keys = list(client.scan_iter(match=prefix + "*", count=1000))
     if keys:
         client.delete(*keys)
+
+
+@pytest.fixture
+def key_prefix(redis_url: str) -> Iterator[str]:
+    """A fresh key prefix per test; its keys are deleted afterwards."""
+    prefix = f"kvwise-test-{uuid.uuid4().hex[:10]}:"
+    yield prefix
+    delete_prefix(redis_url, prefix)

@@ -1,22 +1,23 @@
-"""The agent inside an engine whose free queue is kvwise's: ``EngineAgent``.
+"""The agent inside an engine whose eviction order is kvwise's: ``EngineAgent``.
 
-Owns the glue between one ``KvwiseFreeQueue`` (which drives the evictor itself, by block
-id) and the ``Agent`` facade (which keeps the access history, the events, the hit counters,
-the subscriber and the heartbeat, by block hash). The facade's policy slot holds an
-``EngineOrder``: its ``touch`` and ``free`` do nothing (the queue already told the
-evictor), its ``evict`` hands over the hashes of the victims the queue just took, and
-``set_policy`` reaches the evictor, so a hot-reloaded document is swapped in, whole, on
-the engine thread at the next queue call. It also owns the request -> category step:
-``kv_category`` from the request's extra arguments, else ``agent.category_inference``'s inference,
-bounded by the agent's category table. It must never import an engine or wait on I/O.
+Owns the glue between the engine's own eviction path (vLLM: a ``KvwiseFreeQueue``, which
+drives the evictor itself, by block id; SGLang: a radix tree ranking its leaves with a
+``RadixOrder``) and the ``Agent`` facade (which keeps the access history, the events, the
+hit counters, the subscriber and the heartbeat, by block hash). The facade's policy slot
+holds an ``EngineOrder``: its ``touch`` and ``free`` do nothing (the engine already told
+the order), its ``evict`` hands over the ids of the victims the engine just took, and
+``set_policy`` reaches the order, so a hot-reloaded document is swapped in, whole, on the
+engine thread at the next ``before_call``. It also owns the request -> category step:
+``kv_category`` from the request's extra arguments, else ``agent.category_inference``'s
+inference, bounded by the agent's category table. It must never import an engine or wait on I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from agent.category_inference import CategoryInferrer, InferSettings
-from agent.policies.base import EvictionPolicy
 from agent.policy_document import PolicyDocument
 from agent.runtime.agent import Agent
 from agent.settings import AgentSettings
@@ -24,13 +25,23 @@ from agent.settings import AgentSettings
 DEFAULT_CATEGORY = "default"
 """Category of requests that name none when inference is off."""
 CATEGORY_KEY = "kv_category"
-"""Key of the category in a request's extra arguments (OpenAI ``vllm_xargs``)."""
+"""Key of the category in a request's extra arguments (vLLM: OpenAI ``vllm_xargs``; SGLang:
+``custom_params``)."""
+
+
+class EngineEvictor(Protocol):
+    """What ``EngineOrder`` needs of the order the engine drives: its size. An evictor
+    (``agent.policies``) or a tree strategy (``radix_order``); either may also take
+    ``set_policy`` and ``add_category``."""
+
+    def __len__(self) -> int: ...
 
 
 class EngineOrder:
-    """The ``Agent``'s view of a policy that the engine's queue drives directly."""
+    """The ``Agent``'s view of a policy that the engine drives directly (vLLM's free queue,
+    SGLang's radix tree)."""
 
-    def __init__(self, evictor: EvictionPolicy) -> None:
+    def __init__(self, evictor: EngineEvictor) -> None:
         self.evictor = evictor
         self.codes: dict[str, int] = {}
         self._victims: list[int] = []
@@ -74,7 +85,7 @@ class EngineAgent:
     def __init__(
         self,
         settings: AgentSettings,
-        evictor: EvictionPolicy,
+        evictor: EngineEvictor,
         *,
         capacity: int,
         engine: str,

@@ -14,6 +14,7 @@ from controlplane.cli import (
     controller_cmd,
     demo_cmd,
     replay_cmd,
+    simulate_cmd,
     trace_cmd,
     worker_cmd,
 )
@@ -39,6 +40,7 @@ def _root() -> None:
 for module in (
     demo_cmd,
     replay_cmd,
+    simulate_cmd,
     trace_cmd,
     bench_cmd,
     controller_cmd,

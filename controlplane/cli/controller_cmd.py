@@ -30,6 +30,7 @@ def controller(
     import uvicorn
     from pydantic import ValidationError
 
+    from controlplane.api.exposure import UnsafeExposure
     from controlplane.api.server import build_app
     from controlplane.cli.common import fail
     from controlplane.service.settings import ControllerSettings
@@ -37,7 +38,9 @@ def controller(
     try:
         settings = ControllerSettings()
     except ValidationError as exc:
-        fail(f"bad controller setting: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}")
+        first = exc.errors()[0]
+        name = f"KVWISE_{str(first['loc'][0]).upper()}" if first["loc"] else "settings"
+        fail(f"bad controller setting {name}: {first['msg'].removeprefix('Value error, ')}")
     if host is not None:
         settings.host = host
     if port is not None:
@@ -45,8 +48,12 @@ def controller(
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    try:
+        app = build_app(settings)
+    except UnsafeExposure as exc:
+        fail(str(exc))
     uvicorn.run(
-        build_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,

@@ -83,6 +83,7 @@ def _snapshot(stack: Any) -> dict[str, Any]:
     return {
         "redis": stack.redis_source,
         "api": stack.api_url,
+        "dashboard": f"{stack.api_url}/ui/",
         "capacity_blocks": stack.capacity,
         "policy_version": policy.get("version") if isinstance(policy, dict) else None,
         "categories": categories,
@@ -122,7 +123,7 @@ def _render(snap: dict[str, Any]) -> Any:
     head = Text.from_markup(
         f"[bold]kvwise demo[/]  policy version [bold cyan]{snap['policy_version']}[/]  "
         f"api {snap['api']}  redis: {snap['redis']}  cache {snap['capacity_blocks']:,} blocks"
-        "  (Ctrl-C to stop)"
+        f"  (Ctrl-C to stop)\nOpen the dashboard: [bold]{snap['dashboard']}[/]"
     )
     agents = Table(
         title="Workers (synthetic to-C traffic; pairs replay the same trace)", title_justify="left"

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from controlplane.cli.common import fail, parse_fracs, parse_ints, split_list
+from controlplane.cli.common import fail, load_trace_or_fail, parse_fracs, parse_ints, split_list
 
 
 def register(app: typer.Typer) -> None:
@@ -97,7 +97,6 @@ def replay(
       kvwise replay trace.jsonl -p lru,wa,wa-ref --wa-fit split --split 0.5
     """
     from controlplane.replay import catalog
-    from controlplane.traces.reader import TraceError, load_trace
 
     if capacity and capacity_frac:
         fail("give --capacity or --capacity-frac, not both")
@@ -109,13 +108,7 @@ def replay(
     unknown = [n for n in names if n not in known]
     if unknown:
         fail(f"unknown policy {unknown[0]!r}; known policies: {', '.join(catalog.names())}")
-    try:
-        trace = load_trace(trace_path, skip_bad_lines=skip_bad_lines)
-    except (OSError, TraceError) as exc:
-        fail(str(exc))
-    if trace.skipped_lines:
-        first = ", ".join(f"line {ln}: {why}" for ln, why in trace.skipped_lines[:3])
-        typer.echo(f"skipped {len(trace.skipped_lines)} bad lines ({first})", err=True)
+    trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
     if trace.n_requests == 0:
         fail(f"{trace_path}: no requests")
     if capacity:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
-from controlplane.cli.common import fail
+from controlplane.cli.common import fail, load_trace_or_fail
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -98,16 +98,9 @@ def stats(
 
       kvwise trace stats qwen_traceA_blksz_16.jsonl --json
     """
-    from controlplane.traces.reader import TraceError, load_trace
     from controlplane.traces.workload_stats import trace_stats
 
-    try:
-        trace = load_trace(trace_path, skip_bad_lines=skip_bad_lines)
-    except (OSError, TraceError) as exc:
-        fail(str(exc))
-    if trace.skipped_lines:
-        first = ", ".join(f"line {ln}: {why}" for ln, why in trace.skipped_lines[:3])
-        typer.echo(f"skipped {len(trace.skipped_lines)} bad lines ({first})", err=True)
+    trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
     s = trace_stats(trace)
     if json_out:
         doc = {"trace": str(trace_path), "skipped_lines": len(trace.skipped_lines)}

@@ -2,8 +2,9 @@
 
 Owns the two policies that need the whole trace (future knowledge) or no capacity. They
 implement the same Protocol as the agent's policies but live here because they can never
-run online. ``belady`` reads the trace's next-use table and must be driven by the replay
-loop in trace order (one ``free`` per request), which it checks.
+run online. ``belady`` reads the trace's next-use table and is driven by the replay loop in
+trace order (one ``free`` per request, which it checks) or, out of order, through
+``free_request`` (``controlplane.replay.catalog.TraceIndexed``).
 """
 
 from __future__ import annotations
@@ -65,14 +66,23 @@ class BeladyPolicy:
         if hi - lo != len(blocks):
             raise RuntimeError("belady must be driven by the replay loop, one free per request")
         self._request = r + 1
+        self.free_request(r, blocks, range(hi - lo - 1, -1, -1), now)
+
+    def arrive(self, request: int) -> None:
+        """Nothing to do: next uses are known from the start."""
+
+    def free_request(
+        self, request: int, blocks: Sequence[int], offsets: Sequence[int], now: float
+    ) -> None:
+        """Release ``blocks`` at ``offsets`` of ``request``'s prompt, keyed by next use."""
+        lo = self._offsets[request]
         self._in_use.difference_update(blocks)
         nxt = self._next
         heap, key = self._heap, self._key
-        for i, b in enumerate(blocks):
-            # blocks come tail first: position hi-1-i in the trace.
+        for b, o in zip(blocks, offsets, strict=True):
             self._seq += 1
             key[b] = self._seq
-            heapq.heappush(heap, (-nxt[hi - 1 - i], self._seq, b))
+            heapq.heappush(heap, (-nxt[lo + o], self._seq, b))
         if len(heap) > 4 * (len(key) + 64):
             self._heap = [e for e in heap if key.get(e[2]) == e[1]]
             heapq.heapify(self._heap)

@@ -10,8 +10,8 @@ It must never hold per-run state.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar, runtime_checkable
 
 import agent.policies as agent_policies
 from agent.policies.base import EvictionPolicy
@@ -23,6 +23,27 @@ from controlplane.traces.model import Trace
 
 ReplayFactory = Callable[[int, Trace, ReplayOptions], EvictionPolicy]
 """Builds a policy for a cache of ``capacity`` blocks that will replay ``trace``."""
+
+
+@runtime_checkable
+class TraceIndexed(Protocol):
+    """An offline policy that knows which request of its trace it serves: a fitted one
+    (the request's category, refits by trace time) or ``belady`` (next uses).
+
+    The replay drives it through ``free``, one call per request in trace order, which
+    counts requests. A driver whose requests finish out of order, or release only some of
+    their blocks (the serving simulator), calls ``arrive`` for every request in trace
+    order and ``free_request`` instead of ``free``.
+    """
+
+    def arrive(self, request: int) -> None:
+        """Request ``request`` (trace order) has arrived; every earlier one has too."""
+
+    def free_request(
+        self, request: int, blocks: Sequence[int], offsets: Sequence[int], now: float
+    ) -> None:
+        """``free`` of some of request ``request``'s blocks (``offsets`` in its prompt)."""
+
 
 _F = TypeVar("_F", bound=ReplayFactory)
 _OFFLINE: dict[str, ReplayFactory] = {}

@@ -141,8 +141,9 @@ class AppliedVersion:
 class FittedReplayPolicy:
     """An agent evictor driven through a replay, its parameters refitted as it goes.
 
-    Must be driven by the replay loop: one ``free`` per request, in trace order (it
-    counts them to know which request is being served). ``free``'s category argument is
+    Driven by the replay loop, one ``free`` per request in trace order (it counts them to
+    know which request is being served), or through ``TraceIndexed`` (``arrive`` in trace
+    order, then ``free_request`` in any order). ``free``'s category argument is
     replaced by this run's category code of the request (labels or inferred), plus, with
     ``block_class`` (per access, in trace order), that access's class offset: the blocks
     of a request are then released in runs of equal codes, in release order.
@@ -183,6 +184,8 @@ class FittedReplayPolicy:
     def _refit(self, r: int) -> None:
         """Fit on requests ``[0, r)`` and apply the result from request ``r`` on."""
         hi = self._offsets[r]
+        if hi < self._done:
+            raise RuntimeError(f"refit at request {r}: requests arrive in trace order")
         self.refitter.ingest(self._cols, self._done, hi)
         self._done = hi
         now = self._ts[min(r, len(self._ts) - 1)]
@@ -201,11 +204,22 @@ class FittedReplayPolicy:
         if r >= len(self._codes):
             raise RuntimeError("a fitted replay policy is driven past the end of its trace")
         self._r = r + 1
-        t = self._ts[r]
+        self.arrive(r)
+        self.free_request(r, blocks, offsets, now)
+
+    def arrive(self, request: int) -> None:
+        """Refit before serving ``request`` when a refit is due (trace order)."""
+        t = self._ts[request]
         if t >= self._due:
-            self._refit(r)
+            self._refit(request)
             steps = int((t - self._t0) // self._every) + 1
             self._due = self._t0 + steps * self._every
+
+    def free_request(
+        self, request: int, blocks: Sequence[int], offsets: Sequence[int], now: float
+    ) -> None:
+        """Release ``blocks`` (at ``offsets`` in the prompt) of ``request``."""
+        r = request
         code = self._codes[r]
         if self._class is None:
             self.inner.free(blocks, offsets, now, code)

@@ -2,17 +2,14 @@
 
 Owns scheduling and progress reporting of replay jobs, and which requests a run scores
 (all of them, or in split mode only those after the fitted part: ``ReplayOptions``).
-Workers are forked after the trace is loaded, so they share its arrays copy-on-write
-instead of reloading the file. It must never print; callers render progress and results.
+Jobs run in forked workers that share the loaded trace (``controlplane.replay.pool``).
+It must never print; callers render progress and results.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -21,21 +18,20 @@ import numpy as np
 from controlplane.replay import catalog
 from controlplane.replay.engine import CategoryResult, ReplayResult, replay_hits, summarize
 from controlplane.replay.options import DEFAULT_OPTIONS, ReplayOptions
+from controlplane.replay.pool import JobProgress, run_jobs
 from controlplane.traces.model import Trace
 
 
 @dataclass(frozen=True)
 class ReplayJob:
+    """One policy at one capacity (``kvwise simulate`` runs the same jobs)."""
+
     policy: str
     capacity: int
 
 
 ProgressSink = Callable[[ReplayJob, int], None]
 """Receives (job, requests done so far)."""
-
-_TRACE: Trace | None = None  # set in the parent before forking workers
-_QUEUE: Any = None
-_OPTIONS: ReplayOptions = DEFAULT_OPTIONS
 
 
 def run_one(
@@ -75,21 +71,12 @@ def summarize_from(
     )
 
 
-def _worker(job: ReplayJob) -> ReplayResult:
-    assert _TRACE is not None
-    queue = _QUEUE
-
-    def progress(done: int) -> None:
-        if queue is not None:
-            queue.put((job, done))
-
-    return run_one(_TRACE, job, progress, _OPTIONS)
-
-
-def default_jobs() -> int:
-    return max(
-        1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    )
+def policy_matrix(policies: Sequence[str], capacities: Sequence[int]) -> list[ReplayJob]:
+    """Every policy at every capacity, in (policy, capacity) order; unknown policy names
+    fail here, before any work starts."""
+    for name in policies:
+        catalog.factory(name)
+    return [ReplayJob(p, c) for p in policies for c in capacities]
 
 
 def run_matrix(
@@ -106,47 +93,9 @@ def run_matrix(
     ``options`` reach every policy factory and decide the scored requests. Unknown policy
     names fail before any work starts.
     """
-    for name in policies:
-        catalog.factory(name)
-    matrix = [ReplayJob(p, c) for p in policies for c in capacities]
-    jobs = min(jobs or default_jobs(), len(matrix))
-    if jobs <= 1 or "fork" not in mp.get_all_start_methods():
-        return [run_one(trace, job, _bind(progress, job), options) for job in matrix]
-    global _TRACE, _QUEUE, _OPTIONS
-    ctx = mp.get_context("fork")
-    _TRACE = trace
-    _OPTIONS = options
-    _QUEUE = ctx.Queue() if progress else None
-    results: dict[ReplayJob, ReplayResult] = {}
-    try:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            pending = {pool.submit(_worker, job): job for job in matrix}
-            while pending:
-                # Wake at least every 0.2 s to forward worker progress to the caller.
-                done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                _drain(progress)
-                for f in done:
-                    results[pending.pop(f)] = f.result()
-    finally:
-        _TRACE = None
-        _QUEUE = None
-        _OPTIONS = DEFAULT_OPTIONS
-    return [results[job] for job in matrix]
+    matrix = policy_matrix(policies, capacities)
 
+    def one(job: ReplayJob, report: JobProgress | None) -> ReplayResult:
+        return run_one(trace, job, report, options)
 
-def _bind(progress: ProgressSink | None, job: ReplayJob) -> Callable[[int], None] | None:
-    if progress is None:
-        return None
-    sink = progress
-    return lambda done: sink(job, done)
-
-
-def _drain(progress: ProgressSink | None) -> None:
-    if progress is None or _QUEUE is None:
-        return
-    while True:
-        try:
-            job, done = _QUEUE.get_nowait()
-        except Exception:  # queue.Empty; multiprocessing re-exports it oddly
-            return
-        progress(job, done)
+    return run_jobs(matrix, one, workers=jobs, progress=progress)

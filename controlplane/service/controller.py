@@ -14,8 +14,7 @@ import os
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import redis
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -25,6 +24,7 @@ from redis.retry import Retry
 from agent.policy_document import CategoryParams, PolicyDocument
 from agent.wire import AgentStatus, EventBatch, Keys, WireError
 from controlplane.fit import FitResult, fit_all
+from controlplane.fit.gof import ReuseCurve
 from controlplane.fit.reuse_window import ReuseStats
 from controlplane.service.ingest import Ingestor
 from controlplane.service.lease import LeaderLease
@@ -37,10 +37,31 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RefitOutcome:
+    """What one refit did: published a version, or why not."""
+
     published: bool
     version: int | None
     reason: str
     seconds: float
+
+
+@dataclass(frozen=True)
+class CategorySummary:
+    """One category as operators see it: the last fit beside the published parameters."""
+
+    name: str
+    samples: int
+    fitted: CategoryParams | None
+    published: CategoryParams | None
+    published_version: int | None
+    fit_quality: float | None
+
+
+@dataclass(frozen=True)
+class CategoryDetail(CategorySummary):
+    """A summary with the empirical and fitted reuse-time CDF (None: no fit data)."""
+
+    cdf: ReuseCurve | None
 
 
 def redis_client(url: str, *, timeout_s: float = 5.0) -> redis.Redis:
@@ -212,38 +233,36 @@ class Controller:
                 log.warning("ignoring a malformed heartbeat")
         return sorted(out, key=lambda a: a.id)
 
-    def categories(self) -> list[dict[str, Any]]:
+    def categories(self) -> list[CategorySummary]:
         current = self.store.current()
         fit = self.last_fit
         names = set(current.categories if current else ()) | set(fit.categories if fit else ())
         return [self._category_summary(n, current, fit) for n in sorted(names)]
 
-    def category(self, name: str) -> dict[str, Any] | None:
+    def category(self, name: str) -> CategoryDetail | None:
         current = self.store.current()
         fit = self.last_fit
         if (current is None or name not in current.categories) and (
             fit is None or name not in fit.categories
         ):
             return None
-        out = self._category_summary(name, current, fit)
         curve = fit.cdf_points(name) if fit is not None else None
-        out["cdf"] = None if curve is None else asdict(curve)
-        return out
+        return CategoryDetail(**vars(self._category_summary(name, current, fit)), cdf=curve)
 
     @staticmethod
     def _category_summary(
         name: str, current: PolicyDocument | None, fit: FitResult | None
-    ) -> dict[str, Any]:
+    ) -> CategorySummary:
         published = current.categories.get(name) if current else None
         fitted = fit.categories.get(name) if fit else None
-        return {
-            "name": name,
-            "samples": fitted.samples if fitted else (published.samples if published else 0),
-            "fitted": fitted.model_dump() if fitted else None,
-            "published": published.model_dump() if published else None,
-            "published_version": current.version if current else None,
-            "fit_quality": fitted.fit_quality if fitted else None,
-        }
+        return CategorySummary(
+            name=name,
+            samples=fitted.samples if fitted else (published.samples if published else 0),
+            fitted=fitted,
+            published=published,
+            published_version=current.version if current else None,
+            fit_quality=fitted.fit_quality if fitted else None,
+        )
 
     def ready(self) -> tuple[bool, str]:
         try:

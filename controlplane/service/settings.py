@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from controlplane.fit.settings import FitSettings
@@ -31,8 +31,18 @@ class ControllerSettings(BaseSettings, FitSettings):
     host: str = Field(default="127.0.0.1", description="Address the REST API binds")
     port: int = Field(default=8080, ge=1, le=65535, description="Port of the REST API")
     api_token: SecretStr | None = Field(
-        default=None, description="Bearer token required for mutations; none = open"
+        default=None,
+        description="Bearer token required for mutations (and accepted for reads); none = open",
     )
+    api_read_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token required for reads (GET /v1/*, /metrics); none = reads open",
+    )
+    allow_open_api: bool = Field(
+        default=False,
+        description="Start without KVWISE_API_TOKEN on a non-loopback address (open mutations)",
+    )
+    max_overrides: int = Field(default=256, ge=1, description="Categories pinned at most")
 
     # --- ingest ------------------------------------------------------------------------
     consumer_group: str = Field(default="controller", description="Stream consumer group")
@@ -55,3 +65,24 @@ class ControllerSettings(BaseSettings, FitSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="Log level of the controller process"
     )
+
+    @field_validator("api_token", "api_read_token")
+    @classmethod
+    def _no_blank_token(cls, token: SecretStr | None) -> SecretStr | None:
+        if token is not None and not token.get_secret_value().strip():
+            raise ValueError("a token must not be empty or blank; unset it to run without one")
+        return token
+
+    @field_validator("api_read_token")
+    @classmethod
+    def _read_token_beside_api_token(
+        cls, read: SecretStr | None, info: ValidationInfo
+    ) -> SecretStr | None:
+        write = info.data.get("api_token")
+        if read is None:
+            return read
+        if write is None:
+            raise ValueError("needs KVWISE_API_TOKEN too (else reads are closed, writes open)")
+        if read.get_secret_value() == write.get_secret_value():
+            raise ValueError("must differ from KVWISE_API_TOKEN")
+        return read

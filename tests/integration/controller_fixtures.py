@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import redis
 import uvicorn
+from fastapi import FastAPI
 
 from agent.wire import EventBatch, EventKind, Keys, encode_batch
 from controlplane.api.server import build_app
@@ -25,6 +26,7 @@ class RunningController:
     url: str
     controller: Controller
     client: httpx.Client
+    app: FastAPI
 
 
 @contextmanager
@@ -49,7 +51,7 @@ def running_controller(settings: ControllerSettings) -> Iterator[RunningControll
                 raise RuntimeError("controller did not start")
             time.sleep(0.05)
         try:
-            yield RunningController(url, controller, client)
+            yield RunningController(url, controller, client, app)
         finally:
             server.should_exit = True
             thread.join(timeout=20)

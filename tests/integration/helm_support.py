@@ -46,6 +46,7 @@ CASES = list(CASE_FILES)
 POD_ENV_FIELDS = {
     "redis_url": "carries the Redis credentials: composed from the redis values and a Secret",
     "api_token": "a Secret (controller.auth)",
+    "api_read_token": "a Secret (controller.auth.readToken)",
     "consumer_name": "one per replica: the pod name",
 }
 # AgentSettings fields the chart derives instead of taking them from workers.agent.

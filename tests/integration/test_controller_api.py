@@ -70,9 +70,12 @@ def test_mutations_need_the_token(ctl: RunningController) -> None:
     ]:
         r = c.request(method, path, json=body)
         assert r.status_code == 401, (method, path)
-        assert r.json() == {"error": "unauthorized", "reason": "missing or wrong bearer token"}
+        assert r.json() == {"error": "unauthorized", "reason": "missing bearer token"}
+        assert r.headers["WWW-Authenticate"] == 'Bearer realm="kvwise"'
         r = c.request(method, path, json=body, headers={"Authorization": "Bearer wrong"})
         assert r.status_code == 401
+        assert r.json() == {"error": "unauthorized", "reason": "wrong bearer token"}
+        assert r.headers["WWW-Authenticate"] == 'Bearer realm="kvwise", error="invalid_token"'
     assert c.get("/v1/policy").json()["version"] == 1
 
 

@@ -104,6 +104,12 @@ BAD_VALUES = [
         "0 is less than or equal to the minimum of 0",
         id="out-of-range",
     ),
+    pytest.param(
+        {"workers": {"engine": "tgi"}},
+        "at '/workers/engine': value must be one of 'vllm', 'sglang'",
+        "'tgi' is not one of ['vllm', 'sglang']",
+        id="unknown-engine",
+    ),
 ]
 
 
@@ -138,6 +144,21 @@ BAD_COMBINATIONS = [
         id="tls-without-rediss",
     ),
     pytest.param({"workers": {"enabled": True}}, "'/workers/model/name': minLength", id="no-model"),
+    pytest.param(
+        {"controller": {"auth": {"enabled": False}}},
+        "set controller.config.allowOpenApi=true to accept that",
+        id="open-api-on-the-network",
+    ),
+    pytest.param(
+        {"controller": {"auth": {"enabled": False, "readToken": {"enabled": True}}}},
+        "controller.auth.readToken.enabled=true needs controller.auth.enabled=true",
+        id="read-token-without-api-token",
+    ),
+    pytest.param(
+        {"controller": {"auth": {"apiToken": "  "}}},
+        "controller.auth.apiToken is blank",
+        id="blank-token",
+    ),
 ]
 
 
@@ -146,6 +167,13 @@ def test_bad_combinations_fail_with_what_to_set(bad: dict[str, Any], says: str) 
     with pytest.raises(helm.HelmError) as err:
         hs.render(hs.chart(), bad)
     assert says in str(err.value)
+
+
+def test_an_open_api_renders_when_asked_for_or_on_loopback() -> None:
+    for config in ({"allowOpenApi": True}, {"host": "127.0.0.1"}):
+        r = hs.render(hs.chart(), {"controller": {"auth": {"enabled": False}, "config": config}})
+        env = hs.container(r.component("Deployment", "controller"), "controller").get("env", [])
+        assert "KVWISE_API_TOKEN" not in {e["name"] for e in env}
 
 
 # --- the settings mirror ----------------------------------------------------------------------

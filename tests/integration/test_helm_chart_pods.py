@@ -69,12 +69,16 @@ def test_configmap_holds_every_controller_setting_but_the_per_pod_ones(
     # Every setting reaches the process: the ConfigMap's, and the per-pod ones from env.
     set_in_pod = {k for k in env if k.startswith("KVWISE_")}
     unset = {env_name(f) for f in ControllerSettings.model_fields} - set_in_pod
-    token_off = set() if r.values["controller"]["auth"]["enabled"] else {env_name("api_token")}
+    auth = r.values["controller"]["auth"]
+    token_off = set() if auth["enabled"] else {env_name("api_token")}
+    token_off |= set() if auth["readToken"]["enabled"] else {env_name("api_read_token")}
     assert unset == (unset_in_values - {env_name(f) for f in POD_ENV_FIELDS}) | token_off
     for key, value in config.items():
         assert getattr(settings, snake(key)) == value, key
     assert settings.consumer_name == POD
-    auth = r.values["controller"]["auth"]
+    if auth["readToken"]["enabled"]:
+        assert isinstance(settings.api_read_token, SecretStr)
+        assert re.fullmatch(r"[A-Za-z0-9]{32}", settings.api_read_token.get_secret_value())
     if auth["enabled"]:
         assert isinstance(settings.api_token, SecretStr)
         token = settings.api_token.get_secret_value()
@@ -144,20 +148,29 @@ def test_redis_url_and_credentials_reach_the_controller(
 WORKER_CASES = [c for c in CASES if hs.case_values(c).get("workers", {}).get("enabled")]
 
 
+ENGINE_PLUGINS = {
+    "vllm": ("VLLM_PLUGINS", "vllmPlugins"),
+    "sglang": ("SGLANG_PLUGINS", "sglangPlugins"),
+}
+
+
 @pytest.mark.parametrize("case", WORKER_CASES)
 def test_worker_env_carries_every_agent_setting(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     r = hs.rendered(case)
     w = r.values["workers"]
     deploy = r.component("Deployment", "worker")
-    vllm = hs.container(deploy, "vllm")
-    env = hs.resolve_env(r, vllm, pod_name=POD, secrets=hs.all_secrets(r))
+    engine = hs.container(deploy, w["engine"])
+    assert [c["name"] for c in deploy["spec"]["template"]["spec"]["containers"]] == [w["engine"]]
+    env = hs.resolve_env(r, engine, pod_name=POD, secrets=hs.all_secrets(r))
     assert {k for k in env if k.startswith("KVWISE_")} == {
         env_name(f) for f in AgentSettings.model_fields
     }
     assert env["KVWISE_ENABLE"] == "1"
-    assert "kvwise" in env["VLLM_PLUGINS"].split(",")
-    assert set(w["vllmPlugins"]) <= set(env["VLLM_PLUGINS"].split(","))
-    worker_id = next(e for e in vllm["env"] if e["name"] == "KVWISE_WORKER_ID")
+    plugins_env, plugins_value = ENGINE_PLUGINS[w["engine"]]
+    other_env = {e for e, _ in ENGINE_PLUGINS.values()} - {plugins_env}
+    assert "kvwise" in env[plugins_env].split(",") and not other_env & set(env)
+    assert set(w[plugins_value]) <= set(env[plugins_env].split(","))
+    worker_id = next(e for e in engine["env"] if e["name"] == "KVWISE_WORKER_ID")
     assert worker_id["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
     agent = hs.load_settings(AgentSettings, env, monkeypatch)
@@ -168,15 +181,33 @@ def test_worker_env_carries_every_agent_setting(case: str, monkeypatch: pytest.M
     _, ctl = controller_env(r, monkeypatch)
     assert agent.redis_url == ctl.redis_url  # workers and controller meet in the same Redis
 
-    assert vllm["resources"]["limits"][w["gpu"]["resourceName"]] == w["gpu"]["count"]
-    args = vllm["args"]
-    assert args[0] == w["model"]["name"] and "--enable-prefix-caching" in args
-    assert args[args.index("--tensor-parallel-size") + 1] == str(w["gpu"]["count"])
+    assert engine["resources"]["limits"][w["gpu"]["resourceName"]] == w["gpu"]["count"]
+    check_engine_command(w, engine)
     if w["pluginBundle"]["enabled"]:
         init = hs.container(deploy, "kvwise-plugin")
         bundle = init["command"][-2].rstrip("/.")
         assert env["PYTHONPATH"].split(":")[0] == bundle
-        assert any(m["mountPath"] == bundle for m in vllm["volumeMounts"])
+        assert any(m["mountPath"] == bundle for m in engine["volumeMounts"])
+
+
+def check_engine_command(w: dict[str, Any], engine: dict[str, Any]) -> None:
+    """The engine serves the model on the worker port, tensor-parallel over the pod's GPUs,
+    with the cache kvwise plugs into turned on, and the extra arguments last."""
+    args = engine["args"]
+    if w["engine"] == "sglang":
+        image = w["sglangImage"]
+        assert engine["command"] == ["python3", "-m", "sglang.launch_server"]
+        assert args[args.index("--model-path") + 1] == w["model"]["name"]
+        assert args[args.index("--radix-cache-backend") + 1] == "kvwise"
+        assert args[args.index("--tp-size") + 1] == str(w["gpu"]["count"])
+    else:
+        image = w["image"]
+        assert engine["command"] == ["vllm", "serve"]
+        assert args[0] == w["model"]["name"] and "--enable-prefix-caching" in args
+        assert args[args.index("--tensor-parallel-size") + 1] == str(w["gpu"]["count"])
+    assert engine["image"] == f"{image['repository']}:{image['tag']}"
+    assert args[args.index("--port") + 1] == str(w["port"])
+    assert args[len(args) - len(w["extraArgs"]) :] == w["extraArgs"]
 
 
 # --- pods: probes, security, secrets, selectors ------------------------------------------------
@@ -331,16 +362,21 @@ def _status(url: str) -> int:
 @pytest.mark.integration
 @pytest.mark.e2e
 @pytest.mark.slow
+@pytest.mark.parametrize("read_token", [False, True], ids=["reads-open", "read-token"])
 def test_helm_test_check_passes_against_a_controller_started_from_the_rendered_pod(
-    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, key_prefix: str, read_token: bool
 ) -> None:
     """Run ``kvwise controller`` with exactly the env the chart gives the pod (ConfigMap,
-    Secrets, Redis URL), then the ``helm test`` pod's script against it."""
+    Secrets, Redis URL), then the ``helm test`` pod's script, with its own env, against
+    it (with a read token, the script must send it)."""
     from controlplane.dev.embedded_redis import free_port
 
     port = free_port()
     values = {
-        "controller": {"config": {"host": "127.0.0.1", "port": port, "keyPrefix": key_prefix}},
+        "controller": {
+            "config": {"host": "127.0.0.1", "port": port, "keyPrefix": key_prefix},
+            "auth": {"readToken": {"enabled": read_token}},
+        },
         "redis": {"enabled": False, "external": {"url": redis_url}},
     }
     r = hs.render(hs.chart(), values)
@@ -365,9 +401,14 @@ def test_helm_test_check_passes_against_a_controller_started_from_the_rendered_p
         check = hs.container(r.component("Pod", "test"), "check")
         script = check["command"][1:] + check["args"]
         assert script[0] == "-c"
+        check_env = hs.resolve_env(r, check, pod_name=POD, secrets=hs.all_secrets(r))
+        assert ("KVWISE_READ_TOKEN" in check_env) is read_token
+        if read_token:
+            policy = f"http://127.0.0.1:{port}/v1/policy"
+            assert _status(policy) == 401, "reads should need the read token"
         done = subprocess.run(
             [sys.executable, *script],
-            env={**base, "KVWISE_URL": f"http://127.0.0.1:{port}"},
+            env={**base, **check_env, "KVWISE_URL": f"http://127.0.0.1:{port}"},
             capture_output=True,
             text=True,
             timeout=120,

@@ -268,6 +268,18 @@ an int setting rejects), other values as they are.
 {{- if and .Values.workers.enabled (not .Values.workers.model.name) }}
 {{- fail "workers.enabled=true needs workers.model.name (a Hugging Face id or a path)" }}
 {{- end }}
+{{- $auth := .Values.controller.auth }}
+{{- if and $auth.readToken.enabled (not $auth.enabled) }}
+{{- fail "controller.auth.readToken.enabled=true needs controller.auth.enabled=true (a read token with open mutations)" }}
+{{- end }}
+{{- if and (not $auth.enabled) (not .Values.controller.config.allowOpenApi) (not (has .Values.controller.config.host (list "127.0.0.1" "::1" "localhost"))) }}
+{{- fail (printf "controller.auth.enabled=false serves the API open on %s: set controller.config.allowOpenApi=true to accept that (the controller refuses to start otherwise)" .Values.controller.config.host) }}
+{{- end }}
+{{- range $key, $token := dict "controller.auth.apiToken" $auth.apiToken "controller.auth.readToken.value" $auth.readToken.value }}
+{{- if and $token (not (trim $token)) }}
+{{- fail (printf "%s is blank: give a real token or leave it empty to have one generated" $key) }}
+{{- end }}
+{{- end }}
 {{- if and .Values.redis.auth.password (not (regexMatch "^[A-Za-z0-9._~-]+$" .Values.redis.auth.password)) }}
 {{- fail "redis.auth.password may hold only letters, digits and -._~ (it is placed in a Redis URL)" }}
 {{- end }}

@@ -1,0 +1,202 @@
+"""``RadixOrder``: kvwise's victim order as a radix-tree eviction strategy, and the per-node
+side table that feeds it.
+
+A radix prefix cache (SGLang's ``RadixCache``) evicts leaves: it heaps the evictable leaves
+by ``strategy.get_priority(node)`` (smallest first), frees the smallest, and pushes a parent
+left childless. ``RadixOrder`` is such a strategy. A node's key follows ``wa``'s victim
+order (``agent.policies.wa_core``, same constants, same IEEE operations)::
+
+    (lc_w - a_w * (now - t),  t,  -o,  q)
+
+with ``w`` the category of the request that accessed the node last, ``t`` the node's own
+``last_access_time`` (the engine's clock), ``o`` the node's depth in its prompt (its first
+token, in pages) and ``q`` the order in which the node was last marked. ``now`` is fixed
+by ``begin`` for one eviction pass, so every key of a pass is computed at the same time.
+
+It also owns the side table (per node: category code, depth, mark order, content id),
+keyed by the node object, filled by the engine integration from its hit, insert and split
+paths and emptied when a node is evicted or the tree is reset. Hot reload: ``set_policy``
+swaps the per-category constants at once; the next ``get_priority`` uses them, and no node
+is re-marked. Only the engine's scheduler thread calls it. It must never import an engine,
+do I/O or wait on another thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from typing import Protocol
+
+from agent.policies.wa_core import Const, log_weight
+from agent.policy_document import BUILTIN_POLICY, PolicyDocument
+
+RadixKeyTuple = tuple[float, float, int, int]
+"""``(log reuse probability, last access, -depth, mark order)``: smaller is evicted first."""
+
+
+class RadixNode(Protocol):
+    """What the order reads of a tree node (SGLang's ``TreeNode``)."""
+
+    @property
+    def last_access_time(self) -> float: ...
+
+
+class NodeMark:
+    """One node's row of the side table."""
+
+    __slots__ = ("block", "code", "depth", "seq")
+
+    def __init__(self, code: int, depth: int, seq: int, block: int) -> None:
+        self.code = code
+        self.depth = depth
+        self.seq = seq
+        self.block = block
+
+    def __repr__(self) -> str:
+        return f"NodeMark(code={self.code}, depth={self.depth}, seq={self.seq})"
+
+
+def path_ids(namespace: bytes, segments: Sequence[bytes], last: int | None = None) -> list[int]:
+    """Content ids of the nodes on a path from the root, ``segments`` being their token
+    bytes in order (only the ``last`` ones when given): node ``i``'s id is 64 bits of a
+    hash of the namespace (LoRA name, cache salt) and every token from the root to its end,
+    as a signed int. A node split in two keeps its id for the lower half (same last token);
+    content evicted and inserted again gets the same id, so its reuse after eviction is
+    seen."""
+    digest = hashlib.blake2b(namespace, digest_size=8, person=b"kvwise-radix")
+    first = 0 if last is None else len(segments) - last
+    out: list[int] = []
+    for i, tokens in enumerate(segments):
+        digest.update(tokens)
+        if i >= first:
+            out.append(int.from_bytes(digest.copy().digest(), "big", signed=True))
+    return out
+
+
+def prompt_block_hashes(tokens: bytes, block_bytes: int) -> list[int]:
+    """Chained 64-bit hashes of a prompt's full blocks of ``block_bytes`` bytes each (what
+    category inference reads: equal prefixes give equal leading hashes)."""
+    out: list[int] = []
+    prev = b""
+    for start in range(0, len(tokens) - block_bytes + 1, block_bytes):
+        h = hashlib.blake2b(prev + tokens[start : start + block_bytes], digest_size=8)
+        prev = h.digest()
+        out.append(int.from_bytes(prev, "big", signed=True))
+    return out
+
+
+class RadixOrder:
+    """An eviction strategy (``get_priority``) ranking a radix tree's leaves by ``wa``.
+
+    Categories are numbered by ``add_category`` (codes never change); ``set_policy``
+    gives them their parameters. A node that was never marked ranks as category code -1
+    (the document's default curve), depth 0, order 0.
+    """
+
+    __slots__ = ("_codes", "_consts", "_doc", "_marks", "_names", "_seq", "now")
+
+    def __init__(self, doc: PolicyDocument = BUILTIN_POLICY) -> None:
+        self._doc = doc
+        self._names: list[str] = []
+        self._codes: dict[str, int] = {}
+        self._consts: list[Const] = []
+        self._marks: dict[object, NodeMark] = {}
+        self._seq = 0
+        self.now = -math.inf
+        """The eviction clock (the engine's time at the start of the pass)."""
+
+    # --- the engine's strategy surface ---------------------------------------------------
+    def get_priority(self, node: RadixNode) -> RadixKeyTuple:
+        """The node's eviction key; the smallest is evicted first."""
+        t = node.last_access_time
+        mark = self._marks.get(node)
+        if mark is None:
+            lc, a = self._default
+            return (lc - a * (self.now - t), t, 0, 0)
+        lc, a = self._consts[mark.code]
+        return (lc - a * (self.now - t), t, -mark.depth, mark.seq)
+
+    def begin(self, now: float) -> None:
+        """Start an eviction pass at ``now`` (the engine's clock): every key of the pass
+        is computed at this time."""
+        self.now = now
+
+    # --- parameters and categories -------------------------------------------------------
+    @property
+    def policy(self) -> PolicyDocument:
+        return self._doc
+
+    @property
+    def category_names(self) -> tuple[str, ...]:
+        return tuple(self._names)
+
+    def set_policy(self, doc: PolicyDocument) -> None:
+        """Rank by ``doc`` from the next key on (whole document, no node re-marked)."""
+        if not isinstance(doc, PolicyDocument):
+            raise TypeError(f"expected a PolicyDocument, got {type(doc).__name__}")
+        self._doc = doc
+        self._consts = [log_weight(doc.params_for(name)) for name in self._names]
+
+    def add_category(self, name: str) -> int:
+        """The code of category ``name``, the next free one on first sight."""
+        code = self._codes.get(name)
+        if code is None:
+            code = self._codes[name] = len(self._names)
+            self._names.append(name)
+            self._consts.append(log_weight(self._doc.params_for(name)))
+        return code
+
+    @property
+    def _default(self) -> Const:
+        return log_weight(self._doc.default)
+
+    # --- side table ----------------------------------------------------------------------
+    def mark(self, node: object, code: int, depth: int, block: int) -> None:
+        """``node`` (prompt depth ``depth``, content id ``block``) was just accessed by a
+        request of category ``code``: the last accessor's category becomes the node's."""
+        self._seq += 1
+        mark = self._marks.get(node)
+        if mark is None:
+            self._marks[node] = NodeMark(code, depth, self._seq, block)
+        else:
+            mark.code, mark.depth, mark.seq, mark.block = code, depth, self._seq, block
+
+    def marks(self, nodes: Sequence[object]) -> list[NodeMark | None]:
+        get = self._marks.get
+        return [get(n) for n in nodes]
+
+    def mark_of(self, node: object) -> NodeMark | None:
+        return self._marks.get(node)
+
+    def split(self, upper: object, lower: object, upper_pages: int) -> None:
+        """``lower`` was cut: ``upper`` (new, its first ``upper_pages`` pages) now stands
+        above it. ``upper`` takes ``lower``'s category and order and content id 0 (not
+        computed yet: see ``path_ids``); ``lower`` keeps its id (same last
+        token), starts deeper and gets a fresh order number."""
+        mark = self._marks.get(lower)
+        if mark is None:
+            return
+        self._marks[upper] = NodeMark(mark.code, mark.depth, mark.seq, 0)
+        self._seq += 1
+        mark.depth += upper_pages
+        mark.seq = self._seq
+
+    def forget(self, node: object) -> NodeMark | None:
+        """``node`` left the tree (evicted): drop and return its row."""
+        return self._marks.pop(node, None)
+
+    def blocks(self) -> list[int]:
+        """Content ids of every node with a row and a known id."""
+        return [m.block for m in self._marks.values() if m.block]
+
+    def clear(self) -> None:
+        """The tree was reset: every row goes."""
+        self._marks.clear()
+
+    def __len__(self) -> int:
+        """Nodes with a row (cached nodes the integration has seen)."""
+        return len(self._marks)
+
+    def __repr__(self) -> str:
+        return f"RadixOrder(nodes={len(self._marks)}, v{self._doc.version})"

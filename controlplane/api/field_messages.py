@@ -1,0 +1,144 @@
+"""Validation errors in the request's own terms: which field, and what it must be.
+
+Owns the translation of pydantic's error records (``body.p_reuse.function-before[...]``,
+"Input should be less than or equal to 1") into a ``FieldProblem`` such as
+``invalid_value`` / ``p_reuse`` / ``must be in [0, 1]``. The words come from the
+constraints the API's own OpenAPI document publishes for that route, so the error and
+the schema always agree. It must never build a response (``controlplane.api.errors``)
+or know a route by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+from fastapi.routing import APIRoute
+
+_WHOLE_BODY = "body"
+_NOT_AN_OBJECT = {"model_attributes_type", "model_type", "dict_type"}
+_BOUND_WORDS = (
+    ("exclusiveMinimum", ">"),
+    ("minimum", ">="),
+    ("exclusiveMaximum", "<"),
+    ("maximum", "<="),
+)
+
+
+@dataclass(frozen=True)
+class FieldProblem:
+    """One bad field: ``error`` is ``invalid_value``, ``missing_field``,
+    ``unknown_field`` or ``invalid_json``; ``field`` is ``body`` for the whole body."""
+
+    error: str
+    field: str
+    message: str
+
+
+NOT_JSON = FieldProblem("invalid_json", _WHOLE_BODY, "is not valid JSON (UTF-8)")
+
+
+@dataclass(frozen=True)
+class _OperationFields:
+    """The published schema of each field of one operation: parameters and body."""
+
+    parameters: dict[str, Mapping[str, Any]]
+    body: dict[str, Mapping[str, Any]]
+
+    def schema_of(self, name: str) -> Mapping[str, Any] | None:
+        return self.body.get(name) or self.parameters.get(name)
+
+
+def field_problems(errors: Sequence[Any], request: Request) -> list[FieldProblem]:
+    """One problem per field at fault, in pydantic's order (never empty)."""
+    fields = _operation_fields(request)
+    out: dict[str, FieldProblem] = {}
+    for error in errors:
+        problem = _problem(error, fields)
+        out.setdefault(problem.field, problem)
+    return list(out.values()) or [FieldProblem("invalid_value", _WHOLE_BODY, "is not valid")]
+
+
+def expectation(schema: Mapping[str, Any]) -> str | None:
+    """What a value of ``schema`` must be, in words (None: the schema says nothing)."""
+    kind = schema.get("type")
+    if kind == "boolean":
+        return "must be true or false"
+    if kind in ("number", "integer"):
+        return _number_words(schema, integer=kind == "integer")
+    if kind == "string":
+        return _string_words(schema)
+    return None
+
+
+def _problem(error: Mapping[str, Any], fields: _OperationFields) -> FieldProblem:
+    loc = tuple(error.get("loc", ()))
+    kind = str(error.get("type", ""))
+    # loc[0] says where (body, path, query); loc[1] is the field; the rest is pydantic's.
+    name = str(loc[1]) if len(loc) > 1 and kind != "json_invalid" else _WHOLE_BODY
+    if kind == "json_invalid":
+        return NOT_JSON
+    if kind == "missing":
+        return FieldProblem("missing_field", name, "is required")
+    if kind == "extra_forbidden":
+        known = ", ".join(fields.body) or "none"
+        return FieldProblem("unknown_field", name, f"is not a field here (known: {known})")
+    if name == _WHOLE_BODY and kind in _NOT_AN_OBJECT:
+        return FieldProblem("invalid_value", name, "must be a JSON object")
+    schema = fields.schema_of(name)
+    words = expectation(schema) if schema is not None else None
+    return FieldProblem("invalid_value", name, words or _plain(str(error.get("msg", ""))))
+
+
+def _operation_fields(request: Request) -> _OperationFields:
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return _OperationFields({}, {})
+    spec = request.app.openapi()
+    operation = spec.get("paths", {}).get(route.path_format, {}).get(request.method.lower(), {})
+    parameters = {p["name"]: p.get("schema", {}) for p in operation.get("parameters", [])}
+    content = operation.get("requestBody", {}).get("content", {})
+    body = _resolve(content.get("application/json", {}).get("schema", {}), spec)
+    return _OperationFields(parameters, dict(body.get("properties", {})))
+
+
+def _resolve(schema: Mapping[str, Any], spec: Mapping[str, Any]) -> Mapping[str, Any]:
+    ref = schema.get("$ref")
+    if not isinstance(ref, str) or not ref.startswith("#/components/schemas/"):
+        return schema
+    found: Mapping[str, Any] = spec["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    return found
+
+
+def _number_words(schema: Mapping[str, Any], *, integer: bool) -> str:
+    noun = "an integer" if integer else "a number"
+    low, high = schema.get("minimum"), schema.get("maximum")
+    if low is not None and high is not None:
+        return f"must be {'an integer ' if integer else ''}in [{_num(low)}, {_num(high)}]"
+    bounds = [f"{word} {_num(schema[key])}" for key, word in _BOUND_WORDS if key in schema]
+    return f"must be {noun}" + (" " + " and ".join(bounds) if bounds else "")
+
+
+def _num(value: float) -> str:
+    """0.0 -> '0', 1e-06 -> '1e-06': a bound as a person writes it."""
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _string_words(schema: Mapping[str, Any]) -> str:
+    low, high = schema.get("minLength"), schema.get("maxLength")
+    size = "a string"
+    if low is not None and high is not None:
+        size = f"{low} to {high} characters"
+    elif high is not None:
+        size = f"at most {high} characters"
+    pattern = schema.get("pattern")
+    return f"must be {size}" + (f" matching {pattern}" if pattern else "")
+
+
+def _plain(msg: str) -> str:
+    """pydantic's sentence without its prefix: 'Value error, x' -> 'x'."""
+    for prefix in ("Value error, ", "Assertion failed, "):
+        msg = msg.removeprefix(prefix)
+    return msg[:1].lower() + msg[1:] if msg else "is not valid"

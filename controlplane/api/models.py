@@ -1,0 +1,99 @@
+"""What the API accepts that the domain has no type for: request bodies and path names.
+
+Owns the request bodies (``OverrideBody``, ``RollbackBody``), the bounds of a category
+name in an override, and ``HealthOut``. Responses are the domain's own types
+(``PolicyDocument``, ``VersionInfo``, ``RefitOutcome``, ``CategorySummary``,
+``AgentStatus``): a model here never copies one. Bodies take JSON numbers and booleans
+only (pydantic's lax mode would also take ``"1"`` and ``true`` for a number). It must
+never reach the controller.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Path
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    field_validator,
+)
+from pydantic.json_schema import SkipJsonSchema
+
+from agent.policy_document import PositiveFinite, Probability
+
+CATEGORY_NAME_MAX = 64
+CATEGORY_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
+
+OverrideCategory = Annotated[
+    str,
+    Path(
+        max_length=CATEGORY_NAME_MAX,
+        pattern=CATEGORY_NAME_PATTERN,
+        description="Category to pin: letters, digits and . _ : - (first a letter or digit)",
+    ),
+]
+
+
+def _json_number(v: object) -> object:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ValueError("expected a JSON number")
+    return v
+
+
+def _json_integer(v: object) -> object:
+    """A JSON Schema integer: an int, or a float with no fraction (1.0)."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError("expected a JSON integer")
+    return v
+
+
+def _no_negative_zero(v: float) -> float:
+    return v + 0.0  # -0.0 + 0.0 == 0.0: one zero in stored documents
+
+
+JsonInt = Annotated[int, BeforeValidator(_json_integer)]
+_Number = BeforeValidator(_json_number)
+# Absent means "keep the fitted value"; an explicit null is refused (below), not absence.
+_Rate = Annotated[PositiveFinite, _Number] | SkipJsonSchema[None]
+_Share = Annotated[Probability, _Number, AfterValidator(_no_negative_zero)] | SkipJsonSchema[None]
+
+
+class OverrideBody(BaseModel):
+    """Any of the three parameters; the rest keep their fitted values."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
+    rate: _Rate = Field(default=None, description="Reuse rate, per second")
+    p_reuse: _Share = Field(default=None, description="Probability of any reuse")
+    life_s: _Rate = Field(default=None, description="Life window, seconds")
+
+    @field_validator("rate", "p_reuse", "life_s", mode="before")
+    @classmethod
+    def _no_null(cls, value: Any) -> Any:
+        if value is None:
+            raise ValueError("must be a number, not null")
+        return value
+
+    def given(self) -> dict[str, float]:
+        """The parameters given, by name."""
+        return self.model_dump(exclude_none=True)
+
+
+class RollbackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: JsonInt = Field(ge=1, description="A kept version (GET /v1/policy/versions)")
+    hold: StrictBool = Field(
+        default=False, description="Stop automatic refits from publishing until POST /refit"
+    )
+
+
+class HealthOut(BaseModel):
+    status: str = Field(description="ok, or unavailable")
+    leader: bool = Field(default=False, description="This replica holds the leader lease")
+    reason: str = Field(default="", description="Why not ready")

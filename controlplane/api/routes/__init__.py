@@ -1,0 +1,22 @@
+"""The API's routes, one module per OpenAPI tag: ``policy``, ``overrides``, ``observe``, ``ops``.
+
+Each module offers a ``reads`` router (GET) and, where it changes state, a ``writes``
+router; ``controlplane.api.app`` attaches the access each needs. Routes reach the
+``Controller`` through ``ControllerDep`` and declare their ``response_model`` and error
+responses. They must never check tokens (the access guard did) or build Redis keys.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, cast
+
+from fastapi import Depends, Request
+
+from controlplane.service.controller import Controller
+
+
+def _controller(request: Request) -> Controller:
+    return cast(Controller, request.app.state.controller)
+
+
+ControllerDep = Annotated[Controller, Depends(_controller)]

@@ -1,0 +1,40 @@
+"""Routes of the ``observe`` tag: categories (fit beside published) and live agents.
+
+Responses are the controller's ``CategorySummary``/``CategoryDetail`` and the agents'
+own heartbeats (``AgentStatus``). Read-only: it must never change state.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from agent.wire import AgentStatus
+from controlplane.api.errors import ApiError, documented
+from controlplane.api.routes import ControllerDep
+from controlplane.service.controller import CategoryDetail, CategorySummary
+
+TAG = "observe"
+reads = APIRouter(tags=[TAG])
+
+
+@reads.get("/v1/categories", response_model=list[CategorySummary])
+def list_categories(controller: ControllerDep) -> list[CategorySummary]:
+    """Per category: samples, fitted and published parameters, fit quality."""
+    return controller.categories()
+
+
+@reads.get("/v1/categories/{name}", response_model=CategoryDetail, responses=documented(404))
+def get_category(name: str, controller: ControllerDep) -> CategoryDetail:
+    """One category with its empirical and fitted reuse-time CDF points."""
+    detail = controller.category(name)
+    if detail is None:
+        raise ApiError(404, "unknown_category", f"category {name!r} has not been seen")
+    return detail
+
+
+@reads.get("/v1/agents", response_model=list[AgentStatus])
+def list_agents(controller: ControllerDep) -> list[AgentStatus]:
+    """Live agents (heartbeat not expired): the policy version each has in force
+    (`applied_version`) and the one it received (`staged_version`), which an engine
+    applies at its next call into the agent (an idle vLLM engine makes none)."""
+    return controller.agents()

@@ -1,0 +1,76 @@
+"""Routes of the ``overrides`` tag: pin or release parameters of one category.
+
+Each change publishes a new policy version (the store composes it). Names and counts
+are bounded here, at the edge: a category name is at most ``CATEGORY_NAME_MAX``
+characters of a small alphabet, and at most ``max_overrides`` categories are pinned. A
+name that exists already can always be released, whatever it looks like. It must never
+write Redis itself.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path
+
+from agent.policy_document import PolicyDocument
+from controlplane.api.errors import ApiError, FieldError, documented
+from controlplane.api.field_messages import FieldProblem
+from controlplane.api.models import OverrideBody, OverrideCategory
+from controlplane.api.routes import ControllerDep
+from controlplane.service.store import StoreError
+
+TAG = "overrides"
+reads = APIRouter(tags=[TAG])
+writes = APIRouter(tags=[TAG])
+
+
+@reads.get("/v1/policy/overrides", response_model=dict[str, dict[str, float]])
+def list_overrides(controller: ControllerDep) -> dict[str, dict[str, float]]:
+    """Pinned parameters by category."""
+    return controller.store.overrides()
+
+
+@writes.put(
+    "/v1/policy/overrides/{category}",
+    response_model=PolicyDocument,
+    responses=documented(409, 422),
+)
+def put_override(
+    category: OverrideCategory, body: OverrideBody, controller: ControllerDep
+) -> PolicyDocument:
+    """Pin any of ``rate``, ``p_reuse``, ``life_s`` for a category; publishes a version."""
+    values = body.given()
+    if not values:
+        raise FieldError(FieldProblem("invalid_value", "body", "give rate, p_reuse or life_s"))
+    _check_room_for(category, controller.store.overrides(), controller.settings.max_overrides)
+    try:
+        return controller.store.set_override(category, values)
+    except StoreError as exc:
+        raise FieldError(FieldProblem("invalid_value", "body", str(exc))) from None
+
+
+@writes.delete(
+    "/v1/policy/overrides/{category}",
+    response_model=PolicyDocument,
+    responses=documented(404),
+)
+def delete_override(
+    category: Annotated[str, Path(description="A pinned category")], controller: ControllerDep
+) -> PolicyDocument:
+    """Release a category's pinned parameters; publishes a version."""
+    try:
+        return controller.store.delete_override(category)
+    except StoreError as exc:
+        raise ApiError(404, "no_override", str(exc)) from None
+
+
+def _check_room_for(category: str, pinned: dict[str, dict[str, float]], most: int) -> None:
+    """Refuse a new pin past ``most``; changing an existing pin always has room."""
+    if category not in pinned and len(pinned) >= most:
+        raise ApiError(
+            409,
+            "too_many_overrides",
+            f"{len(pinned)} categories are pinned already (max_overrides {most}): "
+            "release one first",
+        )

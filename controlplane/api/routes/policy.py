@@ -1,0 +1,70 @@
+"""Routes of the ``policy`` tag: the current document, kept versions, refit and rollback.
+
+Reads return the store's own types (``PolicyDocument``, ``VersionInfo``); a refit returns
+the controller's ``RefitOutcome``. Only the leader refits; a standby says who leads. It
+must never compose documents itself (``controlplane.service.store`` does).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from agent.policy_document import PolicyDocument
+from controlplane.api.errors import ApiError, documented
+from controlplane.api.models import RollbackBody
+from controlplane.api.routes import ControllerDep
+from controlplane.service.controller import RefitOutcome
+from controlplane.service.store import StoreError, VersionInfo
+
+TAG = "policy"
+reads = APIRouter(tags=[TAG])
+writes = APIRouter(tags=[TAG])
+
+
+@reads.get("/v1/policy", response_model=PolicyDocument, responses=documented(404))
+def get_policy(controller: ControllerDep) -> PolicyDocument:
+    """The current policy document: what every worker should be applying."""
+    version = controller.store.current_version()
+    if version is None:
+        raise ApiError(404, "no_policy", "no policy version has been published yet")
+    doc = controller.store.get(version)
+    if doc is None:  # the pointer outlived its document: say so, never "no policy"
+        raise ApiError(503, "policy_missing", f"current names version {version}, not stored")
+    return doc
+
+
+@reads.get("/v1/policy/versions", response_model=list[VersionInfo])
+def list_versions(controller: ControllerDep) -> list[VersionInfo]:
+    """Kept versions, newest first."""
+    return controller.store.versions()
+
+
+@reads.get(
+    "/v1/policy/versions/{version}",
+    response_model=PolicyDocument,
+    responses=documented(404, 422),
+)
+def get_version(version: int, controller: ControllerDep) -> PolicyDocument:
+    """One kept version."""
+    doc = controller.store.get(version)
+    if doc is None:
+        raise ApiError(404, "unknown_version", f"version {version} is not kept")
+    return doc
+
+
+@writes.post("/v1/policy/refit", response_model=RefitOutcome, responses=documented(409))
+def refit(controller: ControllerDep) -> RefitOutcome:
+    """Fit now and publish if the guard passes (also releases a rollback hold)."""
+    if not controller.lease.is_leader:
+        holder = controller.lease.holder_now() or "nobody"
+        raise ApiError(409, "not_leader", f"this replica does not refit; leader: {holder}")
+    return controller.refit(manual=True)
+
+
+@writes.post("/v1/policy/rollback", response_model=PolicyDocument, responses=documented(404, 422))
+def rollback(body: RollbackBody, controller: ControllerDep) -> PolicyDocument:
+    """Publish a new version with an earlier version's parameters."""
+    try:
+        return controller.store.rollback(body.version, hold=body.hold)
+    except StoreError as exc:
+        raise ApiError(404, "unknown_version", str(exc)) from None

@@ -1,0 +1,139 @@
+// The actions: override a category, remove an override, roll back, refit now. Each asks for
+// confirmation in a modal dialog, sends one REST call with the bearer token, and shows the
+// outcome: the new version, or the API's error exactly as it answered.
+
+import { api, ApiError } from "./api.js";
+import { el, fmtNum } from "./dom.js";
+
+const OVERRIDE_FIELDS = [["ov-p", "p_reuse"], ["ov-rate", "rate"], ["ov-life", "life_s"]];
+
+/** Ask in the modal dialog; resolves true only when the operator confirms. */
+export function confirmAction(title, body, okLabel) {
+  const dialog = document.getElementById("confirm");
+  document.getElementById("confirm-title").textContent = title;
+  document.getElementById("confirm-body").textContent = body;
+  document.getElementById("confirm-ok").textContent = okLabel;
+  dialog.returnValue = "";
+  return new Promise((resolve) => {
+    dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok"), { once: true });
+    dialog.showModal();
+    document.getElementById("confirm-cancel").focus(); // the safe choice has the focus
+  });
+}
+
+function showResult(ok, ...content) {
+  const box = document.getElementById("action-result");
+  box.className = `result ${ok ? "ok" : "failed"}`;
+  box.replaceChildren(...content);
+  box.focus();
+}
+
+function showApiError(exc) {
+  if (!(exc instanceof ApiError)) {
+    showResult(false, String(exc));
+    return;
+  }
+  const head = `${exc.method} ${exc.path} failed: ` + (exc.status ? `HTTP ${exc.status}` : "no answer");
+  showResult(false,
+    el("strong", {}, head), el("br"),
+    el("code", { class: "api-error" }, exc.error), ": ", el("span", { class: "api-reason" }, exc.reason));
+}
+
+/**
+ * Run one confirmed mutation: `send()` returns the API's answer, `describe(answer)` the
+ * success text. `after()` (a refresh) runs whatever the outcome.
+ */
+async function run(question, send, describe, after) {
+  const [title, body, okLabel] = question;
+  if (!(await confirmAction(title, body, okLabel))) {
+    showResult(true, `${title}: cancelled, nothing was sent.`);
+    return;
+  }
+  try {
+    const answer = await send();
+    showResult(true, describe(answer));
+  } catch (exc) {
+    showApiError(exc);
+  }
+  await after();
+}
+
+function published(doc) {
+  return `Published version ${doc.version}: ${doc.note}. Workers apply it at their next poll.`;
+}
+
+export function makeActions(afterChange) {
+  const actions = {
+    rollback: (version, hold = false) => run(
+      [`Roll back to version ${version}?`,
+        `A new version is published with version ${version}'s parameters, and every override is cleared.` +
+        (hold ? " Automatic refits stop publishing until “Refit now”." : ""), "Roll back"],
+      () => api.post("/v1/policy/rollback", { version, hold }),
+      published, afterChange),
+    removeOverride: (category) => run(
+      [`Remove the override of ${category}?`,
+        `A new version is published with ${category}'s fitted values.`, "Remove override"],
+      () => api.delete(`/v1/policy/overrides/${encodeURIComponent(category)}`),
+      published, afterChange),
+    override: (category, values) => run(
+      [`Override ${category}?`,
+        `A new version is published with ${Object.entries(values).map(([k, v]) => `${k} = ${fmtNum(v, 6)}`).join(", ") || "no values"} for ${category}; ` +
+        "the other values keep their fit.", "Publish override"],
+      () => api.put(`/v1/policy/overrides/${encodeURIComponent(category)}`, values),
+      published, afterChange),
+    refit: () => run(
+      ["Refit now?", "Every category is fitted now; a new version is published if the guard passes. A rollback hold is released.", "Refit"],
+      () => api.post("/v1/policy/refit"),
+      (r) => (r.published ? `Refit published version ${r.version}` : `Refit did not publish: ${r.reason}`) +
+        ` (${fmtNum(r.seconds)} s).`,
+      afterChange),
+  };
+  wireForms(actions);
+  return actions;
+}
+
+function wireForms(actions) {
+  document.getElementById("override-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const input = document.getElementById("ov-category");
+    const category = input.value.trim();
+    if (!category) {
+      showResult(false, "Name the category to override.");
+      input.focus();
+      return;
+    }
+    // Only what was typed is sent, as typed: the API judges the values and says what is wrong.
+    const values = {};
+    for (const [id, field] of OVERRIDE_FIELDS) {
+      const raw = document.getElementById(id).value.trim();
+      if (raw !== "") values[field] = Number(raw);
+    }
+    actions.override(category, values);
+  });
+  document.getElementById("rollback-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const version = Number(document.getElementById("rb-version").value);
+    if (!Number.isInteger(version)) {
+      showResult(false, "No kept version to roll back to.");
+      return;
+    }
+    actions.rollback(version, document.getElementById("rb-hold").checked);
+  });
+  document.getElementById("refit-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    actions.refit();
+  });
+}
+
+/** Keep the roll-back choices equal to the kept versions (the one in force excluded). */
+export function renderActions(results) {
+  const select = document.getElementById("rb-version");
+  if (results.versions.error) return;
+  const current = results.policy.value ? results.policy.value.version : null;
+  const kept = (results.versions.value || []).filter((v) => v.version !== current);
+  const wanted = kept.map((v) => String(v.version));
+  if ([...select.options].map((o) => o.value).join() === wanted.join()) return;
+  const chosen = select.value;
+  select.replaceChildren(...kept.map((v) => el("option", { value: v.version }, `${v.version}: ${v.note}`)));
+  if (wanted.includes(chosen)) select.value = chosen;
+}

@@ -1,0 +1,77 @@
+// The dashboard's only way out: the controller's public REST API, on the origin that served
+// the page. Errors keep the API's own shape ({"error", "reason"}) and the HTTP status.
+
+const TOKEN_KEY = "kvwise.apiToken";
+
+export class ApiError extends Error {
+  constructor(method, path, status, error, reason, body) {
+    super(`${method} ${path}: ${status ? `HTTP ${status} ` : ""}${error}: ${reason}`);
+    Object.assign(this, { method, path, status, error, reason, body });
+  }
+}
+
+/** The bearer token (the API token, or a read token to view only): typed by the operator,
+ * kept for this tab only. */
+export const token = {
+  get() {
+    return sessionStorage.getItem(TOKEN_KEY) || "";
+  },
+  set(value) {
+    if (value) sessionStorage.setItem(TOKEN_KEY, value);
+    else sessionStorage.removeItem(TOKEN_KEY);
+  },
+};
+
+async function call(method, path, body) {
+  const headers = { Accept: "application/json" };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  // Reads need a token too when the controller has a read token (KVWISE_API_READ_TOKEN).
+  if (token.get()) headers.Authorization = `Bearer ${token.get()}`;
+  let response;
+  try {
+    response = await fetch(path, {
+      method,
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+      cache: "no-store",
+      credentials: "omit",
+    });
+  } catch (exc) {
+    throw new ApiError(method, path, 0, "unreachable", `the controller did not answer (${exc.message})`, null);
+  }
+  const text = await response.text();
+  let parsed = null;
+  try {
+    parsed = text ? JSON.parse(text) : null;
+  } catch {
+    parsed = null;
+  }
+  if (!response.ok) {
+    const error = parsed && typeof parsed.error === "string" ? parsed.error : "http_error";
+    const reason = parsed && typeof parsed.reason === "string" ? parsed.reason : text.slice(0, 300);
+    throw new ApiError(method, path, response.status, error, reason, text);
+  }
+  return parsed;
+}
+
+export const api = {
+  get: (path) => call("GET", path),
+  put: (path, body) => call("PUT", path, body),
+  post: (path, body) => call("POST", path, body),
+  delete: (path) => call("DELETE", path),
+};
+
+/**
+ * The paths the controller serves, from its OpenAPI document (read once a minute at most):
+ * optional routes are looked up here instead of probed, so a controller without one shows
+ * no failed request.
+ */
+let openapi = { paths: null, at: 0 };
+
+export async function servedPaths(maxAgeMs = 60000) {
+  if (openapi.paths === null || Date.now() - openapi.at > maxAgeMs) {
+    const doc = await api.get("/openapi.json");
+    openapi = { paths: new Set(Object.keys((doc && doc.paths) || {})), at: Date.now() };
+  }
+  return openapi.paths;
+}

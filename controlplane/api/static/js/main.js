@@ -1,0 +1,124 @@
+// The dashboard's entry: reads the REST API on a timer (never two refreshes at once), hands
+// each section what it needs, and keeps the header's health line. One section failing never
+// stops the others: each shows its own error and keeps its last good view.
+
+import { ApiError, api, token } from "./api.js";
+import { makeActions, renderActions } from "./actions.js";
+import { redrawCategories, renderCategoriesSection } from "./categories.js";
+import { fmtTime, setText } from "./dom.js";
+import { renderPolicySection } from "./policy.js";
+import { renderShadowSection } from "./shadow.js";
+import { renderWorkersSection } from "./workers.js";
+
+const READS = {
+  health: "/healthz",
+  policy: "/v1/policy",
+  versions: "/v1/policy/versions",
+  overrides: "/v1/policy/overrides",
+  categories: "/v1/categories",
+  agents: "/v1/agents",
+};
+
+let timer = null;
+let running = null;
+let lastPolicyVersion = null;
+
+async function readAll() {
+  const names = Object.keys(READS);
+  const settled = await Promise.allSettled(names.map((n) => api.get(READS[n])));
+  const results = {};
+  names.forEach((n, i) => {
+    const s = settled[i];
+    results[n] = s.status === "fulfilled" ? { value: s.value } : { error: s.reason };
+  });
+  return results;
+}
+
+async function readiness() {
+  try {
+    await api.get("/readyz");
+    return "";
+  } catch (exc) {
+    return exc instanceof ApiError && exc.status === 503 ? exc.reason : exc.message;
+  }
+}
+
+function renderHealth(results, notReady) {
+  const line = document.getElementById("health");
+  const h = results.health;
+  line.className = "health";
+  if (h.error) {
+    line.classList.add("down");
+    setText(line, `Controller unreachable: ${h.error.message}`);
+    return;
+  }
+  const parts = [notReady ? `Not ready: ${notReady}` : "Ready", h.value.leader ? "leader replica" : "standby replica"];
+  if (results.policy.value) parts.push(`policy version ${results.policy.value.version}`);
+  if (results.agents.value) parts.push(`${results.agents.value.length} live worker${results.agents.value.length === 1 ? "" : "s"}`);
+  line.classList.add(notReady ? "down" : "up");
+  setText(line, parts.join(" · "));
+}
+
+async function refreshOnce() {
+  const [results, notReady] = await Promise.all([readAll(), readiness()]);
+  renderHealth(results, notReady);
+  if (results.policy.value) lastPolicyVersion = results.policy.value.version;
+  const sections = [
+    () => renderPolicySection(results, actions),
+    () => renderActions(results),
+    () => renderWorkersSection(results),
+    () => renderCategoriesSection(results),
+    () => renderShadowSection(),
+  ];
+  for (const render of sections) {
+    try {
+      await render();
+    } catch (exc) {
+      console.warn("dashboard section failed", exc); // a bug here must not stop the rest
+    }
+  }
+  setText(document.getElementById("updated"), `Updated ${fmtTime(Date.now() / 1000)}`);
+  document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
+}
+
+/** Refresh now (waiting for one in progress first), then re-arm the timer. */
+export async function refresh() {
+  clearTimeout(timer);
+  if (running) await running;
+  running = refreshOnce().finally(() => {
+    running = null;
+  });
+  await running;
+  schedule();
+}
+
+function intervalS() {
+  return Number(document.getElementById("refresh").value);
+}
+
+function schedule() {
+  clearTimeout(timer);
+  const s = intervalS();
+  if (s > 0) timer = setTimeout(refresh, s * 1000);
+}
+
+function initControls() {
+  document.getElementById("controls").addEventListener("submit", (event) => event.preventDefault());
+  const select = document.getElementById("refresh");
+  const wanted = new URLSearchParams(location.search).get("refresh");
+  if (wanted !== null && [...select.options].some((o) => o.value === wanted)) select.value = wanted;
+  select.addEventListener("change", schedule);
+  document.getElementById("refresh-now").addEventListener("click", refresh);
+  const input = document.getElementById("token");
+  input.value = token.get();
+  input.addEventListener("input", () => token.set(input.value.trim()));
+  let typing = null;
+  document.getElementById("cat-filter").addEventListener("input", () => {
+    clearTimeout(typing);
+    typing = setTimeout(() => redrawCategories(lastPolicyVersion), 200);
+  });
+}
+
+const actions = makeActions(refresh);
+initControls();
+refresh();

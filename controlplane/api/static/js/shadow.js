@@ -1,0 +1,118 @@
+// The shadow section: hit ratio against cache capacity per policy, per worker group, from
+// GET /v1/shadow. A controller that does not serve the route (its OpenAPI document does not
+// list it) gets a note instead; an answer in a shape this page does not know is shown raw.
+
+import { servedPaths, api } from "./api.js";
+import { lineChart } from "./charts.js";
+import { el, fmtInt, fmtNum, fmtRatio } from "./dom.js";
+
+export const SHADOW_PATH = "/v1/shadow";
+let lastKey = null;
+
+function note(...text) {
+  return el("p", { class: "muted", id: "shadow-note" }, ...text);
+}
+
+/** Groups in the documented shape (docs/dashboard.md), or null when the answer is not. */
+export function shadowGroups(body) {
+  const groups = body && Array.isArray(body.groups) ? body.groups : null;
+  if (!groups) return null;
+  const ok = groups.every((g) => g && Array.isArray(g.policies) && g.policies.every(
+    (p) => p && typeof p.policy === "string" && Array.isArray(p.points) &&
+      p.points.every((q) => q && Number.isFinite(q.capacity) && Number.isFinite(q.hit_ratio)),
+  ));
+  return ok ? groups : null;
+}
+
+function groupTable(group) {
+  const capacities = [...new Set(group.policies.flatMap((p) => p.points.map((q) => q.capacity)))].sort((a, b) => a - b);
+  const head = el("tr", {}, el("th", { scope: "col" }, "Policy"),
+    ...capacities.map((c) => el("th", { scope: "col", class: "num" }, `${fmtInt(c)} blocks`)));
+  const rows = group.policies.map((p) => {
+    const at = new Map(p.points.map((q) => [q.capacity, q]));
+    return el("tr", {}, el("th", { scope: "row" }, p.policy), ...capacities.map((c) => {
+      const q = at.get(c);
+      const ci = q && Number.isFinite(q.ci_low) && Number.isFinite(q.ci_high) ? ` (${fmtRatio(q.ci_low)}–${fmtRatio(q.ci_high)})` : "";
+      return el("td", { class: "num" }, q ? fmtRatio(q.hit_ratio) + ci : "—");
+    }));
+  });
+  return el("details", {}, el("summary", {}, "Table of these values"),
+    el("div", { class: "table-wrap" }, el("table", {}, el("caption", {}, `Shadow hit ratio, ${group.group || "group"}`),
+      el("thead", {}, head), el("tbody", {}, ...rows))));
+}
+
+function groupFigure(group) {
+  const series = group.policies.map((p) => {
+    const pts = p.points.slice().sort((a, b) => a.capacity - b.capacity);
+    return {
+      name: p.policy,
+      points: pts.map((q) => [q.capacity, q.hit_ratio]),
+      band: pts.filter((q) => Number.isFinite(q.ci_low) && Number.isFinite(q.ci_high)).map((q) => [q.capacity, q.ci_low, q.ci_high]),
+      markers: true,
+    };
+  });
+  const best = group.policies.map((p) => {
+    const q = p.points.find((x) => x.capacity === group.capacity);
+    return q ? `${p.policy} ${fmtRatio(q.hit_ratio)}` : null;
+  }).filter(Boolean);
+  const title = `${group.group || "workers"}: hit ratio against capacity`;
+  const facts = [
+    Array.isArray(group.workers) ? `workers ${group.workers.join(", ")}` : null,
+    Number.isFinite(group.window_s) ? `window ${fmtNum(group.window_s)} s` : null,
+    Number.isFinite(group.sampling_rate) ? `sampling rate ${fmtNum(group.sampling_rate)}` : null,
+    Number.isFinite(group.accesses) ? `${fmtInt(group.accesses)} accesses seen` : null,
+  ].filter(Boolean).join(" · ");
+  const figure = lineChart({
+    title,
+    summary: `${facts}.${best.length ? ` At the workers' capacity: ${best.join(", ")}.` : ""}`,
+    xLabel: "cache capacity (blocks, log)",
+    yLabel: "hit ratio",
+    xLog: true,
+    width: 560,
+    height: 260,
+    series,
+    vlines: Number.isFinite(group.capacity) ? [{ x: group.capacity, label: `the workers' capacity, ${fmtInt(group.capacity)} blocks` }] : [],
+  });
+  figure.classList.add("card");
+  figure.append(el("p", { class: "chart-facts" }, facts), groupTable(group));
+  return figure;
+}
+
+export async function renderShadowSection() {
+  const box = document.getElementById("shadow-body");
+  let paths;
+  try {
+    paths = await servedPaths();
+  } catch (exc) {
+    box.replaceChildren(el("p", { class: "error", role: "alert" }, exc.message));
+    lastKey = null;
+    return;
+  }
+  if (!paths.has(SHADOW_PATH)) {
+    if (lastKey !== "absent") {
+      box.replaceChildren(note(`This controller does not serve GET ${SHADOW_PATH}: shadow capacity curves per policy appear here once it does.`));
+      lastKey = "absent";
+    }
+    return;
+  }
+  let body;
+  try {
+    body = await api.get(SHADOW_PATH);
+  } catch (exc) {
+    box.replaceChildren(el("p", { class: "error", role: "alert" }, exc.message));
+    lastKey = null;
+    return;
+  }
+  const key = JSON.stringify(body);
+  if (key === lastKey) return;
+  lastKey = key;
+  const groups = shadowGroups(body);
+  if (groups === null) {
+    box.replaceChildren(note(`GET ${SHADOW_PATH} answered in a shape this dashboard does not know; here it is as sent.`),
+      el("pre", { class: "raw" }, key.slice(0, 4000)));
+  } else if (!groups.length) {
+    box.replaceChildren(note("No shadow results yet: no worker group has enough accesses."));
+  } else {
+    box.replaceChildren(el("div", { class: "chart-grid wide" }, ...groups.map(groupFigure)));
+  }
+}

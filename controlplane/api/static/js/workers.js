@@ -1,0 +1,109 @@
+// The workers section: each live agent's applied and staged version, hit ratio, events sent
+// and dropped, last heartbeat; and the hit ratio over time, which this page builds from the
+// heartbeats it sees (hits and accesses between two heartbeats), for as long as it is open.
+
+import { lineChart } from "./charts.js";
+import { el, emptyRow, fmtAge, fmtInt, fmtRatio, fmtTime, setText, showError, syncRows } from "./dom.js";
+
+const HISTORY_POINTS = 720; // an hour of 5 s heartbeats
+const MIN_SPAN_S = 60; // the time axis spans at least this much, so its ticks stay round
+const history = new Map(); // worker id -> {last: heartbeat, points: [[unix s, ratio]]}
+
+/** Record the hit ratio between this heartbeat and the previous one of the same worker. */
+function record(agent) {
+  let h = history.get(agent.id);
+  if (!h) {
+    h = { last: null, points: [] };
+    history.set(agent.id, h);
+  }
+  const last = h.last;
+  if (last && agent.updated_at > last.updated_at) {
+    const accesses = agent.accesses - last.accesses;
+    if (accesses > 0 && agent.hits >= last.hits) {
+      h.points.push([agent.updated_at, (agent.hits - last.hits) / accesses]);
+      if (h.points.length > HISTORY_POINTS) h.points.splice(0, h.points.length - HISTORY_POINTS);
+    }
+  }
+  if (!last || agent.updated_at > last.updated_at || agent.started_at !== last.started_at) h.last = agent;
+}
+
+function versionCell(cell, version, current) {
+  setText(cell, version ?? "—");
+  const behind = current !== null && Number.isFinite(version) && version < current;
+  cell.classList.toggle("behind", behind);
+  cell.title = behind ? `behind: version ${current} is in force` : "";
+}
+
+function renderTable(agents, current) {
+  syncRows(
+    document.querySelector("#worker-table tbody"),
+    agents,
+    (a) => a.id,
+    () => emptyRow(10, [2, 3, 4, 5, 6, 7, 8]),
+    (row, a) => {
+      setText(row.cells[0], a.id);
+      setText(row.cells[1], a.engine);
+      setText(row.cells[2], fmtInt(a.capacity));
+      versionCell(row.cells[3], a.applied_version, current);
+      // Controllers before staged_version existed do not report it.
+      versionCell(row.cells[4], "staged_version" in a ? a.staged_version : null, current);
+      setText(row.cells[5], fmtRatio(a.hit_ratio));
+      setText(row.cells[6], fmtInt(a.events_sent));
+      setText(row.cells[7], fmtInt(a.events_dropped));
+      row.cells[7].classList.toggle("warn", a.events_dropped > 0);
+      setText(row.cells[8], fmtInt(a.rejected));
+      row.cells[8].title = a.last_rejection || "";
+      setText(row.cells[9], fmtAge(a.updated_at));
+      row.cells[9].title = fmtTime(a.updated_at);
+    },
+  );
+}
+
+function clock(unixS) {
+  const d = new Date(unixS * 1000);
+  const pad = (v) => String(v).padStart(2, "0");
+  return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+}
+
+function renderChart(agents) {
+  const box = document.getElementById("hit-chart");
+  const live = agents.map((a) => a.id);
+  const series = live
+    .filter((id) => history.has(id))
+    .map((id) => ({ name: id, points: history.get(id).points }));
+  const points = series.reduce((n, s) => n + s.points.length, 0);
+  if (points === 0) {
+    box.replaceChildren(el("p", { class: "muted" },
+      "Hit ratio over time: collecting. This page plots the hit ratio between consecutive heartbeats of each worker while it is open."));
+    return;
+  }
+  const last = series.map((s) => s.points.length ? `${s.name} ${fmtRatio(s.points[s.points.length - 1][1])}` : `${s.name} —`);
+  const times = series.flatMap((s) => s.points.map((p) => p[0]));
+  const end = Math.max(...times);
+  const start = Math.min(Math.min(...times), end - MIN_SPAN_S);
+  box.replaceChildren(lineChart({
+    title: "Hit ratio over time (between consecutive heartbeats)",
+    summary: `Latest per worker: ${last.join(", ")}.`,
+    xLabel: "time (local)",
+    yLabel: "hit ratio",
+    xDomain: [start, end],
+    yDomain: [0, 1],
+    xFormat: clock,
+    width: 900,
+    height: 260,
+    series,
+  }));
+}
+
+export function renderWorkersSection(results) {
+  const { agents, policy } = results;
+  showError(document.getElementById("workers-error"), agents.error ? agents.error.message : "");
+  if (agents.error) return;
+  const list = agents.value || [];
+  const live = new Set(list.map((a) => a.id));
+  for (const id of history.keys()) if (!live.has(id)) history.delete(id);
+  list.forEach(record);
+  document.getElementById("workers-empty").hidden = list.length > 0;
+  renderTable(list, policy.value ? policy.value.version : null);
+  renderChart(list);
+}

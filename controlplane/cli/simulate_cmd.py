@@ -1,0 +1,346 @@
+"""``kvwise simulate``: time to first token of eviction policies in a simulated fleet.
+
+Owns the command's options, progress display and output (tables, JSON, plot). The
+simulator is ``controlplane.simulate``; trace reading is ``controlplane.traces.reader``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from controlplane.cli.common import (
+    fail,
+    load_trace_or_fail,
+    parse_floats,
+    parse_fracs,
+    parse_ints,
+    split_list,
+)
+
+DEFAULT_POLICIES = "lru,s3fifo,arc,wa"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simulate")(simulate)
+
+
+def simulate(
+    trace_path: Annotated[
+        Path, typer.Argument(metavar="TRACE", help="Bailian or Mooncake JSONL trace (.gz ok)")
+    ],
+    policy: Annotated[
+        str, typer.Option("--policy", "-p", help="Comma-separated policy names, or 'all'")
+    ] = DEFAULT_POLICIES,
+    capacity: Annotated[
+        str | None, typer.Option(help="Cache sizes per instance, in blocks: 1000,2000")
+    ] = None,
+    capacity_frac: Annotated[
+        str | None, typer.Option(help="Cache sizes as fractions of the trace's unique blocks")
+    ] = None,
+    capacity_gib: Annotated[
+        str | None, typer.Option(help="Cache sizes in GiB of KV per instance: 20,40,80")
+    ] = None,
+    profile: Annotated[
+        str,
+        typer.Option(
+            help="Hardware/model: llama3-8b-h200, llama3-8b-h100, llama3-70b-fp8-h200, "
+            "or a .json/.toml file (docs/simulate.md)"
+        ),
+    ] = "llama3-8b-h200",
+    instances: Annotated[int, typer.Option(help="Engine instances (one cache each)")] = 1,
+    router: Annotated[
+        str, typer.Option(help="round-robin, least-loaded, prefix or session")
+    ] = "round-robin",
+    speed: Annotated[
+        float, typer.Option(help="Arrivals this many times faster than the trace's")
+    ] = 1.0,
+    output_tokens: Annotated[
+        int, typer.Option(help="Output tokens of requests whose trace gives none")
+    ] = 256,
+    block_tokens: Annotated[
+        int | None, typer.Option(help="Tokens per block (default: the trace format's)")
+    ] = None,
+    affinity_slack: Annotated[
+        int, typer.Option(help="prefix router: extra requests allowed on a matched instance")
+    ] = 16,
+    categories: Annotated[
+        str, typer.Option(help="wa: labels (type_turn) or auto (inferred from blocks)")
+    ] = "labels",
+    refit_every: Annotated[
+        float, typer.Option(help="wa: refit every this many trace seconds")
+    ] = 60.0,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object on stdout")] = False,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write a PNG: QTTFT CDF, hit ratio and QTTFT by size")
+    ] = None,
+    jobs: Annotated[
+        int, typer.Option("--jobs", "-j", help="Worker processes (0 = one per core)")
+    ] = 0,
+    skip_bad_lines: Annotated[
+        bool, typer.Option(help="Skip malformed trace lines (counted) instead of stopping")
+    ] = False,
+) -> None:
+    """Serve TRACE on simulated engine instances and report TTFT per policy and size.
+
+    Requests arrive at the trace's times (--speed scales them) and are routed to
+    --instances engines. Each engine steps like vLLM (token budget per step, chunked
+    prefill, decode one token a step), its KV cache of the given size managed by the
+    policy; blocks of running requests stay pinned. Step times come from the --profile's
+    roofline model. QTTFT = queueing + time to first token (docs/simulate.md).
+
+    The default size is what the profile's GPU holds after the weights.
+
+    Examples:
+
+      kvwise simulate trace.jsonl --instances 4 --speed 2
+
+      kvwise simulate tests/data/mooncake_synthetic.jsonl.gz -p lru,wa --capacity-gib 20,40
+
+      kvwise simulate trace.jsonl --router prefix --instances 8 --json --plot ttft.png
+    """
+    from controlplane.replay import catalog
+    from controlplane.simulate.profiles import ProfileError, load_profile
+
+    if sum(x is not None for x in (capacity, capacity_frac, capacity_gib)) > 1:
+        fail("give one of --capacity, --capacity-frac, --capacity-gib")
+    if plot is not None and plot.suffix.lower() != ".png":
+        fail(f"--plot {plot}: plots are written as .png")
+    try:
+        prof = load_profile(profile)
+    except ProfileError as exc:
+        fail(str(exc))
+    names = catalog.names() if policy == "all" else split_list(policy, "--policy")
+    unknown = [n for n in names if n not in catalog.names()]
+    if unknown:
+        fail(f"unknown policy {unknown[0]!r}; known policies: {', '.join(catalog.names())}")
+    options = _options(
+        prof,
+        instances,
+        router,
+        speed,
+        output_tokens,
+        block_tokens,
+        affinity_slack,
+        categories,
+        refit_every,
+    )
+    trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
+    if trace.n_requests == 0:
+        fail(f"{trace_path}: no requests")
+    block = _block_tokens(trace, options)
+    capacities = _capacities(trace, prof, block, capacity, capacity_frac, capacity_gib)
+    results = _run_with_progress(trace, names, capacities, options, jobs, quiet=json_out)
+    if plot is not None:
+        _plot(results, plot, f"{trace.name}, {prof.name} x {options.instances}")
+    if json_out:
+        json.dump(_json_doc(trace_path, trace, options, block, results), sys.stdout)
+        sys.stdout.write("\n")
+        return
+    _print_tables(trace, options, block, results)
+
+
+def _options(
+    prof: Any,
+    instances: int,
+    router: str,
+    speed: float,
+    output_tokens: int,
+    block_tokens: int | None,
+    slack: int,
+    categories: str,
+    refit_every: float,
+) -> Any:
+    from controlplane.replay.options import ReplayOptions
+    from controlplane.simulate import router as routers
+    from controlplane.simulate.engine import SimOptions
+
+    if router not in routers.names():
+        fail(f"unknown router {router!r}; known routers: {', '.join(routers.names())}")
+    if categories not in ("labels", "auto"):
+        fail(f"--categories must be one of labels, auto, got {categories!r}")
+    checks = {
+        "--instances": instances >= 1,
+        "--speed": speed > 0 and speed != float("inf"),
+        "--output-tokens": output_tokens >= 1,
+        "--block-tokens": block_tokens is None or block_tokens >= 1,
+        "--affinity-slack": slack >= 0,
+    }
+    for opt, ok in checks.items():
+        if not ok:
+            fail(f"{opt}: out of range (see --help)")
+    try:
+        replay = ReplayOptions(refit_every_s=refit_every, categories=categories)  # type: ignore[arg-type]
+    except ValueError as exc:
+        fail(str(exc))
+    return SimOptions(
+        profile=prof,
+        instances=instances,
+        router=router,
+        speed=speed,
+        block_tokens=block_tokens,
+        output_tokens=output_tokens,
+        slack=slack,
+        replay=replay,
+    )
+
+
+def _block_tokens(trace: Any, options: Any) -> int:
+    from controlplane.simulate.requests import workload
+
+    return int(workload(trace, block_tokens=options.block_tokens).block_tokens)
+
+
+def _capacities(
+    trace: Any,
+    prof: Any,
+    block: int,
+    capacity: str | None,
+    capacity_frac: str | None,
+    capacity_gib: str | None,
+) -> list[int]:
+    if capacity is not None:
+        return parse_ints(capacity, "--capacity")
+    if capacity_frac is not None:
+        fracs = parse_fracs(capacity_frac, "--capacity-frac")
+        return [max(1, round(f * trace.n_unique)) for f in fracs]
+    if capacity_gib is not None:
+        sizes = parse_floats(capacity_gib, "--capacity-gib")
+        return [prof.blocks_for_gib(g, block) for g in sizes]
+    return [prof.kv_pool_blocks(block)]
+
+
+def _run_with_progress(
+    trace: Any, names: list[str], capacities: list[int], options: Any, jobs: int, quiet: bool
+) -> list[Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from controlplane.simulate.runner import SimJob, run_matrix
+
+    cells = len(names) * len(capacities)
+    # Small runs finish before a bar is worth drawing.
+    if quiet or trace.n_accesses * cells * options.instances < 1_000_000:
+        return run_matrix(trace, names, capacities, options, jobs=jobs or None)
+    done: dict[SimJob, int] = {}
+    with Progress(
+        TextColumn("[bold]simulate"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("requests"),
+        TimeElapsedColumn(),
+        transient=True,
+    ) as bar:
+        task = bar.add_task("simulate", total=trace.n_requests * cells)
+
+        def progress(job: SimJob, n: int) -> None:
+            done[job] = n
+            bar.update(task, completed=sum(done.values()))
+
+        return run_matrix(trace, names, capacities, options, jobs=jobs or None, progress=progress)
+
+
+def _plot(results: list[Any], path: Path, title: str) -> None:
+    try:
+        from controlplane.plots.simulate import plot_simulation
+    except ImportError as exc:
+        fail(f"--plot needs matplotlib: pip install 'kvwise[plot]' ({exc})")
+    try:
+        plot_simulation(results, path, title=title)
+    except OSError as exc:
+        fail(f"--plot {path}: {exc}")
+
+
+def _json_doc(
+    trace_path: Path, trace: Any, options: Any, block: int, results: list[Any]
+) -> dict[str, Any]:
+    prof = options.profile
+    return {
+        "trace": str(trace_path),
+        "requests": trace.n_requests,
+        "accesses": trace.n_accesses,
+        "unique_blocks": trace.n_unique,
+        "skipped_lines": len(trace.skipped_lines),
+        "block_tokens": block,
+        "profile": prof.model_dump(),
+        "profile_kv_pool_blocks": prof.kv_pool_blocks(block),
+        "options": {
+            "instances": options.instances,
+            "router": options.router,
+            "speed": options.speed,
+            "output_tokens_default": options.output_tokens,
+            "affinity_slack": options.slack,
+            "categories": options.replay.categories,
+            "refit_every_s": options.replay.refit_every_s,
+        },
+        "results": [r.to_json() for r in results],
+    }
+
+
+def _seconds(x: float) -> str:
+    """Seconds in at most six characters."""
+    if x < 10:
+        return f"{x:.3f}"
+    if x < 1000:
+        return f"{x:.1f}"
+    return f"{x:.0f}"
+
+
+def _print_tables(trace: Any, options: Any, block: int, results: list[Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    prof = options.profile
+    console.print(
+        f"[bold]{trace.name}[/]: {trace.n_requests:,} requests, {trace.n_accesses:,} "
+        f"blocks of {block} tokens, {trace.n_unique:,} unique"
+    )
+    console.print(
+        f"{prof.name} x {options.instances} ({options.router}), speed x{options.speed:g}; "
+        f"its KV pool holds {prof.kv_pool_blocks(block):,} blocks per instance"
+    )
+    lru = {r.capacity: r.qttft.mean for r in results if r.policy == "lru"}
+
+    def table(title: str, columns: list[str]) -> Any:
+        t = Table(title=title, title_justify="left")
+        t.add_column("policy")
+        t.add_column("blocks", justify="right")
+        for c in columns:
+            t.add_column(c, justify="right")
+        return t
+
+    q = table("QTTFT = queue + time to first token (s)", ["hit", "mean", "p50", "p90", "p99"])
+    if lru:
+        q.add_column("vs lru", justify="right")
+    for r in results:
+        row = [f"{r.hit_ratio:.3f}", *(_seconds(x) for x in _quad(r.qttft))]
+        base = lru.get(r.capacity)
+        if lru:
+            row.append(f"{r.qttft.mean / base - 1:+.1%}" if base else "-")
+        q.add_row(r.policy, f"{r.capacity:,}", *row)
+    console.print(q)
+    t = table("TTFT and queue (s)", ["mean", "p50", "p90", "p99", "queue", "q p99"])
+    for r in results:
+        cells = [*_quad(r.ttft), r.queue.mean, r.queue.p99]
+        t.add_row(r.policy, f"{r.capacity:,}", *(_seconds(x) for x in cells))
+    console.print(t)
+    s = table("Prefill saved and throughput", ["saved", "tokens", "out tok/s", "req/s", "wall s"])
+    for r in results:
+        s.add_row(
+            r.policy,
+            f"{r.capacity:,}",
+            f"{r.saved_ratio:.1%}",
+            f"{r.saved_tokens:,}",
+            f"{r.output_tokens_per_s:,.0f}",
+            f"{r.requests_per_s:.2f}",
+            f"{r.seconds:.1f}",
+        )
+    console.print(s)
+
+
+def _quad(lat: Any) -> list[float]:
+    return [lat.mean, lat.p50, lat.p90, lat.p99]

@@ -1,0 +1,151 @@
+"""The discrete-event loop: requests arrive, are routed, and instances step.
+
+Owns ``SimOptions`` (everything of one simulation but the policy and the capacity) and
+``simulate``: one policy at one capacity on one trace. Every instance gets its own cache
+of ``capacity`` blocks and its own policy from the replay catalogue
+(``controlplane.replay.catalog``), so fitted policies (``wa``) are fitted online exactly
+as in ``kvwise replay``, from every request that has arrived at the fleet (the
+controller pools all workers' events). Events are taken in time order: the end of an
+instance's step before an arrival at the same time; arrivals in trace order.
+
+It must never print, read files or summarise (``controlplane.simulate.report``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from controlplane.replay import catalog
+from controlplane.replay.options import DEFAULT_OPTIONS, ReplayOptions
+from controlplane.simulate import router as routers
+from controlplane.simulate.cost import CostModel
+from controlplane.simulate.instance import Instance
+from controlplane.simulate.kv import InstanceCache
+from controlplane.simulate.profiles import BUILTIN, DEFAULT_PROFILE, Profile
+from controlplane.simulate.requests import DEFAULT_OUTPUT_TOKENS, Outcomes, Workload, workload
+from controlplane.traces.model import Trace
+
+UNBOUNDED = ("inf",)
+"""Policies whose cache has no size: no capacity limits their instances at all."""
+
+ProgressFn = Callable[[int], None]
+"""Called with the number of requests that have arrived so far."""
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """One simulation's setting, apart from the policy and the capacity."""
+
+    profile: Profile = field(default_factory=lambda: BUILTIN[DEFAULT_PROFILE])
+    instances: int = 1
+    router: str = "round-robin"
+    speed: float = 1.0
+    block_tokens: int | None = None
+    """Tokens per block; None: the trace format's (docs/traces.md)."""
+    output_tokens: int = DEFAULT_OUTPUT_TOKENS
+    """Output tokens of requests whose trace gives none."""
+    slack: int = routers.DEFAULT_SLACK
+    replay: ReplayOptions = DEFAULT_OPTIONS
+    """How fitted policies are fitted (as in ``kvwise replay``)."""
+
+    def __post_init__(self) -> None:
+        if self.instances < 1:
+            raise ValueError(f"instances must be >= 1, got {self.instances}")
+        if self.router not in routers.names():
+            raise routers.UnknownRouterError(self.router)
+        if self.slack < 0:
+            raise ValueError(f"slack must be >= 0, got {self.slack}")
+
+
+class _Fleet:
+    def __init__(self, instances: list[Instance]) -> None:
+        self._instances = instances
+
+    def loads(self) -> list[int]:
+        return [inst.load for inst in self._instances]
+
+    def matched(self, instance: int, request: int) -> int:
+        return self._instances[instance].cache.matched(request)
+
+
+def simulate(
+    trace: Trace,
+    policy: str,
+    capacity: int,
+    options: SimOptions,
+    *,
+    progress: ProgressFn | None = None,
+    progress_every: int = 1000,
+) -> tuple[Workload, Outcomes]:
+    """Serve ``trace`` with ``options.instances`` instances, each with a ``policy`` cache
+    of ``capacity`` blocks; what each request asked and what happened to it."""
+    if capacity < 0:
+        raise ValueError(f"capacity must be >= 0, got {capacity}")
+    work = workload(
+        trace,
+        speed=options.speed,
+        block_tokens=options.block_tokens,
+        output_tokens=options.output_tokens,
+    )
+    out = Outcomes.empty(work)
+    cost = CostModel(options.profile)
+    limit = sys.maxsize if policy in UNBOUNDED else capacity
+    categories = trace.categories.tolist()
+    instances = []
+    for i in range(options.instances):
+        evictor = catalog.create(policy, capacity, trace, options.replay)
+        cache = InstanceCache(
+            evictor, limit, trace.blocks, trace.offsets, trace.n_unique, categories
+        )
+        instances.append(Instance(i, cache, cost, options.profile, work, out))
+    router = routers.create(options.router, trace, _Fleet(instances), len(instances), options.slack)
+    _run(instances, router, work, progress, progress_every)
+    return work, out
+
+
+def _run(
+    instances: list[Instance],
+    router: routers.Router,
+    work: Workload,
+    progress: ProgressFn | None,
+    progress_every: int,
+) -> None:
+    indexed = [inst.cache.indexed for inst in instances if inst.cache.indexed is not None]
+    events: list[tuple[float, int, int, int]] = []  # (time, order, instance, version)
+    order = 0
+    arrivals = work.arrival
+    n = len(arrivals)
+    a = 0
+    while a < n or events:
+        next_arrival = arrivals[a] if a < n else math.inf
+        if events and events[0][0] <= next_arrival:
+            now, _, i, version = heapq.heappop(events)
+            inst = instances[i]
+            if version != inst.version:
+                continue  # replaced by an earlier end (interrupted decode stretch)
+            inst.finish_step(now)
+        else:
+            now, r = next_arrival, a
+            a += 1
+            for policy in indexed:
+                policy.arrive(r)
+            inst = instances[router.route(r)]
+            inst.waiting.append(r)
+            if progress is not None and r % progress_every == 0:
+                progress(r)
+            if inst.busy:
+                end = inst.interrupt(now)
+                if end is not None:
+                    order += 1
+                    heapq.heappush(events, (end, order, inst.index, inst.version))
+                continue
+        duration = inst.step(now)
+        if duration is not None:
+            order += 1
+            heapq.heappush(events, (now + duration, order, inst.index, inst.version))
+    if progress is not None:
+        progress(n)

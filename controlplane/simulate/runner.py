@@ -1,0 +1,49 @@
+"""Runs a policy x capacity matrix of simulations on one trace, in parallel when cores allow.
+
+Owns the jobs of ``kvwise simulate`` and their progress; the pool is the replay's
+(``controlplane.replay.pool``). Unknown policy names fail before any work starts. It
+must never print.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from controlplane.replay.pool import JobProgress, run_jobs
+from controlplane.replay.runner import ReplayJob, policy_matrix
+from controlplane.simulate.engine import SimOptions, simulate
+from controlplane.simulate.report import SimResult, summarize
+from controlplane.traces.model import Trace
+
+SimJob = ReplayJob
+"""One policy at one capacity."""
+
+ProgressSink = Callable[[SimJob, int], None]
+"""Receives (job, requests arrived so far)."""
+
+
+def run_one(
+    trace: Trace, job: SimJob, options: SimOptions, progress: JobProgress | None = None
+) -> SimResult:
+    t0 = time.perf_counter()
+    work, out = simulate(trace, job.policy, job.capacity, options, progress=progress)
+    return summarize(job.policy, job.capacity, work, out, trace.lengths, time.perf_counter() - t0)
+
+
+def run_matrix(
+    trace: Trace,
+    policies: Sequence[str],
+    capacities: Sequence[int],
+    options: SimOptions,
+    *,
+    jobs: int | None = None,
+    progress: ProgressSink | None = None,
+) -> list[SimResult]:
+    """Every policy at every capacity; results in (policy, capacity) order."""
+    matrix = policy_matrix(policies, capacities)
+
+    def one(job: SimJob, report: JobProgress | None) -> SimResult:
+        return run_one(trace, job, options, report)
+
+    return run_jobs(matrix, one, workers=jobs, progress=progress)

@@ -1,0 +1,388 @@
+"""The /ui dashboard in a real browser (headless Chromium) against a real controller fed by
+real simulated workers, all as separate processes on a real Redis.
+
+Checked: the page loads with no console warning or error; it lists every category and
+every worker the API lists and draws the categories' curves; it fits a laptop's width and
+80 % zoom without sideways scrolling; its controls have names and its text meets AA
+contrast; an action without the token, and one with a bad value, show the API's error as
+the API gave it; an override made through the page (confirmed in its dialog, by keyboard)
+becomes a new version that every worker applies; roll back and refit work from the page.
+Screenshots go to ``$KVWISE_TEST_ARTIFACTS`` when set, else to pytest's tmp dir
+(``<tmp>/artifacts/``); ``$KVWISE_DOCS_SCREENSHOT`` names where to write the docs' picture.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from controlplane.traces.synth import synthesize
+from controlplane.traces.writer import write_bailian
+from tests.e2e.browser import (
+    CONTRAST_JS,
+    NAMES_JS,
+    OVERFLOW_JS,
+    chromium,
+    clear_emulation,
+    console_problems,
+    emulate_zoom,
+    require_chromium,
+)
+from tests.e2e.procs import Stack, get, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+TOKEN = "ui-test-token"
+WORKERS = ("w-wa", "w-lru")
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    trace = synthesize("to-c", duration_s=600, qps=3, seed=11)
+    path = tmp_path_factory.mktemp("trace") / "toc.jsonl"
+    write_bailian(trace, path)
+    return path, max(100, trace.n_unique // 10)
+
+
+@pytest.fixture
+def artifacts(tmp_path: Path) -> Path:
+    return _artifacts_dir(tmp_path)
+
+
+@pytest.fixture
+def live(
+    tmp_path: Path, redis_url: str, key_prefix: str, trace_file: tuple[Path, int]
+) -> Iterator[str]:
+    """A controller (token required) and two workers; yields the controller's URL once a
+    fitted version is out and both workers report."""
+    require_chromium()  # skip before starting processes when there is no browser
+    stack = Stack(tmp_path, redis_url, key_prefix)
+    trace, capacity = trace_file
+    try:
+        _, url = stack.controller(
+            "ctl", KVWISE_API_TOKEN=TOKEN, KVWISE_REFIT_INTERVAL_S="2", KVWISE_LOG_LEVEL="warning"
+        )
+        for wid, evictor in zip(WORKERS, ("wa", "lru"), strict=True):
+            stack.worker(wid, trace, capacity, speed=20, KVWISE_EVICTOR=evictor)
+        wait_for(lambda: get(url, "/v1/policy")["version"] >= 2, 90, "a fitted policy")
+        wait_for(
+            lambda: {a["id"] for a in get(url, "/v1/agents")} == set(WORKERS), 60, "both workers"
+        )
+        yield url
+    finally:
+        stack.stop_all()
+
+
+def _until(driver: Any, what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(
+        lambda _d: check(), message=f"page: {what}"
+    )
+
+
+def _column(driver: Any, table: str, index: int) -> list[str]:
+    script = (
+        f"return [...document.querySelectorAll('#{table} tbody tr')]"
+        f".map((r) => r.cells[{index}].textContent.trim());"
+    )
+    return list(driver.execute_script(script))
+
+
+def _refreshes(driver: Any) -> int:
+    return int(driver.execute_script("return Number(document.body.dataset.refreshes || 0)"))
+
+
+def _next_refresh(driver: Any) -> None:
+    seen = _refreshes(driver)
+    _until(driver, "one more refresh", lambda: _refreshes(driver) > seen)
+
+
+def _result(driver: Any) -> str:
+    return str(driver.execute_script("return document.getElementById('action-result').innerText"))
+
+
+def _confirm(driver: Any, *, by_keyboard: bool = True) -> None:
+    """Confirm the open dialog: Tab from Cancel (which has the focus) to Confirm, Enter."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    _until(
+        driver,
+        "the dialog open",
+        lambda: driver.execute_script("return document.getElementById('confirm').open"),
+    )
+    assert driver.switch_to.active_element.get_attribute("id") == "confirm-cancel"
+    if by_keyboard:
+        ActionChains(driver).send_keys(Keys.TAB).perform()
+        assert driver.switch_to.active_element.get_attribute("id") == "confirm-ok"
+        ActionChains(driver).send_keys(Keys.ENTER).perform()
+    else:
+        driver.find_element("id", "confirm-ok").click()
+    _until(
+        driver,
+        "the dialog closed",
+        lambda: not driver.execute_script("return document.getElementById('confirm').open"),
+    )
+
+
+def _submit(driver: Any, form: str) -> None:
+    driver.find_element("css selector", f"#{form} button[type=submit]").click()
+
+
+def _fill(driver: Any, element_id: str, text: str) -> None:
+    field = driver.find_element("id", element_id)
+    field.clear()
+    field.send_keys(text)
+
+
+def _layout_and_access(driver: Any) -> None:
+    """No sideways scrolling at 1280 px and at 80 % zoom; names and contrast."""
+    for zoom in (1.0, 0.8):
+        emulate_zoom(driver, 1280, 800, zoom)
+        width = driver.execute_script("return window.innerWidth")
+        assert width == round(1280 / zoom)
+        _next_refresh(driver)
+        assert driver.execute_script(OVERFLOW_JS) == [], f"overflow at zoom {zoom}"
+        # Charts are drawn no smaller than 80 % of their design size (tick labels stay legible).
+        scales = driver.execute_script(
+            "return [...document.querySelectorAll('svg.chart-svg')].map((s) => "
+            "s.getBoundingClientRect().width / s.viewBox.baseVal.width);"
+        )
+        assert scales and min(scales) >= 0.8, (zoom, min(scales or [0]))
+    clear_emulation(driver)
+    assert driver.execute_script(NAMES_JS) == []
+    contrast = driver.execute_script(CONTRAST_JS)
+    assert contrast["checked"] > 200 and contrast["failures"] == [], contrast
+
+
+def test_dashboard_shows_the_loop_and_acts_through_the_api(
+    live: str, tmp_path: Path, artifacts: Path
+) -> None:
+    url = live
+    with chromium(tmp_path / "profile") as driver:
+        driver.get(f"{url}/ui/?refresh=2")
+        _until(driver, "first refresh", lambda: _refreshes(driver) >= 1)
+        _next_refresh(driver)
+
+        # Every category and worker the API lists is on the page; curves are drawn.
+        api_categories = {c["name"] for c in get(url, "/v1/categories")}
+        _next_refresh(driver)
+        page_categories = set(_column(driver, "cat-table", 0))
+        assert api_categories and api_categories <= page_categories
+        charts = driver.execute_script(
+            "return [...document.querySelectorAll('#cat-charts figure')].map((f) => "
+            "[f.dataset.category, f.querySelectorAll('path').length]);"
+        )
+        assert len(charts) == min(12, len(page_categories))
+        assert all(paths >= 2 for _, paths in charts), charts  # empirical and fitted
+        assert set(_column(driver, "worker-table", 0)) == set(WORKERS)
+        version = get(url, "/v1/policy")["version"]
+        _next_refresh(driver)
+        assert int(driver.find_element("id", "policy-version").text) >= version
+        assert "does not serve GET /v1/shadow" in driver.find_element("id", "shadow-body").text
+        assert console_problems(driver) == []
+        driver.save_screenshot(str(artifacts / "dashboard-loaded.png"))
+
+        _layout_and_access(driver)
+        assert console_problems(driver) == []
+
+        # Without the token: the API's 401, as the API words it.
+        _submit(driver, "refit-form")
+        _confirm(driver, by_keyboard=False)
+        said = httpx.post(f"{url}/v1/policy/refit").json()
+        _until(driver, "the 401", lambda: "HTTP 401" in _result(driver))
+        assert f"{said['error']}: {said['reason']}" in _result(driver)
+
+        # With the token, a bad value: the API's 422 reason, word for word.
+        _fill(driver, "token", TOKEN)
+        category = max(get(url, "/v1/categories"), key=lambda c: c["samples"])["name"]
+        _fill(driver, "ov-category", category)
+        _fill(driver, "ov-p", "2")
+        _submit(driver, "override-form")
+        _confirm(driver)
+        said = httpx.put(
+            f"{url}/v1/policy/overrides/{category}",
+            json={"p_reuse": 2},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        ).json()
+        _until(driver, "the 422", lambda: "HTTP 422" in _result(driver))
+        assert f"{said['error']}: {said['reason']}" in _result(driver)
+        problems = console_problems(driver)
+        assert problems and all(re.search(r" (401|422) ", p) for p in problems), problems
+
+        # Cancel sends nothing.
+        before = get(url, "/v1/policy/overrides")
+        _fill(driver, "ov-p", "")
+        _fill(driver, "ov-life", "7.5")
+        _submit(driver, "override-form")
+        _until(
+            driver,
+            "the dialog",
+            lambda: driver.execute_script("return document.getElementById('confirm').open"),
+        )
+        from selenium.webdriver.common.action_chains import ActionChains
+        from selenium.webdriver.common.keys import Keys
+
+        ActionChains(driver).send_keys(Keys.ESCAPE).perform()
+        _until(driver, "cancelled", lambda: "cancelled" in _result(driver))
+        assert get(url, "/v1/policy/overrides") == before
+
+        # The override: a new version that every worker applies.
+        _submit(driver, "override-form")
+        _confirm(driver)
+        _until(driver, "published", lambda: "Published version" in _result(driver))
+        match = re.search(r"Published version (\d+)", _result(driver))
+        assert match is not None
+        published = int(match.group(1))
+        doc = get(url, f"/v1/policy/versions/{published}")
+        assert doc["note"].startswith(f"override {category}")
+        assert doc["categories"][category]["life_s"] == 7.5
+        assert doc["categories"][category]["source"] == "override"
+        _until(
+            driver,
+            "the version in the history",
+            lambda: str(published) in _column(driver, "versions", 0),
+        )
+        row = _column(driver, "versions", 0).index(str(published))
+        assert _column(driver, "versions", 2)[row] == "override"
+
+        def all_applied() -> bool:
+            applied = _column(driver, "worker-table", 3)
+            return len(applied) == len(WORKERS) and min(int(v) for v in applied) >= published
+
+        _until(driver, "every worker on the new version", all_applied, timeout=60)
+        assert all(a["applied_version"] >= published for a in get(url, "/v1/agents"))
+        cat_row = _column(driver, "cat-table", 0).index(category)
+        assert _column(driver, "cat-table", 2)[cat_row] == "override"
+        assert _column(driver, "cat-table", 6)[cat_row] == "7.5"
+        assert category in _column(driver, "overrides", 0)
+        driver.save_screenshot(str(artifacts / "dashboard-after-override.png"))
+
+        # Roll back to the version before the override, with hold; then refit now.
+        driver.execute_script(
+            "document.getElementById('rb-version').value = arguments[0];", str(published - 1)
+        )
+        driver.find_element("id", "rb-hold").click()
+        _submit(driver, "rollback-form")
+        _confirm(driver)
+        _until(
+            driver, "rolled back", lambda: f"rollback to version {published - 1}" in _result(driver)
+        )
+        assert get(url, "/v1/policy/overrides") == {}
+        _next_refresh(driver)
+        assert _column(driver, "overrides", 0) == []
+        _submit(driver, "refit-form")
+        _confirm(driver)
+        _until(driver, "refit answered", lambda: _result(driver).startswith("Refit "))
+        assert re.match(r"Refit (published version \d+|did not publish: .+) \(", _result(driver))
+        assert console_problems(driver) == []
+        _save_full_page(driver, artifacts / "dashboard.png")
+        if docs_picture := os.environ.get("KVWISE_DOCS_SCREENSHOT"):
+            # docs/images/dashboard.png: this, then `pngquant` (docs/dashboard.md).
+            _save_full_page(driver, Path(docs_picture), zoom=0.75)
+
+
+def _save_full_page(driver: Any, path: Path, zoom: float = 1.0) -> None:
+    """The whole page, 1280 CSS pixels wide, drawn at ``zoom`` device pixels per CSS pixel."""
+    emulate_zoom(driver, round(1280 * zoom), 800, zoom)
+    height = int(driver.execute_script("return document.documentElement.scrollHeight"))
+    emulate_zoom(driver, round(1280 * zoom), round(min(height, 8000) * zoom), zoom)
+    driver.save_screenshot(str(path))
+    clear_emulation(driver)
+
+
+def _capacity_curves(trace: Any, capacity: int) -> dict[str, Any]:
+    """A /v1/shadow answer in the shape the page reads (docs/dashboard.md), from full
+    offline replays of ``trace`` at the capacity ladder, with 95 % Wilson intervals."""
+    from controlplane.replay.runner import ReplayJob, run_one
+
+    policies = []
+    for policy in ("lru", "fifo", "s3fifo"):
+        points = []
+        for factor in (0.25, 0.5, 1.0, 2.0, 4.0):
+            result = run_one(trace, ReplayJob(policy, max(1, round(capacity * factor))))
+            low, high = _wilson(result.hits, result.accesses)
+            points.append(
+                {
+                    "capacity": result.capacity,
+                    "hit_ratio": result.hit_ratio,
+                    "ci_low": low,
+                    "ci_high": high,
+                }
+            )
+        policies.append({"policy": policy, "points": points})
+    return {
+        "groups": [
+            {
+                "group": f"capacity {capacity}",
+                "workers": ["w-a", "w-b"],
+                "capacity": capacity,
+                "window_s": 600.0,
+                "sampling_rate": 1.0,
+                "accesses": int(trace.lengths.sum()),
+                "policies": policies,
+            }
+        ]
+    }
+
+
+def _wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return 0.0, 1.0
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5 / (1 + z * z / n)
+    return centre - half, centre + half
+
+
+def test_shadow_curves_render_when_the_controller_serves_them(
+    tmp_path: Path, redis_url: str, key_prefix: str
+) -> None:
+    """The page reads GET /v1/shadow only when the controller's OpenAPI lists it; here a
+    route in the documented shape serves real capacity curves (offline replays), and the
+    page draws one curve per policy with its interval band, and a table of the values."""
+    require_chromium()
+    from controlplane.service.settings import ControllerSettings
+    from tests.integration.controller_fixtures import running_controller
+
+    trace = synthesize("to-c", duration_s=120, qps=3, seed=5)
+    capacity = max(50, trace.n_unique // 10)
+    answer = _capacity_curves(trace, capacity)
+    settings = ControllerSettings(redis_url=redis_url, key_prefix=key_prefix, lease_ttl_s=5)
+    with running_controller(settings) as rc:
+        rc.app.add_api_route("/v1/shadow", lambda: answer, methods=["GET"], tags=["observe"])
+        rc.app.openapi_schema = None  # the route joins the OpenAPI document
+        with chromium(tmp_path / "profile") as driver:
+            driver.get(f"{rc.url}/ui/?refresh=0")
+            _until(driver, "first refresh", lambda: _refreshes(driver) >= 1)
+            figures = driver.find_elements("css selector", "#shadow-body figure")
+            assert len(figures) == 1
+            legend = [li.text for li in figures[0].find_elements("css selector", ".legend li")]
+            assert legend == ["lru", "fifo", "s3fifo"]
+            assert len(figures[0].find_elements("css selector", "polygon")) == 3  # bands
+            cells = driver.execute_script(
+                "return [...document.querySelectorAll('#shadow-body tbody tr')].map((r) => "
+                "[...r.cells].map((c) => c.textContent));"
+            )
+            expected = {
+                p["policy"]: [f"{q['hit_ratio']:.4f}" for q in p["points"]]
+                for p in answer["groups"][0]["policies"]
+            }
+            got = {row[0]: [c.split(" ")[0] for c in row[1:]] for row in cells}
+            assert got == expected
+            assert console_problems(driver) == []
+            driver.execute_script("document.getElementById('shadow').scrollIntoView()")
+            driver.save_screenshot(str(_artifacts_dir(tmp_path) / "dashboard-shadow.png"))
+
+
+def _artifacts_dir(tmp_path: Path) -> Path:
+    wanted = os.environ.get("KVWISE_TEST_ARTIFACTS")
+    out = Path(wanted) if wanted else tmp_path / "artifacts"
+    out.mkdir(parents=True, exist_ok=True)
+    return out

@@ -1,0 +1,224 @@
+"""Access and bounds of the REST API over real HTTP and a real Redis: the read token,
+the challenges, a 100 MB body refused before it is read (by token and by size, with a
+length or chunked), and the bounds of override names and counts."""
+
+from __future__ import annotations
+
+import select
+import socket
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from controlplane.api.access import MAX_BODY_BYTES
+from controlplane.service.settings import ControllerSettings
+from tests.conftest import delete_prefix
+from tests.integration.controller_fixtures import RunningController, running_controller
+
+pytestmark = pytest.mark.integration
+WRITE, READ = "write-token-1", "read-token-1"
+AS_WRITER = {"Authorization": f"Bearer {WRITE}"}
+AS_READER = {"Authorization": f"Bearer {READ}"}
+HUNDRED_MB = 100_000_000
+MAX_OVERRIDES = 3
+
+
+@pytest.fixture(scope="module")
+def ctl(redis_url: str) -> Iterator[RunningController]:
+    settings = ControllerSettings(
+        redis_url=redis_url,
+        key_prefix=f"kvwise-access-{uuid.uuid4().hex[:8]}:",
+        api_token=WRITE,  # type: ignore[arg-type]
+        api_read_token=READ,  # type: ignore[arg-type]
+        max_overrides=MAX_OVERRIDES,
+        refit_interval_s=3600,
+        ingest_block_ms=100,
+    )
+    with running_controller(settings) as rc:
+        yield rc
+    delete_prefix(redis_url, settings.key_prefix)
+
+
+READS = ["/v1/policy", "/v1/policy/versions", "/v1/policy/overrides", "/v1/agents"]
+READS += ["/v1/categories", "/metrics"]
+
+
+@pytest.mark.parametrize("path", READS)
+def test_reads_need_the_read_token_or_the_api_token(ctl: RunningController, path: str) -> None:
+    c = ctl.client
+    refused = c.get(path)
+    assert refused.status_code == 401
+    assert refused.json() == {"error": "unauthorized", "reason": "missing bearer token"}
+    assert refused.headers["WWW-Authenticate"] == 'Bearer realm="kvwise"'
+    wrong = c.get(path, headers={"Authorization": "Bearer read-token-2"})
+    assert wrong.status_code == 401
+    assert wrong.headers["WWW-Authenticate"] == 'Bearer realm="kvwise", error="invalid_token"'
+    assert c.get(path, headers=AS_READER).status_code == 200
+    assert c.get(path, headers=AS_WRITER).status_code == 200
+
+
+def test_probes_and_the_description_stay_open(ctl: RunningController) -> None:
+    for path in ("/healthz", "/readyz", "/openapi.json", "/docs"):
+        assert ctl.client.get(path).status_code == 200, path
+
+
+def test_the_read_token_changes_nothing(ctl: RunningController) -> None:
+    r = ctl.client.put("/v1/policy/overrides/text_1", json={"rate": 1}, headers=AS_READER)
+    assert r.status_code == 403
+    assert r.json()["error"] == "forbidden"
+    assert r.headers["WWW-Authenticate"] == 'Bearer realm="kvwise", error="insufficient_scope"'
+    assert ctl.client.get("/v1/policy/overrides", headers=AS_READER).json() == {}
+
+
+def test_openapi_declares_the_scheme_and_the_errors(ctl: RunningController) -> None:
+    spec = ctl.client.get("/openapi.json").json()
+    assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    put = spec["paths"]["/v1/policy/overrides/{category}"]["put"]
+    assert put["security"] == [{"bearer": []}]
+    assert {"401", "403", "409", "413", "422", "503"} <= set(put["responses"])
+    field_error = put["responses"]["422"]["content"]["application/json"]["schema"]["$ref"]
+    assert field_error.endswith("/FieldErrorBody")
+    assert spec["paths"]["/v1/agents"]["get"]["security"] == [{"bearer": []}]
+    assert "security" not in spec["paths"]["/healthz"]["get"]
+
+
+# --- bodies ------------------------------------------------------------------------------
+@dataclass
+class Pushed:
+    """What a client pushing a large body saw: bytes the socket took, the reply (empty
+    when the server's reset overtook it), and whether the server ended the connection."""
+
+    sent: int
+    reply: bytes
+    closed: bool
+
+    def status(self) -> int:
+        return int(self.reply.split(b" ", 2)[1])
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def _read_to_end(sock: socket.socket) -> tuple[bytes, bool]:
+    """The reply, and whether the server ended the connection (False: it kept it open
+    past the socket's timeout, e.g. to drain a body)."""
+    reply = b""
+    try:
+        while chunk := sock.recv(65536):
+            reply += chunk
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        return reply, False
+    return reply, True
+
+
+def _push(url: str, head: bytes, total: int, *, chunked: bool) -> Pushed:
+    """Send ``head``, then body bytes until ``total`` or until the server answers or
+    ends the connection; then read what is left of the reply."""
+    piece = b"x" * 65536
+    frame = (b"%x\r\n" % len(piece) + piece + b"\r\n") if chunked else piece
+    sent = 0
+    with _connect(url) as sock:
+        sock.sendall(head)
+        try:
+            while sent < total and not select.select([sock], [], [], 0)[0]:
+                sock.sendall(frame)
+                sent += len(piece)
+        except (ConnectionResetError, BrokenPipeError):
+            return Pushed(sent, b"", closed=True)
+        reply, closed = _read_to_end(sock)
+    return Pushed(sent, reply, closed)
+
+
+def _head(headers: dict[str, str], length: int | None, *, expect: bool = False) -> bytes:
+    lines = ["PUT /v1/policy/overrides/text_1 HTTP/1.1", "Host: kvwise"]
+    lines += ["Content-Type: application/json"] + [f"{k}: {v}" for k, v in headers.items()]
+    lines += [f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"]
+    lines += ["Expect: 100-continue"] if expect else []
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+# The kernel's socket buffers take a few MB before the client learns the server has
+# stopped reading; reading the whole body would take all 100 MB.
+READ_NOTHING_BOUND = HUNDRED_MB // 5
+REFUSALS = [
+    pytest.param({}, False, 401, "unauthorized", id="no-token"),
+    pytest.param(AS_READER, False, 403, "forbidden", id="read-token"),
+    pytest.param(AS_WRITER, False, 413, "body_too_large", id="too-large"),
+    pytest.param(AS_WRITER, True, 413, "body_too_large", id="too-large-chunked"),
+]
+
+
+@pytest.mark.parametrize(("headers", "chunked", "status", "error"), REFUSALS)
+def test_a_100_mb_body_is_refused_before_it_is_read(
+    ctl: RunningController, headers: dict[str, str], chunked: bool, status: int, error: str
+) -> None:
+    """A client that sends its body at once: the server answers from the headers and
+    closes instead of draining the rest."""
+    head = _head(headers, None if chunked else HUNDRED_MB)
+    pushed = _push(ctl.url, head, HUNDRED_MB, chunked=chunked)
+    assert pushed.closed, "the server kept the connection open to drain the body"
+    assert pushed.sent < READ_NOTHING_BOUND, pushed.sent
+    if pushed.reply:  # else the server's reset overtook its answer (lingering data)
+        assert pushed.status() == status, pushed.reply[:200]
+        assert f'"error":"{error}"'.encode() in pushed.reply
+        assert b"connection: close" in pushed.reply.lower()
+    assert ctl.client.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize(("headers", "chunked", "status", "error"), REFUSALS[:3])
+def test_a_client_that_asks_first_sends_no_byte_of_the_body(
+    ctl: RunningController, headers: dict[str, str], chunked: bool, status: int, error: str
+) -> None:
+    """``Expect: 100-continue`` (curl sends it for large bodies): the server answers the
+    headers with the refusal, never with ``100 Continue``, so no body byte is sent."""
+    with _connect(ctl.url) as sock:
+        sock.sendall(_head(headers, HUNDRED_MB, expect=True))
+        reply, closed = _read_to_end(sock)
+    pushed = Pushed(0, reply, closed)
+    assert pushed.closed
+    assert pushed.status() == status, reply[:200]
+    assert f'"error":"{error}"'.encode() in reply
+    assert b"100 Continue" not in reply
+
+
+def test_a_body_at_the_bound_is_read(ctl: RunningController) -> None:
+    padded = b'{"rate": 1' + b" " * (MAX_BODY_BYTES - 12) + b"}"
+    assert len(padded) == MAX_BODY_BYTES - 1
+    r = ctl.client.put(
+        "/v1/policy/overrides/bound",
+        content=padded,
+        headers={**AS_WRITER, "Content-Type": "application/json"},
+    )
+    assert r.status_code == 200, r.text
+    assert ctl.client.delete("/v1/policy/overrides/bound", headers=AS_WRITER).status_code == 200
+
+
+# --- override names and counts -----------------------------------------------------------
+@pytest.mark.parametrize("name", ["x" * 65, "a b", "_leading", "t%C3%A9l%C3%A9", "a;b"])
+def test_override_names_are_bounded(ctl: RunningController, name: str) -> None:
+    r = ctl.client.put(f"/v1/policy/overrides/{name}", json={"rate": 1}, headers=AS_WRITER)
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == "category"
+    assert r.json()["message"].startswith("must be at most 64 characters matching ^[A-Za-z0-9]")
+
+
+def test_override_count_is_bounded_and_a_pin_can_always_change(ctl: RunningController) -> None:
+    c = ctl.client
+    names = [f"cat-{i}" for i in range(MAX_OVERRIDES)]
+    for name in names:
+        assert c.put(f"/v1/policy/overrides/{name}", json={"rate": 1}, headers=AS_WRITER).is_success
+    one_more = c.put("/v1/policy/overrides/cat-x", json={"rate": 1}, headers=AS_WRITER)
+    assert one_more.status_code == 409
+    assert one_more.json()["error"] == "too_many_overrides"
+    changed = c.put(f"/v1/policy/overrides/{names[0]}", json={"rate": 2}, headers=AS_WRITER)
+    assert changed.status_code == 200
+    assert changed.json()["categories"][names[0]]["rate"] == 2
+    assert set(c.get("/v1/policy/overrides", headers=AS_READER).json()) == set(names)
+    for name in names:
+        assert c.delete(f"/v1/policy/overrides/{name}", headers=AS_WRITER).status_code == 200

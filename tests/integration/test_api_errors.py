@@ -1,0 +1,229 @@
+"""Every error of the REST API is JSON, over real HTTP: Redis stopped, never reachable or
+out of memory gives 503 on every route that needs it (no traceback in the log), bad
+values name the user's field, unknown paths and methods keep the shape."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from agent.wire import Keys
+from controlplane.dev.embedded_redis import EmbeddedRedis, free_port
+from controlplane.service.settings import ControllerSettings
+from tests.conftest import delete_prefix
+from tests.integration.controller_fixtures import RunningController, running_controller
+
+pytestmark = pytest.mark.integration
+TOKEN = "errors-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+# One valid request per operation: the test below checks this covers the whole API.
+REQUESTS: dict[tuple[str, str], tuple[str, dict[str, Any] | None]] = {
+    ("GET", "/v1/policy"): ("/v1/policy", None),
+    ("GET", "/v1/policy/versions"): ("/v1/policy/versions", None),
+    ("GET", "/v1/policy/versions/{version}"): ("/v1/policy/versions/1", None),
+    ("POST", "/v1/policy/refit"): ("/v1/policy/refit", None),
+    ("POST", "/v1/policy/rollback"): ("/v1/policy/rollback", {"version": 1}),
+    ("GET", "/v1/policy/overrides"): ("/v1/policy/overrides", None),
+    ("PUT", "/v1/policy/overrides/{category}"): ("/v1/policy/overrides/text_1", {"rate": 1}),
+    ("DELETE", "/v1/policy/overrides/{category}"): ("/v1/policy/overrides/text_1", None),
+    ("GET", "/v1/categories"): ("/v1/categories", None),
+    ("GET", "/v1/categories/{name}"): ("/v1/categories/text_1", None),
+    ("GET", "/v1/agents"): ("/v1/agents", None),
+}
+WITHOUT_REDIS = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")}
+
+
+def _settings(redis_url: str) -> ControllerSettings:
+    return ControllerSettings(
+        redis_url=redis_url,
+        key_prefix=f"kvwise-errors-{uuid.uuid4().hex[:8]}:",
+        api_token=TOKEN,  # type: ignore[arg-type]
+        refit_interval_s=3600,
+        ingest_block_ms=100,
+        lease_ttl_s=5,
+    )
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    with EmbeddedRedis(tmp_path) as server:
+        yield server
+
+
+def _operations(client: httpx.Client) -> set[tuple[str, str]]:
+    spec = client.get("/openapi.json").json()
+    return {(m.upper(), path) for path, item in spec["paths"].items() for m in item}
+
+
+def _call_every_route(client: httpx.Client) -> dict[tuple[str, str], httpx.Response]:
+    out = {}
+    for (method, template), (path, body) in REQUESTS.items():
+        out[(method, template)] = client.request(method, path, json=body, headers=AUTH)
+    return out
+
+
+def _no_tracebacks(caplog: pytest.LogCaptureFixture) -> None:
+    noisy = [
+        r for r in caplog.records if r.exc_info and not r.name.startswith("controlplane.service")
+    ]
+    assert not noisy, [f"{r.name}: {r.getMessage()}" for r in noisy]
+
+
+def test_the_request_table_covers_the_api(own_redis: EmbeddedRedis) -> None:
+    with running_controller(_settings(own_redis.url)) as rc:
+        assert _operations(rc.client) == set(REQUESTS) | WITHOUT_REDIS
+
+
+def test_redis_stopped_every_route_answers_503_json(
+    own_redis: EmbeddedRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    with running_controller(_settings(own_redis.url)) as rc:
+        assert rc.client.get("/readyz").status_code == 200
+        own_redis.stop()
+        caplog.clear()
+        caplog.set_level(logging.INFO)
+        for op, r in _call_every_route(rc.client).items():
+            assert r.status_code == 503, (op, r.text)
+            assert r.headers["content-type"] == "application/json", op
+            body = r.json()
+            assert body["error"] == "redis_unavailable", (op, body)
+            assert body["reason"].startswith("redis unavailable: "), (op, body)
+        _probes_still_answer(rc)
+        _no_tracebacks(caplog)
+
+
+def test_redis_never_reachable_every_route_answers_503_json(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    with running_controller(_settings(f"redis://127.0.0.1:{free_port()}/0")) as rc:
+        for op, r in _call_every_route(rc.client).items():
+            assert r.status_code == 503, (op, r.text)
+            assert r.json()["error"] == "redis_unavailable", op
+        _probes_still_answer(rc)
+        _no_tracebacks(caplog)
+
+
+def _probes_still_answer(rc: RunningController) -> None:
+    assert rc.client.get("/healthz").status_code == 200
+    ready = rc.client.get("/readyz")
+    assert ready.status_code == 503
+    assert ready.json()["reason"].startswith("redis unavailable")
+    assert rc.client.get("/metrics").status_code == 200
+
+
+def test_redis_out_of_memory_is_said_as_such(own_redis: EmbeddedRedis) -> None:
+    with running_controller(_settings(own_redis.url)) as rc:
+        assert rc.client.get("/v1/policy").status_code == 200
+        redis.Redis(port=own_redis.port).config_set("maxmemory", 1)
+        r = rc.client.put("/v1/policy/overrides/text_1", json={"rate": 2}, headers=AUTH)
+        assert r.status_code == 503, r.text
+        assert r.json()["error"] == "redis_out_of_memory"
+        assert "maxmemory" in r.json()["reason"]
+        # Reads still work: only what needs memory is refused.
+        assert rc.client.get("/v1/policy").status_code == 200
+
+
+@pytest.fixture(scope="module")
+def ctl(redis_url: str) -> Iterator[RunningController]:
+    settings = _settings(redis_url)
+    with running_controller(settings) as rc:
+        yield rc
+    delete_prefix(redis_url, settings.key_prefix)
+
+
+@pytest.mark.parametrize(
+    ("body", "error", "field", "message"),
+    [
+        ({"p_reuse": 1.5}, "invalid_value", "p_reuse", "must be in [0, 1]"),
+        ({"p_reuse": None}, "invalid_value", "p_reuse", "must be in [0, 1]"),
+        ({"p_reuse": "0.5"}, "invalid_value", "p_reuse", "must be in [0, 1]"),
+        ({"rate": 0}, "invalid_value", "rate", "must be a number > 0"),
+        ({"life_s": -1, "rate": 1}, "invalid_value", "life_s", "must be a number > 0"),
+        (
+            {"speed": 1},
+            "unknown_field",
+            "speed",
+            "is not a field here (known: rate, p_reuse, life_s)",
+        ),
+        ({}, "invalid_value", "body", "give rate, p_reuse or life_s"),
+        ([1, 2], "invalid_value", "body", "must be a JSON object"),
+    ],
+)
+def test_bad_override_values_name_the_field(
+    ctl: RunningController, body: Any, error: str, field: str, message: str
+) -> None:
+    r = ctl.client.put("/v1/policy/overrides/text_1", json=body, headers=AUTH)
+    assert r.status_code == 422
+    assert r.json() == {
+        "error": error,
+        "field": field,
+        "message": message,
+        "reason": f"{field}: {message}",
+    }
+
+
+def test_other_validation_errors_keep_the_shape(ctl: RunningController) -> None:
+    c = ctl.client
+    not_json = c.put(
+        "/v1/policy/overrides/text_1",
+        content=b'{"rate": ',
+        headers={**AUTH, "Content-Type": "application/json"},
+    )
+    assert not_json.status_code == 422
+    assert not_json.json()["error"] == "invalid_json" and not_json.json()["field"] == "body"
+    not_utf8 = c.put(
+        "/v1/policy/overrides/text_1",
+        content=b'{"rate": "\xff"}',
+        headers={**AUTH, "Content-Type": "application/json"},
+    )
+    assert not_utf8.status_code == 422 and not_utf8.json()["error"] == "invalid_json"
+    missing = c.post("/v1/policy/rollback", json={"hold": True}, headers=AUTH).json()
+    assert (missing["error"], missing["field"], missing["message"]) == (
+        "missing_field",
+        "version",
+        "is required",
+    )
+    zero = c.post("/v1/policy/rollback", json={"version": 0}, headers=AUTH).json()
+    assert (zero["field"], zero["message"]) == ("version", "must be an integer >= 1")
+    hold = c.post("/v1/policy/rollback", json={"version": 1, "hold": "yes"}, headers=AUTH)
+    assert hold.json()["message"] == "must be true or false"
+    path = c.get("/v1/policy/versions/abc").json()
+    assert (path["field"], path["message"]) == ("version", "must be an integer")
+    several = c.put("/v1/policy/overrides/a", json={"rate": -1, "p_reuse": 2}, headers=AUTH)
+    assert several.json()["reason"] == "rate: must be a number > 0; p_reuse: must be in [0, 1]"
+
+
+def test_unknown_paths_and_methods_answer_json(ctl: RunningController) -> None:
+    missing = ctl.client.get("/v1/nothing-here")
+    assert missing.status_code == 404
+    assert missing.json() == {"error": "not_found", "reason": "Not Found"}
+    wrong = ctl.client.request("PATCH", "/v1/policy/overrides/text_1", headers=AUTH)
+    assert wrong.status_code == 405
+    assert wrong.json()["error"] == "method_not_allowed"
+    assert wrong.headers["Allow"] == "DELETE, PUT"
+    read_only = ctl.client.post("/v1/policy", headers=AUTH)
+    assert read_only.status_code == 405 and read_only.headers["Allow"] == "GET, HEAD"
+
+
+def test_a_current_pointer_without_its_document_is_reported(
+    redis_url: str, key_prefix: str
+) -> None:
+    settings = _settings(redis_url).model_copy(update={"key_prefix": key_prefix})
+    with running_controller(settings) as rc:
+        version = rc.client.get("/v1/policy").json()["version"]
+        redis.Redis.from_url(redis_url).delete(Keys(key_prefix).policy_doc(version))
+        r = rc.client.get("/v1/policy")
+        assert r.status_code == 503
+        assert r.json() == {
+            "error": "policy_missing",
+            "reason": f"current names version {version}, not stored",
+        }

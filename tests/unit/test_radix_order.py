@@ -1,0 +1,126 @@
+"""``RadixOrder`` against the CPU ``wa`` evictor on the same state, its side table, and the
+content ids of radix-tree nodes. ``Node`` stands for SGLang's ``TreeNode`` (the real tree
+runs in tests/integration/test_sglang_radix.py)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from agent.integrations.radix_order import RadixOrder, path_ids, prompt_block_hashes
+from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
+from tests.radix_reference import Leaf, wa_first
+
+NAMES = ("chat", "doc", "code", "agent")
+
+
+class Node:
+    def __init__(self, t: float) -> None:
+        self.last_access_time = t
+
+
+def random_doc(rng: random.Random, version: int) -> PolicyDocument:
+    cats = {
+        name: CategoryParams(
+            rate=rng.choice([0.01, 0.1, 1.0, 5.0]),
+            p_reuse=rng.choice([0.0, 0.2, 0.5, 0.9, 1.0]),
+            life_s=rng.choice([1.0, 30.0, 600.0]),
+        )
+        for name in rng.sample(NAMES, 3)
+    }
+    return PolicyDocument(version=version, categories=cats)
+
+
+def test_the_first_victim_is_always_wa_s() -> None:
+    rng = random.Random(7)
+    for trial in range(300):
+        order = RadixOrder()
+        for name in NAMES:
+            order.add_category(name)
+        doc = BUILTIN_POLICY if trial % 5 == 0 else random_doc(rng, trial + 1)
+        order.set_policy(doc)
+        leaves = []
+        for _ in range(rng.randint(1, 30)):
+            # Few distinct times and depths: ties on every element of the key happen.
+            node = Node(rng.choice([1.0, 2.0, 2.5, 10.0, 40.0]))
+            code, depth = rng.randrange(len(NAMES)), rng.randrange(4)
+            order.mark(node, code, depth, block=rng.getrandbits(63))
+            mark = order.mark_of(node)
+            assert mark is not None
+            leaves.append(Leaf(node, code, node.last_access_time, depth, mark.seq))
+        now = 50.0 + rng.random() * 100
+        order.begin(now)
+        ours = min(leaves, key=lambda leaf: order.get_priority(leaf.node))
+        assert ours == wa_first(leaves, NAMES, doc, now), trial
+
+
+def test_a_new_policy_changes_the_order_without_remarking_nodes() -> None:
+    order = RadixOrder()
+    chat, doc = order.add_category("chat"), order.add_category("doc")
+    old_chat, new_doc = Node(1.0), Node(5.0)
+    order.mark(old_chat, chat, 0, 11)
+    order.mark(new_doc, doc, 0, 12)
+    order.begin(10.0)
+    assert order.get_priority(old_chat) < order.get_priority(new_doc)  # LRU: older first
+    order.set_policy(
+        PolicyDocument(version=3, categories={"doc": CategoryParams(rate=1, p_reuse=0, life_s=9)})
+    )
+    assert order.policy.version == 3
+    assert order.get_priority(new_doc)[0] == -math.inf
+    assert order.get_priority(new_doc) < order.get_priority(old_chat)
+    assert len(order) == 2
+
+
+def test_ties_go_to_the_deeper_node_then_the_first_marked() -> None:
+    order = RadixOrder()
+    code = order.add_category("chat")
+    top, deep, twin = Node(3.0), Node(3.0), Node(3.0)
+    order.mark(top, code, 0, 1)
+    order.mark(deep, code, 4, 2)
+    order.mark(twin, code, 4, 3)
+    order.begin(9.0)
+    ranked = sorted([top, twin, deep], key=order.get_priority)
+    assert ranked == [deep, twin, top]
+
+
+def test_split_and_forget_keep_the_side_table_exact() -> None:
+    order = RadixOrder()
+    code = order.add_category("doc")
+    lower, upper = Node(1.0), Node(1.0)
+    order.mark(lower, code, 2, 99)
+    order.split(upper, lower, 3)
+    up, low = order.mark_of(upper), order.mark_of(lower)
+    assert up is not None and low is not None
+    assert (up.code, up.depth, up.block) == (code, 2, 0)  # id computed on demand
+    assert (low.code, low.depth, low.block) == (code, 5, 99) and low.seq > up.seq
+    assert order.blocks() == [99]
+    assert order.forget(lower) is low and order.forget(lower) is None
+    order.clear()
+    assert len(order) == 0
+    order.split(upper, Node(2.0), 1)  # a node never seen: nothing to inherit
+    assert order.mark_of(upper) is None
+
+
+def test_an_unmarked_node_ranks_on_the_default_curve() -> None:
+    order = RadixOrder()
+    stray, marked = Node(1.0), Node(1.0)
+    order.mark(marked, order.add_category("chat"), 0, 5)
+    order.begin(2.0)
+    assert order.get_priority(stray)[:2] == order.get_priority(marked)[:2]
+    with pytest.raises(TypeError):
+        order.set_policy({"version": 2})  # type: ignore[arg-type]
+
+
+def test_content_ids_follow_the_tokens_not_the_node_boundaries() -> None:
+    a, b, c = (bytes([i]) * 16 for i in (1, 2, 3))
+    whole = path_ids(b"", [a + b, c])
+    split = path_ids(b"", [a, b, c])
+    assert split[1] == whole[0] and split[2] == whole[1]  # a split keeps the lower id
+    assert len(set(split)) == 3
+    assert path_ids(b"", [a, b, c], last=2) == split[1:]
+    assert path_ids(b"lora-x", [a + b]) != path_ids(b"", [a + b])  # namespaces differ
+    hashes = prompt_block_hashes(a + b + c[:8], 16)
+    assert len(hashes) == 2 and hashes[0] == prompt_block_hashes(a, 16)[0]
+    assert prompt_block_hashes(b + b, 16)[1] != prompt_block_hashes(a + b, 16)[1]  # chained

@@ -1,0 +1,156 @@
+"""The serving simulator against its definitions: the cost model's prefill time, the
+replay's hit ratios at low load, zero and infinite caches, pinned blocks, routers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from controlplane.replay import catalog
+from controlplane.replay.engine import replay_hits
+from controlplane.replay.runner import ReplayJob, run_one
+from controlplane.simulate.cost import CostModel
+from controlplane.simulate.engine import SimOptions, simulate
+from controlplane.simulate.kv import InstanceCache
+from controlplane.simulate.profiles import BUILTIN, DEFAULT_PROFILE
+from controlplane.simulate.report import summarize
+from controlplane.simulate.requests import Outcomes, Workload
+from controlplane.traces.model import Trace
+from controlplane.traces.synth import synthesize
+
+PROFILE = BUILTIN[DEFAULT_PROFILE]
+
+
+def spaced(trace: Trace, gap_s: float = 1e-3) -> Trace:
+    """``trace`` with strictly increasing timestamps (no two requests tie)."""
+    ts = trace.timestamps + np.arange(trace.n_requests) * gap_s
+    return dataclasses.replace(trace, timestamps=ts)
+
+
+@pytest.fixture(scope="module")
+def toc() -> Trace:
+    return spaced(synthesize("to-c", duration_s=90, qps=4, seed=5))
+
+
+def quiet(**kw: object) -> SimOptions:
+    """Arrivals so far apart that no two requests are ever in the engine together (times
+    reach 1e7 s, so they compare to 1e-7 s)."""
+    return SimOptions(speed=1e-5, **kw)  # type: ignore[arg-type]
+
+
+def test_infinite_cache_no_load_ttft_is_the_cost_models_prefill(toc: Trace) -> None:
+    work, out = simulate(toc, "inf", 0, quiet())
+    cost = CostModel(PROFILE)
+    assert (out.started == out.arrival).all()  # no queue
+    for r in range(toc.n_requests):
+        prompt = work.prompt_tokens[r]
+        cached = min(int(out.hit_blocks[r]) * work.block_tokens, prompt - 1)
+        assert out.cached_tokens[r] == cached
+        want = cost.prefill_seconds(prompt - cached, cached)
+        assert out.first_token[r] - out.started[r] == pytest.approx(want, abs=1e-7)
+    ideal = replay_hits(toc, catalog.create("inf", 0, toc), 0)
+    assert (out.hit_blocks == ideal).all()
+    assert out.hit_blocks.sum() > 0
+
+
+def test_long_prompts_are_chunked_by_the_step_budget() -> None:
+    # 40 blocks of 512 tokens: 20,480 tokens, three steps of at most 8,192.
+    trace = Trace.from_requests([list(range(40))], [0.0])
+    trace = dataclasses.replace(trace, source_format="mooncake")
+    work, out = simulate(trace, "lru", 100, quiet())
+    cost = CostModel(PROFILE)
+    one_step = cost.step_seconds(20_480, cost.chunk_pairs(20_480, 0), 20_480)
+    chunked = cost.prefill_seconds(20_480, 0)
+    assert work.prompt_tokens == [20_480]
+    assert out.first_token[0] - out.started[0] == pytest.approx(chunked)
+    assert chunked > one_step  # three step overheads and weight reads, not one
+
+
+@pytest.mark.parametrize("speed", [1e-5, 50.0])
+def test_zero_capacity_every_request_pays_full_prefill(toc: Trace, speed: float) -> None:
+    work, out = simulate(toc, "lru", 0, SimOptions(speed=speed))
+    cost = CostModel(PROFILE)
+    assert out.hit_blocks.sum() == 0 and out.cached_tokens.sum() == 0
+    ttft = out.first_token - out.started
+    want = [cost.prefill_seconds(p, 0) for p in work.prompt_tokens]
+    assert ttft == pytest.approx(want, abs=1e-7)
+    if speed > 1:
+        assert (out.started > out.arrival).any()  # the load was real
+
+
+def test_low_load_hit_ratio_is_the_replays(toc: Trace) -> None:
+    for name in catalog.names():
+        for capacity in (300, 3000):
+            want = run_one(toc, ReplayJob(name, capacity))
+            work, out = simulate(toc, name, capacity, quiet())
+            got = summarize(name, capacity, work, out, toc.lengths)
+            assert (out.started == out.arrival).all(), name
+            assert (got.hits, got.accesses) == (want.hits, want.accesses), (name, capacity)
+
+
+@pytest.mark.parametrize("capacity", [3000, 10000])
+def test_high_load_hit_ratio_falls_below_the_replays(toc: Trace, capacity: int) -> None:
+    # Running requests pin their blocks and hold room for the blocks they compute, so
+    # under load less of the cache is left for what finished requests leave behind.
+    want = run_one(toc, ReplayJob("lru", capacity))
+    work, out = simulate(toc, "lru", capacity, SimOptions(speed=10.0))
+    got = summarize("lru", capacity, work, out, toc.lengths)
+    assert got.queue.mean > 1.0
+    assert got.hits < want.hits
+
+
+def cache_of(trace: Trace, capacity: int) -> InstanceCache:
+    policy = catalog.create("lru", capacity, trace)
+    cats = trace.categories.tolist()
+    return InstanceCache(policy, capacity, trace.blocks, trace.offsets, trace.n_unique, cats)
+
+
+def test_running_requests_pin_their_blocks() -> None:
+    trace = Trace.from_requests([[1, 2, 3], [1, 2, 3], [7, 8, 9, 10]])
+    cache = cache_of(trace, 4)
+    first = cache.lookup(0)
+    cache.admit(0, first, 0.0)
+    cache.computed(0)
+    cache.release(0, 0.0)
+    cache.trim()
+    assert cache.cached[[0, 1, 2]].all() and len(cache.policy) == 3
+    again = cache.lookup(1)  # request 1 reuses all three and pins them
+    assert (again.hits, again.new_blocks, again.touch) == (3, 0, [0, 1, 2])
+    cache.admit(1, again, 1.0)
+    other = cache.lookup(2)  # four new blocks: 3 pinned + 4 > 4
+    assert other.new_blocks == 4 and not cache.fits(other)
+    cache.admit(2, other, 2.0)  # the engine does this only when 2 runs alone
+    cache.computed(2)
+    cache.release(2, 2.0)
+    cache.trim()  # must evict, but only request 2's blocks are evictable
+    assert cache.cached[[0, 1, 2]].all() and cache.pinned == 3
+    assert len(cache.policy) + cache.working <= 4
+    cache.release(1, 1.0)
+    assert cache.pinned == 0 and cache.working == 0 and not cache.refs.any()
+
+
+def test_a_request_arriving_mid_decode_waits_at_most_one_step() -> None:
+    requests = [list(range(10)), list(range(100, 110))]
+    trace = Trace.from_arrays(
+        name="two",
+        source_format="bailian",
+        hash_ids=np.array([b for r in requests for b in r], dtype=np.int64),
+        lengths=np.array([10, 10], dtype=np.int64),
+        timestamps=np.array([0.0, 1.0]),
+        output_lengths=np.array([2000, 5], dtype=np.int64),
+        input_lengths=np.array([160, 160], dtype=np.int64),
+    )
+    _, out = simulate(trace, "lru", 1000, SimOptions())
+    cost = CostModel(PROFILE)
+    step = cost.decode_seconds(1, 161 + 2000, 1)  # the longest step request 0 can take
+    assert out.first_token[0] < 1.0 < out.finished[0]  # request 1 comes mid-decode
+    assert 0 <= out.started[1] - out.arrival[1] < step
+    assert out.finished[1] < out.finished[0]
+
+
+def test_outcomes_summary_needs_finished_requests() -> None:
+    work = Workload([0.0], [16], [1], 16, 1.0, 0.0)
+    with pytest.raises(ValueError, match="never finished"):
+        summarize("lru", 1, work, Outcomes.empty(work), np.array([1]))

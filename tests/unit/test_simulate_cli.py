@@ -1,0 +1,83 @@
+"""``kvwise simulate`` through the real Typer app: tables at 80 columns, JSON, the plot,
+and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from controlplane.cli import app
+from controlplane.simulate.engine import SimOptions
+from controlplane.simulate.profiles import BUILTIN
+from controlplane.simulate.runner import SimJob, run_one
+from controlplane.traces.reader import load_trace
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "mooncake_synthetic.jsonl.gz"
+BASE = ["simulate", str(SAMPLE), "-p", "lru,wa", "--instances", "4", "-j", "1"]
+
+
+def test_json_is_the_library_result() -> None:
+    res = CliRunner().invoke(app, [*BASE, "--capacity", "800,1600", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["requests"] == 3993 and doc["block_tokens"] == 512
+    assert doc["profile"]["name"] == "llama3-8b-h200"
+    assert doc["profile_kv_pool_blocks"] == BUILTIN["llama3-8b-h200"].kv_pool_blocks(512)
+    assert [(r["policy"], r["capacity"]) for r in doc["results"]] == [
+        ("lru", 800),
+        ("lru", 1600),
+        ("wa", 800),
+        ("wa", 1600),
+    ]
+    want = run_one(load_trace(SAMPLE), SimJob("lru", 1600), SimOptions(instances=4))
+    got = doc["results"][1]
+    assert got["hits"] == want.hits and got["qttft_s"] == want.qttft.to_json()
+    assert len(got["qttft_quantiles_s"]) == 101
+    assert got["qttft_s"]["mean"] > got["ttft_s"]["mean"] > 0  # queues present
+
+
+def test_tables_fit_80_columns_and_default_to_the_gpus_pool() -> None:
+    res = CliRunner().invoke(app, BASE, env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    pool = BUILTIN["llama3-8b-h200"].kv_pool_blocks(512)
+    assert f"{pool:,}" in res.stdout
+    for title in ("QTTFT = queue + time to first token", "TTFT and queue", "Prefill saved"):
+        assert title in res.stdout
+    assert max(len(line) for line in res.stdout.splitlines()) <= 80
+    assert "vs lru" in res.stdout and "+0.0%" in res.stdout
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    out = tmp_path / "sim.png"
+    args = [*BASE, "--capacity-gib", "10,20", "--plot", str(out), "--json"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["-p", "lru,nope"], "unknown policy 'nope'"),
+        (["--router", "random"], "unknown router 'random'; known routers: round-robin"),
+        (["--capacity", "10", "--capacity-gib", "2"], "give one of --capacity"),
+        (["--profile", "gpt-9"], "unknown profile 'gpt-9'"),
+        (["--speed", "0"], "--speed: out of range"),
+        (["--capacity-gib", "x"], "--capacity-gib: 'x' is not a number"),
+        (["--categories", "magic"], "--categories must be one of labels, auto"),
+        (["--plot", "out.svg"], "plots are written as .png"),
+    ],
+)
+def test_user_errors_exit_2(extra: list[str], message: str, tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, [*BASE, *extra], env={"COLUMNS": "200"})
+    assert res.exit_code == 2, res.output
+    assert message in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_missing_trace_exits_2(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["simulate", str(tmp_path / "none.jsonl")])
+    assert res.exit_code == 2 and "none.jsonl" in res.stderr
