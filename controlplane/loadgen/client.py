@@ -12,6 +12,7 @@ instead of an exception. It must never retry: a retried request would be timed t
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,16 +108,32 @@ class _StreamError(Exception):
     """A stream that does not follow the OpenAI event format, or is too large."""
 
 
-async def _read_stream(response: httpx.Response, start: float, result: RequestResult) -> None:
+async def _lines(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The response's lines, reading at most ``MAX_RESPONSE_BYTES`` in all (a line without
+    an end is never buffered past that)."""
     read = 0
-    done = False
-    async for line in response.aiter_lines():
-        read += len(line) + 1
+    buffer = bytearray()
+    async for part in response.aiter_bytes():
+        read += len(part)
         if read > MAX_RESPONSE_BYTES:
             raise _StreamError(f"response over {MAX_RESPONSE_BYTES} bytes")
-        if not line.startswith("data:"):
+        searched = len(buffer)
+        buffer += part
+        end = buffer.find(b"\n", searched)
+        while end >= 0:
+            yield bytes(buffer[:end]).rstrip(b"\r")
+            del buffer[: end + 1]
+            end = buffer.find(b"\n")
+    if buffer:
+        yield bytes(buffer)
+
+
+async def _read_stream(response: httpx.Response, start: float, result: RequestResult) -> None:
+    done = False
+    async for line in _lines(response):
+        if not line.startswith(b"data:"):
             continue  # blank separators, comments, other SSE fields
-        data = line[5:].strip()
+        data = line[5:].strip().decode(errors="replace")
         if data == "[DONE]":
             done = True
             break

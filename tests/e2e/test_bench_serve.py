@@ -134,6 +134,21 @@ def test_compare_two_runs_and_a_server_without_counters(toy: ToyServer, tmp_path
     assert code == 0 and "hit ratio (cached tokens)" in out and "TTFT p99" in out
 
 
+def test_an_oversized_stream_is_an_error_not_a_memory_leak(
+    toy: ToyServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from controlplane.loadgen import client
+
+    monkeypatch.setattr(client, "MAX_RESPONSE_BYTES", 64 << 10)
+    toy.endless_line_bytes = 1 << 20  # one line of 1 MiB with no end
+    path = _trace_file(tmp_path, [[1, 2], [3, 4]])
+    code, out = bench(str(path), "--url", toy.url, "--block-tokens", str(BLOCK), "--json")
+    assert code == 1, out
+    summary = json.loads(out)
+    assert summary["errors"] == 2
+    assert summary["top_errors"][0]["error"] == "response over 65536 bytes"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -40,6 +40,8 @@ class ToyServer:
     max_len: int = 4096
     token_delay_s: float = 0.002
     export_metrics: bool = True
+    endless_line_bytes: int = 0
+    """When set, every stream is one line of this many bytes that never ends."""
     bodies: list[dict[str, Any]] = field(default_factory=list)
     hits: int = 0
     queries: int = 0
@@ -87,6 +89,11 @@ class ToyServer:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
+            if self.endless_line_bytes:
+                yield b"data: "
+                for _ in range(self.endless_line_bytes // 4096):
+                    yield b"x" * 4096
+                return
             for i in range(n):
                 await asyncio.sleep(self.token_delay_s)
                 choice = {"index": 0, "text": "", "finish_reason": "length" if i == n - 1 else None}
