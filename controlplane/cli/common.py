@@ -1,80 +1,151 @@
-"""Helpers shared by CLI commands: list parsing, error exits, consoles.
+"""What every CLI command shares: user errors, option parsers, option types, trace loading.
 
-Owns how the CLI reports a user error (one red line naming what was wrong, exit code 2).
-It must never contain command logic.
+Owns how the CLI reports a user error (one red line naming the option, environment
+variable or file that was wrong, exit code 2), the parsing of comma-separated option
+values (duplicates merged, first order kept), the options several commands declare alike
+(a trace argument, ``--json``, ``--skip-bad-lines``), loading a trace for a command (bad
+lines reported, an empty trace refused) and checking settings and Redis URLs before a
+command starts anything. It must never contain command logic.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
+from pydantic_settings import BaseSettings
 from rich.console import Console
+from rich.markup import escape
 
 if TYPE_CHECKING:
     from controlplane.traces.model import Trace
 
+SettingsT = TypeVar("SettingsT", bound=BaseSettings)
+NumberT = TypeVar("NumberT", int, float)
+
 err_console = Console(stderr=True)
-T = TypeVar("T")
+
+TraceArgument = Annotated[
+    Path, typer.Argument(metavar="TRACE", help="Bailian or Mooncake JSONL trace (.gz ok)")
+]
+JsonFlag = Annotated[bool, typer.Option("--json", help="One JSON object on stdout")]
+SkipBadLinesFlag = Annotated[
+    bool,
+    typer.Option(
+        "--skip-bad-lines", help="Skip malformed trace lines (counted) instead of stopping"
+    ),
+]
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``message`` as an error and exit with ``code``."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
-def split_list(value: str, what: str) -> list[str]:
-    items = [v.strip() for v in value.split(",") if v.strip()]
+def unique(items: Iterable[str]) -> list[str]:
+    """``items`` with repeats dropped, first occurrence kept in place."""
+    return list(dict.fromkeys(items))
+
+
+def split_list(value: str, option: str) -> list[str]:
+    """The comma-separated items of ``value``, each once; an empty list fails."""
+    items = unique(v.strip() for v in value.split(",") if v.strip())
     if not items:
-        fail(f"{what}: empty list")
+        fail(f"{option}: empty list")
     return items
 
 
-def _parse_numbers(
-    value: str, what: str, convert: Callable[[str], T], noun: str, rule: Callable[[T], str]
-) -> list[T]:
-    """Comma-separated ``convert``-ed items; ``rule`` says what is wrong with one ("")."""
-    out = []
-    for item in split_list(value, what):
+def check_names(names: list[str], known: Iterable[str], option: str, what: str) -> list[str]:
+    """``names`` if each is ``known``; else fail naming the first unknown one."""
+    catalog = list(known)
+    for name in names:
+        if name not in catalog:
+            fail(f"{option}: unknown {what} {name!r}; known: {', '.join(catalog)}")
+    return names
+
+
+def parse_ints(value: str, option: str) -> list[int]:
+    """Comma-separated non-negative integers, each once."""
+    return _parse_list(value, option, int, "an integer", lambda n: n >= 0, "is negative")
+
+
+def parse_floats(value: str, option: str, *, at_most: float = math.inf) -> list[float]:
+    """Comma-separated numbers in (0, ``at_most``], each once."""
+    return _parse_list(
+        value,
+        option,
+        float,
+        "a number",
+        lambda f: 0 < f <= at_most and f != math.inf,
+        f"is not in (0, {at_most:g}]",
+    )
+
+
+def parse_fracs(value: str, option: str) -> list[float]:
+    """Comma-separated fractions in (0, 1], each once."""
+    return parse_floats(value, option, at_most=1.0)
+
+
+def _parse_list(
+    value: str,
+    option: str,
+    convert: Callable[[str], NumberT],
+    kind: str,
+    valid: Callable[[NumberT], bool],
+    invalid: str,
+) -> list[NumberT]:
+    out: list[NumberT] = []
+    for item in split_list(value, option):
         try:
-            x = convert(item)
+            number = convert(item)
         except ValueError:
-            fail(f"{what}: {item!r} is not {noun}")
-        problem = rule(x)
-        if problem:
-            fail(f"{what}: {problem}")
-        out.append(x)
-    return out
+            fail(f"{option}: {item!r} is not {kind}")
+        if not valid(number):
+            fail(f"{option}: {number:g} {invalid}")
+        out.append(number)
+    return list(dict.fromkeys(out))
 
 
-def parse_ints(value: str, what: str) -> list[int]:
-    def rule(n: int) -> str:
-        return f"{n} is negative" if n < 0 else ""
-
-    return _parse_numbers(value, what, int, "an integer", rule)
-
-
-def parse_floats(value: str, what: str, *, at_most: float = math.inf) -> list[float]:
-    """Comma-separated numbers in (0, ``at_most``]."""
-
-    def rule(f: float) -> str:
-        ok = 0 < f <= at_most and f != math.inf
-        return "" if ok else f"{f} is not in (0, {at_most:g}]"
-
-    return _parse_numbers(value, what, float, "a number", rule)
+def positive(text: str) -> float:
+    """Typer parser of a finite number > 0 (the error names the option)."""
+    value = _number(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise typer.BadParameter(f"must be a finite number > 0, got {text}")
+    return value
 
 
-def parse_fracs(value: str, what: str) -> list[float]:
-    return parse_floats(value, what, at_most=1.0)
+def non_negative(text: str) -> float:
+    """Typer parser of a finite number >= 0 (the error names the option)."""
+    value = _number(text)
+    if not (value >= 0 and math.isfinite(value)):
+        raise typer.BadParameter(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def open_fraction(text: str) -> float:
+    """Typer parser of a number strictly between 0 and 1."""
+    value = _number(text)
+    if not 0 < value < 1:
+        raise typer.BadParameter(f"must be in (0, 1), got {text}")
+    return value
+
+
+def _number(text: str | float) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a number") from None
 
 
 def load_trace_or_fail(path: Path, *, skip_bad_lines: bool = False) -> Trace:
-    """The trace at ``path``; a file that cannot be read is a one-line error (exit 2),
-    skipped lines are counted on stderr."""
+    """``path`` read as a trace; unreadable, malformed or empty: fail with exit code 2.
+
+    Skipped lines (``skip_bad_lines``) are counted on stderr with the first reasons.
+    """
     from controlplane.traces.reader import TraceError, load_trace
 
     try:
@@ -84,4 +155,62 @@ def load_trace_or_fail(path: Path, *, skip_bad_lines: bool = False) -> Trace:
     if trace.skipped_lines:
         first = ", ".join(f"line {ln}: {why}" for ln, why in trace.skipped_lines[:3])
         typer.echo(f"skipped {len(trace.skipped_lines)} bad lines ({first})", err=True)
+    if trace.n_requests == 0:
+        fail(f"{path}: no requests")
     return trace
+
+
+def trace_json(path: Path, trace: Trace) -> dict[str, object]:
+    """What every command's JSON says about the trace it read."""
+    return {
+        "trace": str(path),
+        "requests": trace.n_requests,
+        "accesses": trace.n_accesses,
+        "unique_blocks": trace.n_unique,
+        "skipped_lines": len(trace.skipped_lines),
+    }
+
+
+def settings_or_fail(
+    cls: type[SettingsT], overrides: dict[str, Any], options: dict[str, str], *, what: str
+) -> SettingsT:
+    """``cls`` read from the environment, ``overrides`` on top. A bad value fails naming
+    its CLI option (``options``: field -> option) when it came from one, else its
+    environment variable (``bad {what} setting KVWISE_...``)."""
+    from pydantic import ValidationError
+
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else ""
+        reason = error["msg"].removeprefix("Value error, ")
+        if field in overrides:
+            fail(f"{options[field]}: {reason}")
+        variable = f"{cls.model_config.get('env_prefix', '')}{field}".upper()
+        fail(f"bad {what} setting {variable}: {reason}")
+
+
+def check_redis_url(url: str, where: str) -> str:
+    """``url`` if redis-py can parse it (nothing is connected); else fail naming ``where``
+    (the option or environment variable it came from)."""
+    import redis
+
+    try:
+        redis.ConnectionPool.from_url(url).disconnect()
+    except ValueError as exc:
+        fail(f"{where}: {exc} (got {url!r})")
+    return url
+
+
+def check_plotting(option: str, png: Path | None = None) -> None:
+    """Fail now, naming ``option``, if figures cannot be drawn (no ``plot`` extra) or
+    ``png`` does not name a PNG file."""
+    from controlplane.plots.common import PlotsUnavailable, check_available, check_path
+
+    try:
+        check_available()
+        if png is not None:
+            check_path(png)
+    except (PlotsUnavailable, OSError) as exc:
+        fail(f"{option}: {exc}")

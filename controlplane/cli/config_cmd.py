@@ -1,8 +1,9 @@
 """``kvwise config``: show every setting, its environment variable, default and value.
 
-Owns rendering of settings (markdown for docs/configuration.md, a table, or JSON). Secrets
-are masked. The settings themselves are declared in ``controlplane.service.settings`` and
-``agent.settings``; this module must never declare one.
+Owns rendering of settings (markdown for docs/configuration.md, ``NAME=value`` lines with
+their meaning, or JSON). Secrets are masked. The settings themselves are declared in
+``controlplane.service.settings`` and ``agent.settings``; this module must never declare
+one.
 """
 
 from __future__ import annotations
@@ -78,7 +79,11 @@ def config(
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Effective values as JSON")] = False,
 ) -> None:
-    """Show every KVWISE_* setting with its default and the value in effect here."""
+    """Show every `KVWISE_*` setting with the value in effect here and what it means.
+
+    Each setting prints as `NAME=value` (copyable into a shell) with its meaning below;
+    `--markdown` adds the defaults (docs/configuration.md), `--json` both.
+    """
     from agent.settings import AgentSettings
     from controlplane.service.settings import ControllerSettings
 
@@ -89,13 +94,31 @@ def config(
     if json_out:
         typer.echo(json.dumps(rows, default=str))
         return
-    from rich.console import Console
-    from rich.table import Table
+    _print(rows)
 
+
+_SECTIONS = {
+    "controller": "Controller (kvwise controller)",
+    "agent": "Agent (inside each inference worker)",
+}
+
+
+def _print(rows: dict[str, list[dict[str, Any]]]) -> None:
+    """One ``NAME=value`` line per setting (whole at any width, copyable into a shell),
+    its meaning indented below."""
+    from rich.console import Console
+    from rich.padding import Padding
+    from rich.text import Text
+
+    console = Console()
     for section, items in rows.items():
-        t = Table(title=section, title_justify="left")
-        for col in ("variable", "value", "meaning"):
-            t.add_column(col)
+        console.print(Text(_SECTIONS[section], style="bold underline"))
         for r in items:
-            t.add_row(r["env"], str(r["value"]), r["description"])
-        Console().print(t)
+            line = Text(r["env"], style="bold cyan")
+            if r["value"] is None:
+                line.append("  (unset)", style="dim")
+            else:
+                line.append(f"={r['value']}")
+            console.print(line, soft_wrap=True)
+            console.print(Padding(Text(r["description"], style="dim"), (0, 0, 0, 4), expand=False))
+        console.print()

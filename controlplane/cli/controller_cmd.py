@@ -1,7 +1,9 @@
 """``kvwise controller``: run the control plane service (REST API + ingest + refit).
 
-Owns the command's options and the process lifecycle (uvicorn, signals). Settings come
-from the environment (``KVWISE_*``, see docs/configuration.md); options override them.
+Owns the command's options, the checks on the settings before anything starts (a bad
+value or a malformed Redis URL is one error line naming its variable, exit code 2) and
+the process lifecycle (uvicorn, signals). Settings come from the environment
+(``KVWISE_*``, see docs/configuration.md); options override them.
 """
 
 from __future__ import annotations
@@ -21,30 +23,28 @@ def controller(
 ) -> None:
     """Run the controller: ingest agents' events, refit on a schedule, serve the REST API.
 
-    Every setting is an environment variable with the KVWISE_ prefix, e.g.
-    KVWISE_REDIS_URL, KVWISE_API_TOKEN, KVWISE_REFIT_INTERVAL_S (docs/configuration.md).
-    OpenAPI docs are served at /docs, Prometheus metrics at /metrics.
+    Every setting is an environment variable with the `KVWISE_` prefix, e.g.
+    `KVWISE_REDIS_URL`, `KVWISE_API_TOKEN`, `KVWISE_REFIT_INTERVAL_S` (`kvwise config`
+    lists them all; docs/configuration.md). OpenAPI docs are served at /docs, Prometheus
+    metrics at /metrics.
     """
     import logging
 
     import uvicorn
-    from pydantic import ValidationError
 
     from controlplane.api.exposure import UnsafeExposure
     from controlplane.api.server import build_app
-    from controlplane.cli.common import fail
+    from controlplane.cli.common import check_redis_url, fail, settings_or_fail
     from controlplane.service.settings import ControllerSettings
 
-    try:
-        settings = ControllerSettings()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        name = f"KVWISE_{str(first['loc'][0]).upper()}" if first["loc"] else "settings"
-        fail(f"bad controller setting {name}: {first['msg'].removeprefix('Value error, ')}")
-    if host is not None:
-        settings.host = host
-    if port is not None:
-        settings.port = port
+    overrides = {"host": host, "port": port}
+    settings = settings_or_fail(
+        ControllerSettings,
+        {k: v for k, v in overrides.items() if v is not None},
+        {"host": "--host", "port": "--port"},
+        what="controller",
+    )
+    check_redis_url(settings.redis_url, "KVWISE_REDIS_URL")
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -1,19 +1,44 @@
 """``kvwise demo``: the live loop on your machine, with a terminal view.
 
-Owns the demo's options and its live view (fitted parameters per category, the policy
-version each worker applied, hit ratios of kvwise vs stock LRU on the same traffic). The
-processes are ``controlplane.dev.demo``'s.
+Owns the demo's options, what it says at each start step (which Redis it uses and why,
+where the controller and its dashboard listen), its live view (fitted parameters per
+category with what each column means, the policy version each worker applied, hit ratios
+of kvwise vs stock LRU on the same traffic) and the final JSON. A malformed
+``KVWISE_REDIS_URL`` is refused before anything is created. The processes are
+``controlplane.dev.demo``'s.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+from controlplane.cli.common import check_redis_url, fail
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+    from rich.table import Table
+
+    from controlplane.dev.demo import DemoStack
+
+WorkersOpt = Annotated[int, typer.Option(min=2, max=16, help="Simulated workers (pairs)")]
+SpeedOpt = Annotated[
+    float, typer.Option(min=0.1, metavar="FACTOR", help="Trace time runs this much faster")
+]
+DurationOpt = Annotated[
+    float,
+    typer.Option(min=0, metavar="SECONDS", help="Stop after this long (0 = until Ctrl-C)"),
+]
+RefitOpt = Annotated[
+    float, typer.Option(min=0.5, metavar="SECONDS", help="Controller refit period")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="No live view; final JSON summary")]
 
 
 def register(app: typer.Typer) -> None:
@@ -21,30 +46,26 @@ def register(app: typer.Typer) -> None:
 
 
 def demo(
-    workers: Annotated[int, typer.Option(min=2, max=16, help="Simulated workers (pairs)")] = 4,
-    speed: Annotated[float, typer.Option(min=0.1, help="Trace time runs this much faster")] = 30.0,
-    duration: Annotated[
-        float, typer.Option(min=0, help="Stop after this many seconds (0 = until Ctrl-C)")
-    ] = 0.0,
-    refit_interval: Annotated[
-        float, typer.Option(min=0.5, help="Controller refit period, s")
-    ] = 5.0,
-    json_out: Annotated[
-        bool, typer.Option("--json", help="No live view; final JSON summary")
-    ] = False,
+    workers: WorkersOpt = 4,
+    speed: SpeedOpt = 30.0,
+    duration: DurationOpt = 0.0,
+    refit_interval: RefitOpt = 5.0,
+    json_out: JsonOpt = False,
 ) -> None:
     """Run the whole live loop locally: Redis, the controller, and simulated workers.
 
-    Uses KVWISE_REDIS_URL, else a Redis on 127.0.0.1:6379 if one answers, else starts an
-    embedded redis-server in a temporary directory. Generates to-C synthetic traces
-    (calibrated to the paper; synthetic data), starts the controller on localhost and
-    workers in pairs on the same trace: one with kvwise's fitted policy (wa), one with
-    stock LRU. Watch the controller fit per-category parameters and every worker apply
-    each new version. Ctrl-C stops every process and removes what the demo created.
+    Uses `KVWISE_REDIS_URL`, else a Redis on 127.0.0.1:6379 if one answers, else starts
+    an embedded redis-server in a temporary directory, and says which. Generates to-C
+    synthetic traces (calibrated to the paper; synthetic data), starts the controller on
+    localhost and workers in pairs on the same trace: one with kvwise's fitted policy
+    (wa), one with stock LRU. Watch the controller fit per-category parameters and every
+    worker apply each new version. Ctrl-C stops every process and removes what the demo
+    created.
     """
-    from controlplane.cli.common import fail
     from controlplane.dev.demo import DemoSettings, DemoStack
 
+    if url := os.environ.get("KVWISE_REDIS_URL"):
+        check_redis_url(url, "KVWISE_REDIS_URL")
     stack = DemoStack(DemoSettings(workers=workers, speed=speed, refit_interval_s=refit_interval))
     stopping = {"flag": False}
 
@@ -54,12 +75,7 @@ def demo(
     signal.signal(signal.SIGTERM, on_signal)
     view: dict[str, Any] = {}
     try:
-        if not json_out:
-            typer.echo("kvwise demo: starting Redis, the controller and workers ...", err=True)
-        try:
-            stack.start()
-        except RuntimeError as exc:
-            fail(str(exc))
+        _start(stack)
         deadline = time.monotonic() + duration if duration else None
         view = _run_view(stack, stopping, deadline, live=not json_out)
     except KeyboardInterrupt:
@@ -70,20 +86,59 @@ def demo(
         json.dump(view, sys.stdout)
         sys.stdout.write("\n")
     else:
-        typer.echo("kvwise demo: stopped every process and removed the demo's data.", err=True)
+        _say("stopped every process and removed the demo's data.")
 
 
-def _snapshot(stack: Any) -> dict[str, Any]:
+def _say(message: str) -> None:
+    typer.echo(f"kvwise demo: {message}", err=True)
+
+
+_REDIS_SOURCE = {
+    "KVWISE_REDIS_URL": "the one KVWISE_REDIS_URL names",
+    "reused": "reusing the Redis that answered there",
+    "embedded": "an embedded redis-server the demo started (stopped at the end)",
+}
+
+
+def _start(stack: DemoStack) -> None:
+    """Start each part, saying what it chose; a part that fails is one error line."""
+    try:
+        stack.start_redis()
+        assert stack.redis_source is not None
+        _say(f"Redis at {stack.redis_url}: {_REDIS_SOURCE[stack.redis_source]}")
+        _say(f"keys under {stack.prefix!r}, deleted at the end")
+        stack.start_controller()
+        _say(f"controller at {stack.api_url} (REST API docs: {stack.api_url}/docs)")
+        _say(f"open the dashboard: {_dashboard(stack)}")
+        stack.start_workers()
+    except RuntimeError as exc:
+        fail(str(exc))
+    s = stack.settings
+    _say(
+        f"{s.workers} workers ({s.workers // 2} wa, {s.workers - s.workers // 2} lru) on "
+        f"synthetic to-C traces at {s.speed:g}x speed, {stack.capacity:,} blocks each"
+    )
+
+
+def _dashboard(stack: DemoStack) -> str:
+    return f"{stack.api_url}/ui/"
+
+
+def _snapshot(stack: DemoStack) -> dict[str, Any]:
     try:
         policy = stack.get("/v1/policy")
         categories = stack.get("/v1/categories")
         agents = stack.get("/v1/agents")
     except Exception as exc:  # the view keeps going while a process restarts
         return {"error": str(exc)}
+    if not (isinstance(agents, list) and isinstance(categories, list)):
+        return {"error": f"unexpected answer from the controller: {agents!r:.200}"}
     return {
-        "redis": stack.redis_source,
+        "redis": stack.redis_url,
+        "redis_source": stack.redis_source,
         "api": stack.api_url,
-        "dashboard": f"{stack.api_url}/ui/",
+        "dashboard": _dashboard(stack),
+        "speed": stack.settings.speed,
         "capacity_blocks": stack.capacity,
         "policy_version": policy.get("version") if isinstance(policy, dict) else None,
         "categories": categories,
@@ -92,46 +147,52 @@ def _snapshot(stack: Any) -> dict[str, Any]:
 
 
 def _run_view(
-    stack: Any, stopping: dict[str, bool], deadline: float | None, live: bool
+    stack: DemoStack, stopping: dict[str, bool], deadline: float | None, live: bool
 ) -> dict[str, Any]:
     from rich.live import Live
 
-    snap: dict[str, Any] = {}
+    def running() -> bool:
+        if (msg := stack.failed()) is not None:
+            raise SystemExit(msg)
+        return not stopping["flag"] and (deadline is None or time.monotonic() < deadline)
+
     if not live:
-        while not stopping["flag"] and (deadline is None or time.monotonic() < deadline):
-            if (msg := stack.failed()) is not None:
-                raise SystemExit(msg)
+        while running():
             time.sleep(1.0)
         return _snapshot(stack)
+    snap: dict[str, Any] = {}
     with Live(refresh_per_second=2, screen=False) as screen:
-        while not stopping["flag"] and (deadline is None or time.monotonic() < deadline):
-            if (msg := stack.failed()) is not None:
-                raise SystemExit(msg)
+        while running():
             snap = _snapshot(stack)
             screen.update(_render(snap))
             time.sleep(1.0)
     return snap
 
 
-def _render(snap: dict[str, Any]) -> Any:
+def _render(snap: dict[str, Any]) -> RenderableType:
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     if "error" in snap:
         return Text(f"waiting for the controller: {snap['error']}")
     head = Text.from_markup(
         f"[bold]kvwise demo[/]  policy version [bold cyan]{snap['policy_version']}[/]  "
-        f"api {snap['api']}  redis: {snap['redis']}  cache {snap['capacity_blocks']:,} blocks"
-        f"  (Ctrl-C to stop)\nOpen the dashboard: [bold]{snap['dashboard']}[/]"
+        f"cache {snap['capacity_blocks']:,} blocks  (Ctrl-C to stop)\n"
+        f"dashboard [bold]{snap['dashboard']}[/]  redis {snap['redis']}"
     )
-    agents = Table(
+    return Group(head, _workers_table(snap), *_categories_table(snap))
+
+
+def _workers_table(snap: dict[str, Any]) -> Table:
+    from rich.table import Table
+
+    table = Table(
         title="Workers (synthetic to-C traffic; pairs replay the same trace)", title_justify="left"
     )
     for col in ("worker", "evictor", "applied version", "hit ratio", "events sent", "dropped"):
-        agents.add_column(col, justify="left" if col in ("worker", "evictor") else "right")
+        table.add_column(col, justify="left" if col in ("worker", "evictor") else "right")
     for a in snap["agents"]:
-        agents.add_row(
+        table.add_row(
             a["id"],
             a["evictor"],
             str(a["applied_version"]),
@@ -139,25 +200,27 @@ def _render(snap: dict[str, Any]) -> Any:
             f"{a['events_sent']:,}",
             f"{a['events_dropped']:,}",
         )
-    cats = Table(title="Fitted parameters per category (top 10 by samples)", title_justify="left")
-    for col in (
-        "category",
-        "samples",
-        "p_reuse",
-        "rate /s",
-        "mean reuse s",
-        "life s",
-        "KS",
-        "source",
-    ):
-        cats.add_column(col, justify="left" if col in ("category", "source") else "right")
+    return table
+
+
+_CATEGORY_COLUMNS = ("category", "samples", "p_reuse", "rate /s", "mean reuse s", "life s")
+
+
+def _categories_table(snap: dict[str, Any]) -> tuple[Table, RenderableType]:
+    """The fitted parameters (top 10 categories by samples) and what each column means."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="Fitted parameters per category (top 10 by samples)", title_justify="left")
+    for col in (*_CATEGORY_COLUMNS, "KS", "source"):
+        table.add_column(col, justify="left" if col in ("category", "source") else "right")
     rows = sorted(snap["categories"], key=lambda c: -(c.get("samples") or 0))[:10]
     for c in rows:
         p = c.get("published") or c.get("fitted")
         if not p:
             continue
         ks = c.get("fit_quality")
-        cats.add_row(
+        table.add_row(
             c["name"],
             f"{c.get('samples') or 0:,}",
             f"{p['p_reuse']:.3f}",
@@ -167,4 +230,16 @@ def _render(snap: dict[str, Any]) -> Any:
             "-" if ks is None else f"{ks:.3f}",
             p["source"],
         )
-    return Group(head, agents, cats)
+    speed = snap["speed"]
+    legend = Text(
+        "samples: accesses fitted on; p_reuse: probability a block is used again; rate and "
+        "mean reuse: the fitted reuse time of the blocks that are; life: the window the "
+        f"evictor looks ahead. Times are seconds of the demo's clock: the trace runs {speed:g}x "
+        f"faster, so 1 s here is {speed:g} s of trace time. KS: largest gap between the "
+        "fitted and the observed reuse-time CDF (0 = perfect fit, - = too few samples). "
+        "source: fit (the category's own fit, shrunk toward the pooled one), pooled (too "
+        "few samples: all categories fitted together), default (built-in), override (set "
+        "through the API).",
+        style="dim",
+    )
+    return table, legend

@@ -1,19 +1,127 @@
 """``kvwise replay``: judge eviction policies on a trace.
 
-Owns the command's options, progress display and output (table or JSON). The replay
-itself is ``controlplane.replay``; trace reading is ``controlplane.traces.reader``.
+Owns the command's options and the checks on them, its progress display (stderr) and
+output (tables that fold at the terminal's width, JSON, and with ``--plot`` a figure).
+The replay itself is ``controlplane.replay``, trace reading ``controlplane.traces.reader``
+and drawing ``controlplane.plots``. It must never compute a hit ratio itself.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from controlplane.cli.common import fail, load_trace_or_fail, parse_fracs, parse_ints, split_list
+from controlplane.cli.common import (
+    JsonFlag,
+    SkipBadLinesFlag,
+    TraceArgument,
+    check_names,
+    check_plotting,
+    fail,
+    load_trace_or_fail,
+    non_negative,
+    open_fraction,
+    parse_fracs,
+    parse_ints,
+    positive,
+    split_list,
+    trace_json,
+)
+from controlplane.cli.tables import Column, FoldedTable
+from controlplane.replay import catalog
+from controlplane.replay.options import Attribution, CategorySource, FitMode
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from controlplane.replay.engine import ReplayResult
+    from controlplane.replay.options import ReplayOptions
+    from controlplane.traces.model import Trace
+
+DEFAULT_FRACS = "0.05,0.1,0.2,0.4"
+# Options grouped in the help by what they are about.
+_sizes = partial(typer.Option, rich_help_panel="Policies and cache sizes")
+_fitted = partial(typer.Option, rich_help_panel="Fitted policies (wa, wa-ref)")
+_output = partial(typer.Option, rich_help_panel="Output")
+
+PolicyOpt = Annotated[
+    str,
+    _sizes(
+        "--policy",
+        "-p",
+        metavar="NAMES",
+        help="Comma-separated policies, or 'all'. Known: " + ", ".join(catalog.names()) + ".",
+    ),
+]
+CapacityOpt = Annotated[str | None, _sizes(metavar="BLOCKS", help="Cache sizes, e.g. 5000,10000")]
+CapacityFracOpt = Annotated[
+    str | None,
+    _sizes(
+        metavar="FRACS",
+        help=f"Cache sizes as shares of the trace's unique blocks [default: {DEFAULT_FRACS}]",
+    ),
+]
+JobsOpt = Annotated[
+    int,
+    typer.Option("--jobs", "-j", min=0, metavar="N", help="Worker processes (0 = one per core)"),
+]
+TopCategoriesOpt = Annotated[
+    int, _output(min=0, metavar="N", help="Categories per table (by accesses)")
+]
+PlotOpt = Annotated[
+    Path | None,
+    _output(
+        metavar="FILE.png",
+        help="Also draw hit ratio against cache size per policy (PNG, 1000x625 px); "
+        "runs belady and inf too if not named. Needs the plot extra",
+    ),
+]
+RefitEveryOpt = Annotated[
+    float,
+    _fitted(
+        parser=positive, metavar="SECONDS", help="Online fit: refit every this many trace seconds"
+    ),
+]
+WaFitOpt = Annotated[
+    FitMode,
+    _fitted(
+        help="online: refit as the replay goes; split: fit on the first --split of the "
+        "requests, score every policy on the rest only"
+    ),
+]
+SplitOpt = Annotated[
+    float,
+    _fitted(parser=open_fraction, metavar="SHARE", help="Share fitted on with --wa-fit split"),
+]
+CategoriesOpt = Annotated[
+    CategorySource,
+    _fitted(help="labels: the trace's type_turn; auto: inferred from blocks and length"),
+]
+AttributionOpt = Annotated[
+    Attribution | None,
+    _fitted(help="A block's category is its last accessor's or its creator's [default: last]"),
+]
+NearConcurrentOpt = Annotated[
+    float | None,
+    _fitted(parser=non_negative, metavar="SECONDS", help="Reuse gaps below this are merged"),
+]
+LifeOpt = Annotated[
+    float | None,
+    _fitted(parser=positive, metavar="SECONDS", help="One life window for every category"),
+]
+ReuseClassFlag = Annotated[
+    bool,
+    _fitted(
+        "--reuse-class",
+        help="Split each category by whether the block was accessed before (measured in "
+        "docs/policy.md; the agent does not do it yet)",
+    ),
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -21,66 +129,23 @@ def register(app: typer.Typer) -> None:
 
 
 def replay(
-    trace_path: Annotated[
-        Path, typer.Argument(metavar="TRACE", help="Bailian or Mooncake JSONL trace (.gz ok)")
-    ],
-    policy: Annotated[
-        str,
-        typer.Option(
-            "--policy", "-p", help="Comma-separated policy names, or 'all' (every policy + bounds)"
-        ),
-    ] = "all",
-    capacity: Annotated[
-        str | None, typer.Option(help="Cache sizes in blocks, e.g. 5000,10000")
-    ] = None,
-    capacity_frac: Annotated[
-        str | None,
-        typer.Option(help="Cache sizes as fractions of the trace's unique blocks"),
-    ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="One JSON object on stdout")] = False,
-    jobs: Annotated[
-        int, typer.Option("--jobs", "-j", help="Worker processes (0 = one per core)")
-    ] = 0,
-    skip_bad_lines: Annotated[
-        bool, typer.Option(help="Skip malformed trace lines (counted) instead of stopping")
-    ] = False,
-    top_categories: Annotated[
-        int, typer.Option(help="Categories shown per capacity in the table (by accesses)")
-    ] = 8,
-    refit_every: Annotated[
-        float, typer.Option(help="wa/wa-ref online: refit every this many trace seconds")
-    ] = 60.0,
-    wa_fit: Annotated[
-        str,
-        typer.Option(
-            help="online: refit as the replay goes; split: fit on the first --split of the "
-            "requests, score every policy on the rest only"
-        ),
-    ] = "online",
-    split: Annotated[
-        float, typer.Option(help="Share of requests fitted on with --wa-fit split")
-    ] = 0.5,
-    categories: Annotated[
-        str,
-        typer.Option(help="labels: the trace's type_turn; auto: inferred from blocks and length"),
-    ] = "labels",
-    attribution: Annotated[
-        str | None,
-        typer.Option(help="wa: a block's category is its 'last' accessor's or its 'creator's"),
-    ] = None,
-    near_concurrent: Annotated[
-        float | None, typer.Option(help="wa: reuse gaps below this many seconds are merged")
-    ] = None,
-    life: Annotated[
-        float | None, typer.Option(help="wa: one life window (seconds) for every category")
-    ] = None,
-    reuse_class: Annotated[
-        bool,
-        typer.Option(
-            help="wa: split each category by whether the block was accessed before "
-            "(measured in docs/policy.md; the agent does not do it yet)"
-        ),
-    ] = False,
+    trace_path: TraceArgument,
+    policy: PolicyOpt = "all",
+    capacity: CapacityOpt = None,
+    capacity_frac: CapacityFracOpt = None,
+    jobs: JobsOpt = 0,
+    skip_bad_lines: SkipBadLinesFlag = False,
+    json_out: JsonFlag = False,
+    plot: PlotOpt = None,
+    top_categories: TopCategoriesOpt = 8,
+    refit_every: RefitEveryOpt = 60.0,
+    wa_fit: WaFitOpt = "online",
+    split: SplitOpt = 0.5,
+    categories: CategoriesOpt = "labels",
+    attribution: AttributionOpt = None,
+    near_concurrent: NearConcurrentOpt = None,
+    life: LifeOpt = None,
+    reuse_class: ReuseClassFlag = False,
 ) -> None:
     """Replay TRACE through eviction policies at several cache sizes.
 
@@ -90,158 +155,122 @@ def replay(
 
     Examples:
 
-      kvwise replay trace.jsonl --capacity-frac 0.05,0.1,0.2,0.4
-
-      kvwise replay mooncake_trace.jsonl -p lru,s3fifo --capacity 5000 --json
-
-      kvwise replay trace.jsonl -p lru,wa,wa-ref --wa-fit split --split 0.5
+        kvwise replay trace.jsonl --capacity-frac 0.05,0.1,0.2,0.4
+        kvwise replay trace.jsonl -p lru,s3fifo --capacity 5000 --json
+        kvwise replay trace.jsonl -p lru,wa,wa-ref --wa-fit split --split 0.5
+        kvwise replay trace.jsonl -p lru,s3fifo,wa --plot curve.png
     """
-    from controlplane.replay import catalog
+    from controlplane.replay.options import DEFAULT_ATTRIBUTION, ReplayOptions
 
     if capacity and capacity_frac:
         fail("give --capacity or --capacity-frac, not both")
-    options = _options(
-        refit_every, wa_fit, split, categories, attribution, near_concurrent, life, reuse_class
+    names = _policy_names(policy)
+    if plot is not None:
+        check_plotting("--plot", png=plot)
+        names += [b for b in catalog.BOUNDS if b not in names]
+    options = ReplayOptions(
+        refit_every_s=refit_every,
+        wa_fit=wa_fit,
+        split=split,
+        categories=categories,
+        attribution=attribution or DEFAULT_ATTRIBUTION,
+        near_concurrent_s=near_concurrent,
+        life_s=life,
+        reuse_class=reuse_class,
     )
-    names = catalog.names() if policy == "all" else split_list(policy, "--policy")
-    known = set(catalog.names())
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        fail(f"unknown policy {unknown[0]!r}; known policies: {', '.join(catalog.names())}")
     trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
-    if trace.n_requests == 0:
-        fail(f"{trace_path}: no requests")
-    if capacity:
-        capacities = parse_ints(capacity, "--capacity")
-    else:
-        fracs = parse_fracs(capacity_frac or "0.05,0.1,0.2,0.4", "--capacity-frac")
-        capacities = [max(1, round(f * trace.n_unique)) for f in fracs]
-
-    results = _run_with_progress(trace, names, capacities, jobs, options, quiet=json_out)
+    capacities = _capacities(trace, capacity, capacity_frac)
+    results = _run_with_progress(trace, names, capacities, jobs, options, json_out)
+    if plot is not None:
+        _plot(plot, trace, results)
     if json_out:
-        doc: dict[str, Any] = {
-            "trace": str(trace_path),
-            "requests": trace.n_requests,
-            "accesses": trace.n_accesses,
-            "unique_blocks": trace.n_unique,
-            "skipped_lines": len(trace.skipped_lines),
-            "options": _options_json(options),
-            "scored": _scored(trace, options),
-            "results": [r.to_json() for r in results],
-        }
-        json.dump(doc, sys.stdout)
+        json.dump(_json_doc(trace_path, trace, options, results), sys.stdout)
         sys.stdout.write("\n")
         return
-    _print_tables(trace, names, capacities, results, top_categories, _scored(trace, options))
+    _print_tables(trace, names, capacities, results, top_categories, options)
 
 
-def _options(
-    refit_every: float,
-    wa_fit: str,
-    split: float,
-    categories: str,
-    attribution: str | None,
-    near_concurrent: float | None,
-    life: float | None,
-    reuse_class: bool,
-) -> Any:
-    from controlplane.replay.options import DEFAULT_ATTRIBUTION, ReplayOptions
+def _policy_names(policy: str) -> list[str]:
+    if policy == "all":
+        return catalog.names()
+    return check_names(split_list(policy, "--policy"), catalog.names(), "--policy", "policy")
 
-    choices = {
-        "--wa-fit": (wa_fit, ("online", "split")),
-        "--categories": (categories, ("labels", "auto")),
-    }
-    if attribution is not None:
-        choices["--attribution"] = (attribution, ("creator", "last"))
-    for opt, (value, allowed) in choices.items():
-        if value not in allowed:
-            fail(f"{opt} must be one of {', '.join(allowed)}, got {value!r}")
+
+def _plot(path: Path, trace: Trace, results: list[ReplayResult]) -> None:
+    from controlplane.plots.capacity_curve import write_capacity_curve
+
+    title = f"Block hit ratio by cache size: {trace.name}"
     try:
-        return ReplayOptions(
-            refit_every_s=refit_every,
-            wa_fit=wa_fit,  # type: ignore[arg-type]
-            split=split,
-            categories=categories,  # type: ignore[arg-type]
-            attribution=attribution or DEFAULT_ATTRIBUTION,  # type: ignore[arg-type]
-            near_concurrent_s=near_concurrent,
-            life_s=life,
-            reuse_class=reuse_class,
-        )
-    except ValueError as exc:
-        fail(str(exc))
+        write_capacity_curve(path, results, trace.n_unique, title)
+    except OSError as exc:
+        fail(f"--plot: {path}: {exc.strerror or exc}")
+    typer.echo(f"wrote {path}", err=True)
 
 
-def _options_json(options: Any) -> dict[str, Any]:
+def _capacities(trace: Trace, capacity: str | None, capacity_frac: str | None) -> list[int]:
+    """Cache sizes in blocks, each once (fractions that round to one size merge)."""
+    if capacity:
+        return parse_ints(capacity, "--capacity")
+    fracs = parse_fracs(capacity_frac or DEFAULT_FRACS, "--capacity-frac")
+    return list(dict.fromkeys(max(1, round(f * trace.n_unique)) for f in fracs))
+
+
+def _json_doc(
+    trace_path: Path, trace: Trace, options: ReplayOptions, results: list[ReplayResult]
+) -> dict[str, object]:
     return {
-        "refit_every_s": options.refit_every_s,
-        "wa_fit": options.wa_fit,
-        "split": options.split,
-        "categories": options.categories,
-        "attribution": options.attribution,
-        "near_concurrent_s": options.near_concurrent_s,
-        "life_s": options.life_s,
-        "reuse_class": options.reuse_class,
+        **trace_json(trace_path, trace),
+        "options": options.to_json(),
+        "scored": _scored(trace, options),
+        "results": [r.to_json() for r in results],
     }
 
 
-def _scored(trace: Any, options: Any) -> dict[str, Any]:
+def _scored(trace: Trace, options: ReplayOptions) -> dict[str, object]:
     """Which requests every hit ratio of the run counts."""
     start = options.first_scored(trace)
+    note = (
+        "hit ratios count every request"
+        if start == 0
+        else f"hit ratios count only requests {start}..{trace.n_requests - 1} (0-based), "
+        f"the {1 - options.split:.0%} after the fitted part; the fitted part is replayed, "
+        "not scored"
+    )
     return {
         "first_request": start,
         "requests": trace.n_requests - start,
         "accesses": int(trace.lengths[start:].sum()),
         "part": "all" if start == 0 else "after split",
-        "note": "hit ratios count every request"
-        if start == 0
-        else f"hit ratios count only requests {start}..{trace.n_requests - 1} (0-based), "
-        f"the {1 - options.split:.0%} after the fitted part; the fitted part is replayed, "
-        "not scored",
+        "note": note,
     }
 
 
 def _run_with_progress(
-    trace: Any, names: list[str], capacities: list[int], jobs: int, options: Any, quiet: bool
-) -> list[Any]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    trace: Trace,
+    names: list[str],
+    capacities: list[int],
+    jobs: int,
+    options: ReplayOptions,
+    quiet: bool,
+) -> list[ReplayResult]:
+    from controlplane.cli.progress import ReplayProgress
+    from controlplane.replay.runner import run_matrix
 
-    from controlplane.replay.runner import ReplayJob, run_matrix
-
-    total = trace.n_requests * len(names) * len(capacities)
-    # Small replays finish before a bar is worth drawing.
-    if quiet or trace.n_accesses * len(names) * len(capacities) < 2_000_000:
-        return run_matrix(trace, names, capacities, jobs=jobs or None, options=options)
-    done: dict[ReplayJob, int] = {}
-    with Progress(
-        TextColumn("[bold]replay"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("requests"),
-        TimeElapsedColumn(),
-        transient=True,
-        console=None,
-    ) as bar:
-        task = bar.add_task("replay", total=total)
-
-        def progress(job: ReplayJob, n: int) -> None:
-            done[job] = n
-            bar.update(task, completed=sum(done.values()))
-
+    with ReplayProgress(trace.n_requests, len(names) * len(capacities), quiet=quiet) as shown:
         return run_matrix(
-            trace, names, capacities, jobs=jobs or None, progress=progress, options=options
+            trace, names, capacities, jobs=jobs or None, progress=shown.update, options=options
         )
 
 
 def _print_tables(
-    trace: Any,
+    trace: Trace,
     names: list[str],
     capacities: list[int],
-    results: list[Any],
+    results: list[ReplayResult],
     top: int,
-    scored: dict[str, Any],
+    options: ReplayOptions,
 ) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     by = {(r.policy, r.capacity): r for r in results}
@@ -249,34 +278,39 @@ def _print_tables(
         f"[bold]{trace.name}[/]: {trace.n_requests:,} requests, {trace.n_accesses:,} block "
         f"accesses, {trace.n_unique:,} unique blocks"
     )
-    if scored["first_request"]:
-        console.print(f"[bold yellow]split mode[/]: {scored['note']}")
-    title = "Block hit ratio" + ("" if not scored["first_request"] else " (scored part only)")
-    table = Table(title=title, title_justify="left")
-    table.add_column("policy")
-    for c in capacities:
-        table.add_column(f"{c:,} blocks\n({c / trace.n_unique:.1%})", justify="right")
+    split_mode = options.first_scored(trace) > 0
+    if split_mode:
+        console.print(f"[bold yellow]split mode[/]: {_scored(trace, options)['note']}")
+    table = FoldedTable(
+        title="Block hit ratio" + (" (scored part only)" if split_mode else ""),
+        keys=[Column("policy", "left")],
+        values=[Column(f"{c:,} blocks\n({c / trace.n_unique:.1%})") for c in capacities],
+    )
     for name in names:
-        ratios = [by[(name, c)].hit_ratio for c in capacities]
-        table.add_row(name, *(f"{x:.4f}" for x in ratios))
-    console.print(table)
-    if len(trace.category_names) <= 1 or top <= 0:
-        return
-    acc = next(iter(results)).per_category
-    cats = sorted(acc, key=lambda k: -acc[k].accesses)[:top]
+        table.add_row([name], [f"{by[(name, c)].hit_ratio:.4f}" for c in capacities])
+    table.print(console)
+    if len(trace.category_names) > 1 and top > 0:
+        _print_category_tables(console, names, capacities, by, top)
+
+
+def _print_category_tables(
+    console: Console,
+    names: list[str],
+    capacities: list[int],
+    by: dict[tuple[str, int], ReplayResult],
+    top: int,
+) -> None:
+    per_category = by[(names[0], capacities[0])].per_category
+    cats = sorted(per_category, key=lambda k: -per_category[k].accesses)[:top]
     for c in capacities:
-        t = Table(
+        table = FoldedTable(
             title=f"Per-category hit ratio at {c:,} blocks (top {len(cats)} by accesses)",
-            title_justify="left",
+            keys=[Column("category", "left"), Column("accesses")],
+            values=[Column(n) for n in names],
         )
-        t.add_column("category")
-        t.add_column("accesses", justify="right")
-        for name in names:
-            t.add_column(name, justify="right")
         for cat in cats:
-            t.add_row(
-                cat,
-                f"{acc[cat].accesses:,}",
-                *(f"{by[(n, c)].per_category[cat].hit_ratio:.3f}" for n in names),
+            table.add_row(
+                [cat, f"{per_category[cat].accesses:,}"],
+                [f"{by[(n, c)].per_category[cat].hit_ratio:.3f}" for n in names],
             )
-        console.print(t)
+        table.print(console)

@@ -14,12 +14,14 @@ from typing import Annotated, Any
 import typer
 
 from controlplane.cli.common import (
+    check_plotting,
     fail,
     load_trace_or_fail,
     parse_floats,
     parse_fracs,
     parse_ints,
     split_list,
+    trace_json,
 )
 
 DEFAULT_POLICIES = "lru,s3fifo,arc,wa"
@@ -108,8 +110,8 @@ def simulate(
 
     if sum(x is not None for x in (capacity, capacity_frac, capacity_gib)) > 1:
         fail("give one of --capacity, --capacity-frac, --capacity-gib")
-    if plot is not None and plot.suffix.lower() != ".png":
-        fail(f"--plot {plot}: plots are written as .png")
+    if plot is not None:
+        check_plotting("--plot", png=plot)
     try:
         prof = load_profile(profile)
     except ProfileError as exc:
@@ -244,10 +246,8 @@ def _run_with_progress(
 
 
 def _plot(results: list[Any], path: Path, title: str) -> None:
-    try:
-        from controlplane.plots.simulate import plot_simulation
-    except ImportError as exc:
-        fail(f"--plot needs matplotlib: pip install 'kvwise[plot]' ({exc})")
+    from controlplane.plots.simulate import plot_simulation
+
     try:
         plot_simulation(results, path, title=title)
     except OSError as exc:
@@ -259,11 +259,7 @@ def _json_doc(
 ) -> dict[str, Any]:
     prof = options.profile
     return {
-        "trace": str(trace_path),
-        "requests": trace.n_requests,
-        "accesses": trace.n_accesses,
-        "unique_blocks": trace.n_unique,
-        "skipped_lines": len(trace.skipped_lines),
+        **trace_json(trace_path, trace),
         "block_tokens": block,
         "profile": prof.model_dump(),
         "profile_kv_pool_blocks": prof.kv_pool_blocks(block),

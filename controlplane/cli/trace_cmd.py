@@ -1,9 +1,9 @@
 """``kvwise trace``: synthesize traces and print a trace's workload statistics.
 
-Owns the ``trace`` command group's options and output (one summary line, a table, or
-JSON). Synthesis is ``controlplane.traces.synth``, statistics
-``controlplane.traces.workload_stats``, reading ``controlplane.traces.reader`` and writing
-``controlplane.traces.writer``.
+Owns the ``trace`` command group's options and output (one summary line, a table, JSON,
+or with ``--plot`` the paper's figures). Synthesis is ``controlplane.traces.synth``,
+statistics ``controlplane.traces.workload_stats``, reading ``controlplane.traces.reader``,
+writing ``controlplane.traces.writer`` and figures ``controlplane.plots.trace_figures``.
 """
 
 from __future__ import annotations
@@ -15,12 +15,22 @@ from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
-from controlplane.cli.common import fail, load_trace_or_fail
+from controlplane.cli.common import (
+    JsonFlag,
+    SkipBadLinesFlag,
+    TraceArgument,
+    check_names,
+    check_plotting,
+    fail,
+    load_trace_or_fail,
+    positive,
+)
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from controlplane.traces.workload_stats import Quantiles, TraceStats
+    from controlplane.traces.model import Trace
+    from controlplane.traces.workload_stats import Quantiles, TraceStats, WorkloadSamples
 
 trace_app = typer.Typer(
     name="trace",
@@ -41,8 +51,12 @@ def synth(
     profile: Annotated[
         str, typer.Option(help="Workload: to-c (people chatting) or to-b (API calls)")
     ] = "to-c",
-    duration: Annotated[float, typer.Option(help="Seconds of trace")] = 600.0,
-    qps: Annotated[float, typer.Option(help="Mean requests per second")] = 6.0,
+    duration: Annotated[
+        float, typer.Option(parser=positive, metavar="SECONDS", help="Seconds of trace")
+    ] = 600.0,
+    qps: Annotated[
+        float, typer.Option(parser=positive, metavar="RATE", help="Mean requests per second")
+    ] = 6.0,
     seed: Annotated[int, typer.Option(help="Random seed: same seed, same trace")] = 0,
 ) -> None:
     """Write a synthetic Bailian trace calibrated to the paper's to-C or to-B workload.
@@ -52,18 +66,14 @@ def synth(
 
     Example:
 
-      kvwise trace synth --profile to-c --duration 600 --qps 6 --seed 1 -o toc.jsonl.gz
+        kvwise trace synth --profile to-c --duration 600 --seed 1 -o toc.jsonl.gz
     """
     from controlplane.traces.synth import PROFILES, Profile, synthesize
     from controlplane.traces.workload_stats import trace_stats
     from controlplane.traces.writer import write_bailian
 
-    if profile not in PROFILES:
-        fail(f"unknown profile {profile!r}; known profiles: {', '.join(PROFILES)}")
-    try:
-        trace = synthesize(cast(Profile, profile), duration_s=duration, qps=qps, seed=seed)
-    except ValueError as exc:
-        fail(str(exc))
+    check_names([profile], PROFILES, "--profile", "profile")
+    trace = synthesize(cast(Profile, profile), duration_s=duration, qps=qps, seed=seed)
     try:
         write_bailian(trace, output)
     except OSError as exc:
@@ -76,32 +86,47 @@ def synth(
     )
 
 
+PlotDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--plot",
+        metavar="DIR",
+        help="Also draw the paper's figures into DIR (PNG, 1000x625 px): reuse-time CDF "
+        "per category, lifespan CDF, hit share by turn, skew. Needs the plot extra",
+    ),
+]
+
+
 @trace_app.command("stats")
 def stats(
-    trace_path: Annotated[
-        Path, typer.Argument(metavar="TRACE", help="Bailian or Mooncake JSONL trace (.gz ok)")
-    ],
-    json_out: Annotated[bool, typer.Option("--json", help="One JSON object on stdout")] = False,
-    skip_bad_lines: Annotated[
-        bool, typer.Option(help="Skip malformed trace lines (counted) instead of stopping")
-    ] = False,
+    trace_path: TraceArgument,
+    json_out: JsonFlag = False,
+    skip_bad_lines: SkipBadLinesFlag = False,
+    plot: PlotDirOpt = None,
     top_categories: Annotated[
-        int, typer.Option(help="Categories shown in the reuse-time table (by reuses)")
+        int, typer.Option(min=0, metavar="N", help="Categories in the reuse-time table")
     ] = 10,
 ) -> None:
     """Characterize TRACE: ideal hit ratio, reuse times, lifespans, skew, turns, types.
 
     Definitions are in docs/traces.md; fields a format cannot support (Mooncake has no
-    type or turn) print as "n/a" (null in JSON).
+    type or turn) print as "n/a" (null in JSON), and figures it cannot support are
+    skipped with the reason.
 
-    Example:
+    Examples:
 
-      kvwise trace stats qwen_traceA_blksz_16.jsonl --json
+        kvwise trace stats qwen_traceA_blksz_16.jsonl --json
+        kvwise trace stats qwen_traceA_blksz_16.jsonl --plot figures/
     """
-    from controlplane.traces.workload_stats import trace_stats
+    from controlplane.traces.workload_stats import trace_stats, workload_samples
 
+    if plot is not None:
+        check_plotting("--plot")
     trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
-    s = trace_stats(trace)
+    samples = workload_samples(trace)
+    s = trace_stats(trace, samples)
+    if plot is not None:
+        _plot(plot, trace, samples, top_categories)
     if json_out:
         doc = {"trace": str(trace_path), "skipped_lines": len(trace.skipped_lines)}
         doc.update(s.to_json())
@@ -109,6 +134,19 @@ def stats(
         sys.stdout.write("\n")
         return
     _print(s, top_categories)
+
+
+def _plot(directory: Path, trace: Trace, samples: WorkloadSamples, top: int) -> None:
+    from controlplane.plots.trace_figures import write_trace_figures
+
+    try:
+        written = write_trace_figures(directory, trace, samples, top_categories=max(top, 1))
+    except OSError as exc:
+        fail(f"--plot: {directory}: {exc.strerror or exc}")
+    for path in written.paths:
+        typer.echo(f"wrote {path}", err=True)
+    for name, why in written.skipped.items():
+        typer.echo(f"skipped {name}: {why}", err=True)
 
 
 def _na(value: float | None, fmt: str = "{:.3f}") -> str:

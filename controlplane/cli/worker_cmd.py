@@ -1,9 +1,11 @@
 """``kvwise worker``: a simulated inference worker that replays a trace through a live agent.
 
-Owns the command's options, signal handling (SIGINT/SIGTERM stop the replay, then the
-agent flushes) and output: a status line on stderr every few seconds and a final summary
-(one line, or JSON with ``--json``) on stdout. The replay is ``controlplane.dev.simworker``;
-the agent is ``agent.runtime.agent.Agent``, configured from ``KVWISE_*`` like a real worker.
+Owns the command's options and the checks on them (settings, Redis URL), signal handling
+(SIGINT/SIGTERM stop the replay, then the agent flushes) and output: a status line on
+stderr every few seconds and a final summary on stdout in every case ("done: ..." or JSON
+with ``--json``). Exits 1 when the run could send no event at all (Redis unreachable
+throughout). The replay is ``controlplane.dev.simworker``; the agent is
+``agent.runtime.agent.Agent``, configured from ``KVWISE_*`` like a real worker.
 """
 
 from __future__ import annotations
@@ -14,11 +16,52 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from controlplane.cli.common import fail
+from controlplane.cli.common import (
+    check_redis_url,
+    fail,
+    load_trace_or_fail,
+    non_negative,
+    positive,
+    settings_or_fail,
+)
+
+if TYPE_CHECKING:
+    from agent.runtime.agent import Agent
+    from agent.settings import AgentSettings
+    from controlplane.dev.simworker import WorkerProgress
+    from controlplane.traces.model import Trace
+
+TraceOpt = Annotated[Path, typer.Option("--trace", help="Bailian or Mooncake JSONL trace (.gz ok)")]
+CapacityOpt = Annotated[int, typer.Option(min=1, metavar="BLOCKS", help="Cache size in blocks")]
+SpeedOpt = Annotated[
+    float,
+    typer.Option(
+        parser=positive, metavar="FACTOR", help="Replay speed: trace time divided by this"
+    ),
+]
+WorkerIdOpt = Annotated[
+    str | None, typer.Option("--id", help="Worker id [default: KVWISE_WORKER_ID or host-pid]")
+]
+PolicyOpt = Annotated[str | None, typer.Option(help="Evictor name [default: KVWISE_EVICTOR]")]
+RedisUrlOpt = Annotated[str | None, typer.Option(help="Redis URL [default: KVWISE_REDIS_URL]")]
+LoopFlag = Annotated[
+    bool, typer.Option("--loop", help="Repeat the trace forever, shifting its time")
+]
+StatusEveryOpt = Annotated[
+    float,
+    typer.Option(
+        parser=non_negative,
+        metavar="SECONDS",
+        help="Seconds between status lines on stderr (0 = none)",
+    ),
+]
+JsonSummaryFlag = Annotated[bool, typer.Option("--json", help="Final summary as JSON")]
+
+_OPTION_OF_FIELD = {"worker_id": "--id", "evictor": "--policy", "redis_url": "--redis-url"}
 
 
 def register(app: typer.Typer) -> None:
@@ -26,88 +69,90 @@ def register(app: typer.Typer) -> None:
 
 
 def worker(
-    trace_path: Annotated[
-        Path, typer.Option("--trace", help="Bailian or Mooncake JSONL trace (.gz ok)")
-    ],
-    capacity: Annotated[int, typer.Option(help="Cache size in blocks", min=1)],
-    speed: Annotated[
-        float, typer.Option(help="Replay speed: trace time divided by this", min=1e-9)
-    ] = 1.0,
-    worker_id: Annotated[
-        str | None, typer.Option("--id", help="Worker id (default: KVWISE_WORKER_ID or host-pid)")
-    ] = None,
-    policy: Annotated[
-        str | None, typer.Option(help="Evictor name (default: KVWISE_EVICTOR)")
-    ] = None,
-    redis_url: Annotated[
-        str | None, typer.Option(help="Redis URL (default: KVWISE_REDIS_URL)")
-    ] = None,
-    loop: Annotated[
-        bool, typer.Option("--loop", help="Repeat the trace forever, shifting its time")
-    ] = False,
-    status_every: Annotated[
-        float, typer.Option(help="Seconds between status lines on stderr (0 = none)")
-    ] = 5.0,
-    json_out: Annotated[bool, typer.Option("--json", help="Final summary as JSON")] = False,
+    trace_path: TraceOpt,
+    capacity: CapacityOpt,
+    speed: SpeedOpt = 1.0,
+    worker_id: WorkerIdOpt = None,
+    policy: PolicyOpt = None,
+    redis_url: RedisUrlOpt = None,
+    loop: LoopFlag = False,
+    status_every: StatusEveryOpt = 5.0,
+    json_out: JsonSummaryFlag = False,
 ) -> None:
     """Replay TRACE in real time (divided by --speed) through a kvwise agent.
 
     Prefix hits are touched, blocks freed tail first, the cache evicts down to --capacity
     after each request, and policies the controller publishes are applied between
     requests. Events go to Redis like a real worker's. Stops at the end of the trace (or
-    never, with --loop) or on SIGINT/SIGTERM, after sending what is buffered.
+    never, with --loop) or on SIGINT/SIGTERM, after sending what is buffered; then prints
+    one summary line. Exits 1 if no event could be sent (Redis unreachable throughout).
 
     Example:
 
-      kvwise worker --trace mooncake_trace.jsonl --speed 10 --capacity 20000 --id w1
+        kvwise worker --trace trace.jsonl --speed 10 --capacity 20000 --id w1
     """
+    overrides = {"worker_id": worker_id, "evictor": policy, "redis_url": redis_url}
+    settings = _settings({k: v for k, v in overrides.items() if v})
+    trace = load_trace_or_fail(trace_path)
+    agent = _agent(settings, capacity, "--policy" if policy else "KVWISE_EVICTOR")
+    result = _replay(agent, trace, speed, loop, status_every, settings.evictor)
+    if json_out:
+        json.dump({"trace": str(trace_path), **result.to_json()}, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        typer.echo(f"done: {_status_line(result)}")
+    if result.agent.events_sent == 0 and result.agent.events_dropped > 0:
+        fail(
+            f"sent no event to {settings.redis_url} ({result.agent.events_dropped:,} dropped): "
+            "Redis was unreachable for the whole run",
+            code=1,
+        )
+
+
+def _settings(overrides: dict[str, Any]) -> AgentSettings:
+    from agent.settings import AgentSettings
+
+    settings = settings_or_fail(AgentSettings, overrides, _OPTION_OF_FIELD, what="agent")
+    where = "--redis-url" if "redis_url" in overrides else "KVWISE_REDIS_URL"
+    check_redis_url(settings.redis_url, where)
+    return settings
+
+
+def _agent(settings: AgentSettings, capacity: int, policy_from: str) -> Agent:
     from agent.policies import UnknownPolicyError
     from agent.runtime.agent import Agent
-    from agent.settings import AgentSettings
-    from controlplane.dev.simworker import TraceWorker, WorkerProgress
-    from controlplane.traces.reader import TraceError, load_trace
 
-    overrides: dict[str, Any] = {}
-    if worker_id:
-        overrides["worker_id"] = worker_id
-    if policy:
-        overrides["evictor"] = policy
-    if redis_url:
-        overrides["redis_url"] = redis_url
-    settings = AgentSettings(**overrides)
     try:
-        trace = load_trace(trace_path)
-    except (OSError, TraceError) as exc:
-        fail(str(exc))
-    if trace.n_requests == 0:
-        fail(f"{trace_path}: no requests")
-    try:
-        agent = Agent(settings, capacity=capacity, engine="sim")
+        return Agent(settings, capacity=capacity, engine="sim")
     except UnknownPolicyError as exc:
-        fail(str(exc))
+        fail(f"{policy_from}: {exc}")
+
+
+def _replay(
+    agent: Agent, trace: Trace, speed: float, loop: bool, status_every: float, policy: str
+) -> WorkerProgress:
+    """Run the replay until it ends or a signal stops it; the agent is closed (its last
+    events flushed) before the result is read."""
+    from controlplane.dev.simworker import TraceWorker
 
     stop = threading.Event()
-    sim = TraceWorker(agent, trace, speed=speed, loop=loop, stop=stop, policy_name=settings.evictor)
+    sim = TraceWorker(agent, trace, speed=speed, loop=loop, stop=stop, policy_name=policy)
 
     def report(p: WorkerProgress) -> None:
         typer.echo(_status_line(p), err=True)
 
     with _stop_on_signals(stop), agent:
         sim.run(report if status_every > 0 else None, every_s=status_every or 5.0)
-    result = sim.progress()  # after close: the final flush is counted
-    if json_out:
-        json.dump({"trace": str(trace_path), **result.to_json()}, sys.stdout)
-        sys.stdout.write("\n")
-    else:
-        typer.echo(_status_line(result))
+    return sim.progress()
 
 
-def _status_line(p: Any) -> str:
+def _status_line(p: WorkerProgress) -> str:
+    a = p.agent
     return (
-        f"worker {p.worker} [{p.policy}, {p.capacity:,} blocks]: {p.requests:,} requests "
-        f"(loop {p.loops}), hit ratio {p.hit_ratio:.4f}, policy v{p.applied_version}, "
-        f"events sent {p.events_sent:,} dropped {p.events_dropped:,}, "
-        f"rejected {p.rejected}, lag {p.lag_s:.2f}s"
+        f"worker {a.id} [{p.policy}, {a.capacity:,} blocks]: {p.requests:,} requests "
+        f"(loop {p.loops}), hit ratio {a.hit_ratio:.4f}, applied version {a.applied_version}, "
+        f"events sent {a.events_sent:,} dropped {a.events_dropped:,}, "
+        f"rejected {a.rejected}, lag {p.lag_s:.2f}s"
     )
 
 

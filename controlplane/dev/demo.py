@@ -1,9 +1,12 @@
 """The demo stack: Redis, a controller and simulated workers as child processes.
 
-Owns starting and stopping everything ``kvwise demo`` runs, and removing what it created
-(temporary directory, Redis keys under its own prefix, an embedded Redis it started). It
-must never render anything (``controlplane.cli.demo_cmd`` does) and never touches keys
-outside its own prefix, so it is safe against a Redis that serves something else.
+Owns starting everything ``kvwise demo`` runs, step by step (Redis, then the controller,
+then the workers, so the caller can say what each step chose), and stopping it: child
+processes, Redis keys under its own prefix, an embedded Redis it started and its
+temporary directory, which exists only once ``start_redis`` has run and is removed
+whatever else failed. It must never render anything (``controlplane.cli.demo_cmd`` does)
+and never touches keys outside its own prefix, so it is safe against a Redis that serves
+something else.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import redis
@@ -38,14 +42,19 @@ class DemoSettings:
     seed: int = 1
 
 
+RedisSource = Literal["KVWISE_REDIS_URL", "reused", "embedded"]
+"""Where the demo's Redis came from: the URL the user set, a server that already answered
+on 127.0.0.1:6379, or an embedded redis-server the demo started."""
+
+
 @dataclass
 class DemoStack:
     settings: DemoSettings
-    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kvwise-demo-")))
     prefix: str = field(default_factory=lambda: f"kvwise-demo-{uuid.uuid4().hex[:8]}:")
+    workdir: Path | None = None
     redis_url: str = ""
     api_url: str = ""
-    redis_source: str = ""
+    redis_source: RedisSource | None = None
     capacity: int = 0
     workers: dict[str, str] = field(default_factory=dict)  # id -> evictor
     _embedded: EmbeddedRedis | None = None
@@ -53,22 +62,30 @@ class DemoStack:
 
     # --- start ---------------------------------------------------------------------------
     def start(self) -> None:
-        self._start_redis()
-        traces = self._write_traces()
-        self._start_controller()
-        self._start_workers(traces)
+        """Every step in order (``start_redis``, ``start_controller``, ``start_workers``)."""
+        self.start_redis()
+        self.start_controller()
+        self.start_workers()
 
-    def _start_redis(self) -> None:
+    def start_redis(self) -> None:
+        """Use ``KVWISE_REDIS_URL``, else a Redis answering on 127.0.0.1:6379, else start an
+        embedded one. Raises ``RuntimeError`` if the chosen one does not answer."""
+        self.workdir = Path(tempfile.mkdtemp(prefix="kvwise-demo-"))
         url = os.environ.get("KVWISE_REDIS_URL")
         if url:
             self.redis_url, self.redis_source = url, "KVWISE_REDIS_URL"
         elif redis_answers(LOCAL_REDIS):
-            self.redis_url, self.redis_source = LOCAL_REDIS, "local Redis on 127.0.0.1:6379"
+            self.redis_url, self.redis_source = LOCAL_REDIS, "reused"
         else:
             self._embedded = EmbeddedRedis(self.workdir).start()
-            self.redis_url, self.redis_source = self._embedded.url, "embedded redis-server"
+            self.redis_url, self.redis_source = self._embedded.url, "embedded"
         if not redis_answers(self.redis_url):
             raise RuntimeError(f"Redis at {self.redis_url} does not answer")
+
+    def _dir(self) -> Path:
+        if self.workdir is None:
+            raise RuntimeError("start_redis first")
+        return self.workdir
 
     def _write_traces(self) -> list[Path]:
         from controlplane.traces.synth import synthesize
@@ -78,7 +95,7 @@ class DemoStack:
         paths = []
         for i in range((s.workers + 1) // 2):
             trace = synthesize("to-c", duration_s=s.trace_minutes * 60, qps=s.qps, seed=s.seed + i)
-            path = self.workdir / f"to-c-seed{s.seed + i}.jsonl"
+            path = self._dir() / f"to-c-seed{s.seed + i}.jsonl"
             write_bailian(trace, path)
             paths.append(path)
             self.capacity = max(self.capacity, max(1, round(s.capacity_frac * trace.n_unique)))
@@ -94,7 +111,7 @@ class DemoStack:
         return env
 
     def _spawn(self, args: list[str], env: dict[str, str], log: str) -> None:
-        out = (self.workdir / log).open("wb")
+        out = (self._dir() / log).open("wb")
         self._procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "controlplane", *args],
@@ -106,7 +123,8 @@ class DemoStack:
             )
         )
 
-    def _start_controller(self) -> None:
+    def start_controller(self) -> None:
+        """The controller on a free loopback port; returns once it is ready."""
         port = free_port()
         self.api_url = f"http://127.0.0.1:{port}"
         env = self._env(
@@ -131,9 +149,10 @@ class DemoStack:
             time.sleep(0.1)
         raise RuntimeError("the controller did not become ready in 30 s")
 
-    def _start_workers(self, traces: list[Path]) -> None:
-        # Workers come in pairs on the same trace: one kvwise (wa), one stock LRU, so the
-        # hit ratios compare like for like.
+    def start_workers(self) -> None:
+        """Synthetic traces, then the workers in pairs on the same trace: one kvwise (wa),
+        one stock LRU, so the hit ratios compare like for like."""
+        traces = self._write_traces()
         for i in range(self.settings.workers):
             evictor = "wa" if i % 2 == 0 else "lru"
             trace = traces[i // 2]
@@ -168,11 +187,25 @@ class DemoStack:
         return None
 
     def _tail(self, log: str) -> str:
-        path = self.workdir / log
+        path = self._dir() / log
         return path.read_text(errors="replace")[-2000:] if path.exists() else ""
 
     # --- stop ----------------------------------------------------------------------------
     def stop(self) -> None:
+        """Stop what was started and remove what was created; safe at any point, even
+        after a failed start, and the directory goes whatever else failed."""
+        try:
+            self._stop_processes()
+            self._delete_keys()
+            if self._embedded is not None:
+                self._embedded.stop()
+                self._embedded = None
+        finally:
+            if self.workdir is not None:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+                self.workdir = None
+
+    def _stop_processes(self) -> None:
         for p in self._procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -183,15 +216,15 @@ class DemoStack:
                 p.kill()
                 p.wait()
         self._procs.clear()
-        if self.redis_url and self._embedded is None:
-            try:
-                client = redis.Redis.from_url(self.redis_url)
-                keys = list(client.scan_iter(match=self.prefix + "*", count=1000))
-                if keys:
-                    client.delete(*keys)
-            except redis.RedisError:
-                pass
-        if self._embedded is not None:
-            self._embedded.stop()
-            self._embedded = None
-        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _delete_keys(self) -> None:
+        """The demo's keys in a Redis it did not start (an embedded one goes whole)."""
+        if not self.redis_url or self._embedded is not None:
+            return
+        try:
+            client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=2)
+            keys = list(client.scan_iter(match=self.prefix + "*", count=1000))
+            if keys:
+                client.delete(*keys)
+        except (redis.RedisError, ValueError):
+            pass

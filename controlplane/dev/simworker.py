@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from itertools import compress
 
 from agent.runtime.agent import Agent
+from agent.wire import AgentStatus
 from controlplane.traces.model import Trace
 
 
@@ -25,30 +26,22 @@ from controlplane.traces.model import Trace
 class WorkerProgress:
     """Where a simulated worker stands; also its final result."""
 
-    worker: str
+    agent: AgentStatus
+    """The agent's own counters, as its heartbeat reports them."""
     policy: str
-    capacity: int
     requests: int
     """Requests replayed, over all loops."""
     trace_requests: int
     loops: int
     """Completed passes over the trace."""
-    hits: int
-    accesses: int
-    applied_version: int
-    events_sent: int
-    events_dropped: int
-    rejected: int
     lag_s: float
     """How far the replay runs behind its schedule (wall clock)."""
     seconds: float
 
-    @property
-    def hit_ratio(self) -> float:
-        return self.hits / self.accesses if self.accesses else 0.0
-
     def to_json(self) -> dict[str, object]:
-        return {**asdict(self), "hit_ratio": self.hit_ratio}
+        """The agent's counters and the replay's, in one flat object."""
+        replay = {k: v for k, v in asdict(self).items() if k != "agent"}
+        return {"worker": self.agent.id, **asdict(self.agent), **replay}
 
 
 ProgressFn = Callable[[WorkerProgress], None]
@@ -144,20 +137,12 @@ class TraceWorker:
         agent.apply_pending()
 
     def progress(self) -> WorkerProgress:
-        a = self.agent
         return WorkerProgress(
-            worker=a.worker_id,
+            agent=self.agent.status(),
             policy=self.policy_name,
-            capacity=a.capacity,
             requests=self.requests,
             trace_requests=self.trace.n_requests,
             loops=self.loops,
-            hits=a.hits,
-            accesses=a.accesses,
-            applied_version=a.applied_version,
-            events_sent=a.events_sent,
-            events_dropped=a.events_dropped,
-            rejected=a.subscriber.rejected,
             lag_s=round(self.lag_s, 3),
             seconds=round(time.monotonic() - self._t_start, 3),
         )

@@ -9,6 +9,7 @@ state between calls (the window aside) or import torch.
 from controlplane.fit.gof import ReuseCurve, empirical_cdf, fitted_cdf, ks_distance
 from controlplane.fit.mle import MixtureFit, fit_cure_rate, fit_cure_rate_many
 from controlplane.fit.per_category import (
+    Blend,
     CategoryFit,
     FitDurations,
     FitResult,
@@ -18,6 +19,7 @@ from controlplane.fit.per_category import (
 )
 
 __all__ = [
+    "Blend",
     "CategoryFit",
     "FitDurations",
     "FitResult",

@@ -115,18 +115,3 @@ def curve_from(
         empirical=tuple(emp[idx].tolist()),
         fitted=tuple(fitted_cdf(t, p, rate, shift).tolist()),
     )
-
-
-def reuse_curve(
-    observed: F64,
-    censored: F64,
-    edges: F64,
-    p: float,
-    rate: float,
-    *,
-    shift: float = 0.0,
-    points: int = CURVE_POINTS,
-) -> ReuseCurve:
-    """``curve_from`` of one row of binned data."""
-    emp, at_risk = empirical_cdf(observed, censored)
-    return curve_from(emp, at_risk, edges, p, rate, shift=shift, points=points)

@@ -32,9 +32,30 @@ F64 = NDArray[np.float64]
 LOGIT_BOUND = 20.0
 """p is kept in ``[expit(-20), expit(20)]`` (2e-9 from 0 and 1): no data tells it apart."""
 
+DEFAULT_RATE_BOUNDS = (1e-6, 1e3)
+"""Fitted rates are kept in this range (1/s) unless the caller gives one."""
+
 _MAX_ITER = 200
+"""Damped Newton steps at most; rows converge in a handful."""
 _TOL_STEP = 1e-10
+"""A row whose accepted step moved ``logit p`` and ``log rate`` less than this is done."""
 _TOL_GRAD = 1e-10
+"""A row whose gradient (ignoring components pushing out through a bound) is below this
+is done."""
+_DAMPING_START = 1e-3
+"""Levenberg-Marquardt damping of the first step: close to a pure Newton step."""
+_DAMPING_DOWN = 3.0
+"""An accepted step divides the damping by this (trust the quadratic model more)..."""
+_DAMPING_UP = 4.0
+"""...a rejected one multiplies it by this (shorter steps, closer to the gradient)."""
+_DAMPING_MIN = 1e-12
+"""The damping never drops below this, so the damped system stays well conditioned."""
+_DAMPING_GIVE_UP = 1e12
+"""Damping past this means no step improves the likelihood: the row stops, not converged."""
+_START_P_RANGE = (0.05, 0.95)
+"""The naive ``reuses / exposures`` start of ``p`` is clipped into this range."""
+_EMPTY_BIN_WIDTH = 1e-3
+"""A bin wholly below the shift gets this share of the first bin's width (never zero)."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +96,7 @@ def _prepare(observed: F64, censored: F64, edges: F64, shift: float) -> _Data:
     w = np.maximum(edges[1:] - shift, 0.0) - lo
     # A bin wholly below the threshold holds nothing in practice; if it does, it is a tiny
     # interval at 0 rather than an impossible event.
-    w = np.where(w > 0, w, edges[1] * 1e-3)
+    w = np.where(w > 0, w, edges[1] * _EMPTY_BIN_WIDTH)
     total = observed.sum(axis=1) + censored.sum(axis=1)
     return _Data(
         n=observed,
@@ -144,8 +165,23 @@ def _initial(d: _Data, log_bounds: tuple[float, float]) -> tuple[F64, F64]:
     mid = d.lo + np.where(np.isfinite(d.w), d.w / 2.0, 0.0)
     mean = (d.n @ mid) / np.maximum(d.n_obs, 1.0)
     s = np.where(mean > 0, -np.log(np.where(mean > 0, mean, 1.0)), np.mean(log_bounds))
-    p = np.clip(d.n_obs / d.total, 0.05, 0.95)
+    p = np.clip(d.n_obs / d.total, *_START_P_RANGE)
     return np.log(p / (1.0 - p)), np.clip(s, *log_bounds)
+
+
+@dataclass(eq=False)
+class _Iterate:
+    """Where the damped Newton iteration stands, one entry per row."""
+
+    u: F64
+    """logit p"""
+    s: F64
+    """log rate"""
+    damping: F64
+    loglik: F64
+    """Mean log-likelihood per exposure at ``(u, s)``."""
+    done: NDArray[np.bool_]
+    iterations: NDArray[np.int64]
 
 
 def fit_cure_rate_many(
@@ -154,7 +190,7 @@ def fit_cure_rate_many(
     edges: F64,
     *,
     shift: float = 0.0,
-    rate_bounds: tuple[float, float] = (1e-6, 1e3),
+    rate_bounds: tuple[float, float] = DEFAULT_RATE_BOUNDS,
 ) -> list[MixtureFit]:
     """Maximum-likelihood ``(p, rate)`` of each row of ``[C, B]`` binned data.
 
@@ -167,55 +203,84 @@ def fit_cure_rate_many(
     d = _prepare(obs, cen, edges, shift)
     log_bounds = (float(np.log(rate_bounds[0])), float(np.log(rate_bounds[1])))
     u, s = _initial(d, log_bounds)
-    lam = np.full(len(u), 1e-3)
-    done = np.zeros(len(u), dtype=bool)
-    it = np.zeros(len(u), dtype=np.int64)
-    f = np.zeros(len(u))
+    rows = len(u)
+    state = _Iterate(
+        u=u,
+        s=s,
+        damping=np.full(rows, _DAMPING_START),
+        loglik=np.zeros(rows),
+        done=np.zeros(rows, dtype=bool),
+        iterations=np.zeros(rows, dtype=np.int64),
+    )
     for _ in range(_MAX_ITER):
         # Only rows still iterating are computed: most converge in a handful of steps.
-        idx = np.flatnonzero(~done)
+        idx = np.flatnonzero(~state.done)
         if len(idx) == 0:
             break
-        sub = _rows(d, idx)
-        ui, si, li = u[idx], s[idx], lam[idx]
-        fi, g, h = _terms(ui, si, sub, derivs=True)
-        assert g is not None and h is not None
-        # Damped Newton step on the negative log-likelihood: (-H + lam I) x = g.
-        a11, a22, a12 = -h[:, 0, 0] + li, -h[:, 1, 1] + li, -h[:, 0, 1]
-        det = a11 * a22 - a12 * a12
-        bad = ~(det > 0) | ~(a11 > 0)
-        det = np.where(bad, 1.0, det)
-        du = np.where(bad, g[:, 0] / li, (a22 * g[:, 0] - a12 * g[:, 1]) / det)
-        ds = np.where(bad, g[:, 1] / li, (a11 * g[:, 1] - a12 * g[:, 0]) / det)
-        u_new = np.clip(ui + du, -LOGIT_BOUND, LOGIT_BOUND)
-        s_new = np.clip(si + ds, *log_bounds)
-        f_new, _, _ = _terms(u_new, s_new, sub, derivs=False)
-        better = f_new >= fi
-        moved = np.maximum(np.abs(u_new - ui), np.abs(s_new - si))
-        u[idx] = np.where(better, u_new, ui)
-        s[idx] = np.where(better, s_new, si)
-        f[idx] = np.where(better, f_new, fi)
-        lam[idx] = np.where(better, np.maximum(li / 3.0, 1e-12), li * 4.0)
-        it[idx] += 1
-        # A gradient component pushing out through an active bound does not count.
-        out_u = ((ui >= LOGIT_BOUND) & (g[:, 0] > 0)) | ((ui <= -LOGIT_BOUND) & (g[:, 0] < 0))
-        out_s = ((si >= log_bounds[1]) & (g[:, 1] > 0)) | ((si <= log_bounds[0]) & (g[:, 1] < 0))
-        grad = np.abs(np.where(out_u, 0.0, g[:, 0])) + np.abs(np.where(out_s, 0.0, g[:, 1]))
-        done[idx] = (better & (moved < _TOL_STEP)) | (grad < _TOL_GRAD) | (lam[idx] > 1e12)
-    p = 1.0 / (1.0 + np.exp(-u))
-    converged = done & (lam <= 1e12) & (d.n_obs > 0)
+        _step(state, idx, _rows(d, idx), log_bounds)
+    p = 1.0 / (1.0 + np.exp(-state.u))
+    converged = state.done & (state.damping <= _DAMPING_GIVE_UP) & (d.n_obs > 0)
     return [
         MixtureFit(
             p=float(p[c]),
-            rate=float(np.exp(s[c])),
+            rate=float(np.exp(state.s[c])),
             reuses=int(d.n_obs[c]),
             exposures=float(obs[c].sum() + cen[c].sum()),
-            loglik=float(f[c] * d.total[c]),
+            loglik=float(state.loglik[c] * d.total[c]),
             converged=bool(converged[c]),
-            iterations=int(it[c]),
+            iterations=int(state.iterations[c]),
         )
-        for c in range(len(u))
+        for c in range(rows)
     ]
+
+
+def _step(
+    state: _Iterate, idx: NDArray[np.intp], d: _Data, log_bounds: tuple[float, float]
+) -> None:
+    """One damped Newton step of rows ``idx`` (``d`` holds their data): kept if the
+    likelihood does not drop, and the damping adapted either way."""
+    u, s, damping = state.u[idx], state.s[idx], state.damping[idx]
+    f, g, h = _terms(u, s, d, derivs=True)
+    assert g is not None and h is not None
+    du, ds = _damped_newton(g, h, damping)
+    u_new = np.clip(u + du, -LOGIT_BOUND, LOGIT_BOUND)
+    s_new = np.clip(s + ds, *log_bounds)
+    f_new, _, _ = _terms(u_new, s_new, d, derivs=False)
+    better = f_new >= f
+    moved = np.maximum(np.abs(u_new - u), np.abs(s_new - s))
+    state.u[idx] = np.where(better, u_new, u)
+    state.s[idx] = np.where(better, s_new, s)
+    state.loglik[idx] = np.where(better, f_new, f)
+    damping = np.where(
+        better, np.maximum(damping / _DAMPING_DOWN, _DAMPING_MIN), damping * _DAMPING_UP
+    )
+    state.damping[idx] = damping
+    state.iterations[idx] += 1
+    grad = _free_gradient(u, s, g, log_bounds)
+    state.done[idx] = (
+        (better & (moved < _TOL_STEP)) | (grad < _TOL_GRAD) | (damping > _DAMPING_GIVE_UP)
+    )
+
+
+def _damped_newton(g: F64, h: F64, damping: F64) -> tuple[F64, F64]:
+    """The step ``x`` solving ``(-H + damping I) x = g`` per row (the negative
+    log-likelihood's damped Newton system); a gradient step where it is not positive
+    definite."""
+    a11, a22, a12 = -h[:, 0, 0] + damping, -h[:, 1, 1] + damping, -h[:, 0, 1]
+    det = a11 * a22 - a12 * a12
+    bad = ~(det > 0) | ~(a11 > 0)
+    det = np.where(bad, 1.0, det)
+    du = np.where(bad, g[:, 0] / damping, (a22 * g[:, 0] - a12 * g[:, 1]) / det)
+    ds = np.where(bad, g[:, 1] / damping, (a11 * g[:, 1] - a12 * g[:, 0]) / det)
+    return du, ds
+
+
+def _free_gradient(u: F64, s: F64, g: F64, log_bounds: tuple[float, float]) -> F64:
+    """``|g|`` summed over components, leaving out a component that pushes out through an
+    active bound (it cannot be followed, so it does not count against convergence)."""
+    out_u = ((u >= LOGIT_BOUND) & (g[:, 0] > 0)) | ((u <= -LOGIT_BOUND) & (g[:, 0] < 0))
+    out_s = ((s >= log_bounds[1]) & (g[:, 1] > 0)) | ((s <= log_bounds[0]) & (g[:, 1] < 0))
+    return np.abs(np.where(out_u, 0.0, g[:, 0])) + np.abs(np.where(out_s, 0.0, g[:, 1]))
 
 
 def fit_cure_rate(
@@ -224,7 +289,7 @@ def fit_cure_rate(
     edges: F64,
     *,
     shift: float = 0.0,
-    rate_bounds: tuple[float, float] = (1e-6, 1e3),
+    rate_bounds: tuple[float, float] = DEFAULT_RATE_BOUNDS,
 ) -> MixtureFit:
     """``fit_cure_rate_many`` of a single row."""
     return fit_cure_rate_many(

@@ -23,9 +23,10 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
 from agent.policy_document import DEFAULT_PARAMS, CategoryParams, ParamSource
-from controlplane.fit.gof import ReuseCurve, curve_from, empirical_cdf, ks_from
+from controlplane.fit.gof import F64, ReuseCurve, curve_from, empirical_cdf, ks_from
 from controlplane.fit.mle import MixtureFit, fit_cure_rate_many
 from controlplane.fit.reuse_window import StatsSnapshot
 from controlplane.fit.settings import FitSettings
@@ -96,20 +97,92 @@ def _logit(p: float) -> float:
     return float(np.log(p / (1.0 - p)))
 
 
-def shrink(
-    own: MixtureFit, pooled: MixtureFit, exposures: float, k: float
-) -> tuple[float, float, float, float]:
-    """``(p, rate, weight_p, weight_rate)`` of ``own`` blended toward ``pooled``."""
+@dataclass(frozen=True)
+class Blend:
+    """One category's chosen ``(p, rate)``: its own fit shrunk toward the pooled one
+    (``"fit"``), the pooled fit as is (``"pooled"``) or the built-in default."""
+
+    p: float
+    rate: float
+    weight_p: float
+    weight_rate: float
+    """Weights of the own fit in the blend (0 = all pooled, 1 = all own)."""
+    source: ParamSource
+
+
+def shrink(own: MixtureFit, pooled: MixtureFit, exposures: float, k: float) -> Blend:
+    """``own`` blended toward ``pooled`` (module docstring)."""
     wp = exposures / (exposures + k) if exposures + k > 0 else 1.0
     wr = own.reuses / (own.reuses + k) if own.reuses + k > 0 else 1.0
     lp = wp * _logit(own.p) + (1.0 - wp) * _logit(pooled.p)
     lr = wr * np.log(own.rate) + (1.0 - wr) * np.log(pooled.rate)
-    return float(1.0 / (1.0 + np.exp(-lp))), float(np.exp(lr)), wp, wr
+    p, rate = float(1.0 / (1.0 + np.exp(-lp))), float(np.exp(lr))
+    return Blend(p=p, rate=rate, weight_p=wp, weight_rate=wr, source="fit")
 
 
 def _pooled_rate(fit: MixtureFit) -> float:
     # With no reuse at all the rate is not identified; the default's is as good as any.
     return fit.rate if fit.reuses > 0 else DEFAULT_PARAMS.rate
+
+
+def _choose(
+    own: MixtureFit | None, pooled: MixtureFit | None, exposures: int, settings: FitSettings
+) -> Blend:
+    if own is not None and pooled is not None:
+        return shrink(own, pooled, exposures, settings.shrinkage_samples)
+    if pooled is not None:
+        return Blend(pooled.p, _pooled_rate(pooled), 0.0, 0.0, "pooled")
+    return Blend(DEFAULT_PARAMS.p_reuse, DEFAULT_PARAMS.rate, 0.0, 0.0, "default")
+
+
+@dataclass(frozen=True, eq=False)
+class _Fits:
+    """The maximum-likelihood fits of one snapshot."""
+
+    pooled: MixtureFit | None
+    """All categories together (None: fewer than ``min_samples`` exposures in all)."""
+    own: dict[int, MixtureFit]
+    """Category code -> its own fit, for categories with ``min_samples`` exposures."""
+
+
+def _fit_rows(snap: StatsSnapshot, exposures: NDArray[np.int64], settings: FitSettings) -> _Fits:
+    """One vectorised MLE call: row 0 pools every category, then each category with
+    enough exposures for a fit of its own."""
+    own = np.flatnonzero(exposures >= settings.min_samples)
+    fits = fit_cure_rate_many(
+        np.vstack([snap.observed.sum(axis=0), snap.observed[own]]),
+        np.vstack([snap.censored.sum(axis=0), snap.censored[own]]),
+        snap.edges,
+        shift=snap.near_concurrent_s,
+        rate_bounds=(settings.rate_min, max(settings.rate_max, settings.rate_min)),
+    )
+    pooled = fits[0] if int(exposures.sum()) >= settings.min_samples else None
+    return _Fits(pooled=pooled, own=dict(zip(own.tolist(), fits[1:], strict=True)))
+
+
+@dataclass(frozen=True, eq=False)
+class _Diagnostics:
+    """Row 0: all categories pooled; row ``i``: the ``i``-th present category."""
+
+    empirical: F64
+    at_risk: F64
+    p: F64
+    rate: F64
+    ks: F64
+
+
+def _diagnose(
+    snap: StatsSnapshot, present: NDArray[np.intp], pooled: MixtureFit | None, chosen: list[Blend]
+) -> _Diagnostics:
+    """Empirical CDFs and the KS distance of each chosen ``(p, rate)`` to them."""
+    empirical, at_risk = empirical_cdf(
+        np.vstack([snap.observed.sum(axis=0), snap.observed[present]]),
+        np.vstack([snap.censored.sum(axis=0), snap.censored[present]]),
+    )
+    p = np.array([pooled.p if pooled else np.nan] + [b.p for b in chosen])
+    rate = np.array([_pooled_rate(pooled) if pooled else np.nan] + [b.rate for b in chosen])
+    ks = ks_from(empirical, at_risk, snap.edges, p, rate, shift=snap.near_concurrent_s)
+    return _Diagnostics(empirical=empirical, at_risk=at_risk, p=p, rate=rate, ks=ks)
 
 
 def fit_all(snapshot: StatsSnapshot, settings: FitSettings) -> FitResult:
@@ -118,81 +191,60 @@ def fit_all(snapshot: StatsSnapshot, settings: FitSettings) -> FitResult:
     snap = snapshot
     exposures = snap.accesses - snap.near_concurrent
     present = np.flatnonzero(exposures > 0)
-    total = int(exposures.sum())
-    own = present[exposures[present] >= settings.min_samples]
-    pooled_obs, pooled_cen = snap.observed.sum(axis=0), snap.censored.sum(axis=0)
-    fits = fit_cure_rate_many(
-        np.vstack([pooled_obs, snap.observed[own]]),
-        np.vstack([pooled_cen, snap.censored[own]]),
-        snap.edges,
-        shift=snap.near_concurrent_s,
-        rate_bounds=(settings.rate_min, max(settings.rate_max, settings.rate_min)),
-    )
-    pooled_fit = fits[0] if total >= settings.min_samples else None
-    own_fit = dict(zip(own.tolist(), fits[1:], strict=True))
+    fits = _fit_rows(snap, exposures, settings)
     t1 = time.perf_counter()
-
-    # Row 0: all categories together; then each present category.
-    emp, at_risk = empirical_cdf(
-        np.vstack([pooled_obs, snap.observed[present]]),
-        np.vstack([pooled_cen, snap.censored[present]]),
-    )
-    chosen = [_choose(own_fit.get(c), pooled_fit, int(exposures[c]), settings) for c in present]
-    p = np.array([pooled_fit.p if pooled_fit else np.nan] + [x[0] for x in chosen])
-    rate = np.array([_pooled_rate(pooled_fit) if pooled_fit else np.nan] + [x[1] for x in chosen])
-    ks = ks_from(emp, at_risk, snap.edges, p, rate, shift=snap.near_concurrent_s)
-
+    codes: list[int] = present.tolist()
+    chosen = [_choose(fits.own.get(c), fits.pooled, int(exposures[c]), settings) for c in codes]
+    diag = _diagnose(snap, present, fits.pooled, chosen)
+    total = int(exposures.sum())
     pooled = None
-    if pooled_fit is not None:
-        pooled = _params(p[0], rate[0], ks[0], total, "pooled", settings)
-    categories: dict[str, CategoryParams] = {}
+    if fits.pooled is not None:
+        pooled = _params(diag.p[0], diag.rate[0], diag.ks[0], total, "pooled", settings)
     details: dict[str, CategoryFit] = {}
-    for i, c in enumerate(present.tolist(), start=1):
-        name, n = snap.categories[c], int(exposures[c])
-        _, _, wp, wr, source = chosen[i - 1]
-        params = _params(p[i], rate[i], ks[i], n, source, settings)
-        curve = curve_from(
-            emp[i], at_risk[i], snap.edges, p[i], rate[i], shift=snap.near_concurrent_s
-        )
-        categories[name] = params
-        details[name] = CategoryFit(
-            name=name,
-            params=params,
-            accesses=int(snap.accesses[c]),
-            exposures=n,
-            reuses=int(snap.reuses[c]),
-            near_concurrent=int(snap.near_concurrent[c]),
-            naive_p=float(snap.reuses[c]) / n,
-            raw=own_fit.get(c),
-            weight_p=wp,
-            weight_rate=wr,
-            curve=curve if curve.t_s else None,
-        )
+    for row, (c, blend) in enumerate(zip(codes, chosen, strict=True), start=1):
+        name = snap.categories[c]
+        details[name] = _category_fit(snap, c, row, blend, fits.own.get(c), diag, settings)
     t2 = time.perf_counter()
     return FitResult(
         now=snap.now,
-        categories=categories,
+        categories={name: d.params for name, d in details.items()},
         pooled=pooled,
-        pooled_fit=pooled_fit,
+        pooled_fit=fits.pooled,
         details=details,
         accesses=total,
         durations=FitDurations(mle_s=t1 - t0, diagnostics_s=t2 - t1, total_s=t2 - t0),
     )
 
 
-def _choose(
+def _category_fit(
+    snap: StatsSnapshot,
+    code: int,
+    row: int,
+    blend: Blend,
     own: MixtureFit | None,
-    pooled: MixtureFit | None,
-    exposures: int,
+    diag: _Diagnostics,
     settings: FitSettings,
-) -> tuple[float, float, float, float, ParamSource]:
-    """``(p, rate, weight_p, weight_rate, source)`` of one category."""
-    if own is not None and pooled is not None:
-        p, rate, wp, wr = shrink(own, pooled, exposures, settings.shrinkage_samples)
-        return p, rate, wp, wr, "fit"
-    if pooled is not None:
-        return pooled.p, _pooled_rate(pooled), 0.0, 0.0, "pooled"
-    return DEFAULT_PARAMS.p_reuse, DEFAULT_PARAMS.rate, 0.0, 0.0, "default"
+) -> CategoryFit:
+    """Category ``code``'s parameters and diagnostics (``row``: its row in ``diag``)."""
+    exposures = int(snap.accesses[code] - snap.near_concurrent[code])
+    p, rate = diag.p[row], diag.rate[row]
+    params = _params(p, rate, diag.ks[row], exposures, blend.source, settings)
+    curve = curve_from(
+        diag.empirical[row], diag.at_risk[row], snap.edges, p, rate, shift=snap.near_concurrent_s
+    )
+    return CategoryFit(
+        name=snap.categories[code],
+        params=params,
+        accesses=int(snap.accesses[code]),
+        exposures=exposures,
+        reuses=int(snap.reuses[code]),
+        near_concurrent=int(snap.near_concurrent[code]),
+        naive_p=float(snap.reuses[code]) / exposures,
+        raw=own,
+        weight_p=blend.weight_p,
+        weight_rate=blend.weight_rate,
+        curve=curve if curve.t_s else None,
+    )
 
 
 def _params(

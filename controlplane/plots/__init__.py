@@ -1,6 +1,9 @@
-"""Plots of the offline commands (``kvwise simulate --plot``), drawn with matplotlib.
+"""Figures of the offline commands, as PNG files (the optional ``plot`` extra: matplotlib).
 
-matplotlib is the optional ``plot`` extra (``pip install 'kvwise[plot]'``): importing a
-plot module without it raises ``ImportError``, which the CLI turns into a one-line error.
-``common`` holds what every plot shares; one module per command draws its figure.
+Owns turning results the library already computed into pictures: ``common`` (what every
+figure shares: the optional import, the size in pixels, saving), ``trace_figures`` (the
+paper's figures of any trace, for ``kvwise trace stats --plot``), ``capacity_curve``
+(hit ratio against cache size per policy, for ``kvwise replay --plot``) and ``simulate``
+(``kvwise simulate --plot``). It must never compute a statistic, replay or simulate
+anything, and nothing outside it imports matplotlib.
 """

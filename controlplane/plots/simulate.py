@@ -10,8 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from controlplane.plots.common import figure, save
+from controlplane.plots.common import Size, figure, save
 from controlplane.simulate.report import QUANTILES, SimResult
+
+SIZE = Size(1800, 456)
+"""Three panels side by side, each 600 x 456 pixels."""
 
 
 def plot_simulation(results: Sequence[SimResult], path: Path, *, title: str = "") -> None:
@@ -19,7 +22,7 @@ def plot_simulation(results: Sequence[SimResult], path: Path, *, title: str = ""
     policies = list(dict.fromkeys(r.policy for r in results))
     capacities = sorted({r.capacity for r in results})
     by = {(r.policy, r.capacity): r for r in results}
-    fig, (cdf, hits, qttft) = figure(3)
+    fig, (cdf, hits, qttft) = figure(3, size=SIZE)
     smallest = capacities[0]
     for name in policies:
         r = by.get((name, smallest))

@@ -1,6 +1,6 @@
 """One policy, one capacity, one trace: the replay loop that defines every hit ratio here.
 
-Owns the replay semantics of DESIGN.md, to the block:
+Owns the replay semantics (docs/replay.md), to the block:
 
 - requests in timestamp order (file order breaks ties; ``Trace`` is already in that order);
 - a request's hits are the longest prefix of its blocks cached on arrival;

@@ -16,7 +16,7 @@ It must never read files or the environment, or build policies.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from controlplane.fit.settings import FitSettings
@@ -94,6 +94,10 @@ class ReplayOptions:
             span = float(trace.timestamps[-1] - trace.timestamps[0]) if trace.n_requests else 0
             update["window_s"] = self.window_s if math.isfinite(self.window_s) else span + 1.0
         return self.fit.model_copy(update=update)
+
+    def to_json(self) -> dict[str, object]:
+        """Every option of the run but the fitting knobs it starts from (``fit``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "fit"}
 
     def first_scored(self, trace: Trace) -> int:
         """Index of the first request whose hits count: 0, or in split mode the first

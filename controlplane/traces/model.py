@@ -72,22 +72,7 @@ class Trace:
 
     def nbytes(self) -> int:
         """Memory held by the arrays."""
-        return sum(
-            a.nbytes
-            for a in (
-                self.blocks,
-                self.offsets,
-                self.timestamps,
-                self.categories,
-                self.hashes,
-                self.input_lengths,
-                self.output_lengths,
-                self.turns,
-                self.types,
-                self.chat_ids,
-                self.parent_chat_ids,
-            )
-        )
+        return sum(a.nbytes for a in vars(self).values() if isinstance(a, np.ndarray))
 
     @classmethod
     def from_arrays(
@@ -111,83 +96,41 @@ class Trace:
         Sorts requests by timestamp (stable: file order breaks ties) and maps hashes to
         dense ids ``0..U-1`` in order of first appearance in replay order.
         """
-        n = len(lengths)
         lengths = np.asarray(lengths, dtype=np.int64)
         timestamps = np.asarray(timestamps, dtype=np.float64)
         hash_ids = np.asarray(hash_ids, dtype=np.int64)
-        if len(timestamps) != n:
+        if len(timestamps) != len(lengths):
             raise ValueError("timestamps and lengths differ in length")
         if int(lengths.sum()) != len(hash_ids):
             raise ValueError("lengths do not add up to the number of hash ids")
-
         order = np.argsort(timestamps, kind="stable")
-        file_offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(lengths, out=file_offsets[1:])
-        if np.all(order[1:] > order[:-1]):
-            sorted_hashes = hash_ids
-            lengths_sorted = lengths
-        else:
-            lengths_sorted = lengths[order]
-            # Gather each request's slice in replay order, vectorised.
-            starts = np.repeat(file_offsets[:-1][order], lengths_sorted)
-            within = np.arange(len(hash_ids), dtype=np.int64) - np.repeat(
-                np.cumsum(lengths_sorted) - lengths_sorted, lengths_sorted
-            )
-            sorted_hashes = hash_ids[starts + within]
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(lengths_sorted, out=offsets[1:])
+        sorted_hashes, offsets = _in_replay_order(hash_ids, lengths, order)
+        blocks, hashes = _dense_ids(sorted_hashes)
 
-        uniq, first_pos, inverse = np.unique(sorted_hashes, return_index=True, return_inverse=True)
-        # Dense ids by first appearance, so small traces read naturally in tests.
-        rank = np.empty(len(uniq), dtype=np.int64)
-        rank[np.argsort(first_pos, kind="stable")] = np.arange(len(uniq), dtype=np.int64)
-        blocks = rank[inverse.reshape(-1)]
-        hashes = np.empty(len(uniq), dtype=np.int64)
-        hashes[rank] = uniq
+        def column(values: NDArray[np.int64] | None) -> NDArray[np.int64]:
+            return _request_column(values, order)
 
-        def col(a: NDArray[np.int64] | None, fill: int) -> NDArray[np.int64]:
-            if a is None:
-                return np.full(n, fill, dtype=np.int64)
-            return np.asarray(a, dtype=np.int64)[order]
-
-        turns_arr = col(turns, -1)
-        if types is None:
-            type_names: tuple[str, ...] = ("",)
-            type_codes = np.zeros(n, dtype=np.int32)
-        else:
-            tn, tc = np.unique(np.asarray(types, dtype=object).astype(str), return_inverse=True)
-            type_names = tuple(str(t) for t in tn)
-            type_codes = tc.astype(np.int32).reshape(-1)[order]
-        if types is None and turns is None:
-            cat_names: tuple[str, ...] = (UNKNOWN_CATEGORY,)
-            cat_codes = np.zeros(n, dtype=np.int32)
-        else:
-            labels = np.array(
-                [
-                    category_name(type_names[t], int(u))
-                    for t, u in zip(type_codes, turns_arr, strict=True)
-                ],
-                dtype=object,
-            )
-            cn, cc = np.unique(labels.astype(str), return_inverse=True)
-            cat_names = tuple(str(c) for c in cn)
-            cat_codes = cc.astype(np.int32).reshape(-1)
+        turn_column = column(turns)
+        type_names, type_codes = _type_codes(types, order)
+        category_names, category_codes = _category_codes(
+            type_names, type_codes, turn_column, labelled=types is not None or turns is not None
+        )
         return cls(
             name=name,
             source_format=source_format,
             blocks=blocks,
             offsets=offsets,
             timestamps=timestamps[order],
-            categories=cat_codes,
-            category_names=cat_names,
+            categories=category_codes,
+            category_names=category_names,
             hashes=hashes,
-            input_lengths=col(input_lengths, -1),
-            output_lengths=col(output_lengths, -1),
-            turns=turns_arr.astype(np.int32),
+            input_lengths=column(input_lengths),
+            output_lengths=column(output_lengths),
+            turns=turn_column.astype(np.int32),
             types=type_codes,
             type_names=type_names,
-            chat_ids=col(chat_ids, -1),
-            parent_chat_ids=col(parent_chat_ids, -1),
+            chat_ids=column(chat_ids),
+            parent_chat_ids=column(parent_chat_ids),
             skipped_lines=tuple(skipped_lines),
         )
 
@@ -221,3 +164,73 @@ class Trace:
             types=types,
             turns=None if turns is None else np.asarray(turns, dtype=np.int64),
         )
+
+
+def _in_replay_order(
+    hash_ids: NDArray[np.int64], lengths: NDArray[np.int64], order: NDArray[np.intp]
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Every request's hash ids, requests in ``order``, and the offsets of each request."""
+    n = len(lengths)
+    if np.all(order[1:] > order[:-1]):
+        sorted_hashes, sorted_lengths = hash_ids, lengths
+    else:
+        sorted_lengths = lengths[order]
+        file_offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=file_offsets[1:])
+        # Gather each request's slice in replay order, vectorised: where its slice starts
+        # in the file, plus each hash id's position inside the request.
+        starts = np.repeat(file_offsets[:-1][order], sorted_lengths)
+        within = np.arange(len(hash_ids), dtype=np.int64) - np.repeat(
+            np.cumsum(sorted_lengths) - sorted_lengths, sorted_lengths
+        )
+        sorted_hashes = hash_ids[starts + within]
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(sorted_lengths, out=offsets[1:])
+    return sorted_hashes, offsets
+
+
+def _dense_ids(sorted_hashes: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """``(blocks, hashes)``: dense ids numbered by first appearance (so small traces read
+    naturally in tests), and the hash of each dense id."""
+    uniq, first_pos, inverse = np.unique(sorted_hashes, return_index=True, return_inverse=True)
+    rank = np.empty(len(uniq), dtype=np.int64)
+    rank[np.argsort(first_pos, kind="stable")] = np.arange(len(uniq), dtype=np.int64)
+    hashes = np.empty(len(uniq), dtype=np.int64)
+    hashes[rank] = uniq
+    return rank[inverse.reshape(-1)], hashes
+
+
+def _request_column(values: NDArray[np.int64] | None, order: NDArray[np.intp]) -> NDArray[np.int64]:
+    """A per-request column in replay order; missing: ``-1`` for every request."""
+    if values is None:
+        return np.full(len(order), -1, dtype=np.int64)
+    return np.asarray(values, dtype=np.int64)[order]
+
+
+def _type_codes(
+    types: Sequence[str] | None, order: NDArray[np.intp]
+) -> tuple[tuple[str, ...], NDArray[np.int32]]:
+    """``(type names, code per request in replay order)``; no types: the one name ``""``."""
+    if types is None:
+        return ("",), np.zeros(len(order), dtype=np.int32)
+    names, codes = np.unique(np.asarray(types, dtype=object).astype(str), return_inverse=True)
+    return tuple(str(t) for t in names), codes.astype(np.int32).reshape(-1)[order]
+
+
+def _category_codes(
+    type_names: tuple[str, ...],
+    type_codes: NDArray[np.int32],
+    turns: NDArray[np.int64],
+    *,
+    labelled: bool,
+) -> tuple[tuple[str, ...], NDArray[np.int32]]:
+    """``(category names, code per request)``: ``type_turn`` labels, or the single
+    ``UNKNOWN_CATEGORY`` when the trace carries neither types nor turns."""
+    if not labelled:
+        return (UNKNOWN_CATEGORY,), np.zeros(len(type_codes), dtype=np.int32)
+    labels = np.array(
+        [category_name(type_names[t], int(u)) for t, u in zip(type_codes, turns, strict=True)],
+        dtype=object,
+    )
+    names, codes = np.unique(labels.astype(str), return_inverse=True)
+    return tuple(str(c) for c in names), codes.astype(np.int32).reshape(-1)

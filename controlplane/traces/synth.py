@@ -4,10 +4,10 @@ Owns ``synthesize``, the one entry point, and the profile names. The workloads a
 generative models, not fitted curves: users and applications send conversations, API
 calls, fan-outs and agent chains, prompts extend or share earlier prompts, and the hash
 ids follow from which tokens two prompts share (``synth_prefix``). The models are
-``synth_toc`` (people chatting; POLICY.md's to-C column) and ``synth_tob`` (programs
-calling an API; the to-B column); their docstrings say which paper figure each knob
-reproduces, and docs/traces.md ("Synthetic traces") lists every target with its
-tolerance and what the default knobs measure. The statistics are defined in
+``synth_toc`` (people chatting; the to-C column of docs/traces.md, "What the paper
+found") and ``synth_tob`` (programs calling an API; the to-B column); their docstrings say
+which finding each knob reproduces, and docs/traces.md ("Synthetic traces") lists every
+target with its tolerance and what the default knobs measure. The statistics are defined in
 ``controlplane.traces.workload_stats``.
 
 Same profile, duration, rate, seed and knobs give the identical trace; everything is

@@ -3,8 +3,9 @@
 Owns ``ToBKnobs`` and ``generate_to_b``. Programs, not people, send these requests, so
 nearly all of them are single-turn (a stateless API call carries its whole context, so
 an agent's tenth call is still ``turn 1``). Each part of the model is there to reproduce a
-finding of the paper; in brackets, the row of POLICY.md's table "What the paper found"
-(docs/traces.md, "Synthetic traces", gives targets, tolerances and measured values):
+finding of the paper; in brackets, the finding it answers to, as docs/traces.md ("What the
+paper found") lists them ("Synthetic traces" there gives targets, tolerances and measured
+values):
 
 - *Plain* apps (most traffic, Zipf popularity): a short per-app system prompt, or none,
   and a unique user input. A hot app reuses its system prompt every few hundred

@@ -1,10 +1,10 @@
 """The to-C generative model: people chatting with a consumer assistant (paper's trace A).
 
 Owns ``ToCKnobs`` and ``generate_to_c``. Each part of the model is there to reproduce a
-finding of the paper; in brackets, the row of POLICY.md's table "What the paper found"
-it answers to (docs/traces.md, "Synthetic traces", gives every target, its tolerance and
-the measured value; the paper's figure numbers were not checked against the PDF, so rows
-are named instead):
+finding of the paper; in brackets, the finding it answers to, as docs/traces.md ("What the
+paper found") lists them ("Synthetic traces" there gives every target, its tolerance and
+the measured value; the paper's figure numbers were not checked against the PDF, so
+findings are named instead):
 
 - Conversations start as a Poisson process; each belongs to a user drawn with a Pareto
   activity weight, so a few heavy users start many [skew; "reuse is mostly within one

@@ -1,15 +1,16 @@
 """Workload statistics of a trace, the paper's way: hit ratio, reuse times, lifespans, skew.
 
 Owns ``trace_stats`` and ``TraceStats``, the numbers ``kvwise trace stats`` prints and the
-synthetic traces are calibrated against (docs/traces.md). Everything is vectorised numpy
-over the flat ``Trace`` arrays (one stable sort of the accesses by block is the costliest
-step), so ten million accesses take seconds. It must never read files, print, or replay
-a policy.
+synthetic traces are calibrated against (docs/traces.md), and ``workload_samples``, the
+per-request, per-access and per-block values they summarise (what the figures plot).
+Everything is vectorised numpy over the flat ``Trace`` arrays (one stable sort of the
+accesses by block is the costliest step), so ten million accesses take seconds. It must
+never read files, print, plot, or replay a policy.
 
 Definitions (all times in seconds, all quantiles ``inverted_cdf``: the P80 is the
 smallest observed value with at least 80 % of the sample at or below it):
 
-- *Ideal hit ratio*: an infinite cache under DESIGN.md's replay semantics. A block at
+- *Ideal hit ratio*: an infinite cache under the replay semantics (docs/replay.md). A block at
   position ``i`` of a request is a hit iff every block ``0..i`` of that request was
   accessed by an *earlier* request (a block repeated inside one request is no hit).
 - *Reuse time*: for every access of a block that is accessed again by a later request,
@@ -95,19 +96,47 @@ class TraceStats:
         return asdict(self)
 
 
-def trace_stats(trace: Trace) -> TraceStats:
-    """Compute every statistic of ``trace`` (see the module docstring)."""
-    n = trace.n_requests
-    req_of_pos = np.repeat(np.arange(n, dtype=np.int64), trace.lengths)
+@dataclass(frozen=True, eq=False)
+class WorkloadSamples:
+    """The values the statistics summarise (module docstring for each definition)."""
+
+    request_hits: I64
+    """Ideal (infinite cache) prefix hits of each request, in replay order."""
+    reuse_times: F64
+    """Each access's time to the same block's next access by a later request."""
+    reuse_categories: NDArray[np.int32]
+    """Category code of the earlier access of each reuse time."""
+    lifespans: F64
+    """Per block: first to last access (0 for a block one request accessed)."""
+    reused: NDArray[np.bool_]
+    """Per block (same order as ``lifespans``): accessed by more than one request."""
+
+
+def workload_samples(trace: Trace) -> WorkloadSamples:
+    """Every sample of ``trace`` the statistics and figures are made of."""
+    req_of_pos = np.repeat(np.arange(trace.n_requests, dtype=np.int64), trace.lengths)
     order = np.argsort(trace.blocks, kind="stable")  # by block, then time
     b_sorted = trace.blocks[order]
     r_sorted = req_of_pos[order]
-    hits = prefix_hits(trace, req_of_pos, b_sorted, r_sorted)
-    total_hits = int(hits.sum())
+    gaps, gap_cats = _reuse_gaps(trace, b_sorted, r_sorted)
+    lifespans, reused = _lifespans(trace, b_sorted, r_sorted)
+    return WorkloadSamples(
+        request_hits=prefix_hits(trace, req_of_pos, b_sorted, r_sorted),
+        reuse_times=gaps,
+        reuse_categories=gap_cats,
+        lifespans=lifespans,
+        reused=reused,
+    )
+
+
+def trace_stats(trace: Trace, samples: WorkloadSamples | None = None) -> TraceStats:
+    """Compute every statistic of ``trace`` (see the module docstring); ``samples`` when
+    the caller has them already."""
+    n = trace.n_requests
+    s = workload_samples(trace) if samples is None else samples
+    total_hits = int(s.request_hits.sum())
     duration = float(trace.timestamps[-1] - trace.timestamps[0]) if n else 0.0
     turns = _turn_stats(trace)
-    gaps, gap_cats = _reuse_gaps(trace, b_sorted, r_sorted)
-    life_reused, life_all = _lifespans(trace, b_sorted, r_sorted)
     has_types = any(trace.type_names)
     return TraceStats(
         name=trace.name,
@@ -121,18 +150,18 @@ def trace_stats(trace: Trace) -> TraceStats:
         mean_output_tokens=_mean_known(trace.output_lengths),
         ideal_hits=total_hits,
         ideal_hit_ratio=total_hits / trace.n_accesses if trace.n_accesses else 0.0,
-        skew_request_share=skew_request_share(hits),
+        skew_request_share=skew_request_share(s.request_hits),
         type_mix=_type_mix(trace) if has_types else None,
         multi_turn_share=turns.multi_share,
         multi_turn_share_by_type=turns.multi_by_type if has_types else None,
         next_turn_prob_first=turns.next_first,
         next_turn_prob_later=turns.next_later,
         followup_share_by_type=turns.followup_by_type if has_types else None,
-        single_turn_hit_share=_single_turn_hit_share(trace, hits, total_hits),
-        reuse_time=Quantiles.of(gaps),
-        reuse_time_by_category=_by_category(trace, gaps, gap_cats),
-        lifespan=Quantiles.of(life_reused),
-        lifespan_all_blocks=Quantiles.of(life_all),
+        single_turn_hit_share=_single_turn_hit_share(trace, s.request_hits, total_hits),
+        reuse_time=Quantiles.of(s.reuse_times),
+        reuse_time_by_category=_by_category(trace, s.reuse_times, s.reuse_categories),
+        lifespan=Quantiles.of(s.lifespans[s.reused]),
+        lifespan_all_blocks=Quantiles.of(s.lifespans),
     )
 
 
@@ -195,14 +224,14 @@ def _reuse_gaps(trace: Trace, b_sorted: I64, r_sorted: I64) -> tuple[F64, NDArra
     return ts[later] - ts[earlier], trace.categories[earlier]
 
 
-def _lifespans(trace: Trace, b_sorted: I64, r_sorted: I64) -> tuple[F64, F64]:
+def _lifespans(trace: Trace, b_sorted: I64, r_sorted: I64) -> tuple[F64, NDArray[np.bool_]]:
+    """Per block: first to last access, and whether more than one request accessed it."""
     if len(b_sorted) == 0:
-        return np.zeros(0), np.zeros(0)
+        return np.zeros(0), np.zeros(0, dtype=bool)
     starts = _group_starts(b_sorted)
     ends = np.append(starts[1:] - 1, len(b_sorted) - 1)
     first, last = r_sorted[starts], r_sorted[ends]
-    life = trace.timestamps[last] - trace.timestamps[first]
-    return life[first != last], life
+    return trace.timestamps[last] - trace.timestamps[first], first != last
 
 
 def _by_category(trace: Trace, gaps: F64, cats: NDArray[np.int32]) -> dict[str, Quantiles]:

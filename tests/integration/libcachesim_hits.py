@@ -20,7 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-POLICIES = {"lru": "LRU", "fifo": "FIFO", "s3fifo": "S3FIFO", "sieve": "Sieve", "arc": "ARC"}
+POLICIES = {
+    "lru": "LRU",
+    "fifo": "FIFO",
+    "s3fifo": "S3FIFO",
+    "sieve": "Sieve",
+    "arc": "ARC",
+    "lfu": "LFU",
+}
 
 
 def run(ids: list[int], policy: str, capacity: int) -> np.ndarray:

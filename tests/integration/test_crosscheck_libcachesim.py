@@ -37,7 +37,7 @@ from tests.conftest import REPO
 
 pytestmark = [pytest.mark.crosscheck, pytest.mark.slow]
 
-POLICIES = ("lru", "fifo", "s3fifo", "sieve", "arc")
+POLICIES = ("lru", "fifo", "s3fifo", "sieve", "arc", "lfu")
 N_ACCESSES = 120_000
 N_OBJECTS = 20_000
 # libCacheSim's S3-FIFO refuses capacities under 10 and admits nothing under 20.

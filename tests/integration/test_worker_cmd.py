@@ -84,6 +84,18 @@ def test_worker_replays_a_trace_into_decodable_batches(
     r.close()
 
 
+def test_worker_ends_with_one_summary_line(tmp_path: Path, redis_url: str, key_prefix: str) -> None:
+    trace_path = write_trace(tmp_path / "t.jsonl", n=50)
+    args = ["worker", "--trace", str(trace_path), "--speed", "100", "--capacity", "30"]
+    args += ["--id", "sim-3", "--policy", "lru", "--redis-url", redis_url]
+    res = CliRunner().invoke(app, args, env={"KVWISE_KEY_PREFIX": key_prefix})
+    assert res.exit_code == 0, res.output
+    (line,) = res.stdout.strip().splitlines()
+    assert line.startswith("done: worker sim-3 [lru, 30 blocks]: 50 requests (loop 1), hit ratio ")
+    sent = int(line.split("events sent ")[1].split()[0].replace(",", ""))
+    assert sent > 0 and "dropped 0," in line and "applied version 0" in line
+
+
 def test_worker_rejects_unknown_policy_and_missing_trace(tmp_path: Path) -> None:
     trace_path = write_trace(tmp_path / "t.jsonl", n=3)
     runner = CliRunner()

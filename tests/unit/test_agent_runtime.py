@@ -171,8 +171,8 @@ def test_simulated_worker_hits_equal_the_offline_replay() -> None:
     agent = Agent(OFFLINE.model_copy(update={"buffer_events": 1 << 16}), capacity=25)
     result = TraceWorker(agent, trace, speed=1e9).run()
     assert result.requests == 300 and result.loops == 1
-    assert result.hits == want
-    assert result.accesses == trace.n_accesses
+    assert result.agent.hits == want
+    assert result.agent.accesses == trace.n_accesses
     c = drained(agent)
     inserts = int((c.kind == EventKind.INSERT).sum())
     evicts = int((c.kind == EventKind.EVICT).sum())

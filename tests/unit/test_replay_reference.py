@@ -1,6 +1,6 @@
 """`kvwise replay` on a Mooncake trace follows the replay semantics to the block.
 
-The reference here is written from DESIGN.md's words alone, deliberately naive and
+The reference here is written from docs/replay.md's words alone, deliberately naive and
 independent of the project: the file is read with the standard library, requests are
 sorted by timestamp with Python's stable sort, the cache holds raw hash ids in a plain
 dict, and every block is handled one at a time. Its per-request hit counts must equal

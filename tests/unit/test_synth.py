@@ -1,4 +1,4 @@
-"""Synthetic traces: calibrated to the paper's findings (POLICY.md), deterministic per seed,
+"""Synthetic traces: calibrated to the paper's findings (docs/traces.md), deterministic per seed,
 prefix-consistent, and written/read back unchanged.
 
 Each target below is the paper's number, then the band the synthetic trace must land in

@@ -56,11 +56,13 @@ def test_user_errors_exit_2(tmp_path: Path) -> None:
     res = CliRunner().invoke(
         app, ["trace", "synth", "--profile", "to-x", "-o", str(tmp_path / "x.jsonl")]
     )
-    assert res.exit_code == 2 and "known profiles: to-c, to-b" in res.stderr
+    assert (
+        res.exit_code == 2 and "--profile: unknown profile 'to-x'; known: to-c, to-b" in res.stderr
+    )
     res = CliRunner().invoke(
         app, ["trace", "synth", "--duration", "0", "-o", str(tmp_path / "x.jsonl")]
     )
-    assert res.exit_code == 2 and "duration_s" in res.stderr
+    assert res.exit_code == 2 and "'--duration'" in res.stderr and "duration_s" not in res.stderr
     res = CliRunner().invoke(app, ["trace", "stats", str(tmp_path / "missing.jsonl")])
     assert res.exit_code == 2 and "missing.jsonl" in res.stderr
     bad = tmp_path / "bad.jsonl"
@@ -70,3 +72,12 @@ def test_user_errors_exit_2(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "hash_ids" in res.stderr
     res = CliRunner().invoke(app, ["trace", "stats", str(bad), "--skip-bad-lines", "--json"])
     assert res.exit_code == 0 and json.loads(res.stdout)["requests"] == 1
+
+
+def test_stats_on_an_empty_trace_errors_as_replay_does(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    for args in (["trace", "stats", str(empty)], ["replay", str(empty), "-p", "lru"]):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2, args
+        assert res.stderr.strip() == f"error: {empty}: no requests"

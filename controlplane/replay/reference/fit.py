@@ -4,7 +4,8 @@ Owns ``fit_reference``: per category, ``scipy.stats.expon.fit`` (location and sc
 *shifted* exponential) on the reuse gaps of at least ``REFERENCE_MIN_GAP_S``, with the
 location then thrown away (``rate = 1 / scale``, used unshifted); ``p = kept gaps /
 accesses``, blind to censoring; the life window fixed at ``REFERENCE_LIFE_S``. These are
-the shortcuts POLICY.md lists; ``controlplane.fit.per_category`` is the fitter to use. It
+the shortcuts docs/fitting.md lists ("The reference fitter"); ``controlplane.fit.per_category``
+is the fitter to use. It
 must never do I/O or be used to publish a policy.
 """
 
@@ -14,7 +15,6 @@ from collections.abc import Mapping
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import stats
 
 from agent.policy_document import CategoryParams
 
@@ -39,6 +39,8 @@ def fit_reference(
     kept = g[np.isfinite(g) & (g >= min_gap_s)]
     if len(kept) < 2 or accesses <= 0:
         return None
+    from scipy import stats
+
     _loc, scale = stats.expon.fit(kept)
     if not scale > 0:
         return None

@@ -2,7 +2,7 @@
 
 Owns ``WARefPolicy``, which keeps the victim order of ``agent.policies.wa_core`` but
 stamps and files blocks the way the reference code (the paper authors' vLLM pull
-request) did, per POLICY.md's "shortcuts":
+request) did, with the shortcuts docs/policy.md lists ("Ablation", first row):
 
 - last access is set only on a hit: a block inserted and never hit keeps last access 0,
   so its score is about 0 (and, all such blocks of a category tying, the one deepest in

@@ -1,0 +1,87 @@
+"""Progress of a replay matrix on stderr: a live bar on a terminal, plain lines elsewhere.
+
+Owns ``ReplayProgress``, the sink ``controlplane.replay.runner.run_matrix`` reports to
+(requests done per job). On a terminal a transient bar counts requests over every job and
+names the jobs finished; when stderr is a file or a pipe, one line per finished job
+(none with ``quiet``). It must never write to stdout, which carries the results.
+"""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+if TYPE_CHECKING:
+    from controlplane.replay.runner import ReplayJob
+
+
+class ReplayProgress:
+    """Counts requests replayed by each job of a matrix of ``jobs`` jobs."""
+
+    def __init__(self, requests_per_job: int, jobs: int, *, quiet: bool = False) -> None:
+        self.requests_per_job = requests_per_job
+        self.jobs = jobs
+        self.quiet = quiet
+        self.console = Console(stderr=True)
+        self.done: dict[ReplayJob, int] = {}
+        self.finished = 0
+        self._t0 = time.monotonic()
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
+
+    def __enter__(self) -> ReplayProgress:
+        self._t0 = time.monotonic()
+        if self.console.is_terminal:
+            self._bar = Progress(
+                TextColumn("[bold]replay[/] {task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("requests"),
+                TimeElapsedColumn(),
+                transient=True,
+                console=self.console,
+            )
+            self._bar.start()
+            total = self.requests_per_job * self.jobs
+            self._task = self._bar.add_task(self._jobs_text(), total=total)
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def _jobs_text(self) -> str:
+        return f"{self.finished}/{self.jobs} runs done"
+
+    def update(self, job: ReplayJob, requests_done: int) -> None:
+        """Record that ``job`` has replayed ``requests_done`` requests."""
+        before = self.done.get(job, 0)
+        self.done[job] = requests_done
+        finished_now = requests_done >= self.requests_per_job > before
+        if finished_now:
+            self.finished += 1
+        if self._bar is not None and self._task is not None:
+            self._bar.update(
+                self._task, completed=sum(self.done.values()), description=self._jobs_text()
+            )
+        elif finished_now and not self.quiet:
+            elapsed = time.monotonic() - self._t0
+            self.console.print(
+                f"replay: {job.policy} at {job.capacity:,} blocks done "
+                f"({self._jobs_text()}, {elapsed:.1f} s)",
+                highlight=False,
+                soft_wrap=True,
+            )

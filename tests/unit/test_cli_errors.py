@@ -1,0 +1,88 @@
+"""Bad settings and unreachable Redis at the CLI boundary, in real processes: one error line
+naming the option or variable, the right exit code, no traceback, nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from controlplane.dev.embedded_redis import free_port
+from tests.conftest import REPO
+
+SAMPLE = REPO / "tests" / "data" / "mooncake_synthetic.jsonl.gz"
+BAD_SCHEME = "Redis URL must specify one of the following schemes"
+
+
+def kvwise(
+    *args: str, env: dict[str, str] | None = None, tmp: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "COLUMNS": "200", **(env or {})}
+    if tmp is not None:
+        full["TMPDIR"] = str(tmp)
+    cmd = [sys.executable, "-m", "controlplane", *args]
+    return subprocess.run(cmd, cwd=REPO, env=full, capture_output=True, text=True, timeout=timeout)
+
+
+def one_error_line(res: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in res.stderr, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1, res.stderr
+    return errors[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "names"),
+    [
+        (["--redis-url", "notaurl"], {}, "--redis-url: "),
+        ([], {"KVWISE_REDIS_URL": "notaurl"}, "KVWISE_REDIS_URL: "),
+        ([], {"KVWISE_BATCH_EVENTS": "many"}, "bad agent setting KVWISE_BATCH_EVENTS: "),
+        (["--policy", "nope"], {}, "--policy: unknown policy 'nope'"),
+        ([], {"KVWISE_EVICTOR": "nope"}, "KVWISE_EVICTOR: unknown policy 'nope'"),
+    ],
+)
+def test_worker_refuses_bad_settings(args: list[str], env: dict[str, str], names: str) -> None:
+    res = kvwise("worker", "--trace", str(SAMPLE), "--capacity", "100", *args, env=env)
+    assert res.returncode == 2
+    assert one_error_line(res).startswith(f"error: {names}")
+    assert res.stdout == ""
+
+
+def test_controller_refuses_a_malformed_redis_url() -> None:
+    res = kvwise("controller", "--port", str(free_port()), env={"KVWISE_REDIS_URL": "notaurl"})
+    assert res.returncode == 2
+    line = one_error_line(res)
+    assert line.startswith("error: KVWISE_REDIS_URL: ") and BAD_SCHEME in line
+
+
+def test_controller_names_the_option_of_a_bad_port() -> None:
+    res = kvwise("controller", "--port", "70000")
+    assert res.returncode == 2 and one_error_line(res).startswith("error: --port: ")
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [("notaurl", BAD_SCHEME), (f"redis://127.0.0.1:{free_port()}/0", "does not answer")],
+)
+def test_demo_fails_in_one_line_and_leaves_nothing(tmp_path: Path, url: str, says: str) -> None:
+    res = kvwise("demo", "--duration", "1", env={"KVWISE_REDIS_URL": url}, tmp=tmp_path)
+    assert res.returncode == 2
+    assert says in one_error_line(res)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_worker_that_sends_nothing_exits_1_after_its_summary() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    args = ["--capacity", "500", "--speed", "5000", "--status-every", "0", "--redis-url", url]
+    res = kvwise("worker", "--trace", str(SAMPLE), "--policy", "lru", *args)
+    assert res.returncode == 1, res.stderr
+    summary = res.stdout.strip().splitlines()
+    assert len(summary) == 1 and summary[0].startswith("done: worker ")
+    for part in ("3,993 requests", "hit ratio 0.", "applied version 0", "events sent 0 dropped"):
+        assert part in summary[0]
+    line = one_error_line(res)
+    assert "sent no event" in line and url in line

@@ -1,0 +1,153 @@
+"""Figures of the offline commands: written where asked, valid PNGs of the stated size, with
+something drawn; a missing matplotlib is one error line before any work; the docs'
+figures come from the script in the repository."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from controlplane.cli import app
+from controlplane.plots.capacity_curve import write_capacity_curve
+from controlplane.plots.common import DEFAULT_SIZE, Size
+from controlplane.replay.engine import ReplayResult
+from controlplane.traces.synth import synthesize
+from controlplane.traces.writer import write_bailian
+from tests.conftest import REPO
+
+SAMPLE = REPO / "tests" / "data" / "mooncake_synthetic.jsonl.gz"
+TRACE_FIGURES = ["hit_share_by_turn.png", "lifespan_cdf.png", "reuse_time_cdf.png", "skew.png"]
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """Width and height from a PNG's header, after checking its signature."""
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", path
+    width, height = struct.unpack(">II", head[16:24])
+    return width, height
+
+
+def assert_image(path: Path, size: Size = DEFAULT_SIZE) -> None:
+    """A PNG of ``size`` that decodes whole and is not blank."""
+    from matplotlib.image import imread
+
+    assert png_size(path) == (size.width, size.height)
+    pixels = imread(path)
+    assert pixels.shape[:2] == (size.height, size.width)
+    drawn = (pixels[..., :3] < 0.9).any(axis=-1).mean()
+    assert drawn > 0.01, f"{path} is almost blank"
+
+
+@pytest.fixture(scope="module")
+def toc_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("plots") / "toc.jsonl"
+    write_bailian(synthesize("to-c", duration_s=300, qps=4, seed=5), path)
+    return path
+
+
+def test_trace_stats_draws_every_figure_of_a_labelled_trace(toc_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "figures" / "nested"
+    res = CliRunner().invoke(app, ["trace", "stats", str(toc_file), "--plot", str(out)])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in out.iterdir()) == TRACE_FIGURES
+    for name in TRACE_FIGURES:
+        assert_image(out / name)
+        assert f"wrote {out / name}" in res.stderr
+    assert "ideal hit ratio" in res.stdout  # the table still prints
+
+
+def test_a_mooncake_trace_skips_the_turn_figure_and_says_why(tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        app, ["trace", "stats", str(SAMPLE), "--plot", str(tmp_path), "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        set(TRACE_FIGURES) - {"hit_share_by_turn.png"}
+    )
+    assert "skipped hit_share_by_turn: the trace has no turn numbers" in res.stderr
+    assert json.loads(res.stdout)["requests"] == 3993
+
+
+def test_replay_plot_draws_the_bounds_it_was_not_asked_for(tmp_path: Path) -> None:
+    out = tmp_path / "curve.png"
+    args = ["replay", str(SAMPLE), "-p", "lru,s3fifo", "--capacity", "1000,4000,16000"]
+    res = CliRunner().invoke(app, [*args, "--plot", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    assert_image(out)
+    runs = {r["policy"] for r in json.loads(res.stdout)["results"]}
+    assert runs == {"lru", "s3fifo", "belady", "inf"}
+
+
+def test_a_figure_is_written_at_the_size_asked(tmp_path: Path) -> None:
+    results = [
+        ReplayResult("t", policy, capacity, hits=int(ratio * 1000), accesses=1000)
+        for policy, ratios in (("lru", (0.1, 0.3)), ("belady", (0.2, 0.4)), ("inf", (0.5, 0.5)))
+        for capacity, ratio in zip((10, 100), ratios, strict=True)
+    ]
+    size = Size(640, 400)
+    path = write_capacity_curve(tmp_path / "c.png", results, 1000, "t", size)
+    assert_image(path, size)
+    with pytest.raises(ValueError, match="100 to 10,000 pixels"):
+        Size(50, 400)
+
+
+def test_without_matplotlib_plotting_fails_before_any_work(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    for args in (
+        ["replay", str(SAMPLE), "-p", "lru", "--plot", str(tmp_path / "c.png")],
+        ["trace", "stats", str(SAMPLE), "--plot", str(tmp_path / "d")],
+    ):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2, res.output
+        want = "error: --plot: plots need matplotlib: pip install 'kvwise[plot]'"
+        assert res.stderr.strip() == want
+        assert res.stdout == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_replay_refuses_a_plot_file_that_is_not_png_before_replaying(tmp_path: Path) -> None:
+    args = ["replay", str(SAMPLE), "-p", "lru", "--plot", str(tmp_path / "c.svg")]
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert res.exit_code == 2
+    assert res.stderr.strip() == f"error: --plot: {tmp_path / 'c.svg'}: plots are written as .png"
+    assert res.stdout == "" and "replay:" not in res.stderr
+
+
+@pytest.mark.slow
+def test_the_docs_figures_come_from_the_script(tmp_path: Path) -> None:
+    """The script writes every figure docs/ shows (on a short trace here)."""
+    docs = (REPO / "docs").glob("*.md")
+    shown = {name for page in docs for name in _figure_links(page.read_text())}
+    assert len(shown) >= 5
+    script = REPO / "docs" / "figures" / "make_figures.py"
+    cmd = [sys.executable, str(script), "--out", str(tmp_path), "--duration", "120"]
+    subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, timeout=900)
+    assert {p.name for p in tmp_path.iterdir()} == shown
+    for name in shown:
+        assert (REPO / "docs" / "figures" / name).is_file()
+        assert png_size(tmp_path / name) == (DEFAULT_SIZE.width, DEFAULT_SIZE.height)
+
+
+def _figure_links(markdown: str) -> list[str]:
+    parts = markdown.split("](figures/")[1:]
+    return [p.split(")")[0] for p in parts]
+
+
+def test_cdf_points_are_thinned_but_keep_both_ends() -> None:
+    from controlplane.plots.trace_figures import CDF_POINTS, _cdf
+
+    values = np.random.default_rng(0).exponential(size=50_000)
+    x, y = _cdf(values)
+    assert len(x) <= CDF_POINTS and y[-1] == 1.0 and x[-1] == values.max()
+    assert np.all(np.diff(x) >= 0) and np.all(np.diff(y) > 0)
