@@ -433,7 +433,8 @@ def decode_policy(
     return doc
 
 
-_OPTIONAL_STATUS_FIELDS: Final = frozenset({"applied_at"})
+_OPTIONAL_STATUS_FIELDS: Final = frozenset({"applied_at", "staged_version"})
+"""Fields added after schema 1 shipped: an older agent's heartbeat omits them."""
 
 
 @dataclass(frozen=True)
@@ -455,6 +456,14 @@ class AgentStatus:
     updated_at: float = 0.0
     applied_at: float = 0.0
     """When the version in force was swapped in (0: the built-in default, never swapped)."""
+    staged_version: int = -1
+    """Version the agent received and validated, in force after the engine's next call
+    into the agent (an idle engine makes none); equals ``applied_version`` when nothing
+    waits. -1 in a heartbeat that predates the field (read as ``applied_version``)."""
+
+    def __post_init__(self) -> None:
+        if self.staged_version < 0:  # not reported: nothing known to wait
+            object.__setattr__(self, "staged_version", self.applied_version)
 
     def to_json(self) -> str:
         return json.dumps({"v": WIRE_SCHEMA_VERSION, **asdict(self)})
@@ -475,7 +484,7 @@ class AgentStatus:
         for f in fields(cls):
             if f.name not in obj:
                 if f.name in _OPTIONAL_STATUS_FIELDS:
-                    continue  # added after schema 1 shipped: older agents omit it
+                    continue
                 raise WireError(f"heartbeat: missing field {f.name!r}")
             values[f.name] = _typed(f.name, str(f.type), obj[f.name])
         return cls(**values)

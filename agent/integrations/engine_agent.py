@@ -14,15 +14,13 @@ inference, bounded by the agent's category table. It must never import an engine
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
+from agent.category_inference import CategoryInferrer, InferSettings
 from agent.policy_document import PolicyDocument
 from agent.runtime.agent import Agent
 from agent.settings import AgentSettings
-
-log = logging.getLogger(__name__)
 
 DEFAULT_CATEGORY = "default"
 """Category of requests that name none when inference is off."""
@@ -92,18 +90,16 @@ class EngineAgent:
         capacity: int,
         engine: str,
         infer: bool = True,
+        block_tokens: int = 16,
     ) -> None:
+        """``block_tokens``: tokens per block hash of the engine (vLLM's hash block size,
+        its ``--block-size``), which category inference counts new tokens in."""
         self.order = EngineOrder(evictor)
         self.agent = Agent(settings, capacity=capacity, engine=engine, policy=self.order)
         self._names: dict[str, tuple[str, int]] = {}
-        self._inferrer: Any = None
+        self._inferrer: CategoryInferrer | None = None
         if infer:
-            try:
-                from agent.category_inference import CategoryInferrer
-            except ImportError:  # inference not available: one default category
-                log.info("kvwise: no category inference; unnamed requests are %r", DEFAULT_CATEGORY)
-            else:
-                self._inferrer = CategoryInferrer()
+            self._inferrer = CategoryInferrer(InferSettings(block_tokens=block_tokens))
 
     @property
     def infers(self) -> bool:

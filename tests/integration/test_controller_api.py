@@ -191,6 +191,7 @@ def test_agents_metrics_and_openapi(ctl: RunningController, redis_url: str) -> N
     text = c.get("/metrics").text
     assert "kvwise_policy_version 1.0" in text
     assert 'kvwise_agent_applied_version{agent="w1"} 1.0' in text
+    assert 'kvwise_agent_staged_version{agent="w1"} 1.0' in text
     assert "kvwise_leader 1.0" in text
     spec = c.get("/openapi.json").json()
     for path in [

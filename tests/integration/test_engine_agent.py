@@ -1,13 +1,15 @@
 """``EngineAgent`` behind a ``KvwiseFreeQueue``, on a real Redis: categories (explicit,
 default, folded into ``other``), hit and store accounting, eviction events by hash, and a
-policy version written to Redis reaching the evictor at the next queue call.
+policy version written to Redis reaching the evictor at the next queue call, and an idle
+engine reporting a version staged but not yet applied.
 
 ``Blk`` stands for vLLM's ``KVCacheBlock`` (the real one runs in tests/e2e/test_vllm.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +22,9 @@ from agent.policies.wa import WAPolicy
 from agent.policy_document import CategoryParams, PolicyDocument
 from agent.settings import AgentSettings
 from agent.wire import EventKind, Keys, encode_policy
+from controlplane.service.settings import ControllerSettings
+from tests.integration.controller_fixtures import RunningController, running_controller
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -65,6 +70,25 @@ def test_categories_are_explicit_default_or_folded(engine: Any) -> None:
     assert len(codes) == 4  # the evictor got one code per table entry
 
 
+def test_inference_counts_new_tokens_in_the_engines_block_size(
+    redis_url: str, key_prefix: str
+) -> None:
+    """vLLM with ``--block-size 32``: chat requests of a 4-block system prompt plus 69
+    new tokens (6 full blocks of 32) have 69 new tokens, under the first edge (128)."""
+    settings = AgentSettings(enable=True, redis_url=redis_url, key_prefix=key_prefix)
+    ea = EngineAgent(settings, WAPolicy(), capacity=64, engine="vllm", block_tokens=32)
+    system = [1, 2, 3, 4]
+    names = []
+    for chat in range(3):
+        hashes = [*system, 100 + 10 * chat, 101 + 10 * chat]  # 197 tokens: 6 full blocks
+        names.append(ea.category(None, hashes, 4 * 32 + 69)[0])
+    ea.close()
+    # First: all 197 tokens new; second: taken for a follow-up of the first (one
+    # divergence after the system prompt); third: a first turn with 69 new tokens.
+    # Counted in 16-token blocks the new tokens would be 197 - 64 = 133: bucket 1.
+    assert names == ["t1_n1", "t2_n0", "t1_n0"]
+
+
 def test_stores_hits_and_evictions_are_recorded_by_hash(engine: Any) -> None:
     ea, queue = engine
     got = queue.popleft_n(4)
@@ -98,3 +122,61 @@ def test_a_published_version_reaches_the_evictor_at_the_next_queue_call(
     assert ea.order.evictor.policy.version == 0  # staged only: the engine has not run
     queue.popleft_n(1)
     assert ea.order.evictor.policy == doc and ea.agent.applied_version == 7
+
+
+def test_an_idle_engine_reports_the_version_staged_and_applies_it_at_its_next_call(
+    redis_url: str, key_prefix: str
+) -> None:
+    """``/v1/agents`` on a real controller: a version pushed while the engine is idle shows
+    as ``staged_version`` with the old ``applied_version``, until the queue is called."""
+    token = "staged-token"
+    settings = AgentSettings(
+        enable=True,
+        redis_url=redis_url,
+        key_prefix=key_prefix,
+        worker_id="idle-engine",
+        poll_interval_s=0.1,
+        heartbeat_interval_s=0.1,
+    )
+    controller = ControllerSettings(
+        redis_url=redis_url,
+        key_prefix=key_prefix,
+        api_token=token,  # type: ignore[arg-type]
+        refit_interval_s=3600,
+    )
+    evictor = WAPolicy()
+    with running_controller(controller) as ctl:
+        ea = EngineAgent(settings, evictor, capacity=8, engine="vllm", infer=False).start()
+        try:
+            queue = KvwiseFreeQueue([Blk(i) for i in range(8)], evictor, hooks=ea)
+            # The controller's first version reaches the idle engine: staged, not applied.
+            me = _wait_agent(ctl, lambda a: a["staged_version"] == 1)
+            assert me["applied_version"] == 0
+            queue.popleft_n(1)  # the engine's next queue call applies it
+            me = _wait_agent(ctl, lambda a: a["applied_version"] == 1)
+            assert me["staged_version"] == 1  # nothing waits
+            r = ctl.client.put(
+                "/v1/policy/overrides/doc",
+                json={"p_reuse": 0.0},
+                headers={"Authorization": f"Bearer {token}"},
+            )
+            pushed = r.json()["version"]
+            me = _wait_agent(ctl, lambda a: a["staged_version"] == pushed)
+            assert me["applied_version"] == 1  # idle: received, not in force
+            time.sleep(0.5)  # still idle after several polls and heartbeats
+            assert _wait_agent(ctl, lambda a: True)["applied_version"] == 1
+            queue.popleft_n(1)  # the next queue call applies it
+            me = _wait_agent(ctl, lambda a: a["applied_version"] == pushed)
+            assert me["staged_version"] == pushed
+            assert evictor.policy.version == pushed
+        finally:
+            ea.close()
+
+
+def _wait_agent(ctl: RunningController, ok: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    def state() -> dict[str, Any] | None:
+        me = {a["id"]: a for a in ctl.client.get("/v1/agents").json()}.get("idle-engine")
+        return me if me is not None and ok(me) else None
+
+    found: dict[str, Any] = wait_until(state, timeout=15, what="the idle engine's agent state")
+    return found

@@ -375,3 +375,13 @@ def test_heartbeat_without_applied_at_still_parses() -> None:
     assert AgentStatus.from_json(_json.dumps(full)).applied_at == 5.0
     del full["applied_at"]
     assert AgentStatus.from_json(_json.dumps(full)).applied_at == 0.0
+
+
+def test_heartbeat_staged_version_defaults_to_the_applied_one() -> None:
+    """``staged_version`` came after schema 1: missing, nothing is known to wait."""
+    waiting = AgentStatus(id="w", engine="vllm", capacity=1, applied_version=3, staged_version=5)
+    assert AgentStatus.from_json(waiting.to_json()).staged_version == 5
+    old = json.loads(waiting.to_json())
+    del old["staged_version"]
+    assert AgentStatus.from_json(json.dumps(old)).staged_version == 3
+    assert AgentStatus(id="w", engine="sim", capacity=1, applied_version=2).staged_version == 2

@@ -35,7 +35,9 @@ def get_category(name: str, controller: ControllerDep) -> CategoryDetail:
 
 @reads.get("/v1/agents", response_model=list[AgentView])
 def list_agents(controller: ControllerDep) -> list[AgentView]:
-    """Live agents (heartbeat not expired) with their applied policy version, and the
+    """Live agents (heartbeat not expired): the policy version each has in force
+    (`applied_version`) and the one it received (`staged_version`), which an engine
+    applies at its next call into the agent (an idle vLLM engine makes none); and the
     controller's counts of their events (ingested, dropped for their clock, refused,
     dead-lettered, batches missing)."""
     return controller.agents()

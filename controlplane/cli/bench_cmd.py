@@ -1,0 +1,369 @@
+"""``kvwise bench serve``: replay a trace against a real OpenAI-compatible server.
+
+Owns the command's options, its progress display and its output (a table, ``--json``, the
+summary file and the per-request JSON lines), and the side-by-side view of two runs
+(``--compare``). The load generator itself is ``controlplane.loadgen``; trace reading is
+``controlplane.traces.reader``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from controlplane.cli.common import fail
+
+if TYPE_CHECKING:
+    from controlplane.loadgen.client import RequestResult
+    from controlplane.loadgen.plan import PlannedRequest
+
+bench_app = typer.Typer(
+    name="bench",
+    help="Measure a real serving deployment with trace-driven load.",
+    no_args_is_help=True,
+)
+
+PROGRESS_EVERY_S = 10.0
+"""Seconds between progress lines when stderr is not a terminal."""
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(bench_app)
+
+
+SERVE_HELP = (
+    "Send TRACE's requests to an OpenAI-compatible server at trace times and measure time "
+    "to first token, latency and prefix-cache hits.\n\n"
+    "Each trace block becomes a fixed run of --block-tokens token ids, so the server's "
+    "prefix cache sees exactly the trace's sharing. Requests stream; TTFT is timed at the "
+    "first token. A labelled trace's categories go as vllm_xargs.kv_category. Exit code 1 "
+    "when any request failed.\n\n"
+    "Examples:\n\n"
+    "kvwise bench serve trace.jsonl --limit 500 -o a.json\n\n"
+    "kvwise bench serve --compare a.json b.json"
+)
+
+
+@bench_app.command("serve", help=SERVE_HELP)
+def serve(
+    trace_path: Annotated[
+        Path | None,
+        typer.Argument(metavar="[TRACE]", help="Bailian or Mooncake JSONL trace (.gz ok)"),
+    ] = None,
+    url: Annotated[str, typer.Option(help="Server root URL")] = "http://127.0.0.1:8000",
+    model: Annotated[
+        str | None, typer.Option(help="Model to ask for (default: the server's first)")
+    ] = None,
+    block_tokens: Annotated[
+        int, typer.Option(min=1, help="Tokens per trace block: the server's block size")
+    ] = 32,
+    vocab: Annotated[
+        int, typer.Option(min=12, help="Token ids come from [10, VOCAB): the model's or less")
+    ] = 1000,
+    salt: Annotated[int, typer.Option(help="Runs with different salts share no cached tokens")] = 0,
+    speed: Annotated[
+        float, typer.Option(min=0.0, help="Trace seconds per second (0: no waiting)")
+    ] = 1.0,
+    limit: Annotated[
+        int | None, typer.Option(min=1, help="Send only the trace's first N requests")
+    ] = None,
+    concurrency: Annotated[
+        int, typer.Option(min=1, help="Requests in flight at most; later ones wait")
+    ] = 64,
+    max_tokens: Annotated[
+        int, typer.Option(min=1, help="Output tokens per request: the trace's, capped here")
+    ] = 64,
+    max_blocks: Annotated[
+        int | None, typer.Option(min=1, help="Cut longer prompts to their first N blocks")
+    ] = None,
+    no_categories: Annotated[
+        bool, typer.Option("--no-categories", help="Send no kv_category")
+    ] = False,
+    timeout: Annotated[float, typer.Option(min=0.001, help="Seconds per request at most")] = 600.0,
+    controller: Annotated[
+        str | None, typer.Option(help="kvwise controller URL: report its agents' versions")
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write the summary JSON here")
+    ] = None,
+    requests_out: Annotated[
+        Path | None, typer.Option("--requests", help="Write one JSON line per request here")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON")] = False,
+    compare: Annotated[
+        tuple[Path, Path] | None,
+        typer.Option(metavar="A B", help="Show two saved summaries (-o) side by side"),
+    ] = None,
+    skip_bad_lines: Annotated[
+        bool, typer.Option("--skip-bad-lines", help="Skip malformed trace lines (counted)")
+    ] = False,
+) -> None:
+    """Replay a trace against a real server (help: ``SERVE_HELP``)."""
+    if compare is not None:
+        if trace_path is not None:
+            fail("--compare takes two summary files and no TRACE")
+        _compare(compare, json_out)
+        return
+    if trace_path is None:
+        fail("missing TRACE (or --compare A.json B.json)")
+    run_args = dict(
+        url=url, model=model, block_tokens=block_tokens, vocab=vocab, salt=salt, speed=speed,
+        limit=limit, concurrency=concurrency, max_tokens=max_tokens, max_blocks=max_blocks,
+        categories=not no_categories, timeout=timeout, controller=controller,
+    )  # fmt: skip
+    summary = _serve(trace_path, run_args, requests_out, skip_bad_lines, quiet=json_out)
+    if output is not None:
+        try:
+            output.write_text(json.dumps(summary, indent=1) + "\n")
+        except OSError as exc:
+            fail(f"--output {output}: {exc.strerror or exc}")
+    if json_out:
+        json.dump(summary, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        _print_summary(summary)
+    if summary["errors"]:
+        raise typer.Exit(1)
+
+
+def _serve(
+    trace_path: Path,
+    args: dict[str, Any],
+    requests_out: Path | None,
+    skip_bad_lines: bool,
+    quiet: bool,
+) -> dict[str, Any]:
+    import httpx
+
+    from controlplane.loadgen.observe import ServerUnreachable, kvwise_state, served_model
+    from controlplane.loadgen.prompts import TokenSpace
+    from controlplane.loadgen.report import summarize
+    from controlplane.loadgen.runner import ServerOptions, run_bench
+
+    plan = _plan(trace_path, args, skip_bad_lines)
+    base_url = _base_url(args["url"])
+    controller = args["controller"].rstrip("/") if args["controller"] else None
+    try:
+        with httpx.Client(timeout=30) as client:
+            model = args["model"] or served_model(client, base_url)
+            kvwise_before = kvwise_state(client, controller) if controller else None
+    except ServerUnreachable as exc:
+        fail(str(exc))
+    space = TokenSpace(block_tokens=args["block_tokens"], vocab=args["vocab"], salt=args["salt"])
+    server = ServerOptions(base_url, model, args["concurrency"], args["timeout"])
+    lines = _open_lines(requests_out)
+    try:
+        with _Progress(len(plan), quiet) as progress:
+
+            def done(result: RequestResult) -> None:
+                progress.update(result)
+                if lines is not None:
+                    _write_line(lines, result)
+
+            run = run_bench(plan, space, server, on_result=done)
+    finally:
+        if lines is not None:
+            lines.close()
+    summary = summarize(run, {**args, "url": base_url, "model": model, "trace": str(trace_path)})
+    if controller:
+        summary["kvwise"] = {"before": kvwise_before, "after": None}
+        try:
+            with httpx.Client(timeout=30) as client:
+                summary["kvwise"]["after"] = kvwise_state(client, controller)
+        except ServerUnreachable as exc:
+            summary["kvwise"]["error"] = str(exc)
+    return summary
+
+
+def _plan(trace_path: Path, args: dict[str, Any], skip_bad_lines: bool) -> list[PlannedRequest]:
+    from controlplane.loadgen.plan import PlanOptions, plan_requests
+    from controlplane.traces.reader import TraceError, load_trace
+
+    try:
+        trace = load_trace(trace_path, skip_bad_lines=skip_bad_lines)
+    except (OSError, TraceError) as exc:
+        fail(str(exc))
+    if trace.n_requests == 0:
+        fail(f"{trace_path}: no requests in the trace")
+    options = PlanOptions(
+        speed=args["speed"],
+        limit=args["limit"],
+        max_tokens=args["max_tokens"],
+        max_blocks=args["max_blocks"],
+        send_categories=args["categories"],
+    )
+    return plan_requests(trace, options)
+
+
+def _base_url(url: str) -> str:
+    """The server's root: a trailing ``/`` or ``/v1`` (an OpenAI client's base URL) goes."""
+    base = url.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[: -len("/v1")]
+    if not base.startswith(("http://", "https://")):
+        fail(f"--url {url!r}: expected http://host:port or https://...")
+    return base
+
+
+def _open_lines(path: Path | None) -> IO[str] | None:
+    if path is None:
+        return None
+    try:
+        return path.open("w")
+    except OSError as exc:
+        fail(f"--requests {path}: {exc.strerror or exc}")
+
+
+def _write_line(out: IO[str], result: RequestResult) -> None:
+    from controlplane.loadgen.report import request_line
+
+    out.write(json.dumps(request_line(result)) + "\n")
+
+
+class _Progress:
+    """A bar on a terminal; else a line every ``PROGRESS_EVERY_S`` s (CI logs); on stderr."""
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.total = total
+        self.quiet = quiet
+        self.done = self.errors = self.prompt = self.cached = 0
+        self.last_line = time.monotonic()
+        self.bar: Any = None
+        self.task: Any = None
+
+    def __enter__(self) -> _Progress:
+        if not self.quiet and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self.bar = Progress(
+                TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[note]}"), TimeElapsedColumn(),
+                transient=True, console=Console(stderr=True),
+            )  # fmt: skip
+            self.bar.start()
+            self.task = self.bar.add_task("bench", total=self.total, note="")
+        return self
+
+    def update(self, result: RequestResult) -> None:
+        self.done += 1
+        self.errors += not result.ok
+        if result.cached_tokens is not None and result.prompt_tokens:
+            self.prompt += result.prompt_tokens
+            self.cached += result.cached_tokens
+        if self.quiet:
+            return
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.done, note=self._note())
+        elif time.monotonic() - self.last_line >= PROGRESS_EVERY_S or self.done == self.total:
+            self.last_line = time.monotonic()
+            typer.echo(f"bench: {self.done}/{self.total} done, {self._note()}", err=True)
+
+    def _note(self) -> str:
+        hit = f"{self.cached / self.prompt:.3f}" if self.prompt else "n/a"
+        return f"{self.errors} errors, hit ratio {hit}"
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _fmt(value: float | None, unit: str = "") -> str:
+    if value is None:
+        return "n/a"
+    if unit == "s":
+        return f"{value * 1000:,.1f} ms" if value < 10 else f"{value:,.2f} s"
+    if unit == "ratio":
+        return f"{value:.4f}"
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=min(Console().width, 100))
+    cfg = s["config"]
+    console.print(
+        f"[bold]{Path(cfg['trace']).name}[/] -> {cfg['url']} ({cfg['model']})", highlight=False
+    )
+    console.print(
+        f"{s['requests']:,} requests in {s['wall_s']:.1f} s, {s['errors']} errors",
+        highlight=False,
+    )
+    table = Table(show_header=True, title_justify="left")
+    for col in ("", "mean", "p50", "p90", "p99", "max"):
+        table.add_column(col, justify="left" if not col else "right")
+    for label, key in (
+        ("TTFT", "ttft_s"),
+        ("latency", "latency_s"),
+        ("queue wait", "queue_wait_s"),
+    ):
+        d = s[key] or {}
+        table.add_row(label, *(_fmt(d.get(q), "s") for q in ("mean", "p50", "p90", "p99", "max")))
+    console.print(table)
+    server = s["server"] or {}
+    console.print(
+        f"hit ratio {_fmt(s['hit_ratio'], 'ratio')} from cached tokens "
+        f"({s['cached_tokens_reported']:,} of {s['ok']:,} requests reported them)",
+        highlight=False,
+    )
+    console.print(
+        f"hit ratio {_fmt(server.get('hit_ratio'), 'ratio')} from the server's counters",
+        highlight=False,
+    )
+    for e in s["top_errors"]:
+        console.print(f"[red]{e['count']} x[/] {e['error']}", highlight=False)
+    kvwise = s["kvwise"]
+    if kvwise and kvwise.get("after"):
+        after = kvwise["after"]
+        for a in after["agents"]:
+            console.print(
+                f"kvwise agent {a['id']} ({a['engine']}): policy v{a['applied_version']} applied"
+                f", v{a['staged_version']} staged (controller at v{after['policy_version']})",
+                highlight=False,
+            )
+
+
+def _compare(paths: tuple[Path, Path], json_out: bool) -> None:
+    from controlplane.loadgen.report import compare
+
+    runs = []
+    for p in paths:
+        try:
+            runs.append(json.loads(p.read_text()))
+        except OSError as exc:
+            fail(f"--compare {p}: {exc.strerror or exc}")
+        except ValueError as exc:
+            fail(f"--compare {p}: not JSON ({exc})")
+        if not isinstance(runs[-1], dict):
+            fail(f"--compare {p}: not a bench summary (a JSON object)")
+    try:
+        rows = compare(runs[0], runs[1], names=(str(paths[0]), str(paths[1])))
+    except ValueError as exc:
+        fail(f"--compare: {exc}")
+    if json_out:
+        json.dump({"a": str(paths[0]), "b": str(paths[1]), "rows": rows}, sys.stdout)
+        sys.stdout.write("\n")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"A = {paths[0]}\nB = {paths[1]}", title_justify="left")
+    for col in ("metric", "A", "B", "B vs A"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for r in rows:
+        change = "" if r["change"] is None else f"{r['change']:+.1%}"
+        table.add_row(r["metric"], _fmt(r["a"], r["unit"]), _fmt(r["b"], r["unit"]), change)
+    Console().print(table)

@@ -1,0 +1,134 @@
+"""A run's summary and the comparison of two: ``summarize``, ``compare``.
+
+Owns the definitions. The hit ratio is cached prompt tokens over prompt tokens, both as the
+server reports them per request (``usage``), over the requests that finished; vLLM's own
+counters (``vllm:prefix_cache_hits`` over ``..._queries``) count the same tokens, so on a
+server that serves nothing else the two agree. TTFT runs from sending a request to the
+first streamed chunk with a choice, latency to the end of its stream; both include the
+client's own queueing only after the request was sent (the wait for a concurrency slot is
+``queue_wait``). Quantiles use numpy's ``inverted_cdf`` (observed values). It must never do
+I/O; the CLI renders what this returns.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from controlplane.loadgen.client import RequestResult
+from controlplane.loadgen.runner import BenchRun
+
+SUMMARY_SCHEMA = 1
+"""Version of the summary's layout (``--compare`` refuses other versions)."""
+TOP_ERRORS = 5
+QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+
+
+def distribution(values: Sequence[float]) -> dict[str, float] | None:
+    """Count, mean, p50/p90/p99 and max of ``values`` (None when empty)."""
+    if not values:
+        return None
+    arr = np.asarray(values, dtype=np.float64)
+    q = np.quantile(arr, list(QUANTILES.values()), method="inverted_cdf")
+    out = {"count": float(len(arr)), "mean": float(arr.mean())}
+    out.update({name: float(v) for name, v in zip(QUANTILES, q, strict=True)})
+    out["max"] = float(arr.max())
+    return out
+
+
+def request_line(result: RequestResult) -> dict[str, Any]:
+    """One request as a JSON-ready dict (the per-request JSON lines)."""
+    line = asdict(result)
+    line["ok"] = result.ok
+    return line
+
+
+def summarize(run: BenchRun, config: dict[str, Any]) -> dict[str, Any]:
+    """The run's summary: counts, hit ratios, TTFT and latency, the server's counters."""
+    done = [r for r in run.results if r.ok]
+    reported = [r for r in done if r.cached_tokens is not None and r.prompt_tokens is not None]
+    prompt_tokens = sum(r.prompt_tokens or 0 for r in reported)
+    cached_tokens = sum(r.cached_tokens or 0 for r in reported)
+    errors = Counter(r.error for r in run.results if r.error is not None)
+    server = run.server_counters
+    completion_tokens = sum(r.completion_tokens or 0 for r in done)
+    return {
+        "schema": SUMMARY_SCHEMA,
+        "config": config,
+        "started_at": run.started_at,
+        "wall_s": run.wall_s,
+        "requests": len(run.results),
+        "ok": len(done),
+        "errors": sum(errors.values()),
+        "top_errors": [{"error": e, "count": n} for e, n in errors.most_common(TOP_ERRORS)],
+        "cut_requests": sum(1 for r in run.results if r.cut_blocks),
+        "prompt_tokens": prompt_tokens,
+        "cached_tokens": cached_tokens,
+        "hit_ratio": cached_tokens / prompt_tokens if reported and prompt_tokens else None,
+        "cached_tokens_reported": len(reported),
+        "output_tokens_per_s": completion_tokens / run.wall_s if run.wall_s > 0 else None,
+        "ttft_s": distribution([r.ttft_s for r in done if r.ttft_s is not None]),
+        "latency_s": distribution([r.latency_s for r in done if r.latency_s is not None]),
+        "queue_wait_s": distribution([max(r.sent_s - r.scheduled_s, 0.0) for r in run.results]),
+        "server": None
+        if server is None
+        else {
+            "prefix_cache_hits": server.hits,
+            "prefix_cache_queries": server.queries,
+            "hit_ratio": server.hit_ratio,
+        },
+        "kvwise": None,
+    }
+
+
+COMPARED: tuple[tuple[str, str, str], ...] = (
+    ("requests", "requests", ""),
+    ("errors", "errors", ""),
+    ("hit ratio (cached tokens)", "hit_ratio", "ratio"),
+    ("hit ratio (server counters)", "server.hit_ratio", "ratio"),
+    ("TTFT mean", "ttft_s.mean", "s"),
+    ("TTFT p50", "ttft_s.p50", "s"),
+    ("TTFT p90", "ttft_s.p90", "s"),
+    ("TTFT p99", "ttft_s.p99", "s"),
+    ("latency mean", "latency_s.mean", "s"),
+    ("latency p50", "latency_s.p50", "s"),
+    ("latency p90", "latency_s.p90", "s"),
+    ("latency p99", "latency_s.p99", "s"),
+    ("queue wait p90", "queue_wait_s.p90", "s"),
+    ("output tokens/s", "output_tokens_per_s", ""),
+    ("wall time", "wall_s", "s"),
+)
+"""Rows of ``compare``: label, dotted path into a summary, unit (``s``, ``ratio`` or a
+count)."""
+
+
+def compare(
+    a: dict[str, Any], b: dict[str, Any], names: tuple[str, str] = ("A", "B")
+) -> list[dict[str, Any]]:
+    """Rows ``{metric, key, unit, a, b, change}``; ``change`` is ``(b - a) / a`` (None when
+    either is missing or ``a`` is 0). ``names`` name the runs in errors."""
+    for name, summary in zip(names, (a, b), strict=True):
+        if summary.get("schema") != SUMMARY_SCHEMA:
+            raise ValueError(
+                f"{name} is not a bench summary of schema {SUMMARY_SCHEMA} "
+                f"(schema {summary.get('schema')!r})"
+            )
+    rows = []
+    for label, key, unit in COMPARED:
+        va, vb = _dig(a, key), _dig(b, key)
+        change = (vb - va) / va if va is not None and vb is not None and va != 0 else None
+        rows.append({"metric": label, "key": key, "unit": unit, "a": va, "b": vb, "change": change})
+    return rows
+
+
+def _dig(summary: dict[str, Any], dotted: str) -> float | None:
+    value: Any = summary
+    for part in dotted.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

@@ -1,0 +1,172 @@
+"""``kvwise bench serve`` over real HTTP against a small OpenAI-compatible server with a real
+prefix cache (``toy_openai_server``): the prompts carry the trace's sharing, the hit ratio
+equals the server's counters, TTFT comes before the end, categories travel in
+``vllm_xargs``, the concurrency cap holds, bad requests are counted without stopping the
+run, and the command's outputs, comparison and errors. Against real vLLM:
+tests/e2e/test_vllm.py."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from controlplane.cli import app
+from tests.e2e.toy_openai_server import ToyServer, running_toy_server
+
+pytestmark = pytest.mark.e2e
+BLOCK = 4
+
+
+@pytest.fixture
+def toy() -> Iterator[ToyServer]:
+    with running_toy_server(ToyServer(block_size=BLOCK, max_len=6 * BLOCK + 1)) as server:
+        yield server
+
+
+def _trace_file(
+    tmp_path: Path, requests: list[list[int]], types: list[str] | None = None, turns: Any = None
+) -> Path:
+    """Requests 0.05 s apart: a Bailian file when labelled, else a Mooncake one."""
+    lines = []
+    for i, blocks in enumerate(requests):
+        line: dict[str, Any] = {"input_length": len(blocks) * BLOCK, "output_length": 0}
+        if types is None:
+            line.update(timestamp=50 * i, hash_ids=blocks)  # Mooncake: milliseconds
+        else:
+            line.update(timestamp=0.05 * i, type=types[i], turn=turns[i], hash_ids=blocks)
+            line.update(chat_id=i, parent_chat_id=-1)
+        lines.append(json.dumps(line))
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def bench(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["bench", "serve", *args])
+    return result.exit_code, result.output
+
+
+def test_prefix_sharing_hit_ratio_and_server_counters_agree(toy: ToyServer, tmp_path: Path) -> None:
+    shared = [[1, 2, 3], [1, 2, 4], [1, 2, 3], [7, 8], [1, 2, 3, 5]]
+    path = _trace_file(tmp_path, shared, types=["text"] * 5, turns=[1, 1, 2, 1, 3])
+    summary_file, lines_file = tmp_path / "a.json", tmp_path / "a.jsonl"
+    code, out = bench(
+        str(path), "--url", toy.url, "--block-tokens", str(BLOCK), "--speed", "1",
+        "--max-tokens", "3", "-o", str(summary_file), "--requests", str(lines_file), "--json",
+    )  # fmt: skip
+    assert code == 0, out
+    summary = json.loads(out)
+    lines = [json.loads(line) for line in lines_file.read_text().splitlines()]
+    by_index = {line["index"]: line for line in lines}
+    # The trace's prefix sharing, in tokens: request 2 repeats request 0 (3 blocks), 1 and 4
+    # share its first 2 or 3 blocks; every prompt ends with one token that is never cached.
+    assert [by_index[i]["cached_tokens"] for i in range(5)] == [
+        0,
+        2 * BLOCK,
+        3 * BLOCK,
+        0,
+        3 * BLOCK,
+    ]
+    assert [by_index[i]["prompt_tokens"] for i in range(5)] == [len(r) * BLOCK + 1 for r in shared]
+    assert all(0 < line["ttft_s"] <= line["latency_s"] for line in lines)
+    assert all(line["completion_tokens"] == 3 and line["ok"] for line in lines)
+    # Hit ratio from cached tokens == the server's own counters over the run.
+    expected = (8 * BLOCK) / sum(len(r) * BLOCK + 1 for r in shared)
+    assert summary["hit_ratio"] == pytest.approx(expected)
+    assert summary["server"]["hit_ratio"] == pytest.approx(expected)
+    assert summary["server"]["prefix_cache_hits"] == summary["cached_tokens"]
+    assert summary["ttft_s"]["count"] == 5 and summary["errors"] == 0
+    assert json.loads(summary_file.read_text()) == summary
+    # What went on the wire: token ids, streaming with usage, the categories, no eos stop.
+    body = toy.bodies[0]
+    assert body["model"] == "toy-model" and body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True} and body["ignore_eos"] is True
+    assert sorted(b["vllm_xargs"]["kv_category"] for b in toy.bodies) == sorted(
+        ["text_1", "text_1", "text_2", "text_1", "text_3"]
+    )
+    # Requests left at trace times: 0.05 s apart at speed 1, never early.
+    assert all(line["sent_s"] >= line["scheduled_s"] - 1e-3 for line in lines)
+    assert by_index[4]["scheduled_s"] == pytest.approx(0.2)
+
+
+def test_the_concurrency_cap_holds_and_bad_requests_do_not_stop_the_run(
+    toy: ToyServer, tmp_path: Path
+) -> None:
+    toy.token_delay_s = 0.02
+    requests = [[100 + i, 200 + i] for i in range(12)] + [list(range(300, 310))]  # too long
+    path = _trace_file(tmp_path, requests)
+    code, out = bench(
+        str(path), "--url", toy.url + "/v1/", "--block-tokens", str(BLOCK), "--speed", "0",
+        "--concurrency", "3", "--max-tokens", "4", "--json",
+    )  # fmt: skip
+    assert code == 1, out  # a failed request: exit code 1, summary still printed
+    summary = json.loads(out)
+    assert toy.max_in_flight == 3
+    assert (summary["requests"], summary["ok"], summary["errors"]) == (13, 12, 1)
+    assert "HTTP 400: prompt of 41 tokens is longer than 25" in summary["top_errors"][0]["error"]
+    assert summary["queue_wait_s"]["max"] > 0  # later requests waited for a slot
+    assert all("vllm_xargs" not in b for b in toy.bodies)  # unlabelled trace
+
+
+def test_compare_two_runs_and_a_server_without_counters(toy: ToyServer, tmp_path: Path) -> None:
+    path = _trace_file(tmp_path, [[1, 2], [1, 2], [1, 3]])
+    common = ["--url", toy.url, "--block-tokens", str(BLOCK), "--speed", "0"]
+    assert bench(str(path), *common, "-o", str(tmp_path / "a.json"))[0] == 0
+    toy.export_metrics = False
+    code, out = bench(str(path), *common, "--salt", "1", "-o", str(tmp_path / "b.json"))
+    assert code == 0, out
+    assert "hit ratio n/a from the server's counters" in out
+    b = json.loads((tmp_path / "b.json").read_text())
+    assert b["server"] is None and b["hit_ratio"] == pytest.approx(
+        3 * BLOCK / (3 * (2 * BLOCK + 1))
+    )
+    code, out = bench("--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json")
+    assert code == 0, out
+    rows = {r["key"]: r for r in json.loads(out)["rows"]}
+    assert rows["hit_ratio"]["a"] == pytest.approx(rows["hit_ratio"]["b"])  # same sharing
+    assert rows["server.hit_ratio"]["b"] is None
+    code, out = bench("--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
+    assert code == 0 and "hit ratio (cached tokens)" in out and "TTFT p99" in out
+
+
+def test_an_oversized_stream_is_an_error_not_a_memory_leak(
+    toy: ToyServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from controlplane.loadgen import client
+
+    monkeypatch.setattr(client, "MAX_RESPONSE_BYTES", 64 << 10)
+    toy.endless_line_bytes = 1 << 20  # one line of 1 MiB with no end
+    path = _trace_file(tmp_path, [[1, 2], [3, 4]])
+    code, out = bench(str(path), "--url", toy.url, "--block-tokens", str(BLOCK), "--json")
+    assert code == 1, out
+    summary = json.loads(out)
+    assert summary["errors"] == 2
+    assert summary["top_errors"][0]["error"] == "response over 65536 bytes"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "missing TRACE"),
+        (["nope.jsonl"], "nope.jsonl"),
+        (["TRACE", "--url", "http://127.0.0.1:1"], "cannot reach http://127.0.0.1:1/v1/models"),
+        (["TRACE", "--url", "localhost:8000"], "--url 'localhost:8000'"),
+        (["TRACE", "--speed", "-1"], "--speed"),
+        (["TRACE", "--compare", "a.json", "b.json"], "no TRACE"),
+        (["--compare", "TRACE", "TRACE"], "trace.jsonl is not a bench summary"),
+        (["--compare", "nope.json", "TRACE"], "--compare nope.json"),
+    ],
+)
+def test_bad_usage_is_one_line_and_exit_code_2(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    path = _trace_file(tmp_path, [[1, 2]])
+    code, out = bench(*(str(path) if a == "TRACE" else a for a in args))
+    assert code == 2, out
+    assert message in " ".join(out.split())  # the error line may wrap at the terminal
+    assert "Traceback" not in out

@@ -1,0 +1,99 @@
+"""The load generator's pure parts: blocks -> token ids, the plan of a run, the summary's
+distributions and the comparison of two runs. Sending is tested over real HTTP in
+tests/e2e/test_bench_serve.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from controlplane.loadgen.plan import PlanOptions, plan_requests
+from controlplane.loadgen.prompts import TokenSpace
+from controlplane.loadgen.report import SUMMARY_SCHEMA, compare, distribution
+from controlplane.traces.model import Trace
+
+
+def test_a_block_is_the_same_tokens_wherever_it_appears_and_distinct_blocks_differ() -> None:
+    space = TokenSpace(block_tokens=8, vocab=50, first_id=10)
+    a = space.prompt(np.array([7, 8, 9]))
+    b = space.prompt(np.array([7, 8, 11]))
+    assert len(a) == 3 * 8 + 1 and a[-1] == space.tail_token
+    assert list(a[:16]) == list(b[:16]) and list(a[16:24]) != list(b[16:24])
+    tokens = space.block_token_ids(np.arange(-500, 500))
+    assert tokens.min() >= 10 and tokens.max() < 50
+    assert len({tuple(row) for row in tokens}) == 1000  # no two blocks alike
+    # Deterministic across calls; the salt changes every block.
+    assert list(space.prompt(np.array([7]))) == list(space.prompt(np.array([7])))
+    salted = TokenSpace(block_tokens=8, vocab=50, first_id=10, salt=1)
+    assert list(salted.block_token_ids(np.array([7]))[0]) != list(a[:8])
+
+
+def test_token_space_rejects_an_empty_vocabulary() -> None:
+    with pytest.raises(ValueError, match="fewer than two ids"):
+        TokenSpace(vocab=11, first_id=10)
+    with pytest.raises(ValueError, match="block_tokens"):
+        TokenSpace(block_tokens=0)
+
+
+def _trace(**kw: object) -> Trace:
+    return Trace.from_requests(
+        [[1, 2, 3], [1, 2, 4, 5, 6], [9]],
+        timestamps=[10.0, 12.0, 16.0],
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_plan_times_limit_cut_and_output_lengths() -> None:
+    plan = plan_requests(_trace(), PlanOptions(speed=2.0, max_blocks=4, max_tokens=7))
+    assert [p.send_at for p in plan] == [0.0, 1.0, 3.0]
+    assert [list(p.hash_ids) for p in plan] == [[1, 2, 3], [1, 2, 4, 5], [9]]
+    assert [p.cut_blocks for p in plan] == [0, 1, 0]
+    assert [p.max_tokens for p in plan] == [7, 7, 7]  # no output lengths in the trace
+    assert [p.category for p in plan] == [None] * 3  # unlabelled
+    fast = plan_requests(_trace(), PlanOptions(speed=0, limit=2))
+    assert [p.send_at for p in fast] == [0.0, 0.0]
+
+
+def test_plan_sends_a_labelled_traces_categories_unless_told_not_to() -> None:
+    labelled = _trace(types=["text", "text", "file"], turns=[1, 2, 1])
+    assert [p.category for p in plan_requests(labelled, PlanOptions())] == [
+        "text_1",
+        "text_2",
+        "file_1",
+    ]
+    quiet = plan_requests(labelled, PlanOptions(send_categories=False))
+    assert [p.category for p in quiet] == [None] * 3
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"speed": -1.0}, "speed"),
+        ({"speed": float("inf")}, "speed"),
+        ({"limit": 0}, "limit"),
+        ({"max_blocks": 0}, "max_blocks"),
+        ({"max_tokens": 0}, "max_tokens"),
+    ],
+)
+def test_plan_options_are_checked(options: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PlanOptions(**options)  # type: ignore[arg-type]
+
+
+def test_distribution_uses_observed_values() -> None:
+    d = distribution([0.4, 0.1, 0.3, 0.2])
+    assert d is not None
+    assert (d["count"], d["p50"], d["p90"], d["max"]) == (4.0, 0.2, 0.4, 0.4)
+    assert d["mean"] == pytest.approx(0.25)
+    assert distribution([]) is None
+
+
+def test_compare_reports_relative_change_and_refuses_other_files() -> None:
+    a = {"schema": SUMMARY_SCHEMA, "requests": 10, "ttft_s": {"p50": 0.2}, "server": None}
+    b = {"schema": SUMMARY_SCHEMA, "requests": 10, "ttft_s": {"p50": 0.1}, "server": None}
+    rows = {r["key"]: r for r in compare(a, b)}
+    assert rows["ttft_s.p50"]["change"] == pytest.approx(-0.5)
+    assert rows["requests"]["change"] == 0.0
+    assert rows["server.hit_ratio"]["a"] is None and rows["server.hit_ratio"]["change"] is None
+    with pytest.raises(ValueError, match="B is not a bench summary"):
+        compare(a, {"requests": 3})
