@@ -9,6 +9,9 @@ import re
 import signal
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,6 +137,17 @@ class Stack:
     def stop_all(self) -> None:
         for p in self.procs:
             p.stop(timeout=20)
+
+    @classmethod
+    @contextmanager
+    def running(cls, workdir: Path, redis_url: str, label: str) -> Iterator[Stack]:
+        """A stack under a fresh key prefix ``kvwise-<label>-<random>:``; every process it
+        started is stopped at the end."""
+        stack = cls(workdir, redis_url, f"kvwise-{label}-{uuid.uuid4().hex[:6]}:")
+        try:
+            yield stack
+        finally:
+            stack.stop_all()
 
 
 def metric(url: str, name: str) -> float:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,11 +46,8 @@ def redis_server(tmp_path: Path) -> Iterator[EmbeddedRedis]:
 
 @pytest.fixture
 def stack(tmp_path: Path, redis_server: EmbeddedRedis) -> Iterator[Stack]:
-    s = Stack(tmp_path, redis_server.url, f"kvwise-e2e-{uuid.uuid4().hex[:6]}:")
-    try:
+    with Stack.running(tmp_path, redis_server.url, "e2e") as s:
         yield s
-    finally:
-        s.stop_all()
 
 
 def _agents(url: str) -> dict[str, dict]:  # type: ignore[type-arg]

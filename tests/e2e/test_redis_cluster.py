@@ -5,7 +5,6 @@ in the middle of the run loses nothing that was acknowledged."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,11 +32,8 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 
 @pytest.fixture
 def stack(tmp_path: Path, cluster: LocalCluster) -> Iterator[Stack]:
-    s = Stack(tmp_path, cluster.url, f"kvwise-cl-{uuid.uuid4().hex[:6]}:")
-    try:
+    with Stack.running(tmp_path, cluster.url, "cl") as s:
         yield s
-    finally:
-        s.stop_all()
 
 
 def _applied(url: str, version: int) -> bool:
