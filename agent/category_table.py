@@ -3,12 +3,15 @@
 Owns the mapping the recorder writes into events (codes) and the publisher sends with
 each batch (names). Codes never change once given; the table only grows, up to a bound,
 after which new names share the ``other`` code, so a flood of distinct labels cannot grow
-memory or the batches. It must never do I/O.
+memory or the batches. A name longer than the wire allows (``MAX_CATEGORY_NAME_CHARS``:
+the controller refuses longer ones) shares ``other`` too. It must never do I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+from agent.wire import MAX_CATEGORY_NAME_CHARS
 
 OTHER_CATEGORY = "other"
 """Shared name of the categories seen after the table is full."""
@@ -38,7 +41,8 @@ class CategoryTable:
         code = self._codes.get(name)
         if code is not None:
             return code
-        if len(self.names) >= self.max_size - 1 and name != OTHER_CATEGORY:
+        full = len(self.names) >= self.max_size - 1
+        if (full or len(name) > MAX_CATEGORY_NAME_CHARS) and name != OTHER_CATEGORY:
             return self.code(OTHER_CATEGORY)
         code = len(self.names)
         # Append before publishing the code, so a reader never sees a code past the list.

@@ -13,7 +13,7 @@ from agent.policies.lru import LRUPolicy
 from agent.recorder import EventRecorder
 from agent.runtime.agent import Agent
 from agent.settings import AgentSettings
-from agent.wire import COLUMNS, EventKind, Events, RawEvents
+from agent.wire import COLUMNS, MAX_CATEGORY_NAME_CHARS, EventKind, Events, RawEvents
 from controlplane.dev.simworker import TraceWorker
 from controlplane.replay.engine import replay_hits
 from controlplane.traces.model import Trace
@@ -77,6 +77,14 @@ def test_category_table_grows_then_shares_other() -> None:
     assert t.code("c") == t.code("d") == 2
     assert t.snapshot() == ("a", "b", OTHER_CATEGORY)
     assert seen == [("a", 0), ("b", 1), (OTHER_CATEGORY, 2)]
+
+
+def test_a_name_longer_than_the_wire_allows_shares_other() -> None:
+    t = CategoryTable(max_size=8)
+    long = "x" * (MAX_CATEGORY_NAME_CHARS + 1)
+    assert t.code("a") == 0
+    assert t.code(long) == t.code(OTHER_CATEGORY) == 1
+    assert long not in t.snapshot()  # the controller would refuse every batch naming it
 
 
 def drained(agent: Agent) -> Events:
