@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 
+from agent.runtime.connection import RedisState, describe_redis_error, redis_state
 from controlplane.api.field_messages import NOT_JSON, FieldProblem, field_problems
 
 log = logging.getLogger(__name__)
@@ -132,14 +133,17 @@ async def _redis_error(_: Request, exc: redis.RedisError) -> JSONResponse:
     return redis_unavailable(exc).response()
 
 
+_REDIS_ERROR_CODES = {
+    RedisState.UNREACHABLE: "redis_unavailable",
+    RedisState.OUT_OF_MEMORY: "redis_out_of_memory",
+}
+
+
 def redis_unavailable(exc: redis.RedisError) -> ApiError:
-    """The 503 of a Redis failure, named for what the operator has to fix."""
-    text = str(exc) or type(exc).__name__
-    if isinstance(exc, redis.exceptions.OutOfMemoryError):
-        return ApiError(503, "redis_out_of_memory", f"redis is out of memory: {text}")
-    if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
-        return ApiError(503, "redis_unavailable", f"redis unavailable: {text}")
-    return ApiError(503, "redis_error", f"redis refused the command: {text}")
+    """The 503 of a Redis failure, named for what the operator has to fix, in the words
+    the controller's log and readiness use (``agent.runtime.connection``)."""
+    code = _REDIS_ERROR_CODES.get(redis_state(exc), "redis_error")
+    return ApiError(503, code, describe_redis_error(exc))
 
 
 async def _internal_error(_: Request, exc: Exception) -> JSONResponse:

@@ -192,14 +192,15 @@ def settings_or_fail(
 
 
 def check_redis_url(url: str, where: str) -> str:
-    """``url`` if redis-py can parse it (nothing is connected); else fail naming ``where``
-    (the option or environment variable it came from)."""
-    import redis
+    """``url`` if the agent's and controller's client factory accepts it (nothing is
+    connected); else fail naming ``where`` (the option or environment variable it came
+    from). The message never shows a password."""
+    from agent.runtime.connection import RedisUrlError, connect
 
     try:
-        redis.ConnectionPool.from_url(url).disconnect()
-    except ValueError as exc:
-        fail(f"{where}: {exc} (got {url!r})")
+        connect(url, timeout_s=1.0, retries=0).close()
+    except RedisUrlError as exc:
+        fail(f"{where}: {exc}")
     return url
 
 

@@ -14,7 +14,7 @@ from controlplane.dev.embedded_redis import free_port
 from tests.conftest import REPO
 
 SAMPLE = REPO / "tests" / "data" / "mooncake_synthetic.jsonl.gz"
-BAD_SCHEME = "Redis URL must specify one of the following schemes"
+BAD_SCHEME = "must start with redis://, rediss://"
 
 
 def kvwise(
@@ -57,6 +57,15 @@ def test_controller_refuses_a_malformed_redis_url() -> None:
     assert res.returncode == 2
     line = one_error_line(res)
     assert line.startswith("error: KVWISE_REDIS_URL: ") and BAD_SCHEME in line
+
+
+def test_a_malformed_redis_url_is_reported_without_its_password() -> None:
+    url = "redis://kvwise:hunter2@127.0.0.1:notaport/0"
+    res = kvwise("controller", "--port", str(free_port()), env={"KVWISE_REDIS_URL": url})
+    assert res.returncode == 2
+    line = one_error_line(res)
+    assert line.startswith("error: KVWISE_REDIS_URL: ") and "malformed" in line
+    assert "hunter2" not in res.stderr + res.stdout and "kvwise:***@" in line
 
 
 def test_controller_names_the_option_of_a_bad_port() -> None:
