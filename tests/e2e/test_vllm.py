@@ -34,7 +34,7 @@ import httpx
 import pytest
 import redis
 
-from agent.wire import Keys, decode_batch
+from agent.wire import Keys
 from tests.conftest import REPO
 from tests.e2e.procs import Proc, Stack, get
 from tests.waiting import wait_until
@@ -359,13 +359,15 @@ def _plain(line: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", line)  # colour codes, if any
 
 
-def _event_categories(server: OpenAIServer) -> set[str]:
-    names: set[str] = set()
-    entries: Any = server.redis.xrange(server.keys.events_stream(SERVER_WORKER))
-    for _, fields in entries:
-        batch = decode_batch(fields)
-        names.update(batch.categories[c] for c in set(batch.category.tolist()))
-    return names
+def _categories_seen(server: OpenAIServer) -> set[str]:
+    """The categories the controller's events window holds: a refit, then its category list
+    (the controller trims the stream as it ingests, so the stream itself is no witness)."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    r = httpx.post(server.controller + "/v1/policy/refit", headers=auth, timeout=30)
+    assert r.status_code == 200, r.text
+    listed = httpx.get(server.controller + "/v1/categories", headers=auth, timeout=10)
+    assert listed.status_code == 200, listed.text
+    return {c["name"] for c in listed.json()}
 
 
 def test_openai_server_serves_cached_tokens_and_applies_pushed_versions_when_it_works(
@@ -407,7 +409,9 @@ def test_openai_server_serves_cached_tokens_and_applies_pushed_versions_when_it_
     # Each applied version is announced once in vLLM's own log, in vLLM's format.
     assert len(_in_force_lines(server, 1)) == 1
     wait_until(lambda: len(_in_force_lines(server, pushed)) == 1, timeout=10, what="the log line")
-    assert "chat" in wait_until(lambda: _event_categories(server), timeout=10, what="events")
+    assert "chat" in wait_until(
+        lambda: _categories_seen(server), timeout=20, what="events", every=0.5
+    )
     assert (_agent(server) or {}).get("events_sent", 0) > 0
 
 
@@ -423,10 +427,12 @@ def test_openai_server_infers_categories_in_its_block_size(openai_server: OpenAI
         _complete(server, system + [rng.randrange(3, 1000) for _ in range(69)], None)
 
     def inferred() -> set[str] | None:
-        names = _event_categories(server)
+        names = _categories_seen(server)
         return names if {"t1_n1", "t2_n0", "t1_n0"} <= names else None
 
-    names = wait_until(inferred, timeout=15, what="the inferred categories in the events")
+    names = wait_until(
+        inferred, timeout=20, what="the inferred categories in the events", every=0.5
+    )
     assert "t2_n1" not in names
 
 
