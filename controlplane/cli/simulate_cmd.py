@@ -14,17 +14,60 @@ from typing import Annotated, Any
 import typer
 
 from controlplane.cli.common import (
+    JobsOpt,
+    JsonFlag,
+    SkipBadLinesFlag,
+    TraceArgument,
     check_plotting,
     fail,
     load_trace_or_fail,
     parse_floats,
     parse_fracs,
     parse_ints,
-    split_list,
+    policy_names,
     trace_json,
 )
 
 DEFAULT_POLICIES = "lru,s3fifo,arc,wa"
+
+PolicyOpt = Annotated[
+    str, typer.Option("--policy", "-p", help="Comma-separated policy names, or 'all'")
+]
+CapacityOpt = Annotated[
+    str | None, typer.Option(help="Cache sizes per instance, in blocks: 1000,2000")
+]
+CapacityFracOpt = Annotated[
+    str | None, typer.Option(help="Cache sizes as fractions of the trace's unique blocks")
+]
+CapacityGibOpt = Annotated[
+    str | None, typer.Option(help="Cache sizes in GiB of KV per instance: 20,40,80")
+]
+ProfileOpt = Annotated[
+    str,
+    typer.Option(
+        help="Hardware/model: llama3-8b-h200, llama3-8b-h100, llama3-70b-fp8-h200, "
+        "or a .json/.toml file (docs/simulate.md)"
+    ),
+]
+InstancesOpt = Annotated[int, typer.Option(help="Engine instances (one cache each)")]
+RouterOpt = Annotated[str, typer.Option(help="round-robin, least-loaded, prefix or session")]
+SpeedOpt = Annotated[float, typer.Option(help="Arrivals this many times faster than the trace's")]
+OutputTokensOpt = Annotated[
+    int, typer.Option(help="Output tokens of requests whose trace gives none")
+]
+BlockTokensOpt = Annotated[
+    int | None, typer.Option(help="Tokens per block (default: the trace format's)")
+]
+AffinitySlackOpt = Annotated[
+    int, typer.Option(help="prefix router: extra requests allowed on a matched instance")
+]
+CategoriesOpt = Annotated[
+    str, typer.Option(help="wa: labels (type_turn) or auto (inferred from blocks)")
+]
+RefitEveryOpt = Annotated[float, typer.Option(help="wa: refit every this many trace seconds")]
+PlotOpt = Annotated[
+    Path | None, typer.Option(help="Write a PNG: QTTFT CDF, hit ratio and QTTFT by size")
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -32,60 +75,24 @@ def register(app: typer.Typer) -> None:
 
 
 def simulate(
-    trace_path: Annotated[
-        Path, typer.Argument(metavar="TRACE", help="Bailian or Mooncake JSONL trace (.gz ok)")
-    ],
-    policy: Annotated[
-        str, typer.Option("--policy", "-p", help="Comma-separated policy names, or 'all'")
-    ] = DEFAULT_POLICIES,
-    capacity: Annotated[
-        str | None, typer.Option(help="Cache sizes per instance, in blocks: 1000,2000")
-    ] = None,
-    capacity_frac: Annotated[
-        str | None, typer.Option(help="Cache sizes as fractions of the trace's unique blocks")
-    ] = None,
-    capacity_gib: Annotated[
-        str | None, typer.Option(help="Cache sizes in GiB of KV per instance: 20,40,80")
-    ] = None,
-    profile: Annotated[
-        str,
-        typer.Option(
-            help="Hardware/model: llama3-8b-h200, llama3-8b-h100, llama3-70b-fp8-h200, "
-            "or a .json/.toml file (docs/simulate.md)"
-        ),
-    ] = "llama3-8b-h200",
-    instances: Annotated[int, typer.Option(help="Engine instances (one cache each)")] = 1,
-    router: Annotated[
-        str, typer.Option(help="round-robin, least-loaded, prefix or session")
-    ] = "round-robin",
-    speed: Annotated[
-        float, typer.Option(help="Arrivals this many times faster than the trace's")
-    ] = 1.0,
-    output_tokens: Annotated[
-        int, typer.Option(help="Output tokens of requests whose trace gives none")
-    ] = 256,
-    block_tokens: Annotated[
-        int | None, typer.Option(help="Tokens per block (default: the trace format's)")
-    ] = None,
-    affinity_slack: Annotated[
-        int, typer.Option(help="prefix router: extra requests allowed on a matched instance")
-    ] = 16,
-    categories: Annotated[
-        str, typer.Option(help="wa: labels (type_turn) or auto (inferred from blocks)")
-    ] = "labels",
-    refit_every: Annotated[
-        float, typer.Option(help="wa: refit every this many trace seconds")
-    ] = 60.0,
-    json_out: Annotated[bool, typer.Option("--json", help="One JSON object on stdout")] = False,
-    plot: Annotated[
-        Path | None, typer.Option(help="Write a PNG: QTTFT CDF, hit ratio and QTTFT by size")
-    ] = None,
-    jobs: Annotated[
-        int, typer.Option("--jobs", "-j", help="Worker processes (0 = one per core)")
-    ] = 0,
-    skip_bad_lines: Annotated[
-        bool, typer.Option(help="Skip malformed trace lines (counted) instead of stopping")
-    ] = False,
+    trace_path: TraceArgument,
+    policy: PolicyOpt = DEFAULT_POLICIES,
+    capacity: CapacityOpt = None,
+    capacity_frac: CapacityFracOpt = None,
+    capacity_gib: CapacityGibOpt = None,
+    profile: ProfileOpt = "llama3-8b-h200",
+    instances: InstancesOpt = 1,
+    router: RouterOpt = "round-robin",
+    speed: SpeedOpt = 1.0,
+    output_tokens: OutputTokensOpt = 256,
+    block_tokens: BlockTokensOpt = None,
+    affinity_slack: AffinitySlackOpt = 16,
+    categories: CategoriesOpt = "labels",
+    refit_every: RefitEveryOpt = 60.0,
+    json_out: JsonFlag = False,
+    plot: PlotOpt = None,
+    jobs: JobsOpt = 0,
+    skip_bad_lines: SkipBadLinesFlag = False,
 ) -> None:
     """Serve TRACE on simulated engine instances and report TTFT per policy and size.
 
@@ -105,23 +112,13 @@ def simulate(
 
       kvwise simulate trace.jsonl --router prefix --instances 8 --json --plot ttft.png
     """
-    from controlplane.replay import catalog
-    from controlplane.simulate.profiles import ProfileError, load_profile
-
     if sum(x is not None for x in (capacity, capacity_frac, capacity_gib)) > 1:
         fail("give one of --capacity, --capacity-frac, --capacity-gib")
     if plot is not None:
         check_plotting("--plot", png=plot)
-    try:
-        prof = load_profile(profile)
-    except ProfileError as exc:
-        fail(str(exc))
-    names = catalog.names() if policy == "all" else split_list(policy, "--policy")
-    unknown = [n for n in names if n not in catalog.names()]
-    if unknown:
-        fail(f"unknown policy {unknown[0]!r}; known policies: {', '.join(catalog.names())}")
+    names = policy_names(policy)
     options = _options(
-        prof,
+        _profile(profile),
         instances,
         router,
         speed,
@@ -131,19 +128,46 @@ def simulate(
         categories,
         refit_every,
     )
-    trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
-    if trace.n_requests == 0:
-        fail(f"{trace_path}: no requests")
+    trace = _nonempty_trace(trace_path, skip_bad_lines)
     block = _block_tokens(trace, options)
-    capacities = _capacities(trace, prof, block, capacity, capacity_frac, capacity_gib)
+    capacities = _capacities(trace, options.profile, block, capacity, capacity_frac, capacity_gib)
     results = _run_with_progress(trace, names, capacities, options, jobs, quiet=json_out)
+    _report(trace_path, trace, options, block, results, json_out=json_out, plot=plot)
+
+
+def _report(
+    trace_path: Path,
+    trace: Any,
+    options: Any,
+    block: int,
+    results: list[Any],
+    *,
+    json_out: bool,
+    plot: Path | None,
+) -> None:
     if plot is not None:
-        _plot(results, plot, f"{trace.name}, {prof.name} x {options.instances}")
+        _plot(results, plot, f"{trace.name}, {options.profile.name} x {options.instances}")
     if json_out:
         json.dump(_json_doc(trace_path, trace, options, block, results), sys.stdout)
         sys.stdout.write("\n")
-        return
-    _print_tables(trace, options, block, results)
+    else:
+        _print_tables(trace, options, block, results)
+
+
+def _nonempty_trace(trace_path: Path, skip_bad_lines: bool) -> Any:
+    trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
+    if trace.n_requests == 0:
+        fail(f"{trace_path}: no requests")
+    return trace
+
+
+def _profile(name_or_path: str) -> Any:
+    from controlplane.simulate.profiles import ProfileError, load_profile
+
+    try:
+        return load_profile(name_or_path)
+    except ProfileError as exc:
+        fail(str(exc))
 
 
 def _options(
