@@ -32,6 +32,7 @@ from agent.wire import (
     encode_batch,
     encode_policy,
 )
+from tests.wire_samples import FULL_STATUS
 
 
 def make_batch(n: int = 4, categories: tuple[str, ...] = ("text_1", "image_2")) -> EventBatch:
@@ -332,21 +333,7 @@ def test_negative_zero_is_normalised() -> None:
 
 
 def test_agent_status_round_trip_and_validation() -> None:
-    s = AgentStatus(
-        id="w1",
-        engine="vllm",
-        capacity=1000,
-        applied_version=4,
-        events_sent=10,
-        events_dropped=2,
-        hits=3,
-        accesses=9,
-        hit_ratio=1 / 3,
-        rejected=1,
-        last_rejection="v3: policy: default.rate: bad",
-        started_at=1.0,
-        updated_at=2.0,
-    )
+    s = FULL_STATUS
     assert AgentStatus.from_json(s.to_json()) == s
     assert AgentStatus.from_json(s.to_json().encode()) == s
     obj = json.loads(s.to_json())
