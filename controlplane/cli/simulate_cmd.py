@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -27,6 +27,14 @@ from controlplane.cli.common import (
     policy_names,
     trace_json,
 )
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from controlplane.simulate.engine import SimOptions
+    from controlplane.simulate.profiles import Profile
+    from controlplane.simulate.report import Latency, SimResult
+    from controlplane.traces.model import Trace
 
 DEFAULT_POLICIES = "lru,s3fifo,arc,wa"
 
@@ -137,10 +145,10 @@ def simulate(
 
 def _report(
     trace_path: Path,
-    trace: Any,
-    options: Any,
+    trace: Trace,
+    options: SimOptions,
     block: int,
-    results: list[Any],
+    results: list[SimResult],
     *,
     json_out: bool,
     plot: Path | None,
@@ -154,14 +162,14 @@ def _report(
         _print_tables(trace, options, block, results)
 
 
-def _nonempty_trace(trace_path: Path, skip_bad_lines: bool) -> Any:
+def _nonempty_trace(trace_path: Path, skip_bad_lines: bool) -> Trace:
     trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
     if trace.n_requests == 0:
         fail(f"{trace_path}: no requests")
     return trace
 
 
-def _profile(name_or_path: str) -> Any:
+def _profile(name_or_path: str) -> Profile:
     from controlplane.simulate.profiles import ProfileError, load_profile
 
     try:
@@ -171,7 +179,7 @@ def _profile(name_or_path: str) -> Any:
 
 
 def _options(
-    prof: Any,
+    prof: Profile,
     instances: int,
     router: str,
     speed: float,
@@ -180,7 +188,7 @@ def _options(
     slack: int,
     categories: str,
     refit_every: float,
-) -> Any:
+) -> SimOptions:
     from controlplane.replay.options import ReplayOptions
     from controlplane.simulate import router as routers
     from controlplane.simulate.engine import SimOptions
@@ -215,15 +223,15 @@ def _options(
     )
 
 
-def _block_tokens(trace: Any, options: Any) -> int:
+def _block_tokens(trace: Trace, options: SimOptions) -> int:
     from controlplane.simulate.requests import workload
 
     return int(workload(trace, block_tokens=options.block_tokens).block_tokens)
 
 
 def _capacities(
-    trace: Any,
-    prof: Any,
+    trace: Trace,
+    prof: Profile,
     block: int,
     capacity: str | None,
     capacity_frac: str | None,
@@ -241,8 +249,13 @@ def _capacities(
 
 
 def _run_with_progress(
-    trace: Any, names: list[str], capacities: list[int], options: Any, jobs: int, quiet: bool
-) -> list[Any]:
+    trace: Trace,
+    names: list[str],
+    capacities: list[int],
+    options: SimOptions,
+    jobs: int,
+    quiet: bool,
+) -> list[SimResult]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from controlplane.simulate.runner import SimJob, run_matrix
@@ -269,7 +282,7 @@ def _run_with_progress(
         return run_matrix(trace, names, capacities, options, jobs=jobs or None, progress=progress)
 
 
-def _plot(results: list[Any], path: Path, title: str) -> None:
+def _plot(results: list[SimResult], path: Path, title: str) -> None:
     from controlplane.plots.simulate import plot_simulation
 
     try:
@@ -279,7 +292,7 @@ def _plot(results: list[Any], path: Path, title: str) -> None:
 
 
 def _json_doc(
-    trace_path: Path, trace: Any, options: Any, block: int, results: list[Any]
+    trace_path: Path, trace: Trace, options: SimOptions, block: int, results: list[SimResult]
 ) -> dict[str, Any]:
     prof = options.profile
     return {
@@ -309,7 +322,7 @@ def _seconds(x: float) -> str:
     return f"{x:.0f}"
 
 
-def _print_tables(trace: Any, options: Any, block: int, results: list[Any]) -> None:
+def _print_tables(trace: Trace, options: SimOptions, block: int, results: list[SimResult]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -325,7 +338,7 @@ def _print_tables(trace: Any, options: Any, block: int, results: list[Any]) -> N
     )
     lru = {r.capacity: r.qttft.mean for r in results if r.policy == "lru"}
 
-    def table(title: str, columns: list[str]) -> Any:
+    def table(title: str, columns: list[str]) -> Table:
         t = Table(title=title, title_justify="left")
         t.add_column("policy")
         t.add_column("blocks", justify="right")
@@ -362,5 +375,5 @@ def _print_tables(trace: Any, options: Any, block: int, results: list[Any]) -> N
     console.print(s)
 
 
-def _quad(lat: Any) -> list[float]:
+def _quad(lat: Latency) -> list[float]:
     return [lat.mean, lat.p50, lat.p90, lat.p99]
