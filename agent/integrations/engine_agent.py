@@ -30,9 +30,10 @@ CATEGORY_KEY = "kv_category"
 ``custom_params``)."""
 REQUEST_CATEGORY_ATTR = "_kvwise_category"
 """Attribute where a request keeps its ``(name, code)`` once worked out."""
-PromptOf = Callable[[bool], tuple[Sequence[int], int]]
-"""An engine's reading of a request's prompt: called with whether the category is to be
-inferred, it gives the prompt's block hashes (empty when not) and its token count."""
+PromptOf = Callable[[Any, bool], tuple[Sequence[int], int]]
+"""An engine's reading of a request's prompt: called with the request and whether its
+category is to be inferred, it gives the prompt's block hashes (empty when not) and its
+token count."""
 
 
 class EngineEvictor(Protocol):
@@ -150,7 +151,7 @@ class EngineAgent:
         params = getattr(request, "sampling_params", None)
         extras = getattr(params, params_field, None) or {}
         explicit = extras.get(CATEGORY_KEY) if isinstance(extras, dict) else None
-        hashes, n_tokens = prompt(not explicit and self.infers)
+        hashes, n_tokens = prompt(request, not explicit and self.infers)
         got = self.category(explicit, hashes, n_tokens)
         with contextlib.suppress(AttributeError):  # no __dict__: recomputed each time
             setattr(request, REQUEST_CATEGORY_ATTR, got)

@@ -137,15 +137,7 @@ class RadixHooks:
         from its prompt, else the default; worked out once and kept on the request."""
         if request is None:
             return self.engine.category(DEFAULT_CATEGORY, (), 0)
-
-        def prompt(infer: bool) -> tuple[list[int], int]:
-            tokens = getattr(request, "origin_input_ids", None) or ()
-            if not infer:
-                return [], len(tokens)
-            token_bytes = array("q", tokens).tobytes()
-            return prompt_block_hashes(token_bytes, INFER_BLOCK_TOKENS * 8), len(tokens)
-
-        return self.engine.request_category(request, "custom_params", prompt)
+        return self.engine.request_category(request, "custom_params", _prompt)
 
     # --- reports -------------------------------------------------------------------------
     def _path(self, node: Any, end: int, stop: int) -> tuple[list[Any], list[int]]:
@@ -378,3 +370,12 @@ def detach() -> None:
     hooks, _state.hooks = _state.hooks, None
     if hooks is not None:
         hooks.engine.close()
+
+
+def _prompt(request: Any, infer: bool) -> tuple[list[int], int]:
+    """An SGLang request's block hashes (if ``infer``) and prompt tokens."""
+    tokens = getattr(request, "origin_input_ids", None) or ()
+    if not infer:
+        return [], len(tokens)
+    token_bytes = array("q", tokens).tobytes()
+    return prompt_block_hashes(token_bytes, INFER_BLOCK_TOKENS * 8), len(tokens)

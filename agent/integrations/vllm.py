@@ -189,12 +189,13 @@ def _make_queue(blocks: list[Any]) -> Any:
 
 def _category(engine: EngineAgent, request: Any) -> tuple[str, int]:
     """The request's ``(name, evictor code)``; its explicit one is in ``extra_args``."""
+    return engine.request_category(request, "extra_args", _prompt)
 
-    def prompt(infer: bool) -> tuple[Sequence[int], int]:
-        hashes = [hash64(h, 0) for h in getattr(request, "block_hashes", ())] if infer else ()
-        return hashes, int(getattr(request, "num_prompt_tokens", 0))
 
-    return engine.request_category(request, "extra_args", prompt)
+def _prompt(request: Any, infer: bool) -> tuple[Sequence[int], int]:
+    """A vLLM request's block hashes (if ``infer``) and prompt tokens."""
+    hashes = [hash64(h, 0) for h in getattr(request, "block_hashes", ())] if infer else ()
+    return hashes, int(getattr(request, "num_prompt_tokens", 0))
 
 
 def _wrap_cache_full_blocks(orig: Callable[..., None]) -> Callable[..., None]:
