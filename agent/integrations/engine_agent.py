@@ -14,8 +14,9 @@ inference, bounded by the agent's category table. It must never import an engine
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from agent.category_inference import CategoryInferrer, InferSettings
 from agent.policy_document import PolicyDocument
@@ -27,6 +28,12 @@ DEFAULT_CATEGORY = "default"
 CATEGORY_KEY = "kv_category"
 """Key of the category in a request's extra arguments (vLLM: OpenAI ``vllm_xargs``; SGLang:
 ``custom_params``)."""
+REQUEST_CATEGORY_ATTR = "_kvwise_category"
+"""Attribute where a request keeps its ``(name, code)`` once worked out."""
+PromptOf = Callable[[Any, bool], tuple[Sequence[int], int]]
+"""An engine's reading of a request's prompt: called with the request and whether its
+category is to be inferred, it gives the prompt's block hashes (empty when not) and its
+token count."""
 
 
 class EngineEvictor(Protocol):
@@ -131,6 +138,23 @@ class EngineAgent:
             got = (folded, self.order.codes[folded])
             if len(self._names) < 4 * table.max_size:
                 self._names[name] = got
+        return got
+
+    def request_category(
+        self, request: Any, params_field: str, prompt: PromptOf
+    ) -> tuple[str, int]:
+        """``category`` of an engine's request, worked out once and kept on the request:
+        explicit is ``sampling_params.<params_field>["kv_category"]``."""
+        got: tuple[str, int] | None = getattr(request, REQUEST_CATEGORY_ATTR, None)
+        if got is not None:
+            return got
+        params = getattr(request, "sampling_params", None)
+        extras = getattr(params, params_field, None) or {}
+        explicit = extras.get(CATEGORY_KEY) if isinstance(extras, dict) else None
+        hashes, n_tokens = prompt(request, not explicit and self.infers)
+        got = self.category(explicit, hashes, n_tokens)
+        with contextlib.suppress(AttributeError):  # no __dict__: recomputed each time
+            setattr(request, REQUEST_CATEGORY_ATTR, got)
         return got
 
     def cached(self, hashes: list[int], offsets: Sequence[int], now: float, name: str) -> None:

@@ -34,7 +34,7 @@ from array import array
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from agent.integrations.engine_agent import CATEGORY_KEY, DEFAULT_CATEGORY, EngineAgent
+from agent.integrations.engine_agent import DEFAULT_CATEGORY, EngineAgent
 from agent.integrations.radix_order import RadixOrder, path_ids, prompt_block_hashes
 from agent.settings import AgentSettings
 
@@ -58,7 +58,6 @@ CACHE_SURFACE = (
 )
 INFER_BLOCK_TOKENS = 16
 """Tokens per block of the prompt hashes that category inference reads."""
-_CATEGORY_ATTR = "_kvwise_category"
 _REPORTED_ATTR = "_kvwise_reported"
 
 
@@ -138,21 +137,7 @@ class RadixHooks:
         from its prompt, else the default; worked out once and kept on the request."""
         if request is None:
             return self.engine.category(DEFAULT_CATEGORY, (), 0)
-        got: tuple[str, int] | None = getattr(request, _CATEGORY_ATTR, None)
-        if got is not None:
-            return got
-        params = getattr(request, "sampling_params", None)
-        custom = getattr(params, "custom_params", None) or {}
-        explicit = custom.get(CATEGORY_KEY) if isinstance(custom, dict) else None
-        hashes: list[int] = []
-        prompt = getattr(request, "origin_input_ids", None) or ()
-        if not explicit and self.engine.infers:
-            tokens = array("q", prompt).tobytes()
-            hashes = prompt_block_hashes(tokens, INFER_BLOCK_TOKENS * 8)
-        got = self.engine.category(explicit, hashes, len(prompt))
-        with contextlib.suppress(AttributeError):  # no __dict__: recomputed each time
-            setattr(request, _CATEGORY_ATTR, got)
-        return got
+        return self.engine.request_category(request, "custom_params", _prompt)
 
     # --- reports -------------------------------------------------------------------------
     def _path(self, node: Any, end: int, stop: int) -> tuple[list[Any], list[int]]:
@@ -385,3 +370,12 @@ def detach() -> None:
     hooks, _state.hooks = _state.hooks, None
     if hooks is not None:
         hooks.engine.close()
+
+
+def _prompt(request: Any, infer: bool) -> tuple[list[int], int]:
+    """An SGLang request's block hashes (if ``infer``) and prompt tokens."""
+    tokens = getattr(request, "origin_input_ids", None) or ()
+    if not infer:
+        return [], len(tokens)
+    token_bytes = array("q", tokens).tobytes()
+    return prompt_block_hashes(token_bytes, INFER_BLOCK_TOKENS * 8), len(tokens)

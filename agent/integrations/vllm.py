@@ -24,7 +24,6 @@ vLLM computes, only the order in which free cached blocks are reused.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
 import logging
 import re
@@ -33,7 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agent.integrations.block_queue import KvwiseFreeQueue, hash64
-from agent.integrations.engine_agent import CATEGORY_KEY, DEFAULT_CATEGORY, EngineAgent
+from agent.integrations.engine_agent import DEFAULT_CATEGORY, EngineAgent
 from agent.policies import create
 from agent.policies.base import EvictionPolicy
 from agent.settings import AgentSettings
@@ -57,7 +56,6 @@ QUEUE_SURFACE = (
     "get_all_free_blocks",
     "iter_blocks_after",
 )
-_CATEGORY_ATTR = "_kvwise_category"
 
 
 class _State:
@@ -190,20 +188,14 @@ def _make_queue(blocks: list[Any]) -> Any:
 
 
 def _category(engine: EngineAgent, request: Any) -> tuple[str, int]:
-    """The request's ``(name, evictor code)``, worked out once and kept on the request."""
-    got: tuple[str, int] | None = getattr(request, _CATEGORY_ATTR, None)
-    if got is not None:
-        return got
-    sp = getattr(request, "sampling_params", None)
-    extra = getattr(sp, "extra_args", None) or {}
-    explicit = extra.get(CATEGORY_KEY) if isinstance(extra, dict) else None
-    hashes: Sequence[int] = ()
-    if not explicit and engine.infers:
-        hashes = [hash64(h, 0) for h in getattr(request, "block_hashes", ())]
-    got = engine.category(explicit, hashes, int(getattr(request, "num_prompt_tokens", 0)))
-    with contextlib.suppress(AttributeError):  # no __dict__: recomputed each time
-        setattr(request, _CATEGORY_ATTR, got)
-    return got
+    """The request's ``(name, evictor code)``; its explicit one is in ``extra_args``."""
+    return engine.request_category(request, "extra_args", _prompt)
+
+
+def _prompt(request: Any, infer: bool) -> tuple[Sequence[int], int]:
+    """A vLLM request's block hashes (if ``infer``) and prompt tokens."""
+    hashes = [hash64(h, 0) for h in getattr(request, "block_hashes", ())] if infer else ()
+    return hashes, int(getattr(request, "num_prompt_tokens", 0))
 
 
 def _wrap_cache_full_blocks(orig: Callable[..., None]) -> Callable[..., None]:

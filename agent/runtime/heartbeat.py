@@ -13,26 +13,19 @@ from collections.abc import Callable
 import redis
 
 from agent.runtime.connection import RedisClient
-from agent.runtime.loop import BackgroundLoop
+from agent.runtime.loop import AgentLoop
 from agent.settings import AgentSettings
-from agent.wire import AgentStatus, Keys
+from agent.wire import AgentStatus
 
 
-class Heartbeat(BackgroundLoop):
+class Heartbeat(AgentLoop):
     """Writes ``status()`` every interval from a daemon thread."""
 
     def __init__(
         self, settings: AgentSettings, client: RedisClient, status: Callable[[], AgentStatus]
     ) -> None:
-        super().__init__(
-            "heartbeat",
-            interval_s=settings.heartbeat_interval_s,
-            max_backoff_s=settings.reconnect_max_s,
-        )
-        self.settings = settings
-        self.client = client
+        super().__init__("heartbeat", settings, client, interval_s=settings.heartbeat_interval_s)
         self._status = status
-        self.keys = Keys(settings.key_prefix)
         self.beats = 0
 
     def beat(self) -> bool:

@@ -8,7 +8,8 @@ when rounds start failing (naming the Redis state: unreachable, out of memory, .
 line when they succeed again, and a traceback only for an unexpected error, once per
 distinct error. A failed round never ends the thread. Subclasses say what one round does
 (``step``) and may change how to wait (``pause``), how long (``next_wait``) and what to do
-once the loop ends (``finish``). It must never run on an engine thread.
+once the loop ends (``finish``). ``AgentLoop`` is the agent's threads' common start: their
+settings, client and keys. It must never run on an engine thread.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from typing import Protocol
 import redis
 from redis.backoff import ExponentialBackoff
 
-from agent.runtime.connection import describe_redis_error
+from agent.runtime.connection import RedisClient, describe_redis_error
+from agent.settings import AgentSettings
+from agent.wire import Keys
 
 log = logging.getLogger(__name__)
 
@@ -157,3 +160,16 @@ class BackgroundLoop(ABC):
                 break
             self.pause(self.next_wait())
         self.finish()
+
+
+class AgentLoop(BackgroundLoop):
+    """A loop of the agent's: its ``settings``, Redis ``client`` and ``keys``; failed rounds
+    back off up to ``settings.reconnect_max_s``."""
+
+    def __init__(
+        self, name: str, settings: AgentSettings, client: RedisClient, *, interval_s: float
+    ) -> None:
+        super().__init__(name, interval_s=interval_s, max_backoff_s=settings.reconnect_max_s)
+        self.settings = settings
+        self.client = client
+        self.keys = Keys(settings.key_prefix)

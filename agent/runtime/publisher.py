@@ -19,14 +19,14 @@ from collections.abc import Callable
 from agent.history import AccessHistory
 from agent.recorder import EventRecorder
 from agent.runtime.connection import RedisClient
-from agent.runtime.loop import BackgroundLoop
+from agent.runtime.loop import AgentLoop
 from agent.settings import AgentSettings
-from agent.wire import EventBatch, Events, Keys, encode_batch
+from agent.wire import EventBatch, Events, encode_batch
 
 log = logging.getLogger(__name__)
 
 
-class EventPublisher(BackgroundLoop):
+class EventPublisher(AgentLoop):
     """Sends what ``recorder`` holds to ``Keys.events_stream(worker)`` from a daemon thread."""
 
     def __init__(
@@ -42,16 +42,12 @@ class EventPublisher(BackgroundLoop):
         unknown_category: int,
     ) -> None:
         super().__init__(
-            f"publisher-{worker}",
-            interval_s=settings.flush_interval_s,
-            max_backoff_s=settings.reconnect_max_s,
+            f"publisher-{worker}", settings, client, interval_s=settings.flush_interval_s
         )
-        self.settings = settings
-        self.client = client
         self.recorder = recorder
         self.worker = worker
         self.epoch = epoch
-        self.stream = Keys(settings.key_prefix).events_stream(worker)
+        self.stream = self.keys.events_stream(worker)
         self._categories = categories
         self.history = history
         self.unknown_category = unknown_category

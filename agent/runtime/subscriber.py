@@ -22,9 +22,9 @@ from redis.client import PubSub
 
 from agent.policy_document import PolicyDocument
 from agent.runtime.connection import RedisClient
-from agent.runtime.loop import BackgroundLoop
+from agent.runtime.loop import AgentLoop
 from agent.settings import AgentSettings
-from agent.wire import WIRE_SCHEMA_VERSION, Keys, WireError, decode_policy
+from agent.wire import WIRE_SCHEMA_VERSION, WireError, decode_policy
 
 log = logging.getLogger(__name__)
 
@@ -32,18 +32,11 @@ _PUBSUB_WAIT_S = 0.25
 """Longest wait for a pub/sub message, so ``close`` returns promptly."""
 
 
-class PolicySubscriber(BackgroundLoop):
+class PolicySubscriber(AgentLoop):
     """Follows ``current``: stages every version it points to that validates."""
 
     def __init__(self, settings: AgentSettings, client: RedisClient, *, applied: int = 0) -> None:
-        super().__init__(
-            "subscriber",
-            interval_s=settings.poll_interval_s,
-            max_backoff_s=settings.reconnect_max_s,
-        )
-        self.settings = settings
-        self.client = client
-        self.keys = Keys(settings.key_prefix)
+        super().__init__("subscriber", settings, client, interval_s=settings.poll_interval_s)
         self.known_version = applied
         """Version applied or staged last (what ``current`` is compared with)."""
         self.staged_version = applied

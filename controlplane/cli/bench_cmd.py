@@ -16,7 +16,7 @@ from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from controlplane.cli.common import fail
+from controlplane.cli.common import SkipBadLinesFlag, fail
 
 if TYPE_CHECKING:
     from controlplane.loadgen.client import RequestResult
@@ -49,59 +49,71 @@ SERVE_HELP = (
 )
 
 
+OptionalTraceArgument = Annotated[
+    Path | None,
+    typer.Argument(metavar="[TRACE]", help="Bailian or Mooncake JSONL trace (.gz ok)"),
+]
+UrlOpt = Annotated[str, typer.Option(help="Server root URL")]
+ModelOpt = Annotated[
+    str | None, typer.Option(help="Model to ask for (default: the server's first)")
+]
+BlockTokensOpt = Annotated[
+    int, typer.Option(min=1, help="Tokens per trace block: the server's block size")
+]
+VocabOpt = Annotated[
+    int, typer.Option(min=12, help="Token ids come from [10, VOCAB): the model's or less")
+]
+SaltOpt = Annotated[int, typer.Option(help="Runs with different salts share no cached tokens")]
+SpeedOpt = Annotated[float, typer.Option(min=0.0, help="Trace seconds per second (0: no waiting)")]
+LimitOpt = Annotated[int | None, typer.Option(min=1, help="Send only the trace's first N requests")]
+ConcurrencyOpt = Annotated[
+    int, typer.Option(min=1, help="Requests in flight at most; later ones wait")
+]
+MaxTokensOpt = Annotated[
+    int, typer.Option(min=1, help="Output tokens per request: the trace's, capped here")
+]
+MaxBlocksOpt = Annotated[
+    int | None, typer.Option(min=1, help="Cut longer prompts to their first N blocks")
+]
+NoCategoriesFlag = Annotated[bool, typer.Option("--no-categories", help="Send no kv_category")]
+TimeoutOpt = Annotated[float, typer.Option(min=0.001, help="Seconds per request at most")]
+ControllerOpt = Annotated[
+    str | None, typer.Option(help="kvwise controller URL: report its agents' versions")
+]
+OutputOpt = Annotated[
+    Path | None, typer.Option("--output", "-o", help="Write the summary JSON here")
+]
+RequestsOutOpt = Annotated[
+    Path | None, typer.Option("--requests", help="Write one JSON line per request here")
+]
+JsonOutFlag = Annotated[bool, typer.Option("--json", help="Print the summary as JSON")]
+CompareOpt = Annotated[
+    tuple[Path, Path] | None,
+    typer.Option(metavar="A B", help="Show two saved summaries (-o) side by side"),
+]
+
+
 @bench_app.command("serve", help=SERVE_HELP)
 def serve(
-    trace_path: Annotated[
-        Path | None,
-        typer.Argument(metavar="[TRACE]", help="Bailian or Mooncake JSONL trace (.gz ok)"),
-    ] = None,
-    url: Annotated[str, typer.Option(help="Server root URL")] = "http://127.0.0.1:8000",
-    model: Annotated[
-        str | None, typer.Option(help="Model to ask for (default: the server's first)")
-    ] = None,
-    block_tokens: Annotated[
-        int, typer.Option(min=1, help="Tokens per trace block: the server's block size")
-    ] = 32,
-    vocab: Annotated[
-        int, typer.Option(min=12, help="Token ids come from [10, VOCAB): the model's or less")
-    ] = 1000,
-    salt: Annotated[int, typer.Option(help="Runs with different salts share no cached tokens")] = 0,
-    speed: Annotated[
-        float, typer.Option(min=0.0, help="Trace seconds per second (0: no waiting)")
-    ] = 1.0,
-    limit: Annotated[
-        int | None, typer.Option(min=1, help="Send only the trace's first N requests")
-    ] = None,
-    concurrency: Annotated[
-        int, typer.Option(min=1, help="Requests in flight at most; later ones wait")
-    ] = 64,
-    max_tokens: Annotated[
-        int, typer.Option(min=1, help="Output tokens per request: the trace's, capped here")
-    ] = 64,
-    max_blocks: Annotated[
-        int | None, typer.Option(min=1, help="Cut longer prompts to their first N blocks")
-    ] = None,
-    no_categories: Annotated[
-        bool, typer.Option("--no-categories", help="Send no kv_category")
-    ] = False,
-    timeout: Annotated[float, typer.Option(min=0.001, help="Seconds per request at most")] = 600.0,
-    controller: Annotated[
-        str | None, typer.Option(help="kvwise controller URL: report its agents' versions")
-    ] = None,
-    output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Write the summary JSON here")
-    ] = None,
-    requests_out: Annotated[
-        Path | None, typer.Option("--requests", help="Write one JSON line per request here")
-    ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON")] = False,
-    compare: Annotated[
-        tuple[Path, Path] | None,
-        typer.Option(metavar="A B", help="Show two saved summaries (-o) side by side"),
-    ] = None,
-    skip_bad_lines: Annotated[
-        bool, typer.Option("--skip-bad-lines", help="Skip malformed trace lines (counted)")
-    ] = False,
+    trace_path: OptionalTraceArgument = None,
+    url: UrlOpt = "http://127.0.0.1:8000",
+    model: ModelOpt = None,
+    block_tokens: BlockTokensOpt = 32,
+    vocab: VocabOpt = 1000,
+    salt: SaltOpt = 0,
+    speed: SpeedOpt = 1.0,
+    limit: LimitOpt = None,
+    concurrency: ConcurrencyOpt = 64,
+    max_tokens: MaxTokensOpt = 64,
+    max_blocks: MaxBlocksOpt = None,
+    no_categories: NoCategoriesFlag = False,
+    timeout: TimeoutOpt = 600.0,
+    controller: ControllerOpt = None,
+    output: OutputOpt = None,
+    requests_out: RequestsOutOpt = None,
+    json_out: JsonOutFlag = False,
+    compare: CompareOpt = None,
+    skip_bad_lines: SkipBadLinesFlag = False,
 ) -> None:
     """Replay a trace against a real server (help: ``SERVE_HELP``)."""
     if compare is not None:

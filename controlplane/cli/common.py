@@ -32,6 +32,10 @@ TraceArgument = Annotated[
     Path, typer.Argument(metavar="TRACE", help="Bailian or Mooncake JSONL trace (.gz ok)")
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="One JSON object on stdout")]
+JobsOpt = Annotated[
+    int,
+    typer.Option("--jobs", "-j", min=0, metavar="N", help="Worker processes (0 = one per core)"),
+]
 SkipBadLinesFlag = Annotated[
     bool,
     typer.Option(
@@ -66,6 +70,15 @@ def check_names(names: list[str], known: Iterable[str], option: str, what: str) 
         if name not in catalog:
             fail(f"{option}: unknown {what} {name!r}; known: {', '.join(catalog)}")
     return names
+
+
+def policy_names(policy: str) -> list[str]:
+    """The replay catalogue's policies ``policy`` names (comma-separated, or ``all``)."""
+    from controlplane.replay import catalog
+
+    if policy == "all":
+        return catalog.names()
+    return check_names(split_list(policy, "--policy"), catalog.names(), "--policy", "policy")
 
 
 def parse_ints(value: str, option: str) -> list[int]:

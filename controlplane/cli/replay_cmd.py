@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from controlplane.cli.common import (
+    JobsOpt,
     JsonFlag,
     SkipBadLinesFlag,
     TraceArgument,
-    check_names,
     check_plotting,
     fail,
     load_trace_or_fail,
@@ -28,8 +28,8 @@ from controlplane.cli.common import (
     open_fraction,
     parse_fracs,
     parse_ints,
+    policy_names,
     positive,
-    split_list,
     trace_json,
 )
 from controlplane.cli.tables import Column, FoldedTable
@@ -65,10 +65,6 @@ CapacityFracOpt = Annotated[
         metavar="FRACS",
         help=f"Cache sizes as shares of the trace's unique blocks [default: {DEFAULT_FRACS}]",
     ),
-]
-JobsOpt = Annotated[
-    int,
-    typer.Option("--jobs", "-j", min=0, metavar="N", help="Worker processes (0 = one per core)"),
 ]
 TopCategoriesOpt = Annotated[
     int, _output(min=0, metavar="N", help="Categories per table (by accesses)")
@@ -164,7 +160,7 @@ def replay(
 
     if capacity and capacity_frac:
         fail("give --capacity or --capacity-frac, not both")
-    names = _policy_names(policy)
+    names = policy_names(policy)
     if plot is not None:
         check_plotting("--plot", png=plot)
         names += [b for b in catalog.BOUNDS if b not in names]
@@ -188,12 +184,6 @@ def replay(
         sys.stdout.write("\n")
         return
     _print_tables(trace, names, capacities, results, top_categories, options)
-
-
-def _policy_names(policy: str) -> list[str]:
-    if policy == "all":
-        return catalog.names()
-    return check_names(split_list(policy, "--policy"), catalog.names(), "--policy", "policy")
 
 
 def _plot(path: Path, trace: Trace, results: list[ReplayResult]) -> None:

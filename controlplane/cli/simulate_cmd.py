@@ -9,22 +9,73 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from controlplane.cli.common import (
+    JobsOpt,
+    JsonFlag,
+    SkipBadLinesFlag,
+    TraceArgument,
     check_plotting,
     fail,
     load_trace_or_fail,
     parse_floats,
     parse_fracs,
     parse_ints,
-    split_list,
+    policy_names,
     trace_json,
 )
 
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from controlplane.simulate.engine import SimOptions
+    from controlplane.simulate.profiles import Profile
+    from controlplane.simulate.report import Latency, SimResult
+    from controlplane.traces.model import Trace
+
 DEFAULT_POLICIES = "lru,s3fifo,arc,wa"
+
+PolicyOpt = Annotated[
+    str, typer.Option("--policy", "-p", help="Comma-separated policy names, or 'all'")
+]
+CapacityOpt = Annotated[
+    str | None, typer.Option(help="Cache sizes per instance, in blocks: 1000,2000")
+]
+CapacityFracOpt = Annotated[
+    str | None, typer.Option(help="Cache sizes as fractions of the trace's unique blocks")
+]
+CapacityGibOpt = Annotated[
+    str | None, typer.Option(help="Cache sizes in GiB of KV per instance: 20,40,80")
+]
+ProfileOpt = Annotated[
+    str,
+    typer.Option(
+        help="Hardware/model: llama3-8b-h200, llama3-8b-h100, llama3-70b-fp8-h200, "
+        "or a .json/.toml file (docs/simulate.md)"
+    ),
+]
+InstancesOpt = Annotated[int, typer.Option(help="Engine instances (one cache each)")]
+RouterOpt = Annotated[str, typer.Option(help="round-robin, least-loaded, prefix or session")]
+SpeedOpt = Annotated[float, typer.Option(help="Arrivals this many times faster than the trace's")]
+OutputTokensOpt = Annotated[
+    int, typer.Option(help="Output tokens of requests whose trace gives none")
+]
+BlockTokensOpt = Annotated[
+    int | None, typer.Option(help="Tokens per block (default: the trace format's)")
+]
+AffinitySlackOpt = Annotated[
+    int, typer.Option(help="prefix router: extra requests allowed on a matched instance")
+]
+CategoriesOpt = Annotated[
+    str, typer.Option(help="wa: labels (type_turn) or auto (inferred from blocks)")
+]
+RefitEveryOpt = Annotated[float, typer.Option(help="wa: refit every this many trace seconds")]
+PlotOpt = Annotated[
+    Path | None, typer.Option(help="Write a PNG: QTTFT CDF, hit ratio and QTTFT by size")
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -32,60 +83,24 @@ def register(app: typer.Typer) -> None:
 
 
 def simulate(
-    trace_path: Annotated[
-        Path, typer.Argument(metavar="TRACE", help="Bailian or Mooncake JSONL trace (.gz ok)")
-    ],
-    policy: Annotated[
-        str, typer.Option("--policy", "-p", help="Comma-separated policy names, or 'all'")
-    ] = DEFAULT_POLICIES,
-    capacity: Annotated[
-        str | None, typer.Option(help="Cache sizes per instance, in blocks: 1000,2000")
-    ] = None,
-    capacity_frac: Annotated[
-        str | None, typer.Option(help="Cache sizes as fractions of the trace's unique blocks")
-    ] = None,
-    capacity_gib: Annotated[
-        str | None, typer.Option(help="Cache sizes in GiB of KV per instance: 20,40,80")
-    ] = None,
-    profile: Annotated[
-        str,
-        typer.Option(
-            help="Hardware/model: llama3-8b-h200, llama3-8b-h100, llama3-70b-fp8-h200, "
-            "or a .json/.toml file (docs/simulate.md)"
-        ),
-    ] = "llama3-8b-h200",
-    instances: Annotated[int, typer.Option(help="Engine instances (one cache each)")] = 1,
-    router: Annotated[
-        str, typer.Option(help="round-robin, least-loaded, prefix or session")
-    ] = "round-robin",
-    speed: Annotated[
-        float, typer.Option(help="Arrivals this many times faster than the trace's")
-    ] = 1.0,
-    output_tokens: Annotated[
-        int, typer.Option(help="Output tokens of requests whose trace gives none")
-    ] = 256,
-    block_tokens: Annotated[
-        int | None, typer.Option(help="Tokens per block (default: the trace format's)")
-    ] = None,
-    affinity_slack: Annotated[
-        int, typer.Option(help="prefix router: extra requests allowed on a matched instance")
-    ] = 16,
-    categories: Annotated[
-        str, typer.Option(help="wa: labels (type_turn) or auto (inferred from blocks)")
-    ] = "labels",
-    refit_every: Annotated[
-        float, typer.Option(help="wa: refit every this many trace seconds")
-    ] = 60.0,
-    json_out: Annotated[bool, typer.Option("--json", help="One JSON object on stdout")] = False,
-    plot: Annotated[
-        Path | None, typer.Option(help="Write a PNG: QTTFT CDF, hit ratio and QTTFT by size")
-    ] = None,
-    jobs: Annotated[
-        int, typer.Option("--jobs", "-j", help="Worker processes (0 = one per core)")
-    ] = 0,
-    skip_bad_lines: Annotated[
-        bool, typer.Option(help="Skip malformed trace lines (counted) instead of stopping")
-    ] = False,
+    trace_path: TraceArgument,
+    policy: PolicyOpt = DEFAULT_POLICIES,
+    capacity: CapacityOpt = None,
+    capacity_frac: CapacityFracOpt = None,
+    capacity_gib: CapacityGibOpt = None,
+    profile: ProfileOpt = "llama3-8b-h200",
+    instances: InstancesOpt = 1,
+    router: RouterOpt = "round-robin",
+    speed: SpeedOpt = 1.0,
+    output_tokens: OutputTokensOpt = 256,
+    block_tokens: BlockTokensOpt = None,
+    affinity_slack: AffinitySlackOpt = 16,
+    categories: CategoriesOpt = "labels",
+    refit_every: RefitEveryOpt = 60.0,
+    json_out: JsonFlag = False,
+    plot: PlotOpt = None,
+    jobs: JobsOpt = 0,
+    skip_bad_lines: SkipBadLinesFlag = False,
 ) -> None:
     """Serve TRACE on simulated engine instances and report TTFT per policy and size.
 
@@ -105,23 +120,13 @@ def simulate(
 
       kvwise simulate trace.jsonl --router prefix --instances 8 --json --plot ttft.png
     """
-    from controlplane.replay import catalog
-    from controlplane.simulate.profiles import ProfileError, load_profile
-
     if sum(x is not None for x in (capacity, capacity_frac, capacity_gib)) > 1:
         fail("give one of --capacity, --capacity-frac, --capacity-gib")
     if plot is not None:
         check_plotting("--plot", png=plot)
-    try:
-        prof = load_profile(profile)
-    except ProfileError as exc:
-        fail(str(exc))
-    names = catalog.names() if policy == "all" else split_list(policy, "--policy")
-    unknown = [n for n in names if n not in catalog.names()]
-    if unknown:
-        fail(f"unknown policy {unknown[0]!r}; known policies: {', '.join(catalog.names())}")
+    names = policy_names(policy)
     options = _options(
-        prof,
+        _profile(profile),
         instances,
         router,
         speed,
@@ -131,23 +136,50 @@ def simulate(
         categories,
         refit_every,
     )
-    trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
-    if trace.n_requests == 0:
-        fail(f"{trace_path}: no requests")
+    trace = _nonempty_trace(trace_path, skip_bad_lines)
     block = _block_tokens(trace, options)
-    capacities = _capacities(trace, prof, block, capacity, capacity_frac, capacity_gib)
+    capacities = _capacities(trace, options.profile, block, capacity, capacity_frac, capacity_gib)
     results = _run_with_progress(trace, names, capacities, options, jobs, quiet=json_out)
+    _report(trace_path, trace, options, block, results, json_out=json_out, plot=plot)
+
+
+def _report(
+    trace_path: Path,
+    trace: Trace,
+    options: SimOptions,
+    block: int,
+    results: list[SimResult],
+    *,
+    json_out: bool,
+    plot: Path | None,
+) -> None:
     if plot is not None:
-        _plot(results, plot, f"{trace.name}, {prof.name} x {options.instances}")
+        _plot(results, plot, f"{trace.name}, {options.profile.name} x {options.instances}")
     if json_out:
         json.dump(_json_doc(trace_path, trace, options, block, results), sys.stdout)
         sys.stdout.write("\n")
-        return
-    _print_tables(trace, options, block, results)
+    else:
+        _print_tables(trace, options, block, results)
+
+
+def _nonempty_trace(trace_path: Path, skip_bad_lines: bool) -> Trace:
+    trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
+    if trace.n_requests == 0:
+        fail(f"{trace_path}: no requests")
+    return trace
+
+
+def _profile(name_or_path: str) -> Profile:
+    from controlplane.simulate.profiles import ProfileError, load_profile
+
+    try:
+        return load_profile(name_or_path)
+    except ProfileError as exc:
+        fail(str(exc))
 
 
 def _options(
-    prof: Any,
+    prof: Profile,
     instances: int,
     router: str,
     speed: float,
@@ -156,7 +188,7 @@ def _options(
     slack: int,
     categories: str,
     refit_every: float,
-) -> Any:
+) -> SimOptions:
     from controlplane.replay.options import ReplayOptions
     from controlplane.simulate import router as routers
     from controlplane.simulate.engine import SimOptions
@@ -191,15 +223,15 @@ def _options(
     )
 
 
-def _block_tokens(trace: Any, options: Any) -> int:
+def _block_tokens(trace: Trace, options: SimOptions) -> int:
     from controlplane.simulate.requests import workload
 
     return int(workload(trace, block_tokens=options.block_tokens).block_tokens)
 
 
 def _capacities(
-    trace: Any,
-    prof: Any,
+    trace: Trace,
+    prof: Profile,
     block: int,
     capacity: str | None,
     capacity_frac: str | None,
@@ -217,8 +249,13 @@ def _capacities(
 
 
 def _run_with_progress(
-    trace: Any, names: list[str], capacities: list[int], options: Any, jobs: int, quiet: bool
-) -> list[Any]:
+    trace: Trace,
+    names: list[str],
+    capacities: list[int],
+    options: SimOptions,
+    jobs: int,
+    quiet: bool,
+) -> list[SimResult]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from controlplane.simulate.runner import SimJob, run_matrix
@@ -245,7 +282,7 @@ def _run_with_progress(
         return run_matrix(trace, names, capacities, options, jobs=jobs or None, progress=progress)
 
 
-def _plot(results: list[Any], path: Path, title: str) -> None:
+def _plot(results: list[SimResult], path: Path, title: str) -> None:
     from controlplane.plots.simulate import plot_simulation
 
     try:
@@ -255,7 +292,7 @@ def _plot(results: list[Any], path: Path, title: str) -> None:
 
 
 def _json_doc(
-    trace_path: Path, trace: Any, options: Any, block: int, results: list[Any]
+    trace_path: Path, trace: Trace, options: SimOptions, block: int, results: list[SimResult]
 ) -> dict[str, Any]:
     prof = options.profile
     return {
@@ -285,7 +322,7 @@ def _seconds(x: float) -> str:
     return f"{x:.0f}"
 
 
-def _print_tables(trace: Any, options: Any, block: int, results: list[Any]) -> None:
+def _print_tables(trace: Trace, options: SimOptions, block: int, results: list[SimResult]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -301,7 +338,7 @@ def _print_tables(trace: Any, options: Any, block: int, results: list[Any]) -> N
     )
     lru = {r.capacity: r.qttft.mean for r in results if r.policy == "lru"}
 
-    def table(title: str, columns: list[str]) -> Any:
+    def table(title: str, columns: list[str]) -> Table:
         t = Table(title=title, title_justify="left")
         t.add_column("policy")
         t.add_column("blocks", justify="right")
@@ -338,5 +375,5 @@ def _print_tables(trace: Any, options: Any, block: int, results: list[Any]) -> N
     console.print(s)
 
 
-def _quad(lat: Any) -> list[float]:
+def _quad(lat: Latency) -> list[float]:
     return [lat.mean, lat.p50, lat.p90, lat.p99]

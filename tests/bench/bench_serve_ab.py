@@ -46,6 +46,7 @@ from controlplane.loadgen.prompts import TokenSpace
 from controlplane.loadgen.report import summarize
 from controlplane.loadgen.runner import ServerOptions, run_bench
 from controlplane.traces.reader import load_trace
+from tests.e2e.procs import stop_process
 from tests.e2e.vllm_driver import write_model
 
 BLOCK = 32
@@ -73,12 +74,7 @@ def process(cmd: list[str], env: dict[str, str], log: Path) -> Iterator[subproce
     try:
         yield proc
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout=60)
 
 
 def wait_up(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:

@@ -35,13 +35,32 @@ class Proc:
         return self.log.read_text(errors="replace")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
-        if self.alive():
-            self.popen.send_signal(sig)
-        try:
-            return self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            return self.popen.wait()
+        return stop_process(self.popen, sig, timeout)
+
+    def wait_serving(self, url: str, *, timeout: float, what: str) -> None:
+        """Wait until ``url``'s ``/healthz`` answers 200; fail with the log if this exits."""
+
+        def up() -> bool:
+            assert self.alive(), self.output()[-3000:]
+            try:
+                return httpx.get(url + "/healthz", timeout=1).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(up, timeout=timeout, what=what)
+
+
+def stop_process(
+    popen: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 30
+) -> int:
+    """Send ``sig`` (if still running), wait ``timeout`` s, then kill; the exit code."""
+    if popen.poll() is None:
+        popen.send_signal(sig)
+    try:
+        return popen.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        return popen.wait()
 
 
 @dataclass
@@ -89,15 +108,7 @@ class Stack:
         env = self.env(**{**defaults, **settings})
         proc = self.spawn(name, ["controller", "--host", "127.0.0.1", "--port", str(port)], env)
         url = f"http://127.0.0.1:{port}"
-
-        def up() -> bool:
-            assert proc.alive(), proc.output()[-3000:]
-            try:
-                return httpx.get(url + "/healthz", timeout=1).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_until(up, timeout=30, what=f"controller {name} to serve")
+        proc.wait_serving(url, timeout=30, what=f"controller {name} to serve")
         return proc, url
 
     def worker(self, wid: str, trace: Path, capacity: int, speed: float = 20, **env: str) -> Proc:

@@ -23,7 +23,6 @@ import httpx
 import pytest
 
 from controlplane.traces.synth import synthesize
-from controlplane.traces.writer import write_bailian
 from tests.e2e.browser import (
     CONTRAST_JS,
     NAMES_JS,
@@ -40,14 +39,6 @@ from tests.waiting import wait_until
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 TOKEN = "ui-test-token"
 WORKERS = ("w-wa", "w-lru")
-
-
-@pytest.fixture(scope="module")
-def trace_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
-    trace = synthesize("to-c", duration_s=600, qps=3, seed=11)
-    path = tmp_path_factory.mktemp("trace") / "toc.jsonl"
-    write_bailian(trace, path)
-    return path, max(100, trace.n_unique // 10)
 
 
 @pytest.fixture

@@ -18,21 +18,10 @@ import redis
 
 from agent.wire import Keys
 from controlplane.dev.embedded_redis import EmbeddedRedis
-from controlplane.traces.synth import synthesize
-from controlplane.traces.writer import write_bailian
 from tests.e2e.procs import Stack, get, metric
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def trace_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
-    """Ten minutes of synthetic to-C traffic and a cache of 10 % of its unique blocks."""
-    trace = synthesize("to-c", duration_s=600, qps=3, seed=7)
-    path = tmp_path_factory.mktemp("trace") / "toc.jsonl"
-    write_bailian(trace, path)
-    return path, max(100, trace.n_unique // 10)
 
 
 @pytest.fixture

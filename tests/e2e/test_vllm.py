@@ -21,7 +21,6 @@ import json
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import uuid
@@ -36,7 +35,7 @@ import redis
 
 from agent.wire import Keys
 from tests.conftest import REPO
-from tests.e2e.procs import Proc, Stack, get
+from tests.e2e.procs import Proc, Stack, get, stop_process
 from tests.waiting import wait_until
 
 pytestmark = [
@@ -128,6 +127,18 @@ def stack(tmp_path: Path, redis_url: str) -> Iterator[Stack]:
         s.stop_all()
 
 
+def plugin_env(worker_id: str) -> dict[str, str]:
+    """The kvwise plugin's settings for a vLLM process reporting as ``worker_id``."""
+    return {
+        "KVWISE_ENABLE": "1",
+        "KVWISE_WORKER_ID": worker_id,
+        "KVWISE_POLL_INTERVAL_S": "0.5",
+        "KVWISE_HEARTBEAT_INTERVAL_S": "0.5",
+        "KVWISE_HEARTBEAT_TTL_S": "600",
+        "KVWISE_FLUSH_INTERVAL_S": "0.1",
+    }
+
+
 def controller(stack: Stack) -> tuple[Proc, str]:
     """A controller that refits only when asked (so the policy in force is the one the test
     pushes) and fits categories from few samples."""
@@ -144,15 +155,7 @@ def controller(stack: Stack) -> tuple[Proc, str]:
     args = ["controller", "--host", "127.0.0.1", "--port", str(port)]
     proc = stack.spawn("controller", args, env)
     url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert proc.alive(), proc.output()[-3000:]
-        try:
-            return httpx.get(url + "/healthz", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    wait_until(up, timeout=60, what="the controller to serve")
+    proc.wait_serving(url, timeout=60, what="the controller to serve")
     return proc, url
 
 
@@ -186,14 +189,7 @@ def test_kvwise_keeps_it_once_a_pushed_policy_applies_and_reports_events(
     vllm_python: Path, tmp_path: Path, stack: Stack
 ) -> None:
     ctl, url = controller(stack)
-    env = stack.env(
-        KVWISE_ENABLE="1",
-        KVWISE_WORKER_ID=WORKER,
-        KVWISE_POLL_INTERVAL_S="0.5",
-        KVWISE_HEARTBEAT_INTERVAL_S="0.5",
-        KVWISE_HEARTBEAT_TTL_S="600",
-        KVWISE_FLUSH_INTERVAL_S="0.1",
-    )
+    env = stack.env(**plugin_env(WORKER))
     got = driver(
         vllm_python,
         [
@@ -289,12 +285,7 @@ def openai_server(
         env = stack.env(
             VLLM_PLUGINS="kvwise",
             VLLM_CPU_KVCACHE_SPACE="1",
-            KVWISE_ENABLE="1",
-            KVWISE_WORKER_ID=SERVER_WORKER,
-            KVWISE_POLL_INTERVAL_S="0.5",
-            KVWISE_HEARTBEAT_INTERVAL_S="0.5",
-            KVWISE_HEARTBEAT_TTL_S="600",
-            KVWISE_FLUSH_INTERVAL_S="0.1",
+            **plugin_env(SERVER_WORKER),
             PYTHONUNBUFFERED="1",
         )
         log = workdir / "vllm-server.log"
@@ -317,12 +308,7 @@ def openai_server(
         yield OpenAIServer(url, controller_url, log, client, Keys(stack.prefix))
     finally:
         if server is not None:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            stop_process(server, timeout=60)
         stack.stop_all()
 
 

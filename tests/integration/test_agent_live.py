@@ -18,28 +18,12 @@ import redis
 from agent.policies.lru import LRUPolicy
 from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
 from agent.runtime.agent import Agent
-from agent.settings import AgentSettings
 from agent.wire import AgentStatus, EventBatch, Keys, decode_batch, encode_policy
 from controlplane.dev.embedded_redis import EmbeddedRedis, free_port
+from tests.integration.agent_fixtures import fast_settings
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def fast_settings(redis_url: str, prefix: str, **update: object) -> AgentSettings:
-    base = AgentSettings(
-        redis_url=redis_url,
-        key_prefix=prefix,
-        evictor="lru",
-        worker_id="w1",
-        flush_interval_s=0.05,
-        poll_interval_s=0.2,
-        heartbeat_interval_s=0.1,
-        heartbeat_ttl_s=5.0,
-        redis_timeout_s=0.5,
-        reconnect_max_s=0.2,
-    )
-    return base.model_copy(update=update)
 
 
 def stream_batches(r: redis.Redis, prefix: str, worker: str = "w1") -> list[EventBatch]:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from agent.wire import WIRE_SCHEMA_VERSION, AgentStatus, Keys
+from agent.wire import WIRE_SCHEMA_VERSION, Keys
 from controlplane.service.settings import ControllerSettings
 from tests.integration.controller_fixtures import (
     RunningController,
@@ -19,6 +19,7 @@ from tests.integration.controller_fixtures import (
     send,
 )
 from tests.waiting import wait_until
+from tests.wire_samples import agent_status
 
 pytestmark = pytest.mark.integration
 TOKEN = "s3cret-token"
@@ -169,19 +170,7 @@ def test_agents_metrics_and_openapi(ctl: RunningController, redis_url: str) -> N
     c = ctl.client
     keys = Keys(ctl.controller.settings.key_prefix)
     r = redis.Redis.from_url(redis_url)
-    status = AgentStatus(
-        id="w1",
-        engine="sim",
-        capacity=1000,
-        applied_version=1,
-        events_sent=10,
-        events_dropped=2,
-        hits=5,
-        accesses=10,
-        hit_ratio=0.5,
-        started_at=time.time(),
-        updated_at=time.time(),
-    )
+    status = agent_status(engine="sim", started_at=time.time(), updated_at=time.time())
     r.set(keys.agent("w1"), status.to_json(), ex=30)
     r.set(keys.agent("broken"), "{not json", ex=30)
     agents = c.get("/v1/agents").json()

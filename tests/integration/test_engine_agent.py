@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -24,17 +23,10 @@ from agent.settings import AgentSettings
 from agent.wire import EventKind, Keys, encode_policy
 from controlplane.service.settings import ControllerSettings
 from tests.integration.controller_fixtures import RunningController, running_controller
+from tests.vllm_block import Blk
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
-
-
-@dataclass(eq=False)
-class Blk:
-    block_id: int
-    block_hash: bytes | None = None
-    prev_free_block: Any = None
-    next_free_block: Any = None
 
 
 @pytest.fixture

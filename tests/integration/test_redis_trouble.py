@@ -17,6 +17,7 @@ from agent.settings import AgentSettings
 from controlplane.dev.embedded_redis import EmbeddedRedis, free_port
 from controlplane.service.controller import Controller
 from controlplane.service.settings import ControllerSettings
+from tests.integration.agent_fixtures import fast_settings
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -66,14 +67,7 @@ def test_out_of_memory_is_reported_as_such(key_prefix: str, tmp_path: Path) -> N
     with EmbeddedRedis(tmp_path) as server:
         r = redis.Redis.from_url(server.url)
         agent = Agent(
-            AgentSettings(
-                redis_url=server.url,
-                key_prefix=key_prefix,
-                worker_id="w1",
-                evictor="lru",
-                heartbeat_interval_s=0.1,
-                heartbeat_ttl_s=1.0,
-            ),
+            fast_settings(server.url, key_prefix, heartbeat_ttl_s=1.0),
             capacity=10,
         )
         c = Controller(settings(server.url, key_prefix))

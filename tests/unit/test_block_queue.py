@@ -7,7 +7,6 @@ tests/e2e/test_vllm.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -18,14 +17,7 @@ from agent.integrations.block_queue import KvwiseFreeQueue, hash64
 from agent.policies import create
 from agent.policies.wa import WAPolicy
 from agent.policy_document import CategoryParams, PolicyDocument
-
-
-@dataclass(eq=False)
-class Blk:
-    block_id: int
-    block_hash: bytes | None = None
-    prev_free_block: Any = None
-    next_free_block: Any = None
+from tests.vllm_block import Blk
 
 
 class Hooks:

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from controlplane.cli import app
 from controlplane.traces.model import UNKNOWN_CATEGORY, Trace
 from controlplane.traces.reader import MAX_SKIP_DETAILS, TraceError, load_trace
+from tests.trace_columns import columns
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SAMPLE = DATA / "mooncake_synthetic.jsonl.gz"
@@ -54,30 +55,6 @@ def write(path: Path, lines: list[Any], *, compress: bool = False) -> Path:
     )
     path.write_bytes(gzip.compress(body) if compress else body)
     return path
-
-
-def columns(trace: Trace) -> dict[str, Any]:
-    """Every array and scalar a reader fills, for exact comparisons."""
-    return {
-        name: getattr(trace, name).tolist()
-        for name in (
-            "blocks",
-            "offsets",
-            "timestamps",
-            "categories",
-            "hashes",
-            "input_lengths",
-            "output_lengths",
-            "turns",
-            "types",
-            "chat_ids",
-            "parent_chat_ids",
-        )
-    } | {
-        "category_names": trace.category_names,
-        "type_names": trace.type_names,
-        "source_format": trace.source_format,
-    }
 
 
 def without(d: dict[str, Any], key: str) -> dict[str, Any]:
@@ -320,10 +297,14 @@ def _file_with_bad_line(tmp_path: Path, make: Make, bad: Any) -> tuple[Path, lis
     return write(tmp_path / "trace.jsonl", lines), good
 
 
-@pytest.mark.parametrize(
+each_malformed_line = pytest.mark.parametrize(
     ("make", "bad", "field", "words"),
     [pytest.param(*case[1:], id=case[0]) for case in MALFORMED],
 )
+"""Runs a test once per ``MALFORMED`` case."""
+
+
+@each_malformed_line
 def test_malformed_line_stops_with_file_line_and_field(
     tmp_path: Path, make: Make, bad: Any, field: str | None, words: str
 ) -> None:
@@ -338,10 +319,7 @@ def test_malformed_line_stops_with_file_line_and_field(
     assert isinstance(exc, ValueError)
 
 
-@pytest.mark.parametrize(
-    ("make", "bad", "field", "words"),
-    [pytest.param(*case[1:], id=case[0]) for case in MALFORMED],
-)
+@each_malformed_line
 def test_skip_bad_lines_keeps_every_good_line(
     tmp_path: Path, make: Make, bad: Any, field: str | None, words: str
 ) -> None:

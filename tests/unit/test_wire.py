@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -32,6 +31,7 @@ from agent.wire import (
     encode_batch,
     encode_policy,
 )
+from tests.wire_samples import FULL_STATUS
 
 
 def make_batch(n: int = 4, categories: tuple[str, ...] = ("text_1", "image_2")) -> EventBatch:
@@ -191,41 +191,53 @@ def corrupt_column(name: str, value: float) -> dict[bytes, bytes]:
     return as_redis(encode_batch(b))
 
 
-@pytest.mark.parametrize(
-    ("mutate", "field"),
-    [
-        (lambda f: f.pop(b"d"), "'d'"),
-        (lambda f: f.pop(b"v"), "'v'"),
-        (lambda f: f.pop(b"c"), "'c'"),
-        (lambda f: f.update({b"v": b"1"}), "v: the sender speaks wire schema 1, this side 2"),
-        (lambda f: f.update({b"v": b"one"}), "v:"),
-        (lambda f: f.update({b"s": b"x7"}), "s:"),
-        (lambda f: f.update({b"s": b"1.5"}), "s:"),
-        (lambda f: f.update({b"s": b"0"}), "s:"),
-        (lambda f: f.update({b"n": b"four"}), "n:"),
-        (lambda f: f.update({b"n": b"5"}), "d:"),
-        (lambda f: f.update({b"d": f[b"d"][:-1]}), "d:"),
-        (lambda f: f.update({b"c": b"[text"}), "c:"),
-        (lambda f: f.update({b"c": b'{"a": 1}'}), "c:"),
-        (lambda f: f.update({b"c": b'["only_one"]'}), "category:"),
-        # Issue 14, B1: each of these once escaped as UnicodeDecodeError or RecursionError.
-        (lambda f: f.update({b"\xff\xfe": b"x"}), "field name: not UTF-8"),
-        (lambda f: f.update({b"v": b"\xff"}), "v: not UTF-8"),
-        (lambda f: f.update({b"w": b"\xc3\x28"}), "w: not UTF-8"),
-        (lambda f: f.update({b"e": b"\x80"}), "e: not UTF-8"),
-        (lambda f: f.update({b"c": b"[" * 50_000 + b"]" * 50_000}), "c: not JSON (RecursionError"),
-        (lambda f: f.update({b"c": b'["\xff"]'}), "c: not JSON"),
-    ],
-)
+DROP = None
+"""In a ``MALFORMED_FIELDS`` row: the field is left out."""
+MALFORMED_FIELDS: list[tuple[bytes, bytes | None, str]] = [
+    # (field, its new value or DROP, what the error must say)
+    (b"d", DROP, "'d'"),
+    (b"v", DROP, "'v'"),
+    (b"c", DROP, "'c'"),
+    (b"v", b"1", "v: the sender speaks wire schema 1, this side 2"),
+    (b"v", b"one", "v:"),
+    (b"s", b"x7", "s:"),
+    (b"s", b"1.5", "s:"),
+    (b"s", b"0", "s:"),
+    (b"n", b"four", "n:"),
+    (b"n", b"5", "d:"),
+    (b"c", b"[text", "c:"),
+    (b"c", b'{"a": 1}', "c:"),
+    (b"c", b'["only_one"]', "category:"),
+    # Issue 14, B1: each of these once escaped as UnicodeDecodeError or RecursionError.
+    (b"\xff\xfe", b"x", "field name: not UTF-8"),
+    (b"v", b"\xff", "v: not UTF-8"),
+    (b"w", b"\xc3\x28", "w: not UTF-8"),
+    (b"e", b"\x80", "e: not UTF-8"),
+    (b"c", b"[" * 50_000 + b"]" * 50_000, "c: not JSON (RecursionError"),
+    (b"c", b'["\xff"]', "c: not JSON"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "field"), MALFORMED_FIELDS)
 def test_malformed_fields_raise_wire_error_naming_the_field(
-    mutate: Callable[[dict[bytes, bytes]], object], field: str
+    name: bytes, value: bytes | None, field: str
 ) -> None:
     fields = as_redis(encode_batch(make_batch(4)))
-    mutate(fields)
+    if value is DROP:
+        del fields[name]
+    else:
+        fields[name] = value
     with pytest.raises(WireError) as err:
         decode_batch(fields)
     assert field in str(err.value)
     assert isinstance(err.value, ValueError)
+
+
+def test_a_truncated_column_raises_wire_error_naming_it() -> None:
+    fields = as_redis(encode_batch(make_batch(4)))
+    fields[b"d"] = fields[b"d"][:-1]
+    with pytest.raises(WireError, match="d:"):
+        decode_batch(fields)
 
 
 @pytest.mark.parametrize(
@@ -332,21 +344,7 @@ def test_negative_zero_is_normalised() -> None:
 
 
 def test_agent_status_round_trip_and_validation() -> None:
-    s = AgentStatus(
-        id="w1",
-        engine="vllm",
-        capacity=1000,
-        applied_version=4,
-        events_sent=10,
-        events_dropped=2,
-        hits=3,
-        accesses=9,
-        hit_ratio=1 / 3,
-        rejected=1,
-        last_rejection="v3: policy: default.rate: bad",
-        started_at=1.0,
-        updated_at=2.0,
-    )
+    s = FULL_STATUS
     assert AgentStatus.from_json(s.to_json()) == s
     assert AgentStatus.from_json(s.to_json().encode()) == s
     obj = json.loads(s.to_json())
