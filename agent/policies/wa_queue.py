@@ -15,7 +15,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable
-from itertools import compress, repeat, takewhile
+from itertools import compress, takewhile
 from operator import is_, itemgetter, not_
 
 Entry = tuple[float, int, int, int]
@@ -25,9 +25,9 @@ Key = tuple[float, float, int, int, int]
 Evictable = dict[int, Entry]
 """Evictable block -> its live entry."""
 
-T = itemgetter(0)
-Q = itemgetter(2)
-B = itemgetter(3)
+STAMP = itemgetter(0)
+RELEASE = itemgetter(2)
+BLOCK = itemgetter(3)
 INF = math.inf
 _CHUNK = 256  # entries examined at a time when skipping stale ones
 _TRIM = 4096  # a queue drops its consumed prefix once it is this long and half the list
@@ -44,20 +44,21 @@ def surely_below(lc: float, a: float, now: float, thr: Key | None) -> float:
     """
     if thr is None:
         return INF
-    ts = thr[0]
+    threshold_score = thr[0]
     if lc == -INF:
         # Every score of this category is -inf: below any finite one, else ages decide.
-        return INF if ts > -INF else thr[1]
-    if ts == -INF or a < 1e-200:
+        return INF if threshold_score > -INF else thr[1]
+    if threshold_score == -INF or a < 1e-200:
         return -INF
-    x = (lc - ts) / a
-    bound = now - x - (1e-9 * (abs(now) + abs(x) + (abs(lc) + abs(ts)) / a) + 1e-6)
+    idle = (lc - threshold_score) / a
+    margin = 1e-9 * (abs(now) + abs(idle) + (abs(lc) + abs(threshold_score)) / a) + 1e-6
+    bound = now - idle - margin
     return bound if math.isfinite(bound) else -INF
 
 
 def live_flags(ev: Evictable, entries: Iterable[Entry]) -> Iterable[bool]:
     """Lazily, whether each entry is live (C-level). ``entries`` is iterated twice."""
-    return map(is_, map(ev.get, map(B, entries)), entries)
+    return map(is_, map(ev.get, map(BLOCK, entries)), entries)
 
 
 class EntryList:
@@ -73,10 +74,10 @@ class EntryList:
         """Skip stale entries at the head; the first live one (``None``: empty)."""
         ents, h = self.ents, self.h
         while h < len(ents):
-            e = ents[h]
-            if ev.get(e[3]) is e:
+            entry = ents[h]
+            if ev.get(entry[3]) is entry:
                 self.h = h
-                return e
+                return entry
             chunk = ents[h : h + _CHUNK]
             h += len(list(takewhile(not_, live_flags(ev, chunk))))
         self.h = h
@@ -96,15 +97,11 @@ class EntryList:
             stop = min(end, h + limit - len(victims))
             chunk = ents[h:stop]
             h = stop
-            # One dict operation per block: pop it, and keep it if its entry was live.
-            popped = list(map(ev.pop, map(B, chunk), repeat(None)))
-            got = list(map(B, compress(chunk, map(is_, popped, chunk))))
-            if len(got) != len(popped) - popped.count(None):
-                # A stale entry of a block evictable under a newer entry (maybe in this
-                # very chunk): undo the pops and take the slow, exact way.
-                ev.update((p[3], p) for p in popped if p is not None)
-                got = list(map(B, compress(chunk, live_flags(ev, chunk))))
-                deque(map(ev.__delitem__, got), maxlen=0)
+            # The live entries (a block's live entry is unique, so no block twice), then
+            # their removal: C-level passes, two dict operations per victim.
+            blocks = list(map(BLOCK, chunk))
+            got = list(compress(blocks, map(is_, map(ev.get, blocks), chunk)))
+            deque(map(ev.__delitem__, got), maxlen=0)
             victims += got
         self.h = h
         return victims
@@ -149,19 +146,50 @@ class TimeQueue(EntryList):
         """The first live entry, its run sorted first if it was dirty."""
         dirty = self.dirty
         while True:
-            e = self.first_live(ev)
-            if e is None:
+            entry = self.first_live(ev)
+            if entry is None:
                 dirty.clear()
                 return None
-            while dirty and dirty[0] < e[0]:
+            stamp = entry[0]
+            while dirty and dirty[0] < stamp:
                 dirty.popleft()
-            if not dirty or dirty[0] != e[0]:
-                return e
+            if not dirty or dirty[0] != stamp:
+                return entry
             dirty.popleft()
             ents, h = self.ents, self.h
-            end = bisect_right(ents, e[0], h, key=T)
+            end = bisect_right(ents, stamp, h, key=STAMP)
             run = ents[h:end]
             ents[h:end] = sorted(compress(run, live_flags(ev, run)))
+
+    def take_exactly(
+        self,
+        ev: Evictable,
+        lc: float,
+        a: float,
+        now: float,
+        thr: Key,
+        stop: float,
+        limit: int,
+        victims: list[int],
+    ) -> int:
+        """Near the boundary: key entries one by one from the head, appending to
+        ``victims`` (at most ``limit``) those below ``thr`` and stamped before ``stop``.
+        Returns the new head index."""
+        ents, h = self.ents, self.h
+        taken = 0
+        while taken < limit and h < len(ents):
+            entry = ents[h]
+            stamp, neg_offset, release, block = entry
+            if ev.get(block) is entry:
+                score = lc - a * (now - stamp)
+                if stamp >= stop or (score, stamp, neg_offset, release) >= thr:
+                    break
+                victims.append(block)
+                del ev[block]
+                taken += 1
+            h += 1
+        self.h = h
+        return h
 
     def take(
         self, ev: Evictable, lc: float, a: float, now: float, thr: Key | None, limit: int
@@ -173,20 +201,10 @@ class TimeQueue(EntryList):
         while True:
             stop = self.dirty[0] if self.dirty else INF
             # The bulk: a binary search on the stamps, up to the next dirty run.
-            victims += self.pop_below(ev, T, min(below, stop), limit - len(victims))
+            victims += self.pop_below(ev, STAMP, min(below, stop), limit - len(victims))
             ents, h = self.ents, self.h
             if thr is not None:
-                # Near the boundary: the exact key, entry by entry.
-                while len(victims) < limit and h < len(ents):
-                    e = ents[h]
-                    if ev.get(e[3]) is e:
-                        t = e[0]
-                        if t >= stop or (lc - a * (now - t), t, e[1], e[2]) >= thr:
-                            break
-                        victims.append(e[3])
-                        del ev[e[3]]
-                    h += 1
-                self.h = h
+                h = self.take_exactly(ev, lc, a, now, thr, stop, limit - len(victims), victims)
             if len(victims) >= limit or h >= len(ents) or ents[h][0] < stop:
                 self.trim()
                 return victims
@@ -216,5 +234,5 @@ class ZeroQueue(EntryList):
             if head > thr[:3]:
                 return []
             if head == thr[:3]:
-                return self.pop_below(ev, Q, thr[3], limit)
-        return self.pop_below(ev, T, INF, limit)
+                return self.pop_below(ev, RELEASE, thr[3], limit)
+        return self.pop_below(ev, STAMP, INF, limit)
