@@ -154,6 +154,7 @@ class WACore(Generic[LaneT]):
         "_a",
         "_bound",
         "_bound_order",
+        "_bound_scale",
         "_bound_time",
         "_bounds_valid",
         "_buf",
@@ -208,6 +209,7 @@ class WACore(Generic[LaneT]):
         # clock it was made at, whether it is still a lower bound of every row.
         self._bound: list[float] = []
         self._bound_order: list[int] = []
+        self._bound_scale = 0.0  # the largest finite |bound| plus the largest finite |lc|
         self._bound_time = -math.inf
         self._bounds_valid = False
         self._heads_keyed = 0  # heads the last eviction keyed
@@ -370,6 +372,7 @@ class WACore(Generic[LaneT]):
         np.subtract(self._lc, bound, out=bound)
         self._bound_order = bound.argsort().tolist()
         self._bound = bound.tolist()
+        self._bound_scale = magnitude(self._bound) + magnitude(self._lc.tolist())
         self._bound_time = now
         self._bounds_valid = True
 
@@ -383,13 +386,13 @@ class WACore(Generic[LaneT]):
         ):
             self._refresh_bounds(now)
             elapsed = 0.0
-        drift = self._rate_max * elapsed
+        slack = loosening(self._rate_max * elapsed, self._bound_scale)
         ev, rows, constants, t0 = self._ev, self._rows, self._constants, self._t0
         active: list[Key] = []
         victims: list[int] = []
         position = 0
         while len(victims) < n:
-            position = self._key_heads(active, position, now, drift)
+            position = self._key_heads(active, position, now, slack)
             if not active:
                 break
             row = heappop(active)[4]
@@ -409,17 +412,20 @@ class WACore(Generic[LaneT]):
         self._heads_keyed = position
         return victims
 
-    def _key_heads(self, active: list[Key], position: int, now: float, drift: float) -> int:
+    def _key_heads(self, active: list[Key], position: int, now: float, slack: float) -> int:
         """Key heads exactly onto the heap ``active``, rows in order of cached bound from
-        ``position`` on, until the next row's bound (loosened by ``drift``) is above the
-        two best keys, or is NaN (a category found empty). Returns the next position."""
+        ``position`` on, until the next row's bound less ``slack`` is above the two best
+        keys, or is NaN (a category found empty). Returns the next position.
+
+        One ``slack`` for every row keeps the loosened bounds in the cached order, so the
+        first row above the keys proves every later row is above them too."""
         order, bound, constants = self._bound_order, self._bound, self._constants
         rows, ev, t0 = self._rows, self._ev, self._t0
         while position < len(order):
             row = order[position]
             if len(active) >= 2:
                 second = active[1][0] if len(active) == 2 else min(active[1][0], active[2][0])
-                if not loosened(bound[row], constants[row][0], drift) <= second:
+                if not bound[row] - slack <= second:
                     break
             position += 1
             head = rows[row][1].head(ev)
@@ -439,11 +445,17 @@ class WACore(Generic[LaneT]):
         return block in self._ev or block in self._in_use
 
 
-def loosened(bound: float, log_constant: float, drift: float) -> float:
-    """``bound``, a row's score bound from an earlier pass, lowered by ``drift`` (the
-    most any score can have fallen since) and a margin far above any rounding of the two
-    computations compared (a billionth of the magnitudes involved, plus 1e-12)."""
+def magnitude(values: list[float]) -> float:
+    """The largest finite ``|value|`` (0 when none is finite)."""
+    return max((abs(v) for v in values if math.isfinite(v)), default=0.0)
+
+
+def loosening(drift: float, scale: float) -> float:
+    """What to subtract from a row's bound computed some seconds ago so that it bounds
+    the row's head key now: ``drift`` (the largest rate times those seconds, the most a
+    score falls in that time) plus a margin far above every rounding of the two
+    computations compared (a billionth of ``scale``, the magnitudes involved, plus
+    1e-12). Zero when no time has passed: the bounds are then exact."""
     if not drift:
-        return bound
-    margin = 1e-9 * (abs(bound) + abs(log_constant) + drift) + 1e-12
-    return bound - (drift + margin)
+        return 0.0
+    return drift + (1e-9 * (scale + drift) + 1e-12)
