@@ -91,7 +91,10 @@ class EntryList:
         ascends along the list) until ``limit`` live blocks are taken; remove those from
         ``ev`` and return them."""
         ents, h = self.ents, self.h
-        end = bisect_left(ents, bound, h, key=field)
+        if bound == INF and h < len(ents) and field(ents[-1]) < INF:
+            end = len(ents)  # the field ascends: every entry is below the bound
+        else:
+            end = bisect_left(ents, bound, h, key=field)
         victims: list[int] = []
         while h < end and len(victims) < limit:
             stop = min(end, h + limit - len(victims))
