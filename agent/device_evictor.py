@@ -148,8 +148,8 @@ class DeviceEvictor:
             doc, names = self._doc, self._names
             rows = [log_weight(doc.default)]
             for code in range(self._max_code + 1):
-                p = doc.params_for(names[code]) if code < len(names) else doc.default
-                rows.append(log_weight(p))
+                params = doc.params_for(names[code]) if code < len(names) else doc.default
+                rows.append(log_weight(params))
             table = torch.tensor(rows, dtype=torch.float64).to(self.device)
             self._consts = (table[:, 0].contiguous(), table[:, 1].contiguous())
         return self._consts
@@ -181,7 +181,7 @@ class DeviceEvictor:
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
     ) -> None:
-        t = self._tick(now)  # even for no blocks: the clock is the largest time passed
+        stamp = self._tick(now)  # even for no blocks: the clock is the largest time passed
         if not len(blocks):
             return
         seq0 = self._seq
@@ -189,7 +189,7 @@ class DeviceEvictor:
         slots = list(map(self._slot_of, blocks))
         if self._by_creator:
             setdefault = self._creator.setdefault
-            rows = [float(self._row(setdefault(b, category))) for b in blocks]
+            rows = [float(self._row(setdefault(block, category))) for block in blocks]
             codes: Any = rows
         else:
             codes = repeat(float(self._row(category)))
@@ -198,7 +198,7 @@ class DeviceEvictor:
         self._staged.update(
             zip(
                 slots,
-                zip(repeat(1.0), repeat(t), codes, map(float, map(neg, offsets)), count(seq0)),
+                zip(repeat(1.0), repeat(stamp), codes, map(float, map(neg, offsets)), count(seq0)),
                 strict=False,
             )
         )
@@ -224,21 +224,21 @@ class DeviceEvictor:
         if n <= 0 or not self._slot:
             return []
         self.flush()
-        ev = self._ev
-        lc, a = self._constants()
+        evictable = self._ev
+        log_constant, rate = self._constants()
         code = self._code
         # Exactly the CPU's operations, lc - a * (now - t), one rounding each and no fused
         # multiply-add: three separate elementwise kernels.
         score = torch.rsub(self._t, self._clock)
-        score.mul_(a.index_select(0, code))
-        torch.sub(lc.index_select(0, code), score, out=score)
-        score.masked_fill_(~ev, math.inf)  # never +inf for an evictable block
+        score.mul_(rate.index_select(0, code))
+        torch.sub(log_constant.index_select(0, code), score, out=score)
+        score.masked_fill_(~evictable, math.inf)  # never +inf for an evictable block
         k = min(n, self.capacity)
         if k < self.capacity:
             kth = torch.topk(score, k, largest=False, sorted=False).values.max()
-            cand = (ev & (score <= kth)).nonzero().squeeze(1)
+            cand = (evictable & (score <= kth)).nonzero().squeeze(1)
         else:
-            cand = ev.nonzero().squeeze(1)
+            cand = evictable.nonzero().squeeze(1)
         # Exact order among the candidates (all ties included): stable sorts, last key
         # first. Release numbers are unique, so the order is total.
         order = torch.argsort(self._q[cand])
@@ -250,14 +250,14 @@ class DeviceEvictor:
 
     def _release(self, slots: list[int]) -> list[int]:
         ids = self._ids
-        victims = [ids[s] for s in slots]
+        victims = [ids[slot] for slot in slots]
         pop = self._slot.pop
-        for b in victims:
-            pop(b)
+        for block in victims:
+            pop(block)
         if self._by_creator:
             pop_creator = self._creator.pop
-            for b in victims:
-                pop_creator(b, None)
+            for block in victims:
+                pop_creator(block, None)
         self._spare.extend(slots)
         return victims
 

@@ -87,6 +87,6 @@ class WAPolicy(WACore[WALane]):
 
     def _file(self, code: int, entries: list[Entry], t: float, ordered: bool) -> None:
         lane = self._lanes.get(code) or self._lane(code)
-        if lane.h == len(lane.ents):  # stamps never go back: only an empty lane needs a bound
+        if lane.head_at == len(lane.ents):  # stamps never go back: only an empty lane needs a bound
             self._restart_bound(lane.idx, t)
         lane.add(entries, t, ordered)

@@ -111,16 +111,22 @@ class Lane(Protocol):
     idx: int
     """The category's row in the evictor's arrays."""
 
-    def head(self, ev: Evictable) -> Entry | None:
+    def head(self, evictable: Evictable) -> Entry | None:
         """The category's minimum live entry (``None`` when empty)."""
 
     def take(
-        self, ev: Evictable, lc: float, a: float, now: float, thr: Key | None, limit: int
+        self,
+        evictable: Evictable,
+        log_constant: float,
+        rate: float,
+        now: float,
+        threshold: Key | None,
+        limit: int,
     ) -> list[int]:
-        """Pop up to ``limit`` blocks, from the head on, with keys below ``thr`` (all of
-        them, up to ``limit``), removing them from ``ev``. Called right after ``head``."""
+        """Pop up to ``limit`` blocks, from the head on, with keys below ``threshold`` (all of
+        them, up to ``limit``), removing them from ``evictable``. Called right after ``head``."""
 
-    def compact(self, ev: Evictable) -> None:
+    def compact(self, evictable: Evictable) -> None:
         """Drop stale entries."""
 
 
@@ -296,13 +302,13 @@ class WACore(Generic[LaneT]):
     def _release(self, blocks: Sequence[int], entries: list[Entry]) -> None:
         """``blocks`` become evictable with ``entries``; an earlier entry of any of them
         (evictable before, or named twice) goes stale."""
-        ev = self._ev
+        evictable = self._ev
         self._in_use.difference_update(blocks)
-        count_before = len(ev)
-        ev.update(zip(blocks, entries, strict=True))
+        count_before = len(evictable)
+        evictable.update(zip(blocks, entries, strict=True))
         self._seq += len(blocks)
-        self._stale += len(blocks) - (len(ev) - count_before)
-        if self._stale > len(ev) + COMPACT_SLACK:
+        self._stale += len(blocks) - (len(evictable) - count_before)
+        if self._stale > len(evictable) + COMPACT_SLACK:
             self._compact()
 
     def _compact(self) -> None:
@@ -336,10 +342,10 @@ class WACore(Generic[LaneT]):
     # --- the Protocol ----------------------------------------------------------------------
     def touch(self, blocks: Sequence[int], now: float) -> None:
         self._tick(now)
-        ev = self._ev
-        count_before = len(ev)
-        deque(map(ev.pop, blocks, repeat(None)), maxlen=0)
-        self._stale += count_before - len(ev)
+        evictable = self._ev
+        count_before = len(evictable)
+        deque(map(evictable.pop, blocks, repeat(None)), maxlen=0)
+        self._stale += count_before - len(evictable)
         self._in_use.update(blocks)
 
     def evict(self, n: int) -> list[int]:
@@ -387,7 +393,7 @@ class WACore(Generic[LaneT]):
             self._refresh_bounds(now)
             elapsed = 0.0
         slack = loosening(self._rate_max * elapsed, self._bound_scale)
-        ev, rows, constants, t0 = self._ev, self._rows, self._constants, self._t0
+        evictable, rows, constants, t0 = self._ev, self._rows, self._constants, self._t0
         active: list[Key] = []
         victims: list[int] = []
         position = 0
@@ -399,8 +405,8 @@ class WACore(Generic[LaneT]):
             lane = rows[row][1]
             log_constant, rate = constants[row]
             threshold = active[0] if active else None
-            victims += lane.take(ev, log_constant, rate, now, threshold, n - len(victims))
-            head = lane.head(ev)
+            victims += lane.take(evictable, log_constant, rate, now, threshold, n - len(victims))
+            head = lane.head(evictable)
             if head is None:
                 t0[row] = math.nan
             else:
@@ -420,7 +426,7 @@ class WACore(Generic[LaneT]):
         One ``slack`` for every row keeps the loosened bounds in the cached order, so the
         first row above the keys proves every later row is above them too."""
         order, bound, constants = self._bound_order, self._bound, self._constants
-        rows, ev, t0 = self._rows, self._ev, self._t0
+        rows, evictable, t0 = self._rows, self._ev, self._t0
         while position < len(order):
             row = order[position]
             if len(active) >= 2:
@@ -428,7 +434,7 @@ class WACore(Generic[LaneT]):
                 if not bound[row] - slack <= second:
                     break
             position += 1
-            head = rows[row][1].head(ev)
+            head = rows[row][1].head(evictable)
             if head is None:
                 t0[row] = math.nan
                 continue
