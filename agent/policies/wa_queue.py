@@ -168,6 +168,38 @@ class TimeQueue(EntryList):
             run = ents[head_at:end]
             ents[head_at:end] = sorted(compress(run, live_flags(evictable, run)))
 
+    def peek(self, evictable: Evictable, count: int) -> list[Entry]:
+        """The first ``count`` live entries in key order, left in place (dirty runs met
+        on the way are sorted, as ``head`` sorts the one at the head)."""
+        if self.head(evictable) is None:
+            return []
+        ents, dirty = self.ents, self.dirty
+        found: list[Entry] = []
+        position = self.head_at
+        while len(found) < count and position < len(ents):
+            stamp = ents[position][0]
+            while dirty and dirty[0] < stamp:
+                dirty.popleft()  # a dirty run whose entries have all gone
+            if dirty and dirty[0] == stamp:
+                self.sort_run(evictable, position, stamp)
+                dirty.popleft()
+                continue
+            end = min(position + count - len(found), len(ents))
+            if dirty:  # stop before the next dirty run
+                end = bisect_left(ents, dirty[0], position, end, key=STAMP)
+            chunk = ents[position:end]
+            found += compress(chunk, live_flags(evictable, chunk))
+            position = end
+        return found
+
+    def sort_run(self, evictable: Evictable, start: int, stamp: float) -> None:
+        """Sort the live entries stamped ``stamp`` from index ``start`` on (a dirty run),
+        dropping its stale ones."""
+        ents = self.ents
+        end = bisect_right(ents, stamp, start, key=STAMP)
+        run = ents[start:end]
+        ents[start:end] = sorted(compress(run, live_flags(evictable, run)))
+
     def take_exactly(
         self,
         evictable: Evictable,
