@@ -39,9 +39,12 @@ def surely_below(log_constant: float, rate: float, now: float, threshold: Key | 
     (conservative: later entries are checked exactly).
 
     The score ``log_constant - rate (now - t)`` falls below the threshold's score ``s``
-    once ``t < now - (log_constant - s) / rate``;
-    the margin (a billionth of the magnitudes involved plus a microsecond) covers every
-    rounding of the score and of this bound by orders of magnitude.
+    once ``t < now - (log_constant - s) / rate``. Every rounding of the score and of this
+    bound is within a few ``2**-53`` of the magnitudes involved (``now``, the idle time,
+    ``(|log_constant| + |s|) / rate``, all in seconds); the margin, a trillionth of them
+    plus a microsecond, exceeds that a thousandfold. It stays well under a second for
+    epoch-second clocks (a billionth would be 1.7 s today, and every block released within
+    it would be keyed one by one).
     """
     if threshold is None:
         return INF
@@ -53,7 +56,7 @@ def surely_below(log_constant: float, rate: float, now: float, threshold: Key | 
         return -INF
     idle = (log_constant - threshold_score) / rate
     margin = (
-        1e-9 * (abs(now) + abs(idle) + (abs(log_constant) + abs(threshold_score)) / rate) + 1e-6
+        1e-12 * (abs(now) + abs(idle) + (abs(log_constant) + abs(threshold_score)) / rate) + 1e-6
     )
     bound = now - idle - margin
     return bound if math.isfinite(bound) else -INF
