@@ -104,12 +104,15 @@ class KvwiseFreeQueue:
             raise ValueError(f"cannot pop {n} blocks: {self.num_free_blocks} free")
         if self.hooks is not None:
             self.hooks.before_call()
-        self._send_hits()
+        if self._hits:
+            self._send_hits()
         fresh = self._fresh
-        k = min(n, len(fresh))
-        out = [fresh.popitem()[1] for _ in range(k)]
-        if k < n:
-            out += self._evict(n - k)
+        if fresh:
+            out = [fresh.popitem()[1] for _ in range(min(n, len(fresh)))]
+            if len(out) < n:
+                out += self._evict(n - len(out))
+        else:
+            out = self._evict(n)
         if len(out) < n:
             unpinned = self._unpinned
             out += [
@@ -128,8 +131,7 @@ class KvwiseFreeQueue:
             deque(map(self._cached.__delitem__, victims), maxlen=0)
         except KeyError as exc:
             raise RuntimeError(f"evictor returned block {exc} that is not free") from None
-        blocks = self.blocks
-        out = [blocks[i] for i in victims]
+        out = list(map(self.blocks.__getitem__, victims))
         if self.hooks is not None:
             hash_of = self.hash
             hashes = [hash_of[block.block_id] for block in out if block.block_hash is not None]
@@ -153,7 +155,8 @@ class KvwiseFreeQueue:
             return
         if self.hooks is not None:
             self.hooks.before_call()
-        self._send_hits()
+        if self._hits:
+            self._send_hits()
         ids = [block.block_id for block in blocks if block.block_hash is not None]
         if len(ids) != len(blocks):
             unpinned = self._unpinned
@@ -209,9 +212,8 @@ class KvwiseFreeQueue:
 
     # --- side table (called by the integration's wrappers) ----------------------------------
     def _send_hits(self) -> None:
-        if self._hits:
-            hits, self._hits = self._hits, []
-            self.evictor.touch(hits, self.clock())
+        hits, self._hits = self._hits, []
+        self.evictor.touch(hits, self.clock())
 
     def note_cached(self, blocks: Sequence[Any], first: int, code: int) -> list[int]:
         """``blocks`` (a request's, from prompt position ``first``) just got their hashes:
