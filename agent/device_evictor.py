@@ -1,19 +1,20 @@
 """``DeviceEvictor``: the ``wa`` victim order, with the candidates of each eviction scored
 and ordered in one batch on a torch device.
 
-Owns the device half of workload-aware eviction: the per-category constants as tensors
-on the configured device and the scoring and ordering of candidates there. The block
+Owns the device half of workload-aware eviction: the scoring and ordering of each
+eviction's candidates on the configured device. The block
 bookkeeping (category queues in ``(t, -offset, release number)`` order, lazy deletion,
 the clock) is ``wa``'s own (``agent.policies.wa``), inherited, so ``touch`` and ``free``
 cost what they cost in ``wa`` and nothing is staged for the device.
 
 ``evict(n)`` does not score every block. Within one category the queue order is the key
 order (``agent.policies.wa_core``), so the ``n`` victims are among the first ``n`` live
-blocks of each category's queue. Those candidates go to the device in one upload; their
-scores ``lc - a * (now - t)`` are computed there (three separate kernels, no fused
-multiply-add: the CPU's IEEE operations) and sorted; the ``n`` best, with every candidate
-tied with the last of them, come back, and the host puts those few in the exact victim
-order ``(score, t, -offset, release number)``. The work per call is thus O(W n) for W
+blocks of each category's queue. Their stamps and category constants go to the device
+in one upload; their scores ``lc - a * (now - t)`` are computed there (three separate
+kernels, no fused multiply-add: the CPU's IEEE operations) and sorted; the sorted scores
+and the order of the ``n`` best, with every candidate tied with the last of them, come
+back, and the host puts those few in the exact victim order
+``(score, t, -offset, release number)``. The work per call is thus O(W n) for W
 non-empty categories, not O(blocks held).
 
 Same Protocol as the CPU policies (``agent.policies.base``), plus ``set_policy`` and
@@ -26,6 +27,7 @@ optional for the agent).
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,7 +48,7 @@ class DeviceEvictor(WAPolicy):
     count), reported doubled whenever more blocks are held; nothing is allocated by it.
     """
 
-    __slots__ = ("_capacity", "_device_constants", "device")
+    __slots__ = ("_capacity", "device")
 
     def __init__(
         self,
@@ -60,8 +62,6 @@ class DeviceEvictor(WAPolicy):
         super().__init__(category_names=category_names, doc=doc, attribution=attribution)
         self.device = torch.device(device)
         self._capacity = max(int(capacity), 1)
-        # (lc, a) per category row on the device, rebuilt when rows or constants change.
-        self._device_constants: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def simulated(cls, num_blocks: int, **kwargs: Any) -> DeviceEvictor:
@@ -79,21 +79,12 @@ class DeviceEvictor(WAPolicy):
         """Nothing to upload: blocks are kept on the host, candidates go up per ``evict``
         (kept for callers written against an evictor that staged its writes)."""
 
-    def _constants_on_device(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(lc, a)`` per category row, as float64 tensors on the device."""
-        if self._consts_stale:
-            self._refresh_consts()
-            self._device_constants = None
-        cached = self._device_constants
-        if cached is None or cached[0].numel() != len(self._constants):
-            table = torch.tensor(self._constants, dtype=torch.float64).to(self.device)
-            cached = self._device_constants = (table[:, 0].contiguous(), table[:, 1].contiguous())
-        return cached
-
     def _candidates(self, n: int) -> tuple[list[Entry], torch.Tensor]:
         """The first ``n`` live entries of every category queue, lane after lane, and
-        their stamps and category rows as one float64 tensor on the device (two rows;
-        every value exact in float64)."""
+        their stamps and category constants ``lc`` and ``a`` as one float64 tensor on
+        the device (three rows, one upload)."""
+        if self._consts_stale:
+            self._refresh_consts()
         evictable = self._ev
         entries: list[Entry] = []
         lane_rows: list[int] = []
@@ -104,31 +95,30 @@ class DeviceEvictor(WAPolicy):
                 entries += first
                 lane_rows.append(row)
                 lane_sizes.append(len(first))
-        fields = np.empty((2, len(entries)))
+        rows = np.repeat(lane_rows, lane_sizes)
+        fields = np.empty((3, len(entries)))
         fields[0] = np.fromiter(map(STAMP, entries), np.float64, len(entries))
-        fields[1] = np.repeat(lane_rows, lane_sizes)
+        np.take(self._lc, rows, out=fields[1])
+        np.take(self._a, rows, out=fields[2])
         return entries, torch.from_numpy(fields).to(self.device)
 
     def evict(self, n: int) -> list[int]:
         """Remove and return up to ``n`` victims in key order, at the clock's time."""
         if n <= 0 or not self._ev:
             return []
-        log_constant, rate = self._constants_on_device()
         entries, fields = self._candidates(n)
-        stamp, row = fields
-        row_index = row.to(torch.int64)
+        stamp, log_constant, rate = fields
         # Exactly the CPU's operations, lc - a * (now - t), one rounding each.
         score = torch.rsub(stamp, self._clock)
-        score.mul_(rate.index_select(0, row_index))
-        torch.sub(log_constant.index_select(0, row_index), score, out=score)
+        score.mul_(rate)
+        torch.sub(log_constant, score, out=score)
         # The n best scores, and every candidate tied with the last of them, come back;
         # the host orders those few by the whole key (score, t, -offset, release).
-        order = torch.argsort(score)
-        ranked = score[order]
-        last = ranked[min(n, len(entries)) - 1]
-        cut = int(torch.searchsorted(ranked, last, right=True))
+        ranked, order = torch.sort(score)
+        scores = ranked.tolist()
+        cut = bisect_right(scores, scores[min(n, len(scores)) - 1])
         tied = map(entries.__getitem__, order[:cut].tolist())
-        keyed = sorted(zip(ranked[:cut].tolist(), tied, strict=True))
+        keyed = sorted(zip(scores[:cut], tied, strict=True))
         victims = [entry[3] for _, entry in keyed[:n]]
         evictable = self._ev
         for block in victims:
