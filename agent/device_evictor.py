@@ -36,7 +36,7 @@ import torch
 
 from agent.policies.wa import WAPolicy
 from agent.policies.wa_core import Attribution
-from agent.policies.wa_queue import STAMP, Entry
+from agent.policies.wa_queue import BLOCK, STAMP, Entry
 from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 
 
@@ -119,7 +119,7 @@ class DeviceEvictor(WAPolicy):
         cut = bisect_right(scores, scores[min(n, len(scores)) - 1])
         tied = map(entries.__getitem__, order[:cut].tolist())
         keyed = sorted(zip(scores[:cut], tied, strict=True))
-        victims = [entry[3] for _, entry in keyed[:n]]
+        victims = [BLOCK(entry) for _, entry in keyed[:n]]
         evictable = self._ev
         for block in victims:
             del evictable[block]

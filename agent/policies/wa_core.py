@@ -54,7 +54,7 @@ from typing import Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 
-from agent.policies.wa_queue import Entry, Evictable, Key
+from agent.policies.wa_queue import KEY_ROW, KEY_SCORE, Entry, Evictable, Key
 from agent.policy_document import CategoryParams, PolicyDocument
 
 Const = tuple[float, float]
@@ -401,7 +401,7 @@ class WACore(Generic[LaneT]):
             position = self._key_heads(active, position, now, slack)
             if not active:
                 break
-            row = heappop(active)[4]
+            row = KEY_ROW(heappop(active))
             lane = rows[row][1]
             log_constant, rate = constants[row]
             threshold = active[0] if active else None
@@ -430,7 +430,9 @@ class WACore(Generic[LaneT]):
         while position < len(order):
             row = order[position]
             if len(active) >= 2:
-                second = active[1][0] if len(active) == 2 else min(active[1][0], active[2][0])
+                second = KEY_SCORE(active[1])
+                if len(active) > 2:
+                    second = min(second, KEY_SCORE(active[2]))
                 if not bound[row] - slack <= second:
                     break
             position += 1

@@ -28,6 +28,12 @@ Evictable = dict[int, Entry]
 STAMP = itemgetter(0)
 RELEASE = itemgetter(2)
 BLOCK = itemgetter(3)
+"""An entry's fields."""
+KEY_SCORE = itemgetter(0)
+KEY_STAMP = itemgetter(1)
+KEY_RELEASE = itemgetter(3)
+KEY_ROW = itemgetter(4)
+"""A head key's fields."""
 INF = math.inf
 _CHUNK = 256  # entries examined at a time when skipping stale ones
 _TRIM = 4096  # a queue drops its consumed prefix once it is this long and half the list
@@ -48,10 +54,10 @@ def surely_below(log_constant: float, rate: float, now: float, threshold: Key | 
     """
     if threshold is None:
         return INF
-    threshold_score = threshold[0]
+    threshold_score = KEY_SCORE(threshold)
     if log_constant == -INF:
         # Every score of this category is -inf: below any finite one, else ages decide.
-        return INF if threshold_score > -INF else threshold[1]
+        return INF if threshold_score > -INF else KEY_STAMP(threshold)
     if threshold_score == -INF or rate < 1e-200:
         return -INF
     idle = (log_constant - threshold_score) / rate
@@ -82,7 +88,7 @@ class EntryList:
         ents, head_at = self.ents, self.head_at
         while head_at < len(ents):
             entry = ents[head_at]
-            if evictable.get(entry[3]) is entry:
+            if evictable.get(BLOCK(entry)) is entry:
                 self.head_at = head_at
                 return entry
             chunk = ents[head_at : head_at + _CHUNK]
@@ -160,7 +166,7 @@ class TimeQueue(EntryList):
             if entry is None:
                 dirty.clear()
                 return None
-            stamp = entry[0]
+            stamp = STAMP(entry)
             while dirty and dirty[0] < stamp:
                 dirty.popleft()
             if not dirty or dirty[0] != stamp:
@@ -180,7 +186,7 @@ class TimeQueue(EntryList):
         found: list[Entry] = []
         position = self.head_at
         while len(found) < count and position < len(ents):
-            stamp = ents[position][0]
+            stamp = STAMP(ents[position])
             while dirty and dirty[0] < stamp:
                 dirty.popleft()  # a dirty run whose entries have all gone
             if dirty and dirty[0] == stamp:
@@ -262,7 +268,7 @@ class TimeQueue(EntryList):
                     limit - len(victims),
                     victims,
                 )
-            if len(victims) >= limit or head_at >= len(ents) or ents[head_at][0] < stop:
+            if len(victims) >= limit or head_at >= len(ents) or STAMP(ents[head_at]) < stop:
                 self.trim()
                 return victims
             # A dirty run reached the head: sort it and carry on.
@@ -297,5 +303,5 @@ class ZeroQueue(EntryList):
             if head > threshold[:3]:
                 return []
             if head == threshold[:3]:
-                return self.pop_below(evictable, RELEASE, threshold[3], limit)
+                return self.pop_below(evictable, RELEASE, KEY_RELEASE(threshold), limit)
         return self.pop_below(evictable, STAMP, INF, limit)
