@@ -74,7 +74,7 @@ class KvwiseFreeQueue:
         clock: Callable[[], float] = time.time,
     ) -> None:
         n = len(blocks)
-        if any(b.block_id != i for i, b in enumerate(blocks)):
+        if any(block.block_id != i for i, block in enumerate(blocks)):
             raise ValueError("blocks[i].block_id must equal i")
         self.blocks = list(blocks)
         self.evictor = evictor
@@ -82,7 +82,7 @@ class KvwiseFreeQueue:
         self.clock = clock
         self.num_free_blocks = n
         # The end of the dict is the head: popitem() takes it in O(1).
-        self._fresh: dict[int, Any] = {b.block_id: b for b in reversed(self.blocks)}
+        self._fresh: dict[int, Any] = {block.block_id: block for block in reversed(self.blocks)}
         self._cached: dict[int, None] = {}  # free block ids the evictor holds, release order
         self._unpinned: OrderedDict[int, Any] = OrderedDict()
         self._hits: list[int] = []  # removed from the evictor's free set, touch not yet sent
@@ -104,12 +104,15 @@ class KvwiseFreeQueue:
             raise ValueError(f"cannot pop {n} blocks: {self.num_free_blocks} free")
         if self.hooks is not None:
             self.hooks.before_call()
-        self._send_hits()
+        if self._hits:
+            self._send_hits()
         fresh = self._fresh
-        k = min(n, len(fresh))
-        out = [fresh.popitem()[1] for _ in range(k)]
-        if k < n:
-            out += self._evict(n - k)
+        if fresh:
+            out = [fresh.popitem()[1] for _ in range(min(n, len(fresh)))]
+            if len(out) < n:
+                out += self._evict(n - len(out))
+        else:
+            out = self._evict(n)
         if len(out) < n:
             unpinned = self._unpinned
             out += [
@@ -128,11 +131,10 @@ class KvwiseFreeQueue:
             deque(map(self._cached.__delitem__, victims), maxlen=0)
         except KeyError as exc:
             raise RuntimeError(f"evictor returned block {exc} that is not free") from None
-        blocks = self.blocks
-        out = [blocks[i] for i in victims]
+        out = list(map(self.blocks.__getitem__, victims))
         if self.hooks is not None:
-            h = self.hash
-            hashes = [h[b.block_id] for b in out if b.block_hash is not None]
+            hash_of = self.hash
+            hashes = [hash_of[block.block_id] for block in out if block.block_hash is not None]
             if hashes:
                 self.hooks.evicted(hashes, self.clock())
         return out
@@ -153,13 +155,14 @@ class KvwiseFreeQueue:
             return
         if self.hooks is not None:
             self.hooks.before_call()
-        self._send_hits()
-        ids = [b.block_id for b in blocks if b.block_hash is not None]
+        if self._hits:
+            self._send_hits()
+        ids = [block.block_id for block in blocks if block.block_hash is not None]
         if len(ids) != len(blocks):
             unpinned = self._unpinned
-            for b in blocks:
-                if b.block_hash is None:
-                    unpinned[b.block_id] = b
+            for block in blocks:
+                if block.block_hash is None:
+                    unpinned[block.block_id] = block
         if ids:
             self._free(ids)
         self.num_free_blocks += len(blocks)
@@ -175,17 +178,17 @@ class KvwiseFreeQueue:
         if codes.count(codes[0]) == len(codes):
             free(ids, offs, now, codes[0])
         else:
-            lo = 0
-            for c, run in groupby(codes):
-                hi = lo + sum(1 for _ in run)
-                free(ids[lo:hi], offs[lo:hi], now, c)
-                lo = hi
+            start = 0
+            for run_code, run in groupby(codes):
+                end = start + sum(1 for _ in run)
+                free(ids[start:end], offs[start:end], now, run_code)
+                start = end
         self._cached.update(dict.fromkeys(ids))
 
     def prepend_n(self, blocks: Sequence[Any]) -> None:
         if not blocks:
             return
-        self._fresh.update((b.block_id, b) for b in reversed(blocks))
+        self._fresh.update((block.block_id, block) for block in reversed(blocks))
         self.num_free_blocks += len(blocks)
 
     def get_all_free_blocks(self) -> list[Any]:
@@ -201,17 +204,16 @@ class KvwiseFreeQueue:
     def iter_blocks_after(self, cursor: Any | None) -> Iterator[Any]:
         """Free blocks after ``cursor`` in ``get_all_free_blocks`` order (O(free blocks))."""
         seen = cursor is None
-        for b in self.get_all_free_blocks():
+        for block in self.get_all_free_blocks():
             if seen:
-                yield b
-            elif b is cursor:
+                yield block
+            elif block is cursor:
                 seen = True
 
     # --- side table (called by the integration's wrappers) ----------------------------------
     def _send_hits(self) -> None:
-        if self._hits:
-            hits, self._hits = self._hits, []
-            self.evictor.touch(hits, self.clock())
+        hits, self._hits = self._hits, []
+        self.evictor.touch(hits, self.clock())
 
     def note_cached(self, blocks: Sequence[Any], first: int, code: int) -> list[int]:
         """``blocks`` (a request's, from prompt position ``first``) just got their hashes:
@@ -219,22 +221,22 @@ class KvwiseFreeQueue:
         e.g. null or masked ones, are skipped and get none)."""
         offset, codes, hashes = self.offset, self.code, self.hash
         out: list[int] = []
-        for i, b in enumerate(blocks, first):
-            key = b.block_hash
+        for i, block in enumerate(blocks, first):
+            key = block.block_hash
             if key is None:
                 continue
-            bid = b.block_id
+            bid = block.block_id
             offset[bid] = i
             codes[bid] = code
-            hashes[bid] = h = hash64(key)
-            out.append(h)
+            hashes[bid] = hash_of = hash64(key)
+            out.append(hash_of)
         return out
 
     def note_hits(self, blocks: Sequence[Any], code: int) -> tuple[list[int], list[int]]:
         """A request of category ``code`` reuses cached ``blocks``: its category becomes
         theirs (attribution to the last accessor). Returns their hashes and offsets."""
         codes = self.code
-        ids = [b.block_id for b in blocks]
+        ids = [block.block_id for block in blocks]
         for bid in ids:
             codes[bid] = code
         return list(map(self.hash.__getitem__, ids)), list(map(self.offset.__getitem__, ids))

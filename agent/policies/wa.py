@@ -1,4 +1,4 @@
-"""``wa``: the workload-aware policy of POLICY.md, fitted parameters swapped in live.
+"""``wa``: the workload-aware policy (docs/policy.md), fitted parameters swapped in live.
 
 Owns ``WAPolicy``: one time-ordered queue per request category; the victim is the block
 least likely to be reused within its category's life window (the key and its full
@@ -87,6 +87,6 @@ class WAPolicy(WACore[WALane]):
 
     def _file(self, code: int, entries: list[Entry], t: float, ordered: bool) -> None:
         lane = self._lanes.get(code) or self._lane(code)
-        if lane.h == len(lane.ents):  # stamps never go back: only an empty lane needs a bound
-            self._t0[lane.idx] = t
+        if lane.head_at == len(lane.ents):  # stamps never go back: only an empty lane needs a bound
+            self._restart_bound(lane.idx, t)
         lane.add(entries, t, ordered)

@@ -17,7 +17,9 @@ by any device evictor::
 
     lc_w = log(p_w) + log(-expm1(-a_w * L_w))        (-inf when p_w = 0)
 
-so that ``lc_w - a_w * d`` is ``log ReuseProb`` of POLICY.md for a block idle ``d``.
+so that ``lc_w - a_w * d`` is the log of ``ReuseProb = p (1 - e^{-a L}) e^{-a d}``, the
+chance that a block idle ``d`` seconds is reused within its category's life window
+(docs/architecture.md, "A worked timeline").
 The policy's clock ``now`` is the largest ``now`` any ``touch`` or ``free`` has passed
 (``evict`` takes no time: it uses the clock). The eviction key is the tuple::
 
@@ -26,13 +28,14 @@ The policy's clock ``now`` is the largest ``now`` any ``touch`` or ``free`` has 
 compared lexicographically in IEEE double precision, the first element computed exactly
 in that order of operations; the smallest is evicted first. In words: least likely to be
 reused within the life window first; on an exact tie the longer-idle block; then the block
-further into its prompt (POLICY.md's tail-first rule); then the block released first.
+further into its prompt (ties go to the tail: docs/architecture.md, "A worked timeline");
+then the block released first.
 
 Why ``t`` comes before ``-o``: within one category the first element never decreases as
 ``t`` grows, so ordering a category's queue by ``(t, -o, q)`` makes its head that
 category's minimum, even when scores tie exactly (``p_w = 0`` gives ``-inf`` for every
-block; very different ages can round to the same double). With POLICY.md's bare
-``(ReuseProb, -offset)`` such ties would need every block of the category compared. The
+block; very different ages can round to the same double). With a bare
+``(ReuseProb, -offset)`` key such ties would need every block of the category compared. The
 two orders differ only on exact score ties between different access times.
 
 Time: ``now`` is the caller's float seconds; accesses reported with an older ``now`` than
@@ -51,7 +54,7 @@ from typing import Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 
-from agent.policies.wa_queue import Entry, Evictable, Key
+from agent.policies.wa_queue import KEY_ROW, KEY_SCORE, Entry, Evictable, Key
 from agent.policy_document import CategoryParams, PolicyDocument
 
 Const = tuple[float, float]
@@ -60,6 +63,9 @@ Attribution = Literal["creator", "last"]
 
 COMPACT_SLACK = 1 << 16
 """Compact the queues once stale entries exceed the evictable blocks by this many."""
+REFRESH_AFTER_HEADS = 6
+"""Recompute every category's bound once an eviction keyed this many heads (a cost
+setting only: the victims are the same whatever it is)."""
 
 
 def log_weight(p: CategoryParams) -> Const:
@@ -105,16 +111,22 @@ class Lane(Protocol):
     idx: int
     """The category's row in the evictor's arrays."""
 
-    def head(self, ev: Evictable) -> Entry | None:
+    def head(self, evictable: Evictable) -> Entry | None:
         """The category's minimum live entry (``None`` when empty)."""
 
     def take(
-        self, ev: Evictable, lc: float, a: float, now: float, thr: Key | None, limit: int
+        self,
+        evictable: Evictable,
+        log_constant: float,
+        rate: float,
+        now: float,
+        threshold: Key | None,
+        limit: int,
     ) -> list[int]:
-        """Pop up to ``limit`` blocks, from the head on, with keys below ``thr`` (all of
-        them, up to ``limit``), removing them from ``ev``. Called right after ``head``."""
+        """Pop up to ``limit`` blocks, from the head on, with keys below ``threshold`` (all of
+        them, up to ``limit``), removing them from ``evictable``. Called right after ``head``."""
 
-    def compact(self, ev: Evictable) -> None:
+    def compact(self, evictable: Evictable) -> None:
         """Drop stale entries."""
 
 
@@ -128,29 +140,44 @@ class WACore(Generic[LaneT]):
     Subclasses implement ``free``, ``_new_lane`` and ``_const_of``.
 
     Eviction: each category (lane) has a row holding ``lc``, ``a`` and ``t0``, a lower
-    bound of its head's stamp (NaN when found empty). One vectorised pass gives every
-    category a lower bound of its head's score, ``lc - a (now - t0)``, exact when ``t0``
-    is the head's stamp (the same IEEE operations as the key). Categories are pulled in
-    order of bound, each head checked and keyed exactly, until the next bound exceeds the
-    two best exact keys; the best category then loses blocks until its head passes the
-    second best, and the loop goes on. A call thus keys a few heads, not W.
+    bound of its head's stamp (NaN when found empty), so ``lc - a (now - t0)`` is a lower
+    bound of its head's score, exact when ``t0`` is the head's stamp (the same IEEE
+    operations as the key). Categories are pulled in order of bound, each head checked and
+    keyed exactly, until the next bound exceeds the two best exact keys; the best category
+    then loses blocks until its head passes the second best, and the loop goes on. A call
+    thus keys a few heads, not W.
+
+    The bounds of all W rows (one vectorised pass and a sort) are not recomputed on every
+    call: a pass made at an earlier clock ``now0`` stays a lower bound at ``now`` once
+    loosened by the largest rate times ``now - now0`` (scores fall at most that fast, and
+    ``t0`` only rises) plus a rounding margin. A fresh pass is made when a row's bound may
+    have dropped below its cached one (an empty category refilled, parameters or rows
+    changed) or when the loosened bounds made the last call key many heads. With a single
+    category there is nothing to compare: its queue is drained directly.
     """
 
     __slots__ = (
         "_a",
+        "_bound",
+        "_bound_order",
+        "_bound_scale",
+        "_bound_time",
+        "_bounds_valid",
         "_buf",
         "_by_creator",
         "_clock",
         "_codes",
+        "_constants",
         "_consts_stale",
         "_creator",
         "_doc",
         "_ev",
+        "_heads_keyed",
         "_in_use",
-        "_kc",
         "_lanes",
         "_lc",
         "_names",
+        "_rate_max",
         "_rows",
         "_seq",
         "_stale",
@@ -170,7 +197,7 @@ class WACore(Generic[LaneT]):
         self._by_creator = attribution == "creator"
         self._names: list[str] = []
         self._codes: dict[str, int] = {}
-        self._kc: list[Const] = []  # row -> (lc, a)
+        self._constants: list[Const] = []  # row -> (lc, a)
         self._doc = doc
         self._clock = clock
         self._ev: Evictable = {}
@@ -183,6 +210,15 @@ class WACore(Generic[LaneT]):
         self._a = np.zeros(0)
         self._t0 = np.zeros(0)
         self._buf = np.zeros(0)
+        self._rate_max = 0.0
+        # The last pass over every row's bound: the bounds, rows in order of bound, the
+        # clock it was made at, whether it is still a lower bound of every row.
+        self._bound: list[float] = []
+        self._bound_order: list[int] = []
+        self._bound_scale = 0.0  # the largest finite |bound| plus the largest finite |lc|
+        self._bound_time = -math.inf
+        self._bounds_valid = False
+        self._heads_keyed = 0  # heads the last eviction keyed
         self._consts_stale = False
         self._seq = 0
         self._stale = 0  # stale entries made since the last compaction (an upper bound)
@@ -232,9 +268,11 @@ class WACore(Generic[LaneT]):
 
     def _refresh_consts(self) -> None:
         for row, (code, _) in enumerate(self._rows):
-            c = self._kc[row] = self._const_of_code(code)
-            self._lc[row], self._a[row] = c
+            constants = self._constants[row] = self._const_of_code(code)
+            self._lc[row], self._a[row] = constants
+        self._rate_max = max((rate for _, rate in self._constants), default=0.0)
         self._consts_stale = False
+        self._bounds_valid = False
 
     def _new_lane(self, row: int) -> LaneT:
         raise NotImplementedError
@@ -245,12 +283,14 @@ class WACore(Generic[LaneT]):
             row = len(self._rows)
             lane = self._lanes[code] = self._new_lane(row)
             self._rows.append((code, lane))
-            lc, a = c = self._const_of_code(code)
-            self._kc.append(c)
-            self._lc = np.append(self._lc, lc)
-            self._a = np.append(self._a, a)
+            log_constant, rate = constants = self._const_of_code(code)
+            self._constants.append(constants)
+            self._rate_max = max(self._rate_max, rate)
+            self._lc = np.append(self._lc, log_constant)
+            self._a = np.append(self._a, rate)
             self._t0 = np.append(self._t0, math.nan)
             self._buf = np.zeros(row + 1)
+            self._bounds_valid = False
         return lane
 
     # --- bookkeeping shared by free ---------------------------------------------------------
@@ -262,13 +302,13 @@ class WACore(Generic[LaneT]):
     def _release(self, blocks: Sequence[int], entries: list[Entry]) -> None:
         """``blocks`` become evictable with ``entries``; an earlier entry of any of them
         (evictable before, or named twice) goes stale."""
-        ev = self._ev
+        evictable = self._ev
         self._in_use.difference_update(blocks)
-        n0 = len(ev)
-        ev.update(zip(blocks, entries, strict=True))
+        count_before = len(evictable)
+        evictable.update(zip(blocks, entries, strict=True))
         self._seq += len(blocks)
-        self._stale += len(blocks) - (len(ev) - n0)
-        if self._stale > len(ev) + COMPACT_SLACK:
+        self._stale += len(blocks) - (len(evictable) - count_before)
+        if self._stale > len(evictable) + COMPACT_SLACK:
             self._compact()
 
     def _compact(self) -> None:
@@ -284,76 +324,146 @@ class WACore(Generic[LaneT]):
         """``lane`` received blocks stamped ``t``: keep ``t0`` a lower bound of its head
         (NaN: the lane was found empty)."""
         if not self._t0[lane.idx] <= t:
-            self._t0[lane.idx] = t
+            self._lower_t0(lane.idx, t)
+
+    def _restart_bound(self, row: int, t: float) -> None:
+        """Row ``row``'s queue was empty and receives blocks stamped ``t``."""
+        if self._t0[row] <= t:
+            self._t0[row] = t  # a higher bound: the cached ones still hold
+        else:
+            self._lower_t0(row, t)
+
+    def _lower_t0(self, row: int, t: float) -> None:
+        """Row ``row``'s head may now be stamped as early as ``t``: the cached bounds no
+        longer bound it."""
+        self._t0[row] = t
+        self._bounds_valid = False
 
     # --- the Protocol ----------------------------------------------------------------------
     def touch(self, blocks: Sequence[int], now: float) -> None:
         self._tick(now)
-        ev = self._ev
-        n0 = len(ev)
-        deque(map(ev.pop, blocks, repeat(None)), maxlen=0)
-        self._stale += n0 - len(ev)
+        evictable = self._ev
+        count_before = len(evictable)
+        deque(map(evictable.pop, blocks, repeat(None)), maxlen=0)
+        self._stale += count_before - len(evictable)
         self._in_use.update(blocks)
 
     def evict(self, n: int) -> list[int]:
         """Remove and return up to ``n`` victims in key order, at the clock's time."""
-        victims: list[int] = []
-        ev = self._ev
-        if n <= 0 or not ev:
-            return victims
+        if n <= 0 or not self._ev:
+            return []
         if self._consts_stale:
             self._refresh_consts()
-        now = self._clock
-        k = len(self._rows)
-        t0, buf = self._t0, self._buf
-        # lc - a (now - t0), in place; NaN rows (empty categories) stay quiet, sort last.
-        np.subtract(now, t0, out=buf)
-        np.multiply(self._a, buf, out=buf)
-        np.subtract(self._lc, buf, out=buf)
-        order = buf.argsort().tolist()
-        bound = buf.tolist()
-        rows, kc = self._rows, self._kc
-        active: list[Key] = []
-        pos = 0
-        remaining = n
-        while remaining:
-            # Key heads exactly, best bound first, until the next bound is above the two
-            # best keys (a NaN bound belongs to an empty category: stop there too).
-            while pos < k:
-                row = order[pos]
-                if len(active) >= 2:
-                    second = active[1][0] if len(active) == 2 else min(active[1][0], active[2][0])
-                    if not bound[row] <= second:
-                        break
-                pos += 1
-                e = rows[row][1].head(ev)
-                if e is None:
-                    t0[row] = math.nan
-                    continue
-                lc, a = kc[row]
-                heappush(active, (lc - a * (now - e[0]), e[0], e[1], e[2], row))
-            if not active:
-                break
-            row = heappop(active)[4]
-            lane = rows[row][1]
-            lc, a = kc[row]
-            # This category holds the smallest key: evict until its head passes thr.
-            got = lane.take(ev, lc, a, now, active[0] if active else None, remaining)
-            victims += got
-            remaining -= len(got)
-            e = lane.head(ev)
-            if e is None:
-                t0[row] = math.nan
-            else:
-                heappush(active, (lc - a * (now - e[0]), e[0], e[1], e[2], row))
-        for key in active:
-            t0[key[4]] = key[1]
+        single = len(self._rows) == 1
+        victims = self._drain_only_lane(n) if single else self._evict_compared(n)
         if self._by_creator:
             deque(map(self._creator.__delitem__, victims), maxlen=0)
         return victims
+
+    def _drain_only_lane(self, n: int) -> list[int]:
+        """One category: its queue order is the victim order, no score to compare."""
+        lane = self._rows[0][1]
+        if lane.head(self._ev) is None:
+            self._t0[0] = math.nan
+            return []
+        log_constant, rate = self._constants[0]
+        return lane.take(self._ev, log_constant, rate, self._clock, None, n)
+
+    def _refresh_bounds(self, now: float) -> None:
+        """Every row's bound at ``now``, and the rows in order of bound (one numpy pass;
+        NaN rows, empty categories, sort last)."""
+        bound = self._buf
+        np.subtract(now, self._t0, out=bound)
+        np.multiply(self._a, bound, out=bound)
+        np.subtract(self._lc, bound, out=bound)
+        self._bound_order = bound.argsort().tolist()
+        self._bound = bound.tolist()
+        self._bound_scale = magnitude(self._bound) + magnitude(self._lc.tolist())
+        self._bound_time = now
+        self._bounds_valid = True
+
+    def _evict_compared(self, n: int) -> list[int]:
+        """Victims from several categories: the best head's queue drains until its head
+        passes the second best key, then the heads are compared again."""
+        now = self._clock
+        elapsed = now - self._bound_time
+        if not (self._bounds_valid and self._heads_keyed < REFRESH_AFTER_HEADS) or not (
+            0.0 <= elapsed < math.inf
+        ):
+            self._refresh_bounds(now)
+            elapsed = 0.0
+        slack = loosening(self._rate_max * elapsed, self._bound_scale)
+        evictable, rows, constants, t0 = self._ev, self._rows, self._constants, self._t0
+        active: list[Key] = []
+        victims: list[int] = []
+        position = 0
+        while len(victims) < n:
+            position = self._key_heads(active, position, now, slack)
+            if not active:
+                break
+            row = KEY_ROW(heappop(active))
+            lane = rows[row][1]
+            log_constant, rate = constants[row]
+            threshold = active[0] if active else None
+            victims += lane.take(evictable, log_constant, rate, now, threshold, n - len(victims))
+            head = lane.head(evictable)
+            if head is None:
+                t0[row] = math.nan
+            else:
+                stamp, neg_offset, release, _ = head
+                score = log_constant - rate * (now - stamp)
+                heappush(active, (score, stamp, neg_offset, release, row))
+        for _score, stamp, *_, row in active:
+            t0[row] = stamp
+        self._heads_keyed = position
+        return victims
+
+    def _key_heads(self, active: list[Key], position: int, now: float, slack: float) -> int:
+        """Key heads exactly onto the heap ``active``, rows in order of cached bound from
+        ``position`` on, until the next row's bound less ``slack`` is above the two best
+        keys, or is NaN (a category found empty). Returns the next position.
+
+        One ``slack`` for every row keeps the loosened bounds in the cached order, so the
+        first row above the keys proves every later row is above them too."""
+        order, bound, constants = self._bound_order, self._bound, self._constants
+        rows, evictable, t0 = self._rows, self._ev, self._t0
+        while position < len(order):
+            row = order[position]
+            if len(active) >= 2:
+                second = KEY_SCORE(active[1])
+                if len(active) > 2:
+                    second = min(second, KEY_SCORE(active[2]))
+                if not bound[row] - slack <= second:
+                    break
+            position += 1
+            head = rows[row][1].head(evictable)
+            if head is None:
+                t0[row] = math.nan
+                continue
+            log_constant, rate = constants[row]
+            stamp, neg_offset, release, _ = head
+            score = log_constant - rate * (now - stamp)
+            heappush(active, (score, stamp, neg_offset, release, row))
+        return position
 
     def __len__(self) -> int:
         return len(self._ev) + len(self._in_use)
 
     def __contains__(self, block: object) -> bool:
         return block in self._ev or block in self._in_use
+
+
+def magnitude(values: list[float]) -> float:
+    """The largest finite ``|value|`` (0 when none is finite)."""
+    return max((abs(v) for v in values if math.isfinite(v)), default=0.0)
+
+
+def loosening(drift: float, scale: float) -> float:
+    """What to subtract from a row's bound computed some seconds ago so that it bounds
+    the row's head key now: ``drift`` (the largest rate times those seconds, the most a
+    score falls in that time) plus a margin far above every rounding of the two
+    computations compared (a billionth of ``scale``, the magnitudes involved, plus
+    1e-12). Zero when no time has passed: the bounds are then exact."""
+    if not drift:
+        return 0.0
+    return drift + (1e-9 * (scale + drift) + 1e-12)

@@ -4,11 +4,10 @@ vLLM's stock free queue, same process, same cache size.
 Each evictor is filled with ``--blocks`` cached, evictable blocks: requests of 1-64 blocks
 released tail first, 20 categories with random fitted-like parameters (synthetic data),
 times increasing. Then, for each ``n``, every timed call evicts ``n`` blocks; the victims
-are released again (untimed; the device evictor's staged writes are uploaded before the
-clock starts) so the size stays constant. vLLM's queue "evicts" with ``popleft_n(n)`` and
-takes the blocks back with ``append_n``; it is vLLM's own ``FreeKVCacheBlockQueue`` when
-vLLM imports here, else a re-implementation of its doubly linked list written from
-vLLM's source semantics (the report says which).
+are released again (untimed) so the size stays constant. vLLM's queue "evicts" with
+``popleft_n(n)`` and takes the blocks back with ``append_n``; it is vLLM's own
+``FreeKVCacheBlockQueue`` when vLLM imports here, else a re-implementation of its doubly
+linked list written from vLLM's source semantics (the report says which).
 
     python -m tests.bench.bench_device_evictor [--blocks 100000 1000000] [--n 1 16 256]
         [--device cpu] [--threads 1] [--calls 200] [--seed 1]
@@ -27,7 +26,6 @@ import gc
 import platform
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -68,9 +66,7 @@ def fill(pol: Any, n_blocks: int, rng: np.random.Generator) -> float:
 def time_policy(pol: Any, n: int, calls: int, t0: float) -> list[float]:
     out: list[float] = []
     t = t0
-    flush: Callable[[], None] = getattr(pol, "flush", lambda: None)
     for i in range(calls):
-        flush()
         start = time.perf_counter()
         victims = pol.evict(n)
         out.append(time.perf_counter() - start)

@@ -6,8 +6,7 @@ Two measurements, each the best of ``--repeat`` runs, in nanoseconds per block:
 
 - *queue*: ``popleft_n(n)`` then ``append_n`` of the same (cached) blocks, on vLLM's
   ``FreeKVCacheBlockQueue`` and on ``KvwiseFreeQueue`` over ``lru`` (the queue's own cost)
-  and over ``wa`` (the ENGINES.md figure of about 190 ns is this cycle for the stock
-  queue);
+  and over ``wa``;
 - *pool*: a real ``BlockPool`` driven like the scheduler: per request, touch a cached
   shared prefix (half the requests), ``get_new_blocks`` (evicting cached blocks),
   ``cache_full_blocks`` and ``free_blocks`` tail first; stock first, then with the plugin

@@ -1,5 +1,6 @@
 """The device (torch) evictor against the CPU ``wa``: same operations, same parameters, same
-victims in the same order (DESIGN.md invariant 6). Runs on the CPU (``simulated``).
+victims in the same order (invariant 6 of docs/architecture.md). Runs on the CPU
+(``simulated``).
 
 The differential tests draw operation scripts with the cases where orders can diverge:
 several categories (named, unnamed and negative codes), exact score ties (equal times,

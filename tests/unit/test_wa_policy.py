@@ -3,7 +3,8 @@ O(N) evictor written here from the victim order in ``agent.policies.wa_core``, a
 replay through the engine.
 
 Notation in comments: ``R = p (1 - exp(-a L)) exp(-a d)``, the reuse probability within
-the life window of a block idle ``d`` seconds (POLICY.md).
+the life window of a block idle ``d`` seconds (docs/architecture.md, "A worked
+timeline").
 """
 
 from __future__ import annotations
