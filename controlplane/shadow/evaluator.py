@@ -116,7 +116,8 @@ class ShadowEvaluator:
     def _worker(self, worker_id: str) -> _Worker:
         worker = self._workers.get(worker_id)
         if worker is None:
-            rebuilder = RequestRebuilder(self.sampler, self.table)
+            depth = self.settings.shadow_key_depth
+            rebuilder = RequestRebuilder(self.sampler, self.table, depth)
             worker = self._workers[worker_id] = _Worker(rebuilder, deque())
         return worker
 

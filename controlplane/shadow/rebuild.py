@@ -113,9 +113,11 @@ _EMPTY = _Run(
 class RequestRebuilder:
     """One worker's stream -> its sampled whole requests, batch by batch."""
 
-    def __init__(self, sampler: PrefixSampler, table: CategoryTable) -> None:
+    def __init__(self, sampler: PrefixSampler, table: CategoryTable, key_depth: int = 0) -> None:
         self.sampler = sampler
         self.table = table
+        self.key_depth = key_depth
+        """Offset of the block whose hash decides a request (its last, if shorter)."""
         self._held = _EMPTY
 
     def feed(self, batch: EventBatch) -> Rebuilt:
@@ -149,10 +151,11 @@ class RequestRebuilder:
         if not whole.all():
             starts, whole = _split_broken(run, starts, whole)
         counts = np.diff(np.append(starts, len(run)))
-        first = np.zeros(len(starts), dtype=np.int64)
-        zero = np.flatnonzero(run.offset == 0)
-        first[np.searchsorted(starts, zero, side="right") - 1] = run.block[zero]
-        keep = whole & self.sampler.keep(first)
+        group = np.repeat(np.arange(len(starts)), counts)
+        at = run.offset == np.minimum(counts - 1, self.key_depth)[group]
+        keys = np.zeros(len(starts), dtype=np.int64)
+        keys[group[at]] = run.block[at]
+        keep = whole & self.sampler.keep(keys)
         return Rebuilt(
             sampled=_materialise(run, starts, counts, keep),
             requests=int(whole.sum()),

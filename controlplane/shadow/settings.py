@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent.policies import names as policy_names
 
-DEFAULT_RATE = 0.1
+DEFAULT_RATE = 0.05
 """Default sampling rate (chosen on one seed, reported on another: docs/shadow.md)."""
 
 
@@ -28,7 +28,14 @@ class ShadowSettings(BaseModel):
         default=DEFAULT_RATE,
         gt=0,
         le=1,
-        description="Share of prefix trees sampled (by a hash of a request's first block)",
+        description="Share of prefix subtrees sampled (by a hash of a request's key block)",
+    )
+    shadow_key_depth: int = Field(
+        default=4,
+        ge=0,
+        le=4096,
+        description="Prompt offset of the key block (a shorter request: its last block); "
+        "past the prompts that most conversations share",
     )
     shadow_policies: str = Field(
         default="lru,s3fifo,arc",
@@ -45,7 +52,7 @@ class ShadowSettings(BaseModel):
         default=60, ge=1, le=10_000, description="Time buckets of the shadow window"
     )
     shadow_max_requests: int = Field(
-        default=200_000,
+        default=20_000,
         ge=1,
         description="Sampled requests kept per worker for the refit guard, at most",
     )
