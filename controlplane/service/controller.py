@@ -226,7 +226,8 @@ class Controller:
         if not self.lease.is_leader:
             return
         with contextlib.suppress(redis.RedisError):  # said by the health; next tick tries again
-            self.shadow.refresh(self.agent_reader.read(), self.store.current())
+            agents, current = self.agent_reader.read(), self.store.current()
+            self.shadow.refresh(agents, current, idle_s=SHADOW_REFRESH_S)
 
     def _load_checkpoint(self) -> None:
         try:

@@ -46,10 +46,15 @@ class ShadowLink:
                 self._failed.add(kind)
                 log.exception("shadow evaluation skipped a batch of %s", batch.worker)
 
-    def refresh(self, agents: list[AgentView], current: PolicyDocument | None) -> None:
-        """The workers' capacities and the document in force, as last read."""
+    def refresh(
+        self, agents: list[AgentView], current: PolicyDocument | None, idle_s: float = 0.0
+    ) -> None:
+        """The workers' capacities and the document in force, as last read; the requests
+        of workers idle ``idle_s`` seconds (0: none) replayed."""
         if self.evaluator is None:
             return
+        if idle_s > 0:
+            self.evaluator.flush_idle(idle_s)
         self.evaluator.set_capacities({a.id: a.capacity for a in agents})
         if current is not None:
             self.evaluator.set_policy(current)

@@ -59,6 +59,8 @@ class _Worker:
     requests: int = 0
     accesses: int = 0
     incomplete: int = 0
+    last_batch: float = 0.0
+    """When its last batch came (monotonic clock)."""
 
 
 class ShadowEvaluator:
@@ -81,6 +83,7 @@ class ShadowEvaluator:
         """Rebuild, sample and replay ``batch``'s requests (held ones wait for the next)."""
         with self._lock:
             worker = self._worker(batch.worker)
+            worker.last_batch = time.monotonic()
             self._take(worker, worker.rebuilder.feed(batch))
 
     def flush(self, worker_id: str) -> None:
@@ -90,14 +93,25 @@ class ShadowEvaluator:
             if worker is not None:
                 self._take(worker, worker.rebuilder.flush())
 
+    def flush_idle(self, idle_s: float) -> None:
+        """``flush`` every worker that sent nothing for ``idle_s`` seconds: a request is
+        not left waiting for a batch that may never come."""
+        now = time.monotonic()
+        with self._lock:
+            for worker in self._workers.values():
+                if now - worker.last_batch >= idle_s:
+                    self._take(worker, worker.rebuilder.flush())
+
     def set_capacities(self, capacities: Mapping[str, int]) -> None:
         """Workers' capacities (from their heartbeats); a change starts that worker's
-        miniature caches afresh."""
+        miniature caches afresh, warmed with the window's sampled requests kept so far."""
         with self._lock:
             for worker_id, capacity in capacities.items():
                 worker = self._worker(worker_id)
                 if capacity > 0 and capacity != worker.capacity:
                     self._build_caches(worker, capacity)
+                    self._tell_categories(worker)
+                    self._serve(worker, list(worker.buffer))
 
     def set_policy(self, doc: PolicyDocument) -> None:
         """The published document the ``wa`` caches replay from now on."""
@@ -152,9 +166,12 @@ class ShadowEvaluator:
         if worker.capacity is None:
             return
         self._tell_categories(worker)
+        self._serve(worker, rebuilt.sampled)
+
+    def _serve(self, worker: _Worker, requests: list[Request]) -> None:
         for ladder in worker.ladders.values():
             for cache, counts in zip(ladder.caches, ladder.counts, strict=True):
-                for request in rebuilt.sampled:
+                for request in requests:
                     counts.add(request.ts, cache.serve(request), len(request.blocks))
 
     def _keep(self, worker: _Worker, requests: Iterable[Request]) -> None:

@@ -52,7 +52,7 @@ class ShadowSettings(BaseModel):
         default=60, ge=1, le=10_000, description="Time buckets of the shadow window"
     )
     shadow_max_requests: int = Field(
-        default=20_000,
+        default=5_000,
         ge=1,
         description="Sampled requests kept per worker for the refit guard, at most",
     )
