@@ -287,7 +287,8 @@ class Controller:
             return
         kind = outcome.reason.split(":")[0]
         if kind != self._last_refusal:
-            log.info("refit published nothing: %s", outcome.reason)
+            level = logging.WARNING if kind == "refused" else logging.INFO
+            log.log(level, "refit published nothing: %s", outcome.reason)
             self._last_refusal = kind
         else:
             log.debug("refit published nothing: %s", outcome.reason)
@@ -327,9 +328,7 @@ class Controller:
         in_force = self.store.current()
         verdict = self.shadow.guard(self.store.preview_fit(fitted, result.pooled), in_force)
         if verdict.outcome == "refused":
-            return self._outcome(
-                "refused", None, f"refused by the guard: {verdict.reason}", seconds
-            )
+            return self._outcome("refused", None, verdict.reason, seconds)
         note = f"refit of {result.accesses} accesses (largest relative change {change:.3g})"
         if verdict.outcome != "off":
             note += f"; guard {verdict.reason}"

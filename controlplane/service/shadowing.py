@@ -5,9 +5,10 @@ Owns ``ShadowLink``: it hands every applied batch to the ``ShadowEvaluator`` (a 
 there is logged once per kind and never refuses the batch: the statistics window already
 took it), refreshes the workers' capacities (from their heartbeats) and the published
 document the ``wa`` curves replay, judges a candidate fit against the version in force
-(``guard``: refused fits are logged once per run of refusals with both figures, and every
-verdict is counted), and sets the shadow's Prometheus gauges. It must never publish, fit
-or read Redis itself (the controller passes what it read).
+(``guard``: every verdict counted, the figures of the last one kept; the controller logs
+a refusal, with both figures, once per run of refusals), and sets the shadow's
+Prometheus gauges. It must never publish, fit or read Redis itself (the controller
+passes what it read).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ class ShadowLink:
         self.metrics = metrics
         self.evaluator = ShadowEvaluator(settings) if settings.shadow_enabled else None
         self._failed: set[str] = set()
-        self._refusing = False
 
     def apply(self, batch: EventBatch) -> None:
         if self.evaluator is None:
@@ -70,14 +70,6 @@ class ShadowLink:
                 verdict.candidate_hit_ratio
             )
             self.metrics.guard_hit_ratio.labels(version="in_force").set(verdict.in_force_hit_ratio)
-        if verdict.outcome == "refused":
-            if not self._refusing:
-                log.warning("refit not published: %s", verdict.reason)
-            self._refusing = True
-        else:
-            if self._refusing:
-                log.info("refit guard: %s", verdict.reason)
-            self._refusing = False
         return verdict
 
     def view(self) -> ShadowView:

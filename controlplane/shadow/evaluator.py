@@ -252,8 +252,9 @@ class ShadowEvaluator:
         published; the verdict is also kept for ``view``."""
         with self._lock:
             names = tuple(self.table.names)
+            limit = self.settings.guard_max_accesses
             work = [
-                (self.sampler.scaled(w.capacity), list(w.buffer))
+                (self.sampler.scaled(w.capacity), _newest(w.buffer, limit))
                 for w in self._workers.values()
                 if w.capacity is not None and w.buffer
             ]
@@ -266,6 +267,20 @@ class ShadowEvaluator:
         """Record that the guard did not judge (``reason``), for ``view``."""
         with self._lock:
             self._guard = GuardView("off", reason, at=time.time())
+
+
+def _newest(buffer: deque[Request], max_accesses: int) -> list[Request]:
+    """The newest requests of ``buffer`` holding at most ``max_accesses`` accesses (at
+    least one request), in time order."""
+    out: list[Request] = []
+    total = 0
+    for request in reversed(buffer):
+        total += len(request.blocks)
+        if out and total > max_accesses:
+            break
+        out.append(request)
+    out.reverse()
+    return out
 
 
 def compare(

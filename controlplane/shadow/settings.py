@@ -56,6 +56,11 @@ class ShadowSettings(BaseModel):
         ge=1,
         description="Sampled requests kept per worker for the refit guard, at most",
     )
+    guard_max_accesses: int = Field(
+        default=50_000,
+        ge=1,
+        description="Sampled accesses the refit guard replays per worker, newest first, at most",
+    )
     guard_margin: float = Field(
         default=0.005,
         ge=0,
