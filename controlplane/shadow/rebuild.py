@@ -58,6 +58,8 @@ class CategoryTable:
     def __init__(self) -> None:
         self.names: list[str] = []
         self._codes: dict[str, int] = {}
+        self._last: tuple[tuple[str, ...], NDArray[np.int32]] = ((), np.empty(0, np.int32))
+        """The last table looked up: an agent sends the same one batch after batch."""
 
     def code(self, name: str) -> int:
         code = self._codes.get(name)
@@ -67,7 +69,10 @@ class CategoryTable:
         return code
 
     def codes(self, names: tuple[str, ...]) -> NDArray[np.int32]:
-        return np.array([self.code(n) for n in names], dtype=np.int32)
+        """The code of each of ``names``, as an array (a batch's ``categories``)."""
+        if names != self._last[0]:
+            self._last = (names, np.array([self.code(n) for n in names], dtype=np.int32))
+        return self._last[1]
 
 
 @dataclass(frozen=True)
