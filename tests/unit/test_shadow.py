@@ -243,3 +243,31 @@ def test_settings_refuse_unknown_policies_and_bad_ladders() -> None:
         ShadowSettings(shadow_ladder="0,1")
     s = ShadowSettings(shadow_policies="arc,wa,lru,arc", shadow_ladder="2,0.5,1,2")
     assert s.baselines == ("arc", "lru") and s.multiples == (0.5, 1.0, 2.0)
+
+
+def test_rebuild_keys_a_request_by_the_block_at_the_key_depth(trace: Trace) -> None:
+    depth = 4
+    sampler = PrefixSampler(0.3)
+    rebuilder = RequestRebuilder(sampler, CategoryTable(), key_depth=depth)
+    sampled = []
+    for batch in agent_batches(trace, 200):
+        sampled += rebuilder.feed(batch).sampled
+    sampled += rebuilder.flush().sampled
+    hashes = trace.hashes[trace.blocks]
+    lengths = trace.lengths
+    keys = hashes[trace.offsets[:-1] + np.minimum(lengths - 1, depth)]
+    assert len(sampled) == int(sampler.keep(keys).sum()) > 0
+    got = np.array([r.blocks[min(len(r.blocks) - 1, depth)] for r in sampled], np.int64)
+    assert sampler.keep(got).all()
+
+
+def test_guard_replays_at_most_its_share_of_the_newest_requests(trace: Trace) -> None:
+    doc = fitted_document(trace)
+    settings = ShadowSettings(shadow_rate=1.0, guard_min_accesses=1, guard_max_accesses=5000)
+    shadow = ShadowEvaluator(settings)
+    shadow.set_capacities({"w1": 300})
+    for batch in agent_batches(trace, 300):
+        shadow.apply(batch)
+    verdict = shadow.judge(doc, doc)
+    assert verdict.outcome == "passed"
+    assert 0 < verdict.sampled_accesses <= 5000 < trace.n_accesses
