@@ -333,7 +333,7 @@ class Controller:
         if verdict.outcome != "off":
             note += f"; guard {verdict.reason}"
         doc = self.store.publish_fit(fitted, result.pooled, note)
-        self.shadow.refresh([], doc)
+        self.shadow.set_policy(doc)
         self.metrics.policy_version.set(doc.version)
         return self._outcome("published", doc.version, f"published version {doc.version}", seconds)
 

@@ -50,14 +50,21 @@ class ShadowLink:
         self, agents: list[AgentView], current: PolicyDocument | None, idle_s: float = 0.0
     ) -> None:
         """The workers' capacities and the document in force, as last read; the requests
-        of workers idle ``idle_s`` seconds (0: none) replayed."""
+        of workers idle ``idle_s`` seconds (0: none) replayed; workers with no heartbeat
+        and nothing sent for a whole window forgotten."""
         if self.evaluator is None:
             return
         if idle_s > 0:
             self.evaluator.flush_idle(idle_s)
+        self.evaluator.forget_gone({a.id for a in agents})
         self.evaluator.set_capacities({a.id: a.capacity for a in agents})
         if current is not None:
             self.evaluator.set_policy(current)
+
+    def set_policy(self, doc: PolicyDocument) -> None:
+        """A version just published: the ``wa`` curves replay it from now on."""
+        if self.evaluator is not None:
+            self.evaluator.set_policy(doc)
 
     def guard(self, candidate: PolicyDocument, in_force: PolicyDocument | None) -> GuardView:
         """The verdict on ``candidate``: ``refused`` means do not publish it."""

@@ -123,9 +123,19 @@ class ShadowEvaluator:
                 for wa in worker.wa:
                     wa.set_policy(doc)
 
-    def forget(self, worker_id: str) -> None:
+    def forget_gone(self, live: set[str]) -> list[str]:
+        """Drop the workers outside ``live`` (no heartbeat) that sent nothing for a whole
+        window: nothing of theirs is left to show. Returns their ids."""
+        now = time.monotonic()
         with self._lock:
-            self._workers.pop(worker_id, None)
+            gone = [
+                worker_id
+                for worker_id, worker in self._workers.items()
+                if worker_id not in live and now - worker.last_batch > self.settings.shadow_window_s
+            ]
+            for worker_id in gone:
+                del self._workers[worker_id]
+        return gone
 
     def _worker(self, worker_id: str) -> _Worker:
         worker = self._workers.get(worker_id)

@@ -4,6 +4,8 @@ replay, and the refit guard's verdicts."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -271,3 +273,14 @@ def test_guard_replays_at_most_its_share_of_the_newest_requests(trace: Trace) ->
     verdict = shadow.judge(doc, doc)
     assert verdict.outcome == "passed"
     assert 0 < verdict.sampled_accesses <= 5000 < trace.n_accesses
+
+
+def test_a_worker_gone_for_a_whole_window_is_forgotten(trace: Trace) -> None:
+    shadow = ShadowEvaluator(ShadowSettings(shadow_rate=1.0, shadow_window_s=0.05))
+    shadow.set_capacities({"w1": 300})
+    shadow.apply(agent_batches(trace, 300)[0])
+    assert shadow.forget_gone(set()) == []  # it sent a batch just now
+    time.sleep(0.1)
+    assert shadow.forget_gone({"w1"}) == []  # its heartbeat is live
+    assert shadow.forget_gone(set()) == ["w1"]
+    assert shadow.view().groups == []
