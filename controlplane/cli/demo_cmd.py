@@ -236,6 +236,13 @@ def _shadow_tables(shadow: Any) -> list[RenderableType]:
             ]
             table.add_row(curve["policy"], *cells)
         out.append(table)
+        out.append(
+            Text(
+                f"the workers' own hit ratio {group['observed_hit_ratio']:.3f} over all their "
+                f"requests, {group['sampled_observed_hit_ratio']:.3f} over the sampled ones",
+                style="dim",
+            )
+        )
     if not out:
         out.append(Text("shadow evaluation: no worker with a known capacity yet", style="dim"))
     guard = shadow.get("guard") or {}

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from itertools import compress
 
 import numpy as np
+from numpy.typing import NDArray
 
 from agent.policies.base import EvictionPolicy
 from controlplane.shadow.rebuild import Request
@@ -77,7 +78,20 @@ class WindowCounts:
         self._sums = np.zeros((buckets, 6))  # requests, hits, accesses, h^2, a^2, h*a
 
     def add(self, ts: float, hits: int, accesses: int) -> None:
-        bucket = int(ts // self.bucket_s)
+        row = (1.0, hits, accesses, hits * hits, accesses * accesses, hits * accesses)
+        self._add_sums(int(ts // self.bucket_s), row)
+
+    def add_many(
+        self, ts: NDArray[np.float64], hits: NDArray[np.int64], accesses: NDArray[np.int64]
+    ) -> None:
+        """Many requests at once: their counts only (no squares: no interval is drawn)."""
+        buckets = (ts // self.bucket_s).astype(np.int64)
+        for bucket in np.unique(buckets).tolist():
+            mine = buckets == bucket
+            row = (float(mine.sum()), float(hits[mine].sum()), float(accesses[mine].sum()))
+            self._add_sums(bucket, (*row, 0.0, 0.0, 0.0))
+
+    def _add_sums(self, bucket: int, row: tuple[float, ...]) -> None:
         slot = bucket % self.buckets
         sums = self._sums[slot]
         if self._id[slot] != bucket:
@@ -85,7 +99,7 @@ class WindowCounts:
                 return  # older than the window this slot now holds
             self._id[slot] = bucket
             sums[:] = 0.0
-        sums += (1.0, hits, accesses, hits * hits, accesses * accesses, hits * accesses)
+        sums += row
 
     def totals(self, now: float) -> Totals:
         """The sums of the window ending at ``now`` (add several workers' with ``+``)."""

@@ -51,6 +51,10 @@ class _Ladder:
 class _Worker:
     rebuilder: RequestRebuilder
     buffer: deque[Request]
+    seen_all: WindowCounts
+    """The worker's own prefix hits and accesses over every whole request."""
+    seen_sampled: WindowCounts
+    """The same over the sampled requests only."""
     capacity: int | None = None
     ladders: dict[str, _Ladder] = field(default_factory=dict)
     wa: list[WAPolicy] = field(default_factory=list)
@@ -142,7 +146,10 @@ class ShadowEvaluator:
         if worker is None:
             depth = self.settings.shadow_key_depth
             rebuilder = RequestRebuilder(self.sampler, self.table, depth)
-            worker = self._workers[worker_id] = _Worker(rebuilder, deque())
+            window, buckets = self.settings.shadow_window_s, self.settings.shadow_buckets
+            worker = self._workers[worker_id] = _Worker(
+                rebuilder, deque(), WindowCounts(window, buckets), WindowCounts(window, buckets)
+            )
         return worker
 
     def _build_caches(self, worker: _Worker, capacity: int) -> None:
@@ -169,6 +176,10 @@ class ShadowEvaluator:
         worker.requests += rebuilt.requests
         worker.accesses += rebuilt.accesses
         worker.incomplete += rebuilt.incomplete
+        if rebuilt.seen is not None and len(rebuilt.seen.ts):
+            worker.seen_all.add_many(rebuilt.seen.ts, rebuilt.seen.hits, rebuilt.seen.accesses)
+        for request in rebuilt.sampled:
+            worker.seen_sampled.add(request.ts, request.seen_hits, len(request.blocks))
         if not rebuilt.sampled:
             return
         self._clock = max(self._clock, rebuilt.sampled[-1].ts)
@@ -223,6 +234,10 @@ class ShadowEvaluator:
             )
 
     def _group(self, capacity: int, members: list[tuple[str, _Worker]]) -> GroupView:
+        seen = sum((w.seen_all.totals(self._clock) for _, w in members), Totals()).estimate()
+        seen_sampled = sum(
+            (w.seen_sampled.totals(self._clock) for _, w in members), Totals()
+        ).estimate()
         curves = []
         for name in self.policies:
             points = []
@@ -252,6 +267,8 @@ class ShadowEvaluator:
             sampled_requests=int(sampled.requests),
             sampled_accesses=int(sampled.accesses),
             incomplete_runs=sum(w.incomplete for _, w in members),
+            observed_hit_ratio=seen.hit_ratio,
+            sampled_observed_hit_ratio=seen_sampled.hit_ratio,
             curves=curves,
         )
 

@@ -37,6 +37,18 @@ class Request:
     ts: float
     category: int
     blocks: list[int]
+    seen_hits: int = 0
+    """Its prefix hits in the worker's own cache (the leading HIT events)."""
+
+
+@dataclass(frozen=True)
+class Seen:
+    """Every whole request of a batch, sampled or not: time, the worker's own prefix hits
+    and accesses."""
+
+    ts: NDArray[np.float64]
+    hits: NDArray[np.int64]
+    accesses: NDArray[np.int64]
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,7 @@ class Rebuilt:
     """Block accesses of those requests."""
     incomplete: int
     """Runs of events that did not make a whole request (dropped)."""
+    seen: Seen | None = None
 
 
 class CategoryTable:
@@ -161,11 +174,18 @@ class RequestRebuilder:
         keys = np.zeros(len(starts), dtype=np.int64)
         keys[group[at]] = run.block[at]
         keep = whole & self.sampler.keep(keys)
+        # The worker's own prefix hits: HITs come first, offsets ascending, so the k-th
+        # HIT of a request is a prefix hit exactly when its offset is k.
+        rank = np.arange(len(run)) - np.repeat(starts, counts)
+        prefix = (run.kind == HIT) & (run.offset == rank)
+        hits = np.bincount(group, weights=prefix, minlength=len(starts)).astype(np.int64)
+        seen = Seen(run.ts[starts[whole]], hits[whole], counts[whole].astype(np.int64))
         return Rebuilt(
-            sampled=_materialise(run, starts, counts, keep),
+            sampled=_materialise(run, starts, counts, keep, hits),
             requests=int(whole.sum()),
             accesses=int(counts[whole].sum()),
             incomplete=int(len(whole) - whole.sum()),
+            seen=seen,
         )
 
 
@@ -224,7 +244,11 @@ def _split_broken(
 
 
 def _materialise(
-    run: _Run, starts: NDArray[np.intp], counts: NDArray[np.int64], keep: NDArray[np.bool_]
+    run: _Run,
+    starts: NDArray[np.intp],
+    counts: NDArray[np.int64],
+    keep: NDArray[np.bool_],
+    hits: NDArray[np.int64],
 ) -> list[Request]:
     """The kept requests as ``Request`` objects, blocks put in prompt order."""
     if not keep.any():
@@ -237,5 +261,8 @@ def _materialise(
     blocks = ordered.tolist()
     bounds = np.append(0, np.cumsum(kept_counts)).tolist()
     firsts = starts[keep]
-    ts, cat = run.ts[firsts].tolist(), run.category[firsts].tolist()
-    return [Request(ts[i], cat[i], blocks[bounds[i] : bounds[i + 1]]) for i in range(len(firsts))]
+    ts, cat, seen = run.ts[firsts].tolist(), run.category[firsts].tolist(), hits[keep].tolist()
+    return [
+        Request(ts[i], cat[i], blocks[bounds[i] : bounds[i + 1]], seen[i])
+        for i in range(len(firsts))
+    ]

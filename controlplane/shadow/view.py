@@ -48,6 +48,11 @@ class GroupView:
     sampled_accesses: int
     incomplete_runs: int
     """Runs of events that made no whole request (dropped)."""
+    observed_hit_ratio: float
+    """The workers' own prefix hit ratio over every whole request in the window."""
+    sampled_observed_hit_ratio: float
+    """The same over the sampled requests only: far from ``observed_hit_ratio``, the
+    sample is richer or poorer in reuse than the traffic, and so are its curves."""
     curves: list[PolicyCurve]
 
 

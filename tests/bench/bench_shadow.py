@@ -53,6 +53,10 @@ class RateRow:
     sampled_accesses: int
     errors: dict[str, list[float]]
     """Per policy, per ladder step: shadow minus full."""
+    observed: float
+    """The worker's own hit ratio over all its requests ..."""
+    sampled_observed: float
+    """... and over the sampled ones."""
 
 
 def build_trace(profile: str, seed: int, min_accesses: int) -> Trace:
@@ -139,6 +143,8 @@ def measure(
         cpu_us_per_event=cpu / events * 1e6,
         sampled_accesses=group.sampled_accesses,
         errors=errors,
+        observed=group.observed_hit_ratio,
+        sampled_observed=group.sampled_observed_hit_ratio,
     )
 
 
@@ -174,6 +180,10 @@ def main() -> None:
             f"  mean {row.mean_abs_error:.4f}"
             f"  in 95% interval {row.in_interval:4.0%}  CPU {row.cpu_us_per_event:6.3f} us/event"
             f"  ({row.sampled_accesses:,} sampled accesses)"
+        )
+        print(
+            f"    the worker's own hit ratio: {row.observed:.4f} over all requests, "
+            f"{row.sampled_observed:.4f} over the sampled ones"
         )
         for policy, errs in row.errors.items():
             cells = "  ".join(f"{t:.4f}{e:+.4f}" for t, e in zip(full[policy], errs, strict=True))

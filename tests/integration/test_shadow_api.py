@@ -84,7 +84,11 @@ def test_shadow_answers_with_per_policy_curves_after_a_worker_ran(
             assert p["ci_low"] <= p["hit_ratio"] <= p["ci_high"]
     # The worker ran lru at its capacity: the shadow's lru at 1x is what it saw.
     lru_1x = curves["lru"][2]
-    assert lru_1x["hit_ratio"] == pytest.approx(worker["hits"] / worker["accesses"], abs=1e-12)
+    own = worker["hits"] / worker["accesses"]
+    assert lru_1x["hit_ratio"] == pytest.approx(own, abs=1e-12)
+    # What the worker's events say of its own cache, over all requests and the sample.
+    assert group["observed_hit_ratio"] == pytest.approx(own, abs=1e-12)
+    assert group["sampled_observed_hit_ratio"] == pytest.approx(own, abs=1e-12)
     sample = re.search(
         rf'^kvwise_shadow_hit_ratio{{capacity="{CAPACITY}",multiple="1",policy="lru"}} (\S+)$',
         metrics,

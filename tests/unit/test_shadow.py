@@ -80,6 +80,9 @@ def test_rebuild_gives_back_every_request_of_the_trace(trace: Trace, batch_event
     hashes = trace.hashes[trace.blocks]
     offsets = trace.offsets.tolist()
     assert len(requests) == trace.n_requests
+    # The leading HIT events are the worker's own prefix hits (its lru at ``capacity``).
+    own = replay_hits(trace, create("lru", capacity), capacity)
+    assert [r.seen_hits for r in requests] == own.tolist()
     for r, got in enumerate(requests):
         assert got.blocks == hashes[offsets[r] : offsets[r + 1]].tolist()
         assert got.ts == trace.timestamps[r]

@@ -69,6 +69,9 @@ function groupFigure(group, body) {
     Number.isFinite(group.accesses_seen) ? `${fmtInt(group.accesses_seen)} accesses seen` : null,
     Number.isFinite(group.sampled_accesses) ? `${fmtInt(group.sampled_accesses)} sampled in the window` : null,
     Number.isInteger(body.policy_version) ? `wa is policy v${body.policy_version}` : null,
+    Number.isFinite(group.observed_hit_ratio) && Number.isFinite(group.sampled_observed_hit_ratio)
+      ? `the workers' own hit ratio ${fmtRatio(group.observed_hit_ratio)} (sample ${fmtRatio(group.sampled_observed_hit_ratio)})`
+      : null,
   ].filter(Boolean).join(" · ");
   const figure = lineChart({
     title,
