@@ -86,6 +86,10 @@ def demo(
         json.dump(view, sys.stdout)
         sys.stdout.write("\n")
     else:
+        if isinstance(view.get("shadow"), dict):
+            from rich.console import Console
+
+            Console(stderr=True).print(*_shadow_tables(view["shadow"]))
         _say("stopped every process and removed the demo's data.")
 
 
@@ -129,6 +133,7 @@ def _snapshot(stack: DemoStack) -> dict[str, Any]:
         policy = stack.get("/v1/policy")
         categories = stack.get("/v1/categories")
         agents = stack.get("/v1/agents")
+        shadow = stack.get("/v1/shadow")
     except Exception as exc:  # the view keeps going while a process restarts
         return {"error": str(exc)}
     if not (isinstance(agents, list) and isinstance(categories, list)):
@@ -143,6 +148,7 @@ def _snapshot(stack: DemoStack) -> dict[str, Any]:
         "policy_version": policy.get("version") if isinstance(policy, dict) else None,
         "categories": categories,
         "agents": [{**a, "evictor": stack.workers.get(a["id"], "?")} for a in agents],
+        "shadow": shadow,
     }
 
 
@@ -180,7 +186,9 @@ def _render(snap: dict[str, Any]) -> RenderableType:
         f"cache {snap['capacity_blocks']:,} blocks  (Ctrl-C to stop)\n"
         f"dashboard [bold]{snap['dashboard']}[/]  redis {snap['redis']}"
     )
-    return Group(head, _workers_table(snap), *_categories_table(snap))
+    return Group(
+        head, _workers_table(snap), *_shadow_tables(snap["shadow"]), *_categories_table(snap)
+    )
 
 
 def _workers_table(snap: dict[str, Any]) -> Table:
@@ -201,6 +209,45 @@ def _workers_table(snap: dict[str, Any]) -> Table:
             f"{a['events_dropped']:,}",
         )
     return table
+
+
+def _shadow_tables(shadow: Any) -> list[RenderableType]:
+    """Per worker group, each policy's shadow hit ratio at each capacity multiple (GET
+    /v1/shadow), and the refit guard's last verdict."""
+    from rich.table import Table
+    from rich.text import Text
+
+    if not isinstance(shadow, dict) or not shadow.get("enabled"):
+        return [Text("shadow evaluation: off", style="dim")]
+    out: list[RenderableType] = []
+    for group in shadow.get("groups", []):
+        table = Table(
+            title=f"What each policy would score (shadow, {group['sampled_accesses']:,} "
+            f"sampled accesses, rate {shadow['rate']:g}; capacity {group['capacity']:,})",
+            title_justify="left",
+        )
+        table.add_column("policy")
+        for multiple in shadow["ladder"]:
+            table.add_column(f"x{multiple:g}", justify="right")
+        for curve in group["curves"]:
+            cells = [
+                f"{p['hit_ratio']:.3f}±{(p['ci_high'] - p['ci_low']) / 2:.3f}"
+                for p in curve["points"]
+            ]
+            table.add_row(curve["policy"], *cells)
+        out.append(table)
+        out.append(
+            Text(
+                f"the workers' own hit ratio {group['observed_hit_ratio']:.3f} over all their "
+                f"requests, {group['sampled_observed_hit_ratio']:.3f} over the sampled ones",
+                style="dim",
+            )
+        )
+    if not out:
+        out.append(Text("shadow evaluation: no worker with a known capacity yet", style="dim"))
+    guard = shadow.get("guard") or {}
+    out.append(Text(f"refit guard: {guard.get('reason', '-')}", style="dim"))
+    return out
 
 
 _CATEGORY_COLUMNS = ("category", "samples", "p_reuse", "rate /s", "mean reuse s", "life s")

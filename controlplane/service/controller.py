@@ -15,6 +15,7 @@ nothing says why once per change of reason. It must never parse HTTP
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -38,13 +39,17 @@ from controlplane.service.ingest import Ingestor, IngestSettings
 from controlplane.service.lease import LeaderLease
 from controlplane.service.metrics import ControllerMetrics
 from controlplane.service.settings import ControllerSettings
+from controlplane.service.shadowing import ShadowLink
 from controlplane.service.store import PolicyStore
 from controlplane.service.window import LiveWindow, WindowLimits
+from controlplane.shadow.view import ShadowView
 
 log = logging.getLogger(__name__)
 
 CALL_RETRIES = 3
 """Retries of one Redis call (capped exponential backoff) before the controller sees it."""
+SHADOW_REFRESH_S = 5.0
+"""Seconds between reads of the workers' capacities and the document in force (shadow)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,7 @@ class Controller:
             self.r, self.keys.checkpoint, max_bytes=settings.max_checkpoint_bytes
         )
         self.agent_reader = AgentReader(self.r, self.keys)
+        self.shadow = ShadowLink(settings.shadow_only(), self.metrics)
         self.last_fit: FitResult | None = None
         self._last_refusal = ""
         self.ingestor = self._make_ingestor()
@@ -172,6 +178,7 @@ class Controller:
             (self._tick_lease, s.lease_ttl_s / 3, "lease"),
             (self._scheduled_refit, s.refit_interval_s, "refit"),
             (self._scheduled_checkpoint, s.checkpoint_interval_s, "checkpoint"),
+            (self._refresh_shadow, SHADOW_REFRESH_S, "shadow"),
         )
         for job, seconds, name in jobs:
             self.scheduler.add_job(job, "interval", seconds=seconds, id=name)
@@ -211,7 +218,16 @@ class Controller:
 
     # --- the window --------------------------------------------------------------------------
     def _apply(self, batch: EventBatch) -> int:
-        return self.window.apply(batch, time.time())
+        rejected = self.window.apply(batch, time.time())
+        self.shadow.apply(batch)
+        return rejected
+
+    def _refresh_shadow(self) -> None:
+        if not self.lease.is_leader:
+            return
+        with contextlib.suppress(redis.RedisError):  # said by the health; next tick tries again
+            agents, current = self.agent_reader.read(), self.store.current()
+            self.shadow.refresh(agents, current, idle_s=SHADOW_REFRESH_S)
 
     def _load_checkpoint(self) -> None:
         try:
@@ -271,7 +287,8 @@ class Controller:
             return
         kind = outcome.reason.split(":")[0]
         if kind != self._last_refusal:
-            log.info("refit published nothing: %s", outcome.reason)
+            level = logging.WARNING if kind == "refused" else logging.INFO
+            log.log(level, "refit published nothing: %s", outcome.reason)
             self._last_refusal = kind
         else:
             log.debug("refit published nothing: %s", outcome.reason)
@@ -308,8 +325,15 @@ class Controller:
                 f"{self.settings.change_threshold}",
                 seconds,
             )
+        in_force = self.store.current()
+        verdict = self.shadow.guard(self.store.preview_fit(fitted, result.pooled), in_force)
+        if verdict.outcome == "refused":
+            return self._outcome("refused", None, verdict.reason, seconds)
         note = f"refit of {result.accesses} accesses (largest relative change {change:.3g})"
+        if verdict.outcome != "off":
+            note += f"; guard {verdict.reason}"
         doc = self.store.publish_fit(fitted, result.pooled, note)
+        self.shadow.set_policy(doc)
         self.metrics.policy_version.set(doc.version)
         return self._outcome("published", doc.version, f"published version {doc.version}", seconds)
 
@@ -318,6 +342,10 @@ class Controller:
         return RefitOutcome(label == "published", version, reason, s)
 
     # --- reads for the API -----------------------------------------------------------------
+    def shadow_view(self) -> ShadowView:
+        """The shadow evaluation's curves per worker group and the guard's last verdict."""
+        return self.shadow.view()
+
     @guarded
     def agents(self) -> list[AgentView]:
         """Live agents (by heartbeat) with the controller's counts of their events."""
@@ -385,6 +413,7 @@ class Controller:
                 for field in MODEL_PARAMS:
                     m.param.labels(category=name, param=field).set(getattr(p, field))
                 m.samples.labels(category=name).set(p.samples)
+        self.shadow.export()
         # Agents whose heartbeat expired leave the gauges instead of lingering as stale series.
         for gauge in (m.agent_version, m.agent_staged_version, m.agent_hit_ratio, m.agent_dropped):
             gauge.clear()

@@ -12,6 +12,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 DEAD_LETTER_REASONS = ("decode", "limit", "apply")
+GUARD_OUTCOMES = ("passed", "refused", "waiting")
+"""Labels of ``kvwise_refit_guard``: published after judging, refused, published unjudged."""
 """Labels of ``kvwise_ingest_dead_letters``: undecodable, over a limit, failed to apply."""
 
 
@@ -26,6 +28,7 @@ class ControllerMetrics:
         self._policy_metrics()
         self._agent_metrics()
         self._redis_metrics()
+        self._shadow_metrics()
 
     def _ingest_metrics(self) -> None:
         r = self.registry
@@ -157,4 +160,42 @@ class ControllerMetrics:
             "(ok, unreachable, out_of_memory, read_only, loading, auth_refused, error)",
             ["state"],
             registry=self.registry,
+        )
+
+    def _shadow_metrics(self) -> None:
+        r = self.registry
+        curve = ["capacity", "policy", "multiple"]
+        self.shadow_hit_ratio = Gauge(
+            "kvwise_shadow_hit_ratio",
+            "Shadow estimate of the hit ratio a policy would have had at a multiple of a "
+            "worker group's capacity, over the shadow window",
+            curve,
+            registry=r,
+        )
+        self.shadow_ci = Gauge(
+            "kvwise_shadow_hit_ratio_ci_half_width",
+            "Half width of the 95 % interval of kvwise_shadow_hit_ratio",
+            curve,
+            registry=r,
+        )
+        self.shadow_sampled = Gauge(
+            "kvwise_shadow_sampled_accesses",
+            "Sampled accesses in the shadow window, per worker group (capacity)",
+            ["capacity"],
+            registry=r,
+        )
+        self.guard = Counter(
+            "kvwise_refit_guard",
+            "Refits judged by the shadow guard, by outcome (waiting: too little data, "
+            "published unjudged)",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in GUARD_OUTCOMES:
+            self.guard.labels(outcome=outcome)
+        self.guard_hit_ratio = Gauge(
+            "kvwise_refit_guard_hit_ratio",
+            "Shadow hit ratio of the last judged candidate and of the version in force",
+            ["version"],
+            registry=r,
         )

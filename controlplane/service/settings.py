@@ -14,11 +14,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.settings import RedisSettings
 from controlplane.fit.settings import FitSettings
+from controlplane.shadow.settings import ShadowSettings
 
 
-class ControllerSettings(BaseSettings, RedisSettings, FitSettings):
+class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSettings):
     """Settings of ``kvwise controller``; Redis's are ``RedisSettings``'s (shared with the
-    agents), the fitting knobs ``FitSettings``'s."""
+    agents), the fitting knobs ``FitSettings``'s, the shadow evaluation's and the refit
+    guard's ``ShadowSettings``'s."""
 
     model_config = SettingsConfigDict(env_prefix="KVWISE_", extra="ignore", frozen=False)
 

@@ -154,6 +154,16 @@ class PolicyStore:
         """Whether automatic refits are held back (after a rollback with ``hold``)."""
         return bool(self.r.exists(self.keys.policy_hold))
 
+    @guarded
+    def preview_fit(
+        self, categories: Mapping[str, CategoryParams], default: CategoryParams | None
+    ) -> PolicyDocument:
+        """The document ``publish_fit`` would publish now, as version 0 (nothing written)."""
+        cats, fallback = _composed(Base(dict(categories), default), self.overrides())
+        if fallback is None:
+            return PolicyDocument(version=0, categories=cats, note="candidate fit")
+        return PolicyDocument(version=0, categories=cats, default=fallback, note="candidate fit")
+
     # --- writes --------------------------------------------------------------------------
     @guarded
     def publish_fit(

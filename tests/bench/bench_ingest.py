@@ -10,8 +10,14 @@ batches of ``--batch`` events, as an agent sends them. Three measurements in one
    (timed apart, with the Redis server's CPU), then ``controlplane.service.ingest.Ingestor``
    reads them (bounded reads in Lua), decodes, applies, acknowledges and trims until the
    stream is drained; the Redis server's CPU time for both is reported.
+4. with and without the shadow evaluation: a synthetic to-C trace of ``--shadow-accesses``
+   block accesses as the wire batches a worker sends (``tests.agent_stream``: whole
+   requests, hits and inserts, evictions), decoded and applied (``LiveWindow.apply``),
+   then the same plus ``ShadowEvaluator.apply`` at the default settings; runs alternate,
+   three each, CPU time (``time.process_time``) per wire event.
 
     python -m tests.bench.bench_ingest [--events 4000000] [--batch 8192] [--redis-url URL]
+                                       [--shadow-accesses 1000000]
 
 Not collected by pytest; results go in docs/benchmarks.md ("Controller ingest").
 """
@@ -127,6 +133,52 @@ def run(n_events: int, batch: int, url: str) -> None:
     )
 
 
+def shadow_overhead(min_accesses: int, seed: int = 12) -> None:
+    """CPU per wire event of decode + apply, without and with the shadow (default
+    settings, the worker's capacity known), alternating, three runs each."""
+    from controlplane.shadow.evaluator import ShadowEvaluator
+    from controlplane.shadow.settings import ShadowSettings
+    from tests.agent_stream import agent_batches
+    from tests.bench.bench_shadow import build_trace
+
+    trace = build_trace("to-c", seed, min_accesses)
+    capacity = max(1, round(0.05 * len(trace.hashes)))
+    entries = [
+        {k.encode(): v for k, v in encode_batch(b).items()}
+        for b in agent_batches(trace, capacity, batch_events=1000)
+    ]
+    events = sum(int(e[b"n"]) for e in entries)
+    print(
+        f"shadow overhead: {trace.name}, {trace.n_accesses:,} accesses, {events:,} wire "
+        f"events in batches of 1,000, worker capacity {capacity:,}"
+    )
+    settings = ShadowSettings()
+    cpu: dict[str, list[float]] = {"without": [], "with": []}
+    for _ in range(3):
+        for label in ("without", "with"):
+            window = live_window()
+            shadow = ShadowEvaluator(settings)
+            shadow.set_capacities({"w1": capacity})
+            t0 = time.process_time()
+            for fields in entries:
+                batch = decode_batch(fields)
+                window.apply(batch, HOUR)
+                if label == "with":
+                    shadow.apply(batch)
+            cpu[label].append((time.process_time() - t0) / events * 1e6)
+    base, more = min(cpu["without"]), min(cpu["with"])
+    print(f"  decode + apply              {base:.3f} us/event  (runs: {_runs(cpu['without'])})")
+    print(f"  decode + apply + shadow     {more:.3f} us/event  (runs: {_runs(cpu['with'])})")
+    print(
+        f"  shadow at rate {settings.shadow_rate:g}: +{more - base:.3f} us/event, "
+        f"+{(more / base - 1) * 100:.0f} % per-event CPU (best of three each)"
+    )
+
+
+def _runs(values: list[float]) -> str:
+    return ", ".join(f"{v:.3f}" for v in values)
+
+
 def live_window() -> LiveWindow:
     """The controller's window with its default limits."""
     limits = WindowLimits(clock_tolerance_s=60, max_categories=2048, max_categories_per_worker=1024)
@@ -144,8 +196,11 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=4_000_000)
     ap.add_argument("--batch", type=int, default=8192)
     ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    ap.add_argument("--shadow-accesses", type=int, default=1_000_000, help="0: skip part 4")
     a = ap.parse_args()
     run(a.events, a.batch, a.redis_url)
+    if a.shadow_accesses:
+        shadow_overhead(a.shadow_accesses)
 
 
 if __name__ == "__main__":

@@ -181,7 +181,15 @@ def test_dashboard_shows_the_loop_and_acts_through_the_api(
         version = get(url, "/v1/policy")["version"]
         _next_refresh(driver)
         assert int(driver.find_element("id", "policy-version").text) >= version
-        assert "does not serve GET /v1/shadow" in driver.find_element("id", "shadow-body").text
+        # The shadow section draws the live workers' group (both have one capacity).
+        _until(
+            driver,
+            "shadow curves",
+            lambda: driver.find_elements("css selector", "#shadow-body figure"),
+            timeout=60,
+        )
+        legend = driver.find_elements("css selector", "#shadow-body figure .legend li")
+        assert [li.text for li in legend] == get(url, "/v1/shadow")["policies"]
         assert console_problems(driver) == []
         driver.save_screenshot(str(artifacts / "dashboard-loaded.png"))
 
@@ -293,82 +301,46 @@ def _save_full_page(driver: Any, path: Path, zoom: float = 1.0) -> None:
     clear_emulation(driver)
 
 
-def _capacity_curves(trace: Any, capacity: int) -> dict[str, Any]:
-    """A /v1/shadow answer in the shape the page reads (docs/dashboard.md), from full
-    offline replays of ``trace`` at the capacity ladder, with 95 % Wilson intervals."""
-    from controlplane.replay.runner import ReplayJob, run_one
-
-    policies = []
-    for policy in ("lru", "fifo", "s3fifo"):
-        points = []
-        for factor in (0.25, 0.5, 1.0, 2.0, 4.0):
-            result = run_one(trace, ReplayJob(policy, max(1, round(capacity * factor))))
-            low, high = _wilson(result.hits, result.accesses)
-            points.append(
-                {
-                    "capacity": result.capacity,
-                    "hit_ratio": result.hit_ratio,
-                    "ci_low": low,
-                    "ci_high": high,
-                }
-            )
-        policies.append({"policy": policy, "points": points})
-    return {
-        "groups": [
-            {
-                "group": f"capacity {capacity}",
-                "workers": ["w-a", "w-b"],
-                "capacity": capacity,
-                "window_s": 600.0,
-                "sampling_rate": 1.0,
-                "accesses": int(trace.lengths.sum()),
-                "policies": policies,
-            }
-        ]
-    }
-
-
-def _wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 1.0
-    p = hits / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5 / (1 + z * z / n)
-    return centre - half, centre + half
-
-
-def test_shadow_curves_render_when_the_controller_serves_them(
+def test_shadow_curves_render_from_the_controllers_shadow(
     tmp_path: Path, redis_url: str, key_prefix: str
 ) -> None:
-    """The page reads GET /v1/shadow only when the controller's OpenAPI lists it; here a
-    route in the documented shape serves real capacity curves (offline replays), and the
-    page draws one curve per policy with its interval band, and a table of the values."""
+    """The controller's own shadow evaluation, fed a worker's wire batches at a sampling
+    rate of 1, serves GET /v1/shadow; the page draws one curve per policy with its interval
+    band, the guard's verdict line, and a table holding the values the API answered."""
     require_chromium()
     from controlplane.service.settings import ControllerSettings
+    from tests.agent_stream import agent_batches
     from tests.integration.controller_fixtures import running_controller
 
     trace = synthesize("to-c", duration_s=120, qps=3, seed=5)
     capacity = max(50, trace.n_unique // 10)
-    answer = _capacity_curves(trace, capacity)
-    settings = ControllerSettings(redis_url=redis_url, key_prefix=key_prefix, lease_ttl_s=5)
+    settings = ControllerSettings(
+        redis_url=redis_url, key_prefix=key_prefix, lease_ttl_s=5, shadow_rate=1.0
+    )
     with running_controller(settings) as rc:
-        rc.app.add_api_route("/v1/shadow", lambda: answer, methods=["GET"], tags=["observe"])
-        rc.app.openapi_schema = None  # the route joins the OpenAPI document
+        shadow = rc.controller.shadow.evaluator
+        assert shadow is not None
+        shadow.set_capacities({"w-a": capacity})
+        for batch in agent_batches(trace, capacity, worker="w-a"):
+            shadow.apply(batch)
+        shadow.flush("w-a")
+        answer = rc.client.get("/v1/shadow").json()
         with chromium(tmp_path / "profile") as driver:
             driver.get(f"{rc.url}/ui/?refresh=0")
             _until(driver, "first refresh", lambda: _refreshes(driver) >= 1)
             figures = driver.find_elements("css selector", "#shadow-body figure")
             assert len(figures) == 1
             legend = [li.text for li in figures[0].find_elements("css selector", ".legend li")]
-            assert legend == ["lru", "fifo", "s3fifo"]
-            assert len(figures[0].find_elements("css selector", "polygon")) == 3  # bands
+            assert legend == ["wa", "lru", "s3fifo", "arc"]
+            assert len(figures[0].find_elements("css selector", "polygon")) == 4  # bands
+            assert "Refit guard" in driver.find_element("id", "shadow-guard").text
             cells = driver.execute_script(
                 "return [...document.querySelectorAll('#shadow-body tbody tr')].map((r) => "
                 "[...r.cells].map((c) => c.textContent));"
             )
             expected = {
                 p["policy"]: [f"{q['hit_ratio']:.4f}" for q in p["points"]]
-                for p in answer["groups"][0]["policies"]
+                for p in answer["groups"][0]["curves"]
             }
             got = {row[0]: [c.split(" ")[0] for c in row[1:]] for row in cells}
             assert got == expected

@@ -38,7 +38,12 @@ REQUESTS: dict[tuple[str, str], tuple[str, dict[str, Any] | None]] = {
     ("GET", "/v1/categories/{name}"): ("/v1/categories/text_1", None),
     ("GET", "/v1/agents"): ("/v1/agents", None),
 }
-WITHOUT_REDIS = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")}
+WITHOUT_REDIS = {
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+    ("GET", "/v1/shadow"),  # the leader's memory: it answers while Redis is away
+}
 
 
 def _settings(redis_url: str) -> ControllerSettings:
@@ -118,6 +123,7 @@ def _probes_still_answer(rc: RunningController) -> None:
     assert ready.status_code == 503
     assert ready.json()["reason"].startswith("redis unavailable")
     assert rc.client.get("/metrics").status_code == 200
+    assert rc.client.get("/v1/shadow", headers=AUTH).json()["enabled"] is True
 
 
 def test_redis_out_of_memory_is_said_as_such(own_redis: EmbeddedRedis) -> None:

@@ -1,8 +1,9 @@
-"""Routes of the ``observe`` tag: categories (fit beside published) and live agents.
+"""Routes of the ``observe`` tag: categories (fit beside published), live agents and the
+shadow evaluation.
 
-Responses are the controller's ``CategorySummary``/``CategoryDetail`` and ``AgentView``
-(each agent's heartbeat with what ingest did with its events). Read-only: it must never
-change state.
+Responses are the controller's ``CategorySummary``/``CategoryDetail``, ``AgentView``
+(each agent's heartbeat with what ingest did with its events) and ``ShadowView``.
+Read-only: it must never change state.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from controlplane.api.errors import ApiError, documented
 from controlplane.api.routes import ControllerDep
 from controlplane.service.agents import AgentView
 from controlplane.service.controller import CategoryDetail, CategorySummary
+from controlplane.shadow.view import ShadowView
 
 TAG = "observe"
 reads = APIRouter(tags=[TAG])
@@ -41,3 +43,14 @@ def list_agents(controller: ControllerDep) -> list[AgentView]:
     controller's counts of their events (ingested, dropped for their clock, refused,
     dead-lettered, batches missing)."""
     return controller.agents()
+
+
+@reads.get("/v1/shadow", response_model=ShadowView)
+def get_shadow(controller: ControllerDep) -> ShadowView:
+    """What other policies and other cache sizes would have scored on the workers' own
+    traffic: per worker group (workers of one capacity), per policy (`wa` is the published
+    document) and per capacity multiple, the hit ratio over the shadow window with its
+    95 % interval, estimated from a sample of prefix subtrees replayed in miniature
+    (docs/shadow.md); and the refit guard's last verdict. Served by the leader (a standby
+    answers with no groups)."""
+    return controller.shadow_view()

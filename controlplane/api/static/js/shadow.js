@@ -1,6 +1,7 @@
 // The shadow section: hit ratio against cache capacity per policy, per worker group, from
-// GET /v1/shadow. A controller that does not serve the route (its OpenAPI document does not
-// list it) gets a note instead; an answer in a shape this page does not know is shown raw.
+// GET /v1/shadow (ShadowView in the OpenAPI document), and the refit guard's last verdict.
+// A controller that does not serve the route (its OpenAPI document does not list it) gets a
+// note instead; an answer in a shape this page does not know is shown raw.
 
 import { servedPaths, api } from "./api.js";
 import { lineChart } from "./charts.js";
@@ -17,18 +18,23 @@ function note(...text) {
 export function shadowGroups(body) {
   const groups = body && Array.isArray(body.groups) ? body.groups : null;
   if (!groups) return null;
-  const ok = groups.every((g) => g && Array.isArray(g.policies) && g.policies.every(
-    (p) => p && typeof p.policy === "string" && Array.isArray(p.points) &&
-      p.points.every((q) => q && Number.isFinite(q.capacity) && Number.isFinite(q.hit_ratio)),
-  ));
+  const ok = groups.every((g) => g && Number.isFinite(g.capacity) && Array.isArray(g.curves) &&
+    g.curves.every((p) => p && typeof p.policy === "string" && Array.isArray(p.points) &&
+      p.points.every((q) => q && Number.isFinite(q.capacity) && Number.isFinite(q.hit_ratio))));
   return ok ? groups : null;
 }
 
+function guardLine(guard) {
+  if (!guard || typeof guard.outcome !== "string") return null;
+  return el("p", { id: "shadow-guard", class: guard.outcome === "refused" ? "error" : "muted" },
+    `Refit guard: ${guard.reason || guard.outcome}`);
+}
+
 function groupTable(group) {
-  const capacities = [...new Set(group.policies.flatMap((p) => p.points.map((q) => q.capacity)))].sort((a, b) => a - b);
+  const capacities = [...new Set(group.curves.flatMap((p) => p.points.map((q) => q.capacity)))].sort((a, b) => a - b);
   const head = el("tr", {}, el("th", { scope: "col" }, "Policy"),
     ...capacities.map((c) => el("th", { scope: "col", class: "num" }, `${fmtInt(c)} blocks`)));
-  const rows = group.policies.map((p) => {
+  const rows = group.curves.map((p) => {
     const at = new Map(p.points.map((q) => [q.capacity, q]));
     return el("tr", {}, el("th", { scope: "row" }, p.policy), ...capacities.map((c) => {
       const q = at.get(c);
@@ -37,12 +43,12 @@ function groupTable(group) {
     }));
   });
   return el("details", {}, el("summary", {}, "Table of these values"),
-    el("div", { class: "table-wrap" }, el("table", {}, el("caption", {}, `Shadow hit ratio, ${group.group || "group"}`),
+    el("div", { class: "table-wrap" }, el("table", {}, el("caption", {}, `Shadow hit ratio, workers of capacity ${fmtInt(group.capacity)}`),
       el("thead", {}, head), el("tbody", {}, ...rows))));
 }
 
-function groupFigure(group) {
-  const series = group.policies.map((p) => {
+function groupFigure(group, body) {
+  const series = group.curves.map((p) => {
     const pts = p.points.slice().sort((a, b) => a.capacity - b.capacity);
     return {
       name: p.policy,
@@ -51,16 +57,21 @@ function groupFigure(group) {
       markers: true,
     };
   });
-  const best = group.policies.map((p) => {
+  const best = group.curves.map((p) => {
     const q = p.points.find((x) => x.capacity === group.capacity);
     return q ? `${p.policy} ${fmtRatio(q.hit_ratio)}` : null;
   }).filter(Boolean);
-  const title = `${group.group || "workers"}: hit ratio against capacity`;
+  const title = `Workers of capacity ${fmtInt(group.capacity)}: hit ratio against capacity`;
   const facts = [
     Array.isArray(group.workers) ? `workers ${group.workers.join(", ")}` : null,
-    Number.isFinite(group.window_s) ? `window ${fmtNum(group.window_s)} s` : null,
-    Number.isFinite(group.sampling_rate) ? `sampling rate ${fmtNum(group.sampling_rate)}` : null,
-    Number.isFinite(group.accesses) ? `${fmtInt(group.accesses)} accesses seen` : null,
+    Number.isFinite(body.window_s) ? `window ${fmtNum(body.window_s)} s` : null,
+    Number.isFinite(body.rate) ? `sampling rate ${fmtNum(body.rate)}` : null,
+    Number.isFinite(group.accesses_seen) ? `${fmtInt(group.accesses_seen)} accesses seen` : null,
+    Number.isFinite(group.sampled_accesses) ? `${fmtInt(group.sampled_accesses)} sampled in the window` : null,
+    Number.isInteger(body.policy_version) ? `wa is policy v${body.policy_version}` : null,
+    Number.isFinite(group.observed_hit_ratio) && Number.isFinite(group.sampled_observed_hit_ratio)
+      ? `the workers' own hit ratio ${fmtRatio(group.observed_hit_ratio)} (sample ${fmtRatio(group.sampled_observed_hit_ratio)})`
+      : null,
   ].filter(Boolean).join(" · ");
   const figure = lineChart({
     title,
@@ -107,12 +118,17 @@ export async function renderShadowSection() {
   if (key === lastKey) return;
   lastKey = key;
   const groups = shadowGroups(body);
+  const guard = guardLine(body && body.guard);
   if (groups === null) {
     box.replaceChildren(note(`GET ${SHADOW_PATH} answered in a shape this dashboard does not know; here it is as sent.`),
       el("pre", { class: "raw" }, key.slice(0, 4000)));
+  } else if (body.enabled === false) {
+    box.replaceChildren(note("The shadow evaluation is switched off on this controller (KVWISE_SHADOW_ENABLED)."));
   } else if (!groups.length) {
-    box.replaceChildren(note("No shadow results yet: no worker group has enough accesses."));
+    box.replaceChildren(note("No shadow results yet: no worker with a known capacity has sent traffic."),
+      ...(guard ? [guard] : []));
   } else {
-    box.replaceChildren(el("div", { class: "chart-grid wide" }, ...groups.map(groupFigure)));
+    box.replaceChildren(...(guard ? [guard] : []),
+      el("div", { class: "chart-grid wide" }, ...groups.map((g) => groupFigure(g, body))));
   }
 }

@@ -1,0 +1,114 @@
+"""The controller's side of the shadow evaluation: what feeds it, the refit guard, and what
+it exports.
+
+Owns ``ShadowLink``: it hands every applied batch to the ``ShadowEvaluator`` (a failure
+there is logged once per kind and never refuses the batch: the statistics window already
+took it), refreshes the workers' capacities (from their heartbeats) and the published
+document the ``wa`` curves replay, judges a candidate fit against the version in force
+(``guard``: every verdict counted, the figures of the last one kept; the controller logs
+a refusal, with both figures, once per run of refusals), and sets the shadow's
+Prometheus gauges. It must never publish, fit or read Redis itself (the controller
+passes what it read).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from agent.policy_document import PolicyDocument
+from agent.wire import EventBatch
+from controlplane.service.agents import AgentView
+from controlplane.service.metrics import ControllerMetrics
+from controlplane.shadow.evaluator import ShadowEvaluator
+from controlplane.shadow.settings import ShadowSettings
+from controlplane.shadow.view import GuardView, ShadowView
+
+log = logging.getLogger(__name__)
+
+
+class ShadowLink:
+    """The shadow evaluator as the controller uses it (None inside when switched off)."""
+
+    def __init__(self, settings: ShadowSettings, metrics: ControllerMetrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.evaluator = ShadowEvaluator(settings) if settings.shadow_enabled else None
+        self._failed: set[str] = set()
+
+    def apply(self, batch: EventBatch) -> None:
+        if self.evaluator is None:
+            return
+        try:
+            self.evaluator.apply(batch)
+        except Exception as exc:  # the shadow must never cost a batch its statistics
+            kind = type(exc).__name__
+            if kind not in self._failed:
+                self._failed.add(kind)
+                log.exception("shadow evaluation skipped a batch of %s", batch.worker)
+
+    def refresh(
+        self, agents: list[AgentView], current: PolicyDocument | None, idle_s: float = 0.0
+    ) -> None:
+        """The workers' capacities and the document in force, as last read; the requests
+        of workers idle ``idle_s`` seconds (0: none) replayed; workers with no heartbeat
+        and nothing sent for a whole window forgotten."""
+        if self.evaluator is None:
+            return
+        if idle_s > 0:
+            self.evaluator.flush_idle(idle_s)
+        self.evaluator.forget_gone({a.id for a in agents})
+        self.evaluator.set_capacities({a.id: a.capacity for a in agents})
+        if current is not None:
+            self.evaluator.set_policy(current)
+
+    def set_policy(self, doc: PolicyDocument) -> None:
+        """A version just published: the ``wa`` curves replay it from now on."""
+        if self.evaluator is not None:
+            self.evaluator.set_policy(doc)
+
+    def guard(self, candidate: PolicyDocument, in_force: PolicyDocument | None) -> GuardView:
+        """The verdict on ``candidate``: ``refused`` means do not publish it."""
+        if self.evaluator is None:
+            return GuardView("off", "shadow evaluation is off (KVWISE_SHADOW_ENABLED)")
+        verdict = self.evaluator.judge(candidate, in_force)
+        self.metrics.guard.labels(outcome=verdict.outcome).inc()
+        if verdict.candidate_hit_ratio is not None and verdict.in_force_hit_ratio is not None:
+            self.metrics.guard_hit_ratio.labels(version="candidate").set(
+                verdict.candidate_hit_ratio
+            )
+            self.metrics.guard_hit_ratio.labels(version="in_force").set(verdict.in_force_hit_ratio)
+        return verdict
+
+    def view(self) -> ShadowView:
+        if self.evaluator is None:
+            s = self.settings
+            return ShadowView(
+                enabled=False,
+                rate=s.shadow_rate,
+                ladder=list(s.multiples),
+                policies=["wa", *s.baselines],
+                window_s=s.shadow_window_s,
+                policy_version=None,
+                guard=GuardView("off", "shadow evaluation is off (KVWISE_SHADOW_ENABLED)"),
+            )
+        return self.evaluator.view()
+
+    def export(self) -> None:
+        """Set the shadow's gauges from its current view."""
+        if self.evaluator is None:
+            return
+        m = self.metrics
+        for gauge in (m.shadow_hit_ratio, m.shadow_ci, m.shadow_sampled):
+            gauge.clear()
+        for group in self.evaluator.view().groups:
+            capacity = str(group.capacity)
+            m.shadow_sampled.labels(capacity=capacity).set(group.sampled_accesses)
+            for curve in group.curves:
+                for p in curve.points:
+                    labels = {
+                        "capacity": capacity,
+                        "policy": curve.policy,
+                        "multiple": f"{p.multiple:g}",
+                    }
+                    m.shadow_hit_ratio.labels(**labels).set(p.hit_ratio)
+                    m.shadow_ci.labels(**labels).set((p.ci_high - p.ci_low) / 2)

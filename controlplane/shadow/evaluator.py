@@ -1,0 +1,364 @@
+"""The shadow evaluation of live traffic: per worker, its sampled requests replayed through
+the published ``wa`` document and the baselines at a ladder of capacities.
+
+Owns ``ShadowEvaluator``: it takes every applied event batch (``apply``, ingest's thread),
+rebuilds and samples the worker's requests (``rebuild``), serves each sampled request to
+every miniature cache of that worker (``estimator``), keeps the sampled requests of the
+window for the refit guard (``judge``: the candidate document and the one in force replayed
+from cold on the same requests), and answers what it knows as a ``ShadowView``. Workers
+are grouped by capacity; a worker whose capacity is not known yet (no heartbeat read) has
+its requests counted and kept for later, not replayed. Its cost is bounded by the rate:
+unsampled requests cost a few vectorised passes over the batch. One lock guards it all.
+It must never talk to Redis, decode wire data or publish anything.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from agent.policies import EvictionPolicy, create
+from agent.policies.wa import WAPolicy
+from agent.policy_document import BUILTIN_POLICY, PolicyDocument
+from agent.wire import EventBatch
+from controlplane.shadow.estimator import MiniCache, Totals, WindowCounts
+from controlplane.shadow.rebuild import CategoryTable, Rebuilt, Request, RequestRebuilder
+from controlplane.shadow.sampler import PrefixSampler
+from controlplane.shadow.settings import ShadowSettings
+from controlplane.shadow.view import (
+    CurvePoint,
+    GroupView,
+    GuardView,
+    PolicyCurve,
+    ShadowView,
+)
+
+WA = "wa"
+
+
+@dataclass
+class _Ladder:
+    """One policy at every multiple of the worker's capacity."""
+
+    caches: list[MiniCache]
+    counts: list[WindowCounts]
+
+
+@dataclass
+class _Worker:
+    rebuilder: RequestRebuilder
+    buffer: deque[Request]
+    seen_all: WindowCounts
+    """The worker's own prefix hits and accesses over every whole request."""
+    seen_sampled: WindowCounts
+    """The same over the sampled requests only."""
+    capacity: int | None = None
+    ladders: dict[str, _Ladder] = field(default_factory=dict)
+    wa: list[WAPolicy] = field(default_factory=list)
+    wa_names: int = 0
+    """Category names the ``wa`` caches have been told."""
+    requests: int = 0
+    accesses: int = 0
+    incomplete: int = 0
+    last_batch: float = 0.0
+    """When its last batch came (monotonic clock)."""
+
+
+class ShadowEvaluator:
+    """Sampled replays of every worker's traffic; thread-safe."""
+
+    def __init__(self, settings: ShadowSettings, salt: int = 0) -> None:
+        self.settings = settings
+        self.sampler = PrefixSampler(settings.shadow_rate, salt)
+        self.table = CategoryTable()
+        self.policies = (WA, *settings.baselines)
+        self.multiples = settings.multiples
+        self._doc = BUILTIN_POLICY
+        self._workers: dict[str, _Worker] = {}
+        self._clock = 0.0
+        self._guard = GuardView("off", "no refit judged yet")
+        self._lock = threading.Lock()
+
+    # --- input ---------------------------------------------------------------------------
+    def apply(self, batch: EventBatch) -> None:
+        """Rebuild, sample and replay ``batch``'s requests (held ones wait for the next)."""
+        with self._lock:
+            worker = self._worker(batch.worker)
+            worker.last_batch = time.monotonic()
+            self._take(worker, worker.rebuilder.feed(batch))
+
+    def flush(self, worker_id: str) -> None:
+        """Replay the requests held back at the end of ``worker_id``'s stream so far."""
+        with self._lock:
+            worker = self._workers.get(worker_id)
+            if worker is not None:
+                self._take(worker, worker.rebuilder.flush())
+
+    def flush_idle(self, idle_s: float) -> None:
+        """``flush`` every worker that sent nothing for ``idle_s`` seconds: a request is
+        not left waiting for a batch that may never come."""
+        now = time.monotonic()
+        with self._lock:
+            for worker in self._workers.values():
+                if now - worker.last_batch >= idle_s:
+                    self._take(worker, worker.rebuilder.flush())
+
+    def set_capacities(self, capacities: Mapping[str, int]) -> None:
+        """Workers' capacities (from their heartbeats); a change starts that worker's
+        miniature caches afresh, warmed with the window's sampled requests kept so far."""
+        with self._lock:
+            for worker_id, capacity in capacities.items():
+                worker = self._worker(worker_id)
+                if capacity > 0 and capacity != worker.capacity:
+                    self._build_caches(worker, capacity)
+                    self._tell_categories(worker)
+                    self._serve(worker, list(worker.buffer))
+
+    def set_policy(self, doc: PolicyDocument) -> None:
+        """The published document the ``wa`` caches replay from now on."""
+        with self._lock:
+            if doc.version == self._doc.version and doc.created_at == self._doc.created_at:
+                return
+            self._doc = doc
+            for worker in self._workers.values():
+                for wa in worker.wa:
+                    wa.set_policy(doc)
+
+    def forget_gone(self, live: set[str]) -> list[str]:
+        """Drop the workers outside ``live`` (no heartbeat) that sent nothing for a whole
+        window: nothing of theirs is left to show. Returns their ids."""
+        now = time.monotonic()
+        with self._lock:
+            gone = [
+                worker_id
+                for worker_id, worker in self._workers.items()
+                if worker_id not in live and now - worker.last_batch > self.settings.shadow_window_s
+            ]
+            for worker_id in gone:
+                del self._workers[worker_id]
+        return gone
+
+    def _worker(self, worker_id: str) -> _Worker:
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            depth = self.settings.shadow_key_depth
+            rebuilder = RequestRebuilder(self.sampler, self.table, depth)
+            window, buckets = self.settings.shadow_window_s, self.settings.shadow_buckets
+            worker = self._workers[worker_id] = _Worker(
+                rebuilder, deque(), WindowCounts(window, buckets), WindowCounts(window, buckets)
+            )
+        return worker
+
+    def _build_caches(self, worker: _Worker, capacity: int) -> None:
+        worker.capacity = capacity
+        worker.ladders.clear()
+        worker.wa.clear()
+        worker.wa_names = 0
+        s = self.settings
+        sizes = [self.sampler.scaled(round(capacity * m)) for m in self.multiples]
+        for name in self.policies:
+            caches = [MiniCache(self._policy(worker, name, size), size) for size in sizes]
+            counts = [WindowCounts(s.shadow_window_s, s.shadow_buckets) for _ in sizes]
+            worker.ladders[name] = _Ladder(caches, counts)
+
+    def _policy(self, worker: _Worker, name: str, size: int) -> EvictionPolicy:
+        if name != WA:
+            return create(name, size)
+        wa = WAPolicy(size, category_names=self.table.names, doc=self._doc)
+        worker.wa.append(wa)
+        worker.wa_names = len(self.table.names)
+        return wa
+
+    def _take(self, worker: _Worker, rebuilt: Rebuilt) -> None:
+        worker.requests += rebuilt.requests
+        worker.accesses += rebuilt.accesses
+        worker.incomplete += rebuilt.incomplete
+        if rebuilt.seen is not None and len(rebuilt.seen.ts):
+            worker.seen_all.add_many(rebuilt.seen.ts, rebuilt.seen.hits, rebuilt.seen.accesses)
+        for request in rebuilt.sampled:
+            worker.seen_sampled.add(request.ts, request.seen_hits, len(request.blocks))
+        if not rebuilt.sampled:
+            return
+        self._clock = max(self._clock, rebuilt.sampled[-1].ts)
+        self._keep(worker, rebuilt.sampled)
+        if worker.capacity is None:
+            return
+        self._tell_categories(worker)
+        self._serve(worker, rebuilt.sampled)
+
+    def _serve(self, worker: _Worker, requests: list[Request]) -> None:
+        for ladder in worker.ladders.values():
+            for cache, counts in zip(ladder.caches, ladder.counts, strict=True):
+                for request in requests:
+                    counts.add(request.ts, cache.serve(request), len(request.blocks))
+
+    def _keep(self, worker: _Worker, requests: Iterable[Request]) -> None:
+        buffer = worker.buffer
+        buffer.extend(requests)
+        oldest = self._clock - self.settings.shadow_window_s
+        while buffer and (len(buffer) > self.settings.shadow_max_requests or buffer[0].ts < oldest):
+            buffer.popleft()
+
+    def _tell_categories(self, worker: _Worker) -> None:
+        names = self.table.names
+        if worker.wa_names < len(names):
+            for wa in worker.wa:
+                for name in names[worker.wa_names :]:
+                    wa.add_category(name)
+            worker.wa_names = len(names)
+
+    # --- output --------------------------------------------------------------------------
+    def view(self) -> ShadowView:
+        """Every group's curves over the window ending at the newest sampled request."""
+        with self._lock:
+            groups: dict[int, list[tuple[str, _Worker]]] = {}
+            waiting = []
+            for worker_id, worker in sorted(self._workers.items()):
+                if worker.capacity is None:
+                    waiting.append(worker_id)
+                else:
+                    groups.setdefault(worker.capacity, []).append((worker_id, worker))
+            return ShadowView(
+                enabled=True,
+                rate=self.sampler.rate,
+                ladder=list(self.multiples),
+                policies=list(self.policies),
+                window_s=self.settings.shadow_window_s,
+                policy_version=self._doc.version,
+                groups=[self._group(c, members) for c, members in sorted(groups.items())],
+                waiting_workers=waiting,
+                guard=self._guard,
+            )
+
+    def _group(self, capacity: int, members: list[tuple[str, _Worker]]) -> GroupView:
+        seen = sum((w.seen_all.totals(self._clock) for _, w in members), Totals()).estimate()
+        seen_sampled = sum(
+            (w.seen_sampled.totals(self._clock) for _, w in members), Totals()
+        ).estimate()
+        curves = []
+        for name in self.policies:
+            points = []
+            for i, multiple in enumerate(self.multiples):
+                totals = sum(
+                    (w.ladders[name].counts[i].totals(self._clock) for _, w in members), Totals()
+                )
+                est = totals.estimate()
+                points.append(
+                    CurvePoint(
+                        multiple=multiple,
+                        capacity=round(capacity * multiple),
+                        hit_ratio=est.hit_ratio,
+                        ci_low=est.ci_low,
+                        ci_high=est.ci_high,
+                        accesses=est.accesses,
+                    )
+                )
+            curves.append(PolicyCurve(name, points))
+        # Every cache of a worker serves every sampled request: any one counts them.
+        sampled = sum((w.ladders[WA].counts[0].totals(self._clock) for _, w in members), Totals())
+        return GroupView(
+            capacity=capacity,
+            workers=[worker_id for worker_id, _ in members],
+            requests_seen=sum(w.requests for _, w in members),
+            accesses_seen=sum(w.accesses for _, w in members),
+            sampled_requests=int(sampled.requests),
+            sampled_accesses=int(sampled.accesses),
+            incomplete_runs=sum(w.incomplete for _, w in members),
+            observed_hit_ratio=seen.hit_ratio,
+            sampled_observed_hit_ratio=seen_sampled.hit_ratio,
+            curves=curves,
+        )
+
+    # --- the refit guard -----------------------------------------------------------------
+    def judge(self, candidate: PolicyDocument, in_force: PolicyDocument | None) -> GuardView:
+        """Replay the window's sampled requests through ``candidate`` and ``in_force``
+        (each worker's at its capacity, from cold) and say whether ``candidate`` may be
+        published; the verdict is also kept for ``view``."""
+        with self._lock:
+            names = tuple(self.table.names)
+            limit = self.settings.guard_max_accesses
+            work = [
+                (self.sampler.scaled(w.capacity), _newest(w.buffer, limit))
+                for w in self._workers.values()
+                if w.capacity is not None and w.buffer
+            ]
+        verdict = compare(work, names, candidate, in_force, self.settings)
+        with self._lock:
+            self._guard = verdict
+        return verdict
+
+    def say_off(self, reason: str) -> None:
+        """Record that the guard did not judge (``reason``), for ``view``."""
+        with self._lock:
+            self._guard = GuardView("off", reason, at=time.time())
+
+
+def _newest(buffer: deque[Request], max_accesses: int) -> list[Request]:
+    """The newest requests of ``buffer`` holding at most ``max_accesses`` accesses (at
+    least one request), in time order."""
+    out: list[Request] = []
+    total = 0
+    for request in reversed(buffer):
+        total += len(request.blocks)
+        if out and total > max_accesses:
+            break
+        out.append(request)
+    out.reverse()
+    return out
+
+
+def compare(
+    work: list[tuple[int, list[Request]]],
+    names: tuple[str, ...],
+    candidate: PolicyDocument,
+    in_force: PolicyDocument | None,
+    settings: ShadowSettings,
+) -> GuardView:
+    """The guard's verdict on ``work`` (per worker: miniature capacity, requests)."""
+    margin = settings.guard_margin
+    sampled = sum(len(r.blocks) for _, requests in work for r in requests)
+    if in_force is None:
+        return GuardView("passed", "no version in force", margin=margin, at=time.time())
+    if sampled < settings.guard_min_accesses:
+        return GuardView(
+            "waiting",
+            f"waiting: {sampled} sampled accesses in the window, fewer than "
+            f"guard_min_accesses ({settings.guard_min_accesses}); published unjudged",
+            in_force_version=in_force.version,
+            margin=margin,
+            sampled_accesses=sampled,
+            at=time.time(),
+        )
+    old, new = (_replayed(work, names, doc) for doc in (in_force, candidate))
+    passed = new >= old - margin
+    words = "passed" if passed else "refused"
+    reason = (
+        f"{words}: candidate's shadow hit ratio {new:.4f} against {old:.4f} of version "
+        f"{in_force.version} in force (margin {margin}, {sampled} sampled accesses)"
+    )
+    return GuardView(
+        "passed" if passed else "refused",
+        reason,
+        in_force_version=in_force.version,
+        in_force_hit_ratio=old,
+        candidate_hit_ratio=new,
+        margin=margin,
+        sampled_accesses=sampled,
+        at=time.time(),
+    )
+
+
+def _replayed(
+    work: list[tuple[int, list[Request]]], names: tuple[str, ...], doc: PolicyDocument
+) -> float:
+    """Hit ratio of ``wa`` under ``doc`` over every worker's requests, each from cold."""
+    hits = accesses = 0
+    for capacity, requests in work:
+        cache = MiniCache(WAPolicy(capacity, category_names=names, doc=doc), capacity)
+        for request in requests:
+            hits += cache.serve(request)
+            accesses += len(request.blocks)
+    return hits / accesses if accesses else 0.0

@@ -1,0 +1,268 @@
+"""Requests rebuilt from a worker's event stream, and the sample of them the shadow keeps.
+
+Owns ``RequestRebuilder`` (one per worker) and ``CategoryTable`` (category names to the
+shadow's own codes, shared by every worker). An agent reports a request as a run of
+events with one time and one category: HIT events for the cached blocks it touched
+(prompt offsets ascending), then INSERT events for the blocks it computed, released tail
+first (offsets descending); EVICT events carry no access and are skipped. A new request
+starts where the time or the category changes, where a HIT follows an INSERT, or where
+the offsets stop ascending (HITs) or descending (INSERTs). A run whose offsets are not
+exactly ``0 .. n-1`` is split once where its HITs turn into INSERTs (two requests with
+the same time and category, the first all hits); if that does not make it whole it is
+dropped and counted as incomplete (events lost on the way, or an engine that reports a
+request's hits and its inserts at different times). The last run of a batch may go on in
+the next one: it is held until then. Requests are rebuilt vectorised; only the sampled
+ones become Python objects. It must never replay or decode wire data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from agent.wire import EventBatch, EventKind
+from controlplane.shadow.sampler import PrefixSampler
+
+HIT = int(EventKind.HIT)
+INSERT = int(EventKind.INSERT)
+EVICT = int(EventKind.EVICT)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A sampled request: its time, its category code and its blocks in prompt order."""
+
+    ts: float
+    category: int
+    blocks: list[int]
+    seen_hits: int = 0
+    """Its prefix hits in the worker's own cache (the leading HIT events)."""
+
+
+@dataclass(frozen=True)
+class Seen:
+    """Every whole request of a batch, sampled or not: time, the worker's own prefix hits
+    and accesses."""
+
+    ts: NDArray[np.float64]
+    hits: NDArray[np.int64]
+    accesses: NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    """What one batch gave: the sampled requests and counts of everything seen."""
+
+    sampled: list[Request]
+    requests: int
+    """Whole requests rebuilt (sampled or not)."""
+    accesses: int
+    """Block accesses of those requests."""
+    incomplete: int
+    """Runs of events that did not make a whole request (dropped)."""
+    seen: Seen | None = None
+
+
+class CategoryTable:
+    """Category name -> code, codes given in order of first sight."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._codes: dict[str, int] = {}
+        self._last: tuple[tuple[str, ...], NDArray[np.int32]] = ((), np.empty(0, np.int32))
+        """The last table looked up: an agent sends the same one batch after batch."""
+
+    def code(self, name: str) -> int:
+        code = self._codes.get(name)
+        if code is None:
+            code = self._codes[name] = len(self.names)
+            self.names.append(name)
+        return code
+
+    def codes(self, names: tuple[str, ...]) -> NDArray[np.int32]:
+        """The code of each of ``names``, as an array (a batch's ``categories``)."""
+        if names != self._last[0]:
+            self._last = (names, np.array([self.code(n) for n in names], dtype=np.int32))
+        return self._last[1]
+
+
+@dataclass(frozen=True)
+class _Run:
+    """Access events in stream order: time, block, category code, offset, kind."""
+
+    ts: NDArray[np.float64]
+    block: NDArray[np.int64]
+    category: NDArray[np.int32]
+    offset: NDArray[np.int64]
+    kind: NDArray[np.uint8]
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def cut(self, lo: int, hi: int | None = None) -> _Run:
+        part = slice(lo, hi)
+        return _Run(
+            self.ts[part], self.block[part], self.category[part], self.offset[part], self.kind[part]
+        )
+
+    def then(self, other: _Run) -> _Run:
+        if not len(self):
+            return other
+        return _Run(
+            np.concatenate([self.ts, other.ts]),
+            np.concatenate([self.block, other.block]),
+            np.concatenate([self.category, other.category]),
+            np.concatenate([self.offset, other.offset]),
+            np.concatenate([self.kind, other.kind]),
+        )
+
+
+_EMPTY = _Run(
+    np.empty(0, np.float64),
+    np.empty(0, np.int64),
+    np.empty(0, np.int32),
+    np.empty(0, np.int64),
+    np.empty(0, np.uint8),
+)
+
+
+class RequestRebuilder:
+    """One worker's stream -> its sampled whole requests, batch by batch."""
+
+    def __init__(self, sampler: PrefixSampler, table: CategoryTable, key_depth: int = 0) -> None:
+        self.sampler = sampler
+        self.table = table
+        self.key_depth = key_depth
+        """Offset of the block whose hash decides a request (its last, if shorter)."""
+        self._held = _EMPTY
+
+    def feed(self, batch: EventBatch) -> Rebuilt:
+        """The requests ``batch`` completes; its last run is held for the next batch."""
+        access = batch.kind != EVICT
+        codes = self.table.codes(batch.categories)
+        run = self._held.then(
+            _Run(
+                batch.ts[access],
+                batch.block[access],
+                codes[batch.category[access]] if len(codes) else batch.category[access],
+                batch.offset[access].astype(np.int64),
+                batch.kind[access],
+            )
+        )
+        starts = _starts(run)
+        if len(starts) == 0:
+            return Rebuilt([], 0, 0, 0)
+        self._held = run.cut(int(starts[-1]))
+        return self._requests(run.cut(0, int(starts[-1])), starts[:-1])
+
+    def flush(self) -> Rebuilt:
+        """The requests of the held run (at the end of a stream)."""
+        run, self._held = self._held, _EMPTY
+        return self._requests(run, _starts(run))
+
+    def _requests(self, run: _Run, starts: NDArray[np.intp]) -> Rebuilt:
+        if len(starts) == 0:
+            return Rebuilt([], 0, 0, 0)
+        whole = _whole(run, starts)
+        if not whole.all():
+            starts, whole = _split_broken(run, starts, whole)
+        counts = np.diff(np.append(starts, len(run)))
+        group = np.repeat(np.arange(len(starts)), counts)
+        at = run.offset == np.minimum(counts - 1, self.key_depth)[group]
+        keys = np.zeros(len(starts), dtype=np.int64)
+        keys[group[at]] = run.block[at]
+        keep = whole & self.sampler.keep(keys)
+        # The worker's own prefix hits: HITs come first, offsets ascending, so the k-th
+        # HIT of a request is a prefix hit exactly when its offset is k.
+        rank = np.arange(len(run)) - np.repeat(starts, counts)
+        prefix = (run.kind == HIT) & (run.offset == rank)
+        hits = np.bincount(group, weights=prefix, minlength=len(starts)).astype(np.int64)
+        seen = Seen(run.ts[starts[whole]], hits[whole], counts[whole].astype(np.int64))
+        return Rebuilt(
+            sampled=_materialise(run, starts, counts, keep, hits),
+            requests=int(whole.sum()),
+            accesses=int(counts[whole].sum()),
+            incomplete=int(len(whole) - whole.sum()),
+            seen=seen,
+        )
+
+
+def _starts(run: _Run) -> NDArray[np.intp]:
+    """Where each request of ``run`` starts (the rules in the module's docstring)."""
+    n = len(run)
+    if n == 0:
+        return np.empty(0, np.intp)
+    ts, cat, off, kind = run.ts, run.category, run.offset, run.kind
+    prev_hit, hit = kind[:-1] == HIT, kind[1:] == HIT
+    new = np.empty(n, np.bool_)
+    new[0] = True
+    new[1:] = (
+        (ts[1:] != ts[:-1])
+        | (cat[1:] != cat[:-1])
+        | (hit & ~prev_hit)
+        | (hit & prev_hit & (off[1:] <= off[:-1]))
+        | (~hit & ~prev_hit & (off[1:] >= off[:-1]))
+    )
+    return np.flatnonzero(new)
+
+
+def _whole(run: _Run, starts: NDArray[np.intp]) -> NDArray[np.bool_]:
+    """Per request: whether its offsets are exactly ``0 .. n-1``."""
+    c = np.diff(np.append(starts, len(run))).astype(np.int64)
+    off = run.offset
+    lo = np.minimum.reduceat(off, starts)
+    hi = np.maximum.reduceat(off, starts)
+    total = np.add.reduceat(off, starts)
+    squares = np.add.reduceat(off * off, starts)
+    whole: NDArray[np.bool_] = (
+        (lo == 0)
+        & (hi == c - 1)
+        & (total == c * (c - 1) // 2)
+        & (squares == (c - 1) * c * (2 * c - 1) // 6)
+    )
+    return whole
+
+
+def _split_broken(
+    run: _Run, starts: NDArray[np.intp], whole: NDArray[np.bool_]
+) -> tuple[NDArray[np.intp], NDArray[np.bool_]]:
+    """Split each broken request where its HITs turn into INSERTs, if that makes both
+    parts whole (rare: Python per broken request)."""
+    ends = np.append(starts, len(run))
+    new_starts: list[int] = []
+    for i in np.flatnonzero(~whole).tolist():
+        lo, hi = int(ends[i]), int(ends[i + 1])
+        turns = np.flatnonzero(run.kind[lo + 1 : hi] != run.kind[lo : hi - 1])
+        if len(turns) == 1:
+            new_starts.append(lo + 1 + int(turns[0]))
+    if not new_starts:
+        return starts, whole
+    merged = np.union1d(starts, np.array(new_starts, dtype=np.intp)).astype(np.intp)
+    return merged, _whole(run, merged)
+
+
+def _materialise(
+    run: _Run,
+    starts: NDArray[np.intp],
+    counts: NDArray[np.int64],
+    keep: NDArray[np.bool_],
+    hits: NDArray[np.int64],
+) -> list[Request]:
+    """The kept requests as ``Request`` objects, blocks put in prompt order."""
+    if not keep.any():
+        return []
+    events = np.repeat(keep, counts)
+    kept_counts = counts[keep]
+    base = np.repeat(np.cumsum(kept_counts) - kept_counts, kept_counts)
+    ordered = np.empty(int(kept_counts.sum()), dtype=np.int64)
+    ordered[base + run.offset[events]] = run.block[events]
+    blocks = ordered.tolist()
+    bounds = np.append(0, np.cumsum(kept_counts)).tolist()
+    firsts = starts[keep]
+    ts, cat, seen = run.ts[firsts].tolist(), run.category[firsts].tolist(), hits[keep].tolist()
+    return [
+        Request(ts[i], cat[i], blocks[bounds[i] : bounds[i + 1]], seen[i])
+        for i in range(len(firsts))
+    ]

@@ -1,0 +1,87 @@
+"""What ``GET /v1/shadow`` answers: the shadow's curves per worker group, and the guard's
+last verdict. Plain dataclasses (the API's response model, the dashboard's and the demo's
+input). It must never compute anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+GuardOutcome = Literal["passed", "refused", "waiting", "off"]
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One policy at one capacity: the hit ratio over the window, with its 95 % interval."""
+
+    multiple: float
+    """Capacity as a multiple of the group's."""
+    capacity: int
+    """Full-size capacity in blocks (the miniature cache holds ``capacity * rate``)."""
+    hit_ratio: float
+    ci_low: float
+    ci_high: float
+    accesses: int
+    """Sampled accesses behind the estimate."""
+
+
+@dataclass(frozen=True)
+class PolicyCurve:
+    """Hit ratio against capacity for one policy (``wa`` is the published document)."""
+
+    policy: str
+    points: list[CurvePoint]
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """Workers of one capacity, their traffic summed."""
+
+    capacity: int
+    workers: list[str]
+    requests_seen: int
+    """Whole requests rebuilt from the group's events (sampled or not)."""
+    accesses_seen: int
+    sampled_requests: int
+    """Sampled requests in the window."""
+    sampled_accesses: int
+    incomplete_runs: int
+    """Runs of events that made no whole request (dropped)."""
+    observed_hit_ratio: float
+    """The workers' own prefix hit ratio over every whole request in the window."""
+    sampled_observed_hit_ratio: float
+    """The same over the sampled requests only: far from ``observed_hit_ratio``, the
+    sample is richer or poorer in reuse than the traffic, and so are its curves."""
+    curves: list[PolicyCurve]
+
+
+@dataclass(frozen=True)
+class GuardView:
+    """The refit guard's last verdict on a candidate fit."""
+
+    outcome: GuardOutcome
+    reason: str
+    in_force_version: int | None = None
+    in_force_hit_ratio: float | None = None
+    candidate_hit_ratio: float | None = None
+    margin: float = 0.0
+    sampled_accesses: int = 0
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class ShadowView:
+    """The whole shadow evaluation."""
+
+    enabled: bool
+    rate: float
+    ladder: list[float]
+    policies: list[str]
+    window_s: float
+    policy_version: int | None
+    """Version of the ``wa`` document the ``wa`` curves replay."""
+    groups: list[GroupView] = field(default_factory=list)
+    waiting_workers: list[str] = field(default_factory=list)
+    """Workers whose capacity is not known yet (no heartbeat read): not replayed."""
+    guard: GuardView = field(default_factory=lambda: GuardView("off", "no refit judged yet"))

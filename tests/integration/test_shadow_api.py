@@ -1,0 +1,99 @@
+"""``GET /v1/shadow`` on a real controller (real Redis, real HTTP) after a simulated worker
+(``kvwise worker``) replayed a trace: per-policy curves at every capacity multiple, equal,
+at a sampling rate of 1, to the offline replay of the same trace; and the same figures on
+/metrics."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from agent.policies import create
+from agent.policies.wa import WAPolicy
+from agent.policy_document import PolicyDocument
+from controlplane.cli import app
+from controlplane.replay.engine import replay_hits
+from controlplane.service.settings import ControllerSettings
+from controlplane.traces.reader import load_trace
+from tests.integration.controller_fixtures import running_controller
+from tests.integration.test_worker_cmd import write_trace
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+CAPACITY = 30
+
+
+def test_shadow_answers_with_per_policy_curves_after_a_worker_ran(
+    tmp_path: Path, redis_url: str, key_prefix: str
+) -> None:
+    trace_path = write_trace(tmp_path / "t.jsonl", n=400)
+    trace = load_trace(trace_path)
+    settings = ControllerSettings(
+        redis_url=redis_url,
+        key_prefix=key_prefix,
+        refit_interval_s=3600,
+        ingest_block_ms=100,
+        lease_ttl_s=5,
+        shadow_rate=1.0,
+        shadow_window_s=86_400,
+    )
+    with running_controller(settings) as rc:
+        env = {"KVWISE_KEY_PREFIX": key_prefix, "KVWISE_BATCH_EVENTS": "100"}
+        args = ["worker", "--trace", str(trace_path), "--speed", "50"]
+        args += ["--capacity", str(CAPACITY), "--id", "sim-1", "--policy", "lru"]
+        args += ["--redis-url", redis_url, "--json"]
+        res = CliRunner().invoke(app, args, env=env)
+        assert res.exit_code == 0, res.output
+        worker = json.loads(res.stdout.strip().splitlines()[-1])
+
+        def replayed_all() -> bool:
+            groups = rc.client.get("/v1/shadow").json()["groups"]
+            return bool(groups) and groups[0]["requests_seen"] == trace.n_requests
+
+        wait_until(replayed_all, timeout=30, what="the shadow to replay every request")
+        body: dict[str, Any] = rc.client.get("/v1/shadow").json()
+        metrics = rc.client.get("/metrics").text
+        in_force = PolicyDocument.model_validate(rc.client.get("/v1/policy").json())
+        spec = rc.client.get("/openapi.json").json()
+
+    assert body["enabled"] is True and body["rate"] == 1.0
+    assert body["ladder"] == [0.25, 0.5, 1.0, 2.0, 4.0]
+    assert body["policy_version"] == in_force.version
+    (group,) = body["groups"]
+    assert group["capacity"] == CAPACITY and group["workers"] == ["sim-1"]
+    assert group["accesses_seen"] == group["sampled_accesses"] == trace.n_accesses
+    assert group["incomplete_runs"] == 0
+    curves = {c["policy"]: c["points"] for c in group["curves"]}
+    assert list(curves) == ["wa", "lru", "s3fifo", "arc"]
+    for name, points in curves.items():
+        assert [p["multiple"] for p in points] == body["ladder"]
+        for p in points:
+            size = p["capacity"]
+            policy = (
+                WAPolicy(size, category_names=trace.category_names, doc=in_force)
+                if name == "wa"
+                else create(name, size)
+            )
+            want = int(replay_hits(trace, policy, size).sum()) / trace.n_accesses
+            assert p["hit_ratio"] == pytest.approx(want, abs=1e-12), (name, size)
+            assert p["ci_low"] <= p["hit_ratio"] <= p["ci_high"]
+    # The worker ran lru at its capacity: the shadow's lru at 1x is what it saw.
+    lru_1x = curves["lru"][2]
+    own = worker["hits"] / worker["accesses"]
+    assert lru_1x["hit_ratio"] == pytest.approx(own, abs=1e-12)
+    # What the worker's events say of its own cache, over all requests and the sample.
+    assert group["observed_hit_ratio"] == pytest.approx(own, abs=1e-12)
+    assert group["sampled_observed_hit_ratio"] == pytest.approx(own, abs=1e-12)
+    sample = re.search(
+        rf'^kvwise_shadow_hit_ratio{{capacity="{CAPACITY}",multiple="1",policy="lru"}} (\S+)$',
+        metrics,
+        re.M,
+    )
+    assert sample is not None and float(sample.group(1)) == pytest.approx(lru_1x["hit_ratio"])
+    schema = spec["paths"]["/v1/shadow"]["get"]["responses"]["200"]["content"]
+    assert schema["application/json"]["schema"]["$ref"].endswith("/ShadowView")

@@ -1,0 +1,289 @@
+"""The shadow evaluation's parts: the prefix sampler, the request rebuild from wire
+events, the windowed estimator, the exactness of a full-rate shadow against the offline
+replay, and the refit guard's verdicts."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from agent.policies import create
+from agent.policies.wa import WAPolicy
+from agent.policy_document import CategoryParams, PolicyDocument
+from agent.wire import EventBatch, EventKind
+from controlplane.replay.engine import replay_hits
+from controlplane.shadow.estimator import Totals, WindowCounts
+from controlplane.shadow.evaluator import ShadowEvaluator
+from controlplane.shadow.rebuild import CategoryTable, RequestRebuilder
+from controlplane.shadow.sampler import PrefixSampler
+from controlplane.shadow.settings import ShadowSettings
+from controlplane.traces.model import Trace
+from controlplane.traces.synth import synthesize
+from tests.agent_stream import agent_batches, fitted_document
+
+HIT, INSERT = int(EventKind.HIT), int(EventKind.INSERT)
+
+
+@pytest.fixture(scope="module")
+def trace() -> Trace:
+    return synthesize("to-c", duration_s=300, qps=3, seed=7)
+
+
+def _batch(ts, block, offset, kind, categories=("a",), category=None) -> EventBatch:
+    n = len(ts)
+    return EventBatch(
+        worker="w",
+        seq=1,
+        epoch="e",
+        categories=categories,
+        ts=np.asarray(ts, np.float64),
+        block=np.asarray(block, np.int64),
+        category=np.zeros(n, np.int32) if category is None else np.asarray(category, np.int32),
+        offset=np.asarray(offset, np.int32),
+        kind=np.asarray(kind, np.uint8),
+        prev_ts=np.full(n, np.nan),
+        prev_category=np.full(n, -1, np.int32),
+    )
+
+
+# --- sampler ---------------------------------------------------------------------------------
+def test_sampler_keeps_its_share_and_always_the_same_trees() -> None:
+    ids = np.random.default_rng(1).integers(-(2**63), 2**63 - 1, 200_000, dtype=np.int64)
+    sampler = PrefixSampler(0.1)
+    kept = sampler.keep(ids)
+    assert abs(kept.mean() - 0.1) < 0.005
+    assert np.array_equal(kept, PrefixSampler(0.1).keep(ids))
+    assert not np.array_equal(kept, PrefixSampler(0.1, salt=3).keep(ids))
+    assert PrefixSampler(1.0).keep(ids).all()
+    assert (PrefixSampler(0.2).keep(ids) | ~kept).all()  # a lower rate keeps a subset
+    assert sampler.scaled(1000) == 100 and sampler.scaled(3) == 1
+
+
+def test_sampler_refuses_a_rate_out_of_range() -> None:
+    for rate in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="sampling rate"):
+            PrefixSampler(rate)
+
+
+# --- rebuild ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("batch_events", [97, 4096])
+def test_rebuild_gives_back_every_request_of_the_trace(trace: Trace, batch_events: int) -> None:
+    capacity = 200
+    table = CategoryTable()
+    rebuilder = RequestRebuilder(PrefixSampler(1.0), table)
+    requests = []
+    for batch in agent_batches(trace, capacity, batch_events=batch_events):
+        requests += rebuilder.feed(batch).sampled
+    requests += rebuilder.flush().sampled
+    hashes = trace.hashes[trace.blocks]
+    offsets = trace.offsets.tolist()
+    assert len(requests) == trace.n_requests
+    # The leading HIT events are the worker's own prefix hits (its lru at ``capacity``).
+    own = replay_hits(trace, create("lru", capacity), capacity)
+    assert [r.seen_hits for r in requests] == own.tolist()
+    for r, got in enumerate(requests):
+        assert got.blocks == hashes[offsets[r] : offsets[r + 1]].tolist()
+        assert got.ts == trace.timestamps[r]
+        assert table.names[got.category] == trace.category_names[trace.categories[r]]
+
+
+def test_rebuild_splits_two_requests_of_one_time_and_category() -> None:
+    # A: two blocks, both hits. B: five new blocks, released tail first. Same time, same
+    # category: the offsets tell them apart.
+    batch = _batch(
+        ts=[1.0] * 7,
+        block=[10, 11, 24, 23, 22, 21, 20],
+        offset=[0, 1, 4, 3, 2, 1, 0],
+        kind=[HIT, HIT] + [INSERT] * 5,
+    )
+    rebuilder = RequestRebuilder(PrefixSampler(1.0), CategoryTable())
+    got = rebuilder.feed(batch).sampled + rebuilder.flush().sampled
+    assert [r.blocks for r in got] == [[10, 11], [20, 21, 22, 23, 24]]
+
+
+def test_rebuild_drops_and_counts_a_request_missing_its_first_block() -> None:
+    batch = _batch(
+        ts=[1.0, 1.0, 2.0, 2.0],
+        block=[12, 11, 20, 21],
+        offset=[2, 1, 0, 1],
+        kind=[INSERT, INSERT, HIT, HIT],
+        categories=("a", "b"),
+        category=[0, 0, 1, 1],
+    )
+    rebuilder = RequestRebuilder(PrefixSampler(1.0), CategoryTable())
+    first, last = rebuilder.feed(batch), rebuilder.flush()
+    assert (first.incomplete, first.requests) == (1, 0)
+    assert [r.blocks for r in last.sampled] == [[20, 21]]
+    assert rebuilder.table.names == ["a", "b"]
+
+
+def test_rebuild_samples_whole_prefix_trees(trace: Trace) -> None:
+    sampler = PrefixSampler(0.3)
+    rebuilder = RequestRebuilder(sampler, CategoryTable())
+    sampled = []
+    for batch in agent_batches(trace, 200):
+        sampled += rebuilder.feed(batch).sampled
+    sampled += rebuilder.flush().sampled
+    hashes = trace.hashes[trace.blocks]
+    firsts = hashes[trace.offsets[:-1]]
+    expected = int(sampler.keep(firsts).sum())
+    assert len(sampled) == expected
+    assert 0 < expected < trace.n_requests
+    assert sampler.keep(np.array([r.blocks[0] for r in sampled], np.int64)).all()
+
+
+# --- estimator -------------------------------------------------------------------------------
+def test_window_forgets_buckets_older_than_the_window() -> None:
+    counts = WindowCounts(window_s=100.0, buckets=10)
+    counts.add(5.0, hits=10, accesses=10)
+    counts.add(150.0, hits=0, accesses=10)
+    assert counts.totals(150.0).estimate().hit_ratio == 0.0  # the first bucket left
+    assert counts.totals(95.0).estimate().hit_ratio == 1.0  # seen from before the second
+
+
+def test_interval_holds_the_ratio_and_narrows_with_more_requests() -> None:
+    rng = np.random.default_rng(2)
+    small, large = WindowCounts(1e9, 1), WindowCounts(1e9, 1)
+    for i in range(4000):
+        a = int(rng.integers(1, 20))
+        h = int(rng.binomial(a, 0.4))
+        large.add(float(i), h, a)
+        if i < 100:
+            small.add(float(i), h, a)
+    e_small, e_large = small.totals(5000.0).estimate(), large.totals(5000.0).estimate()
+    for e in (e_small, e_large):
+        assert e.ci_low <= e.hit_ratio <= e.ci_high
+        assert e.ci_low < 0.4 < e.ci_high
+    assert (e_large.ci_high - e_large.ci_low) < (e_small.ci_high - e_small.ci_low) / 3
+    both = Totals(1, 2, 4, 4, 16, 8) + Totals(1, 1, 2, 1, 4, 2)
+    assert both == Totals(2, 3, 6, 5, 20, 10)
+    assert Totals().estimate().accesses == 0
+
+
+# --- exactness -------------------------------------------------------------------------------
+def _shadow_at_full_rate(trace: Trace, capacity: int, doc: PolicyDocument) -> ShadowEvaluator:
+    settings = ShadowSettings(
+        shadow_rate=1.0,
+        shadow_policies="lru,s3fifo,arc",
+        shadow_ladder="0.5,1,2",
+        shadow_window_s=1e9,
+        shadow_buckets=1,
+    )
+    shadow = ShadowEvaluator(settings)
+    shadow.set_capacities({"w1": capacity})
+    shadow.set_policy(doc)
+    for batch in agent_batches(trace, capacity, batch_events=1000):
+        shadow.apply(batch)
+    shadow.flush("w1")
+    return shadow
+
+
+def test_full_rate_shadow_equals_the_offline_replay(trace: Trace) -> None:
+    capacity = 300
+    doc = fitted_document(trace)
+    view = _shadow_at_full_rate(trace, capacity, doc).view()
+    (group,) = view.groups
+    assert group.accesses_seen == trace.n_accesses
+    assert group.requests_seen == trace.n_requests
+    curves = {c.policy: c.points for c in group.curves}
+    assert set(curves) == {"wa", "lru", "s3fifo", "arc"}
+    for name, points in curves.items():
+        for point in points:
+            size = point.capacity
+            if name == "wa":
+                policy = WAPolicy(size, category_names=trace.category_names, doc=doc)
+            else:
+                policy = create(name, size)
+            hits = int(replay_hits(trace, policy, size).sum())
+            assert point.accesses == trace.n_accesses
+            assert point.hit_ratio == hits / trace.n_accesses, (name, size)
+            assert point.ci_low <= point.hit_ratio <= point.ci_high
+
+
+# --- guard -----------------------------------------------------------------------------------
+def _inverted(doc: PolicyDocument) -> PolicyDocument:
+    """``doc`` with each category's reuse probability turned upside down: a bad fit."""
+    cats = {
+        name: CategoryParams(
+            rate=p.rate, p_reuse=1.0 - p.p_reuse, life_s=p.life_s, samples=p.samples, source="fit"
+        )
+        for name, p in doc.categories.items()
+    }
+    return doc.model_copy(update={"categories": cats, "version": doc.version + 1})
+
+
+def test_guard_refuses_a_bad_candidate_and_passes_a_good_one(trace: Trace) -> None:
+    doc = fitted_document(trace)
+    shadow = _shadow_at_full_rate(trace, 300, doc)
+    verdict = shadow.judge(_inverted(doc), doc)
+    assert verdict.outcome == "refused", verdict.reason
+    assert verdict.candidate_hit_ratio is not None and verdict.in_force_hit_ratio is not None
+    assert verdict.candidate_hit_ratio < verdict.in_force_hit_ratio - verdict.margin
+    assert f"{verdict.candidate_hit_ratio:.4f}" in verdict.reason
+    same = shadow.judge(doc.model_copy(update={"version": 9}), doc)
+    assert same.outcome == "passed" and same.candidate_hit_ratio == same.in_force_hit_ratio
+    assert shadow.view().guard == same
+
+
+def test_guard_waits_while_the_window_holds_too_little(trace: Trace) -> None:
+    doc = fitted_document(trace)
+    settings = ShadowSettings(shadow_rate=1.0, guard_min_accesses=10**9)
+    shadow = ShadowEvaluator(settings)
+    shadow.set_capacities({"w1": 300})
+    for batch in agent_batches(trace, 300)[:3]:
+        shadow.apply(batch)
+    verdict = shadow.judge(_inverted(doc), doc)
+    assert verdict.outcome == "waiting"
+    assert "guard_min_accesses" in verdict.reason
+
+
+def test_settings_refuse_unknown_policies_and_bad_ladders() -> None:
+    with pytest.raises(ValueError, match="unknown policy 'nope'"):
+        ShadowSettings(shadow_policies="lru,nope")
+    with pytest.raises(ValueError, match="not a number"):
+        ShadowSettings(shadow_ladder="1,two")
+    with pytest.raises(ValueError, match=r"not in \(0, 64\]"):
+        ShadowSettings(shadow_ladder="0,1")
+    s = ShadowSettings(shadow_policies="arc,wa,lru,arc", shadow_ladder="2,0.5,1,2")
+    assert s.baselines == ("arc", "lru") and s.multiples == (0.5, 1.0, 2.0)
+
+
+def test_rebuild_keys_a_request_by_the_block_at_the_key_depth(trace: Trace) -> None:
+    depth = 4
+    sampler = PrefixSampler(0.3)
+    rebuilder = RequestRebuilder(sampler, CategoryTable(), key_depth=depth)
+    sampled = []
+    for batch in agent_batches(trace, 200):
+        sampled += rebuilder.feed(batch).sampled
+    sampled += rebuilder.flush().sampled
+    hashes = trace.hashes[trace.blocks]
+    lengths = trace.lengths
+    keys = hashes[trace.offsets[:-1] + np.minimum(lengths - 1, depth)]
+    assert len(sampled) == int(sampler.keep(keys).sum()) > 0
+    got = np.array([r.blocks[min(len(r.blocks) - 1, depth)] for r in sampled], np.int64)
+    assert sampler.keep(got).all()
+
+
+def test_guard_replays_at_most_its_share_of_the_newest_requests(trace: Trace) -> None:
+    doc = fitted_document(trace)
+    settings = ShadowSettings(shadow_rate=1.0, guard_min_accesses=1, guard_max_accesses=5000)
+    shadow = ShadowEvaluator(settings)
+    shadow.set_capacities({"w1": 300})
+    for batch in agent_batches(trace, 300):
+        shadow.apply(batch)
+    verdict = shadow.judge(doc, doc)
+    assert verdict.outcome == "passed"
+    assert 0 < verdict.sampled_accesses <= 5000 < trace.n_accesses
+
+
+def test_a_worker_gone_for_a_whole_window_is_forgotten(trace: Trace) -> None:
+    shadow = ShadowEvaluator(ShadowSettings(shadow_rate=1.0, shadow_window_s=0.05))
+    shadow.set_capacities({"w1": 300})
+    shadow.apply(agent_batches(trace, 300)[0])
+    assert shadow.forget_gone(set()) == []  # it sent a batch just now
+    time.sleep(0.1)
+    assert shadow.forget_gone({"w1"}) == []  # its heartbeat is live
+    assert shadow.forget_gone(set()) == ["w1"]
+    assert shadow.view().groups == []
