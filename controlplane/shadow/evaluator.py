@@ -37,6 +37,10 @@ from controlplane.shadow.view import (
 )
 
 WA = "wa"
+GUARD_MAX_INCOMPLETE_SHARE = 0.1
+"""A worker more than this share of whose runs do not rebuild into whole requests (an
+engine that reports a request's hits and its inserts apart, as vLLM and SGLang do) is left
+out of the guard: its sample is not its traffic."""
 
 
 @dataclass
@@ -280,12 +284,16 @@ class ShadowEvaluator:
         with self._lock:
             names = tuple(self.table.names)
             limit = self.settings.guard_max_accesses
+            known = [w for w in self._workers.values() if w.capacity is not None and w.buffer]
             work = [
                 (self.sampler.scaled(w.capacity), _newest(w.buffer, limit))
-                for w in self._workers.values()
-                if w.capacity is not None and w.buffer
+                for w in known
+                if w.capacity is not None and _rebuilds_whole(w)
             ]
-        verdict = compare(work, names, candidate, in_force, self.settings)
+        if known and not work:
+            verdict = _unjudgeable(len(known), in_force, self.settings.guard_margin)
+        else:
+            verdict = compare(work, names, candidate, in_force, self.settings)
         with self._lock:
             self._guard = verdict
         return verdict
@@ -294,6 +302,24 @@ class ShadowEvaluator:
         """Record that the guard did not judge (``reason``), for ``view``."""
         with self._lock:
             self._guard = GuardView("off", reason, at=time.time())
+
+
+def _rebuilds_whole(worker: _Worker) -> bool:
+    """Whether at most ``GUARD_MAX_INCOMPLETE_SHARE`` of the worker's runs were incomplete."""
+    return worker.incomplete <= GUARD_MAX_INCOMPLETE_SHARE * (worker.requests + worker.incomplete)
+
+
+def _unjudgeable(workers: int, in_force: PolicyDocument | None, margin: float) -> GuardView:
+    """The verdict when no worker's events rebuild into whole requests."""
+    return GuardView(
+        "waiting",
+        f"waiting: the events of {workers} worker(s) do not rebuild into whole requests "
+        f"(more than {GUARD_MAX_INCOMPLETE_SHARE:.0%} of runs incomplete: an engine that "
+        "reports a request's hits and inserts apart); published unjudged",
+        in_force_version=in_force.version if in_force is not None else None,
+        margin=margin,
+        at=time.time(),
+    )
 
 
 def _newest(buffer: deque[Request], max_accesses: int) -> list[Request]:

@@ -5,6 +5,7 @@ replay, and the refit guard's verdicts."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -279,11 +280,29 @@ def test_guard_replays_at_most_its_share_of_the_newest_requests(trace: Trace) ->
 
 
 def test_a_worker_gone_for_a_whole_window_is_forgotten(trace: Trace) -> None:
-    shadow = ShadowEvaluator(ShadowSettings(shadow_rate=1.0, shadow_window_s=0.05))
+    # A window long enough that applying one batch on a loaded machine stays inside it.
+    shadow = ShadowEvaluator(ShadowSettings(shadow_rate=1.0, shadow_window_s=1.0))
     shadow.set_capacities({"w1": 300})
     shadow.apply(agent_batches(trace, 300)[0])
     assert shadow.forget_gone(set()) == []  # it sent a batch just now
-    time.sleep(0.1)
+    time.sleep(1.1)
     assert shadow.forget_gone({"w1"}) == []  # its heartbeat is live
     assert shadow.forget_gone(set()) == ["w1"]
     assert shadow.view().groups == []
+
+
+def test_guard_leaves_out_a_worker_whose_hits_and_inserts_come_apart(trace: Trace) -> None:
+    """vLLM and SGLang report a request's hits when it is scheduled and its inserts when
+    they are stored: runs that do not rebuild into requests must not judge a fit."""
+    doc = fitted_document(trace)
+    shadow = ShadowEvaluator(ShadowSettings(shadow_rate=1.0, guard_min_accesses=1))
+    shadow.set_capacities({"w1": 300})
+    for batch in agent_batches(trace, 300, batch_events=1000):
+        later = batch.kind == INSERT  # stored a moment after the hits were reported
+        shadow.apply(replace(batch, ts=np.where(later, batch.ts + 1e-3, batch.ts)))
+    shadow.flush("w1")
+    (group,) = shadow.view().groups
+    assert group.incomplete_runs > 0.1 * (group.requests_seen + group.incomplete_runs)
+    verdict = shadow.judge(_inverted(doc), doc)
+    assert verdict.outcome == "waiting", verdict.reason
+    assert "do not rebuild into whole requests" in verdict.reason
