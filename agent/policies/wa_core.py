@@ -54,7 +54,7 @@ from typing import Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 
-from agent.policies.wa_queue import KEY_ROW, KEY_SCORE, Entry, Evictable, Key
+from agent.policies.wa_queue import KEY_ROW, KEY_SCORE, Cutoff, Entry, Evictable, Key
 from agent.policy_document import CategoryParams, PolicyDocument
 
 Const = tuple[float, float]
@@ -114,17 +114,10 @@ class Lane(Protocol):
     def head(self, evictable: Evictable) -> Entry | None:
         """The category's minimum live entry (``None`` when empty)."""
 
-    def take(
-        self,
-        evictable: Evictable,
-        log_constant: float,
-        rate: float,
-        now: float,
-        threshold: Key | None,
-        limit: int,
-    ) -> list[int]:
-        """Pop up to ``limit`` blocks, from the head on, with keys below ``threshold`` (all of
-        them, up to ``limit``), removing them from ``evictable``. Called right after ``head``."""
+    def take(self, evictable: Evictable, cutoff: Cutoff, limit: int) -> list[int]:
+        """Pop up to ``limit`` blocks, from the head on, with keys below ``cutoff``'s
+        threshold (all of them, up to ``limit``, when it is ``None``), removing them from
+        ``evictable``. Called right after ``head``."""
 
     def compact(self, evictable: Evictable) -> None:
         """Drop stale entries."""
@@ -367,7 +360,7 @@ class WACore(Generic[LaneT]):
             self._t0[0] = math.nan
             return []
         log_constant, rate = self._constants[0]
-        return lane.take(self._ev, log_constant, rate, self._clock, None, n)
+        return lane.take(self._ev, Cutoff(log_constant, rate, self._clock, None), n)
 
     def _refresh_bounds(self, now: float) -> None:
         """Every row's bound at ``now``, and the rows in order of bound (one numpy pass;
@@ -405,7 +398,8 @@ class WACore(Generic[LaneT]):
             lane = rows[row][1]
             log_constant, rate = constants[row]
             threshold = active[0] if active else None
-            victims += lane.take(evictable, log_constant, rate, now, threshold, n - len(victims))
+            cutoff = Cutoff(log_constant, rate, now, threshold)
+            victims += lane.take(evictable, cutoff, n - len(victims))
             head = lane.head(evictable)
             if head is None:
                 t0[row] = math.nan

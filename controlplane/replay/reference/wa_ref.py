@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from heapq import heappop, heappush
 
 from agent.policies.wa_core import Const, WACore, entries_of, log_weight, runs
-from agent.policies.wa_queue import Entry, Evictable, Key, TimeQueue, ZeroQueue
+from agent.policies.wa_queue import Cutoff, Entry, Evictable, TimeQueue, ZeroQueue
 from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 
 _PRIORITY_ZERO: Const = (-math.inf, 1.0)
@@ -63,14 +63,12 @@ class RefLane:
         self.cur = self.q
         return self.q.head(ev)
 
-    def take(
-        self, ev: Evictable, lc: float, a: float, now: float, thr: Key | None, limit: int
-    ) -> list[int]:
+    def take(self, ev: Evictable, cutoff: Cutoff, limit: int) -> list[int]:
         victims: list[int] = []
         while len(victims) < limit:
             cur = self.cur
-            victims += cur.take(ev, lc, a, now, thr, limit - len(victims))
-            # Stop where a queue still holds blocks (they are at or above thr); an
+            victims += cur.take(ev, cutoff, limit - len(victims))
+            # Stop where a queue still holds blocks (they are at or above the cutoff); an
             # emptied one hands over to the next queue of this category.
             if cur.head(ev) is not None or self.head(ev) is None:
                 break
