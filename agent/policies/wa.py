@@ -24,7 +24,6 @@ from agent.policies.wa_core import (
     Attribution,
     Const,
     WACore,
-    entries_of,
     log_weight,
     runs,
 )
@@ -71,21 +70,16 @@ class WAPolicy(WACore[WALane]):
     def _new_lane(self, row: int) -> WALane:
         return WALane(row)
 
-    def free(
-        self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
+    def _file(
+        self, blocks: Sequence[int], entries: list[Entry], category: int, t: float, ordered: bool
     ) -> None:
-        t = self._tick(now)
-        if not len(blocks):
-            return
-        entries, ordered = entries_of(blocks, offsets, t, self._seq)
-        self._release(blocks, entries)
         if self._by_creator:
             for code, lo, hi in runs(self._codes_of(blocks, category)):
-                self._file(code, entries[lo:hi], t, ordered)
+                self._file_lane(code, entries[lo:hi], t, ordered)
         else:
-            self._file(category, entries, t, ordered)
+            self._file_lane(category, entries, t, ordered)
 
-    def _file(self, code: int, entries: list[Entry], t: float, ordered: bool) -> None:
+    def _file_lane(self, code: int, entries: list[Entry], t: float, ordered: bool) -> None:
         lane = self._lanes.get(code) or self._lane(code)
         if lane.head_at == len(lane.ents):  # stamps never go back: only an empty lane needs a bound
             self._restart_bound(lane.idx, t)

@@ -287,6 +287,30 @@ class WACore(Generic[LaneT]):
         return lane
 
     # --- bookkeeping shared by free ---------------------------------------------------------
+    def free(
+        self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
+    ) -> None:
+        """Stamp ``blocks`` at the clock, make them evictable, then file them in lanes."""
+        t = self._tick(now)
+        if not len(blocks):
+            return
+        entries, ordered = self._stamp(blocks, offsets, t)
+        self._release(blocks, entries)
+        self._file(blocks, entries, category, t, ordered)
+
+    def _stamp(
+        self, blocks: Sequence[int], offsets: Sequence[int], t: float
+    ) -> tuple[list[Entry], bool]:
+        """The entries of freed ``blocks`` (called before they are released) and whether
+        they are in key order already."""
+        return entries_of(blocks, offsets, t, self._seq)
+
+    def _file(
+        self, blocks: Sequence[int], entries: list[Entry], category: int, t: float, ordered: bool
+    ) -> None:
+        """Queue released ``blocks`` (their ``entries``) in the lanes they join."""
+        raise NotImplementedError
+
     def _tick(self, now: float) -> float:
         if now > self._clock:
             self._clock = float(now)

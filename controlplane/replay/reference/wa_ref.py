@@ -101,12 +101,9 @@ class WARefPolicy(WACore[RefLane]):
     def _new_lane(self, row: int) -> RefLane:
         return RefLane(row)
 
-    def free(
-        self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
-    ) -> None:
-        t = self._tick(now)
-        if not len(blocks):
-            return
+    def _stamp(
+        self, blocks: Sequence[int], offsets: Sequence[int], t: float
+    ) -> tuple[list[Entry], bool]:
         ev, in_use = self._ev, self._in_use
         hit = [b in ev or b in in_use for b in blocks]
         entries, ordered = entries_of(blocks, offsets, t, self._seq)
@@ -115,7 +112,11 @@ class WARefPolicy(WACore[RefLane]):
             entries = [
                 e if h and t > 0.0 else (0.0, *e[1:]) for e, h in zip(entries, hit, strict=True)
             ]
-        self._release(blocks, entries)
+        return entries, ordered
+
+    def _file(
+        self, blocks: Sequence[int], entries: list[Entry], category: int, t: float, ordered: bool
+    ) -> None:
         codes = self._codes_of(blocks, category)
         # One stretch per (creator, stamped 0 or not): key = 2 * code + stamped.
         stamped = [e[0] > 0.0 for e in entries]
