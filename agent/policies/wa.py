@@ -16,19 +16,16 @@ that of the request that first inserted it (kept until the block is evicted).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from agent.policies.registry import register
 from agent.policies.wa_core import (
-    Attribution,
     Const,
     WACore,
     log_weight,
     runs,
 )
 from agent.policies.wa_queue import Entry, TimeQueue
-from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 
 
 class WALane(TimeQueue):
@@ -51,18 +48,6 @@ class WAPolicy(WACore[WALane]):
     """
 
     __slots__ = ()
-
-    def __init__(
-        self,
-        capacity: int = 0,
-        *,
-        category_names: Sequence[str] = (),
-        doc: PolicyDocument = BUILTIN_POLICY,
-        attribution: Attribution = "last",
-    ) -> None:
-        super().__init__(
-            category_names=category_names, doc=doc, attribution=attribution, clock=-math.inf
-        )
 
     def _const_of(self, name: str | None) -> Const:
         return log_weight(self._doc.default if name is None else self._doc.params_for(name))

@@ -50,12 +50,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from heapq import heappop, heappush
 from itertools import count, groupby, islice, repeat
 from operator import ge, neg
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import ClassVar, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 
 from agent.policies.wa_queue import KEY_ROW, KEY_SCORE, Cutoff, Entry, Evictable, Key
-from agent.policy_document import CategoryParams, PolicyDocument
+from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
 
 Const = tuple[float, float]
 """``(lc_w, a_w)`` of one category code."""
@@ -177,22 +177,29 @@ class WACore(Generic[LaneT]):
         "_t0",
     )
 
+    START_CLOCK: ClassVar[float] = -math.inf
+    """The clock before the first ``touch`` or ``free``."""
+    ATTRIBUTIONS: ClassVar[tuple[Attribution, ...]] = ("last", "creator")
+    """The attributions this evictor follows, its default first."""
+
     def __init__(
         self,
+        capacity: int = 0,
         *,
-        category_names: Sequence[str],
-        doc: PolicyDocument,
-        attribution: Attribution,
-        clock: float,
+        category_names: Sequence[str] = (),
+        doc: PolicyDocument = BUILTIN_POLICY,
+        attribution: Attribution | None = None,
     ) -> None:
-        if attribution not in ("creator", "last"):
-            raise ValueError(f"attribution must be 'creator' or 'last', got {attribution!r}")
-        self._by_creator = attribution == "creator"
+        chosen = self.ATTRIBUTIONS[0] if attribution is None else attribution
+        if chosen not in self.ATTRIBUTIONS:
+            allowed = " or ".join(map(repr, self.ATTRIBUTIONS))
+            raise ValueError(f"attribution must be {allowed}, got {attribution!r}")
+        self._by_creator = chosen == "creator"
         self._names: list[str] = []
         self._codes: dict[str, int] = {}
         self._constants: list[Const] = []  # row -> (lc, a)
         self._doc = doc
-        self._clock = clock
+        self._clock = self.START_CLOCK
         self._ev: Evictable = {}
         self._in_use: set[int] = set()
         self._creator: dict[int, int] = {}  # cached block -> its creator's code

@@ -24,7 +24,6 @@ from heapq import heappop, heappush
 
 from agent.policies.wa_core import Const, WACore, entries_of, log_weight, runs
 from agent.policies.wa_queue import Cutoff, Entry, Evictable, TimeQueue, ZeroQueue
-from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 
 _PRIORITY_ZERO: Const = (-math.inf, 1.0)
 
@@ -85,14 +84,8 @@ class WARefPolicy(WACore[RefLane]):
 
     __slots__ = ()
 
-    def __init__(
-        self,
-        capacity: int = 0,
-        *,
-        category_names: Sequence[str] = (),
-        doc: PolicyDocument = BUILTIN_POLICY,
-    ) -> None:
-        super().__init__(category_names=category_names, doc=doc, attribution="creator", clock=0.0)
+    START_CLOCK = 0.0  # the reference's time origin: a block never hit keeps access 0
+    ATTRIBUTIONS = ("creator",)  # the reference files a block under its creator only
 
     def _const_of(self, name: str | None) -> Const:
         params = None if name is None else self._doc.categories.get(name)
