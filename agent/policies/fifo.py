@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
+from agent.policies.parking import InUse
 from agent.policies.registry import register
 
 
@@ -22,42 +23,31 @@ from agent.policies.registry import register
 class FIFOPolicy:
     """Evicts the block inserted longest ago, whatever its hits."""
 
-    __slots__ = ("_cached", "_in_use", "_order", "_parked")
+    __slots__ = ("_cached", "_in_use", "_order")
 
     def __init__(self, capacity: int = 0) -> None:
         # Blocks leave the order only at its head, so a deque (no hashing) holds it and a
         # set answers membership.
         self._order: deque[int] = deque()
         self._cached: set[int] = set()
-        self._in_use: set[int] = set()
-        self._parked: set[int] = set()
+        self._in_use = InUse()
 
     def touch(self, blocks: Sequence[int], now: float) -> None:
-        self._in_use.update(blocks)
+        self._in_use.blocks.update(blocks)
 
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
     ) -> None:
-        in_use = self._in_use
-        if in_use:
-            if self._parked:
-                self._unpark(blocks)
-            in_use.difference_update(blocks)
+        # A parked block returns to the head, where it was.
+        self._in_use.release(blocks, self._order.appendleft)
         cached, order = self._cached, self._order
         for b in blocks:  # misses join the tail in release order; hits stay where they are
             if b not in cached:
                 cached.add(b)
                 order.append(b)
 
-    def _unpark(self, blocks: Sequence[int]) -> None:
-        parked, in_use = self._parked, self._in_use
-        for b in blocks:
-            if b in parked and b in in_use:
-                parked.discard(b)
-                self._order.appendleft(b)
-
     def evict(self, n: int) -> list[int]:
-        order, in_use = self._order, self._in_use
+        order, in_use = self._order, self._in_use.blocks
         victims: list[int] = []
         if not in_use:
             k = min(max(n, 0), len(order))
@@ -66,7 +56,7 @@ class FIFOPolicy:
             while len(victims) < n and order:
                 b = order.popleft()
                 if b in in_use:
-                    self._parked.add(b)
+                    self._in_use.parked.add(b)
                 else:
                     victims.append(b)
         self._cached.difference_update(victims)

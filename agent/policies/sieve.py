@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Sequence
 from itertools import repeat
 
+from agent.policies.parking import InUse
 from agent.policies.registry import register
 
 
@@ -33,44 +34,33 @@ from agent.policies.registry import register
 class SievePolicy:
     """SIEVE: lazy promotion through a visited bit and a hand that sweeps old to new."""
 
-    __slots__ = ("_ahead", "_behind", "_in_use", "_parked", "_visited")
+    __slots__ = ("_ahead", "_behind", "_in_use", "_visited")
 
     def __init__(self, capacity: int = 0) -> None:
         # Blocks leave either half only at its head: deques, no hashing.
         self._ahead: deque[int] = deque()
         self._behind: deque[int] = deque()
         self._visited: dict[int, bool] = {}  # every cached block -> its visited bit
-        self._in_use: set[int] = set()
-        self._parked: set[int] = set()
+        self._in_use = InUse()
 
     def touch(self, blocks: Sequence[int], now: float) -> None:
         self._visited.update(zip(blocks, repeat(True)))
-        self._in_use.update(blocks)
+        self._in_use.blocks.update(blocks)
 
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
     ) -> None:
-        in_use = self._in_use
-        if in_use:
-            if self._parked:
-                self._unpark(blocks)
-            in_use.difference_update(blocks)
+        # A parked block rejoins as the newest.
+        self._in_use.release(blocks, self._ahead.append)
         visited, ahead = self._visited, self._ahead
         for b in blocks:  # misses join as the newest, unvisited, in release order
             if b not in visited:
                 visited[b] = False
                 ahead.append(b)
 
-    def _unpark(self, blocks: Sequence[int]) -> None:
-        parked, in_use = self._parked, self._in_use
-        for b in blocks:
-            if b in parked and b in in_use:
-                parked.discard(b)
-                self._ahead.append(b)
-
     def evict(self, n: int) -> list[int]:
         ahead, behind = self._ahead, self._behind
-        visited, in_use = self._visited, self._in_use
+        visited, in_use, parked = self._visited, self._in_use.blocks, self._in_use.parked
         victims: list[int] = []
         while len(victims) < n:
             if not ahead:
@@ -80,12 +70,12 @@ class SievePolicy:
             b = ahead.popleft()
             if visited[b]:
                 if b in in_use:
-                    self._parked.add(b)
+                    parked.add(b)
                 else:
                     visited[b] = False
                     behind.append(b)
             elif b in in_use:
-                self._parked.add(b)
+                parked.add(b)
             else:
                 del visited[b]
                 victims.append(b)

@@ -16,20 +16,16 @@ that of the request that first inserted it (kept until the block is evicted).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from agent.policies.registry import register
 from agent.policies.wa_core import (
-    Attribution,
     Const,
     WACore,
-    entries_of,
     log_weight,
     runs,
 )
 from agent.policies.wa_queue import Entry, TimeQueue
-from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 
 
 class WALane(TimeQueue):
@@ -53,39 +49,22 @@ class WAPolicy(WACore[WALane]):
 
     __slots__ = ()
 
-    def __init__(
-        self,
-        capacity: int = 0,
-        *,
-        category_names: Sequence[str] = (),
-        doc: PolicyDocument = BUILTIN_POLICY,
-        attribution: Attribution = "last",
-    ) -> None:
-        super().__init__(
-            category_names=category_names, doc=doc, attribution=attribution, clock=-math.inf
-        )
-
     def _const_of(self, name: str | None) -> Const:
         return log_weight(self._doc.default if name is None else self._doc.params_for(name))
 
     def _new_lane(self, row: int) -> WALane:
         return WALane(row)
 
-    def free(
-        self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
+    def _file(
+        self, blocks: Sequence[int], entries: list[Entry], category: int, t: float, ordered: bool
     ) -> None:
-        t = self._tick(now)
-        if not len(blocks):
-            return
-        entries, ordered = entries_of(blocks, offsets, t, self._seq)
-        self._release(blocks, entries)
         if self._by_creator:
             for code, lo, hi in runs(self._codes_of(blocks, category)):
-                self._file(code, entries[lo:hi], t, ordered)
+                self._file_lane(code, entries[lo:hi], t, ordered)
         else:
-            self._file(category, entries, t, ordered)
+            self._file_lane(category, entries, t, ordered)
 
-    def _file(self, code: int, entries: list[Entry], t: float, ordered: bool) -> None:
+    def _file_lane(self, code: int, entries: list[Entry], t: float, ordered: bool) -> None:
         lane = self._lanes.get(code) or self._lane(code)
         if lane.head_at == len(lane.ents):  # stamps never go back: only an empty lane needs a bound
             self._restart_bound(lane.idx, t)

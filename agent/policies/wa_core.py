@@ -50,12 +50,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from heapq import heappop, heappush
 from itertools import count, groupby, islice, repeat
 from operator import ge, neg
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import ClassVar, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 
-from agent.policies.wa_queue import KEY_ROW, KEY_SCORE, Entry, Evictable, Key
-from agent.policy_document import CategoryParams, PolicyDocument
+from agent.policies.wa_queue import KEY_ROW, KEY_SCORE, Cutoff, Entry, Evictable, Key
+from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
 
 Const = tuple[float, float]
 """``(lc_w, a_w)`` of one category code."""
@@ -114,17 +114,10 @@ class Lane(Protocol):
     def head(self, evictable: Evictable) -> Entry | None:
         """The category's minimum live entry (``None`` when empty)."""
 
-    def take(
-        self,
-        evictable: Evictable,
-        log_constant: float,
-        rate: float,
-        now: float,
-        threshold: Key | None,
-        limit: int,
-    ) -> list[int]:
-        """Pop up to ``limit`` blocks, from the head on, with keys below ``threshold`` (all of
-        them, up to ``limit``), removing them from ``evictable``. Called right after ``head``."""
+    def take(self, evictable: Evictable, cutoff: Cutoff, limit: int) -> list[int]:
+        """Pop up to ``limit`` blocks, from the head on, with keys below ``cutoff``'s
+        threshold (all of them, up to ``limit``, when it is ``None``), removing them from
+        ``evictable``. Called right after ``head``."""
 
     def compact(self, evictable: Evictable) -> None:
         """Drop stale entries."""
@@ -184,22 +177,29 @@ class WACore(Generic[LaneT]):
         "_t0",
     )
 
+    START_CLOCK: ClassVar[float] = -math.inf
+    """The clock before the first ``touch`` or ``free``."""
+    ATTRIBUTIONS: ClassVar[tuple[Attribution, ...]] = ("last", "creator")
+    """The attributions this evictor follows, its default first."""
+
     def __init__(
         self,
+        capacity: int = 0,
         *,
-        category_names: Sequence[str],
-        doc: PolicyDocument,
-        attribution: Attribution,
-        clock: float,
+        category_names: Sequence[str] = (),
+        doc: PolicyDocument = BUILTIN_POLICY,
+        attribution: Attribution | None = None,
     ) -> None:
-        if attribution not in ("creator", "last"):
-            raise ValueError(f"attribution must be 'creator' or 'last', got {attribution!r}")
-        self._by_creator = attribution == "creator"
+        chosen = self.ATTRIBUTIONS[0] if attribution is None else attribution
+        if chosen not in self.ATTRIBUTIONS:
+            allowed = " or ".join(map(repr, self.ATTRIBUTIONS))
+            raise ValueError(f"attribution must be {allowed}, got {attribution!r}")
+        self._by_creator = chosen == "creator"
         self._names: list[str] = []
         self._codes: dict[str, int] = {}
         self._constants: list[Const] = []  # row -> (lc, a)
         self._doc = doc
-        self._clock = clock
+        self._clock = self.START_CLOCK
         self._ev: Evictable = {}
         self._in_use: set[int] = set()
         self._creator: dict[int, int] = {}  # cached block -> its creator's code
@@ -294,6 +294,30 @@ class WACore(Generic[LaneT]):
         return lane
 
     # --- bookkeeping shared by free ---------------------------------------------------------
+    def free(
+        self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
+    ) -> None:
+        """Stamp ``blocks`` at the clock, make them evictable, then file them in lanes."""
+        t = self._tick(now)
+        if not len(blocks):
+            return
+        entries, ordered = self._stamp(blocks, offsets, t)
+        self._release(blocks, entries)
+        self._file(blocks, entries, category, t, ordered)
+
+    def _stamp(
+        self, blocks: Sequence[int], offsets: Sequence[int], t: float
+    ) -> tuple[list[Entry], bool]:
+        """The entries of freed ``blocks`` (called before they are released) and whether
+        they are in key order already."""
+        return entries_of(blocks, offsets, t, self._seq)
+
+    def _file(
+        self, blocks: Sequence[int], entries: list[Entry], category: int, t: float, ordered: bool
+    ) -> None:
+        """Queue released ``blocks`` (their ``entries``) in the lanes they join."""
+        raise NotImplementedError
+
     def _tick(self, now: float) -> float:
         if now > self._clock:
             self._clock = float(now)
@@ -367,7 +391,7 @@ class WACore(Generic[LaneT]):
             self._t0[0] = math.nan
             return []
         log_constant, rate = self._constants[0]
-        return lane.take(self._ev, log_constant, rate, self._clock, None, n)
+        return lane.take(self._ev, Cutoff(log_constant, rate, self._clock, None), n)
 
     def _refresh_bounds(self, now: float) -> None:
         """Every row's bound at ``now``, and the rows in order of bound (one numpy pass;
@@ -405,7 +429,8 @@ class WACore(Generic[LaneT]):
             lane = rows[row][1]
             log_constant, rate = constants[row]
             threshold = active[0] if active else None
-            victims += lane.take(evictable, log_constant, rate, now, threshold, n - len(victims))
+            cutoff = Cutoff(log_constant, rate, now, threshold)
+            victims += lane.take(evictable, cutoff, n - len(victims))
             head = lane.head(evictable)
             if head is None:
                 t0[row] = math.nan

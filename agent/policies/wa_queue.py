@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from itertools import compress, takewhile
 from operator import is_, itemgetter, not_
+from typing import NamedTuple
 
 Entry = tuple[float, int, int, int]
 """A queued block: ``(t, -offset, release number, block)``."""
@@ -39,7 +40,17 @@ _CHUNK = 256  # entries examined at a time when skipping stale ones
 _TRIM = 4096  # a queue drops its consumed prefix once it is this long and half the list
 
 
-def surely_below(log_constant: float, rate: float, now: float, threshold: Key | None) -> float:
+class Cutoff(NamedTuple):
+    """Where a category's ``take`` stops: its constants, the time, and the key its
+    victims stay below (``None``: no other head to compare, every block qualifies)."""
+
+    log_constant: float
+    rate: float
+    now: float
+    threshold: Key | None
+
+
+def surely_below(cutoff: Cutoff) -> float:
     """A time ``b`` such that every entry of a category with constants
     ``(log_constant, rate)`` stamped ``t < b`` has a key below ``threshold``
     (conservative: later entries are checked exactly).
@@ -52,6 +63,7 @@ def surely_below(log_constant: float, rate: float, now: float, threshold: Key | 
     epoch-second clocks (a billionth would be 1.7 s today, and every block released within
     it would be keyed one by one).
     """
+    log_constant, rate, now, threshold = cutoff
     if threshold is None:
         return INF
     threshold_score = KEY_SCORE(threshold)
@@ -212,17 +224,16 @@ class TimeQueue(EntryList):
     def take_exactly(
         self,
         evictable: Evictable,
-        log_constant: float,
-        rate: float,
-        now: float,
+        cutoff: Cutoff,
         threshold: Key,
         stop: float,
         limit: int,
         victims: list[int],
     ) -> int:
         """Near the boundary: key entries one by one from the head, appending to
-        ``victims`` (at most ``limit``) those below ``threshold`` and stamped before ``stop``.
-        Returns the new head index."""
+        ``victims`` (at most ``limit``) those below ``threshold`` (``cutoff``'s) and
+        stamped before ``stop``. Returns the new head index."""
+        log_constant, rate, now, _ = cutoff
         ents, head_at = self.ents, self.head_at
         taken = 0
         while taken < limit and head_at < len(ents):
@@ -239,18 +250,11 @@ class TimeQueue(EntryList):
         self.head_at = head_at
         return head_at
 
-    def take(
-        self,
-        evictable: Evictable,
-        log_constant: float,
-        rate: float,
-        now: float,
-        threshold: Key | None,
-        limit: int,
-    ) -> list[int]:
+    def take(self, evictable: Evictable, cutoff: Cutoff, limit: int) -> list[int]:
         """Pop up to ``limit`` blocks, from the head on, whose keys are below ``threshold``;
         remove them from ``evictable`` and return them. Called right after ``head``."""
-        below = surely_below(log_constant, rate, now, threshold)
+        below = surely_below(cutoff)
+        threshold = cutoff.threshold
         victims: list[int] = []
         while True:
             stop = self.dirty[0] if self.dirty else INF
@@ -259,14 +263,7 @@ class TimeQueue(EntryList):
             ents, head_at = self.ents, self.head_at
             if threshold is not None:
                 head_at = self.take_exactly(
-                    evictable,
-                    log_constant,
-                    rate,
-                    now,
-                    threshold,
-                    stop,
-                    limit - len(victims),
-                    victims,
+                    evictable, cutoff, threshold, stop, limit - len(victims), victims
                 )
             if len(victims) >= limit or head_at >= len(ents) or STAMP(ents[head_at]) < stop:
                 self.trim()
@@ -289,15 +286,8 @@ class ZeroQueue(EntryList):
     def head(self, evictable: Evictable) -> Entry | None:
         return self.first_live(evictable)
 
-    def take(
-        self,
-        evictable: Evictable,
-        log_constant: float,
-        rate: float,
-        now: float,
-        threshold: Key | None,
-        limit: int,
-    ) -> list[int]:
+    def take(self, evictable: Evictable, cutoff: Cutoff, limit: int) -> list[int]:
+        log_constant, rate, now, threshold = cutoff
         if threshold is not None:
             head = (log_constant - rate * (now - 0.0), 0.0, self.no)
             if head > threshold[:3]:

@@ -23,6 +23,7 @@ It must never do I/O or know about categories' names, settings or the policy doc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 import numpy as np
 from numpy.typing import NDArray
@@ -184,6 +185,13 @@ class _Iterate:
     iterations: NDArray[np.int64]
 
 
+class FitOptions(TypedDict, total=False):
+    """``fit_cure_rate``'s keyword options: those of ``fit_cure_rate_many``."""
+
+    shift: float
+    rate_bounds: tuple[float, float]
+
+
 def fit_cure_rate_many(
     observed: NDArray[np.int64] | F64,
     censored: F64,
@@ -284,18 +292,12 @@ def _free_gradient(u: F64, s: F64, g: F64, log_bounds: tuple[float, float]) -> F
 
 
 def fit_cure_rate(
-    observed: NDArray[np.int64] | F64,
-    censored: F64,
-    edges: F64,
-    *,
-    shift: float = 0.0,
-    rate_bounds: tuple[float, float] = DEFAULT_RATE_BOUNDS,
+    observed: NDArray[np.int64] | F64, censored: F64, edges: F64, **options: Unpack[FitOptions]
 ) -> MixtureFit:
     """``fit_cure_rate_many`` of a single row."""
     return fit_cure_rate_many(
         np.asarray(observed, dtype=np.float64)[None, :],
         np.asarray(censored, dtype=np.float64)[None, :],
         edges,
-        shift=shift,
-        rate_bounds=rate_bounds,
+        **options,
     )[0]

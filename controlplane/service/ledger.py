@@ -3,7 +3,8 @@ how many events were applied or refused, persisted so that a restart forgets not
 
 Owns ``SequenceTracker`` (per worker epoch: batches up to ``floor`` arrived or were written
 off, ``above`` arrived past the first gap; memory bounded by ``max_out_of_order``) and
-``WorkerLedger`` (the trackers of a worker's last few epochs plus its counts), with their
+``WorkerLedger`` (the trackers of a worker's last few epochs plus its counts), the counts
+themselves (``EntryCounts``, also an ingest process's totals), with their
 flat form under ``Keys.ingest_state(worker)``: ingest writes it in the same call that
 acknowledges the entries it covers, so after a restart (or a new leader) sequence tracking
 and counts go on where they were, and the gap gauge does not jump. Any replica reads it to
@@ -68,20 +69,27 @@ class SequenceTracker:
 
 
 @dataclass
-class WorkerCounts:
-    """What ingest did with one worker's entries (events unless named otherwise)."""
+class EntryCounts:
+    """What ingest did with stream entries (events unless named otherwise), counted for
+    one worker (``WorkerCounts``) or for a whole ingest process."""
 
     events: int = 0
     """Applied to the statistics window."""
     batches: int = 0
     clock_rejected: int = 0
     """Dropped: their time was outside ``clock_tolerance_s`` of the controller's clock."""
-    refused: int = 0
-    """In entries that decoded but broke a limit (dead-lettered)."""
     dead_letters: int = 0
     """Entries dead-lettered, for any reason."""
     duplicates: int = 0
     """Batches received twice (a resent pipeline) and applied once."""
+
+
+@dataclass
+class WorkerCounts(EntryCounts):
+    """What ingest did with one worker's entries."""
+
+    refused: int = 0
+    """In entries that decoded but broke a limit (dead-lettered)."""
 
 
 @dataclass

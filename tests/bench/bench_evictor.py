@@ -25,7 +25,7 @@ import argparse
 import gc
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -83,30 +83,38 @@ def random_document(n_categories: int, seed: int) -> PolicyDocument:
     return PolicyDocument(version=1, created_at=0.0, categories=cats)
 
 
+OPERATIONS = ("touch", "free", "evict")
+
+
+@dataclass
+class OperationCost:
+    """Seconds spent in one operation and the blocks it handled."""
+
+    seconds: float = 0.0
+    blocks: int = 0
+
+    def add(self, seconds: float, blocks: int) -> None:
+        self.seconds += seconds
+        self.blocks += blocks
+
+
 @dataclass
 class Cost:
-    """Seconds spent in each operation and the blocks it handled."""
+    """Each operation's cost, the requests driven and their prefix-hit blocks."""
 
-    touch_s: float = 0.0
-    free_s: float = 0.0
-    evict_s: float = 0.0
-    touched: int = 0
-    freed: int = 0
-    evicted: int = 0
+    operations: dict[str, OperationCost] = field(
+        default_factory=lambda: {op: OperationCost() for op in OPERATIONS}
+    )
     requests: int = 0
     hits: int = 0
 
     @property
     def total_s(self) -> float:
-        return self.touch_s + self.free_s + self.evict_s
+        return sum(op.seconds for op in self.operations.values())
 
     def per_block_ns(self) -> dict[str, float]:
-        return {
-            "touch": 1e9 * self.touch_s / max(self.touched, 1),
-            "free": 1e9 * self.free_s / max(self.freed, 1),
-            "evict": 1e9 * self.evict_s / max(self.evicted, 1),
-            "request_us": 1e6 * (self.touch_s + self.free_s + self.evict_s) / self.requests,
-        }
+        ns = {name: 1e9 * op.seconds / max(op.blocks, 1) for name, op in self.operations.items()}
+        return ns | {"request_us": 1e6 * self.total_s / self.requests}
 
 
 def drive(
@@ -133,12 +141,9 @@ def drive(
             t3 = clock()
             if i >= warmup:
                 cost = costs[name]
-                cost.touch_s += t1 - t0
-                cost.free_s += t2 - t1
-                cost.evict_s += t3 - t2
-                cost.touched += len(hit_blocks)
-                cost.freed += len(prompt)
-                cost.evicted += len(victims)
+                cost.operations["touch"].add(t1 - t0, len(hit_blocks))
+                cost.operations["free"].add(t2 - t1, len(prompt))
+                cost.operations["evict"].add(t3 - t2, len(victims))
                 cost.requests += 1
                 cost.hits += cached.index(False) if False in cached else len(cached)
     return costs
@@ -180,10 +185,10 @@ def main() -> None:
         base = best["lru"].per_block_ns()
         for label, cost in best.items():
             ns = cost.per_block_ns()
-            ratio = " ".join(f"{ns[k] / base[k]:4.1f}" for k in ("touch", "free", "evict"))
+            ratio = " ".join(f"{ns[k] / base[k]:4.1f}" for k in OPERATIONS)
             print(
                 f"{w:>4} {label:<11} {ns['touch']:>6.0f} {ns['free']:>6.0f} {ns['evict']:>6.0f}"
-                f" {ns['request_us']:>8.1f} {cost.hits / cost.freed:>6.3f}"
+                f" {ns['request_us']:>8.1f} {cost.hits / cost.operations['free'].blocks:>6.3f}"
                 f" {ns['request_us'] / base['request_us']:>6.2f}x  ({ratio})"
             )
 

@@ -1,6 +1,6 @@
-"""The SGLang plugin's parts that need no SGLang: the version gate, and ``register`` where
-SGLang is absent. The plugin in SGLang's real radix cache is tested in
-tests/integration/test_sglang_radix.py."""
+"""The SGLang plugin's parts that need no SGLang: ``register`` where SGLang is absent
+(the version gate is in test_plugin_version_gates.py). The plugin in SGLang's real radix
+cache is tested in tests/integration/test_sglang_radix.py."""
 
 from __future__ import annotations
 
@@ -11,22 +11,6 @@ import sys
 import pytest
 
 from agent.integrations import sglang as plugin
-
-
-@pytest.mark.parametrize(
-    ("version", "ok"),
-    [
-        ("0.5.23", True),
-        ("0.5.23.post1", True),
-        ("0.5.22", False),
-        ("0.5.24", False),
-        ("0.6.0", False),
-        ("0.5", False),
-        ("dev", False),
-    ],
-)
-def test_version_gate(version: str, ok: bool) -> None:
-    assert plugin.version_ok(version) is ok
 
 
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="sglang installed")

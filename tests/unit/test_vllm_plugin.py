@@ -1,5 +1,6 @@
-"""The vLLM plugin's parts that need no vLLM: the version gate, the off switch and the
-routing of the agent's log lines into vLLM's logger tree.
+"""The vLLM plugin's parts that need no vLLM: the off switch and the routing of the
+agent's log lines into vLLM's logger tree (the version gate is in
+test_plugin_version_gates.py).
 The plugin inside a real engine is tested in tests/e2e/test_vllm.py."""
 
 from __future__ import annotations
@@ -10,22 +11,6 @@ import sys
 import pytest
 
 from agent.integrations import vllm as plugin
-
-
-@pytest.mark.parametrize(
-    ("version", "ok"),
-    [
-        ("0.32.0", True),
-        ("0.32.0+cpu", True),
-        ("0.33.1", True),
-        ("0.31.9", False),
-        ("0.34.0", False),
-        ("1.0.0", False),
-        ("dev", False),
-    ],
-)
-def test_version_gate(version: str, ok: bool) -> None:
-    assert plugin.version_ok(version) is ok
 
 
 def test_disabled_plugin_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -62,26 +62,45 @@ def test_registered_and_buildable_from_capacity_alone() -> None:
         assert pol.category_names == ()  # type: ignore[attr-defined]
 
 
-def test_faster_decaying_category_goes_first() -> None:
+# Category x (code 0) releases block 1 at ``t_x``, y (code 1) block 2 at ``t_y``; at
+# ``now`` the block with the smaller R goes first.
+TWO_CATEGORIES = {
     # x: R = 0.5 (1 - e^-0.1) e^-1 = 0.0175; y: R = 0.5 (1 - e^-1) e^-10 = 1.4e-5.
-    d = doc(x=cp(0.1, 0.5, 1.0), y=cp(1.0, 0.5, 1.0))
-    pol = WAPolicy(10, category_names=["x", "y"], doc=d)
-    release(pol, [1], 0.0, 0)
-    release(pol, [2], 0.0, 1)
-    pol.touch([], 10.0)
-    assert pol.evict(1) == [2]
-    assert pol.evict(1) == [1]
+    "faster decaying goes first": (cp(0.1, 0.5, 1.0), cp(1.0, 0.5, 1.0), 0.0, 0.0, 10.0, [2, 1]),
+    # x (slow) idle 10 s: R = 0.5 (1 - e^-0.1) e^-0.1 = 0.043; y (fast) idle 5 s:
+    # R = 0.5 (1 - e^-10) e^-5 = 0.0034. LRU would take the slow one (below).
+    "slow older outlives fast newer": (
+        cp(0.01, 0.5, 10.0),
+        cp(1.0, 0.5, 10.0),
+        0.0,
+        5.0,
+        10.0,
+        [2, 1],
+    ),
+    # Both idle 1 s. L = 1: x R = 0.9 (1 - e^-1) e^-1 = 0.209, y R = 0.5 (1 - e^-0.1)
+    # e^-0.1 = 0.043: y first. L = 100: x R = 0.9 e^-1 = 0.331, y R = 0.5 (1 - e^-10)
+    # e^-0.1 = 0.452: x first.
+    "short life window": (cp(1.0, 0.9, 1.0), cp(0.1, 0.5, 1.0), 0.0, 0.0, 1.0, [2, 1]),
+    "long life window": (cp(1.0, 0.9, 100.0), cp(0.1, 0.5, 100.0), 0.0, 0.0, 1.0, [1, 2]),
+}
 
 
-def test_slow_category_older_block_outlives_fast_newer_block() -> None:
-    # At now = 10: slow block idle 10 s: R = 0.5 (1 - e^-0.1) e^-0.1 = 0.043;
-    # fast block idle 5 s: R = 0.5 (1 - e^-10) e^-5 = 0.0034. LRU would take the slow one.
-    d = doc(slow=cp(0.01, 0.5, 10.0), fast=cp(1.0, 0.5, 10.0))
-    pol = WAPolicy(10, category_names=["slow", "fast"], doc=d)
-    release(pol, [1], 0.0, 0)
-    release(pol, [2], 5.0, 1)
-    pol.touch([], 10.0)
-    assert pol.evict(2) == [2, 1]
+@pytest.mark.parametrize(
+    ("x", "y", "t_x", "t_y", "now", "victims"),
+    list(TWO_CATEGORIES.values()),
+    ids=list(TWO_CATEGORIES),
+)
+def test_two_categories_order(
+    x: CategoryParams, y: CategoryParams, t_x: float, t_y: float, now: float, victims: list[int]
+) -> None:
+    pol = WAPolicy(10, category_names=["x", "y"], doc=doc(x=x, y=y))
+    release(pol, [1], t_x, 0)
+    release(pol, [2], t_y, 1)
+    pol.touch([], now)
+    assert pol.evict(2) == victims
+
+
+def test_lru_takes_the_older_block_where_wa_does_not() -> None:
     lru = create("lru", 10)
     release(lru, [1], 0.0, 0)
     release(lru, [2], 5.0, 1)
@@ -102,20 +121,6 @@ def test_offset_tie_break_tail_first_then_release_order() -> None:
     release(pol, [50, 51, 52], 2.0, 4)
     release(pol, [60], 3.0, 3)
     assert pol.evict(6) == [52, 41, 51, 40, 50, 60]
-
-
-def test_life_window_changes_the_order() -> None:
-    # Both idle 1 s. L = 1: x R = 0.9 (1 - e^-1) e^-1 = 0.209, y R = 0.5 (1 - e^-0.1)
-    # e^-0.1 = 0.043: y first. L = 100: x R = 0.9 e^-1 = 0.331, y R = 0.5 (1 - e^-10)
-    # e^-0.1 = 0.452: x first.
-    short = doc(x=cp(1.0, 0.9, 1.0), y=cp(0.1, 0.5, 1.0))
-    long = doc(x=cp(1.0, 0.9, 100.0), y=cp(0.1, 0.5, 100.0))
-    for d, first in ((short, 2), (long, 1)):
-        pol = WAPolicy(10, category_names=["x", "y"], doc=d)
-        release(pol, [1], 0.0, 0)
-        release(pol, [2], 0.0, 1)
-        pol.touch([], 1.0)
-        assert pol.evict(1) == [first]
 
 
 def test_parameter_swap_changes_next_victim_without_rekeying() -> None:

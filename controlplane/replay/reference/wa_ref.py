@@ -23,8 +23,7 @@ from collections.abc import Sequence
 from heapq import heappop, heappush
 
 from agent.policies.wa_core import Const, WACore, entries_of, log_weight, runs
-from agent.policies.wa_queue import Entry, Evictable, Key, TimeQueue, ZeroQueue
-from agent.policy_document import BUILTIN_POLICY, PolicyDocument
+from agent.policies.wa_queue import Cutoff, Entry, Evictable, TimeQueue, ZeroQueue
 
 _PRIORITY_ZERO: Const = (-math.inf, 1.0)
 
@@ -63,14 +62,12 @@ class RefLane:
         self.cur = self.q
         return self.q.head(ev)
 
-    def take(
-        self, ev: Evictable, lc: float, a: float, now: float, thr: Key | None, limit: int
-    ) -> list[int]:
+    def take(self, ev: Evictable, cutoff: Cutoff, limit: int) -> list[int]:
         victims: list[int] = []
         while len(victims) < limit:
             cur = self.cur
-            victims += cur.take(ev, lc, a, now, thr, limit - len(victims))
-            # Stop where a queue still holds blocks (they are at or above thr); an
+            victims += cur.take(ev, cutoff, limit - len(victims))
+            # Stop where a queue still holds blocks (they are at or above the cutoff); an
             # emptied one hands over to the next queue of this category.
             if cur.head(ev) is not None or self.head(ev) is None:
                 break
@@ -87,14 +84,8 @@ class WARefPolicy(WACore[RefLane]):
 
     __slots__ = ()
 
-    def __init__(
-        self,
-        capacity: int = 0,
-        *,
-        category_names: Sequence[str] = (),
-        doc: PolicyDocument = BUILTIN_POLICY,
-    ) -> None:
-        super().__init__(category_names=category_names, doc=doc, attribution="creator", clock=0.0)
+    START_CLOCK = 0.0  # the reference's time origin: a block never hit keeps access 0
+    ATTRIBUTIONS = ("creator",)  # the reference files a block under its creator only
 
     def _const_of(self, name: str | None) -> Const:
         params = None if name is None else self._doc.categories.get(name)
@@ -103,12 +94,9 @@ class WARefPolicy(WACore[RefLane]):
     def _new_lane(self, row: int) -> RefLane:
         return RefLane(row)
 
-    def free(
-        self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
-    ) -> None:
-        t = self._tick(now)
-        if not len(blocks):
-            return
+    def _stamp(
+        self, blocks: Sequence[int], offsets: Sequence[int], t: float
+    ) -> tuple[list[Entry], bool]:
         ev, in_use = self._ev, self._in_use
         hit = [b in ev or b in in_use for b in blocks]
         entries, ordered = entries_of(blocks, offsets, t, self._seq)
@@ -117,7 +105,11 @@ class WARefPolicy(WACore[RefLane]):
             entries = [
                 e if h and t > 0.0 else (0.0, *e[1:]) for e, h in zip(entries, hit, strict=True)
             ]
-        self._release(blocks, entries)
+        return entries, ordered
+
+    def _file(
+        self, blocks: Sequence[int], entries: list[Entry], category: int, t: float, ordered: bool
+    ) -> None:
         codes = self._codes_of(blocks, category)
         # One stretch per (creator, stamped 0 or not): key = 2 * code + stamped.
         stamped = [e[0] > 0.0 for e in entries]
