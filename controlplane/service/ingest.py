@@ -30,7 +30,7 @@ from agent.runtime.connection import RedisClient
 from agent.runtime.loop import BackgroundLoop, RedisObserver
 from agent.wire import BatchLimits, EventBatch, Keys, WireError, WireLimitError, decode_batch
 from controlplane.service.housekeeping import Housekeeper
-from controlplane.service.ledger import MAX_OUT_OF_ORDER, WorkerLedger
+from controlplane.service.ledger import MAX_OUT_OF_ORDER, EntryCounts, WorkerLedger
 from controlplane.service.metrics import DEAD_LETTER_REASONS, ControllerMetrics
 from controlplane.service.stream_io import (
     DELETED,
@@ -74,16 +74,13 @@ class IngestSettings:
 
 
 @dataclass
-class IngestCounters:
+class IngestCounters(EntryCounts):
     """This process's totals (the per-worker ones live in the ledgers)."""
 
-    events: int = 0
-    batches: int = 0
-    dead_letters: int = 0
     reclaimed: int = 0
-    duplicates: int = 0
-    clock_rejected: int = 0
+    """Entries taken over from a consumer that stopped acknowledging."""
     trimmed: int = 0
+    """Acknowledged entries trimmed from the streams."""
     gaps: dict[str, int] = field(default_factory=dict)
 
 
