@@ -44,8 +44,8 @@ SERVE_HELP = (
     "first token. A labelled trace's categories go as vllm_xargs.kv_category. Exit code 1 "
     "when any request failed.\n\n"
     "Examples:\n\n"
-    "kvwise bench serve trace.jsonl --limit 500 -o a.json\n\n"
-    "kvwise bench serve --compare a.json b.json"
+    "    kvwise bench serve trace.jsonl --limit 500 -o a.json\n"
+    "    kvwise bench serve --compare a.json b.json"
 )
 
 

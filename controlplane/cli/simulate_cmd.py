@@ -114,11 +114,9 @@ def simulate(
 
     Examples:
 
-      kvwise simulate trace.jsonl --instances 4 --speed 2
-
-      kvwise simulate tests/data/mooncake_synthetic.jsonl.gz -p lru,wa --capacity-gib 20,40
-
-      kvwise simulate trace.jsonl --router prefix --instances 8 --json --plot ttft.png
+        kvwise simulate tests/data/mooncake_synthetic.jsonl.gz --instances 4
+        kvwise simulate trace.jsonl -p lru,wa --capacity-gib 20,40 --speed 2
+        kvwise simulate trace.jsonl --router prefix --instances 8 --plot ttft.png
     """
     if sum(x is not None for x in (capacity, capacity_frac, capacity_gib)) > 1:
         fail("give one of --capacity, --capacity-frac, --capacity-gib")

@@ -63,6 +63,13 @@ def test_help_fits_80_columns_and_is_not_ragged(path: list[str]) -> None:
             assert len(line) >= WIDTH - 22, (path, line)
 
 
+@pytest.mark.parametrize("path", command_paths(), ids=lambda p: " ".join(p) or "kvwise")
+def test_examples_are_code_blocks_so_no_command_is_reflowed(path: list[str]) -> None:
+    # An example written as prose is wrapped at 80 columns and split mid-command.
+    for paragraph in prose_paragraphs(run(*path, "--help")):
+        assert not any(line.lstrip().startswith("kvwise ") for line in paragraph), paragraph
+
+
 def test_version() -> None:
     assert run("--version").strip() == f"kvwise {version('kvwise')}"
 
