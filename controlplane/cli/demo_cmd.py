@@ -22,7 +22,7 @@ import typer
 from controlplane.cli.common import check_redis_url, fail
 
 if TYPE_CHECKING:
-    from rich.console import RenderableType
+    from rich.console import Console, RenderableType
     from rich.table import Table
 
     from controlplane.dev.demo import DemoStack
@@ -89,7 +89,7 @@ def demo(
         if isinstance(view.get("shadow"), dict):
             from rich.console import Console
 
-            Console(stderr=True).print(*_shadow_tables(view["shadow"]))
+            print_shadow_summary(view["shadow"], Console(stderr=True))
         _say("stopped every process and removed the demo's data.")
 
 
@@ -248,6 +248,14 @@ def _shadow_tables(shadow: Any) -> list[RenderableType]:
     guard = shadow.get("guard") or {}
     out.append(Text(f"refit guard: {guard.get('reason', '-')}", style="dim"))
     return out
+
+
+def print_shadow_summary(shadow: dict[str, Any], console: Console) -> None:
+    """The final summary's shadow tables and captions, each caption on its own lines."""
+    from rich.console import Group
+
+    # One Group: console.print(*texts) would join the captions with spaces.
+    console.print(Group(*_shadow_tables(shadow)))
 
 
 _CATEGORY_COLUMNS = ("category", "samples", "p_reuse", "rate /s", "mean reuse s", "life s")
