@@ -80,8 +80,8 @@ def synth(
         fail(f"{output}: {exc.strerror or exc}")
     s = trace_stats(trace)
     typer.echo(
-        f"wrote {output}: {s.requests:,} requests, {s.block_accesses:,} block accesses, "
-        f"{s.unique_blocks:,} unique blocks over {duration:g} s; "
+        f"wrote {output}: {s.requests:,} requests over {duration:g} s\n"
+        f"{s.block_accesses:,} block accesses, {s.unique_blocks:,} unique blocks; "
         f"ideal hit ratio {s.ideal_hit_ratio:.3f}"
     )
 
