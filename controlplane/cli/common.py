@@ -163,7 +163,9 @@ def load_trace_or_fail(path: Path, *, skip_bad_lines: bool = False) -> Trace:
 
     try:
         trace = load_trace(path, skip_bad_lines=skip_bad_lines)
-    except (OSError, TraceError) as exc:
+    except OSError as exc:  # "nope.jsonl: No such file or directory", not "[Errno 2] ..."
+        fail(f"{path}: {exc.strerror or exc}")
+    except TraceError as exc:
         fail(str(exc))
     if trace.skipped_lines:
         first = ", ".join(f"line {ln}: {why}" for ln, why in trace.skipped_lines[:3])

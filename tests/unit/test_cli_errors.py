@@ -52,6 +52,13 @@ def test_worker_refuses_bad_settings(args: list[str], env: dict[str, str], names
     assert res.stdout == ""
 
 
+@pytest.mark.parametrize("command", ["replay", "simulate", "trace stats"])
+def test_a_missing_trace_is_named_in_plain_words(command: str) -> None:
+    res = kvwise(*command.split(), "no-such-trace.jsonl")
+    assert res.returncode == 2
+    assert one_error_line(res) == "error: no-such-trace.jsonl: No such file or directory"
+
+
 def test_controller_refuses_a_malformed_redis_url() -> None:
     res = kvwise("controller", "--port", str(free_port()), env={"KVWISE_REDIS_URL": "notaurl"})
     assert res.returncode == 2
