@@ -51,7 +51,7 @@ SERVE_HELP = (
 
 OptionalTraceArgument = Annotated[
     Path | None,
-    typer.Argument(metavar="[TRACE]", help="Bailian or Mooncake JSONL trace (.gz ok)"),
+    typer.Argument(metavar="TRACE", help="Bailian or Mooncake JSONL trace (.gz ok)"),
 ]
 UrlOpt = Annotated[str, typer.Option(help="Server root URL")]
 ModelOpt = Annotated[

@@ -57,6 +57,7 @@ def test_help_fits_80_columns_and_is_not_ragged(path: list[str]) -> None:
     out = run(*path, "--help")
     assert max(len(line.rstrip()) for line in out.splitlines()) <= WIDTH
     assert "…" not in out
+    assert "[[" not in out, "a metavar carries its own brackets; click adds them"
     for paragraph in prose_paragraphs(out):
         # Every line but a paragraph's last is filled: nothing broke it early.
         for line in paragraph[:-1]:
