@@ -27,7 +27,10 @@ if TYPE_CHECKING:
 
     from controlplane.dev.demo import DemoStack
 
-WorkersOpt = Annotated[int, typer.Option(min=2, max=16, help="Simulated workers (pairs)")]
+WorkersOpt = Annotated[
+    int,
+    typer.Option(min=2, max=16, help="Simulated workers: half wa, half lru (odd: one more lru)"),
+]
 SpeedOpt = Annotated[
     float, typer.Option(min=0.1, metavar="FACTOR", help="Trace time runs this much faster")
 ]
