@@ -173,7 +173,7 @@ def _profile(name_or_path: str) -> Profile:
     try:
         return load_profile(name_or_path)
     except ProfileError as exc:
-        fail(str(exc))
+        fail(f"--profile: {exc}")
 
 
 def _options(
@@ -192,19 +192,19 @@ def _options(
     from controlplane.simulate.engine import SimOptions
 
     if router not in routers.names():
-        fail(f"unknown router {router!r}; known routers: {', '.join(routers.names())}")
+        fail(f"--router: unknown router {router!r}; known routers: {', '.join(routers.names())}")
     if categories not in ("labels", "auto"):
         fail(f"--categories must be one of labels, auto, got {categories!r}")
-    checks = {
-        "--instances": instances >= 1,
-        "--speed": speed > 0 and speed != float("inf"),
-        "--output-tokens": output_tokens >= 1,
-        "--block-tokens": block_tokens is None or block_tokens >= 1,
-        "--affinity-slack": slack >= 0,
+    checks = {  # option: (within range, what the range is, the value given)
+        "--instances": (instances >= 1, "at least 1", instances),
+        "--speed": (0 < speed < float("inf"), "a finite number above 0", speed),
+        "--output-tokens": (output_tokens >= 1, "at least 1", output_tokens),
+        "--block-tokens": (block_tokens is None or block_tokens >= 1, "at least 1", block_tokens),
+        "--affinity-slack": (slack >= 0, "at least 0", slack),
     }
-    for opt, ok in checks.items():
+    for opt, (ok, rule, value) in checks.items():
         if not ok:
-            fail(f"{opt}: out of range (see --help)")
+            fail(f"{opt}: must be {rule}, got {value}")
     try:
         replay = ReplayOptions(refit_every_s=refit_every, categories=categories)  # type: ignore[arg-type]
     except ValueError as exc:
