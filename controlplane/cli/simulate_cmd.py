@@ -39,42 +39,57 @@ if TYPE_CHECKING:
 DEFAULT_POLICIES = "lru,s3fifo,arc,wa"
 
 PolicyOpt = Annotated[
-    str, typer.Option("--policy", "-p", help="Comma-separated policy names, or 'all'")
+    str,
+    typer.Option("--policy", "-p", metavar="NAMES", help="Comma-separated policy names, or 'all'"),
 ]
 CapacityOpt = Annotated[
-    str | None, typer.Option(help="Cache sizes per instance, in blocks: 1000,2000")
+    str | None,
+    typer.Option(metavar="BLOCKS", help="Cache sizes per instance, in blocks: 1000,2000"),
 ]
 CapacityFracOpt = Annotated[
-    str | None, typer.Option(help="Cache sizes as fractions of the trace's unique blocks")
+    str | None,
+    typer.Option(metavar="FRACS", help="Cache sizes as fractions of the trace's unique blocks"),
 ]
 CapacityGibOpt = Annotated[
-    str | None, typer.Option(help="Cache sizes in GiB of KV per instance: 20,40,80")
+    str | None, typer.Option(metavar="GIBS", help="Cache sizes in GiB of KV per instance: 20,40,80")
 ]
 ProfileOpt = Annotated[
     str,
     typer.Option(
+        metavar="NAME|FILE",
         help="Hardware/model: llama3-8b-h200, llama3-8b-h100, llama3-70b-fp8-h200, "
-        "or a .json/.toml file (docs/simulate.md)"
+        "or a .json/.toml file (docs/simulate.md)",
     ),
 ]
-InstancesOpt = Annotated[int, typer.Option(help="Engine instances (one cache each)")]
-RouterOpt = Annotated[str, typer.Option(help="round-robin, least-loaded, prefix or session")]
-SpeedOpt = Annotated[float, typer.Option(help="Arrivals this many times faster than the trace's")]
+InstancesOpt = Annotated[int, typer.Option(metavar="N", help="Engine instances (one cache each)")]
+RouterOpt = Annotated[
+    str, typer.Option(metavar="NAME", help="round-robin, least-loaded, prefix or session")
+]
+SpeedOpt = Annotated[
+    float, typer.Option(metavar="FACTOR", help="Arrivals this many times faster than the trace's")
+]
 OutputTokensOpt = Annotated[
-    int, typer.Option(help="Output tokens of requests whose trace gives none")
+    int, typer.Option(metavar="N", help="Output tokens of requests whose trace gives none")
 ]
 BlockTokensOpt = Annotated[
-    int | None, typer.Option(help="Tokens per block (default: the trace format's)")
+    int | None, typer.Option(metavar="N", help="Tokens per block (default: the trace format's)")
 ]
 AffinitySlackOpt = Annotated[
-    int, typer.Option(help="prefix router: extra requests allowed on a matched instance")
+    int,
+    typer.Option(metavar="N", help="prefix router: extra requests allowed on a matched instance"),
 ]
 CategoriesOpt = Annotated[
-    str, typer.Option(help="wa: labels (type_turn) or auto (inferred from blocks)")
+    str,
+    typer.Option(
+        metavar="labels|auto", help="wa: labels (type_turn) or auto (inferred from blocks)"
+    ),
 ]
-RefitEveryOpt = Annotated[float, typer.Option(help="wa: refit every this many trace seconds")]
+RefitEveryOpt = Annotated[
+    float, typer.Option(metavar="SECONDS", help="wa: refit every this many trace seconds")
+]
 PlotOpt = Annotated[
-    Path | None, typer.Option(help="Write a PNG: QTTFT CDF, hit ratio and QTTFT by size")
+    Path | None,
+    typer.Option(metavar="FILE.png", help="Write a PNG: QTTFT CDF, hit ratio and QTTFT by size"),
 ]
 
 
