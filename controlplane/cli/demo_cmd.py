@@ -292,7 +292,8 @@ def _categories_table(snap: dict[str, Any]) -> tuple[Table, RenderableType]:
     legend = Text(
         "samples: accesses fitted on; p_reuse: probability a block is used again; rate and "
         "mean reuse: the fitted reuse time of the blocks that are; life: the window the "
-        f"evictor looks ahead. Times are seconds of the demo's clock: the trace runs {speed:g}x "
+        "evictor looks ahead (by default one short window for every category, "
+        f"docs/fitting.md). Times are seconds of the demo's clock: the trace runs {speed:g}x "
         f"faster, so 1 s here is {speed:g} s of trace time. KS: largest gap between the "
         "fitted and the observed reuse-time CDF (0 = perfect fit, - = too few samples). "
         "source: fit (the category's own fit, shrunk toward the pooled one), pooled (too "
