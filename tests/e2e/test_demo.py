@@ -24,6 +24,7 @@ def test_demo_summary_shows_shadow_curves(redis_url: str) -> None:
         env={**os.environ, "KVWISE_REDIS_URL": redis_url},
     )
     assert res.returncode == 0, res.stderr[-3000:]
+    assert max(len(line) for line in res.stderr.splitlines()) <= 80, res.stderr
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     shadow = summary["shadow"]
     assert shadow["enabled"] is True
