@@ -263,14 +263,17 @@ class ShadowEvaluator:
             curves.append(PolicyCurve(name, points))
         # Every cache of a worker serves every sampled request: any one counts them.
         sampled = sum((w.ladders[WA].counts[0].totals(self._clock) for _, w in members), Totals())
+        requests = sum(w.requests for _, w in members)
+        incomplete = sum(w.incomplete for _, w in members)
         return GroupView(
             capacity=capacity,
             workers=[worker_id for worker_id, _ in members],
-            requests_seen=sum(w.requests for _, w in members),
+            requests_seen=requests,
             accesses_seen=sum(w.accesses for _, w in members),
             sampled_requests=int(sampled.requests),
             sampled_accesses=int(sampled.accesses),
-            incomplete_runs=sum(w.incomplete for _, w in members),
+            incomplete_runs=incomplete,
+            whole_requests=_whole(requests, incomplete),
             observed_hit_ratio=seen.hit_ratio,
             sampled_observed_hit_ratio=seen_sampled.hit_ratio,
             curves=curves,
@@ -306,7 +309,12 @@ class ShadowEvaluator:
 
 def _rebuilds_whole(worker: _Worker) -> bool:
     """Whether at most ``GUARD_MAX_INCOMPLETE_SHARE`` of the worker's runs were incomplete."""
-    return worker.incomplete <= GUARD_MAX_INCOMPLETE_SHARE * (worker.requests + worker.incomplete)
+    return _whole(worker.requests, worker.incomplete)
+
+
+def _whole(requests: int, incomplete: int) -> bool:
+    """Whether ``incomplete`` runs are at most ``GUARD_MAX_INCOMPLETE_SHARE`` of all."""
+    return incomplete <= GUARD_MAX_INCOMPLETE_SHARE * (requests + incomplete)
 
 
 def _unjudgeable(workers: int, in_force: PolicyDocument | None, margin: float) -> GuardView:

@@ -48,6 +48,10 @@ class GroupView:
     sampled_accesses: int
     incomplete_runs: int
     """Runs of events that made no whole request (dropped)."""
+    whole_requests: bool
+    """Whether the events rebuild into whole requests (few incomplete runs). False for an
+    engine that reports a request's hits and its inserts apart (vLLM, SGLang today): the
+    curves are then not the traffic's, and the refit guard leaves these workers out."""
     observed_hit_ratio: float
     """The workers' own prefix hit ratio over every whole request in the window."""
     sampled_observed_hit_ratio: float

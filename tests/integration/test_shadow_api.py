@@ -67,7 +67,7 @@ def test_shadow_answers_with_per_policy_curves_after_a_worker_ran(
     (group,) = body["groups"]
     assert group["capacity"] == CAPACITY and group["workers"] == ["sim-1"]
     assert group["accesses_seen"] == group["sampled_accesses"] == trace.n_accesses
-    assert group["incomplete_runs"] == 0
+    assert group["incomplete_runs"] == 0 and group["whole_requests"] is True
     curves = {c["policy"]: c["points"] for c in group["curves"]}
     assert list(curves) == ["wa", "lru", "s3fifo", "arc"]
     for name, points in curves.items():

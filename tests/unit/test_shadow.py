@@ -188,6 +188,7 @@ def test_full_rate_shadow_equals_the_offline_replay(trace: Trace) -> None:
     (group,) = view.groups
     assert group.accesses_seen == trace.n_accesses
     assert group.requests_seen == trace.n_requests
+    assert group.whole_requests and group.incomplete_runs == 0
     curves = {c.policy: c.points for c in group.curves}
     assert set(curves) == {"wa", "lru", "s3fifo", "arc"}
     for name, points in curves.items():
@@ -303,6 +304,7 @@ def test_guard_leaves_out_a_worker_whose_hits_and_inserts_come_apart(trace: Trac
     shadow.flush("w1")
     (group,) = shadow.view().groups
     assert group.incomplete_runs > 0.1 * (group.requests_seen + group.incomplete_runs)
+    assert not group.whole_requests
     verdict = shadow.judge(_inverted(doc), doc)
     assert verdict.outcome == "waiting", verdict.reason
     assert "do not rebuild into whole requests" in verdict.reason

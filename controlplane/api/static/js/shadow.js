@@ -85,7 +85,12 @@ function groupFigure(group, body) {
     vlines: Number.isFinite(group.capacity) ? [{ x: group.capacity, label: `the workers' capacity, ${fmtInt(group.capacity)} blocks` }] : [],
   });
   figure.classList.add("card");
-  figure.append(el("p", { class: "chart-facts" }, facts), groupTable(group));
+  figure.append(el("p", { class: "chart-facts" }, facts));
+  if (group.whole_requests === false) {
+    figure.append(el("p", { class: "chart-facts", id: "shadow-inexact" },
+      "These workers' events do not rebuild into whole requests (their engine reports a request's hits and its inserts apart): the curves are not their traffic's, and the refit guard leaves them out."));
+  }
+  figure.append(groupTable(group));
   return figure;
 }
 
