@@ -185,6 +185,17 @@ def test_stock_lru_loses_the_shared_system_prompt(vllm_python: Path, tmp_path: P
     assert got["before"] == [0, 0, 0]
 
 
+def _refit_categories(controller_url: str) -> dict[str, dict[str, Any]]:
+    """Refit now, then the controller's categories by name: what its events window holds
+    (the controller trims the stream as it ingests, so the stream itself is no witness)."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    r = httpx.post(controller_url + "/v1/policy/refit", headers=auth, timeout=30)
+    assert r.status_code == 200, r.text
+    listed = httpx.get(controller_url + "/v1/categories", headers=auth, timeout=10)
+    assert listed.status_code == 200, listed.text
+    return {c["name"]: c for c in listed.json()}
+
+
 def test_kvwise_keeps_it_once_a_pushed_policy_applies_and_reports_events(
     vllm_python: Path, tmp_path: Path, stack: Stack
 ) -> None:
@@ -222,11 +233,7 @@ def test_kvwise_keeps_it_once_a_pushed_policy_applies_and_reports_events(
     assert agents[WORKER]["events_sent"] > 0 and agents[WORKER]["hits"] > 0
 
     def fitted() -> list[dict[str, Any]] | None:
-        r = httpx.post(
-            url + "/v1/policy/refit", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
-        )
-        assert r.status_code == 200, r.text
-        cats = {c["name"]: c for c in get(url, "/v1/categories")}
+        cats = _refit_categories(url)
         ok = all(cats.get(n, {}).get("fitted") for n in ("chat", "doc"))
         return list(cats.values()) if ok else None
 
@@ -345,17 +352,6 @@ def _plain(line: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", line)  # colour codes, if any
 
 
-def _categories_seen(server: OpenAIServer) -> set[str]:
-    """The categories the controller's events window holds: a refit, then its category list
-    (the controller trims the stream as it ingests, so the stream itself is no witness)."""
-    auth = {"Authorization": f"Bearer {TOKEN}"}
-    r = httpx.post(server.controller + "/v1/policy/refit", headers=auth, timeout=30)
-    assert r.status_code == 200, r.text
-    listed = httpx.get(server.controller + "/v1/categories", headers=auth, timeout=10)
-    assert listed.status_code == 200, listed.text
-    return {c["name"] for c in listed.json()}
-
-
 def test_openai_server_serves_cached_tokens_and_applies_pushed_versions_when_it_works(
     openai_server: OpenAIServer,
 ) -> None:
@@ -396,7 +392,7 @@ def test_openai_server_serves_cached_tokens_and_applies_pushed_versions_when_it_
     assert len(_in_force_lines(server, 1)) == 1
     wait_until(lambda: len(_in_force_lines(server, pushed)) == 1, timeout=10, what="the log line")
     assert "chat" in wait_until(
-        lambda: _categories_seen(server), timeout=20, what="events", every=0.5
+        lambda: set(_refit_categories(server.controller)), timeout=20, what="events", every=0.5
     )
     assert (_agent(server) or {}).get("events_sent", 0) > 0
 
@@ -413,7 +409,7 @@ def test_openai_server_infers_categories_in_its_block_size(openai_server: OpenAI
         _complete(server, system + [rng.randrange(3, 1000) for _ in range(69)], None)
 
     def inferred() -> set[str] | None:
-        names = _categories_seen(server)
+        names = set(_refit_categories(server.controller))
         return names if {"t1_n1", "t2_n0", "t1_n0"} <= names else None
 
     names = wait_until(
