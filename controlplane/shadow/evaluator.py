@@ -291,7 +291,7 @@ class ShadowEvaluator:
             work = [
                 (self.sampler.scaled(w.capacity), _newest(w.buffer, limit))
                 for w in known
-                if w.capacity is not None and _rebuilds_whole(w)
+                if w.capacity is not None and _whole(w.requests, w.incomplete)
             ]
         if known and not work:
             verdict = _unjudgeable(len(known), in_force, self.settings.guard_margin)
@@ -305,11 +305,6 @@ class ShadowEvaluator:
         """Record that the guard did not judge (``reason``), for ``view``."""
         with self._lock:
             self._guard = GuardView("off", reason, at=time.time())
-
-
-def _rebuilds_whole(worker: _Worker) -> bool:
-    """Whether at most ``GUARD_MAX_INCOMPLETE_SHARE`` of the worker's runs were incomplete."""
-    return _whole(worker.requests, worker.incomplete)
 
 
 def _whole(requests: int, incomplete: int) -> bool:
