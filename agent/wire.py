@@ -216,6 +216,18 @@ class RawEvents:
         """Rows ``lo:hi`` of every column (views, no copy); everything else is kept."""
         return replace(self, **{name: getattr(self, name)[lo:hi] for name in self.columns})
 
+    def then(self, later: Self) -> Self:
+        """These rows followed by ``later``'s (new arrays); everything else is this one's."""
+        if not len(self):
+            return later
+        return replace(
+            self,
+            **{
+                name: np.concatenate([getattr(self, name), getattr(later, name)])
+                for name in self.columns
+            },
+        )
+
 
 @dataclass(frozen=True, eq=False)
 class Events(RawEvents):
