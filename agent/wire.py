@@ -445,7 +445,7 @@ def decode_policy(
     return doc
 
 
-_OPTIONAL_STATUS_FIELDS: Final = frozenset({"applied_at", "staged_version"})
+_OPTIONAL_STATUS_FIELDS: Final = frozenset({"applied_at", "staged_version", "whole_requests"})
 """Fields added after schema 1 shipped: an older agent's heartbeat omits them."""
 
 
@@ -472,6 +472,10 @@ class AgentStatus:
     """Version the agent received and validated, in force after the engine's next call
     into the agent (an idle engine makes none); equals ``applied_version`` when nothing
     waits. -1 in a heartbeat that predates the field (read as ``applied_version``)."""
+    whole_requests: bool = False
+    """Whether the agent reports each request whole (its hits, then its stored blocks, at
+    one time), so that its requests can be rebuilt from its events; False in a heartbeat
+    that predates the field."""
 
     def __post_init__(self) -> None:
         if self.staged_version < 0:  # not reported: nothing known to wait
@@ -504,6 +508,8 @@ class AgentStatus:
 
 def _typed(name: str, type_: str, value: object) -> object:
     if type_ == "str" and isinstance(value, str):
+        return value
+    if type_ == "bool" and isinstance(value, bool):
         return value
     if type_ == "int" and isinstance(value, int) and not isinstance(value, bool):
         return value

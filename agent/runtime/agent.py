@@ -86,8 +86,13 @@ class Agent:
         capacity: int,
         engine: str = "sim",
         policy: EvictionPolicy | None = None,
+        whole_requests: bool = True,
     ) -> None:
+        """``whole_requests``: whether the caller reports each request whole, its ``touch``
+        then its ``free`` at one time, none of another request's in between (said in the
+        heartbeat: a controller rebuilds requests only from such workers' events)."""
         self.settings = settings
+        self.whole_requests = whole_requests
         self.capacity = capacity
         self.engine = engine
         self.worker_id = settings.worker_id or default_worker_id()
@@ -234,6 +239,7 @@ class Agent:
             last_rejection=self.subscriber.last_rejection,
             started_at=self.started_at,
             updated_at=time.time(),
+            whole_requests=self.whole_requests,
         )
 
     # --- lifecycle -----------------------------------------------------------------------

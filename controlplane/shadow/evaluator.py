@@ -38,9 +38,10 @@ from controlplane.shadow.view import (
 
 WA = "wa"
 GUARD_MAX_INCOMPLETE_SHARE = 0.1
-"""A worker more than this share of whose runs do not rebuild into whole requests (an
-engine that reports a request's hits and its inserts apart, as vLLM and SGLang do) is left
-out of the guard: its sample is not its traffic."""
+"""A worker more than this share of whose runs do not rebuild into whole requests (events
+lost, or an engine that reports a request's hits and its inserts apart) is left out of the
+guard: its sample is not its traffic. So is one whose heartbeat does not say it reports
+requests whole (SGLang's radix nodes; agents older than the field)."""
 
 
 @dataclass
@@ -67,6 +68,8 @@ class _Worker:
     requests: int = 0
     accesses: int = 0
     incomplete: int = 0
+    declares_whole: bool = True
+    """What its heartbeat says of its requests (``AgentStatus.whole_requests``)."""
     last_batch: float = 0.0
     """When its last batch came (monotonic clock)."""
 
@@ -110,12 +113,17 @@ class ShadowEvaluator:
                 if now - worker.last_batch >= idle_s:
                     self._take(worker, worker.rebuilder.flush())
 
-    def set_capacities(self, capacities: Mapping[str, int]) -> None:
-        """Workers' capacities (from their heartbeats); a change starts that worker's
-        miniature caches afresh, warmed with the window's sampled requests kept so far."""
+    def set_capacities(
+        self, capacities: Mapping[str, int], whole_requests: Mapping[str, bool] | None = None
+    ) -> None:
+        """Workers' capacities and whether they report requests whole (from their
+        heartbeats); a capacity change starts that worker's miniature caches afresh,
+        warmed with the window's sampled requests kept so far."""
         with self._lock:
             for worker_id, capacity in capacities.items():
                 worker = self._worker(worker_id)
+                if whole_requests is not None:
+                    worker.declares_whole = whole_requests.get(worker_id, False)
                 if capacity > 0 and capacity != worker.capacity:
                     self._build_caches(worker, capacity)
                     self._tell_categories(worker)
@@ -273,7 +281,8 @@ class ShadowEvaluator:
             sampled_requests=int(sampled.requests),
             sampled_accesses=int(sampled.accesses),
             incomplete_runs=incomplete,
-            whole_requests=_whole(requests, incomplete),
+            whole_requests=all(w.declares_whole for _, w in members)
+            and _few_incomplete(requests, incomplete),
             observed_hit_ratio=seen.hit_ratio,
             sampled_observed_hit_ratio=seen_sampled.hit_ratio,
             curves=curves,
@@ -291,7 +300,7 @@ class ShadowEvaluator:
             work = [
                 (self.sampler.scaled(w.capacity), _newest(w.buffer, limit))
                 for w in known
-                if w.capacity is not None and _whole(w.requests, w.incomplete)
+                if w.capacity is not None and _whole(w)
             ]
         if known and not work:
             verdict = _unjudgeable(len(known), in_force, self.settings.guard_margin)
@@ -307,7 +316,13 @@ class ShadowEvaluator:
             self._guard = GuardView("off", reason, at=time.time())
 
 
-def _whole(requests: int, incomplete: int) -> bool:
+def _whole(worker: _Worker) -> bool:
+    """Whether ``worker``'s events rebuild into its requests: it says it reports them
+    whole, and few of its runs were incomplete."""
+    return worker.declares_whole and _few_incomplete(worker.requests, worker.incomplete)
+
+
+def _few_incomplete(requests: int, incomplete: int) -> bool:
     """Whether ``incomplete`` runs are at most ``GUARD_MAX_INCOMPLETE_SHARE`` of all."""
     return incomplete <= GUARD_MAX_INCOMPLETE_SHARE * (requests + incomplete)
 
@@ -317,8 +332,8 @@ def _unjudgeable(workers: int, in_force: PolicyDocument | None, margin: float) -
     return GuardView(
         "waiting",
         f"waiting: the events of {workers} worker(s) do not rebuild into whole requests "
-        f"(more than {GUARD_MAX_INCOMPLETE_SHARE:.0%} of runs incomplete: an engine that "
-        "reports a request's hits and inserts apart); published unjudged",
+        "(an agent that does not report requests whole, as SGLang's, or more than "
+        f"{GUARD_MAX_INCOMPLETE_SHARE:.0%} of runs incomplete); published unjudged",
         in_force_version=in_force.version if in_force is not None else None,
         margin=margin,
         at=time.time(),

@@ -1,18 +1,20 @@
 """Requests rebuilt from a worker's event stream, and the sample of them the shadow keeps.
 
 Owns ``RequestRebuilder`` (one per worker) and ``CategoryTable`` (category names to the
-shadow's own codes, shared by every worker). An agent reports a request as a run of
-events with one time and one category: HIT events for the cached blocks it touched
-(prompt offsets ascending), then INSERT events for the blocks it computed, released tail
-first (offsets descending); EVICT events carry no access and are skipped. A new request
-starts where the time or the category changes, where a HIT follows an INSERT, or where
-the offsets stop ascending (HITs) or descending (INSERTs). A run whose offsets are not
-exactly ``0 .. n-1`` is split once where its HITs turn into INSERTs (two requests with
-the same time and category, the first all hits); if that does not make it whole it is
-dropped and counted as incomplete (events lost on the way, or an engine that reports a
-request's hits and its inserts at different times). The last run of a batch may go on in
-the next one: it is held until then. Requests are rebuilt vectorised; only the sampled
-ones become Python objects. It must never replay or decode wire data.
+shadow's own codes, shared by every worker). An agent that reports requests whole (its
+heartbeat says so) records a request as a run of events with one time and one category:
+HIT events for the cached blocks it touched (prompt offsets ascending), then INSERT events
+for the blocks it computed, released tail first (offsets descending); EVICT events carry
+no access and are skipped. A new request starts where the time or the category changes,
+where a HIT follows an INSERT, or where the offsets stop ascending (HITs) or descending
+(INSERTs). A run whose offsets are not exactly ``0 .. n-1`` is split once where its HITs
+turn into INSERTs (two requests with the same time and category, the first all hits); if
+that does not make it whole it is either a continuation (INSERTs only, none at offset 0:
+blocks a request filled while it decoded, which a later prompt will hold) or dropped and
+counted as incomplete (events lost on the way, or an engine that reports a request's hits
+and its inserts at different times). The last run of a batch may go on in the next one:
+it is held until then. Requests are rebuilt vectorised; only the sampled ones become
+Python objects. It must never replay or decode wire data.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ class Rebuilt:
     incomplete: int
     """Runs of events that did not make a whole request (dropped)."""
     seen: Seen | None = None
+    continued: int = 0
+    """Continuation runs: blocks stored after a request's prompt (skipped, not broken)."""
 
 
 class CategoryTable:
@@ -139,6 +143,7 @@ class RequestRebuilder:
         if not whole.all():
             starts, whole = _split_broken(run, starts, whole)
         counts = np.diff(np.append(starts, len(run)))
+        continued = ~whole & _continuations(run, starts)
         group = np.repeat(np.arange(len(starts)), counts)
         at = run.offset == np.minimum(counts - 1, self.key_depth)[group]
         keys = np.zeros(len(starts), dtype=np.int64)
@@ -154,8 +159,9 @@ class RequestRebuilder:
             sampled=_materialise(run, starts, counts, keep, hits),
             requests=int(whole.sum()),
             accesses=int(counts[whole].sum()),
-            incomplete=int(len(whole) - whole.sum()),
+            incomplete=int(len(whole) - whole.sum() - continued.sum()),
             seen=seen,
+            continued=int(continued.sum()),
         )
 
 
@@ -193,6 +199,13 @@ def _whole(run: RawEvents, starts: NDArray[np.intp]) -> NDArray[np.bool_]:
         & (squares == (c - 1) * c * (2 * c - 1) // 6)
     )
     return whole
+
+
+def _continuations(run: RawEvents, starts: NDArray[np.intp]) -> NDArray[np.bool_]:
+    """Per run: INSERTs only, none at offset 0 (blocks stored after a prompt)."""
+    inserts_only: NDArray[np.bool_] = np.logical_and.reduceat(run.kind != HIT, starts)
+    past_zero: NDArray[np.bool_] = np.minimum.reduceat(run.offset, starts) > 0
+    return inserts_only & past_zero
 
 
 def _split_broken(
