@@ -219,8 +219,10 @@ class EngineAgent:
         report: RequestReport | None = getattr(request, REQUEST_REPORT_ATTR, None)
         if report is None:
             report = RequestReport(now, name, prompt_tokens // max(self.block_tokens, 1))
-            with contextlib.suppress(AttributeError):
+            try:
                 setattr(request, REQUEST_REPORT_ATTR, report)
+            except AttributeError:
+                report.recorded = True  # nowhere to hold it: nothing is held
         return report
 
     def hold_hits(self, report: RequestReport, hashes: list[int], offsets: list[int]) -> None:

@@ -150,6 +150,13 @@ def test_a_request_reported_over_several_steps_is_recorded_whole(engine: Any) ->
     assert asdict(ea.agent.status())["whole_requests"] is True
 
 
+def test_a_request_without_attributes_has_its_blocks_recorded_at_once(engine: Any) -> None:
+    ea, _ = engine
+    report = ea.report_of(object(), "chat", 4 * 16, now=5.0)
+    ea.hold_stored(report, [1, 2], range(2), now=5.0)
+    assert ea.agent.accesses == 2  # not held: a later record would never come
+
+
 def test_a_published_version_reaches_the_evictor_at_the_next_queue_call(
     engine: Any, redis_url: str, key_prefix: str
 ) -> None:
