@@ -190,6 +190,7 @@ class ShadowEvaluator:
         worker.incomplete += rebuilt.incomplete
         if rebuilt.seen is not None and len(rebuilt.seen.ts):
             worker.seen_all.add_many(rebuilt.seen.ts, rebuilt.seen.hits, rebuilt.seen.accesses)
+            self._clock = max(self._clock, float(rebuilt.seen.ts.max()))
         for request in rebuilt.sampled:
             worker.seen_sampled.add(request.ts, request.seen_hits, len(request.blocks))
         if not rebuilt.sampled:

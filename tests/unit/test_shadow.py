@@ -205,6 +205,22 @@ def test_full_rate_shadow_equals_the_offline_replay(trace: Trace) -> None:
             assert point.ci_low <= point.hit_ratio <= point.ci_high
 
 
+def test_observed_hit_ratio_counts_every_request_even_with_none_sampled(trace: Trace) -> None:
+    """The window of the workers' own hits follows every whole request, not only sampled
+    ones (at a low rate a small worker may have none sampled yet)."""
+    shadow = ShadowEvaluator(ShadowSettings(shadow_rate=1e-9))
+    shadow.set_capacities({"w1": 300})
+    batches = agent_batches(trace, 300, batch_events=1000)
+    for batch in batches:
+        shadow.apply(batch)
+    shadow.flush("w1")
+    (group,) = shadow.view().groups
+    assert group.sampled_requests == 0 and group.requests_seen == trace.n_requests
+    hits = sum(int((b.kind == HIT).sum()) for b in batches)
+    assert group.observed_hit_ratio == pytest.approx(hits / trace.n_accesses)
+    assert hits > 0
+
+
 # --- guard -----------------------------------------------------------------------------------
 def _inverted(doc: PolicyDocument) -> PolicyDocument:
     """``doc`` with each category's reuse probability turned upside down: a bad fit."""
