@@ -195,7 +195,7 @@ class WACore(Generic[LaneT]):
         self._buf = np.zeros(0)
         self._rate_max = 0.0
         self._lc_scale = 0.0  # the largest finite |lc|
-        # The last pass over every row's bound: the bounds, rows in order of bound, the
+        # The last pass over every row's bound: the bounds and the rows in order of bound, the
         # clock it was made at, whether it is still a lower bound of every row.
         self._bound: list[float] = []
         self._bound_order: list[int] = []
@@ -380,17 +380,21 @@ class WACore(Generic[LaneT]):
         return lane.take(self._ev, Cutoff(log_constant, rate, self._clock, None), n)
 
     def _refresh_bounds(self, now: float) -> None:
-        """Every row's bound at ``now``, and the rows in order of bound (one numpy pass;
-        NaN rows, empty categories, sort last)."""
+        """Every row's bound at ``now``, in ascending order, and the rows in that order."""
+        self._bound, self._bound_order = self._sorted_bounds(now)
+        self._bound_scale = magnitude(self._bound) + self._lc_scale
+        self._bound_time = now
+        self._bounds_valid = True
+
+    def _sorted_bounds(self, now: float) -> tuple[list[float], list[int]]:
+        """Every row's bound ``lc - a (now - t0)`` at ``now`` in ascending order (NaN rows,
+        empty categories, last) and the rows in that order: one numpy pass."""
         bound = self._buf
         np.subtract(now, self._t0, out=bound)
         np.multiply(self._a, bound, out=bound)
         np.subtract(self._lc, bound, out=bound)
-        self._bound_order = bound.argsort().tolist()
-        self._bound = bound.tolist()
-        self._bound_scale = magnitude(self._bound) + self._lc_scale
-        self._bound_time = now
-        self._bounds_valid = True
+        order = bound.argsort()
+        return bound[order].tolist(), order.tolist()
 
     def _evict_compared(self, n: int) -> list[int]:
         """Victims from several categories: the best head's queue drains until its head
@@ -444,7 +448,7 @@ class WACore(Generic[LaneT]):
                 second = KEY_SCORE(active[1])
                 if len(active) > 2:
                     second = min(second, KEY_SCORE(active[2]))
-                if not bound[row] - slack <= second:
+                if not bound[position] - slack <= second:
                     break
             position += 1
             head = rows[row][1].head(evictable)
