@@ -24,7 +24,7 @@ engine thread calls it. It must never import vLLM, do I/O or wait on another thr
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from itertools import compress, groupby, repeat
 from operator import attrgetter, is_not
@@ -89,7 +89,9 @@ class KvwiseFreeQueue:
         self.num_free_blocks = n
         # The end of the dict is the head: popitem() takes it in O(1).
         self._fresh: dict[int, Any] = {block.block_id: block for block in reversed(self.blocks)}
-        self._cached: dict[int, None] = {}  # free block ids the evictor holds, release order
+        # Per block id: free and held by the evictor (a flat list: two list stores per
+        # block, where a dict of ids made an insert and a delete).
+        self._cached = [False] * n
         self._unpinned: OrderedDict[int, Any] = OrderedDict()
         self._hits: list[int] = []  # removed from the evictor's free set, touch not yet sent
         # Side table, per block id.
@@ -133,11 +135,13 @@ class KvwiseFreeQueue:
         victims = self.evictor.evict(n)
         if not victims:
             return []
-        try:
-            deque(map(self._cached.__delitem__, victims), maxlen=0)
-        except KeyError as exc:
-            raise RuntimeError(f"evictor returned block {exc} that is not free") from None
-        out = list(map(self.blocks.__getitem__, victims))
+        cached = self._cached
+        for block_id in victims:
+            if not cached[block_id]:
+                raise RuntimeError(f"evictor returned block {block_id} that is not free")
+            cached[block_id] = False
+        blocks = self.blocks
+        out = [blocks[block_id] for block_id in victims]
         if self.hooks is not None:
             hashes = list(map(self.hash.__getitem__, victims))
             if None in map(BLOCK_HASH, out):  # hashes reset while free (a prefix-cache reset)
@@ -148,7 +152,8 @@ class KvwiseFreeQueue:
 
     def remove(self, block: Any) -> None:
         bid = block.block_id
-        if self._cached.pop(bid, 0) is None:
+        if self._cached[bid]:
+            self._cached[bid] = False
             self._hits.append(bid)  # the evictor hears of it, batched, before its next use
         elif self._fresh.pop(bid, None) is None and self._unpinned.pop(bid, None) is None:
             raise RuntimeError(f"remove() called on a block that is not free: {bid}")
@@ -181,8 +186,9 @@ class KvwiseFreeQueue:
         """Cached blocks become evictable, stamped now, each with its side-table category
         and prompt offset (one evictor call per run of equal categories)."""
         now = self.clock()
-        offs = list(map(self.offset.__getitem__, ids))
-        codes = list(map(self.code.__getitem__, ids))
+        offset, code = self.offset, self.code
+        offs = [offset[block_id] for block_id in ids]
+        codes = [code[block_id] for block_id in ids]
         free = self.evictor.free
         if codes.count(codes[0]) == len(codes):
             free(ids, offs, now, codes[0])
@@ -192,7 +198,9 @@ class KvwiseFreeQueue:
                 end = start + sum(1 for _ in run)
                 free(ids[start:end], offs[start:end], now, run_code)
                 start = end
-        self._cached.update(zip(ids, repeat(None)))
+        cached = self._cached
+        for block_id in ids:
+            cached[block_id] = True
 
     def prepend_n(self, blocks: Sequence[Any]) -> None:
         if not blocks:
@@ -201,17 +209,17 @@ class KvwiseFreeQueue:
         self.num_free_blocks += len(blocks)
 
     def get_all_free_blocks(self) -> list[Any]:
-        """Every free block: fresh (pop order), cached (release order, not the evictor's
+        """Every free block: fresh (pop order), cached (block id order, not the evictor's
         victim order, which would cost a full sort), unpinned (pop order)."""
         blocks = self.blocks
         return [
             *reversed(self._fresh.values()),
-            *(blocks[i] for i in self._cached),
+            *compress(blocks, self._cached),
             *self._unpinned.values(),
         ]
 
     def iter_blocks_after(self, cursor: Any | None) -> Iterator[Any]:
-        """Free blocks after ``cursor`` in ``get_all_free_blocks`` order (O(free blocks))."""
+        """Free blocks after ``cursor`` in ``get_all_free_blocks`` order (O(blocks))."""
         seen = cursor is None
         for block in self.get_all_free_blocks():
             if seen:
@@ -256,6 +264,6 @@ class KvwiseFreeQueue:
     def __repr__(self) -> str:
         return (
             f"KvwiseFreeQueue(free={self.num_free_blocks}, fresh={len(self._fresh)}, "
-            f"cached={len(self._cached)}, unpinned={len(self._unpinned)}, "
+            f"cached={self._cached.count(True)}, unpinned={len(self._unpinned)}, "
             f"evictor={type(self.evictor).__name__})"
         )

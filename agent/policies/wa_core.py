@@ -313,7 +313,8 @@ class WACore(Generic[LaneT]):
         """``blocks`` become evictable under the next release numbers; an earlier
         position of any of them (evictable before, or named twice) goes stale."""
         evictable = self._ev
-        self._in_use.difference_update(blocks)
+        if self._in_use:
+            self._in_use.difference_update(blocks)
         count_before = len(evictable)
         evictable.update(zip(blocks, count(self._seq)))
         self._seq += len(blocks)
@@ -367,7 +368,9 @@ class WACore(Generic[LaneT]):
         single = len(self._rows) == 1
         victims = self._drain_only_lane(n) if single else self._evict_compared(n)
         if self._by_creator:
-            deque(map(self._creator.__delitem__, victims), maxlen=0)
+            creator = self._creator
+            for block in victims:
+                del creator[block]
         return victims
 
     def _drain_only_lane(self, n: int) -> list[int]:
@@ -382,7 +385,7 @@ class WACore(Generic[LaneT]):
     def _refresh_bounds(self, now: float) -> None:
         """Every row's bound at ``now``, in ascending order, and the rows in that order."""
         self._bound, self._bound_order = self._sorted_bounds(now)
-        self._bound_scale = magnitude(self._bound) + self._lc_scale
+        self._bound_scale = sorted_magnitude(self._bound) + self._lc_scale
         self._bound_time = now
         self._bounds_valid = True
 
@@ -466,6 +469,17 @@ class WACore(Generic[LaneT]):
 
     def __contains__(self, block: object) -> bool:
         return block in self._ev or block in self._in_use
+
+
+def sorted_magnitude(ascending: list[float]) -> float:
+    """``magnitude`` of values in ascending order, NaN last: the larger of the first and
+    the last finite value's ``|value|``, found from the ends."""
+    finite = math.isfinite
+    low = next(filter(finite, ascending), None)
+    if low is None:
+        return 0.0
+    high = next(filter(finite, reversed(ascending)))
+    return max(abs(low), abs(high))
 
 
 def magnitude(values: list[float]) -> float:

@@ -255,7 +255,8 @@ class TimeQueue:
                 break  # the limit, or the threshold, was reached
             run = self.head_run(evictable)
         # Removed last: a live position is unique to its block, so none is met twice.
-        deque(map(evictable.__delitem__, victims), maxlen=0)
+        for block in victims:  # a plain loop: cheaper than map over __delitem__
+            del evictable[block]
         return victims
 
     def peek(self, evictable: Evictable, wanted: int) -> list[Entry]:
