@@ -89,9 +89,7 @@ class KvwiseFreeQueue:
         self.num_free_blocks = n
         # The end of the dict is the head: popitem() takes it in O(1).
         self._fresh: dict[int, Any] = {block.block_id: block for block in reversed(self.blocks)}
-        # Per block id: free and held by the evictor (a flat list: two list stores per
-        # block, where a dict of ids made an insert and a delete).
-        self._cached = [False] * n
+        self._cached: dict[int, None] = {}  # free block ids the evictor holds, release order
         self._unpinned: OrderedDict[int, Any] = OrderedDict()
         self._hits: list[int] = []  # removed from the evictor's free set, touch not yet sent
         # Side table, per block id.
@@ -136,10 +134,11 @@ class KvwiseFreeQueue:
         if not victims:
             return []
         cached = self._cached
-        for block_id in victims:
-            if not cached[block_id]:
-                raise RuntimeError(f"evictor returned block {block_id} that is not free")
-            cached[block_id] = False
+        try:
+            for block_id in victims:  # a plain loop: cheaper than map over __delitem__
+                del cached[block_id]
+        except KeyError as exc:
+            raise RuntimeError(f"evictor returned block {exc} that is not free") from None
         blocks = self.blocks
         out = [blocks[block_id] for block_id in victims]
         if self.hooks is not None:
@@ -152,8 +151,7 @@ class KvwiseFreeQueue:
 
     def remove(self, block: Any) -> None:
         bid = block.block_id
-        if self._cached[bid]:
-            self._cached[bid] = False
+        if self._cached.pop(bid, 0) is None:
             self._hits.append(bid)  # the evictor hears of it, batched, before its next use
         elif self._fresh.pop(bid, None) is None and self._unpinned.pop(bid, None) is None:
             raise RuntimeError(f"remove() called on a block that is not free: {bid}")
@@ -198,9 +196,7 @@ class KvwiseFreeQueue:
                 end = start + sum(1 for _ in run)
                 free(ids[start:end], offs[start:end], now, run_code)
                 start = end
-        cached = self._cached
-        for block_id in ids:
-            cached[block_id] = True
+        self._cached.update(zip(ids, repeat(None)))
 
     def prepend_n(self, blocks: Sequence[Any]) -> None:
         if not blocks:
@@ -209,17 +205,17 @@ class KvwiseFreeQueue:
         self.num_free_blocks += len(blocks)
 
     def get_all_free_blocks(self) -> list[Any]:
-        """Every free block: fresh (pop order), cached (block id order, not the evictor's
+        """Every free block: fresh (pop order), cached (release order, not the evictor's
         victim order, which would cost a full sort), unpinned (pop order)."""
         blocks = self.blocks
         return [
             *reversed(self._fresh.values()),
-            *compress(blocks, self._cached),
+            *(blocks[i] for i in self._cached),
             *self._unpinned.values(),
         ]
 
     def iter_blocks_after(self, cursor: Any | None) -> Iterator[Any]:
-        """Free blocks after ``cursor`` in ``get_all_free_blocks`` order (O(blocks))."""
+        """Free blocks after ``cursor`` in ``get_all_free_blocks`` order (O(free blocks))."""
         seen = cursor is None
         for block in self.get_all_free_blocks():
             if seen:
@@ -264,6 +260,6 @@ class KvwiseFreeQueue:
     def __repr__(self) -> str:
         return (
             f"KvwiseFreeQueue(free={self.num_free_blocks}, fresh={len(self._fresh)}, "
-            f"cached={self._cached.count(True)}, unpinned={len(self._unpinned)}, "
+            f"cached={len(self._cached)}, unpinned={len(self._unpinned)}, "
             f"evictor={type(self.evictor).__name__})"
         )
