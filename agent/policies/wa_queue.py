@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from itertools import compress, islice, takewhile
 from operator import eq, ge, itemgetter, neg, not_
 from typing import NamedTuple
@@ -148,28 +148,6 @@ class Run:
         )
 
 
-def take_live(
-    victims: list[int], get: Callable[[int], int | None], run: Run, stop: int, limit: int
-) -> int:
-    """Append to ``victims`` the live blocks of ``run`` from ``at`` to ``stop`` until
-    ``victims`` holds ``limit``; returns the position after the last one examined. Each
-    pass checks a little more than the blocks still wanted (most positions are live), so
-    a stale stretch costs one more pass, not one per stale position."""
-    at, blocks, releases = run.at, run.blocks, run.releases
-    while at < stop and len(victims) < limit:
-        wanted = limit - len(victims)
-        end = min(stop, at + wanted + (wanted >> 2) + 4)
-        chunk = blocks[at:end]
-        flags = list(map(eq, map(get, chunk), releases[at:end]))
-        live = list(compress(chunk, flags))
-        if len(live) > wanted:  # stop right after the last block wanted
-            end = at + list(compress(range(len(flags)), flags))[wanted - 1] + 1
-            live = live[:wanted]
-        victims += live
-        at = end
-    return at
-
-
 class TimeQueue:
     """One category's blocks in order of ``(t, -offset, release number)``: runs in
     stamp order, each in key order.
@@ -267,7 +245,12 @@ class TimeQueue:
                     stop = at
                 elif score_and_stamp == threshold[:2]:
                     stop = run.split_at(threshold)
-            at = run.at = take_live(victims, get, run, stop, limit)
+            while at < stop and len(victims) < limit:
+                end = min(stop, at + limit - len(victims))
+                chunk = blocks[at:end]
+                victims += compress(chunk, map(eq, map(get, chunk), run.releases[at:end]))
+                at = end
+            run.at = at
             if at < len(blocks) or len(victims) >= limit:
                 break  # the limit, or the threshold, was reached
             run = self.head_run(evictable)
