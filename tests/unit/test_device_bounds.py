@@ -11,22 +11,13 @@ import math
 import random
 
 import pytest
-import torch
 
 from agent.device_evictor import DeviceEvictor
 from agent.policies import wa_core
 from agent.policies.wa import WAPolicy
+from tests.unit.test_device_evictor import _one_torch_thread  # noqa: F401 (autouse: one thread)
 from tests.unit.test_wa_cached_bounds import NAMES, script, spread_document
 from tests.unit.test_wa_policy import NaiveWA, _differential
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> object:
-    """Tiny tensors: intra-op threads only wait on each other on a shared CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.mark.parametrize("epoch", [0.0, 1.7e9])
