@@ -11,6 +11,7 @@ import math
 import random
 
 import pytest
+import torch
 
 from agent.device_evictor import DeviceEvictor
 from agent.policies import wa_core
@@ -38,8 +39,21 @@ def same(a: float, b: float) -> bool:
 @pytest.mark.parametrize("seed", range(3))
 def test_device_bounds_are_the_numpy_bounds(seed: int) -> None:
     """Bit for bit, NaN rows (categories found empty) last, and each row's own bound."""
+    check_bounds(seed, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("seed", range(3))
+def test_device_bounds_are_the_numpy_bounds_on_cuda(seed: int) -> None:
+    """The same on the GPU: no fused multiply-add may change a bound."""
+    check_bounds(seed, "cuda")
+
+
+def check_bounds(seed: int, device_name: str) -> None:
     rng = random.Random(seed)
-    device = DeviceEvictor.simulated(64, category_names=NAMES, doc=spread_document(rng))
+    document = spread_document(rng)
+    device = DeviceEvictor(64, device=device_name, category_names=NAMES, doc=document)
     now = 1.7e9
     for block in range(200):
         now += rng.choice([0.0, 0.01, 0.3, 5.0])
