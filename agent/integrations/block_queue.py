@@ -24,9 +24,10 @@ engine thread calls it. It must never import vLLM, do I/O or wait on another thr
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from itertools import groupby
+from itertools import compress, groupby, repeat
+from operator import attrgetter, is_not
 from typing import Any, Protocol
 
 from agent.policies.base import EvictionPolicy
@@ -39,6 +40,11 @@ class Block(Protocol):
 
     @property
     def block_hash(self) -> bytes | None: ...
+
+
+BLOCK_ID = attrgetter("block_id")
+BLOCK_HASH = attrgetter("block_hash")
+"""A block's fields (C-level reads)."""
 
 
 class QueueHooks(Protocol):
@@ -127,14 +133,18 @@ class KvwiseFreeQueue:
         victims = self.evictor.evict(n)
         if not victims:
             return []
+        cached = self._cached
         try:
-            deque(map(self._cached.__delitem__, victims), maxlen=0)
+            for block_id in victims:  # a plain loop: cheaper than map over __delitem__
+                del cached[block_id]
         except KeyError as exc:
             raise RuntimeError(f"evictor returned block {exc} that is not free") from None
-        out = list(map(self.blocks.__getitem__, victims))
+        blocks = self.blocks
+        out = [blocks[block_id] for block_id in victims]
         if self.hooks is not None:
-            hash_of = self.hash
-            hashes = [hash_of[block.block_id] for block in out if block.block_hash is not None]
+            hashes = list(map(self.hash.__getitem__, victims))
+            if None in map(BLOCK_HASH, out):  # hashes reset while free (a prefix-cache reset)
+                hashes = list(compress(hashes, map(is_not, map(BLOCK_HASH, out), repeat(None))))
             if hashes:
                 self.hooks.evicted(hashes, self.clock())
         return out
@@ -157,12 +167,15 @@ class KvwiseFreeQueue:
             self.hooks.before_call()
         if self._hits:
             self._send_hits()
-        ids = [block.block_id for block in blocks if block.block_hash is not None]
-        if len(ids) != len(blocks):
+        keys = list(map(BLOCK_HASH, blocks))
+        if None in keys:
             unpinned = self._unpinned
-            for block in blocks:
-                if block.block_hash is None:
+            for block, key in zip(blocks, keys, strict=True):
+                if key is None:
                     unpinned[block.block_id] = block
+            ids = [b.block_id for b, key in zip(blocks, keys, strict=True) if key is not None]
+        else:
+            ids = list(map(BLOCK_ID, blocks))
         if ids:
             self._free(ids)
         self.num_free_blocks += len(blocks)
@@ -171,9 +184,9 @@ class KvwiseFreeQueue:
         """Cached blocks become evictable, stamped now, each with its side-table category
         and prompt offset (one evictor call per run of equal categories)."""
         now = self.clock()
-        code = self.code
-        offs = list(map(self.offset.__getitem__, ids))
-        codes = list(map(code.__getitem__, ids))
+        offset, code = self.offset, self.code
+        offs = [offset[block_id] for block_id in ids]
+        codes = [code[block_id] for block_id in ids]
         free = self.evictor.free
         if codes.count(codes[0]) == len(codes):
             free(ids, offs, now, codes[0])
@@ -183,7 +196,7 @@ class KvwiseFreeQueue:
                 end = start + sum(1 for _ in run)
                 free(ids[start:end], offs[start:end], now, run_code)
                 start = end
-        self._cached.update(dict.fromkeys(ids))
+        self._cached.update(zip(ids, repeat(None)))
 
     def prepend_n(self, blocks: Sequence[Any]) -> None:
         if not blocks:

@@ -25,7 +25,7 @@ from agent.policies.wa_core import (
     log_weight,
     runs,
 )
-from agent.policies.wa_queue import Entry, TimeQueue
+from agent.policies.wa_queue import Run, TimeQueue
 
 
 class WALane(TimeQueue):
@@ -56,16 +56,22 @@ class WAPolicy(WACore[WALane]):
         return WALane(row)
 
     def _file(
-        self, blocks: Sequence[int], entries: list[Entry], category: int, t: float, ordered: bool
+        self,
+        blocks: Sequence[int],
+        offsets: Sequence[int],
+        first_release: int,
+        category: int,
+        t: float,
     ) -> None:
         if self._by_creator:
             for code, lo, hi in runs(self._codes_of(blocks, category)):
-                self._file_lane(code, entries[lo:hi], t, ordered)
+                run = Run.of(t, blocks[lo:hi], offsets[lo:hi], first_release + lo)
+                self._file_lane(code, run)
         else:
-            self._file_lane(category, entries, t, ordered)
+            self._file_lane(category, Run.of(t, blocks, offsets, first_release))
 
-    def _file_lane(self, code: int, entries: list[Entry], t: float, ordered: bool) -> None:
+    def _file_lane(self, code: int, run: Run) -> None:
         lane = self._lanes.get(code) or self._lane(code)
-        if lane.head_at == len(lane.ents):  # stamps never go back: only an empty lane needs a bound
-            self._restart_bound(lane.idx, t)
-        lane.add(entries, t, ordered)
+        if lane.is_empty():  # stamps never go back: only an empty lane needs a bound
+            self._restart_bound(lane.idx, run.t)
+        lane.add(run)

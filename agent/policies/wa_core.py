@@ -46,10 +46,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from heapq import heappop, heappush
-from itertools import count, groupby, islice, repeat
-from operator import ge, neg
+from itertools import count, groupby, repeat
 from typing import ClassVar, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
@@ -74,23 +73,6 @@ def log_weight(p: CategoryParams) -> Const:
     if p.p_reuse <= 0.0 or window <= 0.0:
         return (-math.inf, p.rate)
     return (math.log(p.p_reuse) + math.log(window), p.rate)
-
-
-def entries_of(
-    blocks: Sequence[int], offsets: Sequence[int], t: float, seq0: int
-) -> tuple[list[Entry], bool]:
-    """The entries of ``blocks`` stamped ``t``, numbered from ``seq0``, and whether they
-    are in key order (offsets never increase: a request freed tail first)."""
-    if len(offsets) != len(blocks):
-        raise ValueError(f"{len(blocks)} blocks but {len(offsets)} offsets")
-    negs: Iterable[int]
-    if isinstance(offsets, range):
-        negs = range(-offsets.start, -offsets.stop, -offsets.step)
-        ordered = offsets.step < 0 or len(offsets) <= 1
-    else:
-        negs = map(neg, offsets)
-        ordered = all(map(ge, offsets, islice(offsets, 1, None)))
-    return list(zip(repeat(t), negs, count(seq0), blocks)), ordered
 
 
 def runs(keys: list[int]) -> Iterator[tuple[int, int, int]]:
@@ -169,6 +151,7 @@ class WACore(Generic[LaneT]):
         "_in_use",
         "_lanes",
         "_lc",
+        "_lc_scale",
         "_names",
         "_rate_max",
         "_rows",
@@ -211,7 +194,8 @@ class WACore(Generic[LaneT]):
         self._t0 = np.zeros(0)
         self._buf = np.zeros(0)
         self._rate_max = 0.0
-        # The last pass over every row's bound: the bounds, rows in order of bound, the
+        self._lc_scale = 0.0  # the largest finite |lc|
+        # The last pass over every row's bound: the bounds and the rows in order of bound, the
         # clock it was made at, whether it is still a lower bound of every row.
         self._bound: list[float] = []
         self._bound_order: list[int] = []
@@ -271,6 +255,7 @@ class WACore(Generic[LaneT]):
             constants = self._constants[row] = self._const_of_code(code)
             self._lc[row], self._a[row] = constants
         self._rate_max = max((rate for _, rate in self._constants), default=0.0)
+        self._lc_scale = magnitude([lc for lc, _ in self._constants])
         self._consts_stale = False
         self._bounds_valid = False
 
@@ -286,6 +271,7 @@ class WACore(Generic[LaneT]):
             log_constant, rate = constants = self._const_of_code(code)
             self._constants.append(constants)
             self._rate_max = max(self._rate_max, rate)
+            self._lc_scale = max(self._lc_scale, magnitude([log_constant]))
             self._lc = np.append(self._lc, log_constant)
             self._a = np.append(self._a, rate)
             self._t0 = np.append(self._t0, math.nan)
@@ -297,25 +283,25 @@ class WACore(Generic[LaneT]):
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
     ) -> None:
-        """Stamp ``blocks`` at the clock, make them evictable, then file them in lanes."""
+        """Stamp ``blocks`` at the clock, file them in lanes, then make them evictable."""
         t = self._tick(now)
         if not len(blocks):
             return
-        entries, ordered = self._stamp(blocks, offsets, t)
-        self._release(blocks, entries)
-        self._file(blocks, entries, category, t, ordered)
-
-    def _stamp(
-        self, blocks: Sequence[int], offsets: Sequence[int], t: float
-    ) -> tuple[list[Entry], bool]:
-        """The entries of freed ``blocks`` (called before they are released) and whether
-        they are in key order already."""
-        return entries_of(blocks, offsets, t, self._seq)
+        if len(offsets) != len(blocks):
+            raise ValueError(f"{len(blocks)} blocks but {len(offsets)} offsets")
+        self._file(blocks, offsets, self._seq, category, t)
+        self._release(blocks)
 
     def _file(
-        self, blocks: Sequence[int], entries: list[Entry], category: int, t: float, ordered: bool
+        self,
+        blocks: Sequence[int],
+        offsets: Sequence[int],
+        first_release: int,
+        category: int,
+        t: float,
     ) -> None:
-        """Queue released ``blocks`` (their ``entries``) in the lanes they join."""
+        """Queue freed ``blocks``, numbered from ``first_release``, in the lanes they join
+        (called before they are released: the blocks held are those before this call)."""
         raise NotImplementedError
 
     def _tick(self, now: float) -> float:
@@ -323,13 +309,14 @@ class WACore(Generic[LaneT]):
             self._clock = float(now)
         return self._clock
 
-    def _release(self, blocks: Sequence[int], entries: list[Entry]) -> None:
-        """``blocks`` become evictable with ``entries``; an earlier entry of any of them
-        (evictable before, or named twice) goes stale."""
+    def _release(self, blocks: Sequence[int]) -> None:
+        """``blocks`` become evictable under the next release numbers; an earlier
+        position of any of them (evictable before, or named twice) goes stale."""
         evictable = self._ev
-        self._in_use.difference_update(blocks)
+        if self._in_use:
+            self._in_use.difference_update(blocks)
         count_before = len(evictable)
-        evictable.update(zip(blocks, entries, strict=True))
+        evictable.update(zip(blocks, count(self._seq)))
         self._seq += len(blocks)
         self._stale += len(blocks) - (len(evictable) - count_before)
         if self._stale > len(evictable) + COMPACT_SLACK:
@@ -381,7 +368,9 @@ class WACore(Generic[LaneT]):
         single = len(self._rows) == 1
         victims = self._drain_only_lane(n) if single else self._evict_compared(n)
         if self._by_creator:
-            deque(map(self._creator.__delitem__, victims), maxlen=0)
+            creator = self._creator
+            for block in victims:
+                del creator[block]
         return victims
 
     def _drain_only_lane(self, n: int) -> list[int]:
@@ -394,17 +383,21 @@ class WACore(Generic[LaneT]):
         return lane.take(self._ev, Cutoff(log_constant, rate, self._clock, None), n)
 
     def _refresh_bounds(self, now: float) -> None:
-        """Every row's bound at ``now``, and the rows in order of bound (one numpy pass;
-        NaN rows, empty categories, sort last)."""
+        """Every row's bound at ``now``, in ascending order, and the rows in that order."""
+        self._bound, self._bound_order = self._sorted_bounds(now)
+        self._bound_scale = sorted_magnitude(self._bound) + self._lc_scale
+        self._bound_time = now
+        self._bounds_valid = True
+
+    def _sorted_bounds(self, now: float) -> tuple[list[float], list[int]]:
+        """Every row's bound ``lc - a (now - t0)`` at ``now`` in ascending order (NaN rows,
+        empty categories, last) and the rows in that order: one numpy pass."""
         bound = self._buf
         np.subtract(now, self._t0, out=bound)
         np.multiply(self._a, bound, out=bound)
         np.subtract(self._lc, bound, out=bound)
-        self._bound_order = bound.argsort().tolist()
-        self._bound = bound.tolist()
-        self._bound_scale = magnitude(self._bound) + magnitude(self._lc.tolist())
-        self._bound_time = now
-        self._bounds_valid = True
+        order = bound.argsort()
+        return bound[order].tolist(), order.tolist()
 
     def _evict_compared(self, n: int) -> list[int]:
         """Victims from several categories: the best head's queue drains until its head
@@ -458,7 +451,7 @@ class WACore(Generic[LaneT]):
                 second = KEY_SCORE(active[1])
                 if len(active) > 2:
                     second = min(second, KEY_SCORE(active[2]))
-                if not bound[row] - slack <= second:
+                if not bound[position] - slack <= second:
                     break
             position += 1
             head = rows[row][1].head(evictable)
@@ -478,9 +471,20 @@ class WACore(Generic[LaneT]):
         return block in self._ev or block in self._in_use
 
 
+def sorted_magnitude(ascending: list[float]) -> float:
+    """``magnitude`` of values in ascending order, NaN last: the larger of the first and
+    the last finite value's ``|value|``, found from the ends."""
+    finite = math.isfinite
+    low = next(filter(finite, ascending), None)
+    if low is None:
+        return 0.0
+    high = next(filter(finite, reversed(ascending)))
+    return max(abs(low), abs(high))
+
+
 def magnitude(values: list[float]) -> float:
-    """The largest finite ``|value|`` (0 when none is finite)."""
-    return max((abs(v) for v in values if math.isfinite(v)), default=0.0)
+    """The largest finite ``|value|`` (0 when none is finite; C-level)."""
+    return max(map(abs, filter(math.isfinite, values)), default=0.0)
 
 
 def loosening(drift: float, scale: float) -> float:

@@ -1,43 +1,41 @@
 """The per-category queues of the workload-aware evictors, with lazy deletion.
 
-Owns ``TimeQueue`` (a category's blocks in key order) and ``ZeroQueue`` (``wa-ref``'s
-blocks stamped 0 at one offset) and the C-level bulk steps they share. Entries are
-``(t, -offset, release number, block)`` tuples in a list read from a head index; an entry
-is live while the evictable-block map ``evictable`` maps its block to that very tuple, so
-``touch`` and a second ``free`` only update ``evictable`` and leave a stale entry behind, skipped
-at the head or compacted later. The victim order itself is defined in
-``agent.policies.wa_core``. It must never do I/O.
+Owns ``Run`` (the blocks one ``free`` filed in one category, in key order),
+``TimeQueue`` (a category's runs in key order) and ``ZeroQueue`` (``wa-ref``'s blocks
+stamped 0 at one offset). No per-block object is made: a run keeps its blocks, their
+offsets and their release numbers in flat sequences and the stamp once. A block is live
+while the evictable-block map ``evictable`` maps it to that very release number, so
+``touch`` and a second ``free`` only update ``evictable`` and leave a stale position
+behind, skipped at the head or compacted later. Every block of a run has the same stamp,
+so the same score: a ``take`` compares one key per run, and only a run whose score and
+stamp equal the threshold's is split, by a binary search on offsets and release numbers.
+The victim order itself is defined in ``agent.policies.wa_core``. It must never do I/O.
 """
 
 from __future__ import annotations
 
-import math
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Iterable
-from itertools import compress, takewhile
-from operator import is_, itemgetter, not_
+from collections.abc import Iterable, Sequence
+from itertools import compress, islice, takewhile
+from operator import eq, ge, itemgetter, neg, not_
 from typing import NamedTuple
 
 Entry = tuple[float, int, int, int]
-"""A queued block: ``(t, -offset, release number, block)``."""
+"""A queued block's key and id: ``(t, -offset, release number, block)``."""
 Key = tuple[float, float, int, int, int]
 """``(score, t, -offset, release number, row)``: a category head's key."""
-Evictable = dict[int, Entry]
-"""Evictable block -> its live entry."""
+Evictable = dict[int, int]
+"""Evictable block -> the release number of its live position."""
 
 STAMP = itemgetter(0)
-RELEASE = itemgetter(2)
 BLOCK = itemgetter(3)
 """An entry's fields."""
 KEY_SCORE = itemgetter(0)
-KEY_STAMP = itemgetter(1)
-KEY_RELEASE = itemgetter(3)
 KEY_ROW = itemgetter(4)
 """A head key's fields."""
-INF = math.inf
-_CHUNK = 256  # entries examined at a time when skipping stale ones
-_TRIM = 4096  # a queue drops its consumed prefix once it is this long and half the list
+_CHUNK = 256  # positions examined at a time when skipping stale ones
+_TRIM = 4096  # a zero queue drops its consumed prefix once it is this long and half the list
 
 
 class Cutoff(NamedTuple):
@@ -50,248 +48,307 @@ class Cutoff(NamedTuple):
     threshold: Key | None
 
 
-def surely_below(cutoff: Cutoff) -> float:
-    """A time ``b`` such that every entry of a category with constants
-    ``(log_constant, rate)`` stamped ``t < b`` has a key below ``threshold``
-    (conservative: later entries are checked exactly).
+def in_key_order(offsets: Sequence[int]) -> bool:
+    """Whether blocks released with these prompt offsets are in key order (offsets never
+    increase: a request freed tail first)."""
+    if isinstance(offsets, range):
+        return offsets.step < 0 or len(offsets) <= 1
+    return all(map(ge, offsets, islice(offsets, 1, None)))
 
-    The score ``log_constant - rate (now - t)`` falls below the threshold's score ``s``
-    once ``t < now - (log_constant - s) / rate``. Every rounding of the score and of this
-    bound is within a few ``2**-53`` of the magnitudes involved (``now``, the idle time,
-    ``(|log_constant| + |s|) / rate``, all in seconds); the margin, a trillionth of them
-    plus a microsecond, exceeds that a thousandfold. It stays well under a second for
-    epoch-second clocks (a billionth would be 1.7 s today, and every block released within
-    it would be keyed one by one).
+
+def skip_stale(evictable: Evictable, blocks: list[int], releases: Sequence[int], at: int) -> int:
+    """The first live position of ``blocks`` from ``at`` on (``len(blocks)``: none),
+    scanned ``_CHUNK`` positions at a time (C-level)."""
+    end = len(blocks)
+    while at < end:
+        if evictable.get(blocks[at]) == releases[at]:
+            return at
+        stop = min(at + _CHUNK, end)
+        flags = map(eq, map(evictable.get, blocks[at:stop]), releases[at:stop])
+        at += len(list(takewhile(not_, flags)))
+    return end
+
+
+class Run:
+    """Blocks one ``free`` filed in one category, all stamped ``t``, in key order
+    (``-offset`` ascending, then release number) from position ``at`` on."""
+
+    __slots__ = ("at", "blocks", "offsets", "releases", "t")
+
+    def __init__(
+        self, t: float, blocks: list[int], offsets: Sequence[int], releases: Sequence[int]
+    ) -> None:
+        self.t = t
+        self.blocks = blocks
+        self.offsets = offsets
+        self.releases = releases
+        self.at = 0
+
+    @classmethod
+    def of(cls, t: float, blocks: Sequence[int], offsets: Sequence[int], first_release: int) -> Run:
+        """The run of freed ``blocks`` numbered from ``first_release``, sorted into key
+        order when the offsets were not (not a request freed tail first)."""
+        releases = range(first_release, first_release + len(blocks))
+        if in_key_order(offsets):
+            kept = offsets if isinstance(offsets, range) else list(offsets)
+            return cls(t, list(blocks), kept, releases)
+        return cls.sorted_from(t, zip(map(neg, offsets), releases, blocks, strict=True))
+
+    @classmethod
+    def sorted_from(cls, t: float, keyed: Iterable[tuple[int, int, int]]) -> Run:
+        """The run of ``(-offset, release number, block)`` triples, sorted."""
+        ordered = sorted(keyed)
+        if not ordered:
+            return cls(t, [], [], [])
+        neg_offsets, releases, blocks = zip(*ordered, strict=True)
+        return cls(t, list(blocks), list(map(neg, neg_offsets)), list(releases))
+
+    def first_live(self, evictable: Evictable) -> int | None:
+        """Skip stale positions; the first live one (``None``: none left)."""
+        at = self.at = skip_stale(evictable, self.blocks, self.releases, self.at)
+        return at if at < len(self.blocks) else None
+
+    def entry(self, position: int) -> Entry:
+        return (self.t, -self.offsets[position], self.releases[position], self.blocks[position])
+
+    def live_triples(self, evictable: Evictable) -> list[tuple[int, int, int]]:
+        """``(-offset, release number, block)`` of the live positions."""
+        at = self.at
+        blocks, releases = self.blocks[at:], self.releases[at:]
+        flags = map(eq, map(evictable.get, blocks), releases)
+        triples = zip(map(neg, self.offsets[at:]), releases, blocks, strict=True)
+        return list(compress(triples, flags))
+
+    def compacted(self, evictable: Evictable) -> Run | None:
+        """The run of the live positions (itself when all are; ``None`` when none is)."""
+        at = self.at
+        blocks, releases = self.blocks[at:], self.releases[at:]
+        flags = list(map(eq, map(evictable.get, blocks), releases))
+        if all(flags):
+            return self if blocks else None
+        if not any(flags):
+            return None
+        return Run(
+            self.t,
+            list(compress(blocks, flags)),
+            list(compress(self.offsets[at:], flags)),
+            list(compress(releases, flags)),
+        )
+
+    def split_at(self, threshold: Key) -> int:
+        """The first position from ``at`` whose key is not below ``threshold``, whose
+        score and stamp equal those every position of this run has: the order of
+        ``(-offset, release number)`` decides."""
+        offsets, releases = self.offsets, self.releases
+        return bisect_left(
+            range(len(self.blocks)),
+            (threshold[2], threshold[3]),
+            self.at,
+            key=lambda i: (-offsets[i], releases[i]),
+        )
+
+
+class TimeQueue:
+    """One category's blocks in order of ``(t, -offset, release number)``: runs in
+    stamp order, each in key order.
+
+    Runs join at the tail stamped with the clock, which never goes back. Two runs with
+    the same stamp may interleave: such a stamp is marked dirty and its runs are merged
+    once, lazily, when they reach the head.
     """
-    log_constant, rate, now, threshold = cutoff
-    if threshold is None:
-        return INF
-    threshold_score = KEY_SCORE(threshold)
-    if log_constant == -INF:
-        # Every score of this category is -inf: below any finite one, else ages decide.
-        return INF if threshold_score > -INF else KEY_STAMP(threshold)
-    if threshold_score == -INF or rate < 1e-200:
-        return -INF
-    idle = (log_constant - threshold_score) / rate
-    margin = (
-        1e-12 * (abs(now) + abs(idle) + (abs(log_constant) + abs(threshold_score)) / rate) + 1e-6
-    )
-    bound = now - idle - margin
-    return bound if math.isfinite(bound) else -INF
 
-
-def live_flags(evictable: Evictable, entries: Iterable[Entry]) -> Iterable[bool]:
-    """Lazily, whether each entry is live (C-level). ``entries`` is iterated twice."""
-    return map(is_, map(evictable.get, map(BLOCK, entries)), entries)
-
-
-class EntryList:
-    """Entries in key order from index ``head_at`` of ``ents``; ``ents[:head_at]`` is
-    consumed."""
-
-    __slots__ = ("ents", "head_at")
+    __slots__ = ("dirty", "front", "runs")
 
     def __init__(self) -> None:
-        self.ents: list[Entry] = []
-        self.head_at = 0
+        self.runs: deque[Run] = deque()
+        self.dirty: deque[float] = deque()  # stamps whose runs need merging, increasing
+        # The head entry last found; it is still the head while its block is live at its
+        # release number (only a take, or a run merged before it, moves the head back).
+        self.front: Entry | None = None
 
-    def first_live(self, evictable: Evictable) -> Entry | None:
-        """Skip stale entries at the head; the first live one (``None``: empty)."""
-        ents, head_at = self.ents, self.head_at
-        while head_at < len(ents):
-            entry = ents[head_at]
-            if evictable.get(BLOCK(entry)) is entry:
-                self.head_at = head_at
-                return entry
-            chunk = ents[head_at : head_at + _CHUNK]
-            head_at += len(list(takewhile(not_, live_flags(evictable, chunk))))
-        self.head_at = head_at
-        self.trim()
+    def is_empty(self) -> bool:
+        """No run left, live or stale."""
+        return not self.runs
+
+    def add(self, run: Run) -> None:
+        """Append ``run`` (stamped at least as late as every run held)."""
+        runs, t = self.runs, run.t
+        if runs and runs[-1].t == t and run.blocks and run.offsets[0] > runs[-1].offsets[-1]:
+            # Interleaves with the runs of the same stamp: merged at the head.
+            if not self.dirty or self.dirty[-1] != t:
+                self.dirty.append(t)
+            self.front = None
+        runs.append(run)
+
+    def _merge_head(self) -> None:
+        """Merge the runs at the head that share its dirty stamp."""
+        runs, t = self.runs, self.dirty.popleft()
+        keyed: list[tuple[int, int, int]] = []
+        # Stale positions merge along and are skipped later, like any other.
+        while runs and runs[0].t == t:
+            run = runs.popleft()
+            keyed += zip(
+                map(neg, run.offsets[run.at :]),
+                run.releases[run.at :],
+                run.blocks[run.at :],
+                strict=True,
+            )
+        runs.appendleft(Run.sorted_from(t, keyed))
+
+    def head_run(self, evictable: Evictable) -> Run | None:
+        """The run holding the first live block, positioned on it (``None``: empty)."""
+        runs, dirty = self.runs, self.dirty
+        while runs:
+            run = runs[0]
+            while dirty and dirty[0] < run.t:
+                dirty.popleft()
+            if dirty and dirty[0] == run.t:
+                self._merge_head()
+                run = runs[0]
+            if run.first_live(evictable) is not None:
+                return run
+            runs.popleft()
+        dirty.clear()
         return None
 
-    def pop_below(
-        self, evictable: Evictable, field: Callable[[Entry], float], bound: float, limit: int
-    ) -> list[int]:
-        """Consume entries from the head while ``field(entry) < bound`` (the field
-        ascends along the list) until ``limit`` live blocks are taken; remove those from
-        ``evictable`` and return them."""
-        ents, head_at = self.ents, self.head_at
-        if bound == INF and head_at < len(ents) and field(ents[-1]) < INF:
-            end = len(ents)  # the field ascends: every entry is below the bound
-        else:
-            end = bisect_left(ents, bound, head_at, key=field)
-        victims: list[int] = []
-        while head_at < end and len(victims) < limit:
-            stop = min(end, head_at + limit - len(victims))
-            chunk = ents[head_at:stop]
-            head_at = stop
-            # The live entries (a block's live entry is unique, so no block twice), then
-            # their removal: C-level passes, two dict operations per victim.
-            blocks = list(map(BLOCK, chunk))
-            got = list(compress(blocks, map(is_, map(evictable.get, blocks), chunk)))
-            deque(map(evictable.__delitem__, got), maxlen=0)
-            victims += got
-        self.head_at = head_at
-        return victims
-
-    def trim(self) -> None:
-        if self.head_at > _TRIM and 2 * self.head_at > len(self.ents):
-            del self.ents[: self.head_at]
-            self.head_at = 0
-
-    def compact(self, evictable: Evictable) -> None:
-        """Drop every stale entry (order kept)."""
-        rest = self.ents[self.head_at :]
-        self.ents = list(compress(rest, live_flags(evictable, rest)))
-        self.head_at = 0
-
-
-class TimeQueue(EntryList):
-    """One category's blocks in order of ``(t, -offset, release number)``.
-
-    Blocks join at the tail stamped with the clock, which never goes back, so the queue is
-    ordered by ``t``. Blocks stamped with the same ``t`` by different ``free`` calls (or
-    freed out of offset order) may be out of order among themselves: such a run is marked
-    dirty and sorted once, lazily, when it reaches the head.
-    """
-
-    __slots__ = ("dirty",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.dirty: deque[float] = deque()  # times of runs to sort, increasing
-
-    def add(self, entries: list[Entry], t: float, ordered: bool) -> None:
-        """Append ``entries`` (all stamped ``t``); ``ordered``: they are in key order."""
-        ents = self.ents
-        if ordered and len(ents) > self.head_at:
-            ordered = ents[-1] < entries[0]
-        ents.extend(entries)
-        if not ordered and (not self.dirty or self.dirty[-1] != t):
-            self.dirty.append(t)
-
     def head(self, evictable: Evictable) -> Entry | None:
-        """The first live entry, its run sorted first if it was dirty."""
-        dirty = self.dirty
-        while True:
-            entry = self.first_live(evictable)
-            if entry is None:
-                dirty.clear()
-                return None
-            stamp = STAMP(entry)
-            while dirty and dirty[0] < stamp:
-                dirty.popleft()
-            if not dirty or dirty[0] != stamp:
-                return entry
-            dirty.popleft()
-            ents, head_at = self.ents, self.head_at
-            end = bisect_right(ents, stamp, head_at, key=STAMP)
-            run = ents[head_at:end]
-            ents[head_at:end] = sorted(compress(run, live_flags(evictable, run)))
-
-    def peek(self, evictable: Evictable, count: int) -> list[Entry]:
-        """The first ``count`` live entries in key order, left in place (dirty runs met
-        on the way are sorted, as ``head`` sorts the one at the head)."""
-        if self.head(evictable) is None:
-            return []
-        ents, dirty = self.ents, self.dirty
-        found: list[Entry] = []
-        position = self.head_at
-        while len(found) < count and position < len(ents):
-            stamp = STAMP(ents[position])
-            while dirty and dirty[0] < stamp:
-                dirty.popleft()  # a dirty run whose entries have all gone
-            if dirty and dirty[0] == stamp:
-                self.sort_run(evictable, position, stamp)
-                dirty.popleft()
-                continue
-            end = min(position + count - len(found), len(ents))
-            if dirty:  # stop before the next dirty run
-                end = bisect_left(ents, dirty[0], position, end, key=STAMP)
-            chunk = ents[position:end]
-            found += compress(chunk, live_flags(evictable, chunk))
-            position = end
-        return found
-
-    def sort_run(self, evictable: Evictable, start: int, stamp: float) -> None:
-        """Sort the live entries stamped ``stamp`` from index ``start`` on (a dirty run),
-        dropping its stale ones."""
-        ents = self.ents
-        end = bisect_right(ents, stamp, start, key=STAMP)
-        run = ents[start:end]
-        ents[start:end] = sorted(compress(run, live_flags(evictable, run)))
-
-    def take_exactly(
-        self,
-        evictable: Evictable,
-        cutoff: Cutoff,
-        threshold: Key,
-        stop: float,
-        limit: int,
-        victims: list[int],
-    ) -> int:
-        """Near the boundary: key entries one by one from the head, appending to
-        ``victims`` (at most ``limit``) those below ``threshold`` (``cutoff``'s) and
-        stamped before ``stop``. Returns the new head index."""
-        log_constant, rate, now, _ = cutoff
-        ents, head_at = self.ents, self.head_at
-        taken = 0
-        while taken < limit and head_at < len(ents):
-            entry = ents[head_at]
-            stamp, neg_offset, release, block = entry
-            if evictable.get(block) is entry:
-                score = log_constant - rate * (now - stamp)
-                if stamp >= stop or (score, stamp, neg_offset, release) >= threshold:
-                    break
-                victims.append(block)
-                del evictable[block]
-                taken += 1
-            head_at += 1
-        self.head_at = head_at
-        return head_at
+        """The first live entry (``None`` when empty)."""
+        front = self.front
+        if front is not None and evictable.get(front[3]) == front[2]:
+            return front
+        runs = self.runs
+        if runs and not self.dirty:  # the common case: the head run's next position
+            first = runs[0]
+            at = first.at
+            if at < len(first.blocks) and evictable.get(first.blocks[at]) == first.releases[at]:
+                self.front = front = first.entry(at)
+                return front
+        run = self.head_run(evictable)
+        self.front = front = None if run is None else run.entry(run.at)
+        return front
 
     def take(self, evictable: Evictable, cutoff: Cutoff, limit: int) -> list[int]:
-        """Pop up to ``limit`` blocks, from the head on, whose keys are below ``threshold``;
-        remove them from ``evictable`` and return them. Called right after ``head``."""
-        below = surely_below(cutoff)
-        threshold = cutoff.threshold
+        """Pop up to ``limit`` blocks, from the head on, whose keys are below the
+        threshold; remove them from ``evictable`` and return them. Called right after
+        ``head``. One key per run: its blocks share their stamp, so their score."""
+        log_constant, rate, now, threshold = cutoff
+        self.front = None
+        run: Run | None = self.runs[0] if self.runs else None  # positioned by ``head``
+        get = evictable.get
         victims: list[int] = []
-        while True:
-            stop = self.dirty[0] if self.dirty else INF
-            # The bulk: a binary search on the stamps, up to the next dirty run.
-            victims += self.pop_below(evictable, STAMP, min(below, stop), limit - len(victims))
-            ents, head_at = self.ents, self.head_at
+        while run is not None:
+            blocks, at = run.blocks, run.at
+            stop = len(blocks)
             if threshold is not None:
-                head_at = self.take_exactly(
-                    evictable, cutoff, threshold, stop, limit - len(victims), victims
-                )
-            if len(victims) >= limit or head_at >= len(ents) or STAMP(ents[head_at]) < stop:
-                self.trim()
-                return victims
-            # A dirty run reached the head: sort it and carry on.
-            if self.head(evictable) is None:
-                return victims
+                score_and_stamp = (log_constant - rate * (now - run.t), run.t)
+                if score_and_stamp > threshold[:2]:
+                    stop = at
+                elif score_and_stamp == threshold[:2]:
+                    stop = run.split_at(threshold)
+            while at < stop and len(victims) < limit:
+                end = min(stop, at + limit - len(victims))
+                chunk = blocks[at:end]
+                victims += compress(chunk, map(eq, map(get, chunk), run.releases[at:end]))
+                at = end
+            run.at = at
+            if at < len(blocks) or len(victims) >= limit:
+                break  # the limit, or the threshold, was reached
+            run = self.head_run(evictable)
+        # Removed last: a live position is unique to its block, so none is met twice.
+        for block in victims:  # a plain loop: cheaper than map over __delitem__
+            del evictable[block]
+        return victims
+
+    def peek(self, evictable: Evictable, wanted: int) -> list[Entry]:
+        """The first ``wanted`` live entries in key order, left in place."""
+        if self.head_run(evictable) is None:
+            return []
+        found: list[Entry] = []
+        dirty = set(self.dirty)
+        position = 0
+        runs = self.runs
+        while len(found) < wanted and position < len(runs):
+            t = runs[position].t
+            group = [runs[position]]
+            position += 1
+            if t in dirty:
+                while position < len(runs) and runs[position].t == t:
+                    group.append(runs[position])
+                    position += 1
+                triples = sorted(x for run in group for x in run.live_triples(evictable))
+            else:
+                triples = group[0].live_triples(evictable)
+            found += (
+                (t, neg_offset, release, block)
+                for neg_offset, release, block in islice(triples, wanted - len(found))
+            )
+        return found
+
+    def compact(self, evictable: Evictable) -> None:
+        """Drop every stale position (order kept)."""
+        kept: deque[Run] = deque()
+        for run in self.runs:
+            live = run.compacted(evictable)
+            if live is not None:
+                kept.append(live)
+        self.runs = kept
 
 
-class ZeroQueue(EntryList):
+class ZeroQueue:
     """``wa-ref``: a category's blocks stamped 0 at one offset. Their keys differ only in
-    the release number, so release order is key order."""
+    the release number, so release order is key order. Flat lists read from ``at``."""
 
-    __slots__ = ("no",)
+    __slots__ = ("at", "blocks", "neg_offset", "releases")
 
     def __init__(self, neg_offset: int) -> None:
-        super().__init__()
-        self.no = neg_offset
+        self.neg_offset = neg_offset
+        self.blocks: list[int] = []
+        self.releases: list[int] = []
+        self.at = 0
+
+    def add(self, block: int, release: int) -> None:
+        self.blocks.append(block)
+        self.releases.append(release)
 
     def head(self, evictable: Evictable) -> Entry | None:
-        return self.first_live(evictable)
+        self.at = skip_stale(evictable, self.blocks, self.releases, self.at)
+        self.trim()
+        at = self.at
+        if at >= len(self.blocks):
+            return None
+        return (0.0, self.neg_offset, self.releases[at], self.blocks[at])
 
     def take(self, evictable: Evictable, cutoff: Cutoff, limit: int) -> list[int]:
         log_constant, rate, now, threshold = cutoff
+        stop = len(self.blocks)
         if threshold is not None:
-            head = (log_constant - rate * (now - 0.0), 0.0, self.no)
-            if head > threshold[:3]:
+            head = (log_constant - rate * (now - 0.0), 0.0, self.neg_offset)
+            if head > tuple(threshold[:3]):
                 return []
-            if head == threshold[:3]:
-                return self.pop_below(evictable, RELEASE, KEY_RELEASE(threshold), limit)
-        return self.pop_below(evictable, STAMP, INF, limit)
+            if head == tuple(threshold[:3]):
+                stop = bisect_left(self.releases, threshold[3], self.at)
+        blocks, releases = self.blocks, self.releases
+        victims: list[int] = []
+        at = self.at
+        while at < stop and len(victims) < limit:
+            end = min(stop, at + limit - len(victims))
+            chunk = blocks[at:end]
+            victims += compress(chunk, map(eq, map(evictable.get, chunk), releases[at:end]))
+            at = end
+        self.at = at
+        deque(map(evictable.__delitem__, victims), maxlen=0)
+        return victims
+
+    def trim(self) -> None:
+        if self.at > _TRIM and 2 * self.at > len(self.blocks):
+            del self.blocks[: self.at]
+            del self.releases[: self.at]
+            self.at = 0
+
+    def compact(self, evictable: Evictable) -> None:
+        """Drop every stale entry (order kept)."""
+        blocks, releases = self.blocks[self.at :], self.releases[self.at :]
+        flags = list(map(eq, map(evictable.get, blocks), releases))
+        self.blocks = list(compress(blocks, flags))
+        self.releases = list(compress(releases, flags))
+        self.at = 0

@@ -22,8 +22,8 @@ import math
 from collections.abc import Sequence
 from heapq import heappop, heappush
 
-from agent.policies.wa_core import Const, WACore, entries_of, log_weight, runs
-from agent.policies.wa_queue import Cutoff, Entry, Evictable, TimeQueue, ZeroQueue
+from agent.policies.wa_core import Const, WACore, log_weight, runs
+from agent.policies.wa_queue import Cutoff, Entry, Evictable, Run, TimeQueue, ZeroQueue
 
 _PRIORITY_ZERO: Const = (-math.inf, 1.0)
 
@@ -41,14 +41,16 @@ class RefLane:
         self.cur: TimeQueue | ZeroQueue = self.q  # where the head is
         self.idx = idx
 
-    def add_zero(self, entries: list[Entry]) -> None:
+    def add_zero(
+        self, blocks: Sequence[int], offsets: Sequence[int], releases: Sequence[int]
+    ) -> None:
         zero = self.zero
-        for e in entries:
-            queue = zero.get(e[1])
+        for block, offset, release in zip(blocks, offsets, releases, strict=True):
+            queue = zero.get(-offset)
             if queue is None:
-                queue = zero[e[1]] = ZeroQueue(e[1])
-                heappush(self.heap, e[1])
-            queue.ents.append(e)
+                queue = zero[-offset] = ZeroQueue(-offset)
+                heappush(self.heap, -offset)
+            queue.add(block, release)
 
     def head(self, ev: Evictable) -> Entry | None:
         heap = self.heap
@@ -94,31 +96,25 @@ class WARefPolicy(WACore[RefLane]):
     def _new_lane(self, row: int) -> RefLane:
         return RefLane(row)
 
-    def _stamp(
-        self, blocks: Sequence[int], offsets: Sequence[int], t: float
-    ) -> tuple[list[Entry], bool]:
-        ev, in_use = self._ev, self._in_use
-        hit = [b in ev or b in in_use for b in blocks]
-        entries, ordered = entries_of(blocks, offsets, t, self._seq)
-        if t <= 0.0 or not all(hit):
-            # Never-hit blocks keep last access 0 (so do hits at time 0).
-            entries = [
-                e if h and t > 0.0 else (0.0, *e[1:]) for e, h in zip(entries, hit, strict=True)
-            ]
-        return entries, ordered
-
     def _file(
-        self, blocks: Sequence[int], entries: list[Entry], category: int, t: float, ordered: bool
+        self,
+        blocks: Sequence[int],
+        offsets: Sequence[int],
+        first_release: int,
+        category: int,
+        t: float,
     ) -> None:
+        ev, in_use = self._ev, self._in_use
+        # Never-hit blocks keep last access 0 (so do hits at time 0).
+        stamped = [t > 0.0 and (b in ev or b in in_use) for b in blocks]
         codes = self._codes_of(blocks, category)
         # One stretch per (creator, stamped 0 or not): key = 2 * code + stamped.
-        stamped = [e[0] > 0.0 for e in entries]
         for key, lo, hi in runs([2 * c + h for c, h in zip(codes, stamped, strict=True)]):
-            code = key >> 1
-            lane = self._lane(code)
+            lane = self._lane(key >> 1)
             if key & 1:
-                lane.q.add(entries[lo:hi], t, ordered)
+                lane.q.add(Run.of(t, blocks[lo:hi], offsets[lo:hi], first_release + lo))
                 self._note(lane, t)
             else:
-                lane.add_zero(entries[lo:hi])
+                releases = range(first_release + lo, first_release + hi)
+                lane.add_zero(blocks[lo:hi], offsets[lo:hi], releases)
                 self._note(lane, 0.0)
