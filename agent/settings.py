@@ -54,6 +54,11 @@ class AgentSettings(BaseSettings, RedisSettings):
         ge=0,
         description="Evicted blocks whose last access is still remembered (0 = capacity)",
     )
+    reuse_classes: bool = Field(
+        default=False,
+        description="Split each category in two reuse classes: blocks a request found "
+        "cached (name/re) and blocks it inserted, each with its own fitted curve",
+    )
     max_policy_bytes: int = Field(
         default=4 << 20, ge=1024, description="Largest policy document accepted (bytes)"
     )

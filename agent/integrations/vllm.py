@@ -262,10 +262,10 @@ def _wrap_touch(orig: Callable[..., None]) -> Callable[..., None]:
         request = _state.request
         hits = [b for b in blocks if b.block_hash is not None]
         if request is None:  # a hit outside slot allocation (no such caller in the tested versions)
-            name, code = engine.category(DEFAULT_CATEGORY, (), 0)
+            name, code = engine.hit_category(*engine.category(DEFAULT_CATEGORY, (), 0))
             engine.hit(*queue.note_hits(hits, code), time.time(), name)
             return
-        _, code = _category(engine, request)
+        _, code = engine.hit_category(*_category(engine, request))
         hashes, offsets = queue.note_hits(hits, code)
         engine.hold_hits(_report(engine, request, time.time()), hashes, offsets)
 
