@@ -36,12 +36,14 @@ from controlplane.fit import fit_all
 from controlplane.fit.reuse_window import ReuseStats
 from controlplane.fit.settings import FitSettings
 from controlplane.replay.accesses import (
+    BLOCK_TOKENS,
     AccessColumns,
     HitClasses,
     access_columns,
     request_categories,
     with_reuse_class,
 )
+from controlplane.replay.depth import CostWeightedWA, with_depth_class
 from controlplane.replay.options import ReplayOptions
 from controlplane.replay.reference.fit import (
     REFERENCE_LIFE_S,
@@ -285,6 +287,10 @@ def build(
     if options.reuse_class == "trace":
         cols, names, offsets = with_reuse_class(trace, cols, names)
         block_class = offsets.tolist()
+    elif options.depth != "off":
+        block_tokens = BLOCK_TOKENS.get(trace.source_format, 16)
+        cols, names, offsets = with_depth_class(trace, cols, names, block_tokens)
+        block_class = offsets.tolist()
     elif options.reuse_class == "hit":
         if attr == "creator":
             raise ValueError("reuse classes by hit need attribution to the last accessor")
@@ -294,7 +300,8 @@ def build(
     if kind == "wa-ref":
         inner = WARefPolicy(category_names=names, doc=BUILTIN_POLICY)
     else:
-        inner = WAPolicy(category_names=names, doc=BUILTIN_POLICY, attribution=attr)
+        evictor = CostWeightedWA if options.depth == "cost" else WAPolicy
+        inner = evictor(category_names=names, doc=BUILTIN_POLICY, attribution=attr)
     refitter: Refitter
     if (fitter or ("reference" if kind == "wa-ref" else "censored")) == "reference":
         life = options.life_s if options.life_s is not None else REFERENCE_LIFE_S

@@ -26,6 +26,8 @@ FitMode = Literal["online", "split"]
 CategorySource = Literal["labels", "auto"]
 Attribution = Literal["creator", "last"]
 ReuseClass = Literal["off", "hit", "trace"]
+DepthMode = Literal["off", "classes", "cost"]
+"""Prefix depth in a replay's ``wa`` (``ReplayOptions.depth``; replay only)."""
 """How a replay splits categories into reuse classes (``ReplayOptions.reuse_class``)."""
 
 DEFAULT_ATTRIBUTION: Attribution = "last"
@@ -46,7 +48,9 @@ class ReplayOptions:
     are among the ``reuse_ghost`` times the capacity most recently evicted,
     ``KVWISE_GHOST_BLOCKS``, ``w`` the others), ``"trace"`` from trace knowledge
     (``w/re``: the block was accessed before, cached or not; replay only); measured in
-    docs/policy.md.
+    docs/policy.md. ``depth`` (replay only, ``controlplane.replay.depth``): ``"classes"``
+    splits each category by the block's depth in its prompt, ``"cost"`` also ranks by
+    the prefill a hit saves (deeper blocks save more).
     """
 
     refit_every_s: float = 60.0
@@ -61,6 +65,7 @@ class ReplayOptions:
     min_samples: int | None = None
     reuse_class: ReuseClass = "off"
     reuse_ghost: float = 1.0
+    depth: DepthMode = "off"
     fit: FitSettings = field(default_factory=FitSettings, compare=False)
 
     def __post_init__(self) -> None:
@@ -76,6 +81,10 @@ class ReplayOptions:
             raise ValueError(f"attribution must be 'creator' or 'last', got {self.attribution!r}")
         if self.reuse_class not in ("off", "hit", "trace"):
             raise ValueError(f"reuse_class must be off, hit or trace, got {self.reuse_class!r}")
+        if self.depth not in ("off", "classes", "cost"):
+            raise ValueError(f"depth must be off, classes or cost, got {self.depth!r}")
+        if self.depth != "off" and self.reuse_class != "off":
+            raise ValueError("depth classes and reuse classes are not combined")
         if not (self.reuse_ghost >= 0 and math.isfinite(self.reuse_ghost)):
             raise ValueError(f"reuse_ghost must be a finite number >= 0, got {self.reuse_ghost}")
         if self.min_samples is not None and self.min_samples < 1:

@@ -35,6 +35,8 @@ VARIANTS: dict[str, Callable[[ReplayOptions], ReplayOptions]] = {
         o, reuse_class="hit", reuse_ghost=4.0
     ),
     "wa + reuse classes (trace knowledge)": lambda o: replace(o, reuse_class="trace"),
+    "wa + depth classes": lambda o: replace(o, depth="classes"),
+    "wa + depth classes + saved-prefill weights": lambda o: replace(o, depth="cost"),
 }
 """Label -> the options of the row, from the run's defaults."""
 

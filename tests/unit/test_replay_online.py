@@ -19,6 +19,7 @@ from controlplane.replay.accesses import (
     request_categories,
     with_reuse_class,
 )
+from controlplane.replay.depth import CostWeightedWA, depth_saving, with_depth_class
 from controlplane.replay.engine import replay_hits
 from controlplane.replay.online import CensoredRefitter, FittedReplayPolicy, build
 from controlplane.replay.options import ReplayOptions
@@ -296,3 +297,24 @@ def test_cli_rejects_bad_options(tmp_path: Path) -> None:
     for extra in (["--wa-fit", "twice"], ["--split", "1.5"], ["--categories", "guess"]):
         res = CliRunner().invoke(app, ["replay", str(path), "-p", "lru", *extra])
         assert res.exit_code == 2, (extra, res.output)
+
+
+def test_depth_classes_split_by_prompt_position_and_cost_weights_favour_depth() -> None:
+    # 16-token blocks: positions 0 and 127 (tokens 0, 2032) are class 0, 128 (2048) class 1.
+    blocks = list(range(600))
+    trace = Trace.from_requests([blocks, [0, 1]], [0.0, 1.0])
+    cols = access_columns(trace, trace.categories, "last")
+    classed, names, shift = with_depth_class(trace, cols, trace.category_names, 16)
+    assert names == ("unknown@d0", "unknown@d1", "unknown@d2")
+    assert shift[[0, 127, 128, 511, 512, 599, 600, 601]].tolist() == [0, 0, 1, 1, 2, 2, 0, 0]
+    assert classed.prev_category[600:].tolist() == [0, 0]
+    assert depth_saving(0) < depth_saving(1) < depth_saving(2)
+    # Same curve, same idle time: the deeper block is worth more and is evicted last.
+    policy = CostWeightedWA(category_names=names)
+    policy.free([1], [0], 1.0, 2)
+    policy.free([2], [0], 1.0, 0)
+    assert policy.evict(1) == [2]
+    fitted = build("wa", trace, ReplayOptions(depth="cost"))
+    assert isinstance(fitted.inner, CostWeightedWA) and fitted.inner.category_names == names
+    with pytest.raises(ValueError, match="not combined"):
+        ReplayOptions(depth="classes", reuse_class="hit")
