@@ -33,7 +33,8 @@ from agent.policies.wa import WAPolicy
 from agent.policies.wa_core import runs
 from agent.policy_document import BUILTIN_POLICY, DEFAULT_PARAMS, PolicyDocument
 from controlplane.fit import fit_all
-from controlplane.fit.reuse_window import ReuseStats
+from controlplane.fit.per_category import FitResult
+from controlplane.fit.reuse_window import ReuseStats, StatsSnapshot
 from controlplane.fit.settings import FitSettings
 from controlplane.replay.accesses import (
     BLOCK_TOKENS,
@@ -84,11 +85,19 @@ class CensoredRefitter:
                 cols.ts[sl], cols.category[sl], cols.prev_ts[sl], cols.prev_category[sl]
             )
 
-    def document(self, now: float, version: int) -> PolicyDocument | None:
+    def fit(self, now: float) -> tuple[StatsSnapshot, FitResult] | None:
+        """The window at ``now`` and its fit (None: nothing to fit from yet)."""
         snap = self.stats.snapshot(now)
         if not snap.total_accesses:
             return None
-        fit = fit_all(snap, self.settings)
+        return snap, fit_all(snap, self.settings)
+
+    def document(self, now: float, version: int) -> PolicyDocument | None:
+        fitted = self.fit(now)
+        return None if fitted is None else self.document_of(fitted[1], now, version)
+
+    def document_of(self, fit: FitResult, now: float, version: int) -> PolicyDocument:
+        """The policy document of ``fit``: the pooled fit is the default."""
         return PolicyDocument(
             version=version,
             created_at=now,

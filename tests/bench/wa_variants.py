@@ -34,6 +34,9 @@ VARIANTS: dict[str, Callable[[ReplayOptions], ReplayOptions]] = {
     "wa + reuse classes (hit or ghost 4x)": lambda o: replace(
         o, reuse_class="hit", reuse_ghost=4.0
     ),
+    "wa + reuse classes (hit or ghost 16x)": lambda o: replace(
+        o, reuse_class="hit", reuse_ghost=16.0
+    ),
     "wa + reuse classes (trace knowledge)": lambda o: replace(o, reuse_class="trace"),
     "wa + depth classes": lambda o: replace(o, depth="classes"),
     "wa + depth classes + saved-prefill weights": lambda o: replace(o, depth="cost"),
@@ -66,9 +69,15 @@ def best_table(rows: dict[str, list[float]], labels: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+MIXTURE = "wa-mix (two-phase where one exponential fits badly)"
+"""The replay-only ``wa-mix`` (``controlplane.replay.mixture``), run with the defaults."""
+
+
 def report(trace: Trace, jobs: int, defaults: ReplayOptions, chosen: Sequence[str]) -> str:
-    labels = {}
+    labels = {"wa-mix": MIXTURE} if MIXTURE in chosen else {}
     for label in chosen:
+        if label == MIXTURE:
+            continue
         v = Variant(f"{trace.name}:{label}", "wa", "censored", VARIANTS[label](defaults))
         labels[v.register()] = label
     order = [*BASELINES, *labels, "belady"]
@@ -93,7 +102,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--profiles", default="to-c,to-b")
     ap.add_argument("--mooncake", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--fracs", default="0.01,0.02,0.05,0.1,0.2,0.4")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="labels, comma-separated")
+    ap.add_argument(
+        "--variants", default=",".join([*VARIANTS, MIXTURE]), help="labels, comma-separated"
+    )
     args = ap.parse_args(argv)
     FRACS[:] = [float(f) for f in args.fracs.split(",")]
     chosen = [v for v in args.variants.split(",") if v]
