@@ -3,15 +3,20 @@
 Owns ``ReturnTracker``, the engine-thread memory that decides a released block's class:
 a *return* (category ``w``'s reuse class ``w/re``) when the request found it cached, or
 when it is among the ``ghost_size`` most recently evicted blocks (evicted, then inserted
-again); a *first access* (``w``) otherwise. The agent (``agent.runtime.agent``) and the
-replay (``controlplane.replay.accesses.HitClasses``) both decide with it, so a replay
-measures what the agent does. It must never do I/O or know categories.
+again; ``KVWISE_REUSE_GHOST_BLOCKS``); a *first access* (``w``) otherwise. The agent
+(``agent.runtime.agent``) and the replay (``controlplane.replay.accesses.HitClasses``)
+both decide with it, so a replay measures what the agent does. It must never do I/O or
+know categories.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import islice
+
+REUSE_GHOST_CAPACITIES = 16
+"""The default ghost, in cache capacities (``KVWISE_REUSE_GHOST_BLOCKS`` = 0): chosen on
+synthetic traces of seed 7 among 0, 1, 4 and 16 (docs/policy.md, "A better wa")."""
 
 
 class ReturnTracker:

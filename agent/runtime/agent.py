@@ -30,7 +30,7 @@ from agent.policies import EvictionPolicy, create
 from agent.policies.wa_core import runs
 from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 from agent.recorder import EventRecorder
-from agent.reuse_classes import ReturnTracker
+from agent.reuse_classes import REUSE_GHOST_CAPACITIES, ReturnTracker
 from agent.runtime.connection import AGENT_CALL_RETRIES, connect
 from agent.runtime.heartbeat import Heartbeat
 from agent.runtime.publisher import EventPublisher
@@ -110,7 +110,8 @@ class Agent:
         # Reuse classes: what tells a return (found cached, or evicted lately) apart.
         self._returns: ReturnTracker | None = None
         if settings.reuse_classes:
-            self._returns = ReturnTracker(ghosts, found_limit=2 * capacity + 4096)
+            remembered = settings.reuse_ghost_blocks or REUSE_GHOST_CAPACITIES * capacity
+            self._returns = ReturnTracker(remembered, found_limit=2 * capacity + 4096)
         # Cached blocks exceed capacity only by one request between free and evict: more
         # than twice that plus the ghost means evictions were lost to drops.
         history = AccessHistory(ghosts, max_blocks=2 * capacity + ghosts + 4096)

@@ -126,7 +126,7 @@ class HitClasses:
     """Reuse classes as the agent makes them (``KVWISE_REUSE_CLASSES``): an access is in
     its category's ``w/re`` class when the request found the block cached (a hit) or the
     block is among the ``ghost`` most recently evicted ones (the agent's
-    ``KVWISE_GHOST_BLOCKS``), in ``w`` otherwise: the agent's own ``ReturnTracker``
+    ``KVWISE_REUSE_GHOST_BLOCKS``), in ``w`` otherwise: the agent's own ``ReturnTracker``
     decides. The class depends on the cache, so it is recorded as the replay runs (the
     tracker told of hits and evictions, then ``classify`` per release) and the fitter's
     columns are completed up to the accesses replayed (``columns``). Codes of ``w/re``

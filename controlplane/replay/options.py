@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
+from agent.reuse_classes import REUSE_GHOST_CAPACITIES
 from controlplane.fit.settings import FitSettings
 from controlplane.traces.model import Trace
 
@@ -46,7 +47,7 @@ class ReplayOptions:
     split in two classes, ``w`` and ``w/re``: ``"hit"`` as the agent does it
     (``KVWISE_REUSE_CLASSES``: ``w/re`` holds the blocks the request found cached or that
     are among the ``reuse_ghost`` times the capacity most recently evicted,
-    ``KVWISE_GHOST_BLOCKS``, ``w`` the others), ``"trace"`` from trace knowledge
+    ``KVWISE_REUSE_GHOST_BLOCKS``, ``w`` the others), ``"trace"`` from trace knowledge
     (``w/re``: the block was accessed before, cached or not; replay only); measured in
     docs/policy.md. ``depth`` (replay only, ``controlplane.replay.depth``): ``"classes"``
     splits each category by the block's depth in its prompt, ``"cost"`` also ranks by
@@ -64,7 +65,7 @@ class ReplayOptions:
     shrinkage_samples: float | None = None
     min_samples: int | None = None
     reuse_class: ReuseClass = "off"
-    reuse_ghost: float = 1.0
+    reuse_ghost: float = REUSE_GHOST_CAPACITIES
     depth: DepthMode = "off"
     fit: FitSettings = field(default_factory=FitSettings, compare=False)
 

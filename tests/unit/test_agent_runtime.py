@@ -292,7 +292,7 @@ def test_simulated_worker_with_reuse_classes_equals_the_replay_of_them() -> None
     worker = TraceWorker(agent, trace)
     for r, now in enumerate(trace.timestamps.tolist()):
         worker._request(r, now)  # the worker's request step at trace time, not wall time
-    assert agent.hits == int(want.sum()) == 176 != int(without.sum())
+    assert agent.hits == int(want.sum()) == 181 != int(without.sum())
     assert set(agent.categories.snapshot()) == {"unknown", *replayed.inner.category_names}
 
 
