@@ -30,7 +30,9 @@ from tests.bench.ablation import BASELINES, FRACS, MOONCAKE, Variant, run, table
 VARIANTS: dict[str, Callable[[ReplayOptions], ReplayOptions]] = {
     "wa": lambda o: o,
     "wa + reuse classes (hit, no ghost)": lambda o: replace(o, reuse_class="hit", reuse_ghost=0),
-    "wa + reuse classes (hit or ghost 1x)": lambda o: replace(o, reuse_class="hit"),
+    "wa + reuse classes (hit or ghost 1x)": lambda o: replace(
+        o, reuse_class="hit", reuse_ghost=1.0
+    ),
     "wa + reuse classes (hit or ghost 4x)": lambda o: replace(
         o, reuse_class="hit", reuse_ghost=4.0
     ),
