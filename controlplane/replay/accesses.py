@@ -149,7 +149,7 @@ class HitClasses:
         of the trace), recorded for the fitter."""
         k = self.k
         shift = [k if again else 0 for again in self.tracker.returns(blocks)]
-        self._shift[np.add(offsets, first)] = shift
+        self._shift[np.asarray(offsets, dtype=np.int64) + first] = shift
         return shift
 
     def columns(self, hi: int) -> AccessColumns:

@@ -248,10 +248,11 @@ class FittedReplayPolicy:
         r = request
         code = self._codes[r]
         lo = self._offsets[r]
-        if self._hit_classes is not None:
-            keys = [code + shift for shift in self._hit_classes.classify(lo, blocks, offsets)]
-        elif self._class is not None:
-            keys = [code + self._class[lo + o] for o in offsets]
+        classes, by_trace = self._hit_classes, self._class
+        if classes is not None and len(blocks):
+            keys = [code + shift for shift in classes.classify(lo, blocks, offsets)]
+        elif by_trace is not None and len(blocks):
+            keys = [code + by_trace[lo + o] for o in offsets]
         else:
             self.inner.free(blocks, offsets, now, code)
             return
