@@ -48,6 +48,11 @@ class ReturnTracker:
             for block in list(islice(ghost, excess)):
                 del ghost[block]
 
+    def peek(self, blocks: Sequence[int]) -> list[bool]:
+        """What ``returns`` would say now, changing nothing."""
+        found, ghost = self._found, self._ghost
+        return [block in found or block in ghost for block in blocks]
+
     def returns(self, blocks: Sequence[int]) -> list[bool]:
         """Whether each released block is a return (it leaves the ghost if it was there)."""
         found, ghost = self._found, self._ghost

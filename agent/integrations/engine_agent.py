@@ -193,6 +193,16 @@ class EngineAgent:
             return name, code
         return self.category(reused_name(name), (), 0)
 
+    def stored_codes(self, hashes: list[int], name: str, code: int) -> list[int] | None:
+        """With reuse classes, the evictor code each stored block is to be filed under, known
+        before its INSERT is recorded: a block evicted lately is a return (``name``'s reuse
+        class); else ``None`` (all are ``code``). The recording decides the same way."""
+        returns = self.agent.returns_ahead(hashes)
+        if returns is None:
+            return None
+        again = self.hit_category(name, code)[1]
+        return [again if back else code for back in returns]
+
     def request_category(
         self, request: Any, params_field: str, prompt: PromptOf
     ) -> tuple[str, int]:

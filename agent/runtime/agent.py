@@ -201,6 +201,12 @@ class Agent:
             self.recorder.record(FREE, now, part, key, _offsets(offsets[lo:hi]))
         return [evictor_codes[key] for key in keys]
 
+    def returns_ahead(self, blocks: Sequence[int]) -> list[bool] | None:
+        """Whether ``free`` would find each block a return, not changing what it will find
+        (``None`` without reuse classes): for engines that file blocks before they report
+        them."""
+        return None if self._returns is None else self._returns.peek(blocks)
+
     def evict(self, n: int, now: float) -> list[int]:
         """Evict up to ``n`` blocks (EVICT events, in victim order); return the victims."""
         victims = self.policy.evict(n)

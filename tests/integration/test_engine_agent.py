@@ -266,3 +266,34 @@ def test_reuse_classes_give_hits_the_reuse_class_of_their_category(
     evicted = [b for b, k in zip(cols.block, cols.kind, strict=True) if k == EventKind.EVICT]
     assert sorted(evicted) == sorted(hash64(b.block_hash) for b in got[2:])
     ea.close()
+
+
+def test_reuse_classes_file_a_block_stored_again_after_its_eviction_as_a_return(
+    redis_url: str, key_prefix: str
+) -> None:
+    """What the vLLM plugin asks before it files stored blocks: one evicted lately is a
+    return (``chat/re``), a new one is not; asking changes nothing."""
+    settings = AgentSettings(
+        enable=True, redis_url=redis_url, key_prefix=key_prefix, reuse_classes=True
+    )
+    evictor = WAPolicy()
+    ea = EngineAgent(settings, evictor, capacity=8, engine="vllm", infer=False)
+    name, code = ea.category("chat", (), 0)
+    assert ea.stored_codes([7, 8], name, code) == [code, code]
+    ea.cached([8, 7], [1, 0], 1.0, name)
+    ea.evicted([7], 2.0)
+    again = ea.hit_category(name, code)[1]
+    assert ea.stored_codes([7, 9], name, code) == [again, code]
+    assert ea.stored_codes([7, 9], name, code) == [again, code]
+    assert ea.cached([7], [0], 3.0, name) == [again]  # the recording agrees, and takes it
+    assert ea.stored_codes([7], name, code) == [code]
+    ea.close()
+    off = EngineAgent(
+        AgentSettings(enable=True, redis_url=redis_url, key_prefix=key_prefix),
+        WAPolicy(),
+        capacity=8,
+        engine="vllm",
+        infer=False,
+    )
+    assert off.stored_codes([7], name, code) is None
+    off.close()

@@ -302,6 +302,7 @@ def test_return_tracker_counts_found_and_lately_evicted_blocks_as_returns() -> N
     assert tracker.returns([2, 3]) == [True, False]
     assert tracker.returns([2]) == [False]  # a release ends the "found" state
     tracker.evicted([4, 5, 6])  # the ghost keeps the two latest: 5, 6
+    assert tracker.peek([4, 5, 6]) == [False, True, True]  # peeking changes nothing
     assert tracker.returns([4, 5, 6, 6]) == [False, True, True, False]
     tracker.touched([7])
     assert tracker.returns([1, 7]) == [True, True]  # 1: found, never released until now
