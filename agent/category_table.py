@@ -25,6 +25,11 @@ def reused_name(name: str) -> str:
     return name if name.endswith(REUSED_SUFFIX) else name + REUSED_SUFFIX
 
 
+def base_name(name: str) -> str:
+    """The category a reuse class belongs to (``name`` itself if it is no reuse class)."""
+    return name.removesuffix(REUSED_SUFFIX)
+
+
 class CategoryTable:
     """Append-only name <-> code table. Written by the engine thread only; other threads
     read ``names`` (a growing list: a snapshot is ``tuple(table.names)``).
