@@ -73,6 +73,14 @@ def _ints(blocks: Sequence[int]) -> list[int]:
     return list(blocks)
 
 
+def return_tracker(settings: AgentSettings, capacity: int) -> ReturnTracker | None:
+    """With reuse classes, what tells a return (found cached, or evicted lately) apart."""
+    if not settings.reuse_classes:
+        return None
+    remembered = settings.reuse_ghost_blocks or REUSE_GHOST_CAPACITIES * capacity
+    return ReturnTracker(remembered, found_limit=2 * capacity + 4096)
+
+
 class Agent:
     """One engine's eviction policy plus the live loop around it.
 
@@ -107,11 +115,7 @@ class Agent:
         self.categories = CategoryTable(settings.max_categories, on_new=self._new_category)
         unknown = self.categories.code(UNKNOWN_CATEGORY)
         ghosts = settings.ghost_blocks or capacity
-        # Reuse classes: what tells a return (found cached, or evicted lately) apart.
-        self._returns: ReturnTracker | None = None
-        if settings.reuse_classes:
-            remembered = settings.reuse_ghost_blocks or REUSE_GHOST_CAPACITIES * capacity
-            self._returns = ReturnTracker(remembered, found_limit=2 * capacity + 4096)
+        self._returns = return_tracker(settings, capacity)
         # Cached blocks exceed capacity only by one request between free and evict: more
         # than twice that plus the ghost means evictions were lost to drops.
         history = AccessHistory(ghosts, max_blocks=2 * capacity + ghosts + 4096)
