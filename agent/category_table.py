@@ -15,6 +15,19 @@ from agent.wire import MAX_CATEGORY_NAME_CHARS
 
 OTHER_CATEGORY = "other"
 """Shared name of the categories seen after the table is full."""
+REUSED_SUFFIX = "/re"
+"""Name suffix of a category's reuse class (``KVWISE_REUSE_CLASSES``): ``w/re`` holds the
+blocks a request of ``w`` found cached, ``w`` those it inserted."""
+
+
+def reused_name(name: str) -> str:
+    """The name of category ``name``'s reuse class (``name`` itself if it is one)."""
+    return name if name.endswith(REUSED_SUFFIX) else name + REUSED_SUFFIX
+
+
+def base_name(name: str) -> str:
+    """The category a reuse class belongs to (``name`` itself if it is no reuse class)."""
+    return name.removesuffix(REUSED_SUFFIX)
 
 
 class CategoryTable:

@@ -54,6 +54,18 @@ class AgentSettings(BaseSettings, RedisSettings):
         ge=0,
         description="Evicted blocks whose last access is still remembered (0 = capacity)",
     )
+    reuse_classes: bool = Field(
+        default=False,
+        description="Split each category in two reuse classes: blocks a request found "
+        "cached or re-inserts after a recent eviction (name/re) and the others, each with "
+        "its own fitted curve",
+    )
+    reuse_ghost_blocks: int = Field(
+        default=0,
+        ge=0,
+        description="Evicted blocks that reuse classes count as returns when inserted again "
+        "(0 = 16 x capacity)",
+    )
     max_policy_bytes: int = Field(
         default=4 << 20, ge=1024, description="Largest policy document accepted (bytes)"
     )

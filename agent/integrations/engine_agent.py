@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agent.category_inference import CategoryInferrer, InferSettings
+from agent.category_table import reused_name
 from agent.policy_document import PolicyDocument
 from agent.runtime.agent import Agent
 from agent.settings import AgentSettings
@@ -184,6 +185,24 @@ class EngineAgent:
                 self._names[name] = got
         return got
 
+    def hit_category(self, name: str, code: int) -> tuple[str, int]:
+        """``(name, evictor code)`` under which a request of category ``name`` (``code``)
+        reports and files the blocks it found cached: its reuse class with reuse classes
+        on (``AgentSettings.reuse_classes``), else the category itself."""
+        if not self.agent.settings.reuse_classes:
+            return name, code
+        return self.category(reused_name(name), (), 0)
+
+    def stored_codes(self, hashes: list[int], name: str, code: int) -> list[int] | None:
+        """With reuse classes, the evictor code each stored block is to be filed under, known
+        before its INSERT is recorded: a block evicted lately is a return (``name``'s reuse
+        class); else ``None`` (all are ``code``). The recording decides the same way."""
+        returns = self.agent.returns_ahead(hashes)
+        if returns is None:
+            return None
+        again = self.hit_category(name, code)[1]
+        return [again if back else code for back in returns]
+
     def request_category(
         self, request: Any, params_field: str, prompt: PromptOf
     ) -> tuple[str, int]:
@@ -201,10 +220,14 @@ class EngineAgent:
             setattr(request, REQUEST_CATEGORY_ATTR, got)
         return got
 
-    def cached(self, hashes: list[int], offsets: Sequence[int], now: float, name: str) -> None:
-        """A request's blocks were computed and stored (INSERT events, accesses)."""
-        if hashes:
-            self.agent.free(hashes, offsets, now, name)
+    def cached(
+        self, hashes: list[int], offsets: Sequence[int], now: float, name: str
+    ) -> list[int] | None:
+        """A request's blocks were computed and stored (INSERT events, accesses). With
+        reuse classes: each block's evictor code (blocks evicted lately and stored again
+        are returns, of ``name``'s reuse class), for the engine to file them under; else
+        ``None`` (all are ``name``'s)."""
+        return self.agent.free(hashes, offsets, now, name) if hashes else None
 
     def hit(self, hashes: list[int], offsets: list[int], now: float, name: str) -> None:
         """A request reuses cached blocks (HIT events, hits and accesses)."""

@@ -175,7 +175,7 @@ class RadixHooks:
         reported = getattr(request, _REPORTED_ATTR, 0)
         if prefix_len <= reported:
             return
-        name, code = self.category(request)
+        name, code = self.engine.hit_category(*self.category(request))
         nodes, starts = self._path(last, prefix_len, reported)
         ids = self._ids(nodes)
         depths = [s // self.page_size for s in starts]
@@ -191,8 +191,8 @@ class RadixHooks:
         name, code = self.category(self.request)
         block = self._id_of(node)
         depth = start // self.page_size
-        self.order.mark(node, code, depth, block)
-        self.engine.cached([block], [depth], self.clock(), name)
+        codes = self.engine.cached([block], [depth], self.clock(), name)
+        self.order.mark(node, code if codes is None else codes[0], depth, block)
 
     # --- wrappers ------------------------------------------------------------------------
     def _wrap_match_prefix(self, orig: Callable[..., Any]) -> Callable[..., Any]:

@@ -237,13 +237,18 @@ def _wrap_cache_full_blocks(orig: Callable[..., None]) -> Callable[..., None]:
             return
         engine = _state.engine
         assert engine is not None
-        _, code = _category(engine, request)
+        name, code = _category(engine, request)
         stored = blocks[num_cached_blocks:num_full_blocks]
         hashes = queue.note_cached(stored, num_cached_blocks, code)
         if len(hashes) == len(stored):
             offsets: Sequence[int] = range(num_cached_blocks, num_full_blocks)
         else:
             offsets = [queue.offset[b.block_id] for b in stored if b.block_hash is not None]
+        codes = engine.stored_codes(hashes, name, code)
+        if codes is not None:  # reuse classes: stored again after an eviction = a return
+            hashed = [b.block_id for b in stored if b.block_hash is not None]
+            for block_id, block_code in zip(hashed, codes, strict=True):
+                queue.code[block_id] = block_code
         now = time.time()
         engine.hold_stored(_report(engine, request, now), hashes, offsets, now)
 
@@ -262,10 +267,10 @@ def _wrap_touch(orig: Callable[..., None]) -> Callable[..., None]:
         request = _state.request
         hits = [b for b in blocks if b.block_hash is not None]
         if request is None:  # a hit outside slot allocation (no such caller in the tested versions)
-            name, code = engine.category(DEFAULT_CATEGORY, (), 0)
+            name, code = engine.hit_category(*engine.category(DEFAULT_CATEGORY, (), 0))
             engine.hit(*queue.note_hits(hits, code), time.time(), name)
             return
-        _, code = _category(engine, request)
+        _, code = engine.hit_category(*_category(engine, request))
         hashes, offsets = queue.note_hits(hits, code)
         engine.hold_hits(_report(engine, request, time.time()), hashes, offsets)
 

@@ -24,11 +24,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.category_table import CategoryTable
+from agent.category_table import CategoryTable, reused_name
 from agent.history import EVICT, FREE, HIT, AccessHistory
 from agent.policies import EvictionPolicy, create
+from agent.policies.wa_core import runs
 from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 from agent.recorder import EventRecorder
+from agent.reuse_classes import REUSE_GHOST_CAPACITIES, ReturnTracker
 from agent.runtime.connection import AGENT_CALL_RETRIES, connect
 from agent.runtime.heartbeat import Heartbeat
 from agent.runtime.publisher import EventPublisher
@@ -71,6 +73,14 @@ def _ints(blocks: Sequence[int]) -> list[int]:
     return list(blocks)
 
 
+def return_tracker(settings: AgentSettings, capacity: int) -> ReturnTracker | None:
+    """With reuse classes, what tells a return (found cached, or evicted lately) apart."""
+    if not settings.reuse_classes:
+        return None
+    remembered = settings.reuse_ghost_blocks or REUSE_GHOST_CAPACITIES * capacity
+    return ReturnTracker(remembered, found_limit=2 * capacity + 4096)
+
+
 class Agent:
     """One engine's eviction policy plus the live loop around it.
 
@@ -105,6 +115,7 @@ class Agent:
         self.categories = CategoryTable(settings.max_categories, on_new=self._new_category)
         unknown = self.categories.code(UNKNOWN_CATEGORY)
         ghosts = settings.ghost_blocks or capacity
+        self._returns = return_tracker(settings, capacity)
         # Cached blocks exceed capacity only by one request between free and evict: more
         # than twice that plus the ghost means evictions were lost to drops.
         history = AccessHistory(ghosts, max_blocks=2 * capacity + ghosts + 4096)
@@ -151,11 +162,16 @@ class Agent:
 
         Records a HIT per block. ``offsets`` are their prompt positions (default
         ``0..n-1``, a prefix); ``hits`` how many count as prefix hits in the hit ratio
-        (default all of them).
+        (default all of them). With reuse classes (``reuse_classes``) the blocks are of
+        ``category``'s reuse class (``w/re``), in the events and when they are next freed
+        (``agent.reuse_classes``).
         """
         blocks = _ints(blocks)
         if not blocks:
             return
+        if self._returns is not None:
+            category = reused_name(category)
+            self._returns.touched(blocks)
         code = self.categories.code(category)
         self.policy.touch(blocks, now)
         offs = _offsets(range(len(blocks)) if offsets is None else offsets)
@@ -164,21 +180,42 @@ class Agent:
 
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: str
-    ) -> None:
+    ) -> list[int] | None:
         """A request of ``category`` releases ``blocks`` (release order, tail first) with
         their prompt ``offsets``. Blocks the cache did not hold become INSERT events (the
-        publisher tells them apart); every block counts as one access."""
+        publisher tells them apart); every block counts as one access. With reuse classes
+        the returns (found cached, or evicted lately: ``agent.reuse_classes``) are of
+        ``category``'s reuse class, and the evictor code of each block is returned (for an
+        engine that files blocks itself); else ``None``."""
         blocks = _ints(blocks)
         if not blocks:
-            return
-        code = self.categories.code(category)
-        self.policy.free(blocks, offsets, now, self._evictor_codes[code])
-        self.recorder.record(FREE, now, blocks, code, _offsets(offsets))
+            return None
         self.accesses += len(blocks)
+        code = self.categories.code(category)
+        if self._returns is None:
+            self.policy.free(blocks, offsets, now, self._evictor_codes[code])
+            self.recorder.record(FREE, now, blocks, code, _offsets(offsets))
+            return None
+        again = self.categories.code(reused_name(category))
+        keys = [again if back else code for back in self._returns.returns(blocks)]
+        evictor_codes = self._evictor_codes
+        for key, lo, hi in runs(keys):
+            part = blocks[lo:hi]
+            self.policy.free(part, offsets[lo:hi], now, evictor_codes[key])
+            self.recorder.record(FREE, now, part, key, _offsets(offsets[lo:hi]))
+        return [evictor_codes[key] for key in keys]
+
+    def returns_ahead(self, blocks: Sequence[int]) -> list[bool] | None:
+        """Whether ``free`` would find each block a return, not changing what it will find
+        (``None`` without reuse classes): for engines that file blocks before they report
+        them."""
+        return None if self._returns is None else self._returns.peek(blocks)
 
     def evict(self, n: int, now: float) -> list[int]:
         """Evict up to ``n`` blocks (EVICT events, in victim order); return the victims."""
         victims = self.policy.evict(n)
+        if victims and self._returns is not None:
+            self._returns.evicted(victims)
         if victims:
             # The category is the block's last one; the publisher's history fills it in.
             self.recorder.record(EVICT, now, victims, -1, -1)

@@ -34,7 +34,7 @@ from controlplane.cli.common import (
 )
 from controlplane.cli.tables import Column, FoldedTable
 from controlplane.replay import catalog
-from controlplane.replay.options import Attribution, CategorySource, FitMode
+from controlplane.replay.options import Attribution, CategorySource, FitMode, ReuseClass
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -110,12 +110,13 @@ LifeOpt = Annotated[
     float | None,
     _fitted(parser=positive, metavar="SECONDS", help="One life window for every category"),
 ]
-ReuseClassFlag = Annotated[
-    bool,
+ReuseClassOpt = Annotated[
+    ReuseClass,
     _fitted(
         "--reuse-class",
-        help="Split each category by whether the block was accessed before (measured in "
-        "docs/policy.md; the agent does not do it yet)",
+        help="Split each category in two classes: hit: as the agent does "
+        "(KVWISE_REUSE_CLASSES: found cached or inserted); trace: accessed before or not, "
+        "from trace knowledge (docs/policy.md)",
     ),
 ]
 
@@ -141,7 +142,7 @@ def replay(
     attribution: AttributionOpt = None,
     near_concurrent: NearConcurrentOpt = None,
     life: LifeOpt = None,
-    reuse_class: ReuseClassFlag = False,
+    reuse_class: ReuseClassOpt = "off",
 ) -> None:
     """Replay TRACE through eviction policies at several cache sizes.
 

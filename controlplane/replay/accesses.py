@@ -7,8 +7,9 @@ block's previous access in the trace, whether or not the block stayed cached in 
 the agent remembers it past eviction (docs/fitting.md, "What the sender must know").
 Also ``request_categories``: each request's category code and the name table, from the
 trace's labels or inferred from its blocks (``agent.category_inference``), as a cache
-would see them; and ``with_reuse_class``, which splits each category by whether the block
-was accessed before.
+would see them; ``with_reuse_class``, which splits each category by whether the block
+was accessed before (trace knowledge); and ``HitClasses``, which splits it the way the
+agent does, by whether the request found the block cached (known only as the replay runs).
 
 It must never replay, fit or hold state between calls.
 """
@@ -22,6 +23,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agent.category_inference import CategoryInferrer, InferSettings
+from agent.category_table import REUSED_SUFFIX
+from agent.reuse_classes import ReturnTracker
 from controlplane.replay.options import Attribution, CategorySource
 from controlplane.traces.model import Trace
 
@@ -78,9 +81,6 @@ def access_columns(trace: Trace, codes: I32, attribution: Attribution) -> Access
 BLOCK_TOKENS = {"bailian": 16, "mooncake": 512}
 """Tokens per hash id of each trace format (docs/traces.md)."""
 
-REUSED_SUFFIX = "/re"
-"""Name suffix of a category's class of blocks accessed before (``with_reuse_class``)."""
-
 
 def with_reuse_class(
     trace: Trace, cols: AccessColumns, names: Sequence[str]
@@ -120,3 +120,45 @@ def request_categories(
         n_tokens = tokens[r] if tokens[r] >= 0 else None
         codes[r] = code_of[inferrer.infer(blocks, n_tokens)]
     return codes, names
+
+
+class HitClasses:
+    """Reuse classes as the agent makes them (``KVWISE_REUSE_CLASSES``): an access is in
+    its category's ``w/re`` class when the request found the block cached (a hit) or the
+    block is among the ``ghost`` most recently evicted ones (the agent's
+    ``KVWISE_REUSE_GHOST_BLOCKS``), in ``w`` otherwise: the agent's own ``ReturnTracker``
+    decides. The class depends on the cache, so it is recorded as the replay runs (the
+    tracker told of hits and evictions, then ``classify`` per release) and the fitter's
+    columns are completed up to the accesses replayed (``columns``). Codes of ``w/re``
+    are ``w``'s plus ``K``, the number of categories."""
+
+    def __init__(self, trace: Trace, cols: AccessColumns, names: Sequence[str], ghost: int) -> None:
+        self.k = len(names)
+        self.names = (*names, *(n + REUSED_SUFFIX for n in names))
+        self.tracker = ReturnTracker(ghost)
+        self._prev = previous_access(trace.blocks)
+        self._shift = np.zeros(len(cols), dtype=np.int32)
+        self._cat = cols.category.copy()
+        self._prev_cat = np.full(len(cols), -1, dtype=np.int32)
+        self._cols = AccessColumns(cols.ts, self._cat, cols.prev_ts, self._prev_cat, cols.offsets)
+        self._base = cols.category
+        self._done = 0
+
+    def classify(self, first: int, blocks: Sequence[int], offsets: Sequence[int]) -> list[int]:
+        """The class offset (0 or ``K``) of each released block (access ``first + offset``
+        of the trace), recorded for the fitter."""
+        k = self.k
+        shift = [k if again else 0 for again in self.tracker.returns(blocks)]
+        self._shift[np.asarray(offsets, dtype=np.int64) + first] = shift
+        return shift
+
+    def columns(self, hi: int) -> AccessColumns:
+        """The fitter's columns, with classes, complete for accesses ``[0, hi)``."""
+        lo, self._done = self._done, max(self._done, hi)
+        if hi > lo:
+            sl = slice(lo, hi)
+            self._cat[sl] = self._base[sl] + self._shift[sl]
+            prev = self._prev[sl]
+            known = prev >= 0
+            self._prev_cat[sl] = np.where(known, self._cat[np.maximum(prev, 0)], -1)
+        return self._cols

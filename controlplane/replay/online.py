@@ -33,14 +33,18 @@ from agent.policies.wa import WAPolicy
 from agent.policies.wa_core import runs
 from agent.policy_document import BUILTIN_POLICY, DEFAULT_PARAMS, PolicyDocument
 from controlplane.fit import fit_all
-from controlplane.fit.reuse_window import ReuseStats
+from controlplane.fit.per_category import FitResult
+from controlplane.fit.reuse_window import ReuseStats, StatsSnapshot
 from controlplane.fit.settings import FitSettings
 from controlplane.replay.accesses import (
+    BLOCK_TOKENS,
     AccessColumns,
+    HitClasses,
     access_columns,
     request_categories,
     with_reuse_class,
 )
+from controlplane.replay.depth import CostWeightedWA, with_depth_class
 from controlplane.replay.options import ReplayOptions
 from controlplane.replay.reference.fit import (
     REFERENCE_LIFE_S,
@@ -81,11 +85,19 @@ class CensoredRefitter:
                 cols.ts[sl], cols.category[sl], cols.prev_ts[sl], cols.prev_category[sl]
             )
 
-    def document(self, now: float, version: int) -> PolicyDocument | None:
+    def fit(self, now: float) -> tuple[StatsSnapshot, FitResult] | None:
+        """The window at ``now`` and its fit (None: nothing to fit from yet)."""
         snap = self.stats.snapshot(now)
         if not snap.total_accesses:
             return None
-        fit = fit_all(snap, self.settings)
+        return snap, fit_all(snap, self.settings)
+
+    def document(self, now: float, version: int) -> PolicyDocument | None:
+        fitted = self.fit(now)
+        return None if fitted is None else self.document_of(fitted[1], now, version)
+
+    def document_of(self, fit: FitResult, now: float, version: int) -> PolicyDocument:
+        """The policy document of ``fit``: the pooled fit is the default."""
         return PolicyDocument(
             version=version,
             created_at=now,
@@ -145,8 +157,11 @@ class FittedReplayPolicy:
     know which request is being served), or through ``TraceIndexed`` (``arrive`` in trace
     order, then ``free_request`` in any order). ``free``'s category argument is
     replaced by this run's category code of the request (labels or inferred), plus, with
-    ``block_class`` (per access, in trace order), that access's class offset: the blocks
-    of a request are then released in runs of equal codes, in release order.
+    ``block_class`` (per access, in trace order), that access's class offset, or with
+    ``classes`` the class the agent would give it (a hit or an insert): the blocks of a
+    request are then released in runs of equal codes, in release order. With ``classes``
+    the split protocol fits when the first scored request arrives (the classes of the
+    fitted part are known only once it has been replayed).
     """
 
     def __init__(
@@ -158,9 +173,11 @@ class FittedReplayPolicy:
         refitter: Refitter,
         options: ReplayOptions,
         block_class: Sequence[int] | None = None,
+        classes: HitClasses | None = None,
     ) -> None:
         self.inner = inner
         self._class = block_class
+        self._hit_classes = classes
         self.applied: list[AppliedVersion] = []
         self._codes = list(codes)
         self._ts = trace.timestamps.tolist()
@@ -174,8 +191,12 @@ class FittedReplayPolicy:
         n = trace.n_requests
         self._t0 = self._ts[0] if n else 0.0
         self._due = self._t0 + self._every if self._online else float("inf")
+        self._split_at = -1  # split protocol, classes: the request that triggers the fit
         if not self._online and n:
-            self._refit(options.first_scored(trace))
+            if classes is None:
+                self._refit(options.first_scored(trace))
+            else:
+                self._split_at = options.first_scored(trace)
 
     @property
     def policy(self) -> PolicyDocument:
@@ -186,7 +207,8 @@ class FittedReplayPolicy:
         hi = self._offsets[r]
         if hi < self._done:
             raise RuntimeError(f"refit at request {r}: requests arrive in trace order")
-        self.refitter.ingest(self._cols, self._done, hi)
+        cols = self._cols if self._hit_classes is None else self._hit_classes.columns(hi)
+        self.refitter.ingest(cols, self._done, hi)
         self._done = hi
         now = self._ts[min(r, len(self._ts) - 1)]
         doc = self.refitter.document(now, len(self.applied) + 1)
@@ -195,6 +217,8 @@ class FittedReplayPolicy:
             self.applied.append(AppliedVersion(doc.version, now, r, doc))
 
     def touch(self, blocks: Sequence[int], now: float) -> None:
+        if self._hit_classes is not None:
+            self._hit_classes.tracker.touched(blocks)
         self.inner.touch(blocks, now)
 
     def free(
@@ -209,6 +233,8 @@ class FittedReplayPolicy:
 
     def arrive(self, request: int) -> None:
         """Refit before serving ``request`` when a refit is due (trace order)."""
+        if request == self._split_at:
+            self._refit(request)
         t = self._ts[request]
         if t >= self._due:
             self._refit(request)
@@ -221,16 +247,23 @@ class FittedReplayPolicy:
         """Release ``blocks`` (at ``offsets`` in the prompt) of ``request``."""
         r = request
         code = self._codes[r]
-        if self._class is None:
+        lo = self._offsets[r]
+        classes, by_trace = self._hit_classes, self._class
+        if classes is not None and len(blocks):
+            keys = [code + shift for shift in classes.classify(lo, blocks, offsets)]
+        elif by_trace is not None and len(blocks):
+            keys = [code + by_trace[lo + o] for o in offsets]
+        else:
             self.inner.free(blocks, offsets, now, code)
             return
-        lo, cls = self._offsets[r], self._class
-        keys = [code + cls[lo + o] for o in offsets]
         for key, a, b in runs(keys):
             self.inner.free(blocks[a:b], offsets[a:b], now, key)
 
     def evict(self, n: int) -> list[int]:
-        return self.inner.evict(n)
+        victims = self.inner.evict(n)
+        if self._hit_classes is not None:
+            self._hit_classes.tracker.evicted(victims)
+        return victims
 
     def __len__(self) -> int:
         return len(self.inner)
@@ -244,9 +277,15 @@ Fitter = Literal["censored", "reference"]
 
 
 def build(
-    kind: Evictor, trace: Trace, options: ReplayOptions, *, fitter: Fitter | None = None
+    kind: Evictor,
+    trace: Trace,
+    options: ReplayOptions,
+    *,
+    fitter: Fitter | None = None,
+    capacity: int = 0,
 ) -> FittedReplayPolicy:
-    """A fitted ``wa`` (``kind="wa"``) or ``wa-ref`` for a replay of ``trace``.
+    """A fitted ``wa`` (``kind="wa"``) or ``wa-ref`` for a replay of ``trace`` in a cache
+    of ``capacity`` blocks (the size of the ghost of reuse classes by hit).
 
     ``fitter`` defaults to each one's own (``wa``: censored, ``wa-ref``: reference); the
     ablation report crosses them. ``wa-ref`` always attributes a block to its creator.
@@ -254,27 +293,39 @@ def build(
     codes, names = request_categories(trace, options.categories)
     attr = "creator" if kind == "wa-ref" else options.attribution
     cols = access_columns(trace, codes, attr)
-    block_class = None
-    if options.reuse_class:
+    block_class, classes = None, None
+    if options.reuse_class == "trace":
         cols, names, offsets = with_reuse_class(trace, cols, names)
         block_class = offsets.tolist()
+    elif options.depth != "off":
+        block_tokens = BLOCK_TOKENS.get(trace.source_format, 16)
+        cols, names, offsets = with_depth_class(trace, cols, names, block_tokens)
+        block_class = offsets.tolist()
+    elif options.reuse_class == "hit":
+        if attr == "creator":
+            raise ValueError("reuse classes by hit need attribution to the last accessor")
+        classes = HitClasses(trace, cols, names, round(options.reuse_ghost * capacity))
+        names = classes.names
     inner: WAPolicy | WARefPolicy
     if kind == "wa-ref":
         inner = WARefPolicy(category_names=names, doc=BUILTIN_POLICY)
     else:
-        inner = WAPolicy(category_names=names, doc=BUILTIN_POLICY, attribution=attr)
+        evictor = CostWeightedWA if options.depth == "cost" else WAPolicy
+        inner = evictor(category_names=names, doc=BUILTIN_POLICY, attribution=attr)
     refitter: Refitter
     if (fitter or ("reference" if kind == "wa-ref" else "censored")) == "reference":
         life = options.life_s if options.life_s is not None else REFERENCE_LIFE_S
         refitter = ReferenceRefitter(names, life_s=life)
     else:
         refitter = CensoredRefitter(names, options.fit_settings(trace))
-    return FittedReplayPolicy(inner, trace, codes.tolist(), cols, refitter, options, block_class)
+    return FittedReplayPolicy(
+        inner, trace, codes.tolist(), cols, refitter, options, block_class, classes
+    )
 
 
 def fitted_wa(capacity: int, trace: Trace, options: ReplayOptions) -> FittedReplayPolicy:
     """``wa`` fitted online (or split) during the replay."""
-    return build("wa", trace, options)
+    return build("wa", trace, options, capacity=capacity)
 
 
 def fitted_wa_ref(capacity: int, trace: Trace, options: ReplayOptions) -> FittedReplayPolicy:

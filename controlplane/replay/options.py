@@ -19,12 +19,17 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
+from agent.reuse_classes import REUSE_GHOST_CAPACITIES
 from controlplane.fit.settings import FitSettings
 from controlplane.traces.model import Trace
 
 FitMode = Literal["online", "split"]
 CategorySource = Literal["labels", "auto"]
 Attribution = Literal["creator", "last"]
+ReuseClass = Literal["off", "hit", "trace"]
+DepthMode = Literal["off", "classes", "cost"]
+"""Prefix depth in a replay's ``wa`` (``ReplayOptions.depth``; replay only)."""
+"""How a replay splits categories into reuse classes (``ReplayOptions.reuse_class``)."""
 
 DEFAULT_ATTRIBUTION: Attribution = "last"
 """Chosen by measurement (docs/policy.md, "Measured settings")."""
@@ -39,8 +44,14 @@ class ReplayOptions:
     ``min_samples``: ``None`` keeps the ``fit`` default (``life_s`` set = one life window
     for every category; ``window_s = inf`` = every access since the start). ``fit``
     holds the fitting knobs those overrides apply to. ``reuse_class``: each category is
-    split by whether the block was accessed before (``w`` and ``w/re``; measured in
-    docs/policy.md, not yet done by the agent).
+    split in two classes, ``w`` and ``w/re``: ``"hit"`` as the agent does it
+    (``KVWISE_REUSE_CLASSES``: ``w/re`` holds the blocks the request found cached or that
+    are among the ``reuse_ghost`` times the capacity most recently evicted,
+    ``KVWISE_REUSE_GHOST_BLOCKS``, ``w`` the others), ``"trace"`` from trace knowledge
+    (``w/re``: the block was accessed before, cached or not; replay only); measured in
+    docs/policy.md. ``depth`` (replay only, ``controlplane.replay.depth``): ``"classes"``
+    splits each category by the block's depth in its prompt, ``"cost"`` also ranks by
+    the prefill a hit saves (deeper blocks save more).
     """
 
     refit_every_s: float = 60.0
@@ -53,7 +64,9 @@ class ReplayOptions:
     window_s: float | None = None
     shrinkage_samples: float | None = None
     min_samples: int | None = None
-    reuse_class: bool = False
+    reuse_class: ReuseClass = "off"
+    reuse_ghost: float = REUSE_GHOST_CAPACITIES
+    depth: DepthMode = "off"
     fit: FitSettings = field(default_factory=FitSettings, compare=False)
 
     def __post_init__(self) -> None:
@@ -67,6 +80,14 @@ class ReplayOptions:
             raise ValueError(f"categories must be 'labels' or 'auto', got {self.categories!r}")
         if self.attribution not in ("creator", "last"):
             raise ValueError(f"attribution must be 'creator' or 'last', got {self.attribution!r}")
+        if self.reuse_class not in ("off", "hit", "trace"):
+            raise ValueError(f"reuse_class must be off, hit or trace, got {self.reuse_class!r}")
+        if self.depth not in ("off", "classes", "cost"):
+            raise ValueError(f"depth must be off, classes or cost, got {self.depth!r}")
+        if self.depth != "off" and self.reuse_class != "off":
+            raise ValueError("depth classes and reuse classes are not combined")
+        if not (self.reuse_ghost >= 0 and math.isfinite(self.reuse_ghost)):
+            raise ValueError(f"reuse_ghost must be a finite number >= 0, got {self.reuse_ghost}")
         if self.min_samples is not None and self.min_samples < 1:
             raise ValueError(f"min_samples must be >= 1, got {self.min_samples}")
         for name in ("near_concurrent_s", "shrinkage_samples"):

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from agent.category_table import base_name
 from agent.wire import EventBatch, EventKind, RawEvents
 from controlplane.shadow.sampler import PrefixSampler
 
@@ -86,9 +87,12 @@ class CategoryTable:
         return code
 
     def codes(self, names: tuple[str, ...]) -> NDArray[np.int32]:
-        """The code of each of ``names``, as an array (a batch's ``categories``)."""
+        """The code of each of ``names``, as an array (a batch's ``categories``). A reuse
+        class (``w/re``, ``KVWISE_REUSE_CLASSES``) has its category's code: a request's
+        HITs and INSERTs then share one category and rebuild into one request."""
         if names != self._last[0]:
-            self._last = (names, np.array([self.code(n) for n in names], dtype=np.int32))
+            codes = [self.code(base_name(n)) for n in names]
+            self._last = (names, np.array(codes, dtype=np.int32))
         return self._last[1]
 
 

@@ -55,7 +55,7 @@ class Variant:
         v = self
 
         def factory(capacity: int, trace: Trace, options: ReplayOptions) -> EvictionPolicy:
-            return build(v.evictor, trace, v.options, fitter=v.fitter)
+            return build(v.evictor, trace, v.options, fitter=v.fitter, capacity=capacity)
 
         catalog.register_offline(name)(factory)
         return name
@@ -79,7 +79,7 @@ def ladder(defaults: ReplayOptions) -> list[Variant]:
         ("+ near-concurrent threshold 0 s", {"near_concurrent_s": defaults.near_concurrent_s}),
         ("+ attribution to the last accessor", {"attribution": defaults.attribution}),
         ("+ life window 0.1 s = **wa**", {"life_s": defaults.life_s}),
-        ("+ reuse classes (replay only)", {"reuse_class": True}),
+        ("+ reuse classes (replay only)", {"reuse_class": "trace"}),
     )
     for label, change in steps:
         prev = replace(prev, **change)
@@ -97,7 +97,7 @@ def ladder(defaults: ReplayOptions) -> list[Variant]:
             "wa + reuse classes, inferred categories",
             "wa",
             "censored",
-            replace(defaults, categories="auto", reuse_class=True),
+            replace(defaults, categories="auto", reuse_class="trace"),
         ),
     ]
     return rows
@@ -195,7 +195,7 @@ def report(trace: Trace, jobs: int, defaults: ReplayOptions) -> str:
     ]
     split = replace(defaults, wa_fit="split")
     split_names = ["lru", "s3fifo", "wa-ref", "wa", "abl:wa-split-reuse"]
-    Variant("wa-split-reuse", "wa", "censored", replace(split, reuse_class=True)).register()
+    Variant("wa-split-reuse", "wa", "censored", replace(split, reuse_class="trace")).register()
     srows = run(trace, split_names, jobs, split)
     labels = {"abl:wa-split-reuse": "wa + reuse classes"}
     title = f"{trace.name}, split: fitted on the first half, scored on the second half only"
@@ -209,7 +209,9 @@ def report_unlabelled(trace: Trace, jobs: int, defaults: ReplayOptions) -> str:
     variants = [
         Variant("wa-ref, inferred categories", "wa-ref", "reference", auto),
         Variant("wa, inferred categories", "wa", "censored", auto),
-        Variant("wa + reuse classes, inferred", "wa", "censored", replace(auto, reuse_class=True)),
+        Variant(
+            "wa + reuse classes, inferred", "wa", "censored", replace(auto, reuse_class="trace")
+        ),
     ]
     names = {v.register(): v.label for v in variants}
     order = [*BASELINES, *names, "belady", "inf"]

@@ -33,7 +33,7 @@ KNOBS: tuple[tuple[str, tuple[Any, ...]], ...] = (
     ("shrinkage_samples", (None, 500.0, 5000.0)),
     ("near_concurrent_s", (None, 0.3, 1.0, 3.0)),
     ("attribution", ("last", "creator")),
-    ("reuse_class", (False, True)),
+    ("reuse_class", ("off", "trace")),
 )
 """Candidates per knob; ``None`` is the starting point's value (below)."""
 

@@ -159,14 +159,17 @@ def controller(stack: Stack) -> tuple[Proc, str]:
     return proc, url
 
 
-@pytest.mark.parametrize("evictor", ["wa", "device"])
+@pytest.mark.parametrize(
+    ("evictor", "reuse_classes"), [("wa", "0"), ("device", "0"), ("wa", "1"), ("device", "1")]
+)
 def test_kvwise_queue_keeps_vllm_block_pool_invariants(
-    vllm_python: Path, tmp_path: Path, evictor: str
+    vllm_python: Path, tmp_path: Path, evictor: str, reuse_classes: str
 ) -> None:
+    env = {"KVWISE_EVICTOR": evictor, "KVWISE_DEVICE": "cpu"}
     got = driver(
         vllm_python,
         ["pool", "--blocks", "48", "--ops", "3000"],
-        {"KVWISE_EVICTOR": evictor, "KVWISE_DEVICE": "cpu"},
+        {**env, "KVWISE_REUSE_CLASSES": reuse_classes},
         tmp_path,
     )
     assert got["checks"] == 3000

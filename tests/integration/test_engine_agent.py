@@ -230,3 +230,70 @@ def _wait_agent(ctl: RunningController, ok: Callable[[dict[str, Any]], bool]) ->
 
     found: dict[str, Any] = wait_until(state, timeout=15, what="the idle engine's agent state")
     return found
+
+
+def test_reuse_classes_give_hits_the_reuse_class_of_their_category(
+    redis_url: str, key_prefix: str
+) -> None:
+    """``reuse_classes``: what a request finds cached is reported and filed as
+    ``chat/re`` (what the vLLM plugin's ``touch`` wrapper does), its inserts as ``chat``;
+    "chat/re" is never reused, so its blocks are evicted first."""
+    settings = AgentSettings(
+        enable=True, redis_url=redis_url, key_prefix=key_prefix, reuse_classes=True
+    )
+    doc = PolicyDocument(
+        version=1,
+        categories={"chat/re": CategoryParams(rate=1.0, p_reuse=0.0, life_s=0.1)},
+        default=CategoryParams(rate=0.01, p_reuse=0.9, life_s=0.1),
+    )
+    evictor = WAPolicy(doc=doc)
+    ea = EngineAgent(settings, evictor, capacity=8, engine="vllm", infer=False)
+    queue = KvwiseFreeQueue([Blk(i) for i in range(8)], evictor, hooks=ea)
+    got = queue.popleft_n(4)
+    store(queue, ea, got, "chat")
+    name, code = ea.hit_category(*ea.category("chat", (), 0))
+    assert name == "chat/re" and evictor.category_names[code] == "chat/re"
+    hits, offs = queue.note_hits(got[2:], code)
+    ea.hit(hits, offs, 2.0, name)
+    queue.append_n(got[::-1])
+    queue.popleft_n(4 + 2)  # the 4 fresh blocks, then the two found cached
+    cols = ea.agent.recorder.drain()
+    table = ea.agent.categories
+    hit_codes = {
+        int(c) for c, k in zip(cols.category, cols.kind, strict=True) if k == EventKind.HIT
+    }
+    assert hit_codes == {table.code("chat/re")}
+    evicted = [b for b, k in zip(cols.block, cols.kind, strict=True) if k == EventKind.EVICT]
+    assert sorted(evicted) == sorted(hash64(b.block_hash) for b in got[2:])
+    ea.close()
+
+
+def test_reuse_classes_file_a_block_stored_again_after_its_eviction_as_a_return(
+    redis_url: str, key_prefix: str
+) -> None:
+    """What the vLLM plugin asks before it files stored blocks: one evicted lately is a
+    return (``chat/re``), a new one is not; asking changes nothing."""
+    settings = AgentSettings(
+        enable=True, redis_url=redis_url, key_prefix=key_prefix, reuse_classes=True
+    )
+    evictor = WAPolicy()
+    ea = EngineAgent(settings, evictor, capacity=8, engine="vllm", infer=False)
+    name, code = ea.category("chat", (), 0)
+    assert ea.stored_codes([7, 8], name, code) == [code, code]
+    ea.cached([8, 7], [1, 0], 1.0, name)
+    ea.evicted([7], 2.0)
+    again = ea.hit_category(name, code)[1]
+    assert ea.stored_codes([7, 9], name, code) == [again, code]
+    assert ea.stored_codes([7, 9], name, code) == [again, code]
+    assert ea.cached([7], [0], 3.0, name) == [again]  # the recording agrees, and takes it
+    assert ea.stored_codes([7], name, code) == [code]
+    ea.close()
+    off = EngineAgent(
+        AgentSettings(enable=True, redis_url=redis_url, key_prefix=key_prefix),
+        WAPolicy(),
+        capacity=8,
+        engine="vllm",
+        infer=False,
+    )
+    assert off.stored_codes([7], name, code) is None
+    off.close()

@@ -10,12 +10,17 @@ import pytest
 
 from agent.category_table import OTHER_CATEGORY, CategoryTable
 from agent.policies.lru import LRUPolicy
+from agent.policies.wa import WAPolicy
+from agent.policy_document import CategoryParams, PolicyDocument
 from agent.recorder import EventRecorder
+from agent.reuse_classes import ReturnTracker
 from agent.runtime.agent import Agent
 from agent.settings import AgentSettings
 from agent.wire import COLUMNS, MAX_CATEGORY_NAME_CHARS, EventKind, Events, RawEvents
 from controlplane.dev.simworker import TraceWorker
 from controlplane.replay.engine import replay_hits
+from controlplane.replay.online import build
+from controlplane.replay.options import ReplayOptions
 from controlplane.traces.model import Trace
 
 # A port nothing listens on: an agent that is never started must not use it anyway.
@@ -226,3 +231,78 @@ def test_evicting_blocks_the_agent_never_saw_reports_them_unknown() -> None:
     assert [names[i] for i in c.category[1:].tolist()] == ["unknown", "unknown", "text_1"]
     assert c.prev_category[1:].tolist() == [-1, -1, 1]
     assert np.isnan(c.prev_ts[1:3]).all() and c.prev_ts[3] == 1.0
+
+
+# --- reuse classes ---------------------------------------------------------------------
+
+CLASSED = OFFLINE.model_copy(update={"reuse_classes": True, "buffer_events": 1 << 16})
+
+
+def test_reuse_classes_file_found_blocks_apart_and_report_them() -> None:
+    # "a/re" is never reused: with classes, the blocks request 2 found cached go first.
+    doc = PolicyDocument(
+        version=1,
+        categories={"a/re": CategoryParams(rate=1.0, p_reuse=0.0, life_s=0.1)},
+        default=CategoryParams(rate=0.01, p_reuse=0.9, life_s=0.1),
+    )
+    agent = Agent(CLASSED, capacity=10, policy=WAPolicy(doc=doc))
+    agent.free([12, 11, 10], [2, 1, 0], 1.0, "a")  # three inserts
+    agent.touch([10, 11], 2.0, "a")  # found cached
+    agent.free([13, 11, 10], [2, 1, 0], 2.0, "a")
+    assert agent.evict(2, 2.0) == [11, 10]
+    names = agent.categories.snapshot()
+    assert names == ("unknown", "a", "a/re")
+    c = drained(agent)
+    kinds = [EventKind(k).name for k in c.kind.tolist()]
+    assert kinds == ["INSERT"] * 3 + ["HIT"] * 2 + ["INSERT", "EVICT", "EVICT"]
+    # HITs carry the reuse class; the evictions report the blocks' last (class) category.
+    assert c.category.tolist() == [1, 1, 1, 2, 2, 1, 2, 2]
+    assert c.prev_category[3:5].tolist() == [1, 1]
+    agent.close()
+
+
+def test_simulated_worker_with_reuse_classes_equals_the_replay_of_them() -> None:
+    # The replay's reuse classes by hit (``ReplayOptions(reuse_class="hit")``) are the
+    # agent's: same document, same trace, same hits.
+    rng = np.random.default_rng(11)
+    requests = [
+        [int(x) for x in rng.choice(60, size=int(rng.integers(1, 9)), replace=False)]
+        for _ in range(400)
+    ]
+    types = [str(t) for t in rng.choice(["text", "image"], size=400)]
+    turns = [1] * 400
+    trace = Trace.from_requests(requests, [i * 0.5 for i in range(400)], types=types, turns=turns)
+    one = {"rate": 0.5, "life_s": 0.1}
+    doc = PolicyDocument(
+        version=1,
+        categories={
+            "text_1": CategoryParams(p_reuse=0.9, **one),
+            "text_1/re": CategoryParams(p_reuse=0.01, **one),
+            "image_1": CategoryParams(p_reuse=0.5, rate=0.05, life_s=0.1),
+            "image_1/re": CategoryParams(p_reuse=0.99, rate=0.05, life_s=0.1),
+        },
+    )
+    replayed = build("wa", trace, ReplayOptions(reuse_class="hit", refit_every_s=1e9), capacity=20)
+    replayed.inner.set_policy(doc)
+    want = replay_hits(trace, replayed, 20)
+    unclassed = build("wa", trace, ReplayOptions(refit_every_s=1e9))
+    unclassed.inner.set_policy(doc)
+    without = replay_hits(trace, unclassed, 20)
+    agent = Agent(CLASSED, capacity=20, policy=WAPolicy(doc=doc))
+    worker = TraceWorker(agent, trace)
+    for r, now in enumerate(trace.timestamps.tolist()):
+        worker._request(r, now)  # the worker's request step at trace time, not wall time
+    assert agent.hits == int(want.sum()) == 181 != int(without.sum())
+    assert set(agent.categories.snapshot()) == {"unknown", *replayed.inner.category_names}
+
+
+def test_return_tracker_counts_found_and_lately_evicted_blocks_as_returns() -> None:
+    tracker = ReturnTracker(ghost_size=2)
+    tracker.touched([1, 2])
+    assert tracker.returns([2, 3]) == [True, False]
+    assert tracker.returns([2]) == [False]  # a release ends the "found" state
+    tracker.evicted([4, 5, 6])  # the ghost keeps the two latest: 5, 6
+    assert tracker.peek([4, 5, 6]) == [False, True, True]  # peeking changes nothing
+    assert tracker.returns([4, 5, 6, 6]) == [False, True, True, False]
+    tracker.touched([7])
+    assert tracker.returns([1, 7]) == [True, True]  # 1: found, never released until now

@@ -222,3 +222,35 @@ def test_an_empty_release_still_moves_the_clock() -> None:
         "last",
         0,
     )
+
+
+def test_agent_with_reuse_classes_evicts_the_same_on_the_device_evictor() -> None:
+    """Reuse classes reach the device evictor as category codes: an agent driving it
+    evicts exactly what an agent driving ``wa`` does (same document, same requests)."""
+    from agent.runtime.agent import Agent
+    from agent.settings import AgentSettings
+
+    settings = AgentSettings(
+        redis_url="redis://127.0.0.1:9/0", worker_id="t", reuse_classes=True, buffer_events=4096
+    )
+    doc = PolicyDocument(
+        version=1,
+        categories={"a": cp(0.5, 0.9, 0.1), "a/re": cp(0.5, 0.05, 0.1), "b/re": cp(0.05, 0.9, 0.1)},
+    )
+    agents = [
+        Agent(settings, capacity=12, policy=WAPolicy(doc=doc)),
+        Agent(settings, capacity=12, policy=DeviceEvictor.simulated(12, doc=doc)),
+    ]
+    victims: list[list[int]] = [[], []]
+    for r in range(300):
+        blocks = [(r * 7 + i * 3) % 41 for i in range(1 + r % 5)]
+        for agent, out in zip(agents, victims, strict=True):
+            found = [b for b in blocks if b in agent.policy]
+            agent.touch(found, float(r), "ab"[r % 2])
+            agent.free(blocks[::-1], range(len(blocks) - 1, -1, -1), float(r), "ab"[r % 2])
+            out += agent.evict(len(agent.policy) - agent.capacity, float(r))
+    assert victims[0] == victims[1] and len(victims[0]) > 200
+    assert agents[1].policy.category_names == agents[0].policy.category_names
+    assert {"a/re", "b/re"} <= set(agents[0].policy.category_names)
+    for agent in agents:
+        agent.close()

@@ -19,6 +19,7 @@ from controlplane.replay.accesses import (
     request_categories,
     with_reuse_class,
 )
+from controlplane.replay.depth import CostWeightedWA, depth_saving, with_depth_class
 from controlplane.replay.engine import replay_hits
 from controlplane.replay.online import CensoredRefitter, FittedReplayPolicy, build
 from controlplane.replay.options import ReplayOptions
@@ -96,9 +97,30 @@ def test_reuse_class_by_hand() -> None:
     # Both reuses close a first access: their gaps belong to the first-access class.
     assert classed.prev_category.tolist() == [-1, -1, 0, -1, 0]
     # A replay with classes keeps the Protocol (checked mode) and files blocks by class.
-    policy = build("wa", trace, ReplayOptions(reuse_class=True))
+    policy = build("wa", trace, ReplayOptions(reuse_class="trace"))
     replay_hits(trace, policy, 2, check=True)
     assert policy.inner.category_names == names
+
+
+def test_hit_classes_follow_the_cache_not_the_trace() -> None:
+    # R0 [a b], R1 [a c], R2 [b] in a cache of 2 blocks: R1 finds a cached (a return) and
+    # inserts c; the eviction after R1 takes b (LRU order before any fit), so R2 inserts b
+    # again: a first access for the agent, a return by trace knowledge.
+    trace = Trace.from_requests([[10, 11], [10, 12], [11]], [0.0, 2.0, 5.0])
+    policy = build("wa", trace, ReplayOptions(reuse_class="hit", wa_fit="split", split=0.5))
+    assert policy.inner.category_names == ("unknown", "unknown/re")
+    hits = replay_hits(trace, policy, 2, check=True)
+    assert hits.tolist() == [0, 1, 0]
+    classes = policy._hit_classes
+    assert classes is not None
+    cols = classes.columns(len(trace.blocks))
+    assert cols.category.tolist() == [0, 0, 1, 0, 0]
+    # a's reuse closes its insert by R0 (class 0); b's previous access is R0's insert too.
+    assert cols.prev_category.tolist() == [-1, -1, 0, -1, 0]
+    # The split fit waited for the first scored request: it saw R0 and R1 replayed.
+    assert [v.request for v in policy.applied] == [2]
+    with pytest.raises(ValueError, match="last accessor"):
+        build("wa", trace, ReplayOptions(reuse_class="hit", attribution="creator"))
 
 
 # --- online refits ---------------------------------------------------------------------
@@ -249,7 +271,7 @@ def test_cli_options_reach_the_factory(tmp_path: Path, monkeypatch: pytest.Monke
     args = ["replay", str(path), "-p", "probe,lru", "--capacity", "10", "-j", "1", "--json"]
     args += ["--wa-fit", "split", "--split", "0.5", "--refit-every", "5", "--categories", "auto"]
     args += ["--attribution", "creator", "--near-concurrent", "0.2", "--life", "7"]
-    args += ["--reuse-class"]
+    args += ["--reuse-class", "trace"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     want = ReplayOptions(
@@ -260,7 +282,7 @@ def test_cli_options_reach_the_factory(tmp_path: Path, monkeypatch: pytest.Monke
         attribution="creator",
         near_concurrent_s=0.2,
         life_s=7.0,
-        reuse_class=True,
+        reuse_class="trace",
     )
     assert seen == [want]
     out = json.loads(res.stdout)
@@ -275,3 +297,24 @@ def test_cli_rejects_bad_options(tmp_path: Path) -> None:
     for extra in (["--wa-fit", "twice"], ["--split", "1.5"], ["--categories", "guess"]):
         res = CliRunner().invoke(app, ["replay", str(path), "-p", "lru", *extra])
         assert res.exit_code == 2, (extra, res.output)
+
+
+def test_depth_classes_split_by_prompt_position_and_cost_weights_favour_depth() -> None:
+    # 16-token blocks: positions 0 and 127 (tokens 0, 2032) are class 0, 128 (2048) class 1.
+    blocks = list(range(600))
+    trace = Trace.from_requests([blocks, [0, 1]], [0.0, 1.0])
+    cols = access_columns(trace, trace.categories, "last")
+    classed, names, shift = with_depth_class(trace, cols, trace.category_names, 16)
+    assert names == ("unknown@d0", "unknown@d1", "unknown@d2")
+    assert shift[[0, 127, 128, 511, 512, 599, 600, 601]].tolist() == [0, 0, 1, 1, 2, 2, 0, 0]
+    assert classed.prev_category[600:].tolist() == [0, 0]
+    assert depth_saving(0) < depth_saving(1) < depth_saving(2)
+    # Same curve, same idle time: the deeper block is worth more and is evicted last.
+    policy = CostWeightedWA(category_names=names)
+    policy.free([1], [0], 1.0, 2)
+    policy.free([2], [0], 1.0, 0)
+    assert policy.evict(1) == [2]
+    fitted = build("wa", trace, ReplayOptions(depth="cost"))
+    assert isinstance(fitted.inner, CostWeightedWA) and fitted.inner.category_names == names
+    with pytest.raises(ValueError, match="not combined"):
+        ReplayOptions(depth="classes", reuse_class="hit")

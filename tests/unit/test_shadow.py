@@ -105,6 +105,22 @@ def test_rebuild_splits_two_requests_of_one_time_and_category() -> None:
     assert [r.blocks for r in got] == [[10, 11], [20, 21, 22, 23, 24]]
 
 
+def test_rebuild_keeps_a_request_whole_across_its_reuse_classes() -> None:
+    # KVWISE_REUSE_CLASSES: the request's HITs are of "a/re", its INSERTs of "a".
+    batch = _batch(
+        ts=[1.0] * 4,
+        block=[10, 11, 13, 12],
+        offset=[0, 1, 3, 2],
+        kind=[HIT, HIT, INSERT, INSERT],
+        categories=("a", "a/re"),
+        category=[1, 1, 0, 0],
+    )
+    rebuilder = RequestRebuilder(PrefixSampler(1.0), CategoryTable())
+    got = rebuilder.feed(batch).sampled + rebuilder.flush().sampled
+    assert [r.blocks for r in got] == [[10, 11, 12, 13]]
+    assert rebuilder.table.names == ["a"]
+
+
 def test_rebuild_drops_and_counts_a_request_missing_its_first_block() -> None:
     batch = _batch(
         ts=[1.0, 1.0, 2.0, 2.0],

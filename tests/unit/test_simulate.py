@@ -10,6 +10,7 @@ import pytest
 
 from controlplane.replay import catalog
 from controlplane.replay.engine import replay_hits
+from controlplane.replay.options import ReplayOptions
 from controlplane.replay.runner import ReplayJob, run_one
 from controlplane.simulate.cost import CostModel
 from controlplane.simulate.engine import SimOptions, simulate
@@ -154,3 +155,22 @@ def test_outcomes_summary_needs_finished_requests() -> None:
     work = Workload([0.0], [16], [1], 16, 1.0, 0.0)
     with pytest.raises(ValueError, match="never finished"):
         summarize("lru", 1, work, Outcomes.empty(work), np.array([1]))
+
+
+@pytest.mark.parametrize(
+    "replay",
+    [
+        ReplayOptions(reuse_class="hit"),
+        ReplayOptions(reuse_class="trace"),
+        ReplayOptions(depth="cost"),
+    ],
+)
+def test_wa_with_classes_serves_requests_that_release_nothing(
+    toc: Trace, replay: ReplayOptions
+) -> None:
+    """The simulator releases some requests' blocks in parts, some parts empty: every
+    class split of ``wa`` takes them, under load (requests overlap)."""
+    capacity = toc.n_unique // 10
+    _, out = simulate(toc, "wa", capacity, SimOptions(speed=50.0, replay=replay))
+    assert out.hit_blocks.sum() > 0
+    assert (out.first_token >= out.arrival).all()

@@ -1,0 +1,214 @@
+"""``wa-mix``, replay only: a two-phase reuse-time model where one exponential fits badly.
+
+Owns the fit of ``F(t) = p (pi (1 - e^{-a1 t}) + (1 - pi) (1 - e^{-a2 t}))`` (an access
+is reused with probability ``p``, after a fast phase of rate ``a1`` with weight ``pi`` or a
+slow one of rate ``a2``) on a category's binned, censored reuse statistics, the rule that
+adopts it (the category's own exposures reach ``MIN_EXPOSURES``, the one-exponential
+fit in force is off by at least ``KS_MIN`` in Kolmogorov-Smirnov distance, and the
+mixture's log-likelihood beats the one-exponential maximum by more than its two extra
+parameters, Akaike's criterion), and ``MixtureWA``, ``wa``'s evictor whose score for a
+mixture category is the log of ``F(d + L) - F(d)``:
+``log p + log(pi (1 - e^{-a1 L}) e^{-a1 d} + (1 - pi) (1 - e^{-a2 L}) e^{-a2 d})``, still
+falling with idle time ``d``, so each category's time-ordered queue keeps its head as
+its minimum. Eviction compares the category heads one victim at a time (the agent's
+bounds on ``lc - a d`` do not hold for a mixture). Other categories keep ``wa``'s score.
+The agent and the device evictor do not run this: docs/policy.md ("A better wa") says
+whether it earned a place there. It must never do I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from heapq import heappop, heappush
+
+import numpy as np
+from scipy.optimize import minimize
+
+from agent.policies.wa import WAPolicy
+from agent.policies.wa_queue import Cutoff, Entry, Key
+from agent.policy_document import BUILTIN_POLICY, PolicyDocument
+from controlplane.fit.gof import F64
+from controlplane.fit.mle import MixtureFit, censored_ages
+from controlplane.fit.per_category import FitResult
+from controlplane.fit.reuse_window import StatsSnapshot
+from controlplane.fit.settings import FitSettings
+from controlplane.replay.accesses import access_columns, request_categories
+from controlplane.replay.online import CensoredRefitter, FittedReplayPolicy
+from controlplane.replay.options import ReplayOptions
+from controlplane.traces.model import Trace
+
+KS_MIN = 0.15
+"""A category whose one-exponential fit is off by less is left as it is."""
+MIN_EXPOSURES = 1000
+"""Exposures a category needs for a mixture of its own (four parameters)."""
+MIX_EVERY = 5
+"""Mixtures are refitted at every this many refits (a cost setting of the replay: they
+are slow to fit and change slowly); in between, the last ones stay."""
+
+
+@dataclass(frozen=True)
+class TwoPhase:
+    """One category's mixture: reuse probability, fast-phase weight and the two rates."""
+
+    p: float
+    fast_share: float
+    fast_rate: float
+    slow_rate: float
+
+    def log_reuse_prob(self, idle_s: float, life_s: float) -> float:
+        """``log(F(d + L) - F(d))`` (module docstring)."""
+        fast = self.fast_share * -math.expm1(-self.fast_rate * life_s)
+        slow = (1.0 - self.fast_share) * -math.expm1(-self.slow_rate * life_s)
+        a = math.log(fast) - self.fast_rate * idle_s if fast > 0 else -math.inf
+        b = math.log(slow) - self.slow_rate * idle_s if slow > 0 else -math.inf
+        top = max(a, b)
+        if top == -math.inf or self.p <= 0:
+            return -math.inf
+        return math.log(self.p) + top + math.log1p(math.exp(min(a, b) - top))
+
+
+def _neg_loglik(x: F64, n: F64, m: F64, lo: F64, w: F64, age: F64) -> float:
+    """Minus the log-likelihood of ``x = (logit p, logit pi, log a1, log a2)``."""
+    p, share = 1.0 / (1.0 + np.exp(-x[:2]))
+    a1, a2 = np.exp(x[2:])
+    with np.errstate(over="ignore", invalid="ignore"):
+        in_bin = share * np.exp(-a1 * lo) * -np.expm1(-a1 * w) + (1 - share) * np.exp(
+            -a2 * lo
+        ) * -np.expm1(-a2 * w)
+        alive = 1 - p + p * (share * np.exp(-a1 * age) + (1 - share) * np.exp(-a2 * age))
+    seen = n > 0
+    open_ = m > 0
+    ll = float(np.sum(n[seen] * (np.log(p) + np.log(np.maximum(in_bin[seen], 1e-300)))))
+    ll += float(np.sum(m[open_] * np.log(np.maximum(alive[open_], 1e-300))))
+    return -ll
+
+
+def fit_two_phase(
+    observed: F64, censored: F64, edges: F64, shift: float, one: MixtureFit
+) -> tuple[TwoPhase, float]:
+    """The maximum-likelihood mixture of one category's row, started from its
+    one-exponential maximum ``one`` (the fast phase above it, the slow one below), and the
+    log-likelihood it gains over ``one`` on the same data."""
+    lo = np.maximum(edges[:-1] - shift, 0.0)
+    w = np.maximum(edges[1:] - shift, 0.0) - lo
+    age = np.maximum(censored_ages(edges) - shift, 0.0)
+    args = (observed.astype(float), censored.astype(float), lo, w, age)
+    logit = math.log(min(max(one.p, 1e-6), 1 - 1e-6) / (1 - min(max(one.p, 1e-6), 1 - 1e-6)))
+    log_rate = math.log(one.rate)
+    single = _neg_loglik(np.array([logit, 20.0, log_rate, log_rate]), *args)
+    start = np.array([logit, 0.0, log_rate + 1.5, log_rate - 1.5])
+    bounds = [(-20.0, 20.0), (-20.0, 20.0), (-14.0, 7.0), (-14.0, 7.0)]
+    two = minimize(_neg_loglik, start, args=args, method="L-BFGS-B", bounds=bounds)
+    p, share = (1.0 / (1.0 + np.exp(-two.x[:2]))).tolist()
+    fast, slow = np.exp(two.x[2:]).tolist()
+    if fast < slow:
+        fast, slow, share = slow, fast, 1.0 - share
+    return TwoPhase(p, share, fast, slow), float(single - two.fun)
+
+
+def mixtures_of(snap: StatsSnapshot, fit: FitResult) -> dict[str, TwoPhase]:
+    """The categories of ``fit`` that take a mixture (module docstring's rule)."""
+    out: dict[str, TwoPhase] = {}
+    for code, name in enumerate(snap.categories):
+        detail = fit.details.get(name)
+        if detail is None or detail.raw is None or detail.exposures < MIN_EXPOSURES:
+            continue
+        quality = detail.params.fit_quality
+        if quality is None or quality < KS_MIN:
+            continue
+        model, gain = fit_two_phase(
+            snap.observed[code], snap.censored[code], snap.edges, snap.near_concurrent_s, detail.raw
+        )
+        if gain > 2.0:  # Akaike: two more parameters must buy more than 2 in log-likelihood
+            out[name] = model
+    return out
+
+
+class MixtureWA(WAPolicy):
+    """``wa`` with two-phase categories (``mixtures``, by name, set with the document)."""
+
+    __slots__ = ("_mix", "mixtures")
+
+    def __init__(self, *, category_names: Sequence[str], doc: PolicyDocument) -> None:
+        super().__init__(category_names=category_names, doc=doc)
+        self.mixtures: dict[str, TwoPhase] = {}
+        self._mix: list[TwoPhase | None] = []
+
+    def set_mixtures(self, mixtures: dict[str, TwoPhase]) -> None:
+        """For the categories named, use their mixtures from the next ``set_policy`` on."""
+        self.mixtures = dict(mixtures)
+
+    def _score(self, row: int, stamp: float, now: float) -> float:
+        mix = self._mix[row]
+        if mix is None:
+            log_constant, rate = self._constants[row]
+            return log_constant - rate * (now - stamp)
+        code = self._rows[row][0]
+        name = self._names[code] if 0 <= code < len(self._names) else None
+        life = (self._doc.default if name is None else self._doc.params_for(name)).life_s
+        return mix.log_reuse_prob(now - stamp, life)
+
+    def evict(self, n: int) -> list[int]:
+        """Victims one at a time: the smallest head key of all categories."""
+        if n <= 0 or not self._ev:
+            return []
+        if self._consts_stale:
+            self._refresh_consts()
+            self._mix = []
+        if len(self._mix) != len(self._rows):
+            names = self._names
+            self._mix = [
+                self.mixtures.get(names[code]) if 0 <= code < len(names) else None
+                for code, _ in self._rows
+            ]
+        now, evictable = self._clock, self._ev
+        heads: list[Key] = []
+        for row, (_, lane) in enumerate(self._rows):
+            head = lane.head(evictable)
+            if head is not None:
+                heappush(heads, self._key(row, head, now))
+        victims: list[int] = []
+        while heads and len(victims) < n:
+            row = heappop(heads)[4]
+            lane = self._rows[row][1]
+            log_constant, rate = self._constants[row]
+            victims += lane.take(evictable, Cutoff(log_constant, rate, now, None), 1)
+            head = lane.head(evictable)
+            if head is not None:
+                heappush(heads, self._key(row, head, now))
+        self._bounds_valid = False
+        return victims
+
+    def _key(self, row: int, head: Entry, now: float) -> Key:
+        stamp, neg_offset, release, _ = head
+        return (self._score(row, stamp, now), stamp, neg_offset, release, row)
+
+
+class MixtureRefitter(CensoredRefitter):
+    """``wa``'s refitter that also hands ``target`` the mixtures of each refit."""
+
+    def __init__(self, names: Sequence[str], settings: FitSettings, target: MixtureWA) -> None:
+        super().__init__(names, settings)
+        self.target = target
+        self._refits = 0
+
+    def document(self, now: float, version: int) -> PolicyDocument | None:
+        fitted = self.fit(now)
+        if fitted is None:
+            return None
+        snap, fit = fitted
+        if self._refits % MIX_EVERY == 0:
+            self.target.set_mixtures(mixtures_of(snap, fit))
+        self._refits += 1
+        return self.document_of(fit, now, version)
+
+
+def fitted_wa_mix(capacity: int, trace: Trace, options: ReplayOptions) -> FittedReplayPolicy:
+    """``wa-mix``: ``wa`` fitted online (or split), two-phase where the rule says so."""
+    codes, names = request_categories(trace, options.categories)
+    cols = access_columns(trace, codes, options.attribution)
+    inner = MixtureWA(category_names=names, doc=BUILTIN_POLICY)
+    refitter = MixtureRefitter(names, options.fit_settings(trace), inner)
+    return FittedReplayPolicy(inner, trace, codes.tolist(), cols, refitter, options)

@@ -1,0 +1,131 @@
+"""``wa`` and its candidate improvements against the baselines, with the share of the
+lru -> Belady gap each closes: the "A better wa" rows of docs/policy.md.
+
+Run (not collected by pytest)::
+
+    python -m tests.bench.wa_variants --seed 2024
+
+On synthetic to-C and to-B traces (``controlplane.traces.synth``: synthetic, calibrated to
+the paper's published statistics, not the real traces) with their labels, and the bundled
+Mooncake sample with inferred categories, at capacities of 1-40 % of each trace's unique
+blocks, it replays the baselines, ``wa`` (online refits, ``ReplayOptions`` defaults), each
+variant in ``VARIANTS`` and ``belady``, and prints per trace the hit ratios and the gap
+closed, ``(x - lru) / (belady - lru)``. Choose on one seed, report on others. Results go
+to stdout; progress to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from controlplane.replay.options import ReplayOptions
+from controlplane.traces.model import Trace
+from controlplane.traces.reader import load_trace
+from controlplane.traces.synth import synthesize
+from tests.bench.ablation import BASELINES, FRACS, MOONCAKE, Variant, run, table
+
+VARIANTS: dict[str, Callable[[ReplayOptions], ReplayOptions]] = {
+    "wa": lambda o: o,
+    "wa + reuse classes (hit, no ghost)": lambda o: replace(o, reuse_class="hit", reuse_ghost=0),
+    "wa + reuse classes (hit or ghost 1x)": lambda o: replace(
+        o, reuse_class="hit", reuse_ghost=1.0
+    ),
+    "wa + reuse classes (hit or ghost 4x)": lambda o: replace(
+        o, reuse_class="hit", reuse_ghost=4.0
+    ),
+    "wa + reuse classes (hit or ghost 16x)": lambda o: replace(
+        o, reuse_class="hit", reuse_ghost=16.0
+    ),
+    "wa + reuse classes (trace knowledge)": lambda o: replace(o, reuse_class="trace"),
+    "wa + depth classes": lambda o: replace(o, depth="classes"),
+    "wa + depth classes + saved-prefill weights": lambda o: replace(o, depth="cost"),
+}
+"""Label -> the options of the row, from the run's defaults."""
+
+
+def gap_table(title: str, rows: dict[str, list[float]], labels: dict[str, str]) -> str:
+    """Share of the lru -> Belady gap each row closes, per capacity."""
+    head = "| policy | " + " | ".join(f"{f:.0%}" for f in FRACS) + " |"
+    lines = [f"**{title}**", "", head, "|---|" + "---:|" * len(FRACS)]
+    lru, belady = rows["lru"], rows["belady"]
+    for name, label in labels.items():
+        cells = []
+        for i in range(len(FRACS)):
+            gap = belady[i] - lru[i]
+            cells.append(f"{(rows[name][i] - lru[i]) / gap:+.1%}" if gap > 1e-9 else "n/a")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def best_table(rows: dict[str, list[float]], labels: dict[str, str]) -> str:
+    """Each row against the best baseline at each capacity."""
+    lines = ["| capacity | best baseline | " + " | ".join(labels.values()) + " |"]
+    lines.append("|---|---|" + "---:|" * len(labels))
+    for i, f in enumerate(FRACS):
+        best = max(BASELINES, key=lambda b: rows[b][i])
+        diffs = " | ".join(f"{rows[n][i] - rows[best][i]:+.4f}" for n in labels)
+        lines.append(f"| {f:.0%} | {best} {rows[best][i]:.4f} | {diffs} |")
+    return "\n".join(lines)
+
+
+MIXTURE = "wa-mix (two-phase where one exponential fits badly)"
+"""The replay-only ``wa-mix`` (``controlplane.replay.mixture``), run with the defaults."""
+
+
+def report(trace: Trace, jobs: int, defaults: ReplayOptions, chosen: Sequence[str]) -> str:
+    labels = {"wa-mix": MIXTURE} if MIXTURE in chosen else {}
+    for label in chosen:
+        if label == MIXTURE:
+            continue
+        v = Variant(f"{trace.name}:{label}", "wa", "censored", VARIANTS[label](defaults))
+        labels[v.register()] = label
+    order = [*BASELINES, *labels, "belady"]
+    rows = run(trace, order, jobs, defaults)
+    title = f"{trace.name}, categories {defaults.categories}, online refits"
+    shown = {n: labels.get(n, n) for n in order}
+    return "\n\n".join(
+        [
+            table(title, {n: rows[n] for n in order}, shown),
+            best_table(rows, labels),
+            gap_table(f"{trace.name}: share of the lru -> Belady gap closed", rows, labels),
+        ]
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seed", type=int, default=2024)
+    ap.add_argument("--duration", type=float, default=3600.0)
+    ap.add_argument("--qps", type=float, default=6.0)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--profiles", default="to-c,to-b")
+    ap.add_argument("--mooncake", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--fracs", default="0.01,0.02,0.05,0.1,0.2,0.4")
+    ap.add_argument(
+        "--variants", default=",".join([*VARIANTS, MIXTURE]), help="labels, comma-separated"
+    )
+    args = ap.parse_args(argv)
+    FRACS[:] = [float(f) for f in args.fracs.split(",")]
+    chosen = [v for v in args.variants.split(",") if v]
+    defaults = ReplayOptions()
+    traces: list[tuple[Trace, ReplayOptions]] = [
+        (synthesize(p, duration_s=args.duration, qps=args.qps, seed=args.seed), defaults)
+        for p in args.profiles.split(",")
+        if p
+    ]
+    if args.mooncake:
+        traces.append((load_trace(MOONCAKE), replace(defaults, categories="auto")))
+    for trace, options in traces:
+        print(
+            f"\n{trace.name}: {trace.n_requests:,} requests, {trace.n_accesses:,} accesses, "
+            f"{trace.n_unique:,} unique blocks\n"
+        )
+        print(report(trace, args.jobs, options, chosen), flush=True)
+    print(f"seed {args.seed}, {args.duration:.0f} s at {args.qps} QPS", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""``wa-mix`` (replay only): the two-phase fit, its score and its evictor in a replay."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from controlplane.fit.mle import fit_cure_rate_many
+from controlplane.replay import catalog
+from controlplane.replay.engine import replay_hits
+from controlplane.replay.mixture import MixtureWA, TwoPhase, fit_two_phase
+from controlplane.replay.options import ReplayOptions
+from controlplane.traces.synth import synthesize
+
+
+def test_two_phase_fit_recovers_a_mixture_and_beats_one_exponential() -> None:
+    rng = np.random.default_rng(3)
+    fast = rng.exponential(1 / 5.0, 6000)
+    slow = rng.exponential(1 / 0.05, 4000)
+    gaps = np.concatenate([fast, slow])
+    edges = np.concatenate([[0.0], np.geomspace(1e-3, 1e4, 120), [np.inf]])
+    observed = np.histogram(gaps, edges)[0][None, :].astype(np.int64)
+    censored = np.zeros_like(observed, dtype=float)
+    censored[0, -2] = 1000.0  # never reused, seen for hours
+    one = fit_cure_rate_many(observed, censored, edges)[0]
+    model, gain = fit_two_phase(observed[0], censored[0], edges, 0.0, one)
+    assert gain > 100
+    assert abs(model.fast_rate / 5.0 - 1) < 0.1 and abs(model.slow_rate / 0.05 - 1) < 0.1
+    assert abs(model.fast_share - 0.6) < 0.03 and abs(model.p - 10 / 11) < 0.01
+
+
+def test_two_phase_score_falls_with_idle_time_and_reduces_to_one_exponential() -> None:
+    mix = TwoPhase(p=0.8, fast_share=0.5, fast_rate=10.0, slow_rate=0.1)
+    scores = [mix.log_reuse_prob(d, 0.1) for d in (0.0, 0.1, 1.0, 10.0, 100.0)]
+    assert scores == sorted(scores, reverse=True)
+    single = TwoPhase(p=0.8, fast_share=1.0, fast_rate=2.0, slow_rate=2.0)
+    want = math.log(0.8) + math.log(-math.expm1(-2.0 * 0.1)) - 2.0 * 3.0
+    assert math.isclose(single.log_reuse_prob(3.0, 0.1), want, rel_tol=1e-12)
+
+
+def test_wa_mix_replays_in_checked_mode_and_fits_to_b_api_1_with_two_phases() -> None:
+    trace = synthesize("to-b", duration_s=300, qps=6, seed=7)
+    capacity = trace.n_unique // 20
+    policy = catalog.create("wa-mix", capacity, trace, ReplayOptions(refit_every_s=30.0))
+    hits = replay_hits(trace, policy, capacity, check=True)
+    assert 0 < hits.sum() < trace.n_accesses
+    inner = policy.inner
+    assert isinstance(inner, MixtureWA)
+    assert set(inner.mixtures) == {"api_1"}
+    api = inner.mixtures["api_1"]
+    assert api.fast_rate > 10 * api.slow_rate
