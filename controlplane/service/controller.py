@@ -415,9 +415,17 @@ class Controller:
                 m.samples.labels(category=name).set(p.samples)
         self.shadow.export()
         # Agents whose heartbeat expired leave the gauges instead of lingering as stale series.
-        for gauge in (m.agent_version, m.agent_staged_version, m.agent_hit_ratio, m.agent_dropped):
+        for gauge in (
+            m.agent_version,
+            m.agent_staged_version,
+            m.agent_hit_ratio,
+            m.agent_dropped,
+            m.agent_evictor,
+        ):
             gauge.clear()
         for a in agents:
+            if a.evictor:
+                m.agent_evictor.labels(agent=a.id, family=a.evictor).set(1)
             m.agent_version.labels(agent=a.id).set(a.applied_version)
             m.agent_staged_version.labels(agent=a.id).set(a.staged_version)
             m.agent_hit_ratio.labels(agent=a.id).set(a.hit_ratio)
