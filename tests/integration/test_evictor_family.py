@@ -15,7 +15,12 @@ from agent.policies.wa import WAPolicy
 from agent.policy_document import CategoryParams
 from agent.runtime.agent import Agent
 from agent.wire import Keys, encode_policy
+from controlplane.service.agents import AgentView
+from controlplane.service.controller import Controller
+from controlplane.service.settings import ControllerSettings
 from controlplane.service.store import PolicyStore, StoreError
+from controlplane.traces.synth import synthesize
+from tests.agent_stream import agent_batches
 from tests.integration.agent_fixtures import fast_settings
 from tests.waiting import wait_until
 
@@ -93,3 +98,44 @@ def test_an_agent_configured_with_a_baseline_keeps_it(
         wait_until(agent.apply_pending, timeout=10)
         assert agent.family == "lru" and isinstance(agent.policy, LRUPolicy)
         assert agent.applied_version == store.current_version()
+
+
+def test_the_controller_publishes_the_family_its_shadow_selects(
+    redis_url: str, key_prefix: str
+) -> None:
+    trace = synthesize("to-c", duration_s=600, qps=3, seed=7)
+    settings = ControllerSettings(
+        redis_url=redis_url,
+        key_prefix=key_prefix,
+        shadow_rate=1.0,
+        shadow_policies="lru,s3fifo",
+        shadow_window_s=120.0,
+        shadow_buckets=4,
+        select_margin=0.0,
+        select_windows=2,
+        select_min_accesses=0,
+    )
+    controller = Controller(settings)
+    controller.store.publish_fit({}, CategoryParams(rate=1e-6, p_reuse=1.0, life_s=1.0), "bad")
+    controller.shadow.refresh([_view("w1", 300)], controller.store.current())
+    chosen = []
+    for batch in agent_batches(trace, 300, batch_events=500):
+        controller.shadow.apply(batch)
+        verdict = controller.select_family()
+        if verdict is not None and verdict.switches:
+            chosen.append(verdict.chosen)
+    assert chosen, "a baseline beats a wa document that keeps the oldest blocks"
+    doc = controller.store.current()
+    assert doc is not None and doc.evictor == chosen[-1] != "wa"
+    assert doc.note.startswith(f"evictor family: switch to {chosen[-1]}")
+    assert controller.store.evictor().selected == chosen[-1]
+    shown = controller.shadow_view().selection
+    assert shown is not None and shown.window_end > 0
+    counted = controller.metrics.registry.get_sample_value(
+        "kvwise_evictor_family_selected_total", {"family": chosen[0]}
+    )
+    assert counted is not None and counted >= 1
+
+
+def _view(worker: str, capacity: int) -> AgentView:
+    return AgentView(id=worker, engine="sim", capacity=capacity)
