@@ -40,7 +40,10 @@ class ReplayOptions:
     for every category; ``window_s = inf`` = every access since the start). ``fit``
     holds the fitting knobs those overrides apply to. ``reuse_class``: each category is
     split by whether the block was accessed before (``w`` and ``w/re``; measured in
-    docs/policy.md, not yet done by the agent).
+    docs/policy.md, not yet done by the agent). ``auto_*``: the shadow and the family
+    selection of ``auto`` (``controlplane.shadow.auto_replay``): sampling rate, window
+    (trace seconds), the margin a family must lead by, in how many windows in a row, and
+    the sampled accesses a window needs (docs/policy.md says how they were chosen).
     """
 
     refit_every_s: float = 60.0
@@ -54,6 +57,11 @@ class ReplayOptions:
     shrinkage_samples: float | None = None
     min_samples: int | None = None
     reuse_class: bool = False
+    auto_rate: float = 0.05
+    auto_window_s: float = 600.0
+    auto_margin: float = 0.002
+    auto_windows: int = 2
+    auto_min_accesses: int = 2000
     fit: FitSettings = field(default_factory=FitSettings, compare=False)
 
     def __post_init__(self) -> None:
@@ -67,6 +75,8 @@ class ReplayOptions:
             raise ValueError(f"categories must be 'labels' or 'auto', got {self.categories!r}")
         if self.attribution not in ("creator", "last"):
             raise ValueError(f"attribution must be 'creator' or 'last', got {self.attribution!r}")
+        if not (0 < self.auto_rate <= 1 and self.auto_window_s > 0 and self.auto_windows >= 1):
+            raise ValueError("auto_rate must be in (0, 1], auto_window_s > 0, auto_windows >= 1")
         if self.min_samples is not None and self.min_samples < 1:
             raise ValueError(f"min_samples must be >= 1, got {self.min_samples}")
         for name in ("near_concurrent_s", "shrinkage_samples"):
