@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+import controlplane.shadow.auto_replay  # noqa: F401  (registers auto in the catalogue)
 from controlplane.cli.common import (
     JobsOpt,
     JsonFlag,
@@ -34,6 +35,7 @@ from controlplane.cli.common import (
 )
 from controlplane.cli.tables import Column, FoldedTable
 from controlplane.replay import catalog
+from controlplane.replay.options import DEFAULT_OPTIONS as DEFAULT_AUTO
 from controlplane.replay.options import Attribution, CategorySource, FitMode
 
 if TYPE_CHECKING:
@@ -48,6 +50,7 @@ DEFAULT_FRACS = "0.05,0.1,0.2,0.4"
 _sizes = partial(typer.Option, rich_help_panel="Policies and cache sizes")
 _fitted = partial(typer.Option, rich_help_panel="Fitted policies (wa, wa-ref)")
 _output = partial(typer.Option, rich_help_panel="Output")
+_auto = partial(typer.Option, rich_help_panel="auto (family selected by a shadow)")
 
 PolicyOpt = Annotated[
     str,
@@ -119,6 +122,20 @@ ReuseClassFlag = Annotated[
     ),
 ]
 
+AutoRateOpt = Annotated[
+    float, _auto(parser=positive, metavar="SHARE", help="Share of prefix trees the shadow keeps")
+]
+AutoWindowOpt = Annotated[
+    float, _auto(parser=positive, metavar="SECONDS", help="Trace seconds of one shadow window")
+]
+AutoWindowsOpt = Annotated[
+    int, _auto(min=1, metavar="N", help="Windows in a row a family must lead to be selected")
+]
+AutoMarginOpt = Annotated[
+    float,
+    _auto(parser=non_negative, metavar="RATIO", help="Hit ratio a family must lead by"),
+]
+
 
 def register(app: typer.Typer) -> None:
     app.command("replay")(replay)
@@ -142,6 +159,10 @@ def replay(
     near_concurrent: NearConcurrentOpt = None,
     life: LifeOpt = None,
     reuse_class: ReuseClassFlag = False,
+    auto_rate: AutoRateOpt = DEFAULT_AUTO.auto_rate,
+    auto_window: AutoWindowOpt = DEFAULT_AUTO.auto_window_s,
+    auto_windows: AutoWindowsOpt = DEFAULT_AUTO.auto_windows,
+    auto_margin: AutoMarginOpt = DEFAULT_AUTO.auto_margin,
 ) -> None:
     """Replay TRACE through eviction policies at several cache sizes.
 
@@ -155,11 +176,14 @@ def replay(
         kvwise replay trace.jsonl -p lru,s3fifo --capacity 5000 --json
         kvwise replay trace.jsonl -p lru,wa,wa-ref --wa-fit split --split 0.5
         kvwise replay trace.jsonl -p lru,s3fifo,wa --plot curve.png
+        kvwise replay trace.jsonl -p lru,s3fifo,arc,wa,auto --capacity-frac 0.01,0.05
     """
     from controlplane.replay.options import DEFAULT_ATTRIBUTION, ReplayOptions
 
     if capacity and capacity_frac:
         fail("give --capacity or --capacity-frac, not both")
+    if auto_rate > 1:
+        fail(f"--auto-rate must be in (0, 1], got {auto_rate}")
     names = policy_names(policy)
     if plot is not None:
         check_plotting("--plot", png=plot)
@@ -173,6 +197,10 @@ def replay(
         near_concurrent_s=near_concurrent,
         life_s=life,
         reuse_class=reuse_class,
+        auto_rate=auto_rate,
+        auto_window_s=auto_window,
+        auto_windows=auto_windows,
+        auto_margin=auto_margin,
     )
     trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
     capacities = _capacities(trace, capacity, capacity_frac)
