@@ -142,3 +142,18 @@ def test_an_engine_order_switches_only_when_its_engine_lets_it() -> None:
     assert order.evictor is installed[-1]
     assert isinstance(installed[-1], NamesCategories)
     assert installed[-1].add_category("docs") == 1  # codes kept for the side table
+
+
+def test_the_device_evictor_hands_over_to_a_cpu_baseline_and_back() -> None:
+    pytest.importorskip("torch")
+    from agent.device_evictor import DeviceEvictor
+
+    device = DeviceEvictor.simulated(CAPACITY)
+    in_use, now = _warm(device, seed=11)
+    expected = _victim_order(device)
+    baseline = create("arc", CAPACITY)
+    hand_over(device, baseline, now)
+    back = DeviceEvictor.simulated(CAPACITY)
+    hand_over(baseline, back, now + 1)
+    assert len(back) == len(expected) + len(in_use)
+    assert back.evict(len(back)) == expected
