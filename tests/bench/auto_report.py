@@ -22,18 +22,17 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 
 from agent.policies.base import EvictionPolicy
 from controlplane.replay import catalog
 from controlplane.replay.options import ReplayOptions
-from controlplane.replay.runner import run_matrix
 from controlplane.shadow.auto_replay import AutoReplayPolicy
 from controlplane.traces.model import Trace
 from controlplane.traces.reader import load_trace
 from controlplane.traces.synth import synthesize
+from tests.bench import ablation
 from tests.bench.ablation import BASELINES, MOONCAKE
 
 FRACS = [0.01, 0.02, 0.05, 0.1, 0.2, 0.4]
@@ -66,15 +65,9 @@ def register(options: ReplayOptions) -> str:
 def replays(
     trace: Trace, names: Sequence[str], jobs: int, options: ReplayOptions
 ) -> dict[str, list[float]]:
-    caps = [max(1, round(f * trace.n_unique)) for f in FRACS]
-    t0 = time.perf_counter()
-    results = run_matrix(trace, list(names), caps, jobs=jobs, options=options)
-    took = time.perf_counter() - t0
-    print(f"  {trace.name}: {len(results)} replays in {took:.0f} s", file=sys.stderr)
-    by: dict[str, list[float]] = {n: [] for n in names}
-    for r in results:
-        by[r.policy].append(r.hit_ratio)
-    return by
+    """Every policy at every capacity of ``FRACS`` (the ablation's runner)."""
+    ablation.FRACS[:] = FRACS
+    return ablation.run(trace, names, jobs, options)
 
 
 def best_baseline(rows: dict[str, list[float]], i: int) -> str:
