@@ -57,10 +57,10 @@ class ReplayOptions:
     shrinkage_samples: float | None = None
     min_samples: int | None = None
     reuse_class: bool = False
-    auto_rate: float = 0.05
-    auto_window_s: float = 600.0
-    auto_margin: float = 0.002
-    auto_windows: int = 2
+    auto_rate: float = 1.0
+    auto_window_s: float = 300.0
+    auto_margin: float = 0.001
+    auto_windows: int = 1
     auto_min_accesses: int = 2000
     fit: FitSettings = field(default_factory=FitSettings, compare=False)
 
