@@ -12,7 +12,7 @@ import json
 import sys
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -50,7 +50,7 @@ DEFAULT_FRACS = "0.05,0.1,0.2,0.4"
 _sizes = partial(typer.Option, rich_help_panel="Policies and cache sizes")
 _fitted = partial(typer.Option, rich_help_panel="Fitted policies (wa, wa-ref)")
 _output = partial(typer.Option, rich_help_panel="Output")
-_auto = partial(typer.Option, rich_help_panel="auto (family selected by a shadow)")
+_auto_panel = partial(typer.Option, rich_help_panel="auto (family selected by a shadow)")
 
 PolicyOpt = Annotated[
     str,
@@ -122,18 +122,29 @@ ReuseClassFlag = Annotated[
     ),
 ]
 
+
+def _share(text: str) -> float:
+    """Typer parser of a share in (0, 1]."""
+    value = positive(text)
+    if value > 1:
+        raise typer.BadParameter(f"must be in (0, 1], got {text}")
+    return value
+
+
 AutoRateOpt = Annotated[
-    float, _auto(parser=positive, metavar="SHARE", help="Share of prefix trees the shadow keeps")
+    float,
+    _auto_panel(parser=_share, metavar="SHARE", help="Share of prefix trees the shadow keeps"),
 ]
 AutoWindowOpt = Annotated[
-    float, _auto(parser=positive, metavar="SECONDS", help="Trace seconds of one shadow window")
+    float,
+    _auto_panel(parser=positive, metavar="SECONDS", help="Trace seconds of one shadow window"),
 ]
 AutoWindowsOpt = Annotated[
-    int, _auto(min=1, metavar="N", help="Windows in a row a family must lead to be selected")
+    int, _auto_panel(min=1, metavar="N", help="Windows in a row a family must lead to be selected")
 ]
 AutoMarginOpt = Annotated[
     float,
-    _auto(parser=non_negative, metavar="RATIO", help="Hit ratio a family must lead by"),
+    _auto_panel(parser=non_negative, metavar="RATIO", help="Hit ratio a family must lead by"),
 ]
 
 
@@ -182,12 +193,7 @@ def replay(
 
     if capacity and capacity_frac:
         fail("give --capacity or --capacity-frac, not both")
-    if auto_rate > 1:
-        fail(f"--auto-rate must be in (0, 1], got {auto_rate}")
-    names = policy_names(policy)
-    if plot is not None:
-        check_plotting("--plot", png=plot)
-        names += [b for b in catalog.BOUNDS if b not in names]
+    names = _names(policy, plot)
     options = ReplayOptions(
         refit_every_s=refit_every,
         wa_fit=wa_fit,
@@ -197,16 +203,46 @@ def replay(
         near_concurrent_s=near_concurrent,
         life_s=life,
         reuse_class=reuse_class,
-        auto_rate=auto_rate,
-        auto_window_s=auto_window,
-        auto_windows=auto_windows,
-        auto_margin=auto_margin,
+        **_auto(auto_rate, auto_window, auto_windows, auto_margin),
     )
     trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
     capacities = _capacities(trace, capacity, capacity_frac)
     results = _run_with_progress(trace, names, capacities, jobs, options, json_out)
     if plot is not None:
         _plot(plot, trace, results)
+    _report(trace_path, trace, names, capacities, results, options, top_categories, json_out)
+
+
+def _names(policy: str, plot: Path | None) -> list[str]:
+    """The policies to replay: those asked for, and the bounds when plotting."""
+    names = policy_names(policy)
+    if plot is not None:
+        check_plotting("--plot", png=plot)
+        names += [b for b in catalog.BOUNDS if b not in names]
+    return names
+
+
+def _auto(rate: float, window: float, windows: int, margin: float) -> dict[str, Any]:
+    """``auto``'s options, by ``ReplayOptions`` field."""
+    return {
+        "auto_rate": rate,
+        "auto_window_s": window,
+        "auto_windows": windows,
+        "auto_margin": margin,
+    }
+
+
+def _report(
+    trace_path: Path,
+    trace: Trace,
+    names: list[str],
+    capacities: list[int],
+    results: list[ReplayResult],
+    options: ReplayOptions,
+    top_categories: int,
+    json_out: bool,
+) -> None:
+    """The results as JSON on stdout, or as tables."""
     if json_out:
         json.dump(_json_doc(trace_path, trace, options, results), sys.stdout)
         sys.stdout.write("\n")
