@@ -59,7 +59,7 @@ class ReplayOptions:
     reuse_class: bool = False
     auto_rate: float = 1.0
     auto_window_s: float = 300.0
-    auto_margin: float = 0.001
+    auto_margin: float = 0.01
     auto_windows: int = 1
     auto_min_accesses: int = 2000
     fit: FitSettings = field(default_factory=FitSettings, compare=False)

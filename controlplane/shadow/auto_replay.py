@@ -65,8 +65,10 @@ class _Shadow:
         sampler = PrefixSampler(options.auto_rate)
         offsets = trace.offsets
         lengths = np.diff(offsets)
-        depth = np.minimum(lengths - 1, defaults.shadow_key_depth)
-        keys = trace.blocks[offsets[:-1] + np.maximum(depth, 0)] if len(lengths) else offsets
+        depth = np.clip(np.minimum(lengths - 1, defaults.shadow_key_depth), 0, None)
+        # A request's key block (an empty request, which serves nothing, gets any block).
+        last = len(trace.blocks) - 1
+        keys = trace.blocks[np.minimum(offsets[:-1] + depth, last)] if last >= 0 else lengths * 0
         self.sampled = sampler.keep(keys.astype(np.int64)).tolist()
         size = sampler.scaled(capacity)
         self.families = (DEFAULT_FAMILY, *defaults.baselines)
