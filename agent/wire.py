@@ -221,6 +221,18 @@ class RawEvents:
         """Rows ``lo:hi`` of every column (views, no copy); everything else is kept."""
         return replace(self, **{name: getattr(self, name)[lo:hi] for name in self.columns})
 
+    def then(self, later: Self) -> Self:
+        """These rows followed by ``later``'s (new arrays); everything else is this one's."""
+        if not len(self):
+            return later
+        return replace(
+            self,
+            **{
+                name: np.concatenate([getattr(self, name), getattr(later, name)])
+                for name in self.columns
+            },
+        )
+
 
 @dataclass(frozen=True, eq=False)
 class Events(RawEvents):
@@ -443,7 +455,9 @@ def decode_policy(
     return doc
 
 
-_OPTIONAL_STATUS_FIELDS: Final = frozenset({"applied_at", "staged_version", "evictor"})
+_OPTIONAL_STATUS_FIELDS: Final = frozenset(
+    {"applied_at", "staged_version", "whole_requests", "evictor"}
+)
 """Fields added after schema 1 shipped: an older agent's heartbeat omits them."""
 
 
@@ -470,6 +484,10 @@ class AgentStatus:
     """Version the agent received and validated, in force after the engine's next call
     into the agent (an idle engine makes none); equals ``applied_version`` when nothing
     waits. -1 in a heartbeat that predates the field (read as ``applied_version``)."""
+    whole_requests: bool = False
+    """Whether the agent reports each request whole (its hits, then its stored blocks, at
+    one time), so that its requests can be rebuilt from its events; False in a heartbeat
+    that predates the field."""
     evictor: str = ""
     """The evictor family in force (``wa``, ``lru``, ...); empty in a heartbeat that
     predates the field."""
@@ -505,6 +523,8 @@ class AgentStatus:
 
 def _typed(name: str, type_: str, value: object) -> object:
     if type_ == "str" and isinstance(value, str):
+        return value
+    if type_ == "bool" and isinstance(value, bool):
         return value
     if type_ == "int" and isinstance(value, int) and not isinstance(value, bool):
         return value

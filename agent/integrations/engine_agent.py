@@ -9,13 +9,20 @@ the order), its ``evict`` hands over the ids of the victims the engine just took
 ``set_policy`` reaches the order, so a hot-reloaded document is swapped in, whole, on the
 engine thread at the next ``before_call``. It also owns the request -> category step:
 ``kv_category`` from the request's extra arguments, else ``agent.category_inference``'s
-inference, bounded by the agent's category table. It must never import an engine or wait on I/O.
+inference, bounded by the agent's category table. And it owns ``RequestReport``: an engine
+that learns a request's prefix hits and the blocks it stores at different moments (vLLM,
+over one or several scheduling steps) reports them through one, which holds them until the
+request's prompt is whole and then records them in one go, at one time: the request's HITs
+in prompt order, then its INSERTs tail first, as a replayed request would make them. A
+controller can then rebuild each request from the event stream (the shadow evaluation).
+It must never import an engine or wait on I/O.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agent.category_inference import CategoryInferrer, InferSettings
@@ -31,6 +38,8 @@ CATEGORY_KEY = "kv_category"
 ``custom_params``)."""
 REQUEST_CATEGORY_ATTR = "_kvwise_category"
 """Attribute where a request keeps its ``(name, code)`` once worked out."""
+REQUEST_REPORT_ATTR = "_kvwise_report"
+"""Attribute where a request keeps its ``RequestReport``."""
 BuildFamily = Callable[[str], "EngineEvictor"]
 """A fresh evictor of the family named."""
 InstallEvictor = Callable[[Any], None]
@@ -40,6 +49,31 @@ PromptOf = Callable[[Any, bool], tuple[Sequence[int], int]]
 """An engine's reading of a request's prompt: called with the request and whether its
 category is to be inferred, it gives the prompt's block hashes (empty when not) and its
 token count."""
+
+
+@dataclass
+class RequestReport:
+    """One request's hits and stored blocks, held until its prompt's blocks are all known.
+
+    ``at`` is when the request first reported (its events all carry that time) and
+    ``prompt_blocks`` how many whole blocks its prompt has; blocks past them (filled while
+    it decodes) are not held but recorded as they come.
+    """
+
+    at: float
+    name: str
+    prompt_blocks: int
+    hit_hashes: list[int] = field(default_factory=list)
+    hit_offsets: list[int] = field(default_factory=list)
+    stored_hashes: list[int] = field(default_factory=list)
+    stored_offsets: list[int] = field(default_factory=list)
+    recorded: bool = False
+    """Whether its held blocks went to the agent (afterwards it holds nothing)."""
+
+    @property
+    def whole(self) -> bool:
+        """Whether every block of the prompt has been reported."""
+        return len(self.hit_hashes) + len(self.stored_hashes) >= self.prompt_blocks
 
 
 class EngineEvictor(Protocol):
@@ -124,11 +158,21 @@ class EngineAgent:
         engine: str,
         infer: bool = True,
         block_tokens: int = 16,
+        whole_requests: bool = True,
     ) -> None:
         """``block_tokens``: tokens per block hash of the engine (vLLM's hash block size,
-        its ``--block-size``), which category inference counts new tokens in."""
+        its ``--block-size``), which category inference counts new tokens in.
+        ``whole_requests``: whether the engine reports each request whole (through
+        ``RequestReport``s, or hits and stores at one time), said in the heartbeat."""
         self.order = EngineOrder(evictor)
-        self.agent = Agent(settings, capacity=capacity, engine=engine, policy=self.order)
+        self.agent = Agent(
+            settings,
+            capacity=capacity,
+            engine=engine,
+            policy=self.order,
+            whole_requests=whole_requests,
+        )
+        self.block_tokens = block_tokens
         self._names: dict[str, tuple[str, int]] = {}
         self._inferrer: CategoryInferrer | None = None
         if infer:
@@ -193,6 +237,49 @@ class EngineAgent:
         if hashes:
             self.agent.touch(hashes, now, name, offsets=offsets)
             self.agent.free(hashes, offsets, now, name)
+
+    # --- reports held per request ------------------------------------------------------
+    def report_of(self, request: Any, name: str, prompt_tokens: int, now: float) -> RequestReport:
+        """The ``RequestReport`` kept on ``request``, begun at ``now`` if it has none (an
+        object without attributes gets a fresh one each time: its blocks go out at once)."""
+        report: RequestReport | None = getattr(request, REQUEST_REPORT_ATTR, None)
+        if report is None:
+            report = RequestReport(now, name, prompt_tokens // max(self.block_tokens, 1))
+            try:
+                setattr(request, REQUEST_REPORT_ATTR, report)
+            except AttributeError:
+                report.recorded = True  # nowhere to hold it: nothing is held
+        return report
+
+    def hold_hits(self, report: RequestReport, hashes: list[int], offsets: list[int]) -> None:
+        """The request reuses cached blocks: held until its prompt is whole."""
+        if report.recorded:
+            self.hit(hashes, offsets, report.at, report.name)
+            return
+        report.hit_hashes += hashes
+        report.hit_offsets += offsets
+
+    def hold_stored(
+        self, report: RequestReport, hashes: list[int], offsets: Sequence[int], now: float
+    ) -> None:
+        """The request stored blocks: prompt blocks are held, later ones recorded now."""
+        held = 0 if report.recorded else len(hashes)
+        while held and offsets[held - 1] >= report.prompt_blocks:
+            held -= 1
+        report.stored_hashes += hashes[:held]
+        report.stored_offsets += offsets[:held]
+        if held < len(hashes):
+            self.cached(hashes[held:], offsets[held:], now, report.name)
+
+    def record(self, report: RequestReport) -> None:
+        """Record what ``report`` holds, at its time: HITs, then INSERTs tail first."""
+        if report.recorded:
+            return
+        report.recorded = True
+        self.hit(report.hit_hashes, report.hit_offsets, report.at, report.name)
+        self.cached(report.stored_hashes[::-1], report.stored_offsets[::-1], report.at, report.name)
+        report.hit_hashes, report.hit_offsets = [], []
+        report.stored_hashes, report.stored_offsets = [], []
 
     def start(self) -> EngineAgent:
         self.agent.start()

@@ -345,7 +345,9 @@ def attach(cache: Any, settings: AgentSettings) -> RadixHooks:
     allocator = cache.token_to_kv_pool_allocator
     size = int(getattr(allocator, "size", 0) or 0)
     capacity = max(size // max(int(cache.page_size), 1), 1)
-    engine = EngineAgent(settings, order, capacity=capacity, engine="sglang")
+    # A radix node is a run of pages, reported at its first page: its events do not
+    # rebuild into requests of whole blocks.
+    engine = EngineAgent(settings, order, capacity=capacity, engine="sglang", whole_requests=False)
     hooks = RadixHooks(cache, engine, order).install()
     _state.settings, _state.hooks = settings, hooks
     engine.start()

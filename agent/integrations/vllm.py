@@ -9,9 +9,13 @@ Owns the seam into vLLM v1, and is the only kvwise module that imports vLLM:
 - sends the agent's own log lines (``agent.*``: each policy version put in force, Redis
   warnings) to vLLM's log, in its format;
 - wraps ``BlockPool.cache_full_blocks`` (blocks stored, with their request),
-  ``BlockPool.touch`` (prefix hits) and ``KVCacheManager.allocate_slots`` (which request
-  the hits belong to) to fill the queue's side table and report events; the wrappers call
-  the original first and only read what it left.
+  ``BlockPool.touch`` (prefix hits), ``KVCacheManager.allocate_slots`` (which request
+  the hits belong to) and ``KVCacheManager.free`` (the request is done) to fill the
+  queue's side table and report events; the wrappers call the original first and only
+  read what it left. A request's hits and its prompt's stored blocks are held on the
+  request (``RequestReport``) and recorded once its prompt is whole (after the
+  ``allocate_slots`` that stores its last prompt block, or when it is freed), all at the
+  time it first reported: the controller can rebuild each request from the events.
 
 vLLM loads general plugins in every process it starts (API server, engine core, workers);
 ``register`` only patches classes there, and the agent (its threads and Redis connection)
@@ -32,7 +36,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agent.integrations.block_queue import KvwiseFreeQueue, hash64
-from agent.integrations.engine_agent import DEFAULT_CATEGORY, EngineAgent
+from agent.integrations.engine_agent import (
+    DEFAULT_CATEGORY,
+    REQUEST_REPORT_ATTR,
+    EngineAgent,
+    RequestReport,
+)
 from agent.policies import create
 from agent.policies.base import EvictionPolicy
 from agent.policy_document import DEFAULT_FAMILY
@@ -114,6 +123,7 @@ def register() -> None:
     pool_cls.touch = _wrap_touch(pool_cls.touch)
     manager_cls = kv_cache_manager.KVCacheManager
     manager_cls.allocate_slots = _wrap_allocate_slots(manager_cls.allocate_slots)
+    manager_cls.free = _wrap_free(manager_cls.free)
     log.info("kvwise: vLLM %s, evictor %r; free queue will be replaced", version, settings.evictor)
 
 
@@ -140,13 +150,17 @@ def route_agent_logs() -> None:
 
 
 def _missing_surface(block_pool: Any, kv_cache_manager: Any) -> list[str]:
-    queue = getattr(block_pool, "FreeKVCacheBlockQueue", None)
-    missing = [f"FreeKVCacheBlockQueue.{m}" for m in QUEUE_SURFACE if not hasattr(queue, m)]
-    pool = getattr(block_pool, "BlockPool", None)
-    missing += [f"BlockPool.{m}" for m in ("cache_full_blocks", "touch") if not hasattr(pool, m)]
-    if not hasattr(getattr(kv_cache_manager, "KVCacheManager", None), "allocate_slots"):
-        missing.append("KVCacheManager.allocate_slots")
-    return missing
+    surface = (
+        (block_pool, "FreeKVCacheBlockQueue", QUEUE_SURFACE),
+        (block_pool, "BlockPool", ("cache_full_blocks", "touch")),
+        (kv_cache_manager, "KVCacheManager", ("allocate_slots", "free")),
+    )
+    return [
+        f"{cls_name}.{method}"
+        for module, cls_name, methods in surface
+        for method in methods
+        if not hasattr(getattr(module, cls_name, None), method)
+    ]
 
 
 def build_evictor(
@@ -209,6 +223,12 @@ def _prompt(request: Any, infer: bool) -> tuple[Sequence[int], int]:
     return hashes, int(getattr(request, "num_prompt_tokens", 0))
 
 
+def _report(engine: EngineAgent, request: Any, now: float) -> RequestReport:
+    """The request's ``RequestReport`` (begun at ``now`` with its category)."""
+    name, _ = _category(engine, request)
+    return engine.report_of(request, name, int(getattr(request, "num_prompt_tokens", 0)), now)
+
+
 def _wrap_cache_full_blocks(orig: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(orig)
     def cache_full_blocks(
@@ -228,14 +248,15 @@ def _wrap_cache_full_blocks(orig: Callable[..., None]) -> Callable[..., None]:
             return
         engine = _state.engine
         assert engine is not None
-        name, code = _category(engine, request)
+        _, code = _category(engine, request)
         stored = blocks[num_cached_blocks:num_full_blocks]
         hashes = queue.note_cached(stored, num_cached_blocks, code)
         if len(hashes) == len(stored):
             offsets: Sequence[int] = range(num_cached_blocks, num_full_blocks)
         else:
             offsets = [queue.offset[b.block_id] for b in stored if b.block_hash is not None]
-        engine.cached(hashes, offsets, time.time(), name)
+        now = time.time()
+        engine.hold_stored(_report(engine, request, now), hashes, offsets, now)
 
     return cache_full_blocks
 
@@ -250,13 +271,14 @@ def _wrap_touch(orig: Callable[..., None]) -> Callable[..., None]:
         engine = _state.engine
         assert engine is not None
         request = _state.request
-        if request is not None:
-            name, code = _category(engine, request)
-        else:  # a hit outside slot allocation (no such caller in the tested versions)
-            name, code = engine.category(DEFAULT_CATEGORY, (), 0)
         hits = [b for b in blocks if b.block_hash is not None]
+        if request is None:  # a hit outside slot allocation (no such caller in the tested versions)
+            name, code = engine.category(DEFAULT_CATEGORY, (), 0)
+            engine.hit(*queue.note_hits(hits, code), time.time(), name)
+            return
+        _, code = _category(engine, request)
         hashes, offsets = queue.note_hits(hits, code)
-        engine.hit(hashes, offsets, time.time(), name)
+        engine.hold_hits(_report(engine, request, time.time()), hashes, offsets)
 
     return touch
 
@@ -266,8 +288,30 @@ def _wrap_allocate_slots(orig: Callable[..., Any]) -> Callable[..., Any]:
     def allocate_slots(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         _state.request = request
         try:
-            return orig(self, request, *args, **kwargs)
+            result = orig(self, request, *args, **kwargs)
         finally:
             _state.request = None
+        _record_if_whole(request)
+        return result
 
     return allocate_slots
+
+
+def _record_if_whole(request: Any) -> None:
+    """Record the request's held blocks once its prompt's blocks are all reported."""
+    report: RequestReport | None = getattr(request, REQUEST_REPORT_ATTR, None)
+    engine = _state.engine
+    if report is not None and engine is not None and report.whole:
+        engine.record(report)
+
+
+def _wrap_free(orig: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(orig)
+    def free(self: Any, request: Any) -> None:
+        orig(self, request)
+        report: RequestReport | None = getattr(request, REQUEST_REPORT_ATTR, None)
+        engine = _state.engine
+        if report is not None and engine is not None:  # finished, aborted or preempted
+            engine.record(report)
+
+    return free

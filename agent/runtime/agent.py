@@ -92,19 +92,22 @@ class Agent:
         capacity: int,
         engine: str = "sim",
         policy: EvictionPolicy | None = None,
+        whole_requests: bool = True,
     ) -> None:
+        """``whole_requests``: whether the caller reports each request whole, its ``touch``
+        then its ``free`` at one time, none of another request's in between (said in the
+        heartbeat: a controller rebuilds requests only from such workers' events)."""
         self.settings = settings
+        self.whole_requests = whole_requests
         self.capacity = capacity
         self.engine = engine
         self.worker_id = settings.worker_id or default_worker_id()
         self.epoch = secrets.token_hex(8)
         self.keys = Keys(settings.key_prefix)
-        self.family = configured_family(settings)
-        """The evictor family in force."""
+        self.family = configured_family(settings)  # the evictor family in force
         self.follows_family = follows_document(settings)
         self.policy = policy if policy is not None else create(self.family, capacity)
-        self.last_now = 0.0
-        """The latest ``now`` an engine hook passed: the time of a family switch."""
+        self.last_now = 0.0  # the latest ``now`` of a hook: the time of a family switch
         # The evictor may number categories itself (``add_category``): map agent codes
         # to its codes, so the two tables never have to agree.
         self._evictor_codes: list[int] = []
@@ -265,6 +268,7 @@ class Agent:
             last_rejection=self.subscriber.last_rejection,
             started_at=self.started_at,
             updated_at=time.time(),
+            whole_requests=self.whole_requests,
         )
 
     # --- lifecycle -----------------------------------------------------------------------

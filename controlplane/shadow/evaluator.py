@@ -39,9 +39,10 @@ from controlplane.shadow.view import (
 
 WA = "wa"
 GUARD_MAX_INCOMPLETE_SHARE = 0.1
-"""A worker more than this share of whose runs do not rebuild into whole requests (an
-engine that reports a request's hits and its inserts apart, as vLLM and SGLang do) is left
-out of the guard: its sample is not its traffic."""
+"""A worker more than this share of whose runs do not rebuild into whole requests (events
+lost, or an engine that reports a request's hits and its inserts apart) is left out of the
+guard: its sample is not its traffic. So is one whose heartbeat does not say it reports
+requests whole (SGLang's radix nodes; agents older than the field)."""
 
 
 @dataclass
@@ -68,6 +69,8 @@ class _Worker:
     requests: int = 0
     accesses: int = 0
     incomplete: int = 0
+    declares_whole: bool = True
+    """What its heartbeat says of its requests (``AgentStatus.whole_requests``)."""
     last_batch: float = 0.0
     """When its last batch came (monotonic clock)."""
 
@@ -112,12 +115,17 @@ class ShadowEvaluator:
                 if now - worker.last_batch >= idle_s:
                     self._take(worker, worker.rebuilder.flush())
 
-    def set_capacities(self, capacities: Mapping[str, int]) -> None:
-        """Workers' capacities (from their heartbeats); a change starts that worker's
-        miniature caches afresh, warmed with the window's sampled requests kept so far."""
+    def set_capacities(
+        self, capacities: Mapping[str, int], whole_requests: Mapping[str, bool] | None = None
+    ) -> None:
+        """Workers' capacities and whether they report requests whole (from their
+        heartbeats); a capacity change starts that worker's miniature caches afresh,
+        warmed with the window's sampled requests kept so far."""
         with self._lock:
             for worker_id, capacity in capacities.items():
                 worker = self._worker(worker_id)
+                if whole_requests is not None:
+                    worker.declares_whole = whole_requests.get(worker_id, False)
                 if capacity > 0 and capacity != worker.capacity:
                     self._build_caches(worker, capacity)
                     self._tell_categories(worker)
@@ -184,6 +192,7 @@ class ShadowEvaluator:
         worker.incomplete += rebuilt.incomplete
         if rebuilt.seen is not None and len(rebuilt.seen.ts):
             worker.seen_all.add_many(rebuilt.seen.ts, rebuilt.seen.hits, rebuilt.seen.accesses)
+            self._clock = max(self._clock, float(rebuilt.seen.ts.max()))
         for request in rebuilt.sampled:
             worker.seen_sampled.add(request.ts, request.seen_hits, len(request.blocks))
         if not rebuilt.sampled:
@@ -277,7 +286,8 @@ class ShadowEvaluator:
             sampled_requests=int(sampled.requests),
             sampled_accesses=int(sampled.accesses),
             incomplete_runs=incomplete,
-            whole_requests=_whole(requests, incomplete),
+            whole_requests=all(w.declares_whole for _, w in members)
+            and _few_incomplete(requests, incomplete),
             observed_hit_ratio=seen.hit_ratio,
             sampled_observed_hit_ratio=seen_sampled.hit_ratio,
             curves=curves,
@@ -291,11 +301,7 @@ class ShadowEvaluator:
             raise ValueError(f"{multiple} is not on the ladder {self.multiples}")
         step = self.multiples.index(multiple)
         with self._lock:
-            whole = [
-                w
-                for w in self._workers.values()
-                if w.capacity is not None and _whole(w.requests, w.incomplete)
-            ]
+            whole = [w for w in self._workers.values() if w.capacity is not None and _whole(w)]
             ratios: dict[str, float] = {}
             accesses = 0
             for name in self.policies:
@@ -320,7 +326,7 @@ class ShadowEvaluator:
             work = [
                 (self.sampler.scaled(w.capacity), _newest(w.buffer, limit))
                 for w in known
-                if w.capacity is not None and _whole(w.requests, w.incomplete)
+                if w.capacity is not None and _whole(w)
             ]
         if known and not work:
             verdict = _unjudgeable(len(known), in_force, self.settings.guard_margin)
@@ -336,7 +342,13 @@ class ShadowEvaluator:
             self._guard = GuardView("off", reason, at=time.time())
 
 
-def _whole(requests: int, incomplete: int) -> bool:
+def _whole(worker: _Worker) -> bool:
+    """Whether ``worker``'s events rebuild into its requests: it says it reports them
+    whole, and few of its runs were incomplete."""
+    return worker.declares_whole and _few_incomplete(worker.requests, worker.incomplete)
+
+
+def _few_incomplete(requests: int, incomplete: int) -> bool:
     """Whether ``incomplete`` runs are at most ``GUARD_MAX_INCOMPLETE_SHARE`` of all."""
     return incomplete <= GUARD_MAX_INCOMPLETE_SHARE * (requests + incomplete)
 
@@ -346,8 +358,8 @@ def _unjudgeable(workers: int, in_force: PolicyDocument | None, margin: float) -
     return GuardView(
         "waiting",
         f"waiting: the events of {workers} worker(s) do not rebuild into whole requests "
-        f"(more than {GUARD_MAX_INCOMPLETE_SHARE:.0%} of runs incomplete: an engine that "
-        "reports a request's hits and inserts apart); published unjudged",
+        "(an agent that does not report requests whole, as SGLang's, or more than "
+        f"{GUARD_MAX_INCOMPLETE_SHARE:.0%} of runs incomplete); published unjudged",
         in_force_version=in_force.version if in_force is not None else None,
         margin=margin,
         at=time.time(),

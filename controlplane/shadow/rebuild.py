@@ -1,18 +1,20 @@
 """Requests rebuilt from a worker's event stream, and the sample of them the shadow keeps.
 
 Owns ``RequestRebuilder`` (one per worker) and ``CategoryTable`` (category names to the
-shadow's own codes, shared by every worker). An agent reports a request as a run of
-events with one time and one category: HIT events for the cached blocks it touched
-(prompt offsets ascending), then INSERT events for the blocks it computed, released tail
-first (offsets descending); EVICT events carry no access and are skipped. A new request
-starts where the time or the category changes, where a HIT follows an INSERT, or where
-the offsets stop ascending (HITs) or descending (INSERTs). A run whose offsets are not
-exactly ``0 .. n-1`` is split once where its HITs turn into INSERTs (two requests with
-the same time and category, the first all hits); if that does not make it whole it is
-dropped and counted as incomplete (events lost on the way, or an engine that reports a
-request's hits and its inserts at different times). The last run of a batch may go on in
-the next one: it is held until then. Requests are rebuilt vectorised; only the sampled
-ones become Python objects. It must never replay or decode wire data.
+shadow's own codes, shared by every worker). An agent that reports requests whole (its
+heartbeat says so) records a request as a run of events with one time and one category:
+HIT events for the cached blocks it touched (prompt offsets ascending), then INSERT events
+for the blocks it computed, released tail first (offsets descending); EVICT events carry
+no access and are skipped. A new request starts where the time or the category changes,
+where a HIT follows an INSERT, or where the offsets stop ascending (HITs) or descending
+(INSERTs). A run whose offsets are not exactly ``0 .. n-1`` is split once where its HITs
+turn into INSERTs (two requests with the same time and category, the first all hits); if
+that does not make it whole it is either a continuation (INSERTs only, none at offset 0:
+blocks a request filled while it decoded, which a later prompt will hold) or dropped and
+counted as incomplete (events lost on the way, or an engine that reports a request's hits
+and its inserts at different times). The last run of a batch may go on in the next one:
+it is held until then. Requests are rebuilt vectorised; only the sampled ones become
+Python objects. It must never replay or decode wire data.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.wire import EventBatch, EventKind
+from agent.wire import EventBatch, EventKind, RawEvents
 from controlplane.shadow.sampler import PrefixSampler
 
 HIT = int(EventKind.HIT)
@@ -63,6 +65,8 @@ class Rebuilt:
     incomplete: int
     """Runs of events that did not make a whole request (dropped)."""
     seen: Seen | None = None
+    continued: int = 0
+    """Continuation runs: blocks stored after a request's prompt (skipped, not broken)."""
 
 
 class CategoryTable:
@@ -88,44 +92,14 @@ class CategoryTable:
         return self._last[1]
 
 
-@dataclass(frozen=True)
-class _Run:
-    """Access events in stream order: time, block, category code, offset, kind."""
-
-    ts: NDArray[np.float64]
-    block: NDArray[np.int64]
-    category: NDArray[np.int32]
-    offset: NDArray[np.int64]
-    kind: NDArray[np.uint8]
-
-    def __len__(self) -> int:
-        return len(self.ts)
-
-    def cut(self, lo: int, hi: int | None = None) -> _Run:
-        part = slice(lo, hi)
-        return _Run(
-            self.ts[part], self.block[part], self.category[part], self.offset[part], self.kind[part]
-        )
-
-    def then(self, other: _Run) -> _Run:
-        if not len(self):
-            return other
-        return _Run(
-            np.concatenate([self.ts, other.ts]),
-            np.concatenate([self.block, other.block]),
-            np.concatenate([self.category, other.category]),
-            np.concatenate([self.offset, other.offset]),
-            np.concatenate([self.kind, other.kind]),
-        )
-
-
-_EMPTY = _Run(
+_EMPTY = RawEvents(
     np.empty(0, np.float64),
     np.empty(0, np.int64),
     np.empty(0, np.int32),
-    np.empty(0, np.int64),
+    np.empty(0, np.int32),
     np.empty(0, np.uint8),
 )
+"""No held events."""
 
 
 class RequestRebuilder:
@@ -143,32 +117,33 @@ class RequestRebuilder:
         access = batch.kind != EVICT
         codes = self.table.codes(batch.categories)
         run = self._held.then(
-            _Run(
+            RawEvents(
                 batch.ts[access],
                 batch.block[access],
                 codes[batch.category[access]] if len(codes) else batch.category[access],
-                batch.offset[access].astype(np.int64),
+                batch.offset[access],
                 batch.kind[access],
             )
         )
         starts = _starts(run)
         if len(starts) == 0:
             return Rebuilt([], 0, 0, 0)
-        self._held = run.cut(int(starts[-1]))
-        return self._requests(run.cut(0, int(starts[-1])), starts[:-1])
+        self._held = run.rows(int(starts[-1]), len(run))
+        return self._requests(run.rows(0, int(starts[-1])), starts[:-1])
 
     def flush(self) -> Rebuilt:
         """The requests of the held run (at the end of a stream)."""
         run, self._held = self._held, _EMPTY
         return self._requests(run, _starts(run))
 
-    def _requests(self, run: _Run, starts: NDArray[np.intp]) -> Rebuilt:
+    def _requests(self, run: RawEvents, starts: NDArray[np.intp]) -> Rebuilt:
         if len(starts) == 0:
             return Rebuilt([], 0, 0, 0)
         whole = _whole(run, starts)
         if not whole.all():
             starts, whole = _split_broken(run, starts, whole)
         counts = np.diff(np.append(starts, len(run)))
+        continued = ~whole & _continuations(run, starts)
         group = np.repeat(np.arange(len(starts)), counts)
         at = run.offset == np.minimum(counts - 1, self.key_depth)[group]
         keys = np.zeros(len(starts), dtype=np.int64)
@@ -184,12 +159,13 @@ class RequestRebuilder:
             sampled=_materialise(run, starts, counts, keep, hits),
             requests=int(whole.sum()),
             accesses=int(counts[whole].sum()),
-            incomplete=int(len(whole) - whole.sum()),
+            incomplete=int(len(whole) - whole.sum() - continued.sum()),
             seen=seen,
+            continued=int(continued.sum()),
         )
 
 
-def _starts(run: _Run) -> NDArray[np.intp]:
+def _starts(run: RawEvents) -> NDArray[np.intp]:
     """Where each request of ``run`` starts (the rules in the module's docstring)."""
     n = len(run)
     if n == 0:
@@ -208,10 +184,10 @@ def _starts(run: _Run) -> NDArray[np.intp]:
     return np.flatnonzero(new)
 
 
-def _whole(run: _Run, starts: NDArray[np.intp]) -> NDArray[np.bool_]:
+def _whole(run: RawEvents, starts: NDArray[np.intp]) -> NDArray[np.bool_]:
     """Per request: whether its offsets are exactly ``0 .. n-1``."""
     c = np.diff(np.append(starts, len(run))).astype(np.int64)
-    off = run.offset
+    off = run.offset.astype(np.int64)  # its squares' sums overflow int32
     lo = np.minimum.reduceat(off, starts)
     hi = np.maximum.reduceat(off, starts)
     total = np.add.reduceat(off, starts)
@@ -225,8 +201,15 @@ def _whole(run: _Run, starts: NDArray[np.intp]) -> NDArray[np.bool_]:
     return whole
 
 
+def _continuations(run: RawEvents, starts: NDArray[np.intp]) -> NDArray[np.bool_]:
+    """Per run: INSERTs only, none at offset 0 (blocks stored after a prompt)."""
+    inserts_only: NDArray[np.bool_] = np.logical_and.reduceat(run.kind != HIT, starts)
+    past_zero: NDArray[np.bool_] = np.minimum.reduceat(run.offset, starts) > 0
+    return inserts_only & past_zero
+
+
 def _split_broken(
-    run: _Run, starts: NDArray[np.intp], whole: NDArray[np.bool_]
+    run: RawEvents, starts: NDArray[np.intp], whole: NDArray[np.bool_]
 ) -> tuple[NDArray[np.intp], NDArray[np.bool_]]:
     """Split each broken request where its HITs turn into INSERTs, if that makes both
     parts whole (rare: Python per broken request)."""
@@ -244,7 +227,7 @@ def _split_broken(
 
 
 def _materialise(
-    run: _Run,
+    run: RawEvents,
     starts: NDArray[np.intp],
     counts: NDArray[np.int64],
     keep: NDArray[np.bool_],

@@ -51,9 +51,10 @@ class GroupView:
     incomplete_runs: int
     """Runs of events that made no whole request (dropped)."""
     whole_requests: bool
-    """Whether the events rebuild into whole requests (few incomplete runs). False for an
-    engine that reports a request's hits and its inserts apart (vLLM, SGLang today): the
-    curves are then not the traffic's, and the refit guard leaves these workers out."""
+    """Whether the events rebuild into whole requests: every worker's heartbeat says it
+    reports them whole and few runs were incomplete. False for SGLang (radix nodes, not
+    blocks) and agents older than the heartbeat's field: the curves are then not the
+    traffic's, and the refit guard leaves these workers out."""
     observed_hit_ratio: float
     """The workers' own prefix hit ratio over every whole request in the window."""
     sampled_observed_hit_ratio: float

@@ -449,3 +449,40 @@ def test_bench_serve_hit_ratio_equals_vllms_counters_and_reports_the_applied_ver
     after = summary["kvwise"]["after"]
     me = {a["id"]: a for a in after["agents"]}[SERVER_WORKER]
     assert me["engine"] == "vllm" and me["applied_version"] == after["policy_version"] >= 2
+
+
+def _shadow_group(server: OpenAIServer) -> dict[str, Any] | None:
+    """The server's group in ``GET /v1/shadow`` (None before its heartbeat is read)."""
+    groups = get(server.controller, "/v1/shadow")["groups"]
+    return next((g for g in groups if SERVER_WORKER in g["workers"]), None)
+
+
+def test_shadow_rebuilds_the_servers_requests_whole(openai_server: OpenAIServer) -> None:
+    """The plugin records each request's hits and stored prompt blocks together, so the
+    controller's shadow rebuilds vLLM's requests: none broken, and the prefix hits it
+    counts for them are the ones vLLM served (``cached_tokens``)."""
+    server = openai_server
+    empty = {"requests_seen": 0, "accesses_seen": 0, "observed_hit_ratio": 0.0}
+    before = _shadow_group(server) or empty
+    rng = random.Random(5)
+    shared = [rng.randrange(3, 1000) for _ in range(4 * BLOCK)]
+    cached = []
+    for _ in range(4):  # 6 whole blocks each: 4 shared, 2 of its own
+        own = [rng.randrange(3, 1000) for _ in range(2 * BLOCK)]
+        done = _complete(server, shared + own, "shadowed")
+        cached.append(done["usage"]["prompt_tokens_details"]["cached_tokens"])
+    assert cached == [0, 4 * BLOCK, 4 * BLOCK, 4 * BLOCK]
+
+    def grown() -> dict[str, Any] | None:
+        group = _shadow_group(server)
+        return group if group and group["requests_seen"] >= before["requests_seen"] + 4 else None
+
+    after = wait_until(grown, timeout=60, what="the shadow to rebuild the requests", every=0.5)
+    assert after["whole_requests"] and after["incomplete_runs"] == 0
+    assert after["requests_seen"] == before["requests_seen"] + 4
+    assert after["accesses_seen"] == before["accesses_seen"] + 4 * 6
+
+    def hits(group: dict[str, Any]) -> float:
+        return float(group["observed_hit_ratio"]) * int(group["accesses_seen"])
+
+    assert round(hits(after) - hits(before)) == 3 * 4

@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import redis
 
+from agent.history import AccessHistory
 from agent.integrations.block_queue import KvwiseFreeQueue, hash64
 from agent.integrations.engine_agent import DEFAULT_CATEGORY, EngineAgent
 from agent.policies.wa import WAPolicy
 from agent.policy_document import CategoryParams, PolicyDocument
 from agent.settings import AgentSettings
-from agent.wire import EventKind, Keys, encode_policy
+from agent.wire import EventBatch, EventKind, Keys, encode_policy
 from controlplane.service.settings import ControllerSettings
+from controlplane.shadow.rebuild import CategoryTable, RequestRebuilder
+from controlplane.shadow.sampler import PrefixSampler
 from tests.integration.controller_fixtures import RunningController, running_controller
 from tests.vllm_block import Blk
 from tests.waiting import wait_until
@@ -97,6 +102,59 @@ def test_stores_hits_and_evictions_are_recorded_by_hash(engine: Any) -> None:
     assert kinds.count(EventKind.INSERT) == 6 and kinds.count(EventKind.HIT) == 2
     evicted = [b for b, k in zip(cols.block, kinds, strict=True) if k == EventKind.EVICT]
     assert evicted == [hash64(got[3].block_hash), hash64(got[2].block_hash)]
+
+
+def _rebuilt(ea: EngineAgent) -> Any:
+    """What the controller's shadow rebuilds from the events recorded so far (resolved as
+    the publisher resolves them, every request sampled)."""
+    events = AccessHistory(64).resolve(ea.agent.recorder.drain(), unknown_category=0)
+    batch = EventBatch(
+        **{name: getattr(events, name) for name in events.columns},
+        worker="w",
+        seq=1,
+        epoch="e",
+        categories=ea.agent.categories.snapshot(),
+    )
+    rebuilder = RequestRebuilder(PrefixSampler(1.0), CategoryTable())
+    got = rebuilder.feed(batch)
+    tail = rebuilder.flush()
+    return got.sampled + tail.sampled, got.incomplete + tail.incomplete, got.continued
+
+
+def test_a_request_reported_over_several_steps_is_recorded_whole(engine: Any) -> None:
+    """vLLM reports a request's hits and stored blocks over one or more scheduling steps;
+    held on the request, they are recorded once its prompt is whole, at its first time:
+    the shadow rebuilds the request exactly. Blocks past the prompt go out as they come."""
+    ea, _ = engine
+    first = SimpleNamespace()  # a 2-block prompt: stores blocks 1, 2 at once
+    report = ea.report_of(first, "chat", 2 * 16 + 5, now=10.0)
+    ea.hold_stored(report, [1, 2], range(2), now=10.0)
+    assert report.whole
+    ea.record(report)
+    second = SimpleNamespace()  # 5 prompt blocks: hits 1, 2, stores 3, 4 then 5, then 6
+    report = ea.report_of(second, "chat", 5 * 16, now=20.0)
+    ea.hold_hits(report, [1, 2], [0, 1])
+    ea.hold_stored(report, [3, 4], range(2, 4), now=20.5)
+    assert not report.whole and ea.agent.accesses == 2  # held: nothing recorded yet
+    ea.hold_stored(report, [5, 6], range(4, 6), now=21.0)  # 6: past the prompt, at once
+    assert report.whole
+    ea.record(report)
+    ea.record(report)  # a second record (the request freed) records nothing more
+    requests, incomplete, continued = _rebuilt(ea)
+    assert [(r.ts, r.blocks, r.seen_hits) for r in requests] == [
+        (10.0, [1, 2], 0),
+        (20.0, [1, 2, 3, 4, 5], 2),
+    ]
+    assert (incomplete, continued) == (0, 1)  # block 6 is a continuation, not broken
+    assert ea.agent.hits == 2 and ea.agent.accesses == 2 + 2 + 3 + 1
+    assert asdict(ea.agent.status())["whole_requests"] is True
+
+
+def test_a_request_without_attributes_has_its_blocks_recorded_at_once(engine: Any) -> None:
+    ea, _ = engine
+    report = ea.report_of(object(), "chat", 4 * 16, now=5.0)
+    ea.hold_stored(report, [1, 2], range(2), now=5.0)
+    assert ea.agent.accesses == 2  # not held: a later record would never come
 
 
 def test_a_published_version_reaches_the_evictor_at_the_next_queue_call(

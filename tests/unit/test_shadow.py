@@ -5,6 +5,7 @@ replay, and the refit guard's verdicts."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -107,9 +108,9 @@ def test_rebuild_splits_two_requests_of_one_time_and_category() -> None:
 def test_rebuild_drops_and_counts_a_request_missing_its_first_block() -> None:
     batch = _batch(
         ts=[1.0, 1.0, 2.0, 2.0],
-        block=[12, 11, 20, 21],
-        offset=[2, 1, 0, 1],
-        kind=[INSERT, INSERT, HIT, HIT],
+        block=[11, 12, 20, 21],
+        offset=[1, 2, 0, 1],
+        kind=[HIT, HIT, HIT, HIT],
         categories=("a", "b"),
         category=[0, 0, 1, 1],
     )
@@ -204,6 +205,22 @@ def test_full_rate_shadow_equals_the_offline_replay(trace: Trace) -> None:
             assert point.ci_low <= point.hit_ratio <= point.ci_high
 
 
+def test_observed_hit_ratio_counts_every_request_even_with_none_sampled(trace: Trace) -> None:
+    """The window of the workers' own hits follows every whole request, not only sampled
+    ones (at a low rate a small worker may have none sampled yet)."""
+    shadow = ShadowEvaluator(ShadowSettings(shadow_rate=1e-9))
+    shadow.set_capacities({"w1": 300})
+    batches = agent_batches(trace, 300, batch_events=1000)
+    for batch in batches:
+        shadow.apply(batch)
+    shadow.flush("w1")
+    (group,) = shadow.view().groups
+    assert group.sampled_requests == 0 and group.requests_seen == trace.n_requests
+    hits = sum(int((b.kind == HIT).sum()) for b in batches)
+    assert group.observed_hit_ratio == pytest.approx(hits / trace.n_accesses)
+    assert hits > 0
+
+
 # --- guard -----------------------------------------------------------------------------------
 def _inverted(doc: PolicyDocument) -> PolicyDocument:
     """``doc`` with each category's reuse probability turned upside down: a bad fit."""
@@ -292,19 +309,54 @@ def test_a_worker_gone_for_a_whole_window_is_forgotten(trace: Trace) -> None:
     assert shadow.view().groups == []
 
 
-def test_guard_leaves_out_a_worker_whose_hits_and_inserts_come_apart(trace: Trace) -> None:
-    """vLLM and SGLang report a request's hits when it is scheduled and its inserts when
-    they are stored: runs that do not rebuild into requests must not judge a fit."""
+def _hits_apart(batch: EventBatch) -> EventBatch:
+    """A request's inserts reported a moment after its hits (an engine that does not
+    report requests whole)."""
+    later = batch.kind == INSERT
+    return replace(batch, ts=np.where(later, batch.ts + 1e-3, batch.ts))
+
+
+def _first_hits_lost(batch: EventBatch) -> EventBatch:
+    """Every HIT at prompt offset 0 lost on the way."""
+    kept = ~((batch.kind == HIT) & (batch.offset == 0))
+    return replace(batch, **{name: getattr(batch, name)[kept] for name in batch.columns})
+
+
+@pytest.mark.parametrize(
+    ("declares_whole", "damage"),
+    [(False, _hits_apart), (True, _first_hits_lost)],
+    ids=["heartbeat-says-not-whole", "runs-broken"],
+)
+def test_guard_leaves_out_a_worker_whose_events_do_not_rebuild_into_requests(
+    trace: Trace, declares_whole: bool, damage: Callable[[EventBatch], EventBatch]
+) -> None:
+    """A worker whose heartbeat does not say it reports requests whole (SGLang, older
+    agents), or whose runs come broken, must not judge a fit."""
     doc = fitted_document(trace)
     shadow = ShadowEvaluator(ShadowSettings(shadow_rate=1.0, guard_min_accesses=1))
-    shadow.set_capacities({"w1": 300})
+    shadow.set_capacities({"w1": 300}, {"w1": declares_whole})
     for batch in agent_batches(trace, 300, batch_events=1000):
-        later = batch.kind == INSERT  # stored a moment after the hits were reported
-        shadow.apply(replace(batch, ts=np.where(later, batch.ts + 1e-3, batch.ts)))
+        shadow.apply(damage(batch))
     shadow.flush("w1")
     (group,) = shadow.view().groups
-    assert group.incomplete_runs > 0.1 * (group.requests_seen + group.incomplete_runs)
     assert not group.whole_requests
+    if declares_whole:
+        assert group.incomplete_runs > 0.1 * (group.requests_seen + group.incomplete_runs)
     verdict = shadow.judge(_inverted(doc), doc)
     assert verdict.outcome == "waiting", verdict.reason
     assert "do not rebuild into whole requests" in verdict.reason
+
+
+def test_rebuild_counts_blocks_stored_after_a_prompt_as_a_continuation() -> None:
+    """INSERTs only, none at offset 0 (blocks filled while decoding): skipped, not broken;
+    a run with HITs that misses offset 0 is broken."""
+    batch = _batch(
+        ts=[1.0, 2.0, 2.0, 3.0, 3.0],
+        block=[7, 8, 9, 10, 11],
+        offset=[5, 6, 5, 1, 2],
+        kind=[INSERT, INSERT, INSERT, HIT, HIT],
+    )
+    rebuilder = RequestRebuilder(PrefixSampler(1.0), CategoryTable())
+    first, last = rebuilder.feed(batch), rebuilder.flush()
+    assert (first.continued, first.incomplete, first.requests) == (2, 0, 0)
+    assert (last.continued, last.incomplete, last.requests) == (0, 1, 0)

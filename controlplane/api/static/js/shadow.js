@@ -88,7 +88,7 @@ function groupFigure(group, body) {
   figure.append(el("p", { class: "chart-facts" }, facts));
   if (group.whole_requests === false) {
     figure.append(el("p", { class: "chart-facts", id: "shadow-inexact" },
-      "These workers' events do not rebuild into whole requests (their engine reports a request's hits and its inserts apart): the curves are not their traffic's, and the refit guard leaves them out."));
+      "These workers' events do not rebuild into whole requests (an agent that does not report requests whole, as SGLang's, or events lost): the curves are not their traffic's, and the refit guard leaves them out."));
   }
   figure.append(groupTable(group));
   return figure;
