@@ -138,4 +138,4 @@ def test_the_controller_publishes_the_family_its_shadow_selects(
 
 
 def _view(worker: str, capacity: int) -> AgentView:
-    return AgentView(id=worker, engine="sim", capacity=capacity)
+    return AgentView(id=worker, engine="sim", capacity=capacity, whole_requests=True)
