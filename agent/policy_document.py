@@ -29,6 +29,12 @@ Probability = Annotated[
 
 ParamSource = Literal["default", "fit", "pooled", "override"]
 
+EvictorFamily = Literal["wa", "lru", "fifo", "lfu", "s3fifo", "sieve", "arc"]
+"""The evictor families a document may name: ``wa`` (its parameters are the document's)
+or a baseline of the agent registry (which ignores the parameters)."""
+EVICTOR_FAMILIES: tuple[EvictorFamily, ...] = ("wa", "lru", "fifo", "lfu", "s3fifo", "sieve", "arc")
+DEFAULT_FAMILY: EvictorFamily = "wa"
+
 
 class CategoryParams(BaseModel):
     """Reuse model of one request category: ``F(t) = p_reuse * (1 - exp(-rate * t))``.
@@ -76,6 +82,11 @@ class PolicyDocument(BaseModel):
     categories: dict[str, CategoryParams] = Field(default_factory=dict)
     default: CategoryParams = DEFAULT_PARAMS
     note: str = Field(default="", max_length=500, description="Why this version exists")
+    evictor: EvictorFamily = Field(
+        default=DEFAULT_FAMILY,
+        description="The evictor family in force on agents that follow the document "
+        "(omitted from the stored JSON when it is wa, so agents that predate it read it)",
+    )
 
     def params_for(self, category: str) -> CategoryParams:
         """Parameters of ``category``, or the default for an unseen one."""

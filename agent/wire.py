@@ -34,7 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import ValidationError
 
-from agent.policy_document import PolicyDocument
+from agent.policy_document import DEFAULT_FAMILY, PolicyDocument
 
 WIRE_SCHEMA_VERSION: Final = 2
 """2: keys carry Redis Cluster hash tags (see ``Keys``). 1: untagged keys."""
@@ -121,6 +121,11 @@ class Keys:
     def policy_base(self) -> str:
         """The parameters of the last fit (or rollback), before overrides."""
         return f"{self.prefix}{{policy}}:base"
+
+    @property
+    def evictor_pin(self) -> str:
+        """The evictor family an operator pinned (absent: the controller selects it)."""
+        return f"{self.prefix}{{policy}}:evictor"
 
     @property
     def policy_hold(self) -> str:
@@ -421,7 +426,12 @@ def _check_columns(cols: Mapping[str, NDArray[Any]], k: int) -> None:
 
 
 def encode_policy(doc: PolicyDocument) -> bytes:
-    """The JSON document stored under ``Keys.policy_doc(doc.version)``."""
+    """The JSON document stored under ``Keys.policy_doc(doc.version)``. The evictor family
+    is written only when it is not the default (``wa``): an agent that predates the field
+    (``extra="forbid"``) reads every ``wa`` document as before and rejects, keeping its
+    last good one, only a document that names a baseline, which it could not run."""
+    if doc.evictor == DEFAULT_FAMILY:
+        return doc.model_dump_json(exclude={"evictor"}).encode()
     return doc.model_dump_json().encode()
 
 
@@ -445,7 +455,9 @@ def decode_policy(
     return doc
 
 
-_OPTIONAL_STATUS_FIELDS: Final = frozenset({"applied_at", "staged_version", "whole_requests"})
+_OPTIONAL_STATUS_FIELDS: Final = frozenset(
+    {"applied_at", "staged_version", "whole_requests", "evictor"}
+)
 """Fields added after schema 1 shipped: an older agent's heartbeat omits them."""
 
 
@@ -476,6 +488,9 @@ class AgentStatus:
     """Whether the agent reports each request whole (its hits, then its stored blocks, at
     one time), so that its requests can be rebuilt from its events; False in a heartbeat
     that predates the field."""
+    evictor: str = ""
+    """The evictor family in force (``wa``, ``lru``, ...); empty in a heartbeat that
+    predates the field."""
 
     def __post_init__(self) -> None:
         if self.staged_version < 0:  # not reported: nothing known to wait

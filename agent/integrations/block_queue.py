@@ -31,6 +31,7 @@ from operator import attrgetter, is_not
 from typing import Any, Protocol
 
 from agent.policies.base import EvictionPolicy
+from agent.policies.handover import hand_over
 
 
 class Block(Protocol):
@@ -197,6 +198,15 @@ class KvwiseFreeQueue:
                 free(ids[start:end], offs[start:end], now, run_code)
                 start = end
         self._cached.update(zip(ids, repeat(None)))
+
+    def switch_evictor(self, evictor: EvictionPolicy) -> None:
+        """Hot reload of the evictor family: staged hits reach the old evictor, then every
+        block it holds moves into the fresh ``evictor`` in its victim order
+        (``agent.policies.handover``); the free blocks and the side table stay as they are."""
+        if self._hits:
+            self._send_hits()
+        hand_over(self.evictor, evictor, self.clock())
+        self.evictor = evictor
 
     def prepend_n(self, blocks: Sequence[Any]) -> None:
         if not blocks:

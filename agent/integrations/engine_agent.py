@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from agent.category_inference import CategoryInferrer, InferSettings
 from agent.category_table import reused_name
+from agent.policies.handover import NamesCategories, ReloadsPolicy, SwitchRefused
 from agent.policy_document import PolicyDocument
 from agent.runtime.agent import Agent
 from agent.settings import AgentSettings
@@ -40,6 +41,11 @@ REQUEST_CATEGORY_ATTR = "_kvwise_category"
 """Attribute where a request keeps its ``(name, code)`` once worked out."""
 REQUEST_REPORT_ATTR = "_kvwise_report"
 """Attribute where a request keeps its ``RequestReport``."""
+BuildFamily = Callable[[str], "EngineEvictor"]
+"""A fresh evictor of the family named."""
+InstallEvictor = Callable[[Any], None]
+"""Hands every block of the engine's order over to a fresh evictor and drives it from
+then on (vLLM: ``KvwiseFreeQueue.switch_evictor``)."""
 PromptOf = Callable[[Any, bool], tuple[Sequence[int], int]]
 """An engine's reading of a request's prompt: called with the request and whether its
 category is to be inferred, it gives the prompt's block hashes (empty when not) and its
@@ -87,6 +93,25 @@ class EngineOrder:
         self.evictor = evictor
         self.codes: dict[str, int] = {}
         self._victims: list[int] = []
+        self._build: BuildFamily | None = None
+        self._install: InstallEvictor | None = None
+
+    def enable_switch(self, build: BuildFamily, install: InstallEvictor) -> None:
+        """Let a document's evictor family replace the engine's evictor (``switch_family``)."""
+        self._build, self._install = build, install
+
+    def switch_family(self, family: str) -> None:
+        """A fresh evictor of ``family``, told the categories in code order (so the codes
+        the engine's side table holds stay valid), takes over every block."""
+        if self._build is None or self._install is None:
+            raise SwitchRefused("this engine's order cannot switch evictor family")
+        new = self._build(family)
+        if isinstance(new, NamesCategories):
+            for name, code in sorted(self.codes.items(), key=lambda item: item[1]):
+                if new.add_category(name) != code:
+                    raise SwitchRefused(f"category {name!r} would change code")
+        self._install(new)
+        self.evictor = new
 
     def touch(self, blocks: Sequence[int], now: float) -> None:
         """Already applied by the queue (by block id)."""
@@ -104,13 +129,14 @@ class EngineOrder:
         return victims
 
     def set_policy(self, doc: PolicyDocument) -> None:
-        setter = getattr(self.evictor, "set_policy", None)
-        if setter is not None:
-            setter(doc)
+        if isinstance(self.evictor, ReloadsPolicy):
+            self.evictor.set_policy(doc)
 
     def add_category(self, name: str) -> int:
-        add = getattr(self.evictor, "add_category", None)
-        code = int(add(name)) if add is not None else len(self.codes)
+        evictor = self.evictor
+        code = (
+            evictor.add_category(name) if isinstance(evictor, NamesCategories) else len(self.codes)
+        )
         self.codes[name] = code
         return code
 

@@ -44,6 +44,8 @@ from agent.integrations.engine_agent import (
 )
 from agent.policies import create
 from agent.policies.base import EvictionPolicy
+from agent.policy_document import DEFAULT_FAMILY
+from agent.runtime.family import configured_family
 from agent.settings import AgentSettings
 
 # Under "vllm": vLLM configures that logger tree, so these lines show in its log.
@@ -161,13 +163,18 @@ def _missing_surface(block_pool: Any, kv_cache_manager: Any) -> list[str]:
     ]
 
 
-def build_evictor(settings: AgentSettings, num_blocks: int) -> EvictionPolicy:
-    """The configured evictor for a pool of ``num_blocks`` blocks."""
-    if settings.evictor == "device":
+def build_evictor(
+    settings: AgentSettings, num_blocks: int, family: str | None = None
+) -> EvictionPolicy:
+    """An evictor of ``family`` (default: the configured one's) for a pool of
+    ``num_blocks`` blocks: ``wa`` is the torch evictor when ``device`` is configured; a
+    baseline is the CPU policy everywhere."""
+    family = family or configured_family(settings)
+    if family == DEFAULT_FAMILY and settings.evictor == "device":
         from agent.device_evictor import DeviceEvictor  # torch: only when asked for
 
         return DeviceEvictor(num_blocks, device=settings.device)
-    return create(settings.evictor, num_blocks)
+    return create(family, num_blocks)
 
 
 def _make_queue(blocks: list[Any]) -> Any:
@@ -189,6 +196,10 @@ def _make_queue(blocks: list[Any]) -> Any:
         settings, evictor, capacity=len(blocks), engine="vllm", block_tokens=block_tokens
     )
     queue = KvwiseFreeQueue(blocks, evictor, hooks=engine)
+    # A document naming another evictor family swaps the queue's evictor, blocks kept.
+    engine.order.enable_switch(
+        lambda family: build_evictor(settings, len(blocks), family), queue.switch_evictor
+    )
     _state.engine, _state.queue = engine.start(), queue
     atexit.register(engine.close)
     log.info(

@@ -39,7 +39,9 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Sequence
+from itertools import repeat
 
+from agent.policies.handover import Handover, drain
 from agent.policies.registry import register
 
 _T1, _T2 = 1, 2
@@ -190,6 +192,25 @@ class ARCPolicy:
             victims.append(b)
         self._n1, self._n2 = n1, n2
         return victims
+
+    def hand_over(self) -> Handover:
+        handover = drain(self, self._in_use)
+        for part in (self._t1, self._t2, self._b1, self._b2, self._list, self._admitted):
+            part.clear()
+        self._credits.clear()
+        self._n1 = self._n2 = 0
+        self._p = 0.0
+        return handover
+
+    def adopt(self, handover: Handover, now: float) -> None:
+        """The evictable blocks in ``t1`` in victim order (seen once since the switch),
+        the ones in use counted in ``t2`` (as a hit's are); ghosts empty, ``p`` 0."""
+        self._t1.update(zip(handover.evictable, repeat(None)))
+        self._list.update(zip(handover.evictable, repeat(_T1)))
+        self._list.update(zip(handover.in_use, repeat(_T2)))
+        self._in_use.update(handover.in_use)
+        self._n1 += len(handover.evictable)
+        self._n2 += len(handover.in_use)
 
     def __len__(self) -> int:
         return len(self._list)

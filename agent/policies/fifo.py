@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
+from agent.policies.handover import Handover, drain
 from agent.policies.parking import InUse
 from agent.policies.registry import register
 
@@ -61,6 +62,21 @@ class FIFOPolicy:
                     victims.append(b)
         self._cached.difference_update(victims)
         return victims
+
+    def hand_over(self) -> Handover:
+        handover = drain(self, self._in_use.blocks)
+        self._cached.clear()
+        self._order.clear()
+        self._in_use.parked.clear()
+        return handover
+
+    def adopt(self, handover: Handover, now: float) -> None:
+        """The evictable blocks in victim order, then the ones in use (a scan parks
+        them until they are freed)."""
+        self._order.extend(handover.evictable)
+        self._order.extend(handover.in_use)
+        self._cached.update(self._order)
+        self._in_use.blocks.update(handover.in_use)
 
     def __len__(self) -> int:
         return len(self._cached)

@@ -20,8 +20,9 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict, deque
 from collections.abc import Sequence
-from itertools import islice
+from itertools import islice, repeat
 
+from agent.policies.handover import Handover, drain
 from agent.policies.registry import register
 
 
@@ -86,6 +87,22 @@ class LFUPolicy:
             deque(map(freq.__delitem__, taken), maxlen=0)
             victims += taken
         return victims
+
+    def hand_over(self) -> Handover:
+        handover = drain(self, self._in_use)
+        self._freq.clear()
+        self._buckets.clear()
+        self._heap.clear()
+        return handover
+
+    def adopt(self, handover: Handover, now: float) -> None:
+        """Every block at frequency 1 (their counts are not known), the evictable ones in
+        victim order at the head of that bucket."""
+        ones = self._bucket(1)
+        ones.update(zip(handover.evictable, repeat(None)))
+        self._freq.update(zip(handover.evictable, repeat(1)))
+        self._freq.update(zip(handover.in_use, repeat(1)))
+        self._in_use.update(handover.in_use)
 
     def __len__(self) -> int:
         return len(self._freq)

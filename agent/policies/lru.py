@@ -12,6 +12,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from itertools import islice, repeat
 
+from agent.policies.handover import Handover, drain
 from agent.policies.registry import register
 
 
@@ -40,6 +41,13 @@ class LRUPolicy:
         victims = list(islice(self._free, max(n, 0)))
         deque(map(self._free.__delitem__, victims), maxlen=0)
         return victims
+
+    def hand_over(self) -> Handover:
+        return drain(self, self._in_use)
+
+    def adopt(self, handover: Handover, now: float) -> None:
+        self._free.update(zip(handover.evictable, repeat(None)))
+        self._in_use.update(handover.in_use)
 
     def __len__(self) -> int:
         return len(self._free) + len(self._in_use)

@@ -36,8 +36,9 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Sequence
-from itertools import islice
+from itertools import islice, repeat
 
+from agent.policies.handover import Handover, drain
 from agent.policies.registry import register
 
 SMALL_RATIO = 0.1
@@ -158,6 +159,23 @@ class S3FIFOPolicy:
                         victims.append(b)
                         break
         return victims
+
+    def hand_over(self) -> Handover:
+        handover = drain(self, self._in_use)
+        for part in (self._small, self._main, self._ghost, self._count, self._parked):
+            part.clear()
+        return handover
+
+    def adopt(self, handover: Handover, now: float) -> None:
+        """Every block in ``main`` with a count of 0 (seen nothing since the switch), the
+        evictable ones in victim order, then the ones in use (parked by the scan until
+        freed); new blocks go through ``small`` as usual."""
+        main = self._main
+        main.extend(handover.evictable)
+        main.extend(handover.in_use)
+        self._count.update(zip(main, repeat(0)))
+        self._in_use.update(handover.in_use)
+        self._has_evicted = True
 
     def __len__(self) -> int:
         return len(self._count)

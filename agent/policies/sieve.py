@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Sequence
 from itertools import repeat
 
+from agent.policies.handover import Handover, drain
 from agent.policies.parking import InUse
 from agent.policies.registry import register
 
@@ -84,6 +85,22 @@ class SievePolicy:
             ahead, behind = behind, ahead
         self._ahead, self._behind = ahead, behind
         return victims
+
+    def hand_over(self) -> Handover:
+        handover = drain(self, self._in_use.blocks)
+        self._visited.clear()
+        self._ahead.clear()
+        self._behind.clear()
+        self._in_use.parked.clear()
+        return handover
+
+    def adopt(self, handover: Handover, now: float) -> None:
+        """Unvisited, the evictable blocks in victim order from the hand on, then the
+        ones in use (the hand parks them until they are freed)."""
+        self._ahead.extend(handover.evictable)
+        self._ahead.extend(handover.in_use)
+        self._visited.update(zip(self._ahead, repeat(False)))
+        self._in_use.blocks.update(handover.in_use)
 
     def __len__(self) -> int:
         return len(self._visited)

@@ -53,9 +53,13 @@ from typing import ClassVar, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 
+from agent.policies.handover import Handover, drain
 from agent.policies.wa_queue import KEY_ROW, KEY_SCORE, Cutoff, Entry, Evictable, Key
 from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
 
+ADOPTED_CODE = -1
+"""The category code of blocks adopted from a baseline at a family switch: it names no
+category, so they get the document's default curve."""
 Const = tuple[float, float]
 """``(lc_w, a_w)`` of one category code."""
 Attribution = Literal["creator", "last"]
@@ -463,6 +467,21 @@ class WACore(Generic[LaneT]):
             score = log_constant - rate * (now - stamp)
             heappush(active, (score, stamp, neg_offset, release, row))
         return position
+
+    # --- a family switch (agent.policies.handover) ------------------------------------------
+    def hand_over(self) -> Handover:
+        handover = drain(self, self._in_use)
+        self._creator.clear()
+        return handover
+
+    def adopt(self, handover: Handover, now: float) -> None:
+        """A baseline's blocks carry no access time, category or offset: the evictable
+        ones are freed at ``now`` under ``ADOPTED_CODE`` (the document's default curve),
+        all at offset 0, so their release numbers keep the victim order they came in."""
+        self._in_use.update(handover.in_use)
+        blocks = handover.evictable
+        if blocks:
+            self.free(blocks, [0] * len(blocks), now, ADOPTED_CODE)
 
     def __len__(self) -> int:
         return len(self._ev) + len(self._in_use)

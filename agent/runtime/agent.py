@@ -27,11 +27,17 @@ from numpy.typing import NDArray
 from agent.category_table import CategoryTable, reused_name
 from agent.history import EVICT, FREE, HIT, AccessHistory
 from agent.policies import EvictionPolicy, create
+from agent.policies.handover import NamesCategories, ReloadsPolicy, hand_over
 from agent.policies.wa_core import runs
 from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 from agent.recorder import EventRecorder
 from agent.reuse_classes import REUSE_GHOST_CAPACITIES, ReturnTracker
 from agent.runtime.connection import AGENT_CALL_RETRIES, connect
+from agent.runtime.family import (
+    SwitchesFamily,
+    configured_family,
+    follows_document,
+)
 from agent.runtime.heartbeat import Heartbeat
 from agent.runtime.publisher import EventPublisher
 from agent.runtime.subscriber import PolicySubscriber
@@ -108,7 +114,10 @@ class Agent:
         self.worker_id = settings.worker_id or default_worker_id()
         self.epoch = secrets.token_hex(8)
         self.keys = Keys(settings.key_prefix)
-        self.policy = policy if policy is not None else create(settings.evictor, capacity)
+        self.family = configured_family(settings)  # the evictor family in force
+        self.follows_family = follows_document(settings)
+        self.policy = policy if policy is not None else create(self.family, capacity)
+        self.last_now = 0.0  # the latest ``now`` of a hook: the time of a family switch
         # The evictor may number categories itself (``add_category``): map agent codes
         # to its codes, so the two tables never have to agree.
         self._evictor_codes: list[int] = []
@@ -173,6 +182,7 @@ class Agent:
             category = reused_name(category)
             self._returns.touched(blocks)
         code = self.categories.code(category)
+        self.last_now = now
         self.policy.touch(blocks, now)
         offs = _offsets(range(len(blocks)) if offsets is None else offsets)
         self.recorder.record(HIT, now, blocks, code, offs)
@@ -191,6 +201,7 @@ class Agent:
         if not blocks:
             return None
         self.accesses += len(blocks)
+        self.last_now = now
         code = self.categories.code(category)
         if self._returns is None:
             self.policy.free(blocks, offsets, now, self._evictor_codes[code])
@@ -227,19 +238,36 @@ class Agent:
         doc = self.subscriber.take()
         if doc is None:
             return False
-        setter = getattr(self.policy, "set_policy", None)
-        if setter is not None:
-            try:
-                setter(doc)
-            except Exception as exc:  # an evictor's refusal must not stop the engine
-                self.subscriber.reject(
-                    doc.version, f"evictor refused it: {exc}", keep=self.applied_version
-                )
-                return False
+        try:
+            self._switch_family(doc.evictor)
+            if isinstance(self.policy, ReloadsPolicy):
+                self.policy.set_policy(doc)
+        except Exception as exc:  # an evictor's refusal must not stop the engine
+            self.subscriber.reject(
+                doc.version, f"evictor refused it: {exc}", keep=self.applied_version
+            )
+            return False
         self.document = doc
         self.applied_at = time.time()
         log.info("kvwise agent %s: policy v%d in force", self.worker_id, doc.version)
         return True
+
+    def _switch_family(self, family: str) -> None:
+        """Run ``family`` from now on (if this agent follows the document's): every
+        cached block moves into the new evictor in its victim order."""
+        if not self.follows_family or family == self.family:
+            return
+        if isinstance(self.policy, SwitchesFamily):
+            self.policy.switch_family(family)
+        else:
+            new = create(family, self.capacity)
+            codes = [
+                self._code_in(new, name, code) for code, name in enumerate(self.categories.names)
+            ]
+            hand_over(self.policy, new, self.last_now)
+            self.policy, self._evictor_codes = new, codes
+        log.info("kvwise agent %s: evictor family %s -> %s", self.worker_id, self.family, family)
+        self.family = family
 
     # --- status --------------------------------------------------------------------------
     @property
@@ -272,6 +300,7 @@ class Agent:
             hits=self.hits,
             accesses=self.accesses,
             hit_ratio=self.hit_ratio,
+            evictor=self.family,
             rejected=self.subscriber.rejected,
             last_rejection=self.subscriber.last_rejection,
             started_at=self.started_at,
@@ -320,8 +349,12 @@ class Agent:
         self.close()
 
     def _new_category(self, name: str, code: int) -> None:
-        add = getattr(self.policy, "add_category", None)
-        self._evictor_codes.append(int(add(name)) if add is not None else code)
+        self._evictor_codes.append(self._code_in(self.policy, name, code))
+
+    @staticmethod
+    def _code_in(policy: EvictionPolicy, name: str, code: int) -> int:
+        """``policy``'s code of category ``name`` (the agent's ``code`` if it has none)."""
+        return int(policy.add_category(name)) if isinstance(policy, NamesCategories) else code
 
     def _wake_publisher(self) -> None:
         self.publisher.wake()

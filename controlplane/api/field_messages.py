@@ -64,6 +64,8 @@ def field_problems(errors: Sequence[Any], request: Request) -> list[FieldProblem
 def expectation(schema: Mapping[str, Any]) -> str | None:
     """What a value of ``schema`` must be, in words (None: the schema says nothing)."""
     kind = schema.get("type")
+    if "enum" in schema:
+        return "must be one of " + ", ".join(map(str, schema["enum"]))
     if kind == "boolean":
         return "must be true or false"
     if kind in ("number", "integer"):

@@ -24,7 +24,7 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
-from agent.policy_document import PositiveFinite, Probability
+from agent.policy_document import EvictorFamily, PositiveFinite, Probability
 
 CATEGORY_NAME_MAX = 64
 CATEGORY_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
@@ -83,6 +83,16 @@ class OverrideBody(BaseModel):
     def given(self) -> dict[str, float]:
         """The parameters given, by name."""
         return self.model_dump(exclude_none=True)
+
+
+class EvictorBody(BaseModel):
+    """The evictor family to pin."""
+
+    model_config = ConfigDict(extra="forbid")
+    family: EvictorFamily = Field(
+        description="wa, or a baseline: lru, fifo, lfu, s3fifo, sieve, arc",
+        examples=["s3fifo"],
+    )
 
 
 class RollbackBody(BaseModel):

@@ -74,6 +74,7 @@ def check_names(names: list[str], known: Iterable[str], option: str, what: str) 
 
 def policy_names(policy: str) -> list[str]:
     """The replay catalogue's policies ``policy`` names (comma-separated, or ``all``)."""
+    import controlplane.shadow.auto_replay  # noqa: F401  (registers auto in the catalogue)
     from controlplane.replay import catalog
 
     if policy == "all":

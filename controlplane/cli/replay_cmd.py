@@ -12,10 +12,11 @@ import json
 import sys
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+import controlplane.shadow.auto_replay  # noqa: F401  (registers auto in the catalogue)
 from controlplane.cli.common import (
     JobsOpt,
     JsonFlag,
@@ -34,6 +35,7 @@ from controlplane.cli.common import (
 )
 from controlplane.cli.tables import Column, FoldedTable
 from controlplane.replay import catalog
+from controlplane.replay.options import DEFAULT_OPTIONS as DEFAULT_AUTO
 from controlplane.replay.options import Attribution, CategorySource, FitMode, ReuseClass
 
 if TYPE_CHECKING:
@@ -48,6 +50,7 @@ DEFAULT_FRACS = "0.05,0.1,0.2,0.4"
 _sizes = partial(typer.Option, rich_help_panel="Policies and cache sizes")
 _fitted = partial(typer.Option, rich_help_panel="Fitted policies (wa, wa-ref)")
 _output = partial(typer.Option, rich_help_panel="Output")
+_auto_panel = partial(typer.Option, rich_help_panel="auto (family selected by a shadow)")
 
 PolicyOpt = Annotated[
     str,
@@ -121,6 +124,31 @@ ReuseClassOpt = Annotated[
 ]
 
 
+def _share(text: str) -> float:
+    """Typer parser of a share in (0, 1]."""
+    value = positive(text)
+    if value > 1:
+        raise typer.BadParameter(f"must be in (0, 1], got {text}")
+    return value
+
+
+AutoRateOpt = Annotated[
+    float,
+    _auto_panel(parser=_share, metavar="SHARE", help="Share of prefix trees the shadow keeps"),
+]
+AutoWindowOpt = Annotated[
+    float,
+    _auto_panel(parser=positive, metavar="SECONDS", help="Trace seconds of one shadow window"),
+]
+AutoWindowsOpt = Annotated[
+    int, _auto_panel(min=1, metavar="N", help="Windows in a row a family must lead to be selected")
+]
+AutoMarginOpt = Annotated[
+    float,
+    _auto_panel(parser=non_negative, metavar="RATIO", help="Hit ratio a family must lead by"),
+]
+
+
 def register(app: typer.Typer) -> None:
     app.command("replay")(replay)
 
@@ -143,6 +171,10 @@ def replay(
     near_concurrent: NearConcurrentOpt = None,
     life: LifeOpt = None,
     reuse_class: ReuseClassOpt = "off",
+    auto_rate: AutoRateOpt = DEFAULT_AUTO.auto_rate,
+    auto_window: AutoWindowOpt = DEFAULT_AUTO.auto_window_s,
+    auto_windows: AutoWindowsOpt = DEFAULT_AUTO.auto_windows,
+    auto_margin: AutoMarginOpt = DEFAULT_AUTO.auto_margin,
 ) -> None:
     """Replay TRACE through eviction policies at several cache sizes.
 
@@ -156,15 +188,13 @@ def replay(
         kvwise replay trace.jsonl -p lru,s3fifo --capacity 5000 --json
         kvwise replay trace.jsonl -p lru,wa,wa-ref --wa-fit split --split 0.5
         kvwise replay trace.jsonl -p lru,s3fifo,wa --plot curve.png
+        kvwise replay trace.jsonl -p lru,s3fifo,arc,wa,auto --capacity-frac 0.01,0.05
     """
     from controlplane.replay.options import DEFAULT_ATTRIBUTION, ReplayOptions
 
     if capacity and capacity_frac:
         fail("give --capacity or --capacity-frac, not both")
-    names = policy_names(policy)
-    if plot is not None:
-        check_plotting("--plot", png=plot)
-        names += [b for b in catalog.BOUNDS if b not in names]
+    names = _names(policy, plot)
     options = ReplayOptions(
         refit_every_s=refit_every,
         wa_fit=wa_fit,
@@ -174,12 +204,46 @@ def replay(
         near_concurrent_s=near_concurrent,
         life_s=life,
         reuse_class=reuse_class,
+        **_auto(auto_rate, auto_window, auto_windows, auto_margin),
     )
     trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
     capacities = _capacities(trace, capacity, capacity_frac)
     results = _run_with_progress(trace, names, capacities, jobs, options, json_out)
     if plot is not None:
         _plot(plot, trace, results)
+    _report(trace_path, trace, names, capacities, results, options, top_categories, json_out)
+
+
+def _names(policy: str, plot: Path | None) -> list[str]:
+    """The policies to replay: those asked for, and the bounds when plotting."""
+    names = policy_names(policy)
+    if plot is not None:
+        check_plotting("--plot", png=plot)
+        names += [b for b in catalog.BOUNDS if b not in names]
+    return names
+
+
+def _auto(rate: float, window: float, windows: int, margin: float) -> dict[str, Any]:
+    """``auto``'s options, by ``ReplayOptions`` field."""
+    return {
+        "auto_rate": rate,
+        "auto_window_s": window,
+        "auto_windows": windows,
+        "auto_margin": margin,
+    }
+
+
+def _report(
+    trace_path: Path,
+    trace: Trace,
+    names: list[str],
+    capacities: list[int],
+    results: list[ReplayResult],
+    options: ReplayOptions,
+    top_categories: int,
+    json_out: bool,
+) -> None:
+    """The results as JSON on stdout, or as tables."""
     if json_out:
         json.dump(_json_doc(trace_path, trace, options, results), sys.stdout)
         sys.stdout.write("\n")

@@ -216,6 +216,10 @@ class FittedReplayPolicy:
             self.inner.set_policy(doc)
             self.applied.append(AppliedVersion(doc.version, now, r, doc))
 
+    def request_code(self, request: int) -> int:
+        """This run's category code of ``request`` (labels or inferred)."""
+        return self._codes[request]
+
     def touch(self, blocks: Sequence[int], now: float) -> None:
         if self._hit_classes is not None:
             self._hit_classes.tracker.touched(blocks)

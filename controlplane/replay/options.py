@@ -51,7 +51,11 @@ class ReplayOptions:
     (``w/re``: the block was accessed before, cached or not; replay only); measured in
     docs/policy.md. ``depth`` (replay only, ``controlplane.replay.depth``): ``"classes"``
     splits each category by the block's depth in its prompt, ``"cost"`` also ranks by
-    the prefill a hit saves (deeper blocks save more).
+    the prefill a hit saves (deeper blocks save more). ``auto_*``: the shadow and the
+    family selection of ``auto`` (``controlplane.shadow.auto_replay``): sampling rate,
+    window (trace seconds), the margin a family must lead by, in how many windows in a
+    row, and the sampled accesses a window needs (docs/policy.md says how they were
+    chosen).
     """
 
     refit_every_s: float = 60.0
@@ -67,6 +71,11 @@ class ReplayOptions:
     reuse_class: ReuseClass = "off"
     reuse_ghost: float = REUSE_GHOST_CAPACITIES
     depth: DepthMode = "off"
+    auto_rate: float = 1.0
+    auto_window_s: float = 300.0
+    auto_margin: float = 0.01
+    auto_windows: int = 1
+    auto_min_accesses: int = 2000
     fit: FitSettings = field(default_factory=FitSettings, compare=False)
 
     def __post_init__(self) -> None:
@@ -88,6 +97,8 @@ class ReplayOptions:
             raise ValueError("depth classes and reuse classes are not combined")
         if not (self.reuse_ghost >= 0 and math.isfinite(self.reuse_ghost)):
             raise ValueError(f"reuse_ghost must be a finite number >= 0, got {self.reuse_ghost}")
+        if not (0 < self.auto_rate <= 1 and self.auto_window_s > 0 and self.auto_windows >= 1):
+            raise ValueError("auto_rate must be in (0, 1], auto_window_s > 0, auto_windows >= 1")
         if self.min_samples is not None and self.min_samples < 1:
             raise ValueError(f"min_samples must be >= 1, got {self.min_samples}")
         for name in ("near_concurrent_s", "shrinkage_samples"):

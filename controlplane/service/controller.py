@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import redis
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from agent.policy_document import MODEL_PARAMS, CategoryParams, PolicyDocument
+from agent.policy_document import DEFAULT_FAMILY, MODEL_PARAMS, CategoryParams, PolicyDocument
 from agent.runtime.connection import RedisClient, connect, redact
 from agent.wire import BatchLimits, EventBatch, Keys
 from controlplane.fit import FitResult, fit_all
@@ -42,6 +42,7 @@ from controlplane.service.settings import ControllerSettings
 from controlplane.service.shadowing import ShadowLink
 from controlplane.service.store import PolicyStore
 from controlplane.service.window import LiveWindow, WindowLimits
+from controlplane.shadow.selection import SelectionView
 from controlplane.shadow.view import ShadowView
 
 log = logging.getLogger(__name__)
@@ -278,6 +279,7 @@ class Controller:
         if not self.lease.is_leader:
             return
         try:
+            self.select_family()
             outcome = self.refit(manual=False)
         except redis.RedisError:
             self.metrics.refits.labels(outcome="error").inc()
@@ -292,6 +294,20 @@ class Controller:
             self._last_refusal = kind
         else:
             log.debug("refit published nothing: %s", outcome.reason)
+
+    def select_family(self) -> SelectionView | None:
+        """Judge the last full shadow window (``controlplane.shadow.selection``); when the
+        selector switches, publish its family (an operator's pin still wins in the
+        document), log it once with the figures and count it."""
+        verdict = self.shadow.select(self.store.evictor().in_force or DEFAULT_FAMILY)
+        if verdict is None or not verdict.switches:
+            return verdict
+        doc = self.store.select_evictor(verdict.chosen, f"evictor family: {verdict.reason}")
+        self.shadow.set_policy(doc)
+        self.metrics.family_switches.labels(family=verdict.chosen).inc()
+        self.metrics.policy_version.set(doc.version)
+        log.info("evictor family selected (version %d): %s", doc.version, verdict.reason)
+        return verdict
 
     def refit(self, *, manual: bool) -> RefitOutcome:
         """Snapshot, fit, guard, publish. Manual refits also release a rollback hold."""
@@ -415,9 +431,17 @@ class Controller:
                 m.samples.labels(category=name).set(p.samples)
         self.shadow.export()
         # Agents whose heartbeat expired leave the gauges instead of lingering as stale series.
-        for gauge in (m.agent_version, m.agent_staged_version, m.agent_hit_ratio, m.agent_dropped):
+        for gauge in (
+            m.agent_version,
+            m.agent_staged_version,
+            m.agent_hit_ratio,
+            m.agent_dropped,
+            m.agent_evictor,
+        ):
             gauge.clear()
         for a in agents:
+            if a.evictor:
+                m.agent_evictor.labels(agent=a.id, family=a.evictor).set(1)
             m.agent_version.labels(agent=a.id).set(a.applied_version)
             m.agent_staged_version.labels(agent=a.id).set(a.staged_version)
             m.agent_hit_ratio.labels(agent=a.id).set(a.hit_ratio)

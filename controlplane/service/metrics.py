@@ -143,6 +143,18 @@ class ControllerMetrics:
             ["agent"],
             registry=r,
         )
+        self.agent_evictor = Gauge(
+            "kvwise_agent_evictor",
+            "1 for the evictor family each live agent runs (label family)",
+            ["agent", "family"],
+            registry=r,
+        )
+        self.family_switches = Counter(
+            "kvwise_evictor_family_selected_total",
+            "Evictor families the controller selected and published, by family",
+            ["family"],
+            registry=r,
+        )
         self.agent_hit_ratio = Gauge(
             "kvwise_agent_hit_ratio",
             "Block hit ratio each live agent reports",

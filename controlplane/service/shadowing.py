@@ -13,6 +13,7 @@ passes what it read).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from agent.policy_document import PolicyDocument
@@ -20,6 +21,7 @@ from agent.wire import EventBatch
 from controlplane.service.agents import AgentView
 from controlplane.service.metrics import ControllerMetrics
 from controlplane.shadow.evaluator import ShadowEvaluator
+from controlplane.shadow.selection import FamilySelector, SelectionView
 from controlplane.shadow.settings import ShadowSettings
 from controlplane.shadow.view import GuardView, ShadowView
 
@@ -33,6 +35,8 @@ class ShadowLink:
         self.settings = settings
         self.metrics = metrics
         self.evaluator = ShadowEvaluator(settings) if settings.shadow_enabled else None
+        self.selector = FamilySelector(settings.selection)
+        self._judged_until = -1.0  # end of the last window the selector judged
         self._failed: set[str] = set()
 
     def apply(self, batch: EventBatch) -> None:
@@ -81,6 +85,19 @@ class ShadowLink:
             self.metrics.guard_hit_ratio.labels(version="in_force").set(verdict.in_force_hit_ratio)
         return verdict
 
+    def select(self, in_force: str) -> SelectionView | None:
+        """The selector's word on the window ending now, once a full shadow window has
+        passed since the one it last judged (None: not yet, or selection off)."""
+        s = self.settings
+        if self.evaluator is None or not s.select_enabled or 1.0 not in s.multiples:
+            return None
+        reading = self.evaluator.reading()
+        full = reading.end - reading.start >= s.shadow_window_s * (1 - 1 / s.shadow_buckets)
+        if not full or reading.end < self._judged_until + s.shadow_window_s:
+            return None
+        self._judged_until = reading.end
+        return self.selector.observe(reading, in_force)
+
     def view(self) -> ShadowView:
         if self.evaluator is None:
             s = self.settings
@@ -93,7 +110,7 @@ class ShadowLink:
                 policy_version=None,
                 guard=GuardView("off", "shadow evaluation is off (KVWISE_SHADOW_ENABLED)"),
             )
-        return self.evaluator.view()
+        return dataclasses.replace(self.evaluator.view(), selection=self.selector.last)
 
     def export(self) -> None:
         """Set the shadow's gauges from its current view."""

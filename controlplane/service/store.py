@@ -29,7 +29,14 @@ from typing import Any, Final, cast
 import redis
 from redis.client import Pipeline
 
-from agent.policy_document import MODEL_PARAMS, CategoryParams, PolicyDocument
+from agent.policy_document import (
+    DEFAULT_FAMILY,
+    EVICTOR_FAMILIES,
+    MODEL_PARAMS,
+    CategoryParams,
+    EvictorFamily,
+    PolicyDocument,
+)
 from agent.runtime.connection import RedisClient
 from agent.wire import MAX_CATEGORY_NAME_CHARS, Keys, decode_policy, encode_policy
 from controlplane.service.health import RedisHealth, guarded
@@ -55,16 +62,19 @@ class VersionInfo:
 
 @dataclass(frozen=True)
 class Base:
-    """The parameters the last fit produced, before overrides."""
+    """The parameters the last fit produced, before overrides, and the evictor family the
+    controller selected (an operator's pin, kept apart, wins over it)."""
 
     categories: dict[str, CategoryParams]
     default: CategoryParams | None
+    evictor: EvictorFamily = DEFAULT_FAMILY
 
     def to_json(self) -> str:
         return json.dumps(
             {
                 "categories": {k: v.model_dump() for k, v in self.categories.items()},
                 "default": None if self.default is None else self.default.model_dump(),
+                "evictor": self.evictor,
             }
         )
 
@@ -75,7 +85,29 @@ class Base:
         data = json.loads(raw)
         cats = {k: CategoryParams.model_validate(v) for k, v in data["categories"].items()}
         default = data.get("default")
-        return cls(cats, None if default is None else CategoryParams.model_validate(default))
+        family = family_named(data.get("evictor", DEFAULT_FAMILY))
+        return cls(
+            cats, None if default is None else CategoryParams.model_validate(default), family
+        )
+
+
+@dataclass(frozen=True)
+class EvictorState:
+    """The evictor family: in force (the current document's), pinned by an operator
+    (None: not pinned), selected by the controller (what applies when not pinned)."""
+
+    in_force: EvictorFamily | None
+    pinned: EvictorFamily | None
+    selected: EvictorFamily
+    families: tuple[str, ...] = EVICTOR_FAMILIES
+
+
+def family_named(name: str) -> EvictorFamily:
+    """``name`` as a family; ``StoreError`` naming the known ones otherwise."""
+    for family in EVICTOR_FAMILIES:
+        if family == name:
+            return family
+    raise StoreError(f"unknown evictor family {name!r}; known: {', '.join(EVICTOR_FAMILIES)}")
 
 
 @dataclass
@@ -88,6 +120,8 @@ class _Draft:
     note: str
     writes: list[Callable[[Pipeline], object]] = field(default_factory=list)
     copy_of: PolicyDocument | None = None
+    pin: EvictorFamily | None = None
+    """The operator's pinned evictor family, if any."""
 
 
 Prepare = Callable[[Pipeline], _Draft]
@@ -169,12 +203,12 @@ class PolicyStore:
     def publish_fit(
         self, categories: Mapping[str, CategoryParams], default: CategoryParams | None, note: str
     ) -> PolicyDocument:
-        """Record a new fit as the base and publish base + overrides."""
-        new_base = Base(dict(categories), default)
+        """Record a new fit as the base (the selected family kept) and publish base +
+        overrides."""
 
         def prepare(pipe: Pipeline) -> _Draft:
             draft = self._read(pipe, note)
-            draft.base = new_base
+            draft.base = new_base = Base(dict(categories), default, draft.base.evictor)
             draft.writes.append(lambda p: p.set(self.keys.policy_base, new_base.to_json()))
             return draft
 
@@ -223,7 +257,7 @@ class PolicyStore:
         old = self.get(version)
         if old is None:
             raise StoreError(f"version {version} is not kept (see GET /v1/policy/versions)")
-        new_base = Base(dict(old.categories), old.default)
+        new_base = Base(dict(old.categories), old.default, old.evictor)
 
         def prepare(pipe: Pipeline) -> _Draft:
             draft = self._read(pipe, f"rollback to version {version}" + (", held" if hold else ""))
@@ -237,6 +271,48 @@ class PolicyStore:
         return self._publish(prepare)
 
     @guarded
+    def evictor(self) -> EvictorState:
+        current = self.current()
+        pin = self.r.get(self.keys.evictor_pin)
+        return EvictorState(
+            current.evictor if current is not None else None,
+            None if pin is None else family_named(_s(pin)),
+            self.base().evictor,
+        )
+
+    @guarded
+    def select_evictor(self, family: str, note: str) -> PolicyDocument:
+        """Record ``family`` as the controller's choice and publish (an operator's pin
+        still wins in the document)."""
+        chosen = family_named(family)
+
+        def prepare(pipe: Pipeline) -> _Draft:
+            draft = self._read(pipe, note)
+            old = draft.base
+            draft.base = new_base = Base(old.categories, old.default, chosen)
+            draft.writes.append(lambda p: p.set(self.keys.policy_base, new_base.to_json()))
+            return draft
+
+        return self._publish(prepare)
+
+    @guarded
+    def pin_evictor(self, family: str | None) -> PolicyDocument:
+        """Pin the evictor family (None: release the pin, the selection applies again)."""
+        chosen = None if family is None else family_named(family)
+
+        def prepare(pipe: Pipeline) -> _Draft:
+            draft = self._read(pipe, f"evictor family pinned to {chosen}")
+            if chosen is None:
+                draft.note = "evictor family pin released"
+                draft.writes.append(lambda p: p.delete(self.keys.evictor_pin))
+            else:
+                draft.writes.append(lambda p: p.set(self.keys.evictor_pin, chosen))
+            draft.pin = chosen
+            return draft
+
+        return self._publish(prepare)
+
+    @guarded
     def release_hold(self) -> None:
         self.r.delete(self.keys.policy_hold)
 
@@ -244,7 +320,10 @@ class PolicyStore:
     def _read(self, pipe: Pipeline, note: str) -> _Draft:
         """What a change starts from, read through ``pipe`` after its WATCH."""
         base = Base.from_json(pipe.get(self.keys.policy_base))
-        return _Draft(base, _overrides(pipe.hgetall(self.keys.overrides)), note)
+        pin = pipe.get(self.keys.evictor_pin)
+        draft = _Draft(base, _overrides(pipe.hgetall(self.keys.overrides)), note)
+        draft.pin = None if pin is None else family_named(_s(pin))
+        return draft
 
     def _current_in(self, pipe: Pipeline) -> PolicyDocument | None:
         raw = pipe.get(self.keys.policy_current)
@@ -253,7 +332,7 @@ class PolicyStore:
 
     def _publish(self, prepare: Prepare) -> PolicyDocument:
         k = self.keys
-        watched = (k.policy_versions, k.policy_base, k.overrides)
+        watched = (k.policy_versions, k.policy_base, k.overrides, k.evictor_pin)
         with self.r.pipeline(transaction=True) as pipe:
             while True:
                 try:
@@ -294,6 +373,7 @@ class PolicyStore:
         else:
             cats, default = _composed(draft.base, draft.overrides)
         fields: dict[str, Any] = {"version": version, "categories": cats}
+        fields["evictor"] = draft.pin or draft.base.evictor
         fields.update(note=draft.note[:500], created_at=time.time())
         if default is not None:
             fields["default"] = default

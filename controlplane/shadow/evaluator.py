@@ -27,6 +27,7 @@ from agent.wire import EventBatch
 from controlplane.shadow.estimator import MiniCache, Totals, WindowCounts
 from controlplane.shadow.rebuild import CategoryTable, Rebuilt, Request, RequestRebuilder
 from controlplane.shadow.sampler import PrefixSampler
+from controlplane.shadow.selection import Reading
 from controlplane.shadow.settings import ShadowSettings
 from controlplane.shadow.view import (
     CurvePoint,
@@ -86,6 +87,7 @@ class ShadowEvaluator:
         self._doc = BUILTIN_POLICY
         self._workers: dict[str, _Worker] = {}
         self._clock = 0.0
+        self._first = -1.0  # time of the first sampled request (-1: none yet)
         self._guard = GuardView("off", "no refit judged yet")
         self._lock = threading.Lock()
 
@@ -196,6 +198,8 @@ class ShadowEvaluator:
         if not rebuilt.sampled:
             return
         self._clock = max(self._clock, rebuilt.sampled[-1].ts)
+        if self._first < 0:
+            self._first = rebuilt.sampled[0].ts
         self._keep(worker, rebuilt.sampled)
         if worker.capacity is None:
             return
@@ -288,6 +292,27 @@ class ShadowEvaluator:
             sampled_observed_hit_ratio=seen_sampled.hit_ratio,
             curves=curves,
         )
+
+    def reading(self, multiple: float = 1.0) -> Reading:
+        """Every family's hit ratio at ``multiple`` times the capacity over the window
+        ending at the newest sampled request, pooled over the workers whose events rebuild
+        into whole requests (what the family selection judges)."""
+        if multiple not in self.multiples:
+            raise ValueError(f"{multiple} is not on the ladder {self.multiples}")
+        step = self.multiples.index(multiple)
+        with self._lock:
+            whole = [w for w in self._workers.values() if w.capacity is not None and _whole(w)]
+            ratios: dict[str, float] = {}
+            accesses = 0
+            for name in self.policies:
+                totals = sum(
+                    (w.ladders[name].counts[step].totals(self._clock) for w in whole), Totals()
+                )
+                if totals.accesses:
+                    ratios[name] = totals.hits / totals.accesses
+                    accesses = int(totals.accesses)
+            start = max(self._first, self._clock - self.settings.shadow_window_s)
+            return Reading(ratios, accesses, start, self._clock)
 
     # --- the refit guard -----------------------------------------------------------------
     def judge(self, candidate: PolicyDocument, in_force: PolicyDocument | None) -> GuardView:

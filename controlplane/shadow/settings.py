@@ -11,6 +11,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent.policies import names as policy_names
+from controlplane.shadow.selection import SelectionSettings
 
 DEFAULT_RATE = 0.05
 """Default sampling rate (chosen on one seed, reported on another: docs/shadow.md)."""
@@ -74,6 +75,29 @@ class ShadowSettings(BaseModel):
         description="Sampled accesses the guard needs; fewer: it waits and the fit is published",
     )
 
+    select_enabled: bool = Field(
+        default=True,
+        description="Select the evictor family from the shadow (wa or a shadowed baseline)",
+    )
+    select_margin: float = Field(
+        default=SelectionSettings().margin,
+        ge=0,
+        le=1,
+        description="A family is selected when it leads the one in force by more than this "
+        "shadow hit ratio at the workers' capacity...",
+    )
+    select_windows: int = Field(
+        default=SelectionSettings().windows,
+        ge=1,
+        le=1000,
+        description="...over this many consecutive full shadow windows",
+    )
+    select_min_accesses: int = Field(
+        default=SelectionSettings().min_accesses,
+        ge=0,
+        description="Sampled accesses a window needs to count as evidence for the selection",
+    )
+
     @field_validator("shadow_policies")
     @classmethod
     def _known_policies(cls, value: str) -> str:
@@ -106,6 +130,15 @@ class ShadowSettings(BaseModel):
     def multiples(self) -> tuple[float, ...]:
         """The capacity ladder, ascending, each multiple once."""
         return tuple(sorted({float(x) for x in _items(self.shadow_ladder)}))
+
+    @property
+    def selection(self) -> SelectionSettings:
+        """The family selection's rule."""
+        return SelectionSettings(
+            margin=self.select_margin,
+            windows=self.select_windows,
+            min_accesses=self.select_min_accesses,
+        )
 
     def shadow_only(self) -> ShadowSettings:
         """These knobs alone, as a plain ``ShadowSettings`` (from a subclass's instance)."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from controlplane.shadow.selection import SelectionView
+
 GuardOutcome = Literal["passed", "refused", "waiting", "off"]
 
 
@@ -90,3 +92,5 @@ class ShadowView:
     waiting_workers: list[str] = field(default_factory=list)
     """Workers whose capacity is not known yet (no heartbeat read): not replayed."""
     guard: GuardView = field(default_factory=lambda: GuardView("off", "no refit judged yet"))
+    selection: SelectionView | None = None
+    """The evictor family selection's last word (None: no full window judged yet, or off)."""

@@ -1,4 +1,5 @@
-"""Routes of the ``overrides`` tag: pin or release parameters of one category.
+"""Routes of the ``overrides`` tag: pin or release parameters of one category, or the
+evictor family of every worker that follows the document.
 
 Each change publishes a new policy version (the store composes it). Names and counts
 are bounded here, at the edge: a category name is at most ``CATEGORY_NAME_MAX``
@@ -16,9 +17,9 @@ from fastapi import APIRouter, Path
 from agent.policy_document import PolicyDocument
 from controlplane.api.errors import ApiError, FieldError, documented
 from controlplane.api.field_messages import FieldProblem
-from controlplane.api.models import OverrideBody, OverrideCategory
+from controlplane.api.models import EvictorBody, OverrideBody, OverrideCategory
 from controlplane.api.routes import ControllerDep
-from controlplane.service.store import StoreError
+from controlplane.service.store import EvictorState, StoreError
 
 TAG = "overrides"
 reads = APIRouter(tags=[TAG])
@@ -63,6 +64,30 @@ def delete_override(
         return controller.store.delete_override(category)
     except StoreError as exc:
         raise ApiError(404, "no_override", str(exc)) from None
+
+
+@reads.get("/v1/policy/evictor", response_model=EvictorState)
+def get_evictor(controller: ControllerDep) -> EvictorState:
+    """The evictor family in force, the operator's pin (if any) and the controller's
+    selection (what applies without a pin)."""
+    return controller.store.evictor()
+
+
+@writes.put("/v1/policy/evictor", response_model=PolicyDocument, responses=documented(422))
+def put_evictor(body: EvictorBody, controller: ControllerDep) -> PolicyDocument:
+    """Pin the evictor family; publishes a version. The controller's selection no longer
+    applies until the pin is released."""
+    try:
+        return controller.store.pin_evictor(body.family)
+    except StoreError as exc:
+        raise FieldError(FieldProblem("invalid_value", "family", str(exc))) from None
+
+
+@writes.delete("/v1/policy/evictor", response_model=PolicyDocument)
+def delete_evictor(controller: ControllerDep) -> PolicyDocument:
+    """Release the evictor family's pin; publishes a version with the controller's
+    selection."""
+    return controller.store.pin_evictor(None)
 
 
 def _check_room_for(category: str, pinned: dict[str, dict[str, float]], most: int) -> None:

@@ -1,0 +1,186 @@
+"""``auto`` in replay: the controller's family selection run offline.
+
+Owns ``AutoReplayPolicy`` and its registration as ``auto`` in the replay catalogue
+(``controlplane.replay.catalog``; the catalogue sits below the shadow, so this module
+registers itself when imported, as the replay command does). The cache starts as
+``wa`` refitted online (as ``kvwise replay --policy wa``: ``controlplane.replay.online``).
+Beside it runs a shadow of the replayed past, as the controller's: requests kept by a
+``PrefixSampler`` on their key block (the controller's key depth; the rate is
+``auto_rate``) are served by one miniature cache per candidate family (``wa`` under the
+document in force, and the controller's default baselines), each at the cache's
+capacity times the rate. At the end of every ``auto_window_s`` trace seconds the
+window's hit ratios go to the ``FamilySelector`` (the controller's rule); when it
+switches, every block of the cache moves into the new family in its victim order
+(``agent.policies.handover``), as an agent's does on hot reload. ``wa`` keeps being
+refitted while a baseline runs, so a switch back finds the newest document.
+``switches`` records each switch.
+
+Each request is judged on what came before it: the shadow serves a request after the
+windows ending before it are judged, and refits see only earlier requests. It must never
+do I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from agent.policies import create
+from agent.policies.base import EvictionPolicy
+from agent.policies.handover import hand_over
+from agent.policies.wa import WAPolicy
+from agent.policy_document import DEFAULT_FAMILY
+from controlplane.replay import catalog, online
+from controlplane.replay.options import ReplayOptions
+from controlplane.shadow.estimator import MiniCache
+from controlplane.shadow.rebuild import Request
+from controlplane.shadow.sampler import PrefixSampler
+from controlplane.shadow.selection import (
+    FamilySelector,
+    Reading,
+    SelectionSettings,
+    SelectionView,
+)
+from controlplane.shadow.settings import ShadowSettings
+from controlplane.traces.model import Trace
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One family switch of the replayed cache."""
+
+    at_s: float
+    request: int
+    """Index of the first request served by the new family."""
+    verdict: SelectionView
+
+
+class _Shadow:
+    """The miniature caches of every candidate family and the window's counts."""
+
+    def __init__(self, trace: Trace, capacity: int, options: ReplayOptions, wa: WAPolicy) -> None:
+        defaults = ShadowSettings()
+        sampler = PrefixSampler(options.auto_rate)
+        offsets = trace.offsets
+        lengths = np.diff(offsets)
+        depth = np.clip(np.minimum(lengths - 1, defaults.shadow_key_depth), 0, None)
+        # A request's key block (an empty request, which serves nothing, gets any block).
+        last = len(trace.blocks) - 1
+        keys = trace.blocks[np.minimum(offsets[:-1] + depth, last)] if last >= 0 else lengths * 0
+        self.sampled = sampler.keep(keys.astype(np.int64)).tolist()
+        size = sampler.scaled(capacity)
+        self.families = (DEFAULT_FAMILY, *defaults.baselines)
+        self.wa = WAPolicy(size, category_names=wa.category_names, doc=wa.policy)
+        self.caches = [
+            MiniCache(self.wa if f == DEFAULT_FAMILY else create(f, size), size)
+            for f in self.families
+        ]
+        self.hits = [0] * len(self.families)
+        self.accesses = 0
+
+    def serve(self, request: Request) -> None:
+        for i, cache in enumerate(self.caches):
+            self.hits[i] += cache.serve(request)
+        self.accesses += len(request.blocks)
+
+    def reading(self, start: float, end: float) -> Reading:
+        """The window's hit ratios; the counts start again."""
+        n = self.accesses
+        ratios = {f: h / n for f, h in zip(self.families, self.hits, strict=True)} if n else {}
+        self.hits = [0] * len(self.families)
+        self.accesses = 0
+        return Reading(ratios, n, start, end)
+
+
+class AutoReplayPolicy:
+    """The replayed cache, whose evictor family the shadow of the past selects."""
+
+    def __init__(self, capacity: int, trace: Trace, options: ReplayOptions) -> None:
+        self.capacity = capacity
+        self.wa = online.build("wa", trace, options)
+        assert isinstance(self.wa.inner, WAPolicy)  # "wa" builds the agent's evictor
+        self.family: str = DEFAULT_FAMILY
+        self.current: EvictionPolicy = self.wa.inner
+        self.selector = FamilySelector(
+            SelectionSettings(
+                margin=options.auto_margin,
+                windows=options.auto_windows,
+                min_accesses=options.auto_min_accesses,
+            )
+        )
+        self.switches: list[Switch] = []
+        self._trace = trace
+        self._ts = trace.timestamps.tolist()
+        self._shadow = _Shadow(trace, capacity, options, self.wa.inner)
+        self._window_s = options.auto_window_s
+        self._window_start = self._ts[0] if self._ts else 0.0
+        self._docs_seen = 0
+        self._r = 0
+
+    # --- the replay's driving (TraceIndexed) -------------------------------------------------
+    def arrive(self, request: int) -> None:
+        """Judge the windows that ended before ``request``, refit ``wa`` when due, then
+        let the shadow serve ``request`` if it is sampled."""
+        t = self._ts[request]
+        while t >= self._window_start + self._window_s:
+            end = self._window_start + self._window_s
+            self._judge(self._shadow.reading(self._window_start, end), request)
+            self._window_start = end
+        self.wa.arrive(request)
+        if len(self.wa.applied) != self._docs_seen:
+            self._docs_seen = len(self.wa.applied)
+            self._shadow.wa.set_policy(self.wa.inner.policy)
+        if self._shadow.sampled[request]:
+            self._shadow.serve(self._request(request))
+
+    def free_request(
+        self, request: int, blocks: Sequence[int], offsets: Sequence[int], now: float
+    ) -> None:
+        if self.family == DEFAULT_FAMILY:
+            self.wa.free_request(request, blocks, offsets, now)
+        else:
+            self.current.free(blocks, offsets, now, self.wa.request_code(request))
+
+    def _request(self, r: int) -> Request:
+        lo, hi = self._trace.offsets[r], self._trace.offsets[r + 1]
+        blocks = self._trace.blocks[lo:hi].tolist()
+        return Request(self._ts[r], self.wa.request_code(r), blocks)
+
+    def _judge(self, reading: Reading, request: int) -> None:
+        verdict = self.selector.observe(reading, self.family)
+        if not verdict.switches:
+            return
+        chosen = verdict.chosen
+        new = self.wa.inner if chosen == DEFAULT_FAMILY else create(chosen, self.capacity)
+        hand_over(self.current, new, reading.end)
+        self.current, self.family = new, chosen
+        self.switches.append(Switch(reading.end, request, verdict))
+
+    # --- the Protocol ------------------------------------------------------------------------
+    def touch(self, blocks: Sequence[int], now: float) -> None:
+        self.current.touch(blocks, now)
+
+    def free(
+        self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
+    ) -> None:
+        r = self._r
+        self._r = r + 1
+        self.arrive(r)
+        self.free_request(r, blocks, offsets, now)
+
+    def evict(self, n: int) -> list[int]:
+        return self.current.evict(n)
+
+    def __len__(self) -> int:
+        return len(self.current)
+
+    def __contains__(self, block: object) -> bool:
+        return block in self.current
+
+
+@catalog.register_offline("auto")
+def auto(capacity: int, trace: Trace, options: ReplayOptions) -> AutoReplayPolicy:
+    """``auto``: ``wa`` refitted online, switched to a baseline (and back) by the shadow."""
+    return AutoReplayPolicy(capacity, trace, options)

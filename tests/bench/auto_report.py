@@ -1,0 +1,154 @@
+"""``auto`` against every baseline and ``wa`` (docs/policy.md, "A policy that selects
+itself"), and the selection of its settings.
+
+Run (not collected by pytest)::
+
+    python -m tests.bench.auto_report --select --seed 7 --duration 1800   # choose settings
+    python -m tests.bench.auto_report --seed 2024 --duration 3600         # report
+
+``--select`` replays a grid of ``auto`` settings (shadow rate, window, windows in a row,
+margin) on synthetic to-C and to-B traces of the selection seed and ranks them by the
+number of (trace, capacity) cells where they meet the issue's goal (at least the best
+baseline less 0.001; strictly above it at 1-5 % on to-C), then by the mean difference
+to the best baseline. The report replays lru, fifo, lfu, s3fifo, sieve, arc, ``wa`` and ``auto``
+(``ReplayOptions`` defaults: the chosen settings) at 1, 2, 5, 10, 20, 40 % of the unique
+blocks on synthetic to-C and to-B traces of another seed and on the bundled Mooncake
+sample (inferred categories), and marks the issue's goals met or not. Everything is
+synthetic (``controlplane.traces.synth``; the Mooncake sample is the Mooncake authors'
+synthetic workload). Results go to stdout; progress to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+
+from agent.policies.base import EvictionPolicy
+from controlplane.replay import catalog
+from controlplane.replay.options import ReplayOptions
+from controlplane.shadow.auto_replay import AutoReplayPolicy
+from controlplane.traces.model import Trace
+from controlplane.traces.reader import load_trace
+from controlplane.traces.synth import synthesize
+from tests.bench import ablation
+from tests.bench.ablation import BASELINES, MOONCAKE
+
+FRACS = [0.01, 0.02, 0.05, 0.1, 0.2, 0.4]
+GRID = {
+    "auto_rate": [1.0],
+    "auto_window_s": [300.0],
+    "auto_windows": [1, 2],
+    "auto_margin": [0.001, 0.003, 0.005, 0.01],
+}
+TOLERANCE = 0.001
+"""The goal: ``auto`` at least the best baseline less this, at every capacity."""
+STRICT = (0.01, 0.02, 0.05)
+"""Capacities where ``auto`` must be strictly above the best baseline (to-C, Mooncake)."""
+
+
+def register(options: ReplayOptions) -> str:
+    """``auto`` with ``options`` as a replay policy of its own (before the runner forks)."""
+    name = (
+        f"auto[r={options.auto_rate:g},w={options.auto_window_s:g},"
+        f"n={options.auto_windows},m={options.auto_margin:g}]"
+    )
+
+    def factory(capacity: int, trace: Trace, _: ReplayOptions) -> EvictionPolicy:
+        return AutoReplayPolicy(capacity, trace, options)
+
+    catalog.register_offline(name)(factory)
+    return name
+
+
+def replays(
+    trace: Trace, names: Sequence[str], jobs: int, options: ReplayOptions
+) -> dict[str, list[float]]:
+    """Every policy at every capacity of ``FRACS`` (the ablation's runner)."""
+    ablation.FRACS[:] = FRACS
+    return ablation.run(trace, names, jobs, options)
+
+
+def best_baseline(rows: dict[str, list[float]], i: int) -> str:
+    return max(BASELINES, key=lambda b: rows[b][i])
+
+
+def select(seed: int, duration: float, qps: float, jobs: int) -> None:
+    defaults = ReplayOptions()
+    settings = [
+        replace(defaults, **dict(zip(GRID, values, strict=True)))
+        for values in itertools.product(*GRID.values())
+    ]
+    names = [register(s) for s in settings]
+    short: dict[str, list[float]] = {n: [] for n in names}
+    met: dict[str, int] = dict.fromkeys(names, 0)
+    for profile in ("to-c", "to-b"):
+        trace = synthesize(profile, duration_s=duration, qps=qps, seed=seed)
+        rows = replays(trace, [*BASELINES, "wa", *names], jobs, defaults)
+        for i, frac in enumerate(FRACS):
+            best = rows[best_baseline(rows, i)][i]
+            strict = profile == "to-c" and frac in STRICT
+            for n in names:
+                short[n].append(rows[n][i] - best)
+                met[n] += rows[n][i] > best if strict else rows[n][i] >= best - TOLERANCE
+            print(f"  {profile} {frac:.0%}: best {best:.4f}, wa {rows['wa'][i]:.4f}")
+    print("| setting | cells meeting the goal | worst vs best baseline | mean vs best baseline |")
+    print("|---|---:|---:|---:|")
+    ranked = sorted(names, key=lambda n: (met[n], sum(short[n])), reverse=True)
+    for n in ranked:
+        mean = sum(short[n]) / len(short[n])
+        print(f"| {n} | {met[n]} of {len(short[n])} | {min(short[n]):+.4f} | {mean:+.4f} |")
+
+
+def report_table(title: str, rows: dict[str, list[float]], strict: bool) -> str:
+    head = "| policy | " + " | ".join(f"{f:.0%}" for f in FRACS) + " |"
+    lines = [f"{title}", "", head, "|---|" + "---:|" * len(FRACS)]
+    for name, values in rows.items():
+        lines.append(f"| {name} | " + " | ".join(f"{x:.4f}" for x in values) + " |")
+    lines += ["", "| capacity | best baseline | auto | wa | auto - best | goal |"]
+    lines.append("|---|---|---:|---:|---:|---|")
+    for i, frac in enumerate(FRACS):
+        best = best_baseline(rows, i)
+        b, a = rows[best][i], rows["auto"][i]
+        met = a >= b - TOLERANCE and (not strict or frac not in STRICT or a > b)
+        need = "> best" if strict and frac in STRICT else f">= best - {TOLERANCE}"
+        lines.append(
+            f"| {frac:.0%} | {best} {b:.4f} | {a:.4f} | {rows['wa'][i]:.4f} | {a - b:+.4f} "
+            f"| {need}: **{'MET' if met else 'NOT MET'}** |"
+        )
+    return "\n".join(lines)
+
+
+def report(seed: int, duration: float, qps: float, jobs: int) -> None:
+    names = [*BASELINES, "wa", "auto"]
+    defaults = ReplayOptions()
+    print(f"defaults: {defaults}", file=sys.stderr)
+    for profile, strict in (("to-c", True), ("to-b", False)):
+        trace = synthesize(profile, duration_s=duration, qps=qps, seed=seed)
+        about = f"{trace.n_requests:,} requests, {trace.n_accesses:,} accesses"
+        print(f"\n{trace.name}: {about}, {trace.n_unique:,} unique blocks\n")
+        print(report_table(f"{trace.name}", replays(trace, names, jobs, defaults), strict))
+    trace = load_trace(MOONCAKE)
+    inferred = replace(defaults, categories="auto")
+    print(f"\n{trace.name} (inferred categories): {trace.n_requests:,} requests\n")
+    print(report_table(trace.name, replays(trace, names, jobs, inferred), True))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seed", type=int, default=2024)
+    ap.add_argument("--duration", type=float, default=3600.0)
+    ap.add_argument("--qps", type=float, default=6.0)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--select", action="store_true", help="rank the settings grid instead")
+    args = ap.parse_args(argv)
+    if args.select:
+        select(args.seed, args.duration, args.qps, args.jobs)
+    else:
+        report(args.seed, args.duration, args.qps, args.jobs)
+
+
+if __name__ == "__main__":
+    main()

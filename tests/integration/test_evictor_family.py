@@ -1,0 +1,141 @@
+"""The evictor family against a real Redis: the store composes it (selection, operator
+pin, rollback), agents that follow the document switch on hot reload with every cached
+block kept, and baseline-configured agents stay as they are."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import pytest
+import redis
+
+from agent.policies.lru import LRUPolicy
+from agent.policies.wa import WAPolicy
+from agent.policy_document import CategoryParams
+from agent.runtime.agent import Agent
+from agent.wire import Keys, encode_policy
+from controlplane.service.agents import AgentView
+from controlplane.service.controller import Controller
+from controlplane.service.settings import ControllerSettings
+from controlplane.service.store import PolicyStore, StoreError
+from controlplane.traces.synth import synthesize
+from tests.agent_stream import agent_batches
+from tests.integration.agent_fixtures import fast_settings
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def _p(rate: float) -> CategoryParams:
+    return CategoryParams(rate=rate, p_reuse=0.5, life_s=10.0, samples=1000, source="fit")
+
+
+@pytest.fixture
+def store(redis_url: str, key_prefix: str) -> PolicyStore:
+    return PolicyStore(redis.Redis.from_url(redis_url), Keys(key_prefix), history_size=10)
+
+
+def test_the_family_is_selected_pinned_released_and_kept_by_refits(store: PolicyStore) -> None:
+    first = store.publish_fit({"text_1": _p(0.1)}, None, "fit")
+    assert first.evictor == "wa"
+    assert b"evictor" not in encode_policy(first)  # older agents read wa documents as before
+    assert store.select_evictor("s3fifo", "selected").evictor == "s3fifo"
+    assert store.publish_fit({"text_1": _p(0.2)}, None, "refit").evictor == "s3fifo"
+    assert store.pin_evictor("lru").evictor == "lru"
+    assert store.select_evictor("arc", "selected again").evictor == "lru"  # the pin wins
+    state = store.evictor()
+    assert (state.in_force, state.pinned, state.selected) == ("lru", "lru", "arc")
+    assert store.pin_evictor(None).evictor == "arc"
+    rolled = store.rollback(first.version)
+    assert rolled.evictor == "wa"
+    assert store.evictor().selected == "wa"
+    with pytest.raises(StoreError, match="unknown evictor family 'mru'; known: wa, lru"):
+        store.pin_evictor("mru")
+
+
+def _fill(agent: Agent, requests: int) -> None:
+    now = time.time()
+    for r in range(requests):
+        blocks = [r * 10 + j for j in range(5)]
+        agent.free(blocks[::-1], range(4, -1, -1), now + r, f"text_{r % 2}")
+    agent.touch([0, 1], now + requests, "text_0")
+
+
+def test_a_following_agent_switches_family_on_hot_reload_and_back(
+    store: PolicyStore, redis_url: str, key_prefix: str
+) -> None:
+    settings = fast_settings(redis_url, key_prefix, worker_id="w-follow", evictor="wa")
+    with Agent(settings, capacity=100) as agent:
+        _fill(agent, 12)
+        held = len(agent.policy)
+        assert isinstance(agent.policy, WAPolicy)
+        expected = copy.deepcopy(agent.policy).evict(held)
+        store.pin_evictor("lru")
+        wait_until(agent.apply_pending, timeout=10)
+        assert agent.family == "lru" and isinstance(agent.policy, LRUPolicy)
+        assert len(agent.policy) == held
+        assert agent.status().evictor == "lru"
+        store.pin_evictor("wa")
+        wait_until(agent.apply_pending, timeout=10)
+        assert agent.family == "wa" and isinstance(agent.policy, WAPolicy)
+        assert len(agent.policy) == held
+        # Every block that was evictable comes out in the order it had before the two
+        # switches; the two in use stay.
+        assert agent.evict(held, time.time()) == expected
+        assert sorted(expected) == sorted(
+            {r * 10 + j for r in range(12) for j in range(5)} - {0, 1}
+        )
+
+
+def test_an_agent_configured_with_a_baseline_keeps_it(
+    store: PolicyStore, redis_url: str, key_prefix: str
+) -> None:
+    settings = fast_settings(redis_url, key_prefix, worker_id="w-control", evictor="lru")
+    with Agent(settings, capacity=100) as agent:
+        assert not agent.follows_family
+        store.pin_evictor("s3fifo")
+        wait_until(agent.apply_pending, timeout=10)
+        assert agent.family == "lru" and isinstance(agent.policy, LRUPolicy)
+        assert agent.applied_version == store.current_version()
+
+
+def test_the_controller_publishes_the_family_its_shadow_selects(
+    redis_url: str, key_prefix: str
+) -> None:
+    trace = synthesize("to-c", duration_s=600, qps=3, seed=7)
+    settings = ControllerSettings(
+        redis_url=redis_url,
+        key_prefix=key_prefix,
+        shadow_rate=1.0,
+        shadow_policies="lru,s3fifo",
+        shadow_window_s=120.0,
+        shadow_buckets=4,
+        select_margin=0.0,
+        select_windows=2,
+        select_min_accesses=0,
+    )
+    controller = Controller(settings)
+    controller.store.publish_fit({}, CategoryParams(rate=1e-6, p_reuse=1.0, life_s=1.0), "bad")
+    controller.shadow.refresh([_view("w1", 300)], controller.store.current())
+    chosen = []
+    for batch in agent_batches(trace, 300, batch_events=500):
+        controller.shadow.apply(batch)
+        verdict = controller.select_family()
+        if verdict is not None and verdict.switches:
+            chosen.append(verdict.chosen)
+    assert chosen, "a baseline beats a wa document that keeps the oldest blocks"
+    doc = controller.store.current()
+    assert doc is not None and doc.evictor == chosen[-1] != "wa"
+    assert doc.note.startswith(f"evictor family: switch to {chosen[-1]}")
+    assert controller.store.evictor().selected == chosen[-1]
+    shown = controller.shadow_view().selection
+    assert shown is not None and shown.window_end > 0
+    counted = controller.metrics.registry.get_sample_value(
+        "kvwise_evictor_family_selected_total", {"family": chosen[0]}
+    )
+    assert counted is not None and counted >= 1
+
+
+def _view(worker: str, capacity: int) -> AgentView:
+    return AgentView(id=worker, engine="sim", capacity=capacity, whole_requests=True)

@@ -1,0 +1,56 @@
+"""``kvwise replay --policy auto`` (controlplane.shadow.auto_replay): the controller's
+family selection over the replayed past, switching the replayed cache with its blocks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from itertools import pairwise
+
+import pytest
+
+from controlplane.replay import catalog
+from controlplane.replay.engine import replay_hits
+from controlplane.replay.options import ReplayOptions
+from controlplane.shadow.auto_replay import AutoReplayPolicy
+from controlplane.traces.model import Trace
+from controlplane.traces.synth import synthesize
+
+
+@pytest.fixture(scope="module")
+def trace() -> Trace:
+    return synthesize("to-b", duration_s=600, qps=4, seed=3)
+
+
+EAGER = ReplayOptions(
+    auto_rate=1.0, auto_window_s=30.0, auto_margin=0.0, auto_windows=1, auto_min_accesses=0
+)
+
+
+def test_auto_is_in_the_replay_catalogue() -> None:
+    assert "auto" in catalog.names()
+
+
+def test_switches_keep_the_cache_whole_and_consistent(trace: Trace) -> None:
+    capacity = trace.n_unique // 50
+    policy = catalog.create("auto", capacity, trace, EAGER)
+    assert isinstance(policy, AutoReplayPolicy)
+    # check=True: after every request the cache holds what the replay inserted less what
+    # it evicted, within capacity, across every switch of family.
+    hits = replay_hits(trace, policy, capacity, check=True)
+    assert len(policy.switches) >= 2, "an eager selector switches on a trace this long"
+    families = [s.verdict.chosen for s in policy.switches]
+    assert all(a != b for a, b in pairwise(families))
+    assert policy.family == families[-1]
+    assert 0 < hits.sum() <= trace.n_accesses
+    windows = [s.verdict.window_end for s in policy.switches]
+    assert windows == sorted(windows)
+    assert all(s.request > 0 and s.at_s <= trace.timestamps[s.request] for s in policy.switches)
+
+
+def test_without_evidence_auto_is_wa(trace: Trace) -> None:
+    capacity = trace.n_unique // 50
+    never = replace(EAGER, auto_min_accesses=10**12)
+    auto = catalog.create("auto", capacity, trace, never)
+    wa = catalog.create("wa", capacity, trace, never)
+    assert (replay_hits(trace, auto, capacity) == replay_hits(trace, wa, capacity)).all()
+    assert isinstance(auto, AutoReplayPolicy) and not auto.switches
