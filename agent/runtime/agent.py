@@ -133,6 +133,14 @@ class Agent:
         self.hits = 0
         self.accesses = 0
         self.started_at = time.time()
+        self._build_threads(history, unknown)
+        self._started = False
+        self._closed = False
+
+    def _build_threads(self, history: AccessHistory, unknown_category: int) -> None:
+        """The Redis client, the event buffer and the publisher, subscriber and heartbeat
+        around it (built, not started)."""
+        settings = self.settings
         self.client = connect(
             settings.redis_url,
             timeout_s=settings.redis_timeout_s,
@@ -150,12 +158,10 @@ class Agent:
             epoch=self.epoch,
             categories=self.categories.snapshot,
             history=history,
-            unknown_category=unknown,
+            unknown_category=unknown_category,
         )
         self.subscriber = PolicySubscriber(settings, self.client)
         self.heartbeat = Heartbeat(settings, self.client, self.status)
-        self._started = False
-        self._closed = False
 
     # --- engine-thread hooks -------------------------------------------------------------
     def touch(
