@@ -99,7 +99,7 @@ class AutoReplayPolicy:
 
     def __init__(self, capacity: int, trace: Trace, options: ReplayOptions) -> None:
         self.capacity = capacity
-        self.wa = online.build("wa", trace, options)
+        self.wa = online.build("wa", trace, options, capacity=capacity)
         assert isinstance(self.wa.inner, WAPolicy)  # "wa" builds the agent's evictor
         self.family: str = DEFAULT_FAMILY
         self.current: EvictionPolicy = self.wa.inner
@@ -159,8 +159,14 @@ class AutoReplayPolicy:
         self.switches.append(Switch(reading.end, request, verdict))
 
     # --- the Protocol ------------------------------------------------------------------------
+    @property
+    def _driven(self) -> EvictionPolicy:
+        """What takes touches and evictions: the fitted ``wa`` (it also tells its reuse
+        classes what was hit and evicted) or the baseline in force."""
+        return self.wa if self.family == DEFAULT_FAMILY else self.current
+
     def touch(self, blocks: Sequence[int], now: float) -> None:
-        self.current.touch(blocks, now)
+        self._driven.touch(blocks, now)
 
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
@@ -171,7 +177,7 @@ class AutoReplayPolicy:
         self.free_request(r, blocks, offsets, now)
 
     def evict(self, n: int) -> list[int]:
-        return self.current.evict(n)
+        return self._driven.evict(n)
 
     def __len__(self) -> int:
         return len(self.current)

@@ -47,9 +47,12 @@ def test_switches_keep_the_cache_whole_and_consistent(trace: Trace) -> None:
     assert all(s.request > 0 and s.at_s <= trace.timestamps[s.request] for s in policy.switches)
 
 
-def test_without_evidence_auto_is_wa(trace: Trace) -> None:
+@pytest.mark.parametrize("reuse_class", ["off", "hit"])
+def test_without_evidence_auto_is_wa(trace: Trace, reuse_class: str) -> None:
+    """Also with reuse classes by hit: ``auto``'s ``wa`` is told the hits and evictions
+    that decide a block's class."""
     capacity = trace.n_unique // 50
-    never = replace(EAGER, auto_min_accesses=10**12)
+    never = replace(EAGER, auto_min_accesses=10**12, reuse_class=reuse_class)
     auto = catalog.create("auto", capacity, trace, never)
     wa = catalog.create("wa", capacity, trace, never)
     assert (replay_hits(trace, auto, capacity) == replay_hits(trace, wa, capacity)).all()
