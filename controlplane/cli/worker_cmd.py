@@ -149,7 +149,7 @@ def _replay(
 def _status_line(p: WorkerProgress) -> str:
     a = p.agent
     return (
-        f"worker {a.id} [{p.policy}, {a.capacity:,} blocks]: {p.requests:,} requests "
+        f"worker {a.id} [{a.evictor or p.policy}, {a.capacity:,} blocks]: {p.requests:,} requests "
         f"(loop {p.loops}), hit ratio {a.hit_ratio:.4f}, applied version {a.applied_version}, "
         f"events sent {a.events_sent:,} dropped {a.events_dropped:,}, "
         f"rejected {a.rejected}, lag {p.lag_s:.2f}s"

@@ -297,8 +297,14 @@ class PolicyStore:
 
     @guarded
     def pin_evictor(self, family: str | None) -> PolicyDocument:
-        """Pin the evictor family (None: release the pin, the selection applies again)."""
+        """Pin the evictor family (None: release the pin, the selection applies again).
+        Pinning the family already pinned, or releasing no pin, publishes nothing: the
+        document in force comes back."""
         chosen = None if family is None else family_named(family)
+        current = self.current()
+        pin = self.r.get(self.keys.evictor_pin)
+        if current is not None and (None if pin is None else family_named(_s(pin))) == chosen:
+            return current
 
         def prepare(pipe: Pipeline) -> _Draft:
             draft = self._read(pipe, f"evictor family pinned to {chosen}")

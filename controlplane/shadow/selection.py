@@ -114,7 +114,8 @@ class FamilySelector:
         if self._streak < s.windows:
             why = f"{figures}: lead {self._streak} of {s.windows} windows, margin {s.margin}"
             return self._said(reading, in_force, in_force, leader, lead, why)
-        why = f"switch to {leader}: {figures}, {s.windows} windows past margin {s.margin}"
+        windows = "1 window" if s.windows == 1 else f"{s.windows} windows"
+        why = f"switch to {leader}: {figures}, {windows} past margin {s.margin}"
         view = self._said(reading, in_force, leader, leader, lead, why)
         self._in_force, self._streak = leader, 0
         return view

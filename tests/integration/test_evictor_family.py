@@ -42,11 +42,15 @@ def test_the_family_is_selected_pinned_released_and_kept_by_refits(store: Policy
     assert b"evictor" not in encode_policy(first)  # older agents read wa documents as before
     assert store.select_evictor("s3fifo", "selected").evictor == "s3fifo"
     assert store.publish_fit({"text_1": _p(0.2)}, None, "refit").evictor == "s3fifo"
-    assert store.pin_evictor("lru").evictor == "lru"
+    pinned = store.pin_evictor("lru")
+    assert pinned.evictor == "lru"
+    assert store.pin_evictor("lru").version == pinned.version  # the same pin: no version
     assert store.select_evictor("arc", "selected again").evictor == "lru"  # the pin wins
     state = store.evictor()
     assert (state.in_force, state.pinned, state.selected) == ("lru", "lru", "arc")
-    assert store.pin_evictor(None).evictor == "arc"
+    released = store.pin_evictor(None)
+    assert released.evictor == "arc"
+    assert store.pin_evictor(None).version == released.version  # no pin left: no version
     rolled = store.rollback(first.version)
     assert rolled.evictor == "wa"
     assert store.evictor().selected == "wa"
