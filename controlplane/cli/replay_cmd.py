@@ -344,6 +344,9 @@ def _print_tables(
     for name in names:
         table.add_row([name], [f"{by[(name, c)].hit_ratio:.4f}" for c in capacities])
     table.print(console)
+    for r in results:
+        for note in r.notes:
+            console.print(f"{r.policy} at {r.capacity:,} blocks: {note}", highlight=False)
     if len(trace.category_names) > 1 and top > 0:
         _print_category_tables(console, names, capacities, by, top)
 

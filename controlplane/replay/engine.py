@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import compress
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -49,6 +50,8 @@ class ReplayResult:
     accesses: int
     per_category: dict[str, CategoryResult] = field(default_factory=dict)
     seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    """What the policy says of its run (``auto``: each switch of family)."""
 
     @property
     def hit_ratio(self) -> float:
@@ -66,7 +69,16 @@ class ReplayResult:
                 name: {"hit_ratio": c.hit_ratio, "hits": c.hits, "accesses": c.accesses}
                 for name, c in self.per_category.items()
             },
+            **({"notes": self.notes} if self.notes else {}),
         }
+
+
+@runtime_checkable
+class ExplainsRun(Protocol):
+    """A policy with something to say of its replay (``auto``: when it switched family)."""
+
+    def run_notes(self) -> list[str]:
+        """One line per thing worth knowing, in the order it happened."""
 
 
 class ReplayCheckError(AssertionError):

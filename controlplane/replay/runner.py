@@ -16,7 +16,13 @@ from typing import Any
 import numpy as np
 
 from controlplane.replay import catalog
-from controlplane.replay.engine import CategoryResult, ReplayResult, replay_hits, summarize
+from controlplane.replay.engine import (
+    CategoryResult,
+    ExplainsRun,
+    ReplayResult,
+    replay_hits,
+    summarize,
+)
 from controlplane.replay.options import DEFAULT_OPTIONS, ReplayOptions
 from controlplane.replay.pool import JobProgress, run_jobs
 from controlplane.traces.model import Trace
@@ -45,7 +51,10 @@ def run_one(
     t0 = time.perf_counter()
     hits = replay_hits(trace, policy, job.capacity, progress=progress)
     seconds = time.perf_counter() - t0
-    return summarize_from(trace, job, hits, options.first_scored(trace), seconds)
+    result = summarize_from(trace, job, hits, options.first_scored(trace), seconds)
+    if isinstance(policy, ExplainsRun):
+        result = replace(result, notes=policy.run_notes())
+    return result
 
 
 def summarize_from(

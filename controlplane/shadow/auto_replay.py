@@ -158,6 +158,15 @@ class AutoReplayPolicy:
         self.current, self.family = new, chosen
         self.switches.append(Switch(reading.end, request, verdict))
 
+    def run_notes(self) -> list[str]:
+        """Each switch of family (none: it stayed ``wa`` all along)."""
+        if not self.switches:
+            return [f"stayed {DEFAULT_FAMILY}: no family led it by the margin"]
+        return [
+            f"at {s.at_s - self._ts[0]:,.0f} s (request {s.request:,}): {s.verdict.reason}"
+            for s in self.switches
+        ]
+
     # --- the Protocol ------------------------------------------------------------------------
     @property
     def _driven(self) -> EvictionPolicy:

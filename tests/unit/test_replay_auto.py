@@ -11,6 +11,7 @@ import pytest
 from controlplane.replay import catalog
 from controlplane.replay.engine import replay_hits
 from controlplane.replay.options import ReplayOptions
+from controlplane.replay.runner import ReplayJob, run_one
 from controlplane.shadow.auto_replay import AutoReplayPolicy
 from controlplane.traces.model import Trace
 from controlplane.traces.synth import synthesize
@@ -57,3 +58,15 @@ def test_without_evidence_auto_is_wa(trace: Trace, reuse_class: str) -> None:
     wa = catalog.create("wa", capacity, trace, never)
     assert (replay_hits(trace, auto, capacity) == replay_hits(trace, wa, capacity)).all()
     assert isinstance(auto, AutoReplayPolicy) and not auto.switches
+
+
+def test_a_replay_of_auto_says_when_it_switched(trace: Trace) -> None:
+    capacity = trace.n_unique // 50
+    result = run_one(trace, ReplayJob("auto", capacity), options=EAGER)
+    assert result.notes and all("switch to" in note for note in result.notes)
+    assert result.to_json()["notes"] == result.notes
+    still = run_one(
+        trace, ReplayJob("auto", capacity), options=replace(EAGER, auto_min_accesses=10**12)
+    )
+    assert still.notes == ["stayed wa: no family led it by the margin"]
+    assert "notes" not in run_one(trace, ReplayJob("lru", capacity)).to_json()
