@@ -249,6 +249,12 @@ def _report(
         sys.stdout.write("\n")
         return
     _print_tables(trace, names, capacities, results, top_categories, options)
+    if len(trace.category_names) == 1 and options.categories == "labels":
+        typer.echo(
+            f"note: the trace labels every request {trace.category_names[0]!r}: the fitted\n"
+            "policies see one category. --categories auto infers them.",
+            err=True,
+        )
 
 
 def _plot(path: Path, trace: Trace, results: list[ReplayResult]) -> None:

@@ -126,3 +126,12 @@ def test_tables_stay_whole_at_80_columns(toc_file: Path) -> None:
             assert f"{cat['hit_ratio']:.3f}" in out
     for name in names:
         assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", out), name
+
+
+def test_a_one_category_trace_hints_at_inferred_categories() -> None:
+    code, _, err = run("replay", str(SAMPLE), "-p", "lru", "--capacity", "300")
+    assert code == 0 and "--categories auto infers them" in err
+    assert all(len(line) <= 80 for line in err.splitlines())
+    args = ("-p", "lru", "--capacity", "300", "--categories", "auto")
+    code, _, err = run("replay", str(SAMPLE), *args)
+    assert code == 0 and "--categories auto infers" not in err
