@@ -206,12 +206,25 @@ def replay(
         reuse_class=reuse_class,
         **_auto(auto_rate, auto_window, auto_windows, auto_margin),
     )
-    trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
+    trace = _labelled(load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines), options)
     capacities = _capacities(trace, capacity, capacity_frac)
     results = _run_with_progress(trace, names, capacities, jobs, options, json_out)
     if plot is not None:
         _plot(plot, trace, results)
     _report(trace_path, trace, names, capacities, results, options, top_categories, json_out)
+
+
+def _labelled(trace: Trace, options: ReplayOptions) -> Trace:
+    """``trace`` with the categories the fitted policies see (``--categories auto``:
+    the inferred ones), so that the per-category results are by those."""
+    if options.categories == "labels":
+        return trace
+    from dataclasses import replace
+
+    from controlplane.replay.accesses import request_categories
+
+    codes, names = request_categories(trace, options.categories)
+    return replace(trace, categories=codes, category_names=names)
 
 
 def _names(policy: str, plot: Path | None) -> list[str]:

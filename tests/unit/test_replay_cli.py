@@ -135,3 +135,16 @@ def test_a_one_category_trace_hints_at_inferred_categories() -> None:
     args = ("-p", "lru", "--capacity", "300", "--categories", "auto")
     code, _, err = run("replay", str(SAMPLE), *args)
     assert code == 0 and "--categories auto infers" not in err
+
+
+def test_per_category_results_are_by_the_categories_the_policies_saw() -> None:
+    """With ``--categories auto`` the per-category results are by inferred category."""
+    args = ("-p", "lru", "--capacity", "300", "--json")
+    _, labelled, _ = run("replay", str(SAMPLE), *args)
+    _, inferred, _ = run("replay", str(SAMPLE), *args, "--categories", "auto")
+    by_label = json.loads(labelled)["results"][0]["per_category"]
+    by_inferred = json.loads(inferred)["results"][0]["per_category"]
+    assert list(by_label) == ["unknown"]
+    assert len(by_inferred) > 1 and all(name.startswith("t") for name in by_inferred)
+    total = sum(c["accesses"] for c in by_inferred.values())
+    assert total == by_label["unknown"]["accesses"]
