@@ -223,9 +223,8 @@ def _prompt(request: Any, infer: bool) -> tuple[Sequence[int], int]:
     return hashes, int(getattr(request, "num_prompt_tokens", 0))
 
 
-def _report(engine: EngineAgent, request: Any, now: float) -> RequestReport:
-    """The request's ``RequestReport`` (begun at ``now`` with its category)."""
-    name, _ = _category(engine, request)
+def _report(engine: EngineAgent, request: Any, name: str, now: float) -> RequestReport:
+    """The request's ``RequestReport`` (begun at ``now``; ``name`` is its category)."""
     return engine.report_of(request, name, int(getattr(request, "num_prompt_tokens", 0)), now)
 
 
@@ -261,7 +260,7 @@ def _wrap_cache_full_blocks(orig: Callable[..., None]) -> Callable[..., None]:
             for block_id, block_code in zip(hashed, codes, strict=True):
                 queue.code[block_id] = block_code
         now = time.time()
-        engine.hold_stored(_report(engine, request, now), hashes, offsets, now)
+        engine.hold_stored(_report(engine, request, name, now), hashes, offsets, now)
 
     return cache_full_blocks
 
@@ -281,9 +280,9 @@ def _wrap_touch(orig: Callable[..., None]) -> Callable[..., None]:
             name, code = engine.hit_category(*engine.category(DEFAULT_CATEGORY, (), 0))
             engine.hit(*queue.note_hits(hits, code), time.time(), name)
             return
-        _, code = engine.hit_category(*_category(engine, request))
-        hashes, offsets = queue.note_hits(hits, code)
-        engine.hold_hits(_report(engine, request, time.time()), hashes, offsets)
+        name, code = _category(engine, request)
+        hashes, offsets = queue.note_hits(hits, engine.hit_category(name, code)[1])
+        engine.hold_hits(_report(engine, request, name, time.time()), hashes, offsets)
 
     return touch
 
@@ -296,17 +295,20 @@ def _wrap_allocate_slots(orig: Callable[..., Any]) -> Callable[..., Any]:
             result = orig(self, request, *args, **kwargs)
         finally:
             _state.request = None
-        _record_if_whole(request)
+        _record_held(request, only_whole=True)
         return result
 
     return allocate_slots
 
 
-def _record_if_whole(request: Any) -> None:
-    """Record the request's held blocks once its prompt's blocks are all reported."""
+def _record_held(request: Any, *, only_whole: bool) -> None:
+    """Record the request's held blocks: once its prompt's blocks are all reported
+    (``only_whole``, after each slot allocation), or whatever it holds (it is done)."""
     report: RequestReport | None = getattr(request, REQUEST_REPORT_ATTR, None)
     engine = _state.engine
-    if report is not None and engine is not None and report.whole:
+    if report is None or engine is None or report.recorded:
+        return
+    if report.whole or not only_whole:
         engine.record(report)
 
 
@@ -314,9 +316,6 @@ def _wrap_free(orig: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(orig)
     def free(self: Any, request: Any) -> None:
         orig(self, request)
-        report: RequestReport | None = getattr(request, REQUEST_REPORT_ATTR, None)
-        engine = _state.engine
-        if report is not None and engine is not None:  # finished, aborted or preempted
-            engine.record(report)
+        _record_held(request, only_whole=False)  # finished, aborted or preempted
 
     return free

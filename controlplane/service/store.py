@@ -273,10 +273,9 @@ class PolicyStore:
     @guarded
     def evictor(self) -> EvictorState:
         current = self.current()
-        pin = self.r.get(self.keys.evictor_pin)
         return EvictorState(
             current.evictor if current is not None else None,
-            None if pin is None else family_named(_s(pin)),
+            _pinned(self.r.get(self.keys.evictor_pin)),
             self.base().evictor,
         )
 
@@ -302,8 +301,7 @@ class PolicyStore:
         document in force comes back."""
         chosen = None if family is None else family_named(family)
         current = self.current()
-        pin = self.r.get(self.keys.evictor_pin)
-        if current is not None and (None if pin is None else family_named(_s(pin))) == chosen:
+        if current is not None and _pinned(self.r.get(self.keys.evictor_pin)) == chosen:
             return current
 
         def prepare(pipe: Pipeline) -> _Draft:
@@ -326,9 +324,8 @@ class PolicyStore:
     def _read(self, pipe: Pipeline, note: str) -> _Draft:
         """What a change starts from, read through ``pipe`` after its WATCH."""
         base = Base.from_json(pipe.get(self.keys.policy_base))
-        pin = pipe.get(self.keys.evictor_pin)
         draft = _Draft(base, _overrides(pipe.hgetall(self.keys.overrides)), note)
-        draft.pin = None if pin is None else family_named(_s(pin))
+        draft.pin = _pinned(pipe.get(self.keys.evictor_pin))
         return draft
 
     def _current_in(self, pipe: Pipeline) -> PolicyDocument | None:
@@ -421,3 +418,8 @@ def _apply_one(params: CategoryParams, values: Mapping[str, Any]) -> CategoryPar
 
 def _s(v: bytes | str) -> str:
     return v.decode() if isinstance(v, bytes) else v
+
+
+def _pinned(raw: bytes | str | None) -> EvictorFamily | None:
+    """The evictor family an operator pinned, as stored (None: no pin)."""
+    return None if raw is None else family_named(_s(raw))
