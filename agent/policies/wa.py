@@ -16,11 +16,10 @@ that of the request that first inserted it (kept until the block is evicted).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from agent.policies.registry import register
 from agent.policies.wa_core import (
     Const,
+    Freed,
     WACore,
     log_weight,
     runs,
@@ -55,20 +54,12 @@ class WAPolicy(WACore[WALane]):
     def _new_lane(self, row: int) -> WALane:
         return WALane(row)
 
-    def _file(
-        self,
-        blocks: Sequence[int],
-        offsets: Sequence[int],
-        first_release: int,
-        category: int,
-        t: float,
-    ) -> None:
+    def _file(self, freed: Freed, category: int) -> None:
         if self._by_creator:
-            for code, lo, hi in runs(self._codes_of(blocks, category)):
-                run = Run.of(t, blocks[lo:hi], offsets[lo:hi], first_release + lo)
-                self._file_lane(code, run)
+            for code, lo, hi in runs(self._codes_of(freed.blocks, category)):
+                self._file_lane(code, freed.part(lo, hi))
         else:
-            self._file_lane(category, Run.of(t, blocks, offsets, first_release))
+            self._file_lane(category, freed.whole())
 
     def _file_lane(self, code: int, run: Run) -> None:
         lane = self._lanes.get(code) or self._lane(code)

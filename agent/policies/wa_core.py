@@ -49,12 +49,12 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from heapq import heappop, heappush
 from itertools import count, groupby, repeat
-from typing import ClassVar, Generic, Literal, Protocol, TypeVar
+from typing import ClassVar, Generic, Literal, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
 from agent.policies.handover import Handover, drain
-from agent.policies.wa_queue import KEY_ROW, KEY_SCORE, Cutoff, Entry, Evictable, Key
+from agent.policies.wa_queue import KEY_ROW, KEY_SCORE, Cutoff, Entry, Evictable, Key, Run
 from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
 
 ADOPTED_CODE = -1
@@ -77,6 +77,23 @@ def log_weight(p: CategoryParams) -> Const:
     if p.p_reuse <= 0.0 or window <= 0.0:
         return (-math.inf, p.rate)
     return (math.log(p.p_reuse) + math.log(window), p.rate)
+
+
+class Freed(NamedTuple):
+    """The blocks one ``free`` files: stamped ``t``, numbered from ``first_release``."""
+
+    t: float
+    blocks: Sequence[int]
+    offsets: Sequence[int]
+    first_release: int
+
+    def whole(self) -> Run:
+        """All of them, as one queue ``Run``."""
+        return Run.of(self.t, self.blocks, self.offsets, self.first_release)
+
+    def part(self, lo: int, hi: int) -> Run:
+        """Blocks ``lo:hi`` of them (numbered from ``first_release + lo``), as a ``Run``."""
+        return Run.of(self.t, self.blocks[lo:hi], self.offsets[lo:hi], self.first_release + lo)
 
 
 def runs(keys: list[int]) -> Iterator[tuple[int, int, int]]:
@@ -116,7 +133,7 @@ class WACore(Generic[LaneT]):
     """The parts of a workload-aware evictor that do not depend on how blocks are
     stamped: category table, parameters, clock, block bookkeeping, ``touch``, ``evict``.
 
-    Subclasses implement ``free``, ``_new_lane`` and ``_const_of``.
+    Subclasses implement ``_file``, ``_new_lane`` and ``_const_of``.
 
     Eviction: each category (lane) has a row holding ``lc``, ``a`` and ``t0``, a lower
     bound of its head's stamp (NaN when found empty), so ``lc - a (now - t0)`` is a lower
@@ -293,19 +310,12 @@ class WACore(Generic[LaneT]):
             return
         if len(offsets) != len(blocks):
             raise ValueError(f"{len(blocks)} blocks but {len(offsets)} offsets")
-        self._file(blocks, offsets, self._seq, category, t)
+        self._file(Freed(t, blocks, offsets, self._seq), category)
         self._release(blocks)
 
-    def _file(
-        self,
-        blocks: Sequence[int],
-        offsets: Sequence[int],
-        first_release: int,
-        category: int,
-        t: float,
-    ) -> None:
-        """Queue freed ``blocks``, numbered from ``first_release``, in the lanes they join
-        (called before they are released: the blocks held are those before this call)."""
+    def _file(self, freed: Freed, category: int) -> None:
+        """Queue the ``freed`` blocks in the lanes they join (called before they are
+        released: the blocks held are those before this call)."""
         raise NotImplementedError
 
     def _tick(self, now: float) -> float:

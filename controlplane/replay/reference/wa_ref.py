@@ -22,8 +22,8 @@ import math
 from collections.abc import Sequence
 from heapq import heappop, heappush
 
-from agent.policies.wa_core import Const, WACore, log_weight, runs
-from agent.policies.wa_queue import Cutoff, Entry, Evictable, Run, TimeQueue, ZeroQueue
+from agent.policies.wa_core import Const, Freed, WACore, log_weight, runs
+from agent.policies.wa_queue import Cutoff, Entry, Evictable, TimeQueue, ZeroQueue
 
 _PRIORITY_ZERO: Const = (-math.inf, 1.0)
 
@@ -96,14 +96,8 @@ class WARefPolicy(WACore[RefLane]):
     def _new_lane(self, row: int) -> RefLane:
         return RefLane(row)
 
-    def _file(
-        self,
-        blocks: Sequence[int],
-        offsets: Sequence[int],
-        first_release: int,
-        category: int,
-        t: float,
-    ) -> None:
+    def _file(self, freed: Freed, category: int) -> None:
+        t, blocks, offsets, first_release = freed
         ev, in_use = self._ev, self._in_use
         # Never-hit blocks keep last access 0 (so do hits at time 0).
         stamped = [t > 0.0 and (b in ev or b in in_use) for b in blocks]
@@ -112,7 +106,7 @@ class WARefPolicy(WACore[RefLane]):
         for key, lo, hi in runs([2 * c + h for c, h in zip(codes, stamped, strict=True)]):
             lane = self._lane(key >> 1)
             if key & 1:
-                lane.q.add(Run.of(t, blocks[lo:hi], offsets[lo:hi], first_release + lo))
+                lane.q.add(freed.part(lo, hi))
                 self._note(lane, t)
             else:
                 releases = range(first_release + lo, first_release + hi)
