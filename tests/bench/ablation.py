@@ -227,14 +227,31 @@ def report_unlabelled(trace: Trace, jobs: int, defaults: ReplayOptions) -> str:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seed", type=int, default=2024)
+def synthetic_trace_parser(
+    doc: str | None, *, seed: int = 2024, duration_s: float = 3600.0
+) -> argparse.ArgumentParser:
+    """The options every report on synthetic traces takes (``--seed``, ``--duration``,
+    ``--qps``, ``--jobs``), described by the first paragraph of the script's ``doc``."""
+    ap = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    ap.add_argument("--seed", type=int, default=seed)
     ap.add_argument(
-        "--duration", type=float, default=3600.0, help="seconds of each synthetic trace"
+        "--duration", type=float, default=duration_s, help="seconds of each synthetic trace"
     )
     ap.add_argument("--qps", type=float, default=6.0)
     ap.add_argument("--jobs", type=int, default=2)
+    return ap
+
+
+def headline(trace: Trace, about: str = "") -> str:
+    """The line a report prints above a trace's tables."""
+    return (
+        f"\n{trace.name}{about}: {trace.n_requests:,} requests, {trace.n_accesses:,} accesses, "
+        f"{trace.n_unique:,} unique blocks\n"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = synthetic_trace_parser(__doc__)
     ap.add_argument("--profiles", default="to-c,to-b")
     ap.add_argument("--mooncake", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--fracs", default="0.05,0.1,0.2,0.4", help="capacities, shares of unique")
@@ -244,18 +261,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"defaults: {defaults}", file=sys.stderr)
     for profile in args.profiles.split(","):
         trace = synthesize(profile, duration_s=args.duration, qps=args.qps, seed=args.seed)
-        print(
-            f"\n{trace.name}: {trace.n_requests:,} requests, {trace.n_accesses:,} accesses, "
-            f"{trace.n_unique:,} unique blocks\n"
-        )
+        print(headline(trace))
         print(report(trace, args.jobs, defaults))
     if args.mooncake:
         trace = load_trace(MOONCAKE)
-        print(
-            f"\n{trace.name} (Mooncake sample, no labels: inferred categories): "
-            f"{trace.n_requests:,} requests, {trace.n_accesses:,} accesses, "
-            f"{trace.n_unique:,} unique blocks\n"
-        )
+        print(headline(trace, " (Mooncake sample, no labels: inferred categories)"))
         print(report_unlabelled(trace, args.jobs, defaults))
 
 

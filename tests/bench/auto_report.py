@@ -20,7 +20,6 @@ synthetic workload). Results go to stdout; progress to stderr.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 from collections.abc import Sequence
@@ -34,7 +33,7 @@ from controlplane.traces.model import Trace
 from controlplane.traces.reader import load_trace
 from controlplane.traces.synth import synthesize
 from tests.bench import ablation
-from tests.bench.ablation import BASELINES, MOONCAKE
+from tests.bench.ablation import BASELINES, MOONCAKE, headline, synthetic_trace_parser
 
 FRACS = [0.01, 0.02, 0.05, 0.1, 0.2, 0.4]
 GRID = {
@@ -127,8 +126,7 @@ def report(seed: int, duration: float, qps: float, jobs: int) -> None:
     print(f"defaults: {defaults}", file=sys.stderr)
     for profile, strict in (("to-c", True), ("to-b", False)):
         trace = synthesize(profile, duration_s=duration, qps=qps, seed=seed)
-        about = f"{trace.n_requests:,} requests, {trace.n_accesses:,} accesses"
-        print(f"\n{trace.name}: {about}, {trace.n_unique:,} unique blocks\n")
+        print(headline(trace))
         print(report_table(f"{trace.name}", replays(trace, names, jobs, defaults), strict))
     trace = load_trace(MOONCAKE)
     inferred = replace(defaults, categories="auto")
@@ -137,11 +135,7 @@ def report(seed: int, duration: float, qps: float, jobs: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seed", type=int, default=2024)
-    ap.add_argument("--duration", type=float, default=3600.0)
-    ap.add_argument("--qps", type=float, default=6.0)
-    ap.add_argument("--jobs", type=int, default=2)
+    ap = synthetic_trace_parser(__doc__)
     ap.add_argument("--select", action="store_true", help="rank the settings grid instead")
     args = ap.parse_args(argv)
     if args.select:

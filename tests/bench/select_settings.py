@@ -16,7 +16,6 @@ stderr.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -26,7 +25,7 @@ from controlplane.fit.settings import FitSettings
 from controlplane.replay.options import ReplayOptions
 from controlplane.traces.model import Trace
 from controlplane.traces.synth import synthesize
-from tests.bench.ablation import FRACS, Variant, run
+from tests.bench.ablation import FRACS, Variant, run, synthetic_trace_parser
 
 KNOBS: tuple[tuple[str, tuple[Any, ...]], ...] = (
     ("life_s", (None, 0.1, 1.0, 5.0, 30.0)),
@@ -63,11 +62,7 @@ def _parse(kv: str) -> tuple[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--duration", type=float, default=1800.0)
-    ap.add_argument("--qps", type=float, default=6.0)
-    ap.add_argument("--jobs", type=int, default=2)
+    ap = synthetic_trace_parser(__doc__, seed=7, duration_s=1800.0)
     ap.add_argument("--tie", type=float, default=2e-4, help="mean gain needed to switch")
     ap.add_argument("--only", default="", help="comma-separated knobs to search (default all)")
     ap.add_argument(

@@ -25,7 +25,16 @@ from controlplane.replay.options import ReplayOptions
 from controlplane.traces.model import Trace
 from controlplane.traces.reader import load_trace
 from controlplane.traces.synth import synthesize
-from tests.bench.ablation import BASELINES, FRACS, MOONCAKE, Variant, run, table
+from tests.bench.ablation import (
+    BASELINES,
+    FRACS,
+    MOONCAKE,
+    Variant,
+    headline,
+    run,
+    synthetic_trace_parser,
+    table,
+)
 
 VARIANTS: dict[str, Callable[[ReplayOptions], ReplayOptions]] = {
     "wa": lambda o: o,
@@ -96,11 +105,7 @@ def report(trace: Trace, jobs: int, defaults: ReplayOptions, chosen: Sequence[st
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seed", type=int, default=2024)
-    ap.add_argument("--duration", type=float, default=3600.0)
-    ap.add_argument("--qps", type=float, default=6.0)
-    ap.add_argument("--jobs", type=int, default=2)
+    ap = synthetic_trace_parser(__doc__)
     ap.add_argument("--profiles", default="to-c,to-b")
     ap.add_argument("--mooncake", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--fracs", default="0.01,0.02,0.05,0.1,0.2,0.4")
@@ -119,10 +124,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.mooncake:
         traces.append((load_trace(MOONCAKE), replace(defaults, categories="auto")))
     for trace, options in traces:
-        print(
-            f"\n{trace.name}: {trace.n_requests:,} requests, {trace.n_accesses:,} accesses, "
-            f"{trace.n_unique:,} unique blocks\n"
-        )
+        print(headline(trace))
         print(report(trace, args.jobs, options, chosen), flush=True)
     print(f"seed {args.seed}, {args.duration:.0f} s at {args.qps} QPS", file=sys.stderr)
 
