@@ -170,13 +170,21 @@ def test_full_buffer_drops_and_counts_without_a_publisher() -> None:
     assert len(drained(agent)) == 8
 
 
+def _random_requests(
+    rng: np.random.Generator, n: int, *, blocks: int, longest: int
+) -> tuple[list[list[int]], list[str]]:
+    """``n`` requests of 1 to ``longest`` distinct blocks among ``blocks``, typed text or
+    image at random."""
+    requests = [
+        [int(x) for x in rng.choice(blocks, size=int(rng.integers(1, longest + 1)), replace=False)]
+        for _ in range(n)
+    ]
+    return requests, [str(t) for t in rng.choice(["text", "image"], size=n)]
+
+
 def test_simulated_worker_hits_equal_the_offline_replay() -> None:
     rng = np.random.default_rng(7)
-    requests = [
-        [int(x) for x in rng.choice(40, size=int(rng.integers(1, 8)), replace=False)]
-        for _ in range(300)
-    ]
-    types = [str(t) for t in rng.choice(["text", "image"], size=300)]
+    requests, types = _random_requests(rng, 300, blocks=40, longest=7)
     turns = [int(t) for t in rng.integers(1, 3, size=300)]
     trace = Trace.from_requests(requests, types=types, turns=turns)
     want = int(replay_hits(trace, LRUPolicy(), 25).sum())
@@ -264,12 +272,7 @@ def test_reuse_classes_file_found_blocks_apart_and_report_them() -> None:
 def test_simulated_worker_with_reuse_classes_equals_the_replay_of_them() -> None:
     # The replay's reuse classes by hit (``ReplayOptions(reuse_class="hit")``) are the
     # agent's: same document, same trace, same hits.
-    rng = np.random.default_rng(11)
-    requests = [
-        [int(x) for x in rng.choice(60, size=int(rng.integers(1, 9)), replace=False)]
-        for _ in range(400)
-    ]
-    types = [str(t) for t in rng.choice(["text", "image"], size=400)]
+    requests, types = _random_requests(np.random.default_rng(11), 400, blocks=60, longest=8)
     turns = [1] * 400
     trace = Trace.from_requests(requests, [i * 0.5 for i in range(400)], types=types, turns=turns)
     one = {"rate": 0.5, "life_s": 0.1}
