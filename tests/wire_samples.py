@@ -1,11 +1,15 @@
-"""Wire values for tests: an agent's heartbeat with every field set."""
+"""Wire values for tests: an agent's heartbeat with every field set, and event batches
+built from plain columns."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
 
-from agent.wire import AgentStatus
+import numpy as np
+from numpy.typing import ArrayLike
+
+from agent.wire import COLUMNS, AgentStatus, EventBatch
 
 FULL_STATUS = AgentStatus(
     id="w1",
@@ -28,3 +32,35 @@ FULL_STATUS = AgentStatus(
 def agent_status(**changes: Any) -> AgentStatus:
     """``FULL_STATUS`` with ``changes``."""
     return replace(FULL_STATUS, **changes)
+
+
+_NO_PREVIOUS: dict[str, ArrayLike] = {
+    "category": 0,
+    "offset": 0,
+    "prev_ts": np.nan,
+    "prev_category": -1,
+}
+"""The columns ``event_batch`` fills when not given: category 0 at offset 0, no
+previous access."""
+
+
+def event_batch(
+    *,
+    worker: str = "w",
+    seq: int = 1,
+    epoch: str = "e",
+    categories: tuple[str, ...] = ("a",),
+    **columns: ArrayLike,
+) -> EventBatch:
+    """Batch ``seq`` of ``worker`` holding ``columns`` (``ts`` is needed; the others
+    default as ``_NO_PREVIOUS`` says), each a sequence or one value for every event,
+    converted to its wire dtype."""
+    given = {**_NO_PREVIOUS, **columns}
+    n = np.size(given["ts"])
+    cols = {name: _column(given[name], dt, n) for name, dt in COLUMNS}
+    return EventBatch(worker=worker, seq=seq, epoch=epoch, categories=categories, **cols)
+
+
+def _column(value: ArrayLike, dtype: np.dtype[Any], n: int) -> np.ndarray[Any, Any]:
+    """``value`` as ``n`` events' column of ``dtype`` (one value: repeated)."""
+    return np.full(n, value, dtype) if np.ndim(value) == 0 else np.asarray(value, dtype)

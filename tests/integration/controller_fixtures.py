@@ -19,6 +19,7 @@ from controlplane.dev.embedded_redis import free_port
 from controlplane.service.controller import Controller
 from controlplane.service.settings import ControllerSettings
 from tests.waiting import wait_until
+from tests.wire_samples import event_batch
 
 
 @dataclass
@@ -77,18 +78,15 @@ def reuse_batch(
     all_ts = np.concatenate([ts, re_ts])
     prev = np.concatenate([np.full(n, np.nan), ts[reused]])
     prev_cat = np.concatenate([np.full(n, -1), np.zeros(int(reused.sum()))]).astype(np.int32)
-    m = len(all_ts)
-    return EventBatch(
+    return event_batch(
         worker=worker,
         seq=seq,
         epoch=epoch,
         categories=(category,),
-        ts=all_ts.astype(np.float64),
-        block=rng.integers(0, 2**62, m).astype(np.int64),
-        category=np.zeros(m, dtype=np.int32),
-        offset=np.zeros(m, dtype=np.int32),
-        kind=np.full(m, EventKind.INSERT, dtype=np.uint8),
-        prev_ts=prev.astype(np.float64),
+        ts=all_ts,
+        block=rng.integers(0, 2**62, len(all_ts)),
+        kind=EventKind.INSERT,
+        prev_ts=prev,
         prev_category=prev_cat,
     )
 

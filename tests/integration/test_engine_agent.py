@@ -108,12 +108,8 @@ def _rebuilt(ea: EngineAgent) -> Any:
     """What the controller's shadow rebuilds from the events recorded so far (resolved as
     the publisher resolves them, every request sampled)."""
     events = AccessHistory(64).resolve(ea.agent.recorder.drain(), unknown_category=0)
-    batch = EventBatch(
-        **{name: getattr(events, name) for name in events.columns},
-        worker="w",
-        seq=1,
-        epoch="e",
-        categories=ea.agent.categories.snapshot(),
+    batch = EventBatch.of(
+        events, worker="w", seq=1, epoch="e", categories=ea.agent.categories.snapshot()
     )
     rebuilder = RequestRebuilder(PrefixSampler(1.0), CategoryTable())
     got = rebuilder.feed(batch)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.wire import EventBatch, EventKind
+from agent.wire import EventKind
 from controlplane.fit.reuse_window import ReuseStats, StatsSnapshot, gap_edges
 from tests.synth_reuse import chain_stream
+from tests.wire_samples import event_batch
 
 NAN = np.nan
 
@@ -140,18 +141,14 @@ def test_names_of_a_batch_are_remapped_to_the_stats_table() -> None:
 
 def test_wire_batch_counts_hits_and_inserts_not_evictions() -> None:
     kinds = np.array([EventKind.INSERT, EventKind.HIT, EventKind.EVICT], np.uint8)
-    batch = EventBatch(
+    batch = event_batch(
         worker="w0",
-        seq=1,
-        epoch="e",
         categories=("text_1",),
-        ts=np.array([1.0, 2.0, 3.0]),
-        block=np.array([7, 7, 7], np.int64),
-        category=np.zeros(3, np.int32),
-        offset=np.zeros(3, np.int32),
+        ts=[1.0, 2.0, 3.0],
+        block=7,
         kind=kinds,
-        prev_ts=np.array([NAN, 1.0, 2.0]),
-        prev_category=np.array([-1, 0, 0], np.int32),
+        prev_ts=[NAN, 1.0, 2.0],
+        prev_category=[-1, 0, 0],
     )
     st = ReuseStats(100.0)
     st.ingest_batch(batch)

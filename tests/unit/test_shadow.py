@@ -24,6 +24,7 @@ from controlplane.shadow.settings import ShadowSettings
 from controlplane.traces.model import Trace
 from controlplane.traces.synth import synthesize
 from tests.agent_stream import agent_batches, fitted_document
+from tests.wire_samples import event_batch
 
 HIT, INSERT = int(EventKind.HIT), int(EventKind.INSERT)
 
@@ -31,23 +32,6 @@ HIT, INSERT = int(EventKind.HIT), int(EventKind.INSERT)
 @pytest.fixture(scope="module")
 def trace() -> Trace:
     return synthesize("to-c", duration_s=300, qps=3, seed=7)
-
-
-def _batch(ts, block, offset, kind, categories=("a",), category=None) -> EventBatch:
-    n = len(ts)
-    return EventBatch(
-        worker="w",
-        seq=1,
-        epoch="e",
-        categories=categories,
-        ts=np.asarray(ts, np.float64),
-        block=np.asarray(block, np.int64),
-        category=np.zeros(n, np.int32) if category is None else np.asarray(category, np.int32),
-        offset=np.asarray(offset, np.int32),
-        kind=np.asarray(kind, np.uint8),
-        prev_ts=np.full(n, np.nan),
-        prev_category=np.full(n, -1, np.int32),
-    )
 
 
 # --- sampler ---------------------------------------------------------------------------------
@@ -94,7 +78,7 @@ def test_rebuild_gives_back_every_request_of_the_trace(trace: Trace, batch_event
 def test_rebuild_splits_two_requests_of_one_time_and_category() -> None:
     # A: two blocks, both hits. B: five new blocks, released tail first. Same time, same
     # category: the offsets tell them apart.
-    batch = _batch(
+    batch = event_batch(
         ts=[1.0] * 7,
         block=[10, 11, 24, 23, 22, 21, 20],
         offset=[0, 1, 4, 3, 2, 1, 0],
@@ -107,7 +91,7 @@ def test_rebuild_splits_two_requests_of_one_time_and_category() -> None:
 
 def test_rebuild_keeps_a_request_whole_across_its_reuse_classes() -> None:
     # KVWISE_REUSE_CLASSES: the request's HITs are of "a/re", its INSERTs of "a".
-    batch = _batch(
+    batch = event_batch(
         ts=[1.0] * 4,
         block=[10, 11, 13, 12],
         offset=[0, 1, 3, 2],
@@ -122,7 +106,7 @@ def test_rebuild_keeps_a_request_whole_across_its_reuse_classes() -> None:
 
 
 def test_rebuild_drops_and_counts_a_request_missing_its_first_block() -> None:
-    batch = _batch(
+    batch = event_batch(
         ts=[1.0, 1.0, 2.0, 2.0],
         block=[11, 12, 20, 21],
         offset=[1, 2, 0, 1],
@@ -366,7 +350,7 @@ def test_guard_leaves_out_a_worker_whose_events_do_not_rebuild_into_requests(
 def test_rebuild_counts_blocks_stored_after_a_prompt_as_a_continuation() -> None:
     """INSERTs only, none at offset 0 (blocks filled while decoding): skipped, not broken;
     a run with HITs that misses offset 0 is broken."""
-    batch = _batch(
+    batch = event_batch(
         ts=[1.0, 2.0, 2.0, 3.0, 3.0],
         block=[7, 8, 9, 10, 11],
         offset=[5, 6, 5, 1, 2],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -31,23 +32,23 @@ from agent.wire import (
     encode_batch,
     encode_policy,
 )
-from tests.wire_samples import FULL_STATUS
+from tests.wire_samples import FULL_STATUS, event_batch
 
 
 def make_batch(n: int = 4, categories: tuple[str, ...] = ("text_1", "image_2")) -> EventBatch:
-    k = len(categories)
-    return EventBatch(
+    i = np.arange(n)
+    return event_batch(
         worker="w-1",
         seq=7,
         epoch="e0",
         categories=categories,
-        ts=1.7e9 + np.arange(n, dtype=np.float64),
-        block=np.arange(n, dtype=np.int64) * -(2**40),
-        category=(np.arange(n) % k).astype(np.int32),
-        offset=np.arange(n, dtype=np.int32),
-        kind=(np.arange(n) % 3).astype(np.uint8),
-        prev_ts=np.where(np.arange(n) % 2 == 0, np.nan, 1.6e9),
-        prev_category=np.where(np.arange(n) % 2 == 0, -1, 0).astype(np.int32),
+        ts=1.7e9 + i,
+        block=i * -(2**40),
+        category=i % len(categories),
+        offset=i,
+        kind=i % 3,
+        prev_ts=np.where(i % 2 == 0, np.nan, 1.6e9),
+        prev_category=np.where(i % 2 == 0, -1, 0),
     )
 
 
@@ -173,16 +174,7 @@ def test_decoded_columns_are_writable_native_copies() -> None:
 def test_columns_of_different_lengths_are_refused() -> None:
     b = make_batch(3)
     with pytest.raises(ValueError, match="offset"):
-        EventBatch(
-            **{**{f: getattr(b, f) for f in ("worker", "seq", "epoch", "categories")}},
-            ts=b.ts,
-            block=b.block,
-            category=b.category,
-            offset=b.offset[:2],
-            kind=b.kind,
-            prev_ts=b.prev_ts,
-            prev_category=b.prev_category,
-        )
+        replace(b, offset=b.offset[:2])
 
 
 def corrupt_column(name: str, value: float) -> dict[bytes, bytes]:
