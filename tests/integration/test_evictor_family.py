@@ -19,9 +19,9 @@ from controlplane.service.agents import AgentView
 from controlplane.service.controller import Controller
 from controlplane.service.settings import ControllerSettings
 from controlplane.service.store import PolicyStore, StoreError
-from controlplane.traces.synth import synthesize
 from tests.agent_stream import agent_batches
 from tests.integration.agent_fixtures import fast_settings
+from tests.shadow_samples import KEEPS_OLDEST, QUICK_SELECTION, selection_trace
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -107,23 +107,15 @@ def test_an_agent_configured_with_a_baseline_keeps_it(
 def test_the_controller_publishes_the_family_its_shadow_selects(
     redis_url: str, key_prefix: str
 ) -> None:
-    trace = synthesize("to-c", duration_s=600, qps=3, seed=7)
+    quick = QUICK_SELECTION.model_dump(exclude_unset=True)
     settings = ControllerSettings(
-        redis_url=redis_url,
-        key_prefix=key_prefix,
-        shadow_rate=1.0,
-        shadow_policies="lru,s3fifo",
-        shadow_window_s=120.0,
-        shadow_buckets=4,
-        select_margin=0.0,
-        select_windows=2,
-        select_min_accesses=0,
+        redis_url=redis_url, key_prefix=key_prefix, select_windows=2, **quick
     )
     controller = Controller(settings)
-    controller.store.publish_fit({}, CategoryParams(rate=1e-6, p_reuse=1.0, life_s=1.0), "bad")
+    controller.store.publish_fit({}, KEEPS_OLDEST, "bad")
     controller.shadow.refresh([_view("w1", 300)], controller.store.current())
     chosen = []
-    for batch in agent_batches(trace, 300, batch_events=500):
+    for batch in agent_batches(selection_trace(), 300, batch_events=500):
         controller.shadow.apply(batch)
         verdict = controller.select_family()
         if verdict is not None and verdict.switches:

@@ -8,13 +8,12 @@ from itertools import pairwise
 
 import pytest
 
-from agent.policy_document import CategoryParams, PolicyDocument
+from agent.policy_document import PolicyDocument
 from controlplane.service.metrics import ControllerMetrics
 from controlplane.service.shadowing import ShadowLink
 from controlplane.shadow.selection import FamilySelector, Reading, SelectionSettings
-from controlplane.shadow.settings import ShadowSettings
-from controlplane.traces.synth import synthesize
 from tests.agent_stream import agent_batches
+from tests.shadow_samples import KEEPS_OLDEST, QUICK_SELECTION, selection_trace
 
 RULE = SelectionSettings(margin=0.01, windows=3, min_accesses=100)
 
@@ -61,31 +60,14 @@ def test_an_operators_switch_restarts_the_count() -> None:
     assert not view.switches and "not among the shadow's families" in view.reason
 
 
-def _worse_than_lru() -> PolicyDocument:
-    """One category whose blocks are ranked by a curve that keeps the oldest: no reuse
-    expected of new blocks."""
-    keep_old = CategoryParams(rate=1e-6, p_reuse=1.0, life_s=1.0)
-    return PolicyDocument(version=3, default=keep_old)
-
-
 def test_the_controllers_link_judges_full_shadow_windows_only() -> None:
-    trace = synthesize("to-c", duration_s=600, qps=3, seed=7)
-    settings = ShadowSettings(
-        shadow_rate=1.0,
-        shadow_policies="lru,s3fifo",
-        shadow_ladder="1",
-        shadow_window_s=120.0,
-        shadow_buckets=4,
-        select_margin=0.0,
-        select_windows=1,
-        select_min_accesses=0,
-    )
+    settings = QUICK_SELECTION.model_copy(update={"shadow_ladder": "1", "select_windows": 1})
     link = ShadowLink(settings, ControllerMetrics())
     assert link.evaluator is not None
     link.evaluator.set_capacities({"w1": 300})
-    link.set_policy(_worse_than_lru())
+    link.set_policy(PolicyDocument(version=3, default=KEEPS_OLDEST))
     judged = []
-    for batch in agent_batches(trace, 300, batch_events=500):
+    for batch in agent_batches(selection_trace(), 300, batch_events=500):
         link.apply(batch)
         verdict = link.select("wa")
         if verdict is not None:
