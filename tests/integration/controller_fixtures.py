@@ -1,4 +1,5 @@
-"""A real controller for tests: uvicorn on a free loopback port, real Redis, real HTTP."""
+"""A real controller for tests: uvicorn on a free loopback port, real Redis, real HTTP;
+its settings for live tests, and wire batches to feed it."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import numpy as np
@@ -28,6 +30,13 @@ class RunningController:
     controller: Controller
     client: httpx.Client
     app: FastAPI
+
+
+def live_settings(**fields: Any) -> ControllerSettings:
+    """Settings of a controller under test: it refits only when the test asks and waits
+    100 ms after an ingest pass that found nothing; ``fields`` set the others (Redis URL
+    and key prefix at least) or override these."""
+    return ControllerSettings(**{"refit_interval_s": 3600, "ingest_block_ms": 100, **fields})
 
 
 @contextmanager

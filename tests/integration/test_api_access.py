@@ -13,9 +13,12 @@ from dataclasses import dataclass
 import pytest
 
 from controlplane.api.access import MAX_BODY_BYTES
-from controlplane.service.settings import ControllerSettings
 from tests.conftest import delete_prefix
-from tests.integration.controller_fixtures import RunningController, running_controller
+from tests.integration.controller_fixtures import (
+    RunningController,
+    live_settings,
+    running_controller,
+)
 
 pytestmark = pytest.mark.integration
 WRITE, READ = "write-token-1", "read-token-1"
@@ -27,14 +30,12 @@ MAX_OVERRIDES = 3
 
 @pytest.fixture(scope="module")
 def ctl(redis_url: str) -> Iterator[RunningController]:
-    settings = ControllerSettings(
+    settings = live_settings(
         redis_url=redis_url,
         key_prefix=f"kvwise-access-{uuid.uuid4().hex[:8]}:",
-        api_token=WRITE,  # type: ignore[arg-type]
-        api_read_token=READ,  # type: ignore[arg-type]
+        api_token=WRITE,
+        api_read_token=READ,
         max_overrides=MAX_OVERRIDES,
-        refit_interval_s=3600,
-        ingest_block_ms=100,
     )
     with running_controller(settings) as rc:
         yield rc

@@ -18,7 +18,11 @@ from agent.wire import Keys
 from controlplane.dev.embedded_redis import EmbeddedRedis, free_port
 from controlplane.service.settings import ControllerSettings
 from tests.conftest import delete_prefix
-from tests.integration.controller_fixtures import RunningController, running_controller
+from tests.integration.controller_fixtures import (
+    RunningController,
+    live_settings,
+    running_controller,
+)
 
 pytestmark = pytest.mark.integration
 TOKEN = "errors-token"
@@ -50,12 +54,10 @@ WITHOUT_REDIS = {
 
 
 def _settings(redis_url: str) -> ControllerSettings:
-    return ControllerSettings(
+    return live_settings(
         redis_url=redis_url,
         key_prefix=f"kvwise-errors-{uuid.uuid4().hex[:8]}:",
-        api_token=TOKEN,  # type: ignore[arg-type]
-        refit_interval_s=3600,
-        ingest_block_ms=100,
+        api_token=TOKEN,
         lease_ttl_s=5,
     )
 

@@ -27,7 +27,7 @@ from schemathesis.checks import not_a_server_error
 from controlplane.dev.embedded_redis import free_port
 from controlplane.service.settings import ControllerSettings
 from tests.conftest import delete_prefix
-from tests.integration.controller_fixtures import running_controller
+from tests.integration.controller_fixtures import live_settings, running_controller
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN, READ_TOKEN = "fuzz-token", "fuzz-read-token"
@@ -35,13 +35,11 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def _settings(redis_url: str) -> ControllerSettings:
-    return ControllerSettings(
+    return live_settings(
         redis_url=redis_url,
         key_prefix=f"kvwise-fuzz-{uuid.uuid4().hex[:8]}:",
-        api_token=TOKEN,  # type: ignore[arg-type]
-        api_read_token=READ_TOKEN,  # type: ignore[arg-type]
-        refit_interval_s=3600,
-        ingest_block_ms=100,
+        api_token=TOKEN,
+        api_read_token=READ_TOKEN,
     )
 
 

@@ -11,9 +11,9 @@ import pytest
 import redis
 
 from agent.wire import WIRE_SCHEMA_VERSION, Keys
-from controlplane.service.settings import ControllerSettings
 from tests.integration.controller_fixtures import (
     RunningController,
+    live_settings,
     reuse_batch,
     running_controller,
     send,
@@ -28,13 +28,11 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture
 def ctl(redis_url: str, key_prefix: str) -> Iterator[RunningController]:
-    settings = ControllerSettings(
+    settings = live_settings(
         redis_url=redis_url,
         key_prefix=key_prefix,
-        api_token=TOKEN,  # type: ignore[arg-type]
-        refit_interval_s=3600,  # refits only when a test asks
+        api_token=TOKEN,
         min_samples=100,
-        ingest_block_ms=100,
         lease_ttl_s=5,
     )
     with running_controller(settings) as rc:

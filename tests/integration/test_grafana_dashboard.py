@@ -403,17 +403,14 @@ def live_metrics(redis_url: str) -> dict[str, dict[str, set[str]]]:
     from agent.runtime.agent import Agent
     from agent.settings import AgentSettings
     from controlplane.dev.simworker import TraceWorker
-    from controlplane.service.settings import ControllerSettings
     from controlplane.traces.synth import synthesize
-    from tests.integration.controller_fixtures import running_controller
+    from tests.integration.controller_fixtures import live_settings, running_controller
 
     prefix = f"kvwise-grafana-{uuid.uuid4().hex[:8]}:"
-    settings = ControllerSettings(
+    settings = live_settings(
         redis_url=redis_url,
         key_prefix=prefix,
-        refit_interval_s=3600,
         min_samples=100,
-        ingest_block_ms=100,
         lease_ttl_s=5,
     )
     agent_settings = AgentSettings(

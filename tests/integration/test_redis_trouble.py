@@ -18,19 +18,15 @@ from controlplane.dev.embedded_redis import EmbeddedRedis, free_port
 from controlplane.service.controller import Controller
 from controlplane.service.settings import ControllerSettings
 from tests.integration.agent_fixtures import fast_settings
+from tests.integration.controller_fixtures import live_settings
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
 
 def settings(url: str, prefix: str, **extra: object) -> ControllerSettings:
-    return ControllerSettings(
-        redis_url=url,
-        key_prefix=prefix,
-        refit_interval_s=3600,
-        lease_ttl_s=0.6,
-        ingest_block_ms=50,
-        **extra,  # type: ignore[arg-type]
+    return live_settings(
+        redis_url=url, key_prefix=prefix, lease_ttl_s=0.6, ingest_block_ms=50, **extra
     )
 
 

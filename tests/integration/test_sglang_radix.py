@@ -369,16 +369,13 @@ def test_victims_follow_wa_and_the_tree_stays_consistent(tree: Tree, seed: int) 
 def test_events_reach_the_controller_and_a_pushed_version_applies_live(
     tree: Tree, redis_url: str, key_prefix: str
 ) -> None:
-    from controlplane.service.settings import ControllerSettings
-    from tests.integration.controller_fixtures import running_controller
+    from tests.integration.controller_fixtures import live_settings, running_controller
 
-    settings = ControllerSettings(
+    settings = live_settings(
         redis_url=redis_url,
         key_prefix=key_prefix,
-        api_token=TOKEN,  # type: ignore[arg-type]
-        refit_interval_s=3600,  # refits only when asked
+        api_token=TOKEN,
         min_samples=10,
-        ingest_block_ms=100,
     )
     rng = random.Random(5)
     system = [rng.randrange(1, 5000) for _ in range(64)]

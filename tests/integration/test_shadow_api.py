@@ -18,9 +18,8 @@ from agent.policies.wa import WAPolicy
 from agent.policy_document import PolicyDocument
 from controlplane.cli import app
 from controlplane.replay.engine import replay_hits
-from controlplane.service.settings import ControllerSettings
 from controlplane.traces.reader import load_trace
-from tests.integration.controller_fixtures import running_controller
+from tests.integration.controller_fixtures import live_settings, running_controller
 from tests.integration.test_worker_cmd import write_trace
 from tests.waiting import wait_until
 
@@ -33,11 +32,9 @@ def test_shadow_answers_with_per_policy_curves_after_a_worker_ran(
 ) -> None:
     trace_path = write_trace(tmp_path / "t.jsonl", n=400)
     trace = load_trace(trace_path)
-    settings = ControllerSettings(
+    settings = live_settings(
         redis_url=redis_url,
         key_prefix=key_prefix,
-        refit_interval_s=3600,
-        ingest_block_ms=100,
         lease_ttl_s=5,
         shadow_rate=1.0,
         shadow_window_s=86_400,
