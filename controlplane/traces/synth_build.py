@@ -53,12 +53,14 @@ class TraceBuilder:
         length: I64,
         time: F64,
         type_code: I64,
-        turn: I64,
         output: I64,
-        prev_turn: I64,
+        turn: I64 | int = 1,
+        prev_turn: I64 | int = -1,
         copy: NDArray[np.bool_] | None = None,
     ) -> I64:
-        """Requests; ``prev_turn`` is the node of the previous turn's request (or -1)."""
+        """Requests; ``prev_turn`` is the node of the previous turn's request, -1 for none
+        (``turn``, ``type_code`` and ``prev_turn`` may be one value for all). By default a
+        first turn: turn 1, no previous turn."""
         nodes = self.forest.add(parent=parent, shared=shared, length=length, copy=copy)
         n = len(nodes)
         r = self._req
@@ -67,7 +69,7 @@ class TraceBuilder:
         r.type_code.append(np.broadcast_to(np.asarray(type_code, dtype=np.int64), (n,)))
         r.turn.append(np.broadcast_to(np.asarray(turn, dtype=np.int64), (n,)))
         r.output.append(np.asarray(output, dtype=np.int64))
-        r.prev_turn.append(np.asarray(prev_turn, dtype=np.int64))
+        r.prev_turn.append(np.broadcast_to(np.asarray(prev_turn, dtype=np.int64), (n,)))
         return nodes
 
     def build(self, *, name: str, duration_s: float) -> Trace:

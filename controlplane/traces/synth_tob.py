@@ -151,9 +151,7 @@ def _single_calls(
         length=length,
         time=start,
         type_code=ty,
-        turn=np.ones(n, dtype=np.int64),
         output=out,
-        prev_turn=np.full(n, -1, dtype=np.int64),
     )
     return nodes, length, start, out
 
@@ -178,7 +176,7 @@ def _second_turns(
         length=(length + out + new)[live],
         time=t2[live],
         type_code=np.full(m, builder.type_names.index("text")),
-        turn=np.full(m, 2),
+        turn=2,
         output=lognormal_tokens(rng, *k.output, m, 8192),
         prev_turn=nodes[live],
     )
@@ -202,9 +200,7 @@ def _fan_outs(
         length=length,
         time=start[task] + rng.exponential(k.batch_spread_s, m),
         type_code=ty[task],
-        turn=np.ones(m, dtype=np.int64),
         output=lognormal_tokens(rng, *k.output, m, 8192),
-        prev_turn=np.full(m, -1, dtype=np.int64),
     )
 
 
@@ -222,16 +218,13 @@ def _agent_chains(
         new_len = length + out + lognormal_tokens(rng, *k.agent.user_input, n, 8192)
         new_out = lognormal_tokens(rng, *k.output, n, 8192)
         live = (steps > step) & (new_len <= _MAX_CONTEXT)
-        m = int(live.sum())
         nodes = builder.requests(
             parent=nodes[live],
             shared=length[live],
             length=new_len[live],
             time=new_time[live],
             type_code=ty[live],
-            turn=np.ones(m, dtype=np.int64),
             output=new_out[live],
-            prev_turn=np.full(m, -1, dtype=np.int64),
         )
         length, time, out, ty, steps = (
             new_len[live],

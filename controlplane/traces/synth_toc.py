@@ -272,7 +272,7 @@ def _add(
         length=length,
         time=time,
         type_code=type_code,
-        turn=np.full(n, number),
+        turn=number,
         output=output,
         prev_turn=prev,
     )
@@ -284,7 +284,7 @@ def _add(
         length=length[again],
         time=time[again] + rng.exponential(k.regenerate_delay_s, m),
         type_code=type_code[again],
-        turn=np.full(m, number),
+        turn=number,
         output=lognormal_tokens(rng, *k.output, m, 8192),
         prev_turn=prev[again],
         copy=np.ones(m, dtype=bool),
