@@ -16,7 +16,7 @@ from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from controlplane.cli.common import SkipBadLinesFlag, fail
+from controlplane.cli.common import SkipBadLinesFlag, fail, load_trace_or_fail, print_json
 
 if TYPE_CHECKING:
     from controlplane.loadgen.client import RequestResult
@@ -135,8 +135,7 @@ def serve(
         except OSError as exc:
             fail(f"--output {output}: {exc.strerror or exc}")
     if json_out:
-        json.dump(summary, sys.stdout)
-        sys.stdout.write("\n")
+        print_json(summary)
     else:
         _print_summary(summary)
     if summary["errors"]:
@@ -194,14 +193,8 @@ def _serve(
 
 def _plan(trace_path: Path, args: dict[str, Any], skip_bad_lines: bool) -> list[PlannedRequest]:
     from controlplane.loadgen.plan import PlanOptions, plan_requests
-    from controlplane.traces.reader import TraceError, load_trace
 
-    try:
-        trace = load_trace(trace_path, skip_bad_lines=skip_bad_lines)
-    except (OSError, TraceError) as exc:
-        fail(str(exc))
-    if trace.n_requests == 0:
-        fail(f"{trace_path}: no requests in the trace")
+    trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
     options = PlanOptions(
         speed=args["speed"],
         limit=args["limit"],
@@ -366,8 +359,7 @@ def _compare(paths: tuple[Path, Path], json_out: bool) -> None:
     except ValueError as exc:
         fail(f"--compare: {exc}")
     if json_out:
-        json.dump({"a": str(paths[0]), "b": str(paths[1]), "rows": rows}, sys.stdout)
-        sys.stdout.write("\n")
+        print_json({"a": str(paths[0]), "b": str(paths[1]), "rows": rows})
         return
     from rich.console import Console
     from rich.table import Table

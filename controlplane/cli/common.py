@@ -4,13 +4,16 @@ Owns how the CLI reports a user error (one red line naming the option, environme
 variable or file that was wrong, exit code 2), the parsing of comma-separated option
 values (duplicates merged, first order kept), the options several commands declare alike
 (a trace argument, ``--json``, ``--skip-bad-lines``), loading a trace for a command (bad
-lines reported, an empty trace refused) and checking settings and Redis URLs before a
-command starts anything. It must never contain command logic.
+lines reported, an empty trace refused), printing a ``--json`` document, and checking
+settings and Redis URLs before a command starts anything. It must never contain command
+logic.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
@@ -185,6 +188,12 @@ def trace_json(path: Path, trace: Trace) -> dict[str, object]:
         "unique_blocks": trace.n_unique,
         "skipped_lines": len(trace.skipped_lines),
     }
+
+
+def print_json(doc: object) -> None:
+    """``doc`` as one line of JSON on stdout (what ``--json`` prints)."""
+    json.dump(doc, sys.stdout)
+    sys.stdout.write("\n")
 
 
 def settings_or_fail(

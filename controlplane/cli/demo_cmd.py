@@ -10,16 +10,14 @@ of kvwise vs stock LRU on the same traffic) and the final JSON. A malformed
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import sys
 import time
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from controlplane.cli.common import check_redis_url, fail
+from controlplane.cli.common import check_redis_url, fail, print_json
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -86,8 +84,7 @@ def demo(
     finally:
         stack.stop()
     if json_out:
-        json.dump(view, sys.stdout)
-        sys.stdout.write("\n")
+        print_json(view)
     else:
         if isinstance(view.get("shadow"), dict):
             from rich.console import Console

@@ -8,8 +8,6 @@ and drawing ``controlplane.plots``. It must never compute a hit ratio itself.
 
 from __future__ import annotations
 
-import json
-import sys
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -31,6 +29,7 @@ from controlplane.cli.common import (
     parse_ints,
     policy_names,
     positive,
+    print_json,
     trace_json,
 )
 from controlplane.cli.tables import Column, FoldedTable
@@ -258,8 +257,7 @@ def _report(
 ) -> None:
     """The results as JSON on stdout, or as tables."""
     if json_out:
-        json.dump(_json_doc(trace_path, trace, options, results), sys.stdout)
-        sys.stdout.write("\n")
+        print_json(_json_doc(trace_path, trace, options, results))
         return
     _print_tables(trace, names, capacities, results, top_categories, options)
     if len(trace.category_names) == 1 and options.categories == "labels":

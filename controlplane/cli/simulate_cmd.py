@@ -6,8 +6,6 @@ simulator is ``controlplane.simulate``; trace reading is ``controlplane.traces.r
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -25,6 +23,7 @@ from controlplane.cli.common import (
     parse_fracs,
     parse_ints,
     policy_names,
+    print_json,
     trace_json,
 )
 
@@ -149,7 +148,7 @@ def simulate(
         categories,
         refit_every,
     )
-    trace = _nonempty_trace(trace_path, skip_bad_lines)
+    trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
     block = _block_tokens(trace, options)
     capacities = _capacities(trace, options.profile, block, capacity, capacity_frac, capacity_gib)
     results = _run_with_progress(trace, names, capacities, options, jobs, quiet=json_out)
@@ -169,17 +168,9 @@ def _report(
     if plot is not None:
         _plot(results, plot, f"{trace.name}, {options.profile.name} x {options.instances}")
     if json_out:
-        json.dump(_json_doc(trace_path, trace, options, block, results), sys.stdout)
-        sys.stdout.write("\n")
+        print_json(_json_doc(trace_path, trace, options, block, results))
     else:
         _print_tables(trace, options, block, results)
-
-
-def _nonempty_trace(trace_path: Path, skip_bad_lines: bool) -> Trace:
-    trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
-    if trace.n_requests == 0:
-        fail(f"{trace_path}: no requests")
-    return trace
 
 
 def _profile(name_or_path: str) -> Profile:

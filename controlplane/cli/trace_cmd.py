@@ -8,8 +8,6 @@ writing ``controlplane.traces.writer`` and figures ``controlplane.plots.trace_fi
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, cast
 
@@ -24,6 +22,7 @@ from controlplane.cli.common import (
     fail,
     load_trace_or_fail,
     positive,
+    print_json,
 )
 
 if TYPE_CHECKING:
@@ -130,8 +129,7 @@ def stats(
     if json_out:
         doc = {"trace": str(trace_path), "skipped_lines": len(trace.skipped_lines)}
         doc.update(s.to_json())
-        json.dump(doc, sys.stdout)
-        sys.stdout.write("\n")
+        print_json(doc)
         return
     _print(s, top_categories)
 

@@ -10,9 +10,7 @@ throughout). The replay is ``controlplane.dev.simworker``; the agent is
 
 from __future__ import annotations
 
-import json
 import signal
-import sys
 import threading
 from pathlib import Path
 from types import FrameType
@@ -26,6 +24,7 @@ from controlplane.cli.common import (
     load_trace_or_fail,
     non_negative,
     positive,
+    print_json,
     settings_or_fail,
 )
 
@@ -97,8 +96,7 @@ def worker(
     agent = _agent(settings, capacity, "--policy" if policy else "KVWISE_EVICTOR")
     result = _replay(agent, trace, speed, loop, status_every, settings.evictor)
     if json_out:
-        json.dump({"trace": str(trace_path), **result.to_json()}, sys.stdout)
-        sys.stdout.write("\n")
+        print_json({"trace": str(trace_path), **result.to_json()})
     else:
         typer.echo(f"done: {_status_line(result)}")
     if result.agent.events_sent == 0 and result.agent.events_dropped > 0:
