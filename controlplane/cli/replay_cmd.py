@@ -284,7 +284,7 @@ def _capacities(trace: Trace, capacity: str | None, capacity_frac: str | None) -
     if capacity:
         return parse_ints(capacity, "--capacity")
     fracs = parse_fracs(capacity_frac or DEFAULT_FRACS, "--capacity-frac")
-    return list(dict.fromkeys(max(1, round(f * trace.n_unique)) for f in fracs))
+    return list(dict.fromkeys(trace.capacity_for(f) for f in fracs))
 
 
 def _json_doc(

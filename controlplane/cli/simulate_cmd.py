@@ -245,7 +245,7 @@ def _capacities(
         return parse_ints(capacity, "--capacity")
     if capacity_frac is not None:
         fracs = parse_fracs(capacity_frac, "--capacity-frac")
-        return [max(1, round(f * trace.n_unique)) for f in fracs]
+        return [trace.capacity_for(f) for f in fracs]
     if capacity_gib is not None:
         sizes = parse_floats(capacity_gib, "--capacity-gib")
         return [prof.blocks_for_gib(g, block) for g in sizes]

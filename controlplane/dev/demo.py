@@ -98,7 +98,7 @@ class DemoStack:
             path = self._dir() / f"to-c-seed{s.seed + i}.jsonl"
             write_bailian(trace, path)
             paths.append(path)
-            self.capacity = max(self.capacity, max(1, round(s.capacity_frac * trace.n_unique)))
+            self.capacity = max(self.capacity, trace.capacity_for(s.capacity_frac))
         return paths
 
     def _env(self, **extra: str) -> dict[str, str]:

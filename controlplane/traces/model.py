@@ -62,6 +62,10 @@ class Trace:
     def n_unique(self) -> int:
         return len(self.hashes)
 
+    def capacity_for(self, share: float) -> int:
+        """A cache size in blocks: ``share`` of the unique blocks, rounded, at least 1."""
+        return max(1, round(share * self.n_unique))
+
     @property
     def lengths(self) -> NDArray[np.int64]:
         """Blocks per request."""

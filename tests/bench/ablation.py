@@ -106,7 +106,7 @@ def ladder(defaults: ReplayOptions) -> list[Variant]:
 def run(
     trace: Trace, names: Sequence[str], jobs: int, options: ReplayOptions
 ) -> dict[str, list[float]]:
-    caps = [max(1, round(f * trace.n_unique)) for f in FRACS]
+    caps = [trace.capacity_for(f) for f in FRACS]
     t0 = time.perf_counter()
     results: list[ReplayResult] = run_matrix(trace, list(names), caps, jobs=jobs, options=options)
     print(

@@ -243,7 +243,7 @@ def main() -> None:
         CLOCK = time.perf_counter
 
     trace = synthetic_trace(args.requests)
-    capacity = max(1, round(args.capacity_frac * trace.n_unique))
+    capacity = trace.capacity_for(args.capacity_frac)
     print(
         f"synthetic trace: {trace.n_requests:,} requests, {trace.n_accesses:,} block accesses, "
         f"{trace.n_unique:,} unique blocks, {len(trace.category_names)} categories; "

@@ -159,15 +159,14 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     trace = build_trace(a.profile, a.seed, a.min_accesses)
-    n_unique = len(trace.hashes)
-    capacity = max(1, round(a.capacity_frac * n_unique))
+    capacity = trace.capacity_for(a.capacity_frac)
     doc = fitted_document(trace)
     span = float(trace.timestamps[-1] - trace.timestamps[0]) + 1.0
     batches = agent_batches(trace, capacity, batch_events=4096)
     events = sum(len(b) for b in batches)
     print(
         f"{trace.name}: {trace.n_requests:,} requests, {trace.n_accesses:,} accesses, "
-        f"{n_unique:,} unique blocks; worker capacity {capacity:,}; {events:,} wire events"
+        f"{trace.n_unique:,} unique blocks; worker capacity {capacity:,}; {events:,} wire events"
     )
     rows = []
     settings = [(float(r), int(d)) for r in a.rates.split(",") for d in a.key_depths.split(",")]
