@@ -23,7 +23,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, cast
 
 import redis
@@ -208,8 +208,7 @@ class PolicyStore:
 
         def prepare(pipe: Pipeline) -> _Draft:
             draft = self._read(pipe, note)
-            draft.base = new_base = Base(dict(categories), default, draft.base.evictor)
-            draft.writes.append(lambda p: p.set(self.keys.policy_base, new_base.to_json()))
+            self._set_base(draft, Base(dict(categories), default, draft.base.evictor))
             return draft
 
         return self._publish(prepare)
@@ -261,8 +260,8 @@ class PolicyStore:
 
         def prepare(pipe: Pipeline) -> _Draft:
             draft = self._read(pipe, f"rollback to version {version}" + (", held" if hold else ""))
-            draft.base, draft.overrides, draft.copy_of = new_base, {}, old
-            draft.writes.append(lambda p: p.set(self.keys.policy_base, new_base.to_json()))
+            self._set_base(draft, new_base)
+            draft.overrides, draft.copy_of = {}, old
             draft.writes.append(lambda p: p.delete(self.keys.overrides))
             if hold:
                 draft.writes.append(lambda p: p.set(self.keys.policy_hold, str(version)))
@@ -287,9 +286,7 @@ class PolicyStore:
 
         def prepare(pipe: Pipeline) -> _Draft:
             draft = self._read(pipe, note)
-            old = draft.base
-            draft.base = new_base = Base(old.categories, old.default, chosen)
-            draft.writes.append(lambda p: p.set(self.keys.policy_base, new_base.to_json()))
+            self._set_base(draft, replace(draft.base, evictor=chosen))
             return draft
 
         return self._publish(prepare)
@@ -327,6 +324,11 @@ class PolicyStore:
         draft = _Draft(base, _overrides(pipe.hgetall(self.keys.overrides)), note)
         draft.pin = _pinned(pipe.get(self.keys.evictor_pin))
         return draft
+
+    def _set_base(self, draft: _Draft, base: Base) -> None:
+        """``draft`` publishes ``base`` and stores it as the base."""
+        draft.base = base
+        draft.writes.append(lambda p: p.set(self.keys.policy_base, base.to_json()))
 
     def _current_in(self, pipe: Pipeline) -> PolicyDocument | None:
         raw = pipe.get(self.keys.policy_current)
