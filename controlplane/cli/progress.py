@@ -1,6 +1,7 @@
 """Progress of a replay matrix on stderr: a live bar on a terminal, plain lines elsewhere.
 
-Owns ``ReplayProgress``, the sink ``controlplane.replay.runner.run_matrix`` reports to
+Owns ``requests_bar`` (the bar of requests done that replay and simulate draw) and
+``ReplayProgress``, the sink ``controlplane.replay.runner.run_matrix`` reports to
 (requests done per job). On a terminal a transient bar counts requests over every job and
 names the jobs finished; when stderr is a file or a pipe, one line per finished job
 (none with ``quiet``). It must never write to stdout, which carries the results.
@@ -26,6 +27,20 @@ if TYPE_CHECKING:
     from controlplane.replay.runner import ReplayJob
 
 
+def requests_bar(heading: str, console: Console) -> Progress:
+    """A transient bar of requests done out of the total on ``console`` (stderr's),
+    headed ``heading`` (a rich format string that may name ``task.description``)."""
+    return Progress(
+        TextColumn(heading),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("requests"),
+        TimeElapsedColumn(),
+        transient=True,
+        console=console,
+    )
+
+
 class ReplayProgress:
     """Counts requests replayed by each job of a matrix of ``jobs`` jobs."""
 
@@ -43,15 +58,7 @@ class ReplayProgress:
     def __enter__(self) -> ReplayProgress:
         self._t0 = time.monotonic()
         if self.console.is_terminal:
-            self._bar = Progress(
-                TextColumn("[bold]replay[/] {task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("requests"),
-                TimeElapsedColumn(),
-                transient=True,
-                console=self.console,
-            )
+            self._bar = requests_bar("[bold]replay[/] {task.description}", self.console)
             self._bar.start()
             total = self.requests_per_job * self.jobs
             self._task = self._bar.add_task(self._jobs_text(), total=total)

@@ -260,8 +260,9 @@ def _run_with_progress(
     jobs: int,
     quiet: bool,
 ) -> list[SimResult]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.console import Console
 
+    from controlplane.cli.progress import requests_bar
     from controlplane.simulate.runner import SimJob, run_matrix
 
     cells = len(names) * len(capacities)
@@ -269,14 +270,7 @@ def _run_with_progress(
     if quiet or trace.n_accesses * cells * options.instances < 1_000_000:
         return run_matrix(trace, names, capacities, options, jobs=jobs or None)
     done: dict[SimJob, int] = {}
-    with Progress(
-        TextColumn("[bold]simulate"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("requests"),
-        TimeElapsedColumn(),
-        transient=True,
-    ) as bar:
+    with requests_bar("[bold]simulate", Console(stderr=True)) as bar:
         task = bar.add_task("simulate", total=trace.n_requests * cells)
 
         def progress(job: SimJob, n: int) -> None:
