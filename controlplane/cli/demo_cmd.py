@@ -246,7 +246,17 @@ def _shadow_tables(shadow: Any) -> list[RenderableType]:
         out.append(Text("shadow evaluation: no worker with a known capacity yet", style="dim"))
     guard = shadow.get("guard") or {}
     out.append(Text(f"refit guard: {guard.get('reason', '-')}", style="dim"))
+    out.append(Text(f"evictor family: {_selection_said(shadow)}", style="dim"))
     return out
+
+
+def _selection_said(shadow: dict[str, Any]) -> str:
+    """The family selection's last reason, or when it first judges."""
+    selection = shadow.get("selection")
+    if isinstance(selection, dict):
+        return str(selection.get("reason", "-"))
+    window = float(shadow.get("window_s") or 0)
+    return f"not judged yet (the first judgement follows a full shadow window, {window:g} s)"
 
 
 def print_shadow_summary(shadow: dict[str, Any], console: Console) -> None:

@@ -34,3 +34,16 @@ def test_each_caption_starts_a_line() -> None:
     assert max(len(line) for line in lines) <= 80
     assert any(line.startswith("the workers' own hit ratio 0.500") for line in lines)
     assert any(line.startswith("refit guard: passed:") for line in lines), lines
+
+
+def test_the_family_selection_says_when_it_first_judges_then_its_reason() -> None:
+    waiting = io.StringIO()
+    print_shadow_summary({**SHADOW, "window_s": 3600.0}, Console(file=waiting, width=80))
+    words = " ".join(waiting.getvalue().split())
+    assert "evictor family: not judged yet" in words
+    assert "follows a full shadow window, 3600 s)" in words
+    reason = "wa holds: best other lru 0.4900 vs 0.5000"
+    judged = io.StringIO()
+    selection = {"reason": reason, "chosen": "wa"}
+    print_shadow_summary({**SHADOW, "selection": selection}, Console(file=judged, width=80))
+    assert f"evictor family: {reason}" in judged.getvalue()
