@@ -65,7 +65,9 @@ Const = tuple[float, float]
 Attribution = Literal["creator", "last"]
 
 COMPACT_SLACK = 1 << 16
-"""Compact the queues once stale entries exceed the evictable blocks by this many."""
+"""Compact the queues once the stale positions held exceed the evictable blocks by this
+many, recounted (less those the lanes passed over at their heads) and still by half as
+many."""
 REFRESH_AFTER_HEADS = 6
 """Recompute every category's bound once an eviction keyed this many heads (a cost
 setting only: the victims are the same whatever it is)."""
@@ -226,7 +228,7 @@ class WACore(Generic[LaneT]):
         self._heads_keyed = 0  # heads the last eviction keyed
         self._consts_stale = False
         self._seq = 0
-        self._stale = 0  # stale entries made since the last compaction (an upper bound)
+        self._stale = 0  # stale positions held (an upper bound), recounted before compacting
         for name in category_names:
             self.add_category(name)
 
@@ -334,7 +336,15 @@ class WACore(Generic[LaneT]):
         self._seq += len(blocks)
         self._stale += len(blocks) - (len(evictable) - count_before)
         if self._stale > len(evictable) + COMPACT_SLACK:
-            self._compact()
+            # Most stale positions may have been passed over at the heads already.
+            self._stale -= self._stale_dropped()
+            if self._stale > len(evictable) + COMPACT_SLACK // 2:
+                self._compact()
+
+    def _stale_dropped(self) -> int:
+        """Stale positions the lanes passed over since the last call (0: lanes that do
+        not count them; the count of stale positions held then stays an upper bound)."""
+        return 0
 
     def _compact(self) -> None:
         for lane in self._lanes.values():
@@ -414,8 +424,9 @@ class WACore(Generic[LaneT]):
         return bound[order].tolist(), order.tolist()
 
     def _evict_compared(self, n: int) -> list[int]:
-        """Victims from several categories: the best head's queue drains until its head
-        passes the second best key, then the heads are compared again."""
+        """Victims from several categories in key order: the best keyed head's queue
+        drains while its keys stay below the other keyed heads and below the bound of
+        every head not keyed yet; heads are keyed, in order of bound, only as needed."""
         now = self._clock
         elapsed = now - self._bound_time
         if not (self._bounds_valid and self._heads_keyed < REFRESH_AFTER_HEADS) or not (
@@ -428,15 +439,18 @@ class WACore(Generic[LaneT]):
         active: list[Key] = []
         victims: list[int] = []
         position = 0
+        floor = self._floor(0, slack)
         while len(victims) < n:
-            position = self._key_heads(active, position, now, slack)
+            if floor is not None and not (active and KEY_SCORE(active[0]) < floor):
+                position = self._key_heads(active, position, now, slack)
+                floor = self._floor(position, slack)
             if not active:
                 break
             row = KEY_ROW(heappop(active))
             lane = rows[row][1]
             log_constant, rate = constants[row]
             threshold = active[0] if active else None
-            cutoff = Cutoff(log_constant, rate, now, threshold)
+            cutoff = Cutoff(log_constant, rate, now, threshold, floor)
             victims += lane.take(evictable, cutoff, n - len(victims))
             head = lane.head(evictable)
             if head is None:
@@ -450,23 +464,28 @@ class WACore(Generic[LaneT]):
         self._heads_keyed = position
         return victims
 
+    def _floor(self, position: int, slack: float) -> float | None:
+        """The lower bound of every head from ``position`` on in order of cached bound
+        (``None``: no row left, or only rows found empty)."""
+        if position < len(self._bound_order):
+            floor = self._bound[position] - slack
+            if floor == floor:  # not NaN: a row found empty, and every later one
+                return floor
+        return None
+
     def _key_heads(self, active: list[Key], position: int, now: float, slack: float) -> int:
         """Key heads exactly onto the heap ``active``, rows in order of cached bound from
-        ``position`` on, until the next row's bound less ``slack`` is above the two best
-        keys, or is NaN (a category found empty). Returns the next position.
+        ``position`` on, until the best key is below the next row's bound less ``slack``,
+        or that bound is NaN (a category found empty). Returns the next position.
 
         One ``slack`` for every row keeps the loosened bounds in the cached order, so the
-        first row above the keys proves every later row is above them too."""
+        first row above the best key proves every later row is above it too."""
         order, bound, constants = self._bound_order, self._bound, self._constants
         rows, evictable, t0 = self._rows, self._ev, self._t0
         while position < len(order):
             row = order[position]
-            if len(active) >= 2:
-                second = KEY_SCORE(active[1])
-                if len(active) > 2:
-                    second = min(second, KEY_SCORE(active[2]))
-                if not bound[position] - slack <= second:
-                    break
+            if active and not bound[position] - slack <= KEY_SCORE(active[0]):
+                break
             position += 1
             head = rows[row][1].head(evictable)
             if head is None:

@@ -39,13 +39,16 @@ _TRIM = 4096  # a zero queue drops its consumed prefix once it is this long and 
 
 
 class Cutoff(NamedTuple):
-    """Where a category's ``take`` stops: its constants, the time, and the key its
-    victims stay below (``None``: no other head to compare, every block qualifies)."""
+    """Where a category's ``take`` stops: its constants, the time, the key its victims
+    stay below (``None``: no other head to compare, every block qualifies) and a score
+    they stay strictly below (``floor``: a lower bound of the heads not keyed; ``None``:
+    none)."""
 
     log_constant: float
     rate: float
     now: float
     threshold: Key | None
+    floor: float | None = None
 
 
 def in_key_order(offsets: Sequence[int]) -> bool:
@@ -157,7 +160,7 @@ class TimeQueue:
     once, lazily, when they reach the head.
     """
 
-    __slots__ = ("dirty", "front", "runs")
+    __slots__ = ("dirty", "front", "runs", "stale_dropped")
 
     def __init__(self) -> None:
         self.runs: deque[Run] = deque()
@@ -165,6 +168,9 @@ class TimeQueue:
         # The head entry last found; it is still the head while its block is live at its
         # release number (only a take, or a run merged before it, moves the head back).
         self.front: Entry | None = None
+        # Stale positions passed over at the head since the last ``compact``: the owner
+        # subtracts them from its count of stale positions held.
+        self.stale_dropped = 0
 
     def is_empty(self) -> bool:
         """No run left, live or stale."""
@@ -205,7 +211,10 @@ class TimeQueue:
             if dirty and dirty[0] == run.t:
                 self._merge_head()
                 run = runs[0]
-            if run.first_live(evictable) is not None:
+            at = run.at
+            live = run.first_live(evictable)
+            self.stale_dropped += run.at - at
+            if live is not None:
                 return run
             runs.popleft()
         dirty.clear()
@@ -231,16 +240,20 @@ class TimeQueue:
         """Pop up to ``limit`` blocks, from the head on, whose keys are below the
         threshold; remove them from ``evictable`` and return them. Called right after
         ``head``. One key per run: its blocks share their stamp, so their score."""
-        log_constant, rate, now, threshold = cutoff
+        log_constant, rate, now, threshold, floor = cutoff
         self.front = None
         run: Run | None = self.runs[0] if self.runs else None  # positioned by ``head``
         get = evictable.get
         victims: list[int] = []
+        examined = 0
         while run is not None:
             blocks, at = run.blocks, run.at
             stop = len(blocks)
-            if threshold is not None:
-                score_and_stamp = (log_constant - rate * (now - run.t), run.t)
+            score = log_constant - rate * (now - run.t)
+            if floor is not None and not score < floor:
+                stop = at
+            elif threshold is not None:
+                score_and_stamp = (score, run.t)
                 if score_and_stamp > threshold[:2]:
                     stop = at
                 elif score_and_stamp == threshold[:2]:
@@ -249,6 +262,7 @@ class TimeQueue:
                 end = min(stop, at + limit - len(victims))
                 chunk = blocks[at:end]
                 victims += compress(chunk, map(eq, map(get, chunk), run.releases[at:end]))
+                examined += end - at
                 at = end
             run.at = at
             if at < len(blocks) or len(victims) >= limit:
@@ -257,6 +271,7 @@ class TimeQueue:
         # Removed last: a live position is unique to its block, so none is met twice.
         for block in victims:  # a plain loop: cheaper than map over __delitem__
             del evictable[block]
+        self.stale_dropped += examined - len(victims)
         return victims
 
     def peek(self, evictable: Evictable, wanted: int) -> list[Entry]:
@@ -292,6 +307,7 @@ class TimeQueue:
             if live is not None:
                 kept.append(live)
         self.runs = kept
+        self.stale_dropped = 0
 
 
 class ZeroQueue:
@@ -319,7 +335,9 @@ class ZeroQueue:
         return (0.0, self.neg_offset, self.releases[at], self.blocks[at])
 
     def take(self, evictable: Evictable, cutoff: Cutoff, limit: int) -> list[int]:
-        log_constant, rate, now, threshold = cutoff
+        log_constant, rate, now, threshold, floor = cutoff
+        if floor is not None and not log_constant - rate * (now - 0.0) < floor:
+            return []
         stop = len(self.blocks)
         if threshold is not None:
             head = (log_constant - rate * (now - 0.0), 0.0, self.neg_offset)
