@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable, Sequence
-from itertools import compress, islice, takewhile
-from operator import eq, ge, itemgetter, neg, not_
-from typing import NamedTuple
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import compress, islice, repeat, takewhile
+from operator import eq, ge, is_, is_not, itemgetter, neg, not_
+from typing import NamedTuple, cast
 
 Entry = tuple[float, int, int, int]
 """A queued block's key and id: ``(t, -offset, release number, block)``."""
@@ -72,6 +72,28 @@ def skip_stale(evictable: Evictable, blocks: list[int], releases: Sequence[int],
     return end
 
 
+def pop_live(evictable: Evictable, blocks: list[int], releases: list[int]) -> list[int]:
+    """Remove from ``evictable`` the ``blocks`` whose positions (numbered ``releases``)
+    are live, and return them in order.
+
+    Every block is popped first and what was popped compared with ``releases`` (C-level,
+    by identity first: the map holds the very int objects the runs do); when all are
+    live that is all. Otherwise the positions from the first that differs are put back
+    and decided one by one, as a block may appear there twice (named twice in a
+    ``free``), once stale and once live."""
+    popped = list(map(evictable.pop, blocks, repeat(None)))
+    if popped == releases:
+        return blocks
+    first = list(map(is_, popped, releases)).index(False)
+    rest, rest_popped, rest_releases = blocks[first:], popped[first:], releases[first:]
+    present = compress(zip(rest, rest_popped, strict=True), map(is_not, rest_popped, repeat(None)))
+    evictable.update(cast("Iterator[tuple[int, int]]", present))
+    live = list(compress(rest, map(eq, map(evictable.get, rest), rest_releases)))
+    for block in live:  # a plain loop: cheaper than map over __delitem__
+        del evictable[block]
+    return blocks[:first] + live
+
+
 class Run:
     """Blocks one ``free`` filed in one category, all stamped ``t``, in key order
     (``-offset`` ascending, then release number) from position ``at`` on."""
@@ -79,7 +101,7 @@ class Run:
     __slots__ = ("at", "blocks", "offsets", "releases", "t")
 
     def __init__(
-        self, t: float, blocks: list[int], offsets: Sequence[int], releases: Sequence[int]
+        self, t: float, blocks: list[int], offsets: Sequence[int], releases: list[int]
     ) -> None:
         self.t = t
         self.blocks = blocks
@@ -89,9 +111,17 @@ class Run:
 
     @classmethod
     def of(cls, t: float, blocks: Sequence[int], offsets: Sequence[int], first_release: int) -> Run:
-        """The run of freed ``blocks`` numbered from ``first_release``, sorted into key
-        order when the offsets were not (not a request freed tail first)."""
-        releases = range(first_release, first_release + len(blocks))
+        """The run of freed ``blocks`` numbered from ``first_release``."""
+        releases = list(range(first_release, first_release + len(blocks)))
+        return cls.numbered(t, blocks, offsets, releases)
+
+    @classmethod
+    def numbered(
+        cls, t: float, blocks: Sequence[int], offsets: Sequence[int], releases: list[int]
+    ) -> Run:
+        """The run of freed ``blocks`` numbered ``releases`` (best the very int objects
+        the evictable map holds: ``take`` compares them by identity first), sorted into
+        key order when the offsets were not (not a request freed tail first)."""
         if in_key_order(offsets):
             kept = offsets if isinstance(offsets, range) else list(offsets)
             return cls(t, list(blocks), kept, releases)
@@ -230,7 +260,8 @@ class TimeQueue:
             first = runs[0]
             at = first.at
             if at < len(first.blocks) and evictable.get(first.blocks[at]) == first.releases[at]:
-                self.front = front = first.entry(at)
+                front = (first.t, -first.offsets[at], first.releases[at], first.blocks[at])
+                self.front = front
                 return front
         run = self.head_run(evictable)
         self.front = front = None if run is None else run.entry(run.at)
@@ -238,41 +269,48 @@ class TimeQueue:
 
     def take(self, evictable: Evictable, cutoff: Cutoff, limit: int) -> list[int]:
         """Pop up to ``limit`` blocks, from the head on, whose keys are below the
-        threshold; remove them from ``evictable`` and return them. Called right after
-        ``head``. One key per run: its blocks share their stamp, so their score."""
+        threshold and whose scores are below the floor; remove them from ``evictable``
+        and return them. Called right after ``head``. One key per run: its blocks share
+        their stamp, so their score."""
         log_constant, rate, now, threshold, floor = cutoff
         self.front = None
         run: Run | None = self.runs[0] if self.runs else None  # positioned by ``head``
-        get = evictable.get
         victims: list[int] = []
         examined = 0
         while run is not None:
-            blocks, at = run.blocks, run.at
+            blocks, at, t = run.blocks, run.at, run.t
             stop = len(blocks)
-            score = log_constant - rate * (now - run.t)
+            score = log_constant - rate * (now - t)
             if floor is not None and not score < floor:
                 stop = at
-            elif threshold is not None:
-                score_and_stamp = (score, run.t)
-                if score_and_stamp > threshold[:2]:
-                    stop = at
-                elif score_and_stamp == threshold[:2]:
-                    stop = run.split_at(threshold)
+            elif threshold is not None and (score, t) >= threshold[:2]:
+                stop = at if (score, t) > threshold[:2] else run.split_at(threshold)
             while at < stop and len(victims) < limit:
                 end = min(stop, at + limit - len(victims))
-                chunk = blocks[at:end]
-                victims += compress(chunk, map(eq, map(get, chunk), run.releases[at:end]))
+                victims += pop_live(evictable, blocks[at:end], run.releases[at:end])
                 examined += end - at
                 at = end
             run.at = at
             if at < len(blocks) or len(victims) >= limit:
                 break  # the limit, or the threshold, was reached
-            run = self.head_run(evictable)
-        # Removed last: a live position is unique to its block, so none is met twice.
-        for block in victims:  # a plain loop: cheaper than map over __delitem__
-            del evictable[block]
+            run = self._next_run(evictable)
         self.stale_dropped += examined - len(victims)
         return victims
+
+    def _next_run(self, evictable: Evictable) -> Run | None:
+        """``head_run`` once the head run is used up: usually the next run, positioned
+        past its stale positions."""
+        runs = self.runs
+        runs.popleft()
+        while runs and not self.dirty:
+            run = runs[0]
+            at = run.at
+            live = run.at = skip_stale(evictable, run.blocks, run.releases, at)
+            self.stale_dropped += live - at
+            if live < len(run.blocks):
+                return run
+            runs.popleft()
+        return self.head_run(evictable)
 
     def peek(self, evictable: Evictable, wanted: int) -> list[Entry]:
         """The first ``wanted`` live entries in key order, left in place."""
