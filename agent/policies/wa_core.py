@@ -45,6 +45,7 @@ the clock (a late ``free``) are stamped with the clock, so a queue's stamps neve
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator, Sequence
 from heapq import heappop, heappush
@@ -413,10 +414,8 @@ class WACore(Generic[LaneT]):
         self._bound, self._bound_order = self._sorted_bounds(at)
         self._bound_time = at
         self._bounds_valid = True
-        bounded = len(self._bound)
-        while bounded and math.isnan(self._bound[bounded - 1]):
-            bounded -= 1  # NaN rows (categories found empty) come last
-        self._bounded = bounded
+        # NaN rows (categories found empty) come last: the first of them.
+        self._bounded = bisect_left(self._bound, True, key=math.isnan)
 
     def _sorted_bounds(self, now: float) -> tuple[list[float], list[int]]:
         """Every row's bound ``lc - a (now - t0)`` at ``now`` in ascending order (NaN rows,
