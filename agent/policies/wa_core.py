@@ -149,8 +149,8 @@ class WACore(Generic[LaneT]):
     floor, and the loop goes on. A call thus keys a few heads, not W.
 
     The bounds of all W rows (one vectorised pass and a sort) are not recomputed on every
-    call: a pass is made for a time ``T`` ahead of the clock (as far ahead as the time
-    since the previous pass), and serves every call until the clock passes ``T``. A fresh
+    call: a pass is made for a time ``T`` ahead of the clock (``BOUNDS_AHEAD`` times the
+    time since the previous pass), and serves every call until the clock passes ``T``. A fresh
     pass is made sooner when a row's bound may have dropped below its cached one (an empty
     category refilled, parameters or rows changed) or when the last call keyed many heads.
     With a single category there is nothing to compare: its queue is drained directly.
@@ -188,6 +188,10 @@ class WACore(Generic[LaneT]):
     """The clock before the first ``touch`` or ``free``."""
     ATTRIBUTIONS: ClassVar[tuple[Attribution, ...]] = ("last", "creator")
     """The attributions this evictor follows, its default first."""
+    BOUNDS_AHEAD: ClassVar[float] = 1.0
+    """A pass over the bounds is made for a time this many times the time since the
+    previous pass ahead of the clock (a cost setting only: farther ahead, fewer passes,
+    looser bounds, more heads keyed per call)."""
 
     def __init__(
         self,
@@ -406,9 +410,9 @@ class WACore(Generic[LaneT]):
         return lane.take(self._ev, Cutoff(log_constant, rate, self._clock, None), n)
 
     def _refresh_bounds(self, now: float) -> None:
-        """Every row's bound at a time ahead of ``now`` (by the time since the previous
-        pass), in ascending order, and the rows in that order."""
-        ahead = now - self._refreshed_at
+        """Every row's bound at a time ahead of ``now`` (``BOUNDS_AHEAD`` times the time
+        since the previous pass), in ascending order, and the rows in that order."""
+        ahead = self.BOUNDS_AHEAD * (now - self._refreshed_at)
         at = now + ahead if 0.0 <= ahead < math.inf else now
         self._refreshed_at = now
         self._bound, self._bound_order = self._sorted_bounds(at)
