@@ -123,8 +123,9 @@ class Lane(Protocol):
 
     def take(self, evictable: Evictable, cutoff: Cutoff, limit: int) -> list[int]:
         """Pop up to ``limit`` blocks, from the head on, with keys below ``cutoff``'s
-        threshold (all of them, up to ``limit``, when it is ``None``), removing them from
-        ``evictable``. Called right after ``head``."""
+        threshold (all of them, up to ``limit``, when it is ``None``) and scores below its
+        floor (when it has one), removing them from ``evictable``. Called right after
+        ``head``."""
 
     def compact(self, evictable: Evictable) -> None:
         """Drop stale entries."""

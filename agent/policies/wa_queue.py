@@ -6,7 +6,8 @@ stamped 0 at one offset). No per-block object is made: a run keeps its blocks, t
 offsets and their release numbers in flat sequences and the stamp once. A block is live
 while the evictable-block map ``evictable`` maps it to that very release number, so
 ``touch`` and a second ``free`` only update ``evictable`` and leave a stale position
-behind, skipped at the head or compacted later. Every block of a run has the same stamp,
+behind, skipped at the head (and counted there, so that the owner knows how many stale
+positions are still held) or compacted later. Every block of a run has the same stamp,
 so the same score: a ``take`` compares one key per run, and only a run whose score and
 stamp equal the threshold's is split, by a binary search on offsets and release numbers.
 The victim order itself is defined in ``agent.policies.wa_core``. It must never do I/O.
