@@ -11,12 +11,14 @@ the clock) and the merge of the few heads that compete are ``wa``'s own
 
 ``evict(n)`` does not score every block, nor the first ``n`` of every category: within
 one category the queue order is the key order, so only the W heads compete, and ``wa``
-keys the few whose bounds can beat the best two. The bounds of all W categories are
+keys the few whose bounds can beat the best key. The bounds of all W categories are
 computed on the device (the stamps' lower bounds go up in one upload, the constants
 only when they change; three separate kernels, no fused multiply-add: the CPU's IEEE
 operations), sorted there, and come back in one read; ``wa`` reuses them across calls
-as long as they stay lower bounds (a fresh pass when a category is refilled from empty,
-parameters change, or a call keyed many heads). The work per call is thus O(W) on the
+until the clock passes the time they were computed for, which is ahead of the clock
+(farther ahead here than in ``wa``: ``BOUNDS_AHEAD``), or sooner when a category is
+refilled from empty, parameters change, or a call keyed many heads. The work per call is
+thus O(W) on the
 device at most and a few heads on the host, not O(blocks held).
 
 Same Protocol as the CPU policies (``agent.policies.base``), plus ``set_policy`` and
@@ -49,6 +51,9 @@ class DeviceEvictor(WAPolicy):
     """
 
     __slots__ = ("_capacity", "_constants_on_device", "device")
+
+    # Each pass costs an upload and a synchronising read: make them rarer than ``wa`` does.
+    BOUNDS_AHEAD = 4.0
 
     def __init__(
         self,

@@ -61,6 +61,13 @@ class WAPolicy(WACore[WALane]):
         else:
             self._file_lane(category, freed.whole())
 
+    def _stale_dropped(self) -> int:
+        dropped = 0
+        for lane in self._lanes.values():
+            dropped += lane.stale_dropped
+            lane.stale_dropped = 0
+        return dropped
+
     def _file_lane(self, code: int, run: Run) -> None:
         lane = self._lanes.get(code) or self._lane(code)
         if lane.is_empty():  # stamps never go back: only an empty lane needs a bound

@@ -45,16 +45,17 @@ the clock (a late ``free``) are stamped with the clock, so a queue's stamps neve
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator, Sequence
 from heapq import heappop, heappush
-from itertools import count, groupby, repeat
+from itertools import groupby, repeat
 from typing import ClassVar, Generic, Literal, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
 from agent.policies.handover import Handover, drain
-from agent.policies.wa_queue import KEY_ROW, KEY_SCORE, Cutoff, Entry, Evictable, Key, Run
+from agent.policies.wa_queue import Cutoff, Entry, Evictable, Key, Run
 from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
 
 ADOPTED_CODE = -1
@@ -65,7 +66,9 @@ Const = tuple[float, float]
 Attribution = Literal["creator", "last"]
 
 COMPACT_SLACK = 1 << 16
-"""Compact the queues once stale entries exceed the evictable blocks by this many."""
+"""Compact the queues once the stale positions held exceed the evictable blocks by this
+many, recounted (less those the lanes passed over at their heads) and still by half as
+many."""
 REFRESH_AFTER_HEADS = 6
 """Recompute every category's bound once an eviction keyed this many heads (a cost
 setting only: the victims are the same whatever it is)."""
@@ -80,20 +83,21 @@ def log_weight(p: CategoryParams) -> Const:
 
 
 class Freed(NamedTuple):
-    """The blocks one ``free`` files: stamped ``t``, numbered from ``first_release``."""
+    """The blocks one ``free`` files: stamped ``t``, numbered ``releases`` (the very int
+    objects the evictable map will hold)."""
 
     t: float
     blocks: Sequence[int]
     offsets: Sequence[int]
-    first_release: int
+    releases: list[int]
 
     def whole(self) -> Run:
         """All of them, as one queue ``Run``."""
-        return Run.of(self.t, self.blocks, self.offsets, self.first_release)
+        return Run.numbered(self.t, self.blocks, self.offsets, self.releases)
 
     def part(self, lo: int, hi: int) -> Run:
-        """Blocks ``lo:hi`` of them (numbered from ``first_release + lo``), as a ``Run``."""
-        return Run.of(self.t, self.blocks[lo:hi], self.offsets[lo:hi], self.first_release + lo)
+        """Blocks ``lo:hi`` of them, as a ``Run``."""
+        return Run.numbered(self.t, self.blocks[lo:hi], self.offsets[lo:hi], self.releases[lo:hi])
 
 
 def runs(keys: list[int]) -> Iterator[tuple[int, int, int]]:
@@ -119,8 +123,9 @@ class Lane(Protocol):
 
     def take(self, evictable: Evictable, cutoff: Cutoff, limit: int) -> list[int]:
         """Pop up to ``limit`` blocks, from the head on, with keys below ``cutoff``'s
-        threshold (all of them, up to ``limit``, when it is ``None``), removing them from
-        ``evictable``. Called right after ``head``."""
+        threshold (all of them, up to ``limit``, when it is ``None``) and scores below its
+        floor (when it has one), removing them from ``evictable``. Called right after
+        ``head``."""
 
     def compact(self, evictable: Evictable) -> None:
         """Drop stale entries."""
@@ -136,28 +141,28 @@ class WACore(Generic[LaneT]):
     Subclasses implement ``_file``, ``_new_lane`` and ``_const_of``.
 
     Eviction: each category (lane) has a row holding ``lc``, ``a`` and ``t0``, a lower
-    bound of its head's stamp (NaN when found empty), so ``lc - a (now - t0)`` is a lower
-    bound of its head's score, exact when ``t0`` is the head's stamp (the same IEEE
-    operations as the key). Categories are pulled in order of bound, each head checked and
-    keyed exactly, until the next bound exceeds the two best exact keys; the best category
-    then loses blocks until its head passes the second best, and the loop goes on. A call
-    thus keys a few heads, not W.
+    bound of its head's stamp (NaN when found empty), so ``lc - a (T - t0)`` is a lower
+    bound of its head's score at any ``now <= T``, exact when ``t0`` is the head's stamp
+    and ``T`` is ``now`` (the same IEEE operations as the key, each monotone, so no
+    rounding margin is needed). Categories are pulled in order of bound, each head checked
+    and keyed exactly, only while the best key is not below the next bound (the floor);
+    the best category then loses blocks while they stay below the second best key and the
+    floor, and the loop goes on. A call thus keys a few heads, not W.
 
     The bounds of all W rows (one vectorised pass and a sort) are not recomputed on every
-    call: a pass made at an earlier clock ``now0`` stays a lower bound at ``now`` once
-    loosened by the largest rate times ``now - now0`` (scores fall at most that fast, and
-    ``t0`` only rises) plus a rounding margin. A fresh pass is made when a row's bound may
-    have dropped below its cached one (an empty category refilled, parameters or rows
-    changed) or when the loosened bounds made the last call key many heads. With a single
-    category there is nothing to compare: its queue is drained directly.
+    call: a pass is made for a time ``T`` ahead of the clock (``BOUNDS_AHEAD`` times the
+    time since the previous pass), and serves every call until the clock passes ``T``. A fresh
+    pass is made sooner when a row's bound may have dropped below its cached one (an empty
+    category refilled, parameters or rows changed) or when the last call keyed many heads.
+    With a single category there is nothing to compare: its queue is drained directly.
     """
 
     __slots__ = (
         "_a",
         "_bound",
         "_bound_order",
-        "_bound_scale",
         "_bound_time",
+        "_bounded",
         "_bounds_valid",
         "_buf",
         "_by_creator",
@@ -172,9 +177,8 @@ class WACore(Generic[LaneT]):
         "_in_use",
         "_lanes",
         "_lc",
-        "_lc_scale",
         "_names",
-        "_rate_max",
+        "_refreshed_at",
         "_rows",
         "_seq",
         "_stale",
@@ -185,6 +189,10 @@ class WACore(Generic[LaneT]):
     """The clock before the first ``touch`` or ``free``."""
     ATTRIBUTIONS: ClassVar[tuple[Attribution, ...]] = ("last", "creator")
     """The attributions this evictor follows, its default first."""
+    BOUNDS_AHEAD: ClassVar[float] = 1.0
+    """A pass over the bounds is made for a time this many times the time since the
+    previous pass ahead of the clock (a cost setting only: farther ahead, fewer passes,
+    looser bounds, more heads keyed per call)."""
 
     def __init__(
         self,
@@ -214,19 +222,19 @@ class WACore(Generic[LaneT]):
         self._a = np.zeros(0)
         self._t0 = np.zeros(0)
         self._buf = np.zeros(0)
-        self._rate_max = 0.0
-        self._lc_scale = 0.0  # the largest finite |lc|
         # The last pass over every row's bound: the bounds and the rows in order of bound, the
-        # clock it was made at, whether it is still a lower bound of every row.
+        # time it was made for, whether it is still a lower bound of every row, and the
+        # clock when it was made.
         self._bound: list[float] = []
         self._bound_order: list[int] = []
-        self._bound_scale = 0.0  # the largest finite |bound| plus the largest finite |lc|
         self._bound_time = -math.inf
+        self._bounded = 0  # the rows before the first NaN bound
+        self._refreshed_at = -math.inf
         self._bounds_valid = False
         self._heads_keyed = 0  # heads the last eviction keyed
         self._consts_stale = False
         self._seq = 0
-        self._stale = 0  # stale entries made since the last compaction (an upper bound)
+        self._stale = 0  # stale positions held (an upper bound), recounted before compacting
         for name in category_names:
             self.add_category(name)
 
@@ -275,8 +283,6 @@ class WACore(Generic[LaneT]):
         for row, (code, _) in enumerate(self._rows):
             constants = self._constants[row] = self._const_of_code(code)
             self._lc[row], self._a[row] = constants
-        self._rate_max = max((rate for _, rate in self._constants), default=0.0)
-        self._lc_scale = magnitude([lc for lc, _ in self._constants])
         self._consts_stale = False
         self._bounds_valid = False
 
@@ -291,8 +297,6 @@ class WACore(Generic[LaneT]):
             self._rows.append((code, lane))
             log_constant, rate = constants = self._const_of_code(code)
             self._constants.append(constants)
-            self._rate_max = max(self._rate_max, rate)
-            self._lc_scale = max(self._lc_scale, magnitude([log_constant]))
             self._lc = np.append(self._lc, log_constant)
             self._a = np.append(self._a, rate)
             self._t0 = np.append(self._t0, math.nan)
@@ -310,8 +314,10 @@ class WACore(Generic[LaneT]):
             return
         if len(offsets) != len(blocks):
             raise ValueError(f"{len(blocks)} blocks but {len(offsets)} offsets")
-        self._file(Freed(t, blocks, offsets, self._seq), category)
-        self._release(blocks)
+        # One int object per release number, shared by the queue and the evictable map.
+        releases = list(range(self._seq, self._seq + len(blocks)))
+        self._file(Freed(t, blocks, offsets, releases), category)
+        self._release(blocks, releases)
 
     def _file(self, freed: Freed, category: int) -> None:
         """Queue the ``freed`` blocks in the lanes they join (called before they are
@@ -323,18 +329,26 @@ class WACore(Generic[LaneT]):
             self._clock = float(now)
         return self._clock
 
-    def _release(self, blocks: Sequence[int]) -> None:
-        """``blocks`` become evictable under the next release numbers; an earlier
-        position of any of them (evictable before, or named twice) goes stale."""
+    def _release(self, blocks: Sequence[int], releases: list[int]) -> None:
+        """``blocks`` become evictable under ``releases``, the next release numbers; an
+        earlier position of any of them (evictable before, or named twice) goes stale."""
         evictable = self._ev
         if self._in_use:
             self._in_use.difference_update(blocks)
         count_before = len(evictable)
-        evictable.update(zip(blocks, count(self._seq)))
+        evictable.update(zip(blocks, releases, strict=True))
         self._seq += len(blocks)
         self._stale += len(blocks) - (len(evictable) - count_before)
         if self._stale > len(evictable) + COMPACT_SLACK:
-            self._compact()
+            # Most stale positions may have been passed over at the heads already.
+            self._stale -= self._stale_dropped()
+            if self._stale > len(evictable) + COMPACT_SLACK // 2:
+                self._compact()
+
+    def _stale_dropped(self) -> int:
+        """Stale positions the lanes passed over since the last call (0: lanes that do
+        not count them; the count of stale positions held then stays an upper bound)."""
+        return 0
 
     def _compact(self) -> None:
         for lane in self._lanes.values():
@@ -397,11 +411,16 @@ class WACore(Generic[LaneT]):
         return lane.take(self._ev, Cutoff(log_constant, rate, self._clock, None), n)
 
     def _refresh_bounds(self, now: float) -> None:
-        """Every row's bound at ``now``, in ascending order, and the rows in that order."""
-        self._bound, self._bound_order = self._sorted_bounds(now)
-        self._bound_scale = sorted_magnitude(self._bound) + self._lc_scale
-        self._bound_time = now
+        """Every row's bound at a time ahead of ``now`` (``BOUNDS_AHEAD`` times the time
+        since the previous pass), in ascending order, and the rows in that order."""
+        ahead = self.BOUNDS_AHEAD * (now - self._refreshed_at)
+        at = now + ahead if 0.0 <= ahead < math.inf else now
+        self._refreshed_at = now
+        self._bound, self._bound_order = self._sorted_bounds(at)
+        self._bound_time = at
         self._bounds_valid = True
+        # NaN rows (categories found empty) come last: the first of them.
+        self._bounded = bisect_left(self._bound, True, key=math.isnan)
 
     def _sorted_bounds(self, now: float) -> tuple[list[float], list[int]]:
         """Every row's bound ``lc - a (now - t0)`` at ``now`` in ascending order (NaN rows,
@@ -414,29 +433,33 @@ class WACore(Generic[LaneT]):
         return bound[order].tolist(), order.tolist()
 
     def _evict_compared(self, n: int) -> list[int]:
-        """Victims from several categories: the best head's queue drains until its head
-        passes the second best key, then the heads are compared again."""
+        """Victims from several categories in key order: the best keyed head's queue
+        drains while its keys stay below the other keyed heads and below the bound of
+        every head not keyed yet (the floor); heads are keyed, in order of bound, only as
+        needed."""
         now = self._clock
-        elapsed = now - self._bound_time
-        if not (self._bounds_valid and self._heads_keyed < REFRESH_AFTER_HEADS) or not (
-            0.0 <= elapsed < math.inf
+        if not (
+            self._bounds_valid
+            and self._heads_keyed < REFRESH_AFTER_HEADS
+            and now <= self._bound_time
         ):
             self._refresh_bounds(now)
-            elapsed = 0.0
-        slack = loosening(self._rate_max * elapsed, self._bound_scale)
         evictable, rows, constants, t0 = self._ev, self._rows, self._constants, self._t0
+        bound, bounded = self._bound, self._bounded
         active: list[Key] = []
         victims: list[int] = []
         position = 0
+        floor = bound[0] if bounded else None
         while len(victims) < n:
-            position = self._key_heads(active, position, now, slack)
+            if floor is not None and not (active and active[0][0] < floor):
+                position = self._key_heads(active, position, now)
+                floor = bound[position] if position < bounded else None
             if not active:
                 break
-            row = KEY_ROW(heappop(active))
+            row = heappop(active)[4]
             lane = rows[row][1]
             log_constant, rate = constants[row]
-            threshold = active[0] if active else None
-            cutoff = Cutoff(log_constant, rate, now, threshold)
+            cutoff = Cutoff(log_constant, rate, now, active[0] if active else None, floor)
             victims += lane.take(evictable, cutoff, n - len(victims))
             head = lane.head(evictable)
             if head is None:
@@ -445,37 +468,31 @@ class WACore(Generic[LaneT]):
                 stamp, neg_offset, release, _ = head
                 score = log_constant - rate * (now - stamp)
                 heappush(active, (score, stamp, neg_offset, release, row))
-        for _score, stamp, *_, row in active:
-            t0[row] = stamp
+        for key in active:
+            t0[key[4]] = key[1]
         self._heads_keyed = position
         return victims
 
-    def _key_heads(self, active: list[Key], position: int, now: float, slack: float) -> int:
+    def _key_heads(self, active: list[Key], position: int, now: float) -> int:
         """Key heads exactly onto the heap ``active``, rows in order of cached bound from
-        ``position`` on, until the next row's bound less ``slack`` is above the two best
-        keys, or is NaN (a category found empty). Returns the next position.
-
-        One ``slack`` for every row keeps the loosened bounds in the cached order, so the
-        first row above the keys proves every later row is above them too."""
+        ``position`` on (at least one), until the best key is below the next row's bound
+        (so below every later row's), or no row with a bound is left. Returns the next
+        position."""
         order, bound, constants = self._bound_order, self._bound, self._constants
-        rows, evictable, t0 = self._rows, self._ev, self._t0
-        while position < len(order):
+        rows, evictable, t0, bounded = self._rows, self._ev, self._t0, self._bounded
+        while position < bounded:
             row = order[position]
-            if len(active) >= 2:
-                second = KEY_SCORE(active[1])
-                if len(active) > 2:
-                    second = min(second, KEY_SCORE(active[2]))
-                if not bound[position] - slack <= second:
-                    break
             position += 1
             head = rows[row][1].head(evictable)
             if head is None:
                 t0[row] = math.nan
-                continue
-            log_constant, rate = constants[row]
-            stamp, neg_offset, release, _ = head
-            score = log_constant - rate * (now - stamp)
-            heappush(active, (score, stamp, neg_offset, release, row))
+            else:
+                log_constant, rate = constants[row]
+                stamp, neg_offset, release, _ = head
+                score = log_constant - rate * (now - stamp)
+                heappush(active, (score, stamp, neg_offset, release, row))
+            if position < bounded and active and not bound[position] <= active[0][0]:
+                break
         return position
 
     # --- a family switch (agent.policies.handover) ------------------------------------------
@@ -498,30 +515,3 @@ class WACore(Generic[LaneT]):
 
     def __contains__(self, block: object) -> bool:
         return block in self._ev or block in self._in_use
-
-
-def sorted_magnitude(ascending: list[float]) -> float:
-    """``magnitude`` of values in ascending order, NaN last: the larger of the first and
-    the last finite value's ``|value|``, found from the ends."""
-    finite = math.isfinite
-    low = next(filter(finite, ascending), None)
-    if low is None:
-        return 0.0
-    high = next(filter(finite, reversed(ascending)))
-    return max(abs(low), abs(high))
-
-
-def magnitude(values: list[float]) -> float:
-    """The largest finite ``|value|`` (0 when none is finite; C-level)."""
-    return max(map(abs, filter(math.isfinite, values)), default=0.0)
-
-
-def loosening(drift: float, scale: float) -> float:
-    """What to subtract from a row's bound computed some seconds ago so that it bounds
-    the row's head key now: ``drift`` (the largest rate times those seconds, the most a
-    score falls in that time) plus a margin far above every rounding of the two
-    computations compared (a billionth of ``scale``, the magnitudes involved, plus
-    1e-12). Zero when no time has passed: the bounds are then exact."""
-    if not drift:
-        return 0.0
-    return drift + (1e-9 * (scale + drift) + 1e-12)

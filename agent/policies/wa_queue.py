@@ -6,7 +6,8 @@ stamped 0 at one offset). No per-block object is made: a run keeps its blocks, t
 offsets and their release numbers in flat sequences and the stamp once. A block is live
 while the evictable-block map ``evictable`` maps it to that very release number, so
 ``touch`` and a second ``free`` only update ``evictable`` and leave a stale position
-behind, skipped at the head or compacted later. Every block of a run has the same stamp,
+behind, skipped at the head (and counted there, so that the owner knows how many stale
+positions are still held) or compacted later. Every block of a run has the same stamp,
 so the same score: a ``take`` compares one key per run, and only a run whose score and
 stamp equal the threshold's is split, by a binary search on offsets and release numbers.
 The victim order itself is defined in ``agent.policies.wa_core``. It must never do I/O.
@@ -16,10 +17,10 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable, Sequence
-from itertools import compress, islice, takewhile
-from operator import eq, ge, itemgetter, neg, not_
-from typing import NamedTuple
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import compress, islice, repeat, takewhile
+from operator import eq, ge, is_, is_not, itemgetter, neg, not_
+from typing import NamedTuple, cast
 
 Entry = tuple[float, int, int, int]
 """A queued block's key and id: ``(t, -offset, release number, block)``."""
@@ -39,13 +40,16 @@ _TRIM = 4096  # a zero queue drops its consumed prefix once it is this long and 
 
 
 class Cutoff(NamedTuple):
-    """Where a category's ``take`` stops: its constants, the time, and the key its
-    victims stay below (``None``: no other head to compare, every block qualifies)."""
+    """Where a category's ``take`` stops: its constants, the time, the key its victims
+    stay below (``None``: no other head to compare, every block qualifies) and a score
+    they stay strictly below (``floor``: a lower bound of the heads not keyed; ``None``:
+    none)."""
 
     log_constant: float
     rate: float
     now: float
     threshold: Key | None
+    floor: float | None = None
 
 
 def in_key_order(offsets: Sequence[int]) -> bool:
@@ -69,6 +73,28 @@ def skip_stale(evictable: Evictable, blocks: list[int], releases: Sequence[int],
     return end
 
 
+def pop_live(evictable: Evictable, blocks: list[int], releases: list[int]) -> list[int]:
+    """Remove from ``evictable`` the ``blocks`` whose positions (numbered ``releases``)
+    are live, and return them in order.
+
+    Every block is popped first and what was popped compared with ``releases`` (C-level,
+    by identity first: the map holds the very int objects the runs do); when all are
+    live that is all. Otherwise the positions from the first that differs are put back
+    and decided one by one, as a block may appear there twice (named twice in a
+    ``free``), once stale and once live."""
+    popped = list(map(evictable.pop, blocks, repeat(None)))
+    if popped == releases:
+        return blocks
+    first = list(map(is_, popped, releases)).index(False)
+    rest, rest_popped, rest_releases = blocks[first:], popped[first:], releases[first:]
+    present = compress(zip(rest, rest_popped, strict=True), map(is_not, rest_popped, repeat(None)))
+    evictable.update(cast("Iterator[tuple[int, int]]", present))
+    live = list(compress(rest, map(eq, map(evictable.get, rest), rest_releases)))
+    for block in live:  # a plain loop: cheaper than map over __delitem__
+        del evictable[block]
+    return blocks[:first] + live
+
+
 class Run:
     """Blocks one ``free`` filed in one category, all stamped ``t``, in key order
     (``-offset`` ascending, then release number) from position ``at`` on."""
@@ -76,7 +102,7 @@ class Run:
     __slots__ = ("at", "blocks", "offsets", "releases", "t")
 
     def __init__(
-        self, t: float, blocks: list[int], offsets: Sequence[int], releases: Sequence[int]
+        self, t: float, blocks: list[int], offsets: Sequence[int], releases: list[int]
     ) -> None:
         self.t = t
         self.blocks = blocks
@@ -86,9 +112,17 @@ class Run:
 
     @classmethod
     def of(cls, t: float, blocks: Sequence[int], offsets: Sequence[int], first_release: int) -> Run:
-        """The run of freed ``blocks`` numbered from ``first_release``, sorted into key
-        order when the offsets were not (not a request freed tail first)."""
-        releases = range(first_release, first_release + len(blocks))
+        """The run of freed ``blocks`` numbered from ``first_release``."""
+        releases = list(range(first_release, first_release + len(blocks)))
+        return cls.numbered(t, blocks, offsets, releases)
+
+    @classmethod
+    def numbered(
+        cls, t: float, blocks: Sequence[int], offsets: Sequence[int], releases: list[int]
+    ) -> Run:
+        """The run of freed ``blocks`` numbered ``releases`` (best the very int objects
+        the evictable map holds: ``take`` compares them by identity first), sorted into
+        key order when the offsets were not (not a request freed tail first)."""
         if in_key_order(offsets):
             kept = offsets if isinstance(offsets, range) else list(offsets)
             return cls(t, list(blocks), kept, releases)
@@ -157,7 +191,7 @@ class TimeQueue:
     once, lazily, when they reach the head.
     """
 
-    __slots__ = ("dirty", "front", "runs")
+    __slots__ = ("dirty", "front", "runs", "stale_dropped")
 
     def __init__(self) -> None:
         self.runs: deque[Run] = deque()
@@ -165,6 +199,9 @@ class TimeQueue:
         # The head entry last found; it is still the head while its block is live at its
         # release number (only a take, or a run merged before it, moves the head back).
         self.front: Entry | None = None
+        # Stale positions passed over at the head since the last ``compact``: the owner
+        # subtracts them from its count of stale positions held.
+        self.stale_dropped = 0
 
     def is_empty(self) -> bool:
         """No run left, live or stale."""
@@ -205,7 +242,10 @@ class TimeQueue:
             if dirty and dirty[0] == run.t:
                 self._merge_head()
                 run = runs[0]
-            if run.first_live(evictable) is not None:
+            at = run.at
+            live = run.first_live(evictable)
+            self.stale_dropped += run.at - at
+            if live is not None:
                 return run
             runs.popleft()
         dirty.clear()
@@ -221,7 +261,8 @@ class TimeQueue:
             first = runs[0]
             at = first.at
             if at < len(first.blocks) and evictable.get(first.blocks[at]) == first.releases[at]:
-                self.front = front = first.entry(at)
+                front = (first.t, -first.offsets[at], first.releases[at], first.blocks[at])
+                self.front = front
                 return front
         run = self.head_run(evictable)
         self.front = front = None if run is None else run.entry(run.at)
@@ -229,35 +270,48 @@ class TimeQueue:
 
     def take(self, evictable: Evictable, cutoff: Cutoff, limit: int) -> list[int]:
         """Pop up to ``limit`` blocks, from the head on, whose keys are below the
-        threshold; remove them from ``evictable`` and return them. Called right after
-        ``head``. One key per run: its blocks share their stamp, so their score."""
-        log_constant, rate, now, threshold = cutoff
+        threshold and whose scores are below the floor; remove them from ``evictable``
+        and return them. Called right after ``head``. One key per run: its blocks share
+        their stamp, so their score."""
+        log_constant, rate, now, threshold, floor = cutoff
         self.front = None
         run: Run | None = self.runs[0] if self.runs else None  # positioned by ``head``
-        get = evictable.get
         victims: list[int] = []
+        examined = 0
         while run is not None:
-            blocks, at = run.blocks, run.at
+            blocks, at, t = run.blocks, run.at, run.t
             stop = len(blocks)
-            if threshold is not None:
-                score_and_stamp = (log_constant - rate * (now - run.t), run.t)
-                if score_and_stamp > threshold[:2]:
-                    stop = at
-                elif score_and_stamp == threshold[:2]:
-                    stop = run.split_at(threshold)
+            score = log_constant - rate * (now - t)
+            if floor is not None and not score < floor:
+                stop = at
+            elif threshold is not None and (score, t) >= threshold[:2]:
+                stop = at if (score, t) > threshold[:2] else run.split_at(threshold)
             while at < stop and len(victims) < limit:
                 end = min(stop, at + limit - len(victims))
-                chunk = blocks[at:end]
-                victims += compress(chunk, map(eq, map(get, chunk), run.releases[at:end]))
+                victims += pop_live(evictable, blocks[at:end], run.releases[at:end])
+                examined += end - at
                 at = end
             run.at = at
             if at < len(blocks) or len(victims) >= limit:
                 break  # the limit, or the threshold, was reached
-            run = self.head_run(evictable)
-        # Removed last: a live position is unique to its block, so none is met twice.
-        for block in victims:  # a plain loop: cheaper than map over __delitem__
-            del evictable[block]
+            run = self._next_run(evictable)
+        self.stale_dropped += examined - len(victims)
         return victims
+
+    def _next_run(self, evictable: Evictable) -> Run | None:
+        """``head_run`` once the head run is used up: usually the next run, positioned
+        past its stale positions."""
+        runs = self.runs
+        runs.popleft()
+        while runs and not self.dirty:
+            run = runs[0]
+            at = run.at
+            live = run.at = skip_stale(evictable, run.blocks, run.releases, at)
+            self.stale_dropped += live - at
+            if live < len(run.blocks):
+                return run
+            runs.popleft()
+        return self.head_run(evictable)
 
     def peek(self, evictable: Evictable, wanted: int) -> list[Entry]:
         """The first ``wanted`` live entries in key order, left in place."""
@@ -292,6 +346,7 @@ class TimeQueue:
             if live is not None:
                 kept.append(live)
         self.runs = kept
+        self.stale_dropped = 0
 
 
 class ZeroQueue:
@@ -319,7 +374,9 @@ class ZeroQueue:
         return (0.0, self.neg_offset, self.releases[at], self.blocks[at])
 
     def take(self, evictable: Evictable, cutoff: Cutoff, limit: int) -> list[int]:
-        log_constant, rate, now, threshold = cutoff
+        log_constant, rate, now, threshold, floor = cutoff
+        if floor is not None and not log_constant - rate * (now - 0.0) < floor:
+            return []
         stop = len(self.blocks)
         if threshold is not None:
             head = (log_constant - rate * (now - 0.0), 0.0, self.neg_offset)

@@ -97,7 +97,7 @@ class WARefPolicy(WACore[RefLane]):
         return RefLane(row)
 
     def _file(self, freed: Freed, category: int) -> None:
-        t, blocks, offsets, first_release = freed
+        t, blocks, offsets, releases = freed
         ev, in_use = self._ev, self._in_use
         # Never-hit blocks keep last access 0 (so do hits at time 0).
         stamped = [t > 0.0 and (b in ev or b in in_use) for b in blocks]
@@ -109,6 +109,5 @@ class WARefPolicy(WACore[RefLane]):
                 lane.q.add(freed.part(lo, hi))
                 self._note(lane, t)
             else:
-                releases = range(first_release + lo, first_release + hi)
-                lane.add_zero(blocks[lo:hi], offsets[lo:hi], releases)
+                lane.add_zero(blocks[lo:hi], offsets[lo:hi], releases[lo:hi])
                 self._note(lane, 0.0)
