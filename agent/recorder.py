@@ -1,16 +1,19 @@
 """The bounded event buffer between the engine thread and the publisher thread.
 
-Owns two preallocated sets of raw columns (time, block, category, offset, kind; the rest
-is resolved later by ``agent.history`` on the publisher thread): the engine thread appends
-whole requests into the active one by slice assignment; the publisher swaps it for the
-spare and reads the full one while the engine keeps appending. Together they never hold
-more than ``capacity`` events: when the active half is full, new events are dropped and
-counted, never waited for. It must never do I/O, block on anything but its own short
-lock, or allocate per event.
+Owns two halves of raw events (time, block, category, offset, kind; the rest is resolved
+later by ``agent.history`` on the publisher thread): the engine thread appends whole
+requests to the active half, each ``record`` call one *run* (its blocks and per-event
+offsets go on plain lists, its time, category, kind and any common offset once); the
+publisher swaps it for the spare and turns the full one into columns (one numpy pass per
+batch, not per call) while the engine keeps appending. Together they never hold more than
+``capacity`` events: when the active half is full, new events are dropped and counted,
+never waited for. It must never do I/O, block on anything but its own short lock, or
+touch numpy on the engine thread.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,18 +23,48 @@ from numpy.typing import NDArray
 
 from agent.wire import RAW_COLUMNS, RawEvents
 
+PER_EVENT = math.nan
+"""A run's offset when its events carry their own (on the half's ``offsets`` list)."""
+_DTYPES = {name: dtype.newbyteorder("=") for name, dtype in RAW_COLUMNS}
+
 
 def _head(column: Any, k: int) -> Any:
     """The first ``k`` values of a column argument (a scalar stands for all of them)."""
     return column if np.isscalar(column) else column[:k]
 
 
-def _allocate(n: int) -> RawEvents:
-    return RawEvents(*(np.empty(n, dtype.newbyteorder("=")) for _, dtype in RAW_COLUMNS))
+class _Half:
+    """One half's events, as recorded: per event its block (and its offset, for runs
+    without a common one); per run ``(events, ts, category, kind, offset or PER_EVENT)``."""
+
+    __slots__ = ("blocks", "offsets", "runs")
+
+    def __init__(self) -> None:
+        self.blocks: list[int] = []
+        self.offsets: list[int] = []
+        self.runs: list[tuple[int, float, int, int, float]] = []
+
+    def columns(self) -> RawEvents:
+        """The events as ``RawEvents`` columns (fresh arrays), then forget them."""
+        runs = np.array(self.runs, dtype=np.float64).reshape(-1, 5)
+        counts = runs[:, 0].astype(np.intp)
+        per_event = np.isnan(runs[:, 4])
+        offset = np.repeat(np.where(per_event, 0.0, runs[:, 4]), counts)
+        cols = {
+            "ts": np.repeat(runs[:, 1], counts),
+            "block": np.array(self.blocks, dtype=_DTYPES["block"]),
+            "category": np.repeat(runs[:, 2], counts),
+            "offset": offset,
+            "kind": np.repeat(runs[:, 3], counts),
+        }
+        if self.offsets:
+            offset[np.repeat(per_event, counts)] = self.offsets
+        self.blocks, self.offsets, self.runs = [], [], []
+        return RawEvents(**{name: cols[name].astype(_DTYPES[name]) for name in _DTYPES})
 
 
 class EventRecorder:
-    """Double-buffered columns holding at most ``capacity`` events in all.
+    """Double-buffered runs of events holding at most ``capacity`` events in all.
 
     ``record`` is for one thread (the engine's); ``drain`` for one other (the publisher).
     ``on_batch`` is called (on the engine thread, once per crossing) when the active half
@@ -48,8 +81,8 @@ class EventRecorder:
             raise ValueError("capacity must be >= 2 (two halves)")
         self.half = capacity // 2
         self.batch_events = max(1, min(batch_events, self.half))
-        self._active = _allocate(self.half)
-        self._spare = _allocate(self.half)
+        self._active = _Half()
+        self._spare = _Half()
         self._n = 0
         self._lock = threading.Lock()
         self._on_batch = on_batch
@@ -81,25 +114,28 @@ class EventRecorder:
                     return 0
                 blocks, offsets = blocks[:k], _head(offsets, k)
             hi = lo + k
-            cols = self._active
-            cols.ts[lo:hi] = ts
-            cols.block[lo:hi] = blocks
-            cols.category[lo:hi] = category
-            cols.offset[lo:hi] = offsets
-            cols.kind[lo:hi] = kind
+            half = self._active
+            half.blocks.extend(blocks)
+            if isinstance(offsets, (int, np.integer)):
+                half.runs.append((k, ts, category, kind, offsets))
+            elif len(offsets) == k:
+                half.offsets.extend(offsets)
+                half.runs.append((k, ts, category, kind, PER_EVENT))
+            else:
+                raise ValueError(f"{len(offsets)} offsets for {k} events")
             self._n = hi
         if lo < self.batch_events <= hi and self._on_batch is not None:
             self._on_batch()
         return k
 
     def drain(self) -> RawEvents:
-        """Take every recorded event (possibly none). The returned views stay valid until
-        the next ``drain``; the engine records into the other half meanwhile."""
+        """Take every recorded event (possibly none), as fresh columns; the engine
+        records into the other half meanwhile."""
         with self._lock:
-            n, full = self._n, self._active
-            self._active, self._spare = self._spare, full
+            full, self._active = self._active, self._spare
+            self._spare = full  # emptied by ``columns`` before the next swap
             self._n = 0
-        return full.rows(0, n)
+        return full.columns()
 
     @property
     def pending(self) -> int:

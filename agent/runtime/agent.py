@@ -22,7 +22,6 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 from agent.category_table import CategoryTable, reused_name
 from agent.history import EVICT, FREE, HIT, AccessHistory
@@ -52,22 +51,6 @@ UNKNOWN_CATEGORY = "unknown"
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
-
-
-_POSITIONS = np.arange(1 << 16, dtype=np.int32)
-"""Prompt positions to slice views from: ranges become arrays without a numpy call."""
-
-
-def _offsets(offsets: Sequence[int]) -> Sequence[int] | NDArray[np.int32]:
-    """A ``range`` as an array: numpy copies ranges element by element, arrays at once."""
-    if not isinstance(offsets, range):
-        return offsets
-    if offsets.step == 1 and offsets.start >= 0 and offsets.stop <= len(_POSITIONS):
-        return _POSITIONS[offsets.start : offsets.stop]
-    if offsets.step == -1 and offsets.stop >= -1 and offsets.start < len(_POSITIONS):
-        # range(n - 1, -1, -1), how engines release a request: a reversed view.
-        return _POSITIONS[offsets.stop + 1 : offsets.start + 1][::-1]
-    return np.arange(offsets.start, offsets.stop, offsets.step, dtype=np.int32)
 
 
 def _ints(blocks: Sequence[int]) -> list[int]:
@@ -190,7 +173,7 @@ class Agent:
         code = self.categories.code(category)
         self.last_now = now
         self.policy.touch(blocks, now)
-        offs = _offsets(range(len(blocks)) if offsets is None else offsets)
+        offs = range(len(blocks)) if offsets is None else offsets
         self.recorder.record(HIT, now, blocks, code, offs)
         self.hits += len(blocks) if hits is None else hits
 
@@ -211,7 +194,7 @@ class Agent:
         code = self.categories.code(category)
         if self._returns is None:
             self.policy.free(blocks, offsets, now, self._evictor_codes[code])
-            self.recorder.record(FREE, now, blocks, code, _offsets(offsets))
+            self.recorder.record(FREE, now, blocks, code, offsets)
             return None
         again = self.categories.code(reused_name(category))
         keys = [again if back else code for back in self._returns.returns(blocks)]
@@ -219,7 +202,7 @@ class Agent:
         for key, lo, hi in runs(keys):
             part = blocks[lo:hi]
             self.policy.free(part, offsets[lo:hi], now, evictor_codes[key])
-            self.recorder.record(FREE, now, part, key, _offsets(offsets[lo:hi]))
+            self.recorder.record(FREE, now, part, key, offsets[lo:hi])
         return [evictor_codes[key] for key in keys]
 
     def returns_ahead(self, blocks: Sequence[int]) -> list[bool] | None:
@@ -231,12 +214,17 @@ class Agent:
     def evict(self, n: int, now: float) -> list[int]:
         """Evict up to ``n`` blocks (EVICT events, in victim order); return the victims."""
         victims = self.policy.evict(n)
-        if victims and self._returns is not None:
-            self._returns.evicted(victims)
         if victims:
-            # The category is the block's last one; the publisher's history fills it in.
-            self.recorder.record(EVICT, now, victims, -1, -1)
+            self.evicted(victims, now)
         return victims
+
+    def evicted(self, victims: list[int], now: float) -> None:
+        """``victims`` left the cache at ``now``, in this order: EVICT events (for an
+        engine whose own order took them, and for ``evict``)."""
+        if self._returns is not None:
+            self._returns.evicted(victims)
+        # The category is the block's last one; the publisher's history fills it in.
+        self.recorder.record(EVICT, now, victims, -1, -1)
 
     def apply_pending(self) -> bool:
         """Swap in the policy the subscriber staged, if any (engine thread, between steps).
