@@ -23,6 +23,7 @@ engine thread calls it. It must never import vLLM, do I/O or wait on another thr
 
 from __future__ import annotations
 
+import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -46,6 +47,9 @@ class Block(Protocol):
 BLOCK_ID = attrgetter("block_id")
 BLOCK_HASH = attrgetter("block_hash")
 """A block's fields (C-level reads)."""
+HashOf = Callable[[Any], "bytes | None"]
+"""How the queue reads a block's hash (``BLOCK_HASH`` unless the engine knows a cheaper
+read of the same value)."""
 
 
 class QueueHooks(Protocol):
@@ -69,6 +73,28 @@ def hash64(key: bytes, group_suffix: int = 4) -> int:
     return int.from_bytes(key[end - 8 : end], "big", signed=True)
 
 
+_LAYOUTS: dict[tuple[int, int, int], struct.Struct] = {}
+"""``hashes64``'s unpackers by (keys, bytes per key, group suffix)."""
+MAX_LAYOUTS = 1024
+
+
+def hashes64(keys: Sequence[bytes], group_suffix: int = 4) -> list[int]:
+    """``hash64`` of each key, in one C call when they are all the same length (vLLM's
+    are: one hash function per engine): their concatenation unpacked as big-endian
+    signed 64-bit fields, the bytes around them skipped."""
+    n = len(keys)
+    size = len(keys[0]) if n else 0
+    if size < 8 + group_suffix or list(map(len, keys)).count(size) != n:
+        return [hash64(key, group_suffix) for key in keys]
+    layout = _LAYOUTS.get((n, size, group_suffix))
+    if layout is None:
+        if len(_LAYOUTS) >= MAX_LAYOUTS:
+            _LAYOUTS.clear()
+        field = f"{size - 8 - group_suffix}xq{group_suffix}x"
+        layout = _LAYOUTS[n, size, group_suffix] = struct.Struct(">" + field * n)
+    return list(layout.unpack(b"".join(keys)))
+
+
 class KvwiseFreeQueue:
     """vLLM's free-queue surface over an evictor. ``blocks[i].block_id`` must be ``i``."""
 
@@ -79,7 +105,10 @@ class KvwiseFreeQueue:
         *,
         hooks: QueueHooks | None = None,
         clock: Callable[[], float] = time.time,
+        hash_of: HashOf = BLOCK_HASH,
     ) -> None:
+        """``hash_of`` reads a block's hash: by default its ``block_hash``; the engine
+        integration may pass a cheaper read of the same value."""
         n = len(blocks)
         if any(block.block_id != i for i, block in enumerate(blocks)):
             raise ValueError("blocks[i].block_id must equal i")
@@ -87,6 +116,7 @@ class KvwiseFreeQueue:
         self.evictor = evictor
         self.hooks = hooks
         self.clock = clock
+        self.hash_of = hash_of
         self.num_free_blocks = n
         # The end of the dict is the head: popitem() takes it in O(1).
         self._fresh: dict[int, Any] = {block.block_id: block for block in reversed(self.blocks)}
@@ -144,8 +174,9 @@ class KvwiseFreeQueue:
         out = [blocks[block_id] for block_id in victims]
         if self.hooks is not None:
             hashes = list(map(self.hash.__getitem__, victims))
-            if None in map(BLOCK_HASH, out):  # hashes reset while free (a prefix-cache reset)
-                hashes = list(compress(hashes, map(is_not, map(BLOCK_HASH, out), repeat(None))))
+            keys = list(map(self.hash_of, out))
+            if None in keys:  # hashes reset while free (a prefix-cache reset)
+                hashes = list(compress(hashes, map(is_not, keys, repeat(None))))
             if hashes:
                 self.hooks.evicted(hashes, self.clock())
         return out
@@ -168,7 +199,7 @@ class KvwiseFreeQueue:
             self.hooks.before_call()
         if self._hits:
             self._send_hits()
-        keys = list(map(BLOCK_HASH, blocks))
+        keys = list(map(self.hash_of, blocks))
         if None in keys:
             unpinned = self._unpinned
             for block, key in zip(blocks, keys, strict=True):
@@ -197,7 +228,9 @@ class KvwiseFreeQueue:
                 end = start + sum(1 for _ in run)
                 free(ids[start:end], offs[start:end], now, run_code)
                 start = end
-        self._cached.update(zip(ids, repeat(None)))
+        cached = self._cached
+        for block_id in ids:  # a plain loop: cheaper than update() from pairs
+            cached[block_id] = None
 
     def switch_evictor(self, evictor: EvictionPolicy) -> None:
         """Hot reload of the evictor family: staged hits reach the old evictor, then every
@@ -242,18 +275,28 @@ class KvwiseFreeQueue:
         """``blocks`` (a request's, from prompt position ``first``) just got their hashes:
         remember position, category and hash. Returns the hashes (blocks without a hash,
         e.g. null or masked ones, are skipped and get none)."""
-        offset, codes, hashes = self.offset, self.code, self.hash
-        out: list[int] = []
-        for i, block in enumerate(blocks, first):
-            key = block.block_hash
-            if key is None:
-                continue
-            bid = block.block_id
-            offset[bid] = i
+        return self.note_stored(blocks, first, code)[0]
+
+    def note_stored(
+        self, blocks: Sequence[Any], first: int, code: int
+    ) -> tuple[list[int], Sequence[int], list[int]]:
+        """``note_cached``, returning the hashes, their prompt positions and the ids of
+        the blocks that have them."""
+        keys: list[Any] = list(map(self.hash_of, blocks))
+        ids = list(map(BLOCK_ID, blocks))
+        offsets: Sequence[int] = range(first, first + len(ids))
+        if None in keys:
+            kept = list(map(is_not, keys, repeat(None)))
+            keys = list(compress(keys, kept))
+            ids = list(compress(ids, kept))
+            offsets = list(compress(offsets, kept))
+        hashes = hashes64(keys)
+        offset, codes, table = self.offset, self.code, self.hash
+        for bid, position, hash_ in zip(ids, offsets, hashes, strict=True):
+            offset[bid] = position
             codes[bid] = code
-            hashes[bid] = hash_of = hash64(key)
-            out.append(hash_of)
-        return out
+            table[bid] = hash_
+        return hashes, offsets, ids
 
     def note_hits(self, blocks: Sequence[Any], code: int) -> tuple[list[int], list[int]]:
         """A request of category ``code`` reuses cached ``blocks``: its category becomes

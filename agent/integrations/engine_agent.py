@@ -4,8 +4,8 @@ Owns the glue between the engine's own eviction path (vLLM: a ``KvwiseFreeQueue`
 drives the evictor itself, by block id; SGLang: a radix tree ranking its leaves with a
 ``RadixOrder``) and the ``Agent`` facade (which keeps the access history, the events, the
 hit counters, the subscriber and the heartbeat, by block hash). The facade's policy slot
-holds an ``EngineOrder``: its ``touch`` and ``free`` do nothing (the engine already told
-the order), its ``evict`` hands over the ids of the victims the engine just took, and
+holds an ``EngineOrder``: its ``touch``, ``free`` and ``evict`` do nothing (the engine
+already told the order, and reports the victims it took through ``Agent.evicted``), and
 ``set_policy`` reaches the order, so a hot-reloaded document is swapped in, whole, on the
 engine thread at the next ``before_call``. It also owns the request -> category step:
 ``kv_category`` from the request's extra arguments, else ``agent.category_inference``'s
@@ -20,7 +20,6 @@ It must never import an engine or wait on I/O.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -92,7 +91,6 @@ class EngineOrder:
     def __init__(self, evictor: EngineEvictor) -> None:
         self.evictor = evictor
         self.codes: dict[str, int] = {}
-        self._victims: list[int] = []
         self._build: BuildFamily | None = None
         self._install: InstallEvictor | None = None
 
@@ -121,12 +119,9 @@ class EngineOrder:
     ) -> None:
         """Already applied by the queue (by block id)."""
 
-    def stage(self, hashes: list[int]) -> None:
-        self._victims = hashes
-
     def evict(self, n: int) -> list[int]:
-        victims, self._victims = self._victims[:n], []
-        return victims
+        """Nothing to give: the engine takes its victims itself (``EngineAgent.evicted``)."""
+        return []
 
     def set_policy(self, doc: PolicyDocument) -> None:
         if isinstance(self.evictor, ReloadsPolicy):
@@ -189,8 +184,7 @@ class EngineAgent:
         self.agent.apply_pending()
 
     def evicted(self, hashes: list[int], now: float) -> None:
-        self.order.stage(hashes)
-        self.agent.evict(len(hashes), now)
+        self.agent.evicted(hashes, now)
 
     # --- reports from the engine's cache paths ------------------------------------------
     def category(self, explicit: object, hashes: Sequence[int], n_tokens: int) -> tuple[str, int]:
@@ -242,8 +236,10 @@ class EngineAgent:
         explicit = extras.get(CATEGORY_KEY) if isinstance(extras, dict) else None
         hashes, n_tokens = prompt(request, not explicit and self.infers)
         got = self.category(explicit, hashes, n_tokens)
-        with contextlib.suppress(AttributeError):  # no __dict__: recomputed each time
+        try:  # not contextlib.suppress: a try costs nothing unless it catches
             setattr(request, REQUEST_CATEGORY_ATTR, got)
+        except AttributeError:
+            return got  # no __dict__: recomputed each time
         return got
 
     def cached(

@@ -33,9 +33,11 @@ import logging
 import re
 import time
 from collections.abc import Callable, Sequence
+from operator import attrgetter
+from types import MemberDescriptorType
 from typing import Any
 
-from agent.integrations.block_queue import KvwiseFreeQueue, hash64
+from agent.integrations.block_queue import BLOCK_HASH, HashOf, KvwiseFreeQueue, hashes64
 from agent.integrations.engine_agent import (
     DEFAULT_CATEGORY,
     REQUEST_REPORT_ATTR,
@@ -195,7 +197,7 @@ def _make_queue(blocks: list[Any]) -> Any:
     engine = EngineAgent(
         settings, evictor, capacity=len(blocks), engine="vllm", block_tokens=block_tokens
     )
-    queue = KvwiseFreeQueue(blocks, evictor, hooks=engine)
+    queue = KvwiseFreeQueue(blocks, evictor, hooks=engine, hash_of=hash_reader(type(blocks[0])))
     # A document naming another evictor family swaps the queue's evictor, blocks kept.
     engine.order.enable_switch(
         lambda family: build_evictor(settings, len(blocks), family), queue.switch_evictor
@@ -212,6 +214,18 @@ def _make_queue(blocks: list[Any]) -> Any:
     return queue
 
 
+def hash_reader(block_type: type) -> HashOf:
+    """How the queue reads a vLLM block's hash: ``KVCacheBlock.block_hash`` is a property
+    over the ``_block_hash`` slot (0.32-0.33), so the slot is read directly, sparing a
+    Python call per read (several per block on the allocation path); any other shape, the
+    property."""
+    prop = getattr(block_type, "block_hash", None)
+    slot = getattr(block_type, "_block_hash", None)
+    if isinstance(prop, property) and isinstance(slot, MemberDescriptorType):
+        return attrgetter("_block_hash")
+    return BLOCK_HASH
+
+
 def _category(engine: EngineAgent, request: Any) -> tuple[str, int]:
     """The request's ``(name, evictor code)``; its explicit one is in ``extra_args``."""
     return engine.request_category(request, "extra_args", _prompt)
@@ -219,7 +233,7 @@ def _category(engine: EngineAgent, request: Any) -> tuple[str, int]:
 
 def _prompt(request: Any, infer: bool) -> tuple[Sequence[int], int]:
     """A vLLM request's block hashes (if ``infer``) and prompt tokens."""
-    hashes = [hash64(h, 0) for h in getattr(request, "block_hashes", ())] if infer else ()
+    hashes = hashes64(getattr(request, "block_hashes", ()), 0) if infer else ()
     return hashes, int(getattr(request, "num_prompt_tokens", 0))
 
 
@@ -249,14 +263,9 @@ def _wrap_cache_full_blocks(orig: Callable[..., None]) -> Callable[..., None]:
         assert engine is not None
         name, code = _category(engine, request)
         stored = blocks[num_cached_blocks:num_full_blocks]
-        hashes = queue.note_cached(stored, num_cached_blocks, code)
-        if len(hashes) == len(stored):
-            offsets: Sequence[int] = range(num_cached_blocks, num_full_blocks)
-        else:
-            offsets = [queue.offset[b.block_id] for b in stored if b.block_hash is not None]
+        hashes, offsets, hashed = queue.note_stored(stored, num_cached_blocks, code)
         codes = engine.stored_codes(hashes, name, code)
         if codes is not None:  # reuse classes: stored again after an eviction = a return
-            hashed = [b.block_id for b in stored if b.block_hash is not None]
             for block_id, block_code in zip(hashed, codes, strict=True):
                 queue.code[block_id] = block_code
         now = time.time()
@@ -275,7 +284,7 @@ def _wrap_touch(orig: Callable[..., None]) -> Callable[..., None]:
         engine = _state.engine
         assert engine is not None
         request = _state.request
-        hits = [b for b in blocks if b.block_hash is not None]
+        hits = [b for b in blocks if queue.hash_of(b) is not None]
         if request is None:  # a hit outside slot allocation (no such caller in the tested versions)
             name, code = engine.hit_category(*engine.category(DEFAULT_CATEGORY, (), 0))
             engine.hit(*queue.note_hits(hits, code), time.time(), name)
