@@ -49,7 +49,8 @@ BLOCK_HASH = attrgetter("block_hash")
 """A block's fields (C-level reads)."""
 HashOf = Callable[[Any], "bytes | None"]
 """How the queue reads a block's hash (``BLOCK_HASH`` unless the engine knows a cheaper
-read of the same value)."""
+read of the same value). Whether a list of them are all set is ``all(keys)`` (a hash is
+never empty): ``None in keys`` would compare each hash with ``None``, twice the cost."""
 
 
 class QueueHooks(Protocol):
@@ -175,7 +176,7 @@ class KvwiseFreeQueue:
         if self.hooks is not None:
             hashes = list(map(self.hash.__getitem__, victims))
             keys = list(map(self.hash_of, out))
-            if None in keys:  # hashes reset while free (a prefix-cache reset)
+            if not all(keys):  # hashes reset while free (a prefix-cache reset)
                 hashes = list(compress(hashes, map(is_not, keys, repeat(None))))
             if hashes:
                 self.hooks.evicted(hashes, self.clock())
@@ -200,7 +201,7 @@ class KvwiseFreeQueue:
         if self._hits:
             self._send_hits()
         keys = list(map(self.hash_of, blocks))
-        if None in keys:
+        if not all(keys):
             unpinned = self._unpinned
             for block, key in zip(blocks, keys, strict=True):
                 if key is None:
@@ -285,7 +286,7 @@ class KvwiseFreeQueue:
         keys: list[Any] = list(map(self.hash_of, blocks))
         ids = list(map(BLOCK_ID, blocks))
         offsets: Sequence[int] = range(first, first + len(ids))
-        if None in keys:
+        if not all(keys):
             kept = list(map(is_not, keys, repeat(None)))
             keys = list(compress(keys, kept))
             ids = list(compress(ids, kept))

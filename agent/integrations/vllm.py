@@ -284,7 +284,10 @@ def _wrap_touch(orig: Callable[..., None]) -> Callable[..., None]:
         engine = _state.engine
         assert engine is not None
         request = _state.request
-        hits = [b for b in blocks if queue.hash_of(b) is not None]
+        hash_of = queue.hash_of
+        hits = (
+            blocks if all(map(hash_of, blocks)) else [b for b in blocks if hash_of(b) is not None]
+        )
         if request is None:  # a hit outside slot allocation (no such caller in the tested versions)
             name, code = engine.hit_category(*engine.category(DEFAULT_CATEGORY, (), 0))
             engine.hit(*queue.note_hits(hits, code), time.time(), name)
