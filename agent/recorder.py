@@ -33,6 +33,12 @@ def _head(column: Any, k: int) -> Any:
     return column if np.isscalar(column) else column[:k]
 
 
+def _items(column: Any) -> Any:
+    """A column argument's values to extend a list with: an array's as Python ints (one
+    C pass; its scalars would each be a numpy object), anything else as it is."""
+    return column.tolist() if isinstance(column, np.ndarray) else column
+
+
 class _Half:
     """One half's events, as recorded: per event its block (and its offset, for runs
     without a common one); per run ``(events, ts, category, kind, offset or PER_EVENT)``."""
@@ -115,11 +121,11 @@ class EventRecorder:
                 blocks, offsets = blocks[:k], _head(offsets, k)
             hi = lo + k
             half = self._active
-            half.blocks.extend(blocks)
+            half.blocks.extend(_items(blocks))
             if isinstance(offsets, (int, np.integer)):
                 half.runs.append((k, ts, category, kind, offsets))
             elif len(offsets) == k:
-                half.offsets.extend(offsets)
+                half.offsets.extend(_items(offsets))
                 half.runs.append((k, ts, category, kind, PER_EVENT))
             else:
                 raise ValueError(f"{len(offsets)} offsets for {k} events")

@@ -14,16 +14,24 @@ Two measurements, each the best of ``--repeat`` runs, in nanoseconds per block:
   agent's Redis is unreachable, so events are buffered and dropped, never waited for).
 
     python -m tests.bench.bench_vllm_queue [--blocks 4096] [--n 16] [--requests 4000]
-        [--repeat 5]
+        [--repeat 5] [--rounds 0]
 
-Goal: kvwise within 3x of stock and well under 1 us per block. Not collected by pytest.
+``--rounds R`` adds a same-process comparison that load on a shared machine moves less:
+a stock pool and a kvwise one, built side by side, take turns at ``--requests / 10``
+requests each, R rounds, timed in CPU time of the thread; it prints the median of the
+per-round ratios.
+
+Goals (issue 12): the queue over ``wa`` <= 1 us per block; the ``BlockPool`` request path
+<= 1.5x stock. Not collected by pytest.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import random
+import statistics
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -104,7 +112,8 @@ def pool_workload(pool: Any, args: argparse.Namespace, seed: int) -> int:
     return touched
 
 
-def bench_pool(args: argparse.Namespace) -> tuple[float, float]:
+def bench_pool(args: argparse.Namespace) -> tuple[float, float, Any]:
+    """Stock and kvwise ns per block, and the kvwise pool (the process's only one)."""
     from vllm.v1.core import block_pool as bp
 
     out = []
@@ -118,7 +127,34 @@ def bench_pool(args: argparse.Namespace) -> tuple[float, float]:
         assert (name == "KvwiseFreeQueue") == kvwise, name
         n_blocks = pool_workload(pool, args, 0)  # warm up, fill the cache
         out.append(per_block(lambda p=pool: pool_workload(p, args, 1), args.repeat, n_blocks))
-    return out[0], out[1]
+    return out[0], out[1], pool
+
+
+def bench_rounds(args: argparse.Namespace, kvwise: Any) -> tuple[float, float, float]:
+    """Median stock and kvwise ns per block and median per-round ratio (``--rounds``), the
+    kvwise pool ``bench_pool``'s, the stock one built beside it without the plugin's
+    wrappers (which keep vLLM's own methods as ``__wrapped__``)."""
+    from vllm.v1.core import block_pool as bp
+
+    methods = ("cache_full_blocks", "touch")
+    stock_methods = {name: inspect.unwrap(vars(bp.BlockPool)[name]) for name in methods}
+    stock_cls = type("StockBlockPool", (bp.BlockPool,), stock_methods)
+    stock = stock_cls(args.blocks, enable_caching=True, hash_block_size=BLOCK)
+    assert type(stock.free_block_queue).__name__ == "FreeKVCacheBlockQueue"
+    pool_workload(stock, args, 0)
+    part = argparse.Namespace(**{**vars(args), "requests": max(args.requests // 10, 1)})
+    times: dict[Any, list[float]] = {stock: [], kvwise: []}
+    for r in range(args.rounds):
+        for pool in (stock, kvwise):
+            start = time.thread_time()
+            n_blocks = pool_workload(pool, part, r + 1)
+            times[pool].append((time.thread_time() - start) / n_blocks * 1e9)
+    ratios = [k / s for s, k in zip(times[stock], times[kvwise], strict=True)]
+    return (
+        statistics.median(times[stock]),
+        statistics.median(times[kvwise]),
+        statistics.median(ratios),
+    )
 
 
 def main() -> None:
@@ -127,6 +163,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=16, help="new blocks per request / cycle")
     ap.add_argument("--requests", type=int, default=4000)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=0, help="interleaved rounds (0: none)")
     args = ap.parse_args()
     os.environ["KVWISE_ENABLE"] = "1"
     os.environ.setdefault("KVWISE_REDIS_URL", "redis://127.0.0.1:1/0")
@@ -138,11 +175,18 @@ def main() -> None:
         "queue popleft_n+append_n: "
         + ", ".join(f"{k} {v:.0f} ns/block ({v / queue['stock']:.1f}x)" for k, v in queue.items())
     )
-    stock, kv = bench_pool(args)
+    stock, kv, kvwise_pool = bench_pool(args)
+    evictor = type(kvwise_pool.free_block_queue.evictor).__name__  # KVWISE_EVICTOR's
     print(
-        f"BlockPool request path:   stock {stock:6.0f} ns/block, kvwise(wa) {kv:6.0f} "
+        f"BlockPool request path:   stock {stock:6.0f} ns/block, kvwise({evictor}) {kv:6.0f} "
         f"ns/block, ratio {kv / stock:4.2f}x"
     )
+    if args.rounds:
+        stock, kv, ratio = bench_rounds(args, kvwise_pool)
+        print(
+            f"BlockPool, {args.rounds} interleaved rounds (thread CPU time, medians): stock "
+            f"{stock:6.0f} ns/block, kvwise({evictor}) {kv:6.0f} ns/block, ratio {ratio:4.2f}x"
+        )
 
 
 if __name__ == "__main__":
