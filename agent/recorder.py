@@ -39,20 +39,25 @@ def _items(column: Any) -> Any:
     return column.tolist() if isinstance(column, np.ndarray) else column
 
 
+RUN_FIELDS = 5
+"""Values per run on ``_Half.runs``: events, ts, category, kind, offset or PER_EVENT."""
+
+
 class _Half:
     """One half's events, as recorded: per event its block (and its offset, for runs
-    without a common one); per run ``(events, ts, category, kind, offset or PER_EVENT)``."""
+    without a common one); per run ``RUN_FIELDS`` values, flat on one list (numpy reads
+    a flat list of numbers twice as fast as one of tuples)."""
 
     __slots__ = ("blocks", "offsets", "runs")
 
     def __init__(self) -> None:
         self.blocks: list[int] = []
         self.offsets: list[int] = []
-        self.runs: list[tuple[int, float, int, int, float]] = []
+        self.runs: list[float] = []
 
     def columns(self) -> RawEvents:
         """The events as ``RawEvents`` columns (fresh arrays), then forget them."""
-        runs = np.array(self.runs, dtype=np.float64).reshape(-1, 5)
+        runs = np.array(self.runs, dtype=np.float64).reshape(-1, RUN_FIELDS)
         counts = runs[:, 0].astype(np.intp)
         per_event = np.isnan(runs[:, 4])
         offset = np.repeat(np.where(per_event, 0.0, runs[:, 4]), counts)
@@ -66,7 +71,7 @@ class _Half:
         if self.offsets:
             offset[np.repeat(per_event, counts)] = self.offsets
         self.blocks, self.offsets, self.runs = [], [], []
-        return RawEvents(**{name: cols[name].astype(_DTYPES[name]) for name in _DTYPES})
+        return RawEvents(**{name: cols[name].astype(_DTYPES[name], copy=False) for name in _DTYPES})
 
 
 class EventRecorder:
@@ -123,10 +128,10 @@ class EventRecorder:
             half = self._active
             half.blocks.extend(_items(blocks))
             if isinstance(offsets, (int, np.integer)):
-                half.runs.append((k, ts, category, kind, offsets))
+                half.runs += (k, ts, category, kind, offsets)
             elif len(offsets) == k:
                 half.offsets.extend(_items(offsets))
-                half.runs.append((k, ts, category, kind, PER_EVENT))
+                half.runs += (k, ts, category, kind, PER_EVENT)
             else:
                 raise ValueError(f"{len(offsets)} offsets for {k} events")
             self._n = hi
