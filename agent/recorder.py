@@ -124,16 +124,20 @@ class EventRecorder:
                 if k == 0:
                     return 0
                 blocks, offsets = blocks[:k], _head(offsets, k)
+            # A wrong count is refused before anything is appended: the half stays whole.
+            run_offset: float
+            per_event: Any
+            if isinstance(offsets, (int, np.integer)):
+                run_offset, per_event = offsets, ()
+            elif len(offsets) == k:
+                run_offset, per_event = PER_EVENT, offsets
+            else:
+                raise ValueError(f"{len(offsets)} offsets for {k} events")
             hi = lo + k
             half = self._active
             half.blocks.extend(_items(blocks))
-            if isinstance(offsets, (int, np.integer)):
-                half.runs += (k, ts, category, kind, offsets)
-            elif len(offsets) == k:
-                half.offsets.extend(_items(offsets))
-                half.runs += (k, ts, category, kind, PER_EVENT)
-            else:
-                raise ValueError(f"{len(offsets)} offsets for {k} events")
+            half.offsets.extend(_items(per_event))
+            half.runs += (k, ts, category, kind, run_offset)
             self._n = hi
         if lo < self.batch_events <= hi and self._on_batch is not None:
             self._on_batch()

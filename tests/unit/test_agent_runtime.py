@@ -62,6 +62,19 @@ def test_recorder_columns_broadcast_scalars_and_keep_arrays() -> None:
     assert c.offset.tolist() == [-1, -1, 4]
 
 
+def test_recorder_refuses_a_wrong_offset_count_whole_and_keeps_what_it_holds() -> None:
+    rec = EventRecorder(capacity=100, batch_events=10)
+    rec.record(EventKind.HIT, 1.0, [10, 11], 3, [0, 1])
+    with pytest.raises(ValueError, match="1 offsets for 2 events"):
+        rec.record(EventKind.INSERT, 2.0, [12, 13], 3, [2])
+    rec.record(EventKind.INSERT, 3.0, [14], 3, 2)
+    c: RawEvents = rec.drain()
+    assert c.block.tolist() == [10, 11, 14]
+    assert c.offset.tolist() == [0, 1, 2]
+    assert c.ts.tolist() == [1.0, 1.0, 3.0]
+    assert rec.pending == 0
+
+
 def test_recorder_wakes_the_publisher_once_per_full_batch() -> None:
     woken: list[int] = []
     rec = EventRecorder(capacity=100, batch_events=4, on_batch=lambda: woken.append(rec.pending))
