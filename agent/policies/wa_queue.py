@@ -111,12 +111,6 @@ class Run:
         self.at = 0
 
     @classmethod
-    def of(cls, t: float, blocks: Sequence[int], offsets: Sequence[int], first_release: int) -> Run:
-        """The run of freed ``blocks`` numbered from ``first_release``."""
-        releases = list(range(first_release, first_release + len(blocks)))
-        return cls.numbered(t, blocks, offsets, releases)
-
-    @classmethod
     def numbered(
         cls, t: float, blocks: Sequence[int], offsets: Sequence[int], releases: list[int]
     ) -> Run:

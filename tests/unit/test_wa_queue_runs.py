@@ -14,8 +14,9 @@ def queue_of(
     """A queue filled by these ``(t, blocks, offsets)`` releases, in order."""
     queue, evictable, release = TimeQueue(), {}, 0
     for t, blocks, offsets in releases:
-        queue.add(Run.of(t, blocks, offsets, release))
-        evictable.update(zip(blocks, range(release, release + len(blocks)), strict=True))
+        numbers = list(range(release, release + len(blocks)))
+        queue.add(Run.numbered(t, blocks, offsets, numbers))
+        evictable.update(zip(blocks, numbers, strict=True))
         release += len(blocks)
     return queue, evictable
 
