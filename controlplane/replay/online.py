@@ -29,6 +29,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from agent.policies.base import EvictionPolicy
 from agent.policies.wa import WAPolicy
 from agent.policies.wa_core import runs
 from agent.policy_document import BUILTIN_POLICY, DEFAULT_PARAMS, PolicyDocument
@@ -176,6 +177,9 @@ class FittedReplayPolicy:
         classes: HitClasses | None = None,
     ) -> None:
         self.inner = inner
+        self.in_force: EvictionPolicy = inner
+        """What takes the touches, releases and evictions: ``inner``, or the baseline
+        ``auto`` switched to (reuse classes are still decided, and refits still made)."""
         self._class = block_class
         self._hit_classes = classes
         self.applied: list[AppliedVersion] = []
@@ -202,6 +206,11 @@ class FittedReplayPolicy:
     def policy(self) -> PolicyDocument:
         return self.inner.policy
 
+    @property
+    def hit_classes(self) -> HitClasses | None:
+        """The reuse classes by hit this run decides (``reuse_class="hit"``), or None."""
+        return self._hit_classes
+
     def _refit(self, r: int) -> None:
         """Fit on requests ``[0, r)`` and apply the result from request ``r`` on."""
         hi = self._offsets[r]
@@ -223,7 +232,7 @@ class FittedReplayPolicy:
     def touch(self, blocks: Sequence[int], now: float) -> None:
         if self._hit_classes is not None:
             self._hit_classes.tracker.touched(blocks)
-        self.inner.touch(blocks, now)
+        self.in_force.touch(blocks, now)
 
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
@@ -258,22 +267,22 @@ class FittedReplayPolicy:
         elif by_trace is not None and len(blocks):
             keys = [code + by_trace[lo + o] for o in offsets]
         else:
-            self.inner.free(blocks, offsets, now, code)
+            self.in_force.free(blocks, offsets, now, code)
             return
         for key, a, b in runs(keys):
-            self.inner.free(blocks[a:b], offsets[a:b], now, key)
+            self.in_force.free(blocks[a:b], offsets[a:b], now, key)
 
     def evict(self, n: int) -> list[int]:
-        victims = self.inner.evict(n)
+        victims = self.in_force.evict(n)
         if self._hit_classes is not None:
             self._hit_classes.tracker.evicted(victims)
         return victims
 
     def __len__(self) -> int:
-        return len(self.inner)
+        return len(self.in_force)
 
     def __contains__(self, block: object) -> bool:
-        return block in self.inner
+        return block in self.in_force
 
 
 Evictor = Literal["wa", "wa-ref"]

@@ -28,13 +28,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from agent.policies import create
-from agent.policies.base import EvictionPolicy
 from agent.policies.handover import hand_over
 from agent.policies.wa import WAPolicy
 from agent.policy_document import DEFAULT_FAMILY
+from agent.reuse_classes import ReturnTracker
 from controlplane.replay import catalog, online
+from controlplane.replay.online import FittedReplayPolicy
 from controlplane.replay.options import ReplayOptions
-from controlplane.shadow.estimator import MiniCache
+from controlplane.shadow.estimator import MiniCache, ReuseClassing
 from controlplane.shadow.rebuild import Request
 from controlplane.shadow.sampler import PrefixSampler
 from controlplane.shadow.selection import (
@@ -60,7 +61,9 @@ class Switch:
 class _Shadow:
     """The miniature caches of every candidate family and the window's counts."""
 
-    def __init__(self, trace: Trace, capacity: int, options: ReplayOptions, wa: WAPolicy) -> None:
+    def __init__(
+        self, trace: Trace, capacity: int, options: ReplayOptions, fitted: FittedReplayPolicy
+    ) -> None:
         defaults = ShadowSettings()
         sampler = PrefixSampler(options.auto_rate)
         offsets = trace.offsets
@@ -72,11 +75,10 @@ class _Shadow:
         self.sampled = sampler.keep(keys.astype(np.int64)).tolist()
         size = sampler.scaled(capacity)
         self.families = (DEFAULT_FAMILY, *defaults.baselines)
+        wa = fitted.inner
         self.wa = WAPolicy(size, category_names=wa.category_names, doc=wa.policy)
-        self.caches = [
-            MiniCache(self.wa if f == DEFAULT_FAMILY else create(f, size), size)
-            for f in self.families
-        ]
+        self.caches = [MiniCache(create(f, size), size) for f in defaults.baselines]
+        self.caches.insert(0, MiniCache(self.wa, size, _classing(fitted, options, size)))
         self.hits = [0] * len(self.families)
         self.accesses = 0
 
@@ -102,7 +104,6 @@ class AutoReplayPolicy:
         self.wa = online.build("wa", trace, options, capacity=capacity)
         assert isinstance(self.wa.inner, WAPolicy)  # "wa" builds the agent's evictor
         self.family: str = DEFAULT_FAMILY
-        self.current: EvictionPolicy = self.wa.inner
         self.selector = FamilySelector(
             SelectionSettings(
                 margin=options.auto_margin,
@@ -113,7 +114,7 @@ class AutoReplayPolicy:
         self.switches: list[Switch] = []
         self._trace = trace
         self._ts = trace.timestamps.tolist()
-        self._shadow = _Shadow(trace, capacity, options, self.wa.inner)
+        self._shadow = _Shadow(trace, capacity, options, self.wa)
         self._window_s = options.auto_window_s
         self._window_start = self._ts[0] if self._ts else 0.0
         self._docs_seen = 0
@@ -138,10 +139,7 @@ class AutoReplayPolicy:
     def free_request(
         self, request: int, blocks: Sequence[int], offsets: Sequence[int], now: float
     ) -> None:
-        if self.family == DEFAULT_FAMILY:
-            self.wa.free_request(request, blocks, offsets, now)
-        else:
-            self.current.free(blocks, offsets, now, self.wa.request_code(request))
+        self.wa.free_request(request, blocks, offsets, now)
 
     def _request(self, r: int) -> Request:
         lo, hi = self._trace.offsets[r], self._trace.offsets[r + 1]
@@ -154,8 +152,8 @@ class AutoReplayPolicy:
             return
         chosen = verdict.chosen
         new = self.wa.inner if chosen == DEFAULT_FAMILY else create(chosen, self.capacity)
-        hand_over(self.current, new, reading.end)
-        self.current, self.family = new, chosen
+        hand_over(self.wa.in_force, new, reading.end)
+        self.wa.in_force, self.family = new, chosen
         self.switches.append(Switch(reading.end, request, verdict))
 
     def run_notes(self) -> list[str]:
@@ -168,14 +166,10 @@ class AutoReplayPolicy:
         ]
 
     # --- the Protocol ------------------------------------------------------------------------
-    @property
-    def _driven(self) -> EvictionPolicy:
-        """What takes touches and evictions: the fitted ``wa`` (it also tells its reuse
-        classes what was hit and evicted) or the baseline in force."""
-        return self.wa if self.family == DEFAULT_FAMILY else self.current
-
+    # The fitted ``wa`` drives the family in force (``in_force``), so that its reuse
+    # classes keep being told what was hit and evicted whichever family runs.
     def touch(self, blocks: Sequence[int], now: float) -> None:
-        self._driven.touch(blocks, now)
+        self.wa.touch(blocks, now)
 
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
@@ -186,13 +180,25 @@ class AutoReplayPolicy:
         self.free_request(r, blocks, offsets, now)
 
     def evict(self, n: int) -> list[int]:
-        return self._driven.evict(n)
+        return self.wa.evict(n)
 
     def __len__(self) -> int:
-        return len(self.current)
+        return len(self.wa)
 
     def __contains__(self, block: object) -> bool:
-        return block in self.current
+        return block in self.wa
+
+
+def _classing(
+    fitted: FittedReplayPolicy, options: ReplayOptions, size: int
+) -> ReuseClassing | None:
+    """The miniature ``wa``'s reuse classes, when the replayed ``wa`` has them (its own
+    ghost, scaled as the cache is)."""
+    classes = fitted.hit_classes
+    if classes is None:
+        return None
+    tracker = ReturnTracker(round(options.reuse_ghost * size))
+    return ReuseClassing(tracker, [code + classes.k for code in range(classes.k)])
 
 
 @catalog.register_offline("auto")

@@ -3,17 +3,20 @@
 Owns ``MiniCache`` (one policy at one capacity, replaying sampled requests with exactly
 the semantics of ``controlplane.replay.engine``: the longest cached prefix is the
 request's hits, cached blocks are touched, every block is freed tail first, then the cache
-evicts down to capacity) and ``WindowCounts`` (hits and accesses per time bucket, with
-what the confidence interval needs). The interval treats each sampled request as one
-cluster of accesses (a ratio estimator's variance, normal approximation, 95 %); it does
-not count the correlation between requests of one prefix tree, so it is narrower than the
-whole sampling error when a few trees carry most of the traffic (docs/shadow.md). It must
+evicts down to capacity; with ``ReuseClassing``, releases are filed by reuse class as the
+agent files them, decided on the miniature's own hits and evictions) and
+``WindowCounts`` (hits and accesses per time bucket, with what the confidence interval
+needs). The interval treats each sampled request as one cluster of accesses (a ratio
+estimator's variance, normal approximation, 95 %); it does not count the correlation
+between requests of one prefix tree, so it is narrower than the whole sampling error when
+a few trees carry most of the traffic (docs/shadow.md). It must
 never rebuild requests or know about workers.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress
 
@@ -21,18 +24,40 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agent.policies.base import EvictionPolicy
+from agent.policies.wa_core import runs
+from agent.reuse_classes import ReturnTracker
 from controlplane.shadow.rebuild import Request
 
 Z95 = 1.959964
 """Two-sided 95 % normal quantile."""
 
 
-class MiniCache:
-    """``policy`` holding at most ``capacity`` blocks, fed one request at a time."""
+@dataclass(frozen=True)
+class ReuseClassing:
+    """Reuse classes in a miniature cache, decided as the agent decides them
+    (``agent.reuse_classes``) but on the miniature cache's own hits and evictions: a
+    released block that was found cached, or is in the ghost of recent evictions, is filed
+    under its category's ``w/re`` code, ``return_codes[w]``."""
 
-    def __init__(self, policy: EvictionPolicy, capacity: int) -> None:
+    tracker: ReturnTracker
+    return_codes: list[int]
+    """Per category code, the code of its ``w/re`` class (grows with the categories)."""
+
+    def codes(self, category: int, released: Sequence[int]) -> list[int]:
+        again = self.return_codes[category]
+        return [again if back else category for back in self.tracker.returns(released)]
+
+
+class MiniCache:
+    """``policy`` holding at most ``capacity`` blocks, fed one request at a time (with
+    ``classing``, releases are filed by reuse class)."""
+
+    def __init__(
+        self, policy: EvictionPolicy, capacity: int, classing: ReuseClassing | None = None
+    ) -> None:
         self.policy = policy
         self.capacity = capacity
+        self.classing = classing
         self._cached: set[int] = set()
 
     def serve(self, request: Request) -> int:
@@ -46,13 +71,28 @@ class MiniCache:
         except ValueError:
             hits = n
         if hits or any(flags):
-            self.policy.touch(list(compress(ids, flags)), request.ts)
-        self.policy.free(ids[::-1], range(n - 1, -1, -1), request.ts, request.category)
+            found = list(compress(ids, flags))
+            self.policy.touch(found, request.ts)
+            if self.classing is not None:
+                self.classing.tracker.touched(found)
+        self._release(ids[::-1], n, request)
         cached.update(ids)
         excess = len(self.policy) - self.capacity
         if excess > 0:
-            cached.difference_update(self.policy.evict(excess))
+            victims = self.policy.evict(excess)
+            cached.difference_update(victims)
+            if self.classing is not None:
+                self.classing.tracker.evicted(victims)
         return hits
+
+    def _release(self, released: list[int], n: int, request: Request) -> None:
+        """Every block, tail first, under its category (or its reuse class)."""
+        offsets = range(n - 1, -1, -1)
+        if self.classing is None or not n:
+            self.policy.free(released, offsets, request.ts, request.category)
+            return
+        for code, lo, hi in runs(self.classing.codes(request.category, released)):
+            self.policy.free(released[lo:hi], offsets[lo:hi], request.ts, code)
 
 
 @dataclass(frozen=True)

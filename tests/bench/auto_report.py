@@ -24,6 +24,7 @@ import itertools
 import sys
 from collections.abc import Sequence
 from dataclasses import fields, replace
+from typing import Any
 
 from agent.policies.base import EvictionPolicy
 from controlplane.replay import catalog
@@ -51,22 +52,30 @@ STRICT = (0.01, 0.02, 0.05)
 AUTO_FIELDS = tuple(f.name for f in fields(ReplayOptions) if f.name.startswith("auto_"))
 
 
-def register(options: ReplayOptions) -> str:
-    """``auto`` with ``options``'s ``auto_*`` settings as a replay policy of its own
+def register(overrides: dict[str, Any]) -> str:
+    """``auto`` with ``overrides`` of the run's options as a replay policy of its own
     (before the runner forks); everything else comes from the run's options (categories
     inferred on the Mooncake sample)."""
-    name = (
-        f"auto[r={options.auto_rate:g},w={options.auto_window_s:g},"
-        f"n={options.auto_windows},m={options.auto_margin:g}]"
-    )
-
-    auto = {f: getattr(options, f) for f in AUTO_FIELDS}
+    shown = {k: v for k, v in overrides.items() if k in _SHORT or not k.startswith("auto_")}
+    name = "auto[" + ",".join(f"{_SHORT.get(k, k)}={_text(v)}" for k, v in shown.items()) + "]"
 
     def factory(capacity: int, trace: Trace, run: ReplayOptions) -> EvictionPolicy:
-        return AutoReplayPolicy(capacity, trace, replace(run, **auto))
+        return AutoReplayPolicy(capacity, trace, replace(run, **overrides))
 
     catalog.register_offline(name)(factory)
     return name
+
+
+_SHORT = {"auto_rate": "r", "auto_window_s": "w", "auto_windows": "n", "auto_margin": "m"}
+
+
+def auto_settings(options: ReplayOptions) -> dict[str, Any]:
+    """``options``'s ``auto_*`` fields."""
+    return {f: getattr(options, f) for f in AUTO_FIELDS}
+
+
+def _text(value: object) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def replays(
@@ -88,7 +97,7 @@ def select(seed: int, duration: float, qps: float, jobs: int) -> None:
         for values in itertools.product(*GRID.values())
     ]
     settings = list(dict.fromkeys([defaults, *grid]))  # the defaults in force, for comparison
-    names = [register(s) for s in settings]
+    names = [register(auto_settings(s)) for s in settings]
     short: dict[str, list[float]] = {n: [] for n in names}
     met: dict[str, int] = dict.fromkeys(names, 0)
     for profile in ("to-c", "to-b"):
@@ -135,7 +144,7 @@ def goal_row(rows: dict[str, list[float]], auto: str, i: int, strict: bool) -> s
 
 def report(seed: int, duration: float, qps: float, jobs: int, also: Sequence[str]) -> None:
     defaults = ReplayOptions()
-    variants = [register(replace(defaults, **dict(map(_setting, a.split(","))))) for a in also]
+    variants = [register(dict(map(_setting, a.split(",")))) for a in also]
     names = [*BASELINES, "wa", "auto", *variants]
     print(f"defaults: {defaults}", file=sys.stderr)
     for profile, strict in (("to-c", True), ("to-b", False)):
@@ -165,10 +174,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         report(args.seed, args.duration, args.qps, args.jobs, args.also)
 
 
-def _setting(text: str) -> tuple[str, float]:
-    """``auto_margin=0.002`` as a ``ReplayOptions`` field and its value."""
+def _setting(text: str) -> tuple[str, Any]:
+    """``auto_margin=0.002`` (or ``reuse_class=hit``) as a ``ReplayOptions`` field and its
+    value."""
     field, _, value = text.partition("=")
-    number = float(value)
+    if field not in {f.name for f in fields(ReplayOptions)}:
+        raise SystemExit(f"--also: {field!r} is not a ReplayOptions field")
+    try:
+        number = float(value)
+    except ValueError:
+        return field, value
     return field, int(number) if field == "auto_windows" else number
 
 

@@ -5,7 +5,7 @@ replay, and the refit guard's verdicts."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -14,11 +14,12 @@ import pytest
 from agent.policies import create
 from agent.policies.wa import WAPolicy
 from agent.policy_document import CategoryParams, PolicyDocument
+from agent.reuse_classes import ReturnTracker
 from agent.wire import EventBatch, EventKind
 from controlplane.replay.engine import replay_hits
-from controlplane.shadow.estimator import Totals, WindowCounts
+from controlplane.shadow.estimator import MiniCache, ReuseClassing, Totals, WindowCounts
 from controlplane.shadow.evaluator import ShadowEvaluator
-from controlplane.shadow.rebuild import CategoryTable, RequestRebuilder
+from controlplane.shadow.rebuild import CategoryTable, Request, RequestRebuilder
 from controlplane.shadow.sampler import PrefixSampler
 from controlplane.shadow.settings import ShadowSettings
 from controlplane.traces.model import Trace
@@ -137,6 +138,47 @@ def test_rebuild_samples_whole_prefix_trees(trace: Trace) -> None:
 
 
 # --- estimator -------------------------------------------------------------------------------
+class _Filing:
+    """An ``lru`` that remembers the category each released block was filed under."""
+
+    def __init__(self) -> None:
+        self.inner = create("lru", 0)
+        self.filed: list[tuple[int, int]] = []
+
+    def touch(self, blocks: Sequence[int], now: float) -> None:
+        self.inner.touch(blocks, now)
+
+    def free(
+        self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
+    ) -> None:
+        self.filed += [(block, category) for block in blocks]
+        self.inner.free(blocks, offsets, now, category)
+
+    def evict(self, n: int) -> list[int]:
+        return self.inner.evict(n)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __contains__(self, block: object) -> bool:
+        return block in self.inner
+
+
+def test_a_miniature_with_reuse_classes_files_returns_under_w_re() -> None:
+    """Found cached, or evicted lately (the ghost), a released block is a return: filed
+    under its category's ``w/re`` code; else under ``w``, as the agent files it."""
+    filing = _Filing()
+    cache = MiniCache(filing, 4, ReuseClassing(ReturnTracker(ghost_size=2), [3, 4, 5]))
+    assert cache.serve(Request(0.0, 1, [10, 11, 12])) == 0
+    assert cache.serve(Request(1.0, 1, [10, 11, 13, 14])) == 2  # 5 blocks over 4: 12 goes
+    assert cache.serve(Request(2.0, 2, [20, 12])) == 0  # 12 is in the ghost
+    assert filing.filed == [
+        (12, 1), (11, 1), (10, 1),
+        (14, 1), (13, 1), (11, 4), (10, 4),
+        (12, 5), (20, 2),
+    ]  # fmt: skip
+
+
 def test_window_forgets_buckets_older_than_the_window() -> None:
     counts = WindowCounts(window_s=100.0, buckets=10)
     counts.add(5.0, hits=10, accesses=10)
