@@ -456,7 +456,14 @@ def decode_policy(
 
 
 _OPTIONAL_STATUS_FIELDS: Final = frozenset(
-    {"applied_at", "staged_version", "whole_requests", "evictor"}
+    {
+        "applied_at",
+        "staged_version",
+        "whole_requests",
+        "evictor",
+        "reuse_classes",
+        "reuse_ghost_blocks",
+    }
 )
 """Fields added after schema 1 shipped: an older agent's heartbeat omits them."""
 
@@ -491,6 +498,11 @@ class AgentStatus:
     evictor: str = ""
     """The evictor family in force (``wa``, ``lru``, ...); empty in a heartbeat that
     predates the field."""
+    reuse_classes: bool = False
+    """Whether the agent files released blocks by reuse class (``KVWISE_REUSE_CLASSES``);
+    False in a heartbeat that predates the field."""
+    reuse_ghost_blocks: int = 0
+    """With reuse classes, how many recently evicted blocks count as returns (its ghost)."""
 
     def __post_init__(self) -> None:
         if self.staged_version < 0:  # not reported: nothing known to wait

@@ -300,6 +300,8 @@ class Agent:
             started_at=self.started_at,
             updated_at=time.time(),
             whole_requests=self.whole_requests,
+            reuse_classes=self._returns is not None,
+            reuse_ghost_blocks=0 if self._returns is None else self._returns.ghost_size,
         )
 
     # --- lifecycle -----------------------------------------------------------------------

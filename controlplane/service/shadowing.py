@@ -62,7 +62,9 @@ class ShadowLink:
             self.evaluator.flush_idle(idle_s)
         self.evaluator.forget_gone({a.id for a in agents})
         self.evaluator.set_capacities(
-            {a.id: a.capacity for a in agents}, {a.id: a.whole_requests for a in agents}
+            {a.id: a.capacity for a in agents},
+            {a.id: a.whole_requests for a in agents},
+            {a.id: a.reuse_ghost_blocks if a.reuse_classes else None for a in agents},
         )
         if current is not None:
             self.evaluator.set_policy(current)

@@ -198,7 +198,8 @@ def _classing(
     if classes is None:
         return None
     tracker = ReturnTracker(round(options.reuse_ghost * size))
-    return ReuseClassing(tracker, [code + classes.k for code in range(classes.k)])
+    offset = classes.k
+    return ReuseClassing(tracker, lambda code: code + offset)
 
 
 @catalog.register_offline("auto")

@@ -16,7 +16,7 @@ never rebuild requests or know about workers.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress
 
@@ -37,14 +37,13 @@ class ReuseClassing:
     """Reuse classes in a miniature cache, decided as the agent decides them
     (``agent.reuse_classes``) but on the miniature cache's own hits and evictions: a
     released block that was found cached, or is in the ghost of recent evictions, is filed
-    under its category's ``w/re`` code, ``return_codes[w]``."""
+    under its category's ``w/re`` code, ``return_code(w)``."""
 
     tracker: ReturnTracker
-    return_codes: list[int]
-    """Per category code, the code of its ``w/re`` class (grows with the categories)."""
+    return_code: Callable[[int], int]
 
     def codes(self, category: int, released: Sequence[int]) -> list[int]:
-        again = self.return_codes[category]
+        again = self.return_code(category)
         return [again if back else category for back in self.tracker.returns(released)]
 
 

@@ -20,11 +20,12 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from agent.policies import EvictionPolicy, create
+from agent.policies import create
 from agent.policies.wa import WAPolicy
 from agent.policy_document import BUILTIN_POLICY, PolicyDocument
+from agent.reuse_classes import ReturnTracker
 from agent.wire import EventBatch
-from controlplane.shadow.estimator import MiniCache, Totals, WindowCounts
+from controlplane.shadow.estimator import MiniCache, ReuseClassing, Totals, WindowCounts
 from controlplane.shadow.rebuild import CategoryTable, Rebuilt, Request, RequestRebuilder
 from controlplane.shadow.sampler import PrefixSampler
 from controlplane.shadow.selection import Reading
@@ -71,6 +72,9 @@ class _Worker:
     incomplete: int = 0
     declares_whole: bool = True
     """What its heartbeat says of its requests (``AgentStatus.whole_requests``)."""
+    reuse_ghost: int | None = None
+    """The ghost of its reuse classes in blocks, None when it files no reuse classes
+    (``AgentStatus.reuse_classes``, ``reuse_ghost_blocks``)."""
     last_batch: float = 0.0
     """When its last batch came (monotonic clock)."""
 
@@ -116,17 +120,25 @@ class ShadowEvaluator:
                     self._take(worker, worker.rebuilder.flush())
 
     def set_capacities(
-        self, capacities: Mapping[str, int], whole_requests: Mapping[str, bool] | None = None
+        self,
+        capacities: Mapping[str, int],
+        whole_requests: Mapping[str, bool] | None = None,
+        reuse_ghosts: Mapping[str, int | None] | None = None,
     ) -> None:
-        """Workers' capacities and whether they report requests whole (from their
-        heartbeats); a capacity change starts that worker's miniature caches afresh,
-        warmed with the window's sampled requests kept so far."""
+        """Workers' capacities, whether they report requests whole and the ghost of their
+        reuse classes (None: they file none), from their heartbeats; a change of capacity
+        or of reuse classes starts that worker's miniature caches afresh, warmed with the
+        window's sampled requests kept so far."""
         with self._lock:
             for worker_id, capacity in capacities.items():
                 worker = self._worker(worker_id)
                 if whole_requests is not None:
                     worker.declares_whole = whole_requests.get(worker_id, False)
-                if capacity > 0 and capacity != worker.capacity:
+                ghost = worker.reuse_ghost
+                if reuse_ghosts is not None:
+                    ghost = reuse_ghosts.get(worker_id)
+                if capacity > 0 and (capacity, ghost) != (worker.capacity, worker.reuse_ghost):
+                    worker.reuse_ghost = ghost
                     self._build_caches(worker, capacity)
                     self._tell_categories(worker)
                     self._serve(worker, list(worker.buffer))
@@ -174,17 +186,22 @@ class ShadowEvaluator:
         s = self.settings
         sizes = [self.sampler.scaled(round(capacity * m)) for m in self.multiples]
         for name in self.policies:
-            caches = [MiniCache(self._policy(worker, name, size), size) for size in sizes]
+            caches = [self._mini_cache(worker, name, size) for size in sizes]
             counts = [WindowCounts(s.shadow_window_s, s.shadow_buckets) for _ in sizes]
             worker.ladders[name] = _Ladder(caches, counts)
 
-    def _policy(self, worker: _Worker, name: str, size: int) -> EvictionPolicy:
+    def _mini_cache(self, worker: _Worker, name: str, size: int) -> MiniCache:
+        """``name`` at ``size`` blocks; ``wa`` files by reuse class as the worker does,
+        with a ghost of the worker's share (its ghost over its capacity)."""
         if name != WA:
-            return create(name, size)
+            return MiniCache(create(name, size), size)
         wa = WAPolicy(size, category_names=self.table.names, doc=self._doc)
         worker.wa.append(wa)
         worker.wa_names = len(self.table.names)
-        return wa
+        if worker.reuse_ghost is None or not worker.capacity:
+            return MiniCache(wa, size)
+        ghost = ReturnTracker(round(size * worker.reuse_ghost / worker.capacity))
+        return MiniCache(wa, size, ReuseClassing(ghost, self.table.reuse_class_code))
 
     def _take(self, worker: _Worker, rebuilt: Rebuilt) -> None:
         worker.requests += rebuilt.requests

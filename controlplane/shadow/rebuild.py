@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.category_table import base_name
+from agent.category_table import base_name, reused_name
 from agent.wire import EventBatch, EventKind, RawEvents
 from controlplane.shadow.sampler import PrefixSampler
 
@@ -71,7 +71,9 @@ class Rebuilt:
 
 
 class CategoryTable:
-    """Category name -> code, codes given in order of first sight."""
+    """Category name -> code, codes given in order of first sight; each category comes
+    with its reuse class (``w/re``) right after it, for the miniature caches of workers
+    that file by reuse class."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
@@ -80,11 +82,18 @@ class CategoryTable:
         """The last table looked up: an agent sends the same one batch after batch."""
 
     def code(self, name: str) -> int:
+        """``name``'s code (a new category gets the next two: its own, its class's)."""
         code = self._codes.get(name)
         if code is None:
-            code = self._codes[name] = len(self.names)
-            self.names.append(name)
+            for new in dict.fromkeys((base_name(name), reused_name(name))):
+                self._codes[new] = len(self.names)
+                self.names.append(new)
+            code = self._codes[name]
         return code
+
+    def reuse_class_code(self, code: int) -> int:
+        """The code of the reuse class of the category coded ``code``."""
+        return self._codes[reused_name(self.names[code])]
 
     def codes(self, names: tuple[str, ...]) -> NDArray[np.int32]:
         """The code of each of ``names``, as an array (a batch's ``categories``). A reuse

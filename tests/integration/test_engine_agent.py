@@ -144,6 +144,7 @@ def test_a_request_reported_over_several_steps_is_recorded_whole(engine: Any) ->
     assert (incomplete, continued) == (0, 1)  # block 6 is a continuation, not broken
     assert ea.agent.hits == 2 and ea.agent.accesses == 2 + 2 + 3 + 1
     assert asdict(ea.agent.status())["whole_requests"] is True
+    assert asdict(ea.agent.status())["reuse_classes"] is False
 
 
 def test_a_request_without_attributes_has_its_blocks_recorded_at_once(engine: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from agent.reuse_classes import REUSE_GHOST_CAPACITIES
 from agent.runtime.agent import Agent
 from agent.settings import AgentSettings
 from controlplane.dev.simworker import TraceWorker
@@ -45,6 +46,11 @@ def test_the_controller_fits_each_reuse_class_its_own_curve(
         outcome = ctl.controller.refit(manual=True)
         assert outcome.version is not None, outcome
         doc = ctl.client.get("/v1/policy").json()
+        # Its heartbeat (the last, sent at close) says it files by reuse class, with
+        # the default ghost, so the shadow's ``wa`` of its group files the same way.
+        me = {a["id"]: a for a in ctl.client.get("/v1/agents").json()}["classes"]
+    assert me["reuse_classes"] is True
+    assert me["reuse_ghost_blocks"] == REUSE_GHOST_CAPACITIES * (trace.n_unique // 20)
     fitted = {n for n, c in doc["categories"].items() if c["source"] == "fit"}
     returns = {n for n in fitted if n.endswith("/re")}
     assert returns and {n.removesuffix("/re") for n in returns} <= set(doc["categories"])

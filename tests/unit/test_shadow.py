@@ -103,7 +103,10 @@ def test_rebuild_keeps_a_request_whole_across_its_reuse_classes() -> None:
     rebuilder = RequestRebuilder(PrefixSampler(1.0), CategoryTable())
     got = rebuilder.feed(batch).sampled + rebuilder.flush().sampled
     assert [r.blocks for r in got] == [[10, 11, 12, 13]]
-    assert rebuilder.table.names == ["a"]
+    # The table holds the category beside its reuse class (for a classing miniature wa);
+    # the request is of the category.
+    assert rebuilder.table.names == ["a", "a/re"]
+    assert got[0].category == 0 and rebuilder.table.reuse_class_code(0) == 1
 
 
 def test_rebuild_drops_and_counts_a_request_missing_its_first_block() -> None:
@@ -119,7 +122,7 @@ def test_rebuild_drops_and_counts_a_request_missing_its_first_block() -> None:
     first, last = rebuilder.feed(batch), rebuilder.flush()
     assert (first.incomplete, first.requests) == (1, 0)
     assert [r.blocks for r in last.sampled] == [[20, 21]]
-    assert rebuilder.table.names == ["a", "b"]
+    assert rebuilder.table.names == ["a", "a/re", "b", "b/re"]
 
 
 def test_rebuild_samples_whole_prefix_trees(trace: Trace) -> None:
@@ -168,7 +171,7 @@ def test_a_miniature_with_reuse_classes_files_returns_under_w_re() -> None:
     """Found cached, or evicted lately (the ghost), a released block is a return: filed
     under its category's ``w/re`` code; else under ``w``, as the agent files it."""
     filing = _Filing()
-    cache = MiniCache(filing, 4, ReuseClassing(ReturnTracker(ghost_size=2), [3, 4, 5]))
+    cache = MiniCache(filing, 4, ReuseClassing(ReturnTracker(ghost_size=2), lambda code: code + 3))
     assert cache.serve(Request(0.0, 1, [10, 11, 12])) == 0
     assert cache.serve(Request(1.0, 1, [10, 11, 13, 14])) == 2  # 5 blocks over 4: 12 goes
     assert cache.serve(Request(2.0, 2, [20, 12])) == 0  # 12 is in the ghost
@@ -207,7 +210,9 @@ def test_interval_holds_the_ratio_and_narrows_with_more_requests() -> None:
 
 
 # --- exactness -------------------------------------------------------------------------------
-def _shadow_at_full_rate(trace: Trace, capacity: int, doc: PolicyDocument) -> ShadowEvaluator:
+def _shadow_at_full_rate(
+    trace: Trace, capacity: int, doc: PolicyDocument, reuse_ghost: int | None = None
+) -> ShadowEvaluator:
     settings = ShadowSettings(
         shadow_rate=1.0,
         shadow_policies="lru,s3fifo,arc",
@@ -216,7 +221,7 @@ def _shadow_at_full_rate(trace: Trace, capacity: int, doc: PolicyDocument) -> Sh
         shadow_buckets=1,
     )
     shadow = ShadowEvaluator(settings)
-    shadow.set_capacities({"w1": capacity})
+    shadow.set_capacities({"w1": capacity}, {"w1": True}, {"w1": reuse_ghost})
     shadow.set_policy(doc)
     for batch in agent_batches(trace, capacity, batch_events=1000):
         shadow.apply(batch)
@@ -245,6 +250,59 @@ def test_full_rate_shadow_equals_the_offline_replay(trace: Trace) -> None:
             assert point.accesses == trace.n_accesses
             assert point.hit_ratio == hits / trace.n_accesses, (name, size)
             assert point.ci_low <= point.hit_ratio <= point.ci_high
+
+
+def test_full_rate_shadow_of_a_classing_worker_files_as_the_worker_does(trace: Trace) -> None:
+    """A worker whose heartbeat says it files by reuse class: the shadow's ``wa`` at each
+    ladder step files a release under ``w/re`` when its own miniature found the block
+    cached or evicted it lately (a ghost of the worker's ghost-to-capacity share), as a
+    direct replay of that rule scores it; without the heartbeat's word it does not."""
+    capacity, ghost = 300, 600
+    base = fitted_document(trace)
+    returns = {
+        name + "/re": params.model_copy(update={"p_reuse": 0.99, "rate": 0.01})
+        for name, params in base.categories.items()
+    }
+    doc = base.model_copy(update={"categories": {**base.categories, **returns}})
+    classing = _shadow_at_full_rate(trace, capacity, doc, reuse_ghost=ghost).view()
+    plain = _shadow_at_full_rate(trace, capacity, doc).view()
+    (wa,) = (c.points for c in classing.groups[0].curves if c.policy == "wa")
+    (wa_plain,) = (c.points for c in plain.groups[0].curves if c.policy == "wa")
+    for point in wa:
+        size = point.capacity
+        hits = _hits_filing_by_reuse_class(trace, doc, size, round(size * ghost / capacity))
+        assert point.hit_ratio == hits / trace.n_accesses, size
+    assert [p.hit_ratio for p in wa] != [p.hit_ratio for p in wa_plain]
+
+
+def _hits_filing_by_reuse_class(trace: Trace, doc: PolicyDocument, size: int, ghost: int) -> int:
+    """The replay's semantics, with ``wa`` told each released block's class: ``w/re`` if
+    this cache found it or evicted it among its last ``ghost`` victims, ``w`` otherwise."""
+    names = [n for c in trace.category_names for n in (c, c + "/re")]
+    wa = WAPolicy(size, category_names=names, doc=doc)
+    cached: set[int] = set()
+    lately: dict[int, None] = {}  # evicted blocks, oldest first
+    hits = 0
+    hashes = trace.hashes[trace.blocks].tolist()
+    for r in range(trace.n_requests):
+        blocks = hashes[trace.offsets[r] : trace.offsets[r + 1]]
+        now, code = float(trace.timestamps[r]), 2 * int(trace.categories[r])
+        found = [b for b in blocks if b in cached]
+        hits += next((i for i, b in enumerate(blocks) if b not in cached), len(blocks))
+        if found:
+            wa.touch(found, now)
+        for offset in range(len(blocks) - 1, -1, -1):
+            block = blocks[offset]
+            again = block in found or lately.pop(block, 0) is None
+            wa.free([block], [offset], now, code + again)
+        cached.update(blocks)
+        if len(wa) > size:
+            victims = wa.evict(len(wa) - size)
+            cached.difference_update(victims)
+            lately.update(dict.fromkeys(victims))
+            for old in list(lately)[: max(len(lately) - ghost, 0)]:
+                del lately[old]
+    return hits
 
 
 def test_observed_hit_ratio_counts_every_request_even_with_none_sampled(trace: Trace) -> None:
