@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from agent.category_table import reused_name
 from agent.policies import create
 from agent.policies.wa import WAPolicy
 from agent.policy_document import BUILTIN_POLICY, PolicyDocument
@@ -198,10 +199,10 @@ class ShadowEvaluator:
         wa = WAPolicy(size, category_names=self.table.names, doc=self._doc)
         worker.wa.append(wa)
         worker.wa_names = len(self.table.names)
-        if worker.reuse_ghost is None or not worker.capacity:
+        ghost = _ghost_share(worker, size)
+        if ghost is None:
             return MiniCache(wa, size)
-        ghost = ReturnTracker(round(size * worker.reuse_ghost / worker.capacity))
-        return MiniCache(wa, size, ReuseClassing(ghost, self.table.reuse_class_code))
+        return MiniCache(wa, size, ReuseClassing(ReturnTracker(ghost), self.table.reuse_class_code))
 
     def _take(self, worker: _Worker, rebuilt: Rebuilt) -> None:
         worker.requests += rebuilt.requests
@@ -340,11 +341,7 @@ class ShadowEvaluator:
             names = tuple(self.table.names)
             limit = self.settings.guard_max_accesses
             known = [w for w in self._workers.values() if w.capacity is not None and w.buffer]
-            work = [
-                (self.sampler.scaled(w.capacity), _newest(w.buffer, limit))
-                for w in known
-                if w.capacity is not None and _whole(w)
-            ]
+            work = [self._guard_work(w, limit) for w in known if _whole(w)]
         if known and not work:
             verdict = _unjudgeable(len(known), in_force, self.settings.guard_margin)
         else:
@@ -352,6 +349,10 @@ class ShadowEvaluator:
         with self._lock:
             self._guard = verdict
         return verdict
+
+    def _guard_work(self, worker: _Worker, max_accesses: int) -> GuardWork:
+        size = self.sampler.scaled(worker.capacity or 0)
+        return GuardWork(size, _newest(worker.buffer, max_accesses), _ghost_share(worker, size))
 
     def say_off(self, reason: str) -> None:
         """Record that the guard did not judge (``reason``), for ``view``."""
@@ -397,8 +398,26 @@ def _newest(buffer: deque[Request], max_accesses: int) -> list[Request]:
     return out
 
 
+@dataclass(frozen=True)
+class GuardWork:
+    """One worker's part of the guard's replay."""
+
+    capacity: int
+    """Its miniature capacity."""
+    requests: list[Request]
+    reuse_ghost: int | None = None
+    """The miniature's ghost of reuse classes, None when the worker files none."""
+
+
+def _ghost_share(worker: _Worker, size: int) -> int | None:
+    """A miniature of ``size`` blocks' ghost: the worker's ghost-to-capacity share."""
+    if worker.reuse_ghost is None or not worker.capacity:
+        return None
+    return round(size * worker.reuse_ghost / worker.capacity)
+
+
 def compare(
-    work: list[tuple[int, list[Request]]],
+    work: list[GuardWork],
     names: tuple[str, ...],
     candidate: PolicyDocument,
     in_force: PolicyDocument | None,
@@ -406,7 +425,7 @@ def compare(
 ) -> GuardView:
     """The guard's verdict on ``work`` (per worker: miniature capacity, requests)."""
     margin = settings.guard_margin
-    sampled = sum(len(r.blocks) for _, requests in work for r in requests)
+    sampled = sum(len(r.blocks) for part in work for r in part.requests)
     if in_force is None:
         return GuardView("passed", "no version in force", margin=margin, at=time.time())
     if sampled < settings.guard_min_accesses:
@@ -438,14 +457,21 @@ def compare(
     )
 
 
-def _replayed(
-    work: list[tuple[int, list[Request]]], names: tuple[str, ...], doc: PolicyDocument
-) -> float:
+def _replayed(work: list[GuardWork], names: tuple[str, ...], doc: PolicyDocument) -> float:
     """Hit ratio of ``wa`` under ``doc`` over every worker's requests, each from cold."""
+    code_of = {name: code for code, name in enumerate(names)}
+
+    def reuse_class_code(code: int) -> int:
+        return code_of[reused_name(names[code])]
+
     hits = accesses = 0
-    for capacity, requests in work:
-        cache = MiniCache(WAPolicy(capacity, category_names=names, doc=doc), capacity)
-        for request in requests:
+    for part in work:
+        wa = WAPolicy(part.capacity, category_names=names, doc=doc)
+        classing = None
+        if part.reuse_ghost is not None:
+            classing = ReuseClassing(ReturnTracker(part.reuse_ghost), reuse_class_code)
+        cache = MiniCache(wa, part.capacity, classing)
+        for request in part.requests:
             hits += cache.serve(request)
             accesses += len(request.blocks)
     return hits / accesses if accesses else 0.0

@@ -211,7 +211,11 @@ def test_interval_holds_the_ratio_and_narrows_with_more_requests() -> None:
 
 # --- exactness -------------------------------------------------------------------------------
 def _shadow_at_full_rate(
-    trace: Trace, capacity: int, doc: PolicyDocument, reuse_ghost: int | None = None
+    trace: Trace,
+    capacity: int,
+    doc: PolicyDocument,
+    reuse_ghost: int | None = None,
+    guard_max_accesses: int = 50_000,
 ) -> ShadowEvaluator:
     settings = ShadowSettings(
         shadow_rate=1.0,
@@ -219,6 +223,7 @@ def _shadow_at_full_rate(
         shadow_ladder="0.5,1,2",
         shadow_window_s=1e9,
         shadow_buckets=1,
+        guard_max_accesses=guard_max_accesses,
     )
     shadow = ShadowEvaluator(settings)
     shadow.set_capacities({"w1": capacity}, {"w1": True}, {"w1": reuse_ghost})
@@ -258,12 +263,7 @@ def test_full_rate_shadow_of_a_classing_worker_files_as_the_worker_does(trace: T
     cached or evicted it lately (a ghost of the worker's ghost-to-capacity share), as a
     direct replay of that rule scores it; without the heartbeat's word it does not."""
     capacity, ghost = 300, 600
-    base = fitted_document(trace)
-    returns = {
-        name + "/re": params.model_copy(update={"p_reuse": 0.99, "rate": 0.01})
-        for name, params in base.categories.items()
-    }
-    doc = base.model_copy(update={"categories": {**base.categories, **returns}})
+    doc = _with_reuse_classes(fitted_document(trace))
     classing = _shadow_at_full_rate(trace, capacity, doc, reuse_ghost=ghost).view()
     plain = _shadow_at_full_rate(trace, capacity, doc).view()
     (wa,) = (c.points for c in classing.groups[0].curves if c.policy == "wa")
@@ -273,6 +273,26 @@ def test_full_rate_shadow_of_a_classing_worker_files_as_the_worker_does(trace: T
         hits = _hits_filing_by_reuse_class(trace, doc, size, round(size * ghost / capacity))
         assert point.hit_ratio == hits / trace.n_accesses, size
     assert [p.hit_ratio for p in wa] != [p.hit_ratio for p in wa_plain]
+
+
+def test_guard_replays_a_classing_worker_by_reuse_class(trace: Trace) -> None:
+    capacity, ghost = 300, 600
+    doc = _with_reuse_classes(fitted_document(trace))
+    shadow = _shadow_at_full_rate(
+        trace, capacity, doc, reuse_ghost=ghost, guard_max_accesses=trace.n_accesses
+    )
+    verdict = shadow.judge(doc.model_copy(update={"version": 9}), doc)
+    filed = _hits_filing_by_reuse_class(trace, doc, capacity, ghost) / trace.n_accesses
+    assert verdict.in_force_hit_ratio == filed == verdict.candidate_hit_ratio
+
+
+def _with_reuse_classes(doc: PolicyDocument) -> PolicyDocument:
+    """``doc`` with a curve for each category's reuse class, unlike the category's."""
+    returns = {
+        name + "/re": params.model_copy(update={"p_reuse": 0.99, "rate": 0.01})
+        for name, params in doc.categories.items()
+    }
+    return doc.model_copy(update={"categories": {**doc.categories, **returns}})
 
 
 def _hits_filing_by_reuse_class(trace: Trace, doc: PolicyDocument, size: int, ghost: int) -> int:
