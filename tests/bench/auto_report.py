@@ -165,7 +165,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="append",
         default=[],
         metavar="FIELD=VALUE,...",
-        help="report beside auto another auto setting, e.g. auto_margin=0.005,auto_windows=2",
+        help="report beside auto a variant with other replay options, e.g. "
+        "auto_margin=0.005,auto_windows=2 or reuse_class=hit",
     )
     args = ap.parse_args(argv)
     if args.select:
