@@ -8,7 +8,9 @@ Beside it runs a shadow of the replayed past, as the controller's: requests kept
 ``PrefixSampler`` on their key block (the controller's key depth; the rate is
 ``auto_rate``) are served by one miniature cache per candidate family (``wa`` under the
 document in force, and the controller's default baselines), each at the cache's
-capacity times the rate. At the end of every ``auto_window_s`` trace seconds the
+capacity times the rate; with reuse classes by hit, the miniature ``wa`` files by reuse
+class on its own hits and evictions, as the controller's shadow does for a classing
+worker. At the end of every ``auto_window_s`` trace seconds the
 window's hit ratios go to the ``FamilySelector`` (the controller's rule); when it
 switches, every block of the cache moves into the new family in its victim order
 (``agent.policies.handover``), as an agent's does on hot reload. ``wa`` keeps being
@@ -77,8 +79,10 @@ class _Shadow:
         self.families = (DEFAULT_FAMILY, *defaults.baselines)
         wa = fitted.inner
         self.wa = WAPolicy(size, category_names=wa.category_names, doc=wa.policy)
-        self.caches = [MiniCache(create(f, size), size) for f in defaults.baselines]
-        self.caches.insert(0, MiniCache(self.wa, size, _classing(fitted, options, size)))
+        self.caches = [
+            MiniCache(self.wa, size, _classing(fitted, options, size)),
+            *(MiniCache(create(f, size), size) for f in defaults.baselines),
+        ]
         self.hits = [0] * len(self.families)
         self.accesses = 0
 
