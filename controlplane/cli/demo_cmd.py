@@ -171,6 +171,8 @@ def _run_view(
             snap = _snapshot(stack)
             screen.update(_render(snap))
             time.sleep(1.0)
+    if not screen.console.is_terminal:  # a log or a pipe: the last frame ends its line
+        screen.console.line()
     return snap
 
 
