@@ -125,7 +125,6 @@ class EventRecorder:
                     return 0
                 blocks, offsets = blocks[:k], _head(offsets, k)
             # A wrong count is refused before anything is appended: the half stays whole.
-            # A wrong count is refused before anything is appended: the half stays whole.
             half = self._active
             if isinstance(offsets, (int, np.integer)):
                 half.runs += (k, ts, category, kind, float(offsets))
