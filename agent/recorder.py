@@ -125,19 +125,17 @@ class EventRecorder:
                     return 0
                 blocks, offsets = blocks[:k], _head(offsets, k)
             # A wrong count is refused before anything is appended: the half stays whole.
-            run_offset: float
-            per_event: Any
+            half = self._active
             if isinstance(offsets, (int, np.integer)):
-                run_offset, per_event = offsets, ()
+                half.runs += (k, ts, category, kind, float(offsets))
             elif len(offsets) == k:
-                run_offset, per_event = PER_EVENT, offsets
+                half.offsets.extend(_items(offsets))
+                half.runs += (k, ts, category, kind, PER_EVENT)
             else:
                 raise ValueError(f"{len(offsets)} offsets for {k} events")
+            # Lists (what the engine passes) as they are; an array as Python ints.
+            half.blocks.extend(blocks if type(blocks) is list else _items(blocks))
             hi = lo + k
-            half = self._active
-            half.blocks.extend(_items(blocks))
-            half.offsets.extend(_items(per_event))
-            half.runs += (k, ts, category, kind, run_offset)
             self._n = hi
         if lo < self.batch_events <= hi and self._on_batch is not None:
             self._on_batch()

@@ -56,8 +56,9 @@ never empty): ``None in keys`` would compare each hash with ``None``, twice the 
 class QueueHooks(Protocol):
     """The agent side of one queue (events, hot reload); see ``engine_agent``."""
 
-    def before_call(self) -> None:
-        """Called at the start of ``popleft_n`` and ``append_n`` (engine thread)."""
+    def before_call(self) -> object:
+        """Called at the start of ``popleft_n`` and ``append_n`` (engine thread); what it
+        returns is ignored."""
 
     def evicted(self, hashes: list[int], now: float) -> None:
         """Cached blocks with these hashes (low 64 bits) were just taken for reuse."""

@@ -51,7 +51,7 @@ category is to be inferred, it gives the prompt's block hashes (empty when not) 
 token count."""
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestReport:
     """One request's hits and stored blocks, held until its prompt's blocks are all known.
 
@@ -63,6 +63,10 @@ class RequestReport:
     at: float
     name: str
     prompt_blocks: int
+    code: int = 0
+    """The evictor code its stored blocks are filed under (its category's)."""
+    hit_code: int = 0
+    """The evictor code the blocks it finds cached are filed under (``hit_category``)."""
     hit_hashes: list[int] = field(default_factory=list)
     hit_offsets: list[int] = field(default_factory=list)
     stored_hashes: list[int] = field(default_factory=list)
@@ -168,6 +172,10 @@ class EngineAgent:
             policy=self.order,
             whole_requests=whole_requests,
         )
+        self.before_call = self.agent.apply_pending
+        self.evicted = self.agent.evicted
+        self.files_returns = settings.reuse_classes
+        """Whether stored blocks may be returns filed under another code (``stored_codes``)."""
         self.block_tokens = block_tokens
         self._names: dict[str, tuple[str, int]] = {}
         self._inferrer: CategoryInferrer | None = None
@@ -180,11 +188,10 @@ class EngineAgent:
         return self._inferrer is not None
 
     # --- queue hooks (engine thread) -----------------------------------------------------
-    def before_call(self) -> None:
-        self.agent.apply_pending()
-
-    def evicted(self, hashes: list[int], now: float) -> None:
-        self.agent.evicted(hashes, now)
+    # ``before_call`` and ``evicted`` are the agent's own bound methods (set in __init__):
+    # the queue calls them once or twice per allocation, so no forwarding call between.
+    before_call: Callable[[], object]
+    evicted: Callable[[list[int], float], None]
 
     # --- reports from the engine's cache paths ------------------------------------------
     def category(self, explicit: object, hashes: Sequence[int], n_tokens: int) -> tuple[str, int]:
@@ -257,13 +264,23 @@ class EngineAgent:
             self.agent.touch(hashes, now, name, offsets=offsets)
             self.agent.free(hashes, offsets, now, name)
 
+    def hit_freed(self, hashes: list[int], offsets: list[int], now: float, name: str) -> None:
+        """The blocks a request reused go back to the cache (FREE events, accesses)."""
+        if hashes:
+            self.agent.free(hashes, offsets, now, name)
+
     # --- reports held per request ------------------------------------------------------
-    def report_of(self, request: Any, name: str, prompt_tokens: int, now: float) -> RequestReport:
+    def report_of(
+        self, request: Any, name: str, prompt_tokens: int, now: float, code: int = 0
+    ) -> RequestReport:
         """The ``RequestReport`` kept on ``request``, begun at ``now`` if it has none (an
-        object without attributes gets a fresh one each time: its blocks go out at once)."""
+        object without attributes gets a fresh one each time: its blocks go out at once).
+        ``code`` is ``name``'s evictor code (``category``)."""
         report: RequestReport | None = getattr(request, REQUEST_REPORT_ATTR, None)
         if report is None:
-            report = RequestReport(now, name, prompt_tokens // max(self.block_tokens, 1))
+            prompt_blocks = prompt_tokens // max(self.block_tokens, 1)
+            hit_code = self.hit_category(name, code)[1]
+            report = RequestReport(now, name, prompt_blocks, code, hit_code)
             try:
                 setattr(request, REQUEST_REPORT_ATTR, report)
             except AttributeError:
@@ -295,8 +312,15 @@ class EngineAgent:
         if report.recorded:
             return
         report.recorded = True
-        self.hit(report.hit_hashes, report.hit_offsets, report.at, report.name)
-        self.cached(report.stored_hashes[::-1], report.stored_offsets[::-1], report.at, report.name)
+        hashes, offsets = report.hit_hashes, report.hit_offsets
+        if hashes:
+            self.agent.touch(hashes, report.at, report.name, offsets=offsets)
+        if self.files_returns:  # a block's class depends on the calls before it: as they come
+            self.hit_freed(hashes, offsets, report.at, report.name)
+            hashes, offsets = [], []
+        # One FREE call for the hits and the stored blocks (the same events as two).
+        hashes = hashes + report.stored_hashes[::-1]
+        self.cached(hashes, offsets + report.stored_offsets[::-1], report.at, report.name)
         report.hit_hashes, report.hit_offsets = [], []
         report.stored_hashes, report.stored_offsets = [], []
 

@@ -237,9 +237,15 @@ def _prompt(request: Any, infer: bool) -> tuple[Sequence[int], int]:
     return hashes, int(getattr(request, "num_prompt_tokens", 0))
 
 
-def _report(engine: EngineAgent, request: Any, name: str, now: float) -> RequestReport:
-    """The request's ``RequestReport`` (begun at ``now``; ``name`` is its category)."""
-    return engine.report_of(request, name, int(getattr(request, "num_prompt_tokens", 0)), now)
+def _request_report(engine: EngineAgent, request: Any) -> RequestReport:
+    """The request's ``RequestReport``, which names its category and evictor codes; begun
+    now, its category worked out, if it has none."""
+    report: RequestReport | None = getattr(request, REQUEST_REPORT_ATTR, None)
+    if report is None:
+        name, code = _category(engine, request)
+        prompt_tokens = int(getattr(request, "num_prompt_tokens", 0))
+        report = engine.report_of(request, name, prompt_tokens, time.time(), code)
+    return report
 
 
 def _wrap_cache_full_blocks(orig: Callable[..., None]) -> Callable[..., None]:
@@ -261,15 +267,14 @@ def _wrap_cache_full_blocks(orig: Callable[..., None]) -> Callable[..., None]:
             return
         engine = _state.engine
         assert engine is not None
-        name, code = _category(engine, request)
+        report = _request_report(engine, request)
         stored = blocks[num_cached_blocks:num_full_blocks]
-        hashes, offsets, hashed = queue.note_stored(stored, num_cached_blocks, code)
-        codes = engine.stored_codes(hashes, name, code)
-        if codes is not None:  # reuse classes: stored again after an eviction = a return
-            for block_id, block_code in zip(hashed, codes, strict=True):
+        hashes, offsets, hashed = queue.note_stored(stored, num_cached_blocks, report.code)
+        if engine.files_returns:  # reuse classes: stored again after an eviction = a return
+            codes = engine.stored_codes(hashes, report.name, report.code)
+            for block_id, block_code in zip(hashed, codes or (), strict=True):
                 queue.code[block_id] = block_code
-        now = time.time()
-        engine.hold_stored(_report(engine, request, name, now), hashes, offsets, now)
+        engine.hold_stored(report, hashes, offsets, time.time())
 
     return cache_full_blocks
 
@@ -292,9 +297,8 @@ def _wrap_touch(orig: Callable[..., None]) -> Callable[..., None]:
             name, code = engine.hit_category(*engine.category(DEFAULT_CATEGORY, (), 0))
             engine.hit(*queue.note_hits(hits, code), time.time(), name)
             return
-        name, code = _category(engine, request)
-        hashes, offsets = queue.note_hits(hits, engine.hit_category(name, code)[1])
-        engine.hold_hits(_report(engine, request, name, time.time()), hashes, offsets)
+        report = _request_report(engine, request)
+        engine.hold_hits(report, *queue.note_hits(hits, report.hit_code))
 
     return touch
 

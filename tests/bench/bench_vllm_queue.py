@@ -7,11 +7,13 @@ Two measurements, each the best of ``--repeat`` runs, in nanoseconds per block:
 - *queue*: ``popleft_n(n)`` then ``append_n`` of the same (cached) blocks, on vLLM's
   ``FreeKVCacheBlockQueue`` and on ``KvwiseFreeQueue`` over ``lru`` (the queue's own cost)
   and over ``wa``;
-- *pool*: a real ``BlockPool`` driven like the scheduler: per request, touch a cached
-  shared prefix (half the requests), ``get_new_blocks`` (evicting cached blocks),
-  ``cache_full_blocks`` and ``free_blocks`` tail first; stock first, then with the plugin
-  registered (its wrappers, side table, category lookup and event recording included; the
-  agent's Redis is unreachable, so events are buffered and dropped, never waited for).
+- *pool*: a real ``BlockPool`` driven like the scheduler (``Manager``, what
+  ``KVCacheManager`` does): per request, touch a cached shared prefix of four blocks (half
+  the requests), ``get_new_blocks`` (evicting cached blocks), ``cache_full_blocks``, then
+  ``free_blocks`` tail first; stock first, then with the plugin registered (its pool and
+  manager wrappers, side table, category lookup and event recording included: each
+  request's HITs and INSERTs recorded once its prompt is whole, as on a server; the agent's
+  Redis is unreachable, so events are buffered and dropped, never waited for).
 
     python -m tests.bench.bench_vllm_queue [--blocks 4096] [--n 16] [--requests 4000]
         [--repeat 5] [--rounds 0]
@@ -81,9 +83,50 @@ def bench_queue(args: argparse.Namespace) -> dict[str, float]:
     return out
 
 
-def pool_workload(pool: Any, args: argparse.Namespace, seed: int) -> int:
+class Manager:
+    """What vLLM's ``KVCacheManager`` does around the pool for one request:
+    ``allocate_slots`` (touch the cached prefix, get new blocks, cache the full ones) and
+    ``free`` (tail first). ``for_plugin`` gives one wrapped as the plugin wraps vLLM's."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.held: dict[str, list[Any]] = {}
+
+    def allocate_slots(self, request: Any, prefix: list[Any], n_new: int) -> list[Any]:
+        pool = self.pool
+        if prefix:
+            pool.touch(prefix)
+        blocks = prefix + pool.get_new_blocks(n_new)
+        pool.cache_full_blocks(request, blocks, len(prefix), len(blocks), BLOCK, 0)
+        self.held[request.request_id] = blocks
+        return blocks
+
+    def free(self, request: Any) -> None:
+        self.pool.free_blocks(reversed(self.held.pop(request.request_id)))
+
+    @classmethod
+    def for_plugin(cls, pool: Any) -> Manager:
+        """A manager whose two methods go through the plugin's ``KVCacheManager``
+        wrappers (which request the hits belong to; its events recorded when its prompt
+        is whole)."""
+        from agent.integrations import vllm as plugin
+
+        wrapped = type(
+            "PluginManager",
+            (cls,),
+            {
+                "allocate_slots": plugin._wrap_allocate_slots(cls.allocate_slots),
+                "free": plugin._wrap_free(cls.free),
+            },
+        )
+        return wrapped(pool)
+
+
+def pool_workload(manager: Manager, args: argparse.Namespace, seed: int) -> int:
+    pool = manager.pool
     rng = random.Random(seed)
-    system = [random.Random(-1).randbytes(32) for _ in range(4)]
+    system_rng = random.Random(-1)
+    system = [system_rng.randbytes(32) for _ in range(4)]  # a chain: four distinct hashes
     touched = 0
     for r in range(args.requests):
         shared = r % 2 == 0
@@ -94,8 +137,6 @@ def pool_workload(pool: Any, args: argparse.Namespace, seed: int) -> int:
                 if got is None:
                     break
                 prefix.append(got[0])
-            if prefix:
-                pool.touch(prefix)
         hashes = (system if shared else []) + [rng.randbytes(32) for _ in range(args.n)]
         request = SimpleNamespace(
             request_id=str(r),
@@ -103,17 +144,16 @@ def pool_workload(pool: Any, args: argparse.Namespace, seed: int) -> int:
             sampling_params=SimpleNamespace(extra_args={"kv_category": "a" if shared else "b"}),
             num_prompt_tokens=len(hashes) * BLOCK,
         )
-        new = pool.get_new_blocks(len(hashes) - len(prefix))
-        blocks = prefix + new
-        pool.cache_full_blocks(request, blocks, len(prefix), len(blocks), BLOCK, 0)
-        pool.free_blocks(reversed(blocks))
+        blocks = manager.allocate_slots(request, prefix, len(hashes) - len(prefix))
+        manager.free(request)
         touched += len(blocks)
         assert pool.get_cached_block(hashes[-1], [0]) is not None
     return touched
 
 
-def bench_pool(args: argparse.Namespace) -> tuple[float, float, Any]:
-    """Stock and kvwise ns per block, and the kvwise pool (the process's only one)."""
+def bench_pool(args: argparse.Namespace) -> tuple[float, float, Manager]:
+    """Stock and kvwise ns per block, and the kvwise pool's manager (the process's only
+    kvwise pool)."""
     from vllm.v1.core import block_pool as bp
 
     out = []
@@ -125,12 +165,13 @@ def bench_pool(args: argparse.Namespace) -> tuple[float, float, Any]:
         pool = bp.BlockPool(args.blocks, enable_caching=True, hash_block_size=BLOCK)
         name = type(pool.free_block_queue).__name__
         assert (name == "KvwiseFreeQueue") == kvwise, name
-        n_blocks = pool_workload(pool, args, 0)  # warm up, fill the cache
-        out.append(per_block(lambda p=pool: pool_workload(p, args, 1), args.repeat, n_blocks))
-    return out[0], out[1], pool
+        manager = Manager.for_plugin(pool) if kvwise else Manager(pool)
+        n_blocks = pool_workload(manager, args, 0)  # warm up, fill the cache
+        out.append(per_block(lambda m=manager: pool_workload(m, args, 1), args.repeat, n_blocks))
+    return out[0], out[1], manager
 
 
-def bench_rounds(args: argparse.Namespace, kvwise: Any) -> tuple[float, float, float]:
+def bench_rounds(args: argparse.Namespace, kvwise: Manager) -> tuple[float, float, float]:
     """Median stock and kvwise ns per block and median per-round ratio (``--rounds``), the
     kvwise pool ``bench_pool``'s, the stock one built beside it without the plugin's
     wrappers (which keep vLLM's own methods as ``__wrapped__``)."""
@@ -139,16 +180,16 @@ def bench_rounds(args: argparse.Namespace, kvwise: Any) -> tuple[float, float, f
     methods = ("cache_full_blocks", "touch")
     stock_methods = {name: inspect.unwrap(vars(bp.BlockPool)[name]) for name in methods}
     stock_cls = type("StockBlockPool", (bp.BlockPool,), stock_methods)
-    stock = stock_cls(args.blocks, enable_caching=True, hash_block_size=BLOCK)
-    assert type(stock.free_block_queue).__name__ == "FreeKVCacheBlockQueue"
+    stock = Manager(stock_cls(args.blocks, enable_caching=True, hash_block_size=BLOCK))
+    assert type(stock.pool.free_block_queue).__name__ == "FreeKVCacheBlockQueue"
     pool_workload(stock, args, 0)
     part = argparse.Namespace(**{**vars(args), "requests": max(args.requests // 10, 1)})
     times: dict[Any, list[float]] = {stock: [], kvwise: []}
     for r in range(args.rounds):
-        for pool in (stock, kvwise):
+        for manager in (stock, kvwise):
             start = time.thread_time()
-            n_blocks = pool_workload(pool, part, r + 1)
-            times[pool].append((time.thread_time() - start) / n_blocks * 1e9)
+            n_blocks = pool_workload(manager, part, r + 1)
+            times[manager].append((time.thread_time() - start) / n_blocks * 1e9)
     ratios = [k / s for s, k in zip(times[stock], times[kvwise], strict=True)]
     return (
         statistics.median(times[stock]),
@@ -175,14 +216,14 @@ def main() -> None:
         "queue popleft_n+append_n: "
         + ", ".join(f"{k} {v:.0f} ns/block ({v / queue['stock']:.1f}x)" for k, v in queue.items())
     )
-    stock, kv, kvwise_pool = bench_pool(args)
-    evictor = type(kvwise_pool.free_block_queue.evictor).__name__  # KVWISE_EVICTOR's
+    stock, kv, kvwise = bench_pool(args)
+    evictor = type(kvwise.pool.free_block_queue.evictor).__name__  # KVWISE_EVICTOR's
     print(
         f"BlockPool request path:   stock {stock:6.0f} ns/block, kvwise({evictor}) {kv:6.0f} "
         f"ns/block, ratio {kv / stock:4.2f}x"
     )
     if args.rounds:
-        stock, kv, ratio = bench_rounds(args, kvwise_pool)
+        stock, kv, ratio = bench_rounds(args, kvwise)
         print(
             f"BlockPool, {args.rounds} interleaved rounds (thread CPU time, medians): stock "
             f"{stock:6.0f} ns/block, kvwise({evictor}) {kv:6.0f} ns/block, ratio {ratio:4.2f}x"
