@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections import deque
 from collections.abc import Iterator, Sequence
 from heapq import heappop, heappush
 from itertools import groupby, repeat
@@ -55,7 +54,7 @@ from typing import ClassVar, Generic, Literal, NamedTuple, Protocol, TypeVar
 import numpy as np
 
 from agent.policies.handover import Handover, drain
-from agent.policies.wa_queue import Cutoff, Entry, Evictable, Key, Run
+from agent.policies.wa_queue import Cutoff, Entry, Evictable, Key, Run, Tails, retire_tails
 from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
 
 ADOPTED_CODE = -1
@@ -183,6 +182,7 @@ class WACore(Generic[LaneT]):
         "_seq",
         "_stale",
         "_t0",
+        "_tails",
     )
 
     START_CLOCK: ClassVar[float] = -math.inf
@@ -213,6 +213,8 @@ class WACore(Generic[LaneT]):
         self._doc = doc
         self._clock = self.START_CLOCK
         self._ev: Evictable = {}
+        # Each queued run's last position (lanes that enter them): a hit retires run tails.
+        self._tails: Tails = {}
         self._in_use: set[int] = set()
         self._creator: dict[int, int] = {}  # cached block -> its creator's code
         self._lanes: dict[int, LaneT] = {}  # code -> lane
@@ -383,8 +385,9 @@ class WACore(Generic[LaneT]):
         self._tick(now)
         evictable = self._ev
         count_before = len(evictable)
-        deque(map(evictable.pop, blocks, repeat(None)), maxlen=0)
-        self._stale += count_before - len(evictable)
+        released = list(map(evictable.pop, blocks, repeat(None)))
+        # The positions a hit makes stale at run tails go at once: held no longer.
+        self._stale += count_before - len(evictable) - retire_tails(self._tails, released)
         self._in_use.update(blocks)
 
     def evict(self, n: int) -> list[int]:

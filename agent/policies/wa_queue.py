@@ -28,6 +28,9 @@ Key = tuple[float, float, int, int, int]
 """``(score, t, -offset, release number, row)``: a category head's key."""
 Evictable = dict[int, int]
 """Evictable block -> the release number of its live position."""
+Tails = dict[int, "Run"]
+"""The release number of each queued run's last position -> the run (a hit on that
+block retires the run's tail: ``retire_tails``)."""
 
 STAMP = itemgetter(0)
 BLOCK = itemgetter(3)
@@ -163,6 +166,13 @@ class Run:
             list(compress(releases, flags)),
         )
 
+    def drop_tail(self, count: int) -> None:
+        """Drop the last ``count`` positions (known stale)."""
+        keep = len(self.blocks) - count
+        del self.blocks[keep:]
+        del self.releases[keep:]
+        self.offsets = self.offsets[:keep]
+
     def split_at(self, threshold: Key) -> int:
         """The first position from ``at`` whose key is not below ``threshold``, whose
         score and stamp equal those every position of this run has: the order of
@@ -176,18 +186,56 @@ class Run:
         )
 
 
+def retire_tails(tails: Tails, released: list[int | None]) -> int:
+    """Drop the positions that a hit just made stale at the tails of the runs holding
+    them; returns how many. ``released`` are the release numbers the hit blocks were
+    evictable under (``None``: not evictable), in prompt order.
+
+    A hit is a prompt prefix, and a run holds its blocks tail first (key order), so the
+    prefix's blocks sit at the end of the run that released them last, in reverse: the
+    run is found by its last position's number, and its tail compared with the prefix
+    (C-level) as far as they agree. What follows may be the tail of another run (the
+    prefix was released in parts). Stale positions elsewhere are skipped by ``take``."""
+    end = len(released)
+    at = 0
+    if end and released[0] is None:  # leading blocks in use: the first that was evictable
+        at = next(compress(range(end), map(is_not, released, repeat(None))), end)
+    dropped = 0
+    while at < end:
+        run = tails.pop(cast("int", released[at]), None)
+        if run is None:
+            break
+        length = len(run.releases)
+        count = min(end - at, length - run.at)
+        tail = run.releases[length - count :]
+        tail.reverse()
+        agreed = released[at : at + count]
+        if agreed != tail:  # the first that differs (identity: the very int objects)
+            count = next(compress(range(count), map(is_not, agreed, tail)))
+        run.drop_tail(count)
+        if len(run.releases) > run.at:
+            tails[run.releases[-1]] = run
+        dropped += count
+        at += count
+        if not count:
+            break
+    return dropped
+
+
 class TimeQueue:
     """One category's blocks in order of ``(t, -offset, release number)``: runs in
     stamp order, each in key order.
 
     Runs join at the tail stamped with the clock, which never goes back. Two runs with
     the same stamp may interleave: such a stamp is marked dirty and its runs are merged
-    once, lazily, when they reach the head.
+    once, lazily, when they reach the head. With ``tails`` every queued run is entered
+    there under its last position's release number (``retire_tails``).
     """
 
-    __slots__ = ("dirty", "front", "runs", "stale_dropped")
+    __slots__ = ("dirty", "front", "runs", "stale_dropped", "tails")
 
-    def __init__(self) -> None:
+    def __init__(self, tails: Tails | None = None) -> None:
+        self.tails = tails
         self.runs: deque[Run] = deque()
         self.dirty: deque[float] = deque()  # stamps whose runs need merging, increasing
         # The head entry last found; it is still the head while its block is live at its
@@ -204,12 +252,25 @@ class TimeQueue:
     def add(self, run: Run) -> None:
         """Append ``run`` (stamped at least as late as every run held)."""
         runs, t = self.runs, run.t
-        if runs and runs[-1].t == t and run.blocks and run.offsets[0] > runs[-1].offsets[-1]:
+        if runs and runs[-1].t == t and run.blocks and self._interleaves(runs[-1], run):
             # Interleaves with the runs of the same stamp: merged at the head.
             if not self.dirty or self.dirty[-1] != t:
                 self.dirty.append(t)
             self.front = None
         runs.append(run)
+        if self.tails is not None and run.releases:
+            self.tails[run.releases[-1]] = run
+
+    @staticmethod
+    def _interleaves(last: Run, run: Run) -> bool:
+        """Whether ``run`` (not empty) may hold keys below those of ``last``, the run
+        before it with the same stamp (an emptied ``last``: those before it may)."""
+        return not last.blocks or run.offsets[0] > last.offsets[-1]
+
+    def _forget(self, run: Run) -> None:
+        """``run`` leaves the queue: its entry in ``tails`` goes."""
+        if self.tails is not None and run.releases:
+            self.tails.pop(run.releases[-1], None)
 
     def _merge_head(self) -> None:
         """Merge the runs at the head that share its dirty stamp."""
@@ -218,13 +279,17 @@ class TimeQueue:
         # Stale positions merge along and are skipped later, like any other.
         while runs and runs[0].t == t:
             run = runs.popleft()
+            self._forget(run)
             keyed += zip(
                 map(neg, run.offsets[run.at :]),
                 run.releases[run.at :],
                 run.blocks[run.at :],
                 strict=True,
             )
-        runs.appendleft(Run.sorted_from(t, keyed))
+        merged = Run.sorted_from(t, keyed)
+        runs.appendleft(merged)
+        if self.tails is not None and merged.releases:
+            self.tails[merged.releases[-1]] = merged
 
     def head_run(self, evictable: Evictable) -> Run | None:
         """The run holding the first live block, positioned on it (``None``: empty)."""
@@ -241,7 +306,7 @@ class TimeQueue:
             self.stale_dropped += run.at - at
             if live is not None:
                 return run
-            runs.popleft()
+            self._forget(runs.popleft())
         dirty.clear()
         return None
 
@@ -296,7 +361,7 @@ class TimeQueue:
         """``head_run`` once the head run is used up: usually the next run, positioned
         past its stale positions."""
         runs = self.runs
-        runs.popleft()
+        self._forget(runs.popleft())
         while runs and not self.dirty:
             run = runs[0]
             at = run.at
@@ -304,7 +369,7 @@ class TimeQueue:
             self.stale_dropped += live - at
             if live < len(run.blocks):
                 return run
-            runs.popleft()
+            self._forget(runs.popleft())
         return self.head_run(evictable)
 
     def peek(self, evictable: Evictable, wanted: int) -> list[Entry]:
@@ -336,9 +401,12 @@ class TimeQueue:
         """Drop every stale position (order kept)."""
         kept: deque[Run] = deque()
         for run in self.runs:
+            self._forget(run)
             live = run.compacted(evictable)
             if live is not None:
                 kept.append(live)
+                if self.tails is not None:
+                    self.tails[live.releases[-1]] = live
         self.runs = kept
         self.stale_dropped = 0
 
