@@ -54,14 +54,13 @@ from typing import ClassVar, Generic, Literal, NamedTuple, Protocol, TypeVar
 import numpy as np
 
 from agent.policies.handover import Handover, drain
+from agent.policies.wa_queue import Const as Const
 from agent.policies.wa_queue import Cutoff, Entry, Evictable, Key, Run, Tails, retire_tails
 from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
 
 ADOPTED_CODE = -1
 """The category code of blocks adopted from a baseline at a family switch: it names no
 category, so they get the document's default curve."""
-Const = tuple[float, float]
-"""``(lc_w, a_w)`` of one category code."""
 Attribution = Literal["creator", "last"]
 
 COMPACT_SLACK = 1 << 16
@@ -410,8 +409,7 @@ class WACore(Generic[LaneT]):
         if lane.head(self._ev) is None:
             self._t0[0] = math.nan
             return []
-        log_constant, rate = self._constants[0]
-        return lane.take(self._ev, Cutoff(log_constant, rate, self._clock, None), n)
+        return lane.take(self._ev, (self._constants[0], self._clock, None, None), n)
 
     def _refresh_bounds(self, now: float) -> None:
         """Every row's bound at a time ahead of ``now`` (``BOUNDS_AHEAD`` times the time
@@ -461,8 +459,9 @@ class WACore(Generic[LaneT]):
                 break
             row = heappop(active)[4]
             lane = rows[row][1]
-            log_constant, rate = constants[row]
-            cutoff = Cutoff(log_constant, rate, now, active[0] if active else None, floor)
+            log_constant, rate = row_constants = constants[row]
+            threshold = active[0] if active else None
+            cutoff = (row_constants, now, threshold, floor)
             victims += lane.take(evictable, cutoff, n - len(victims))
             head = lane.head(evictable)
             if head is None:

@@ -20,12 +20,19 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import compress, islice, repeat, takewhile
 from operator import eq, ge, is_, is_not, itemgetter, neg, not_
-from typing import NamedTuple, cast
+from typing import cast
 
 Entry = tuple[float, int, int, int]
 """A queued block's key and id: ``(t, -offset, release number, block)``."""
 Key = tuple[float, float, int, int, int]
 """``(score, t, -offset, release number, row)``: a category head's key."""
+Const = tuple[float, float]
+"""``(lc_w, a_w)`` of one category: a block stamped ``t`` scores ``lc_w - a_w (now - t)``."""
+Cutoff = tuple[Const, float, "Key | None", "float | None"]
+"""Where a category's ``take`` stops: ``(constants, now, threshold, floor)``, its
+``constants``, the time, the key its victims stay below (``None``: no other head to
+compare, every block qualifies) and a score they stay strictly below (a lower bound of
+the heads not keyed; ``None``: none). A plain tuple: built on every take."""
 Evictable = dict[int, int]
 """Evictable block -> the release number of its live position."""
 Tails = dict[int, "Run"]
@@ -40,19 +47,6 @@ KEY_ROW = itemgetter(4)
 """A head key's fields."""
 _CHUNK = 256  # positions examined at a time when skipping stale ones
 _TRIM = 4096  # a zero queue drops its consumed prefix once it is this long and half the list
-
-
-class Cutoff(NamedTuple):
-    """Where a category's ``take`` stops: its constants, the time, the key its victims
-    stay below (``None``: no other head to compare, every block qualifies) and a score
-    they stay strictly below (``floor``: a lower bound of the heads not keyed; ``None``:
-    none)."""
-
-    log_constant: float
-    rate: float
-    now: float
-    threshold: Key | None
-    floor: float | None = None
 
 
 def in_key_order(offsets: Sequence[int]) -> bool:
@@ -202,13 +196,14 @@ def retire_tails(tails: Tails, released: list[int | None]) -> int:
         at = next(compress(range(end), map(is_not, released, repeat(None))), end)
     dropped = 0
     while at < end:
-        run = tails.pop(cast("int", released[at]), None)
+        release = released[at]
+        run = None if release is None else tails.pop(release, None)
         if run is None:
             break
         length = len(run.releases)
         count = min(end - at, length - run.at)
-        tail = run.releases[length - count :]
-        tail.reverse()
+        before = length - count - 1  # the position before the tail compared (-1: none)
+        tail = run.releases[: before if before >= 0 else None : -1]
         agreed = released[at : at + count]
         if agreed != tail:  # the first that differs (identity: the very int objects)
             count = next(compress(range(count), map(is_not, agreed, tail)))
@@ -332,7 +327,7 @@ class TimeQueue:
         threshold and whose scores are below the floor; remove them from ``evictable``
         and return them. Called right after ``head``. One key per run: its blocks share
         their stamp, so their score."""
-        log_constant, rate, now, threshold, floor = cutoff
+        (log_constant, rate), now, threshold, floor = cutoff
         self.front = None
         run: Run | None = self.runs[0] if self.runs else None  # positioned by ``head``
         victims: list[int] = []
@@ -436,7 +431,7 @@ class ZeroQueue:
         return (0.0, self.neg_offset, self.releases[at], self.blocks[at])
 
     def take(self, evictable: Evictable, cutoff: Cutoff, limit: int) -> list[int]:
-        log_constant, rate, now, threshold, floor = cutoff
+        (log_constant, rate), now, threshold, floor = cutoff
         if floor is not None and not log_constant - rate * (now - 0.0) < floor:
             return []
         stop = len(self.blocks)
