@@ -370,8 +370,28 @@ class WACore(Generic[LaneT]):
         """Row ``row``'s queue was empty and receives blocks stamped ``t``."""
         if self._t0[row] <= t:
             self._t0[row] = t  # a higher bound: the cached ones still hold
+        elif self._bounds_valid and t <= self._bound_time:
+            self._bound_refilled(row, t)
         else:
             self._lower_t0(row, t)
+
+    def _bound_refilled(self, row: int, t: float) -> None:
+        """Row ``row``, found empty, receives blocks stamped ``t`` (not after the cached
+        bounds' time): a cached bound of an earlier head still bounds them (stamps never
+        go back); a NaN one (empty at the pass) gets the row's bound at the pass's time,
+        put in order, instead of a fresh pass."""
+        self._t0[row] = t
+        order = self._bound_order
+        position = order.index(row)
+        if position < self._bounded:
+            return
+        log_constant, rate = self._constants[row]
+        bound = log_constant - rate * (self._bound_time - t)
+        del order[position], self._bound[position]
+        at = bisect_left(self._bound, bound, 0, self._bounded)
+        self._bound.insert(at, bound)
+        order.insert(at, row)
+        self._bounded += 1
 
     def _lower_t0(self, row: int, t: float) -> None:
         """Row ``row``'s head may now be stamped as early as ``t``: the cached bounds no
