@@ -7,9 +7,12 @@ offsets and their release numbers in flat sequences and the stamp once. A block 
 while the evictable-block map ``evictable`` maps it to that very release number, so
 ``touch`` and a second ``free`` only update ``evictable`` and leave a stale position
 behind, skipped at the head (and counted there, so that the owner knows how many stale
-positions are still held) or compacted later. Every block of a run has the same stamp,
-so the same score: a ``take`` compares one key per run, and only a run whose score and
-stamp equal the threshold's is split, by a binary search on offsets and release numbers.
+positions are still held) or compacted later. The stale positions a hit leaves at the
+tail of a run (a hit is a prompt prefix; a run holds its prompt tail first) are dropped
+at once instead (``retire_tails``; runs are found through ``Tails``). Every block of a
+run has the same stamp, so the same score: a ``take`` compares one key per run, and only
+a run whose score and stamp equal the threshold's is split, by a binary search on
+offsets and release numbers.
 The victim order itself is defined in ``agent.policies.wa_core``. It must never do I/O.
 """
 
