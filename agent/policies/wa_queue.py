@@ -163,12 +163,22 @@ class Run:
             list(compress(releases, flags)),
         )
 
-    def drop_tail(self, count: int) -> None:
-        """Drop the last ``count`` positions (known stale)."""
-        keep = len(self.blocks) - count
+    def retire_tail(self, released: list[int | None], at: int) -> int:
+        """Drop the positions at the end of this run that ``released[at:]`` names, in
+        reverse, by their very release numbers (a hit just made them stale); returns how
+        many. Compared C-level, as far as they agree."""
+        length = len(self.releases)
+        count = min(len(released) - at, length - self.at)
+        before = length - count - 1  # the position before the tail compared (-1: none)
+        tail = self.releases[: before if before >= 0 else None : -1]
+        agreed = released[at : at + count]
+        if agreed != tail:  # the first that differs (identity: the very int objects)
+            count = next(compress(range(count), map(is_not, agreed, tail)))
+        keep = length - count
         del self.blocks[keep:]
         del self.releases[keep:]
         self.offsets = self.offsets[:keep]
+        return count
 
     def split_at(self, threshold: Key) -> int:
         """The first position from ``at`` whose key is not below ``threshold``, whose
@@ -203,20 +213,13 @@ def retire_tails(tails: Tails, released: list[int | None]) -> int:
         run = None if release is None else tails.pop(release, None)
         if run is None:
             break
-        length = len(run.releases)
-        count = min(end - at, length - run.at)
-        before = length - count - 1  # the position before the tail compared (-1: none)
-        tail = run.releases[: before if before >= 0 else None : -1]
-        agreed = released[at : at + count]
-        if agreed != tail:  # the first that differs (identity: the very int objects)
-            count = next(compress(range(count), map(is_not, agreed, tail)))
-        run.drop_tail(count)
+        count = run.retire_tail(released, at)
         if len(run.releases) > run.at:
             tails[run.releases[-1]] = run
-        dropped += count
-        at += count
         if not count:
             break
+        dropped += count
+        at += count
     return dropped
 
 
