@@ -24,7 +24,7 @@ from agent.policies.wa_core import (
     log_weight,
     runs,
 )
-from agent.policies.wa_queue import Run, TimeQueue
+from agent.policies.wa_queue import Run, Tails, TimeQueue
 
 
 class WALane(TimeQueue):
@@ -32,8 +32,8 @@ class WALane(TimeQueue):
 
     __slots__ = ("idx",)
 
-    def __init__(self, idx: int) -> None:
-        super().__init__()
+    def __init__(self, idx: int, tails: Tails | None = None) -> None:
+        super().__init__(tails)
         self.idx = idx
 
 
@@ -52,7 +52,7 @@ class WAPolicy(WACore[WALane]):
         return log_weight(self._doc.default if name is None else self._doc.params_for(name))
 
     def _new_lane(self, row: int) -> WALane:
-        return WALane(row)
+        return WALane(row, self._tails)
 
     def _file(self, freed: Freed, category: int) -> None:
         if self._by_creator:

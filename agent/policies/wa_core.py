@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections import deque
 from collections.abc import Iterator, Sequence
 from heapq import heappop, heappush
 from itertools import groupby, repeat
@@ -55,14 +54,13 @@ from typing import ClassVar, Generic, Literal, NamedTuple, Protocol, TypeVar
 import numpy as np
 
 from agent.policies.handover import Handover, drain
-from agent.policies.wa_queue import Cutoff, Entry, Evictable, Key, Run
+from agent.policies.wa_queue import Const as Const
+from agent.policies.wa_queue import Cutoff, Entry, Evictable, Key, Run, Tails, retire_tails
 from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
 
 ADOPTED_CODE = -1
 """The category code of blocks adopted from a baseline at a family switch: it names no
 category, so they get the document's default curve."""
-Const = tuple[float, float]
-"""``(lc_w, a_w)`` of one category code."""
 Attribution = Literal["creator", "last"]
 
 COMPACT_SLACK = 1 << 16
@@ -183,6 +181,7 @@ class WACore(Generic[LaneT]):
         "_seq",
         "_stale",
         "_t0",
+        "_tails",
     )
 
     START_CLOCK: ClassVar[float] = -math.inf
@@ -213,6 +212,8 @@ class WACore(Generic[LaneT]):
         self._doc = doc
         self._clock = self.START_CLOCK
         self._ev: Evictable = {}
+        # Each queued run's last position (lanes that enter them): a hit retires run tails.
+        self._tails: Tails = {}
         self._in_use: set[int] = set()
         self._creator: dict[int, int] = {}  # cached block -> its creator's code
         self._lanes: dict[int, LaneT] = {}  # code -> lane
@@ -369,8 +370,28 @@ class WACore(Generic[LaneT]):
         """Row ``row``'s queue was empty and receives blocks stamped ``t``."""
         if self._t0[row] <= t:
             self._t0[row] = t  # a higher bound: the cached ones still hold
+        elif self._bounds_valid and t <= self._bound_time:
+            self._bound_refilled(row, t)
         else:
             self._lower_t0(row, t)
+
+    def _bound_refilled(self, row: int, t: float) -> None:
+        """Row ``row``, found empty, receives blocks stamped ``t`` (not after the cached
+        bounds' time): a cached bound of an earlier head still bounds them (stamps never
+        go back); a NaN one (empty at the pass) gets the row's bound at the pass's time,
+        put in order, instead of a fresh pass."""
+        self._t0[row] = t
+        order = self._bound_order
+        position = order.index(row)
+        if position < self._bounded:
+            return
+        log_constant, rate = self._constants[row]
+        bound = log_constant - rate * (self._bound_time - t)
+        del order[position], self._bound[position]
+        at = bisect_left(self._bound, bound, 0, self._bounded)
+        self._bound.insert(at, bound)
+        order.insert(at, row)
+        self._bounded += 1
 
     def _lower_t0(self, row: int, t: float) -> None:
         """Row ``row``'s head may now be stamped as early as ``t``: the cached bounds no
@@ -383,8 +404,9 @@ class WACore(Generic[LaneT]):
         self._tick(now)
         evictable = self._ev
         count_before = len(evictable)
-        deque(map(evictable.pop, blocks, repeat(None)), maxlen=0)
-        self._stale += count_before - len(evictable)
+        released = list(map(evictable.pop, blocks, repeat(None)))
+        # The positions a hit makes stale at run tails go at once: held no longer.
+        self._stale += count_before - len(evictable) - retire_tails(self._tails, released)
         self._in_use.update(blocks)
 
     def evict(self, n: int) -> list[int]:
@@ -407,8 +429,7 @@ class WACore(Generic[LaneT]):
         if lane.head(self._ev) is None:
             self._t0[0] = math.nan
             return []
-        log_constant, rate = self._constants[0]
-        return lane.take(self._ev, Cutoff(log_constant, rate, self._clock, None), n)
+        return lane.take(self._ev, (self._constants[0], self._clock, None, None), n)
 
     def _refresh_bounds(self, now: float) -> None:
         """Every row's bound at a time ahead of ``now`` (``BOUNDS_AHEAD`` times the time
@@ -458,8 +479,9 @@ class WACore(Generic[LaneT]):
                 break
             row = heappop(active)[4]
             lane = rows[row][1]
-            log_constant, rate = constants[row]
-            cutoff = Cutoff(log_constant, rate, now, active[0] if active else None, floor)
+            log_constant, rate = row_constants = constants[row]
+            threshold = active[0] if active else None
+            cutoff = (row_constants, now, threshold, floor)
             victims += lane.take(evictable, cutoff, n - len(victims))
             head = lane.head(evictable)
             if head is None:

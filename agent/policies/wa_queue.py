@@ -7,9 +7,12 @@ offsets and their release numbers in flat sequences and the stamp once. A block 
 while the evictable-block map ``evictable`` maps it to that very release number, so
 ``touch`` and a second ``free`` only update ``evictable`` and leave a stale position
 behind, skipped at the head (and counted there, so that the owner knows how many stale
-positions are still held) or compacted later. Every block of a run has the same stamp,
-so the same score: a ``take`` compares one key per run, and only a run whose score and
-stamp equal the threshold's is split, by a binary search on offsets and release numbers.
+positions are still held) or compacted later. The stale positions a hit leaves at the
+tail of a run (a hit is a prompt prefix; a run holds its prompt tail first) are dropped
+at once instead (``retire_tails``; runs are found through ``Tails``). Every block of a
+run has the same stamp, so the same score: a ``take`` compares one key per run, and only
+a run whose score and stamp equal the threshold's is split, by a binary search on
+offsets and release numbers.
 The victim order itself is defined in ``agent.policies.wa_core``. It must never do I/O.
 """
 
@@ -20,14 +23,24 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import compress, islice, repeat, takewhile
 from operator import eq, ge, is_, is_not, itemgetter, neg, not_
-from typing import NamedTuple, cast
+from typing import cast
 
 Entry = tuple[float, int, int, int]
 """A queued block's key and id: ``(t, -offset, release number, block)``."""
 Key = tuple[float, float, int, int, int]
 """``(score, t, -offset, release number, row)``: a category head's key."""
+Const = tuple[float, float]
+"""``(lc_w, a_w)`` of one category: a block stamped ``t`` scores ``lc_w - a_w (now - t)``."""
+Cutoff = tuple[Const, float, "Key | None", "float | None"]
+"""Where a category's ``take`` stops: ``(constants, now, threshold, floor)``, its
+``constants``, the time, the key its victims stay below (``None``: no other head to
+compare, every block qualifies) and a score they stay strictly below (a lower bound of
+the heads not keyed; ``None``: none). A plain tuple: built on every take."""
 Evictable = dict[int, int]
 """Evictable block -> the release number of its live position."""
+Tails = dict[int, "Run"]
+"""The release number of each queued run's last position -> the run (a hit on that
+block retires the run's tail: ``retire_tails``)."""
 
 STAMP = itemgetter(0)
 BLOCK = itemgetter(3)
@@ -37,19 +50,6 @@ KEY_ROW = itemgetter(4)
 """A head key's fields."""
 _CHUNK = 256  # positions examined at a time when skipping stale ones
 _TRIM = 4096  # a zero queue drops its consumed prefix once it is this long and half the list
-
-
-class Cutoff(NamedTuple):
-    """Where a category's ``take`` stops: its constants, the time, the key its victims
-    stay below (``None``: no other head to compare, every block qualifies) and a score
-    they stay strictly below (``floor``: a lower bound of the heads not keyed; ``None``:
-    none)."""
-
-    log_constant: float
-    rate: float
-    now: float
-    threshold: Key | None
-    floor: float | None = None
 
 
 def in_key_order(offsets: Sequence[int]) -> bool:
@@ -163,6 +163,23 @@ class Run:
             list(compress(releases, flags)),
         )
 
+    def retire_tail(self, released: list[int | None], at: int) -> int:
+        """Drop the positions at the end of this run that ``released[at:]`` names, in
+        reverse, by their very release numbers (a hit just made them stale); returns how
+        many. Compared C-level, as far as they agree."""
+        length = len(self.releases)
+        count = min(len(released) - at, length - self.at)
+        before = length - count - 1  # the position before the tail compared (-1: none)
+        tail = self.releases[: before if before >= 0 else None : -1]
+        agreed = released[at : at + count]
+        if agreed != tail:  # the first that differs (identity: the very int objects)
+            count = next(compress(range(count), map(is_not, agreed, tail)))
+        keep = length - count
+        del self.blocks[keep:]
+        del self.releases[keep:]
+        self.offsets = self.offsets[:keep]
+        return count
+
     def split_at(self, threshold: Key) -> int:
         """The first position from ``at`` whose key is not below ``threshold``, whose
         score and stamp equal those every position of this run has: the order of
@@ -176,18 +193,50 @@ class Run:
         )
 
 
+def retire_tails(tails: Tails, released: list[int | None]) -> int:
+    """Drop the positions that a hit just made stale at the tails of the runs holding
+    them; returns how many. ``released`` are the release numbers the hit blocks were
+    evictable under (``None``: not evictable), in prompt order.
+
+    A hit is a prompt prefix, and a run holds its blocks tail first (key order), so the
+    prefix's blocks sit at the end of the run that released them last, in reverse: the
+    run is found by its last position's number, and its tail compared with the prefix
+    (C-level) as far as they agree. What follows may be the tail of another run (the
+    prefix was released in parts). Stale positions elsewhere are skipped by ``take``."""
+    end = len(released)
+    at = 0
+    if end and released[0] is None:  # leading blocks in use: the first that was evictable
+        at = next(compress(range(end), map(is_not, released, repeat(None))), end)
+    dropped = 0
+    while at < end:
+        release = released[at]
+        run = None if release is None else tails.pop(release, None)
+        if run is None:
+            break
+        count = run.retire_tail(released, at)
+        if len(run.releases) > run.at:
+            tails[run.releases[-1]] = run
+        if not count:
+            break
+        dropped += count
+        at += count
+    return dropped
+
+
 class TimeQueue:
     """One category's blocks in order of ``(t, -offset, release number)``: runs in
     stamp order, each in key order.
 
     Runs join at the tail stamped with the clock, which never goes back. Two runs with
     the same stamp may interleave: such a stamp is marked dirty and its runs are merged
-    once, lazily, when they reach the head.
+    once, lazily, when they reach the head. With ``tails`` every queued run is entered
+    there under its last position's release number (``retire_tails``).
     """
 
-    __slots__ = ("dirty", "front", "runs", "stale_dropped")
+    __slots__ = ("dirty", "front", "runs", "stale_dropped", "tails")
 
-    def __init__(self) -> None:
+    def __init__(self, tails: Tails | None = None) -> None:
+        self.tails = tails
         self.runs: deque[Run] = deque()
         self.dirty: deque[float] = deque()  # stamps whose runs need merging, increasing
         # The head entry last found; it is still the head while its block is live at its
@@ -204,12 +253,25 @@ class TimeQueue:
     def add(self, run: Run) -> None:
         """Append ``run`` (stamped at least as late as every run held)."""
         runs, t = self.runs, run.t
-        if runs and runs[-1].t == t and run.blocks and run.offsets[0] > runs[-1].offsets[-1]:
+        if runs and runs[-1].t == t and run.blocks and self._interleaves(runs[-1], run):
             # Interleaves with the runs of the same stamp: merged at the head.
             if not self.dirty or self.dirty[-1] != t:
                 self.dirty.append(t)
             self.front = None
         runs.append(run)
+        if self.tails is not None and run.releases:
+            self.tails[run.releases[-1]] = run
+
+    @staticmethod
+    def _interleaves(last: Run, run: Run) -> bool:
+        """Whether ``run`` (not empty) may hold keys below those of ``last``, the run
+        before it with the same stamp (an emptied ``last``: those before it may)."""
+        return not last.blocks or run.offsets[0] > last.offsets[-1]
+
+    def _forget(self, run: Run) -> None:
+        """``run`` leaves the queue: its entry in ``tails`` goes."""
+        if self.tails is not None and run.releases:
+            self.tails.pop(run.releases[-1], None)
 
     def _merge_head(self) -> None:
         """Merge the runs at the head that share its dirty stamp."""
@@ -218,13 +280,17 @@ class TimeQueue:
         # Stale positions merge along and are skipped later, like any other.
         while runs and runs[0].t == t:
             run = runs.popleft()
+            self._forget(run)
             keyed += zip(
                 map(neg, run.offsets[run.at :]),
                 run.releases[run.at :],
                 run.blocks[run.at :],
                 strict=True,
             )
-        runs.appendleft(Run.sorted_from(t, keyed))
+        merged = Run.sorted_from(t, keyed)
+        runs.appendleft(merged)
+        if self.tails is not None and merged.releases:
+            self.tails[merged.releases[-1]] = merged
 
     def head_run(self, evictable: Evictable) -> Run | None:
         """The run holding the first live block, positioned on it (``None``: empty)."""
@@ -241,7 +307,7 @@ class TimeQueue:
             self.stale_dropped += run.at - at
             if live is not None:
                 return run
-            runs.popleft()
+            self._forget(runs.popleft())
         dirty.clear()
         return None
 
@@ -267,7 +333,7 @@ class TimeQueue:
         threshold and whose scores are below the floor; remove them from ``evictable``
         and return them. Called right after ``head``. One key per run: its blocks share
         their stamp, so their score."""
-        log_constant, rate, now, threshold, floor = cutoff
+        (log_constant, rate), now, threshold, floor = cutoff
         self.front = None
         run: Run | None = self.runs[0] if self.runs else None  # positioned by ``head``
         victims: list[int] = []
@@ -296,7 +362,7 @@ class TimeQueue:
         """``head_run`` once the head run is used up: usually the next run, positioned
         past its stale positions."""
         runs = self.runs
-        runs.popleft()
+        self._forget(runs.popleft())
         while runs and not self.dirty:
             run = runs[0]
             at = run.at
@@ -304,7 +370,7 @@ class TimeQueue:
             self.stale_dropped += live - at
             if live < len(run.blocks):
                 return run
-            runs.popleft()
+            self._forget(runs.popleft())
         return self.head_run(evictable)
 
     def peek(self, evictable: Evictable, wanted: int) -> list[Entry]:
@@ -336,9 +402,12 @@ class TimeQueue:
         """Drop every stale position (order kept)."""
         kept: deque[Run] = deque()
         for run in self.runs:
+            self._forget(run)
             live = run.compacted(evictable)
             if live is not None:
                 kept.append(live)
+                if self.tails is not None:
+                    self.tails[live.releases[-1]] = live
         self.runs = kept
         self.stale_dropped = 0
 
@@ -368,7 +437,7 @@ class ZeroQueue:
         return (0.0, self.neg_offset, self.releases[at], self.blocks[at])
 
     def take(self, evictable: Evictable, cutoff: Cutoff, limit: int) -> list[int]:
-        log_constant, rate, now, threshold, floor = cutoff
+        (log_constant, rate), now, threshold, floor = cutoff
         if floor is not None and not log_constant - rate * (now - 0.0) < floor:
             return []
         stop = len(self.blocks)

@@ -27,7 +27,7 @@ import numpy as np
 from scipy.optimize import minimize
 
 from agent.policies.wa import WAPolicy
-from agent.policies.wa_queue import Cutoff, Entry, Key
+from agent.policies.wa_queue import Entry, Key
 from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 from controlplane.fit.gof import F64
 from controlplane.fit.mle import MixtureFit, censored_ages
@@ -174,7 +174,7 @@ class MixtureWA(WAPolicy):
             row = heappop(heads)[4]
             lane = self._rows[row][1]
             log_constant, rate = self._constants[row]
-            victims += lane.take(evictable, Cutoff(log_constant, rate, now, None), 1)
+            victims += lane.take(evictable, ((log_constant, rate), now, None, None), 1)
             head = lane.head(evictable)
             if head is not None:
                 heappush(heads, self._key(row, head, now))
