@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from agent.policies import create
+from agent.policies.lru import LRUPolicy
 from agent.policies.wa import WAPolicy
 from agent.policy_document import CategoryParams, PolicyDocument
 from agent.reuse_classes import ReturnTracker
@@ -141,30 +142,18 @@ def test_rebuild_samples_whole_prefix_trees(trace: Trace) -> None:
 
 
 # --- estimator -------------------------------------------------------------------------------
-class _Filing:
+class _Filing(LRUPolicy):
     """An ``lru`` that remembers the category each released block was filed under."""
 
     def __init__(self) -> None:
-        self.inner = create("lru", 0)
+        super().__init__()
         self.filed: list[tuple[int, int]] = []
-
-    def touch(self, blocks: Sequence[int], now: float) -> None:
-        self.inner.touch(blocks, now)
 
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
     ) -> None:
         self.filed += [(block, category) for block in blocks]
-        self.inner.free(blocks, offsets, now, category)
-
-    def evict(self, n: int) -> list[int]:
-        return self.inner.evict(n)
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def __contains__(self, block: object) -> bool:
-        return block in self.inner
+        super().free(blocks, offsets, now, category)
 
 
 def test_a_miniature_with_reuse_classes_files_returns_under_w_re() -> None:
