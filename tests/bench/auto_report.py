@@ -144,7 +144,7 @@ def goal_row(rows: dict[str, list[float]], auto: str, i: int, strict: bool) -> s
 
 def report(seed: int, duration: float, qps: float, jobs: int, also: Sequence[str]) -> None:
     defaults = ReplayOptions()
-    variants = [register(dict(map(_setting, a.split(",")))) for a in also]
+    variants = [register(dict(map(setting, a.split(",")))) for a in also]
     names = [*BASELINES, "wa", "auto", *variants]
     print(f"defaults: {defaults}", file=sys.stderr)
     for profile, strict in (("to-c", True), ("to-b", False)):
@@ -175,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         report(args.seed, args.duration, args.qps, args.jobs, args.also)
 
 
-def _setting(text: str) -> tuple[str, Any]:
+def setting(text: str) -> tuple[str, Any]:
     """``auto_margin=0.002`` (or ``reuse_class=hit``) as a ``ReplayOptions`` field and its
     value."""
     field, _, value = text.partition("=")

@@ -1,15 +1,17 @@
-"""QTTFT of ``wa``'s variants in the serving simulator: the "A better wa" QTTFT rows of
-docs/policy.md.
+"""QTTFT of ``wa``'s variants and of ``auto`` in the serving simulator: the "A better wa"
+and "``auto`` with reuse classes" QTTFT rows of docs/policy.md.
 
 Run (not collected by pytest)::
 
     python -m tests.bench.wa_variants_qttft --seed 4242 --speeds to-c=0.75,to-b=1.75
+    python -m tests.bench.wa_variants_qttft --seed 4242 --speeds to-c=0.75,to-b=1.75 \
+        --policies lru,s3fifo,arc,wa,auto --variants "" --auto reuse_class=hit
 
 On synthetic to-C and to-B traces (``controlplane.traces.synth``) it serves each trace
-with ``lru``, ``wa`` and the variants of ``tests.bench.wa_variants`` named in
-``--variants`` on one instance of the default profile, at 0.5 and 1 times its KV pool and
-the given speed-up, and prints mean QTTFT (seconds) and hit ratio per policy. Results to
-stdout, progress to stderr.
+with the catalogue's ``--policies``, the variants of ``tests.bench.wa_variants`` named in
+``--variants`` and ``auto`` with each ``--auto`` set of replay options, on one instance of
+the default profile, at 0.5 and 1 times its KV pool and the given speed-up, and prints
+mean QTTFT (seconds) and hit ratio per policy. Results to stdout, progress to stderr.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from controlplane.replay.options import ReplayOptions
 from controlplane.simulate.engine import SimOptions
 from controlplane.simulate.runner import run_matrix
 from controlplane.traces.synth import synthesize
+from tests.bench import auto_report
 from tests.bench.ablation import Variant
 from tests.bench.simulate_qttft import pool_blocks
 from tests.bench.wa_variants import VARIANTS
@@ -36,8 +39,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--variants",
         default="wa + reuse classes (hit or ghost 16x),wa + depth classes + saved-prefill weights",
     )
+    ap.add_argument("--policies", default="lru,wa", help="catalogue policies, comma-separated")
+    ap.add_argument(
+        "--auto",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE,...",
+        help="also auto with these replay options, e.g. reuse_class=hit (repeatable)",
+    )
     args = ap.parse_args(argv)
-    labels = {"lru": "lru", "wa": "wa"}
+    labels = {name: name for name in args.policies.split(",") if name}
+    for overrides in args.auto:
+        name = auto_report.register(dict(map(auto_report.setting, overrides.split(","))))
+        labels[name] = f"auto, {overrides}"
     for label in [v for v in args.variants.split(",") if v]:
         labels[
             Variant(f"q:{label}", "wa", "censored", VARIANTS[label](ReplayOptions())).register()
