@@ -64,7 +64,8 @@ class RequestReport:
     name: str
     prompt_blocks: int
     code: int = 0
-    """The evictor code its stored blocks are filed under (its category's)."""
+    """The evictor code its stored blocks are filed under (its category's; with reuse
+    classes, a stored block that returns is filed under the class's code instead)."""
     hit_code: int = 0
     """The evictor code the blocks it finds cached are filed under (``hit_category``)."""
     hit_hashes: list[int] = field(default_factory=list)

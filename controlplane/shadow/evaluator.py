@@ -423,7 +423,8 @@ def compare(
     in_force: PolicyDocument | None,
     settings: ShadowSettings,
 ) -> GuardView:
-    """The guard's verdict on ``work`` (per worker: miniature capacity, requests)."""
+    """The guard's verdict on ``work`` (per worker: miniature capacity, requests, and the
+    ghost of its reuse classes when it files by class)."""
     margin = settings.guard_margin
     sampled = sum(len(r.blocks) for part in work for r in part.requests)
     if in_force is None:
@@ -458,7 +459,8 @@ def compare(
 
 
 def _replayed(work: list[GuardWork], names: tuple[str, ...], doc: PolicyDocument) -> float:
-    """Hit ratio of ``wa`` under ``doc`` over every worker's requests, each from cold."""
+    """Hit ratio of ``wa`` under ``doc`` over every worker's requests, each from cold (a
+    classing worker's filed by reuse class)."""
     code_of = {name: code for code, name in enumerate(names)}
 
     def reuse_class_code(code: int) -> int:
