@@ -30,6 +30,7 @@ from controlplane.cli.common import (
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from controlplane.replay.options import ReplayOptions
     from controlplane.simulate.engine import SimOptions
     from controlplane.simulate.profiles import Profile
     from controlplane.simulate.report import Latency, SimResult
@@ -86,6 +87,16 @@ CategoriesOpt = Annotated[
 RefitEveryOpt = Annotated[
     float, typer.Option(metavar="SECONDS", help="wa: refit every this many trace seconds")
 ]
+REUSE_CLASSES = ("off", "hit", "trace")
+ReuseClassOpt = Annotated[
+    str,
+    typer.Option(
+        "--reuse-class",
+        metavar="off|hit|trace",
+        help="wa, auto: split each category in two classes; hit: as the agent does "
+        "(KVWISE_REUSE_CLASSES), trace: from trace knowledge (docs/policy.md)",
+    ),
+]
 PlotOpt = Annotated[
     Path | None,
     typer.Option(metavar="FILE.png", help="Write a PNG: QTTFT CDF, hit ratio and QTTFT by size"),
@@ -111,6 +122,7 @@ def simulate(
     affinity_slack: AffinitySlackOpt = 16,
     categories: CategoriesOpt = "labels",
     refit_every: RefitEveryOpt = 60.0,
+    reuse_class: ReuseClassOpt = "off",
     json_out: JsonFlag = False,
     plot: PlotOpt = None,
     jobs: JobsOpt = 0,
@@ -145,8 +157,7 @@ def simulate(
         output_tokens,
         block_tokens,
         affinity_slack,
-        categories,
-        refit_every,
+        _replay_options(categories, refit_every, reuse_class),
     )
     trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
     block = _block_tokens(trace, options)
@@ -190,17 +201,13 @@ def _options(
     output_tokens: int,
     block_tokens: int | None,
     slack: int,
-    categories: str,
-    refit_every: float,
+    replay: ReplayOptions,
 ) -> SimOptions:
-    from controlplane.replay.options import ReplayOptions
     from controlplane.simulate import router as routers
     from controlplane.simulate.engine import SimOptions
 
     if router not in routers.names():
         fail(f"--router: unknown router {router!r}; known routers: {', '.join(routers.names())}")
-    if categories not in ("labels", "auto"):
-        fail(f"--categories must be one of labels, auto, got {categories!r}")
     checks = {  # option: (within range, what the range is, the value given)
         "--instances": (instances >= 1, "at least 1", instances),
         "--speed": (0 < speed < float("inf"), "a finite number above 0", speed),
@@ -211,10 +218,6 @@ def _options(
     for opt, (ok, rule, value) in checks.items():
         if not ok:
             fail(f"{opt}: must be {rule}, got {value}")
-    try:
-        replay = ReplayOptions(refit_every_s=refit_every, categories=categories)  # type: ignore[arg-type]
-    except ValueError as exc:
-        fail(str(exc))
     return SimOptions(
         profile=prof,
         instances=instances,
@@ -225,6 +228,24 @@ def _options(
         slack=slack,
         replay=replay,
     )
+
+
+def _replay_options(categories: str, refit_every: float, reuse_class: str) -> ReplayOptions:
+    """How fitted policies are fitted (``wa``, ``auto``), from the command's options."""
+    from controlplane.replay.options import ReplayOptions
+
+    if categories not in ("labels", "auto"):
+        fail(f"--categories must be one of labels, auto, got {categories!r}")
+    if reuse_class not in REUSE_CLASSES:
+        fail(f"--reuse-class must be one of {', '.join(REUSE_CLASSES)}, got {reuse_class!r}")
+    try:
+        return ReplayOptions(
+            refit_every_s=refit_every,
+            categories=categories,  # type: ignore[arg-type]
+            reuse_class=reuse_class,  # type: ignore[arg-type]
+        )
+    except ValueError as exc:
+        fail(str(exc))
 
 
 def _block_tokens(trace: Trace, options: SimOptions) -> int:
@@ -306,6 +327,7 @@ def _json_doc(
             "affinity_slack": options.slack,
             "categories": options.replay.categories,
             "refit_every_s": options.replay.refit_every_s,
+            "reuse_class": options.replay.reuse_class,
         },
         "results": [r.to_json() for r in results],
     }

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from controlplane.cli import app
+from controlplane.replay.options import ReplayOptions
 from controlplane.simulate.engine import SimOptions
 from controlplane.simulate.profiles import BUILTIN
 from controlplane.simulate.runner import SimJob, run_one
@@ -37,6 +38,20 @@ def test_json_is_the_library_result() -> None:
     assert got["hits"] == want.hits and got["qttft_s"] == want.qttft.to_json()
     assert len(got["qttft_quantiles_s"]) == 101
     assert got["qttft_s"]["mean"] > got["ttft_s"]["mean"] > 0  # queues present
+
+
+def test_reuse_classes_reach_the_fitted_policies() -> None:
+    """``--reuse-class hit`` is the replay option: ``wa`` files returns under ``w/re``, as
+    ``SimOptions`` with it does, and differs from ``wa`` without it."""
+    args = ["simulate", str(SAMPLE), "-p", "wa", "--capacity", "400", "-j", "1", "--json"]
+    res = CliRunner().invoke(app, [*args, "--reuse-class", "hit"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["options"]["reuse_class"] == "hit"
+    classed = SimOptions(replay=ReplayOptions(reuse_class="hit"))
+    want = run_one(load_trace(SAMPLE), SimJob("wa", 400), classed)
+    plain = run_one(load_trace(SAMPLE), SimJob("wa", 400), SimOptions())
+    assert doc["results"][0]["hits"] == want.hits != plain.hits
 
 
 def test_tables_fit_80_columns_and_default_to_the_gpus_pool() -> None:
@@ -69,6 +84,7 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
         (["--instances", "0"], "--instances: must be at least 1, got 0"),
         (["--capacity-gib", "x"], "--capacity-gib: 'x' is not a number"),
         (["--categories", "magic"], "--categories must be one of labels, auto"),
+        (["--reuse-class", "some"], "--reuse-class must be one of off, hit, trace, got 'some'"),
         (["--plot", "out.svg"], "plots are written as .png"),
     ],
 )
