@@ -20,6 +20,7 @@ synthetic workload). Results go to stdout; progress to stderr.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import sys
 from collections.abc import Sequence
@@ -144,7 +145,7 @@ def goal_row(rows: dict[str, list[float]], auto: str, i: int, strict: bool) -> s
 
 def report(seed: int, duration: float, qps: float, jobs: int, also: Sequence[str]) -> None:
     defaults = ReplayOptions()
-    variants = [register(dict(map(setting, a.split(",")))) for a in also]
+    variants = list(register_variants(also))
     names = [*BASELINES, "wa", "auto", *variants]
     print(f"defaults: {defaults}", file=sys.stderr)
     for profile, strict in (("to-c", True), ("to-b", False)):
@@ -160,12 +161,10 @@ def report(seed: int, duration: float, qps: float, jobs: int, also: Sequence[str
 def main(argv: Sequence[str] | None = None) -> None:
     ap = synthetic_trace_parser(__doc__)
     ap.add_argument("--select", action="store_true", help="rank the settings grid instead")
-    ap.add_argument(
+    add_variant_option(
+        ap,
         "--also",
-        action="append",
-        default=[],
-        metavar="FIELD=VALUE,...",
-        help="report beside auto a variant with other replay options, e.g. "
+        "report beside auto a variant with other replay options, e.g. "
         "auto_margin=0.005,auto_windows=2 or reuse_class=hit",
     )
     args = ap.parse_args(argv)
@@ -173,6 +172,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         select(args.seed, args.duration, args.qps, args.jobs)
     else:
         report(args.seed, args.duration, args.qps, args.jobs, args.also)
+
+
+def add_variant_option(ap: argparse.ArgumentParser, flag: str, help_text: str) -> None:
+    """A repeatable ``flag FIELD=VALUE,...``: ``auto`` with those replay options."""
+    ap.add_argument(flag, action="append", default=[], metavar="FIELD=VALUE,...", help=help_text)
+
+
+def register_variants(texts: Sequence[str]) -> dict[str, str]:
+    """``auto`` with each ``FIELD=VALUE,...`` of ``texts`` registered: its name -> the text."""
+    return {register(dict(map(setting, text.split(",")))): text for text in texts}
 
 
 def setting(text: str) -> tuple[str, Any]:

@@ -40,17 +40,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         default="wa + reuse classes (hit or ghost 16x),wa + depth classes + saved-prefill weights",
     )
     ap.add_argument("--policies", default="lru,wa", help="catalogue policies, comma-separated")
-    ap.add_argument(
-        "--auto",
-        action="append",
-        default=[],
-        metavar="FIELD=VALUE,...",
-        help="also auto with these replay options, e.g. reuse_class=hit (repeatable)",
+    auto_report.add_variant_option(
+        ap, "--auto", "also auto with these replay options, e.g. reuse_class=hit"
     )
     args = ap.parse_args(argv)
     labels = {name: name for name in args.policies.split(",") if name}
-    for overrides in args.auto:
-        name = auto_report.register(dict(map(auto_report.setting, overrides.split(","))))
+    for name, overrides in auto_report.register_variants(args.auto).items():
         labels[name] = f"auto, {overrides}"
     for label in [v for v in args.variants.split(",") if v]:
         labels[
