@@ -117,8 +117,8 @@ ReuseClassOpt = Annotated[
     _fitted(
         "--reuse-class",
         help="Split each category in two classes: hit: as the agent does "
-        "(KVWISE_REUSE_CLASSES: found cached or inserted); trace: accessed before or not, "
-        "from trace knowledge (docs/policy.md)",
+        "(KVWISE_REUSE_CLASSES: a block found cached or evicted lately is a return); "
+        "trace: accessed before or not, from trace knowledge (docs/policy.md)",
     ),
 ]
 
