@@ -265,11 +265,6 @@ class EngineAgent:
             self.agent.touch(hashes, now, name, offsets=offsets)
             self.agent.free(hashes, offsets, now, name)
 
-    def hit_freed(self, hashes: list[int], offsets: list[int], now: float, name: str) -> None:
-        """The blocks a request reused go back to the cache (FREE events, accesses)."""
-        if hashes:
-            self.agent.free(hashes, offsets, now, name)
-
     # --- reports held per request ------------------------------------------------------
     def report_of(
         self, request: Any, name: str, prompt_tokens: int, now: float, code: int = 0
@@ -314,11 +309,11 @@ class EngineAgent:
             return
         report.recorded = True
         hashes, offsets = report.hit_hashes, report.hit_offsets
-        if hashes:
-            self.agent.touch(hashes, report.at, report.name, offsets=offsets)
         if self.files_returns:  # a block's class depends on the calls before it: as they come
-            self.hit_freed(hashes, offsets, report.at, report.name)
+            self.hit(hashes, offsets, report.at, report.name)
             hashes, offsets = [], []
+        elif hashes:
+            self.agent.touch(hashes, report.at, report.name, offsets=offsets)
         # One FREE call for the hits and the stored blocks (the same events as two).
         hashes = hashes + report.stored_hashes[::-1]
         self.cached(hashes, offsets + report.stored_offsets[::-1], report.at, report.name)
