@@ -273,17 +273,13 @@ class KvwiseFreeQueue:
         hits, self._hits = self._hits, []
         self.evictor.touch(hits, self.clock())
 
-    def note_cached(self, blocks: Sequence[Any], first: int, code: int) -> list[int]:
-        """``blocks`` (a request's, from prompt position ``first``) just got their hashes:
-        remember position, category and hash. Returns the hashes (blocks without a hash,
-        e.g. null or masked ones, are skipped and get none)."""
-        return self.note_stored(blocks, first, code)[0]
-
     def note_stored(
         self, blocks: Sequence[Any], first: int, code: int
     ) -> tuple[list[int], Sequence[int], list[int]]:
-        """``note_cached``, returning the hashes, their prompt positions and the ids of
-        the blocks that have them."""
+        """``blocks`` (a request's, from prompt position ``first``) just got their hashes:
+        remember position, category and hash. Returns the hashes, their prompt positions
+        and the ids of the blocks that have them (blocks without a hash, e.g. null or
+        masked ones, are skipped and get none)."""
         keys: list[Any] = list(map(self.hash_of, blocks))
         ids = list(map(BLOCK_ID, blocks))
         offsets: Sequence[int] = range(first, first + len(ids))

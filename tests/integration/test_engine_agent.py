@@ -51,7 +51,7 @@ def store(queue: KvwiseFreeQueue, ea: EngineAgent, blocks: list[Any], name: str)
     for b in blocks:
         b.block_hash = (1000 + b.block_id).to_bytes(32, "big") + bytes(4)
     _, code = ea.category(name, (), 0)
-    hashes = queue.note_cached(blocks, 0, code)
+    hashes = queue.note_stored(blocks, 0, code)[0]
     ea.cached(hashes, range(len(blocks)), 1.0, ea.category(name, (), 0)[0])
 
 

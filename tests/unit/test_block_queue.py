@@ -51,7 +51,7 @@ def cache(q: KvwiseFreeQueue, blocks: list[Blk], code: int = 0) -> None:
     """Give ``blocks`` hashes (as ``cache_full_blocks`` does) and note them."""
     for b in blocks:
         b.block_hash = key(1000 + b.block_id)
-    q.note_cached(blocks, 0, code)
+    q.note_stored(blocks, 0, code)
 
 
 def test_start_up_pops_block_0_first_then_in_id_order() -> None:

@@ -114,8 +114,8 @@ def test_the_vllm_queue_switches_evictor_with_its_free_blocks_in_victim_order() 
     got = queue.popleft_n(9)
     for block in got[1:]:
         block.block_hash = block.block_id.to_bytes(32, "big") + bytes(4)
-    queue.note_cached(got[1:5], 0, 0)
-    queue.note_cached(got[5:], 0, 0)
+    queue.note_stored(got[1:5], 0, 0)
+    queue.note_stored(got[5:], 0, 0)
     queue.append_n(got[4:0:-1])
     queue.append_n(got[8:4:-1])
     queue.remove(got[6])  # a hit, staged: it reaches the old evictor before the switch
