@@ -27,6 +27,7 @@ from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 from agent.reuse_classes import ReturnTracker
 from agent.wire import EventBatch
 from controlplane.shadow.estimator import MiniCache, ReuseClassing, Totals, WindowCounts
+from controlplane.shadow.inflow import InflowShare
 from controlplane.shadow.rebuild import CategoryTable, Rebuilt, Request, RequestRebuilder
 from controlplane.shadow.sampler import PrefixSampler
 from controlplane.shadow.selection import Reading
@@ -60,9 +61,10 @@ class _Worker:
     rebuilder: RequestRebuilder
     buffer: deque[Request]
     seen_all: WindowCounts
-    """The worker's own prefix hits and accesses over every whole request."""
-    seen_sampled: WindowCounts
-    """The same over the sampled requests only."""
+    """The worker's own prefix hits and accesses over every whole request (the sampled
+    ones' are in every miniature's counts)."""
+    share: InflowShare
+    """The sample's share of its recent inflow: its miniatures' capacities."""
     capacity: int | None = None
     ladders: dict[str, _Ladder] = field(default_factory=dict)
     wa: list[WAPolicy] = field(default_factory=list)
@@ -175,12 +177,13 @@ class ShadowEvaluator:
             rebuilder = RequestRebuilder(self.sampler, self.table, depth)
             window, buckets = self.settings.shadow_window_s, self.settings.shadow_buckets
             worker = self._workers[worker_id] = _Worker(
-                rebuilder, deque(), WindowCounts(window, buckets), WindowCounts(window, buckets)
+                rebuilder, deque(), WindowCounts(window, buckets), InflowShare(self.sampler.rate)
             )
         return worker
 
     def _build_caches(self, worker: _Worker, capacity: int) -> None:
         worker.capacity = capacity
+        worker.share.horizon = round(capacity * max(self.multiples))
         worker.ladders.clear()
         worker.wa.clear()
         worker.wa_names = 0
@@ -211,8 +214,10 @@ class ShadowEvaluator:
         if rebuilt.seen is not None and len(rebuilt.seen.ts):
             worker.seen_all.add_many(rebuilt.seen.ts, rebuilt.seen.hits, rebuilt.seen.accesses)
             self._clock = max(self._clock, float(rebuilt.seen.ts.max()))
-        for request in rebuilt.sampled:
-            worker.seen_sampled.add(request.ts, request.seen_hits, len(request.blocks))
+            worker.share.add(
+                float((rebuilt.seen.accesses - rebuilt.seen.hits).sum()),
+                float(sum(len(r.blocks) - r.seen_hits for r in rebuilt.sampled)),
+            )
         if not rebuilt.sampled:
             return
         self._clock = max(self._clock, rebuilt.sampled[-1].ts)
@@ -224,11 +229,25 @@ class ShadowEvaluator:
         self._tell_categories(worker)
         self._serve(worker, rebuilt.sampled)
 
+    def _resize(self, worker: _Worker) -> None:
+        """Every miniature sized by the sample's share of the inflow its full-size cache
+        holds (``controlplane.shadow.inflow``)."""
+        if worker.capacity is None:
+            return
+        for step, multiple in enumerate(self.multiples):
+            size = worker.share.capacity(round(worker.capacity * multiple))
+            for ladder in worker.ladders.values():
+                ladder.caches[step].capacity = size
+
     def _serve(self, worker: _Worker, requests: list[Request]) -> None:
+        self._resize(worker)
         for ladder in worker.ladders.values():
             for cache, counts in zip(ladder.caches, ladder.counts, strict=True):
                 for request in requests:
-                    counts.add(request.ts, cache.serve(request), len(request.blocks))
+                    hits = cache.serve(request)
+                    counts.add(
+                        request.ts, hits, len(request.blocks), request.seen_hits, request.subtree
+                    )
 
     def _keep(self, worker: _Worker, requests: Iterable[Request]) -> None:
         buffer = worker.buffer
@@ -270,9 +289,7 @@ class ShadowEvaluator:
 
     def _group(self, capacity: int, members: list[tuple[str, _Worker]]) -> GroupView:
         seen = sum((w.seen_all.totals(self._clock) for _, w in members), Totals()).estimate()
-        seen_sampled = sum(
-            (w.seen_sampled.totals(self._clock) for _, w in members), Totals()
-        ).estimate()
+        seen_ratio = seen.hit_ratio if seen.accesses else None
         curves = []
         for name in self.policies:
             points = []
@@ -280,7 +297,7 @@ class ShadowEvaluator:
                 totals = sum(
                     (w.ladders[name].counts[i].totals(self._clock) for _, w in members), Totals()
                 )
-                est = totals.estimate()
+                est = totals.estimate(seen_ratio)
                 points.append(
                     CurvePoint(
                         multiple=multiple,
@@ -289,6 +306,7 @@ class ShadowEvaluator:
                         ci_low=est.ci_low,
                         ci_high=est.ci_high,
                         accesses=est.accesses,
+                        sampled_hit_ratio=est.sampled_ratio,
                     )
                 )
             curves.append(PolicyCurve(name, points))
@@ -307,7 +325,7 @@ class ShadowEvaluator:
             whole_requests=all(w.declares_whole for _, w in members)
             and _few_incomplete(requests, incomplete),
             observed_hit_ratio=seen.hit_ratio,
-            sampled_observed_hit_ratio=seen_sampled.hit_ratio,
+            sampled_observed_hit_ratio=sampled.seen / sampled.accesses if sampled.accesses else 0.0,
             curves=curves,
         )
 
@@ -320,6 +338,7 @@ class ShadowEvaluator:
         step = self.multiples.index(multiple)
         with self._lock:
             whole = [w for w in self._workers.values() if w.capacity is not None and _whole(w)]
+            seen = sum((w.seen_all.totals(self._clock) for w in whole), Totals()).estimate()
             ratios: dict[str, float] = {}
             accesses = 0
             for name in self.policies:
@@ -327,7 +346,7 @@ class ShadowEvaluator:
                     (w.ladders[name].counts[step].totals(self._clock) for w in whole), Totals()
                 )
                 if totals.accesses:
-                    ratios[name] = totals.hits / totals.accesses
+                    ratios[name] = totals.estimate(seen.hit_ratio).hit_ratio
                     accesses = int(totals.accesses)
             start = max(self._first, self._clock - self.settings.shadow_window_s)
             return Reading(ratios, accesses, start, self._clock)
@@ -351,7 +370,7 @@ class ShadowEvaluator:
         return verdict
 
     def _guard_work(self, worker: _Worker, max_accesses: int) -> GuardWork:
-        size = self.sampler.scaled(worker.capacity or 0)
+        size = worker.share.capacity(worker.capacity or 0)
         return GuardWork(size, _newest(worker.buffer, max_accesses), _ghost_share(worker, size))
 
     def say_off(self, reason: str) -> None:

@@ -42,6 +42,8 @@ class Request:
     blocks: list[int]
     seen_hits: int = 0
     """Its prefix hits in the worker's own cache (the leading HIT events)."""
+    subtree: int = -1
+    """Its key block: the requests through it were sampled with it, or not, together."""
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,7 @@ class RequestRebuilder:
         hits = np.bincount(group, weights=prefix, minlength=len(starts)).astype(np.int64)
         seen = Seen(run.ts[starts[whole]], hits[whole], counts[whole].astype(np.int64))
         return Rebuilt(
-            sampled=_materialise(run, starts, counts, keep, hits),
+            sampled=_materialise(run, starts, counts, keep, hits, keys),
             requests=int(whole.sum()),
             accesses=int(counts[whole].sum()),
             incomplete=int(len(whole) - whole.sum() - continued.sum()),
@@ -245,6 +247,7 @@ def _materialise(
     counts: NDArray[np.int64],
     keep: NDArray[np.bool_],
     hits: NDArray[np.int64],
+    keys: NDArray[np.int64],
 ) -> list[Request]:
     """The kept requests as ``Request`` objects, blocks put in prompt order."""
     if not keep.any():
@@ -258,7 +261,8 @@ def _materialise(
     bounds = np.append(0, np.cumsum(kept_counts)).tolist()
     firsts = starts[keep]
     ts, cat, seen = run.ts[firsts].tolist(), run.category[firsts].tolist(), hits[keep].tolist()
+    subtree = keys[keep].tolist()
     return [
-        Request(ts[i], cat[i], blocks[bounds[i] : bounds[i + 1]], seen[i])
+        Request(ts[i], cat[i], blocks[bounds[i] : bounds[i + 1]], seen[i], subtree[i])
         for i in range(len(firsts))
     ]

@@ -22,10 +22,14 @@ class CurvePoint:
     capacity: int
     """Full-size capacity in blocks (the miniature cache holds ``capacity * rate``)."""
     hit_ratio: float
+    """The estimate: the miniature's figure, moved by what the sample misses of the
+    workers' own hit ratio (docs/shadow.md, "What the estimate is")."""
     ci_low: float
     ci_high: float
     accesses: int
     """Sampled accesses behind the estimate."""
+    sampled_hit_ratio: float = 0.0
+    """The miniature's own figure over the sampled requests, before that move."""
 
 
 @dataclass(frozen=True)

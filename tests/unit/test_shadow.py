@@ -173,29 +173,79 @@ def test_a_miniature_with_reuse_classes_files_returns_under_w_re() -> None:
 
 def test_window_forgets_buckets_older_than_the_window() -> None:
     counts = WindowCounts(window_s=100.0, buckets=10)
-    counts.add(5.0, hits=10, accesses=10)
-    counts.add(150.0, hits=0, accesses=10)
+    counts.add(5.0, hits=10, accesses=10, seen=10, subtree=1)
+    counts.add(150.0, hits=0, accesses=10, seen=0, subtree=2)
     assert counts.totals(150.0).estimate().hit_ratio == 0.0  # the first bucket left
     assert counts.totals(95.0).estimate().hit_ratio == 1.0  # seen from before the second
 
 
-def test_interval_holds_the_ratio_and_narrows_with_more_requests() -> None:
+def test_interval_holds_the_ratio_and_narrows_with_more_subtrees() -> None:
     rng = np.random.default_rng(2)
     small, large = WindowCounts(1e9, 1), WindowCounts(1e9, 1)
     for i in range(4000):
         a = int(rng.integers(1, 20))
         h = int(rng.binomial(a, 0.4))
-        large.add(float(i), h, a)
+        large.add(float(i), h, a, h, subtree=i)
         if i < 100:
-            small.add(float(i), h, a)
+            small.add(float(i), h, a, h, subtree=i)
     e_small, e_large = small.totals(5000.0).estimate(), large.totals(5000.0).estimate()
     for e in (e_small, e_large):
         assert e.ci_low <= e.hit_ratio <= e.ci_high
         assert e.ci_low < 0.4 < e.ci_high
     assert (e_large.ci_high - e_large.ci_low) < (e_small.ci_high - e_small.ci_low) / 3
-    both = Totals(1, 2, 4, 4, 16, 8) + Totals(1, 1, 2, 1, 4, 2)
-    assert both == Totals(2, 3, 6, 5, 20, 10)
     assert Totals().estimate().accesses == 0
+
+
+def test_requests_of_one_subtree_count_as_one_draw_in_the_interval() -> None:
+    """The sample draws subtrees, not requests: 4,000 requests in 40 subtrees whose hit
+    ratios differ give a wider interval than the same requests drawn one by one."""
+    rng = np.random.default_rng(3)
+    alone, grouped = WindowCounts(1e9, 1), WindowCounts(1e9, 1)
+    for i in range(4000):
+        subtree = i % 40
+        a = 10
+        h = int(rng.binomial(a, 0.1 + 0.02 * subtree))
+        alone.add(float(i), h, a, h, subtree=i)
+        grouped.add(float(i), h, a, h, subtree=subtree)
+    e_alone, e_grouped = alone.totals(1e6).estimate(), grouped.totals(1e6).estimate()
+    assert e_alone.hit_ratio == e_grouped.hit_ratio
+    assert e_grouped.requests == e_alone.requests == 4000
+    assert (e_grouped.ci_high - e_grouped.ci_low) > 3 * (e_alone.ci_high - e_alone.ci_low)
+
+
+def test_totals_add_up_across_workers() -> None:
+    one, two = WindowCounts(1e9, 1), WindowCounts(1e9, 1)
+    one.add(0.0, 2, 4, 1, subtree=7)
+    two.add(0.0, 1, 2, 2, subtree=7)  # another worker's subtree, though the key is alike
+    both = one.totals(1.0) + two.totals(1.0)
+    assert (both.requests, both.hits, both.accesses, both.seen, both.subtrees) == (2, 3, 6, 3, 2)
+    hh, ha, hs, ah, aa, as_, sh, sa, ss = both.products
+    assert (hh, aa, ss, ha, hs, as_) == (5, 20, 5, 10, 4, 8)
+    assert (ah, sh, sa) == (ha, hs, as_)
+
+
+def test_the_regression_corrects_a_sample_poorer_in_reuse_than_the_traffic() -> None:
+    """A cache whose hits per subtree follow the worker's own: when the subtrees drawn
+    reuse less than the traffic (the worker says by how much), the estimate moves up by
+    what the sample misses, and its interval holds the traffic's figure."""
+    rng = np.random.default_rng(5)
+    reuse = rng.uniform(0.0, 0.8, size=2000)  # per subtree
+    accesses = rng.integers(20, 200, size=2000)
+    seen = rng.binomial(accesses, reuse)  # the worker's own hits
+    hits = rng.binomial(accesses, np.clip(reuse * 1.1, 0, 1))  # this cache's
+    truth = hits.sum() / accesses.sum()
+    poor = 1.0 - reuse
+    drawn = rng.choice(2000, size=150, replace=False, p=poor / poor.sum())  # poor in reuse
+    counts = WindowCounts(1e9, 1)
+    for k in drawn.tolist():
+        counts.add(0.0, int(hits[k]), int(accesses[k]), int(seen[k]), subtree=k)
+    totals = counts.totals(1.0)
+    raw = totals.estimate()
+    moved = totals.estimate(seen_ratio=float(seen.sum() / accesses.sum()))
+    assert raw.hit_ratio < truth - 0.05
+    assert abs(moved.hit_ratio - truth) < (truth - raw.hit_ratio) / 5
+    assert moved.sampled_ratio == raw.hit_ratio
+    assert moved.ci_low <= truth <= moved.ci_high
 
 
 # --- exactness -------------------------------------------------------------------------------

@@ -1,0 +1,49 @@
+"""The sample's share of a worker's recent inflow, which sizes its miniature caches.
+
+Owns ``InflowShare``. A full cache of ``C`` blocks holds, roughly, the last ``C`` blocks
+the worker had to compute (its inflow: a request's accesses less its prefix hits). The
+sample draws whole prefix subtrees, a few hundred blocks each, so at any moment the
+sampled subtrees' part of that inflow is seldom the sampling rate: one busy conversation
+more or less moves it by a tenth. A miniature of a fixed ``C x rate`` blocks then holds
+more, or less, of the sample's recent blocks than the full cache holds of the traffic's,
+and its hits drift away from the full cache's for the very requests it replays. Sized by
+the sample's measured share of the last ``C`` blocks of inflow instead, it holds what the
+full cache holds (SHARDS adjusts its sampled counts for the same reason). Both inflows
+come from the worker's own HIT events, which the rebuild already reads. It must never
+replay requests or know about policies.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+MIN_SEEN = 0.25
+"""Until this share of a capacity's inflow has been seen, that capacity keeps the nominal
+``capacity x rate``."""
+
+
+class InflowShare:
+    """Cumulative inflow of all whole requests and of the sampled ones, batch by batch."""
+
+    def __init__(self, rate: float, horizon: int = 0) -> None:
+        self.rate = rate
+        self.horizon = horizon
+        """The largest capacity asked about, in blocks: older inflow is dropped."""
+        self._every: list[float] = [0.0]
+        self._sampled: list[float] = [0.0]
+
+    def add(self, every: float, sampled: float) -> None:
+        """One batch: blocks computed by all its whole requests, and by the sampled ones."""
+        self._every.append(self._every[-1] + every)
+        self._sampled.append(self._sampled[-1] + sampled)
+        if len(self._every) > 64 and self._every[-1] - self._every[32] > self.horizon:
+            del self._every[:32], self._sampled[:32]
+
+    def capacity(self, full: int) -> int:
+        """The miniature's capacity standing for a full cache of ``full`` blocks (>= 1)."""
+        every, sampled = self._every, self._sampled
+        start = max(bisect_right(every, every[-1] - full) - 1, 0)
+        seen = every[-1] - every[start]
+        if seen < MIN_SEEN * full or seen <= 0:
+            return max(1, round(full * self.rate))
+        return max(1, round(full * (sampled[-1] - sampled[start]) / seen))
