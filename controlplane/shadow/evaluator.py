@@ -3,9 +3,11 @@ the published ``wa`` document and the baselines at a ladder of capacities.
 
 Owns ``ShadowEvaluator``: it takes every applied event batch (``apply``, ingest's thread),
 rebuilds and samples the worker's requests (``rebuild``), serves each sampled request to
-every miniature cache of that worker (``estimator``), keeps the sampled requests of the
-window for the refit guard (``judge``: the candidate document and the one in force replayed
-from cold on the same requests), and answers what it knows as a ``ShadowView``. Workers
+every miniature cache of that worker (``estimator``), each sized by the sample's share of
+the worker's recent inflow (``inflow``), keeps the sampled requests of the window for the
+refit guard (``judge``: the candidate document and the one in force replayed from cold on
+the same requests), and answers what it knows as a ``ShadowView``, each estimate moved by
+what the sample misses of the workers' own hit ratio (``estimator.Totals``). Workers
 are grouped by capacity; a worker whose capacity is not known yet (no heartbeat read) has
 its requests counted and kept for later, not replayed. Its cost is bounded by the rate:
 unsampled requests cost a few vectorised passes over the batch. One lock guards it all.

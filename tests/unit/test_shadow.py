@@ -20,6 +20,7 @@ from agent.wire import EventBatch, EventKind
 from controlplane.replay.engine import replay_hits
 from controlplane.shadow.estimator import MiniCache, ReuseClassing, Totals, WindowCounts
 from controlplane.shadow.evaluator import ShadowEvaluator
+from controlplane.shadow.inflow import MIN_SEEN, InflowShare
 from controlplane.shadow.rebuild import CategoryTable, Request, RequestRebuilder
 from controlplane.shadow.sampler import PrefixSampler
 from controlplane.shadow.settings import ShadowSettings
@@ -378,6 +379,55 @@ def test_observed_hit_ratio_counts_every_request_even_with_none_sampled(trace: T
     hits = sum(int((b.kind == HIT).sum()) for b in batches)
     assert group.observed_hit_ratio == pytest.approx(hits / trace.n_accesses)
     assert hits > 0
+
+
+def test_inflow_share_sizes_a_miniature_by_what_the_sample_computed_lately() -> None:
+    """Nominal ``capacity x rate`` until a quarter of the capacity's inflow is seen; then the
+    sampled share of the newest ``capacity`` blocks of inflow, whatever came before."""
+    share = InflowShare(rate=0.05, horizon=4000)
+    assert share.capacity(1000) == 50
+    share.add(every=200.0, sampled=40.0)
+    assert MIN_SEEN * 1000 > 200 and share.capacity(1000) == 50  # too little seen
+    share.add(every=200.0, sampled=40.0)
+    assert share.capacity(1000) == 200  # 80 of 400: a share of 0.2
+    for _ in range(50):
+        share.add(every=100.0, sampled=5.0)
+    assert share.capacity(1000) == 50  # only the newest 1,000 blocks count
+    assert share.capacity(4000) == 200  # 200 of 4,000, a share of 0.05
+    assert share.capacity(1) == 1
+
+
+def test_inflow_share_keeps_its_horizon_as_it_drops_old_batches() -> None:
+    share = InflowShare(rate=0.1, horizon=2000)
+    for i in range(1000):
+        share.add(every=10.0, sampled=1.0 if i < 900 else 3.0)
+    assert share.capacity(1000) == 300  # the last 100 batches: 300 of 1,000
+    assert share.capacity(2000) == 400  # the last 200: 400 of 2,000
+
+
+def test_shadow_estimates_are_moved_toward_the_workers_own_hit_ratio(trace: Trace) -> None:
+    """The ``lru`` miniature at the worker's own capacity stands for the worker's own
+    ``lru`` cache. Over eight samples (salts) of a fifth of the subtrees, its estimate,
+    moved by what each sample misses of the worker's observed hit ratio, lands at least
+    twice as close to that ratio as its own figure does."""
+    capacity = trace.capacity_for(0.1)
+    batches = agent_batches(trace, capacity, batch_events=1000)
+    settings = ShadowSettings(
+        shadow_rate=0.2, shadow_policies="lru", shadow_ladder="1", shadow_buckets=1,
+        shadow_window_s=1e9,
+    )  # fmt: skip
+    served, own = [], []
+    for salt in range(8):
+        shadow = ShadowEvaluator(settings, salt)
+        shadow.set_capacities({"w1": capacity})
+        for batch in batches:
+            shadow.apply(batch)
+        shadow.flush("w1")
+        (group,) = shadow.view().groups
+        point = next(c for c in group.curves if c.policy == "lru").points[0]
+        served.append(abs(point.hit_ratio - group.observed_hit_ratio))
+        own.append(abs(point.sampled_hit_ratio - group.observed_hit_ratio))
+    assert sum(served) < sum(own) / 2
 
 
 # --- guard -----------------------------------------------------------------------------------
