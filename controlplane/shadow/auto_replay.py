@@ -9,10 +9,11 @@ Beside it runs a shadow of the replayed past, as the controller's: requests kept
 ``auto_rate``) are served by one miniature cache per candidate family (``wa`` under the
 document in force, and the controller's default baselines), each at the cache's
 capacity times the rate (below a rate of 1, without the controller's sizing by inflow
-share and its regression on the workers' own hits: there are no workers here); with reuse classes by hit, the miniature ``wa`` files by reuse
-class on its own hits and evictions, as the controller's shadow does for a classing
-worker. At the end of every ``auto_window_s`` trace seconds the
-window's hit ratios go to the ``FamilySelector`` (the controller's rule); when it
+share and its regression on the workers' own hits: there are no workers here); with
+reuse classes by hit, the miniature ``wa`` files by reuse class on its own hits and
+evictions, as the controller's shadow does for a classing worker. At the end of every
+``auto_window_s`` trace seconds the window's hit ratios go to the ``FamilySelector``
+(the controller's rule); when it
 switches, every block of the cache moves into the new family in its victim order
 (``agent.policies.handover``), as an agent's does on hot reload. ``wa`` keeps being
 refitted while a baseline runs, so a switch back finds the newest document.
