@@ -39,7 +39,8 @@ from agent.reuse_classes import ReturnTracker
 from controlplane.replay import catalog, online
 from controlplane.replay.online import FittedReplayPolicy
 from controlplane.replay.options import ReplayOptions
-from controlplane.shadow.estimator import MiniCache, ReuseClassing
+from controlplane.shadow.estimator import MiniCache, ReuseClassing, WindowCounts
+from controlplane.shadow.inflow import InflowShare
 from controlplane.shadow.rebuild import Request
 from controlplane.shadow.sampler import PrefixSampler
 from controlplane.shadow.selection import (
@@ -63,20 +64,28 @@ class Switch:
 
 
 class _Shadow:
-    """The miniature caches of every candidate family and the window's counts."""
+    """The miniature caches of every candidate family and the window's counts. Below a
+    rate of 1 they are kept as the controller keeps them for one worker: each miniature
+    sized by the sample's share of the replayed cache's inflow, each window's figures
+    moved by the replayed cache's own hit ratio (``controlplane.shadow.evaluator``); at a
+    rate of 1 the sample is the traffic and neither applies."""
 
     def __init__(
         self, trace: Trace, capacity: int, options: ReplayOptions, fitted: FittedReplayPolicy
     ) -> None:
         defaults = ShadowSettings()
-        sampler = PrefixSampler(options.auto_rate)
+        self.rate = options.auto_rate
+        sampler = PrefixSampler(self.rate)
         offsets = trace.offsets
         lengths = np.diff(offsets)
         depth = np.clip(np.minimum(lengths - 1, defaults.shadow_key_depth), 0, None)
         # A request's key block (an empty request, which serves nothing, gets any block).
         last = len(trace.blocks) - 1
         keys = trace.blocks[np.minimum(offsets[:-1] + depth, last)] if last >= 0 else lengths * 0
+        self.keys = keys.astype(np.int64).tolist()
         self.sampled = sampler.keep(keys.astype(np.int64)).tolist()
+        self.capacity = capacity
+        self.share = InflowShare(self.rate, capacity)
         size = sampler.scaled(capacity)
         self.families = (DEFAULT_FAMILY, *defaults.baselines)
         wa = fitted.inner
@@ -85,21 +94,51 @@ class _Shadow:
             MiniCache(self.wa, size, _classing(fitted, options, size)),
             *(MiniCache(create(f, size), size) for f in defaults.baselines),
         ]
-        self.hits = [0] * len(self.families)
-        self.accesses = 0
+        self._start_window()
 
-    def serve(self, request: Request) -> None:
-        for i, cache in enumerate(self.caches):
-            self.hits[i] += cache.serve(request)
-        self.accesses += len(request.blocks)
+    @property
+    def sampling(self) -> bool:
+        """Whether only part of the traffic is served (a rate below 1)."""
+        return self.rate < 1
+
+    def _start_window(self) -> None:
+        self.counts = [WindowCounts(_WHOLE_WINDOW_S, 1) for _ in self.families]
+        self.seen_hits = 0
+        self.seen_accesses = 0
+
+    def see(self, request: Request, sampled: bool) -> None:
+        """A request the replayed cache is serving (``seen_hits``: its prefix cached
+        there), served to the miniatures too when ``sampled``."""
+        if self.sampling:
+            computed = len(request.blocks) - request.seen_hits
+            self.share.add(computed, computed if sampled else 0)
+            self.seen_hits += request.seen_hits
+            self.seen_accesses += len(request.blocks)
+        if not sampled:
+            return
+        size = self.share.capacity(self.capacity) if self.sampling else None
+        for cache, counts in zip(self.caches, self.counts, strict=True):
+            if size is not None:
+                cache.capacity = size
+            hits = cache.serve(request)
+            counts.add(request.ts, hits, len(request.blocks), request.seen_hits, request.subtree)
 
     def reading(self, start: float, end: float) -> Reading:
         """The window's hit ratios; the counts start again."""
-        n = self.accesses
-        ratios = {f: h / n for f, h in zip(self.families, self.hits, strict=True)} if n else {}
-        self.hits = [0] * len(self.families)
-        self.accesses = 0
+        own = self.seen_hits / self.seen_accesses if self.seen_accesses else None
+        ratios: dict[str, float] = {}
+        n = 0
+        for family, counts in zip(self.families, self.counts, strict=True):
+            totals = counts.totals(0.0)
+            if totals.accesses:
+                ratios[family] = totals.estimate(own).hit_ratio
+                n = int(totals.accesses)
+        self._start_window()
         return Reading(ratios, n, start, end)
+
+
+_WHOLE_WINDOW_S = 1e18
+"""One bucket that holds a whole judged window of the trace (read, then started again)."""
 
 
 class AutoReplayPolicy:
@@ -139,8 +178,10 @@ class AutoReplayPolicy:
         if len(self.wa.applied) != self._docs_seen:
             self._docs_seen = len(self.wa.applied)
             self._shadow.wa.set_policy(self.wa.inner.policy)
-        if self._shadow.sampled[request]:
-            self._shadow.serve(self._request(request))
+        shadow = self._shadow
+        sampled = shadow.sampled[request]
+        if sampled or shadow.sampling:
+            shadow.see(self._request(request), sampled)
 
     def free_request(
         self, request: int, blocks: Sequence[int], offsets: Sequence[int], now: float
@@ -148,9 +189,16 @@ class AutoReplayPolicy:
         self.wa.free_request(request, blocks, offsets, now)
 
     def _request(self, r: int) -> Request:
+        """Request ``r`` with its prefix cached here now (asked only when the shadow
+        samples: the controller's estimate needs the worker's own hits)."""
         lo, hi = self._trace.offsets[r], self._trace.offsets[r + 1]
         blocks = self._trace.blocks[lo:hi].tolist()
-        return Request(self._ts[r], self.wa.request_code(r), blocks)
+        cached = 0
+        if self._shadow.sampling:
+            wa = self.wa
+            while cached < len(blocks) and blocks[cached] in wa:
+                cached += 1
+        return Request(self._ts[r], self.wa.request_code(r), blocks, cached, self._shadow.keys[r])
 
     def _judge(self, reading: Reading, request: int) -> None:
         verdict = self.selector.observe(reading, self.family)
@@ -161,6 +209,17 @@ class AutoReplayPolicy:
         hand_over(self.wa.in_force, new, reading.end)
         self.wa.in_force, self.family = new, chosen
         self.switches.append(Switch(reading.end, request, verdict))
+
+    @property
+    def shadow_inflow(self) -> tuple[float, float]:
+        """Blocks the replayed cache computed so far, for every request and the sampled
+        ones (counted below a rate of 1 only)."""
+        return self._shadow.share.totals
+
+    @property
+    def shadow_caches(self) -> list[MiniCache]:
+        """The shadow's miniature caches, one per candidate family."""
+        return self._shadow.caches
 
     def run_notes(self) -> list[str]:
         """Each switch of family (none: it stayed ``wa`` all along)."""

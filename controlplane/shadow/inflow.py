@@ -39,6 +39,11 @@ class InflowShare:
         if len(self._every) > 64 and self._every[-1] - self._every[32] > self.horizon:
             del self._every[:32], self._sampled[:32]
 
+    @property
+    def totals(self) -> tuple[float, float]:
+        """The inflow of all whole requests and of the sampled ones, since the start."""
+        return self._every[-1], self._sampled[-1]
+
     def capacity(self, full: int) -> int:
         """The miniature's capacity standing for a full cache of ``full`` blocks (>= 1)."""
         every, sampled = self._every, self._sampled

@@ -70,3 +70,19 @@ def test_a_replay_of_auto_says_when_it_switched(trace: Trace) -> None:
     )
     assert still.notes == ["stayed wa: no family led it by the margin"]
     assert "notes" not in run_one(trace, ReplayJob("lru", capacity)).to_json()
+
+
+def test_below_rate_one_the_shadow_is_the_controllers(trace: Trace) -> None:
+    """At a rate below 1 the offline shadow keeps what the controller keeps per worker:
+    the replayed cache's own prefix hits of every request (its inflow is every access
+    less those hits) and the sample's share of that inflow, which sizes the miniatures."""
+    capacity = trace.n_unique // 50
+    never = replace(EAGER, auto_rate=0.3, auto_min_accesses=10**12)
+    auto = catalog.create("auto", capacity, trace, never)
+    assert isinstance(auto, AutoReplayPolicy)
+    hits = replay_hits(trace, auto, capacity)
+    every, sampled = auto.shadow_inflow
+    assert every == trace.n_accesses - hits.sum()
+    assert 0.1 * every < sampled < 0.6 * every
+    sizes = {cache.capacity for cache in auto.shadow_caches}
+    assert len(sizes) == 1 and sizes != {round(capacity * 0.3)}
