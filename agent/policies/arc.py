@@ -80,6 +80,12 @@ class ARCPolicy:
         self._credits: deque[int] = deque()  # ghost lists of this request's unused hits
         self._admitted: OrderedDict[int, None] = OrderedDict()  # allocated ghost hits
 
+    def resize(self, capacity: int) -> None:
+        """Evict down to ``capacity`` from now on; the target ``p`` stays within it
+        (``Resizable``)."""
+        self._capacity = capacity
+        self._p = min(self._p, float(capacity))
+
     # -- the Protocol -------------------------------------------------------------------
 
     def allocate(self, blocks: Sequence[int], now: float) -> None:

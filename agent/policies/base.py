@@ -1,7 +1,8 @@
 """The eviction-policy Protocol every evictor implements, CPU or device, baseline or fitted.
 
 Owns the contract only: the three verbs vLLM's block pool uses (touch, free, evict) plus
-membership and size. It must never do I/O, read settings or know about traces.
+membership and size, and one optional ability, ``Resizable``. It must never do I/O, read
+settings or know about traces.
 
 The life of a cached block, in vLLM's words:
 
@@ -43,3 +44,12 @@ class EvictionPolicy(Protocol):
 
     def __contains__(self, block: object) -> bool:
         """Whether ``block`` is cached (evictable or in use)."""
+
+
+@runtime_checkable
+class Resizable(Protocol):
+    """A policy whose own bookkeeping is sized by the capacity (queue shares, ghost
+    lengths, an adaptive target), told when the capacity it is evicted down to changes."""
+
+    def resize(self, capacity: int) -> None:
+        """From now on, size that bookkeeping for ``capacity`` blocks."""

@@ -65,10 +65,7 @@ class S3FIFOPolicy:
     )
 
     def __init__(self, capacity: int = 0) -> None:
-        # Same float arithmetic as libCacheSim, so the same queue sizes.
-        self._small_size = max(1, int(capacity * SMALL_RATIO))
-        self._main_size = capacity - self._small_size
-        self._ghost_size = int(capacity * GHOST_RATIO)
+        self.resize(capacity)
         # Blocks leave small and main only at the head: deques (no hashing); the ghost
         # also loses blocks found in it, so it is an ordered map.
         self._small: deque[int] = deque()
@@ -78,6 +75,13 @@ class S3FIFOPolicy:
         self._in_use: set[int] = set()
         self._parked: dict[int, bool] = {}  # parked block -> whether it belongs to main
         self._has_evicted = False
+
+    def resize(self, capacity: int) -> None:
+        """The small, main and ghost queues' shares of ``capacity`` (``Resizable``)."""
+        # Same float arithmetic as libCacheSim, so the same queue sizes.
+        self._small_size = max(1, int(capacity * SMALL_RATIO))
+        self._main_size = capacity - self._small_size
+        self._ghost_size = int(capacity * GHOST_RATIO)
 
     def touch(self, blocks: Sequence[int], now: float) -> None:
         count, in_use = self._count, self._in_use

@@ -23,7 +23,7 @@ from itertools import compress
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.policies.base import EvictionPolicy
+from agent.policies.base import EvictionPolicy, Resizable
 from agent.policies.wa_core import runs
 from agent.reuse_classes import ReturnTracker
 from controlplane.shadow.rebuild import Request
@@ -58,6 +58,20 @@ class MiniCache:
         self.capacity = capacity
         self.classing = classing
         self._cached: set[int] = set()
+        self._ghost_per_block = (
+            classing.tracker.ghost_size / capacity if classing is not None and capacity else 0.0
+        )
+
+    def resize(self, capacity: int) -> None:
+        """Evict down to ``capacity`` from the next request on; the policy's own
+        bookkeeping (``Resizable``) and the reuse classes' ghost follow it."""
+        if capacity == self.capacity:
+            return
+        self.capacity = capacity
+        if isinstance(self.policy, Resizable):
+            self.policy.resize(capacity)
+        if self.classing is not None:
+            self.classing.tracker.ghost_size = round(capacity * self._ghost_per_block)
 
     def serve(self, request: Request) -> int:
         """Replay ``request``; returns its prefix hits."""
@@ -109,16 +123,21 @@ class Estimate:
 
 
 class WindowCounts:
-    """Per time bucket: requests, hits, accesses and the worker's own hits, and the same
-    per sampled subtree (the key block that decided its requests), which the estimate and
-    its interval need; buckets older than the window are forgotten as time moves on."""
+    """Per time bucket: requests, hits, accesses and the worker's own hits; per sampled
+    subtree (the key block that decided its requests) the same over the window, with the
+    sums of their products kept up to date as requests come and buckets leave, so that
+    reading the window costs the same however many subtrees it holds."""
 
     def __init__(self, window_s: float, buckets: int) -> None:
         self.bucket_s = window_s / buckets
         self.buckets = buckets
         self._id = np.full(buckets, -1, dtype=np.int64)
         self._sums = np.zeros((buckets, 4))  # requests, hits, accesses, seen
-        self._subtrees: list[dict[int, list[float]]] = [{} for _ in range(buckets)]
+        self._added: list[dict[int, list[int]]] = [{} for _ in range(buckets)]
+        """Per bucket: each subtree's hits, accesses and seen added in it."""
+        self._subtrees: dict[int, list[int]] = {}
+        """Each subtree's hits, accesses and seen over the live buckets."""
+        self._products = [0] * 9
 
     def add(self, ts: float, hits: int, accesses: int, seen: int, subtree: int) -> None:
         """One sampled request: its hits and accesses here, its prefix hits in the worker's
@@ -127,13 +146,24 @@ class WindowCounts:
         if slot is None:
             return
         self._sums[slot] += (1.0, hits, accesses, seen)
-        sums = self._subtrees[slot].get(subtree)
-        if sums is None:
-            self._subtrees[slot][subtree] = [hits, accesses, seen]
+        row = (hits, accesses, seen)
+        added = self._added[slot].setdefault(subtree, [0, 0, 0])
+        for i in range(3):
+            added[i] += row[i]
+        self._move(subtree, row)
+
+    def _move(self, subtree: int, delta: tuple[int, int, int]) -> None:
+        """Add ``delta`` to ``subtree``'s sums over the window, and to the products."""
+        old = self._subtrees.get(subtree, [0, 0, 0])
+        new = [old[i] + delta[i] for i in range(3)]
+        products = self._products
+        for i in range(3):
+            for j in range(3):
+                products[3 * i + j] += new[i] * new[j] - old[i] * old[j]
+        if new[1] > 0:
+            self._subtrees[subtree] = new
         else:
-            sums[0] += hits
-            sums[1] += accesses
-            sums[2] += seen
+            self._subtrees.pop(subtree, None)
 
     def add_many(
         self, ts: NDArray[np.float64], hits: NDArray[np.int64], accesses: NDArray[np.int64]
@@ -153,26 +183,33 @@ class WindowCounts:
         if self._id[slot] != bucket:
             if self._id[slot] > bucket:
                 return None
+            self._forget(slot)
             self._id[slot] = bucket
-            self._sums[slot] = 0.0
-            self._subtrees[slot] = {}
         return slot
 
-    def totals(self, now: float) -> Totals:
-        """The sums of the window ending at ``now`` (add several workers' with ``+``)."""
+    def _forget(self, slot: int) -> None:
+        """Take what ``slot``'s bucket added out of the window's sums."""
+        for subtree, (h, a, s) in self._added[slot].items():
+            self._move(subtree, (-h, -a, -s))
+        self._added[slot] = {}
+        self._sums[slot] = 0.0
+
+    def totals(self, now: float, since: float | None = None) -> Totals:
+        """The sums of the window ending at ``now`` (add several workers' with ``+``);
+        with ``since``, the requests' counts only from that time on (no subtrees)."""
         newest = int(now // self.bucket_s)
-        live = np.flatnonzero((self._id > newest - self.buckets) & (self._id <= newest))
+        for slot in np.flatnonzero((self._id >= 0) & (self._id <= newest - self.buckets)):
+            self._forget(int(slot))
+            self._id[slot] = -1
+        oldest = newest - self.buckets + 1
+        if since is not None:
+            oldest = max(oldest, int(since // self.bucket_s))
+        live = (self._id >= oldest) & (self._id <= newest)
         requests, hits, accesses, seen = self._sums[live].sum(axis=0).tolist()
-        merged: dict[int, NDArray[np.float64]] = {}
-        for slot in live.tolist():
-            for subtree, sums in self._subtrees[slot].items():
-                row = merged.get(subtree)
-                merged[subtree] = np.array(sums) if row is None else row + sums
-        if not merged:
+        if since is not None:
             return Totals(requests, hits, accesses, seen)
-        per = np.array(list(merged.values()))  # subtrees x (hits, accesses, seen)
-        products = per.T @ per
-        return Totals(requests, hits, accesses, seen, len(merged), tuple(products.ravel()))
+        products = tuple(float(p) for p in self._products)
+        return Totals(requests, hits, accesses, seen, len(self._subtrees), products)
 
 
 @dataclass(frozen=True)
@@ -202,11 +239,13 @@ class Totals:
     def estimate(self, seen_ratio: float | None = None) -> Estimate:
         """The hit ratio and its 95 % interval (no accesses: all zero).
 
-        With ``seen_ratio``, the worker's own hit ratio over *all* its requests, it is the
-        regression estimate: the sample's figure moved by ``beta`` times what the sample
-        misses of the worker's own figure, ``beta`` fitted over the sampled subtrees
-        (how this cache's hits per subtree follow the worker's). Which subtrees were
-        drawn moves both figures together, so most of that error cancels.
+        With ``seen_ratio``, the worker's own hit ratio over *all* its requests, and at
+        least ``MIN_REGRESSION_SUBTREES`` subtrees, it is the regression estimate: the
+        sample's figure moved by ``beta`` times what the sample misses of the worker's own
+        figure, ``beta`` fitted over the sampled subtrees (how this cache's hits per
+        subtree follow the worker's). Which subtrees were drawn moves both figures
+        together, so most of that error cancels. A move that would leave [0, 1] is not
+        made. With fewer than two subtrees the interval is all of [0, 1].
         """
         n, h, a = self.subtrees, self.hits, self.accesses
         if a <= 0:
@@ -217,11 +256,21 @@ class Totals:
         uu = hh - 2 * ratio * ha + ratio * ratio * aa
         vv = ss - 2 * own * as_ + own * own * aa
         uv = hs - ratio * as_ - own * ha + ratio * own * aa
-        beta = uv / vv if seen_ratio is not None and vv > 1e-9 * max(ss, 1.0) else 0.0
-        estimate = ratio + beta * ((seen_ratio or 0.0) - own)
+        beta = 0.0
+        if seen_ratio is not None and n >= MIN_REGRESSION_SUBTREES and vv > 1e-9 * max(ss, 1.0):
+            beta = uv / vv
+            if not 0.0 <= ratio + beta * (seen_ratio - own) <= 1.0:
+                beta = 0.0
+        value = ratio + beta * ((seen_ratio or 0.0) - own)
+        fitted = 2 if beta else 1  # degrees of freedom the estimate takes
+        if n <= fitted:
+            return Estimate(value, 0.0, 1.0, int(h), int(a), int(self.requests), ratio)
         spread = max(uu - 2 * beta * uv + beta * beta * vv, 0.0)
-        half = Z95 * math.sqrt(spread * n / max(n - 1, 1.0)) / a
-        value = min(max(estimate, 0.0), 1.0)
-        low = min(max(estimate - half, 0.0), value)
-        high = max(min(estimate + half, 1.0), value)
+        half = Z95 * math.sqrt(spread * n / (n - fitted)) / a
+        low, high = max(value - half, 0.0), min(value + half, 1.0)
         return Estimate(value, low, high, int(h), int(a), int(self.requests), ratio)
+
+
+MIN_REGRESSION_SUBTREES = 20
+"""Fewer sampled subtrees than this fit ``beta`` too loosely: the sample's own figure is
+served."""

@@ -82,6 +82,9 @@ class _Worker:
     (``AgentStatus.reuse_classes``, ``reuse_ghost_blocks``)."""
     last_batch: float = 0.0
     """When its last batch came (monotonic clock)."""
+    curves_since: float | None = None
+    """The time of the oldest request its miniatures have served (None: none yet); its
+    own hit ratio is read from then on, over the span the curves cover."""
 
 
 class ShadowEvaluator:
@@ -144,6 +147,7 @@ class ShadowEvaluator:
                     ghost = reuse_ghosts.get(worker_id)
                 if capacity > 0 and (capacity, ghost) != (worker.capacity, worker.reuse_ghost):
                     worker.reuse_ghost = ghost
+                    worker.curves_since = None
                     self._build_caches(worker, capacity)
                     self._tell_categories(worker)
                     self._serve(worker, list(worker.buffer))
@@ -239,9 +243,13 @@ class ShadowEvaluator:
         for step, multiple in enumerate(self.multiples):
             size = worker.share.capacity(round(worker.capacity * multiple))
             for ladder in worker.ladders.values():
-                ladder.caches[step].capacity = size
+                ladder.caches[step].resize(size)
 
     def _serve(self, worker: _Worker, requests: list[Request]) -> None:
+        if not requests:
+            return
+        if worker.curves_since is None:
+            worker.curves_since = requests[0].ts
         self._resize(worker)
         for ladder in worker.ladders.values():
             for cache, counts in zip(ladder.caches, ladder.counts, strict=True):
@@ -290,8 +298,8 @@ class ShadowEvaluator:
             )
 
     def _group(self, capacity: int, members: list[tuple[str, _Worker]]) -> GroupView:
-        seen = sum((w.seen_all.totals(self._clock) for _, w in members), Totals()).estimate()
-        seen_ratio = seen.hit_ratio if seen.accesses else None
+        seen_ratio = self._own_ratio(w for _, w in members)
+        seen = sum((w.seen_all.totals(self._clock) for _, w in members), Totals())
         curves = []
         for name in self.policies:
             points = []
@@ -326,10 +334,26 @@ class ShadowEvaluator:
             incomplete_runs=incomplete,
             whole_requests=all(w.declares_whole for _, w in members)
             and _few_incomplete(requests, incomplete),
-            observed_hit_ratio=seen.hit_ratio,
+            observed_hit_ratio=seen.hits / seen.accesses if seen.accesses else 0.0,
             sampled_observed_hit_ratio=sampled.seen / sampled.accesses if sampled.accesses else 0.0,
             curves=curves,
         )
+
+    def miniatures(self, worker_id: str) -> list[MiniCache]:
+        """Every miniature cache of ``worker_id`` (none before its capacity is known)."""
+        with self._lock:
+            worker = self._workers.get(worker_id)
+            if worker is None:
+                return []
+            return [cache for ladder in worker.ladders.values() for cache in ladder.caches]
+
+    def _own_ratio(self, workers: Iterable[_Worker]) -> float | None:
+        """The workers' own hit ratio over every whole request, each read over the span its
+        curves cover (None: no access)."""
+        totals = sum(
+            (w.seen_all.totals(self._clock, since=w.curves_since) for w in workers), Totals()
+        )
+        return totals.hits / totals.accesses if totals.accesses else None
 
     def reading(self, multiple: float = 1.0) -> Reading:
         """Every family's hit ratio at ``multiple`` times the capacity over the window
@@ -340,7 +364,7 @@ class ShadowEvaluator:
         step = self.multiples.index(multiple)
         with self._lock:
             whole = [w for w in self._workers.values() if w.capacity is not None and _whole(w)]
-            seen = sum((w.seen_all.totals(self._clock) for w in whole), Totals()).estimate()
+            seen_ratio = self._own_ratio(whole)
             ratios: dict[str, float] = {}
             accesses = 0
             for name in self.policies:
@@ -348,7 +372,7 @@ class ShadowEvaluator:
                     (w.ladders[name].counts[step].totals(self._clock) for w in whole), Totals()
                 )
                 if totals.accesses:
-                    ratios[name] = totals.estimate(seen.hit_ratio).hit_ratio
+                    ratios[name] = totals.estimate(seen_ratio).hit_ratio
                     accesses = int(totals.accesses)
             start = max(self._first, self._clock - self.settings.shadow_window_s)
             return Reading(ratios, accesses, start, self._clock)

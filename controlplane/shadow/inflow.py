@@ -1,7 +1,8 @@
 """The sample's share of a worker's recent inflow, which sizes its miniature caches.
 
-Owns ``InflowShare``. A full cache of ``C`` blocks holds, roughly, the last ``C`` blocks
-the worker had to compute (its inflow: a request's accesses less its prefix hits). The
+Owns ``InflowShare``. A full cache of ``C`` blocks holds mostly the last ``C`` blocks the
+worker had to compute (its inflow: a request's accesses less its prefix hits), besides
+those it hit since. The
 sample draws whole prefix subtrees, a few hundred blocks each, so at any moment the
 sampled subtrees' part of that inflow is seldom the sampling rate: one busy conversation
 more or less moves it by a tenth. A miniature of a fixed ``C x rate`` blocks then holds
@@ -9,8 +10,9 @@ more, or less, of the sample's recent blocks than the full cache holds of the tr
 and its hits drift away from the full cache's for the very requests it replays. Sized by
 the sample's measured share of the last ``C`` blocks of inflow instead, it holds what the
 full cache holds (SHARDS adjusts its sampled counts for the same reason). Both inflows
-come from the worker's own HIT events, which the rebuild already reads. It must never
-replay requests or know about policies.
+come from the worker's own HIT events, which the rebuild already reads. The share is kept
+within a band around the rate (``BAND``). It must never replay requests or know about
+policies.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from bisect import bisect_right
 MIN_SEEN = 0.25
 """Until this share of a capacity's inflow has been seen, that capacity keeps the nominal
 ``capacity x rate``."""
+BAND = 4.0
+"""The measured share is kept within ``rate / BAND`` and ``rate x BAND`` (and 1): a
+sample whose subtrees only hit for a while computes nothing, yet its cached blocks are
+still held, as a full cache holds the blocks it hits."""
 
 
 class InflowShare:
@@ -34,9 +40,11 @@ class InflowShare:
 
     def add(self, every: float, sampled: float) -> None:
         """One batch: blocks computed by all its whole requests, and by the sampled ones."""
+        if every <= 0:
+            return
         self._every.append(self._every[-1] + every)
         self._sampled.append(self._sampled[-1] + sampled)
-        if len(self._every) > 64 and self._every[-1] - self._every[32] > self.horizon:
+        if len(self._every) > 64 and self._every[-1] - self._every[32] >= self.horizon:
             del self._every[:32], self._sampled[:32]
 
     @property
@@ -51,4 +59,6 @@ class InflowShare:
         seen = every[-1] - every[start]
         if seen < MIN_SEEN * full or seen <= 0:
             return max(1, round(full * self.rate))
-        return max(1, round(full * (sampled[-1] - sampled[start]) / seen))
+        share = (sampled[-1] - sampled[start]) / seen
+        share = min(max(share, self.rate / BAND), self.rate * BAND, 1.0)
+        return max(1, round(full * share))

@@ -1,17 +1,17 @@
-"""Which prefix subtrees the shadow keeps: a request is sampled when a hash of its key
-block (``controlplane.shadow.rebuild``: the block at a fixed prompt offset, or the last
-one of a shorter prompt) falls under the sampling rate.
+"""Which prefix subtrees the shadow keeps: a request is sampled when a hash of its key block
+(``controlplane.shadow.rebuild``: the block at a fixed prompt offset, or the last one of a
+shorter prompt) falls under the sampling rate.
 
 Owns ``PrefixSampler``. Every request whose prompt runs through the same key block is kept
 or dropped together, so a sampled request's prefix hits in the miniature cache are, below
 the key, the hits it would have had in the full one (its whole subtree is there); the
-miniature cache is the full capacity times the rate (spatial sampling, as SHARDS does for
-single keys). The key sits past the shallow prompts many conversations share (a platform's
-system prompt): keyed on the first block, a handful of such trees would carry most of the
-traffic and the sample would be all or nothing. The hash is a
-fixed mix of the block id (splitmix64's finaliser) and a salt, vectorised: the decision is
-the same on every controller replica and after a restart. It must never hold state beyond
-its rate and salt.
+miniature cache is about the full capacity times the rate (spatial sampling, as SHARDS
+does for single keys; ``controlplane.shadow.inflow`` sets it). The key sits past the
+shallow prompts many conversations share (a platform's system prompt): keyed on the first
+block, a handful of such trees would carry most of the traffic and the sample would be all
+or nothing. The hash is a fixed mix of the block id (splitmix64's finaliser) and a salt,
+vectorised: the decision is the same on every controller replica and after a restart. It
+must never hold state beyond its rate and salt.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ class CurvePoint:
     multiple: float
     """Capacity as a multiple of the group's."""
     capacity: int
-    """Full-size capacity in blocks (the miniature cache holds ``capacity * rate``)."""
+    """Full-size capacity in blocks (the miniature holds about ``capacity * rate``: the
+    sample's share of the worker's recent inflow)."""
     hit_ratio: float
     """The estimate: the miniature's figure, moved by what the sample misses of the
     workers' own hit ratio (docs/shadow.md, "What the estimate is")."""

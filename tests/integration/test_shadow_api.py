@@ -78,6 +78,7 @@ def test_shadow_answers_with_per_policy_curves_after_a_worker_ran(
             )
             want = int(replay_hits(trace, policy, size).sum()) / trace.n_accesses
             assert p["hit_ratio"] == pytest.approx(want, abs=1e-12), (name, size)
+            assert p["sampled_hit_ratio"] == pytest.approx(want, abs=1e-12)  # rate 1
             assert p["ci_low"] <= p["hit_ratio"] <= p["ci_high"]
     # The worker ran lru at its capacity: the shadow's lru at 1x is what it saw.
     lru_1x = curves["lru"][2]

@@ -18,9 +18,15 @@ from agent.policy_document import CategoryParams, PolicyDocument
 from agent.reuse_classes import ReturnTracker
 from agent.wire import EventBatch, EventKind
 from controlplane.replay.engine import replay_hits
-from controlplane.shadow.estimator import MiniCache, ReuseClassing, Totals, WindowCounts
+from controlplane.shadow.estimator import (
+    MIN_REGRESSION_SUBTREES,
+    MiniCache,
+    ReuseClassing,
+    Totals,
+    WindowCounts,
+)
 from controlplane.shadow.evaluator import ShadowEvaluator
-from controlplane.shadow.inflow import MIN_SEEN, InflowShare
+from controlplane.shadow.inflow import BAND, MIN_SEEN, InflowShare
 from controlplane.shadow.rebuild import CategoryTable, Request, RequestRebuilder
 from controlplane.shadow.sampler import PrefixSampler
 from controlplane.shadow.settings import ShadowSettings
@@ -175,9 +181,12 @@ def test_a_miniature_with_reuse_classes_files_returns_under_w_re() -> None:
 def test_window_forgets_buckets_older_than_the_window() -> None:
     counts = WindowCounts(window_s=100.0, buckets=10)
     counts.add(5.0, hits=10, accesses=10, seen=10, subtree=1)
+    assert counts.totals(95.0).estimate().hit_ratio == 1.0
     counts.add(150.0, hits=0, accesses=10, seen=0, subtree=2)
-    assert counts.totals(150.0).estimate().hit_ratio == 0.0  # the first bucket left
-    assert counts.totals(95.0).estimate().hit_ratio == 1.0  # seen from before the second
+    totals = counts.totals(150.0)
+    assert totals.estimate().hit_ratio == 0.0  # the first bucket left
+    assert (totals.subtrees, totals.products[4]) == (1, 100.0)  # and its subtree with it
+    assert counts.totals(400.0) == Totals()  # all gone: every sum back to zero
 
 
 def test_interval_holds_the_ratio_and_narrows_with_more_subtrees() -> None:
@@ -220,9 +229,8 @@ def test_totals_add_up_across_workers() -> None:
     two.add(0.0, 1, 2, 2, subtree=7)  # another worker's subtree, though the key is alike
     both = one.totals(1.0) + two.totals(1.0)
     assert (both.requests, both.hits, both.accesses, both.seen, both.subtrees) == (2, 3, 6, 3, 2)
-    hh, ha, hs, ah, aa, as_, sh, sa, ss = both.products
+    hh, ha, hs, _, aa, as_, _, _, ss = both.products
     assert (hh, aa, ss, ha, hs, as_) == (5, 20, 5, 10, 4, 8)
-    assert (ah, sh, sa) == (ha, hs, as_)
 
 
 def test_the_regression_corrects_a_sample_poorer_in_reuse_than_the_traffic() -> None:
@@ -381,6 +389,46 @@ def test_observed_hit_ratio_counts_every_request_even_with_none_sampled(trace: T
     assert hits > 0
 
 
+def test_too_few_subtrees_give_no_regression_and_a_wide_interval() -> None:
+    counts = WindowCounts(1e9, 1)
+    counts.add(0.0, 3, 10, 9, subtree=1)
+    one = counts.totals(1.0).estimate(seen_ratio=0.5)
+    assert (one.hit_ratio, one.ci_low, one.ci_high) == (0.3, 0.0, 1.0)
+    for k in range(2, 10):
+        counts.add(0.0, k, 10, 10 - k, subtree=k)
+    few = counts.totals(1.0).estimate(seen_ratio=0.9)
+    assert few.hit_ratio == few.sampled_ratio  # under MIN_REGRESSION_SUBTREES: not moved
+    assert 0.0 < few.ci_low < few.hit_ratio < few.ci_high < 1.0
+
+
+def test_a_regression_that_would_leave_0_1_is_not_made() -> None:
+    """Hits that follow the worker's own steeply, and a worker far richer in reuse than
+    the sample: the move would pass 1, so the sample's figure is served."""
+    counts = WindowCounts(1e9, 1)
+    for k in range(40):
+        seen = k % 5
+        counts.add(0.0, min(10, 3 * seen), 10, seen, subtree=k)
+    totals = counts.totals(1.0)
+    assert totals.subtrees >= MIN_REGRESSION_SUBTREES
+    moved = totals.estimate(seen_ratio=0.95)
+    assert moved.hit_ratio == moved.sampled_ratio
+    assert moved.ci_low <= moved.hit_ratio <= moved.ci_high
+
+
+def test_a_resized_miniature_resizes_its_policy_and_its_ghost() -> None:
+    s3fifo = create("s3fifo", 100)
+    cache = MiniCache(s3fifo, 100, ReuseClassing(ReturnTracker(ghost_size=400), lambda c: c))
+    cache.resize(250)
+    fresh = create("s3fifo", 250)
+    assert cache.capacity == 250 and cache.classing is not None
+    assert cache.classing.tracker.ghost_size == 1000
+    for name in ("_small_size", "_main_size", "_ghost_size"):
+        assert getattr(s3fifo, name) == getattr(fresh, name)
+    arc = create("arc", 100)
+    MiniCache(arc, 100).resize(40)
+    assert arc._capacity == 40
+
+
 def test_inflow_share_sizes_a_miniature_by_what_the_sample_computed_lately() -> None:
     """Nominal ``capacity x rate`` until a quarter of the capacity's inflow is seen; then the
     sampled share of the newest ``capacity`` blocks of inflow, whatever came before."""
@@ -403,20 +451,39 @@ def test_inflow_share_keeps_its_horizon_as_it_drops_old_batches() -> None:
         share.add(every=10.0, sampled=1.0 if i < 900 else 3.0)
     assert share.capacity(1000) == 300  # the last 100 batches: 300 of 1,000
     assert share.capacity(2000) == 400  # the last 200: 400 of 2,000
+    assert len(share._every) <= 2000 / 10 + 64  # old batches dropped
+    assert share.totals == (10_000.0, 1_200.0)
+    for _ in range(10_000):
+        share.add(every=0.0, sampled=0.0)  # nothing computed: nothing kept
+    assert len(share._every) <= 2000 / 10 + 64
 
 
-def test_shadow_estimates_are_moved_toward_the_workers_own_hit_ratio(trace: Trace) -> None:
-    """The ``lru`` miniature at the worker's own capacity stands for the worker's own
-    ``lru`` cache. Over eight samples (salts) of a fifth of the subtrees, its estimate,
-    moved by what each sample misses of the worker's observed hit ratio, lands at least
-    twice as close to that ratio as its own figure does."""
+def test_inflow_share_stays_in_a_band_around_the_rate() -> None:
+    """A sample that computes nothing for a while (its subtrees only hit) still holds its
+    blocks: the miniature keeps at least a quarter of the nominal size, and at most four
+    times it."""
+    share = InflowShare(rate=0.05, horizon=1000)
+    for _ in range(4):
+        share.add(every=300.0, sampled=0.0)
+    assert share.capacity(1000) == round(1000 * 0.05 / BAND)
+    for _ in range(4):
+        share.add(every=300.0, sampled=300.0)
+    assert share.capacity(1000) == round(1000 * 0.05 * BAND)
+
+
+def test_shadow_estimates_are_moved_toward_the_full_replay(trace: Trace) -> None:
+    """Over eight samples (salts) of a fifth of the subtrees, the estimate for ``lru`` at
+    twice the worker's capacity, moved by what each sample misses of the worker's own
+    hit ratio, lands closer to the full replay's figure than the miniature's own figure
+    does, and the miniatures are sized by the sample's inflow, not by the rate alone."""
     capacity = trace.capacity_for(0.1)
+    truth = replay_hits(trace, LRUPolicy(), 2 * capacity).sum() / trace.n_accesses
     batches = agent_batches(trace, capacity, batch_events=1000)
     settings = ShadowSettings(
-        shadow_rate=0.2, shadow_policies="lru", shadow_ladder="1", shadow_buckets=1,
+        shadow_rate=0.2, shadow_policies="lru", shadow_ladder="1,2", shadow_buckets=1,
         shadow_window_s=1e9,
     )  # fmt: skip
-    served, own = [], []
+    served, own, sizes = [], [], set()
     for salt in range(8):
         shadow = ShadowEvaluator(settings, salt)
         shadow.set_capacities({"w1": capacity})
@@ -424,10 +491,36 @@ def test_shadow_estimates_are_moved_toward_the_workers_own_hit_ratio(trace: Trac
             shadow.apply(batch)
         shadow.flush("w1")
         (group,) = shadow.view().groups
-        point = next(c for c in group.curves if c.policy == "lru").points[0]
-        served.append(abs(point.hit_ratio - group.observed_hit_ratio))
-        own.append(abs(point.sampled_hit_ratio - group.observed_hit_ratio))
-    assert sum(served) < sum(own) / 2
+        point = next(c for c in group.curves if c.policy == "lru").points[1]
+        served.append(abs(point.hit_ratio - truth))
+        own.append(abs(point.sampled_hit_ratio - truth))
+        sizes.update(cache.capacity for cache in shadow.miniatures("w1"))
+    assert sum(served) < sum(own)
+    assert sizes - {round(capacity * 0.2), round(2 * capacity * 0.2)}
+
+
+def test_a_capacity_learned_late_reads_the_workers_own_hits_over_the_same_span(
+    trace: Trace,
+) -> None:
+    """The miniatures of a worker whose heartbeat came late replay only the requests still
+    kept; the workers' own hit ratio that moves their estimates is read over that span
+    too. At a rate of 1 the sample is the traffic, so nothing moves."""
+    settings = ShadowSettings(
+        shadow_rate=1.0, shadow_policies="lru", shadow_ladder="1", shadow_buckets=3600,
+        shadow_window_s=3600, shadow_max_requests=150,
+    )  # fmt: skip
+    shadow = ShadowEvaluator(settings)
+    batches = agent_batches(trace, 300, batch_events=1000)
+    half = len(batches) // 2
+    for batch in batches[:half]:
+        shadow.apply(batch)
+    shadow.set_capacities({"w1": 300})
+    for batch in batches[half:]:
+        shadow.apply(batch)
+    shadow.flush("w1")
+    (group,) = shadow.view().groups
+    point = group.curves[1].points[0]
+    assert point.hit_ratio == pytest.approx(point.sampled_hit_ratio, abs=0.0005)
 
 
 # --- guard -----------------------------------------------------------------------------------
