@@ -2,22 +2,22 @@
 
 Owns ``AutoReplayPolicy`` and its registration as ``auto`` in the replay catalogue
 (``controlplane.replay.catalog``; the catalogue sits below the shadow, so this module
-registers itself when imported, as the replay command does). The cache starts as
-``wa`` refitted online (as ``kvwise replay --policy wa``: ``controlplane.replay.online``).
-Beside it runs a shadow of the replayed past, as the controller's: requests kept by a
+registers itself when imported, as the replay command does). The cache starts as ``wa``
+refitted online (as ``kvwise replay --policy wa``: ``controlplane.replay.online``). Beside
+it runs a shadow of the replayed past, as the controller's: requests kept by a
 ``PrefixSampler`` on their key block (the controller's key depth; the rate is
 ``auto_rate``) are served by one miniature cache per candidate family (``wa`` under the
-document in force, and the controller's default baselines), each at the cache's
-capacity times the rate (below a rate of 1, without the controller's sizing by inflow
-share and its regression on the workers' own hits: there are no workers here); with
-reuse classes by hit, the miniature ``wa`` files by reuse class on its own hits and
-evictions, as the controller's shadow does for a classing worker. At the end of every
-``auto_window_s`` trace seconds the window's hit ratios go to the ``FamilySelector``
-(the controller's rule); when it
+document in force, and the controller's default baselines), each at the cache's capacity
+times the rate (below a rate of 1, sized as the controller sizes them by the sample's
+share of the replayed cache's inflow, and each window's figures moved by that cache's own
+hit ratio: the replayed cache stands for the worker); with reuse classes by hit, the
+miniature ``wa`` files by reuse class on its own hits and evictions, as the controller's
+shadow does for a classing worker. At the end of every ``auto_window_s`` trace seconds the
+window's hit ratios go to the ``FamilySelector`` (the controller's rule); when it
 switches, every block of the cache moves into the new family in its victim order
 (``agent.policies.handover``), as an agent's does on hot reload. ``wa`` keeps being
-refitted while a baseline runs, so a switch back finds the newest document.
-``switches`` records each switch.
+refitted while a baseline runs, so a switch back finds the newest document. ``switches``
+records each switch.
 
 Each request is judged on what came before it: the shadow serves a request after the
 windows ending before it are judged, and refits see only earlier requests. It must never
@@ -119,7 +119,7 @@ class _Shadow:
         size = self.share.capacity(self.capacity) if self.sampling else None
         for cache, counts in zip(self.caches, self.counts, strict=True):
             if size is not None:
-                cache.capacity = size
+                cache.resize(size)
             hits = cache.serve(request)
             counts.add(request.ts, hits, len(request.blocks), request.seen_hits, request.subtree)
 
