@@ -135,9 +135,9 @@ class WindowCounts:
         self._sums = np.zeros((buckets, 4))  # requests, hits, accesses, seen
         self._added: list[dict[int, list[int]]] = [{} for _ in range(buckets)]
         """Per bucket: each subtree's hits, accesses and seen added in it."""
-        self._subtrees: dict[int, list[int]] = {}
+        self._subtrees: dict[int, tuple[int, int, int]] = {}
         """Each subtree's hits, accesses and seen over the live buckets."""
-        self._products = [0] * 9
+        self._products = [0] * 6
 
     def add(self, ts: float, hits: int, accesses: int, seen: int, subtree: int) -> None:
         """One sampled request: its hits and accesses here, its prefix hits in the worker's
@@ -146,22 +146,28 @@ class WindowCounts:
         if slot is None:
             return
         self._sums[slot] += (1.0, hits, accesses, seen)
-        row = (hits, accesses, seen)
-        added = self._added[slot].setdefault(subtree, [0, 0, 0])
-        for i in range(3):
-            added[i] += row[i]
-        self._move(subtree, row)
+        added = self._added[slot].get(subtree)
+        if added is None:
+            self._added[slot][subtree] = [hits, accesses, seen]
+        else:
+            added[0] += hits
+            added[1] += accesses
+            added[2] += seen
+        self._move(subtree, hits, accesses, seen)
 
-    def _move(self, subtree: int, delta: tuple[int, int, int]) -> None:
-        """Add ``delta`` to ``subtree``'s sums over the window, and to the products."""
-        old = self._subtrees.get(subtree, [0, 0, 0])
-        new = [old[i] + delta[i] for i in range(3)]
-        products = self._products
-        for i in range(3):
-            for j in range(3):
-                products[3 * i + j] += new[i] * new[j] - old[i] * old[j]
-        if new[1] > 0:
-            self._subtrees[subtree] = new
+    def _move(self, subtree: int, hits: int, accesses: int, seen: int) -> None:
+        """Add to ``subtree``'s sums over the window, and to the sums of their products."""
+        h0, a0, s0 = self._subtrees.get(subtree, _NOTHING)
+        h1, a1, s1 = h0 + hits, a0 + accesses, s0 + seen
+        p = self._products  # hh, ha, hs, aa, as, ss
+        p[0] += h1 * h1 - h0 * h0
+        p[1] += h1 * a1 - h0 * a0
+        p[2] += h1 * s1 - h0 * s0
+        p[3] += a1 * a1 - a0 * a0
+        p[4] += a1 * s1 - a0 * s0
+        p[5] += s1 * s1 - s0 * s0
+        if a1 > 0:
+            self._subtrees[subtree] = (h1, a1, s1)
         else:
             self._subtrees.pop(subtree, None)
 
@@ -190,7 +196,7 @@ class WindowCounts:
     def _forget(self, slot: int) -> None:
         """Take what ``slot``'s bucket added out of the window's sums."""
         for subtree, (h, a, s) in self._added[slot].items():
-            self._move(subtree, (-h, -a, -s))
+            self._move(subtree, -h, -a, -s)
         self._added[slot] = {}
         self._sums[slot] = 0.0
 
@@ -208,7 +214,8 @@ class WindowCounts:
         requests, hits, accesses, seen = self._sums[live].sum(axis=0).tolist()
         if since is not None:
             return Totals(requests, hits, accesses, seen)
-        products = tuple(float(p) for p in self._products)
+        hh, ha, hs, aa, as_, ss = (float(p) for p in self._products)
+        products = (hh, ha, hs, ha, aa, as_, hs, as_, ss)
         return Totals(requests, hits, accesses, seen, len(self._subtrees), products)
 
 
@@ -270,6 +277,8 @@ class Totals:
         low, high = max(value - half, 0.0), min(value + half, 1.0)
         return Estimate(value, low, high, int(h), int(a), int(self.requests), ratio)
 
+
+_NOTHING = (0, 0, 0)
 
 MIN_REGRESSION_SUBTREES = 20
 """Fewer sampled subtrees than this fit ``beta`` too loosely: the sample's own figure is
