@@ -81,10 +81,16 @@ class ARCPolicy:
         self._admitted: OrderedDict[int, None] = OrderedDict()  # allocated ghost hits
 
     def resize(self, capacity: int) -> None:
-        """Evict down to ``capacity`` from now on; the target ``p`` stays within it
-        (``Resizable``)."""
+        """Evict down to ``capacity`` from now on (``Resizable``): the target ``p`` stays
+        within it, and the ghosts are cut, oldest first, to ARC's bounds for it (``t1``
+        and ``b1`` within ``c``, all four lists within ``2c``)."""
         self._capacity = capacity
         self._p = min(self._p, float(capacity))
+        b1, b2 = self._b1, self._b2
+        while b1 and self._n1 + len(b1) > capacity:
+            b1.popitem(last=False)
+        while b2 and self._n1 + len(b1) + self._n2 + len(b2) > 2 * capacity:
+            b2.popitem(last=False)
 
     # -- the Protocol -------------------------------------------------------------------
 

@@ -264,7 +264,7 @@ def _classing(
         return None
     tracker = ReturnTracker(round(options.reuse_ghost * size))
     offset = classes.k
-    return ReuseClassing(tracker, lambda code: code + offset)
+    return ReuseClassing(tracker, lambda code: code + offset, float(options.reuse_ghost))
 
 
 @catalog.register_offline("auto")

@@ -41,6 +41,9 @@ class ReuseClassing:
 
     tracker: ReturnTracker
     return_code: Callable[[int], int]
+    ghost_per_block: float | None = None
+    """The ghost's blocks per block of the miniature, when it is resized (None: the
+    tracker's ghost over the miniature's first capacity)."""
 
     def codes(self, category: int, released: Sequence[int]) -> list[int]:
         again = self.return_code(category)
@@ -58,9 +61,11 @@ class MiniCache:
         self.capacity = capacity
         self.classing = classing
         self._cached: set[int] = set()
-        self._ghost_per_block = (
-            classing.tracker.ghost_size / capacity if classing is not None and capacity else 0.0
-        )
+        self._ghost_per_block = 0.0
+        if classing is not None:
+            self._ghost_per_block = classing.ghost_per_block or (
+                classing.tracker.ghost_size / capacity if capacity else 0.0
+            )
 
     def resize(self, capacity: int) -> None:
         """Evict down to ``capacity`` from the next request on; the policy's own
@@ -131,7 +136,7 @@ class WindowCounts:
     def __init__(self, window_s: float, buckets: int) -> None:
         self.bucket_s = window_s / buckets
         self.buckets = buckets
-        self._id = np.full(buckets, -1, dtype=np.int64)
+        self._id = np.full(buckets, _EMPTY, dtype=np.int64)
         self._sums = np.zeros((buckets, 4))  # requests, hits, accesses, seen
         self._added: list[dict[int, list[int]]] = [{} for _ in range(buckets)]
         """Per bucket: each subtree's hits, accesses and seen added in it."""
@@ -204,9 +209,9 @@ class WindowCounts:
         """The sums of the window ending at ``now`` (add several workers' with ``+``);
         with ``since``, the requests' counts only from that time on (no subtrees)."""
         newest = int(now // self.bucket_s)
-        for slot in np.flatnonzero((self._id >= 0) & (self._id <= newest - self.buckets)):
+        for slot in np.flatnonzero((self._id != _EMPTY) & (self._id <= newest - self.buckets)):
             self._forget(int(slot))
-            self._id[slot] = -1
+            self._id[slot] = _EMPTY
         oldest = newest - self.buckets + 1
         if since is not None:
             oldest = max(oldest, int(since // self.bucket_s))
@@ -279,6 +284,8 @@ class Totals:
 
 
 _NOTHING = (0, 0, 0)
+_EMPTY = np.iinfo(np.int64).min
+"""A slot that holds no bucket (any real bucket, negative times' too, is above it)."""
 
 MIN_REGRESSION_SUBTREES = 20
 """Fewer sampled subtrees than this fit ``beta`` too loosely: the sample's own figure is

@@ -16,6 +16,7 @@ It must never talk to Redis, decode wire data or publish anything.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -147,10 +148,9 @@ class ShadowEvaluator:
                     ghost = reuse_ghosts.get(worker_id)
                 if capacity > 0 and (capacity, ghost) != (worker.capacity, worker.reuse_ghost):
                     worker.reuse_ghost = ghost
-                    worker.curves_since = None
                     self._build_caches(worker, capacity)
                     self._tell_categories(worker)
-                    self._serve(worker, list(worker.buffer))
+                    self._warm(worker)
 
     def set_policy(self, doc: PolicyDocument) -> None:
         """The published document the ``wa`` caches replay from now on."""
@@ -209,9 +209,11 @@ class ShadowEvaluator:
         worker.wa.append(wa)
         worker.wa_names = len(self.table.names)
         ghost = _ghost_share(worker, size)
-        if ghost is None:
+        if ghost is None or worker.reuse_ghost is None or not worker.capacity:
             return MiniCache(wa, size)
-        return MiniCache(wa, size, ReuseClassing(ReturnTracker(ghost), self.table.reuse_class_code))
+        per_block = worker.reuse_ghost / worker.capacity
+        classing = ReuseClassing(ReturnTracker(ghost), self.table.reuse_class_code, per_block)
+        return MiniCache(wa, size, classing)
 
     def _take(self, worker: _Worker, rebuilt: Rebuilt) -> None:
         worker.requests += rebuilt.requests
@@ -245,19 +247,36 @@ class ShadowEvaluator:
             for ladder in worker.ladders.values():
                 ladder.caches[step].resize(size)
 
+    def _warm(self, worker: _Worker) -> None:
+        """New miniatures replay the window's requests still kept, counted from the first
+        whole time bucket after the oldest (the workers' own hits are read from there on,
+        so both cover the same span; the requests before it only warm the caches)."""
+        requests = list(worker.buffer)
+        worker.curves_since = None
+        if requests:
+            bucket_s = self.settings.shadow_window_s / self.settings.shadow_buckets
+            worker.curves_since = (math.floor(requests[0].ts / bucket_s) + 1) * bucket_s
+        self._serve(worker, requests)
+
     def _serve(self, worker: _Worker, requests: list[Request]) -> None:
         if not requests:
             return
         if worker.curves_since is None:
             worker.curves_since = requests[0].ts
+        counted_from = worker.curves_since
         self._resize(worker)
         for ladder in worker.ladders.values():
             for cache, counts in zip(ladder.caches, ladder.counts, strict=True):
                 for request in requests:
                     hits = cache.serve(request)
-                    counts.add(
-                        request.ts, hits, len(request.blocks), request.seen_hits, request.subtree
-                    )
+                    if request.ts >= counted_from:
+                        counts.add(
+                            request.ts,
+                            hits,
+                            len(request.blocks),
+                            request.seen_hits,
+                            request.subtree,
+                        )
 
     def _keep(self, worker: _Worker, requests: Iterable[Request]) -> None:
         buffer = worker.buffer
@@ -349,7 +368,9 @@ class ShadowEvaluator:
 
     def _own_ratio(self, workers: Iterable[_Worker]) -> float | None:
         """The workers' own hit ratio over every whole request, each read over the span its
-        curves cover (None: no access)."""
+        curves cover (None: no access, or a rate of 1, where the sample is the traffic)."""
+        if self.sampler.rate >= 1:
+            return None
         totals = sum(
             (w.seen_all.totals(self._clock, since=w.curves_since) for w in workers), Totals()
         )

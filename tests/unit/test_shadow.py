@@ -424,9 +424,17 @@ def test_a_resized_miniature_resizes_its_policy_and_its_ghost() -> None:
     assert cache.classing.tracker.ghost_size == 1000
     for name in ("_small_size", "_main_size", "_ghost_size"):
         assert getattr(s3fifo, name) == getattr(fresh, name)
-    arc = create("arc", 100)
-    MiniCache(arc, 100).resize(40)
-    assert arc._capacity == 40
+    arc = create("arc", 200)
+    mini = MiniCache(arc, 200)
+    rng = np.random.default_rng(1)
+    for i in range(2000):  # three of 600 blocks each time: ARC's ghosts fill up
+        mini.serve(Request(float(i), 1, rng.integers(0, 600, 3).tolist()))
+    assert len(arc._b1) + len(arc._b2) > 100
+    mini.resize(50)
+    mini.serve(Request(300.0, 1, [10_000, 10_001]))
+    assert arc._capacity == 50
+    assert arc._n1 + len(arc._b1) <= 50
+    assert arc._n1 + arc._n2 + len(arc._b1) + len(arc._b2) <= 100
 
 
 def test_inflow_share_sizes_a_miniature_by_what_the_sample_computed_lately() -> None:
@@ -503,12 +511,12 @@ def test_a_capacity_learned_late_reads_the_workers_own_hits_over_the_same_span(
     trace: Trace,
 ) -> None:
     """The miniatures of a worker whose heartbeat came late replay only the requests still
-    kept; the workers' own hit ratio that moves their estimates is read over that span
-    too. At a rate of 1 the sample is the traffic, so nothing moves."""
+    kept, counted from a whole time bucket on; the workers' own hit ratio that moves their
+    estimates is read over that span too. With (all but) every subtree sampled, the sample
+    is the traffic: nothing moves."""
     settings = ShadowSettings(
-        shadow_rate=1.0, shadow_policies="lru", shadow_ladder="1", shadow_buckets=3600,
-        shadow_window_s=3600, shadow_max_requests=150,
-    )  # fmt: skip
+        shadow_rate=1 - 1e-9, shadow_policies="lru", shadow_ladder="1", shadow_max_requests=150
+    )  # the default window and buckets
     shadow = ShadowEvaluator(settings)
     batches = agent_batches(trace, 300, batch_events=1000)
     half = len(batches) // 2
@@ -520,7 +528,42 @@ def test_a_capacity_learned_late_reads_the_workers_own_hits_over_the_same_span(
     shadow.flush("w1")
     (group,) = shadow.view().groups
     point = group.curves[1].points[0]
-    assert point.hit_ratio == pytest.approx(point.sampled_hit_ratio, abs=0.0005)
+    assert group.sampled_requests < group.requests_seen  # the curves start late
+    assert point.hit_ratio == pytest.approx(point.sampled_hit_ratio, abs=1e-9)
+
+
+def test_window_sums_equal_a_recount_of_the_live_buckets() -> None:
+    """Running sums and products, against a recount of every add still in the window, as
+    time moves on by small and large steps and some adds come late."""
+    rng = np.random.default_rng(11)
+    counts = WindowCounts(window_s=100.0, buckets=10)
+    log: list[tuple[int, int, int, int, int]] = []  # bucket, subtree, hits, accesses, seen
+    now = -50.0  # negative times too
+    for _ in range(400):
+        now += float(rng.choice([0.0, 3.0, 17.0, 250.0], p=[0.4, 0.4, 0.15, 0.05]))
+        ts = now - float(rng.uniform(0, 120))
+        a = int(rng.integers(1, 30))
+        h, seen = int(rng.integers(0, a + 1)), int(rng.integers(0, a + 1))
+        subtree = int(rng.integers(0, 12))
+        counts.add(ts, h, a, seen, subtree)
+        bucket = int(ts // 10.0)
+        newest = int(now // 10.0)
+        log = [row for row in log if row[0] > newest - 10]
+        if bucket > newest - 10 and all(
+            row[0] <= bucket or row[0] % 10 != bucket % 10 for row in log
+        ):
+            log.append((bucket, subtree, h, a, seen))
+        totals = counts.totals(now)
+        per: dict[int, list[int]] = {}
+        for _, k, hh, aa, ss in log:
+            row = per.setdefault(k, [0, 0, 0])
+            row[0] += hh
+            row[1] += aa
+            row[2] += ss
+        want = [sum(r[i] * r[j] for r in per.values()) for i in range(3) for j in range(3)]
+        assert totals.subtrees == len(per)
+        assert list(totals.products) == want
+        assert totals.hits == sum(r[2] for r in log)
 
 
 # --- guard -----------------------------------------------------------------------------------
