@@ -84,8 +84,10 @@ class _Worker:
     last_batch: float = 0.0
     """When its last batch came (monotonic clock)."""
     curves_since: float | None = None
-    """The time of the oldest request its miniatures have served (None: none yet); its
-    own hit ratio is read from then on, over the span the curves cover."""
+    """From when its miniatures count (None: nothing served yet); its own hit ratio is
+    read from then on, over the span the curves cover."""
+    buffer_dropped: bool = False
+    """Whether its buffer ever let a sampled request go (it no longer holds them all)."""
 
 
 class ShadowEvaluator:
@@ -248,12 +250,13 @@ class ShadowEvaluator:
                 ladder.caches[step].resize(size)
 
     def _warm(self, worker: _Worker) -> None:
-        """New miniatures replay the window's requests still kept, counted from the first
-        whole time bucket after the oldest (the workers' own hits are read from there on,
-        so both cover the same span; the requests before it only warm the caches)."""
+        """New miniatures replay the window's requests still kept. When the buffer has let
+        some go, they are counted from the first whole time bucket after the oldest kept
+        (the workers' own hits are read from there on, so both cover the same span; the
+        requests before it only warm the caches); else all of them."""
         requests = list(worker.buffer)
         worker.curves_since = None
-        if requests:
+        if requests and worker.buffer_dropped:
             bucket_s = self.settings.shadow_window_s / self.settings.shadow_buckets
             worker.curves_since = (math.floor(requests[0].ts / bucket_s) + 1) * bucket_s
         self._serve(worker, requests)
@@ -284,6 +287,7 @@ class ShadowEvaluator:
         oldest = self._clock - self.settings.shadow_window_s
         while buffer and (len(buffer) > self.settings.shadow_max_requests or buffer[0].ts < oldest):
             buffer.popleft()
+            worker.buffer_dropped = True
 
     def _tell_categories(self, worker: _Worker) -> None:
         names = self.table.names
