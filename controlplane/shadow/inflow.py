@@ -2,17 +2,16 @@
 
 Owns ``InflowShare``. A full cache of ``C`` blocks holds mostly the last ``C`` blocks the
 worker had to compute (its inflow: a request's accesses less its prefix hits), besides
-those it hit since. The
-sample draws whole prefix subtrees, a few hundred blocks each, so at any moment the
-sampled subtrees' part of that inflow is seldom the sampling rate: one busy conversation
-more or less moves it by a tenth. A miniature of a fixed ``C x rate`` blocks then holds
-more, or less, of the sample's recent blocks than the full cache holds of the traffic's,
-and its hits drift away from the full cache's for the very requests it replays. Sized by
-the sample's measured share of the last ``C`` blocks of inflow instead, it holds what the
-full cache holds (SHARDS adjusts its sampled counts for the same reason). Both inflows
-come from the worker's own HIT events, which the rebuild already reads. The share is kept
-within a band around the rate (``BAND``). It must never replay requests or know about
-policies.
+those it hit since. The sample draws whole prefix subtrees, a few hundred blocks each, so
+at any moment the sampled subtrees' part of that inflow is seldom the sampling rate. A
+miniature of a fixed ``C x rate`` blocks then holds more, or less, of the sample's recent
+blocks than the full cache holds of the traffic's, and its hits drift away from the full
+cache's for the very requests it replays (docs/shadow.md measures by how much). Sized by
+the sample's measured share of the last ``C`` blocks of inflow instead, it holds about
+what the full cache holds (SHARDS adjusts its sampled counts for a like reason). Both
+inflows come from the worker's own HIT events, which the rebuild already reads. The share
+is kept within a band around the rate (``BAND``). It must never replay requests or know
+about policies.
 """
 
 from __future__ import annotations
