@@ -7,7 +7,7 @@ simulator is ``controlplane.simulate``; trace reading is ``controlplane.traces.r
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, get_args
 
 import typer
 
@@ -26,6 +26,7 @@ from controlplane.cli.common import (
     print_json,
     trace_json,
 )
+from controlplane.replay.options import ReuseClass
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -87,7 +88,7 @@ CategoriesOpt = Annotated[
 RefitEveryOpt = Annotated[
     float, typer.Option(metavar="SECONDS", help="wa: refit every this many trace seconds")
 ]
-REUSE_CLASSES = ("off", "hit", "trace")
+REUSE_CLASSES: tuple[str, ...] = get_args(ReuseClass)
 ReuseClassOpt = Annotated[
     str,
     typer.Option(

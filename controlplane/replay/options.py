@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Literal
+from typing import Literal, get_args
 
 from agent.reuse_classes import REUSE_GHOST_CAPACITIES
 from controlplane.fit.settings import FitSettings
@@ -89,7 +89,7 @@ class ReplayOptions:
             raise ValueError(f"categories must be 'labels' or 'auto', got {self.categories!r}")
         if self.attribution not in ("creator", "last"):
             raise ValueError(f"attribution must be 'creator' or 'last', got {self.attribution!r}")
-        if self.reuse_class not in ("off", "hit", "trace"):
+        if self.reuse_class not in get_args(ReuseClass):
             raise ValueError(f"reuse_class must be off, hit or trace, got {self.reuse_class!r}")
         if self.depth not in ("off", "classes", "cost"):
             raise ValueError(f"depth must be off, classes or cost, got {self.depth!r}")
