@@ -219,23 +219,22 @@ class WindowCounts:
         requests, hits, accesses, seen = self._sums[live].sum(axis=0).tolist()
         if since is not None:
             return Totals(requests, hits, accesses, seen)
-        hh, ha, hs, aa, as_, ss = (float(p) for p in self._products)
-        products = (hh, ha, hs, ha, aa, as_, hs, as_, ss)
+        products = tuple(float(p) for p in self._products)
         return Totals(requests, hits, accesses, seen, len(self._subtrees), products)
 
 
 @dataclass(frozen=True)
 class Totals:
     """Sums over sampled requests (count, hits, accesses, the worker's own hits) and over
-    their subtrees (how many, and the 3 x 3 products of each subtree's hits, accesses and
-    own hits, row-major)."""
+    their subtrees (how many, and the sums of the products of each subtree's hits ``h``,
+    accesses ``a`` and own hits ``s``: ``hh, ha, hs, aa, as, ss``)."""
 
     requests: float = 0.0
     hits: float = 0.0
     accesses: float = 0.0
     seen: float = 0.0
     subtrees: float = 0.0
-    products: tuple[float, ...] = (0.0,) * 9
+    products: tuple[float, ...] = (0.0,) * 6
 
     def __add__(self, other: Totals) -> Totals:
         products = tuple(a + b for a, b in zip(self.products, other.products, strict=True))
@@ -247,6 +246,16 @@ class Totals:
             self.subtrees + other.subtrees,
             products,
         )
+
+    @property
+    def hit_ratio(self) -> float | None:
+        """Hits over accesses (None: no access)."""
+        return self.hits / self.accesses if self.accesses else None
+
+    @property
+    def seen_ratio(self) -> float | None:
+        """The worker's own hits over these accesses (None: no access)."""
+        return self.seen / self.accesses if self.accesses else None
 
     def estimate(self, seen_ratio: float | None = None) -> Estimate:
         """The hit ratio and its 95 % interval (no accesses: all zero).
@@ -263,7 +272,7 @@ class Totals:
         if a <= 0:
             return Estimate(0.0, 0.0, 0.0, 0, 0, int(self.requests))
         ratio, own = h / a, self.seen / a
-        hh, ha, hs, _, aa, as_, _, _, ss = self.products
+        hh, ha, hs, aa, as_, ss = self.products
         # Per subtree, u = hits - ratio * accesses and v = seen - own * accesses.
         uu = hh - 2 * ratio * ha + ratio * ratio * aa
         vv = ss - 2 * own * as_ + own * own * aa

@@ -357,8 +357,8 @@ class ShadowEvaluator:
             incomplete_runs=incomplete,
             whole_requests=all(w.declares_whole for _, w in members)
             and _few_incomplete(requests, incomplete),
-            observed_hit_ratio=seen.hits / seen.accesses if seen.accesses else 0.0,
-            sampled_observed_hit_ratio=sampled.seen / sampled.accesses if sampled.accesses else 0.0,
+            observed_hit_ratio=seen.hit_ratio or 0.0,
+            sampled_observed_hit_ratio=sampled.seen_ratio or 0.0,
             curves=curves,
         )
 
@@ -378,7 +378,7 @@ class ShadowEvaluator:
         totals = sum(
             (w.seen_all.totals(self._clock, since=w.curves_since) for w in workers), Totals()
         )
-        return totals.hits / totals.accesses if totals.accesses else None
+        return totals.hit_ratio
 
     def reading(self, multiple: float = 1.0) -> Reading:
         """Every family's hit ratio at ``multiple`` times the capacity over the window
