@@ -44,6 +44,9 @@ from controlplane.shadow.view import (
 )
 
 WA = "wa"
+GATHER_EVENTS = 8192
+"""Access events a worker's rebuilder gathers before it rebuilds them (every read drains
+it first): its vectorised passes cost about the same for a small batch as for this many."""
 GUARD_MAX_INCOMPLETE_SHARE = 0.1
 """A worker more than this share of whose runs do not rebuild into whole requests (events
 lost, or an engine that reports a request's hits and its inserts apart) is left out of the
@@ -182,7 +185,7 @@ class ShadowEvaluator:
         worker = self._workers.get(worker_id)
         if worker is None:
             depth = self.settings.shadow_key_depth
-            rebuilder = RequestRebuilder(self.sampler, self.table, depth)
+            rebuilder = RequestRebuilder(self.sampler, self.table, depth, GATHER_EVENTS)
             window, buckets = self.settings.shadow_window_s, self.settings.shadow_buckets
             worker = self._workers[worker_id] = _Worker(
                 rebuilder, deque(), WindowCounts(window, buckets), InflowShare(self.sampler.rate)
@@ -297,10 +300,16 @@ class ShadowEvaluator:
                     wa.add_category(name)
             worker.wa_names = len(names)
 
+    def _drain(self) -> None:
+        """Replay what every worker's rebuilder has gathered (before any read)."""
+        for worker in self._workers.values():
+            self._take(worker, worker.rebuilder.drain())
+
     # --- output --------------------------------------------------------------------------
     def view(self) -> ShadowView:
         """Every group's curves over the window ending at the newest sampled request."""
         with self._lock:
+            self._drain()
             groups: dict[int, list[tuple[str, _Worker]]] = {}
             waiting = []
             for worker_id, worker in sorted(self._workers.items()):
@@ -365,6 +374,7 @@ class ShadowEvaluator:
     def miniatures(self, worker_id: str) -> list[MiniCache]:
         """Every miniature cache of ``worker_id`` (none before its capacity is known)."""
         with self._lock:
+            self._drain()
             worker = self._workers.get(worker_id)
             if worker is None:
                 return []
@@ -388,6 +398,7 @@ class ShadowEvaluator:
             raise ValueError(f"{multiple} is not on the ladder {self.multiples}")
         step = self.multiples.index(multiple)
         with self._lock:
+            self._drain()
             whole = [w for w in self._workers.values() if w.capacity is not None and _whole(w)]
             seen_ratio = self._own_ratio(whole)
             ratios: dict[str, float] = {}
@@ -408,6 +419,7 @@ class ShadowEvaluator:
         (each worker's at its capacity, from cold) and say whether ``candidate`` may be
         published; the verdict is also kept for ``view``."""
         with self._lock:
+            self._drain()
             names = tuple(self.table.names)
             limit = self.settings.guard_max_accesses
             known = [w for w in self._workers.values() if w.capacity is not None and w.buffer]

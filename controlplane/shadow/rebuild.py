@@ -117,43 +117,85 @@ _EMPTY = RawEvents(
 """No held events."""
 
 
-class RequestRebuilder:
-    """One worker's stream -> its sampled whole requests, batch by batch."""
+def _nothing() -> Rebuilt:
+    """No request (a fresh one: ``sampled`` is a list the caller may keep)."""
+    return Rebuilt([], 0, 0, 0)
 
-    def __init__(self, sampler: PrefixSampler, table: CategoryTable, key_depth: int = 0) -> None:
+
+def _joined(parts: list[RawEvents]) -> RawEvents:
+    """``parts`` one after another, in one set of arrays (no copy for one part)."""
+    parts = [part for part in parts if len(part)]
+    if not parts:
+        return _EMPTY
+    if len(parts) == 1:
+        return parts[0]
+    return RawEvents(
+        *(np.concatenate([getattr(part, name) for part in parts]) for name in RawEvents.columns)
+    )
+
+
+class RequestRebuilder:
+    """One worker's stream -> its sampled whole requests, a few batches at a time."""
+
+    def __init__(
+        self,
+        sampler: PrefixSampler,
+        table: CategoryTable,
+        key_depth: int = 0,
+        min_events: int = 1,
+    ) -> None:
         self.sampler = sampler
         self.table = table
         self.key_depth = key_depth
         """Offset of the block whose hash decides a request (its last, if shorter)."""
+        self.min_events = min_events
+        """Access events gathered before they are rebuilt: the passes over them cost about
+        the same for a batch of a hundred events as for ten thousand."""
         self._held = _EMPTY
+        self._pending: list[RawEvents] = []
+        self._pending_events = 0
 
     def feed(self, batch: EventBatch) -> Rebuilt:
-        """The requests ``batch`` completes; its last run is held for the next batch."""
+        """The requests ``batch`` completes, once ``min_events`` access events are
+        gathered (until then nothing); the last run is held for the next batch."""
         access = batch.kind != EVICT
         codes = self.table.codes(batch.categories)
-        run = self._held.then(
+        category = batch.category[access]
+        self._pending.append(
             RawEvents(
                 batch.ts[access],
                 batch.block[access],
-                codes[batch.category[access]] if len(codes) else batch.category[access],
+                codes[category] if len(codes) else category,
                 batch.offset[access],
                 batch.kind[access],
             )
         )
+        self._pending_events += len(category)
+        if self._pending_events < self.min_events:
+            return _nothing()
+        return self.drain()
+
+    def drain(self) -> Rebuilt:
+        """The requests the gathered events complete (the last run still held)."""
+        run = _joined([self._held, *self._pending])
+        self._pending.clear()
+        self._pending_events = 0
         starts = _starts(run)
         if len(starts) == 0:
-            return Rebuilt([], 0, 0, 0)
+            self._held = _EMPTY
+            return _nothing()
         self._held = run.rows(int(starts[-1]), len(run))
         return self._requests(run.rows(0, int(starts[-1])), starts[:-1])
 
     def flush(self) -> Rebuilt:
-        """The requests of the held run (at the end of a stream)."""
-        run, self._held = self._held, _EMPTY
+        """The requests of every event gathered and held (at the end of a stream)."""
+        run = _joined([self._held, *self._pending])
+        self._held, self._pending, self._pending_events = _EMPTY, [], 0
         return self._requests(run, _starts(run))
 
     def _requests(self, run: RawEvents, starts: NDArray[np.intp]) -> Rebuilt:
         if len(starts) == 0:
-            return Rebuilt([], 0, 0, 0)
+            return _nothing()
         whole = _whole(run, starts)
         if not whole.all():
             starts, whole = _split_broken(run, starts, whole)

@@ -63,11 +63,13 @@ def test_sampler_refuses_a_rate_out_of_range() -> None:
 
 
 # --- rebuild ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("batch_events", [97, 4096])
-def test_rebuild_gives_back_every_request_of_the_trace(trace: Trace, batch_events: int) -> None:
+@pytest.mark.parametrize(("batch_events", "min_events"), [(97, 1), (4096, 1), (97, 5000)])
+def test_rebuild_gives_back_every_request_of_the_trace(
+    trace: Trace, batch_events: int, min_events: int
+) -> None:
     capacity = 200
     table = CategoryTable()
-    rebuilder = RequestRebuilder(PrefixSampler(1.0), table)
+    rebuilder = RequestRebuilder(PrefixSampler(1.0), table, min_events=min_events)
     requests = []
     for batch in agent_batches(trace, capacity, batch_events=batch_events):
         requests += rebuilder.feed(batch).sampled
@@ -82,6 +84,19 @@ def test_rebuild_gives_back_every_request_of_the_trace(trace: Trace, batch_event
         assert got.blocks == hashes[offsets[r] : offsets[r + 1]].tolist()
         assert got.ts == trace.timestamps[r]
         assert table.names[got.category] == trace.category_names[trace.categories[r]]
+
+
+def test_rebuild_gathers_small_batches_until_drained(trace: Trace) -> None:
+    batches = list(agent_batches(trace, 200, batch_events=50))
+    rebuilder = RequestRebuilder(PrefixSampler(1.0), CategoryTable(), min_events=10**9)
+    assert all(rebuilder.feed(batch).requests == 0 for batch in batches[:40])
+    drained = rebuilder.drain()
+    one_by_one = RequestRebuilder(PrefixSampler(1.0), CategoryTable())
+    expected = [r for batch in batches[:40] for r in one_by_one.feed(batch).sampled]
+    assert drained.requests == len(expected) > 0
+    assert drained.sampled == expected
+    assert rebuilder.drain().requests == 0  # the last run stays held until more come
+    assert rebuilder.flush().sampled == one_by_one.flush().sampled
 
 
 def test_rebuild_splits_two_requests_of_one_time_and_category() -> None:
