@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-F64 = NDArray[np.float64]
+from controlplane.traces.arrays import F64
 
 MIN_AT_RISK = 0.01
 """Default share of a category's exposures that must still be at risk at a KS point."""

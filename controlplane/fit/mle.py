@@ -28,7 +28,7 @@ from typing import TypedDict, Unpack
 import numpy as np
 from numpy.typing import NDArray
 
-F64 = NDArray[np.float64]
+from controlplane.traces.arrays import F64, I64
 
 LOGIT_BOUND = 20.0
 """p is kept in ``[expit(-20), expit(20)]`` (2e-9 from 0 and 1): no data tells it apart."""
@@ -182,7 +182,7 @@ class _Iterate:
     loglik: F64
     """Mean log-likelihood per exposure at ``(u, s)``."""
     done: NDArray[np.bool_]
-    iterations: NDArray[np.int64]
+    iterations: I64
 
 
 class FitOptions(TypedDict, total=False):
@@ -193,7 +193,7 @@ class FitOptions(TypedDict, total=False):
 
 
 def fit_cure_rate_many(
-    observed: NDArray[np.int64] | F64,
+    observed: I64 | F64,
     censored: F64,
     edges: F64,
     *,
@@ -292,7 +292,7 @@ def _free_gradient(u: F64, s: F64, g: F64, log_bounds: tuple[float, float]) -> F
 
 
 def fit_cure_rate(
-    observed: NDArray[np.int64] | F64, censored: F64, edges: F64, **options: Unpack[FitOptions]
+    observed: I64 | F64, censored: F64, edges: F64, **options: Unpack[FitOptions]
 ) -> MixtureFit:
     """``fit_cure_rate_many`` of a single row."""
     return fit_cure_rate_many(

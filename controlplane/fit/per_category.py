@@ -26,10 +26,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agent.policy_document import DEFAULT_PARAMS, CategoryParams, ParamSource
-from controlplane.fit.gof import F64, ReuseCurve, curve_from, empirical_cdf, ks_from
+from controlplane.fit.gof import ReuseCurve, curve_from, empirical_cdf, ks_from
 from controlplane.fit.mle import MixtureFit, fit_cure_rate_many
 from controlplane.fit.reuse_window import StatsSnapshot
 from controlplane.fit.settings import FitSettings
+from controlplane.traces.arrays import F64, I64
 
 _P_CLIP = 1e-6
 """p is blended on the logit scale; kept this far from 0 and 1 so logits stay finite."""
@@ -145,7 +146,7 @@ class _Fits:
     """Category code -> its own fit, for categories with ``min_samples`` exposures."""
 
 
-def _fit_rows(snap: StatsSnapshot, exposures: NDArray[np.int64], settings: FitSettings) -> _Fits:
+def _fit_rows(snap: StatsSnapshot, exposures: I64, settings: FitSettings) -> _Fits:
     """One vectorised MLE call: row 0 pools every category, then each category with
     enough exposures for a fit of its own."""
     own = np.flatnonzero(exposures >= settings.min_samples)

@@ -33,9 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agent.wire import EventBatch, EventKind
-
-F64 = NDArray[np.float64]
-I64 = NDArray[np.int64]
+from controlplane.traces.arrays import F64, I32, I64
 
 _ACCESS_KINDS = np.array([EventKind.HIT, EventKind.INSERT], dtype=np.uint8)
 _ONE32 = np.int32(1)
@@ -146,7 +144,7 @@ class WindowState:
     bucket_ids: I64
     accesses: I64
     near_concurrent: I64
-    gaps: NDArray[np.int32]
+    gaps: I32
     head: int | None
     origin: float | None
     dropped: int
@@ -332,9 +330,9 @@ class ReuseStats:
     def ingest(
         self,
         ts: F64,
-        category: NDArray[np.int32],
+        category: I32,
         prev_ts: F64,
-        prev_category: NDArray[np.int32],
+        prev_category: I32,
         *,
         names: Sequence[str] | None = None,
     ) -> None:

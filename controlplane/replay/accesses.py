@@ -20,17 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import NDArray
 
 from agent.category_inference import CategoryInferrer, InferSettings
 from agent.category_table import REUSED_SUFFIX
 from agent.reuse_classes import ReturnTracker
 from controlplane.replay.options import Attribution, CategorySource
+from controlplane.traces.arrays import F64, I32, I64
 from controlplane.traces.model import Trace
-
-F64 = NDArray[np.float64]
-I32 = NDArray[np.int32]
-I64 = NDArray[np.int64]
 
 
 @dataclass(frozen=True, eq=False)

@@ -23,7 +23,8 @@ import numpy as np
 
 from agent.policies.wa import WAPolicy
 from agent.policies.wa_core import Const
-from controlplane.replay.accesses import I32, AccessColumns, previous_access
+from controlplane.replay.accesses import AccessColumns, previous_access
+from controlplane.traces.arrays import I32
 from controlplane.traces.model import Trace
 
 DEPTH_EDGES_TOKENS = (2048, 8192)

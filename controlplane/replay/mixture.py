@@ -29,7 +29,6 @@ from scipy.optimize import minimize
 from agent.policies.wa import WAPolicy
 from agent.policies.wa_queue import Entry, Key
 from agent.policy_document import BUILTIN_POLICY, PolicyDocument
-from controlplane.fit.gof import F64
 from controlplane.fit.mle import MixtureFit, censored_ages
 from controlplane.fit.per_category import FitResult
 from controlplane.fit.reuse_window import StatsSnapshot
@@ -37,6 +36,7 @@ from controlplane.fit.settings import FitSettings
 from controlplane.replay.accesses import access_columns, request_categories
 from controlplane.replay.online import CensoredRefitter, FittedReplayPolicy
 from controlplane.replay.options import ReplayOptions
+from controlplane.traces.arrays import F64
 from controlplane.traces.model import Trace
 
 KS_MIN = 0.15

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from controlplane.traces.arrays import F64, I32, I64
+
 UNKNOWN_CATEGORY = "unknown"
 """Category of requests that carry no type or turn (Mooncake traces)."""
 
@@ -34,19 +36,19 @@ class Trace:
 
     name: str
     source_format: str
-    blocks: NDArray[np.int64]
-    offsets: NDArray[np.int64]
-    timestamps: NDArray[np.float64]
-    categories: NDArray[np.int32]
+    blocks: I64
+    offsets: I64
+    timestamps: F64
+    categories: I32
     category_names: tuple[str, ...]
-    hashes: NDArray[np.int64]
-    input_lengths: NDArray[np.int64]
-    output_lengths: NDArray[np.int64]
-    turns: NDArray[np.int32]
-    types: NDArray[np.int32]
+    hashes: I64
+    input_lengths: I64
+    output_lengths: I64
+    turns: I32
+    types: I32
     type_names: tuple[str, ...]
-    chat_ids: NDArray[np.int64]
-    parent_chat_ids: NDArray[np.int64]
+    chat_ids: I64
+    parent_chat_ids: I64
     skipped_lines: tuple[tuple[int, str], ...] = field(default=())
     """(line number, reason) of each line skipped by ``--skip-bad-lines``."""
 
@@ -67,11 +69,11 @@ class Trace:
         return max(1, round(share * self.n_unique))
 
     @property
-    def lengths(self) -> NDArray[np.int64]:
+    def lengths(self) -> I64:
         """Blocks per request."""
         return np.diff(self.offsets)
 
-    def request_blocks(self, r: int) -> NDArray[np.int64]:
+    def request_blocks(self, r: int) -> I64:
         return self.blocks[self.offsets[r] : self.offsets[r + 1]]
 
     def nbytes(self) -> int:
@@ -84,15 +86,15 @@ class Trace:
         *,
         name: str,
         source_format: str,
-        hash_ids: NDArray[np.int64],
-        lengths: NDArray[np.int64],
-        timestamps: NDArray[np.float64],
+        hash_ids: I64,
+        lengths: I64,
+        timestamps: F64,
         types: Sequence[str] | None = None,
-        turns: NDArray[np.int64] | None = None,
-        input_lengths: NDArray[np.int64] | None = None,
-        output_lengths: NDArray[np.int64] | None = None,
-        chat_ids: NDArray[np.int64] | None = None,
-        parent_chat_ids: NDArray[np.int64] | None = None,
+        turns: I64 | None = None,
+        input_lengths: I64 | None = None,
+        output_lengths: I64 | None = None,
+        chat_ids: I64 | None = None,
+        parent_chat_ids: I64 | None = None,
         skipped_lines: Sequence[tuple[int, str]] = (),
     ) -> Trace:
         """Build a trace from per-request columns in file order.
@@ -111,7 +113,7 @@ class Trace:
         sorted_hashes, offsets = _in_replay_order(hash_ids, lengths, order)
         blocks, hashes = _dense_ids(sorted_hashes)
 
-        def column(values: NDArray[np.int64] | None) -> NDArray[np.int64]:
+        def column(values: I64 | None) -> I64:
             return _request_column(values, order)
 
         turn_column = column(turns)
@@ -170,9 +172,7 @@ class Trace:
         )
 
 
-def _in_replay_order(
-    hash_ids: NDArray[np.int64], lengths: NDArray[np.int64], order: NDArray[np.intp]
-) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+def _in_replay_order(hash_ids: I64, lengths: I64, order: NDArray[np.intp]) -> tuple[I64, I64]:
     """Every request's hash ids, requests in ``order``, and the offsets of each request."""
     n = len(lengths)
     if np.all(order[1:] > order[:-1]):
@@ -193,7 +193,7 @@ def _in_replay_order(
     return sorted_hashes, offsets
 
 
-def _dense_ids(sorted_hashes: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+def _dense_ids(sorted_hashes: I64) -> tuple[I64, I64]:
     """``(blocks, hashes)``: dense ids numbered by first appearance (so small traces read
     naturally in tests), and the hash of each dense id."""
     uniq, first_pos, inverse = np.unique(sorted_hashes, return_index=True, return_inverse=True)
@@ -204,7 +204,7 @@ def _dense_ids(sorted_hashes: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDA
     return rank[inverse.reshape(-1)], hashes
 
 
-def _request_column(values: NDArray[np.int64] | None, order: NDArray[np.intp]) -> NDArray[np.int64]:
+def _request_column(values: I64 | None, order: NDArray[np.intp]) -> I64:
     """A per-request column in replay order; missing: ``-1`` for every request."""
     if values is None:
         return np.full(len(order), -1, dtype=np.int64)
@@ -213,7 +213,7 @@ def _request_column(values: NDArray[np.int64] | None, order: NDArray[np.intp]) -
 
 def _type_codes(
     types: Sequence[str] | None, order: NDArray[np.intp]
-) -> tuple[tuple[str, ...], NDArray[np.int32]]:
+) -> tuple[tuple[str, ...], I32]:
     """``(type names, code per request in replay order)``; no types: the one name ``""``."""
     if types is None:
         return ("",), np.zeros(len(order), dtype=np.int32)
@@ -223,11 +223,11 @@ def _type_codes(
 
 def _category_codes(
     type_names: tuple[str, ...],
-    type_codes: NDArray[np.int32],
-    turns: NDArray[np.int64],
+    type_codes: I32,
+    turns: I64,
     *,
     labelled: bool,
-) -> tuple[tuple[str, ...], NDArray[np.int32]]:
+) -> tuple[tuple[str, ...], I32]:
     """``(category names, code per request)``: ``type_turn`` labels, or the single
     ``UNKNOWN_CATEGORY`` when the trace carries neither types nor turns."""
     if not labelled:

@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from controlplane.traces.arrays import F64, I64
 from controlplane.traces.model import Trace
-from controlplane.traces.synth_prefix import I64, PromptForest, n_blocks
-
-F64 = NDArray[np.float64]
+from controlplane.traces.synth_prefix import PromptForest, n_blocks
 
 
 @dataclass

@@ -23,10 +23,10 @@ import itertools
 import numpy as np
 from numpy.typing import NDArray
 
+from controlplane.traces.arrays import I64
+
 BLOCK_TOKENS = 16
 """Tokens per block, as in the public Bailian traces (``*_blksz_16``)."""
-
-I64 = NDArray[np.int64]
 
 
 def n_blocks(tokens: I64) -> I64:

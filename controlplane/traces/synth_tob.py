@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from controlplane.traces.arrays import F64, I64
 from controlplane.traces.synth_build import TraceBuilder
-from controlplane.traces.synth_prefix import I64
-from controlplane.traces.synth_toc import F64, lognormal_tokens
+from controlplane.traces.synth_toc import lognormal_tokens
 
 _MAX_CONTEXT = 32_768
 

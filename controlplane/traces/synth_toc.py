@@ -38,12 +38,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from numpy.typing import NDArray
 
+from controlplane.traces.arrays import F64, I64
 from controlplane.traces.synth_build import TraceBuilder
-from controlplane.traces.synth_prefix import I64
-
-F64 = NDArray[np.float64]
 
 
 @dataclass(frozen=True)

@@ -36,10 +36,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from controlplane.traces.arrays import F64, I32, I64
 from controlplane.traces.model import Trace
-
-I64 = NDArray[np.int64]
-F64 = NDArray[np.float64]
 
 QUANTILES = (0.5, 0.8, 0.9, 0.99)
 SKEW_HIT_SHARE = 0.9
@@ -104,7 +102,7 @@ class WorkloadSamples:
     """Ideal (infinite cache) prefix hits of each request, in replay order."""
     reuse_times: F64
     """Each access's time to the same block's next access by a later request."""
-    reuse_categories: NDArray[np.int32]
+    reuse_categories: I32
     """Category code of the earlier access of each reuse time."""
     lifespans: F64
     """Per block: first to last access (0 for a block one request accessed)."""
@@ -215,7 +213,7 @@ def _group_starts(sorted_keys: I64) -> I64:
     return np.flatnonzero(new)
 
 
-def _reuse_gaps(trace: Trace, b_sorted: I64, r_sorted: I64) -> tuple[F64, NDArray[np.int32]]:
+def _reuse_gaps(trace: Trace, b_sorted: I64, r_sorted: I64) -> tuple[F64, I32]:
     """Time from each access to the same block's next access by a later request, and the
     category of the earlier access."""
     pair = (b_sorted[1:] == b_sorted[:-1]) & (r_sorted[1:] != r_sorted[:-1])
@@ -234,7 +232,7 @@ def _lifespans(trace: Trace, b_sorted: I64, r_sorted: I64) -> tuple[F64, NDArray
     return trace.timestamps[last] - trace.timestamps[first], first != last
 
 
-def _by_category(trace: Trace, gaps: F64, cats: NDArray[np.int32]) -> dict[str, Quantiles]:
+def _by_category(trace: Trace, gaps: F64, cats: I32) -> dict[str, Quantiles]:
     out: dict[str, Quantiles] = {}
     # Category codes are small: as 16-bit keys the stable sort is a radix sort, O(n).
     keys = cats.astype(np.uint16) if len(trace.category_names) <= 1 << 16 else cats

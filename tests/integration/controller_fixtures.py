@@ -23,6 +23,11 @@ from controlplane.service.settings import ControllerSettings
 from tests.waiting import wait_until
 from tests.wire_samples import event_batch
 
+TOKEN = "test-api-token"
+"""The API token (``api_token``) of the controllers the tests that need one start."""
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+"""Request headers that carry ``TOKEN``."""
+
 
 @dataclass
 class RunningController:

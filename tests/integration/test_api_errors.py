@@ -19,14 +19,14 @@ from controlplane.dev.embedded_redis import EmbeddedRedis, free_port
 from controlplane.service.settings import ControllerSettings
 from tests.conftest import delete_prefix
 from tests.integration.controller_fixtures import (
+    AUTH,
+    TOKEN,
     RunningController,
     live_settings,
     running_controller,
 )
 
 pytestmark = pytest.mark.integration
-TOKEN = "errors-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 # One valid request per operation: the test below checks this covers the whole API.
 REQUESTS: dict[tuple[str, str], tuple[str, dict[str, Any] | None]] = {

@@ -27,11 +27,10 @@ from schemathesis.checks import not_a_server_error
 from controlplane.dev.embedded_redis import free_port
 from controlplane.service.settings import ControllerSettings
 from tests.conftest import delete_prefix
-from tests.integration.controller_fixtures import live_settings, running_controller
+from tests.integration.controller_fixtures import AUTH, TOKEN, live_settings, running_controller
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-TOKEN, READ_TOKEN = "fuzz-token", "fuzz-read-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
+READ_TOKEN = "fuzz-read-token"
 
 
 def _settings(redis_url: str) -> ControllerSettings:

@@ -12,6 +12,8 @@ import redis
 
 from agent.wire import WIRE_SCHEMA_VERSION, Keys
 from tests.integration.controller_fixtures import (
+    AUTH,
+    TOKEN,
     RunningController,
     live_settings,
     reuse_batch,
@@ -22,8 +24,6 @@ from tests.waiting import wait_until
 from tests.wire_samples import agent_status
 
 pytestmark = pytest.mark.integration
-TOKEN = "s3cret-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture
