@@ -23,6 +23,8 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from agent.category_table import reused_name
 from agent.policies import create
 from agent.policies.wa import WAPolicy
@@ -31,7 +33,7 @@ from agent.reuse_classes import ReturnTracker
 from agent.wire import EventBatch
 from controlplane.shadow.estimator import MiniCache, ReuseClassing, Totals, WindowCounts
 from controlplane.shadow.inflow import InflowShare
-from controlplane.shadow.rebuild import CategoryTable, Rebuilt, Request, RequestRebuilder
+from controlplane.shadow.rebuild import CategoryTable, Rebuilt, Request, RequestRebuilder, Seen
 from controlplane.shadow.sampler import PrefixSampler
 from controlplane.shadow.selection import Reading
 from controlplane.shadow.settings import ShadowSettings
@@ -224,13 +226,11 @@ class ShadowEvaluator:
         worker.requests += rebuilt.requests
         worker.accesses += rebuilt.accesses
         worker.incomplete += rebuilt.incomplete
+        sizes = None
         if rebuilt.seen is not None and len(rebuilt.seen.ts):
             worker.seen_all.add_many(rebuilt.seen.ts, rebuilt.seen.hits, rebuilt.seen.accesses)
             self._clock = max(self._clock, float(rebuilt.seen.ts.max()))
-            worker.share.add(
-                float((rebuilt.seen.accesses - rebuilt.seen.hits).sum()),
-                float(sum(len(r.blocks) - r.seen_hits for r in rebuilt.sampled)),
-            )
+            sizes = self._sizes_on_arrival(worker, rebuilt.seen, rebuilt.sampled)
         if not rebuilt.sampled:
             return
         self._clock = max(self._clock, rebuilt.sampled[-1].ts)
@@ -240,7 +240,28 @@ class ShadowEvaluator:
         if worker.capacity is None:
             return
         self._tell_categories(worker)
-        self._serve(worker, rebuilt.sampled)
+        self._serve(worker, rebuilt.sampled, sizes)
+
+    def _sizes_on_arrival(
+        self, worker: _Worker, seen: Seen, sampled: list[Request]
+    ) -> list[list[int]] | None:
+        """Tell the worker's inflow share every request's inflow, in order, and return
+        each sampled request's miniature sizes (per ladder step) as the share stands once it
+        is in (as ``kvwise replay --policy auto`` sizes them): how the agent cuts its stream
+        into batches then moves no size (None: the capacity is not known)."""
+        share, capacity = worker.share, worker.capacity
+        inflow = np.cumsum(seen.accesses - seen.hits).tolist()
+        told = 0.0  # the inflow through the last request told
+        sizes: list[list[int]] = []
+        for request, at in zip(sampled, seen.sampled.tolist(), strict=True):
+            own = len(request.blocks) - request.seen_hits
+            share.add(inflow[at] - own - told, 0.0)
+            share.add(own, own)
+            told = inflow[at]
+            if capacity is not None:
+                sizes.append([share.capacity(round(capacity * m)) for m in self.multiples])
+        share.add(inflow[-1] - told, 0.0)
+        return sizes if capacity is not None else None
 
     def _resize(self, worker: _Worker) -> None:
         """Every miniature sized by the sample's share of the inflow its full-size cache
@@ -264,16 +285,23 @@ class ShadowEvaluator:
             worker.curves_since = (math.floor(requests[0].ts / bucket_s) + 1) * bucket_s
         self._serve(worker, requests)
 
-    def _serve(self, worker: _Worker, requests: list[Request]) -> None:
+    def _serve(
+        self, worker: _Worker, requests: list[Request], sizes: list[list[int]] | None = None
+    ) -> None:
+        """Every request through every miniature, each sized as ``sizes`` says for it (None:
+        all at the share's present sizes)."""
         if not requests:
             return
         if worker.curves_since is None:
             worker.curves_since = requests[0].ts
         counted_from = worker.curves_since
-        self._resize(worker)
+        if sizes is None:
+            self._resize(worker)
         for ladder in worker.ladders.values():
-            for cache, counts in zip(ladder.caches, ladder.counts, strict=True):
-                for request in requests:
+            for step, (cache, counts) in enumerate(zip(ladder.caches, ladder.counts, strict=True)):
+                for i, request in enumerate(requests):
+                    if sizes is not None:
+                        cache.resize(sizes[i][step])
                     hits = cache.serve(request)
                     if request.ts >= counted_from:
                         counts.add(

@@ -28,7 +28,8 @@ still held, as a full cache holds the blocks it hits."""
 
 
 class InflowShare:
-    """Cumulative inflow of all whole requests and of the sampled ones, batch by batch."""
+    """Cumulative inflow of all whole requests and of the sampled ones, told in steps:
+    each sampled request, and the inflow of the requests between two of them."""
 
     def __init__(self, rate: float, horizon: int = 0) -> None:
         self.rate = rate
@@ -38,7 +39,7 @@ class InflowShare:
         self._sampled: list[float] = [0.0]
 
     def add(self, every: float, sampled: float) -> None:
-        """One batch: blocks computed by all its whole requests, and by the sampled ones."""
+        """One step: blocks computed by all its whole requests, and by the sampled ones."""
         if every <= 0:
             return
         self._every.append(self._every[-1] + every)
@@ -54,10 +55,22 @@ class InflowShare:
     def capacity(self, full: int) -> int:
         """The miniature's capacity standing for a full cache of ``full`` blocks (>= 1)."""
         every, sampled = self._every, self._sampled
-        start = max(bisect_right(every, every[-1] - full) - 1, 0)
-        seen = every[-1] - every[start]
+        seen = min(full, every[-1] - every[0])
         if seen < MIN_SEEN * full or seen <= 0:
             return max(1, round(full * self.rate))
-        share = (sampled[-1] - sampled[start]) / seen
+        share = (sampled[-1] - self._sampled_at(every[-1] - seen)) / seen
         share = min(max(share, self.rate / BAND), self.rate * BAND, 1.0)
         return max(1, round(full * share))
+
+    def _sampled_at(self, inflow: float) -> float:
+        """The sampled inflow when the whole inflow stood at ``inflow``, read between the
+        two steps around it as if each step's blocks came evenly: the window then starts
+        where its capacity says, not at a step's edge."""
+        every, sampled = self._every, self._sampled
+        after = min(bisect_right(every, inflow), len(every) - 1)
+        before = max(after - 1, 0)
+        span = every[after] - every[before]
+        if span <= 0:
+            return sampled[before]
+        part = (inflow - every[before]) / span
+        return sampled[before] + part * (sampled[after] - sampled[before])

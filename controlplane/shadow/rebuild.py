@@ -54,6 +54,8 @@ class Seen:
     ts: NDArray[np.float64]
     hits: NDArray[np.int64]
     accesses: NDArray[np.int64]
+    sampled: NDArray[np.intp]
+    """Where the sampled requests stand among these, in order."""
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,12 @@ class RequestRebuilder:
         rank = np.arange(len(run)) - np.repeat(starts, counts)
         prefix = (run.kind == HIT) & (run.offset == rank)
         hits = np.bincount(group, weights=prefix, minlength=len(starts)).astype(np.int64)
-        seen = Seen(run.ts[starts[whole]], hits[whole], counts[whole].astype(np.int64))
+        seen = Seen(
+            run.ts[starts[whole]],
+            hits[whole],
+            counts[whole].astype(np.int64),
+            np.flatnonzero(keep[whole]),
+        )
         return Rebuilt(
             sampled=_materialise(run, starts, counts, keep, hits, keys),
             requests=int(whole.sum()),

@@ -14,10 +14,13 @@ batches of ``--batch`` events, as an agent sends them. Three measurements in one
    block accesses as the wire batches a worker sends (``tests.agent_stream``: whole
    requests, hits and inserts, evictions), decoded and applied (``LiveWindow.apply``),
    then the same plus ``ShadowEvaluator.apply`` at the default settings; runs alternate,
-   three each, CPU time (``time.process_time``) per wire event.
+   three each, CPU time (``time.process_time``) per wire event; once per size in
+   ``--shadow-batches`` (a lightly loaded worker sends small batches, a busy one full
+   ones: the agent's default is 8,192 events).
 
     python -m tests.bench.bench_ingest [--events 4000000] [--batch 8192] [--redis-url URL]
                                        [--shadow-accesses 1000000]
+                                       [--shadow-batches 1000,8192]
 
 Not collected by pytest; results go in docs/benchmarks.md ("Controller ingest").
 """
@@ -133,7 +136,7 @@ def run(n_events: int, batch: int, url: str) -> None:
     )
 
 
-def shadow_overhead(min_accesses: int, seed: int = 12) -> None:
+def shadow_overhead(min_accesses: int, batch_events: int, seed: int = 12) -> None:
     """CPU per wire event of decode + apply, without and with the shadow (default
     settings, the worker's capacity known), alternating, three runs each."""
     from controlplane.shadow.evaluator import ShadowEvaluator
@@ -145,12 +148,12 @@ def shadow_overhead(min_accesses: int, seed: int = 12) -> None:
     capacity = max(1, round(0.05 * len(trace.hashes)))
     entries = [
         {k.encode(): v for k, v in encode_batch(b).items()}
-        for b in agent_batches(trace, capacity, batch_events=1000)
+        for b in agent_batches(trace, capacity, batch_events=batch_events)
     ]
     events = sum(int(e[b"n"]) for e in entries)
     print(
         f"shadow overhead: {trace.name}, {trace.n_accesses:,} accesses, {events:,} wire "
-        f"events in batches of 1,000, worker capacity {capacity:,}"
+        f"events in batches of {batch_events:,}, worker capacity {capacity:,}"
     )
     settings = ShadowSettings()
     cpu: dict[str, list[float]] = {"without": [], "with": []}
@@ -197,10 +200,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8192)
     ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     ap.add_argument("--shadow-accesses", type=int, default=1_000_000, help="0: skip part 4")
+    ap.add_argument(
+        "--shadow-batches", default="1000,8192", help="part 4's wire batch sizes (events)"
+    )
     a = ap.parse_args()
     run(a.events, a.batch, a.redis_url)
     if a.shadow_accesses:
-        shadow_overhead(a.shadow_accesses)
+        for batch_events in (int(size) for size in a.shadow_batches.split(",")):
+            shadow_overhead(a.shadow_accesses, batch_events)
 
 
 if __name__ == "__main__":

@@ -468,6 +468,17 @@ def test_inflow_share_sizes_a_miniature_by_what_the_sample_computed_lately() -> 
     assert share.capacity(1) == 1
 
 
+def test_inflow_share_starts_its_window_inside_a_batch() -> None:
+    """The newest 1,500 blocks: the last batch (100 sampled of 1,000) and half of the one
+    before (none sampled), read as if its blocks came evenly; not both whole batches."""
+    share = InflowShare(rate=0.05, horizon=4000)
+    share.add(every=1000.0, sampled=0.0)
+    share.add(every=1000.0, sampled=100.0)
+    assert share.capacity(1500) == 100  # 100 of 1,500 (both whole: 75)
+    assert share.capacity(1000) == 100  # the last batch alone
+    assert share.capacity(4000) == 200  # more than was seen: all 2,000 of it, 0.05
+
+
 def test_inflow_share_keeps_its_horizon_as_it_drops_old_batches() -> None:
     share = InflowShare(rate=0.1, horizon=2000)
     for i in range(1000):
@@ -520,6 +531,28 @@ def test_shadow_estimates_are_moved_toward_the_full_replay(trace: Trace) -> None
         sizes.update(cache.capacity for cache in shadow.miniatures("w1"))
     assert sum(served) < sum(own)
     assert sizes - {round(capacity * 0.2), round(2 * capacity * 0.2)}
+
+
+def test_shadow_curves_do_not_depend_on_how_the_worker_batches(trace: Trace) -> None:
+    """Each sampled request's miniatures are sized by the inflow share as it stands once
+    the request is in, so the same stream in batches of 97 or of 4,096 events, gathered
+    and drained at other points, gives the same curves."""
+    capacity = trace.capacity_for(0.1)
+    settings = ShadowSettings(shadow_rate=0.2, shadow_buckets=1, shadow_window_s=1e9)
+    views = []
+    for batch_events in (97, 4096):
+        shadow = ShadowEvaluator(settings, salt=3)
+        shadow.set_capacities({"w1": capacity})
+        for i, batch in enumerate(agent_batches(trace, capacity, batch_events=batch_events)):
+            shadow.apply(batch)
+            if i % 7 == 0:
+                shadow.view()  # a read drains what is gathered
+        shadow.flush("w1")
+        views.append(shadow.view().groups[0])
+    sizes = {cache.capacity for cache in shadow.miniatures("w1")}
+    assert len(sizes) > 1
+    assert views[0].curves == views[1].curves
+    assert views[0].sampled_accesses == views[1].sampled_accesses > 0
 
 
 def test_a_capacity_learned_late_reads_the_workers_own_hits_over_the_same_span(
