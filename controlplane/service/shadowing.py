@@ -1,9 +1,9 @@
 """The controller's side of the shadow evaluation: what feeds it, the refit guard, and what
 it exports.
 
-Owns ``ShadowLink``: it hands every applied batch to the ``ShadowEvaluator`` (a failure
-there is logged once per kind and never refuses the batch: the statistics window already
-took it), refreshes the workers' capacities (from their heartbeats) and the published
+Owns ``ShadowLink``: it hands every applied batch to the ``ShadowEvaluator`` (which logs
+a failure once per kind and never refuses the batch: the statistics window already took
+it), refreshes the workers' capacities (from their heartbeats) and the published
 document the ``wa`` curves replay, judges a candidate fit against the version in force
 (``guard``: every verdict counted, the figures of the last one kept; the controller logs
 a refusal, with both figures, once per run of refusals), and sets the shadow's
@@ -14,7 +14,6 @@ passes what it read).
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 from agent.policy_document import PolicyDocument
 from agent.wire import EventBatch
@@ -24,8 +23,6 @@ from controlplane.shadow.evaluator import ShadowEvaluator
 from controlplane.shadow.selection import FamilySelector, SelectionView
 from controlplane.shadow.settings import ShadowSettings
 from controlplane.shadow.view import GuardView, ShadowView
-
-log = logging.getLogger(__name__)
 
 
 class ShadowLink:
@@ -37,18 +34,10 @@ class ShadowLink:
         self.evaluator = ShadowEvaluator(settings) if settings.shadow_enabled else None
         self.selector = FamilySelector(settings.selection)
         self._judged_until = -1.0  # end of the last window the selector judged
-        self._failed: set[str] = set()
 
     def apply(self, batch: EventBatch) -> None:
-        if self.evaluator is None:
-            return
-        try:
-            self.evaluator.apply(batch)
-        except Exception as exc:  # the shadow must never cost a batch its statistics
-            kind = type(exc).__name__
-            if kind not in self._failed:
-                self._failed.add(kind)
-                log.exception("shadow evaluation skipped a batch of %s", batch.worker)
+        if self.evaluator is not None:
+            self.evaluator.apply(batch)  # it logs and drops what it cannot take
 
     def refresh(
         self, agents: list[AgentView], current: PolicyDocument | None, idle_s: float = 0.0

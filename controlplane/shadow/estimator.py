@@ -139,10 +139,8 @@ class WindowCounts:
     def __init__(self, window_s: float, buckets: int) -> None:
         self.bucket_s = window_s / buckets
         self.buckets = buckets
-        # Python lists, not arrays: every sampled request adds to one slot, twenty
-        # miniatures a request, and a numpy scalar op costs ten list ones.
-        self._id = [_EMPTY] * buckets
-        self._sums = [[0.0] * 4 for _ in range(buckets)]  # requests, hits, accesses, seen
+        self._id = np.full(buckets, _EMPTY, dtype=np.int64)
+        self._sums = np.zeros((buckets, 4))  # requests, hits, accesses, seen
         self._added: list[dict[int, list[int]]] = [{} for _ in range(buckets)]
         """Per bucket: each subtree's hits, accesses and seen added in it."""
         self._subtrees: dict[int, tuple[int, int, int]] = {}
@@ -155,11 +153,7 @@ class WindowCounts:
         slot = self._slot(int(ts // self.bucket_s))
         if slot is None:
             return
-        sums = self._sums[slot]
-        sums[0] += 1.0
-        sums[1] += hits
-        sums[2] += accesses
-        sums[3] += seen
+        self._sums[slot] += (1.0, hits, accesses, seen)
         added = self._added[slot].get(subtree)
         if added is None:
             self._added[slot][subtree] = [hits, accesses, seen]
@@ -194,10 +188,7 @@ class WindowCounts:
             slot = self._slot(bucket)
             if slot is not None:
                 mine = buckets == bucket
-                sums = self._sums[slot]
-                sums[0] += float(mine.sum())
-                sums[1] += float(hits[mine].sum())
-                sums[2] += float(accesses[mine].sum())
+                self._sums[slot, :3] += (mine.sum(), hits[mine].sum(), accesses[mine].sum())
 
     def _slot(self, bucket: int) -> int | None:
         """``bucket``'s slot, emptied if it held an older bucket (None: ``bucket`` is older
@@ -215,21 +206,20 @@ class WindowCounts:
         for subtree, (h, a, s) in self._added[slot].items():
             self._move(subtree, -h, -a, -s)
         self._added[slot] = {}
-        self._sums[slot] = [0.0] * 4
+        self._sums[slot] = 0.0
 
     def totals(self, now: float, since: float | None = None) -> Totals:
         """The sums of the window ending at ``now`` (add several workers' with ``+``);
         with ``since``, the requests' counts only from that time on (no subtrees)."""
         newest = int(now // self.bucket_s)
-        for slot, bucket in enumerate(self._id):
-            if bucket != _EMPTY and bucket <= newest - self.buckets:
-                self._forget(slot)
-                self._id[slot] = _EMPTY
+        for slot in np.flatnonzero((self._id != _EMPTY) & (self._id <= newest - self.buckets)):
+            self._forget(int(slot))
+            self._id[slot] = _EMPTY
         oldest = newest - self.buckets + 1
         if since is not None:
             oldest = max(oldest, int(since // self.bucket_s))
-        live = [sums for sums, b in zip(self._sums, self._id, strict=True) if oldest <= b <= newest]
-        requests, hits, accesses, seen = (sum(row[i] for row in live) for i in range(4))
+        live = (self._id >= oldest) & (self._id <= newest)
+        requests, hits, accesses, seen = self._sums[live].sum(axis=0).tolist()
         if since is not None:
             return Totals(requests, hits, accesses, seen)
         products = tuple(float(p) for p in self._products)
@@ -306,7 +296,7 @@ class Totals:
 
 
 _NOTHING = (0, 0, 0)
-_EMPTY = -(2**63)
+_EMPTY = np.iinfo(np.int64).min
 """A slot that holds no bucket (any real bucket, negative times' too, is above it)."""
 
 MIN_REGRESSION_SUBTREES = 20

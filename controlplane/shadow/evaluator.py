@@ -2,7 +2,8 @@
 the published ``wa`` document and the baselines at a ladder of capacities.
 
 Owns ``ShadowEvaluator``: it takes every applied event batch (``apply``, ingest's thread),
-rebuilds and samples the worker's requests (``rebuild``), serves each sampled request to
+gathers a worker's events and rebuilds and samples its requests (``rebuild``) once enough
+are gathered or before any read (``view``, ``reading``, ``judge``), serves each sampled request to
 every miniature cache of that worker (``estimator``), each sized by the sample's share of
 the worker's recent inflow (``inflow``), keeps the sampled requests of the window for the
 refit guard (``judge``: the candidate document and the one in force replayed from cold on
@@ -10,20 +11,20 @@ the same requests), and answers what it knows as a ``ShadowView``, each estimate
 what the sample misses of the workers' own hit ratio (``estimator.Totals``). Workers
 are grouped by capacity; a worker whose capacity is not known yet (no heartbeat read) has
 its requests counted and kept for later, not replayed. Its cost is bounded by the rate:
-unsampled requests cost a few vectorised passes over the batch. One lock guards it all.
-It must never talk to Redis, decode wire data or publish anything.
+unsampled requests cost a few vectorised passes over the gathered events. A failure in
+any of it loses those events to the shadow only (logged once per kind). One lock guards
+it all. It must never talk to Redis, decode wire data or publish anything.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from agent.category_table import reused_name
 from agent.policies import create
@@ -44,6 +45,8 @@ from controlplane.shadow.view import (
     PolicyCurve,
     ShadowView,
 )
+
+log = logging.getLogger(__name__)
 
 WA = "wa"
 GATHER_EVENTS = 8192
@@ -110,14 +113,16 @@ class ShadowEvaluator:
         self._first = -1.0  # time of the first sampled request (-1: none yet)
         self._guard = GuardView("off", "no refit judged yet")
         self._lock = threading.Lock()
+        self._failed: set[str] = set()  # kinds of failure logged
 
     # --- input ---------------------------------------------------------------------------
     def apply(self, batch: EventBatch) -> None:
-        """Rebuild, sample and replay ``batch``'s requests (held ones wait for the next)."""
+        """Gather ``batch``'s access events; once a worker has gathered enough, rebuild,
+        sample and replay its requests (the last run waits for the next batch)."""
         with self._lock:
             worker = self._worker(batch.worker)
             worker.last_batch = time.monotonic()
-            self._take(worker, worker.rebuilder.feed(batch))
+            self._take_guarded(batch.worker, worker, lambda: worker.rebuilder.feed(batch))
 
     def flush(self, worker_id: str) -> None:
         """Replay the requests held back at the end of ``worker_id``'s stream so far."""
@@ -131,9 +136,9 @@ class ShadowEvaluator:
         not left waiting for a batch that may never come."""
         now = time.monotonic()
         with self._lock:
-            for worker in self._workers.values():
+            for worker_id, worker in self._workers.items():
                 if now - worker.last_batch >= idle_s:
-                    self._take(worker, worker.rebuilder.flush())
+                    self._take_guarded(worker_id, worker, worker.rebuilder.flush)
 
     def set_capacities(
         self,
@@ -246,21 +251,16 @@ class ShadowEvaluator:
         self, worker: _Worker, seen: Seen, sampled: list[Request]
     ) -> list[list[int]] | None:
         """Tell the worker's inflow share every request's inflow, in order, and return
-        each sampled request's miniature sizes (per ladder step) as the share stands once it
-        is in (as ``kvwise replay --policy auto`` sizes them): how the agent cuts its stream
-        into batches then moves no size (None: the capacity is not known)."""
-        share, capacity = worker.share, worker.capacity
-        inflow = np.cumsum(seen.accesses - seen.hits).tolist()
-        told = 0.0  # the inflow through the last request told
-        sizes: list[list[int]] = []
-        for request, at in zip(sampled, seen.sampled.tolist(), strict=True):
-            own = len(request.blocks) - request.seen_hits
-            share.add(inflow[at] - own - told, 0.0)
-            share.add(own, own)
-            told = inflow[at]
-            if capacity is not None:
-                sizes.append([share.capacity(round(capacity * m)) for m in self.multiples])
-        share.add(inflow[-1] - told, 0.0)
+        each sampled request's miniature sizes (per ladder step) as the share stands once
+        it is in (``InflowShare.tell``; None: the capacity is not known)."""
+        capacity = worker.capacity
+        fulls = [round((capacity or 0) * m) for m in self.multiples]
+        sizes = worker.share.tell(
+            seen.accesses - seen.hits,
+            seen.sampled,
+            [len(r.blocks) - r.seen_hits for r in sampled],
+            fulls if capacity is not None else [],
+        )
         return sizes if capacity is not None else None
 
     def _resize(self, worker: _Worker) -> None:
@@ -330,8 +330,21 @@ class ShadowEvaluator:
 
     def _drain(self) -> None:
         """Replay what every worker's rebuilder has gathered (before any read)."""
-        for worker in self._workers.values():
-            self._take(worker, worker.rebuilder.drain())
+        for worker_id, worker in self._workers.items():
+            self._take_guarded(worker_id, worker, worker.rebuilder.drain)
+
+    def _take_guarded(
+        self, worker_id: str, worker: _Worker, rebuild: Callable[[], Rebuilt]
+    ) -> None:
+        """``_take`` what ``rebuild`` gives. A failure loses those events to the shadow
+        only: it is logged once per kind and fails no batch, read or refit."""
+        try:
+            self._take(worker, rebuild())
+        except Exception as exc:
+            kind = type(exc).__name__
+            if kind not in self._failed:
+                self._failed.add(kind)
+                log.exception("shadow evaluation dropped events of %s", worker_id)
 
     # --- output --------------------------------------------------------------------------
     def view(self) -> ShadowView:

@@ -18,6 +18,12 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
+import numpy as np
+from numpy.typing import NDArray
+
+KEEP_STEPS = 1024
+"""Steps kept at least when old ones are dropped (a capacity learned late still finds
+this much history)."""
 MIN_SEEN = 0.25
 """Until this share of a capacity's inflow has been seen, that capacity keeps the nominal
 ``capacity x rate``."""
@@ -44,8 +50,35 @@ class InflowShare:
             return
         self._every.append(self._every[-1] + every)
         self._sampled.append(self._sampled[-1] + sampled)
-        if len(self._every) > 64 and self._every[-1] - self._every[32] >= self.horizon:
-            del self._every[:32], self._sampled[:32]
+        if (
+            len(self._every) > 2 * KEEP_STEPS
+            and self._every[-1] - self._every[KEEP_STEPS] >= self.horizon
+        ):
+            del self._every[:KEEP_STEPS], self._sampled[:KEEP_STEPS]
+
+    def tell(
+        self,
+        inflows: NDArray[np.int64],
+        sampled_at: NDArray[np.intp],
+        sampled_inflows: list[int],
+        fulls: list[int],
+    ) -> list[list[int]]:
+        """Requests in order: each one's inflow, where the sampled ones stand among them
+        and theirs. Returns, per sampled request, ``capacity(full)`` for each of
+        ``fulls`` as it stands once that request is in: how a stream is cut into batches
+        then moves no capacity (``kvwise replay --policy auto`` reads them the same way)."""
+        through = np.cumsum(inflows).tolist()  # the inflow through each request
+        told = 0  # through the last request told
+        capacities: list[list[int]] = []
+        for at, own in zip(sampled_at.tolist(), sampled_inflows, strict=True):
+            self.add(through[at] - own - told, 0.0)
+            self.add(own, own)
+            told = through[at]
+            if fulls:
+                capacities.append([self.capacity(full) for full in fulls])
+        if through:
+            self.add(through[-1] - told, 0.0)
+        return capacities
 
     @property
     def totals(self) -> tuple[float, float]:

@@ -12,9 +12,10 @@ turn into INSERTs (two requests with the same time and category, the first all h
 that does not make it whole it is either a continuation (INSERTs only, none at offset 0:
 blocks a request filled while it decoded, which a later prompt will hold) or dropped and
 counted as incomplete (events lost on the way, or an engine that reports a request's hits
-and its inserts at different times). The last run of a batch may go on in the next one:
-it is held until then. Requests are rebuilt vectorised; only the sampled ones become
-Python objects. It must never replay or decode wire data.
+and its inserts at different times). A worker's access events are gathered over several
+batches (``min_events``) and rebuilt together, vectorised; the last run of what is
+rebuilt may go on in the next batch: it is held until then. Only the sampled requests
+become Python objects. It must never replay or decode wire data.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ class Request:
 
 @dataclass(frozen=True)
 class Seen:
-    """Every whole request of a batch, sampled or not: time, the worker's own prefix hits
-    and accesses."""
+    """Every whole request of one rebuild, sampled or not: time, the worker's own prefix
+    hits and accesses."""
 
     ts: NDArray[np.float64]
     hits: NDArray[np.int64]
@@ -60,7 +61,7 @@ class Seen:
 
 @dataclass(frozen=True)
 class Rebuilt:
-    """What one batch gave: the sampled requests and counts of everything seen."""
+    """What one rebuild gave: the sampled requests and counts of everything seen."""
 
     sampled: list[Request]
     requests: int
@@ -163,16 +164,17 @@ class RequestRebuilder:
         access = batch.kind != EVICT
         codes = self.table.codes(batch.categories)
         category = batch.category[access]
-        self._pending.append(
-            RawEvents(
-                batch.ts[access],
-                batch.block[access],
-                codes[category] if len(codes) else category,
-                batch.offset[access],
-                batch.kind[access],
+        if len(category):
+            self._pending.append(
+                RawEvents(
+                    batch.ts[access],
+                    batch.block[access],
+                    codes[category] if len(codes) else category,
+                    batch.offset[access],
+                    batch.kind[access],
+                )
             )
-        )
-        self._pending_events += len(category)
+            self._pending_events += len(category)
         if self._pending_events < self.min_events:
             return _nothing()
         return self.drain()

@@ -4,6 +4,7 @@ replay, and the refit guard's verdicts."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -26,8 +27,8 @@ from controlplane.shadow.estimator import (
     WindowCounts,
 )
 from controlplane.shadow.evaluator import ShadowEvaluator
-from controlplane.shadow.inflow import BAND, MIN_SEEN, InflowShare
-from controlplane.shadow.rebuild import CategoryTable, Request, RequestRebuilder
+from controlplane.shadow.inflow import BAND, KEEP_STEPS, MIN_SEEN, InflowShare
+from controlplane.shadow.rebuild import CategoryTable, Rebuilt, Request, RequestRebuilder
 from controlplane.shadow.sampler import PrefixSampler
 from controlplane.shadow.settings import ShadowSettings
 from controlplane.traces.model import Trace
@@ -479,17 +480,36 @@ def test_inflow_share_starts_its_window_inside_a_batch() -> None:
     assert share.capacity(4000) == 200  # more than was seen: all 2,000 of it, 0.05
 
 
-def test_inflow_share_keeps_its_horizon_as_it_drops_old_batches() -> None:
+def test_inflow_share_keeps_its_horizon_as_it_drops_old_steps() -> None:
     share = InflowShare(rate=0.1, horizon=2000)
-    for i in range(1000):
-        share.add(every=10.0, sampled=1.0 if i < 900 else 3.0)
-    assert share.capacity(1000) == 300  # the last 100 batches: 300 of 1,000
+    for i in range(5000):
+        share.add(every=10.0, sampled=1.0 if i < 4900 else 3.0)
+    assert share.capacity(1000) == 300  # the last 100 steps: 300 of 1,000
     assert share.capacity(2000) == 400  # the last 200: 400 of 2,000
-    assert len(share._every) <= 2000 / 10 + 64  # old batches dropped
-    assert share.totals == (10_000.0, 1_200.0)
+    assert len(share._every) <= 2 * KEEP_STEPS + 1  # old steps dropped
+    assert share.totals == (50_000.0, 5_200.0)
     for _ in range(10_000):
         share.add(every=0.0, sampled=0.0)  # nothing computed: nothing kept
-    assert len(share._every) <= 2000 / 10 + 64
+    assert len(share._every) <= 2 * KEEP_STEPS + 1
+    unknown = InflowShare(rate=0.1)  # no capacity known yet: no horizon
+    for _ in range(5000):
+        unknown.add(every=10.0, sampled=1.0)
+    assert KEEP_STEPS <= len(unknown._every) - 1 <= 2 * KEEP_STEPS
+
+
+def test_inflow_share_is_told_each_request_and_read_once_it_is_in() -> None:
+    """Requests of inflow 100, 100, 50 and 100, the last two sampled: the third's
+    capacity counts its own 50 blocks (50 of 250: 0.2), the fourth's its 100 (150 of
+    350, kept at 4 x the rate); told in two batches, the same."""
+    inflows = np.array([100, 100, 50, 100], dtype=np.int64)
+    at = np.array([2, 3], dtype=np.intp)
+    whole = InflowShare(rate=0.1, horizon=1000)
+    assert whole.tell(inflows, at, [50, 100], [1000]) == [[200], [400]]
+    assert whole.totals == (350.0, 150.0)
+    parts = InflowShare(rate=0.1, horizon=1000)
+    first = parts.tell(inflows[:3], at[:1], [50], [1000])
+    second = parts.tell(inflows[3:], at[1:] - 3, [100], [1000])
+    assert first + second == [[200], [400]] and parts.totals == whole.totals
 
 
 def test_inflow_share_stays_in_a_band_around_the_rate() -> None:
@@ -549,10 +569,44 @@ def test_shadow_curves_do_not_depend_on_how_the_worker_batches(trace: Trace) -> 
                 shadow.view()  # a read drains what is gathered
         shadow.flush("w1")
         views.append(shadow.view().groups[0])
-    sizes = {cache.capacity for cache in shadow.miniatures("w1")}
-    assert len(sizes) > 1
+    nominal = {round(capacity * m * 0.2) for m in settings.multiples}
+    assert {cache.capacity for cache in shadow.miniatures("w1")} - nominal  # sized by share
     assert views[0].curves == views[1].curves
     assert views[0].sampled_accesses == views[1].sampled_accesses > 0
+
+
+class _FailingRebuilder(RequestRebuilder):
+    """Gathers as any rebuilder does; rebuilding what it gathered fails."""
+
+    def drain(self) -> Rebuilt:
+        self._pending.clear()
+        self._pending_events = 0
+        raise ValueError("a rebuild that fails")
+
+
+def test_a_failed_rebuild_loses_its_events_to_the_shadow_only(
+    trace: Trace, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Reads rebuild what is gathered; when that fails, the read still answers, the
+    failure is logged once per kind, and later events are taken as before."""
+    shadow = ShadowEvaluator(ShadowSettings(shadow_rate=1.0))
+    shadow.set_capacities({"w1": 300})
+    batches = agent_batches(trace, 300, batch_events=500)
+    shadow.apply(batches[0])  # the worker's state exists from here on
+    broken = _FailingRebuilder(shadow.sampler, shadow.table, 0, 10**9)
+    shadow._workers["w1"].rebuilder = broken
+    with caplog.at_level(logging.ERROR, logger="controlplane.shadow.evaluator"):
+        for batch in batches[1:4]:
+            shadow.apply(batch)
+            (group,) = shadow.view().groups  # answers though the rebuild failed
+    failures = [r for r in caplog.records if "dropped events of w1" in r.getMessage()]
+    assert len(failures) == 1
+    shadow._workers["w1"].rebuilder = RequestRebuilder(shadow.sampler, shadow.table)
+    for batch in batches[4:]:
+        shadow.apply(batch)
+    shadow.flush("w1")
+    (group,) = shadow.view().groups
+    assert 0 < group.requests_seen < trace.n_requests
 
 
 def test_a_capacity_learned_late_reads_the_workers_own_hits_over_the_same_span(
