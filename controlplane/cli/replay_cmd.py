@@ -194,17 +194,20 @@ def replay(
     if capacity and capacity_frac:
         fail("give --capacity or --capacity-frac, not both")
     names = _names(policy, plot)
-    options = ReplayOptions(
-        refit_every_s=refit_every,
-        wa_fit=wa_fit,
-        split=split,
-        categories=categories,
-        attribution=attribution or DEFAULT_ATTRIBUTION,
-        near_concurrent_s=near_concurrent,
-        life_s=life,
-        reuse_class=reuse_class,
-        **_auto(auto_rate, auto_window, auto_windows, auto_margin),
-    )
+    try:
+        options = ReplayOptions(
+            refit_every_s=refit_every,
+            wa_fit=wa_fit,
+            split=split,
+            categories=categories,
+            attribution=attribution or DEFAULT_ATTRIBUTION,
+            near_concurrent_s=near_concurrent,
+            life_s=life,
+            reuse_class=reuse_class,
+            **_auto(auto_rate, auto_window, auto_windows, auto_margin),
+        )
+    except ValueError as exc:
+        fail(str(exc))
     trace = _labelled(load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines), options)
     capacities = _capacities(trace, capacity, capacity_frac)
     results = _run_with_progress(trace, names, capacities, jobs, options, json_out)

@@ -301,7 +301,8 @@ def build(
     of ``capacity`` blocks (the size of the ghost of reuse classes by hit).
 
     ``fitter`` defaults to each one's own (``wa``: censored, ``wa-ref``: reference); the
-    ablation report crosses them. ``wa-ref`` always attributes a block to its creator.
+    ablation report crosses them. ``wa-ref`` always attributes a block to its creator, so
+    it files by no reuse class by hit (they need the last accessor): it runs plain.
     """
     codes, names = request_categories(trace, options.categories)
     attr = "creator" if kind == "wa-ref" else options.attribution
@@ -314,9 +315,7 @@ def build(
         block_tokens = BLOCK_TOKENS.get(trace.source_format, 16)
         cols, names, offsets = with_depth_class(trace, cols, names, block_tokens)
         block_class = offsets.tolist()
-    elif options.reuse_class == "hit":
-        if attr == "creator":
-            raise ValueError("reuse classes by hit need attribution to the last accessor")
+    elif options.reuse_class == "hit" and kind != "wa-ref":
         classes = HitClasses(trace, cols, names, round(options.reuse_ghost * capacity))
         names = classes.names
     inner: WAPolicy | WARefPolicy

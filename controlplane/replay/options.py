@@ -93,6 +93,11 @@ class ReplayOptions:
             raise ValueError(f"reuse_class must be off, hit or trace, got {self.reuse_class!r}")
         if self.depth not in ("off", "classes", "cost"):
             raise ValueError(f"depth must be off, classes or cost, got {self.depth!r}")
+        if self.reuse_class == "hit" and self.attribution == "creator":
+            raise ValueError(
+                "reuse classes by hit (--reuse-class hit) need attribution to the last "
+                "accessor (--attribution last)"
+            )
         if self.depth != "off" and self.reuse_class != "off":
             raise ValueError("depth classes and reuse classes are not combined")
         if not (self.reuse_ghost >= 0 and math.isfinite(self.reuse_ghost)):

@@ -130,6 +130,7 @@ class Controller:
         self.shadow = ShadowLink(settings.shadow_only(), self.metrics)
         self.last_fit: FitResult | None = None
         self._last_refusal = ""
+        self._refit_taken = -1  # the window's accesses_taken at the last refit
         self.ingestor = self._make_ingestor()
         self.scheduler = BackgroundScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None}
@@ -310,7 +311,16 @@ class Controller:
         return verdict
 
     def refit(self, *, manual: bool) -> RefitOutcome:
-        """Snapshot, fit, guard, publish. Manual refits also release a rollback hold."""
+        """Snapshot, fit, guard, publish. Manual refits also release a rollback hold; a
+        scheduled one with no access new since the last refit publishes nothing (with
+        no traffic, only the censored ages grow: a new version each tick would reload
+        every worker for no evidence)."""
+        taken = self.window.accesses_taken
+        if not manual and taken == self._refit_taken:
+            return self._outcome(
+                "unchanged", None, "unchanged: no new accesses since the last refit", 0.0
+            )
+        self._refit_taken = taken
         t0 = time.perf_counter()
         result = fit_all(self.window.snapshot(time.time()), self.settings)
         seconds = time.perf_counter() - t0

@@ -9,11 +9,16 @@ anything it exports.
 
 from __future__ import annotations
 
+from typing import get_args
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from controlplane.shadow.view import GuardOutcome
+
 DEAD_LETTER_REASONS = ("decode", "limit", "apply")
-GUARD_OUTCOMES = ("passed", "refused", "waiting")
-"""Labels of ``kvwise_refit_guard``: published after judging, refused, published unjudged."""
+GUARD_OUTCOMES = get_args(GuardOutcome)
+"""Labels of ``kvwise_refit_guard``: published after judging, refused, published unjudged
+for want of data, or with the shadow switched off."""
 """Labels of ``kvwise_ingest_dead_letters``: undecodable, over a limit, failed to apply."""
 
 
@@ -199,7 +204,7 @@ class ControllerMetrics:
         self.guard = Counter(
             "kvwise_refit_guard",
             "Refits judged by the shadow guard, by outcome (waiting: too little data, "
-            "published unjudged)",
+            "published unjudged; off: shadow evaluation switched off)",
             ["outcome"],
             registry=r,
         )

@@ -93,7 +93,11 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
     )
 
     # --- fitting (and every field of FitSettings) -------------------------------------
-    refit_interval_s: float = Field(default=30.0, gt=0, description="Seconds between refits")
+    refit_interval_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds between refits (none published while no access arrives)",
+    )
     change_threshold: float = Field(
         default=0.05, ge=0, description="Relative change below which no version is published"
     )

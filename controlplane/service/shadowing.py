@@ -66,6 +66,7 @@ class ShadowLink:
     def guard(self, candidate: PolicyDocument, in_force: PolicyDocument | None) -> GuardView:
         """The verdict on ``candidate``: ``refused`` means do not publish it."""
         if self.evaluator is None:
+            self.metrics.guard.labels(outcome="off").inc()
             return GuardView("off", "shadow evaluation is off (KVWISE_SHADOW_ENABLED)")
         verdict = self.evaluator.judge(candidate, in_force)
         self.metrics.guard.labels(outcome=verdict.outcome).inc()

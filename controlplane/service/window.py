@@ -45,6 +45,8 @@ class LiveWindow:
         self._brought_by: dict[str, str] = {}
         """Category -> the worker whose batch brought it into the window."""
         self._brought: Counter[str] = Counter()
+        self.accesses_taken = 0
+        """Accesses added since start: a refit with none new has no new evidence."""
 
     def apply(self, batch: EventBatch, now: float) -> int:
         """Add ``batch``'s accesses; returns the events dropped for their clock. Raises
@@ -63,6 +65,7 @@ class LiveWindow:
         with self._lock:
             self._admit_categories(batch.worker, names)
             self.stats.ingest(ts, remap[cat], prev_ts, remap[prev_cat], names=names)
+            self.accesses_taken += len(ts)
         return rejected
 
     def _admit_categories(self, worker: str, names: list[str]) -> None:

@@ -164,6 +164,7 @@ class AutoReplayPolicy:
         self._window_start = self._ts[0] if self._ts else 0.0
         self._docs_seen = 0
         self._r = 0
+        self._windows_judged = 0
 
     # --- the replay's driving (TraceIndexed) -------------------------------------------------
     def arrive(self, request: int) -> None:
@@ -201,6 +202,7 @@ class AutoReplayPolicy:
         return Request(self._ts[r], self.wa.request_code(r), blocks, cached, self._shadow.keys[r])
 
     def _judge(self, reading: Reading, request: int) -> None:
+        self._windows_judged += 1
         verdict = self.selector.observe(reading, self.family)
         if not verdict.switches:
             return
@@ -222,9 +224,18 @@ class AutoReplayPolicy:
         return self._shadow.caches
 
     def run_notes(self) -> list[str]:
-        """Each switch of family (none: it stayed ``wa`` all along)."""
+        """Each switch of family (none: it stayed ``wa`` all along, and why)."""
+        if not self.switches and not self._windows_judged:
+            span = self._ts[-1] - self._ts[0] if self._ts else 0.0
+            return [
+                f"stayed {DEFAULT_FAMILY}: no shadow window ended (the trace spans "
+                f"{span:,.0f} s, --auto-window {self._window_s:g} s)"
+            ]
         if not self.switches:
-            return [f"stayed {DEFAULT_FAMILY}: no family led it by the margin"]
+            return [
+                f"stayed {DEFAULT_FAMILY}: no family led it by the margin "
+                f"({self._windows_judged} windows judged)"
+            ]
         return [
             f"at {s.at_s - self._ts[0]:,.0f} s (request {s.request:,}): {s.verdict.reason}"
             for s in self.switches

@@ -132,6 +132,50 @@ def test_refit_from_ingested_events(ctl: RunningController, redis_url: str) -> N
     wait_until(lambda: ctl.controller.ingestor.counters.gaps.get("w1") == 1)
 
 
+def test_a_scheduled_refit_with_no_new_access_publishes_nothing(
+    ctl: RunningController, redis_url: str
+) -> None:
+    """With no traffic only the censored ages grow: a scheduled refit then publishes no
+    version (every worker would reload for nothing); a manual one still fits, and new
+    accesses make the next scheduled one fit again."""
+    controller = ctl.controller
+    keys = Keys(controller.settings.key_prefix)
+    r = redis.Redis.from_url(redis_url)
+    now = time.time() - 60
+    batch = reuse_batch("w1", 1, category="text_1", n=3000, rate=0.5, p=0.6, t0=now, seed=1)
+    send(r, keys, batch)
+    wait_until(lambda: controller.ingestor.counters.batches >= 1)
+    assert controller.refit(manual=False).published
+    quiet = controller.refit(manual=False)
+    assert not quiet.published
+    assert quiet.reason == "unchanged: no new accesses since the last refit"
+    assert controller.last_fit is not None and controller.refit(manual=True).reason != quiet.reason
+    batch = reuse_batch("w1", 2, category="text_1", n=3000, rate=0.5, p=0.6, t0=now + 5, seed=2)
+    send(r, keys, batch)
+    wait_until(lambda: controller.ingestor.counters.batches >= 2)
+    assert controller.refit(manual=False).reason != quiet.reason
+
+
+def test_a_refit_with_the_shadow_off_is_counted_as_off(redis_url: str, key_prefix: str) -> None:
+    settings = live_settings(
+        redis_url=redis_url, key_prefix=key_prefix, min_samples=100, shadow_enabled=False
+    )
+    with running_controller(settings) as rc:
+        keys = Keys(key_prefix)
+        r = redis.Redis.from_url(redis_url)
+        now = time.time() - 60
+        send(
+            r,
+            keys,
+            reuse_batch("w1", 1, category="text_1", n=3000, rate=0.5, p=0.6, t0=now, seed=1),
+        )
+        wait_until(lambda: rc.controller.ingestor.counters.batches >= 1)
+        assert rc.controller.refit(manual=True).published
+        count = rc.controller.metrics.registry.get_sample_value
+        assert count("kvwise_refit_guard_total", {"outcome": "off"}) == 1
+        assert count("kvwise_refit_guard_total", {"outcome": "passed"}) == 0
+
+
 def test_malformed_batch_goes_to_dead_letter_and_ingest_continues(
     ctl: RunningController, redis_url: str
 ) -> None:

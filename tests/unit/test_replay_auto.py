@@ -68,7 +68,19 @@ def test_a_replay_of_auto_says_when_it_switched(trace: Trace) -> None:
     still = run_one(
         trace, ReplayJob("auto", capacity), options=replace(EAGER, auto_min_accesses=10**12)
     )
-    assert still.notes == ["stayed wa: no family led it by the margin"]
+    (stayed,) = still.notes
+    assert (
+        stayed.startswith("stayed wa: no family led it by the margin (")
+        and "windows judged)" in stayed
+    )
+    span = float(trace.timestamps[-1] - trace.timestamps[0])
+    unjudged = run_one(
+        trace, ReplayJob("auto", capacity), options=replace(EAGER, auto_window_s=span + 1)
+    )
+    assert unjudged.notes == [
+        f"stayed wa: no shadow window ended (the trace spans {span:,.0f} s, "
+        f"--auto-window {span + 1:g} s)"
+    ]
     assert "notes" not in run_one(trace, ReplayJob("lru", capacity)).to_json()
 
 

@@ -72,6 +72,7 @@ def test_fractions_that_round_to_one_size_are_one_run() -> None:
         (["--capacity", "5,x"], "--capacity: 'x' is not an integer"),
         (["--capacity-frac", "1.5"], "--capacity-frac: 1.5 is not in (0, 1]"),
         (["--capacity", "5", "--capacity-frac", "0.1"], "not both"),
+        (["--reuse-class", "hit", "--attribution", "creator"], "(--attribution last)"),
     ],
 )
 def test_bad_options_exit_2_naming_the_option(args: list[str], says: str) -> None:
@@ -80,6 +81,14 @@ def test_bad_options_exit_2_naming_the_option(args: list[str], says: str) -> Non
     assert says in " ".join(err.split())
     for internal in ("refit_every_s", "life_s", "near_concurrent_s", "Traceback"):
         assert internal not in err
+
+
+def test_reuse_classes_by_hit_run_with_every_policy() -> None:
+    """``wa-ref`` attributes blocks to their creator, so it runs without the classes; the
+    rest file by them (the default policy list names it)."""
+    code, out, err = run("replay", str(SAMPLE), "--reuse-class", "hit", "--capacity", "64")
+    assert code == 0, err
+    assert "wa-ref" in out and "Traceback" not in err
 
 
 def test_empty_trace_is_an_error(tmp_path: Path) -> None:

@@ -120,7 +120,9 @@ def test_hit_classes_follow_the_cache_not_the_trace() -> None:
     # The split fit waited for the first scored request: it saw R0 and R1 replayed.
     assert [v.request for v in policy.applied] == [2]
     with pytest.raises(ValueError, match="last accessor"):
-        build("wa", trace, ReplayOptions(reuse_class="hit", attribution="creator"))
+        ReplayOptions(reuse_class="hit", attribution="creator")
+    reference = build("wa-ref", trace, ReplayOptions(reuse_class="hit"))  # runs plain
+    assert reference._hit_classes is None and "unknown/re" not in reference.inner.category_names
 
 
 # --- online refits ---------------------------------------------------------------------
