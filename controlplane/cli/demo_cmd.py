@@ -169,14 +169,16 @@ def _run_view(
     with Live(refresh_per_second=2, screen=False) as screen:
         while running():
             snap = _snapshot(stack)
-            screen.update(_render(snap))
+            screen.update(_render(snap, screen.console))
             time.sleep(1.0)
     if not screen.console.is_terminal:  # a log or a pipe: the last frame ends its line
         screen.console.line()
     return snap
 
 
-def _render(snap: dict[str, Any]) -> RenderableType:
+def _render(snap: dict[str, Any], console: Console) -> RenderableType:
+    """The live frame: everything when the terminal is tall enough; else the fitted
+    parameters first, then what else fits (everything is printed when the demo ends)."""
     from rich.console import Group
     from rich.text import Text
 
@@ -187,9 +189,20 @@ def _render(snap: dict[str, Any]) -> RenderableType:
         f"cache {snap['capacity_blocks']:,} blocks  (Ctrl-C to stop)\n"
         f"dashboard [bold]{snap['dashboard']}[/]  redis {snap['redis']}"
     )
-    return Group(
-        head, _workers_table(snap), *_shadow_tables(snap["shadow"]), *_categories_table(snap)
+    workers = _workers_table(snap)
+    parameters, legend = _categories_table(snap)
+    more = Text(
+        "(a taller terminal shows more: the shadow curves, the workers, the legend; all "
+        "are printed when the demo ends)",
+        style="dim",
     )
+    frames = [
+        Group(head, workers, *_shadow_tables(snap["shadow"]), parameters, legend),
+        Group(head, parameters, workers, more),
+        Group(head, parameters, more),
+    ]
+    rows = console.height - 1
+    return next((f for f in frames if len(console.render_lines(f)) <= rows), frames[-1])
 
 
 def _workers_table(snap: dict[str, Any]) -> Table:

@@ -93,8 +93,10 @@ WaFitOpt = Annotated[
     ),
 ]
 SplitOpt = Annotated[
-    float,
-    _fitted(parser=open_fraction, metavar="SHARE", help="Share fitted on with --wa-fit split"),
+    float | None,
+    _fitted(
+        parser=open_fraction, metavar="SHARE", help="Share fitted on with --wa-fit split [0.5]"
+    ),
 ]
 CategoriesOpt = Annotated[
     CategorySource,
@@ -164,7 +166,7 @@ def replay(
     top_categories: TopCategoriesOpt = 8,
     refit_every: RefitEveryOpt = 60.0,
     wa_fit: WaFitOpt = "online",
-    split: SplitOpt = 0.5,
+    split: SplitOpt = None,
     categories: CategoriesOpt = "labels",
     attribution: AttributionOpt = None,
     near_concurrent: NearConcurrentOpt = None,
@@ -187,18 +189,20 @@ def replay(
         kvwise replay trace.jsonl -p lru,s3fifo --capacity 5000 --json
         kvwise replay trace.jsonl -p lru,wa,wa-ref --wa-fit split --split 0.5
         kvwise replay trace.jsonl -p lru,s3fifo,wa --plot curve.png
-        kvwise replay trace.jsonl -p lru,s3fifo,arc,wa,auto --capacity-frac 0.01,0.05
+        kvwise replay trace.jsonl -p lru,arc,wa,auto --capacity-frac 0.01,0.05
     """
     from controlplane.replay.options import DEFAULT_ATTRIBUTION, ReplayOptions
 
     if capacity and capacity_frac:
         fail("give --capacity or --capacity-frac, not both")
+    if split is not None and wa_fit != "split":
+        fail("--split applies only with --wa-fit split")
     names = _names(policy, plot)
     try:
         options = ReplayOptions(
             refit_every_s=refit_every,
             wa_fit=wa_fit,
-            split=split,
+            split=0.5 if split is None else split,
             categories=categories,
             attribution=attribution or DEFAULT_ATTRIBUTION,
             near_concurrent_s=near_concurrent,

@@ -1,13 +1,16 @@
-"""``kvwise demo``'s final shadow summary at 80 columns: each caption starts its own
-line, so the refit guard's verdict is not glued to the hit-ratio caption."""
+"""``kvwise demo``'s output at 80 columns: the final shadow summary (each caption starts
+its own line, so the refit guard's verdict is not glued to the hit-ratio caption) and
+the live frame, which fits the terminal's height with the fitted parameters first."""
 
 from __future__ import annotations
 
 import io
+from typing import Any
 
+import pytest
 from rich.console import Console
 
-from controlplane.cli.demo_cmd import print_shadow_summary
+from controlplane.cli.demo_cmd import _render, print_shadow_summary
 
 POINT = {"multiple": 1.0, "capacity": 100, "hit_ratio": 0.5, "ci_low": 0.4, "ci_high": 0.6}
 SHADOW = {
@@ -47,3 +50,33 @@ def test_the_family_selection_says_when_it_first_judges_then_its_reason() -> Non
     selection = {"reason": reason, "chosen": "wa"}
     print_shadow_summary({**SHADOW, "selection": selection}, Console(file=judged, width=80))
     assert f"evictor family: {reason}" in judged.getvalue()
+
+
+def _snapshot() -> dict[str, Any]:
+    agent = {"applied_version": 3, "hit_ratio": 0.41, "events_sent": 1000, "events_dropped": 0}
+    params = {"p_reuse": 0.8, "rate": 0.05, "life_s": 30.0, "source": "fit"}
+    return {
+        "policy_version": 3,
+        "capacity_blocks": 5000,
+        "dashboard": "http://127.0.0.1:8080/ui/",
+        "redis": "redis://127.0.0.1:6379/0",
+        "speed": 10.0,
+        "agents": [{**agent, "id": f"w{i}", "evictor": "wa"} for i in range(4)],
+        "shadow": SHADOW,
+        "categories": [
+            {"name": f"chat_{i}", "samples": 100 * i, "published": params, "fit_quality": 0.05}
+            for i in range(12)
+        ],
+    }
+
+
+@pytest.mark.parametrize("rows", [24, 40, 80])
+def test_the_live_frame_fits_the_terminal_with_the_fitted_parameters_first(rows: int) -> None:
+    console = Console(file=io.StringIO(), width=80, height=rows)
+    frame = console.render_lines(_render(_snapshot(), console))
+    text = "\n".join("".join(segment.text for segment in line) for line in frame)
+    assert len(frame) < rows
+    assert "Fitted parameters per category" in text and "chat_11" in text
+    shows_everything = "What each policy would" in text
+    assert shows_everything == (rows == 80)
+    assert ("a taller terminal shows more" in text) == (not shows_everything)

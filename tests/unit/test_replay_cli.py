@@ -64,6 +64,7 @@ def test_fractions_that_round_to_one_size_are_one_run() -> None:
     [
         (["-j", "-3"], "'--jobs' / '-j'"),
         (["--split", "1.5"], "'--split'"),
+        (["--split", "0.3"], "--split applies only with --wa-fit split"),
         (["--refit-every", "0"], "'--refit-every'"),
         (["--life", "-1"], "'--life'"),
         (["--near-concurrent", "nan"], "'--near-concurrent'"),
