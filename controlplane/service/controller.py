@@ -131,6 +131,7 @@ class Controller:
         self.last_fit: FitResult | None = None
         self._last_refusal = ""
         self._refit_taken = -1  # the window's accesses_taken at the last refit
+        self._role_said = False  # its role logged at the first lease tick
         self.ingestor = self._make_ingestor()
         self.scheduler = BackgroundScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None}
@@ -207,6 +208,9 @@ class Controller:
         elif was and not now:
             log.warning("%s lost the leader lease", self.name)
             self._stop_ingest()
+        elif not now and not self._role_said:
+            log.info("%s is a standby: another replica leads; this one serves reads", self.name)
+        self._role_said = True
 
     def _ensure_initial_policy(self) -> None:
         try:

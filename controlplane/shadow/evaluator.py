@@ -364,7 +364,7 @@ class ShadowEvaluator:
                 ladder=list(self.multiples),
                 policies=list(self.policies),
                 window_s=self.settings.shadow_window_s,
-                policy_version=self._doc.version,
+                policy_version=self._doc.version if self._doc is not BUILTIN_POLICY else None,
                 groups=[self._group(c, members) for c, members in sorted(groups.items())],
                 waiting_workers=waiting,
                 guard=self._guard,

@@ -92,7 +92,8 @@ class ShadowView:
     policies: list[str]
     window_s: float
     policy_version: int | None
-    """Version of the ``wa`` document the ``wa`` curves replay."""
+    """Version of the ``wa`` document the ``wa`` curves replay (None: none read yet, as
+    on a standby: the built-in parameters)."""
     groups: list[GroupView] = field(default_factory=list)
     waiting_workers: list[str] = field(default_factory=list)
     """Workers whose capacity is not known yet (no heartbeat read): not replayed."""

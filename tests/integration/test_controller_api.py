@@ -4,6 +4,7 @@ overrides, rollback, refit from ingested events, dead letters, agents, metrics, 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 
@@ -174,6 +175,27 @@ def test_a_refit_with_the_shadow_off_is_counted_as_off(redis_url: str, key_prefi
         count = rc.controller.metrics.registry.get_sample_value
         assert count("kvwise_refit_guard_total", {"outcome": "off"}) == 1
         assert count("kvwise_refit_guard_total", {"outcome": "passed"}) == 0
+
+
+def test_each_replica_says_its_role_once(
+    redis_url: str, key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The leader says it leads; a standby says it is one (and that it serves reads)."""
+    caplog.set_level(logging.INFO, logger="controlplane.service.controller")
+    settings = live_settings(redis_url=redis_url, key_prefix=key_prefix, lease_ttl_s=5)
+    with running_controller(settings.model_copy(update={"consumer_name": "ctl-a"})) as a:
+        wait_until(lambda: a.controller.lease.is_leader, what="a leader")
+        with running_controller(settings.model_copy(update={"consumer_name": "ctl-b"})) as b:
+
+            def standby_said() -> bool:
+                return any("is a standby" in r.getMessage() for r in caplog.records)
+
+            wait_until(standby_said, what="the standby")
+            assert not b.controller.lease.is_leader
+            time.sleep(1.5)  # more lease ticks: said once
+            messages = [r.getMessage() for r in caplog.records]
+            assert sum("is a standby" in m for m in messages) == 1
+            assert sum("is the leader" in m for m in messages) == 1
 
 
 def test_malformed_batch_goes_to_dead_letter_and_ingest_continues(

@@ -575,6 +575,16 @@ def test_shadow_curves_do_not_depend_on_how_the_worker_batches(trace: Trace) -> 
     assert views[0].sampled_accesses == views[1].sampled_accesses > 0
 
 
+def test_the_view_names_no_version_before_one_is_read(trace: Trace) -> None:
+    """A standby (or a leader before its first read) replays the built-in parameters: no
+    published version to name."""
+    shadow = ShadowEvaluator(ShadowSettings())
+    assert shadow.view().policy_version is None
+    doc = fitted_document(trace)
+    shadow.set_policy(doc)
+    assert shadow.view().policy_version == doc.version
+
+
 class _FailingRebuilder(RequestRebuilder):
     """Gathers as any rebuilder does; rebuilding what it gathered fails."""
 
