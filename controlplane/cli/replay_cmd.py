@@ -191,33 +191,38 @@ def replay(
         kvwise replay trace.jsonl -p lru,s3fifo,wa --plot curve.png
         kvwise replay trace.jsonl -p lru,arc,wa,auto --capacity-frac 0.01,0.05
     """
-    from controlplane.replay.options import DEFAULT_ATTRIBUTION, ReplayOptions
-
     if capacity and capacity_frac:
         fail("give --capacity or --capacity-frac, not both")
     if split is not None and wa_fit != "split":
         fail("--split applies only with --wa-fit split")
     names = _names(policy, plot)
-    try:
-        options = ReplayOptions(
-            refit_every_s=refit_every,
-            wa_fit=wa_fit,
-            split=0.5 if split is None else split,
-            categories=categories,
-            attribution=attribution or DEFAULT_ATTRIBUTION,
-            near_concurrent_s=near_concurrent,
-            life_s=life,
-            reuse_class=reuse_class,
-            **_auto(auto_rate, auto_window, auto_windows, auto_margin),
-        )
-    except ValueError as exc:
-        fail(str(exc))
+    options = _options(
+        refit_every_s=refit_every,
+        wa_fit=wa_fit,
+        split=0.5 if split is None else split,
+        categories=categories,
+        attribution=attribution,
+        near_concurrent_s=near_concurrent,
+        life_s=life,
+        reuse_class=reuse_class,
+        **_auto(auto_rate, auto_window, auto_windows, auto_margin),
+    )
     trace = _labelled(load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines), options)
     capacities = _capacities(trace, capacity, capacity_frac)
     results = _run_with_progress(trace, names, capacities, jobs, options, json_out)
     if plot is not None:
         _plot(plot, trace, results)
     _report(trace_path, trace, names, capacities, results, options, top_categories, json_out)
+
+
+def _options(attribution: Attribution | None, **settings: Any) -> ReplayOptions:
+    """The replay's settings, or a one-line error naming the flag that conflicts."""
+    from controlplane.replay.options import DEFAULT_ATTRIBUTION, ReplayOptions
+
+    try:
+        return ReplayOptions(attribution=attribution or DEFAULT_ATTRIBUTION, **settings)
+    except ValueError as exc:
+        fail(str(exc))
 
 
 def _labelled(trace: Trace, options: ReplayOptions) -> Trace:
