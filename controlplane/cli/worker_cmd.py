@@ -155,14 +155,18 @@ def _status_line(p: WorkerProgress) -> str:
 
 
 class _stop_on_signals:
-    """SIGINT and SIGTERM set ``stop`` (main thread only); the old handlers come back."""
+    """SIGINT and SIGTERM set ``stop`` (main thread only); the old handlers come back.
+
+    The handler sets ``stop`` from a new thread: it runs on the main thread, which may
+    hold the event's own lock inside ``stop.wait`` at that moment, and setting it there
+    would wait on that lock for ever."""
 
     def __init__(self, stop: threading.Event) -> None:
         self.stop = stop
         self.saved: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.stop.set()
+        threading.Thread(target=self.stop.set, name="kvwise-stop", daemon=True).start()
 
     def __enter__(self) -> None:
         if threading.current_thread() is threading.main_thread():

@@ -141,3 +141,30 @@ def test_sigterm_stops_a_looping_worker_after_flushing(
     assert sum(len(b) for b in batches) == summary["events_sent"]
     assert [b.seq for b in batches] == list(range(1, len(batches) + 1))
     r.close()
+
+
+def test_the_signal_handler_never_waits_on_the_lock_stop_wait_holds() -> None:
+    """A signal can land while the main thread holds the stop event's own lock (inside
+    ``stop.wait``); the handler runs on that thread, so it must not take that lock itself.
+    Here the lock is held as ``wait`` holds it; a rescue timer frees it after 5 s so that
+    a handler which waits on it fails this test instead of hanging the suite."""
+    from controlplane.cli.worker_cmd import _stop_on_signals
+
+    stop = threading.Event()
+    lock = stop._cond  # type: ignore[attr-defined]  # CPython: the lock wait() holds
+    lock.acquire()
+    rescued = threading.Event()
+
+    def rescue() -> None:
+        rescued.set()
+        lock.release()
+
+    timer = threading.Timer(5.0, rescue)
+    timer.start()
+    _stop_on_signals(stop)._handle(signal.SIGTERM, None)
+    returned_while_held = not rescued.is_set()
+    timer.cancel()
+    if not rescued.is_set():
+        lock.release()
+    assert returned_while_held, "the handler waited on the lock stop.wait() holds"
+    assert stop.wait(5), "the handler did not set stop"
