@@ -44,7 +44,10 @@ class FoldedTable:
         groups = self._groups(console.width)
         for i, group in enumerate(groups):
             suffix = f" ({i + 1}/{len(groups)})" if len(groups) > 1 else ""
-            console.print(self._table(group, self.title + suffix))
+            # The title stands above the table, not in it: a table's title wraps at the
+            # table's width, and a narrow table would fold it over several lines.
+            console.print(self.title + suffix, style="table.title", highlight=False)
+            console.print(self._table(group))
 
     def _width(self, header: str, cells: list[str]) -> int:
         lines = [*header.splitlines(), *cells]
@@ -67,8 +70,8 @@ class FoldedTable:
             used += w
         return groups
 
-    def _table(self, group: list[int], title: str) -> Table:
-        table = Table(title=title, title_justify="left")
+    def _table(self, group: list[int]) -> Table:
+        table = Table()
         for c in self.keys:
             table.add_column(c.header, justify=c.justify, no_wrap=True)
         for j in group:
