@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import signal
 import time
+from contextlib import suppress
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -74,22 +76,22 @@ def demo(
         stopping["flag"] = True
 
     signal.signal(signal.SIGTERM, on_signal)
-    view: dict[str, Any] = {}
+    view = _View()
     try:
         _start(stack)
         deadline = time.monotonic() + duration if duration else None
-        view = _run_view(stack, stopping, deadline, live=not json_out)
+        _run_view(stack, stopping, deadline, view, live=not json_out)
     except KeyboardInterrupt:
         pass
     finally:
         stack.stop()
     if json_out:
-        print_json(view)
+        print_json(view.snap)
     else:
-        if isinstance(view.get("shadow"), dict):
+        if not view.shown_whole and "agents" in view.snap:
             from rich.console import Console
 
-            print_shadow_summary(view["shadow"], Console(stderr=True))
+            print_summary(view.snap, Console(stderr=True))
         _say("stopped every process and removed the demo's data.")
 
 
@@ -151,9 +153,19 @@ def _snapshot(stack: DemoStack) -> dict[str, Any]:
     }
 
 
+@dataclass
+class _View:
+    """What the demo last saw, and whether the live view showed all of it."""
+
+    snap: dict[str, Any] = field(default_factory=dict)
+    shown_whole: bool = False
+
+
 def _run_view(
-    stack: DemoStack, stopping: dict[str, bool], deadline: float | None, live: bool
-) -> dict[str, Any]:
+    stack: DemoStack, stopping: dict[str, bool], deadline: float | None, view: _View, live: bool
+) -> None:
+    """Watch until stopped (a signal, the deadline or Ctrl-C), keeping the last snapshot
+    in ``view``."""
     from rich.live import Live
 
     def running() -> bool:
@@ -162,28 +174,41 @@ def _run_view(
         return not stopping["flag"] and (deadline is None or time.monotonic() < deadline)
 
     if not live:
+        with suppress(KeyboardInterrupt):
+            while running():
+                time.sleep(1.0)
+        view.snap = _snapshot(stack)
+        return
+    with Live(refresh_per_second=2, screen=False) as screen, suppress(KeyboardInterrupt):
         while running():
-            time.sleep(1.0)
-        return _snapshot(stack)
-    snap: dict[str, Any] = {}
-    with Live(refresh_per_second=2, screen=False) as screen:
-        while running():
-            snap = _snapshot(stack)
-            screen.update(_render(snap, screen.console))
+            view.snap = _snapshot(stack)
+            frame, view.shown_whole = _render(view.snap, screen.console)
+            screen.update(frame)
             time.sleep(1.0)
     if not screen.console.is_terminal:  # a log or a pipe: the last frame ends its line
         screen.console.line()
-    return snap
 
 
-def _render(snap: dict[str, Any], console: Console) -> RenderableType:
-    """The live frame: everything when the terminal is tall enough; else the fitted
-    parameters first, then what else fits (everything is printed when the demo ends)."""
-    from rich.console import Group
+def _render(snap: dict[str, Any], console: Console) -> tuple[RenderableType, bool]:
+    """The live frame, and whether it shows everything: it does when the terminal is
+    tall enough; else the fitted parameters first, then what else fits (everything is
+    printed when the demo ends)."""
     from rich.text import Text
 
     if "error" in snap:
-        return Text(f"waiting for the controller: {snap['error']}")
+        return Text(f"waiting for the controller: {snap['error']}"), False
+    frames = _frames(snap)
+    rows = console.height - 1
+    fits = (i for i, frame in enumerate(frames) if len(console.render_lines(frame)) <= rows)
+    chosen = next(fits, len(frames) - 1)
+    return frames[chosen], chosen == 0
+
+
+def _frames(snap: dict[str, Any]) -> list[RenderableType]:
+    """The frames of ``snap``, from everything down to the fitted parameters alone."""
+    from rich.console import Group
+    from rich.text import Text
+
     head = Text.from_markup(
         f"[bold]kvwise demo[/]  policy version [bold cyan]{snap['policy_version']}[/]  "
         f"cache {snap['capacity_blocks']:,} blocks  (Ctrl-C to stop)\n"
@@ -196,13 +221,11 @@ def _render(snap: dict[str, Any], console: Console) -> RenderableType:
         "are printed when the demo ends)",
         style="dim",
     )
-    frames = [
+    return [
         Group(head, workers, *_shadow_tables(snap["shadow"]), parameters, legend),
         Group(head, parameters, workers, more),
         Group(head, parameters, more),
     ]
-    rows = console.height - 1
-    return next((f for f in frames if len(console.render_lines(f)) <= rows), frames[-1])
 
 
 def _workers_table(snap: dict[str, Any]) -> Table:
@@ -274,12 +297,10 @@ def _selection_said(shadow: dict[str, Any]) -> str:
     return f"not judged yet (the first judgement follows a full shadow window, {window:g} s)"
 
 
-def print_shadow_summary(shadow: dict[str, Any], console: Console) -> None:
-    """The final summary's shadow tables and captions, each caption on its own lines."""
-    from rich.console import Group
-
-    # One Group: console.print(*texts) would join the captions with spaces.
-    console.print(Group(*_shadow_tables(shadow)))
+def print_summary(snap: dict[str, Any], console: Console) -> None:
+    """Everything the demo saw last (the whole live frame): printed at the end when the
+    terminal was too short to show it live."""
+    console.print(_frames(snap)[0])
 
 
 _CATEGORY_COLUMNS = ("category", "samples", "p_reuse", "rate /s", "mean reuse s", "life s")

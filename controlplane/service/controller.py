@@ -130,8 +130,8 @@ class Controller:
         self.shadow = ShadowLink(settings.shadow_only(), self.metrics)
         self.last_fit: FitResult | None = None
         self._last_refusal = ""
-        self._refit_taken = -1  # the window's accesses_taken at the last refit
-        self._role_said = False  # its role logged at the first lease tick
+        self._refit_revision = -1  # the window's revision at the last refit that ran through
+        self._role_said = False  # its role logged once known
         self.ingestor = self._make_ingestor()
         self.scheduler = BackgroundScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None}
@@ -209,8 +209,21 @@ class Controller:
             log.warning("%s lost the leader lease", self.name)
             self._stop_ingest()
         elif not now and not self._role_said:
-            log.info("%s is a standby: another replica leads; this one serves reads", self.name)
+            self._role_said = self._said_standby()
+            return
         self._role_said = True
+
+    def _said_standby(self) -> bool:
+        """Log that another replica leads; False (nothing logged) while Redis does not say
+        which one does: unreachable, or the lease between holders."""
+        try:
+            holder = self.lease.holder_now()
+        except redis.RedisError:
+            return False
+        if holder is None or holder == self.lease.holder:
+            return False
+        log.info("%s is a standby: %s leads; this one serves reads", self.name, holder)
+        return True
 
     def _ensure_initial_policy(self) -> None:
         try:
@@ -319,12 +332,16 @@ class Controller:
         scheduled one with no access new since the last refit publishes nothing (with
         no traffic, only the censored ages grow: a new version each tick would reload
         every worker for no evidence)."""
-        taken = self.window.accesses_taken
-        if not manual and taken == self._refit_taken:
+        revision = self.window.revision
+        if not manual and revision == self._refit_revision:
             return self._outcome(
                 "unchanged", None, "unchanged: no new accesses since the last refit", 0.0
             )
-        self._refit_taken = taken
+        outcome = self._refit(manual=manual)
+        self._refit_revision = revision  # not on an exception: the next tick tries again
+        return outcome
+
+    def _refit(self, *, manual: bool) -> RefitOutcome:
         t0 = time.perf_counter()
         result = fit_all(self.window.snapshot(time.time()), self.settings)
         seconds = time.perf_counter() - t0

@@ -45,8 +45,9 @@ class LiveWindow:
         self._brought_by: dict[str, str] = {}
         """Category -> the worker whose batch brought it into the window."""
         self._brought: Counter[str] = Counter()
-        self.accesses_taken = 0
-        """Accesses added since start: a refit with none new has no new evidence."""
+        self.revision = 0
+        """Moves whenever the evidence does (accesses added, a checkpoint restored): a refit
+        at the revision of the last one has nothing new to fit."""
 
     def apply(self, batch: EventBatch, now: float) -> int:
         """Add ``batch``'s accesses; returns the events dropped for their clock. Raises
@@ -65,7 +66,7 @@ class LiveWindow:
         with self._lock:
             self._admit_categories(batch.worker, names)
             self.stats.ingest(ts, remap[cat], prev_ts, remap[prev_cat], names=names)
-            self.accesses_taken += len(ts)
+            self.revision += len(ts)
         return rejected
 
     def _admit_categories(self, worker: str, names: list[str]) -> None:
@@ -127,3 +128,4 @@ class LiveWindow:
                 raise
             self._brought_by = dict.fromkeys(state.names, "")
             self._brought = Counter({"": len(state.names)})
+            self.revision += 1

@@ -165,6 +165,9 @@ class AutoReplayPolicy:
         self._docs_seen = 0
         self._r = 0
         self._windows_judged = 0
+        """Shadow windows that ended with enough sampled accesses to judge."""
+        self._windows_thin = 0
+        """Shadow windows that ended with too few (no evidence either way)."""
 
     # --- the replay's driving (TraceIndexed) -------------------------------------------------
     def arrive(self, request: int) -> None:
@@ -202,7 +205,10 @@ class AutoReplayPolicy:
         return Request(self._ts[r], self.wa.request_code(r), blocks, cached, self._shadow.keys[r])
 
     def _judge(self, reading: Reading, request: int) -> None:
-        self._windows_judged += 1
+        if reading.accesses < self.selector.settings.min_accesses:
+            self._windows_thin += 1
+        else:
+            self._windows_judged += 1
         verdict = self.selector.observe(reading, self.family)
         if not verdict.switches:
             return
@@ -225,6 +231,12 @@ class AutoReplayPolicy:
 
     def run_notes(self) -> list[str]:
         """Each switch of family (none: it stayed ``wa`` all along, and why)."""
+        if not self.switches and self._windows_thin and not self._windows_judged:
+            return [
+                f"stayed {DEFAULT_FAMILY}: no shadow window had the sampled accesses to "
+                f"judge ({self._windows_thin} windows, each under "
+                f"{self.selector.settings.min_accesses:,})"
+            ]
         if not self.switches and not self._windows_judged:
             span = self._ts[-1] - self._ts[0] if self._ts else 0.0
             return [

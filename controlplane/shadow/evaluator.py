@@ -111,7 +111,7 @@ class ShadowEvaluator:
         self._workers: dict[str, _Worker] = {}
         self._clock = 0.0
         self._first = -1.0  # time of the first sampled request (-1: none yet)
-        self._guard = GuardView("off", "no refit judged yet")
+        self._guard = GuardView(None, "no refit judged yet")
         self._lock = threading.Lock()
         self._failed: set[str] = set()  # kinds of failure logged
 
@@ -129,7 +129,7 @@ class ShadowEvaluator:
         with self._lock:
             worker = self._workers.get(worker_id)
             if worker is not None:
-                self._take(worker, worker.rebuilder.flush())
+                self._take_guarded(worker_id, worker, worker.rebuilder.flush)
 
     def flush_idle(self, idle_s: float) -> None:
         """``flush`` every worker that sent nothing for ``idle_s`` seconds: a request is
@@ -149,8 +149,10 @@ class ShadowEvaluator:
         """Workers' capacities, whether they report requests whole and the ghost of their
         reuse classes (None: they file none), from their heartbeats; a change of capacity
         or of reuse classes starts that worker's miniature caches afresh, warmed with the
-        window's sampled requests kept so far."""
+        window's sampled requests kept so far. What was gathered before is replayed
+        first, as it stood (the curves do not depend on whether a read came first)."""
         with self._lock:
+            self._drain()
             for worker_id, capacity in capacities.items():
                 worker = self._worker(worker_id)
                 if whole_requests is not None:
@@ -165,10 +167,12 @@ class ShadowEvaluator:
                     self._warm(worker)
 
     def set_policy(self, doc: PolicyDocument) -> None:
-        """The published document the ``wa`` caches replay from now on."""
+        """The published document the ``wa`` caches replay from now on (what was gathered
+        before is replayed under the one it came under)."""
         with self._lock:
             if doc.version == self._doc.version and doc.created_at == self._doc.created_at:
                 return
+            self._drain()
             self._doc = doc
             for worker in self._workers.values():
                 for wa in worker.wa:
@@ -476,11 +480,6 @@ class ShadowEvaluator:
     def _guard_work(self, worker: _Worker, max_accesses: int) -> GuardWork:
         size = worker.share.capacity(worker.capacity or 0)
         return GuardWork(size, _newest(worker.buffer, max_accesses), _ghost_share(worker, size))
-
-    def say_off(self, reason: str) -> None:
-        """Record that the guard did not judge (``reason``), for ``view``."""
-        with self._lock:
-            self._guard = GuardView("off", reason, at=time.time())
 
 
 def _whole(worker: _Worker) -> bool:

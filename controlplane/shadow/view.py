@@ -72,7 +72,8 @@ class GroupView:
 class GuardView:
     """The refit guard's last verdict on a candidate fit."""
 
-    outcome: GuardOutcome
+    outcome: GuardOutcome | None
+    """None: no refit judged yet."""
     reason: str
     in_force_version: int | None = None
     in_force_hit_ratio: float | None = None
@@ -97,6 +98,6 @@ class ShadowView:
     groups: list[GroupView] = field(default_factory=list)
     waiting_workers: list[str] = field(default_factory=list)
     """Workers whose capacity is not known yet (no heartbeat read): not replayed."""
-    guard: GuardView = field(default_factory=lambda: GuardView("off", "no refit judged yet"))
+    guard: GuardView = field(default_factory=lambda: GuardView(None, "no refit judged yet"))
     selection: SelectionView | None = None
     """The evictor family selection's last word (None: no full window judged yet, or off)."""

@@ -150,11 +150,34 @@ def test_a_scheduled_refit_with_no_new_access_publishes_nothing(
     quiet = controller.refit(manual=False)
     assert not quiet.published
     assert quiet.reason == "unchanged: no new accesses since the last refit"
-    assert controller.last_fit is not None and controller.refit(manual=True).reason != quiet.reason
+    fitted = ("published", "unchanged: largest relative change")
+    assert controller.refit(manual=True).reason.startswith(fitted)
     batch = reuse_batch("w1", 2, category="text_1", n=3000, rate=0.5, p=0.6, t0=now + 5, seed=2)
     send(r, keys, batch)
     wait_until(lambda: controller.ingestor.counters.batches >= 2)
-    assert controller.refit(manual=False).reason != quiet.reason
+    assert controller.refit(manual=False).reason.startswith(fitted)
+
+
+def test_a_refit_that_failed_is_tried_again_with_no_new_access(
+    ctl: RunningController, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refit cut short (Redis gone while it read the base document) has published
+    nothing: the next scheduled one fits the same accesses again, not "unchanged"."""
+    controller = ctl.controller
+    keys = Keys(controller.settings.key_prefix)
+    now = time.time() - 60
+    batch = reuse_batch("w1", 1, category="text_1", n=3000, rate=0.5, p=0.6, t0=now, seed=1)
+    send(redis.Redis.from_url(redis_url), keys, batch)
+    wait_until(lambda: controller.ingestor.counters.batches >= 1)
+
+    def outage() -> None:
+        raise redis.ConnectionError("Redis went away while the refit read the base")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(controller.store, "base", outage)
+        with pytest.raises(redis.ConnectionError):
+            controller.refit(manual=False)
+    assert controller.refit(manual=False).published
 
 
 def test_a_refit_with_the_shadow_off_is_counted_as_off(redis_url: str, key_prefix: str) -> None:
@@ -191,11 +214,27 @@ def test_each_replica_says_its_role_once(
                 return any("is a standby" in r.getMessage() for r in caplog.records)
 
             wait_until(standby_said, what="the standby")
+            assert any("ctl-a" in r.getMessage() for r in caplog.records if "standby" in r.msg)
             assert not b.controller.lease.is_leader
             time.sleep(1.5)  # more lease ticks: said once
             messages = [r.getMessage() for r in caplog.records]
             assert sum("is a standby" in m for m in messages) == 1
             assert sum("is the leader" in m for m in messages) == 1
+
+
+def test_a_replica_that_cannot_reach_redis_does_not_call_itself_a_standby(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No answer from Redis says nothing of who leads: the role is said once one comes."""
+    from controlplane.service.controller import Controller
+    from controlplane.service.settings import ControllerSettings
+
+    caplog.set_level(logging.INFO, logger="controlplane.service.controller")
+    unreachable = ControllerSettings(redis_url="redis://127.0.0.1:1/0", consumer_name="ctl-x")
+    controller = Controller(unreachable)
+    controller._tick_lease()
+    assert not controller.lease.is_leader
+    assert not any("is a standby" in r.getMessage() for r in caplog.records)
 
 
 def test_malformed_batch_goes_to_dead_letter_and_ingest_continues(

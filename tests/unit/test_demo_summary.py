@@ -1,4 +1,4 @@
-"""``kvwise demo``'s output at 80 columns: the final shadow summary (each caption starts
+"""``kvwise demo``'s output at 80 columns: the final summary (each shadow caption starts
 its own line, so the refit guard's verdict is not glued to the hit-ratio caption) and
 the live frame, which fits the terminal's height with the fitted parameters first."""
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from controlplane.cli.demo_cmd import _render, print_shadow_summary
+from controlplane.cli.demo_cmd import _render, print_summary
 
 POINT = {"multiple": 1.0, "capacity": 100, "hit_ratio": 0.5, "ci_low": 0.4, "ci_high": 0.6}
 SHADOW = {
@@ -32,7 +32,7 @@ SHADOW = {
 
 def test_each_caption_starts_a_line() -> None:
     out = io.StringIO()
-    print_shadow_summary(SHADOW, Console(file=out, width=80))
+    print_summary(_snapshot(), Console(file=out, width=80))
     lines = [line.rstrip() for line in out.getvalue().splitlines()]
     assert max(len(line) for line in lines) <= 80
     assert any(line.startswith("the workers' own hit ratio 0.500") for line in lines)
@@ -41,18 +41,18 @@ def test_each_caption_starts_a_line() -> None:
 
 def test_the_family_selection_says_when_it_first_judges_then_its_reason() -> None:
     waiting = io.StringIO()
-    print_shadow_summary({**SHADOW, "window_s": 3600.0}, Console(file=waiting, width=80))
+    print_summary(_snapshot({**SHADOW, "window_s": 3600.0}), Console(file=waiting, width=80))
     words = " ".join(waiting.getvalue().split())
     assert "evictor family: not judged yet" in words
     assert "follows a full shadow window, 3600 s)" in words
     reason = "wa holds: best other lru 0.4900 vs 0.5000"
     judged = io.StringIO()
     selection = {"reason": reason, "chosen": "wa"}
-    print_shadow_summary({**SHADOW, "selection": selection}, Console(file=judged, width=80))
+    print_summary(_snapshot({**SHADOW, "selection": selection}), Console(file=judged, width=80))
     assert f"evictor family: {reason}" in judged.getvalue()
 
 
-def _snapshot() -> dict[str, Any]:
+def _snapshot(shadow: dict[str, Any] = SHADOW) -> dict[str, Any]:
     agent = {"applied_version": 3, "hit_ratio": 0.41, "events_sent": 1000, "events_dropped": 0}
     params = {"p_reuse": 0.8, "rate": 0.05, "life_s": 30.0, "source": "fit"}
     return {
@@ -62,7 +62,7 @@ def _snapshot() -> dict[str, Any]:
         "redis": "redis://127.0.0.1:6379/0",
         "speed": 10.0,
         "agents": [{**agent, "id": f"w{i}", "evictor": "wa"} for i in range(4)],
-        "shadow": SHADOW,
+        "shadow": shadow,
         "categories": [
             {"name": f"chat_{i}", "samples": 100 * i, "published": params, "fit_quality": 0.05}
             for i in range(12)
@@ -73,10 +73,20 @@ def _snapshot() -> dict[str, Any]:
 @pytest.mark.parametrize("rows", [24, 40, 80])
 def test_the_live_frame_fits_the_terminal_with_the_fitted_parameters_first(rows: int) -> None:
     console = Console(file=io.StringIO(), width=80, height=rows)
-    frame = console.render_lines(_render(_snapshot(), console))
-    text = "\n".join("".join(segment.text for segment in line) for line in frame)
-    assert len(frame) < rows
+    frame, whole = _render(_snapshot(), console)
+    lines = console.render_lines(frame)
+    text = "\n".join("".join(segment.text for segment in line) for line in lines)
+    assert len(lines) < rows
     assert "Fitted parameters per category" in text and "chat_11" in text
     shows_everything = "What each policy would" in text
-    assert shows_everything == (rows == 80)
+    assert shows_everything == (rows == 80) == whole
     assert ("a taller terminal shows more" in text) == (not shows_everything)
+
+
+def test_the_summary_holds_everything_the_live_frame_left_out() -> None:
+    out = io.StringIO()
+    print_summary(_snapshot(), Console(file=out, width=80))
+    text = out.getvalue()
+    for part in ("Workers", "What each policy would", "Fitted parameters", "chat_11"):
+        assert part in text
+    assert "a taller terminal shows more" not in text

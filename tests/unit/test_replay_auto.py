@@ -69,10 +69,12 @@ def test_a_replay_of_auto_says_when_it_switched(trace: Trace) -> None:
         trace, ReplayJob("auto", capacity), options=replace(EAGER, auto_min_accesses=10**12)
     )
     (stayed,) = still.notes
-    assert (
-        stayed.startswith("stayed wa: no family led it by the margin (")
-        and "windows judged)" in stayed
-    )
+    assert stayed.startswith("stayed wa: no shadow window had the sampled accesses to judge (")
+    assert stayed.endswith(f"windows, each under {10**12:,})")
+    level = run_one(trace, ReplayJob("auto", capacity), options=replace(EAGER, auto_margin=1.0))
+    (stayed,) = level.notes
+    assert stayed.startswith("stayed wa: no family led it by the margin (")
+    assert stayed.endswith("windows judged)")
     span = float(trace.timestamps[-1] - trace.timestamps[0])
     unjudged = run_one(
         trace, ReplayJob("auto", capacity), options=replace(EAGER, auto_window_s=span + 1)

@@ -211,3 +211,20 @@ def test_unused_categories_age_out_with_the_window() -> None:
     assert st.categories == ("a",)
     assert st.snapshot(150.0).total_accesses == 1
     assert st.nbytes() <= ReuseStats(100.0, n_buckets=10, categories=["a"] * 8).nbytes()
+
+
+def test_the_live_windows_revision_moves_with_accesses_and_restores_only() -> None:
+    """The controller refits only when the revision moved: new accesses move it, so does a
+    checkpoint restored (another leader's evidence); a batch of evictions does not."""
+    from controlplane.service.window import LiveWindow, WindowLimits
+
+    limits = WindowLimits(clock_tolerance_s=1e9, max_categories=10, max_categories_per_worker=10)
+    window = LiveWindow(ReuseStats(100.0, n_buckets=10, near_concurrent_s=0.5), limits)
+    start = window.revision
+    window.apply(event_batch(ts=[1.0, 2.0], block=[1, 2], kind=int(EventKind.HIT)), 3.0)
+    after_hits = window.revision
+    assert after_hits > start
+    window.apply(event_batch(seq=2, ts=[2.5], block=[1], kind=int(EventKind.EVICT)), 3.0)
+    assert window.revision == after_hits
+    window.restore(window.stats.state())
+    assert window.revision > after_hits
