@@ -1,7 +1,8 @@
 """``kvwise config``: show every setting, its environment variable, default and value.
 
 Owns rendering of settings (markdown for docs/configuration.md, ``NAME=value`` lines with
-their meaning, or JSON). Secrets are masked. The settings themselves are declared in
+their meaning, or JSON). Secrets are masked, and so is a password inside a URL; a bad value
+fails in one line naming its variable. The settings themselves are declared in
 ``controlplane.service.settings`` and ``agent.settings``; this module must never declare
 one.
 """
@@ -14,6 +15,9 @@ from typing import Annotated, Any
 import typer
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings
+
+from agent.runtime.connection import redact
+from controlplane.cli.common import settings_or_fail
 
 
 def register(app: typer.Typer) -> None:
@@ -36,6 +40,8 @@ def _rows(settings: BaseSettings) -> list[dict[str, Any]]:
         value = getattr(settings, name)
         if isinstance(value, SecretStr):
             value = "********"
+        elif isinstance(value, str):
+            value = redact(value)  # a password inside a URL
         default = field.default
         rows.append(
             {
@@ -90,7 +96,10 @@ def config(
     if markdown_out:
         typer.echo(markdown())
         return
-    rows = {"controller": _rows(ControllerSettings()), "agent": _rows(AgentSettings())}
+    rows = {
+        "controller": _rows(settings_or_fail(ControllerSettings, {}, {}, what="controller")),
+        "agent": _rows(settings_or_fail(AgentSettings, {}, {}, what="agent")),
+    }
     if json_out:
         typer.echo(json.dumps(rows, default=str))
         return

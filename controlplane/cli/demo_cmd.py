@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from agent.runtime.connection import redact
 from controlplane.cli.common import check_redis_url, fail, print_json
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ def _start(stack: DemoStack) -> None:
     try:
         stack.start_redis()
         assert stack.redis_source is not None
-        _say(f"Redis at {stack.redis_url} ({_REDIS_SOURCE[stack.redis_source]})")
+        _say(f"Redis at {redact(stack.redis_url)} ({_REDIS_SOURCE[stack.redis_source]})")
         _say(f"keys under {stack.prefix!r}, deleted at the end")
         stack.start_controller()
         _say(f"controller at {stack.api_url}")

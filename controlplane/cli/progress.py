@@ -1,4 +1,5 @@
-"""Progress of a replay matrix on stderr: a live bar on a terminal, plain lines elsewhere.
+"""Progress of a replay or simulation matrix on stderr: a live bar on a terminal, plain
+lines elsewhere.
 
 Owns ``requests_bar`` (the bar of requests done that replay and simulate draw) and
 ``ReplayProgress``, the sink ``controlplane.replay.runner.run_matrix`` reports to
@@ -44,7 +45,11 @@ def requests_bar(heading: str, console: Console) -> Progress:
 class ReplayProgress:
     """Counts requests replayed by each job of a matrix of ``jobs`` jobs."""
 
-    def __init__(self, requests_per_job: int, jobs: int, *, quiet: bool = False) -> None:
+    def __init__(
+        self, requests_per_job: int, jobs: int, *, quiet: bool = False, command: str = "replay"
+    ) -> None:
+        self.command = command
+        """What runs the jobs (``replay`` or ``simulate``), as the lines and the bar say."""
         self.requests_per_job = requests_per_job
         self.jobs = jobs
         self.quiet = quiet
@@ -58,7 +63,8 @@ class ReplayProgress:
     def __enter__(self) -> ReplayProgress:
         self._t0 = time.monotonic()
         if self.console.is_terminal:
-            self._bar = requests_bar("[bold]replay[/] {task.description}", self.console)
+            heading = f"[bold]{self.command}[/] {{task.description}}"
+            self._bar = requests_bar(heading, self.console)
             self._bar.start()
             total = self.requests_per_job * self.jobs
             self._task = self._bar.add_task(self._jobs_text(), total=total)
@@ -87,7 +93,7 @@ class ReplayProgress:
         elif finished_now and not self.quiet:
             elapsed = time.monotonic() - self._t0
             self.console.print(
-                f"replay: {job.policy} at {job.capacity:,} blocks done "
+                f"{self.command}: {job.policy} at {job.capacity:,} blocks done "
                 f"({self._jobs_text()}, {elapsed:.1f} s)",
                 highlight=False,
                 soft_wrap=True,

@@ -282,24 +282,14 @@ def _run_with_progress(
     jobs: int,
     quiet: bool,
 ) -> list[SimResult]:
-    from rich.console import Console
-
-    from controlplane.cli.progress import requests_bar
-    from controlplane.simulate.runner import SimJob, run_matrix
+    from controlplane.cli.progress import ReplayProgress
+    from controlplane.simulate.runner import run_matrix
 
     cells = len(names) * len(capacities)
-    # Small runs finish before a bar is worth drawing.
-    if quiet or trace.n_accesses * cells * options.instances < 1_000_000:
-        return run_matrix(trace, names, capacities, options, jobs=jobs or None)
-    done: dict[SimJob, int] = {}
-    with requests_bar("[bold]simulate", Console(stderr=True)) as bar:
-        task = bar.add_task("simulate", total=trace.n_requests * cells)
-
-        def progress(job: SimJob, n: int) -> None:
-            done[job] = n
-            bar.update(task, completed=sum(done.values()))
-
-        return run_matrix(trace, names, capacities, options, jobs=jobs or None, progress=progress)
+    with ReplayProgress(trace.n_requests, cells, quiet=quiet, command="simulate") as shown:
+        return run_matrix(
+            trace, names, capacities, options, jobs=jobs or None, progress=shown.update
+        )
 
 
 def _plot(results: list[SimResult], path: Path, title: str) -> None:

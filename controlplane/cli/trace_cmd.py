@@ -42,6 +42,11 @@ def register(app: typer.Typer) -> None:
     app.add_typer(trace_app)
 
 
+MAX_SYNTH_REQUESTS = 2_000_000
+"""Most requests one synthetic trace may ask for (about 90 hours at the default 6 QPS;
+its block ids alone take gigabytes)."""
+
+
 @trace_app.command("synth")
 def synth(
     output: Annotated[
@@ -72,7 +77,14 @@ def synth(
     from controlplane.traces.writer import write_bailian
 
     check_names([profile], PROFILES, "--profile", "profile")
+    if duration * qps > MAX_SYNTH_REQUESTS:
+        fail(
+            f"--duration x --qps asks for about {duration * qps:,.0f} requests; at most "
+            f"{MAX_SYNTH_REQUESTS:,} in one trace"
+        )
     trace = synthesize(cast(Profile, profile), duration_s=duration, qps=qps, seed=seed)
+    if not trace.n_requests:
+        fail(f"--duration {duration:g} at --qps {qps:g} gave no request: ask for more")
     try:
         write_bailian(trace, output)
     except OSError as exc:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from agent.runtime.connection import redact
 from controlplane.cli.common import (
     check_redis_url,
     fail,
@@ -100,8 +101,9 @@ def worker(
     else:
         typer.echo(f"done: {_status_line(result)}")
     if result.agent.events_sent == 0 and result.agent.events_dropped > 0:
+        dropped = result.agent.events_dropped
         fail(
-            f"sent no event to {settings.redis_url} ({result.agent.events_dropped:,} dropped): "
+            f"sent no event to {redact(settings.redis_url)} ({dropped:,} dropped): "
             "Redis was unreachable for the whole run",
             code=1,
         )

@@ -26,6 +26,7 @@ from typing import Literal
 import httpx
 import redis
 
+from agent.runtime.connection import redact
 from controlplane.dev.embedded_redis import EmbeddedRedis, free_port, redis_answers
 
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
@@ -80,7 +81,7 @@ class DemoStack:
             self._embedded = EmbeddedRedis(self.workdir).start()
             self.redis_url, self.redis_source = self._embedded.url, "embedded"
         if not redis_answers(self.redis_url):
-            raise RuntimeError(f"Redis at {self.redis_url} does not answer")
+            raise RuntimeError(f"Redis at {redact(self.redis_url)} does not answer")
 
     def _dir(self) -> Path:
         if self.workdir is None:

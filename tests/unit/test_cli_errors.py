@@ -91,8 +91,25 @@ def test_demo_fails_in_one_line_and_leaves_nothing(tmp_path: Path, url: str, say
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("variable", "value"), [("KVWISE_PORT", "abc"), ("KVWISE_SHADOW_RATE", "5")]
+)
+def test_config_names_a_bad_setting_in_one_line(variable: str, value: str) -> None:
+    res = kvwise("config", env={variable: value})
+    assert res.returncode == 2
+    assert one_error_line(res).startswith(f"error: bad controller setting {variable}: ")
+
+
+def test_config_shows_no_password_of_a_url() -> None:
+    url = "redis://kvwise:hunter2@127.0.0.1:6379/0"
+    for args in ((), ("--json",)):
+        res = kvwise("config", *args, env={"KVWISE_REDIS_URL": url})
+        assert res.returncode == 0, res.stderr
+        assert "hunter2" not in res.stdout and "kvwise:***@127.0.0.1:6379/0" in res.stdout
+
+
 def test_worker_that_sends_nothing_exits_1_after_its_summary() -> None:
-    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    url = f"redis://kvwise:hunter2@127.0.0.1:{free_port()}/0"  # nothing listens there
     args = ["--capacity", "500", "--speed", "5000", "--status-every", "0", "--redis-url", url]
     res = kvwise("worker", "--trace", str(SAMPLE), "--policy", "lru", *args)
     assert res.returncode == 1, res.stderr
@@ -101,4 +118,5 @@ def test_worker_that_sends_nothing_exits_1_after_its_summary() -> None:
     for part in ("3,993 requests", "hit ratio 0.", "applied version 0", "events sent 0 dropped"):
         assert part in summary[0]
     line = one_error_line(res)
-    assert "sent no event" in line and url in line
+    assert "sent no event" in line and url.replace("hunter2", "***") in line
+    assert "hunter2" not in res.stderr + res.stdout

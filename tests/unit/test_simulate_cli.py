@@ -63,6 +63,10 @@ def test_tables_fit_80_columns_and_default_to_the_gpus_pool() -> None:
         assert title in res.stdout
     assert max(len(line) for line in res.stdout.splitlines()) <= 80
     assert "vs lru" in res.stdout and "+0.0%" in res.stdout
+    # stderr is no terminal here: a line per finished run says how far it is
+    runs = [line for line in res.stderr.splitlines() if line.startswith("simulate: ")]
+    assert len(runs) == 2 and runs[-1].startswith("simulate: ")
+    assert "(2/2 runs done, " in runs[-1] and "blocks done" in runs[0]
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:

@@ -75,6 +75,24 @@ def test_user_errors_exit_2(tmp_path: Path) -> None:
     assert res.exit_code == 0 and json.loads(res.stdout)["requests"] == 1
 
 
+@pytest.mark.parametrize(
+    ("duration", "qps", "says"),
+    [
+        ("5", "1e9", "--duration x --qps asks for about 5,000,000,000 requests; at most"),
+        ("1e12", "6", "--duration x --qps asks for about"),
+        ("0.01", "0.01", "--duration 0.01 at --qps 0.01 gave no request"),
+    ],
+)
+def test_synth_refuses_a_trace_too_large_or_empty(
+    tmp_path: Path, duration: str, qps: str, says: str
+) -> None:
+    out = tmp_path / "x.jsonl"
+    args = ["trace", "synth", "--duration", duration, "--qps", qps, "-o", str(out)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and says in res.stderr, res.output
+    assert not out.exists()
+
+
 def test_stats_on_an_empty_trace_errors_as_replay_does(tmp_path: Path) -> None:
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
