@@ -173,7 +173,8 @@ def load_trace_or_fail(path: Path, *, skip_bad_lines: bool = False) -> Trace:
         fail(str(exc))
     if trace.skipped_lines:
         first = ", ".join(f"line {ln}: {why}" for ln, why in trace.skipped_lines[:3])
-        typer.echo(f"skipped {len(trace.skipped_lines)} bad lines ({first})", err=True)
+        n = len(trace.skipped_lines)
+        typer.echo(f"skipped {n} bad line{'s' * (n != 1)} ({first})", err=True)
     if trace.n_requests == 0:
         fail(f"{path}: no requests")
     return trace

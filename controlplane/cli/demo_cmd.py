@@ -82,6 +82,7 @@ def demo(
         _start(stack)
         deadline = time.monotonic() + duration if duration else None
         _run_view(stack, stopping, deadline, view, live=not json_out)
+        _read_final(stack, view)
     except KeyboardInterrupt:
         pass
     finally:
@@ -178,7 +179,6 @@ def _run_view(
         with suppress(KeyboardInterrupt):
             while running():
                 time.sleep(1.0)
-        view.snap = _snapshot(stack)
         return
     with Live(refresh_per_second=2, screen=False) as screen, suppress(KeyboardInterrupt):
         while running():
@@ -188,6 +188,22 @@ def _run_view(
             time.sleep(1.0)
     if not screen.console.is_terminal:  # a log or a pipe: the last frame ends its line
         screen.console.line()
+
+
+def _read_final(stack: DemoStack, view: _View) -> None:
+    """Stop the workers (their last heartbeats carry their final counters), give the
+    controller up to 5 s to ingest what they sent, and read everything once more."""
+    stack.stop_workers()
+    deadline = time.monotonic() + 5.0
+    while True:
+        snap = _snapshot(stack)
+        if "agents" not in snap:
+            return  # the controller is gone: keep what was read last
+        view.snap = snap
+        ingested = all(a["events_ingested"] >= a["events_sent"] for a in snap["agents"])
+        if ingested or time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
 
 
 def _render(snap: dict[str, Any], console: Console) -> tuple[RenderableType, bool]:

@@ -34,8 +34,13 @@ from controlplane.cli.common import (
 )
 from controlplane.cli.tables import Column, FoldedTable
 from controlplane.replay import catalog
-from controlplane.replay.options import DEFAULT_OPTIONS as DEFAULT_AUTO
-from controlplane.replay.options import Attribution, CategorySource, FitMode, ReuseClass
+from controlplane.replay.options import (
+    DEFAULT_OPTIONS,
+    Attribution,
+    CategorySource,
+    FitMode,
+    ReuseClass,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -95,7 +100,9 @@ WaFitOpt = Annotated[
 SplitOpt = Annotated[
     float | None,
     _fitted(
-        parser=open_fraction, metavar="SHARE", help="Share fitted on with --wa-fit split [0.5]"
+        parser=open_fraction,
+        metavar="SHARE",
+        help=f"Share fitted on with --wa-fit split [default: {DEFAULT_OPTIONS.split:g}]",
     ),
 ]
 CategoriesOpt = Annotated[
@@ -172,10 +179,10 @@ def replay(
     near_concurrent: NearConcurrentOpt = None,
     life: LifeOpt = None,
     reuse_class: ReuseClassOpt = "off",
-    auto_rate: AutoRateOpt = DEFAULT_AUTO.auto_rate,
-    auto_window: AutoWindowOpt = DEFAULT_AUTO.auto_window_s,
-    auto_windows: AutoWindowsOpt = DEFAULT_AUTO.auto_windows,
-    auto_margin: AutoMarginOpt = DEFAULT_AUTO.auto_margin,
+    auto_rate: AutoRateOpt = DEFAULT_OPTIONS.auto_rate,
+    auto_window: AutoWindowOpt = DEFAULT_OPTIONS.auto_window_s,
+    auto_windows: AutoWindowsOpt = DEFAULT_OPTIONS.auto_windows,
+    auto_margin: AutoMarginOpt = DEFAULT_OPTIONS.auto_margin,
 ) -> None:
     """Replay TRACE through eviction policies at several cache sizes.
 
@@ -199,7 +206,7 @@ def replay(
     options = _options(
         refit_every_s=refit_every,
         wa_fit=wa_fit,
-        split=0.5 if split is None else split,
+        split=DEFAULT_OPTIONS.split if split is None else split,
         categories=categories,
         attribution=attribution,
         near_concurrent_s=near_concurrent,
@@ -272,7 +279,8 @@ def _report(
         print_json(_json_doc(trace_path, trace, options, results))
         return
     _print_tables(trace, names, capacities, results, top_categories, options)
-    if len(trace.category_names) == 1 and options.categories == "labels":
+    fitted = any(catalog.is_fitted(name) for name in names)
+    if fitted and len(trace.category_names) == 1 and options.categories == "labels":
         typer.echo(
             f"note: the trace labels every request {trace.category_names[0]!r}: the fitted\n"
             "policies see one category. --categories auto infers them.",

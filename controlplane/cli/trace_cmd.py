@@ -156,7 +156,7 @@ def _plot(directory: Path, trace: Trace, samples: WorkloadSamples, top: int) -> 
     for path in written.paths:
         typer.echo(f"wrote {path}", err=True)
     for name, why in written.skipped.items():
-        typer.echo(f"skipped {name}: {why}", err=True)
+        typer.echo(f"skipped {name}:\n  {why}", err=True)
 
 
 def _na(value: float | None, fmt: str = "{:.3f}") -> str:

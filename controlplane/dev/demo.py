@@ -60,6 +60,7 @@ class DemoStack:
     workers: dict[str, str] = field(default_factory=dict)  # id -> evictor
     _embedded: EmbeddedRedis | None = None
     _procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _worker_procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     # --- start ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -175,6 +176,7 @@ class DemoStack:
                 self._env(KVWISE_EVICTOR=evictor),
                 f"worker-{wid}.log",
             )
+            self._worker_procs.append(self._procs[-1])
 
     # --- observe -------------------------------------------------------------------------
     def get(self, path: str) -> object:
@@ -206,17 +208,15 @@ class DemoStack:
                 shutil.rmtree(self.workdir, ignore_errors=True)
                 self.workdir = None
 
+    def stop_workers(self) -> None:
+        """Stop the workers: each sends what it holds and a last heartbeat with its final
+        counters. The controller goes on serving."""
+        _stop_all(self._worker_procs)
+
     def _stop_processes(self) -> None:
-        for p in self._procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self._procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        _stop_all(self._procs)
         self._procs.clear()
+        self._worker_procs.clear()
 
     def _delete_keys(self) -> None:
         """The demo's keys in a Redis it did not start (an embedded one goes whole)."""
@@ -229,3 +229,16 @@ class DemoStack:
                 client.delete(*keys)
         except (redis.RedisError, ValueError):
             pass
+
+
+def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every process still running, then wait for each (killed after 15 s)."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

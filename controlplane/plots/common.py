@@ -11,6 +11,7 @@ compute what a figure shows.
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,9 +58,18 @@ def check_available() -> None:
 
 
 def check_path(path: Path) -> None:
-    """Raise ``OSError`` unless ``path`` names a PNG (the only format written)."""
+    """Raise ``OSError`` unless ``path`` names a PNG (the only format written) that can be
+    written: its nearest existing folder takes a file (a trial one, removed at once)."""
     if path.suffix.lower() != ".png":
         raise OSError(f"{path}: plots are written as .png")
+    if path.is_dir():
+        raise OSError(f"{path}: is a folder")
+    folder = next(p for p in (path.parent, *path.parent.parents) if p.exists())
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise OSError(f"{path}: cannot write in {folder} ({exc.strerror or exc})") from None
 
 
 def figure(columns: int = 1, *, size: Size = DEFAULT_SIZE) -> tuple[Figure, list[Axes]]:

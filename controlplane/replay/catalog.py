@@ -75,6 +75,11 @@ def names() -> list[str]:
     return [*agent_names, *offline, *BOUNDS]
 
 
+def is_fitted(name: str) -> bool:
+    """Whether ``name`` replays fitted from the trace (an offline policy, not a bound)."""
+    return name in _OFFLINE and name not in BOUNDS
+
+
 def factory(name: str) -> ReplayFactory:
     if name in _OFFLINE:
         return _OFFLINE[name]

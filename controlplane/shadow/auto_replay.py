@@ -234,7 +234,7 @@ class AutoReplayPolicy:
         if not self.switches and self._windows_thin and not self._windows_judged:
             return [
                 f"stayed {DEFAULT_FAMILY}: no shadow window had the sampled accesses to "
-                f"judge ({self._windows_thin} windows, each under "
+                f"judge ({self._windows_thin} window{'s' * (self._windows_thin != 1)}, each under "
                 f"{self.selector.settings.min_accesses:,})"
             ]
         if not self.switches and not self._windows_judged:
@@ -246,7 +246,7 @@ class AutoReplayPolicy:
         if not self.switches:
             return [
                 f"stayed {DEFAULT_FAMILY}: no family led it by the margin "
-                f"({self._windows_judged} windows judged)"
+                f"({self._windows_judged} window{'s' * (self._windows_judged != 1)} judged)"
             ]
         return [
             f"at {s.at_s - self._ts[0]:,.0f} s (request {s.request:,}): {s.verdict.reason}"

@@ -32,6 +32,9 @@ def test_demo_summary_shows_shadow_curves(redis_url: str) -> None:
     assert group["capacity"] == summary["capacity_blocks"]
     assert sorted(group["workers"]) == sorted(a["id"] for a in summary["agents"])
     assert group["requests_seen"] > 0
+    # The summary is read once the workers stopped: their final counters, all ingested.
+    for agent in summary["agents"]:
+        assert agent["events_sent"] == agent["events_ingested"] > 0, agent
     assert [c["policy"] for c in group["curves"]] == ["wa", "lru", "s3fifo", "arc"]
     for curve in group["curves"]:
         ratios = [p["hit_ratio"] for p in curve["points"]]

@@ -71,7 +71,7 @@ def test_a_mooncake_trace_skips_the_turn_figure_and_says_why(tmp_path: Path) -> 
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         set(TRACE_FIGURES) - {"hit_share_by_turn.png"}
     )
-    assert "skipped hit_share_by_turn: the trace has no turn numbers" in res.stderr
+    assert "skipped hit_share_by_turn:\n  the trace has no turn numbers" in res.stderr
     assert json.loads(res.stdout)["requests"] == 3993
 
 
@@ -122,6 +122,23 @@ def test_replay_refuses_a_plot_file_that_is_not_png_before_replaying(tmp_path: P
     assert res.exit_code == 2
     assert res.stderr.strip() == f"error: --plot: {tmp_path / 'c.svg'}: plots are written as .png"
     assert res.stdout == "" and "replay:" not in res.stderr
+
+
+def test_replay_refuses_a_plot_it_could_not_write_before_replaying(tmp_path: Path) -> None:
+    """A folder for a name, or a place that takes no file, fails before the replay; a
+    missing folder is made when the plot is written."""
+    (tmp_path / "c.png").mkdir()
+    places = [(tmp_path / "c.png", "is a folder")]
+    if Path("/proc").is_dir():
+        places.append((Path("/proc/c.png"), "cannot write in /proc"))
+    for path, says in places:
+        args = ["replay", str(SAMPLE), "-p", "lru", "--plot", str(path)]
+        res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+        assert res.exit_code == 2 and says in res.stderr, res.output
+        assert res.stdout == "" and "replay:" not in res.stderr
+    deep = tmp_path / "new" / "folder" / "c.png"
+    res = CliRunner().invoke(app, ["replay", str(SAMPLE), "-p", "lru", "--plot", str(deep)])
+    assert res.exit_code == 0 and deep.stat().st_size > 0
 
 
 @pytest.mark.slow

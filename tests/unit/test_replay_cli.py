@@ -139,10 +139,13 @@ def test_tables_stay_whole_at_80_columns(toc_file: Path) -> None:
 
 
 def test_a_one_category_trace_hints_at_inferred_categories() -> None:
+    """Only to a fitted policy, which would see one category (``lru`` sees none)."""
     code, _, err = run("replay", str(SAMPLE), "-p", "lru", "--capacity", "300")
+    assert code == 0 and "--categories auto infers them" not in err
+    code, _, err = run("replay", str(SAMPLE), "-p", "lru,wa", "--capacity", "300")
     assert code == 0 and "--categories auto infers them" in err
     assert all(len(line) <= 80 for line in err.splitlines())
-    args = ("-p", "lru", "--capacity", "300", "--categories", "auto")
+    args = ("-p", "lru,wa", "--capacity", "300", "--categories", "auto")
     code, _, err = run("replay", str(SAMPLE), *args)
     assert code == 0 and "--categories auto infers" not in err
 
