@@ -16,6 +16,7 @@ import re
 import threading
 from enum import StrEnum
 from typing import Any, Final, TypeAlias, cast
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -110,8 +111,20 @@ def state_phrase(state: RedisState) -> str:
 
 
 def redact(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for messages)."""
-    return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", url)
+    """``url`` with any password replaced by ``***`` (for messages): the one before the
+    host (up to the last ``@``, as the client reads it) and a ``password=`` query value.
+    A URL too malformed to split shows its scheme only."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url.split("://", 1)[0] + "://***"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
+    query = re.sub(r"(^|&)(password=)[^&]*", r"\1\2***", parts.query)
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def connect(

@@ -232,7 +232,7 @@ def check_redis_url(url: str, where: str) -> str:
 
 def check_plotting(option: str, png: Path | None = None) -> None:
     """Fail now, naming ``option``, if figures cannot be drawn (no ``plot`` extra) or
-    ``png`` does not name a PNG file."""
+    ``png`` does not name a PNG file that can be written."""
     from controlplane.plots.common import PlotsUnavailable, check_available, check_path
 
     try:

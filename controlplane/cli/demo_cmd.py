@@ -82,7 +82,6 @@ def demo(
         _start(stack)
         deadline = time.monotonic() + duration if duration else None
         _run_view(stack, stopping, deadline, view, live=not json_out)
-        _read_final(stack, view)
     except KeyboardInterrupt:
         pass
     finally:
@@ -142,7 +141,7 @@ def _snapshot(stack: DemoStack) -> dict[str, Any]:
     if not (isinstance(agents, list) and isinstance(categories, list)):
         return {"error": f"unexpected answer from the controller: {agents!r:.200}"}
     return {
-        "redis": stack.redis_url,
+        "redis": redact(stack.redis_url),
         "redis_source": stack.redis_source,
         "api": stack.api_url,
         "dashboard": _dashboard(stack),
@@ -179,13 +178,19 @@ def _run_view(
         with suppress(KeyboardInterrupt):
             while running():
                 time.sleep(1.0)
+        _read_final(stack, view)
         return
-    with Live(refresh_per_second=2, screen=False) as screen, suppress(KeyboardInterrupt):
-        while running():
-            view.snap = _snapshot(stack)
-            frame, view.shown_whole = _render(view.snap, screen.console)
-            screen.update(frame)
-            time.sleep(1.0)
+    with Live(refresh_per_second=2, screen=False) as screen:
+        with suppress(KeyboardInterrupt):
+            while running():
+                view.snap = _snapshot(stack)
+                frame, view.shown_whole = _render(view.snap, screen.console)
+                screen.update(frame)
+                time.sleep(1.0)
+        screen.console.print("stopping the workers to read their final counters", style="dim")
+        _read_final(stack, view)
+        frame, view.shown_whole = _render(view.snap, screen.console)
+        screen.update(frame)
     if not screen.console.is_terminal:  # a log or a pipe: the last frame ends its line
         screen.console.line()
 
@@ -197,13 +202,19 @@ def _read_final(stack: DemoStack, view: _View) -> None:
     deadline = time.monotonic() + 5.0
     while True:
         snap = _snapshot(stack)
-        if "agents" not in snap:
-            return  # the controller is gone: keep what was read last
+        if "agents" not in snap:  # the controller is gone: keep what was read last
+            view.snap = view.snap if "agents" in view.snap else snap
+            return
         view.snap = snap
-        ingested = all(a["events_ingested"] >= a["events_sent"] for a in snap["agents"])
-        if ingested or time.monotonic() > deadline:
+        if all(map(_all_taken, snap["agents"])) or time.monotonic() > deadline:
             return
         time.sleep(0.2)
+
+
+def _all_taken(agent: dict[str, Any]) -> bool:
+    """Whether the controller took (ingested, or refused and counted) all ``agent`` sent."""
+    taken = agent["events_ingested"] + agent["clock_rejected"] + agent["events_refused"]
+    return bool(taken >= agent["events_sent"])
 
 
 def _render(snap: dict[str, Any], console: Console) -> tuple[RenderableType, bool]:

@@ -10,8 +10,10 @@ throughout). The replay is ``controlplane.dev.simworker``; the agent is
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
@@ -135,7 +137,7 @@ def _replay(
     events flushed) before the result is read."""
     from controlplane.dev.simworker import TraceWorker
 
-    stop = threading.Event()
+    stop = SignalFlag()
     sim = TraceWorker(agent, trace, speed=speed, loop=loop, stop=stop, policy_name=policy)
 
     def report(p: WorkerProgress) -> None:
@@ -156,19 +158,39 @@ def _status_line(p: WorkerProgress) -> str:
     )
 
 
+class SignalFlag:
+    """A stop that a signal handler can set: setting it takes no lock. A handler runs on
+    the main thread between two bytecodes, and that thread may hold any lock then (the
+    lock inside ``threading.Event.wait``, or the one ``Thread.start`` takes): a handler
+    that waited on one would wait for ever. ``wait`` polls instead, every 0.1 s."""
+
+    POLL_S = 0.1
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        end = math.inf if timeout is None else time.monotonic() + timeout
+        while not self._set and (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, self.POLL_S))
+        return self._set
+
+
 class _stop_on_signals:
-    """SIGINT and SIGTERM set ``stop`` (main thread only); the old handlers come back.
+    """SIGINT and SIGTERM set ``stop`` (main thread only); the old handlers come back."""
 
-    The handler sets ``stop`` from a new thread: it runs on the main thread, which may
-    hold the event's own lock inside ``stop.wait`` at that moment, and setting it there
-    would wait on that lock for ever."""
-
-    def __init__(self, stop: threading.Event) -> None:
+    def __init__(self, stop: SignalFlag) -> None:
         self.stop = stop
         self.saved: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        threading.Thread(target=self.stop.set, name="kvwise-stop", daemon=True).start()
+        self.stop.set()
 
     def __enter__(self) -> None:
         if threading.current_thread() is threading.main_thread():

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from itertools import compress
+from typing import Protocol
 
 from agent.runtime.agent import Agent
 from agent.wire import AgentStatus
@@ -47,6 +48,14 @@ class WorkerProgress:
 ProgressFn = Callable[[WorkerProgress], None]
 
 
+class StopSignal(Protocol):
+    """What stops a replay: ``threading.Event`` is one."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
 class TraceWorker:
     """Replays ``trace`` through ``agent`` until the end (or forever with ``loop``) or until
     ``stop`` is set."""
@@ -58,7 +67,7 @@ class TraceWorker:
         *,
         speed: float = 1.0,
         loop: bool = False,
-        stop: threading.Event | None = None,
+        stop: StopSignal | None = None,
         policy_name: str = "",
     ) -> None:
         if speed <= 0:

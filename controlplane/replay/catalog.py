@@ -48,7 +48,7 @@ class TraceIndexed(Protocol):
 _F = TypeVar("_F", bound=ReplayFactory)
 _OFFLINE: dict[str, ReplayFactory] = {}
 BOUNDS = ("belady", "inf")
-"""Reference bounds, shown in every report."""
+"""Reference bounds: listed last, run with ``-p all`` and with every plot."""
 
 
 def register_offline(name: str) -> Callable[[_F], _F]:

@@ -149,10 +149,10 @@ class ShadowEvaluator:
         """Workers' capacities, whether they report requests whole and the ghost of their
         reuse classes (None: they file none), from their heartbeats; a change of capacity
         or of reuse classes starts that worker's miniature caches afresh, warmed with the
-        window's sampled requests kept so far. What was gathered before is replayed
-        first, as it stood (the curves do not depend on whether a read came first)."""
+        window's sampled requests kept so far. What that worker gathered before is
+        replayed first, as it stood (the curves do not depend on whether a read came
+        first); the others keep gathering."""
         with self._lock:
-            self._drain()
             for worker_id, capacity in capacities.items():
                 worker = self._worker(worker_id)
                 if whole_requests is not None:
@@ -161,6 +161,7 @@ class ShadowEvaluator:
                 if reuse_ghosts is not None:
                     ghost = reuse_ghosts.get(worker_id)
                 if capacity > 0 and (capacity, ghost) != (worker.capacity, worker.reuse_ghost):
+                    self._take_guarded(worker_id, worker, worker.rebuilder.drain)
                     worker.reuse_ghost = ghost
                     self._build_caches(worker, capacity)
                     self._tell_categories(worker)

@@ -322,3 +322,20 @@ def test_return_tracker_counts_found_and_lately_evicted_blocks_as_returns() -> N
     assert tracker.returns([4, 5, 6, 6]) == [False, True, True, False]
     tracker.touched([7])
     assert tracker.returns([1, 7]) == [True, True]  # 1: found, never released until now
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://u:p@ss@h:6379/0", "redis://u:***@h:6379/0"),  # the client reads p@ss
+        ("redis://h:6379/0?password=hunter2&db=1", "redis://h:6379/0?password=***&db=1"),
+        ("redis://:pw@h/0", "redis://:***@h/0"),
+        ("redis://user@h/0", "redis://user@h/0"),
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        ("redis://u:pw@[::1/0", "redis://***"),  # too malformed to split
+    ],
+)
+def test_redact_hides_every_password_the_client_would_read(url: str, shown: str) -> None:
+    from agent.runtime.connection import redact
+
+    assert redact(url) == shown
