@@ -415,4 +415,4 @@ def test_replay_cli_skips_bad_lines_when_asked(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     doc = orjson.loads(res.stdout)
     assert (doc["requests"], doc["skipped_lines"]) == (2, 1)
-    assert "skipped 1 bad lines (line 2: field 'hash_ids'" in res.stderr
+    assert "skipped 1 bad line (line 2: field 'hash_ids'" in res.stderr

@@ -24,8 +24,9 @@ export function shadowGroups(body) {
   return ok ? groups : null;
 }
 
+// The guard's outcome is null until a refit is judged; its reason then says so.
 function guardLine(guard) {
-  if (!guard || typeof guard.outcome !== "string") return null;
+  if (!guard || (typeof guard.outcome !== "string" && typeof guard.reason !== "string")) return null;
   return el("p", { id: "shadow-guard", class: guard.outcome === "refused" ? "error" : "muted" },
     `Refit guard: ${guard.reason || guard.outcome}`);
 }
