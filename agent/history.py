@@ -31,6 +31,8 @@ HIT = int(EventKind.HIT)
 FREE = int(EventKind.INSERT)
 """Raw kind of a released block; resolved to INSERT (not held before) or dropped (held)."""
 EVICT = int(EventKind.EVICT)
+INITIAL_RING = 1 << 16
+"""Ghost ring entries allocated up front; it grows from there as ghosts come."""
 
 
 class AccessHistory:
@@ -69,8 +71,9 @@ class AccessHistory:
         self._free = np.empty(0, np.int64)  # stack of unused slots; top at _n_free - 1
         self._n_free = 0
         self._grow(initial_slots)
-        # Compacted when full, so O(1) amortized per eviction.
-        ring = 2 * self.ghost_size + ring_slack
+        # Compacted when full and kept at least twice what it holds after, so O(1)
+        # amortized per eviction; it starts small (a large ghost is reached by growing).
+        ring = min(2 * self.ghost_size, INITIAL_RING) + ring_slack
         self._ring_slot = np.empty(ring, np.int64)
         self._ring_seq = np.empty(ring, np.int64)
         self._ring_head = 0  # live entries are in [head, tail)
@@ -260,7 +263,7 @@ class AccessHistory:
         slots, seqs = slots[live], seqs[live]
         self._stale = 0
         n = len(slots)
-        if n + room > len(self._ring_slot):
+        if 2 * (n + room) > len(self._ring_slot):
             size = 2 * (n + room)
             self._ring_slot = np.empty(size, np.int64)
             self._ring_seq = np.empty(size, np.int64)

@@ -210,3 +210,23 @@ def test_resolver_matches_a_plain_dict_model(
     if batch:
         got += rows(h.resolve(raw(*batch), UNKNOWN))
         assert same(got, want)
+
+
+def test_a_large_ghost_is_grown_into_not_allocated_up_front() -> None:
+    """A worker with a huge cache (a billion blocks) starts with a small ghost ring, which
+    grows as ghosts come and then remembers exactly the newest ``ghost_size`` of them."""
+    huge = AccessHistory(ghost_size=10**9)
+    assert huge._ring_slot.nbytes < 2**20  # not 16 GB
+    h = AccessHistory(ghost_size=3000, ring_slack=1)
+    blocks = list(range(10_000))
+    h.resolve(raw((FREE, 1.0, blocks, 0)), UNKNOWN)
+    for lo in range(0, 10_000, 500):  # evicted in batches: the ring grows, then compacts
+        h.resolve(raw((EVICT, 2.0 + lo, blocks[lo : lo + 500], -1)), UNKNOWN)
+    assert h.ghosts == 3000 and len(h) == 3000
+    e = h.resolve(raw((FREE, 9e4, [6999, 7000, 9999], 1)), UNKNOWN)
+    # 6999 was forgotten; 7000 and 9999 are remembered ghosts (their last access known).
+    assert table(e) == [
+        ("INSERT", 6999, 1, -1.0, -1),
+        ("INSERT", 7000, 1, 1.0, 0),
+        ("INSERT", 9999, 1, 1.0, 0),
+    ]
