@@ -86,8 +86,8 @@ def policy_names(policy: str) -> list[str]:
 
 
 def parse_ints(value: str, option: str) -> list[int]:
-    """Comma-separated positive integers, each once."""
-    return _parse_list(value, option, int, "an integer", lambda n: n > 0, "is not positive")
+    """Comma-separated non-negative integers, each once."""
+    return _parse_list(value, option, int, "an integer", lambda n: n >= 0, "is negative")
 
 
 def parse_floats(value: str, option: str, *, at_most: float = math.inf) -> list[float]:
