@@ -250,19 +250,37 @@ class PolicyStore:
 
     @guarded
     def rollback(self, version: int, *, hold: bool = False) -> PolicyDocument:
-        """Publish a new version carrying ``version``'s parameters.
+        """Publish a new version carrying ``version``'s parameters and family.
 
-        With ``hold``, automatic refits stop publishing until a manual refit."""
+        The overrides become those ``version`` carried (each category it shows as
+        ``override``, at its values then), so the list and the document agree; under
+        them the base keeps the fit in force now (what removing one falls back to). Its family
+        becomes the controller's selection, unless it is the operator's pin in force now
+        (a pin is not a selection: releasing it lets the selection apply again). With
+        ``hold``, automatic refits stop publishing until a manual refit."""
         old = self.get(version)
         if old is None:
             raise StoreError(f"version {version} is not kept (see GET /v1/policy/versions)")
-        new_base = Base(dict(old.categories), old.default, old.evictor)
+        restored = {
+            name: {field: getattr(params, field) for field in OVERRIDE_FIELDS}
+            for name, params in old.categories.items()
+            if params.source == "override"
+        }
+
+        def write_overrides(pipe: Pipeline) -> None:
+            pipe.delete(self.keys.overrides)
+            for name, values in restored.items():
+                pipe.hset(self.keys.overrides, name, json.dumps(values))
 
         def prepare(pipe: Pipeline) -> _Draft:
             draft = self._read(pipe, f"rollback to version {version}" + (", held" if hold else ""))
-            self._set_base(draft, new_base)
-            draft.overrides, draft.copy_of = {}, old
-            draft.writes.append(lambda p: p.delete(self.keys.overrides))
+            pinned_then = draft.pin is not None and old.evictor == draft.pin
+            selection = draft.base.evictor if pinned_then else old.evictor
+            fitted = {n: p for n, p in old.categories.items() if n not in restored}
+            fitted |= {n: p for n, p in draft.base.categories.items() if n in restored}
+            self._set_base(draft, Base(fitted, old.default, selection))
+            draft.overrides, draft.copy_of = restored, old
+            draft.writes.append(write_overrides)
             if hold:
                 draft.writes.append(lambda p: p.set(self.keys.policy_hold, str(version)))
             return draft

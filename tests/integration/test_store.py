@@ -99,6 +99,39 @@ def test_rollback_publishes_a_new_version_with_old_parameters(store: PolicyStore
         store.rollback(42)
 
 
+def test_rollback_brings_back_the_overrides_the_version_carried(store: PolicyStore) -> None:
+    """The overrides list and the document agree after a rollback: an override the old
+    version carried is listed again (at its values then), and can be removed."""
+    store.publish_fit({"text_1": _p(0.1), "text_2": _p(0.2)}, None, "fit")
+    store.set_override("text_2", {"life_s": 5.0})  # v2
+    store.delete_override("text_2")  # v3
+    store.set_override("text_1", {"p_reuse": 0.9})  # v4: gone with the rollback
+    doc = store.rollback(2)
+    assert doc.categories["text_2"].life_s == 5.0 and doc.categories["text_2"].source == "override"
+    want = doc.categories["text_2"]
+    assert store.overrides() == {
+        "text_2": {"rate": want.rate, "p_reuse": want.p_reuse, "life_s": want.life_s}
+    }
+    assert doc.categories["text_1"].p_reuse == _p(0.1).p_reuse
+    after = store.delete_override("text_2")
+    assert after.categories["text_2"].source != "override" and store.overrides() == {}
+
+
+def test_a_rollback_takes_no_pin_for_the_controllers_selection(store: PolicyStore) -> None:
+    """A version that ran a family because an operator pinned it: rolled back to while the
+    pin stands, releasing the pin lets the controller's selection apply again. A family
+    the controller had selected comes back as its selection."""
+    store.publish_fit({"text_1": _p(0.1)}, None, "fit")  # v1, wa
+    store.pin_evictor("arc")  # v2
+    store.publish_fit({"text_1": _p(0.2)}, None, "fit")  # v3, arc by the pin
+    assert store.rollback(3).evictor == "arc"
+    assert store.pin_evictor(None).evictor == "wa"
+    assert store.evictor().selected == "wa"
+    store.select_evictor("s3fifo", "selected")  # v6
+    store.select_evictor("wa", "selected")  # v7
+    assert store.rollback(6).evictor == "s3fifo" and store.evictor().selected == "s3fifo"
+
+
 def test_history_is_bounded_and_keeps_current(store: PolicyStore) -> None:
     for i in range(12):
         store.publish_fit({"x_1": _p(0.1 + i)}, None, f"v{i + 1}")
