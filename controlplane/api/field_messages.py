@@ -38,6 +38,7 @@ class FieldProblem:
 
 
 NOT_JSON = FieldProblem("invalid_json", _WHOLE_BODY, "is not valid JSON (UTF-8)")
+NOT_AN_OBJECT = FieldProblem("invalid_value", _WHOLE_BODY, "must be a JSON object")
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,23 @@ def field_problems(errors: Sequence[Any], request: Request) -> list[FieldProblem
     out: dict[str, FieldProblem] = {}
     for error in errors:
         problem = _problem(error, fields)
+        if problem == NOT_AN_OBJECT and not _sent_as_json(request):
+            problem = _not_sent_as_json(request)
         out.setdefault(problem.field, problem)
     return list(out.values()) or [FieldProblem("invalid_value", _WHOLE_BODY, "is not valid")]
+
+
+def _sent_as_json(request: Request) -> bool:
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+def _not_sent_as_json(request: Request) -> FieldProblem:
+    """A body sent without a JSON media type: FastAPI read it as text, so "not a JSON
+    object" would mislead; say what to send instead."""
+    sent = request.headers.get("content-type") or "none"
+    message = f"must be sent as Content-Type: application/json (sent: {sent})"
+    return FieldProblem("invalid_value", _WHOLE_BODY, message)
 
 
 def expectation(schema: Mapping[str, Any]) -> str | None:
@@ -88,7 +104,7 @@ def _problem(error: Mapping[str, Any], fields: _OperationFields) -> FieldProblem
         known = ", ".join(fields.body) or "none"
         return FieldProblem("unknown_field", name, f"is not a field here (known: {known})")
     if name == _WHOLE_BODY and kind in _NOT_AN_OBJECT:
-        return FieldProblem("invalid_value", name, "must be a JSON object")
+        return NOT_AN_OBJECT
     schema = fields.schema_of(name)
     words = expectation(schema) if schema is not None else None
     return FieldProblem("invalid_value", name, words or _plain(str(error.get("msg", ""))))

@@ -106,7 +106,7 @@ def worker(
         dropped = result.agent.events_dropped
         fail(
             f"sent no event to {redact(settings.redis_url)} ({dropped:,} dropped): "
-            "Redis was unreachable for the whole run",
+            "Redis took none for the whole run (the lines above say why)",
             code=1,
         )
 

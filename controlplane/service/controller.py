@@ -123,6 +123,8 @@ class Controller:
                 max_categories_per_worker=settings.max_categories_per_worker,
             ),
         )
+        window = self.window  # read at each scrape: right from the first batch on
+        self.metrics.window_categories.set_function(lambda: window.categories)
         self.checkpoints = CheckpointStore(
             self.r, self.keys.checkpoint, max_bytes=settings.max_checkpoint_bytes
         )
@@ -280,7 +282,6 @@ class Controller:
         aged = self.window.age_out()
         if aged:
             log.info("%d unused categories aged out of the window", aged)
-        self.metrics.window_categories.set(self.window.categories)
         try:
             size = self.health.guard(self.checkpoints.save)(self.window.state(), writer=self.name)
         except (redis.RedisError, CheckpointError) as exc:

@@ -197,6 +197,16 @@ def test_other_validation_errors_keep_the_shape(ctl: RunningController) -> None:
         headers={**AUTH, "Content-Type": "application/json"},
     )
     assert not_utf8.status_code == 422 and not_utf8.json()["error"] == "invalid_json"
+    # curl -d sends a form's media type: the body is a JSON object, its type is wrong.
+    as_form = c.put(
+        "/v1/policy/evictor",
+        content=b'{"family": "lru"}',
+        headers={**AUTH, "Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert as_form.status_code == 422
+    assert as_form.json()["message"] == (
+        "must be sent as Content-Type: application/json (sent: application/x-www-form-urlencoded)"
+    )
     missing = c.post("/v1/policy/rollback", json={"hold": True}, headers=AUTH).json()
     assert (missing["error"], missing["field"], missing["message"]) == (
         "missing_field",

@@ -146,6 +146,8 @@ def test_a_scheduled_refit_with_no_new_access_publishes_nothing(
     batch = reuse_batch("w1", 1, category="text_1", n=3000, rate=0.5, p=0.6, t0=now, seed=1)
     send(r, keys, batch)
     wait_until(lambda: controller.ingestor.counters.batches >= 1)
+    # The window's categories are counted from the first batch on, not at a checkpoint.
+    assert controller.metrics.registry.get_sample_value("kvwise_window_categories") == 1
     assert controller.refit(manual=False).published
     quiet = controller.refit(manual=False)
     assert not quiet.published
