@@ -377,7 +377,7 @@ class Controller:
         verdict = self.shadow.guard(self.store.preview_fit(fitted, result.pooled), in_force)
         if verdict.outcome == "refused":
             return self._outcome("refused", None, verdict.reason, seconds)
-        note = f"refit of {result.accesses} accesses (largest relative change {change:.3g})"
+        note = f"refit of {result.accesses} accesses ({_change_words(base.categories, fitted)})"
         if verdict.outcome != "off":
             note += f"; guard {verdict.reason}"
         doc = self.store.publish_fit(fitted, result.pooled, note)
@@ -478,6 +478,17 @@ class Controller:
             m.agent_staged_version.labels(agent=a.id).set(a.staged_version)
             m.agent_hit_ratio.labels(agent=a.id).set(a.hit_ratio)
             m.agent_dropped.labels(agent=a.id).set(a.events_dropped)
+
+
+def _change_words(old: dict[str, CategoryParams], new: dict[str, CategoryParams]) -> str:
+    """What a refit changes, for its note: new categories, and the largest relative change
+    of those fitted before (an unbounded change reads "inf" otherwise)."""
+    added = len(set(new) - set(old))
+    kept = {name: params for name, params in new.items() if name in old}
+    words = [f"{added} new categor{'y' if added == 1 else 'ies'}"] if added else []
+    if kept or not added:
+        words.append(f"largest relative change {_max_relative_change(old, kept):.3g}")
+    return ", ".join(words)
 
 
 def _max_relative_change(old: dict[str, CategoryParams], new: dict[str, CategoryParams]) -> float:

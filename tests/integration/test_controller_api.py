@@ -149,6 +149,8 @@ def test_a_scheduled_refit_with_no_new_access_publishes_nothing(
     # The window's categories are counted from the first batch on, not at a checkpoint.
     assert controller.metrics.registry.get_sample_value("kvwise_window_categories") == 1
     assert controller.refit(manual=False).published
+    current = controller.store.current()
+    assert current is not None and "(1 new category" in current.note, current.note
     quiet = controller.refit(manual=False)
     assert not quiet.published
     assert quiet.reason == "unchanged: no new accesses since the last refit"
