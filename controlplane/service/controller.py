@@ -20,7 +20,7 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import redis
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -338,8 +338,12 @@ class Controller:
             return self._outcome(
                 "unchanged", None, "unchanged: no new accesses since the last refit", 0.0
             )
+        released = manual and self.store.held()
         outcome = self._refit(manual=manual)
         self._refit_revision = revision  # not on an exception: the next tick tries again
+        if released:
+            reason = f"{outcome.reason}; the rollback hold is released"
+            outcome = replace(outcome, reason=reason)
         return outcome
 
     def _refit(self, *, manual: bool) -> RefitOutcome:

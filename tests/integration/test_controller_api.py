@@ -162,6 +162,29 @@ def test_a_scheduled_refit_with_no_new_access_publishes_nothing(
     assert controller.refit(manual=False).reason.startswith(fitted)
 
 
+def test_a_held_rollback_is_released_by_a_manual_refit_which_says_so(
+    ctl: RunningController, redis_url: str
+) -> None:
+    controller = ctl.controller
+    keys = Keys(controller.settings.key_prefix)
+    now = time.time() - 60
+    batch = reuse_batch("w1", 1, category="text_1", n=3000, rate=0.5, p=0.6, t0=now, seed=1)
+    r = redis.Redis.from_url(redis_url)
+    send(r, keys, batch)
+    wait_until(lambda: controller.ingestor.counters.batches >= 1)
+    assert controller.refit(manual=False).published
+    controller.store.rollback(1, hold=True)
+    batch = reuse_batch("w1", 2, category="text_1", n=3000, rate=0.5, p=0.6, t0=now + 5, seed=2)
+    send(r, keys, batch)
+    wait_until(lambda: controller.ingestor.counters.batches >= 2)
+    held = controller.refit(manual=False)
+    assert not held.published and held.reason.startswith("held: after a rollback")
+    released = controller.refit(manual=True)
+    assert released.reason.endswith("; the rollback hold is released")
+    assert not controller.store.held()
+    assert not controller.refit(manual=True).reason.endswith("hold is released")
+
+
 def test_a_refit_that_failed_is_tried_again_with_no_new_access(
     ctl: RunningController, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
