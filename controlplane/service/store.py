@@ -254,10 +254,10 @@ class PolicyStore:
 
         The overrides become those ``version`` carried (each category it shows as
         ``override``, at its values then), so the list and the document agree; under
-        them the base keeps the fit in force now (what removing one falls back to). Its family
-        becomes the controller's selection, unless it is the operator's pin in force now
-        (a pin is not a selection: releasing it lets the selection apply again). With
-        ``hold``, automatic refits stop publishing until a manual refit."""
+        them the base keeps the fit in force now (what removing one falls back to). Its
+        family becomes the controller's selection, unless it is the operator's pin in
+        force now (a pin is not a selection: releasing it lets the selection apply
+        again). With ``hold``, automatic refits stop publishing until a manual refit."""
         old = self.get(version)
         if old is None:
             raise StoreError(f"version {version} is not kept (see GET /v1/policy/versions)")
@@ -274,8 +274,8 @@ class PolicyStore:
 
         def prepare(pipe: Pipeline) -> _Draft:
             draft = self._read(pipe, f"rollback to version {version}" + (", held" if hold else ""))
-            pinned_then = draft.pin is not None and old.evictor == draft.pin
-            selection = draft.base.evictor if pinned_then else old.evictor
+            ran_by_the_pin = draft.pin is not None and old.evictor == draft.pin
+            selection = draft.base.evictor if ran_by_the_pin else old.evictor
             fitted = {n: p for n, p in old.categories.items() if n not in restored}
             fitted |= {n: p for n, p in draft.base.categories.items() if n in restored}
             self._set_base(draft, Base(fitted, old.default, selection))
