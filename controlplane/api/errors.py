@@ -116,8 +116,9 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> JSO
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    if exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):
-        # FastAPI's answer to a body that is not UTF-8: the same 422 as any bad JSON.
+    if exc.status_code == 400 and exc.__cause__ is not None:
+        # FastAPI's answer to a body it could not parse (not UTF-8, nested too deep for
+        # the parser): the same 422 as any bad JSON.
         return FieldError(NOT_JSON).response()
     headers = dict(exc.headers or {})
     if exc.status_code == 405:

@@ -197,6 +197,12 @@ def test_other_validation_errors_keep_the_shape(ctl: RunningController) -> None:
         headers={**AUTH, "Content-Type": "application/json"},
     )
     assert not_utf8.status_code == 422 and not_utf8.json()["error"] == "invalid_json"
+    too_deep = c.put(
+        "/v1/policy/overrides/text_1",
+        content=b'{"rate": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+        headers={**AUTH, "Content-Type": "application/json"},
+    )
+    assert too_deep.status_code == 422 and too_deep.json()["error"] == "invalid_json"
     # curl -d sends a form's media type: the body is a JSON object, its type is wrong.
     as_form = c.put(
         "/v1/policy/evictor",
