@@ -64,6 +64,18 @@ class RefitOutcome:
 
 
 @dataclass(frozen=True)
+class RefitStatus:
+    """Why the workers have the version they have: the last refit's outcome on this
+    replica (None on a standby, or before the first) and whether a rollback holds
+    automatic refits back."""
+
+    held: bool
+    last: RefitOutcome | None
+    last_at: float | None
+    """Unix time of the last refit."""
+
+
+@dataclass(frozen=True)
 class CategorySummary:
     """One category as operators see it: the last fit beside the published parameters."""
 
@@ -131,6 +143,7 @@ class Controller:
         self.agent_reader = AgentReader(self.r, self.keys)
         self.shadow = ShadowLink(settings.shadow_only(), self.metrics)
         self.last_fit: FitResult | None = None
+        self._last_refit: tuple[RefitOutcome, float] | None = None
         self._last_refusal = ""
         self._refit_revision = -1  # the window's revision at the last refit that ran through
         self._role_said = False  # its role logged once known
@@ -335,15 +348,17 @@ class Controller:
         every worker for no evidence)."""
         revision = self.window.revision
         if not manual and revision == self._refit_revision:
-            return self._outcome(
+            outcome = self._outcome(
                 "unchanged", None, "unchanged: no new accesses since the last refit", 0.0
             )
-        released = manual and self.store.held()
-        outcome = self._refit(manual=manual)
-        self._refit_revision = revision  # not on an exception: the next tick tries again
-        if released:
-            reason = f"{outcome.reason}; the rollback hold is released"
-            outcome = replace(outcome, reason=reason)
+        else:
+            released = manual and self.store.held()
+            outcome = self._refit(manual=manual)
+            self._refit_revision = revision  # not on an exception: the next tick tries again
+            if released:
+                reason = f"{outcome.reason}; the rollback hold is released"
+                outcome = replace(outcome, reason=reason)
+        self._last_refit = (outcome, time.time())
         return outcome
 
     def _refit(self, *, manual: bool) -> RefitOutcome:
@@ -392,6 +407,12 @@ class Controller:
     def _outcome(self, label: str, version: int | None, reason: str, s: float) -> RefitOutcome:
         self.metrics.refits.labels(outcome=label).inc()
         return RefitOutcome(label == "published", version, reason, s)
+
+    @guarded
+    def refit_status(self) -> RefitStatus:
+        """The last refit's outcome here and whether refits are held (a Redis read)."""
+        last, at = self._last_refit or (None, None)
+        return RefitStatus(self.store.held(), last, at)
 
     # --- reads for the API -----------------------------------------------------------------
     def shadow_view(self) -> ShadowView:

@@ -179,9 +179,13 @@ def test_a_held_rollback_is_released_by_a_manual_refit_which_says_so(
     wait_until(lambda: controller.ingestor.counters.batches >= 2)
     held = controller.refit(manual=False)
     assert not held.published and held.reason.startswith("held: after a rollback")
+    status = ctl.client.get("/v1/policy/refit").json()
+    assert status["held"] is True and status["last"]["reason"] == held.reason
     released = controller.refit(manual=True)
     assert released.reason.endswith("; the rollback hold is released")
     assert not controller.store.held()
+    status = ctl.client.get("/v1/policy/refit").json()
+    assert status["held"] is False and status["last"]["reason"] == released.reason
     assert not controller.refit(manual=True).reason.endswith("hold is released")
 
 

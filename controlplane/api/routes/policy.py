@@ -13,7 +13,7 @@ from agent.policy_document import PolicyDocument
 from controlplane.api.errors import ApiError, documented
 from controlplane.api.models import RollbackBody
 from controlplane.api.routes import ControllerDep
-from controlplane.service.controller import RefitOutcome
+from controlplane.service.controller import RefitOutcome, RefitStatus
 from controlplane.service.store import StoreError, VersionInfo
 
 TAG = "policy"
@@ -50,6 +50,14 @@ def get_version(version: int, controller: ControllerDep) -> PolicyDocument:
     if doc is None:
         raise ApiError(404, "unknown_version", f"version {version} is not kept")
     return doc
+
+
+@reads.get("/v1/policy/refit", response_model=RefitStatus)
+def refit_status(controller: ControllerDep) -> RefitStatus:
+    """Why the workers have the version they have: the last refit's outcome on this
+    replica (null on a standby, or before the first) and whether a rollback holds
+    automatic refits back (until ``POST /v1/policy/refit``)."""
+    return controller.refit_status()
 
 
 @writes.post("/v1/policy/refit", response_model=RefitOutcome, responses=documented(409))
