@@ -281,10 +281,16 @@ def test_dashboard_shows_the_loop_and_acts_through_the_api(
         assert get(url, "/v1/policy/overrides") == {}
         _next_refresh(driver)
         assert _column(driver, "overrides", 0) == []
+        assert "held by a rollback" in driver.find_element("id", "refit-held").text
         _submit(driver, "refit-form")
         _confirm(driver)
         _until(driver, "refit answered", lambda: _result(driver).startswith("Refit "))
         assert re.match(r"Refit (published version \d+|did not publish: .+) \(", _result(driver))
+        _next_refresh(driver)
+        assert not driver.find_elements("id", "refit-held")
+        # The last refit: this one, or a scheduled one since (every 2 s here), with its age.
+        last = driver.find_element("id", "refit-last").text
+        assert re.search(r"^(published|unchanged|skipped|refused|held).* \(.+ ago\)$", last), last
         assert console_problems(driver) == []
         _save_full_page(driver, artifacts / "dashboard.png")
         if docs_picture := os.environ.get("KVWISE_DOCS_SCREENSHOT"):

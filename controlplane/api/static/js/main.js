@@ -15,6 +15,7 @@ const READS = {
   policy: "/v1/policy",
   versions: "/v1/policy/versions",
   overrides: "/v1/policy/overrides",
+  refit: "/v1/policy/refit",
   categories: "/v1/categories",
   agents: "/v1/agents",
 };

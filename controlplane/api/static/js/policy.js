@@ -21,7 +21,18 @@ function fact(term, ...value) {
   return el("div", {}, el("dt", {}, term), el("dd", {}, ...value));
 }
 
-function renderCurrent(doc, agents) {
+// Why the workers have this version: the last refit here, and a rollback's hold.
+function refitFacts(status) {
+  if (!status) return [];
+  const facts = [];
+  if (status.held) facts.push(fact("Refits", el("strong", { id: "refit-held" }, "held by a rollback (refit now to release)")));
+  const last = status.last;
+  const said = last ? `${last.reason} (${fmtAge(status.last_at)})` : "none on this replica yet";
+  facts.push(fact("Last refit", el("span", { id: "refit-last" }, said)));
+  return facts;
+}
+
+function renderCurrent(doc, agents, refit) {
   const box = document.getElementById("policy-current");
   if (!doc) {
     box.replaceChildren(fact("Version", "none published yet"));
@@ -38,6 +49,7 @@ function renderCurrent(doc, agents) {
     fact("Categories", fmtInt(Object.keys(doc.categories || {}).length)),
     fact("Default (unseen categories)", `p ${fmtNum(d.p_reuse)}, a ${fmtNum(d.rate)}/s, life ${fmtNum(d.life_s)} s`),
     fact("Workers applying it", live.length ? `${onIt} of ${live.length}` : "no live worker"),
+    ...refitFacts(refit),
   );
 }
 
@@ -97,10 +109,10 @@ function renderOverrides(overrides, actions) {
 
 /** Update the section from one refresh's results ({value} or {error} each). */
 export function renderPolicySection(results, actions) {
-  const { policy, versions, overrides, agents } = results;
+  const { policy, versions, overrides, agents, refit } = results;
   const failed = [policy, versions, overrides].find((r) => r.error);
   showError(document.getElementById("policy-error"), failed ? failed.error.message : "");
-  if (!policy.error) renderCurrent(policy.value, agents.value);
+  if (!policy.error) renderCurrent(policy.value, agents.value, refit.value);
   const current = policy.value ? policy.value.version : null;
   if (!versions.error) renderVersions(versions.value || [], current, actions);
   if (!overrides.error) renderOverrides(overrides.value, actions);
