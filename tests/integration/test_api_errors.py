@@ -33,6 +33,7 @@ REQUESTS: dict[tuple[str, str], tuple[str, dict[str, Any] | None]] = {
     ("GET", "/v1/policy"): ("/v1/policy", None),
     ("GET", "/v1/policy/versions"): ("/v1/policy/versions", None),
     ("GET", "/v1/policy/versions/{version}"): ("/v1/policy/versions/1", None),
+    ("GET", "/v1/policy/refit"): ("/v1/policy/refit", None),
     ("POST", "/v1/policy/refit"): ("/v1/policy/refit", None),
     ("POST", "/v1/policy/rollback"): ("/v1/policy/rollback", {"version": 1}),
     ("GET", "/v1/policy/overrides"): ("/v1/policy/overrides", None),
