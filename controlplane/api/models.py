@@ -60,8 +60,14 @@ def _no_negative_zero(v: float) -> float:
 
 JsonInt = Annotated[int, BeforeValidator(_json_integer)]
 _Number = BeforeValidator(_json_number)
+MAX_OVERRIDE_RATE = 1e6
+"""Per second: a mean reuse time of a microsecond. Far past any fit, and low enough that
+rate x life stays finite in the evictor's arithmetic."""
+MAX_OVERRIDE_LIFE_S = 1e9
+"""About 31 years."""
 # Absent means "keep the fitted value"; an explicit null is refused (below), not absence.
-_Rate = Annotated[PositiveFinite, _Number] | SkipJsonSchema[None]
+_Rate = Annotated[PositiveFinite, Field(le=MAX_OVERRIDE_RATE), _Number] | SkipJsonSchema[None]
+_Life = Annotated[PositiveFinite, Field(le=MAX_OVERRIDE_LIFE_S), _Number] | SkipJsonSchema[None]
 _Share = Annotated[Probability, _Number, AfterValidator(_no_negative_zero)] | SkipJsonSchema[None]
 
 
@@ -71,7 +77,7 @@ class OverrideBody(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
     rate: _Rate = Field(default=None, description="Reuse rate, per second")
     p_reuse: _Share = Field(default=None, description="Probability of any reuse")
-    life_s: _Rate = Field(default=None, description="Life window, seconds")
+    life_s: _Life = Field(default=None, description="Life window, seconds")
 
     @field_validator("rate", "p_reuse", "life_s", mode="before")
     @classmethod

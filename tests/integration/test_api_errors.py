@@ -158,8 +158,14 @@ def ctl(redis_url: str) -> Iterator[RunningController]:
         ({"p_reuse": 1.5}, "invalid_value", "p_reuse", "must be in [0, 1]"),
         ({"p_reuse": None}, "invalid_value", "p_reuse", "must be in [0, 1]"),
         ({"p_reuse": "0.5"}, "invalid_value", "p_reuse", "must be in [0, 1]"),
-        ({"rate": 0}, "invalid_value", "rate", "must be a number > 0"),
-        ({"life_s": -1, "rate": 1}, "invalid_value", "life_s", "must be a number > 0"),
+        ({"rate": 0}, "invalid_value", "rate", "must be a number > 0 and <= 1000000"),
+        ({"rate": 1e308}, "invalid_value", "rate", "must be a number > 0 and <= 1000000"),
+        (
+            {"life_s": -1, "rate": 1},
+            "invalid_value",
+            "life_s",
+            "must be a number > 0 and <= 1000000000",
+        ),
         (
             {"speed": 1},
             "unknown_field",
@@ -227,7 +233,9 @@ def test_other_validation_errors_keep_the_shape(ctl: RunningController) -> None:
     path = c.get("/v1/policy/versions/abc").json()
     assert (path["field"], path["message"]) == ("version", "must be an integer")
     several = c.put("/v1/policy/overrides/a", json={"rate": -1, "p_reuse": 2}, headers=AUTH)
-    assert several.json()["reason"] == "rate: must be a number > 0; p_reuse: must be in [0, 1]"
+    assert several.json()["reason"] == (
+        "rate: must be a number > 0 and <= 1000000; p_reuse: must be in [0, 1]"
+    )
 
 
 def test_unknown_paths_and_methods_answer_json(ctl: RunningController) -> None:
