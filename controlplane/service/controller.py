@@ -410,8 +410,9 @@ class Controller:
 
     @guarded
     def refit_status(self) -> RefitStatus:
-        """The last refit's outcome here and whether refits are held (a Redis read)."""
-        last, at = self._last_refit or (None, None)
+        """The last refit's outcome here (none on a standby: what it did while it led is
+        old news) and whether refits are held (a Redis read)."""
+        last, at = (self._last_refit if self.lease.is_leader else None) or (None, None)
         return RefitStatus(self.store.held(), last, at)
 
     # --- reads for the API -----------------------------------------------------------------
