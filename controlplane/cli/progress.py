@@ -2,7 +2,7 @@
 lines elsewhere.
 
 Owns ``requests_bar`` (the bar of requests done that replay and simulate draw) and
-``ReplayProgress``, the sink ``controlplane.replay.runner.run_matrix`` reports to
+``MatrixProgress``, the sink the replay's and the simulator's ``run_matrix`` report to
 (requests done per job). On a terminal a transient bar counts requests over every job and
 names the jobs finished; when stderr is a file or a pipe, one line per finished job
 (none with ``quiet``). It must never write to stdout, which carries the results.
@@ -42,7 +42,7 @@ def requests_bar(heading: str, console: Console) -> Progress:
     )
 
 
-class ReplayProgress:
+class MatrixProgress:
     """Counts requests replayed by each job of a matrix of ``jobs`` jobs."""
 
     def __init__(
@@ -60,7 +60,7 @@ class ReplayProgress:
         self._bar: Progress | None = None
         self._task: TaskID | None = None
 
-    def __enter__(self) -> ReplayProgress:
+    def __enter__(self) -> MatrixProgress:
         self._t0 = time.monotonic()
         if self.console.is_terminal:
             heading = f"[bold]{self.command}[/] {{task.description}}"

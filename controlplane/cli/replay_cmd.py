@@ -345,10 +345,10 @@ def _run_with_progress(
     options: ReplayOptions,
     quiet: bool,
 ) -> list[ReplayResult]:
-    from controlplane.cli.progress import ReplayProgress
+    from controlplane.cli.progress import MatrixProgress
     from controlplane.replay.runner import run_matrix
 
-    with ReplayProgress(trace.n_requests, len(names) * len(capacities), quiet=quiet) as shown:
+    with MatrixProgress(trace.n_requests, len(names) * len(capacities), quiet=quiet) as shown:
         return run_matrix(
             trace, names, capacities, jobs=jobs or None, progress=shown.update, options=options
         )

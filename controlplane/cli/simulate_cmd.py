@@ -282,11 +282,11 @@ def _run_with_progress(
     jobs: int,
     quiet: bool,
 ) -> list[SimResult]:
-    from controlplane.cli.progress import ReplayProgress
+    from controlplane.cli.progress import MatrixProgress
     from controlplane.simulate.runner import run_matrix
 
     cells = len(names) * len(capacities)
-    with ReplayProgress(trace.n_requests, cells, quiet=quiet, command="simulate") as shown:
+    with MatrixProgress(trace.n_requests, cells, quiet=quiet, command="simulate") as shown:
         return run_matrix(
             trace, names, capacities, options, jobs=jobs or None, progress=shown.update
         )

@@ -39,6 +39,7 @@ from controlplane.shadow.sampler import PrefixSampler
 from controlplane.shadow.selection import Reading
 from controlplane.shadow.settings import ShadowSettings
 from controlplane.shadow.view import (
+    NOT_JUDGED,
     CurvePoint,
     GroupView,
     GuardView,
@@ -111,7 +112,7 @@ class ShadowEvaluator:
         self._workers: dict[str, _Worker] = {}
         self._clock = 0.0
         self._first = -1.0  # time of the first sampled request (-1: none yet)
-        self._guard = GuardView(None, "no refit judged yet")
+        self._guard = NOT_JUDGED
         self._lock = threading.Lock()
         self._failed: set[str] = set()  # kinds of failure logged
 

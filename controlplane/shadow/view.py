@@ -83,6 +83,10 @@ class GuardView:
     at: float = 0.0
 
 
+NOT_JUDGED = GuardView(None, "no refit judged yet")
+"""The guard's word before its first verdict (frozen: one value serves every view)."""
+
+
 @dataclass(frozen=True)
 class ShadowView:
     """The whole shadow evaluation."""
@@ -98,6 +102,6 @@ class ShadowView:
     groups: list[GroupView] = field(default_factory=list)
     waiting_workers: list[str] = field(default_factory=list)
     """Workers whose capacity is not known yet (no heartbeat read): not replayed."""
-    guard: GuardView = field(default_factory=lambda: GuardView(None, "no refit judged yet"))
+    guard: GuardView = NOT_JUDGED
     selection: SelectionView | None = None
     """The evictor family selection's last word (None: no full window judged yet, or off)."""
