@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -49,8 +50,19 @@ SkipBadLinesFlag = Annotated[
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``message`` as an error and exit with ``code``."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    # Wrapped at a terminal's width; one line where the output is read by a program.
+    err_console.print(
+        f"[bold red]error:[/] {escape(message)}",
+        highlight=False,
+        soft_wrap=not err_console.is_terminal,
+    )
     raise typer.Exit(code)
+
+
+def counted(n: int, noun: str, plural: str = "") -> str:
+    """``n`` and ``noun``, thousands separated, the noun plural (``plural``, by default
+    ``noun`` + "s") unless ``n`` is 1: "1 request", "1,234 requests"."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
 
 
 def unique(items: Iterable[str]) -> list[str]:
@@ -85,8 +97,22 @@ def policy_names(policy: str) -> list[str]:
     return check_names(split_list(policy, "--policy"), catalog.names(), "--policy", "policy")
 
 
+THOUSANDS = re.compile(r"[1-9]\d?(,\d{3})+|\d+(,\d{3})*,0\d\d(,\d{3})*")
+"""What reads as one number with thousands separators, as the CLI's own tables print
+sizes ("1,651", "12,288", "1,000,000"), rather than a list: one or two digits then groups
+of three, or any group of three with a leading zero (no one lists a size as "048")."""
+
+
 def parse_ints(value: str, option: str) -> list[int]:
-    """Comma-separated non-negative integers, each once."""
+    """Comma-separated non-negative integers, each once. A value that reads as one number
+    with thousands separators (``THOUSANDS``: "1,651", copied from a table) fails rather
+    than run the sizes 1 and 651; such a list takes a space after each comma ("1, 651")."""
+    if THOUSANDS.fullmatch(value):
+        fail(
+            f"{option}: {value!r} reads as {value.replace(',', '')} with thousands "
+            f"separators, but commas separate sizes: write {value.replace(',', '')} for one "
+            f"size, or {value.replace(',', ', ')!r} for a list"
+        )
     return _parse_list(value, option, int, "an integer", lambda n: n >= 0, "is negative")
 
 
@@ -173,8 +199,7 @@ def load_trace_or_fail(path: Path, *, skip_bad_lines: bool = False) -> Trace:
         fail(str(exc))
     if trace.skipped_lines:
         first = ", ".join(f"line {ln}: {why}" for ln, why in trace.skipped_lines[:3])
-        n = len(trace.skipped_lines)
-        typer.echo(f"skipped {n} bad line{'s' * (n != 1)} ({first})", err=True)
+        typer.echo(f"skipped {counted(len(trace.skipped_lines), 'bad line')} ({first})", err=True)
     if trace.n_requests == 0:
         fail(f"{path}: no requests")
     return trace

@@ -21,6 +21,7 @@ from controlplane.cli.common import (
     SkipBadLinesFlag,
     TraceArgument,
     check_plotting,
+    counted,
     fail,
     load_trace_or_fail,
     non_negative,
@@ -43,6 +44,8 @@ from controlplane.replay.options import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rich.console import Console
 
     from controlplane.replay.engine import ReplayResult
@@ -198,8 +201,7 @@ def replay(
         kvwise replay trace.jsonl -p lru,s3fifo,wa --plot curve.png
         kvwise replay trace.jsonl -p lru,arc,wa,auto --capacity-frac 0.01,0.05
     """
-    if capacity and capacity_frac:
-        fail("give --capacity or --capacity-frac, not both")
+    sizes = _capacities(capacity, capacity_frac)
     if split is not None and wa_fit != "split":
         fail("--split applies only with --wa-fit split")
     names = _names(policy, plot)
@@ -215,7 +217,8 @@ def replay(
         **_auto(auto_rate, auto_window, auto_windows, auto_margin),
     )
     trace = _labelled(load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines), options)
-    capacities = _capacities(trace, capacity, capacity_frac)
+    _check_scored_part(trace, options)
+    capacities = sizes(trace)
     results = _run_with_progress(trace, names, capacities, jobs, options, json_out)
     if plot is not None:
         _plot(plot, trace, results)
@@ -299,12 +302,26 @@ def _plot(path: Path, trace: Trace, results: list[ReplayResult]) -> None:
     typer.echo(f"wrote {path}", err=True)
 
 
-def _capacities(trace: Trace, capacity: str | None, capacity_frac: str | None) -> list[int]:
-    """Cache sizes in blocks, each once (fractions that round to one size merge)."""
+def _capacities(capacity: str | None, capacity_frac: str | None) -> Callable[[Trace], list[int]]:
+    """The cache sizes in blocks of a trace, each once (fractions that round to one size
+    merge). The options are checked now, before a long trace loads."""
+    if capacity and capacity_frac:
+        fail("give --capacity or --capacity-frac, not both")
     if capacity:
-        return parse_ints(capacity, "--capacity")
+        blocks = parse_ints(capacity, "--capacity")
+        return lambda trace: blocks
     fracs = parse_fracs(capacity_frac or DEFAULT_FRACS, "--capacity-frac")
-    return list(dict.fromkeys(trace.capacity_for(f) for f in fracs))
+    return lambda trace: list(dict.fromkeys(trace.capacity_for(f) for f in fracs))
+
+
+def _check_scored_part(trace: Trace, options: ReplayOptions) -> None:
+    """In split mode, fail if the part after the fit holds no request to score."""
+    if options.wa_fit == "split" and options.first_scored(trace) >= trace.n_requests:
+        fail(
+            f"--wa-fit split: fitting on {options.split:.0%} of "
+            f"{counted(trace.n_requests, 'request')} leaves none to score; give a longer "
+            "trace or a smaller --split"
+        )
 
 
 def _json_doc(
@@ -367,8 +384,9 @@ def _print_tables(
     console = Console()
     by = {(r.policy, r.capacity): r for r in results}
     console.print(
-        f"[bold]{trace.name}[/]: {trace.n_requests:,} requests, {trace.n_accesses:,} block "
-        f"accesses, {trace.n_unique:,} unique blocks"
+        f"[bold]{trace.name}[/]: {counted(trace.n_requests, 'request')}, "
+        f"{counted(trace.n_accesses, 'block access', 'block accesses')}, "
+        f"{counted(trace.n_unique, 'unique block')}"
     )
     split_mode = options.first_scored(trace) > 0
     if split_mode:
@@ -376,7 +394,7 @@ def _print_tables(
     table = FoldedTable(
         title="Block hit ratio" + (" (scored part only)" if split_mode else ""),
         keys=[Column("policy", "left")],
-        values=[Column(f"{c:,} blocks\n({c / trace.n_unique:.1%})") for c in capacities],
+        values=[Column(f"{counted(c, 'block')}\n({c / trace.n_unique:.1%})") for c in capacities],
     )
     for name in names:
         table.add_row([name], [f"{by[(name, c)].hit_ratio:.4f}" for c in capacities])

@@ -6,6 +6,7 @@ simulator is ``controlplane.simulate``; trace reading is ``controlplane.traces.r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, get_args
 
@@ -17,6 +18,7 @@ from controlplane.cli.common import (
     SkipBadLinesFlag,
     TraceArgument,
     check_plotting,
+    counted,
     fail,
     load_trace_or_fail,
     parse_floats,
@@ -145,8 +147,7 @@ def simulate(
         kvwise simulate trace.jsonl -p lru,wa --capacity-gib 20,40 --speed 2
         kvwise simulate trace.jsonl --router prefix --instances 8 --plot ttft.png
     """
-    if sum(x is not None for x in (capacity, capacity_frac, capacity_gib)) > 1:
-        fail("give one of --capacity, --capacity-frac, --capacity-gib")
+    sizes = _capacities(capacity, capacity_frac, capacity_gib)
     if plot is not None:
         check_plotting("--plot", png=plot)
     names = policy_names(policy)
@@ -162,7 +163,7 @@ def simulate(
     )
     trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
     block = _block_tokens(trace, options)
-    capacities = _capacities(trace, options.profile, block, capacity, capacity_frac, capacity_gib)
+    capacities = sizes(trace, options.profile, block)
     results = _run_with_progress(trace, names, capacities, options, jobs, quiet=json_out)
     _report(trace_path, trace, options, block, results, json_out=json_out, plot=plot)
 
@@ -250,28 +251,40 @@ def _replay_options(categories: str, refit_every: float, reuse_class: str) -> Re
 
 
 def _block_tokens(trace: Trace, options: SimOptions) -> int:
+    """Tokens per block: the trace format's, or ``--block-tokens`` for a format that does
+    not say (a known format's hash ids and prompt lengths are counted in its own)."""
+    from controlplane.replay.accesses import BLOCK_TOKENS
     from controlplane.simulate.requests import workload
 
+    native = BLOCK_TOKENS.get(trace.source_format)
+    if options.block_tokens not in (None, native) and native is not None:
+        fail(
+            f"--block-tokens {options.block_tokens}: this {trace.source_format} trace's "
+            f"blocks hold {native} tokens each (its hash ids and prompt lengths count in "
+            "them); leave the option out"
+        )
     return int(workload(trace, block_tokens=options.block_tokens).block_tokens)
 
 
-def _capacities(
-    trace: Trace,
-    prof: Profile,
-    block: int,
-    capacity: str | None,
-    capacity_frac: str | None,
-    capacity_gib: str | None,
-) -> list[int]:
+SizesOf = Callable[["Trace", "Profile", int], list[int]]
+"""The cache sizes in blocks for a trace, a profile and its tokens per block."""
+
+
+def _capacities(capacity: str | None, capacity_frac: str | None, gib: str | None) -> SizesOf:
+    """The cache sizes asked for, checked now, before a long trace loads (none: the
+    profile's KV pool)."""
+    if sum(x is not None for x in (capacity, capacity_frac, gib)) > 1:
+        fail("give one of --capacity, --capacity-frac, --capacity-gib")
     if capacity is not None:
-        return parse_ints(capacity, "--capacity")
+        blocks = parse_ints(capacity, "--capacity")
+        return lambda trace, prof, block: blocks
     if capacity_frac is not None:
         fracs = parse_fracs(capacity_frac, "--capacity-frac")
-        return [trace.capacity_for(f) for f in fracs]
-    if capacity_gib is not None:
-        sizes = parse_floats(capacity_gib, "--capacity-gib")
-        return [prof.blocks_for_gib(g, block) for g in sizes]
-    return [prof.kv_pool_blocks(block)]
+        return lambda trace, prof, block: [trace.capacity_for(f) for f in fracs]
+    if gib is not None:
+        sizes = parse_floats(gib, "--capacity-gib")
+        return lambda trace, prof, block: [prof.blocks_for_gib(g, block) for g in sizes]
+    return lambda trace, prof, block: [prof.kv_pool_blocks(block)]
 
 
 def _run_with_progress(
@@ -340,8 +353,8 @@ def _print_tables(trace: Trace, options: SimOptions, block: int, results: list[S
     console = Console()
     prof = options.profile
     console.print(
-        f"[bold]{trace.name}[/]: {trace.n_requests:,} requests, {trace.n_accesses:,} "
-        f"blocks of {block} tokens, {trace.n_unique:,} unique"
+        f"[bold]{trace.name}[/]: {counted(trace.n_requests, 'request')}, "
+        f"{counted(trace.n_accesses, 'block')} of {block} tokens, {trace.n_unique:,} unique"
     )
     console.print(
         f"{prof.name} x {options.instances} ({options.router}), speed x{options.speed:g}; "

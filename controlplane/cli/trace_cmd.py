@@ -19,6 +19,7 @@ from controlplane.cli.common import (
     TraceArgument,
     check_names,
     check_plotting,
+    counted,
     fail,
     load_trace_or_fail,
     positive,
@@ -61,7 +62,9 @@ def synth(
     qps: Annotated[
         float, typer.Option(parser=positive, metavar="RATE", help="Mean requests per second")
     ] = 6.0,
-    seed: Annotated[int, typer.Option(help="Random seed: same seed, same trace")] = 0,
+    seed: Annotated[
+        int, typer.Option(min=0, help="Random seed (0 or more): same seed, same trace")
+    ] = 0,
 ) -> None:
     """Write a synthetic Bailian trace calibrated to the paper's to-C or to-B workload.
 
@@ -91,8 +94,9 @@ def synth(
         fail(f"{output}: {exc.strerror or exc}")
     s = trace_stats(trace)
     typer.echo(
-        f"wrote {output}: {s.requests:,} requests over {duration:g} s\n"
-        f"{s.block_accesses:,} block accesses, {s.unique_blocks:,} unique blocks; "
+        f"wrote {output}: {counted(s.requests, 'request')} over {duration:g} s\n"
+        f"{counted(s.block_accesses, 'block access', 'block accesses')}, "
+        f"{counted(s.unique_blocks, 'unique block')}; "
         f"ideal hit ratio {s.ideal_hit_ratio:.3f}"
     )
 

@@ -120,3 +120,57 @@ def test_worker_that_sends_nothing_exits_1_after_its_summary() -> None:
     line = one_error_line(res)
     assert "sent no event" in line and url.replace("hunter2", "***") in line
     assert "hunter2" not in res.stderr + res.stdout
+
+
+@pytest.mark.parametrize("command", ["replay", "simulate"])
+@pytest.mark.parametrize("sizes", ["1,651", "12,288", "300,048"])
+def test_a_size_with_thousands_separators_is_refused_not_split(command: str, sizes: str) -> None:
+    res = kvwise(command, str(SAMPLE), "-p", "lru", "--capacity", sizes)
+    assert res.returncode == 2
+    one = sizes.replace(",", "")
+    assert one_error_line(res) == (
+        f"error: --capacity: '{sizes}' reads as {one} with thousands separators, but commas "
+        f"separate sizes: write {one} for one size, or '{sizes.replace(',', ', ')}' for a list"
+    )
+
+
+def test_a_list_written_with_spaces_runs_each_size() -> None:
+    res = kvwise("replay", str(SAMPLE), "-p", "lru", "--capacity", "1, 651", "--json")
+    assert res.returncode == 0, res.stderr
+    assert '"capacity": 1,' in res.stdout and '"capacity": 651,' in res.stdout
+
+
+def test_bad_sizes_are_refused_before_the_trace_is_read(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"timestamp": 0, "hash_ids": [1], "input_length": 16, "output_length": 4}\nnot json\n')
+    res = kvwise("replay", str(broken), "--skip-bad-lines", "-p", "lru", "--capacity", "-5")
+    assert res.returncode == 2
+    assert "skipped" not in res.stderr
+    assert one_error_line(res).startswith("error: --capacity: ")
+
+
+def test_a_negative_seed_is_an_option_error_not_a_traceback(tmp_path: Path) -> None:
+    res = kvwise("trace", "synth", "--seed", "-1", "-o", str(tmp_path / "t.jsonl"))
+    assert res.returncode == 2
+    assert "Traceback" not in res.stderr
+    assert "--seed" in res.stderr
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_split_mode_with_nothing_left_to_score_is_refused(tmp_path: Path) -> None:
+    one = tmp_path / "one.jsonl"
+    one.write_text('{"timestamp": 0, "hash_ids": [1, 2], "input_length": 32, "output_length": 4}\n')
+    res = kvwise("replay", str(one), "-p", "lru,wa", "--wa-fit", "split", "--capacity", "4")
+    assert res.returncode == 2
+    assert one_error_line(res) == (
+        "error: --wa-fit split: fitting on 50% of 1 request leaves none to score; give a "
+        "longer trace or a smaller --split"
+    )
+
+
+def test_simulate_refuses_a_block_size_the_trace_format_contradicts() -> None:
+    res = kvwise("simulate", str(SAMPLE), "-p", "lru", "--capacity", "500", "--block-tokens", "16")
+    assert res.returncode == 2
+    assert one_error_line(res).startswith(
+        "error: --block-tokens 16: this mooncake trace's blocks hold 512 tokens each"
+    )
