@@ -75,7 +75,12 @@ OutputTokensOpt = Annotated[
     int, typer.Option(metavar="N", help="Output tokens of requests whose trace gives none")
 ]
 BlockTokensOpt = Annotated[
-    int | None, typer.Option(metavar="N", help="Tokens per block (default: the trace format's)")
+    int | None,
+    typer.Option(
+        metavar="N",
+        help="Tokens per block, for a trace format that does not say (Bailian's are 16, "
+        "Mooncake's 512)",
+    ),
 ]
 AffinitySlackOpt = Annotated[
     int,
