@@ -255,14 +255,22 @@ def check_redis_url(url: str, where: str) -> str:
     return url
 
 
-def check_plotting(option: str, png: Path | None = None) -> None:
-    """Fail now, naming ``option``, if figures cannot be drawn (no ``plot`` extra) or
-    ``png`` does not name a PNG file that can be written."""
-    from controlplane.plots.common import PlotsUnavailable, check_available, check_path
+def check_plotting(option: str, png: Path | None = None, *, folder: Path | None = None) -> None:
+    """Fail now, naming ``option``, if figures cannot be drawn (no ``plot`` extra), ``png``
+    does not name a PNG file that can be written, or ``folder`` is neither a folder nor
+    one that can be made in an existing one."""
+    from controlplane.plots.common import (
+        PlotsUnavailable,
+        check_available,
+        check_folder,
+        check_path,
+    )
 
     try:
         check_available()
         if png is not None:
             check_path(png)
+        if folder is not None:
+            check_folder(folder if folder.is_dir() else folder.parent, folder)
     except (PlotsUnavailable, OSError) as exc:
         fail(f"{option}: {exc}")

@@ -316,7 +316,8 @@ def _plot(results: list[SimResult], path: Path, title: str) -> None:
     try:
         plot_simulation(results, path, title=title)
     except OSError as exc:
-        fail(f"--plot {path}: {exc}")
+        fail(f"--plot: {path}: {exc.strerror or exc}")
+    typer.echo(f"wrote {path}", err=True)
 
 
 def _json_doc(

@@ -136,7 +136,7 @@ def stats(
     from controlplane.traces.workload_stats import trace_stats, workload_samples
 
     if plot is not None:
-        check_plotting("--plot")
+        check_plotting("--plot", folder=plot)
     trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
     samples = workload_samples(trace)
     s = trace_stats(trace, samples)

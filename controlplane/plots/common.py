@@ -59,17 +59,28 @@ def check_available() -> None:
 
 def check_path(path: Path) -> None:
     """Raise ``OSError`` unless ``path`` names a PNG (the only format written) that can be
-    written: its nearest existing folder takes a file (a trial one, removed at once)."""
+    written: its folder exists and takes a file (a trial one, removed at once)."""
     if path.suffix.lower() != ".png":
         raise OSError(f"{path}: plots are written as .png")
     if path.is_dir():
         raise OSError(f"{path}: is a folder")
-    folder = next(p for p in (path.parent, *path.parent.parents) if p.exists())
+    check_folder(path.parent, path)
+
+
+def check_folder(folder: Path, named: Path | None = None) -> None:
+    """Raise ``OSError`` (naming ``named``, by default ``folder``) unless ``folder`` is an
+    existing folder that takes a file. No folder is ever created here: a typo in a path
+    should not leave a tree behind."""
+    named = named or folder
+    if not folder.is_dir():
+        raise OSError(f"{named}: folder {folder} does not exist")
     try:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as exc:
-        raise OSError(f"{path}: cannot write in {folder} ({exc.strerror or exc})") from None
+        raise OSError(
+            f"{named}: cannot create a file in {folder} ({exc.strerror or exc})"
+        ) from None
 
 
 def figure(columns: int = 1, *, size: Size = DEFAULT_SIZE) -> tuple[Figure, list[Axes]]:
@@ -83,10 +94,9 @@ def figure(columns: int = 1, *, size: Size = DEFAULT_SIZE) -> tuple[Figure, list
 
 
 def save(fig: Figure, path: Path, title: str = "") -> Path:
-    """Write ``fig`` to ``path`` as a PNG of exactly its size (parents created)."""
+    """Write ``fig`` to ``path`` as a PNG of exactly its size (its folder must exist)."""
     check_path(path)
     if title:
         fig.suptitle(title)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=DPI)
     return path

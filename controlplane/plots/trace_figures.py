@@ -35,8 +35,10 @@ TIME_FLOOR_S = 1e-3
 CDF_POINTS = 2000
 """Most points drawn per CDF: enough for a smooth curve, few enough for a small file."""
 MAX_TURN = 10
-"""Turns past this are drawn together as "10+"."""
+"""Turns past this are drawn together (the last bar, "10+": turns 10 and later)."""
 TOP_CATEGORIES = 8
+"""Categories drawn in the reuse-time CDF at most (more lines than this are unreadable),
+whatever the caller's ``top_categories``."""
 
 
 @dataclass
@@ -55,7 +57,8 @@ def write_trace_figures(
     size: Size = DEFAULT_SIZE,
     top_categories: int = TOP_CATEGORIES,
 ) -> Written:
-    """Every figure ``trace`` supports, as ``directory/NAME.png``."""
+    """Every figure ``trace`` supports, as ``directory/NAME.png`` (the folder is made if
+    missing, never its parents)."""
     figures = {
         "reuse_time_cdf": reuse_time_cdf(trace, samples, size, top_categories),
         "lifespan_cdf": lifespan_cdf(samples, size, trace.name),
@@ -63,6 +66,7 @@ def write_trace_figures(
         "skew": skew(samples, size),
     }
     written = Written()
+    directory.mkdir(exist_ok=True)  # the folder named, never its parents
     for name, made in figures.items():
         if isinstance(made, str):
             written.skipped[name] = made
@@ -96,14 +100,19 @@ def _time_axes(ax: Axes, xlabel: str, title: str) -> None:
 def reuse_time_cdf(
     trace: Trace, samples: WorkloadSamples, size: Size, top: int = TOP_CATEGORIES
 ) -> Figure | str:
-    """CDF of reuse times, all together and for the ``top`` categories by reuses."""
+    """CDF of reuse times, all together and for the ``top`` categories by reuses (at most
+    ``TOP_CATEGORIES``)."""
     if len(samples.reuse_times) == 0:
         return "no block is accessed by two requests"
     fig, (ax,) = figure(size=size)
     x, y = _cdf(samples.reuse_times)
     ax.plot(x, y, color="black", linewidth=2.2, label=f"all ({len(samples.reuse_times):,})")
     counts = np.bincount(samples.reuse_categories, minlength=len(trace.category_names))
-    ranked = [int(c) for c in np.argsort(-counts, kind="stable")[:top] if counts[c] > 0]
+    ranked = [
+        int(c)
+        for c in np.argsort(-counts, kind="stable")[: min(top, TOP_CATEGORIES)]
+        if counts[c] > 0
+    ]
     if len(ranked) > 1:
         for code in ranked:
             x, y = _cdf(samples.reuse_times[samples.reuse_categories == code])
@@ -138,7 +147,7 @@ def lifespan_cdf(samples: WorkloadSamples, size: Size, name: str = "") -> Figure
 
 
 def hit_share_by_turn(trace: Trace, samples: WorkloadSamples, size: Size) -> Figure | str:
-    """Share of ideal hits and of requests by turn (turns past ``MAX_TURN`` together)."""
+    """Share of ideal hits and of requests by turn (turn ``MAX_TURN`` and later together)."""
     if trace.n_requests == 0 or np.any(trace.turns < 1):
         return "the trace has no turn numbers (Mooncake traces carry none)"
     total_hits = int(samples.request_hits.sum())

@@ -53,7 +53,7 @@ def toc_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_trace_stats_draws_every_figure_of_a_labelled_trace(toc_file: Path, tmp_path: Path) -> None:
-    out = tmp_path / "figures" / "nested"
+    out = tmp_path / "figures"  # made: the folder named, in an existing one
     res = CliRunner().invoke(app, ["trace", "stats", str(toc_file), "--plot", str(out)])
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in out.iterdir()) == TRACE_FIGURES
@@ -125,20 +125,32 @@ def test_replay_refuses_a_plot_file_that_is_not_png_before_replaying(tmp_path: P
 
 
 def test_replay_refuses_a_plot_it_could_not_write_before_replaying(tmp_path: Path) -> None:
-    """A folder for a name, or a place that takes no file, fails before the replay; a
-    missing folder is made when the plot is written."""
+    """A folder for a name, a missing folder (never made: a typo leaves no tree behind)
+    or a place that takes no file fails before the replay."""
     (tmp_path / "c.png").mkdir()
-    places = [(tmp_path / "c.png", "is a folder")]
+    deep = tmp_path / "new" / "folder" / "c.png"
+    places = [
+        (tmp_path / "c.png", "is a folder"),
+        (deep, f"{deep}: folder {deep.parent} does not exist"),
+    ]
     if Path("/proc").is_dir():
-        places.append((Path("/proc/c.png"), "cannot write in /proc"))
+        places.append((Path("/proc/c.png"), "cannot create a file in /proc"))
     for path, says in places:
         args = ["replay", str(SAMPLE), "-p", "lru", "--plot", str(path)]
         res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
         assert res.exit_code == 2 and says in res.stderr, res.output
         assert res.stdout == "" and "replay:" not in res.stderr
-    deep = tmp_path / "new" / "folder" / "c.png"
-    res = CliRunner().invoke(app, ["replay", str(SAMPLE), "-p", "lru", "--plot", str(deep)])
-    assert res.exit_code == 0 and deep.stat().st_size > 0
+    assert not (tmp_path / "new").exists()
+
+
+def test_trace_stats_makes_the_folder_named_but_not_its_parents(
+    toc_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "missing" / "figures"
+    res = CliRunner().invoke(app, ["trace", "stats", str(toc_file), "--plot", str(out)])
+    assert res.exit_code == 2
+    assert f"--plot: {out}: folder {out.parent} does not exist" in res.stderr
+    assert not out.parent.exists()
 
 
 @pytest.mark.slow

@@ -75,6 +75,7 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {out}" in res.stderr  # as replay and trace stats say it
 
 
 @pytest.mark.parametrize(
