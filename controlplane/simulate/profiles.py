@@ -65,8 +65,9 @@ class Profile(BaseModel):
             )
         if self.kv_pool_bytes <= 0:
             raise ValueError(
-                f"the weights ({self.weights_gb:.1f} GB) leave no KV cache in "
-                f"{self.memory_utilization:.0%} of {self.hbm_gb} GB"
+                f"the weights ({self.weights_gb:.1f} GB: params_billion x weight_bytes) "
+                f"leave no KV cache in {self.memory_utilization:.0%} (memory_utilization) "
+                f"of {self.hbm_gb} GB (hbm_gb)"
             )
         return self
 
@@ -164,7 +165,9 @@ def load_profile(name_or_path: str) -> Profile:
     try:
         text = path.read_text(encoding="utf-8")
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except OSError as exc:  # "p.toml: No such file or directory", not "[Errno 2] ..."
+        raise ProfileError(f"{path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, ValueError) as exc:
         raise ProfileError(f"{path}: {exc}") from None
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: expected an object of profile fields")
@@ -172,5 +175,7 @@ def load_profile(name_or_path: str) -> Profile:
         return Profile.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "profile"
-        raise ProfileError(f"{path}: field {where!r}: {first['msg']}") from None
+        reason = first["msg"].removeprefix("Value error, ")
+        where = ".".join(str(p) for p in first["loc"])  # none: a check across fields
+        field = f" field {where!r}:" if where else ""
+        raise ProfileError(f"{path}:{field} {reason}") from None

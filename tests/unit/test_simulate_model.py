@@ -85,8 +85,15 @@ def test_bad_profiles_say_what_and_where(tmp_path: Path) -> None:
         load_profile(str(path))
     fields = BUILTIN["llama3-8b-h100"].model_dump() | {"hbm_gb": 10.0}
     path.write_text(json.dumps(fields))
-    with pytest.raises(ProfileError, match="leave no KV cache"):
+    with pytest.raises(ProfileError) as refused:
         load_profile(str(path))
+    assert str(refused.value) == (  # a check across fields: they are named in the reason
+        f"{path}: the weights (16.1 GB: params_billion x weight_bytes) leave no KV cache in "
+        "90% (memory_utilization) of 10.0 GB (hbm_gb)"
+    )
+    with pytest.raises(ProfileError) as refused:
+        load_profile(str(tmp_path / "missing.toml"))
+    assert str(refused.value) == f"{tmp_path / 'missing.toml'}: No such file or directory"
     path.write_text("[1, 2]")
     with pytest.raises(ProfileError, match="expected an object"):
         load_profile(str(path))
