@@ -59,7 +59,9 @@ def demo(
     """Run the whole live loop locally: Redis, the controller, and simulated workers.
 
     Uses `KVWISE_REDIS_URL`, else a Redis on 127.0.0.1:6379 if one answers, else starts
-    an embedded redis-server in a temporary directory, and says which. Generates to-C
+    an embedded redis-server in a temporary directory, and says which. Its keys go under a
+    fresh prefix of its own (`kvwise-demo-XXXXXXXX:`, not `KVWISE_KEY_PREFIX`), so it never
+    touches a deployment's keys sharing that Redis, and are deleted when it ends. Generates to-C
     synthetic traces (calibrated to the paper; synthetic data), starts the controller on
     localhost and workers in pairs on the same trace: one with kvwise's fitted policy
     (wa), one with stock LRU. Watch the controller fit per-category parameters and every
