@@ -32,6 +32,7 @@ never zero.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -90,8 +91,25 @@ class TraceStats:
     lifespan_all_blocks: Quantiles | None
 
     def to_json(self) -> dict[str, object]:
-        """A JSON-ready dict (nested quantiles as dicts, unavailable fields as null)."""
-        return asdict(self)
+        """A JSON-ready dict (nested quantiles as dicts, unavailable fields as null), its
+        numbers to ``JSON_DIGITS`` significant digits."""
+        rounded: dict[str, object] = _rounded(asdict(self))
+        return rounded
+
+
+JSON_DIGITS = 12
+"""Significant digits of the JSON's numbers: differences of trace timestamps carry float
+noise past them (a reuse time of 0.036000000000001364 s is 0.036 s)."""
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return float(f"{value:.{JSON_DIGITS}g}")
+    if isinstance(value, dict):
+        return {key: _rounded(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_rounded(item) for item in value]
+    return value
 
 
 @dataclass(frozen=True, eq=False)

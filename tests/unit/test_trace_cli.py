@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,27 @@ def test_stats_json_is_trace_stats(tmp_path: Path) -> None:
     want = json.loads(json.dumps(trace_stats(load_trace(out)).to_json()))
     assert doc.pop("trace") == str(out) and doc.pop("skipped_lines") == 0
     assert doc == want
+
+
+def test_stats_json_carries_no_float_noise(tmp_path: Path) -> None:
+    """Reuse times are differences of timestamps: without rounding, 0.036 s reads
+    0.036000000000001364."""
+    out = tmp_path / "t.jsonl"
+    CliRunner().invoke(app, ["trace", "synth", "--duration", "90", "--seed", "2", "-o", str(out)])
+    numbers = list(_floats(trace_stats(load_trace(out)).to_json()))
+    assert len(numbers) > 50
+    assert all(float(f"{x:.12g}") == x for x in numbers)
+
+
+def _floats(value: object) -> Iterator[float]:
+    if isinstance(value, float):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _floats(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _floats(item)
 
 
 def test_stats_table_on_a_mooncake_trace_says_n_a() -> None:
