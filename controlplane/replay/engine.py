@@ -29,18 +29,31 @@ ProgressFn = Callable[[int], None]
 """Called with the number of requests replayed so far."""
 
 
-@dataclass(frozen=True)
-class CategoryResult:
+class HitCounts:
+    """Hits among block accesses: what every result of a replay or a simulation counts
+    (``hits`` and ``accesses`` are the subclass's fields)."""
+
     hits: int
     accesses: int
 
     @property
     def hit_ratio(self) -> float:
+        """Hits over accesses (no access: 0)."""
         return self.hits / self.accesses if self.accesses else 0.0
+
+    def counts_json(self) -> dict[str, float]:
+        """The counts and their ratio, as every ``--json`` gives them."""
+        return {"hit_ratio": self.hit_ratio, "hits": self.hits, "accesses": self.accesses}
 
 
 @dataclass(frozen=True)
-class ReplayResult:
+class CategoryResult(HitCounts):
+    hits: int
+    accesses: int
+
+
+@dataclass(frozen=True)
+class ReplayResult(HitCounts):
     """Block hit ratio of one policy at one capacity on one trace."""
 
     trace: str
@@ -53,22 +66,13 @@ class ReplayResult:
     notes: list[str] = field(default_factory=list)
     """What the policy says of its run (``auto``: each switch of family)."""
 
-    @property
-    def hit_ratio(self) -> float:
-        return self.hits / self.accesses if self.accesses else 0.0
-
     def to_json(self) -> dict[str, object]:
         return {
             "policy": self.policy,
             "capacity": self.capacity,
-            "hit_ratio": self.hit_ratio,
-            "hits": self.hits,
-            "accesses": self.accesses,
+            **self.counts_json(),
             "seconds": round(self.seconds, 3),
-            "per_category": {
-                name: {"hit_ratio": c.hit_ratio, "hits": c.hits, "accesses": c.accesses}
-                for name, c in self.per_category.items()
-            },
+            "per_category": {name: c.counts_json() for name, c in self.per_category.items()},
             **({"notes": self.notes} if self.notes else {}),
         }
 

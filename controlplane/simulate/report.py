@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from controlplane.replay.engine import HitCounts
 from controlplane.simulate.requests import Outcomes, Workload
 
 QUANTILES = tuple(round(q / 100, 2) for q in range(0, 101))
@@ -49,7 +50,7 @@ class Latency:
 
 
 @dataclass(frozen=True)
-class SimResult:
+class SimResult(HitCounts):
     """One policy at one capacity on one trace and fleet."""
 
     policy: str
@@ -69,10 +70,6 @@ class SimResult:
     """Wall time of the simulation."""
 
     @property
-    def hit_ratio(self) -> float:
-        return self.hits / self.accesses if self.accesses else 0.0
-
-    @property
     def saved_ratio(self) -> float:
         return self.saved_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
@@ -89,9 +86,7 @@ class SimResult:
             "policy": self.policy,
             "capacity": self.capacity,
             "requests": self.requests,
-            "hit_ratio": self.hit_ratio,
-            "hits": self.hits,
-            "accesses": self.accesses,
+            **self.counts_json(),
             "ttft_s": self.ttft.to_json(),
             "qttft_s": self.qttft.to_json(),
             "queue_s": self.queue.to_json(),
