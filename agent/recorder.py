@@ -55,23 +55,51 @@ class _Half:
         self.offsets: list[int] = []
         self.runs: list[float] = []
 
-    def columns(self) -> RawEvents:
-        """The events as ``RawEvents`` columns (fresh arrays), then forget them."""
-        runs = np.array(self.runs, dtype=np.float64).reshape(-1, RUN_FIELDS)
-        counts = runs[:, 0].astype(np.intp)
-        per_event = np.isnan(runs[:, 4])
-        offset = np.repeat(np.where(per_event, 0.0, runs[:, 4]), counts)
-        cols = {
-            "ts": np.repeat(runs[:, 1], counts),
-            "block": np.array(self.blocks, dtype=_DTYPES["block"]),
-            "category": np.repeat(runs[:, 2], counts),
-            "offset": offset,
-            "kind": np.repeat(runs[:, 3], counts),
-        }
-        if self.offsets:
-            offset[np.repeat(per_event, counts)] = self.offsets
+    def take(self) -> tuple[RawEvents, int]:
+        """The events as ``RawEvents`` columns (fresh arrays), and how many were refused
+        (a block id that is not a signed 64-bit integer). The half is empty afterwards,
+        whatever it held."""
+        blocks, offsets, runs = self.blocks, self.offsets, self.runs
         self.blocks, self.offsets, self.runs = [], [], []
-        return RawEvents(**{name: cols[name].astype(_DTYPES[name], copy=False) for name in _DTYPES})
+        return _columns(blocks, offsets, runs)
+
+
+def _columns(
+    blocks: list[int], offsets: list[int], flat_runs: list[float]
+) -> tuple[RawEvents, int]:
+    runs = np.array(flat_runs, dtype=np.float64).reshape(-1, RUN_FIELDS)
+    counts = runs[:, 0].astype(np.intp)
+    per_event = np.isnan(runs[:, 4])
+    offset = np.repeat(np.where(per_event, 0.0, runs[:, 4]), counts)
+    block, refused = _block_column(blocks)
+    cols = {
+        "ts": np.repeat(runs[:, 1], counts),
+        "block": block,
+        "category": np.repeat(runs[:, 2], counts),
+        "offset": offset,
+        "kind": np.repeat(runs[:, 3], counts),
+    }
+    if offsets:
+        offset[np.repeat(per_event, counts)] = offsets
+    kept = slice(None) if refused is None else ~refused
+    events = RawEvents(
+        **{name: cols[name][kept].astype(_DTYPES[name], copy=False) for name in _DTYPES}
+    )
+    return events, 0 if refused is None else int(refused.sum())
+
+
+def _block_column(blocks: list[int]) -> tuple[NDArray[np.int64], NDArray[np.bool_] | None]:
+    """The block ids as int64, and which of them were not signed 64-bit integers (None:
+    all were; the slow check runs only then)."""
+    try:
+        return np.array(blocks, dtype=_DTYPES["block"]), None
+    except (OverflowError, TypeError, ValueError):
+        fits = [type(b) is int and INT64.min <= b <= INT64.max for b in blocks]
+        column = np.array([b if ok else 0 for b, ok in zip(blocks, fits, strict=True)])
+        return column.astype(_DTYPES["block"]), ~np.array(fits, dtype=bool)
+
+
+INT64 = np.iinfo(np.int64)
 
 
 class EventRecorder:
@@ -100,7 +128,8 @@ class EventRecorder:
         self.recorded = 0
         """Events offered to ``record`` (kept or dropped)."""
         self.dropped = 0
-        """Events dropped because the active half was full."""
+        """Events dropped because the active half was full, or refused when drained (a
+        block id that is not a signed 64-bit integer)."""
 
     def record(
         self,
@@ -146,9 +175,13 @@ class EventRecorder:
         records into the other half meanwhile."""
         with self._lock:
             full, self._active = self._active, self._spare
-            self._spare = full  # emptied by ``columns`` before the next swap
+            self._spare = full  # emptied by ``take`` before the next swap
             self._n = 0
-        return full.columns()
+        events, refused = full.take()
+        if refused:
+            with self._lock:
+                self.dropped += refused
+        return events
 
     @property
     def pending(self) -> int:

@@ -115,8 +115,11 @@ class BackgroundLoop(ABC):
         return True
 
     def wake(self) -> None:
-        """Cut the current wait short: the next round starts now."""
-        self._wake.set()
+        """Cut the current wait short: the next round starts now. Ignored while rounds
+        fail, so a busy engine's wake-ups cannot undo the backoff against a Redis that is
+        down or recovering."""
+        if not self.failures:
+            self._wake.set()
 
     @property
     def stopping(self) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from agent.history import AccessHistory
 from agent.recorder import EventRecorder
@@ -22,6 +23,9 @@ from agent.runtime.connection import RedisClient
 from agent.runtime.loop import AgentLoop
 from agent.settings import AgentSettings
 from agent.wire import EventBatch, Events, encode_batch
+
+if TYPE_CHECKING:
+    from redis.client import Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +80,19 @@ class EventPublisher(AgentLoop):
         history."""
         raw = self.recorder.drain()
         step = self.recorder.batch_events
-        chunks = []
-        for lo in range(0, len(raw), step):
-            events = self.history.resolve(raw.rows(lo, lo + step), self.unknown_category)
-            self.filtered += min(step, len(raw) - lo) - len(events)
-            if len(events):
-                chunks.append(events)
+        chunks: list[Events] = []
+        filtered = 0
+        try:
+            for lo in range(0, len(raw), step):
+                events = self.history.resolve(raw.rows(lo, lo + step), self.unknown_category)
+                filtered += min(step, len(raw) - lo) - len(events)
+                if len(events):
+                    chunks.append(events)
+        except Exception:  # drained, never to be sent: counted, as a failed send's are
+            self.dropped += len(raw) - filtered
+            raise
+        finally:
+            self.filtered += filtered
         return chunks
 
     def flush(self) -> int:
@@ -91,9 +102,26 @@ class EventPublisher(AgentLoop):
         chunks = self.collect()
         if not chunks:
             return 0
-        names = self._categories()
-        n = sum(len(c) for c in chunks)
         pipe = self.client.pipeline(transaction=False)
+        try:
+            self._queue(pipe, chunks)
+            results = pipe.execute(raise_on_error=False)
+        except BaseException:  # nothing is known to have arrived
+            self.dropped += sum(len(c) for c in chunks)
+            raise
+        finally:
+            pipe.reset()
+        sizes = [len(c) for c in chunks]
+        sent, refusal = tally(sizes, results)
+        self.sent += sent
+        self.dropped += sum(sizes) - sent
+        if refusal is not None:
+            raise refusal
+        return sent
+
+    def _queue(self, pipe: Pipeline, chunks: list[Events]) -> None:
+        """One XADD per chunk, each a batch with the next sequence number."""
+        names = self._categories()
         for events in chunks:
             self.seq += 1
             batch = EventBatch.of(events, worker=self.worker, seq=self.seq, epoch=self.epoch,
@@ -104,12 +132,13 @@ class EventPublisher(AgentLoop):
                 maxlen=self.settings.stream_maxlen,
                 approximate=True,
             )
-        try:
-            pipe.execute()
-        except BaseException:
-            self.dropped += n
-            raise
-        finally:
-            pipe.reset()
-        self.sent += n
-        return n
+
+
+def tally(sizes: list[int], replies: list[object]) -> tuple[int, Exception | None]:
+    """The events of a pipeline of batches that arrived, each batch judged by its own
+    reply (Redis may refuse one XADD and take the others), and the first refusal."""
+    refusals = [reply for reply in replies if isinstance(reply, Exception)]
+    sent = sum(
+        n for n, reply in zip(sizes, replies, strict=True) if not isinstance(reply, Exception)
+    )
+    return sent, refusals[0] if refusals else None

@@ -18,6 +18,7 @@ import redis
 from agent.policies.lru import LRUPolicy
 from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
 from agent.runtime.agent import Agent
+from agent.runtime.publisher import tally
 from agent.wire import AgentStatus, EventBatch, Keys, decode_batch, encode_policy
 from controlplane.dev.embedded_redis import EmbeddedRedis, free_port
 from tests.integration.agent_fixtures import fast_settings
@@ -78,6 +79,34 @@ def test_events_arrive_as_decodable_batches_with_consecutive_seq(
     assert last.categories[last.category[-1]] == "image_2"
     kinds = np.concatenate([b.kind for b in batches])
     assert np.bincount(kinds, minlength=3).tolist() == [10, 2000, 1500]
+
+
+def test_batches_redis_refuses_are_counted_dropped_and_the_rest_sent(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    """A refused XADD (here the stream's key holds a string) drops its batch, counted;
+    nothing is lost uncounted, and sending resumes once Redis takes batches again."""
+    stream = Keys(key_prefix).events_stream("w1")
+    r.set(stream, "not a stream")
+    s = fast_settings(redis_url, key_prefix, batch_events=50)
+    agent = Agent(s, capacity=500)  # not started: this test drives the publisher itself
+    reqs = Requests(width=50)
+    for _ in range(3):
+        reqs.send(agent)
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        agent.publisher.flush()
+    assert (agent.events_sent, agent.events_dropped) == (0, 150)
+    r.delete(stream)
+    reqs.send(agent)
+    assert agent.publisher.flush() == 50
+    assert agent.events_sent + agent.events_dropped == agent.recorder.recorded == 200
+    agent.close()
+
+
+def test_tally_judges_each_batch_of_a_pipeline_by_its_own_reply() -> None:
+    refused = redis.ResponseError("OOM command not allowed")
+    assert tally([10, 20, 30], [b"1-0", refused, b"1-1"]) == (40, refused)
+    assert tally([10, 20], [b"1-0", b"1-1"]) == (30, None)
 
 
 def rss_bytes() -> int:

@@ -75,6 +75,20 @@ def test_recorder_refuses_a_wrong_offset_count_whole_and_keeps_what_it_holds() -
     assert rec.pending == 0
 
 
+def test_a_block_id_out_of_int64_is_refused_and_counted_without_breaking_the_buffer() -> None:
+    """An unsigned hash (vLLM's other form) once made every second drain fail for good,
+    the half never emptied, its events counted nowhere."""
+    rec = EventRecorder(capacity=16, batch_events=4)
+    record_n(rec, [1, 2**64 - 1, 3])
+    cols = rec.drain()
+    assert cols.block.tolist() == [1, 3] and cols.offset.tolist() == [0, 2]
+    assert rec.dropped == 1
+    for round_ in range(4):  # both halves keep working, and stay bounded
+        record_n(rec, [10 + round_, 11 + round_])
+        assert rec.drain().block.tolist() == [10 + round_, 11 + round_]
+    assert rec.recorded == 11 and rec.dropped == 1
+
+
 def test_recorder_wakes_the_publisher_once_per_full_batch() -> None:
     woken: list[int] = []
     rec = EventRecorder(capacity=100, batch_events=4, on_batch=lambda: woken.append(rec.pending))

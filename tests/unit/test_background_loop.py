@@ -4,6 +4,7 @@ outages told once, and the Redis state named in the warning."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import redis
@@ -14,8 +15,8 @@ from tests.waiting import wait_until
 
 
 class Counting(BackgroundLoop):
-    def __init__(self, errors: list[BaseException | None]) -> None:
-        super().__init__("counting", interval_s=0.001, max_backoff_s=0.002)
+    def __init__(self, errors: list[BaseException | None], max_backoff_s: float = 0.002) -> None:
+        super().__init__("counting", interval_s=0.001, max_backoff_s=max_backoff_s)
         self.errors = errors
         self.steps = 0
         self.finished = 0
@@ -57,6 +58,22 @@ def test_failures_are_counted_survived_and_reset(caplog: pytest.LogCaptureFixtur
     assert sum("redis unavailable" in m for m in messages) == 1
     assert sum("ValueError: a bug" in m for m in messages) == 1
     assert sum("working again after 3 failed" in m for m in messages) == 1
+
+
+def test_wake_ups_do_not_undo_the_backoff_while_rounds_fail() -> None:
+    """A busy engine wakes the publisher at every full batch: during an outage that once
+    made it retry at the engine's pace instead of backing off."""
+    down = redis.ConnectionError("Connection refused")
+    loop = Counting([down] * 1000, max_backoff_s=60.0)  # 0.1 s doubling: seconds soon
+    loop.start()
+    wait_until(lambda: loop.failures >= 5, what="five failed rounds")  # waits 1.6 s next
+    tried = loop.steps
+    for _ in range(20):
+        loop.wake()
+        time.sleep(0.01)  # an absence is awaited: 0.2 s of a 1.6 s backoff, woken 20 times
+    stopped = loop.steps
+    assert loop.close(timeout=5)
+    assert stopped - tried <= 1  # at most the round already under way
 
 
 def test_redis_errors_name_the_state() -> None:

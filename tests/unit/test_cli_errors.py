@@ -142,7 +142,8 @@ def test_a_list_written_with_spaces_runs_each_size() -> None:
 
 def test_bad_sizes_are_refused_before_the_trace_is_read(tmp_path: Path) -> None:
     broken = tmp_path / "broken.jsonl"
-    broken.write_text('{"timestamp": 0, "hash_ids": [1], "input_length": 16, "output_length": 4}\nnot json\n')
+    line = '{"timestamp": 0, "hash_ids": [1], "input_length": 16, "output_length": 4}'
+    broken.write_text(f"{line}\nnot json\n")
     res = kvwise("replay", str(broken), "--skip-bad-lines", "-p", "lru", "--capacity", "-5")
     assert res.returncode == 2
     assert "skipped" not in res.stderr
