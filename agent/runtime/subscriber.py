@@ -79,11 +79,17 @@ class PolicySubscriber(AgentLoop):
         # document is never fetched again (versions are immutable); a missing one is.
         if version == self.known_version or (pointer == self._refused and not self._missing):
             return None
-        raw = self.client.get(self.keys.policy_doc(version))
+        s = self.settings
+        key = self.keys.policy_doc(version)
+        size = self.client.strlen(key)  # what the GET would bring, asked first
+        if size > s.max_policy_bytes:
+            self._refuse(pointer, version, f"policy: document of {size} bytes > limit "
+                         f"{s.max_policy_bytes} (not read)")  # fmt: skip
+            return None
+        raw = self.client.get(key) if size else None
         if raw is None:
             self._refuse(pointer, version, "current points at a missing document", missing=True)
             return None
-        s = self.settings
         try:
             doc = decode_policy(
                 raw, max_bytes=s.max_policy_bytes, max_categories=s.max_policy_categories
@@ -116,10 +122,12 @@ class PolicySubscriber(AgentLoop):
 
     def reject(self, version: int, reason: str, *, keep: int) -> None:
         """Reject a staged ``version`` after the fact (the evictor refused it); ``keep``
-        is the version still in force."""
+        is the version still in force. A newer version staged meanwhile stays staged."""
         with self._lock:
-            self.known_version = keep
-            self.staged_version = keep
+            if self.known_version == version:
+                self.known_version = keep
+            if self.staged_version == version:
+                self.staged_version = keep
         self._refuse(str(version).encode(), version, reason)
 
     def _refuse(

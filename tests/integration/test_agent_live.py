@@ -308,7 +308,7 @@ def test_missing_oversized_and_garbled_documents_are_reported_once(
         assert "4 categories > limit 3" in sub.last_rejection
         publish(r, key_prefix, 7, json.dumps({"version": 7, "note": "x" * 3000}))
         wait_until(lambda: sub.rejected == 4, what="the large document refused")
-        assert "bytes > limit 2048" in sub.last_rejection
+        assert sub.last_rejection.endswith("bytes > limit 2048 (not read)")  # sized first
         threading.Event().wait(5 * s.poll_interval_s)  # polls go on: no new count
         assert sub.rejected == 4
         # A missing document that appears later is applied: it is fetched at each poll.
@@ -357,6 +357,25 @@ def test_an_evictor_refusing_a_document_counts_as_a_rejection(
         assert not agent.apply_pending()
         assert agent.applied_version == 0 and agent.subscriber.rejected == 1
         assert "evictor refused it: no image_1" in agent.subscriber.last_rejection
+
+
+def test_a_refusal_after_the_fact_keeps_a_newer_version_staged_meanwhile(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    """The engine takes v1, the subscriber stages v2, then the evictor refuses v1: v2
+    stays staged (it was once reset to v0, then fetched and applied a second time)."""
+    agent = Agent(fast_settings(redis_url, key_prefix), capacity=10)  # the test polls
+    sub = agent.subscriber
+    publish(r, key_prefix, 1, encode_policy(doc(1)), notify=False)
+    assert sub.check() is not None and sub.take() is not None  # the engine has v1
+    publish(r, key_prefix, 2, encode_policy(doc(2)), notify=False)
+    assert sub.check() is not None  # v2 staged
+    sub.reject(1, "evictor refused it", keep=0)
+    assert (sub.known_version, sub.staged_version, sub.rejected) == (2, 2, 1)
+    staged = sub.take()
+    assert staged is not None and staged.version == 2
+    assert sub.check() is None  # not fetched and staged again
+    agent.close()
 
 
 # --- heartbeat -------------------------------------------------------------------------
