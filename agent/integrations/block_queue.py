@@ -78,6 +78,10 @@ def hash64(key: bytes, group_suffix: int = 4) -> int:
 _LAYOUTS: dict[tuple[int, int, int], struct.Struct] = {}
 """``hashes64``'s unpackers by (keys, bytes per key, group suffix)."""
 MAX_LAYOUTS = 1024
+MAX_LAYOUT_KEYS = 256
+"""Keys one cached unpacker reads at most (an unpacker costs about 40 bytes per key):
+the cache stays under about 10 MB whatever prompt lengths come. More keys are read in
+runs of this many."""
 
 
 def hashes64(keys: Sequence[bytes], group_suffix: int = 4) -> list[int]:
@@ -88,6 +92,9 @@ def hashes64(keys: Sequence[bytes], group_suffix: int = 4) -> list[int]:
     size = len(keys[0]) if n else 0
     if size < 8 + group_suffix or list(map(len, keys)).count(size) != n:
         return [hash64(key, group_suffix) for key in keys]
+    if n > MAX_LAYOUT_KEYS:
+        step = MAX_LAYOUT_KEYS
+        return [h for lo in range(0, n, step) for h in hashes64(keys[lo : lo + step], group_suffix)]
     layout = _LAYOUTS.get((n, size, group_suffix))
     if layout is None:
         if len(_LAYOUTS) >= MAX_LAYOUTS:

@@ -30,6 +30,7 @@ from agent.policies.handover import NamesCategories, ReloadsPolicy, SwitchRefuse
 from agent.policy_document import PolicyDocument
 from agent.runtime.agent import Agent
 from agent.settings import AgentSettings
+from agent.wire import MAX_CATEGORY_NAME_CHARS
 
 DEFAULT_CATEGORY = "default"
 """Category of requests that name none when inference is off."""
@@ -209,7 +210,9 @@ class EngineAgent:
             table = self.agent.categories
             folded = table.name(table.code(name))  # registers it with the evictor too
             got = (folded, self.order.codes[folded])
-            if len(self._names) < 4 * table.max_size:
+            # Bounded in count and in size: a client's long names (folded to ``other``)
+            # are looked up again rather than kept.
+            if len(self._names) < 4 * table.max_size and len(name) <= MAX_CATEGORY_NAME_CHARS:
                 self._names[name] = got
         return got
 

@@ -9,6 +9,7 @@ engine reporting a version staged but not yet applied.
 from __future__ import annotations
 
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from types import SimpleNamespace
@@ -65,6 +66,20 @@ def test_categories_are_explicit_default_or_folded(engine: Any) -> None:
     assert ea.category("later", (), 0) == ea.category("late", (), 0)
     codes = {ea.category(n, (), 0)[1] for n in ("chat", DEFAULT_CATEGORY, "doc", "late")}
     assert len(codes) == 4  # the evictor got one code per table entry
+
+
+def test_long_client_names_are_folded_and_never_kept(engine: Any) -> None:
+    """The name cache once kept 4 x max_categories client strings of any length (1 MB
+    names: about 4 GB at the defaults)."""
+    ea, _ = engine
+    tracemalloc.start()
+    try:
+        for i in range(16):  # 1.6 MB of names, each gone after its call unless kept
+            assert ea.category(f"{i:04d}" + "x" * 100_000, (), 0)[0] == "other"
+        kept, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert kept < 100_000, kept
 
 
 def test_inference_counts_new_tokens_in_the_engines_block_size(

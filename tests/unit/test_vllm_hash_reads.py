@@ -5,6 +5,7 @@ slot only where ``block_hash`` is a property over such a slot."""
 from __future__ import annotations
 
 import random
+import tracemalloc
 from dataclasses import dataclass
 
 from agent.integrations.block_queue import BLOCK_HASH, KvwiseFreeQueue, hash64, hashes64
@@ -34,6 +35,21 @@ def test_hashes64_is_hash64_of_each_key_whatever_their_lengths() -> None:
         assert hashes64(raw, 0) == [hash64(k, 0) for k in raw]
     mixed = [rng.randbytes(36), rng.randbytes(20), rng.randbytes(12), b"abc"]
     assert hashes64(mixed) == [hash64(k) for k in mixed]
+
+
+def test_hashes64_keeps_few_small_unpackers_whatever_the_prompt_lengths() -> None:
+    """One unpacker was cached per distinct key count: long prompts of many lengths
+    could pin hundreds of MB in the engine (0.31 MB each at 8,192 keys)."""
+    rng = random.Random(8)
+    keys = [rng.randbytes(36) for _ in range(3000)]
+    tracemalloc.start()
+    try:
+        for n in range(1, 3000, 7):
+            assert hashes64(keys[:n]) == [hash64(k) for k in keys[:n]]
+        kept, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert kept < 5_000_000, kept  # 1.3 MB; unbounded, it was 24.5 MB here
 
 
 def test_hash_reader_reads_the_slot_behind_vllms_property_else_the_property() -> None:
