@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Protocol
 
 from agent.category_inference import CategoryInferrer, InferSettings
@@ -75,6 +76,10 @@ class RequestReport:
     stored_offsets: list[int] = field(default_factory=list)
     recorded: bool = False
     """Whether its held blocks went to the agent (afterwards it holds nothing)."""
+    waiting: bool = False
+    """Whole, but waiting for another request that still holds blocks it hit."""
+    waiters: list[RequestReport] = field(default_factory=list)
+    """Requests recorded right after this one (each hit a block it holds)."""
 
     @property
     def whole(self) -> bool:
@@ -179,6 +184,8 @@ class EngineAgent:
         self.files_returns = settings.reuse_classes
         """Whether stored blocks may be returns filed under another code (``stored_codes``)."""
         self.block_tokens = block_tokens
+        self._holders: dict[int, RequestReport] = {}
+        """Per block hash held by a request not yet recorded: that request's report."""
         self._names: dict[str, tuple[str, int]] = {}
         self._inferrer: CategoryInferrer | None = None
         if infer:
@@ -303,14 +310,45 @@ class EngineAgent:
             held -= 1
         report.stored_hashes += hashes[:held]
         report.stored_offsets += offsets[:held]
+        self._holders.update(zip(hashes[:held], repeat(report)))
         if held < len(hashes):
             self.cached(hashes[held:], offsets[held:], now, report.name)
 
     def record(self, report: RequestReport) -> None:
-        """Record what ``report`` holds, at its time: HITs, then INSERTs tail first."""
-        if report.recorded:
+        """Record what ``report`` holds, at its time: HITs, then INSERTs tail first. A
+        request that hit blocks another still holds waits for that one (chunked prefill:
+        its HITs must not come before their INSERTs); requests waiting for this one
+        follow it."""
+        if report.recorded or report.waiting:
+            return
+        holder = self._holder_of(report)
+        if holder is not None:
+            report.waiting = True
+            holder.waiters.append(report)
             return
         report.recorded = True
+        self._record_held(report)
+        waiters, report.waiters = report.waiters, []
+        for waiter in waiters:
+            waiter.waiting = False
+            self.record(waiter)
+
+    def _holder_of(self, report: RequestReport) -> RequestReport | None:
+        """Another request, not yet recorded nor itself waiting (no cycle can form), that
+        holds a block ``report`` hit."""
+        holders = self._holders
+        if not holders:  # the common case: nothing held
+            return None
+        for hashed in report.hit_hashes:
+            holder = holders.get(hashed)
+            if holder is not None and holder is not report and not holder.waiting:
+                return holder
+        return None
+
+    def _record_held(self, report: RequestReport) -> None:
+        for hashed in report.stored_hashes:
+            if self._holders.get(hashed) is report:
+                del self._holders[hashed]
         hashes, offsets = report.hit_hashes, report.hit_offsets
         if self.files_returns:  # a block's class depends on the calls before it: as they come
             self.hit(hashes, offsets, report.at, report.name)

@@ -162,6 +162,34 @@ def test_a_request_reported_over_several_steps_is_recorded_whole(engine: Any) ->
     assert asdict(ea.agent.status())["reuse_classes"] is False
 
 
+def test_a_request_hitting_blocks_another_still_holds_is_recorded_after_it(
+    engine: Any,
+) -> None:
+    """Chunked prefill: A stores blocks 1, 2 in its first chunk (held, its prompt not
+    whole yet), B hits them and is whole first. B once went out first: its HITs of blocks
+    no INSERT had made, then A's INSERTs of 1, 2 taken for releases and filtered away.
+    B now waits for A: both are rebuilt whole, in time order."""
+    ea, _ = engine
+    a_report = ea.report_of(SimpleNamespace(), "chat", 4 * 16, now=10.0)
+    ea.hold_stored(a_report, [1, 2], range(2), now=10.0)
+    b_report = ea.report_of(SimpleNamespace(), "chat", 3 * 16, now=11.0)
+    ea.hold_hits(b_report, [1, 2], [0, 1])
+    ea.hold_stored(b_report, [7], range(2, 3), now=11.0)
+    assert b_report.whole
+    ea.record(b_report)
+    assert ea.agent.accesses == 0  # B waits for A
+    ea.record(b_report)  # B freed meanwhile: still waits, nothing twice
+    ea.hold_stored(a_report, [3, 4], range(2, 4), now=12.0)
+    ea.record(a_report)
+    requests, incomplete, _ = _rebuilt(ea)
+    assert [(r.ts, r.blocks, r.seen_hits) for r in requests] == [
+        (10.0, [1, 2, 3, 4], 0),
+        (11.0, [1, 2, 7], 2),
+    ]
+    assert incomplete == 0
+    assert ea.agent.hits == 2 and ea.agent.accesses == 4 + 3
+
+
 def test_a_request_without_attributes_has_its_blocks_recorded_at_once(engine: Any) -> None:
     ea, _ = engine
     report = ea.report_of(object(), "chat", 4 * 16, now=5.0)
