@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+NONE_WORDS = frozenset({"", "none", "null"})
+"""Strings that mean "not set" for an optional knob (any case): how an environment
+variable, which holds only text, says null."""
 
 
 class FitSettings(BaseModel):
@@ -33,8 +37,9 @@ class FitSettings(BaseModel):
     life_s_override: float | None = Field(
         default=0.1,
         gt=0,
-        description="One life window for every category (seconds); null = life_rule. The "
-        "short default ranks blocks by reuse density (measured: docs/policy.md)",
+        description="One life window for every category (seconds); none, null or empty = "
+        "per category (life_rule). The short default ranks blocks by reuse density "
+        "(measured: docs/policy.md)",
     )
     window_buckets: int = Field(
         default=120, ge=1, le=10_000, description="Time buckets of the window (its slide step)"
@@ -46,6 +51,14 @@ class FitSettings(BaseModel):
     rate_max: float = Field(default=1e3, gt=0, description="Highest fitted reuse rate (1/s)")
     life_min_s: float = Field(default=0.1, gt=0, description="Shortest fitted life window")
     life_max_s: float = Field(default=3600.0, gt=0, description="Longest fitted life window")
+
+    @field_validator("life_s_override", mode="before")
+    @classmethod
+    def _none_word_is_none(cls, value: object) -> object:
+        """``none``, ``null`` or an empty string (from the environment) select life_rule."""
+        if isinstance(value, str) and value.strip().lower() in NONE_WORDS:
+            return None
+        return value
 
     def fit_only(self) -> FitSettings:
         """These knobs alone, as a plain ``FitSettings`` (from a subclass's instance)."""

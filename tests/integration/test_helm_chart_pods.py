@@ -8,6 +8,7 @@ process would reject or misread fails here. Manifests come from helm_support (He
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -91,6 +92,23 @@ def test_configmap_holds_every_controller_setting_but_the_per_pod_ones(
             )
         else:  # generated: 32 letters and digits
             assert re.fullmatch(r"[A-Za-z0-9]{32}", token)
+
+
+def _nullable_config_keys() -> list[str]:
+    schema = json.loads((hs.CHART / "values.schema.json").read_text())
+    config = schema["properties"]["controller"]["properties"]["config"]["properties"]
+    return [key for key, spec in config.items() if "null" in spec.get("type", [])]
+
+
+@pytest.mark.parametrize("key", _nullable_config_keys())
+def test_a_null_setting_reaches_the_controller_as_none(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Helm drops a key set to null; the chart still says none (lifeSOverride: per category)."""
+    r = hs.render(hs.chart(), {"controller": {"config": {key: None}}}, name=RELEASE)
+    assert r.get("ConfigMap", f"{FULLNAME}-controller")["data"][env_name(snake(key))] == "none"
+    _, settings = controller_env(r, monkeypatch)
+    assert getattr(settings, snake(key)) is None
 
 
 @pytest.mark.parametrize("case", CASES)

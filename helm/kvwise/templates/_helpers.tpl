@@ -234,11 +234,23 @@ an int setting rejects), other values as they are.
 {{- end }}
 {{- end }}
 
-{{/* Settings map -> KVWISE_* env names and values; null values are left out (setting default). */}}
+{{/*
+Settings map -> KVWISE_* env names and values. A setting named in "nullable" whose value is
+null becomes "none" (the setting's own null, e.g. lifeSOverride: per category); Helm drops
+a key set to null from the merged values, so such a key that is missing is "none" too.
+Other null values are left out (the setting's default).
+Takes (dict "values" map "nullable" list-of-keys).
+*/}}
 {{- define "kvwise.settingsData" -}}
-{{- range $key, $value := . }}
+{{- $values := .values }}
+{{- range $key, $value := $values }}
 {{- if not (kindIs "invalid" $value) }}
 {{ printf "KVWISE_%s" ($key | snakecase | upper) }}: {{ include "kvwise.envValue" $value | quote }}
+{{- end }}
+{{- end }}
+{{- range $key := .nullable }}
+{{- if or (not (hasKey $values $key)) (kindIs "invalid" (index $values $key)) }}
+{{ printf "KVWISE_%s" ($key | snakecase | upper) }}: "none"
 {{- end }}
 {{- end }}
 {{- end }}
