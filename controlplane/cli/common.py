@@ -234,8 +234,10 @@ def settings_or_fail(
         return cls(**overrides)
     except ValidationError as exc:
         error = exc.errors()[0]
-        field = str(error["loc"][0]) if error["loc"] else ""
         reason = error["msg"].removeprefix("Value error, ")
+        if not error["loc"]:  # a check across settings names them itself
+            fail(f"bad {what} settings: {reason}")
+        field = str(error["loc"][0])
         if field in overrides:
             fail(f"{options[field]}: {reason}")
         variable = f"{cls.model_config.get('env_prefix', '')}{field}".upper()

@@ -90,7 +90,7 @@ def life_window(rate: float, settings: FitSettings) -> float:
     if settings.life_rule == "fixed":
         return DEFAULT_PARAMS.life_s
     q = -np.log1p(-settings.life_quantile) / rate
-    return float(np.clip(q, settings.life_min_s, max(settings.life_max_s, settings.life_min_s)))
+    return float(np.clip(q, settings.life_min_s, settings.life_max_s))
 
 
 def _logit(p: float) -> float:
@@ -155,7 +155,7 @@ def _fit_rows(snap: StatsSnapshot, exposures: I64, settings: FitSettings) -> _Fi
         np.vstack([snap.censored.sum(axis=0), snap.censored[own]]),
         snap.edges,
         shift=snap.near_concurrent_s,
-        rate_bounds=(settings.rate_min, max(settings.rate_max, settings.rate_min)),
+        rate_bounds=(settings.rate_min, settings.rate_max),
     )
     pooled = fits[0] if int(exposures.sum()) >= settings.min_samples else None
     return _Fits(pooled=pooled, own=dict(zip(own.tolist(), fits[1:], strict=True)))

@@ -9,9 +9,9 @@ from its defaults. It must never read the environment or files.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 NONE_WORDS = frozenset({"", "none", "null"})
 """Strings that mean "not set" for an optional knob (any case): how an environment
@@ -47,10 +47,18 @@ class FitSettings(BaseModel):
     shrinkage_samples: float = Field(
         default=50.0, ge=0, description="Pseudo-samples of the pooled fit in each category fit"
     )
-    rate_min: float = Field(default=1e-6, gt=0, description="Lowest fitted reuse rate (1/s)")
-    rate_max: float = Field(default=1e3, gt=0, description="Highest fitted reuse rate (1/s)")
-    life_min_s: float = Field(default=0.1, gt=0, description="Shortest fitted life window")
-    life_max_s: float = Field(default=3600.0, gt=0, description="Longest fitted life window")
+    rate_min: float = Field(
+        default=1e-6, gt=0, description="Lowest fitted reuse rate (1/s); at most rate_max"
+    )
+    rate_max: float = Field(
+        default=1e3, gt=0, description="Highest fitted reuse rate (1/s); equal to rate_min pins it"
+    )
+    life_min_s: float = Field(
+        default=0.1, gt=0, description="Shortest fitted life window; at most life_max_s"
+    )
+    life_max_s: float = Field(
+        default=3600.0, gt=0, description="Longest fitted life window; equal to life_min_s pins it"
+    )
 
     @field_validator("life_s_override", mode="before")
     @classmethod
@@ -59,6 +67,24 @@ class FitSettings(BaseModel):
         if isinstance(value, str) and value.strip().lower() in NONE_WORDS:
             return None
         return value
+
+    @model_validator(mode="after")
+    def _bounds_in_order(self) -> Self:
+        """Each lower bound at most its upper bound; equal bounds pin every fitted value to
+        that one (a deliberate fixed rate or life window), inverted ones are a mistake."""
+        for low, high in (("rate_min", "rate_max"), ("life_min_s", "life_max_s")):
+            if getattr(self, low) > getattr(self, high):
+                raise ValueError(
+                    f"{self._setting_name(low)} ({getattr(self, low):g}) must not exceed "
+                    f"{self._setting_name(high)} ({getattr(self, high):g})"
+                )
+        return self
+
+    @classmethod
+    def _setting_name(cls, field: str) -> str:
+        """``field`` as its reader knows it: the environment variable where there is one."""
+        prefix = str(cls.model_config.get("env_prefix", ""))
+        return f"{prefix}{field}".upper() if prefix else field
 
     def fit_only(self) -> FitSettings:
         """These knobs alone, as a plain ``FitSettings`` (from a subclass's instance)."""

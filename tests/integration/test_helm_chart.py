@@ -159,6 +159,16 @@ BAD_COMBINATIONS = [
         "controller.auth.apiToken is blank",
         id="blank-token",
     ),
+    pytest.param(
+        {"controller": {"config": {"rateMin": 10, "rateMax": 1}}},
+        "controller.config.rateMin (10) must not exceed controller.config.rateMax (1)",
+        id="inverted-rate-bounds",
+    ),
+    pytest.param(
+        {"controller": {"config": {"lifeMinS": 100, "lifeMaxS": 1}}},
+        "controller.config.lifeMinS (100) must not exceed controller.config.lifeMaxS (1)",
+        id="inverted-life-bounds",
+    ),
 ]
 
 

@@ -100,6 +100,17 @@ def test_config_names_a_bad_setting_in_one_line(variable: str, value: str) -> No
     assert one_error_line(res).startswith(f"error: bad controller setting {variable}: ")
 
 
+@pytest.mark.parametrize(
+    ("low", "high"),
+    [("KVWISE_RATE_MIN", "KVWISE_RATE_MAX"), ("KVWISE_LIFE_MIN_S", "KVWISE_LIFE_MAX_S")],
+)
+def test_controller_refuses_inverted_bounds_naming_both(low: str, high: str) -> None:
+    res = kvwise("controller", "--port", str(free_port()), env={low: "100", high: "1"})
+    assert res.returncode == 2
+    line = one_error_line(res)
+    assert line == f"error: bad controller settings: {low} (100) must not exceed {high} (1)"
+
+
 def test_config_shows_no_password_of_a_url() -> None:
     url = "redis://kvwise:hunter2@127.0.0.1:6379/0"
     for args in ((), ("--json",)):

@@ -1,10 +1,11 @@
-"""Controller settings read from the environment: words that mean unset, and bounds that
-must be in order."""
+"""Fitting and controller settings: words from the environment that mean unset, and
+bounds that must be in order."""
 
 from __future__ import annotations
 
 import pytest
 
+from controlplane.fit.settings import FitSettings
 from controlplane.service.settings import ControllerSettings
 
 
@@ -24,3 +25,16 @@ def test_a_life_window_override_from_the_environment_is_a_number(
     monkeypatch.setenv("KVWISE_LIFE_S_OVERRIDE", "nothing")
     with pytest.raises(ValueError, match="life_s_override"):
         ControllerSettings()
+
+
+@pytest.mark.parametrize(("low", "high"), [("rate_min", "rate_max"), ("life_min_s", "life_max_s")])
+def test_inverted_bounds_are_refused_naming_both(low: str, high: str) -> None:
+    with pytest.raises(ValueError, match=rf"{low} \(10\) must not exceed {high} \(1\)"):
+        FitSettings(**{low: 10, high: 1})
+    with pytest.raises(ValueError, match=f"KVWISE_{low.upper()} .* KVWISE_{high.upper()} "):
+        ControllerSettings(**{low: 10, high: 1})
+
+
+@pytest.mark.parametrize(("low", "high"), [("rate_min", "rate_max"), ("life_min_s", "life_max_s")])
+def test_equal_bounds_pin_the_fitted_value(low: str, high: str) -> None:
+    assert getattr(FitSettings(**{low: 2, high: 2}), high) == 2

@@ -282,6 +282,13 @@ Takes (dict "values" map "nullable" list-of-keys).
 {{- if and .Values.workers.enabled (not .Values.workers.model.name) }}
 {{- fail "workers.enabled=true needs workers.model.name (a Hugging Face id or a path)" }}
 {{- end }}
+{{- $config := .Values.controller.config }}
+{{- range $pair := list (list "rateMin" "rateMax") (list "lifeMinS" "lifeMaxS") }}
+{{- $low := index $pair 0 }}{{- $high := index $pair 1 }}
+{{- if and (hasKey $config $low) (hasKey $config $high) (gt (float64 (index $config $low)) (float64 (index $config $high))) }}
+{{- fail (printf "controller.config.%s (%v) must not exceed controller.config.%s (%v)" $low (index $config $low) $high (index $config $high)) }}
+{{- end }}
+{{- end }}
 {{- $auth := .Values.controller.auth }}
 {{- if and $auth.readToken.enabled (not $auth.enabled) }}
 {{- fail "controller.auth.readToken.enabled=true needs controller.auth.enabled=true (a read token with open mutations)" }}
