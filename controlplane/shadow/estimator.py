@@ -118,7 +118,7 @@ class MiniCache:
 
 @dataclass(frozen=True)
 class Estimate:
-    """A hit ratio over the window with its 95 % interval (0 accesses: all zero)."""
+    """A hit ratio over the window with its 95 % interval (0 accesses: 0.0 in [0, 1])."""
 
     hit_ratio: float
     ci_low: float
@@ -261,7 +261,8 @@ class Totals:
         return self.seen / self.accesses if self.accesses else None
 
     def estimate(self, seen_ratio: float | None = None) -> Estimate:
-        """The hit ratio and its 95 % interval (no accesses: all zero).
+        """The hit ratio and its 95 % interval (no accesses: 0.0, with all of [0, 1]: no
+        sample says nothing, not that nothing hits).
 
         With ``seen_ratio``, the worker's own hit ratio over *all* its requests, and at
         least ``MIN_REGRESSION_SUBTREES`` subtrees, it is the regression estimate: the
@@ -273,7 +274,7 @@ class Totals:
         """
         n, h, a = self.subtrees, self.hits, self.accesses
         if a <= 0:
-            return Estimate(0.0, 0.0, 0.0, 0, 0, int(self.requests))
+            return Estimate(0.0, 0.0, 1.0, 0, 0, int(self.requests))
         ratio, own = h / a, self.seen / a
         hh, ha, hs, aa, as_, ss = self.products
         # Per subtree, u = hits - ratio * accesses and v = seen - own * accesses.

@@ -27,8 +27,9 @@ class CurvePoint:
     workers' own hit ratio (docs/shadow.md, "What the estimate is")."""
     ci_low: float
     ci_high: float
+    """The 95 % interval; all of [0, 1] while too few subtrees (or no access) are sampled."""
     accesses: int
-    """Sampled accesses behind the estimate."""
+    """Sampled accesses behind the estimate (0: hit_ratio 0.0 says nothing)."""
     sampled_hit_ratio: float = 0.0
     """The miniature's own figure over the sampled requests, before that move."""
 

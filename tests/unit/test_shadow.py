@@ -219,7 +219,11 @@ def test_interval_holds_the_ratio_and_narrows_with_more_subtrees() -> None:
         assert e.ci_low <= e.hit_ratio <= e.ci_high
         assert e.ci_low < 0.4 < e.ci_high
     assert (e_large.ci_high - e_large.ci_low) < (e_small.ci_high - e_small.ci_low) / 3
-    assert Totals().estimate().accesses == 0
+
+
+def test_a_point_with_no_access_is_all_uncertain() -> None:
+    empty = Totals().estimate()
+    assert (empty.accesses, empty.hit_ratio, empty.ci_low, empty.ci_high) == (0, 0.0, 0.0, 1.0)
 
 
 def test_requests_of_one_subtree_count_as_one_draw_in_the_interval() -> None:
