@@ -23,9 +23,12 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from pydantic import ValidationError
 
+from agent.policies import names as policy_names
 from agent.settings import AgentSettings
 from controlplane.service.settings import ControllerSettings
+from controlplane.shadow.settings import ShadowSettings
 from tests.conftest import REPO
 from tests.integration import helm_support as hs
 from tests.integration.helm_support import AGENT_DERIVED, CASES, POD_ENV_FIELDS, camel, env_name
@@ -79,7 +82,26 @@ def test_values_satisfy_the_schema(case: str) -> None:
     hs.chart().validate_schema(hs.case_values(case))  # Helm's own validator agrees
 
 
+def config_pattern(key: str) -> str:
+    pattern: str = schema()["properties"]["controller"]["properties"]["config"]["properties"][key][
+        "pattern"
+    ]
+    return pattern
+
+
 BAD_VALUES = [
+    pytest.param(
+        {"controller": {"config": {"shadowPolicies": "lru,bogus"}}},
+        "at '/controller/config/shadowPolicies': 'lru,bogus' does not match pattern",
+        f"'lru,bogus' does not match {config_pattern('shadowPolicies')!r}",
+        id="unknown-shadow-policy",
+    ),
+    pytest.param(
+        {"controller": {"config": {"shadowLadder": "0,-1"}}},
+        "at '/controller/config/shadowLadder': '0,-1' does not match pattern",
+        f"'0,-1' does not match {config_pattern('shadowLadder')!r}",
+        id="shadow-ladder-out-of-range",
+    ),
     pytest.param(
         {"controller": {"config": {"lifeRule": "median"}}},
         "at '/controller/config/lifeRule': value must be one of 'quantile', 'fixed'",
@@ -124,6 +146,38 @@ def test_bad_values_are_rejected_with_a_readable_message(
     assert [e.message for e in jsonschema.Draft7Validator(schema()).iter_errors(merged)] == [
         jsonschema_says
     ]
+
+
+SHADOW_LISTS = (
+    [
+        ("shadowPolicies", v)
+        for v in ("lru,s3fifo,arc", "", "wa", " lru , sieve ,", "lru,bogus", "LRU", "lfu;arc")
+    ]
+    + [
+        ("shadowLadder", v)
+        for v in ("0.25,0.5,1,2,4", "64", "64.0", "0.001", "1,", ".5", "0,-1", "0", "0.0")
+    ]
+    + [("shadowLadder", v) for v in ("65", "64.5", "", ",", "abc", "1,,x", "-2")]
+)
+
+
+@pytest.mark.parametrize(("key", "value"), SHADOW_LISTS)
+def test_schema_takes_the_shadow_lists_the_controller_takes(key: str, value: str) -> None:
+    """The controller refuses a bad list at start (a crash loop): the schema refuses the
+    same ones at install. The policy pattern lists the policy registry's names."""
+    try:
+        ShadowSettings(**{hs.snake(key): value})
+        controller_takes = True
+    except ValidationError:
+        controller_takes = False
+    assert bool(re.search(config_pattern(key), value)) == controller_takes, value
+
+
+def test_the_policy_pattern_names_every_registered_policy() -> None:
+    alternatives = re.findall(r"\(\?:\(\?:([a-z0-9|]+)\)", config_pattern("shadowPolicies"))
+    assert alternatives and {frozenset(a.split("|")) for a in alternatives} == {
+        frozenset(policy_names())
+    }
 
 
 BAD_COMBINATIONS = [
