@@ -40,7 +40,7 @@ class FieldErrorBody(ErrorBody):
     """A request that names a bad value: which field, and what it must be."""
 
     field: str = Field(description="The body field or path parameter at fault; 'body': all")
-    message: str = Field(description="What that field must be, e.g. 'must be in [0, 1]'")
+    message: str = Field(description="What that field must be, e.g. 'must be a number in [0, 1]'")
 
 
 class ApiError(StarletteHTTPException):

@@ -2,7 +2,7 @@
 
 Owns the translation of pydantic's error records (``body.p_reuse.function-before[...]``,
 "Input should be less than or equal to 1") into a ``FieldProblem`` such as
-``invalid_value`` / ``p_reuse`` / ``must be in [0, 1]``. The words come from the
+``invalid_value`` / ``p_reuse`` / ``must be a number in [0, 1]``. The words come from the
 constraints the API's own OpenAPI document publishes for that route, so the error and
 the schema always agree. It must never build a response (``controlplane.api.errors``)
 or know a route by name.
@@ -134,7 +134,7 @@ def _number_words(schema: Mapping[str, Any], *, integer: bool) -> str:
     noun = "an integer" if integer else "a number"
     low, high = schema.get("minimum"), schema.get("maximum")
     if low is not None and high is not None:
-        return f"must be {'an integer ' if integer else ''}in [{_num(low)}, {_num(high)}]"
+        return f"must be {noun} in [{_num(low)}, {_num(high)}]"
     bounds = [f"{word} {_num(schema[key])}" for key, word in _BOUND_WORDS if key in schema]
     return f"must be {noun}" + (" " + " and ".join(bounds) if bounds else "")
 

@@ -60,14 +60,26 @@ def _no_negative_zero(v: float) -> float:
 
 JsonInt = Annotated[int, BeforeValidator(_json_integer)]
 _Number = BeforeValidator(_json_number)
+MIN_OVERRIDE_RATE = 1e-9
+"""Per second: a mean reuse time of about 32 years, "never again" for any cache, and far
+from the subnormal floats (1e-320) whose products with a life window underflow to 0."""
 MAX_OVERRIDE_RATE = 1e6
 """Per second: a mean reuse time of a microsecond. Far past any fit, and low enough that
 rate x life stays finite in the evictor's arithmetic."""
+MIN_OVERRIDE_LIFE_S = 1e-3
+"""A millisecond: shorter than one decode step, so the priority looks no way ahead; a
+smaller window would be clock noise."""
 MAX_OVERRIDE_LIFE_S = 1e9
 """About 31 years."""
 # Absent means "keep the fitted value"; an explicit null is refused (below), not absence.
-_Rate = Annotated[PositiveFinite, Field(le=MAX_OVERRIDE_RATE), _Number] | SkipJsonSchema[None]
-_Life = Annotated[PositiveFinite, Field(le=MAX_OVERRIDE_LIFE_S), _Number] | SkipJsonSchema[None]
+_Rate = (
+    Annotated[PositiveFinite, Field(ge=MIN_OVERRIDE_RATE, le=MAX_OVERRIDE_RATE), _Number]
+    | SkipJsonSchema[None]
+)
+_Life = (
+    Annotated[PositiveFinite, Field(ge=MIN_OVERRIDE_LIFE_S, le=MAX_OVERRIDE_LIFE_S), _Number]
+    | SkipJsonSchema[None]
+)
 _Share = Annotated[Probability, _Number, AfterValidator(_no_negative_zero)] | SkipJsonSchema[None]
 
 

@@ -155,16 +155,24 @@ def ctl(redis_url: str) -> Iterator[RunningController]:
 @pytest.mark.parametrize(
     ("body", "error", "field", "message"),
     [
-        ({"p_reuse": 1.5}, "invalid_value", "p_reuse", "must be in [0, 1]"),
-        ({"p_reuse": None}, "invalid_value", "p_reuse", "must be in [0, 1]"),
-        ({"p_reuse": "0.5"}, "invalid_value", "p_reuse", "must be in [0, 1]"),
-        ({"rate": 0}, "invalid_value", "rate", "must be a number > 0 and <= 1000000"),
-        ({"rate": 1e308}, "invalid_value", "rate", "must be a number > 0 and <= 1000000"),
+        ({"p_reuse": 1.5}, "invalid_value", "p_reuse", "must be a number in [0, 1]"),
+        ({"p_reuse": None}, "invalid_value", "p_reuse", "must be a number in [0, 1]"),
+        ({"p_reuse": "0.5"}, "invalid_value", "p_reuse", "must be a number in [0, 1]"),
+        ({"p_reuse": True}, "invalid_value", "p_reuse", "must be a number in [0, 1]"),
+        ({"rate": 0}, "invalid_value", "rate", "must be a number in [1e-09, 1000000]"),
+        ({"rate": 1e-320}, "invalid_value", "rate", "must be a number in [1e-09, 1000000]"),
+        ({"rate": 1e308}, "invalid_value", "rate", "must be a number in [1e-09, 1000000]"),
         (
             {"life_s": -1, "rate": 1},
             "invalid_value",
             "life_s",
-            "must be a number > 0 and <= 1000000000",
+            "must be a number in [0.001, 1000000000]",
+        ),
+        (
+            {"life_s": 1e-320},
+            "invalid_value",
+            "life_s",
+            "must be a number in [0.001, 1000000000]",
         ),
         (
             {"speed": 1},
@@ -234,7 +242,7 @@ def test_other_validation_errors_keep_the_shape(ctl: RunningController) -> None:
     assert (path["field"], path["message"]) == ("version", "must be an integer")
     several = c.put("/v1/policy/overrides/a", json={"rate": -1, "p_reuse": 2}, headers=AUTH)
     assert several.json()["reason"] == (
-        "rate: must be a number > 0 and <= 1000000; p_reuse: must be in [0, 1]"
+        "rate: must be a number in [1e-09, 1000000]; p_reuse: must be a number in [0, 1]"
     )
 
 
