@@ -60,6 +60,20 @@ def test_reads_need_the_read_token_or_the_api_token(ctl: RunningController, path
     assert c.get(path, headers=AS_WRITER).status_code == 200
 
 
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER", "BeArEr"])
+def test_the_scheme_is_case_insensitive(ctl: RunningController, scheme: str) -> None:
+    """RFC 7235: the auth-scheme is case-insensitive, for reads and mutations alike."""
+    c = ctl.client
+    assert c.get("/v1/agents", headers={"Authorization": f"{scheme} {READ}"}).status_code == 200
+    pin = c.put(
+        "/v1/policy/overrides/text_case",
+        json={"rate": 1},
+        headers={"Authorization": f"{scheme} {WRITE}"},
+    )
+    assert pin.status_code == 200, pin.text
+    assert c.delete("/v1/policy/overrides/text_case", headers=AS_WRITER).status_code == 200
+
+
 def test_probes_and_the_description_stay_open(ctl: RunningController) -> None:
     for path in ("/healthz", "/readyz", "/openapi.json", "/docs"):
         assert ctl.client.get(path).status_code == 200, path
