@@ -349,3 +349,14 @@ def test_dockerfile_matches_the_chart() -> None:
     deploy = (hs.CHART / "templates" / "workers" / "deployment.yaml").read_text()
     bundle = re.search(r"--target (\S+)", text)
     assert bundle is not None and f'"{bundle.group(1)}/."' in deploy
+
+
+@pytest.mark.parametrize(
+    ("release", "claim"), [("kvwise", "data-kvwise-redis-0"), ("kv", "data-kv-kvwise-redis-0")]
+)
+def test_the_redis_pvc_name_in_the_deploy_doc_is_the_one_rendered(release: str, claim: str) -> None:
+    redis = hs.render(hs.chart(), {}, name=release).component("StatefulSet", "redis")
+    (template,) = redis["spec"]["volumeClaimTemplates"]
+    assert f"{template['metadata']['name']}-{redis['metadata']['name']}-0" == claim
+    doc = hs.DEPLOY_DOC.read_text()
+    assert "delete pvc data-kvwise-redis-0` for the release `kvwise`" in doc
