@@ -1,0 +1,58 @@
+"""docs/controller.md's metrics reference is generated from the controller's registry, so a
+metric cannot be added, renamed or relabelled without the doc following.
+
+Run as a script it regenerates the table: ``python -m tests.unit.test_metrics_doc``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from controlplane.service.metrics import ControllerMetrics
+from tests.conftest import REPO
+
+DOC = REPO / "docs" / "controller.md"
+START = "<!-- metrics-table:start (generated from controlplane/service/metrics.py) -->"
+END = "<!-- metrics-table:end -->"
+_EXPOSED_SUFFIX = {"counter": "_total"}
+"""What the exposition adds to a family's name (a histogram's series are explained apart)."""
+
+
+def _declared() -> list[Any]:
+    """Every collector the controller's registry holds, in registration order."""
+    return list(ControllerMetrics().registry._collector_to_names)
+
+
+def metrics_table() -> str:
+    rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for metric in _declared():
+        kind = metric._type
+        name = metric._name + _EXPOSED_SUFFIX.get(kind, "")
+        labels = ", ".join(f"`{label}`" for label in metric._labelnames)
+        rows.append(f"| `{name}` | {kind} | {labels} | {metric._documentation} |")
+    return "\n".join(rows)
+
+
+def _current_table() -> str:
+    text = DOC.read_text()
+    return text[text.index(START) + len(START) : text.index(END)].strip()
+
+
+def test_every_declared_metric_is_in_the_doc() -> None:
+    doc = DOC.read_text()
+    missing = [m._name for m in _declared() if f"`{m._name}" not in doc]
+    assert not missing, f"metrics missing from docs/controller.md: {missing}"
+
+
+def test_the_metrics_table_is_generated_from_the_registry() -> None:
+    assert _current_table() == metrics_table(), (
+        "docs/controller.md's metrics table is stale: run python -m tests.unit.test_metrics_doc"
+    )
+
+
+if __name__ == "__main__":
+    text = DOC.read_text()
+    head, tail = text[: text.index(START) + len(START)], text[text.index(END) :]
+    DOC.write_text(f"{head}\n\n{metrics_table()}\n\n{tail}")
+    sys.exit(0)
