@@ -1,11 +1,11 @@
 """What the API accepts that the domain has no type for: request bodies and path names.
 
 Owns the request bodies (``OverrideBody``, ``RollbackBody``), the bounds of a category
-name in an override, and ``HealthOut``. Responses are the domain's own types
-(``PolicyDocument``, ``VersionInfo``, ``RefitOutcome``, ``CategorySummary``,
-``AgentStatus``): a model here never copies one. Bodies take JSON numbers and booleans
-only (pydantic's lax mode would also take ``"1"`` and ``true`` for a number). It must
-never reach the controller.
+name in an override, the spelling of a version in a path, and ``HealthOut``. Responses
+are the domain's own types (``PolicyDocument``, ``VersionInfo``, ``RefitOutcome``,
+``CategorySummary``, ``AgentStatus``): a model here never copies one. Bodies take JSON
+numbers and booleans only (pydantic's lax mode would also take ``"1"`` and ``true`` for a
+number). It must never reach the controller.
 """
 
 from __future__ import annotations
@@ -54,11 +54,24 @@ def _json_integer(v: object) -> object:
     return v
 
 
+def _decimal_digits(v: object) -> object:
+    """A number in a path as plain decimal digits: ``int()`` alone would also read ``1_0``
+    as 10 and ``+1`` as 1, and pydantic ``1.0`` as 1 (one version, several spellings)."""
+    if isinstance(v, str) and not (v.isascii() and v.isdigit()):
+        raise ValueError("expected decimal digits")
+    return v
+
+
 def _no_negative_zero(v: float) -> float:
     return v + 0.0  # -0.0 + 0.0 == 0.0: one zero in stored documents
 
 
 JsonInt = Annotated[int, BeforeValidator(_json_integer)]
+VersionInPath = Annotated[
+    int,
+    Path(ge=1, description="A kept version (GET /v1/policy/versions), in decimal digits"),
+    BeforeValidator(_decimal_digits),
+]
 _Number = BeforeValidator(_json_number)
 MIN_OVERRIDE_RATE = 1e-9
 """Per second: a mean reuse time of about 32 years, "never again" for any cache, and far
@@ -115,6 +128,8 @@ class EvictorBody(BaseModel):
 
 class RollbackBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    # 2.0 is taken as 2: JSON Schema's integer is a value, not a spelling, so the published
+    # schema could not refuse it and a client that follows the schema must be served.
     version: JsonInt = Field(ge=1, description="A kept version (GET /v1/policy/versions)")
     hold: StrictBool = Field(
         default=False, description="Stop automatic refits from publishing until POST /refit"

@@ -239,11 +239,20 @@ def test_other_validation_errors_keep_the_shape(ctl: RunningController) -> None:
     hold = c.post("/v1/policy/rollback", json={"version": 1, "hold": "yes"}, headers=AUTH)
     assert hold.json()["message"] == "must be true or false"
     path = c.get("/v1/policy/versions/abc").json()
-    assert (path["field"], path["message"]) == ("version", "must be an integer")
+    assert (path["field"], path["message"]) == ("version", "must be an integer >= 1")
     several = c.put("/v1/policy/overrides/a", json={"rate": -1, "p_reuse": 2}, headers=AUTH)
     assert several.json()["reason"] == (
         "rate: must be a number in [1e-09, 1000000]; p_reuse: must be a number in [0, 1]"
     )
+
+
+@pytest.mark.parametrize("spelling", ["1_0", "+1", "1.0", "1e0", "%201", "\u0661", "-1", "0"])
+def test_a_version_in_the_path_is_plain_decimal_digits(
+    ctl: RunningController, spelling: str
+) -> None:
+    r = ctl.client.get(f"/v1/policy/versions/{spelling}")
+    assert r.status_code == 422
+    assert (r.json()["field"], r.json()["message"]) == ("version", "must be an integer >= 1")
 
 
 def test_unknown_paths_and_methods_answer_json(ctl: RunningController) -> None:

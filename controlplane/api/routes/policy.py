@@ -11,7 +11,7 @@ from fastapi import APIRouter
 
 from agent.policy_document import PolicyDocument
 from controlplane.api.errors import ApiError, documented
-from controlplane.api.models import RollbackBody
+from controlplane.api.models import RollbackBody, VersionInPath
 from controlplane.api.routes import ControllerDep
 from controlplane.service.controller import RefitOutcome, RefitStatus
 from controlplane.service.store import StoreError, VersionInfo
@@ -44,7 +44,7 @@ def list_versions(controller: ControllerDep) -> list[VersionInfo]:
     response_model=PolicyDocument,
     responses=documented(404, 422),
 )
-def get_version(version: int, controller: ControllerDep) -> PolicyDocument:
+def get_version(version: VersionInPath, controller: ControllerDep) -> PolicyDocument:
     """One kept version."""
     doc = controller.store.get(version)
     if doc is None:
