@@ -27,9 +27,9 @@ FitMode = Literal["online", "split"]
 CategorySource = Literal["labels", "auto"]
 Attribution = Literal["creator", "last"]
 ReuseClass = Literal["off", "hit", "trace"]
+"""How a replay splits categories into reuse classes (``ReplayOptions.reuse_class``)."""
 DepthMode = Literal["off", "classes", "cost"]
 """Prefix depth in a replay's ``wa`` (``ReplayOptions.depth``; replay only)."""
-"""How a replay splits categories into reuse classes (``ReplayOptions.reuse_class``)."""
 
 DEFAULT_ATTRIBUTION: Attribution = "last"
 """Chosen by measurement (docs/policy.md, "Measured settings")."""
