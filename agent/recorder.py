@@ -67,6 +67,8 @@ class _Half:
 def _columns(
     blocks: list[int], offsets: list[int], flat_runs: list[float]
 ) -> tuple[RawEvents, int]:
+    """A half's lists as columns, less the events whose block id is refused; and their
+    count."""
     runs = np.array(flat_runs, dtype=np.float64).reshape(-1, RUN_FIELDS)
     counts = runs[:, 0].astype(np.intp)
     per_event = np.isnan(runs[:, 4])

@@ -327,7 +327,7 @@ class EngineAgent:
             holder.waiters.append(report)
             return
         report.recorded = True
-        self._record_held(report)
+        self._record_now(report)
         waiters, report.waiters = report.waiters, []
         for waiter in waiters:
             waiter.waiting = False
@@ -345,7 +345,8 @@ class EngineAgent:
                 return holder
         return None
 
-    def _record_held(self, report: RequestReport) -> None:
+    def _record_now(self, report: RequestReport) -> None:
+        """Send what ``report`` held to the agent, and forget it held anything."""
         for hashed in report.stored_hashes:
             if self._holders.get(hashed) is report:
                 del self._holders[hashed]
