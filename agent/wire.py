@@ -221,6 +221,10 @@ class RawEvents:
         """Rows ``lo:hi`` of every column (views, no copy); everything else is kept."""
         return replace(self, **{name: getattr(self, name)[lo:hi] for name in self.columns})
 
+    def where(self, keep: NDArray[np.bool_]) -> Self:
+        """The rows where ``keep`` is true (new arrays); everything else is kept."""
+        return replace(self, **{name: getattr(self, name)[keep] for name in self.columns})
+
     def then(self, later: Self) -> Self:
         """These rows followed by ``later``'s (new arrays); everything else is this one's."""
         if not len(self):

@@ -252,8 +252,9 @@ class Controller:
 
     # --- the window --------------------------------------------------------------------------
     def _apply(self, batch: EventBatch) -> int:
-        rejected = self.window.apply(batch, time.time())
-        self.shadow.apply(batch)
+        now = time.time()
+        rejected = self.window.apply(batch, now)
+        self.shadow.apply(self.window.timely(batch, now) if rejected else batch)
         return rejected
 
     def _refresh_shadow(self) -> None:

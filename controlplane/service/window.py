@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
 from agent.wire import EventBatch, EventKind
 from controlplane.fit.reuse_window import ReuseStats, StatsSnapshot, WindowState
@@ -53,7 +54,7 @@ class LiveWindow:
         """Add ``batch``'s accesses; returns the events dropped for their clock. Raises
         ``BatchRefused`` (nothing added) if its categories would break a limit."""
         tol = self.limits.clock_tolerance_s
-        in_time = (batch.ts <= now + tol) & (batch.ts >= now - self.stats.window_s - tol)
+        in_time = self._in_time(batch, now)
         rejected = int(len(batch) - np.count_nonzero(in_time))
         keep = in_time & np.isin(batch.kind, _ACCESS_KINDS)
         ts, cat = batch.ts[keep], batch.category[keep]
@@ -68,6 +69,16 @@ class LiveWindow:
             self.stats.ingest(ts, remap[cat], prev_ts, remap[prev_cat], names=names)
             self.revision += len(ts)
         return rejected
+
+    def timely(self, batch: EventBatch, now: float) -> EventBatch:
+        """``batch`` less the events ``apply`` drops for their clock (what the shadow may
+        see: one worker's skewed clock must not move time for every worker there)."""
+        return batch.where(self._in_time(batch, now))
+
+    def _in_time(self, batch: EventBatch, now: float) -> NDArray[np.bool_]:
+        """Events within ``clock_tolerance_s`` of ``now``, or of the window's start."""
+        tol = self.limits.clock_tolerance_s
+        return (batch.ts <= now + tol) & (batch.ts >= now - self.stats.window_s - tol)
 
     def _admit_categories(self, worker: str, names: list[str]) -> None:
         new = [n for n in names if n not in self._brought_by]

@@ -107,7 +107,8 @@ def test_a_clock_hours_ahead_moves_nothing_and_is_counted(redis_url: str, key_pr
     r = redis.Redis.from_url(redis_url)
     keys = Keys(key_prefix)
     heartbeat(r, keys, "evil")
-    with controller(redis_url, key_prefix, clock_tolerance_s=30) as c:
+    heartbeat(r, keys, "good")
+    with controller(redis_url, key_prefix, clock_tolerance_s=30, shadow_rate=1.0) as c:
         send(r, keys, good_batch("evil", 1, t0=time.time() + 7200, n=50))
         wait_until(lambda: c.ingestor.counters.batches == 1, what="the future batch")
         good = good_batch("good", 1)
@@ -123,6 +124,13 @@ def test_a_clock_hours_ahead_moves_nothing_and_is_counted(redis_url: str, key_pr
         (evil,) = [a for a in c.agents() if a.id == "evil"]
         assert evil.clock_rejected == rejected and evil.events_ingested == 0
         assert c.refit(manual=True).published
+        # Nor does it reach the shadow, whose clock it once moved two hours ahead: every
+        # worker's sampled requests then fell out of the window.
+        assert c.shadow.evaluator is not None
+        c.shadow.evaluator.set_capacities({"evil": 10, "good": 10})
+        c.shadow.evaluator.flush("good")  # its last run too
+        (group,) = c.shadow.evaluator.view().groups
+        assert group.sampled_accesses == group.accesses_seen == len(good)
 
 
 def test_a_category_bomb_is_refused_per_worker_and_in_total(
