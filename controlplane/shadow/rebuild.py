@@ -251,19 +251,16 @@ def _starts(run: RawEvents) -> NDArray[np.intp]:
 
 
 def _whole(run: RawEvents, starts: NDArray[np.intp]) -> NDArray[np.bool_]:
-    """Per request: whether its offsets are exactly ``0 .. n-1``."""
-    c = np.diff(np.append(starts, len(run))).astype(np.int64)
-    off = run.offset.astype(np.int64)  # its squares' sums overflow int32
-    lo = np.minimum.reduceat(off, starts)
-    hi = np.maximum.reduceat(off, starts)
-    total = np.add.reduceat(off, starts)
-    squares = np.add.reduceat(off * off, starts)
-    whole: NDArray[np.bool_] = (
-        (lo == 0)
-        & (hi == c - 1)
-        & (total == c * (c - 1) // 2)
-        & (squares == (c - 1) * c * (2 * c - 1) // 6)
-    )
+    """Per request: whether its offsets are exactly ``0 .. n-1``, each once (every event
+    falls on a slot of its request's own, and no slot is taken twice)."""
+    counts = np.diff(np.append(starts, len(run)))
+    request = np.repeat(np.arange(len(starts)), counts)
+    off = run.offset.astype(np.intp)
+    in_range = (off >= 0) & (off < counts[request])
+    slot = np.where(in_range, starts[request] + off, 0)
+    taken = np.bincount(slot[in_range], minlength=len(run))
+    once: NDArray[np.bool_] = in_range & (taken[slot] == 1)
+    whole: NDArray[np.bool_] = np.logical_and.reduceat(once, starts)
     return whole
 
 

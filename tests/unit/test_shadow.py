@@ -133,6 +133,22 @@ def test_rebuild_keeps_a_request_whole_across_its_reuse_classes() -> None:
     assert got[0].category == 0 and rebuilder.table.reuse_class_code(0) == 1
 
 
+def test_rebuild_drops_a_run_whose_offsets_only_add_up_to_a_whole_request() -> None:
+    """Offsets 0, 1, 4, 5, 6, 8 then 6, 5, 1 (2, 3 and 7 lost, 1, 5 and 6 twice) have the
+    least, greatest, sum and sum of squares of 0..8: the run once passed as whole, and the
+    lost blocks were whatever an uninitialised array held."""
+    batch = event_batch(
+        ts=[1.0] * 9 + [2.0],
+        block=[10, 11, 14, 15, 16, 18, 16, 15, 11, 30],
+        offset=[0, 1, 4, 5, 6, 8, 6, 5, 1, 0],
+        kind=[HIT] * 6 + [INSERT] * 3 + [INSERT],
+    )
+    rebuilder = RequestRebuilder(PrefixSampler(1.0), CategoryTable())
+    first, last = rebuilder.feed(batch), rebuilder.flush()
+    assert (first.incomplete, first.requests) == (1, 0)
+    assert [r.blocks for r in last.sampled] == [[30]]
+
+
 def test_rebuild_drops_and_counts_a_request_missing_its_first_block() -> None:
     batch = event_batch(
         ts=[1.0, 1.0, 2.0, 2.0],
