@@ -114,9 +114,10 @@ class Blend:
 def shrink(own: MixtureFit, pooled: MixtureFit, exposures: float, k: float) -> Blend:
     """``own`` blended toward ``pooled`` (module docstring)."""
     wp = exposures / (exposures + k) if exposures + k > 0 else 1.0
-    wr = own.reuses / (own.reuses + k) if own.reuses + k > 0 else 1.0
+    # No reuse of its own: its rate is not identified (the solver's start), the pool's is.
+    wr = own.reuses / (own.reuses + k) if own.reuses > 0 else 0.0
     lp = wp * _logit(own.p) + (1.0 - wp) * _logit(pooled.p)
-    lr = wr * np.log(own.rate) + (1.0 - wr) * np.log(pooled.rate)
+    lr = wr * np.log(own.rate) + (1.0 - wr) * np.log(_pooled_rate(pooled))
     p, rate = float(1.0 / (1.0 + np.exp(-lp))), float(np.exp(lr))
     return Blend(p=p, rate=rate, weight_p=wp, weight_rate=wr, source="fit")
 

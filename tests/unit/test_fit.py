@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 from scipy.optimize import minimize
 
+from agent.policy_document import DEFAULT_PARAMS
 from controlplane.fit import (
     fit_all,
     fit_cure_rate,
@@ -16,6 +18,8 @@ from controlplane.fit import (
     ks_distance,
     life_window,
 )
+from controlplane.fit.mle import MixtureFit
+from controlplane.fit.per_category import shrink
 from controlplane.fit.reuse_window import ReuseStats, StatsSnapshot, gap_edges
 from controlplane.fit.settings import FitSettings
 from controlplane.replay.reference.fit import fit_reference
@@ -113,6 +117,20 @@ def _three_categories_stats() -> ReuseStats:
 
 def _three_categories() -> StatsSnapshot:
     return _three_categories_stats().snapshot(200.0)
+
+
+@pytest.mark.parametrize("k", [0.0, 50.0])
+def test_a_category_with_no_reuse_takes_the_pools_rate_not_the_solvers_start(k: float) -> None:
+    """Its rate is not identified: it once kept the solver's starting value (at k = 0)
+    or moved part way toward it."""
+    own = MixtureFit(p=1e-6, rate=0.0316, reuses=0, exposures=500, loglik=0.0, converged=True,
+                     iterations=3)  # fmt: skip
+    pooled = MixtureFit(p=0.4, rate=1 / 30, reuses=900, exposures=5000, loglik=0.0,
+                        converged=True, iterations=5)  # fmt: skip
+    blend = shrink(own, pooled, own.exposures, k)
+    assert blend.rate == pytest.approx(1 / 30) and blend.weight_rate == 0.0
+    cold_pool = dataclasses.replace(pooled, reuses=0)
+    assert shrink(own, cold_pool, own.exposures, k).rate == pytest.approx(DEFAULT_PARAMS.rate)
 
 
 def test_shrinkage_pulls_a_small_category_toward_the_pool_and_leaves_a_big_one() -> None:
