@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Any, Protocol
 
 from agent.category_inference import CategoryInferrer, InferSettings
@@ -184,8 +183,9 @@ class EngineAgent:
         self.files_returns = settings.reuse_classes
         """Whether stored blocks may be returns filed under another code (``stored_codes``)."""
         self.block_tokens = block_tokens
-        self._holders: dict[int, RequestReport] = {}
-        """Per block hash held by a request not yet recorded: that request's report."""
+        self._open: dict[int, RequestReport] = {}
+        """Reports held on requests and not yet recorded, by ``id``: a handful at most
+        (requests mid-prefill), so a hit is matched against them only when recorded."""
         self._names: dict[str, tuple[str, int]] = {}
         self._inferrer: CategoryInferrer | None = None
         if infer:
@@ -291,6 +291,8 @@ class EngineAgent:
                 setattr(request, REQUEST_REPORT_ATTR, report)
             except AttributeError:
                 report.recorded = True  # nowhere to hold it: nothing is held
+            else:
+                self._open[id(report)] = report
         return report
 
     def hold_hits(self, report: RequestReport, hashes: list[int], offsets: list[int]) -> None:
@@ -310,7 +312,6 @@ class EngineAgent:
             held -= 1
         report.stored_hashes += hashes[:held]
         report.stored_offsets += offsets[:held]
-        self._holders.update(zip(hashes[:held], repeat(report)))
         if held < len(hashes):
             self.cached(hashes[held:], offsets[held:], now, report.name)
 
@@ -327,6 +328,7 @@ class EngineAgent:
             holder.waiters.append(report)
             return
         report.recorded = True
+        self._open.pop(id(report), None)
         self._record_now(report)
         waiters, report.waiters = report.waiters, []
         for waiter in waiters:
@@ -335,21 +337,21 @@ class EngineAgent:
 
     def _holder_of(self, report: RequestReport) -> RequestReport | None:
         """Another request, not yet recorded nor itself waiting (no cycle can form), that
-        holds a block ``report`` hit."""
-        holders = self._holders
-        if not holders:  # the common case: nothing held
+        holds a block ``report`` hit. The common case costs nothing: no other report is
+        open when a prompt is stored in one step."""
+        if len(self._open) < 2 or not report.hit_hashes:
             return None
-        for hashed in report.hit_hashes:
-            holder = holders.get(hashed)
-            if holder is not None and holder is not report and not holder.waiting:
-                return holder
+        hits: set[int] | None = None
+        for other in self._open.values():
+            if other is report or other.waiting or not other.stored_hashes:
+                continue
+            hits = hits or set(report.hit_hashes)
+            if not hits.isdisjoint(other.stored_hashes):
+                return other
         return None
 
     def _record_now(self, report: RequestReport) -> None:
-        """Send what ``report`` held to the agent, and forget it held anything."""
-        for hashed in report.stored_hashes:
-            if self._holders.get(hashed) is report:
-                del self._holders[hashed]
+        """Send what ``report`` held to the agent."""
         hashes, offsets = report.hit_hashes, report.hit_offsets
         if self.files_returns:  # a block's class depends on the calls before it: as they come
             self.hit(hashes, offsets, report.at, report.name)
