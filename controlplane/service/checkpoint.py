@@ -6,7 +6,8 @@ names and the time it was taken; the count arrays, only for buckets inside the w
 categories that hold a count), refused above ``max_bytes`` so a checkpoint stays bounded.
 The leader writes one on a schedule and on shutdown; a new leader loads the last one before
 it ingests. A checkpoint from another format or other window settings is reported and
-ignored (the window starts empty). It must never decide when to checkpoint.
+ignored (the window starts empty), and so is one whose bytes are damaged in any way: every
+failure to read one is a ``CheckpointError``. It must never decide when to checkpoint.
 """
 
 from __future__ import annotations
@@ -64,11 +65,17 @@ def encode(state: WindowState, *, writer: str = "", taken_at: float | None = Non
 def decode(raw: bytes) -> Loaded:
     """The ``WindowState`` stored as ``raw``; ``CheckpointError`` if it cannot be used."""
     try:
-        with np.load(io.BytesIO(raw), allow_pickle=False) as archive:
-            header = json.loads(archive["header"].tobytes())
-            arrays = {name: archive[name] for name in _ARRAYS}
-    except (ValueError, KeyError, OSError, EOFError) as exc:
-        raise CheckpointError(f"unreadable checkpoint: {exc}") from None
+        return _decode(raw)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # damaged bytes raise anything (BadZipFile, KeyError, ...)
+        raise CheckpointError(f"unreadable checkpoint: {type(exc).__name__}: {exc}") from None
+
+
+def _decode(raw: bytes) -> Loaded:
+    with np.load(io.BytesIO(raw), allow_pickle=False) as archive:
+        header = json.loads(archive["header"].tobytes())
+        arrays = {name: archive[name] for name in _ARRAYS}
     if header.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint format {header.get('format')!r}, not {FORMAT}")
     state = WindowState(

@@ -215,18 +215,25 @@ class Controller:
         was = self.lease.is_leader
         now = self.lease.tick()
         self.metrics.leader.set(1 if now else 0)
-        if now and not was:
-            log.info("%s is the leader", self.name)
-            self._ensure_initial_policy()
-            self._load_checkpoint()
-            self.ingestor.start()
-        elif was and not now:
+        if now:
+            self._lead(newly=not was)
+        elif was:
             log.warning("%s lost the leader lease", self.name)
             self._stop_ingest()
-        elif not now and not self._role_said:
+        elif not self._role_said:
             self._role_said = self._said_standby()
             return
         self._role_said = True
+
+    def _lead(self, *, newly: bool) -> None:
+        """A leader's tick: on taking the lease, load the last checkpoint; on every tick,
+        start ingest if it is not running (a tick that failed half way must not leave a
+        leader that never ingests)."""
+        if newly:
+            log.info("%s is the leader", self.name)
+            self._ensure_initial_policy()
+            self._load_checkpoint()
+        self.ingestor.start()
 
     def _said_standby(self) -> bool:
         """Log that another replica leads; False (nothing logged) while Redis does not say

@@ -4,6 +4,7 @@ its settings for live tests, and wire batches to feed it."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,6 +43,29 @@ def live_settings(**fields: Any) -> ControllerSettings:
     100 ms after an ingest pass that found nothing; ``fields`` set the others (Redis URL
     and key prefix at least) or override these."""
     return ControllerSettings(**{"refit_interval_s": 3600, "ingest_block_ms": 100, **fields})
+
+
+@contextmanager
+def controller(redis_url: str, prefix: str, **settings: Any) -> Iterator[Controller]:
+    """A started controller without HTTP, once it leads and ingests (``settings`` override
+    the defaults: no scheduled refit or checkpoint); stopped on exit."""
+    defaults: dict[str, Any] = {
+        "refit_interval_s": 3600,
+        "checkpoint_interval_s": 3600,
+        "min_samples": 50,
+        "ingest_block_ms": 50,
+        "lease_ttl_s": 5,
+        "consumer_name": "ctl-test",
+    }
+    c = Controller(
+        ControllerSettings(redis_url=redis_url, key_prefix=prefix, **{**defaults, **settings})
+    )
+    c.start()
+    try:
+        wait_until(lambda: c.lease.is_leader and c.ingestor.running, what="leadership")
+        yield c
+    finally:
+        c.stop()
 
 
 @contextmanager
@@ -107,3 +131,9 @@ def reuse_batch(
 
 def send(client: redis.Redis, keys: Keys, batch: EventBatch) -> None:
     client.xadd(keys.events_stream(batch.worker), encode_batch(batch))  # type: ignore[arg-type]
+
+
+def good_batch(worker: str, seq: int, *, t0: float | None = None, n: int = 200) -> EventBatch:
+    """A batch of ``n`` accesses of ``text_1`` that the window takes (10 s old by default)."""
+    t0 = time.time() - 10 if t0 is None else t0
+    return reuse_batch(worker, seq, category="text_1", n=n, rate=0.5, p=0.5, t0=t0, seed=seq)

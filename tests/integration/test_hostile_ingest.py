@@ -6,52 +6,21 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
 
 import numpy as np
 import pytest
 import redis
 
-from agent.wire import WIRE_SCHEMA_VERSION, AgentStatus, EventBatch, Keys, encode_batch
-from controlplane.service.controller import Controller
-from controlplane.service.settings import ControllerSettings
-from tests.integration.controller_fixtures import reuse_batch, send
+from agent.wire import WIRE_SCHEMA_VERSION, AgentStatus, Keys, encode_batch
+from tests.integration.controller_fixtures import controller, good_batch, reuse_batch, send
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
 
-@contextmanager
-def controller(redis_url: str, prefix: str, **settings: Any) -> Iterator[Controller]:
-    defaults: dict[str, Any] = {
-        "refit_interval_s": 3600,
-        "checkpoint_interval_s": 3600,
-        "min_samples": 50,
-        "ingest_block_ms": 50,
-        "lease_ttl_s": 5,
-        "consumer_name": "ctl-test",
-    }
-    c = Controller(
-        ControllerSettings(redis_url=redis_url, key_prefix=prefix, **{**defaults, **settings})
-    )
-    c.start()
-    try:
-        wait_until(lambda: c.lease.is_leader and c.ingestor.running, what="leadership")
-        yield c
-    finally:
-        c.stop()
-
-
 def heartbeat(r: redis.Redis, keys: Keys, worker: str) -> None:
     status = AgentStatus(id=worker, engine="sim", capacity=10, updated_at=time.time())
     r.set(keys.agent(worker), status.to_json(), px=60_000)
-
-
-def good_batch(worker: str, seq: int, *, t0: float | None = None, n: int = 200) -> EventBatch:
-    t0 = time.time() - 10 if t0 is None else t0
-    return reuse_batch(worker, seq, category="text_1", n=n, rate=0.5, p=0.5, t0=t0, seed=seq)
 
 
 def raw_fields(**fields: bytes) -> dict[bytes, bytes]:

@@ -1,0 +1,37 @@
+"""The controller across failures of its own: a damaged checkpoint, a restart, a lease
+lost and won back, a Redis that forgot everything. Each test failed before its fix."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from agent.wire import Keys
+from tests.integration.controller_fixtures import controller, good_batch, send
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_damaged_checkpoint_leaves_an_empty_window_and_a_leader_that_ingests(
+    redis_url: str, key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A damaged zip raised ``BadZipFile`` out of the lease tick after the lease was won:
+    ingest never started, and later ticks ("still leader") never started it."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    r.set(keys.checkpoint, b"PK\x03\x04" + b"\x00" * 64)
+    with controller(redis_url, key_prefix) as c:
+        assert c.window.categories == 0
+        send(r, keys, good_batch("w1", 1))
+        wait_until(lambda: c.ingestor.counters.batches == 1, what="the batch ingested")
+    assert "no checkpoint loaded (unreadable checkpoint: BadZipFile" in caplog.text
+
+
+def test_every_leader_tick_starts_ingest_when_it_is_not_running(
+    redis_url: str, key_prefix: str
+) -> None:
+    with controller(redis_url, key_prefix, lease_ttl_s=0.6) as c:
+        assert c.ingestor.close(timeout=5)
+        wait_until(lambda: c.ingestor.running, timeout=2, what="a tick to start ingest again")
+        assert c.lease.is_leader
