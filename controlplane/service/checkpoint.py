@@ -2,12 +2,13 @@
 
 Owns the stored form of a ``WindowState`` under ``Keys.checkpoint``: a versioned, compressed
 numpy archive (a JSON header with the format version, the window settings, the category
-names and the time it was taken; the count arrays, only for buckets inside the window and
-categories that hold a count), refused above ``max_bytes`` so a checkpoint stays bounded.
-The leader writes one on a schedule and on shutdown; a new leader loads the last one before
-it ingests. A checkpoint from another format or other window settings is reported and
-ignored (the window starts empty), and so is one whose bytes are damaged in any way: every
-failure to read one is a ``CheckpointError``. It must never decide when to checkpoint.
+names, the writer's name and process id and the time it was taken; the count arrays, only
+for buckets inside the window and categories that hold a count), refused above ``max_bytes``
+so a checkpoint stays bounded. The leader writes one on a schedule and on shutdown; a new
+leader loads the last one another process wrote before it ingests. A checkpoint from another
+format or other window settings is reported and ignored (the window starts empty), and so is
+one whose bytes are damaged in any way: every failure to read one is a ``CheckpointError``.
+It must never decide when to checkpoint.
 """
 
 from __future__ import annotations
@@ -39,14 +40,19 @@ class Loaded:
     taken_at: float
     writer: str
     """The controller (consumer name) that wrote it."""
+    process: str
+    """The id of the process that wrote it (a name survives a restart; this does not)."""
     nbytes: int
 
 
-def encode(state: WindowState, *, writer: str = "", taken_at: float | None = None) -> bytes:
+def encode(
+    state: WindowState, *, writer: str = "", process: str = "", taken_at: float | None = None
+) -> bytes:
     """The stored form of ``state``."""
     header = {
         "format": FORMAT,
         "writer": writer,
+        "process": process,
         "taken_at": time.time() if taken_at is None else taken_at,
         "window_s": state.window_s,
         "near_concurrent_s": state.near_concurrent_s,
@@ -91,7 +97,13 @@ def _decode(raw: bytes) -> Loaded:
     c, s = len(state.names), len(state.bucket_ids)
     if state.accesses.shape != (s, c) or state.gaps.shape[:2] != (s, c):
         raise CheckpointError("checkpoint arrays do not match its categories and buckets")
-    return Loaded(state, float(header["taken_at"]), str(header.get("writer", "")), len(raw))
+    return Loaded(
+        state,
+        float(header["taken_at"]),
+        str(header.get("writer", "")),
+        str(header.get("process", "")),
+        len(raw),
+    )
 
 
 class CheckpointStore:
@@ -102,10 +114,10 @@ class CheckpointStore:
         self.key = key
         self.max_bytes = max_bytes
 
-    def save(self, state: WindowState, *, writer: str = "") -> int:
+    def save(self, state: WindowState, *, writer: str = "", process: str = "") -> int:
         """Write ``state``; returns its size. ``CheckpointError`` (nothing written) when it
         would be larger than ``max_bytes``."""
-        raw = encode(state, writer=writer)
+        raw = encode(state, writer=writer, process=process)
         if len(raw) > self.max_bytes:
             raise CheckpointError(
                 f"checkpoint of {len(raw)} bytes > max_checkpoint_bytes ({self.max_bytes})"

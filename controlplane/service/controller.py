@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from dataclasses import dataclass, replace
 
 import redis
@@ -113,6 +114,9 @@ class Controller:
         self.metrics = ControllerMetrics()
         self.health = RedisHealth(redact(settings.redis_url), self.metrics)
         self.name = settings.consumer_name or f"{socket.gethostname()}-{os.getpid()}"
+        # The name survives a restart (a pod's name, pid 1 in a container): checkpoints
+        # are told apart by this process's own id.
+        self.process_id = uuid.uuid4().hex
         self.store = PolicyStore(
             self.r,
             self.keys,
@@ -280,8 +284,8 @@ class Controller:
         if loaded is None:
             log.info("no checkpoint yet: the window starts empty")
             return
-        if loaded.writer == self.name:
-            return  # ours: what this process holds in memory is at least as new
+        if loaded.process == self.process_id:
+            return  # this process's own (the lease came back): its memory is at least as new
         try:
             self.window.restore(loaded.state)
         except Exception as exc:  # a checkpoint that does not fit is ignored, never fatal
@@ -304,7 +308,9 @@ class Controller:
         if aged:
             log.info("%d unused categories aged out of the window", aged)
         try:
-            size = self.health.guard(self.checkpoints.save)(self.window.state(), writer=self.name)
+            size = self.health.guard(self.checkpoints.save)(
+                self.window.state(), writer=self.name, process=self.process_id
+            )
         except (redis.RedisError, CheckpointError) as exc:
             self.metrics.checkpoints.labels(outcome="failed").inc()
             if isinstance(exc, CheckpointError):

@@ -3,6 +3,8 @@ lost and won back, a Redis that forgot everything. Each test failed before its f
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import redis
 
@@ -35,3 +37,17 @@ def test_every_leader_tick_starts_ingest_when_it_is_not_running(
         assert c.ingestor.close(timeout=5)
         wait_until(lambda: c.ingestor.running, timeout=2, what="a tick to start ingest again")
         assert c.lease.is_leader
+
+
+def test_a_restart_under_the_same_name_keeps_the_window(redis_url: str, key_prefix: str) -> None:
+    """A checkpoint written under this controller's name was taken for this process's own
+    and skipped: a pod restarted under its name (or pid 1 again) started empty."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    with controller(redis_url, key_prefix, consumer_name="ctl-pod-0") as c:
+        send(r, keys, good_batch("w1", 1))
+        wait_until(lambda: c.ingestor.counters.batches == 1, what="the batch ingested")
+        before = c.window.snapshot(time.time())
+    with controller(redis_url, key_prefix, consumer_name="ctl-pod-0") as c:
+        after = c.window.snapshot(before.now)
+    assert after.total_accesses == before.total_accesses > 0
