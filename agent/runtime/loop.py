@@ -2,14 +2,15 @@
 publisher, subscriber and heartbeat, and the controller's ingest.
 
 Owns a daemon thread's lifecycle (``start``, ``stop``, ``close``; restartable after
-``close``), its pacing (a round every ``interval_s``, at once on ``wake``, and exponential
-backoff up to ``max_backoff_s`` while rounds fail) and how failures are told: one warning
-when rounds start failing (naming the Redis state: unreachable, out of memory, ...), one
-line when they succeed again, and a traceback only for an unexpected error, once per
-distinct error. A failed round never ends the thread. Subclasses say what one round does
-(``step``) and may change how to wait (``pause``), how long (``next_wait``) and what to do
-once the loop ends (``finish``). ``AgentLoop`` is the agent's threads' common start: their
-settings, client and keys. It must never run on an engine thread.
+``close``, and after ``stop`` once the old thread has ended), its pacing (a round every
+``interval_s``, at once on ``wake``, and exponential backoff up to ``max_backoff_s`` while
+rounds fail) and how failures are told: one warning when rounds start failing (naming the
+Redis state: unreachable, out of memory, ...), one line when they succeed again, and a
+traceback only for an unexpected error, once per distinct error. A failed round never ends
+the thread. Subclasses say what one round does (``step``) and may change how to wait
+(``pause``), how long (``next_wait``) and what to do once the loop ends (``finish``).
+``AgentLoop`` is the agent's threads' common start: their settings, client and keys. It must
+never run on an engine thread.
 """
 
 from __future__ import annotations
@@ -87,14 +88,22 @@ class BackgroundLoop(ABC):
         """Runs on the thread once the loop has ended (e.g. a last flush)."""
 
     # --- lifecycle -------------------------------------------------------------------------
-    def start(self) -> None:
-        """Start the thread (again, after ``close``); a no-op while it runs."""
-        if self._thread is not None and self._thread.is_alive():
-            return
+    def start(self, *, wait_s: float = 1.0) -> bool:
+        """Start the thread (again, after ``close``); a no-op while it runs. A thread still
+        finishing its last round after ``stop`` is waited for up to ``wait_s`` before a new
+        one starts; False if it is still finishing (nothing started: call again later)."""
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            if not self._stop.is_set():
+                return True
+            thread.join(wait_s)
+            if thread.is_alive():
+                return False
         self._stop.clear()
         self._wake.clear()
         self._thread = threading.Thread(target=self._main, name=f"kvwise-{self.name}", daemon=True)
         self._thread.start()
+        return True
 
     def stop(self) -> None:
         """Ask the thread to end after its current round (returns at once)."""

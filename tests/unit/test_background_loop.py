@@ -4,6 +4,7 @@ outages told once, and the Redis state named in the warning."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import pytest
@@ -87,3 +88,32 @@ def test_redis_errors_name_the_state() -> None:
     assert redis_state(redis.exceptions.ReadOnlyError("READONLY")) is RedisState.READ_ONLY
     assert redis_state(redis.ResponseError("WRONGTYPE")) is RedisState.ERROR
     assert describe_redis_error(oom).startswith("redis out of memory")
+
+
+class Blocking(BackgroundLoop):
+    """A loop whose rounds wait for ``release`` (a blocked read of ingest's, say)."""
+
+    def __init__(self) -> None:
+        super().__init__("blocking", interval_s=0.001, max_backoff_s=0.002)
+        self.release = threading.Event()
+        self.steps = 0
+
+    def step(self) -> None:
+        self.steps += 1
+        self.release.wait(5)
+
+
+def test_a_start_while_the_old_thread_finishes_waits_for_it_then_runs() -> None:
+    """``start`` was a no-op while the stopped thread was still in its round; that thread
+    then saw its stop flag and ended: the loop stayed stopped (ingest, lease won back)."""
+    loop = Blocking()
+    loop.start()
+    wait_until(lambda: loop.steps == 1, what="a round in progress")
+    loop.stop()
+    assert loop.start(wait_s=0.05) is False  # still finishing: nothing started
+    threading.Timer(0.1, loop.release.set).start()
+    assert loop.start(wait_s=5) is True
+    done = loop.steps
+    wait_until(lambda: loop.steps > done, what="rounds of the new thread")
+    assert loop.running and not loop.stopping
+    assert loop.close(timeout=5)
