@@ -150,6 +150,11 @@ class Ingestor(BackgroundLoop):
     def outage_note(self) -> str:
         return "ingest pauses; entries wait in the streams"
 
+    def finish(self) -> None:
+        """Forget the ledgers: another leader may write them before this one ingests again,
+        and a stale copy would overwrite its counts (the next pass reads them back)."""
+        self.ledgers.clear()
+
     # --- one pass ----------------------------------------------------------------------------
     def discover(self) -> None:
         """Find worker streams and make sure the group exists on each."""

@@ -9,6 +9,8 @@ import pytest
 import redis
 
 from agent.wire import Keys
+from controlplane.service.controller import Controller
+from controlplane.service.settings import ControllerSettings
 from tests.integration.controller_fixtures import controller, good_batch, send
 from tests.waiting import wait_until
 
@@ -51,3 +53,25 @@ def test_a_restart_under_the_same_name_keeps_the_window(redis_url: str, key_pref
     with controller(redis_url, key_prefix, consumer_name="ctl-pod-0") as c:
         after = c.window.snapshot(before.now)
     assert after.total_accesses == before.total_accesses > 0
+
+
+def test_a_leader_that_ingests_again_reads_the_ledgers_another_wrote_meanwhile(
+    redis_url: str, key_prefix: str
+) -> None:
+    """The ledgers stayed in memory across a handover: the old leader, leading again,
+    wrote its stale copy over the one the other leader had kept up to date."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    with controller(redis_url, key_prefix) as c:
+        send(r, keys, good_batch("w1", 1))
+        wait_until(lambda: c.ingestor.counters.batches == 1, what="the first batch")
+        assert c.ingestor.close(timeout=5)
+        other = Controller(
+            ControllerSettings(redis_url=redis_url, key_prefix=key_prefix, consumer_name="other")
+        )
+        send(r, keys, good_batch("w1", 2))
+        wait_until(lambda: other.ingestor.poll_once() > 0, what="the other's pass")
+        send(r, keys, good_batch("w1", 3))  # a lease tick starts ingest here again
+        wait_until(lambda: c.ingestor.counters.batches == 2, what="the third batch")
+    ledger = r.hgetall(keys.ingest_state("w1"))
+    assert ledger[b"batches"] == b"3" and ledger[b"missing"] == b"0"
