@@ -8,8 +8,10 @@ dead-letter stream. Each entry ends one way: applied; a duplicate (a resent batc
 dead-lettered with its reason, its ids and a bounded prefix of its payload, and deleted
 from its stream. Any failure on one entry (bad bytes, a limit, an exception in ``apply``)
 dead-letters that entry and the pass goes on. An entry is acknowledged only after it was
-applied or dead-lettered, in the same call that records it in the worker's ledger and
-trims what the group has acknowledged; a crash re-delivers instead of losing. If Redis
+applied or judged for the dead letters, in the same call that records it in the worker's
+ledger and trims what the group has acknowledged; a crash re-delivers instead of losing.
+Dead letters are written after that call, best effort: a Redis that refuses writes (out of
+memory) must not keep the commit from freeing what it can. If Redis
 restarts and forgets the group, the group is recreated on the next pass.
 
 It must never fit or publish.
@@ -81,6 +83,8 @@ class IngestCounters(EntryCounts):
     """Entries taken over from a consumer that stopped acknowledging."""
     trimmed: int = 0
     """Acknowledged entries trimmed from the streams."""
+    dead_letters_unwritten: int = 0
+    """Dead letters Redis refused to store (their entries were deleted all the same)."""
     gaps: dict[str, int] = field(default_factory=dict)
 
 
@@ -124,6 +128,7 @@ class Ingestor(BackgroundLoop):
         self._last_reclaim = 0.0
         self._idle = False
         self._schema1_told: set[bytes] = set()
+        self._unwritten_told = False
         self._told: dict[tuple[bytes, str], tuple[float, int]] = {}
         per_stream = settings.limits.max_entry_bytes
         self._width = max(1, settings.max_read_bytes // per_stream)
@@ -255,12 +260,12 @@ class Ingestor(BackgroundLoop):
             commits[read.stream] = commit
             refusals += [(read.stream, r) for r in refused]
             handled += len(read.entries)
-        if refusals:
-            self._dead_letter(refusals)
         if commits:
             ledger_keys = {s: self._ledger_key(s) for s in commits}
             trimmed = self.io.commit(ledger_keys, commits)
             self.counters.trimmed += trimmed
+        if refusals:  # after the commit: a Redis out of memory refuses these first
+            self._dead_letter(refusals)
         return handled
 
     def _judge_all(self, read: StreamRead) -> tuple[Commit, list[_Refusal]]:
@@ -426,7 +431,27 @@ class Ingestor(BackgroundLoop):
                 maxlen=DEAD_LETTER_MAXLEN,
                 approximate=True,
             )
-        pipe.execute()
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except redis.RedisError as exc:
+            replies = [exc] * len(refusals)
+        self._count_unwritten([r for r in replies if isinstance(r, Exception)])
+
+    def _count_unwritten(self, errors: list[Exception]) -> None:
+        """Count the dead letters Redis refused; log once until one is written again."""
+        if not errors:
+            self._unwritten_told = False
+            return
+        self.counters.dead_letters_unwritten += len(errors)
+        if self.metrics:
+            self.metrics.dead_letters_unwritten.inc(len(errors))
+        if not self._unwritten_told:
+            self._unwritten_told = True
+            log.warning(
+                "%d dead letters not written (%s); their entries are acknowledged and deleted",
+                len(errors),
+                errors[0],
+            )
 
 
 def _prefix(fields: Fields, limit: int) -> bytes:

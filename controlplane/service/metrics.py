@@ -78,6 +78,12 @@ class ControllerMetrics:
             ["reason"],
             registry=r,
         )
+        self.dead_letters_unwritten = Counter(
+            "kvwise_ingest_dead_letters_unwritten",
+            "Dead letters Redis refused to store (out of memory, ...); their entries were "
+            "still acknowledged and deleted",
+            registry=r,
+        )
         self.clock_rejected = Counter(
             "kvwise_ingest_clock_rejected_events",
             "Events dropped because their time was outside clock_tolerance_s of the "

@@ -147,7 +147,7 @@ def test_oversized_entries_never_reach_the_controller_whole(
         send(r, keys, good_batch("w1", 2, n=100))
         wait_until(lambda: c.ingestor.counters.batches == 1, what="the small batch")
         wait_until(lambda: r.xlen(keys.dead_letter) == 2, what="two dead letters")
-        # The sources are deleted in the commit that follows the dead letters.
+        # The sources are deleted in the commit that comes before the dead letters.
         wait_until(lambda: r.xlen(stream) == 0, what="the refused entries deleted")
         letters = dead_letters(r, keys)
         assert {f[b"id"] for f in letters} == {big_id, huge_id}
@@ -209,3 +209,24 @@ def test_streams_stay_small_and_dead_workers_and_consumers_go(
             lambda: [x["name"] for x in r.xinfo_consumers(alive, "controller")] == [b"ctl-test"],
             what="the ghost consumer removed",
         )
+
+
+def test_a_refused_dead_letter_does_not_block_the_commit(
+    redis_url: str, key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The dead letters were written before the commit: a Redis refusing that write (out
+    of memory) aborted the pass, so nothing was acknowledged or trimmed, at every reclaim."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    r.set(keys.dead_letter, b"not a stream")  # XADD refused, as over maxmemory
+    stream = keys.events_stream("w1")
+    with controller(redis_url, key_prefix) as c:
+        r.xadd(stream, raw_fields(n=b"not a number"))  # type: ignore[arg-type]
+        send(r, keys, good_batch("w1", 1))
+        wait_until(lambda: c.ingestor.counters.batches == 1, what="the good batch")
+        wait_until(lambda: r.xlen(stream) == 0, what="both entries acknowledged and trimmed")
+        unwritten = c.metrics.registry.get_sample_value(
+            "kvwise_ingest_dead_letters_unwritten_total"
+        )
+        assert unwritten == 1 and c.ingestor.counters.dead_letters == 1
+    assert "1 dead letters not written (WRONGTYPE" in caplog.text
