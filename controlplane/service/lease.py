@@ -1,7 +1,9 @@
 """Leader lease in Redis: only one controller replica refits and publishes at a time.
 
-Owns acquiring, renewing and releasing one key (``SET NX PX``; renew and release are
-compare-and-set scripts, so a replica never extends or drops a lease it lost). A standby
+Owns acquiring, renewing and releasing one key. Acquire and renew are one compare-and-set
+script (take the key when it is absent, extend it when it holds this replica's name), so a
+replica never extends a lease it lost, and a retried call whose first reply was lost still
+finds the lease its own; release is another, so it never drops a lease it lost. A standby
 replica keeps trying and takes over within one lease time of the leader's death. It must
 never decide anything else.
 """
@@ -16,8 +18,13 @@ import redis
 from agent.runtime.connection import RedisClient
 from agent.runtime.loop import RedisObserver
 
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+_ACQUIRE_OR_RENEW = """
+local holder = redis.call('GET', KEYS[1])
+if holder == false then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if holder == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
@@ -46,7 +53,7 @@ class LeaderLease:
         self.key = key
         self.holder = holder
         self.ttl_ms = max(1, int(ttl_s * 1000))
-        self._renew = client.register_script(_RENEW)
+        self._acquire_or_renew = client.register_script(_ACQUIRE_OR_RENEW)
         self._release = client.register_script(_RELEASE)
         self._lock = threading.Lock()
         self._leader = False
@@ -59,11 +66,8 @@ class LeaderLease:
         """Acquire or renew; call at least three times per lease time. Returns leadership."""
         with self._lock:
             try:
-                renewed = self._leader and self._renew(
-                    keys=[self.key], args=[self.holder, self.ttl_ms]
-                )
-                if not renewed:
-                    self._leader = bool(self.r.set(self.key, self.holder, nx=True, px=self.ttl_ms))
+                held = self._acquire_or_renew(keys=[self.key], args=[self.holder, self.ttl_ms])
+                self._leader = bool(held)
             except redis.RedisError as exc:
                 # Unreachable Redis: assume the lease may be lost; a standby may take it.
                 self._leader = False

@@ -41,3 +41,15 @@ def test_release_hands_over_at_once(redis_url: str, key_prefix: str) -> None:
     # Releasing a lease one does not hold leaves the holder alone.
     a.release()
     assert b.holder_now() == "b"
+
+
+def test_a_lease_set_whose_reply_was_lost_is_still_ours(redis_url: str, key_prefix: str) -> None:
+    """Acquire was a plain SET NX that the client retries on a timeout: when the first SET
+    took and its reply was lost, the retry failed and the replica thought it did not lead
+    while the key held its name, so nobody led for up to a lease time."""
+    r = redis.Redis.from_url(redis_url)
+    key = key_prefix + "leader"
+    r.set(key, "a", px=30_000)  # the first SET of "a" took; its reply never came
+    a = LeaderLease(r, key, "a", ttl_s=30)
+    assert a.tick() is True
+    assert a.holder_now() == "a" and 0 < r.pttl(key) <= 30_000
