@@ -231,12 +231,13 @@ class Controller:
 
     def _lead(self, *, newly: bool) -> None:
         """A leader's tick: on taking the lease, load the last checkpoint; on every tick,
-        start ingest if it is not running (a tick that failed half way, or an old ingest
-        thread still finishing when the lease came back, must not leave a leader that never
-        ingests)."""
+        publish the built-in defaults if no version is current (a Redis restarted empty
+        under the same leader) and start ingest if it is not running (a tick that failed
+        half way, or an old ingest thread still finishing when the lease came back, must
+        not leave a leader that never ingests)."""
+        self._ensure_initial_policy()
         if newly:
             log.info("%s is the leader", self.name)
-            self._ensure_initial_policy()
             self._load_checkpoint()
         self.ingestor.start(wait_s=0)  # never hold the lease tick: the next one tries again
 

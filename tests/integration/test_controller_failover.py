@@ -75,3 +75,16 @@ def test_a_leader_that_ingests_again_reads_the_ledgers_another_wrote_meanwhile(
         wait_until(lambda: c.ingestor.counters.batches == 2, what="the third batch")
     ledger = r.hgetall(keys.ingest_state("w1"))
     assert ledger[b"batches"] == b"3" and ledger[b"missing"] == b"0"
+
+
+def test_a_redis_that_forgot_the_policy_gets_the_defaults_back_from_the_same_leader(
+    redis_url: str, key_prefix: str
+) -> None:
+    """The initial policy was published only when the lease was won: a Redis restarted
+    empty under the same leader left no current version, and /readyz said 503 until a
+    refit published."""
+    with controller(redis_url, key_prefix, lease_ttl_s=0.6) as c:
+        assert c.ready() == (True, "")
+        c.r.delete(c.keys.policy_current)  # the lease key stays: the same leader
+        wait_until(lambda: c.ready()[0], timeout=3, what="a current version again")
+        assert c.lease.is_leader
