@@ -1,13 +1,13 @@
 """Housekeeping of the worker streams, so that Redis holds only what is still of use.
 
 Owns two removals, run by the leader's ingest thread every ``interval_s``: a worker whose
-stream got no entry for ``worker_expire_s``, whose heartbeat has expired and whose entries
-are all acknowledged is gone: its stream and its ledger are deleted (a worker restarted with
-the default ``host-pid`` id is a new worker, and the old one's keys would stay for ever);
-and a consumer of the group other than this one, idle for ``stale_consumer_s`` with nothing
-pending, is deleted (each controller process joins as a new consumer). Acknowledged entries
-are trimmed by ingest itself (``stream_io``). It must never touch an entry that is unread
-or pending.
+stream got no entry for ``worker_expire_s``, whose heartbeat has expired and whose stream is
+empty (every entry read, acknowledged and trimmed) is gone: its stream and its ledger are
+deleted (a worker restarted with the default ``host-pid`` id is a new worker, and the old
+one's keys would stay for ever); and a consumer of the group other than this one, idle for
+``stale_consumer_s`` with nothing pending, is deleted (each controller process joins as a
+new consumer). Acknowledged entries are trimmed by ingest itself (``stream_io``). It must
+never touch an entry that is unread or pending.
 """
 
 from __future__ import annotations
@@ -106,7 +106,8 @@ class Housekeeper:
         last_ms = int(_text(info["last-generated-id"]).split("-")[0])
         idle_s = now - last_ms / 1000
         pending = sum(int(c["pending"]) for c in consumers)
-        if idle_s < self.settings.worker_expire_s or pending:
+        # Acknowledged entries are trimmed: any entry left is unread or pending.
+        if idle_s < self.settings.worker_expire_s or pending or int(info["length"]):
             return None
         if worker is not None and self.r.exists(self.keys.agent(worker)):
             return None  # alive, only idle

@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from agent.wire import WIRE_SCHEMA_VERSION, AgentStatus, Keys, encode_batch
+from controlplane.service.housekeeping import Housekeeper, HousekeepingSettings
 from tests.integration.controller_fixtures import controller, good_batch, reuse_batch, send
 from tests.waiting import wait_until
 
@@ -230,3 +231,19 @@ def test_a_refused_dead_letter_does_not_block_the_commit(
         )
         assert unwritten == 1 and c.ingestor.counters.dead_letters == 1
     assert "1 dead letters not written (WRONGTYPE" in caplog.text
+
+
+def test_housekeeping_keeps_a_dead_workers_stream_that_holds_unread_entries(
+    redis_url: str, key_prefix: str
+) -> None:
+    """Only pending entries were checked: a stream whose entries no consumer had read yet
+    (a controller that was down) was deleted with them."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    stream = keys.events_stream("gone")
+    r.xadd(stream, encode_batch(good_batch("gone", 1)))  # type: ignore[arg-type]
+    r.xgroup_create(stream, "controller", id="0")
+    sweep = HousekeepingSettings(interval_s=1, worker_expire_s=1, stale_consumer_s=1)
+    keeper = Housekeeper(r, keys, group="controller", consumer="ctl", settings=sweep)
+    swept = keeper.sweep([stream.encode()], now=time.time() + 3600)
+    assert swept.workers == [] and r.xlen(stream) == 1
