@@ -3,8 +3,8 @@ events (from the worker's ledger, so any replica, leader or not, answers the sam
 
 Owns ``AgentView`` and reading it from Redis: the live heartbeats (SCAN + MGET) and the
 ledgers of those workers, in two round trips. A heartbeat this release cannot read (an agent
-of another wire schema, a corrupt value) is skipped and said once per agent key. It must
-never write.
+of another wire schema, a corrupt value) is skipped and said once per agent key while that
+key lives. It must never write.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class AgentReader:
 
     def read(self) -> list[AgentView]:
         keys = sorted(set(self.r.scan_iter(match=self.keys.agents_match, count=500)))
+        self._told &= set(keys)  # an expired key is forgotten (agent churn)
         if not keys:
             return []
         pipe = self.r.pipeline(transaction=False)

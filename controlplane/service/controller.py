@@ -497,6 +497,9 @@ class Controller:
         except Exception as exc:  # a read of another thread's list: never fail a scrape
             log.debug("gauges not refreshed: %s", exc)
             return
+        # Categories no longer published leave the gauges instead of lingering as stale series.
+        m.param.clear()
+        m.samples.clear()
         if cur is not None:
             m.policy_version.set(cur.version)
             for name, p in cur.categories.items():

@@ -391,6 +391,10 @@ class Ingestor(BackgroundLoop):
         for stream in (self.keys.events_stream(worker).encode(), worker.encode()):
             if stream in self._streams:
                 self._streams.remove(stream)
+            self._cursors.pop(stream, None)
+            self._schema1_told.discard(stream)
+            for told in [k for k in self._told if k[0] == stream]:
+                del self._told[told]
         if self.metrics:
             for series in (self.metrics.gaps, self.metrics.clock_rejected):
                 with contextlib.suppress(KeyError):

@@ -113,6 +113,7 @@ class LiveWindow:
             kept = set(self.stats.categories)
             for name in [n for n in self._brought_by if n not in kept]:
                 self._brought[self._brought_by.pop(name)] -= 1
+            self._brought = +self._brought  # workers who bring none leave (worker churn)
         return gone
 
     @property

@@ -228,3 +228,18 @@ def test_the_live_windows_revision_moves_with_accesses_and_restores_only() -> No
     assert window.revision == after_hits
     window.restore(window.stats.state())
     assert window.revision > after_hits
+
+
+def test_a_worker_whose_categories_all_aged_out_leaves_the_live_windows_books() -> None:
+    """A worker that no longer brought any category stayed in the window's per-worker
+    counts at zero: memory grew with worker churn."""
+    from controlplane.service.window import LiveWindow, WindowLimits
+
+    limits = WindowLimits(clock_tolerance_s=1e9, max_categories=10, max_categories_per_worker=10)
+    window = LiveWindow(ReuseStats(100.0, n_buckets=10, near_concurrent_s=0.5), limits)
+    insert = int(EventKind.INSERT)
+    for worker, name, t in (("gone", "a", 1.0), ("here", "b", 150.0)):
+        batch = event_batch(worker=worker, categories=(name,), ts=[t], block=1, kind=insert)
+        window.apply(batch, t)
+    assert window.age_out() == 1
+    assert dict(window._brought) == {"here": 1}
