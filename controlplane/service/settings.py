@@ -45,7 +45,11 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
     consumer_group: str = Field(default="controller", description="Stream consumer group")
     consumer_name: str = Field(default="", description="This replica's consumer; default host-pid")
     ingest_count: int = Field(
-        default=64, gt=0, description="Entries read per stream per ingest pass, at most"
+        default=64,
+        gt=0,
+        le=4096,
+        description="Entries read per stream per ingest pass, at most (up to 4096: one Lua "
+        "call acknowledges them, and Lua's stack takes about 8000)",
     )
     ingest_block_ms: int = Field(
         default=500, ge=0, description="Wait after an ingest pass that found nothing (ms)"

@@ -13,6 +13,7 @@ import redis
 
 from agent.wire import WIRE_SCHEMA_VERSION, AgentStatus, Keys, encode_batch
 from controlplane.service.housekeeping import Housekeeper, HousekeepingSettings
+from controlplane.service.stream_io import Commit, StreamIO
 from tests.integration.controller_fixtures import controller, good_batch, reuse_batch, send
 from tests.waiting import wait_until
 
@@ -247,3 +248,21 @@ def test_housekeeping_keeps_a_dead_workers_stream_that_holds_unread_entries(
     keeper = Housekeeper(r, keys, group="controller", consumer="ctl", settings=sweep)
     swept = keeper.sweep([stream.encode()], now=time.time() + 3600)
     assert swept.workers == [] and r.xlen(stream) == 1
+
+
+def test_one_commit_acknowledges_the_largest_ingest_count(redis_url: str, key_prefix: str) -> None:
+    """The bound of ``ingest_count`` (4096) fits the commit script's ``unpack``."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    stream = keys.events_stream("w1")
+    pipe = r.pipeline(transaction=False)
+    for _ in range(4096):
+        pipe.xadd(stream, {"x": "1"})
+    pipe.execute()
+    r.xgroup_create(stream, "g", id="0")
+    [(_, entries)] = r.xreadgroup("g", "c", {stream: ">"}, count=4096)
+    job = Commit(ack=[entry_id for entry_id, _ in entries])
+    StreamIO(r, group="g", consumer="c").commit(
+        {stream.encode(): keys.ingest_state("w1")}, {stream.encode(): job}
+    )
+    assert len(job.ack) == 4096 and r.xpending(stream, "g")["pending"] == 0

@@ -38,3 +38,11 @@ def test_inverted_bounds_are_refused_naming_both(low: str, high: str) -> None:
 @pytest.mark.parametrize(("low", "high"), [("rate_min", "rate_max"), ("life_min_s", "life_max_s")])
 def test_equal_bounds_pin_the_fitted_value(low: str, high: str) -> None:
     assert getattr(FitSettings(**{low: 2, high: 2}), high) == 2
+
+
+def test_ingest_count_stops_where_one_commit_can_still_acknowledge_the_entries() -> None:
+    """The commit script acknowledges a pass's entries with ``unpack``, which fails past
+    Lua's stack (about 8000): a larger ``ingest_count`` wedged every pass."""
+    assert ControllerSettings(ingest_count=4096).ingest_count == 4096
+    with pytest.raises(ValueError, match="ingest_count"):
+        ControllerSettings(ingest_count=8001)
