@@ -4,7 +4,8 @@ checkpoints and the store.
 Owns the controller's lifecycle and its background work: an APScheduler scheduler
 (``coalesce``, ``max_instances=1``; its own chatter kept below warning) runs the lease tick,
 the refit, the window checkpoint and the ageing out of unused categories; the leader alone
-runs the ingest thread, refits, checkpoints and publishes. A new leader loads the last
+runs the ingest thread, refits (one at a time), checkpoints and publishes (fenced: only
+while the lease key still holds its name). A new leader loads the last
 checkpoint before it ingests, so a restart keeps the fit. A standby replica serves reads and
 takes over within one lease time. Redis trouble is told once per change of state
 (``RedisHealth``), and a failed call reaches the API as the ``redis.RedisError`` it was; a
@@ -19,6 +20,7 @@ import contextlib
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -41,7 +43,7 @@ from controlplane.service.lease import LeaderLease
 from controlplane.service.metrics import ControllerMetrics
 from controlplane.service.settings import ControllerSettings
 from controlplane.service.shadowing import ShadowLink
-from controlplane.service.store import PolicyStore
+from controlplane.service.store import LeaseLost, PolicyStore
 from controlplane.service.window import LiveWindow, WindowLimits
 from controlplane.shadow.selection import SelectionView
 from controlplane.shadow.view import ShadowView
@@ -150,6 +152,7 @@ class Controller:
         self._last_refit: tuple[RefitOutcome, float] | None = None
         self._last_refusal = ""
         self._refit_revision = -1  # the window's revision at the last refit that ran through
+        self._refit_lock = threading.RLock()  # one refit at a time: scheduled or manual
         self._role_said = False  # its role logged once known
         self.ingestor = self._make_ingestor()
         self.scheduler = BackgroundScheduler(
@@ -327,8 +330,9 @@ class Controller:
         if not self.lease.is_leader:
             return
         try:
-            self.select_family()
-            outcome = self.refit(manual=False)
+            with self._refit_lock:
+                self.select_family()
+                outcome = self.refit(manual=False)
         except redis.RedisError:
             self.metrics.refits.labels(outcome="error").inc()
             return
@@ -350,7 +354,11 @@ class Controller:
         verdict = self.shadow.select(self.store.evictor().in_force or DEFAULT_FAMILY)
         if verdict is None or not verdict.switches:
             return verdict
-        doc = self.store.select_evictor(verdict.chosen, f"evictor family: {verdict.reason}")
+        note = f"evictor family: {verdict.reason}"
+        try:
+            doc = self.store.select_evictor(verdict.chosen, note, fence=self.lease.confirm)
+        except LeaseLost:
+            return verdict  # the new leader selects again
         self.shadow.set_policy(doc)
         self.metrics.family_switches.labels(family=verdict.chosen).inc()
         self.metrics.policy_version.set(doc.version)
@@ -361,7 +369,12 @@ class Controller:
         """Snapshot, fit, guard, publish. Manual refits also release a rollback hold; a
         scheduled one with no access new since the last refit publishes nothing (with
         no traffic, only the censored ages grow: a new version each tick would reload
-        every worker for no evidence)."""
+        every worker for no evidence). One runs at a time, and publishes only while this
+        replica still holds the lease."""
+        with self._refit_lock:
+            return self._refit_once(manual=manual)
+
+    def _refit_once(self, *, manual: bool) -> RefitOutcome:
         revision = self.window.revision
         if not manual and revision == self._refit_revision:
             outcome = self._outcome(
@@ -415,7 +428,10 @@ class Controller:
         note = f"refit of {result.accesses} accesses ({_change_words(base.categories, fitted)})"
         if verdict.outcome != "off":
             note += f"; guard {verdict.reason}"
-        doc = self.store.publish_fit(fitted, result.pooled, note)
+        try:
+            doc = self.store.publish_fit(fitted, result.pooled, note, fence=self.lease.confirm)
+        except LeaseLost as exc:
+            return self._outcome("lost_lease", None, str(exc), seconds)
         self.shadow.set_policy(doc)
         self.metrics.policy_version.set(doc.version)
         return self._outcome("published", doc.version, f"published version {doc.version}", seconds)

@@ -3,7 +3,8 @@
 Owns acquiring, renewing and releasing one key. Acquire and renew are one compare-and-set
 script (take the key when it is absent, extend it when it holds this replica's name), so a
 replica never extends a lease it lost, and a retried call whose first reply was lost still
-finds the lease its own; release is another, so it never drops a lease it lost. A standby
+finds the lease its own; release is another, so it never drops a lease it lost; and the
+read (``confirm``) that fences a leader's publication. A standby
 replica keeps trying and takes over within one lease time of the leader's death. It must
 never decide anything else.
 """
@@ -77,6 +78,12 @@ class LeaderLease:
             if self.observer is not None:
                 self.observer.answered()
             return self._leader
+
+    def confirm(self) -> bool:
+        """Whether the key holds this replica's name now (one read): the fence a leader's
+        publication passes right before its transaction, so a refit that ran across a
+        lost lease does not publish over the new leader's."""
+        return self.holder_now() == self.holder
 
     def holder_now(self) -> str | None:
         raw = self.r.get(self.key)

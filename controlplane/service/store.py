@@ -4,13 +4,16 @@ Owns every write of policy state. Each change is one optimistic transaction: WAT
 version index, the base and the overrides; read them; compose the document from what was
 read; MULTI; write the change itself (the new base, override or hold), the document, its
 index entry and the ``current`` pointer; EXEC; then the notice on the channel (a hint:
-agents poll ``current``). If another writer got there first, all of it is read and
-composed again, so a document always equals the base plus the overrides stored with it,
-whatever races (all policy keys share one Redis Cluster hash tag, so this holds on a
-cluster too). Versions are strictly increasing and
-never rewritten; a rollback publishes a *new* version with an old version's parameters.
-History is bounded (oldest trimmed, never the current one). Each publication is logged
-once with its note. Everything lives in Redis: a controller restart loses nothing.
+agents poll ``current``). If another writer got there first, all of it is read and composed
+again, so a document always equals the base plus the overrides stored with it, whatever
+races (all policy keys share one Redis Cluster hash tag, so this holds on a cluster too). A
+leader's fit and family selection carry a fence, asked after the reads and right before
+MULTI: a replica that no longer leads publishes nothing (``LeaseLost``; the lease key may be
+on another shard, so the fence is a read, not part of the transaction). Versions are
+strictly increasing and never rewritten; a rollback publishes a *new* version with an old
+version's parameters. History is bounded (oldest trimmed, never the current one). Each
+publication is logged once with its note. Everything lives in Redis: a controller restart
+loses nothing.
 
 A published document is ``base`` (the last fitted parameters) with the operator's
 overrides applied on top. A failed Redis call is recorded in the ``RedisHealth``. It must
@@ -50,6 +53,14 @@ MAX_OVERRIDES: Final = 256
 
 class StoreError(RuntimeError):
     """A store operation that cannot be done as asked (e.g. unknown version)."""
+
+
+class LeaseLost(StoreError):
+    """A publication refused by its fence: this replica no longer leads."""
+
+
+Fence = Callable[[], bool]
+"""Asked right before a publication's transaction: False refuses it (``LeaseLost``)."""
 
 
 @dataclass(frozen=True)
@@ -201,17 +212,23 @@ class PolicyStore:
     # --- writes --------------------------------------------------------------------------
     @guarded
     def publish_fit(
-        self, categories: Mapping[str, CategoryParams], default: CategoryParams | None, note: str
+        self,
+        categories: Mapping[str, CategoryParams],
+        default: CategoryParams | None,
+        note: str,
+        *,
+        fence: Fence | None = None,
     ) -> PolicyDocument:
         """Record a new fit as the base (the selected family kept) and publish base +
-        overrides."""
+        overrides; ``LeaseLost`` (nothing written) if ``fence`` says this replica no
+        longer leads."""
 
         def prepare(pipe: Pipeline) -> _Draft:
             draft = self._read(pipe, note)
             self._set_base(draft, Base(dict(categories), default, draft.base.evictor))
             return draft
 
-        return self._publish(prepare)
+        return self._publish(prepare, fence)
 
     @guarded
     def set_override(self, category: str, values: Mapping[str, float]) -> PolicyDocument:
@@ -297,9 +314,11 @@ class PolicyStore:
         )
 
     @guarded
-    def select_evictor(self, family: str, note: str) -> PolicyDocument:
+    def select_evictor(
+        self, family: str, note: str, *, fence: Fence | None = None
+    ) -> PolicyDocument:
         """Record ``family`` as the controller's choice and publish (an operator's pin
-        still wins in the document)."""
+        still wins in the document); ``LeaseLost`` as ``publish_fit`` says."""
         chosen = family_named(family)
 
         def prepare(pipe: Pipeline) -> _Draft:
@@ -307,7 +326,7 @@ class PolicyStore:
             self._set_base(draft, replace(draft.base, evictor=chosen))
             return draft
 
-        return self._publish(prepare)
+        return self._publish(prepare, fence)
 
     @guarded
     def pin_evictor(self, family: str | None) -> PolicyDocument:
@@ -353,7 +372,7 @@ class PolicyStore:
         doc = None if raw is None else pipe.get(self.keys.policy_doc(int(raw)))
         return None if doc is None else decode_policy(doc)
 
-    def _publish(self, prepare: Prepare) -> PolicyDocument:
+    def _publish(self, prepare: Prepare, fence: Fence | None = None) -> PolicyDocument:
         k = self.keys
         watched = (k.policy_versions, k.policy_base, k.overrides, k.evictor_pin)
         with self.r.pipeline(transaction=True) as pipe:
@@ -362,6 +381,8 @@ class PolicyStore:
                     pipe.watch(*watched)
                     draft = prepare(pipe)
                     doc, drop = self._compose(pipe, draft)
+                    if fence is not None and not fence():
+                        raise LeaseLost("not published: this replica no longer leads")
                     pipe.multi()
                     for write in draft.writes:
                         write(pipe)

@@ -88,3 +88,23 @@ def test_a_redis_that_forgot_the_policy_gets_the_defaults_back_from_the_same_lea
         c.r.delete(c.keys.policy_current)  # the lease key stays: the same leader
         wait_until(lambda: c.ready()[0], timeout=3, what="a current version again")
         assert c.lease.is_leader
+
+
+def test_a_refit_that_runs_across_a_lost_lease_does_not_publish(
+    redis_url: str, key_prefix: str
+) -> None:
+    """Refits checked ``is_leader`` once, at their start: one that ran across a lease loss
+    published a stale fit over the new leader's."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    with controller(redis_url, key_prefix) as c:
+        for seq in range(1, 4):
+            send(r, keys, good_batch("w1", seq))
+        wait_until(lambda: c.ingestor.counters.batches == 3, what="three batches")
+        before = c.store.current_version()
+        r.set(keys.leader, "the-new-leader", px=60_000)  # taken before this replica's tick
+        outcome = c.refit(manual=True)
+        assert not outcome.published and "no longer leads" in outcome.reason
+        assert c.store.current_version() == before
+        lost = c.metrics.registry.get_sample_value("kvwise_refits_total", {"outcome": "lost_lease"})
+        assert lost == 1

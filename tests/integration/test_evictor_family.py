@@ -112,6 +112,7 @@ def test_the_controller_publishes_the_family_its_shadow_selects(
         redis_url=redis_url, key_prefix=key_prefix, select_windows=2, **quick
     )
     controller = Controller(settings)
+    assert controller.lease.tick()  # only the leader publishes its selection
     controller.store.publish_fit({}, KEEPS_OLDEST, "bad")
     controller.shadow.refresh([_view("w1", 300)], controller.store.current())
     chosen = []

@@ -11,7 +11,7 @@ import redis
 
 from agent.policy_document import CategoryParams
 from agent.wire import Keys, decode_policy
-from controlplane.service.store import PolicyStore, StoreError
+from controlplane.service.store import LeaseLost, PolicyStore, StoreError
 
 pytestmark = pytest.mark.integration
 
@@ -194,3 +194,15 @@ def test_racing_overrides_and_rollbacks_never_lose_an_override(
         assert current.categories[name].source == "override"
     fitted = set(base.base().categories)
     assert set(current.categories) == fitted | set(overrides)
+
+
+def test_a_fenced_publication_of_a_replica_that_no_longer_leads_writes_nothing(
+    store: PolicyStore,
+) -> None:
+    store.publish_fit({"text_1": _p(0.1)}, None, "first")
+    with pytest.raises(LeaseLost, match="no longer leads"):
+        store.publish_fit({"text_1": _p(0.2)}, None, "stale", fence=lambda: False)
+    with pytest.raises(LeaseLost):
+        store.select_evictor("lru", "stale", fence=lambda: False)
+    assert store.current_version() == 1 and store.base().categories["text_1"].rate == 0.1
+    assert store.publish_fit({"text_1": _p(0.3)}, None, "led", fence=lambda: True).version == 2
