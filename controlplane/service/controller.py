@@ -3,14 +3,14 @@ checkpoints and the store.
 
 Owns the controller's lifecycle and its background work: an APScheduler scheduler
 (``coalesce``, ``max_instances=1``; its own chatter kept below warning) runs the lease tick,
-the refit, the window checkpoint and the ageing out of unused categories; the leader alone
-runs the ingest thread, refits (one at a time), checkpoints and publishes (fenced: only
-while the lease key still holds its name). A new leader loads the last
-checkpoint before it ingests, so a restart keeps the fit. A standby replica serves reads and
-takes over within one lease time. Redis trouble is told once per change of state
+the refit and the shadow refresh; the ingest thread, between passes, the window checkpoint
+and the ageing out of unused categories (so a checkpoint never holds a batch its ledger does
+not); the leader alone runs the ingest thread, refits (one at a time), checkpoints and
+publishes (fenced: only while the lease key still holds its name). A new leader loads the
+last checkpoint before it ingests, so a restart keeps the fit. A standby replica serves
+reads and takes over within one lease time. Redis trouble is told once per change of state
 (``RedisHealth``), and a failed call reaches the API as the ``redis.RedisError`` it was; a
-refit that publishes
-nothing says why once per change of reason. It must never parse HTTP
+refit that publishes nothing says why once per change of reason. It must never parse HTTP
 (``controlplane.api.app``) or encode wire data itself (``agent.wire``).
 """
 
@@ -153,6 +153,7 @@ class Controller:
         self._last_refusal = ""
         self._refit_revision = -1  # the window's revision at the last refit that ran through
         self._refit_lock = threading.RLock()  # one refit at a time: scheduled or manual
+        self._last_checkpoint = time.monotonic()
         self._role_said = False  # its role logged once known
         self.ingestor = self._make_ingestor()
         self.scheduler = BackgroundScheduler(
@@ -193,6 +194,7 @@ class Controller:
                 client, self.keys, group=s.consumer_group, consumer=self.name, settings=sweep
             ),
             observer=self.health,
+            between_passes=self._checkpoint_if_due,
         )
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -202,7 +204,6 @@ class Controller:
         jobs = (
             (self._tick_lease, s.lease_ttl_s / 3, "lease"),
             (self._scheduled_refit, s.refit_interval_s, "refit"),
-            (self._scheduled_checkpoint, s.checkpoint_interval_s, "checkpoint"),
             (self._refresh_shadow, SHADOW_REFRESH_S, "shadow"),
         )
         for job, seconds, name in jobs:
@@ -212,8 +213,9 @@ class Controller:
     def stop(self) -> None:
         if self.scheduler.running:
             self.scheduler.shutdown(wait=True)
-        if self.lease.is_leader:
-            self._stop_ingest()
+        # Between passes only: a checkpoint beside a pass would hold batches its ledgers
+        # do not (applied, not yet committed), counted twice after a crash.
+        if self.lease.is_leader and self._stop_ingest():
             self.checkpoint()
         self.lease.release()
 
@@ -263,8 +265,9 @@ class Controller:
         except redis.RedisError:
             pass  # said by the health; the next leader tick tries again
 
-    def _stop_ingest(self) -> None:
-        self.ingestor.close(timeout=self.settings.ingest_block_ms / 1000 + 10)
+    def _stop_ingest(self) -> bool:
+        """Stop ingest; False if its thread is still in a pass."""
+        return self.ingestor.close(timeout=self.settings.ingest_block_ms / 1000 + 10)
 
     # --- the window --------------------------------------------------------------------------
     def _apply(self, batch: EventBatch) -> int:
@@ -303,8 +306,10 @@ class Controller:
             loaded.nbytes,
         )
 
-    def _scheduled_checkpoint(self) -> None:
-        if self.lease.is_leader:
+    def _checkpoint_if_due(self) -> None:
+        """On the ingest thread, between passes: every ``checkpoint_interval_s``."""
+        if time.monotonic() - self._last_checkpoint >= self.settings.checkpoint_interval_s:
+            self._last_checkpoint = time.monotonic()
             self.checkpoint()
 
     def checkpoint(self) -> int | None:

@@ -5,14 +5,15 @@ reading of them in bounded passes (``stream_io``: no entry over ``max_entry_byte
 pass over about ``max_read_bytes`` reaches this process), reclaiming entries a dead consumer
 left pending, each worker's ledger (sequence gaps and counts, ``ledger``), and the
 dead-letter stream. Each entry ends one way: applied; a duplicate (a resent batch); or
-dead-lettered with its reason, its ids and a bounded prefix of its payload, and deleted
-from its stream. Any failure on one entry (bad bytes, a limit, an exception in ``apply``)
+dead-lettered with its reason, its ids and a bounded prefix of its payload, and deleted from
+its stream. Any failure on one entry (bad bytes, a limit, an exception in ``apply``)
 dead-letters that entry and the pass goes on. An entry is acknowledged only after it was
 applied or judged for the dead letters, in the same call that records it in the worker's
 ledger and trims what the group has acknowledged; a crash re-delivers instead of losing.
 Dead letters are written after that call, best effort: a Redis that refuses writes (out of
-memory) must not keep the commit from freeing what it can. If Redis
-restarts and forgets the group, the group is recreated on the next pass.
+memory) must not keep the commit from freeing what it can. If Redis restarts and forgets the
+group, the group is recreated on the next pass. After each pass, ``between_passes`` (the
+controller's checkpoint) runs on the ingest thread.
 
 It must never fit or publish.
 """
@@ -51,6 +52,9 @@ log = logging.getLogger(__name__)
 ApplyFn = Callable[[EventBatch], int]
 """Adds a batch to the statistics; returns the events it dropped for their clock; raises
 ``BatchRefused`` for a batch over a limit."""
+BetweenPasses = Callable[[], object]
+"""Runs on the ingest thread after each pass that committed: the window then holds exactly
+the batches the ledgers in Redis say were applied (the controller's checkpoint)."""
 
 DECODE, LIMIT, APPLY = DEAD_LETTER_REASONS
 DEAD_LETTER_MAXLEN: Final = 10_000
@@ -109,9 +113,11 @@ class Ingestor(BackgroundLoop):
         metrics: ControllerMetrics | None = None,
         housekeeper: Housekeeper | None = None,
         observer: RedisObserver | None = None,
+        between_passes: BetweenPasses | None = None,
     ) -> None:
         super().__init__("ingest", interval_s=0.0, max_backoff_s=MAX_BACKOFF_S, observer=observer)
         self.housekeeper = housekeeper
+        self.between_passes = between_passes
         self._last_sweep = time.monotonic()
         self.r = client
         self.keys = keys
@@ -146,6 +152,8 @@ class Ingestor(BackgroundLoop):
         except (redis.ConnectionError, redis.TimeoutError):
             self._streams.clear()  # Redis may come back without our groups: rediscover
             raise
+        if self.between_passes is not None:
+            self.between_passes()
 
     def next_wait(self) -> float:
         if self.failures:

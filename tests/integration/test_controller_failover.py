@@ -3,12 +3,14 @@ lost and won back, a Redis that forgot everything. Each test failed before its f
 
 from __future__ import annotations
 
+import threading
 import time
+from typing import Any
 
 import pytest
 import redis
 
-from agent.wire import Keys
+from agent.wire import EventBatch, Keys
 from controlplane.service.controller import Controller
 from controlplane.service.settings import ControllerSettings
 from tests.integration.controller_fixtures import controller, good_batch, send
@@ -108,3 +110,37 @@ def test_a_refit_that_runs_across_a_lost_lease_does_not_publish(
         assert c.store.current_version() == before
         lost = c.metrics.registry.get_sample_value("kvwise_refits_total", {"outcome": "lost_lease"})
         assert lost == 1
+
+
+def test_a_checkpoint_never_holds_a_batch_its_ledger_does_not(
+    redis_url: str, key_prefix: str
+) -> None:
+    """The checkpoint job ran beside the ingest thread: one taken between a batch's apply
+    and its commit held a batch the ledger did not, counted twice after a crash."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    uncommitted: list[bool] = []  # per checkpoint written: was a pass between apply and commit?
+    in_pass = threading.Event()
+    with controller(redis_url, key_prefix, checkpoint_interval_s=0.2) as c:
+        apply, commit, save = c.ingestor.apply, c.ingestor.io.commit, c.checkpoints.save
+
+        def slow_apply(batch: EventBatch) -> int:
+            in_pass.set()
+            time.sleep(1.0)  # a long pass: a checkpoint interval passes before its commit
+            return apply(batch)
+
+        def commit_then_clear(*args: Any) -> int:
+            trimmed = commit(*args)
+            in_pass.clear()
+            return trimmed
+
+        def recorded_save(*args: Any, **kwargs: Any) -> int:
+            uncommitted.append(in_pass.is_set())
+            return save(*args, **kwargs)
+
+        c.ingestor.apply, c.ingestor.io.commit = slow_apply, commit_then_clear  # type: ignore[method-assign]
+        c.checkpoints.save = recorded_save  # type: ignore[method-assign]
+        send(r, keys, good_batch("w1", 1))
+        wait_until(lambda: c.ingestor.counters.batches == 1, what="the batch committed")
+        wait_until(lambda: len(uncommitted) >= 2, what="checkpoints after it")
+    assert not any(uncommitted)
