@@ -307,8 +307,11 @@ class Controller:
         )
 
     def _checkpoint_if_due(self) -> None:
-        """On the ingest thread, between passes: every ``checkpoint_interval_s``."""
-        if time.monotonic() - self._last_checkpoint >= self.settings.checkpoint_interval_s:
+        """On the ingest thread, between passes: every ``checkpoint_interval_s``, while
+        this replica leads (its last pass after a lost lease must not overwrite the new
+        leader's checkpoint)."""
+        due = time.monotonic() - self._last_checkpoint >= self.settings.checkpoint_interval_s
+        if due and self.lease.is_leader:
             self._last_checkpoint = time.monotonic()
             self.checkpoint()
 

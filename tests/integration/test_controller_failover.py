@@ -144,3 +144,17 @@ def test_a_checkpoint_never_holds_a_batch_its_ledger_does_not(
         wait_until(lambda: c.ingestor.counters.batches == 1, what="the batch committed")
         wait_until(lambda: len(uncommitted) >= 2, what="checkpoints after it")
     assert not any(uncommitted)
+
+
+def test_an_ingest_thread_that_outlives_the_lease_writes_no_checkpoint(
+    redis_url: str, key_prefix: str
+) -> None:
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    with controller(redis_url, key_prefix, checkpoint_interval_s=0.05, lease_ttl_s=30) as c:
+        wait_until(lambda: r.exists(keys.checkpoint), what="a checkpoint while it leads")
+        c.lease.release()  # the next lease tick is 10 s away; the ingest thread runs on
+        time.sleep(0.2)  # a checkpoint begun before the release ends
+        r.delete(keys.checkpoint)
+        time.sleep(0.5)
+        assert c.ingestor.running and not r.exists(keys.checkpoint)
