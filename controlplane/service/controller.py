@@ -117,7 +117,9 @@ class Controller:
         self.health = RedisHealth(redact(settings.redis_url), self.metrics)
         self.name = settings.consumer_name or f"{socket.gethostname()}-{os.getpid()}"
         # The name survives a restart (a pod's name, pid 1 in a container): checkpoints
-        # are told apart by this process's own id.
+        # and the lease are told apart by this process's own id. The lease holds both, so
+        # two live processes of one name (a misconfiguration) never both lead, and a
+        # restarted one waits out its predecessor's lease.
         self.process_id = uuid.uuid4().hex
         self.store = PolicyStore(
             self.r,
@@ -127,7 +129,11 @@ class Controller:
             health=self.health,
         )
         self.lease = LeaderLease(
-            self.r, self.keys.leader, self.name, settings.lease_ttl_s, observer=self.health
+            self.r,
+            self.keys.leader,
+            f"{self.name}/{self.process_id[:8]}",
+            settings.lease_ttl_s,
+            observer=self.health,
         )
         self.window = LiveWindow(
             ReuseStats(

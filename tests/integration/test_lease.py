@@ -53,3 +53,18 @@ def test_a_lease_set_whose_reply_was_lost_is_still_ours(redis_url: str, key_pref
     a = LeaderLease(r, key, "a", ttl_s=30)
     assert a.tick() is True
     assert a.holder_now() == "a" and 0 < r.pttl(key) <= 30_000
+
+
+def test_two_live_processes_of_one_name_never_both_lead(redis_url: str, key_prefix: str) -> None:
+    """Acquire-or-renew accepts a key that already holds our holder value: were that the
+    bare consumer name, a second process of the same name would lead beside the first."""
+    from controlplane.service.controller import Controller
+    from controlplane.service.settings import ControllerSettings
+
+    settings = ControllerSettings(
+        redis_url=redis_url, key_prefix=key_prefix, consumer_name="same", lease_ttl_s=30
+    )
+    first, second = Controller(settings), Controller(settings)
+    assert first.lease.tick() and not second.lease.tick()
+    assert first.lease.holder_now() == first.lease.holder != second.lease.holder
+    assert first.lease.holder.startswith("same/")
