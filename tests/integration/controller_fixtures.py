@@ -137,3 +137,11 @@ def good_batch(worker: str, seq: int, *, t0: float | None = None, n: int = 200) 
     """A batch of ``n`` accesses of ``text_1`` that the window takes (10 s old by default)."""
     t0 = time.time() - 10 if t0 is None else t0
     return reuse_batch(worker, seq, category="text_1", n=n, rate=0.5, p=0.5, t0=t0, seed=seq)
+
+
+def ingest_good_batches(c: Controller, client: redis.Redis, worker: str, n: int) -> None:
+    """Send ``worker``'s good batches 1..``n`` and wait until ``c`` has ingested them."""
+    keys = Keys(c.settings.key_prefix)
+    for seq in range(1, n + 1):
+        send(client, keys, good_batch(worker, seq))
+    wait_until(lambda: c.ingestor.counters.batches == n, what=f"{n} batches ingested")

@@ -13,7 +13,12 @@ import redis
 from agent.wire import EventBatch, Keys
 from controlplane.service.controller import Controller
 from controlplane.service.settings import ControllerSettings
-from tests.integration.controller_fixtures import controller, good_batch, send
+from tests.integration.controller_fixtures import (
+    controller,
+    good_batch,
+    ingest_good_batches,
+    send,
+)
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -100,9 +105,7 @@ def test_a_refit_that_runs_across_a_lost_lease_does_not_publish(
     r = redis.Redis.from_url(redis_url)
     keys = Keys(key_prefix)
     with controller(redis_url, key_prefix) as c:
-        for seq in range(1, 4):
-            send(r, keys, good_batch("w1", seq))
-        wait_until(lambda: c.ingestor.counters.batches == 3, what="three batches")
+        ingest_good_batches(c, r, "w1", 3)
         before = c.store.current_version()
         r.set(keys.leader, "the-new-leader", px=60_000)  # taken before this replica's tick
         outcome = c.refit(manual=True)

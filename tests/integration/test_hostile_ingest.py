@@ -14,7 +14,13 @@ import redis
 from agent.wire import WIRE_SCHEMA_VERSION, AgentStatus, Keys, encode_batch
 from controlplane.service.housekeeping import Housekeeper, HousekeepingSettings
 from controlplane.service.stream_io import Commit, StreamIO
-from tests.integration.controller_fixtures import controller, good_batch, reuse_batch, send
+from tests.integration.controller_fixtures import (
+    controller,
+    good_batch,
+    ingest_good_batches,
+    reuse_batch,
+    send,
+)
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -168,9 +174,7 @@ def test_a_restart_keeps_sequence_tracking_and_the_fit(redis_url: str, key_prefi
     r = redis.Redis.from_url(redis_url)
     keys = Keys(key_prefix)
     with controller(redis_url, key_prefix) as c:
-        for seq in range(1, 6):
-            send(r, keys, good_batch("w1", seq))
-        wait_until(lambda: c.ingestor.counters.batches == 5, what="five batches")
+        ingest_good_batches(c, r, "w1", 5)
         before = c.window.snapshot(time.time())
         assert c.ingestor.counters.gaps["w1"] == 0
     # stop() wrote a checkpoint; a new controller (another consumer) takes over.
