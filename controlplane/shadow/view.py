@@ -27,7 +27,10 @@ class CurvePoint:
     workers' own hit ratio (docs/shadow.md, "What the estimate is")."""
     ci_low: float
     ci_high: float
-    """The 95 % interval; all of [0, 1] while too few subtrees (or no access) are sampled."""
+    """The 95 % interval of the draw of sampled subtrees; all of [0, 1] while too few
+    subtrees (or no access) are sampled. The miniature's own error is not in it: on
+    synthetic traces it held the full replay's figure for about three cells in four on
+    to-C and one in five on to-B (docs/shadow.md, "Its error and its cost")."""
     accesses: int
     """Sampled accesses behind the estimate (0: hit_ratio 0.0 says nothing)."""
     sampled_hit_ratio: float = 0.0
