@@ -17,12 +17,13 @@ import re
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from textwrap import wrap
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from pydantic_settings import BaseSettings
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
 if TYPE_CHECKING:
     from controlplane.traces.model import Trace
@@ -50,13 +51,21 @@ SkipBadLinesFlag = Annotated[
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``message`` as an error and exit with ``code``."""
-    # Wrapped at a terminal's width; one line where the output is read by a program.
-    err_console.print(
-        f"[bold red]error:[/] {escape(message)}",
-        highlight=False,
-        soft_wrap=not err_console.is_terminal,
-    )
+    say(message, lead="error: ")
     raise typer.Exit(code)
+
+
+def say(text: str, *, lead: str = "") -> None:
+    """Print ``lead`` (bold red) and ``text`` on stderr, wrapped at a terminal's width
+    between words (a path is never cut); one line where a program reads it."""
+    line = lead + text
+    lines = [line]
+    if err_console.is_terminal:
+        width = err_console.width
+        lines = wrap(line, width, break_long_words=False, break_on_hyphens=False) or [line]
+    shown = Text("\n".join(lines))
+    shown.stylize("bold red", 0, len(lead))
+    err_console.print(shown, highlight=False, soft_wrap=True)
 
 
 def counted(n: int, noun: str, plural: str = "") -> str:
@@ -97,22 +106,16 @@ def policy_names(policy: str) -> list[str]:
     return check_names(split_list(policy, "--policy"), catalog.names(), "--policy", "policy")
 
 
-THOUSANDS = re.compile(r"[1-9]\d?(,\d{3})+|\d+(,\d{3})*,0\d\d(,\d{3})*")
-"""What reads as one number with thousands separators, as the CLI's own tables print
-sizes ("1,651", "12,288", "1,000,000"), rather than a list: one or two digits then groups
-of three, or any group of three with a leading zero (no one lists a size as "048")."""
+NUMBER_WITH_SEPARATORS = re.compile(r"[1-9]\d?(,\d{3})+")
+"""One number as the CLI's own tables print it ("1,651", "12,288", "1,000,000") rather
+than a list: one or two digits, then groups of three."""
+SEPARATED_GROUP = re.compile(r"0\d")
+"""An item no one writes as a value of its own ("000", "048"): the rest of a number cut at
+its thousands separators."""
 
 
 def parse_ints(value: str, option: str) -> list[int]:
-    """Comma-separated non-negative integers, each once. A value that reads as one number
-    with thousands separators (``THOUSANDS``: "1,651", copied from a table) fails rather
-    than run the sizes 1 and 651; such a list takes a space after each comma ("1, 651")."""
-    if THOUSANDS.fullmatch(value):
-        fail(
-            f"{option}: {value!r} reads as {value.replace(',', '')} with thousands "
-            f"separators, but commas separate sizes: write {value.replace(',', '')} for one "
-            f"size, or {value.replace(',', ', ')!r} for a list"
-        )
+    """Comma-separated non-negative integers, each once."""
     return _parse_list(value, option, int, "an integer", lambda n: n >= 0, "is negative")
 
 
@@ -141,6 +144,7 @@ def _parse_list(
     valid: Callable[[NumberT], bool],
     invalid: str,
 ) -> list[NumberT]:
+    _refuse_thousands_separators(value, option)
     out: list[NumberT] = []
     for item in split_list(value, option):
         try:
@@ -151,6 +155,27 @@ def _parse_list(
             fail(f"{option}: {number:g} {invalid}")
         out.append(number)
     return list(dict.fromkeys(out))
+
+
+def _refuse_thousands_separators(value: str, option: str) -> None:
+    """Fail if ``value`` reads as numbers written with thousands separators (a size copied
+    from a table: "1,651", "10,000,20,000") rather than run their pieces as values, and
+    say what to write. A list of small values takes a space after each comma ("1, 651")."""
+    items = [item.strip() for item in value.split(",")]
+    pieces = any(SEPARATED_GROUP.match(item) for item in items)
+    if not pieces and not NUMBER_WITH_SEPARATORS.fullmatch(value):
+        return
+    merged: list[str] = []
+    for item in items:  # a group of three digits goes back onto the number before it
+        if merged and len(item) == 3 and item.isdigit():
+            merged[-1] += item
+        else:
+            merged.append(item)
+    also = "" if pieces else f", or {value.replace(',', ', ')!r} for a list"
+    fail(
+        f"{option}: {value!r} reads as numbers with thousands separators, but commas "
+        f"separate values: write {','.join(merged)}{also}"
+    )
 
 
 def positive(text: str) -> float:
@@ -199,7 +224,7 @@ def load_trace_or_fail(path: Path, *, skip_bad_lines: bool = False) -> Trace:
         fail(str(exc))
     if trace.skipped_lines:
         first = ", ".join(f"line {ln}: {why}" for ln, why in trace.skipped_lines[:3])
-        typer.echo(f"skipped {counted(len(trace.skipped_lines), 'bad line')} ({first})", err=True)
+        say(f"skipped {counted(len(trace.skipped_lines), 'bad line')} ({first})")
     if trace.n_requests == 0:
         fail(f"{path}: no requests")
     return trace
