@@ -9,6 +9,7 @@ summary file and the per-request JSON lines), and the side-by-side view of two r
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -128,16 +129,18 @@ def serve(
         limit=limit, concurrency=concurrency, max_tokens=max_tokens, max_blocks=max_blocks,
         categories=not no_categories, timeout=timeout, controller=controller,
     )  # fmt: skip
-    summary = _serve(trace_path, run_args, requests_out, skip_bad_lines, quiet=json_out)
     if output is not None:
-        try:
-            output.write_text(json.dumps(summary, indent=1) + "\n")
-        except OSError as exc:
-            fail(f"--output {output}: {exc.strerror or exc}")
+        _check_writable(output, "--output")  # now: a run is minutes of a server's time
+    summary = _serve(trace_path, run_args, requests_out, skip_bad_lines, quiet=json_out)
     if json_out:
         print_json(summary)
     else:
         _print_summary(summary)
+    if output is not None:  # after the summary is shown: a failed write loses nothing
+        try:
+            output.write_text(json.dumps(summary, indent=1) + "\n")
+        except OSError as exc:
+            fail(f"--output {output}: {exc.strerror or exc}")
     if summary["errors"]:
         raise typer.Exit(1)
 
@@ -213,6 +216,18 @@ def _base_url(url: str) -> str:
     if not base.startswith(("http://", "https://")):
         fail(f"--url {url!r}: expected http://host:port or https://...")
     return base
+
+
+def _check_writable(path: Path, option: str) -> None:
+    """Fail now, naming ``option``, unless ``path`` names a file that can be written;
+    nothing is created or changed before the run ends."""
+    folder = path.parent
+    if path.is_dir():
+        fail(f"{option} {path}: is a folder")
+    if not folder.is_dir():
+        fail(f"{option} {path}: folder {folder} does not exist")
+    if not os.access(path if path.exists() else folder, os.W_OK):
+        fail(f"{option} {path}: not writable")
 
 
 def _open_lines(path: Path | None) -> IO[str] | None:

@@ -196,3 +196,14 @@ def test_simulate_refuses_a_block_size_the_trace_format_contradicts() -> None:
     assert one_error_line(res).startswith(
         "error: --block-tokens 16: this mooncake trace's blocks hold 512 tokens each"
     )
+
+
+def test_bench_serve_refuses_an_output_it_could_not_write_before_sending(tmp_path: Path) -> None:
+    """``-o nodir/a.json`` was tried only after the run: minutes of a server's time lost,
+    and no summary shown."""
+    out = tmp_path / "nodir" / "a.json"
+    port = free_port()  # nothing listens: the run would fail later, differently
+    res = kvwise("bench", "serve", str(SAMPLE), "--url", f"http://127.0.0.1:{port}", "-o", str(out))
+    assert res.returncode == 2
+    assert one_error_line(res) == f"error: --output {out}: folder {out.parent} does not exist"
+    assert not out.parent.exists()
