@@ -99,7 +99,7 @@ async def send_completion(
     except httpx.TimeoutException as exc:
         result.error = f"timeout ({type(exc).__name__})"
     except httpx.HTTPError as exc:
-        result.error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+        result.error = _transport_error(exc)[:MAX_ERROR_CHARS]
     except _StreamError as exc:
         result.error = str(exc)
 
@@ -195,3 +195,12 @@ def _error_message(body: bytes) -> str:
         if message is not None:
             return str(message)[:MAX_ERROR_CHARS]
     return str(obj)[:MAX_ERROR_CHARS]
+
+
+def _transport_error(exc: httpx.HTTPError) -> str:
+    """``exc`` with a reason: httpx's read errors often carry no message ("ReadError: "),
+    so the first error beneath it that has one is given (the connection reset)."""
+    reason: BaseException | None = exc
+    while reason is not None and not str(reason):
+        reason = reason.__cause__ or reason.__context__
+    return f"{type(exc).__name__}: {reason or 'the connection ended without a reply'}"
