@@ -201,6 +201,7 @@ class Controller:
             ),
             observer=self.health,
             between_passes=self._checkpoint_if_due,
+            leads=self.lease.confirm,
         )
 
     # --- lifecycle -----------------------------------------------------------------------

@@ -100,6 +100,10 @@ class _Refusal:
     fields: Fields
 
 
+class LeaseLost(Exception):
+    """This replica no longer holds the leader lease: the pass ends uncommitted."""
+
+
 class Ingestor(BackgroundLoop):
     """Consumes event batches as ``settings.consumer`` on its own thread (``start``)."""
 
@@ -114,8 +118,13 @@ class Ingestor(BackgroundLoop):
         housekeeper: Housekeeper | None = None,
         observer: RedisObserver | None = None,
         between_passes: BetweenPasses | None = None,
+        leads: Callable[[], bool] | None = None,
     ) -> None:
         super().__init__("ingest", interval_s=0.0, max_backoff_s=MAX_BACKOFF_S, observer=observer)
+        self.leads = leads
+        """Whether this replica still holds the lease (one read), asked before each pass
+        and again before its commit: a deposed leader (paused past its lease, say) stops
+        rather than acknowledge entries the new leader should read."""
         self.housekeeper = housekeeper
         self.between_passes = between_passes
         self._last_sweep = time.monotonic()
@@ -152,6 +161,10 @@ class Ingestor(BackgroundLoop):
         except (redis.ConnectionError, redis.TimeoutError):
             self._streams.clear()  # Redis may come back without our groups: rediscover
             raise
+        except LeaseLost:
+            log.warning("ingest: this replica no longer holds the lease; ingest stops")
+            self.stop()
+            return
         if self.between_passes is not None:
             self.between_passes()
 
@@ -186,7 +199,9 @@ class Ingestor(BackgroundLoop):
         self._last_discover = time.monotonic()
 
     def poll_once(self) -> int:
-        """Read, judge, apply and commit one pass; returns the entries handled."""
+        """Read, judge, apply and commit one pass; returns the entries handled. Raises
+        ``LeaseLost`` (before reading, or nothing committed) once the lease is gone."""
+        self._check_lease()
         now = time.monotonic()
         if now - self._last_discover > DISCOVER_EVERY_S or not self._streams:
             self.discover()
@@ -269,12 +284,17 @@ class Ingestor(BackgroundLoop):
             refusals += [(read.stream, r) for r in refused]
             handled += len(read.entries)
         if commits:
+            self._check_lease()
             ledger_keys = {s: self._ledger_key(s) for s in commits}
             trimmed = self.io.commit(ledger_keys, commits)
             self.counters.trimmed += trimmed
         if refusals:  # after the commit: a Redis out of memory refuses these first
             self._dead_letter(refusals)
         return handled
+
+    def _check_lease(self) -> None:
+        if self.leads is not None and not self.leads():
+            raise LeaseLost
 
     def _judge_all(self, read: StreamRead) -> tuple[Commit, list[_Refusal]]:
         worker = self._worker_of(read.stream)

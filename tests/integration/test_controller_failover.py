@@ -77,7 +77,9 @@ def test_a_leader_that_ingests_again_reads_the_ledgers_another_wrote_meanwhile(
             ControllerSettings(redis_url=redis_url, key_prefix=key_prefix, consumer_name="other")
         )
         send(r, keys, good_batch("w1", 2))
+        r.set(keys.leader, other.lease.holder, px=60_000)  # the other leads a while
         wait_until(lambda: other.ingestor.poll_once() > 0, what="the other's pass")
+        r.set(keys.leader, c.lease.holder, px=60_000)  # and hands the lease back
         send(r, keys, good_batch("w1", 3))  # a lease tick starts ingest here again
         wait_until(lambda: c.ingestor.counters.batches == 2, what="the third batch")
     ledger = r.hgetall(keys.ingest_state("w1"))
@@ -156,8 +158,27 @@ def test_an_ingest_thread_that_outlives_the_lease_writes_no_checkpoint(
     keys = Keys(key_prefix)
     with controller(redis_url, key_prefix, checkpoint_interval_s=0.05, lease_ttl_s=30) as c:
         wait_until(lambda: r.exists(keys.checkpoint), what="a checkpoint while it leads")
-        c.lease.release()  # the next lease tick is 10 s away; the ingest thread runs on
+        c.lease.release()  # the next lease tick is 10 s away; the ingest thread ends its pass
         time.sleep(0.2)  # a checkpoint begun before the release ends
         r.delete(keys.checkpoint)
         time.sleep(0.5)
-        assert c.ingestor.running and not r.exists(keys.checkpoint)
+        assert not r.exists(keys.checkpoint)
+        wait_until(lambda: not c.ingestor.running, what="ingest to stop itself")
+
+
+def test_a_deposed_leader_stops_ingesting_before_its_lease_tick_notices(
+    redis_url: str, key_prefix: str
+) -> None:
+    """A leader paused past its lease (SIGSTOP, a long GC) woke and went on ingesting until
+    its next lease tick: it acknowledged entries the new leader never saw, and its stale
+    ledger overwrote the new leader's."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    with controller(redis_url, key_prefix, lease_ttl_s=60) as c:  # ticks every 20 s
+        ingest_good_batches(c, r, "w1", 1)
+        r.set(keys.leader, "the-new-leader", px=60_000)  # taken while this one slept
+        send(r, keys, good_batch("w1", 2))
+        wait_until(lambda: not c.ingestor.running, what="ingest to stop itself")
+        assert c.ingestor.counters.batches == 1
+        assert r.xlen(keys.events_stream("w1")) == 1  # unread: the new leader's to take
+        assert r.xpending(keys.events_stream("w1"), "controller")["pending"] == 0
