@@ -55,6 +55,11 @@ class StoreError(RuntimeError):
     """A store operation that cannot be done as asked (e.g. unknown version)."""
 
 
+class TooManyOverrides(StoreError):
+    """A new pin past ``max_overrides`` (checked inside the publication's transaction, so
+    concurrent pins cannot pass the limit together)."""
+
+
 class LeaseLost(StoreError):
     """A publication refused by its fence: this replica no longer leads."""
 
@@ -242,7 +247,10 @@ class PolicyStore:
             draft = self._read(pipe, "")
             full = len(draft.overrides) >= self.max_overrides
             if category not in draft.overrides and full:
-                raise StoreError(f"{self.max_overrides} overrides already (max_overrides)")
+                raise TooManyOverrides(
+                    f"{len(draft.overrides)} categories are pinned already (max_overrides "
+                    f"{self.max_overrides}): release one first"
+                )
             merged = {**draft.overrides.get(category, {}), **values}
             # Validate before storing: a bad override must never reach agents.
             _apply_one(_params_for_override(draft, self._current_in(pipe), category), merged)

@@ -8,8 +8,10 @@ import select
 import socket
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import httpx
 import pytest
 
 from controlplane.api.access import MAX_BODY_BYTES
@@ -221,6 +223,24 @@ def test_override_names_are_bounded(ctl: RunningController, name: str) -> None:
     assert r.status_code == 422, r.text
     assert r.json()["field"] == "category"
     assert r.json()["message"].startswith("must be at most 64 characters matching ^[A-Za-z0-9]")
+
+
+def test_concurrent_pins_past_the_limit_are_all_409(ctl: RunningController) -> None:
+    """Pins racing for the last room: the losers once got a 422 ``invalid_value`` from
+    the store's check inside the transaction."""
+
+    def pin(i: int) -> httpx.Response:
+        with httpx.Client(base_url=ctl.url, timeout=30) as client:
+            return client.put(f"/v1/policy/overrides/race-{i}", json={"rate": 1}, headers=AS_WRITER)
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        answers = list(pool.map(pin, range(MAX_OVERRIDES + 4)))
+    assert sorted({a.status_code for a in answers}) == [200, 409], [a.text for a in answers]
+    assert all(a.json()["error"] == "too_many_overrides" for a in answers if a.status_code != 200)
+    pinned = ctl.client.get("/v1/policy/overrides", headers=AS_READER).json()
+    assert len(pinned) == MAX_OVERRIDES
+    for name in pinned:
+        ctl.client.delete(f"/v1/policy/overrides/{name}", headers=AS_WRITER)
 
 
 def test_override_count_is_bounded_and_a_pin_can_always_change(ctl: RunningController) -> None:

@@ -19,7 +19,7 @@ from controlplane.api.errors import ApiError, FieldError, documented
 from controlplane.api.field_messages import FieldProblem
 from controlplane.api.models import EvictorBody, OverrideBody, OverrideCategory
 from controlplane.api.routes import ControllerDep
-from controlplane.service.store import EvictorState, StoreError
+from controlplane.service.store import EvictorState, StoreError, TooManyOverrides
 
 TAG = "overrides"
 reads = APIRouter(tags=[TAG])
@@ -44,9 +44,10 @@ def put_override(
     values = body.given()
     if not values:
         raise FieldError(FieldProblem("invalid_value", "body", "give rate, p_reuse or life_s"))
-    _check_room_for(category, controller.store.overrides(), controller.settings.max_overrides)
     try:
         return controller.store.set_override(category, values)
+    except TooManyOverrides as exc:  # judged in the publication's transaction
+        raise ApiError(409, "too_many_overrides", str(exc)) from None
     except StoreError as exc:
         raise FieldError(FieldProblem("invalid_value", "body", str(exc))) from None
 
@@ -88,14 +89,3 @@ def delete_evictor(controller: ControllerDep) -> PolicyDocument:
     """Release the evictor family's pin; publishes a version with the controller's
     selection."""
     return controller.store.pin_evictor(None)
-
-
-def _check_room_for(category: str, pinned: dict[str, dict[str, float]], most: int) -> None:
-    """Refuse a new pin past ``most``; changing an existing pin always has room."""
-    if category not in pinned and len(pinned) >= most:
-        raise ApiError(
-            409,
-            "too_many_overrides",
-            f"{len(pinned)} categories are pinned already (max_overrides {most}): "
-            "release one first",
-        )
