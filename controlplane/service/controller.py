@@ -40,7 +40,7 @@ from controlplane.service.health import RedisHealth, guarded
 from controlplane.service.housekeeping import Housekeeper, HousekeepingSettings
 from controlplane.service.ingest import Ingestor, IngestSettings
 from controlplane.service.lease import LeaderLease
-from controlplane.service.metrics import ControllerMetrics
+from controlplane.service.metrics import ControllerMetrics, RefitOutcomeLabel
 from controlplane.service.settings import ControllerSettings
 from controlplane.service.shadowing import ShadowLink
 from controlplane.service.store import LeaseLost, PolicyStore
@@ -451,7 +451,9 @@ class Controller:
         self.metrics.policy_version.set(doc.version)
         return self._outcome("published", doc.version, f"published version {doc.version}", seconds)
 
-    def _outcome(self, label: str, version: int | None, reason: str, s: float) -> RefitOutcome:
+    def _outcome(
+        self, label: RefitOutcomeLabel, version: int | None, reason: str, s: float
+    ) -> RefitOutcome:
         self.metrics.refits.labels(outcome=label).inc()
         return RefitOutcome(label == "published", version, reason, s)
 

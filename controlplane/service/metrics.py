@@ -9,7 +9,7 @@ anything it exports.
 
 from __future__ import annotations
 
-from typing import get_args
+from typing import Literal, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -20,6 +20,14 @@ GUARD_OUTCOMES = get_args(GuardOutcome)
 """Labels of ``kvwise_refit_guard``: published after judging, refused, published unjudged
 for want of data, or with the shadow switched off."""
 """Labels of ``kvwise_ingest_dead_letters``: undecodable, over a limit, failed to apply."""
+
+
+RefitOutcomeLabel = Literal[
+    "published", "unchanged", "skipped", "held", "refused", "lost_lease", "error"
+]
+"""Every outcome a refit is counted under."""
+REFIT_OUTCOMES: tuple[RefitOutcomeLabel, ...] = get_args(RefitOutcomeLabel)
+"""They all, each series existing (at 0) from the start."""
 
 
 class ControllerMetrics:
@@ -106,6 +114,8 @@ class ControllerMetrics:
     def _refit_metrics(self) -> None:
         r = self.registry
         self.refits = Counter("kvwise_refits", "Refit attempts by outcome", ["outcome"], registry=r)
+        for outcome in REFIT_OUTCOMES:
+            self.refits.labels(outcome=outcome)
         self.refit_seconds = Histogram(
             "kvwise_refit_duration_seconds",
             "Time to snapshot and fit all categories",
@@ -115,8 +125,8 @@ class ControllerMetrics:
         self.checkpoints = Counter(
             "kvwise_checkpoints", "Window checkpoints by outcome", ["outcome"], registry=r
         )
-        for outcome in ("written", "failed"):
-            self.checkpoints.labels(outcome=outcome)
+        for written in ("written", "failed"):
+            self.checkpoints.labels(outcome=written)
         self.checkpoint_bytes = Gauge(
             "kvwise_checkpoint_bytes", "Size of the last window checkpoint written", registry=r
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from controlplane.service.metrics import ControllerMetrics
+from controlplane.service.metrics import REFIT_OUTCOMES, ControllerMetrics
 from tests.conftest import REPO
 
 DOC = REPO / "docs" / "controller.md"
@@ -56,3 +56,12 @@ if __name__ == "__main__":
     head, tail = text[: text.index(START) + len(START)], text[text.index(END) :]
     DOC.write_text(f"{head}\n\n{metrics_table()}\n\n{tail}")
     sys.exit(0)
+
+
+def test_every_refit_outcome_reads_0_before_the_first_refit() -> None:
+    """Only outcomes that had happened were exported: a dashboard's rate of refusals was
+    "no data", not 0, until one came."""
+    metrics = ControllerMetrics()
+    for outcome in REFIT_OUTCOMES:
+        value = metrics.registry.get_sample_value("kvwise_refits_total", {"outcome": outcome})
+        assert value == 0.0, outcome
