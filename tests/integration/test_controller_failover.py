@@ -182,3 +182,22 @@ def test_a_deposed_leader_stops_ingesting_before_its_lease_tick_notices(
         assert c.ingestor.counters.batches == 1
         assert r.xlen(keys.events_stream("w1")) == 1  # unread: the new leader's to take
         assert r.xpending(keys.events_stream("w1"), "controller")["pending"] == 0
+
+
+def test_a_replica_that_stops_ingesting_exports_no_frozen_gap_figures(
+    redis_url: str, key_prefix: str
+) -> None:
+    """A former leader kept exporting the gaps it last saw beside the leader's live ones
+    (a dashboard takes the largest across replicas)."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    with controller(redis_url, key_prefix, lease_ttl_s=60) as c:
+        send(r, keys, good_batch("w1", 1))
+        send(r, keys, good_batch("w1", 3))  # batch 2 missing
+        wait_until(lambda: c.ingestor.counters.batches == 2, what="two batches")
+        gaps = c.metrics.registry.get_sample_value("kvwise_ingest_gap_batches", {"worker": "w1"})
+        assert gaps == 1
+        r.set(keys.leader, "the-new-leader", px=60_000)
+        wait_until(lambda: not c.ingestor.running, what="ingest to stop itself")
+        gone = c.metrics.registry.get_sample_value("kvwise_ingest_gap_batches", {"worker": "w1"})
+        assert gone is None
