@@ -17,6 +17,7 @@ Formats (docs/traces.md):
 from __future__ import annotations
 
 import gzip
+import io
 import math
 import os
 import zlib
@@ -270,12 +271,27 @@ def _detect_format(obj: dict[str, Any]) -> str:
 
 
 def _open(path: str) -> IO[bytes]:
-    """Plain or gzip, told by the magic bytes (a suffix can lie)."""
-    with open(path, "rb") as raw:
-        magic = raw.read(2)
-    if magic == _GZIP_MAGIC:
-        return cast(IO[bytes], gzip.open(path, "rb"))
-    return open(path, "rb", buffering=1 << 20)
+    """Plain or gzip, told by the magic bytes (a suffix can lie). The file is opened once
+    and its first bytes peeked, so a pipe (``<(zcat ...)``, ``/dev/stdin``) reads too."""
+    raw = io.BufferedReader(io.FileIO(path, "rb"), buffer_size=1 << 20)
+    if raw.peek(2)[:2] == _GZIP_MAGIC:
+        return cast(IO[bytes], _GzipOver(raw))
+    return raw
+
+
+class _GzipOver(gzip.GzipFile):
+    """Gzip read from an open file, which it closes with itself (``GzipFile`` leaves a
+    file it was given open)."""
+
+    def __init__(self, raw: io.BufferedReader[io.FileIO]) -> None:
+        super().__init__(fileobj=raw, mode="rb")
+        self._raw = raw
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._raw.close()
 
 
 def _records(f: IO[bytes], path: str) -> Iterator[tuple[int, Any]]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import os
 import pickle
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -416,3 +418,21 @@ def test_replay_cli_skips_bad_lines_when_asked(tmp_path: Path) -> None:
     doc = orjson.loads(res.stdout)
     assert (doc["requests"], doc["skipped_lines"]) == (2, 1)
     assert "skipped 1 bad line (line 2: field 'hash_ids'" in res.stderr
+
+
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_a_trace_reads_from_a_pipe(tmp_path: Path, gzipped: bool) -> None:
+    """``kvwise replay <(zcat t.gz)`` or ``... | kvwise replay /dev/stdin``: the file was
+    opened twice (once to sniff gzip), and a pipe read as empty: "no requests"."""
+    data = SAMPLE.read_bytes()
+    if not gzipped:
+        data = gzip.decompress(data)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_bytes, args=(data,))
+    writer.start()
+    try:
+        trace = load_trace(fifo)
+    finally:
+        writer.join(timeout=10)
+    assert trace.n_requests == load_trace(SAMPLE).n_requests > 0
