@@ -24,6 +24,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from controlplane.cli.common import counted
+
 if TYPE_CHECKING:
     from controlplane.replay.runner import ReplayJob
 
@@ -93,7 +95,7 @@ class MatrixProgress:
         elif finished_now and not self.quiet:
             elapsed = time.monotonic() - self._t0
             self.console.print(
-                f"{self.command}: {job.policy} at {job.capacity:,} blocks done "
+                f"{self.command}: {job.policy} at {counted(job.capacity, 'block')} done "
                 f"({self._jobs_text()}, {elapsed:.1f} s)",
                 highlight=False,
                 soft_wrap=True,

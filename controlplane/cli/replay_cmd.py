@@ -401,7 +401,7 @@ def _print_tables(
     table.print(console)
     for r in results:
         for note in r.notes:
-            console.print(f"{r.policy} at {r.capacity:,} blocks: {note}", highlight=False)
+            console.print(f"{r.policy} at {counted(r.capacity, 'block')}: {note}", highlight=False)
     if len(trace.category_names) > 1 and top > 0:
         _print_category_tables(console, names, capacities, by, top)
 
@@ -417,7 +417,7 @@ def _print_category_tables(
     cats = sorted(per_category, key=lambda k: -per_category[k].accesses)[:top]
     for c in capacities:
         table = FoldedTable(
-            title=f"Per-category hit ratio at {c:,} blocks (top {len(cats)} by accesses)",
+            title=f"Per-category hit ratio at {counted(c, 'block')} (top {len(cats)} by accesses)",
             keys=[Column("category", "left"), Column("accesses")],
             values=[Column(n) for n in names],
         )

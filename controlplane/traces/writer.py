@@ -4,7 +4,7 @@ Owns ``write_bailian``: one JSON object per request in replay order, with the ke
 public ``qwen_trace*_blksz_16.jsonl`` files (``chat_id``, ``parent_chat_id``,
 ``timestamp``, ``input_length``, ``output_length``, ``type``, ``turn``, ``hash_ids``) and
 the trace's original hash ids (``trace.hashes[trace.blocks]``), so reading the file back
-gives the same arrays. A name ending in ``.gz`` is written gzip-compressed. It must never
+gives the same arrays. A name ending in ``.gz`` (any case) is written gzip-compressed. It must never
 change the trace (no re-numbering, no re-timing) or write any other format.
 """
 
@@ -75,7 +75,7 @@ def write_bailian(trace: Trace, path: str | os.PathLike[str]) -> None:
 
 
 def _open(path: Path) -> IO[bytes]:
-    if path.name.endswith(".gz"):
+    if path.name.lower().endswith(".gz"):
         # Level 1: on these id lists it writes files ~15 % larger than level 6 in a
         # seventh of the time.
         return cast(IO[bytes], gzip.open(path, "wb", compresslevel=1))
