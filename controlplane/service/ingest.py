@@ -100,7 +100,7 @@ class _Refusal:
     fields: Fields
 
 
-class LeaseLost(Exception):
+class NoLongerLeader(Exception):
     """This replica no longer holds the leader lease: the pass ends uncommitted."""
 
 
@@ -161,7 +161,7 @@ class Ingestor(BackgroundLoop):
         except (redis.ConnectionError, redis.TimeoutError):
             self._streams.clear()  # Redis may come back without our groups: rediscover
             raise
-        except LeaseLost:
+        except NoLongerLeader:
             log.warning("ingest: this replica no longer holds the lease; ingest stops")
             self.stop()
             return
@@ -205,7 +205,7 @@ class Ingestor(BackgroundLoop):
 
     def poll_once(self) -> int:
         """Read, judge, apply and commit one pass; returns the entries handled. Raises
-        ``LeaseLost`` (before reading, or nothing committed) once the lease is gone."""
+        ``NoLongerLeader`` (before reading, or nothing committed) once the lease is gone."""
         self._check_lease()
         now = time.monotonic()
         if now - self._last_discover > DISCOVER_EVERY_S or not self._streams:
@@ -299,7 +299,7 @@ class Ingestor(BackgroundLoop):
 
     def _check_lease(self) -> None:
         if self.leads is not None and not self.leads():
-            raise LeaseLost
+            raise NoLongerLeader
 
     def _judge_all(self, read: StreamRead) -> tuple[Commit, list[_Refusal]]:
         worker = self._worker_of(read.stream)
