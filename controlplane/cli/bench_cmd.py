@@ -9,7 +9,6 @@ summary file and the per-request JSON lines), and the side-by-side view of two r
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -219,15 +218,16 @@ def _base_url(url: str) -> str:
 
 
 def _check_writable(path: Path, option: str) -> None:
-    """Fail now, naming ``option``, unless ``path`` names a file that can be written;
-    nothing is created or changed before the run ends."""
-    folder = path.parent
+    """Fail now, naming ``option``, unless ``path`` names a file in a folder that takes
+    one (the plots' check; ``path`` itself is not touched before the run ends)."""
+    from controlplane.plots.common import check_folder
+
     if path.is_dir():
         fail(f"{option} {path}: is a folder")
-    if not folder.is_dir():
-        fail(f"{option} {path}: folder {folder} does not exist")
-    if not os.access(path if path.exists() else folder, os.W_OK):
-        fail(f"{option} {path}: not writable")
+    try:
+        check_folder(path.parent, path)
+    except OSError as exc:
+        fail(f"{option} {exc}")
 
 
 def _open_lines(path: Path | None) -> IO[str] | None:
