@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 
 CALL_RETRIES = 3
 """Retries of one Redis call (capped exponential backoff) before the controller sees it."""
+PROBE_TIMEOUT_S = 1.0
+"""Longest wait of a probe (one call, no retry): a stalled Redis costs readiness and a
+scrape this long, within a kubelet's timeout, not the retried calls' tens of seconds."""
 SHADOW_REFRESH_S = 5.0
 """Seconds between reads of the workers' capacities and the document in force (shadow)."""
 
@@ -97,12 +100,14 @@ class CategoryDetail(CategorySummary):
     cdf: ReuseCurve | None
 
 
-def redis_client(settings: ControllerSettings, *, timeout_s: float = 5.0) -> RedisClient:
+def redis_client(
+    settings: ControllerSettings, *, timeout_s: float = 5.0, retries: int = CALL_RETRIES
+) -> RedisClient:
     """The controller's client for ``settings.redis_url`` (``RedisUrlError`` if malformed)."""
     return connect(
         settings.redis_url,
         timeout_s=timeout_s,
-        retries=CALL_RETRIES,
+        retries=retries,
         cluster=settings.redis_cluster,
         health_check_s=15,
     )
@@ -113,6 +118,7 @@ class Controller:
         self.settings = settings
         self.keys = Keys(settings.key_prefix)
         self.r = redis_client(settings)
+        self.probe_r = redis_client(settings, timeout_s=PROBE_TIMEOUT_S, retries=0)
         self.metrics = ControllerMetrics()
         self.health = RedisHealth(redact(settings.redis_url), self.metrics)
         self.name = settings.consumer_name or f"{socket.gethostname()}-{os.getpid()}"
@@ -509,7 +515,7 @@ class Controller:
 
     def ready(self) -> tuple[bool, str]:
         """Readiness and, when not ready, why (Redis's state named: out of memory, ...)."""
-        report = self.health.probe(self.r, self.keys.probe(self.name))
+        report = self.health.probe(self.probe_r, self.keys.probe(self.name))
         if not report.ok:
             return False, report.reason
         try:
@@ -520,7 +526,14 @@ class Controller:
         return True, ""
 
     def refresh_gauges(self) -> None:
+        """Read what the gauges show from Redis; a Redis that does not answer a ping within
+        ``PROBE_TIMEOUT_S`` leaves them as they were (its state gauge says why)."""
         m = self.metrics
+        try:
+            self.probe_r.ping()
+        except redis.RedisError as exc:
+            self.health.failed(exc)
+            return
         try:
             cur = self.store.current()
             agents = self.agents()

@@ -5,6 +5,8 @@ values name the user's field, unknown paths and methods keep the shape."""
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ import redis
 
 from agent.wire import Keys
 from controlplane.dev.embedded_redis import EmbeddedRedis, free_port
+from controlplane.service.controller import PROBE_TIMEOUT_S
 from controlplane.service.settings import ControllerSettings
 from tests.conftest import delete_prefix
 from tests.integration.controller_fixtures import (
@@ -25,6 +28,7 @@ from tests.integration.controller_fixtures import (
     live_settings,
     running_controller,
 )
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -130,6 +134,28 @@ def _probes_still_answer(rc: RunningController) -> None:
     assert ready.json()["reason"].startswith("redis unavailable")
     assert rc.client.get("/metrics").status_code == 200
     assert rc.client.get("/v1/shadow", headers=AUTH).json()["enabled"] is True
+
+
+def test_a_stalled_redis_costs_the_probes_and_a_scrape_one_short_wait(
+    own_redis: EmbeddedRedis,
+) -> None:
+    """A Redis that stops answering (SIGSTOP: a hung host, a long fork) made /readyz wait
+    35 s and /metrics 80 s on retried calls; a kubelet gives up after its timeout and the
+    hung requests pile up in the server's threads. Each now waits one probe, then says."""
+    assert own_redis.proc is not None
+    with running_controller(_settings(own_redis.url)) as rc:
+        assert rc.client.get("/readyz").status_code == 200
+        os.kill(own_redis.proc.pid, signal.SIGSTOP)
+        try:
+            ready = rc.client.get("/readyz", timeout=4 * PROBE_TIMEOUT_S)
+            scrape = rc.client.get("/metrics", timeout=4 * PROBE_TIMEOUT_S)
+        finally:
+            os.kill(own_redis.proc.pid, signal.SIGCONT)
+        assert ready.status_code == 503
+        assert ready.json()["reason"].startswith("redis unavailable: Timeout")
+        assert scrape.status_code == 200
+        assert 'kvwise_redis_state{state="unreachable"} 1.0' in scrape.text
+        wait_until(lambda: rc.client.get("/readyz").status_code == 200, what="readiness back")
 
 
 def test_redis_out_of_memory_is_said_as_such(own_redis: EmbeddedRedis) -> None:
