@@ -34,13 +34,22 @@ LOCAL_REDIS = "redis://127.0.0.1:6379/0"
 
 @dataclass(frozen=True)
 class DemoSettings:
+    """What the demo runs: how many workers, on what synthetic traffic, how fast."""
+
     workers: int = 4
+    """Simulated workers, in pairs on one trace: even ones wa, odd ones stock LRU."""
     speed: float = 30.0
+    """Trace time runs this many times faster than the wall clock."""
     trace_minutes: float = 30.0
+    """Length of each synthetic to-C trace, in trace time (the workers loop over it)."""
     qps: float = 6.0
+    """Request rate of each trace."""
     capacity_frac: float = 0.1
+    """Each worker's cache holds this fraction of the largest trace's distinct blocks."""
     refit_interval_s: float = 5.0
+    """The controller's refit period."""
     seed: int = 1
+    """Seed of the first pair's trace; pair ``i`` uses ``seed + i``."""
 
 
 RedisSource = Literal["KVWISE_REDIS_URL", "reused", "embedded"]
