@@ -477,18 +477,32 @@ class AgentStatus:
     """An agent's heartbeat, stored as JSON under ``Keys.agent(id)`` with a TTL."""
 
     id: str
+    """The worker's id (``KVWISE_WORKER_ID``, else ``host-pid``)."""
     engine: str
+    """The engine the agent serves: ``vllm``, ``sglang``, ``sim``, ..."""
     capacity: int
+    """Blocks the engine's cache holds."""
     applied_version: int = 0
+    """Policy version in force (0: the built-in default)."""
     events_sent: int = 0
+    """Events sent to the agent's stream since it started."""
     events_dropped: int = 0
+    """Events lost since it started: dropped on a full buffer or in a failed send."""
     hits: int = 0
+    """Blocks counted as prefix hits since it started."""
     accesses: int = 0
+    """Blocks freed by requests since it started (each block of a request is one)."""
     hit_ratio: float = 0.0
+    """``hits / accesses`` (0 before the first access)."""
     rejected: int = 0
+    """Policy documents refused (each counted once, however often it was read)."""
     last_rejection: str = ""
+    """Why the last one was refused, led by ``v<version>:`` when its version is known;
+    empty while none has been."""
     started_at: float = 0.0
+    """Unix time the agent was created."""
     updated_at: float = 0.0
+    """Unix time this heartbeat was written."""
     applied_at: float = 0.0
     """When the version in force was swapped in (0: the built-in default, never swapped)."""
     staged_version: int = -1
