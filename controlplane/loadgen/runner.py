@@ -30,8 +30,12 @@ class ServerOptions:
     base_url: str
     """The server's root (``http://host:8000``); requests go to ``/v1/completions``."""
     model: str
+    """The ``model`` of every request (a name the server serves)."""
     concurrency: int = 64
+    """Requests in flight at most; a request due while all are taken waits for one."""
     timeout_s: float = 600.0
+    """Time each request has in all, from its send to the end of its response (the wait
+    for a free slot not counted)."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:

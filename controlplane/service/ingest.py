@@ -67,16 +67,25 @@ MAX_BACKOFF_S: Final = 5.0
 
 @dataclass(frozen=True)
 class IngestSettings:
+    """How one replica's ingest reads the event streams."""
+
     group: str
+    """The consumer group all replicas read in."""
     consumer: str
+    """This replica's consumer in the group."""
     count: int = 64
     """Entries per stream per read."""
     block_ms: int = 500
     """Wait after a pass that found nothing."""
     reclaim_idle_ms: int = 30_000
+    """Entries another consumer left pending this long are taken over."""
     limits: BatchLimits = field(default_factory=BatchLimits)
+    """What one entry may hold; an entry over a limit is dead-lettered."""
     max_read_bytes: int = 32 << 20
+    """Bytes one read may bring in, about; it also bounds how many streams one read
+    covers (``max_read_bytes // limits.max_entry_bytes``, taken round robin)."""
     max_out_of_order: int = MAX_OUT_OF_ORDER
+    """Sequence numbers a worker's ledger tracks above its first gap."""
 
 
 @dataclass
