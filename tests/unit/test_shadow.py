@@ -295,19 +295,18 @@ def test_the_regression_corrects_a_sample_poorer_in_reuse_than_the_traffic() -> 
 
 # --- exactness -------------------------------------------------------------------------------
 def _shadow_at_full_rate(
-    trace: Trace,
-    capacity: int,
-    doc: PolicyDocument,
-    reuse_ghost: int | None = None,
-    guard_max_accesses: int = 50_000,
+    trace: Trace, capacity: int, doc: PolicyDocument, reuse_ghost: int | None = None
 ) -> ShadowEvaluator:
+    """Worker ``w1`` of ``capacity`` blocks (and ``reuse_ghost``) shadowed with every request
+    sampled, in one window, and the guard replaying all of it: the offline replay's twin."""
     settings = ShadowSettings(
         shadow_rate=1.0,
         shadow_policies="lru,s3fifo,arc",
         shadow_ladder="0.5,1,2",
         shadow_window_s=1e9,
         shadow_buckets=1,
-        guard_max_accesses=guard_max_accesses,
+        shadow_max_requests=trace.n_requests,
+        guard_max_accesses=trace.n_accesses,
     )
     shadow = ShadowEvaluator(settings)
     shadow.set_capacities({"w1": capacity}, {"w1": True}, {"w1": reuse_ghost})
@@ -362,9 +361,7 @@ def test_full_rate_shadow_of_a_classing_worker_files_as_the_worker_does(trace: T
 def test_guard_replays_a_classing_worker_by_reuse_class(trace: Trace) -> None:
     capacity, ghost = 300, 600
     doc = _with_reuse_classes(fitted_document(trace))
-    shadow = _shadow_at_full_rate(
-        trace, capacity, doc, reuse_ghost=ghost, guard_max_accesses=trace.n_accesses
-    )
+    shadow = _shadow_at_full_rate(trace, capacity, doc, reuse_ghost=ghost)
     verdict = shadow.judge(doc.model_copy(update={"version": 9}), doc)
     filed = _hits_filing_by_reuse_class(trace, doc, capacity, ghost) / trace.n_accesses
     assert verdict.in_force_hit_ratio == filed == verdict.candidate_hit_ratio
