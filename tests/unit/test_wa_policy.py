@@ -295,7 +295,7 @@ class NaiveWA:
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
     ) -> None:
         self.clock = max(self.clock, now)
-        hits = {b for b in blocks if b in self.rec or b in self.in_use}
+        hits = {b for b in blocks if b in self}
         for i, (b, o) in enumerate(zip(blocks, offsets, strict=True)):
             self.rec.pop(b, None)
             self.in_use.discard(b)
@@ -305,22 +305,19 @@ class NaiveWA:
         self.seq += len(blocks)
 
     def evict(self, n: int) -> list[int]:
-        now = self.clock
         victims = []
-        for _ in range(max(n, 0)):
-            if not self.rec:
-                break
-
-            def key(b: int) -> tuple[float, float, int, int]:
-                t, no, q, code = self.rec[b]
-                lc, a = self.weight(code)
-                return (lc - a * (now - t), t, no, q)
-
-            b = min(self.rec, key=key)
+        for _ in range(min(max(n, 0), len(self.rec))):
+            b = min(self.rec, key=self._order)
             del self.rec[b]
             self.creator.pop(b, None)
             victims.append(b)
         return victims
+
+    def _order(self, b: int) -> tuple[float, float, int, int]:
+        """``(lc - a (now - t), t, -offset, seq)`` of evictable ``b``: the least goes first."""
+        t, no, q, code = self.rec[b]
+        lc, a = self.weight(code)
+        return (lc - a * (self.clock - t), t, no, q)
 
     def __len__(self) -> int:
         return len(self.rec) + len(self.in_use)
