@@ -26,7 +26,7 @@ class RedisSettings(BaseModel):
 class AgentSettings(BaseSettings, RedisSettings):
     """What an engine process needs to join kvwise."""
 
-    model_config = SettingsConfigDict(env_prefix="KVWISE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="KVWISE_", extra="ignore", allow_inf_nan=False)
 
     enable: bool = Field(default=False, description="Turn the agent (and engine plugin) on")
     worker_id: str = Field(default="", description="This worker's id; default host-pid")

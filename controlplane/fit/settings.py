@@ -21,7 +21,7 @@ variable, which holds only text, says null."""
 class FitSettings(BaseModel):
     """How the fitter turns a window of reuse observations into parameters."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     window_s: float = Field(default=3600.0, gt=0, description="Sliding window of reuse data")
     min_samples: int = Field(default=200, ge=1, description="Fewer accesses: no own fit")

@@ -7,9 +7,9 @@ the prefix). It must never read files or talk to Redis.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.settings import RedisSettings
@@ -22,7 +22,9 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
     agents), the fitting knobs ``FitSettings``'s, the shadow evaluation's and the refit
     guard's ``ShadowSettings``'s."""
 
-    model_config = SettingsConfigDict(env_prefix="KVWISE_", extra="ignore", frozen=False)
+    model_config = SettingsConfigDict(
+        env_prefix="KVWISE_", extra="ignore", frozen=False, allow_inf_nan=False
+    )
 
     # --- HTTP API ----------------------------------------------------------------------
     host: str = Field(default="127.0.0.1", description="Address the REST API binds")
@@ -133,3 +135,13 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
         if read.get_secret_value() == write.get_secret_value():
             raise ValueError("must differ from KVWISE_API_TOKEN")
         return read
+
+    @model_validator(mode="after")
+    def _one_worker_fits_the_window(self) -> Self:
+        """A worker may bring in no more categories than the window holds in all."""
+        if self.max_categories_per_worker > self.max_categories:
+            raise ValueError(
+                f"KVWISE_MAX_CATEGORIES_PER_WORKER ({self.max_categories_per_worker}) must "
+                f"not exceed KVWISE_MAX_CATEGORIES ({self.max_categories})"
+            )
+        return self

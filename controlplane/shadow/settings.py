@@ -20,7 +20,7 @@ DEFAULT_RATE = 0.05
 class ShadowSettings(BaseModel):
     """What the shadow evaluation samples and replays, and how the guard uses it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     shadow_enabled: bool = Field(
         default=True, description="Replay sampled traffic through candidate policies"

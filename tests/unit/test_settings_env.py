@@ -1,10 +1,11 @@
 """Fitting and controller settings: words from the environment that mean unset, and
-bounds that must be in order."""
+bounds that must be in order, numbers that must be finite."""
 
 from __future__ import annotations
 
 import pytest
 
+from agent.settings import AgentSettings
 from controlplane.fit.settings import FitSettings
 from controlplane.service.settings import ControllerSettings
 
@@ -46,3 +47,37 @@ def test_ingest_count_stops_where_one_commit_can_still_acknowledge_the_entries()
     assert ControllerSettings(ingest_count=4096).ingest_count == 4096
     with pytest.raises(ValueError, match="ingest_count"):
         ControllerSettings(ingest_count=8001)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("KVWISE_LEASE_TTL_S", "inf"),  # crashed the lease's first tick
+        ("KVWISE_CLOCK_TOLERANCE_S", "inf"),  # kept every event, however far off its clock
+        ("KVWISE_REFIT_INTERVAL_S", "nan"),
+        ("KVWISE_GUARD_MARGIN", "nan"),
+        ("KVWISE_RATE_MAX", "inf"),
+    ],
+)
+def test_a_setting_that_is_not_a_finite_number_is_refused(
+    name: str, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match="finite number"):
+        ControllerSettings()
+
+
+def test_an_agent_setting_that_is_not_a_finite_number_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KVWISE_POLL_INTERVAL_S", "inf")
+    with pytest.raises(ValueError, match="finite number"):
+        AgentSettings()
+
+
+def test_one_worker_may_not_bring_in_more_categories_than_the_window_holds() -> None:
+    assert ControllerSettings(max_categories=64, max_categories_per_worker=64)
+    with pytest.raises(
+        ValueError, match=r"PER_WORKER \(1024\) must not exceed KVWISE_MAX_CATEGORIES \(10\)"
+    ):
+        ControllerSettings(max_categories=10)
