@@ -92,7 +92,7 @@ def fitted_document(trace: Trace, version: int = 1) -> PolicyDocument:
     span = float(trace.timestamps[-1] - trace.timestamps[0]) + 1.0
     refitter = CensoredRefitter(trace.category_names, FitSettings(window_s=span))
     cols = access_columns(trace, trace.categories, "last")
-    refitter.ingest(cols, 0, len(cols))
+    refitter.ingest(cols, slice(0, len(cols)))
     doc = refitter.document(float(trace.timestamps[-1]), version)
     assert doc is not None, "the trace has no accesses"
     return doc

@@ -124,9 +124,11 @@ class HitClasses:
     block is among the ``ghost`` most recently evicted ones (the agent's
     ``KVWISE_REUSE_GHOST_BLOCKS``), in ``w`` otherwise: the agent's own ``ReturnTracker``
     decides. The class depends on the cache, so it is recorded as the replay runs (the
-    tracker told of hits and evictions, then ``classify`` per release) and the fitter's
-    columns are completed up to the accesses replayed (``columns``). Codes of ``w/re``
-    are ``w``'s plus ``K``, the number of categories."""
+    tracker told of hits and evictions, ``classify`` per release, ``finished`` per
+    request), and the fitter takes a request's accesses once it has released
+    (``released_columns``): a simulated server finishes requests after later ones have
+    arrived, as the agent reports a request's classes only at its release. Codes of
+    ``w/re`` are ``w``'s plus ``K``, the number of categories."""
 
     def __init__(self, trace: Trace, cols: AccessColumns, names: Sequence[str], ghost: int) -> None:
         self.k = len(names)
@@ -138,7 +140,8 @@ class HitClasses:
         self._prev_cat = np.full(len(cols), -1, dtype=np.int32)
         self._cols = AccessColumns(cols.ts, self._cat, cols.prev_ts, self._prev_cat, cols.offsets)
         self._base = cols.category
-        self._done = 0
+        self._request_starts = trace.offsets
+        self._released: set[int] = set()
 
     def classify(self, first: int, blocks: Sequence[int], offsets: Sequence[int]) -> list[int]:
         """The class offset (0 or ``K``) of each released block (access ``first + offset``
@@ -148,13 +151,19 @@ class HitClasses:
         self._shift[np.asarray(offsets, dtype=np.int64) + first] = shift
         return shift
 
-    def columns(self, hi: int) -> AccessColumns:
-        """The fitter's columns, with classes, complete for accesses ``[0, hi)``."""
-        lo, self._done = self._done, max(self._done, hi)
-        if hi > lo:
-            sl = slice(lo, hi)
-            self._cat[sl] = self._base[sl] + self._shift[sl]
-            prev = self._prev[sl]
-            known = prev >= 0
-            self._prev_cat[sl] = np.where(known, self._cat[np.maximum(prev, 0)], -1)
-        return self._cols
+    def finished(self, request: int) -> None:
+        """``request`` released what it holds: its accesses' classes are final."""
+        self._released.add(request)
+
+    def released_columns(self) -> tuple[AccessColumns, I64]:
+        """The fitter's columns and the positions in them of the accesses of the requests
+        released since the last call (in request order), their classes now final. A
+        previous access whose request has not released yet counts in its ``w`` class."""
+        starts = self._request_starts
+        ranges = [np.arange(starts[r], starts[r + 1]) for r in sorted(self._released)]
+        self._released.clear()
+        at = np.concatenate(ranges) if ranges else np.empty(0, dtype=np.int64)
+        self._cat[at] = self._base[at] + self._shift[at]
+        prev = self._prev[at]
+        self._prev_cat[at] = np.where(prev >= 0, self._cat[np.maximum(prev, 0)], -1)
+        return self._cols, at

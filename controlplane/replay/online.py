@@ -53,14 +53,15 @@ from controlplane.replay.reference.fit import (
     fit_reference_all,
 )
 from controlplane.replay.reference.wa_ref import WARefPolicy
+from controlplane.traces.arrays import I64
 from controlplane.traces.model import Trace
 
 
 class Refitter(Protocol):
     """Turns the accesses replayed so far into a policy document."""
 
-    def ingest(self, cols: AccessColumns, lo: int, hi: int) -> None:
-        """Accesses ``lo:hi`` (positions in ``cols``) have been replayed."""
+    def ingest(self, cols: AccessColumns, at: slice | I64) -> None:
+        """The accesses at positions ``at`` in ``cols`` have been replayed."""
 
     def document(self, now: float, version: int) -> PolicyDocument | None:
         """The document to apply at ``now`` (None: nothing to fit from yet)."""
@@ -79,12 +80,8 @@ class CensoredRefitter:
             categories=self.names,
         )
 
-    def ingest(self, cols: AccessColumns, lo: int, hi: int) -> None:
-        if hi > lo:
-            sl = slice(lo, hi)
-            self.stats.ingest(
-                cols.ts[sl], cols.category[sl], cols.prev_ts[sl], cols.prev_category[sl]
-            )
+    def ingest(self, cols: AccessColumns, at: slice | I64) -> None:
+        self.stats.ingest(cols.ts[at], cols.category[at], cols.prev_ts[at], cols.prev_category[at])
 
     def fit(self, now: float) -> tuple[StatsSnapshot, FitResult] | None:
         """The window at ``now`` and its fit (None: nothing to fit from yet)."""
@@ -117,14 +114,12 @@ class ReferenceRefitter:
         self._gaps: list[list[np.ndarray]] = [[] for _ in self.names]
         self._accesses = np.zeros(len(self.names), dtype=np.int64)
 
-    def ingest(self, cols: AccessColumns, lo: int, hi: int) -> None:
-        if hi <= lo:
-            return
+    def ingest(self, cols: AccessColumns, at: slice | I64) -> None:
         k = len(self.names)
-        self._accesses += np.bincount(cols.category[lo:hi], minlength=k)[:k]
-        pc = cols.prev_category[lo:hi]
+        self._accesses += np.bincount(cols.category[at], minlength=k)[:k]
+        pc = cols.prev_category[at]
         known = pc >= 0
-        gaps = (cols.ts[lo:hi] - cols.prev_ts[lo:hi])[known]
+        gaps = (cols.ts[at] - cols.prev_ts[at])[known]
         pc = pc[known]
         for c in np.unique(pc).tolist():
             self._gaps[c].append(gaps[pc == c])
@@ -216,8 +211,10 @@ class FittedReplayPolicy:
         hi = self._offsets[r]
         if hi < self._done:
             raise RuntimeError(f"refit at request {r}: requests arrive in trace order")
-        cols = self._cols if self._hit_classes is None else self._hit_classes.columns(hi)
-        self.refitter.ingest(cols, self._done, hi)
+        if self._hit_classes is None:
+            self.refitter.ingest(self._cols, slice(self._done, hi))
+        else:
+            self.refitter.ingest(*self._hit_classes.released_columns())
         self._done = hi
         now = self._ts[min(r, len(self._ts) - 1)]
         doc = self.refitter.document(now, len(self.applied) + 1)
@@ -262,6 +259,8 @@ class FittedReplayPolicy:
         code = self._codes[r]
         lo = self._offsets[r]
         classes, by_trace = self._hit_classes, self._class
+        if classes is not None:
+            classes.finished(r)
         if classes is not None and len(blocks):
             keys = [code + shift for shift in classes.classify(lo, blocks, offsets)]
         elif by_trace is not None and len(blocks):

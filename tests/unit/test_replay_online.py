@@ -113,7 +113,8 @@ def test_hit_classes_follow_the_cache_not_the_trace() -> None:
     assert hits.tolist() == [0, 1, 0]
     classes = policy._hit_classes
     assert classes is not None
-    cols = classes.columns(len(trace.blocks))
+    cols, at = classes.released_columns()
+    assert at.tolist() == [4]  # R2's access: R0 and R1 went to the fit before R2
     assert cols.category.tolist() == [0, 0, 1, 0, 0]
     # a's reuse closes its insert by R0 (class 0); b's previous access is R0's insert too.
     assert cols.prev_category.tolist() == [-1, -1, 0, -1, 0]

@@ -4,20 +4,26 @@ replay's hit ratios at low load, zero and infinite caches, pinned blocks, router
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
 from controlplane.replay import catalog
+from controlplane.replay.accesses import AccessColumns
 from controlplane.replay.engine import replay_hits
+from controlplane.replay.online import FittedReplayPolicy
 from controlplane.replay.options import ReplayOptions
 from controlplane.replay.runner import ReplayJob, run_one
+from controlplane.simulate import engine
 from controlplane.simulate.cost import CostModel
 from controlplane.simulate.engine import SimOptions, simulate
 from controlplane.simulate.kv import InstanceCache
 from controlplane.simulate.profiles import BUILTIN, DEFAULT_PROFILE
 from controlplane.simulate.report import summarize
 from controlplane.simulate.requests import Outcomes, Workload
+from controlplane.traces.arrays import I32, I64
 from controlplane.traces.model import Trace
 from controlplane.traces.synth import synthesize
 
@@ -174,3 +180,40 @@ def test_wa_with_classes_serves_requests_that_release_nothing(
     _, out = simulate(toc, "wa", capacity, SimOptions(speed=50.0, replay=replay))
     assert out.hit_blocks.sum() > 0
     assert (out.first_token >= out.arrival).all()
+
+
+def test_reuse_classes_reach_the_fitter_only_once_a_request_has_released(
+    toc: Trace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load a request arrives (and a refit may fall due) before earlier ones finish:
+    their reuse classes are decided at release, so the fitter must not take those accesses
+    yet. It took them as first accesses: most reuses reached it in the wrong class."""
+    fed: list[tuple[I64, I32]] = []
+    made: list[FittedReplayPolicy] = []
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        policy = catalog.create(*args, **kwargs)
+        assert isinstance(policy, FittedReplayPolicy)
+        ingest = policy.refitter.ingest
+
+        def ingest_recorded(cols: AccessColumns, at: slice | I64) -> None:
+            fed.append((np.arange(len(cols))[at], cols.category[at].copy()))
+            ingest(cols, at)
+
+        policy.refitter.ingest = ingest_recorded  # type: ignore[method-assign]
+        made.append(policy)
+        return policy
+
+    monkeypatch.setattr(engine, "catalog", SimpleNamespace(create=recorded))
+    replay = ReplayOptions(reuse_class="hit", refit_every_s=5)
+    simulate(toc, "wa", toc.n_unique // 10, SimOptions(speed=1.0, replay=replay))  # ~20 in flight
+    classes = made[0].hit_classes
+    assert classes is not None
+    for request in range(toc.n_requests):  # the classes of all, final at the end
+        classes.finished(request)
+    final, _ = classes.released_columns()
+    reused = len(classes.names) // 2
+    assert sum(len(at) for at, _ in fed) > 0
+    for at, categories in fed:
+        assert (categories == final.category[at]).all()
+    assert any((categories >= reused).any() for _, categories in fed)
