@@ -33,9 +33,7 @@ from numpy.typing import NDArray
 
 from controlplane.traces.arrays import F64, I64
 from controlplane.traces.synth_build import TraceBuilder
-from controlplane.traces.synth_toc import lognormal_tokens
-
-_MAX_CONTEXT = 32_768
+from controlplane.traces.synth_knobs import ProfileKnobs, lognormal_tokens
 
 
 @dataclass(frozen=True)
@@ -55,9 +53,12 @@ class AppClass:
 
 
 @dataclass(frozen=True)
-class ToBKnobs:
-    """Every number of the to-B model; defaults are the calibrated ones."""
+class ToBKnobs(ProfileKnobs):
+    """Every number of the to-B model, beside the ones every profile has (``ProfileKnobs``);
+    defaults are the calibrated ones."""
 
+    output: tuple[float, float] = (250.0, 1.0)
+    warmup_s: float = 120.0
     plain: AppClass = AppClass(0.968, 300, (100.0, 0.7), 0.6, (500.0, 1.1))
     templated: AppClass = AppClass(0.015, 3, (14_000.0, 0.3), 1.0, (400.0, 1.0))
     batch: AppClass = AppClass(0.011, 20, (300.0, 1.0), 1.0, (80.0, 0.8))
@@ -73,13 +74,11 @@ class ToBKnobs:
     """Mean calls per agent chain (geometric)."""
     agent_gap_s: float = 2.0
     """Mean (exponential) time between an agent's calls."""
-    output: tuple[float, float] = (250.0, 1.0)
     text_app_share: float = 0.15
     """Share of plain apps whose calls are typed ``text`` (the rest ``api``)."""
     p_next_text: float = 0.001
     """Probability that a ``text`` call gets a second turn."""
     next_delay_s: float = 60.0
-    warmup_s: float = 120.0
 
 
 def generate_to_b(
@@ -98,7 +97,7 @@ def generate_to_b(
 
     def tasks(c: AppClass, text_share: float = 0.0) -> tuple[I64, F64, I64]:
         """(system prompt node of each task's app or -1, start times, type codes)."""
-        sys_nodes = _system_prompts(builder, rng, c)
+        sys_nodes = _system_prompts(builder, rng, k, c)
         app_type = np.where(rng.random(c.apps) < text_share, text, api)
         n = int(rng.poisson(c.task_share * task_rate * span))
         weight = 1.0 / np.arange(1, c.apps + 1) ** k.zipf
@@ -114,10 +113,12 @@ def generate_to_b(
     _agent_chains(builder, rng, k, *tasks(k.agent))
 
 
-def _system_prompts(builder: TraceBuilder, rng: np.random.Generator, c: AppClass) -> I64:
+def _system_prompts(
+    builder: TraceBuilder, rng: np.random.Generator, k: ToBKnobs, c: AppClass
+) -> I64:
     """One template per app with a system prompt; -1 for apps without one."""
     has = rng.random(c.apps) < c.system_prompt_share
-    length = lognormal_tokens(rng, *c.system_prompt, c.apps, _MAX_CONTEXT // 2)
+    length = lognormal_tokens(rng, *c.system_prompt, c.apps, k.max_context // 2)
     nodes = np.full(c.apps, -1, dtype=np.int64)
     m = int(has.sum())
     nodes[has] = builder.templates(
@@ -143,8 +144,8 @@ def _single_calls(
     output) for follow-ups."""
     n = len(parent)
     prefix = _prefix(builder, parent)
-    length = prefix + lognormal_tokens(rng, *c.user_input, n, _MAX_CONTEXT // 2)
-    out = lognormal_tokens(rng, *k.output, n, 8192)
+    length = prefix + lognormal_tokens(rng, *c.user_input, n, k.max_context // 2)
+    out = k.output_tokens(rng, n)
     nodes = builder.requests(
         parent=parent,
         shared=prefix,
@@ -167,7 +168,7 @@ def _second_turns(
     nodes, length, time, out = first
     go = is_text & (rng.random(len(nodes)) < k.p_next_text)
     t2 = time + rng.exponential(k.next_delay_s, len(nodes))
-    new = lognormal_tokens(rng, *k.plain.user_input, len(nodes), _MAX_CONTEXT // 2)
+    new = lognormal_tokens(rng, *k.plain.user_input, len(nodes), k.max_context // 2)
     live = go & (t2 < duration_s)
     m = int(live.sum())
     builder.requests(
@@ -177,7 +178,7 @@ def _second_turns(
         time=t2[live],
         type_code=np.full(m, builder.type_names.index("text")),
         turn=2,
-        output=lognormal_tokens(rng, *k.output, m, 8192),
+        output=k.output_tokens(rng, m),
         prev_turn=nodes[live],
     )
 
@@ -188,7 +189,7 @@ def _fan_outs(
     """Each task: a document template under the app's prompt, then 2+ calls on it."""
     n = len(parent)
     prefix = _prefix(builder, parent)
-    doc = prefix + lognormal_tokens(rng, *k.batch_document, n, _MAX_CONTEXT // 2)
+    doc = prefix + lognormal_tokens(rng, *k.batch_document, n, k.max_context // 2)
     docs = builder.templates(parent=parent, shared=prefix, length=doc)
     calls = 2 + rng.poisson(k.batch_extra_calls, n)
     task = np.repeat(np.arange(n), calls)
@@ -200,7 +201,7 @@ def _fan_outs(
         length=length,
         time=start[task] + rng.exponential(k.batch_spread_s, m),
         type_code=ty[task],
-        output=lognormal_tokens(rng, *k.output, m, 8192),
+        output=k.output_tokens(rng, m),
     )
 
 
@@ -216,8 +217,8 @@ def _agent_chains(
         n = len(nodes)
         new_time = time + rng.exponential(k.agent_gap_s, n)
         new_len = length + out + lognormal_tokens(rng, *k.agent.user_input, n, 8192)
-        new_out = lognormal_tokens(rng, *k.output, n, 8192)
-        live = (steps > step) & (new_len <= _MAX_CONTEXT)
+        new_out = k.output_tokens(rng, n)
+        live = (steps > step) & (new_len <= k.max_context)
         nodes = builder.requests(
             parent=nodes[live],
             shared=length[live],

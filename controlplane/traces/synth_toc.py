@@ -41,6 +41,7 @@ import numpy as np
 
 from controlplane.traces.arrays import F64, I64
 from controlplane.traces.synth_build import TraceBuilder
+from controlplane.traces.synth_knobs import ProfileKnobs, lognormal_tokens
 
 
 @dataclass(frozen=True)
@@ -65,9 +66,12 @@ class TypeKnobs:
 
 
 @dataclass(frozen=True)
-class ToCKnobs:
-    """Every number of the to-C model; defaults are the calibrated ones."""
+class ToCKnobs(ProfileKnobs):
+    """Every number of the to-C model, beside the ones every profile has (``ProfileKnobs``);
+    defaults are the calibrated ones."""
 
+    output: tuple[float, float] = (430.0, 0.9)
+    warmup_s: float = 1800.0
     types: dict[str, TypeKnobs] = field(
         default_factory=lambda: {
             "text": TypeKnobs(0.78, 32, (500.0, 1.6), (60.0, 1.2), 40.0, 60.0),
@@ -78,10 +82,6 @@ class ToCKnobs:
     )
     p_next_first: float = 0.5
     p_next_later: float = 0.8
-    output: tuple[float, float] = (430.0, 0.9)
-    """(mean, sigma) of the lognormal output tokens."""
-    max_context: int = 32_768
-    """A conversation whose next prompt would exceed this many tokens ends."""
     history_limit: int = 8192
     """Tokens of conversation an app keeps; past it, it keeps the newest half."""
     sessions_per_user: float = 4.0
@@ -98,18 +98,6 @@ class ToCKnobs:
     regenerate_delay_s: float = 20.0
     kept_question: int = 40
     """Tokens of a volatile (search) turn's new content that stay in the history."""
-    warmup_s: float = 1800.0
-    """Conversations start this long before the window, so it opens mid-stream."""
-
-
-def lognormal_tokens(
-    rng: np.random.Generator, mean: F64 | float, sigma: F64 | float, n: int, hi: int
-) -> I64:
-    """Lognormal token counts with the given mean, clipped to ``[1, hi]``."""
-    sigma_arr = np.asarray(sigma, dtype=np.float64)
-    mu = np.log(np.asarray(mean, dtype=np.float64)) - sigma_arr**2 / 2
-    draws = rng.lognormal(mu, sigma_arr, n) if n else np.zeros(0)
-    return np.clip(np.rint(draws), 1, hi).astype(np.int64)
 
 
 @dataclass
@@ -145,7 +133,7 @@ def generate_to_c(
     prefix = builder.forest.lengths[parent]
     fin = np.array([t.first_input for t in tk])
     new = lognormal_tokens(rng, fin[stype, 0], fin[stype, 1], n_sessions, k.max_context // 2)
-    out = lognormal_tokens(rng, *k.output, n_sessions, 8192)
+    out = k.output_tokens(rng, n_sessions)
     length = prefix + new
     volatile = np.array([t.volatile for t in tk])
     first = np.full(1, -1, dtype=np.int64)  # no previous turn
@@ -207,7 +195,7 @@ def _later_turns(
         ty = turn.type_code
         time = turn.time + rng.exponential(1.0, n) * delay[ty, 0 if number == 2 else 1]
         new = lognormal_tokens(rng, fin[ty, 0], fin[ty, 1], n, k.max_context // 2)
-        out = lognormal_tokens(rng, *k.output, n, 8192)
+        out = k.output_tokens(rng, n)
         vol = volatile[ty]
         # A volatile turn keeps only its question; otherwise the head is the whole prompt.
         kept = np.where(vol, np.minimum(turn.new, k.kept_question), 0)
@@ -282,7 +270,7 @@ def _add(
         time=time[again] + rng.exponential(k.regenerate_delay_s, m),
         type_code=type_code[again],
         turn=number,
-        output=lognormal_tokens(rng, *k.output, m, 8192),
+        output=k.output_tokens(rng, m),
         prev_turn=prev[again],
         copy=np.ones(m, dtype=bool),
     )
