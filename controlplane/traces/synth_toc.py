@@ -66,6 +66,22 @@ class TypeKnobs:
 
 
 @dataclass(frozen=True)
+class UserKnobs:
+    """The users of the to-C model: who starts each conversation, and with which prompt."""
+
+    sessions: float = 4.0
+    """Mean conversations per user; sets the number of users."""
+    pareto_alpha: float = 1.2
+    """Shape of the users' Pareto activity weights (smaller: a few heavier users)."""
+    persona_share: float = 0.3
+    """Share of users with a persona prompt."""
+    persona_use: float = 0.8
+    """Probability that such a user's text conversation starts with the persona."""
+    persona_tokens: tuple[float, float] = (500.0, 0.8)
+    """(mean, sigma) of the lognormal tokens of a persona prompt."""
+
+
+@dataclass(frozen=True)
 class ToCKnobs(ProfileKnobs):
     """Every number of the to-C model, beside the ones every profile has (``ProfileKnobs``);
     defaults are the calibrated ones."""
@@ -84,15 +100,7 @@ class ToCKnobs(ProfileKnobs):
     p_next_later: float = 0.8
     history_limit: int = 8192
     """Tokens of conversation an app keeps; past it, it keeps the newest half."""
-    sessions_per_user: float = 4.0
-    """Mean conversations per user; sets the number of users."""
-    user_pareto_alpha: float = 1.2
-    """Shape of the users' Pareto activity weights (smaller: a few heavier users)."""
-    persona_user_share: float = 0.3
-    """Share of users with a persona prompt."""
-    persona_use: float = 0.8
-    """Probability that such a user's text conversation starts with the persona."""
-    persona_tokens: tuple[float, float] = (500.0, 0.8)
+    users: UserKnobs = UserKnobs()
     regenerate: float = 0.03
     """Probability that a request is sent again (regenerated answer)."""
     regenerate_delay_s: float = 20.0
@@ -156,13 +164,13 @@ def _first_turn_parents(
     builder: TraceBuilder, rng: np.random.Generator, k: ToCKnobs, stype: I64
 ) -> I64:
     """Templates (platform prompts, personas) and the one each conversation starts from."""
-    names = builder.type_names
+    names, u = builder.type_names, k.users
     n_sessions = len(stype)
-    n_users = max(1, round(n_sessions / k.sessions_per_user))
-    weight = rng.pareto(k.user_pareto_alpha, n_users) + 1
+    n_users = max(1, round(n_sessions / u.sessions))
+    weight = rng.pareto(u.pareto_alpha, n_users) + 1
     user = rng.choice(n_users, size=n_sessions, p=weight / weight.sum())
-    has_persona = rng.random(n_users) < k.persona_user_share
-    persona_len = lognormal_tokens(rng, *k.persona_tokens, n_users, k.max_context // 4)
+    has_persona = rng.random(n_users) < u.persona_share
+    persona_len = lognormal_tokens(rng, *u.persona_tokens, n_users, k.max_context // 4)
 
     platform_len = np.array([k.types[t].platform_prompt for t in names], dtype=np.int64)
     none = np.full(len(names), -1, dtype=np.int64)
@@ -176,7 +184,7 @@ def _first_turn_parents(
         length=platform_len[text] + persona_len[persona_users],
     )
 
-    use_persona = (stype == text) & has_persona[user] & (rng.random(n_sessions) < k.persona_use)
+    use_persona = (stype == text) & has_persona[user] & (rng.random(n_sessions) < u.persona_use)
     return np.where(use_persona, persona_node[user], platform[stype])
 
 
