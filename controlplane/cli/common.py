@@ -15,7 +15,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
 from textwrap import wrap
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 SettingsT = TypeVar("SettingsT", bound=BaseSettings)
 NumberT = TypeVar("NumberT", int, float)
+HashableT = TypeVar("HashableT", bound=Hashable)
 
 err_console = Console(stderr=True)
 
@@ -74,7 +75,7 @@ def counted(n: int, noun: str, plural: str = "") -> str:
     return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
 
 
-def unique(items: Iterable[str]) -> list[str]:
+def unique(items: Iterable[HashableT]) -> list[HashableT]:
     """``items`` with repeats dropped, first occurrence kept in place."""
     return list(dict.fromkeys(items))
 
@@ -154,7 +155,7 @@ def _parse_list(
         if not valid(number):
             fail(f"{option}: {number:g} {invalid}")
         out.append(number)
-    return list(dict.fromkeys(out))
+    return unique(out)
 
 
 def _refuse_thousands_separators(value: str, option: str) -> None:

@@ -32,6 +32,7 @@ from controlplane.cli.common import (
     positive,
     print_json,
     trace_json,
+    unique,
 )
 from controlplane.cli.tables import Column, FoldedTable
 from controlplane.replay import catalog
@@ -311,7 +312,7 @@ def _capacities(capacity: str | None, capacity_frac: str | None) -> Callable[[Tr
         blocks = parse_ints(capacity, "--capacity")
         return lambda trace: blocks
     fracs = parse_fracs(capacity_frac or DEFAULT_FRACS, "--capacity-frac")
-    return lambda trace: list(dict.fromkeys(trace.capacity_for(f) for f in fracs))
+    return lambda trace: unique(trace.capacity_for(f) for f in fracs)
 
 
 def _check_scored_part(trace: Trace, options: ReplayOptions) -> None:

@@ -27,6 +27,7 @@ from controlplane.cli.common import (
     policy_names,
     print_json,
     trace_json,
+    unique,
 )
 from controlplane.replay.options import ReuseClass
 
@@ -285,10 +286,10 @@ def _capacities(capacity: str | None, capacity_frac: str | None, gib: str | None
         return lambda trace, prof, block: blocks
     if capacity_frac is not None:
         fracs = parse_fracs(capacity_frac, "--capacity-frac")
-        return lambda trace, prof, block: [trace.capacity_for(f) for f in fracs]
+        return lambda trace, prof, block: unique(trace.capacity_for(f) for f in fracs)
     if gib is not None:
         sizes = parse_floats(gib, "--capacity-gib")
-        return lambda trace, prof, block: [prof.blocks_for_gib(g, block) for g in sizes]
+        return lambda trace, prof, block: unique(prof.blocks_for_gib(g, block) for g in sizes)
     return lambda trace, prof, block: [prof.kv_pool_blocks(block)]
 
 

@@ -40,6 +40,15 @@ def test_json_is_the_library_result() -> None:
     assert got["qttft_s"]["mean"] > got["ttft_s"]["mean"] > 0  # queues present
 
 
+@pytest.mark.parametrize(
+    "sizes", [["--capacity-gib", "10,10.001"], ["--capacity-frac", "0.1,0.100001"]]
+)
+def test_sizes_that_come_to_one_block_count_run_once(sizes: list[str]) -> None:
+    res = CliRunner().invoke(app, ["simulate", str(SAMPLE), "-p", "lru", *sizes, "--json"])
+    assert res.exit_code == 0, res.output
+    assert len(json.loads(res.stdout)["results"]) == 1
+
+
 def test_reuse_classes_reach_the_fitted_policies() -> None:
     """``--reuse-class hit`` is the replay option: ``wa`` files returns under ``w/re``, as
     ``SimOptions`` with it does, and differs from ``wa`` without it."""
