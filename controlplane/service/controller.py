@@ -113,6 +113,22 @@ def redis_client(
     )
 
 
+def live_window(settings: ControllerSettings) -> LiveWindow:
+    """An empty statistics window as ``settings`` size and bound it."""
+    return LiveWindow(
+        ReuseStats(
+            window_s=settings.window_s,
+            near_concurrent_s=settings.near_concurrent_s,
+            n_buckets=settings.window_buckets,
+        ),
+        WindowLimits(
+            clock_tolerance_s=settings.clock_tolerance_s,
+            max_categories=settings.max_categories,
+            max_categories_per_worker=settings.max_categories_per_worker,
+        ),
+    )
+
+
 class Controller:
     def __init__(self, settings: ControllerSettings) -> None:
         self.settings = settings
@@ -141,19 +157,8 @@ class Controller:
             settings.lease_ttl_s,
             observer=self.health,
         )
-        self.window = LiveWindow(
-            ReuseStats(
-                window_s=settings.window_s,
-                near_concurrent_s=settings.near_concurrent_s,
-                n_buckets=settings.window_buckets,
-            ),
-            WindowLimits(
-                clock_tolerance_s=settings.clock_tolerance_s,
-                max_categories=settings.max_categories,
-                max_categories_per_worker=settings.max_categories_per_worker,
-            ),
-        )
-        window = self.window  # read at each scrape: right from the first batch on
+        self.window = window = live_window(settings)
+        # Read at each scrape: right from the first batch on.
         self.metrics.window_categories.set_function(lambda: window.categories)
         self.checkpoints = CheckpointStore(
             self.r, self.keys.checkpoint, max_bytes=settings.max_checkpoint_bytes
