@@ -1,7 +1,11 @@
-"""The house rules, checked by the tools that enforce them: ruff, mypy, import-linter."""
+"""The house rules, checked by the tools that enforce them (ruff, mypy, import-linter) and
+two of this project's own: short functions, and prose that cites only what the repository
+holds."""
 
 from __future__ import annotations
 
+import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -32,3 +36,41 @@ def test_import_contracts_hold() -> None:
 def test_mypy_strict_clean() -> None:
     res = _run(sys.executable, "-m", "mypy")
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+PACKAGES = ("agent", "controlplane")
+LONGEST_FUNCTION = 60
+"""Lines of the longest function (its decorators and docstring included) in a package."""
+
+
+def _package_sources() -> list[tuple[str, str]]:
+    return [
+        (str(path.relative_to(REPO)), path.read_text())
+        for package in PACKAGES
+        for path in sorted((REPO / package).rglob("*.py"))
+    ]
+
+
+def test_no_function_in_the_packages_is_long() -> None:
+    long = [
+        f"{name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for name, text in _package_sources()
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION
+    ]
+    assert not long, long
+
+
+def test_the_packages_cite_no_notes_outside_the_repository() -> None:
+    """The design notes the project grew from are not shipped: what a reader needs is in
+    docs/."""
+    outside = re.compile(r"\b(POLICY|DESIGN|ENGINES)\.md\b")
+    cited = [
+        f"{name}:{n}"
+        for name, text in _package_sources()
+        for n, line in enumerate(text.splitlines(), 1)
+        if outside.search(line)
+    ]
+    assert not cited, cited
