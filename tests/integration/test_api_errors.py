@@ -4,9 +4,11 @@ values name the user's field, unknown paths and methods keep the shape."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,22 +142,52 @@ def test_a_stalled_redis_costs_the_probes_and_a_scrape_one_short_wait(
     own_redis: EmbeddedRedis,
 ) -> None:
     """A Redis that stops answering (SIGSTOP: a hung host, a long fork) made /readyz wait
-    35 s and /metrics 80 s on retried calls; a kubelet gives up after its timeout and the
-    hung requests pile up in the server's threads. Each now waits one probe, then says."""
+    35 s and /metrics 80 s on retried calls; and API reads hung on it fill the server's
+    thread pool, where /healthz then waited too: a kubelet would restart a controller
+    that is well. The probes answer now at once or within one probe timeout."""
     assert own_redis.proc is not None
     with running_controller(_settings(own_redis.url)) as rc:
         assert rc.client.get("/readyz").status_code == 200
         os.kill(own_redis.proc.pid, signal.SIGSTOP)
         try:
+            hung = _reads_in_flight(rc.url, SHARED_POOL_THREADS + 8)
+            health = rc.client.get("/healthz", timeout=2 * PROBE_TIMEOUT_S)
             ready = rc.client.get("/readyz", timeout=4 * PROBE_TIMEOUT_S)
             scrape = rc.client.get("/metrics", timeout=4 * PROBE_TIMEOUT_S)
         finally:
             os.kill(own_redis.proc.pid, signal.SIGCONT)
+        for thread in hung:
+            thread.join(timeout=60)
+        assert health.status_code == 200
         assert ready.status_code == 503
         assert ready.json()["reason"].startswith("redis unavailable: Timeout")
         assert scrape.status_code == 200
         assert 'kvwise_redis_state{state="unreachable"} 1.0' in scrape.text
         wait_until(lambda: rc.client.get("/readyz").status_code == 200, what="readiness back")
+
+
+SHARED_POOL_THREADS = 40
+"""Threads of the server's shared pool (anyio's default limiter)."""
+
+
+def _reads_in_flight(url: str, n: int) -> list[threading.Thread]:
+    """``n`` API reads sent at once, in threads; returns once they fill the shared pool."""
+
+    def read() -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.get(url + "/v1/policy", headers=AUTH, timeout=60)
+
+    threads = [threading.Thread(target=read, daemon=True) for _ in range(n)]
+    for thread in threads:
+        thread.start()
+    wait_until(  # the server runs in this process: its pool's threads are ours to count
+        lambda: _pool_threads() >= SHARED_POOL_THREADS, what="the shared pool taken"
+    )
+    return threads
+
+
+def _pool_threads() -> int:
+    return sum(t.name == "AnyIO worker thread" for t in threading.enumerate())
 
 
 def test_redis_out_of_memory_is_said_as_such(own_redis: EmbeddedRedis) -> None:

@@ -15,7 +15,9 @@ from fastapi import Depends, Request
 from controlplane.service.controller import Controller
 
 
-def _controller(request: Request) -> Controller:
+async def _controller(request: Request) -> Controller:
+    # async: resolved on the event loop, never queued behind the server's thread pool
+    # (which requests hung on a stalled Redis can fill).
     return cast(Controller, request.app.state.controller)
 
 

@@ -2,10 +2,17 @@
 
 The probes are always open (a kubelet sends no token) and answer even while Redis is
 down: readiness then says why not. ``/metrics`` is a read like any other. It must never
-fail because a gauge could not be refreshed.
+fail because a gauge could not be refreshed. None of the three waits for the server's
+shared thread pool: requests hung on a stalled Redis can fill it, and a liveness probe
+that waits behind them gets a healthy controller restarted.
 """
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse, RedirectResponse
@@ -18,6 +25,15 @@ TAG = "ops"
 probes = APIRouter(tags=[TAG])
 reads = APIRouter(tags=[TAG])
 
+PROBE_LANE = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kvwise-probe")
+"""Where readiness and scrapes make their Redis calls (each bounded by the controller's
+probe timeout): threads of their own, beside the shared pool."""
+T = TypeVar("T")
+
+
+async def _in_probe_lane(call: Callable[[], T]) -> T:
+    return await asyncio.get_running_loop().run_in_executor(PROBE_LANE, call)
+
 
 @probes.get("/", include_in_schema=False)
 def root() -> RedirectResponse:
@@ -25,7 +41,7 @@ def root() -> RedirectResponse:
 
 
 @probes.get("/healthz", response_model=HealthOut)
-def healthz(controller: ControllerDep) -> HealthOut:
+async def healthz(controller: ControllerDep) -> HealthOut:
     """Liveness: the process serves HTTP."""
     return HealthOut(status="ok", leader=controller.lease.is_leader)
 
@@ -35,9 +51,9 @@ def healthz(controller: ControllerDep) -> HealthOut:
     response_model=HealthOut,
     responses={503: {"model": HealthOut, "description": "Not ready; `reason` says why"}},
 )
-def readyz(controller: ControllerDep) -> JSONResponse:
+async def readyz(controller: ControllerDep) -> JSONResponse:
     """Readiness: Redis answers and a policy version exists."""
-    ok, reason = controller.ready()
+    ok, reason = await _in_probe_lane(controller.ready)
     body = HealthOut(
         status="ok" if ok else "unavailable", leader=controller.lease.is_leader, reason=reason
     )
@@ -56,7 +72,11 @@ def readyz(controller: ControllerDep) -> JSONResponse:
         }
     },
 )
-def metrics(controller: ControllerDep) -> Response:
+async def metrics(controller: ControllerDep) -> Response:
     """Prometheus metrics of the controller."""
-    controller.refresh_gauges()
-    return Response(generate_latest(controller.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def exposition() -> bytes:
+        controller.refresh_gauges()
+        return generate_latest(controller.metrics.registry)
+
+    return Response(await _in_probe_lane(exposition), media_type=CONTENT_TYPE_LATEST)
