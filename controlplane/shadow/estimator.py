@@ -226,6 +226,33 @@ class WindowCounts:
         return Totals(requests, hits, accesses, seen, len(self._subtrees), products)
 
 
+class RunCounts:
+    """A worker's runs of events over the sliding window, per time bucket: those that
+    rebuilt into whole requests and those that did not (events lost on the way)."""
+
+    def __init__(self, window_s: float, buckets: int) -> None:
+        self.bucket_s = window_s / buckets
+        self.buckets = buckets
+        self._id = np.full(buckets, _EMPTY, dtype=np.int64)
+        self._counts = np.zeros((buckets, 2), dtype=np.int64)  # whole, incomplete
+
+    def add(self, ts: float, whole: int, incomplete: int) -> None:
+        bucket = int(ts // self.bucket_s)
+        slot = bucket % self.buckets
+        if self._id[slot] > bucket:
+            return  # older than the window this slot holds now
+        if self._id[slot] != bucket:
+            self._id[slot], self._counts[slot] = bucket, 0
+        self._counts[slot] += (whole, incomplete)
+
+    def totals(self, now: float) -> tuple[int, int]:
+        """Whole and incomplete runs of the window ending at ``now``."""
+        newest = int(now // self.bucket_s)
+        live = (self._id > newest - self.buckets) & (self._id <= newest)
+        whole, incomplete = self._counts[live].sum(axis=0).tolist()
+        return int(whole), int(incomplete)
+
+
 @dataclass(frozen=True)
 class Totals:
     """Sums over sampled requests (count, hits, accesses, the worker's own hits) and over

@@ -32,7 +32,13 @@ from agent.policies.wa import WAPolicy
 from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 from agent.reuse_classes import ReturnTracker
 from agent.wire import EventBatch
-from controlplane.shadow.estimator import MiniCache, ReuseClassing, Totals, WindowCounts
+from controlplane.shadow.estimator import (
+    MiniCache,
+    ReuseClassing,
+    RunCounts,
+    Totals,
+    WindowCounts,
+)
 from controlplane.shadow.inflow import InflowShare
 from controlplane.shadow.rebuild import CategoryTable, Rebuilt, Request, RequestRebuilder, Seen
 from controlplane.shadow.sampler import PrefixSampler
@@ -77,6 +83,8 @@ class _Worker:
     ones' are in every miniature's counts)."""
     share: InflowShare
     """The sample's share of its recent inflow: its miniatures' capacities."""
+    runs: RunCounts
+    """Its whole and incomplete runs over the window: whether it reports requests whole."""
     capacity: int | None = None
     ladders: dict[str, _Ladder] = field(default_factory=dict)
     wa: list[WAPolicy] = field(default_factory=list)
@@ -201,7 +209,11 @@ class ShadowEvaluator:
             rebuilder = RequestRebuilder(self.sampler, self.table, depth, GATHER_EVENTS)
             window, buckets = self.settings.shadow_window_s, self.settings.shadow_buckets
             worker = self._workers[worker_id] = _Worker(
-                rebuilder, deque(), WindowCounts(window, buckets), InflowShare(self.sampler.rate)
+                rebuilder,
+                deque(),
+                WindowCounts(window, buckets),
+                InflowShare(self.sampler.rate),
+                RunCounts(window, buckets),
             )
         return worker
 
@@ -242,6 +254,7 @@ class ShadowEvaluator:
             worker.seen_all.add_many(rebuilt.seen.ts, rebuilt.seen.hits, rebuilt.seen.accesses)
             self._clock = max(self._clock, float(rebuilt.seen.ts.max()))
             sizes = self._sizes_on_arrival(worker, rebuilt.seen, rebuilt.sampled)
+        worker.runs.add(self._clock, rebuilt.requests, rebuilt.incomplete)
         if not rebuilt.sampled:
             return
         self._clock = max(self._clock, rebuilt.sampled[-1].ts)
@@ -402,7 +415,8 @@ class ShadowEvaluator:
         # Every cache of a worker serves every sampled request: any one counts them.
         sampled = sum((w.ladders[WA].counts[0].totals(self._clock) for _, w in members), Totals())
         requests = sum(w.requests for _, w in members)
-        incomplete = sum(w.incomplete for _, w in members)
+        runs = [w.runs.totals(self._clock) for _, w in members]
+        whole_runs, incomplete = sum(r[0] for r in runs), sum(r[1] for r in runs)
         return GroupView(
             capacity=capacity,
             workers=[worker_id for worker_id, _ in members],
@@ -412,7 +426,7 @@ class ShadowEvaluator:
             sampled_accesses=int(sampled.accesses),
             incomplete_runs=incomplete,
             whole_requests=all(w.declares_whole for _, w in members)
-            and _few_incomplete(requests, incomplete),
+            and _few_incomplete(whole_runs, incomplete),
             observed_hit_ratio=seen.hit_ratio or 0.0,
             sampled_observed_hit_ratio=sampled.seen_ratio or 0.0,
             curves=curves,
@@ -446,7 +460,8 @@ class ShadowEvaluator:
         step = self.multiples.index(multiple)
         with self._lock:
             self._drain()
-            whole = [w for w in self._workers.values() if w.capacity is not None and _whole(w)]
+            now = self._clock
+            whole = [w for w in self._workers.values() if w.capacity is not None and _whole(w, now)]
             seen_ratio = self._own_ratio(whole)
             ratios: dict[str, float] = {}
             accesses = 0
@@ -470,7 +485,7 @@ class ShadowEvaluator:
             names = tuple(self.table.names)
             limit = self.settings.guard_max_accesses
             known = [w for w in self._workers.values() if w.capacity is not None and w.buffer]
-            work = [self._guard_work(w, limit) for w in known if _whole(w)]
+            work = [self._guard_work(w, limit) for w in known if _whole(w, self._clock)]
         if known and not work:
             verdict = _unjudgeable(len(known), in_force, self.settings.guard_margin)
         else:
@@ -484,10 +499,10 @@ class ShadowEvaluator:
         return GuardWork(size, _newest(worker.buffer, max_accesses), _ghost_share(worker, size))
 
 
-def _whole(worker: _Worker) -> bool:
+def _whole(worker: _Worker, now: float) -> bool:
     """Whether ``worker``'s events rebuild into its requests: it says it reports them
-    whole, and few of its runs were incomplete."""
-    return worker.declares_whole and _few_incomplete(worker.requests, worker.incomplete)
+    whole, and few of its runs in the window ending at ``now`` were incomplete."""
+    return worker.declares_whole and _few_incomplete(*worker.runs.totals(now))
 
 
 def _few_incomplete(requests: int, incomplete: int) -> bool:

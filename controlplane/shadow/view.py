@@ -58,12 +58,12 @@ class GroupView:
     """Sampled requests in the window."""
     sampled_accesses: int
     incomplete_runs: int
-    """Runs of events that made no whole request (dropped)."""
+    """Runs of events in the window that made no whole request (dropped)."""
     whole_requests: bool
     """Whether the events rebuild into whole requests: every worker's heartbeat says it
-    reports them whole and few runs were incomplete. False for SGLang (radix nodes, not
-    blocks) and agents older than the heartbeat's field: the curves are then not the
-    traffic's, and the refit guard leaves these workers out."""
+    reports them whole and few runs in the window were incomplete. False for SGLang
+    (radix nodes, not blocks) and agents older than the heartbeat's field: the curves are
+    then not the traffic's, and the refit guard leaves these workers out."""
     observed_hit_ratio: float
     """The workers' own prefix hit ratio over every whole request in the window."""
     sampled_observed_hit_ratio: float

@@ -857,6 +857,25 @@ def test_guard_leaves_out_a_worker_whose_events_do_not_rebuild_into_requests(
     assert "do not rebuild into whole requests" in verdict.reason
 
 
+def test_events_lost_once_no_longer_count_once_they_have_left_the_window(trace: Trace) -> None:
+    """Losses at a worker's start (a Redis restart, a full buffer) made it count as not
+    reporting whole requests for the rest of its life: the share was of lifetime runs."""
+    settings = ShadowSettings(shadow_rate=1.0, shadow_window_s=60.0, shadow_buckets=6)
+    shadow = ShadowEvaluator(settings)
+    shadow.set_capacities({"w1": 300}, {"w1": True})
+    batches = agent_batches(trace, 300, batch_events=1000)
+    start = float(batches[0].ts.min())
+    damaged = 0
+    for batch in batches:
+        lossy = float(batch.ts.max()) < start + 100.0
+        damaged += lossy
+        shadow.apply(_first_hits_lost(batch) if lossy else batch)
+    shadow.flush("w1")
+    (group,) = shadow.view().groups
+    assert damaged and float(batches[-1].ts.max()) > start + 100.0 + 60.0
+    assert group.whole_requests and group.incomplete_runs == 0
+
+
 def test_rebuild_counts_blocks_stored_after_a_prompt_as_a_continuation() -> None:
     """INSERTs only, none at offset 0 (blocks filled while decoding): skipped, not broken;
     a run with HITs that misses offset 0 is broken."""
