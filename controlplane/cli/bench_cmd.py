@@ -16,7 +16,13 @@ from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from controlplane.cli.common import SkipBadLinesFlag, fail, load_trace_or_fail, print_json
+from controlplane.cli.common import (
+    SkipBadLinesFlag,
+    fail,
+    load_trace_or_fail,
+    print_json,
+    signed_percent,
+)
 
 if TYPE_CHECKING:
     from controlplane.loadgen.client import RequestResult
@@ -383,6 +389,6 @@ def _compare(paths: tuple[Path, Path], json_out: bool) -> None:
     for col in ("metric", "A", "B", "B vs A"):
         table.add_column(col, justify="left" if col == "metric" else "right")
     for r in rows:
-        change = "" if r["change"] is None else f"{r['change']:+.1%}"
+        change = "" if r["change"] is None else signed_percent(r["change"])
         table.add_row(r["metric"], _fmt(r["a"], r["unit"]), _fmt(r["b"], r["unit"]), change)
     Console().print(table)

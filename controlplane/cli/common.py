@@ -75,6 +75,12 @@ def counted(n: int, noun: str, plural: str = "") -> str:
     return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
 
 
+def signed_percent(change: float) -> str:
+    """``change`` as ``+1.2%``; one that rounds to zero reads ``+0.0%``, not ``-0.0%``."""
+    text = f"{change:+.1%}"
+    return "+0.0%" if text == "-0.0%" else text
+
+
 def unique(items: Iterable[HashableT]) -> list[HashableT]:
     """``items`` with repeats dropped, first occurrence kept in place."""
     return list(dict.fromkeys(items))

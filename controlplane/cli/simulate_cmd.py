@@ -26,6 +26,7 @@ from controlplane.cli.common import (
     parse_ints,
     policy_names,
     print_json,
+    signed_percent,
     trace_json,
     unique,
 )
@@ -384,7 +385,7 @@ def _print_tables(trace: Trace, options: SimOptions, block: int, results: list[S
         row = [f"{r.hit_ratio:.3f}", *(_seconds(x) for x in _quad(r.qttft))]
         base = lru.get(r.capacity)
         if lru:
-            row.append(f"{r.qttft.mean / base - 1:+.1%}" if base else "-")
+            row.append(signed_percent(r.qttft.mean / base - 1) if base else "-")
         q.add_row(r.policy, f"{r.capacity:,}", *row)
     console.print(q)
     t = table("TTFT and queue (s)", ["mean", "p50", "p90", "p99", "queue", "q p99"])
