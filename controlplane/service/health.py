@@ -60,6 +60,7 @@ class RedisHealth:
         self._lock = threading.Lock()
         self._report = RedisReport(RedisState.OK, "", time.time())
         self._last_failure = -SETTLE_S
+        self._last_detail = ""
         self._set_gauge(RedisState.OK)
 
     @property
@@ -71,8 +72,18 @@ class RedisHealth:
         state = redis_state(exc)
         reason = describe_redis_error(exc)
         self._last_failure = time.monotonic()
+        self._last_detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         self._change(state, reason)
         return self._report
+
+    def known_down(self) -> redis.ConnectionError | None:
+        """While Redis is unreachable, an error that says so in the last failed call's
+        words, for a caller that would rather answer now than wait out another timeout
+        and its retries; None otherwise. The probes and the lease tick keep calling, so
+        the state returns to ok once Redis answers."""
+        if self._report.state is not RedisState.UNREACHABLE:
+            return None
+        return redis.ConnectionError(self._last_detail)
 
     def answered(self) -> None:
         """Record a call that succeeded. Reads still succeed on a Redis that refuses writes:

@@ -166,6 +166,28 @@ def test_a_stalled_redis_costs_the_probes_and_a_scrape_one_short_wait(
         wait_until(lambda: rc.client.get("/readyz").status_code == 200, what="readiness back")
 
 
+def test_while_redis_is_known_down_a_route_answers_at_once_and_serves_once_it_is_back(
+    own_redis: EmbeddedRedis,
+) -> None:
+    """Each read waited out its timeout and retries (20 s or more) though the controller
+    knew Redis was down; a dashboard refreshing every 2 s piled up such requests."""
+    assert own_redis.proc is not None
+    with running_controller(_settings(own_redis.url)) as rc:
+        assert rc.client.get("/v1/policy", headers=AUTH).status_code == 200
+        os.kill(own_redis.proc.pid, signal.SIGSTOP)
+        try:
+            assert rc.client.get("/readyz").status_code == 503  # now known down
+            read = rc.client.get("/v1/policy", headers=AUTH, timeout=2 * PROBE_TIMEOUT_S)
+        finally:
+            os.kill(own_redis.proc.pid, signal.SIGCONT)
+        assert read.status_code == 503
+        assert read.json()["reason"] == "redis unavailable: Timeout reading from socket"
+        wait_until(
+            lambda: rc.client.get("/v1/policy", headers=AUTH).status_code == 200,
+            what="reads served again",
+        )
+
+
 SHARED_POOL_THREADS = 40
 """Threads of the server's shared pool (anyio's default limiter)."""
 

@@ -22,3 +22,15 @@ async def _controller(request: Request) -> Controller:
 
 
 ControllerDep = Annotated[Controller, Depends(_controller)]
+
+
+async def _redis_not_known_down(controller: ControllerDep) -> None:
+    """A route that needs Redis answers its 503 at once while Redis is known unreachable:
+    its calls would wait out their timeouts and retries (20 s or more) on a thread of the
+    server's shared pool, and clients that retry would fill it."""
+    down = controller.health.known_down()
+    if down is not None:
+        raise down
+
+
+NEEDS_REDIS = Depends(_redis_not_known_down)

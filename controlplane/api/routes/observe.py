@@ -11,7 +11,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from controlplane.api.errors import ApiError, documented
-from controlplane.api.routes import ControllerDep
+from controlplane.api.routes import NEEDS_REDIS, ControllerDep
 from controlplane.service.agents import AgentView
 from controlplane.service.controller import CategoryDetail, CategorySummary
 from controlplane.shadow.view import ShadowView
@@ -20,13 +20,18 @@ TAG = "observe"
 reads = APIRouter(tags=[TAG])
 
 
-@reads.get("/v1/categories", response_model=list[CategorySummary])
+@reads.get("/v1/categories", response_model=list[CategorySummary], dependencies=[NEEDS_REDIS])
 def list_categories(controller: ControllerDep) -> list[CategorySummary]:
     """Per category: samples, fitted and published parameters, fit quality."""
     return controller.categories()
 
 
-@reads.get("/v1/categories/{name}", response_model=CategoryDetail, responses=documented(404))
+@reads.get(
+    "/v1/categories/{name}",
+    response_model=CategoryDetail,
+    responses=documented(404),
+    dependencies=[NEEDS_REDIS],
+)
 def get_category(name: str, controller: ControllerDep) -> CategoryDetail:
     """One category with its empirical and fitted reuse-time CDF points."""
     detail = controller.category(name)
@@ -35,7 +40,7 @@ def get_category(name: str, controller: ControllerDep) -> CategoryDetail:
     return detail
 
 
-@reads.get("/v1/agents", response_model=list[AgentView])
+@reads.get("/v1/agents", response_model=list[AgentView], dependencies=[NEEDS_REDIS])
 def list_agents(controller: ControllerDep) -> list[AgentView]:
     """Live agents (heartbeat not expired): the policy version each has in force
     (`applied_version`) and the one it received (`staged_version`), which an engine

@@ -18,12 +18,12 @@ from agent.policy_document import PolicyDocument
 from controlplane.api.errors import ApiError, FieldError, documented
 from controlplane.api.field_messages import FieldProblem
 from controlplane.api.models import EvictorBody, OverrideBody, OverrideCategory
-from controlplane.api.routes import ControllerDep
+from controlplane.api.routes import NEEDS_REDIS, ControllerDep
 from controlplane.service.store import EvictorState, StoreError, TooManyOverrides
 
 TAG = "overrides"
-reads = APIRouter(tags=[TAG])
-writes = APIRouter(tags=[TAG])
+reads = APIRouter(tags=[TAG], dependencies=[NEEDS_REDIS])
+writes = APIRouter(tags=[TAG], dependencies=[NEEDS_REDIS])
 
 
 @reads.get("/v1/policy/overrides", response_model=dict[str, dict[str, float]])

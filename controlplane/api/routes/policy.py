@@ -12,13 +12,13 @@ from fastapi import APIRouter
 from agent.policy_document import PolicyDocument
 from controlplane.api.errors import ApiError, documented
 from controlplane.api.models import RollbackBody, VersionInPath
-from controlplane.api.routes import ControllerDep
+from controlplane.api.routes import NEEDS_REDIS, ControllerDep
 from controlplane.service.controller import RefitOutcome, RefitStatus
 from controlplane.service.store import StoreError, VersionInfo
 
 TAG = "policy"
-reads = APIRouter(tags=[TAG])
-writes = APIRouter(tags=[TAG])
+reads = APIRouter(tags=[TAG], dependencies=[NEEDS_REDIS])
+writes = APIRouter(tags=[TAG], dependencies=[NEEDS_REDIS])
 
 
 @reads.get("/v1/policy", response_model=PolicyDocument, responses=documented(404))
