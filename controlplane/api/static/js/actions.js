@@ -128,7 +128,7 @@ function wireForms(actions) {
 /** Keep the roll-back choices equal to the kept versions (the one in force excluded). */
 export function renderActions(results) {
   const select = document.getElementById("rb-version");
-  if (results.versions.error) return;
+  if (!("value" in results.versions)) return;
   const current = results.policy.value ? results.policy.value.version : null;
   const kept = (results.versions.value || []).filter((v) => v.version !== current);
   const wanted = kept.map((v) => String(v.version));

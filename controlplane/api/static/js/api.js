@@ -2,6 +2,11 @@
 // the page. Errors keep the API's own shape ({"error", "reason"}) and the HTTP status.
 
 const TOKEN_KEY = "kvwise.apiToken";
+/** How long a read may take before the page gives up on it and says so: a controller whose
+ * Redis stalls holds reads for 10 s and more, and the page must not wait with it. */
+export const READ_TIMEOUT_MS = 4000;
+/** An action waits longer: a refit fits every category before it answers. */
+export const ACTION_TIMEOUT_MS = 30000;
 
 export class ApiError extends Error {
   constructor(method, path, status, error, reason, body) {
@@ -27,7 +32,11 @@ async function call(method, path, body) {
   if (body !== undefined) headers["Content-Type"] = "application/json";
   // Reads need a token too when the controller has a read token (KVWISE_API_READ_TOKEN).
   if (token.get()) headers.Authorization = `Bearer ${token.get()}`;
+  const limitMs = method === "GET" ? READ_TIMEOUT_MS : ACTION_TIMEOUT_MS;
+  const abort = new AbortController();
+  const timer = setTimeout(() => abort.abort(), limitMs);
   let response;
+  let text;
   try {
     response = await fetch(path, {
       method,
@@ -35,11 +44,18 @@ async function call(method, path, body) {
       body: body === undefined ? undefined : JSON.stringify(body),
       cache: "no-store",
       credentials: "omit",
+      signal: abort.signal,
     });
+    text = await response.text();
   } catch (exc) {
+    if (abort.signal.aborted) {
+      const maybe = method === "GET" ? "" : " (it may still take effect: the next refresh shows)";
+      throw new ApiError(method, path, 0, "timeout", `no answer within ${limitMs / 1000} s${maybe}`, null);
+    }
     throw new ApiError(method, path, 0, "unreachable", `the controller did not answer (${exc.message})`, null);
+  } finally {
+    clearTimeout(timer);
   }
-  const text = await response.text();
   let parsed = null;
   try {
     parsed = text ? JSON.parse(text) : null;

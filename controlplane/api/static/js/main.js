@@ -1,6 +1,7 @@
 // The dashboard's entry: reads the REST API on a timer (never two refreshes at once), hands
 // each section what it needs, and keeps the header's health line. One section failing never
-// stops the others: each shows its own error and keeps its last good view.
+// stops the others: each shows its own error and keeps its last good data, redrawn at each
+// refresh so that its ages ("published 40 s ago") keep counting while it is stale.
 
 import { ApiError, api, token } from "./api.js";
 import { makeActions, renderActions } from "./actions.js";
@@ -23,16 +24,25 @@ const READS = {
 let timer = null;
 let running = null;
 let lastPolicyVersion = null;
+const lastGood = {}; // read name -> its last answer
 
+/** Each read's answer as {value}; a failed one as {error}, with the last good value too. */
 async function readAll() {
   const names = Object.keys(READS);
   const settled = await Promise.allSettled(names.map((n) => api.get(READS[n])));
   const results = {};
   names.forEach((n, i) => {
     const s = settled[i];
+    if (s.status === "fulfilled") lastGood[n] = s.value;
     results[n] = s.status === "fulfilled" ? { value: s.value } : { error: s.reason };
+    if (s.status !== "fulfilled" && n in lastGood) results[n].value = lastGood[n];
   });
   return results;
+}
+
+/** This refresh's answer of a read, or undefined when it failed (stale values left out). */
+function fresh(result) {
+  return result.error ? undefined : result.value;
 }
 
 async function readiness() {
@@ -54,8 +64,10 @@ function renderHealth(results, notReady) {
     return;
   }
   const parts = [notReady ? `Not ready: ${notReady}` : "Ready", h.value.leader ? "leader replica" : "standby replica"];
-  if (results.policy.value) parts.push(`policy version ${results.policy.value.version}`);
-  if (results.agents.value) parts.push(`${results.agents.value.length} live worker${results.agents.value.length === 1 ? "" : "s"}`);
+  const policy = fresh(results.policy);
+  const agents = fresh(results.agents);
+  if (policy) parts.push(`policy version ${policy.version}`);
+  if (agents) parts.push(`${agents.length} live worker${agents.length === 1 ? "" : "s"}`);
   line.classList.add(notReady ? "down" : "up");
   setText(line, parts.join(" · "));
 }

@@ -107,13 +107,16 @@ function renderOverrides(overrides, actions) {
   );
 }
 
-/** Update the section from one refresh's results ({value} or {error} each). */
+/**
+ * Update the section from one refresh's results ({value}, {error}, or both: an error with
+ * the last good value, drawn again so that its ages keep counting).
+ */
 export function renderPolicySection(results, actions) {
   const { policy, versions, overrides, agents, refit } = results;
   const failed = [policy, versions, overrides].find((r) => r.error);
   showError(document.getElementById("policy-error"), failed ? failed.error.message : "");
-  if (!policy.error) renderCurrent(policy.value, agents.value, refit.value);
+  if ("value" in policy) renderCurrent(policy.value, agents.value, refit.value);
   const current = policy.value ? policy.value.version : null;
-  if (!versions.error) renderVersions(versions.value || [], current, actions);
-  if (!overrides.error) renderOverrides(overrides.value, actions);
+  if ("value" in versions) renderVersions(versions.value || [], current, actions);
+  if ("value" in overrides) renderOverrides(overrides.value, actions);
 }

@@ -98,7 +98,7 @@ function renderChart(agents) {
 export function renderWorkersSection(results) {
   const { agents, policy } = results;
   showError(document.getElementById("workers-error"), agents.error ? agents.error.message : "");
-  if (agents.error) return;
+  if (!("value" in agents)) return; // a stale list is drawn again: its heartbeat ages grow
   const list = agents.value || [];
   const live = new Set(list.map((a) => a.id));
   for (const id of history.keys()) if (!live.has(id)) history.delete(id);

@@ -1,0 +1,78 @@
+"""The /ui dashboard in a real browser when things go wrong: a Redis that stalls under the
+controller (SIGSTOP of a private redis-server), a controller that stops, and forms given
+what they cannot send. The page must say so, let ages grow, and not flood the console.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controlplane.dev.embedded_redis import EmbeddedRedis
+from tests.e2e.browser import chromium, console_problems, require_chromium
+from tests.e2e.test_dashboard import _artifacts_dir, _refreshes, _result, _submit, _until
+from tests.integration.controller_fixtures import live_settings, running_controller
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    require_chromium()
+    with EmbeddedRedis(tmp_path) as server:
+        yield server
+
+
+def _text(driver: Any, element_id: str) -> str:
+    return str(driver.execute_script(f"return document.getElementById('{element_id}').innerText"))
+
+
+def _published_age_s(driver: Any) -> int:
+    """The age the policy's "Published" fact shows, in seconds."""
+    text = _text(driver, "policy-current")
+    match = re.search(r"\((\d+) s ago\)", text)
+    assert match is not None, text
+    return int(match.group(1))
+
+
+def _stall(driver: Any, redis: EmbeddedRedis, artifacts: Path) -> None:
+    """Redis stopped (SIGSTOP) for a while: reads time out and say so, the page keeps
+    refreshing, ages keep counting and the header stops saying Ready."""
+    assert redis.proc is not None
+    _until(driver, "ready", lambda: _text(driver, "health").startswith("Ready"))
+    age_before = _published_age_s(driver)
+    os.kill(redis.proc.pid, signal.SIGSTOP)
+    try:
+        seen = _refreshes(driver)
+        _until(
+            driver,
+            "the timeout shown",
+            lambda: "no answer within" in _text(driver, "policy-error"),
+            timeout=20,
+        )
+        _until(driver, "refreshes go on", lambda: _refreshes(driver) >= seen + 2, timeout=20)
+        assert not _text(driver, "health").startswith("Ready")
+        assert _published_age_s(driver) >= age_before + 5
+        driver.save_screenshot(str(artifacts / "dashboard-redis-stalled.png"))
+    finally:
+        os.kill(redis.proc.pid, signal.SIGCONT)
+    _until(driver, "recovered", lambda: not _text(driver, "policy-error"), timeout=30)
+
+
+def test_the_page_says_when_it_cannot_load(own_redis: EmbeddedRedis, tmp_path: Path) -> None:
+    artifacts = _artifacts_dir(tmp_path)
+    settings = live_settings(
+        redis_url=own_redis.url, key_prefix=f"kvwise-ui-{uuid.uuid4().hex[:8]}:", lease_ttl_s=5
+    )
+    with chromium(tmp_path / "profile") as driver:
+        with running_controller(settings) as rc:
+            driver.get(f"{rc.url}/ui/?refresh=2")
+            _until(driver, "first refresh", lambda: _refreshes(driver) >= 1)
+            _stall(driver, own_redis, artifacts)
