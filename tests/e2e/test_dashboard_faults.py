@@ -60,6 +60,7 @@ def _stall(driver: Any, redis: EmbeddedRedis, artifacts: Path) -> None:
         _until(driver, "refreshes go on", lambda: _refreshes(driver) >= seen + 2, timeout=20)
         assert not _text(driver, "health").startswith("Ready")
         assert _published_age_s(driver) >= age_before + 5
+        assert "stale: the refresh at" in _text(driver, "updated")
         driver.save_screenshot(str(artifacts / "dashboard-redis-stalled.png"))
     finally:
         os.kill(redis.proc.pid, signal.SIGCONT)
@@ -76,3 +77,18 @@ def test_the_page_says_when_it_cannot_load(own_redis: EmbeddedRedis, tmp_path: P
             driver.get(f"{rc.url}/ui/?refresh=2")
             _until(driver, "first refresh", lambda: _refreshes(driver) >= 1)
             _stall(driver, own_redis, artifacts)
+            _until(driver, "loaded again", lambda: "stale" not in _text(driver, "updated"))
+        _controller_down(driver, artifacts)
+
+
+def _controller_down(driver: Any, artifacts: Path) -> None:
+    """The controller gone: "Updated" keeps the time of the last load and says it is stale."""
+    _until(driver, "a failed refresh", lambda: "stale" in _text(driver, "updated"), timeout=20)
+    first = _text(driver, "updated")
+    seen = _refreshes(driver)
+    _until(driver, "refreshes while down", lambda: _refreshes(driver) >= seen + 3, timeout=30)
+    updated = _text(driver, "updated")
+    assert updated.split(";")[0] == first.split(";")[0], (first, updated)
+    assert "; stale: the refresh at" in updated, updated
+    assert "Controller unreachable" in _text(driver, "health")
+    driver.save_screenshot(str(artifacts / "dashboard-controller-down.png"))

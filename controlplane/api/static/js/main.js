@@ -24,6 +24,7 @@ const READS = {
 let timer = null;
 let running = null;
 let lastPolicyVersion = null;
+let lastLoadedAt = null; // unix s of the last refresh whose every read answered
 const lastGood = {}; // read name -> its last answer
 
 /** Each read's answer as {value}; a failed one as {error}, with the last good value too. */
@@ -72,6 +73,18 @@ function renderHealth(results, notReady) {
   setText(line, parts.join(" · "));
 }
 
+/** When the data was last loaded whole; and that it is stale when this refresh failed. */
+function renderUpdated(loaded) {
+  const now = Date.now() / 1000;
+  if (loaded) lastLoadedAt = now;
+  const line = document.getElementById("updated");
+  line.classList.toggle("stale", !loaded);
+  const failed = `the refresh at ${fmtTime(now).slice(11)} failed`;
+  if (loaded) setText(line, `Updated ${fmtTime(lastLoadedAt)}`);
+  else if (lastLoadedAt === null) setText(line, `Not loaded: ${failed}`);
+  else setText(line, `Updated ${fmtTime(lastLoadedAt)}; stale: ${failed}`);
+}
+
 async function refreshOnce() {
   const [results, notReady] = await Promise.all([readAll(), readiness()]);
   renderHealth(results, notReady);
@@ -90,7 +103,7 @@ async function refreshOnce() {
       console.warn("dashboard section failed", exc); // a bug here must not stop the rest
     }
   }
-  setText(document.getElementById("updated"), `Updated ${fmtTime(Date.now() / 1000)}`);
+  renderUpdated(Object.values(results).every((r) => !r.error));
   document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
 }
 
