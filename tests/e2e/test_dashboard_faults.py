@@ -85,8 +85,12 @@ def _controller_down(driver: Any, artifacts: Path) -> None:
     """The controller gone: "Updated" keeps the time of the last load and says it is stale."""
     _until(driver, "a failed refresh", lambda: "stale" in _text(driver, "updated"), timeout=20)
     first = _text(driver, "updated")
+    console_problems(driver)  # drained: what follows is logged while the controller is down
     seen = _refreshes(driver)
     _until(driver, "refreshes while down", lambda: _refreshes(driver) >= seen + 3, timeout=30)
+    # One probe per refresh (each a console error), not every read: the log is not flooded.
+    problems = console_problems(driver)
+    assert len(problems) <= _refreshes(driver) - seen + 1, problems
     updated = _text(driver, "updated")
     assert updated.split(";")[0] == first.split(";")[0], (first, updated)
     assert "; stale: the refresh at" in updated, updated

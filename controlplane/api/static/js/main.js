@@ -27,18 +27,34 @@ let lastPolicyVersion = null;
 let lastLoadedAt = null; // unix s of the last refresh whose every read answered
 const lastGood = {}; // read name -> its last answer
 
-/** Each read's answer as {value}; a failed one as {error}, with the last good value too. */
+/** A read's result: {value}; a failed one {error}, with the last good value too. */
+function settle(name, outcome) {
+  if (outcome.status === "fulfilled") {
+    lastGood[name] = outcome.value;
+    return { value: outcome.value };
+  }
+  return name in lastGood ? { error: outcome.reason, value: lastGood[name] } : { error: outcome.reason };
+}
+
+/**
+ * Every read, the health probe first: a controller that does not answer it (down, or hung)
+ * gets no other request until it does, so a stopped controller costs one failed request
+ * (one console error) per refresh, not one per read. Resolves to [results, down, the
+ * reason it is not ready ("" when ready or down)].
+ */
 async function readAll() {
-  const names = Object.keys(READS);
-  const settled = await Promise.allSettled(names.map((n) => api.get(READS[n])));
-  const results = {};
+  const [probe] = await Promise.allSettled([api.get(READS.health)]);
+  const results = { health: settle("health", probe) };
+  const names = Object.keys(READS).filter((n) => n !== "health");
+  const down = probe.status === "rejected" && probe.reason instanceof ApiError && probe.reason.status === 0;
+  const notReady = down ? Promise.resolve("") : readiness();
+  const settled = down
+    ? names.map(() => ({ status: "rejected", reason: probe.reason }))
+    : await Promise.allSettled(names.map((n) => api.get(READS[n])));
   names.forEach((n, i) => {
-    const s = settled[i];
-    if (s.status === "fulfilled") lastGood[n] = s.value;
-    results[n] = s.status === "fulfilled" ? { value: s.value } : { error: s.reason };
-    if (s.status !== "fulfilled" && n in lastGood) results[n].value = lastGood[n];
+    results[n] = settle(n, settled[i]);
   });
-  return results;
+  return [results, down, await notReady];
 }
 
 /** This refresh's answer of a read, or undefined when it failed (stale values left out). */
@@ -86,7 +102,7 @@ function renderUpdated(loaded) {
 }
 
 async function refreshOnce() {
-  const [results, notReady] = await Promise.all([readAll(), readiness()]);
+  const [results, down, notReady] = await readAll();
   renderHealth(results, notReady);
   if (results.policy.value) lastPolicyVersion = results.policy.value.version;
   const sections = [
@@ -94,7 +110,7 @@ async function refreshOnce() {
     () => renderActions(results),
     () => renderWorkersSection(results),
     () => renderCategoriesSection(results),
-    () => renderShadowSection(),
+    () => (down ? null : renderShadowSection()), // it would ask; its last view stays
   ];
   for (const render of sections) {
     try {
