@@ -268,12 +268,28 @@ def test_dashboard_shows_the_loop_and_acts_through_the_api(
         assert category in _column(driver, "overrides", 0)
         driver.save_screenshot(str(artifacts / "dashboard-after-override.png"))
 
-        # Roll back to the version before the override, with hold; then refit now.
-        driver.execute_script(
-            "document.getElementById('rb-version').value = arguments[0];", str(published - 1)
+        # The roll-back choice follows the newest kept version (it was chosen at page load).
+        newest, chosen = driver.execute_script(
+            "const kept = [...document.querySelectorAll('#versions tbody tr:not(.current)')]"
+            ".map((r) => Number(r.cells[0].textContent));"
+            "return [Math.max(...kept), document.getElementById('rb-version').value];"
         )
+        assert str(newest) == chosen and newest >= published - 1, (newest, chosen)
+
+        # Roll back to the version before the override, with hold (the operator picks it:
+        # refreshes keep that choice); then refit now.
+        driver.execute_script(
+            "const s = document.getElementById('rb-version'); s.value = arguments[0];"
+            "s.dispatchEvent(new Event('change'));",
+            str(published - 1),
+        )
+        _next_refresh(driver)
+        assert driver.find_element("id", "rb-version").get_attribute("value") == str(published - 1)
         driver.find_element("id", "rb-hold").click()
         _submit(driver, "rollback-form")
+        body = driver.find_element("id", "confirm-body").text
+        assert f"parameters of version {published - 1} (published " in body, body
+        assert re.search(r"^Version \d+ is in force now\.", body), body
         _confirm(driver)
         _until(
             driver, "rolled back", lambda: f"rollback to version {published - 1}" in _result(driver)

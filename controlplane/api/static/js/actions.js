@@ -3,9 +3,15 @@
 // outcome: the new version, or the API's error exactly as it answered.
 
 import { api, ApiError } from "./api.js";
-import { el, fmtNum } from "./dom.js";
+import { el, fmtAge, fmtNum, fmtTime } from "./dom.js";
 
 const OVERRIDE_FIELDS = [["ov-p", "p_reuse"], ["ov-rate", "rate"], ["ov-life", "life_s"]];
+
+// What the last refresh said: the version in force and the kept ones (by number), for the
+// dialogs to say what an action will do.
+const known = { current: null, versions: new Map() };
+// Whether the operator picked the roll-back version: until then it follows the newest kept.
+let rollbackPicked = false;
 
 /** Ask in the modal dialog; resolves true only when the operator confirms. */
 export function confirmAction(title, body, okLabel) {
@@ -58,6 +64,14 @@ async function run(question, send, describe, after) {
   await after();
 }
 
+function rollbackText(version, hold) {
+  const v = known.versions.get(version);
+  const which = v ? `version ${version} (published ${fmtTime(v.created_at)}, ${fmtAge(v.created_at)}: ${v.note})` : `version ${version}`;
+  return (known.current !== null ? `Version ${known.current} is in force now. ` : "") +
+    `A new version is published with the parameters of ${which}, and every override is cleared.` +
+    (hold ? " Automatic refits stop publishing until “Refit now”." : "");
+}
+
 function published(doc) {
   return `Published version ${doc.version}: ${doc.note}. Workers apply it at their next poll.`;
 }
@@ -65,9 +79,7 @@ function published(doc) {
 export function makeActions(afterChange) {
   const actions = {
     rollback: (version, hold = false) => run(
-      [`Roll back to version ${version}?`,
-        `A new version is published with version ${version}'s parameters, and every override is cleared.` +
-        (hold ? " Automatic refits stop publishing until “Refit now”." : ""), "Roll back"],
+      [`Roll back to version ${version}?`, rollbackText(version, hold), "Roll back"],
       () => api.post("/v1/policy/rollback", { version, hold }),
       published, afterChange),
     removeOverride: (category) => run(
@@ -110,6 +122,9 @@ function wireForms(actions) {
     }
     actions.override(category, values);
   });
+  document.getElementById("rb-version").addEventListener("change", () => {
+    rollbackPicked = true;
+  });
   document.getElementById("rollback-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const version = Number(document.getElementById("rb-version").value);
@@ -125,15 +140,28 @@ function wireForms(actions) {
   });
 }
 
-/** Keep the roll-back choices equal to the kept versions (the one in force excluded). */
+/**
+ * Keep the roll-back choices equal to the kept versions (the one in force excluded), the
+ * newest chosen: a choice made at page load must not point at an old version minutes later.
+ * A version the operator picked stays chosen while it is kept.
+ */
 export function renderActions(results) {
   const select = document.getElementById("rb-version");
   if (!("value" in results.versions)) return;
   const current = results.policy.value ? results.policy.value.version : null;
-  const kept = (results.versions.value || []).filter((v) => v.version !== current);
+  const all = results.versions.value || [];
+  known.current = current;
+  known.versions = new Map(all.map((v) => [v.version, v]));
+  const kept = all.filter((v) => v.version !== current).sort((a, b) => b.version - a.version);
   const wanted = kept.map((v) => String(v.version));
-  if ([...select.options].map((o) => o.value).join() === wanted.join()) return;
   const chosen = select.value;
-  select.replaceChildren(...kept.map((v) => el("option", { value: v.version }, `${v.version}: ${v.note}`)));
-  if (wanted.includes(chosen)) select.value = chosen;
+  if ([...select.options].map((o) => o.value).join() !== wanted.join()) {
+    select.replaceChildren(...kept.map((v) => el("option", { value: v.version }, `${v.version}: ${v.note}`)));
+  }
+  if (!(rollbackPicked && wanted.includes(chosen))) {
+    rollbackPicked = false;
+    if (wanted.length) select.value = wanted[0];
+  } else {
+    select.value = chosen;
+  }
 }
