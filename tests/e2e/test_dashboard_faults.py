@@ -67,6 +67,17 @@ def _stall(driver: Any, redis: EmbeddedRedis, artifacts: Path) -> None:
     _until(driver, "recovered", lambda: not _text(driver, "policy-error"), timeout=30)
 
 
+def _dialog_open(driver: Any) -> bool:
+    return bool(driver.execute_script("return document.getElementById('confirm').open"))
+
+
+def _forms_refuse_what_they_cannot_send(driver: Any) -> None:
+    """Only the version in force is kept: Roll back says so and opens no dialog."""
+    _submit(driver, "rollback-form")
+    _until(driver, "the refusal", lambda: "No kept version" in _result(driver))
+    assert not _dialog_open(driver)
+
+
 def test_the_page_says_when_it_cannot_load(own_redis: EmbeddedRedis, tmp_path: Path) -> None:
     artifacts = _artifacts_dir(tmp_path)
     settings = live_settings(
@@ -76,6 +87,7 @@ def test_the_page_says_when_it_cannot_load(own_redis: EmbeddedRedis, tmp_path: P
         with running_controller(settings) as rc:
             driver.get(f"{rc.url}/ui/?refresh=2")
             _until(driver, "first refresh", lambda: _refreshes(driver) >= 1)
+            _forms_refuse_what_they_cannot_send(driver)
             _stall(driver, own_redis, artifacts)
             _until(driver, "loaded again", lambda: "stale" not in _text(driver, "updated"))
         _controller_down(driver, artifacts)

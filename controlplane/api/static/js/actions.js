@@ -127,8 +127,9 @@ function wireForms(actions) {
   });
   document.getElementById("rollback-form").addEventListener("submit", (event) => {
     event.preventDefault();
-    const version = Number(document.getElementById("rb-version").value);
-    if (!Number.isInteger(version)) {
+    const raw = document.getElementById("rb-version").value; // "" with no kept version
+    const version = Number(raw);
+    if (raw === "" || !Number.isInteger(version)) {
       showResult(false, "No kept version to roll back to.");
       return;
     }
