@@ -17,7 +17,14 @@ import pytest
 
 from controlplane.dev.embedded_redis import EmbeddedRedis
 from tests.e2e.browser import chromium, console_problems, require_chromium
-from tests.e2e.test_dashboard import _artifacts_dir, _refreshes, _result, _submit, _until
+from tests.e2e.test_dashboard import (
+    _artifacts_dir,
+    _fill,
+    _refreshes,
+    _result,
+    _submit,
+    _until,
+)
 from tests.integration.controller_fixtures import live_settings, running_controller
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -72,10 +79,23 @@ def _dialog_open(driver: Any) -> bool:
 
 
 def _forms_refuse_what_they_cannot_send(driver: Any) -> None:
-    """Only the version in force is kept: Roll back says so and opens no dialog."""
+    """Only the version in force is kept: Roll back says so and opens no dialog. An
+    override of an unknown category asks, naming it as such."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
     _submit(driver, "rollback-form")
     _until(driver, "the refusal", lambda: "No kept version" in _result(driver))
     assert not _dialog_open(driver)
+    # A category the document in force does not name: asked about by name, not refused.
+    _fill(driver, "ov-category", "no-such-category")
+    _fill(driver, "ov-life", "7")
+    _submit(driver, "override-form")
+    _until(driver, "the dialog", lambda: _dialog_open(driver))
+    title = driver.find_element("id", "confirm-title").text
+    assert "no-such-category, which is not a known category" in title, title
+    ActionChains(driver).send_keys(Keys.ESCAPE).perform()
+    _until(driver, "cancelled", lambda: "cancelled" in _result(driver))
 
 
 def test_the_page_says_when_it_cannot_load(own_redis: EmbeddedRedis, tmp_path: Path) -> None:

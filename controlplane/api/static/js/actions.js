@@ -9,7 +9,7 @@ const OVERRIDE_FIELDS = [["ov-p", "p_reuse"], ["ov-rate", "rate"], ["ov-life", "
 
 // What the last refresh said: the version in force and the kept ones (by number), for the
 // dialogs to say what an action will do.
-const known = { current: null, versions: new Map() };
+const known = { current: null, versions: new Map(), categories: null };
 // Whether the operator picked the roll-back version: until then it follows the newest kept.
 let rollbackPicked = false;
 
@@ -72,6 +72,19 @@ function rollbackText(version, hold) {
     (hold ? " Automatic refits stop publishing until “Refit now”." : "");
 }
 
+// A category the document in force does not name is pinned ahead of its first fit (the
+// API accepts it: pre-pinning may be meant), but a typo must not pass unnoticed.
+function overrideQuestion(category, values) {
+  const pinned = Object.entries(values).map(([k, v]) => `${k} = ${fmtNum(v, 6)}`).join(", ") || "no values";
+  const unknown = known.categories !== null && !known.categories.has(category);
+  const title = unknown ? `Override ${category}, which is not a known category?` : `Override ${category}?`;
+  const body = `A new version is published with ${pinned} for ${category}; ` + (unknown
+    ? `version ${known.current} in force has no category of that name, so the other values ` +
+      "come from its defaults and the pin waits for workers to use the name. Check the spelling."
+    : "the other values keep their fit.");
+  return [title, body, "Publish override"];
+}
+
 function published(doc) {
   return `Published version ${doc.version}: ${doc.note}. Workers apply it at their next poll.`;
 }
@@ -87,10 +100,7 @@ export function makeActions(afterChange) {
         `A new version is published with ${category}'s fitted values.`, "Remove override"],
       () => api.delete(`/v1/policy/overrides/${encodeURIComponent(category)}`),
       published, afterChange),
-    override: (category, values) => run(
-      [`Override ${category}?`,
-        `A new version is published with ${Object.entries(values).map(([k, v]) => `${k} = ${fmtNum(v, 6)}`).join(", ") || "no values"} for ${category}; ` +
-        "the other values keep their fit.", "Publish override"],
+    override: (category, values) => run(overrideQuestion(category, values),
       () => api.put(`/v1/policy/overrides/${encodeURIComponent(category)}`, values),
       published, afterChange),
     refit: () => run(
@@ -152,6 +162,7 @@ export function renderActions(results) {
   const current = results.policy.value ? results.policy.value.version : null;
   const all = results.versions.value || [];
   known.current = current;
+  known.categories = results.policy.value ? new Set(Object.keys(results.policy.value.categories || {})) : null;
   known.versions = new Map(all.map((v) => [v.version, v]));
   const kept = all.filter((v) => v.version !== current).sort((a, b) => b.version - a.version);
   const wanted = kept.map((v) => String(v.version));
