@@ -96,6 +96,12 @@ def _forms_refuse_what_they_cannot_send(driver: Any) -> None:
     assert "no-such-category, which is not a known category" in title, title
     ActionChains(driver).send_keys(Keys.ESCAPE).perform()
     _until(driver, "cancelled", lambda: "cancelled" in _result(driver))
+    # A comma is not a decimal point: refused with a message, not sent as 5.
+    _fill(driver, "ov-p", "0,5")
+    _submit(driver, "override-form")
+    _until(driver, "the refusal", lambda: "“0,5” is not a number" in _result(driver))
+    assert not _dialog_open(driver)
+    _fill(driver, "ov-p", "")
 
 
 def test_the_page_says_when_it_cannot_load(own_redis: EmbeddedRedis, tmp_path: Path) -> None:

@@ -5,7 +5,10 @@
 import { api, ApiError } from "./api.js";
 import { el, fmtAge, fmtNum, fmtTime } from "./dom.js";
 
-const OVERRIDE_FIELDS = [["ov-p", "p_reuse"], ["ov-rate", "rate"], ["ov-life", "life_s"]];
+const OVERRIDE_FIELDS = [["ov-p", "p_reuse", "p"], ["ov-rate", "rate", "a"], ["ov-life", "life_s", "Life window"]];
+// A decimal number as people type it in a program (a point, an optional exponent). The
+// fields are text, not type=number: Chromium drops a typed comma there ("0,5" reads "05").
+const DECIMAL = /^[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?$/i;
 
 // What the last refresh said: the version in force and the kept ones (by number), for the
 // dialogs to say what an action will do.
@@ -124,11 +127,19 @@ function wireForms(actions) {
       input.focus();
       return;
     }
-    // Only what was typed is sent, as typed: the API judges the values and says what is wrong.
+    // Only what was typed is sent, as typed: the API judges the values and says what is
+    // wrong. What is not a number at all is refused here, never sent as another number.
     const values = {};
-    for (const [id, field] of OVERRIDE_FIELDS) {
-      const raw = document.getElementById(id).value.trim();
-      if (raw !== "") values[field] = Number(raw);
+    for (const [id, field, name] of OVERRIDE_FIELDS) {
+      const box = document.getElementById(id);
+      const raw = box.value.trim();
+      if (raw === "") continue;
+      if (!DECIMAL.test(raw)) {
+        showResult(false, `${name}: “${raw}” is not a number; write decimals with a point (0.5). Nothing was sent.`);
+        box.focus();
+        return;
+      }
+      values[field] = Number(raw);
     }
     actions.override(category, values);
   });
