@@ -84,6 +84,9 @@ def _forms_refuse_what_they_cannot_send(driver: Any) -> None:
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.keys import Keys
 
+    # The token's help says what api.js does: it goes with every request.
+    help_text = driver.find_element("id", "token-help").get_attribute("textContent")
+    assert "with every request" in help_text, help_text
     _submit(driver, "rollback-form")
     _until(driver, "the refusal", lambda: "No kept version" in _result(driver))
     assert not _dialog_open(driver)
