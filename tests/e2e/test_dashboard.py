@@ -137,6 +137,54 @@ def _fill(driver: Any, element_id: str, text: str) -> None:
     field.send_keys(text)
 
 
+# Runs in the page: what a viewport hides, one check per part. Each section heading a nav
+# link jumps to must be on top there, not under a sticky header (a phone's covered a third
+# of the screen); charts drawn at no less than 80 % of their size (a 900-px drawing on a
+# phone had 3-px text); no chart text outside its drawing (a clipped last time label); with
+# arguments[0], the version history and the shadow tables (opened) not cut by their box.
+HEADINGS_JS = """
+for (const a of document.querySelectorAll('nav a')) {
+  const h = document.querySelector(a.getAttribute('href') + ' h2');
+  a.click();
+  const r = h.getBoundingClientRect();
+  const top = document.elementFromPoint(r.left + 5, r.top + r.height / 2);
+  if (!h.contains(top)) problems.push(`heading ${h.textContent} covered by ${top && top.tagName}`);
+}
+"""
+CHART_SCALE_JS = """
+for (const s of document.querySelectorAll('svg.chart-svg')) {
+  const scale = s.getBoundingClientRect().width / s.viewBox.baseVal.width;
+  const name = s.querySelector('title').textContent;
+  if (scale < 0.8) problems.push(`chart ${name} at ${scale.toFixed(2)}`);
+}
+"""
+CHART_TEXT_JS = """
+for (const s of document.querySelectorAll('svg.chart-svg')) {
+  for (const t of s.querySelectorAll('text:not([transform])')) {
+    const b = t.getBBox();
+    const out = b.x < -0.5 || b.x + b.width > s.viewBox.baseVal.width + 0.5;
+    if (out) problems.push(`text ${t.textContent} clipped`);
+  }
+}
+"""
+TABLES_JS = """
+// Wide tables (categories, workers) scroll in their box by design; these must not need to.
+for (const d of document.querySelectorAll('details')) d.open = true;
+const tables = arguments[0] ? document.querySelectorAll('#versions, #shadow-body table') : [];
+for (const t of tables) {
+  const w = t.closest('.table-wrap');
+  const cut = t.getBoundingClientRect().width > w.clientWidth + 1;
+  if (cut) problems.push(`table ${t.caption.textContent} cut`);
+}
+for (const d of document.querySelectorAll('details')) d.open = false;
+"""
+LAYOUT_JS = (
+    "const problems = [];"
+    + HEADINGS_JS
+    + "window.scrollTo(0, 0); return problems;"
+)
+
+
 def _layout_and_access(driver: Any) -> None:
     """No sideways scrolling at 1280 px and at 80 % zoom; names and contrast."""
     for zoom in (1.0, 0.8):
@@ -151,6 +199,11 @@ def _layout_and_access(driver: Any) -> None:
             "s.getBoundingClientRect().width / s.viewBox.baseVal.width);"
         )
         assert scales and min(scales) >= 0.8, (zoom, min(scales or [0]))
+    for width, height in ((390, 844), (1024, 768), (1400, 900)):
+        emulate_zoom(driver, width, height, 1.0)
+        _next_refresh(driver)
+        problems = driver.execute_script(LAYOUT_JS, width >= 1024)
+        assert problems == [], (width, height, problems)
     clear_emulation(driver)
     assert driver.execute_script(NAMES_JS) == []
     contrast = driver.execute_script(CONTRAST_JS)

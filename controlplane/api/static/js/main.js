@@ -161,6 +161,15 @@ function initControls() {
   });
 }
 
+/** Keep --header-h equal to the sticky header's height: sections scroll below it. */
+function trackHeaderHeight() {
+  const header = document.querySelector("header.top");
+  const set = () => document.documentElement.style.setProperty("--header-h", `${header.offsetHeight}px`);
+  new ResizeObserver(set).observe(header);
+  set();
+}
+
 const actions = makeActions(refresh);
 initControls();
+trackHeaderHeight();
 refresh();
