@@ -181,6 +181,7 @@ for (const d of document.querySelectorAll('details')) d.open = false;
 LAYOUT_JS = (
     "const problems = [];"
     + HEADINGS_JS
+    + CHART_SCALE_JS
     + "window.scrollTo(0, 0); return problems;"
 )
 

@@ -48,7 +48,7 @@ function groupTable(group) {
       el("thead", {}, head), el("tbody", {}, ...rows))));
 }
 
-function groupFigure(group, body) {
+function groupFigure(group, body, width) {
   const series = group.curves.map((p) => {
     const pts = p.points.slice().sort((a, b) => a.capacity - b.capacity);
     return {
@@ -80,7 +80,7 @@ function groupFigure(group, body) {
     xLabel: "cache capacity (blocks, log)",
     yLabel: "hit ratio",
     xLog: true,
-    width: 560,
+    width,
     height: 260,
     series,
     vlines: Number.isFinite(group.capacity) ? [{ x: group.capacity, label: `the workers' capacity, ${fmtInt(group.capacity)} blocks` }] : [],
@@ -93,6 +93,19 @@ function groupFigure(group, body) {
   }
   figure.append(groupTable(group));
   return figure;
+}
+
+// The grid's cells: at least 460 px (style.css, .chart-grid.wide), 0.8 rem (12 px) apart.
+const CELL_MIN = 460;
+const GAP = 12;
+const CARD_INSET = 18; // a card's padding and border
+
+/** Charts are drawn at most 560 wide, at their cell's width when that is less (a phone),
+ * so that their text keeps its size. */
+function chartWidth(boxWidth) {
+  const columns = Math.max(1, Math.floor((boxWidth + GAP) / (CELL_MIN + GAP)));
+  const cell = (boxWidth - (columns - 1) * GAP) / columns;
+  return Math.round(Math.max(300, Math.min(560, cell - CARD_INSET)));
 }
 
 export async function renderShadowSection() {
@@ -120,9 +133,10 @@ export async function renderShadowSection() {
     lastKey = null;
     return;
   }
+  const width = chartWidth(box.clientWidth);
   const key = JSON.stringify(body);
-  if (key === lastKey) return;
-  lastKey = key;
+  if (`${width} ${key}` === lastKey) return;
+  lastKey = `${width} ${key}`;
   const groups = shadowGroups(body);
   const guard = guardLine(body && body.guard);
   if (groups === null) {
@@ -135,6 +149,6 @@ export async function renderShadowSection() {
       ...(guard ? [guard] : []));
   } else {
     box.replaceChildren(...(guard ? [guard] : []),
-      el("div", { class: "chart-grid wide" }, ...groups.map((g) => groupFigure(g, body))));
+      el("div", { class: "chart-grid wide" }, ...groups.map((g) => groupFigure(g, body, width))));
   }
 }

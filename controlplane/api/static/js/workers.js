@@ -65,7 +65,10 @@ function clock(unixS) {
   return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
 }
 
+let lastAgents = [];
+
 function renderChart(agents) {
+  lastAgents = agents;
   const box = document.getElementById("hit-chart");
   const live = agents.map((a) => a.id);
   const series = live
@@ -89,7 +92,8 @@ function renderChart(agents) {
     xDomain: [start, end],
     yDomain: [0, 1],
     xFormat: clock,
-    width: 900,
+    // Drawn at the box's width, so its text keeps its size on a phone as on a desktop.
+    width: Math.max(300, Math.round(box.clientWidth || 900)),
     height: 260,
     series,
   }));
@@ -107,3 +111,9 @@ export function renderWorkersSection(results) {
   renderTable(list, policy.value ? policy.value.version : null);
   renderChart(list);
 }
+
+let resizing = null;
+window.addEventListener("resize", () => {
+  clearTimeout(resizing);
+  resizing = setTimeout(() => renderChart(lastAgents), 200); // redrawn at the new width
+});
