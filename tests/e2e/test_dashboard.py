@@ -182,6 +182,7 @@ LAYOUT_JS = (
     "const problems = [];"
     + HEADINGS_JS
     + CHART_SCALE_JS
+    + TABLES_JS
     + "window.scrollTo(0, 0); return problems;"
 )
 

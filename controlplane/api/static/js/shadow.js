@@ -39,12 +39,14 @@ function groupTable(group) {
     const at = new Map(p.points.map((q) => [q.capacity, q]));
     return el("tr", {}, el("th", { scope: "row" }, p.policy), ...capacities.map((c) => {
       const q = at.get(c);
-      const ci = q && Number.isFinite(q.ci_low) && Number.isFinite(q.ci_high) ? ` (${fmtRatio(q.ci_low)}–${fmtRatio(q.ci_high)})` : "";
-      return el("td", { class: "num" }, q ? fmtRatio(q.hit_ratio) + ci : "—");
+      // The interval goes on a line of its own, so the table fits a chart's card.
+      const ci = q && Number.isFinite(q.ci_low) && Number.isFinite(q.ci_high)
+        ? el("span", { class: "ci" }, ` (${fmtRatio(q.ci_low)}–${fmtRatio(q.ci_high)})`) : null;
+      return el("td", { class: "num" }, q ? fmtRatio(q.hit_ratio) : "—", ci);
     }));
   });
   return el("details", {}, el("summary", {}, "Table of these values"),
-    el("div", { class: "table-wrap" }, el("table", {}, el("caption", {}, `Shadow hit ratio, workers of capacity ${fmtInt(group.capacity)}`),
+    el("div", { class: "table-wrap" }, el("table", { class: "shadow-table" }, el("caption", {}, `Shadow hit ratio, workers of capacity ${fmtInt(group.capacity)}`),
       el("thead", {}, head), el("tbody", {}, ...rows))));
 }
 
@@ -95,17 +97,22 @@ function groupFigure(group, body, width) {
   return figure;
 }
 
-// The grid's cells: at least 460 px (style.css, .chart-grid.wide), 0.8 rem (12 px) apart.
+// The grid's cells: at least 460 px (style.css, .chart-grid.wide), 0.8 rem (12 px) apart,
+// as many as there are groups when they fit (auto-fit: one group takes the whole width).
 const CELL_MIN = 460;
 const GAP = 12;
 const CARD_INSET = 18; // a card's padding and border
 
 /** Charts are drawn at most 560 wide, at their cell's width when that is less (a phone),
  * so that their text keeps its size. */
-function chartWidth(boxWidth) {
-  const columns = Math.max(1, Math.floor((boxWidth + GAP) / (CELL_MIN + GAP)));
+function chartWidth(boxWidth, groups) {
+  const columns = Math.max(1, Math.min(groups, Math.floor((boxWidth + GAP) / (CELL_MIN + GAP))));
   const cell = (boxWidth - (columns - 1) * GAP) / columns;
   return Math.round(Math.max(300, Math.min(560, cell - CARD_INSET)));
+}
+
+function groupCount(body) {
+  return body && Array.isArray(body.groups) ? body.groups.length : 1;
 }
 
 export async function renderShadowSection() {
@@ -133,7 +140,7 @@ export async function renderShadowSection() {
     lastKey = null;
     return;
   }
-  const width = chartWidth(box.clientWidth);
+  const width = chartWidth(box.clientWidth, groupCount(body));
   const key = JSON.stringify(body);
   if (`${width} ${key}` === lastKey) return;
   lastKey = `${width} ${key}`;
