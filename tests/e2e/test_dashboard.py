@@ -183,6 +183,7 @@ LAYOUT_JS = (
     + HEADINGS_JS
     + CHART_SCALE_JS
     + TABLES_JS
+    + CHART_TEXT_JS
     + "window.scrollTo(0, 0); return problems;"
 )
 

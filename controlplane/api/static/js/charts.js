@@ -145,7 +145,11 @@ function axes(spec, g) {
   const xt = spec.xLog ? logTicks(x0, x1) : niceTicks(x0, x1, Math.max(2, Math.round(W / 90)));
   for (const t of xt) {
     group.append(svg("line", { x1: px(t), x2: px(t), y1: m.top, y2: H - m.bottom, class: "grid" }));
-    group.append(svg("text", { x: px(t), y: H - m.bottom + 14, "text-anchor": "middle" }, fmt(t)));
+    // A label centred on a tick near the right edge would run out of the drawing ("13:35:3"):
+    // it ends at the tick instead (about 3.5 px a character at 11 px on each side of centre).
+    const label = fmt(t);
+    const anchor = px(t) + label.length * 3.5 > W ? "end" : "middle";
+    group.append(svg("text", { x: px(t), y: H - m.bottom + 14, "text-anchor": anchor }, label));
   }
   for (const t of niceTicks(y0, y1, 4)) {
     group.append(svg("line", { x1: m.left, x2: W - m.right, y1: py(t), y2: py(t), class: "grid" }));
