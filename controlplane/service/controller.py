@@ -43,7 +43,7 @@ from controlplane.service.lease import LeaderLease
 from controlplane.service.metrics import ControllerMetrics, RefitOutcomeLabel
 from controlplane.service.settings import ControllerSettings
 from controlplane.service.shadowing import ShadowLink
-from controlplane.service.store import LeaseLost, PolicyStore
+from controlplane.service.store import LeaseLost, PolicyStore, StoreState
 from controlplane.service.window import LiveWindow, WindowLimits
 from controlplane.shadow.selection import SelectionView
 from controlplane.shadow.view import ShadowView
@@ -172,6 +172,7 @@ class Controller:
         self._refit_lock = threading.RLock()  # one refit at a time: scheduled or manual
         self._last_checkpoint = time.monotonic()
         self._role_said = False  # its role logged once known
+        self._store_state: StoreState | None = None  # as last read (_track_store)
         self.ingestor = self._make_ingestor()
         self.scheduler = BackgroundScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None}
@@ -239,6 +240,7 @@ class Controller:
 
     def _tick_lease(self) -> None:
         self.health.probe(self.r, self.keys.probe(self.name))
+        self._track_store()
         was = self.lease.is_leader
         now = self.lease.tick()
         self.metrics.leader.set(1 if now else 0)
@@ -254,11 +256,11 @@ class Controller:
 
     def _lead(self, *, newly: bool) -> None:
         """A leader's tick: on taking the lease, load the last checkpoint; on every tick,
-        publish the built-in defaults if no version is current (a Redis restarted empty
-        under the same leader) and start ingest if it is not running (a tick that failed
-        half way, or an old ingest thread still finishing when the lease came back, must
-        not leave a leader that never ingests)."""
-        self._ensure_initial_policy()
+        publish a policy if no version is current (the store's state as last read, when
+        Redis restarted empty; else the built-in defaults) and start ingest if it is not
+        running (a tick that failed half way, or an old ingest thread still finishing when
+        the lease came back, must not leave a leader that never ingests)."""
+        self._ensure_policy()
         if newly:
             log.info("%s is the leader", self.name)
             self._load_checkpoint()
@@ -276,10 +278,36 @@ class Controller:
         log.info("%s is a standby: %s leads; this one serves reads", self.name, holder)
         return True
 
-    def _ensure_initial_policy(self) -> None:
+    @property
+    def store_state(self) -> StoreState | None:
+        """The store's state as this replica last read it (None: not read yet)."""
+        return self._store_state
+
+    def _track_store(self) -> None:
+        """Every replica, each lease tick: keep the store's state as last read (read whole
+        only when the version in force or the hold has changed), so that whichever leads
+        can put it back into a Redis that lost it."""
+        with contextlib.suppress(redis.RedisError):  # said by the health; next tick again
+            version, known = self.store.current_version(), self._store_state
+            if version is None:
+                return  # nothing to read, or the state was lost: keep what was read
+            if known is None or known.version != version or known.held != self.store.held():
+                self._store_state = self.store.state()
+
+    def _ensure_policy(self) -> None:
         try:
-            if self.store.current_version() is None:
+            if self.store.current_version() is not None:
+                return
+            known = self._store_state
+            if known is None:
                 self.store.publish_fit({}, None, "initial: built-in defaults until a fit")
+            elif (doc := self.store.restore(known)) is not None:
+                log.warning(
+                    "Redis had lost kvwise's policy state (restarted empty?): v%d restores "
+                    "%s, as this replica last read it",
+                    doc.version,
+                    known.describe(),
+                )
         except redis.RedisError:
             pass  # said by the health; the next leader tick tries again
 
@@ -305,23 +333,31 @@ class Controller:
         try:
             loaded = self.health.guard(self.checkpoints.load)()
         except (redis.RedisError, CheckpointError) as exc:
-            log.warning("no checkpoint loaded (%s): the window starts empty", exc)
+            log.warning("no checkpoint loaded (%s): %s", exc, self._window_goes_on())
             return
         if loaded is None:
-            log.info("no checkpoint yet: the window starts empty")
+            log.info("no checkpoint yet: %s", self._window_goes_on())
             return
         if loaded.process == self.process_id:
             return  # this process's own (the lease came back): its memory is at least as new
         try:
             self.window.restore(loaded.state)
         except Exception as exc:  # a checkpoint that does not fit is ignored, never fatal
-            log.warning("checkpoint ignored (%s): the window starts empty", exc)
+            log.warning("checkpoint ignored (%s): %s", exc, self._window_goes_on())
             return
         log.info(
             "loaded the window checkpoint of %.0f s ago: %d categories, %d bytes",
             time.time() - loaded.taken_at,
             len(loaded.state.names),
             loaded.nbytes,
+        )
+
+    def _window_goes_on(self) -> str:
+        """What the window holds when no checkpoint is loaded (a replica that led before
+        keeps what it gathered)."""
+        held = self.window.categories
+        return (
+            f"the window goes on with its {held} categories" if held else "the window starts empty"
         )
 
     def _checkpoint_if_due(self) -> None:

@@ -138,6 +138,30 @@ class _Draft:
     copy_of: PolicyDocument | None = None
     pin: EvictorFamily | None = None
     """The operator's pinned evictor family, if any."""
+    lowest_version: int = 1
+    """The version published is at least this (a restored state goes on numbering)."""
+
+
+@dataclass(frozen=True)
+class StoreState:
+    """Everything an operator or a fit put in the store, as one replica last read it: what
+    ``restore`` writes back into a Redis that has lost it."""
+
+    version: int
+    """The version in force when read."""
+    base: Base
+    overrides: dict[str, dict[str, float]]
+    pin: EvictorFamily | None
+    held: bool
+
+    def describe(self) -> str:
+        """What it holds, for the note of the version that restores it."""
+        parts = [f"v{self.version}'s fit", f"{len(self.overrides)} overrides"]
+        if self.pin is not None:
+            parts.append(f"evictor pinned to {self.pin}")
+        if self.held:
+            parts.append("refits held")
+        return ", ".join(parts)
 
 
 Prepare = Callable[[Pipeline], _Draft]
@@ -203,6 +227,23 @@ class PolicyStore:
     def held(self) -> bool:
         """Whether automatic refits are held back (after a rollback with ``hold``)."""
         return bool(self.r.exists(self.keys.policy_hold))
+
+    @guarded
+    def state(self) -> StoreState | None:
+        """The store's state as it is now (None: no version in force)."""
+        k = self.keys
+        with self.r.pipeline(transaction=True) as pipe:
+            pipe.get(k.policy_current)
+            pipe.get(k.policy_base)
+            pipe.hgetall(k.overrides)
+            pipe.get(k.evictor_pin)
+            pipe.exists(k.policy_hold)
+            current, base, overrides, pin, held = pipe.execute()
+        if current is None:
+            return None
+        return StoreState(
+            int(current), Base.from_json(base), _overrides(overrides), _pinned(pin), bool(held)
+        )
 
     @guarded
     def preview_fit(
@@ -359,6 +400,34 @@ class PolicyStore:
         return self._publish(prepare)
 
     @guarded
+    def restore(self, state: StoreState) -> PolicyDocument | None:
+        """Write ``state`` back into a Redis that lost it (restarted empty) and publish it
+        as the version after ``state.version``, so that agents take it as new; None (no
+        write) if a version is in force by then."""
+
+        def prepare(pipe: Pipeline) -> _Draft:
+            draft = self._read(pipe, f"restored after Redis lost its state: {state.describe()}")
+            if pipe.get(self.keys.policy_current) is not None:
+                raise _AlreadyInForce
+            self._set_base(draft, state.base)
+            draft.overrides = dict(state.overrides)
+            if state.overrides:
+                stored: dict[Any, str] = {c: json.dumps(v) for c, v in state.overrides.items()}
+                draft.writes.append(lambda p: p.hset(self.keys.overrides, mapping=stored))
+            draft.pin = state.pin
+            if state.pin is not None:
+                draft.writes.append(lambda p: p.set(self.keys.evictor_pin, str(state.pin)))
+            if state.held:
+                draft.writes.append(lambda p: p.set(self.keys.policy_hold, str(state.version)))
+            draft.lowest_version = state.version + 1
+            return draft
+
+        try:
+            return self._publish(prepare)
+        except _AlreadyInForce:
+            return None
+
+    @guarded
     def release_hold(self) -> None:
         self.r.delete(self.keys.policy_hold)
 
@@ -418,7 +487,7 @@ class PolicyStore:
     def _compose(self, pipe: Pipeline, draft: _Draft) -> tuple[PolicyDocument, list[int]]:
         """The document ``draft`` publishes and the old versions it pushes out."""
         top = cast(list[bytes], pipe.zrevrange(self.keys.policy_versions, 0, 0))
-        version = int(top[0]) + 1 if top else 1
+        version = max(int(top[0]) + 1 if top else 1, draft.lowest_version)
         default: CategoryParams | None
         if draft.copy_of is not None:
             cats, default = dict(draft.copy_of.categories), draft.copy_of.default
@@ -432,6 +501,10 @@ class PolicyStore:
         kept = cast(list[bytes], pipe.zrange(self.keys.policy_versions, 0, -1))
         drop = [int(v) for v in kept][: max(0, len(kept) + 1 - self.history_size)]
         return PolicyDocument(**fields), drop
+
+
+class _AlreadyInForce(Exception):
+    """A restore found a version in force: nothing to restore."""
 
 
 def _overrides(raw: Mapping[bytes | str, bytes | str]) -> dict[str, dict[str, float]]:

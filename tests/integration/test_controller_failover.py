@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 import redis
 
+from agent.policy_document import CategoryParams
 from agent.wire import EventBatch, Keys
 from controlplane.service.controller import Controller
 from controlplane.service.settings import ControllerSettings
+from tests.conftest import delete_prefix
 from tests.integration.controller_fixtures import (
     controller,
     good_batch,
@@ -86,7 +88,7 @@ def test_a_leader_that_ingests_again_reads_the_ledgers_another_wrote_meanwhile(
     assert ledger[b"batches"] == b"3" and ledger[b"missing"] == b"0"
 
 
-def test_a_redis_that_forgot_the_policy_gets_the_defaults_back_from_the_same_leader(
+def test_a_redis_that_forgot_the_policy_gets_a_current_version_from_the_same_leader(
     redis_url: str, key_prefix: str
 ) -> None:
     """The initial policy was published only when the lease was won: a Redis restarted
@@ -97,6 +99,33 @@ def test_a_redis_that_forgot_the_policy_gets_the_defaults_back_from_the_same_lea
         c.r.delete(c.keys.policy_current)  # the lease key stays: the same leader
         wait_until(lambda: c.ready()[0], timeout=3, what="a current version again")
         assert c.lease.is_leader
+
+
+def test_a_redis_restarted_empty_gets_the_operators_state_back_not_the_defaults(
+    redis_url: str, key_prefix: str
+) -> None:
+    """A Redis restarted empty got the built-in defaults: every worker ran them until
+    the next refit, the operator's overrides and evictor pin were gone without a word,
+    and version numbers started again at 1 below the ones agents had applied."""
+    with controller(redis_url, key_prefix, lease_ttl_s=0.6) as c:
+        fitted = CategoryParams(p_reuse=0.7, rate=0.2, life_s=30.0)
+        c.store.publish_fit({"text_1": fitted}, None, "a fit")
+        c.store.set_override("text_2", {"p_reuse": 0.5})
+        c.store.pin_evictor("s3fifo")
+        before = c.store.current()
+        assert before is not None
+        wait_until(
+            lambda: c.store_state is not None and c.store_state.version == before.version,
+            what="the state read",
+        )
+        delete_prefix(redis_url, key_prefix)  # every key, the lease's too
+        wait_until(lambda: c.ready()[0], timeout=5, what="a current version again")
+        after = c.store.current()
+        assert after is not None and after.version == before.version + 1
+        assert after.note.startswith("restored after Redis lost its state")
+        assert (after.categories, after.evictor) == (before.categories, "s3fifo")
+        assert c.store.overrides() == {"text_2": {"p_reuse": 0.5}}
+        assert c.store.evictor().pinned == "s3fifo"
 
 
 def test_a_refit_that_runs_across_a_lost_lease_does_not_publish(
