@@ -13,7 +13,8 @@ on another shard, so the fence is a read, not part of the transaction). Versions
 strictly increasing and never rewritten; a rollback publishes a *new* version with an old
 version's parameters. History is bounded (oldest trimmed, never the current one). Each
 publication is logged once with its note. Everything lives in Redis: a controller restart
-loses nothing.
+loses nothing; and a Redis restarted empty gets back what a controller last read of it
+(``state``, ``restore``: the next version number, with its base, overrides, pin and hold).
 
 A published document is ``base`` (the last fitted parameters) with the operator's
 overrides applied on top. A failed Redis call is recorded in the ``RedisHealth``. It must
