@@ -154,8 +154,9 @@ class Keys:
         return f"{self.prefix}leader"
 
     def probe(self, controller: str) -> str:
-        """A small expiring key each controller writes to learn whether Redis takes writes."""
-        return f"{self.prefix}probe:{controller}"
+        """A small expiring key each controller writes to learn whether Redis takes writes;
+        on the policy keys' shard, where the API's reads and writes go."""
+        return f"{self.prefix}{{policy}}:probe:{controller}"
 
     @property
     def checkpoint(self) -> str:

@@ -240,19 +240,19 @@ class Controller:
 
     def _tick_lease(self) -> None:
         self.health.probe(self.r, self.keys.probe(self.name))
-        self._track_store()
         was = self.lease.is_leader
         now = self.lease.tick()
         self.metrics.leader.set(1 if now else 0)
         if now:
             self._lead(newly=not was)
+            self._role_said = True
         elif was:
             log.warning("%s lost the leader lease", self.name)
             self._stop_ingest()
+            self._role_said = True
         elif not self._role_said:
             self._role_said = self._said_standby()
-            return
-        self._role_said = True
+        self._track_store()
 
     def _lead(self, *, newly: bool) -> None:
         """A leader's tick: on taking the lease, load the last checkpoint; on every tick,
@@ -287,12 +287,16 @@ class Controller:
         """Every replica, each lease tick: keep the store's state as last read (read whole
         only when the version in force or the hold has changed), so that whichever leads
         can put it back into a Redis that lost it."""
-        with contextlib.suppress(redis.RedisError):  # said by the health; next tick again
+        try:
             version, known = self.store.current_version(), self._store_state
             if version is None:
                 return  # nothing to read, or the state was lost: keep what was read
             if known is None or known.version != version or known.held != self.store.held():
                 self._store_state = self.store.state()
+        except redis.RedisError:
+            pass  # said by the health; the next tick reads again
+        except Exception as exc:  # a state that does not read must never stop the lease
+            log.warning("policy state not read (%s): kept as last read", exc)
 
     def _ensure_policy(self) -> None:
         try:
@@ -310,6 +314,9 @@ class Controller:
                 )
         except redis.RedisError:
             pass  # said by the health; the next leader tick tries again
+        except Exception as exc:  # a state that does not restore: the defaults, next tick
+            log.warning("policy state not restored (%s): the built-in defaults instead", exc)
+            self._store_state = None
 
     def _stop_ingest(self) -> bool:
         """Stop ingest; False if its thread is still in a pass."""

@@ -60,7 +60,7 @@ class RedisHealth:
         self._lock = threading.Lock()
         self._report = RedisReport(RedisState.OK, "", time.time())
         self._last_failure = -SETTLE_S
-        self._last_detail = ""
+        self._probe_down: str | None = None  # the last probe's failure, while unreachable
         self._set_gauge(RedisState.OK)
 
     @property
@@ -72,18 +72,16 @@ class RedisHealth:
         state = redis_state(exc)
         reason = describe_redis_error(exc)
         self._last_failure = time.monotonic()
-        self._last_detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         self._change(state, reason)
         return self._report
 
     def known_down(self) -> redis.ConnectionError | None:
-        """While Redis is unreachable, an error that says so in the last failed call's
-        words, for a caller that would rather answer now than wait out another timeout
-        and its retries; None otherwise. The probes and the lease tick keep calling, so
-        the state returns to ok once Redis answers."""
-        if self._report.state is not RedisState.UNREACHABLE:
-            return None
-        return redis.ConnectionError(self._last_detail)
+        """While the last probe found Redis unreachable (the probe key shares the policy
+        keys' shard), an error that says so in its words, for a caller that would rather
+        answer now than wait out another timeout and its retries; None otherwise. The
+        lease tick and readiness keep probing: the first probe that gets through ends it."""
+        down = self._probe_down
+        return None if down is None else redis.ConnectionError(down)
 
     def answered(self) -> None:
         """Record a call that succeeded. Reads still succeed on a Redis that refuses writes:
@@ -101,7 +99,10 @@ class RedisHealth:
                 return self._report  # a write got through, but others will not: no flapping
         except redis.RedisError as exc:
             self.failed(exc)
+            if redis_state(exc) is RedisState.UNREACHABLE:
+                self._probe_down = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return self._report
+        self._probe_down = None
         if not self._report.ok:
             self._recovered()
         return self._report

@@ -231,19 +231,19 @@ class PolicyStore:
 
     @guarded
     def state(self) -> StoreState | None:
-        """The store's state as it is now (None: no version in force)."""
+        """The store's state as it is now (None: no version in force); read key by key, as
+        a snapshot to restore from (a change between the reads is read again at the next
+        version)."""
         k = self.keys
-        with self.r.pipeline(transaction=True) as pipe:
-            pipe.get(k.policy_current)
-            pipe.get(k.policy_base)
-            pipe.hgetall(k.overrides)
-            pipe.get(k.evictor_pin)
-            pipe.exists(k.policy_hold)
-            current, base, overrides, pin, held = pipe.execute()
+        current = self.r.get(k.policy_current)
         if current is None:
             return None
         return StoreState(
-            int(current), Base.from_json(base), _overrides(overrides), _pinned(pin), bool(held)
+            int(current),
+            Base.from_json(self.r.get(k.policy_base)),
+            _overrides(self.r.hgetall(k.overrides)),
+            _pinned(self.r.get(k.evictor_pin)),
+            bool(self.r.exists(k.policy_hold)),
         )
 
     @guarded

@@ -170,3 +170,13 @@ def metric(url: str, name: str) -> float:
 
 def get(url: str, path: str) -> Any:
     return httpx.get(url + path, timeout=5).json()
+
+
+def version_in_force(url: str) -> int:
+    """The controller's current version; -1 while it cannot say (a 503 while Redis fails
+    over, or no answer within 5 s)."""
+    try:
+        response = httpx.get(url + "/v1/policy", timeout=5)
+    except httpx.TimeoutException:
+        return -1
+    return int(response.json()["version"]) if response.status_code == 200 else -1
