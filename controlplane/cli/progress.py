@@ -77,6 +77,11 @@ class MatrixProgress:
     ) -> None:
         if self._bar is not None:
             self._bar.stop()
+        if t is not None and issubclass(t, KeyboardInterrupt):
+            self.console.print(
+                f"{self.command}: interrupted after {self._jobs_text()}; no results",
+                highlight=False,
+            )
 
     def _jobs_text(self) -> str:
         return f"{self.finished}/{self.jobs} runs done"

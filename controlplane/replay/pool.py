@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from multiprocessing.pool import AsyncResult
 from typing import Any, TypeVar
 
 J = TypeVar("J", bound=Hashable)
@@ -51,7 +52,8 @@ def run_jobs(
     progress: Callable[[J, int], None] | None = None,
 ) -> list[R]:
     """``fn(job, report)`` for every job, results in ``jobs`` order. With more than one
-    worker (and ``fork`` available) the jobs run in forked processes."""
+    worker (and ``fork`` available) the jobs run in forked processes; an interrupt (Ctrl-C)
+    or a failed job ends them all at once instead of after every running job."""
     n = min(workers or default_workers(), len(jobs))
     if n <= 1 or "fork" not in mp.get_all_start_methods():
         return [fn(job, _bind(progress, job)) for job in jobs]
@@ -59,20 +61,37 @@ def run_jobs(
     ctx = mp.get_context("fork")
     _FN = fn
     _QUEUE = ctx.Queue() if progress else None
-    results: dict[J, R] = {}
     try:
-        with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
-            pending = {pool.submit(_worker, job): job for job in jobs}
-            while pending:
-                # Wake at least every 0.2 s to forward worker progress to the caller.
-                done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                _drain(progress)
-                for f in done:
-                    results[pending.pop(f)] = f.result()
+        # Leaving the block terminates the workers: at once on an interrupt or an error.
+        with ctx.Pool(n, initializer=_ignore_interrupts) as pool:
+            running = [pool.apply_async(_worker, (job,)) for job in jobs]
+            _wait_all(running, progress)
+            return [result.get() for result in running]
     finally:
         _FN = None
         _QUEUE = None
-    return [results[job] for job in jobs]
+
+
+def _ignore_interrupts() -> None:
+    """In a worker: Ctrl-C reaches the whole process group; the parent alone handles it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _wait_all(
+    running: Sequence[AsyncResult[Any]], progress: Callable[[Any, int], None] | None
+) -> None:
+    """Wait for every job, forwarding progress at least every 0.2 s; a failed job raises
+    its error at once."""
+    while True:
+        _drain(progress)
+        for result in running:
+            if result.ready() and not result.successful():
+                result.get()  # raises the job's error
+        unfinished = [result for result in running if not result.ready()]
+        if not unfinished:
+            _drain(progress)
+            return
+        unfinished[0].wait(0.2)
 
 
 def _bind(progress: Callable[[J, int], None] | None, job: J) -> JobProgress | None:

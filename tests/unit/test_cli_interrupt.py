@@ -1,0 +1,49 @@
+"""Ctrl-C during a replay or simulation that runs in several processes: the command ends
+at once, says so, and leaves no worker behind. It went on for seconds to minutes (every
+running job finished first) and then printed nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from controlplane.traces.synth import synthesize
+from controlplane.traces.writer import write_bailian
+from tests.conftest import REPO
+from tests.waiting import wait_until
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("interrupt") / "toc.jsonl"
+    write_bailian(synthesize("to-c", duration_s=1200, qps=6, seed=3), path)
+    return path
+
+
+@pytest.mark.parametrize("command", [["replay"], ["simulate", "-p", "all"]])
+def test_an_interrupt_ends_a_parallel_run_at_once(command: list[str], trace_file: Path) -> None:
+    args = [sys.executable, "-m", "controlplane", *command, str(trace_file), "-j", "2"]
+    proc = subprocess.Popen(
+        args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    assert proc.stderr is not None
+    first = proc.stderr.readline().decode()  # a run done: the workers are busy
+    assert "runs done" in first, first
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole group
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 130
+    assert f"{command[0]}: interrupted after" in err.decode()
+    wait_until(lambda: not _group_alive(proc.pid), timeout=5, what="no worker left")
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
