@@ -2,12 +2,14 @@
 
 Owns the command's options, the checks on the settings before anything starts (a bad
 value or a malformed Redis URL is one error line naming its variable, exit code 2) and
-the process lifecycle (uvicorn, signals). Settings come from the environment
-(``KVWISE_*``, see docs/configuration.md); options override them.
+the process lifecycle (the API's socket bound first, then uvicorn, signals). Settings
+come from the environment (``KVWISE_*``, see docs/configuration.md); options override
+them.
 """
 
 from __future__ import annotations
 
+import socket
 from typing import Annotated
 
 import typer
@@ -52,10 +54,28 @@ def controller(
         app = build_app(settings)
     except UnsafeExposure as exc:
         fail(str(exc))
-    uvicorn.run(
+    listening = _bound_socket(settings.host, settings.port)
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         access_log=settings.log_level == "debug",
     )
+    uvicorn.Server(config).run(sockets=[listening])
+
+
+def _bound_socket(host: str, port: int) -> socket.socket:
+    """The API's socket, bound before the controller starts: a port already taken fails
+    here (exit code 2), before this replica leads or writes anything to Redis."""
+    from controlplane.cli.common import fail
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listening = socket.socket(family, socket.SOCK_STREAM)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listening.bind((host, port))
+    except OSError as exc:
+        listening.close()
+        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+    return listening

@@ -4,11 +4,13 @@ naming the option or variable, the right exit code, no traceback, nothing left b
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import redis
 
 from controlplane.dev.embedded_redis import free_port
 from tests.conftest import REPO
@@ -64,6 +66,22 @@ def test_controller_refuses_a_malformed_redis_url() -> None:
     assert res.returncode == 2
     line = one_error_line(res)
     assert line.startswith("error: KVWISE_REDIS_URL: ") and BAD_SCHEME in line
+
+
+def test_a_controller_whose_port_is_taken_fails_before_it_writes_anything(
+    redis_url: str, key_prefix: str
+) -> None:
+    """It led, published v1 and wrote a checkpoint, then failed to bind: the next
+    controller loaded that checkpoint as if a replica had run."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {"KVWISE_REDIS_URL": redis_url, "KVWISE_KEY_PREFIX": key_prefix}
+        res = kvwise("controller", "--host", "127.0.0.1", "--port", str(port), env=env)
+    assert res.returncode == 2
+    assert one_error_line(res).startswith(f"error: cannot listen on 127.0.0.1:{port}: ")
+    assert not list(redis.Redis.from_url(redis_url).scan_iter(match=key_prefix + "*"))
 
 
 def test_a_malformed_redis_url_is_reported_without_its_password() -> None:
