@@ -15,7 +15,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
 from textwrap import wrap
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
@@ -67,6 +67,27 @@ def say(text: str, *, lead: str = "") -> None:
     shown = Text("\n".join(lines))
     shown.stylize("bold red", 0, len(lead))
     err_console.print(shown, highlight=False, soft_wrap=True)
+
+
+def note(text: str) -> None:
+    """A note for the reader on stderr, led by ``note:`` and wrapped between words at 80
+    columns (or a narrower terminal's width): prose, unlike an error, is not grepped."""
+    width = min(err_console.width, 80) if err_console.is_terminal else 80
+    lines = wrap("note: " + text, width, break_long_words=False, break_on_hyphens=False)
+    typer.echo("\n".join(lines), err=True)
+
+
+def note_one_category(trace: Trace, names: Sequence[str], categories: str) -> None:
+    """Say, on stderr, that fitted policies saw one category when the trace labels every
+    request alike (a Mooncake trace): they then rank as lru does."""
+    from controlplane.replay import catalog
+
+    fitted = any(catalog.is_fitted(name) for name in names)
+    if fitted and len(trace.category_names) == 1 and categories == "labels":
+        note(
+            f"the trace labels every request {trace.category_names[0]!r}: the fitted policies "
+            "see one category. --categories auto infers them."
+        )
 
 
 def counted(n: int, noun: str, plural: str = "") -> str:

@@ -25,6 +25,7 @@ from controlplane.cli.common import (
     fail,
     load_trace_or_fail,
     non_negative,
+    note_one_category,
     open_fraction,
     parse_fracs,
     parse_ints,
@@ -283,13 +284,7 @@ def _report(
         print_json(_json_doc(trace_path, trace, options, results))
         return
     _print_tables(trace, names, capacities, results, top_categories, options)
-    fitted = any(catalog.is_fitted(name) for name in names)
-    if fitted and len(trace.category_names) == 1 and options.categories == "labels":
-        typer.echo(
-            f"note: the trace labels every request {trace.category_names[0]!r}: the fitted\n"
-            "policies see one category. --categories auto infers them.",
-            err=True,
-        )
+    note_one_category(trace, names, options.categories)
 
 
 def _plot(path: Path, trace: Trace, results: list[ReplayResult]) -> None:

@@ -21,6 +21,8 @@ from controlplane.cli.common import (
     counted,
     fail,
     load_trace_or_fail,
+    note,
+    note_one_category,
     parse_floats,
     parse_fracs,
     parse_ints,
@@ -189,8 +191,29 @@ def _report(
         _plot(results, plot, f"{trace.name}, {options.profile.name} x {options.instances}")
     if json_out:
         print_json(_json_doc(trace_path, trace, options, block, results))
-    else:
-        _print_tables(trace, options, block, results)
+        return
+    _print_tables(trace, options, block, results)
+    note_one_category(trace, [r.policy for r in results], options.replay.categories)
+    _note_overload(trace, options, results)
+
+
+OVERLOADED = 1.5
+"""Serving took this many times the span of the arrivals, or more: the fleet falls behind."""
+
+
+def _note_overload(trace: Trace, options: SimOptions, results: list[SimResult]) -> None:
+    """Say when the fleet falls behind the arrivals: QTTFT is then mostly queueing, which
+    grows with the trace's length rather than with what the cache saves."""
+    span = float(trace.timestamps[-1] - trace.timestamps[0]) / options.speed
+    worst = max(results, key=lambda r: r.makespan_s)
+    if span <= 0 or worst.makespan_s < OVERLOADED * span:
+        return
+    note(
+        f"the fleet falls behind: serving took {worst.makespan_s:,.0f} s for {span:,.0f} s of "
+        f"arrivals ({worst.policy} at {counted(worst.capacity, 'block')}), and requests "
+        f"waited {worst.queue.mean:,.1f} s in the queue on average, so QTTFT is mostly "
+        "queueing. More --instances or a lower --speed models a fleet that keeps up."
+    )
 
 
 def _profile(name_or_path: str) -> Profile:

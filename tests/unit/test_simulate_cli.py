@@ -112,3 +112,18 @@ def test_user_errors_exit_2(extra: list[str], message: str, tmp_path: Path) -> N
 def test_missing_trace_exits_2(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["simulate", str(tmp_path / "none.jsonl")])
     assert res.exit_code == 2 and "none.jsonl" in res.stderr
+
+
+def test_an_unlabelled_trace_and_a_fleet_that_falls_behind_are_said() -> None:
+    """One engine for the Mooncake sample at its own speed: the queue only grows, and the
+    fitted policies see one category; both made the table read as a verdict on wa."""
+    res = CliRunner().invoke(app, ["simulate", str(SAMPLE), "-p", "lru,wa", "-j", "1"])
+    assert res.exit_code == 0, res.output
+    assert "note: the trace labels every request 'unknown'" in res.stderr
+    assert "note: the fleet falls behind: serving took" in res.stderr
+    kept_up = [*BASE, "--speed", "0.15"]
+    res = CliRunner().invoke(app, kept_up)
+    assert res.exit_code == 0, res.output
+    assert "falls behind" not in res.stderr
+    res = CliRunner().invoke(app, [*kept_up, "--categories", "auto"])
+    assert "labels every request" not in res.stderr
