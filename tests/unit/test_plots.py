@@ -180,3 +180,15 @@ def test_cdf_points_are_thinned_but_keep_both_ends() -> None:
     x, y = _cdf(values)
     assert len(x) <= CDF_POINTS and y[-1] == 1.0 and x[-1] == values.max()
     assert np.all(np.diff(x) >= 0) and np.all(np.diff(y) > 0)
+
+
+def test_trace_stats_says_a_plot_folder_that_is_a_file_is_a_file(tmp_path: Path) -> None:
+    """It said only 'File exists', after reading the trace."""
+    taken = tmp_path / "toc.jsonl"
+    taken.write_text("")
+    args = ["trace", "stats", str(SAMPLE), "--plot", str(taken)]
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert res.exit_code == 2
+    assert res.stderr.strip() == (
+        f"error: --plot: {taken} is a file: it takes a folder for the figures"
+    )
