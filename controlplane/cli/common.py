@@ -16,6 +16,7 @@ import math
 import re
 import sys
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from textwrap import wrap
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
@@ -245,7 +246,8 @@ def load_trace_or_fail(path: Path, *, skip_bad_lines: bool = False) -> Trace:
     from controlplane.traces.reader import TraceError, load_trace
 
     try:
-        trace = load_trace(path, skip_bad_lines=skip_bad_lines)
+        with _reading(path):
+            trace = load_trace(path, skip_bad_lines=skip_bad_lines)
     except OSError as exc:  # "nope.jsonl: No such file or directory", not "[Errno 2] ..."
         fail(f"{path}: {exc.strerror or exc}")
     except TraceError as exc:
@@ -256,6 +258,14 @@ def load_trace_or_fail(path: Path, *, skip_bad_lines: bool = False) -> Trace:
     if trace.n_requests == 0:
         fail(f"{path}: no requests")
     return trace
+
+
+def _reading(path: Path) -> AbstractContextManager[object]:
+    """On a terminal, a spinner while ``path`` is read (a large trace takes seconds before
+    the first progress line); elsewhere nothing."""
+    if not err_console.is_terminal:
+        return nullcontext()
+    return err_console.status(f"reading {path}", spinner="dots")
 
 
 def trace_json(path: Path, trace: Trace) -> dict[str, object]:
