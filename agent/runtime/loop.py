@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from abc import ABC, abstractmethod
 from typing import Protocol
 
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 
 BACKOFF_BASE_S = 0.1
 """First wait after a failed round; it doubles per further failure up to ``max_backoff_s``."""
+QUIET_S = 60.0
+"""An outage with the same error within this long of the last one said is not said again
+(a Redis at its memory limit refuses some writes and takes others: rounds flap)."""
 
 
 class RedisObserver(Protocol):
@@ -63,6 +67,8 @@ class BackgroundLoop(ABC):
         """Consecutive failed rounds (0: the last round succeeded)."""
         self.last_error = ""
         """Why the last round failed ("" once one succeeds)."""
+        self._said: tuple[str, float] | None = None  # the outage last said, and when
+        self._saying = False  # this outage was said: its end is said too
 
     # --- what a subclass says --------------------------------------------------------------
     @abstractmethod
@@ -152,7 +158,11 @@ class BackgroundLoop(ABC):
             self._failed(f"{type(exc).__name__}: {exc}", unexpected=True)
             return False
         if self.failures:
-            log.info("kvwise %s: working again after %d failed rounds", self.name, self.failures)
+            level = logging.WARNING if self._saying else logging.DEBUG
+            log.log(
+                level, "kvwise %s: working again after %d failed rounds", self.name, self.failures
+            )
+        self._saying = False
         self.failures = 0
         self.last_error = ""
         return True
@@ -160,10 +170,17 @@ class BackgroundLoop(ABC):
     def _failed(self, error: str, *, unexpected: bool) -> None:
         if unexpected and error != self.last_error:
             log.exception("kvwise %s: round failed (%s); %s", self.name, error, self.outage_note())
-        elif self.failures == 0 and self.observer is None:
+        elif self.failures == 0 and self.observer is None and self._new_outage(error):
             log.warning("kvwise %s: %s; %s", self.name, error, self.outage_note())
+            self._saying = True
         self.failures += 1
         self.last_error = error
+
+    def _new_outage(self, error: str) -> bool:
+        """Whether an outage starting now with ``error`` is to be said (``QUIET_S``)."""
+        now = time.monotonic()
+        said, self._said = self._said, (error, now)
+        return said is None or said[0] != error or now - said[1] >= QUIET_S
 
     def _main(self) -> None:
         while not self._stop.is_set():

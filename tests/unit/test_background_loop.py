@@ -61,6 +61,23 @@ def test_failures_are_counted_survived_and_reset(caplog: pytest.LogCaptureFixtur
     assert sum("working again after 3 failed" in m for m in messages) == 1
 
 
+def test_a_flapping_outage_is_said_once_and_its_end_at_warning_level(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A Redis at its memory limit refuses some writes and takes others: the warning came
+    at every refusal after a success (17 in 30 s), and the recovery only at info level,
+    below what a worker shows."""
+    full = redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'")
+    loop = Counting([full, None, full, None, full, None])
+    with caplog.at_level(logging.WARNING, logger="agent.runtime.loop"):
+        loop.start()
+        wait_until(lambda: loop.steps >= 6, what="six steps")
+        assert loop.close(timeout=5)
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("out of memory" in m for m in messages) == 1, messages
+    assert sum("working again after 1 failed" in m for m in messages) == 1, messages
+
+
 def test_wake_ups_do_not_undo_the_backoff_while_rounds_fail() -> None:
     """A busy engine wakes the publisher at every full batch: during an outage that once
     made it retry at the engine's pace instead of backing off."""
