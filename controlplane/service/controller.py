@@ -29,7 +29,7 @@ import redis
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from agent.policy_document import DEFAULT_FAMILY, MODEL_PARAMS, CategoryParams, PolicyDocument
-from agent.runtime.connection import RedisClient, connect, redact
+from agent.runtime.connection import RedisClient, connect, describe_redis_error, redact
 from agent.wire import BatchLimits, EventBatch, Keys
 from controlplane.fit import FitResult, fit_all
 from controlplane.fit.gof import ReuseCurve
@@ -402,19 +402,24 @@ class Controller:
             with self._refit_lock:
                 self.select_family()
                 outcome = self.refit(manual=False)
-        except redis.RedisError:
+        except redis.RedisError as exc:
             self.metrics.refits.labels(outcome="error").inc()
+            self._said_unpublished("error", describe_redis_error(exc), logging.WARNING)
             return
         if outcome.published:
             self._last_refusal = ""
             return
         kind = outcome.reason.split(":")[0]
+        level = logging.WARNING if kind == "refused" else logging.INFO
+        self._said_unpublished(kind, outcome.reason, level)
+
+    def _said_unpublished(self, kind: str, reason: str, level: int) -> None:
+        """Log why a scheduled refit published nothing: once per kind in a row."""
         if kind != self._last_refusal:
-            level = logging.WARNING if kind == "refused" else logging.INFO
-            log.log(level, "refit published nothing: %s", outcome.reason)
+            log.log(level, "refit published nothing: %s", reason)
             self._last_refusal = kind
         else:
-            log.debug("refit published nothing: %s", outcome.reason)
+            log.debug("refit published nothing: %s", reason)
 
     def select_family(self) -> SelectionView | None:
         """Judge the last full shadow window (``controlplane.shadow.selection``); when the

@@ -3,8 +3,10 @@ lost and won back, a Redis that forgot everything. Each test failed before its f
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ import redis
 
 from agent.policy_document import CategoryParams
 from agent.wire import EventBatch, Keys
+from controlplane.dev.embedded_redis import EmbeddedRedis
 from controlplane.service.controller import Controller
 from controlplane.service.settings import ControllerSettings
 from tests.conftest import delete_prefix
@@ -230,3 +233,25 @@ def test_a_replica_that_stops_ingesting_exports_no_frozen_gap_figures(
         wait_until(lambda: not c.ingestor.running, what="ingest to stop itself")
         gone = c.metrics.registry.get_sample_value("kvwise_ingest_gap_batches", {"worker": "w1"})
         assert gone is None
+
+
+def test_a_scheduled_refit_that_fails_on_redis_says_so_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It counted `kvwise_refits_total{outcome="error"}` and logged nothing."""
+    caplog.set_level(logging.INFO, logger="controlplane.service.controller")
+    with (
+        EmbeddedRedis(tmp_path) as server,
+        controller(server.url, "kvwise-refit-error:", refit_interval_s=0.2, lease_ttl_s=60) as c,
+    ):
+        server.stop()
+
+        def failed_refits() -> float:
+            sample = c.metrics.registry.get_sample_value(
+                "kvwise_refits_total", {"outcome": "error"}
+            )
+            return sample or 0.0
+
+        wait_until(lambda: failed_refits() >= 3, what="three failed refits")
+    said = [r.getMessage() for r in caplog.records]
+    assert sum(m.startswith("refit published nothing: redis unavailable") for m in said) == 1
