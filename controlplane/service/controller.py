@@ -572,8 +572,11 @@ class Controller:
         if not report.ok:
             return False, report.reason
         try:
-            if self.store.current_version() is None:
+            version = self.store.current_version()
+            if version is None:
                 return False, "no policy version published yet"
+            if not self.store.has_version(version):
+                return False, f"current names version {version}, not stored"
         except redis.RedisError:
             return False, self.health.report.reason
         return True, ""

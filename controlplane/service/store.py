@@ -225,6 +225,11 @@ class PolicyStore:
         return Base.from_json(self.r.get(self.keys.policy_base))
 
     @guarded
+    def has_version(self, version: int) -> bool:
+        """Whether the document of ``version`` is stored."""
+        return bool(self.r.exists(self.keys.policy_doc(version)))
+
+    @guarded
     def held(self) -> bool:
         """Whether automatic refits are held back (after a rollback with ``hold``)."""
         return bool(self.r.exists(self.keys.policy_hold))

@@ -255,3 +255,13 @@ def test_a_scheduled_refit_that_fails_on_redis_says_so_once(
         wait_until(lambda: failed_refits() >= 3, what="three failed refits")
     said = [r.getMessage() for r in caplog.records]
     assert sum(m.startswith("refit published nothing: redis unavailable") for m in said) == 1
+
+
+def test_a_current_pointer_to_a_missing_version_is_not_ready(
+    redis_url: str, key_prefix: str
+) -> None:
+    """/readyz said ok while every replica answered GET /v1/policy with 503."""
+    with controller(redis_url, key_prefix) as c:
+        assert c.ready() == (True, "")
+        c.r.set(c.keys.policy_current, "999")
+        assert c.ready() == (False, "current names version 999, not stored")
