@@ -359,12 +359,16 @@ def _run_with_progress(
     quiet: bool,
 ) -> list[ReplayResult]:
     from controlplane.cli.progress import MatrixProgress
+    from controlplane.replay.pool import WorkerDied
     from controlplane.replay.runner import run_matrix
 
-    with MatrixProgress(trace.n_requests, len(names) * len(capacities), quiet=quiet) as shown:
-        return run_matrix(
-            trace, names, capacities, jobs=jobs or None, progress=shown.update, options=options
-        )
+    try:
+        with MatrixProgress(trace.n_requests, len(names) * len(capacities), quiet=quiet) as shown:
+            return run_matrix(
+                trace, names, capacities, jobs=jobs or None, progress=shown.update, options=options
+            )
+    except WorkerDied as exc:
+        fail(str(exc), code=1)
 
 
 def _print_tables(

@@ -326,13 +326,17 @@ def _run_with_progress(
     quiet: bool,
 ) -> list[SimResult]:
     from controlplane.cli.progress import MatrixProgress
+    from controlplane.replay.pool import WorkerDied
     from controlplane.simulate.runner import run_matrix
 
     cells = len(names) * len(capacities)
-    with MatrixProgress(trace.n_requests, cells, quiet=quiet, command="simulate") as shown:
-        return run_matrix(
-            trace, names, capacities, options, jobs=jobs or None, progress=shown.update
-        )
+    try:
+        with MatrixProgress(trace.n_requests, cells, quiet=quiet, command="simulate") as shown:
+            return run_matrix(
+                trace, names, capacities, options, jobs=jobs or None, progress=shown.update
+            )
+    except WorkerDied as exc:
+        fail(str(exc), code=1)
 
 
 def _plot(results: list[SimResult], path: Path, title: str) -> None:

@@ -8,15 +8,22 @@ caller through a queue. It must never print or know what a job computes.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
 from collections.abc import Callable, Hashable, Sequence
-from multiprocessing.pool import AsyncResult
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
 J = TypeVar("J", bound=Hashable)
 R = TypeVar("R")
+
+
+class WorkerDied(RuntimeError):
+    """A worker process died while it ran a job (killed: out of memory, most likely)."""
+
 
 JobProgress = Callable[[int], None]
 """Called by a job with how far it has got (its own unit, e.g. requests done)."""
@@ -53,7 +60,8 @@ def run_jobs(
 ) -> list[R]:
     """``fn(job, report)`` for every job, results in ``jobs`` order. With more than one
     worker (and ``fork`` available) the jobs run in forked processes; an interrupt (Ctrl-C)
-    or a failed job ends them all at once instead of after every running job."""
+    or a failed job ends them all at once instead of after every running job, and a worker
+    that dies (the OOM killer) fails the run instead of hanging it."""
     n = min(workers or default_workers(), len(jobs))
     if n <= 1 or "fork" not in mp.get_all_start_methods():
         return [fn(job, _bind(progress, job)) for job in jobs]
@@ -61,37 +69,53 @@ def run_jobs(
     ctx = mp.get_context("fork")
     _FN = fn
     _QUEUE = ctx.Queue() if progress else None
+    pids = ctx.SimpleQueue()
+    pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=_start_worker, initargs=(pids,))
     try:
-        # Leaving the block terminates the workers: at once on an interrupt or an error.
-        with ctx.Pool(n, initializer=_ignore_interrupts) as pool:
-            running = [pool.apply_async(_worker, (job,)) for job in jobs]
-            _wait_all(running, progress)
-            return [result.get() for result in running]
+        results: list[R] = _collect(pool, jobs, progress)
+    except BrokenProcessPool:
+        _end_workers(pids)
+        raise WorkerDied(
+            "a worker process died while it ran a job (killed: out of memory?); "
+            "fewer --jobs need less memory"
+        ) from None
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        _end_workers(pids)
+        raise
     finally:
         _FN = None
         _QUEUE = None
+    pool.shutdown(wait=True)
+    return results
 
 
-def _ignore_interrupts() -> None:
-    """In a worker: Ctrl-C reaches the whole process group; the parent alone handles it."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _wait_all(
-    running: Sequence[AsyncResult[Any]], progress: Callable[[Any, int], None] | None
-) -> None:
-    """Wait for every job, forwarding progress at least every 0.2 s; a failed job raises
-    its error at once."""
-    while True:
+def _collect(
+    pool: ProcessPoolExecutor, jobs: Sequence[J], progress: Callable[[J, int], None] | None
+) -> list[Any]:
+    """Every job's result, in ``jobs`` order, forwarding progress at least every 0.2 s."""
+    pending = {pool.submit(_worker, job): job for job in jobs}
+    results: dict[J, Any] = {}
+    while pending:
+        done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
         _drain(progress)
-        for result in running:
-            if result.ready() and not result.successful():
-                result.get()  # raises the job's error
-        unfinished = [result for result in running if not result.ready()]
-        if not unfinished:
-            _drain(progress)
-            return
-        unfinished[0].wait(0.2)
+        for future in done:
+            results[pending.pop(future)] = future.result()
+    return [results[job] for job in jobs]
+
+
+def _start_worker(pids: Any) -> None:
+    """In a worker: say its pid (for ``_end_workers``), and leave Ctrl-C, which reaches
+    the whole process group, to the parent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    pids.put(os.getpid())
+
+
+def _end_workers(pids: Any) -> None:
+    """Terminate every worker now: a running job would otherwise run to its end."""
+    while not pids.empty():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pids.get(), signal.SIGTERM)
 
 
 def _bind(progress: Callable[[J, int], None] | None, job: J) -> JobProgress | None:

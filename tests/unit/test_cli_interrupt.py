@@ -47,3 +47,23 @@ def _group_alive(group: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_a_worker_killed_mid_run_fails_the_run_in_plain_words(trace_file: Path) -> None:
+    """The OOM killer's SIGKILL of a worker: a traceback of BrokenProcessPool before."""
+    args = [sys.executable, "-m", "controlplane", "replay", str(trace_file), "-j", "2"]
+    proc = subprocess.Popen(
+        args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    assert proc.stderr is not None
+    assert "runs done" in proc.stderr.readline().decode()
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    assert children
+    for child in children:
+        os.kill(int(child), signal.SIGKILL)
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 1
+    assert err.decode().strip().splitlines()[-1] == (
+        "error: a worker process died while it ran a job (killed: out of memory?); "
+        "fewer --jobs need less memory"
+    )
