@@ -29,7 +29,12 @@ def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_an_interrupt_ends_a_parallel_run_at_once(command: list[str], trace_file: Path) -> None:
     args = [sys.executable, "-m", "controlplane", *command, str(trace_file), "-j", "2"]
     proc = subprocess.Popen(
-        args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+        args,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=_interrupts_as_at_a_terminal,
     )
     assert proc.stderr is not None
     first = proc.stderr.readline().decode()  # a run done: the workers are busy
@@ -39,6 +44,13 @@ def test_an_interrupt_ends_a_parallel_run_at_once(command: list[str], trace_file
     assert proc.returncode == 130
     assert f"{command[0]}: interrupted after" in err.decode()
     wait_until(lambda: not _group_alive(proc.pid), timeout=5, what="no worker left")
+
+
+def _interrupts_as_at_a_terminal() -> None:
+    """A job started in the background (CI's) inherits SIGINT ignored, and Python then
+    never raises KeyboardInterrupt: the command gets SIGINT as a shell at a terminal
+    gives it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _group_alive(group: int) -> bool:
