@@ -77,9 +77,10 @@ class MatrixProgress:
     ) -> None:
         if self._bar is not None:
             self._bar.stop()
-        if t is not None and issubclass(t, KeyboardInterrupt):
+        if t is not None and issubclass(t, KeyboardInterrupt | SystemExit):
+            how = "interrupted" if issubclass(t, KeyboardInterrupt) else "stopped"
             self.console.print(
-                f"{self.command}: interrupted after {self._jobs_text()}; no results",
+                f"{self.command}: {how} after {self._jobs_text()}; no results",
                 highlight=False,
             )
 

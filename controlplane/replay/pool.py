@@ -12,7 +12,8 @@ import contextlib
 import multiprocessing as mp
 import os
 import signal
-from collections.abc import Callable, Hashable, Sequence
+import threading
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
@@ -59,9 +60,9 @@ def run_jobs(
     progress: Callable[[J, int], None] | None = None,
 ) -> list[R]:
     """``fn(job, report)`` for every job, results in ``jobs`` order. With more than one
-    worker (and ``fork`` available) the jobs run in forked processes; an interrupt (Ctrl-C)
-    or a failed job ends them all at once instead of after every running job, and a worker
-    that dies (the OOM killer) fails the run instead of hanging it."""
+    worker (and ``fork`` available) the jobs run in forked processes; an interrupt (Ctrl-C),
+    SIGTERM or a failed job ends them all at once instead of after every running job, and
+    a worker that dies (the OOM killer) fails the run instead of hanging it."""
     n = min(workers or default_workers(), len(jobs))
     if n <= 1 or "fork" not in mp.get_all_start_methods():
         return [fn(job, _bind(progress, job)) for job in jobs]
@@ -72,7 +73,8 @@ def run_jobs(
     pids = ctx.SimpleQueue()
     pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=_start_worker, initargs=(pids,))
     try:
-        results: list[R] = _collect(pool, jobs, progress)
+        with _sigterm_as_exit():
+            results: list[R] = _collect(pool, jobs, progress)
     except BrokenProcessPool:
         _end_workers(pids)
         raise WorkerDied(
@@ -104,10 +106,29 @@ def _collect(
     return [results[job] for job in jobs]
 
 
+@contextlib.contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """In the main thread, SIGTERM (``timeout``, a job scheduler) raises ``SystemExit``
+    while the jobs run, so that the workers are ended too instead of running on."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def _start_worker(pids: Any) -> None:
-    """In a worker: say its pid (for ``_end_workers``), and leave Ctrl-C, which reaches
-    the whole process group, to the parent."""
+    """In a worker: say its pid (for ``_end_workers``), leave Ctrl-C, which reaches the
+    whole process group, to the parent, and die of SIGTERM as a process does."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     pids.put(os.getpid())
 
 

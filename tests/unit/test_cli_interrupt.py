@@ -61,6 +61,21 @@ def _group_alive(group: int) -> bool:
     return True
 
 
+def test_sigterm_ends_a_parallel_run_and_its_workers(trace_file: Path) -> None:
+    """`timeout` or a job scheduler: the parent died and its workers ran on as orphans."""
+    args = [sys.executable, "-m", "controlplane", "replay", str(trace_file), "-j", "2"]
+    proc = subprocess.Popen(
+        args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    assert proc.stderr is not None
+    assert "runs done" in proc.stderr.readline().decode()
+    proc.terminate()  # the parent only, as `timeout` sends it
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "replay: stopped after" in err.decode()
+    wait_until(lambda: not _group_alive(proc.pid), timeout=5, what="no worker left")
+
+
 def test_a_worker_killed_mid_run_fails_the_run_in_plain_words(trace_file: Path) -> None:
     """The OOM killer's SIGKILL of a worker: a traceback of BrokenProcessPool before."""
     args = [sys.executable, "-m", "controlplane", "replay", str(trace_file), "-j", "2"]
