@@ -76,6 +76,7 @@ def run_jobs(
         with _sigterm_as_exit():
             results: list[R] = _collect(pool, jobs, progress)
     except BrokenProcessPool:
+        pool.shutdown(wait=False, cancel_futures=True)
         _end_workers(pids)
         raise WorkerDied(
             "a worker process died while it ran a job (killed: out of memory?); "
