@@ -25,8 +25,9 @@ def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.parametrize("command", [["replay"], ["simulate", "-p", "all"]])
-def test_an_interrupt_ends_a_parallel_run_at_once(command: list[str], trace_file: Path) -> None:
+def _busy_run(trace_file: Path, *command: str) -> subprocess.Popen[bytes]:
+    """``kvwise COMMAND TRACE -j 2`` in a session of its own, once a run is done (its
+    workers busy with the next ones)."""
     args = [sys.executable, "-m", "controlplane", *command, str(trace_file), "-j", "2"]
     proc = subprocess.Popen(
         args,
@@ -37,13 +38,9 @@ def test_an_interrupt_ends_a_parallel_run_at_once(command: list[str], trace_file
         preexec_fn=_interrupts_as_at_a_terminal,
     )
     assert proc.stderr is not None
-    first = proc.stderr.readline().decode()  # a run done: the workers are busy
+    first = proc.stderr.readline().decode()
     assert "runs done" in first, first
-    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole group
-    _, err = proc.communicate(timeout=10)
-    assert proc.returncode == 130
-    assert f"{command[0]}: interrupted after" in err.decode()
-    wait_until(lambda: not _group_alive(proc.pid), timeout=5, what="no worker left")
+    return proc
 
 
 def _interrupts_as_at_a_terminal() -> None:
@@ -61,14 +58,19 @@ def _group_alive(group: int) -> bool:
     return True
 
 
+@pytest.mark.parametrize("command", [["replay"], ["simulate", "-p", "all"]])
+def test_an_interrupt_ends_a_parallel_run_at_once(command: list[str], trace_file: Path) -> None:
+    proc = _busy_run(trace_file, *command)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole group
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 130
+    assert f"{command[0]}: interrupted after" in err.decode()
+    wait_until(lambda: not _group_alive(proc.pid), timeout=5, what="no worker left")
+
+
 def test_sigterm_ends_a_parallel_run_and_its_workers(trace_file: Path) -> None:
     """`timeout` or a job scheduler: the parent died and its workers ran on as orphans."""
-    args = [sys.executable, "-m", "controlplane", "replay", str(trace_file), "-j", "2"]
-    proc = subprocess.Popen(
-        args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
-    )
-    assert proc.stderr is not None
-    assert "runs done" in proc.stderr.readline().decode()
+    proc = _busy_run(trace_file, "replay")
     proc.terminate()  # the parent only, as `timeout` sends it
     _, err = proc.communicate(timeout=10)
     assert proc.returncode == 128 + signal.SIGTERM
@@ -78,12 +80,7 @@ def test_sigterm_ends_a_parallel_run_and_its_workers(trace_file: Path) -> None:
 
 def test_a_worker_killed_mid_run_fails_the_run_in_plain_words(trace_file: Path) -> None:
     """The OOM killer's SIGKILL of a worker: a traceback of BrokenProcessPool before."""
-    args = [sys.executable, "-m", "controlplane", "replay", str(trace_file), "-j", "2"]
-    proc = subprocess.Popen(
-        args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
-    )
-    assert proc.stderr is not None
-    assert "runs done" in proc.stderr.readline().decode()
+    proc = _busy_run(trace_file, "replay")
     children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
     assert children
     for child in children:
