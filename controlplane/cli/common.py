@@ -335,9 +335,9 @@ def check_plotting(option: str, png: Path | None = None, *, folder: Path | None 
         check_available()
         if png is not None:
             check_path(png)
-        if folder is not None and folder.exists() and not folder.is_dir():
-            raise OSError(f"{folder} is a file: it takes a folder for the figures")
         if folder is not None:
+            if folder.exists() and not folder.is_dir():
+                raise OSError(f"{folder} is a file: it takes a folder for the figures")
             check_folder(folder if folder.is_dir() else folder.parent, folder)
     except (PlotsUnavailable, OSError) as exc:
         fail(f"{option}: {exc}")

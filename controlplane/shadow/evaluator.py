@@ -92,7 +92,6 @@ class _Worker:
     """Category names the ``wa`` caches have been told."""
     requests: int = 0
     accesses: int = 0
-    incomplete: int = 0
     declares_whole: bool = True
     """What its heartbeat says of its requests (``AgentStatus.whole_requests``)."""
     reuse_ghost: int | None = None
@@ -248,7 +247,6 @@ class ShadowEvaluator:
     def _take(self, worker: _Worker, rebuilt: Rebuilt) -> None:
         worker.requests += rebuilt.requests
         worker.accesses += rebuilt.accesses
-        worker.incomplete += rebuilt.incomplete
         sizes = None
         if rebuilt.seen is not None and len(rebuilt.seen.ts):
             worker.seen_all.add_many(rebuilt.seen.ts, rebuilt.seen.hits, rebuilt.seen.accesses)
