@@ -28,7 +28,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from enum import IntEnum
-from typing import Any, ClassVar, Final, Self
+from typing import Any, ClassVar, Final, Self, overload
 
 import numpy as np
 from numpy.typing import NDArray
@@ -46,6 +46,21 @@ class WireError(ValueError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class _Key:
+    """A ``Keys`` attribute that takes no argument: the prefix followed by ``suffix``,
+    read as a ``str`` on an instance."""
+
+    def __init__(self, suffix: str) -> None:
+        self.suffix = suffix
+
+    @overload
+    def __get__(self, keys: None, owner: type[Keys]) -> _Key: ...
+    @overload
+    def __get__(self, keys: Keys, owner: type[Keys]) -> str: ...
+    def __get__(self, keys: Keys | None, owner: type[Keys]) -> _Key | str:
+        return self if keys is None else keys.prefix + self.suffix
 
 
 @dataclass(frozen=True)
@@ -70,11 +85,9 @@ class Keys:
         """Stream of one worker's event batches."""
         return f"{self.prefix}events:{{{worker}}}"
 
-    @property
-    def events_match(self) -> str:
-        """SCAN pattern matching every worker's event stream (also schema 1's, untagged,
-        so that the controller can tell an old agent what is wrong)."""
-        return f"{self.prefix}events:*"
+    events_match = _Key("events:*")
+    """SCAN pattern matching every worker's event stream (also schema 1's, untagged, so
+    that the controller can tell an old agent what is wrong)."""
 
     def worker_of(self, stream: str | bytes) -> str:
         """The worker id of an ``events_stream`` key (inverse of ``events_stream``)."""
@@ -88,80 +101,48 @@ class Keys:
         """One agent's heartbeat (``AgentStatus`` JSON, expires after its TTL)."""
         return f"{self.prefix}agent:{{{worker}}}"
 
-    @property
-    def agents_match(self) -> str:
-        """SCAN pattern matching every agent heartbeat."""
-        return f"{self.prefix}agent:*"
+    agents_match = _Key("agent:*")
+    """SCAN pattern matching every agent heartbeat."""
 
     def ingest_state(self, worker: str) -> str:
         """The controller's record of one worker: sequence floors per epoch, counts."""
         return f"{self.prefix}ingest:{{{worker}}}"
 
     # --- policy: tag {policy} --------------------------------------------------------------
-    @property
-    def policy_current(self) -> str:
-        """The current policy version, as a decimal string: the only mutable pointer."""
-        return f"{self.prefix}{{policy}}:current"
+    policy_current = _Key("{policy}:current")
+    """The current policy version, as a decimal string: the only mutable pointer."""
 
     def policy_doc(self, version: int) -> str:
         """The immutable JSON document of one policy version."""
         return f"{self.prefix}{{policy}}:v:{version}"
 
-    @property
-    def policy_versions(self) -> str:
-        """Sorted set of published versions (score = version)."""
-        return f"{self.prefix}{{policy}}:versions"
-
-    @property
-    def overrides(self) -> str:
-        """Hash of operator overrides of per-category parameters."""
-        return f"{self.prefix}{{policy}}:overrides"
-
-    @property
-    def policy_base(self) -> str:
-        """The parameters of the last fit (or rollback), before overrides."""
-        return f"{self.prefix}{{policy}}:base"
-
-    @property
-    def evictor_pin(self) -> str:
-        """The evictor family an operator pinned (absent: the controller selects it)."""
-        return f"{self.prefix}{{policy}}:evictor"
-
-    @property
-    def policy_hold(self) -> str:
-        """Present while automatic refits are held back after a rollback."""
-        return f"{self.prefix}{{policy}}:hold"
-
-    @property
-    def policy_channel(self) -> str:
-        """Pub/sub channel; each message is a new version number (a hint, not a promise)."""
-        return f"{self.prefix}policy:notify"
-
-    @property
-    def schema1_policy_current(self) -> str:
-        """Where a schema-1 controller kept ``current``: only to say what is wrong."""
-        return f"{self.prefix}policy:current"
+    policy_versions = _Key("{policy}:versions")
+    """Sorted set of published versions (score = version)."""
+    overrides = _Key("{policy}:overrides")
+    """Hash of operator overrides of per-category parameters."""
+    policy_base = _Key("{policy}:base")
+    """The parameters of the last fit (or rollback), before overrides."""
+    evictor_pin = _Key("{policy}:evictor")
+    """The evictor family an operator pinned (absent: the controller selects it)."""
+    policy_hold = _Key("{policy}:hold")
+    """Present while automatic refits are held back after a rollback."""
+    policy_channel = _Key("policy:notify")
+    """Pub/sub channel; each message is a new version number (a hint, not a promise)."""
+    schema1_policy_current = _Key("policy:current")
+    """Where a schema-1 controller kept ``current``: only to say what is wrong."""
 
     # --- the controller's own --------------------------------------------------------------
-    @property
-    def dead_letter(self) -> str:
-        """Stream of refused entries: reason, source ids and a bounded payload prefix."""
-        return f"{self.prefix}deadletter"
-
-    @property
-    def leader(self) -> str:
-        """Lock held by the controller replica that refits and publishes."""
-        return f"{self.prefix}leader"
+    dead_letter = _Key("deadletter")
+    """Stream of refused entries: reason, source ids and a bounded payload prefix."""
+    leader = _Key("leader")
+    """Lock held by the controller replica that refits and publishes."""
+    checkpoint = _Key("checkpoint")
+    """The leader's last checkpoint of its statistics window."""
 
     def probe(self, controller: str) -> str:
         """A small expiring key each controller writes to learn whether Redis takes writes;
         on the policy keys' shard, where the API's reads and writes go."""
         return f"{self.prefix}{{policy}}:probe:{controller}"
-
-    @property
-    def checkpoint(self) -> str:
-        """The leader's last checkpoint of its statistics window."""
-        return f"{self.prefix}checkpoint"
 
 
 class EventKind(IntEnum):
