@@ -108,11 +108,13 @@ def test_the_controller_publishes_the_family_its_shadow_selects(
     redis_url: str, key_prefix: str
 ) -> None:
     quick = QUICK_SELECTION.model_dump(exclude_unset=True)
+    # Only the leader publishes its selection; the lease outlives the replay below, which
+    # takes more than the default 10 s on a loaded machine (and never renews it).
     settings = ControllerSettings(
-        redis_url=redis_url, key_prefix=key_prefix, select_windows=2, **quick
+        redis_url=redis_url, key_prefix=key_prefix, select_windows=2, lease_ttl_s=600, **quick
     )
     controller = Controller(settings)
-    assert controller.lease.tick()  # only the leader publishes its selection
+    assert controller.lease.tick()
     controller.store.publish_fit({}, KEEPS_OLDEST, "bad")
     controller.shadow.refresh([_view("w1", 300)], controller.store.current())
     chosen = []
