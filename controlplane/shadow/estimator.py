@@ -5,12 +5,13 @@ the semantics of ``controlplane.replay.engine``: the longest cached prefix is th
 request's hits, cached blocks are touched, every block is freed tail first, then the cache
 evicts down to capacity; with ``ReuseClassing``, releases are filed by reuse class as the
 agent files them, decided on the miniature's own hits and evictions), ``WindowCounts``
-(per time bucket and per sampled subtree: hits, accesses and the worker's own hits) and
-``Totals`` (the estimate: the regression of the miniature's figure on the worker's own
-hit ratio, known over every request, with a 95 % interval that takes each sampled subtree
-as one draw, normal approximation; docs/shadow.md). The interval covers the draw of
-subtrees, not the miniature's own error, so it is narrower than the whole error. It must
-never rebuild requests or know about workers.
+(per time bucket and per sampled subtree: hits, accesses and the worker's own hits),
+``RunCounts`` (a worker's whole and incomplete runs of events), the ``BucketRing`` of
+time buckets both keep, and ``Totals`` (the estimate: the regression of the miniature's
+figure on the worker's own hit ratio, known over every request, with a 95 % interval that
+takes each sampled subtree as one draw, normal approximation; docs/shadow.md). The
+interval covers the draw of subtrees, not the miniature's own error, so it is narrower
+than the whole error. It must never rebuild requests or know about workers.
 """
 
 from __future__ import annotations
@@ -130,6 +131,50 @@ class Estimate:
     """The sample's own hit ratio, before the regression moves it."""
 
 
+class BucketRing:
+    """The time buckets of a sliding window, held in a ring of ``buckets`` slots: which
+    bucket each slot holds now. What a slot counts is its owner's; the ring says when a
+    slot is taken over by a newer bucket, so the owner empties it first."""
+
+    def __init__(self, window_s: float, buckets: int) -> None:
+        self.bucket_s = window_s / buckets
+        self.buckets = buckets
+        self._bucket_of_slot = np.full(buckets, _EMPTY, dtype=np.int64)
+
+    def bucket(self, ts: float) -> int:
+        return int(ts // self.bucket_s)
+
+    def slot(self, bucket: int, forget: Callable[[int], None]) -> int | None:
+        """``bucket``'s slot, handed to ``forget`` first if it held an older bucket (None:
+        ``bucket`` is older than the window the slot now holds)."""
+        slot = bucket % self.buckets
+        held = self._bucket_of_slot[slot]
+        if held != bucket:
+            if held > bucket:
+                return None
+            forget(slot)
+            self._bucket_of_slot[slot] = bucket
+        return slot
+
+    def expire(self, now: float, forget: Callable[[int], None]) -> None:
+        """Hand every slot whose bucket has left the window ending at ``now`` to
+        ``forget``, and mark it empty."""
+        held = self._bucket_of_slot
+        for slot in np.flatnonzero((held != _EMPTY) & (held <= self.bucket(now) - self.buckets)):
+            forget(int(slot))
+            held[slot] = _EMPTY
+
+    def live(self, now: float, since: float | None = None) -> NDArray[np.bool_]:
+        """Which slots hold a bucket of the window ending at ``now`` (with ``since``, only
+        from that time on)."""
+        newest = self.bucket(now)
+        oldest = newest - self.buckets + 1
+        if since is not None:
+            oldest = max(oldest, self.bucket(since))
+        held = self._bucket_of_slot
+        return (held >= oldest) & (held <= newest)
+
+
 class WindowCounts:
     """Per time bucket: requests, hits, accesses and the worker's own hits; per sampled
     subtree (the key block that decided its requests) the same over the window, with the
@@ -137,9 +182,7 @@ class WindowCounts:
     reading the window costs the same however many subtrees it holds."""
 
     def __init__(self, window_s: float, buckets: int) -> None:
-        self.bucket_s = window_s / buckets
-        self.buckets = buckets
-        self._id = np.full(buckets, _EMPTY, dtype=np.int64)
+        self._ring = BucketRing(window_s, buckets)
         self._sums = np.zeros((buckets, 4))  # requests, hits, accesses, seen
         self._added: list[dict[int, list[int]]] = [{} for _ in range(buckets)]
         """Per bucket: each subtree's hits, accesses and seen added in it."""
@@ -150,7 +193,7 @@ class WindowCounts:
     def add(self, ts: float, hits: int, accesses: int, seen: int, subtree: int) -> None:
         """One sampled request: its hits and accesses here, its prefix hits in the worker's
         own cache (``seen``), and the key block of its subtree."""
-        slot = self._slot(int(ts // self.bucket_s))
+        slot = self._ring.slot(self._ring.bucket(ts), self._forget)
         if slot is None:
             return
         self._sums[slot] += (1.0, hits, accesses, seen)
@@ -183,23 +226,12 @@ class WindowCounts:
         self, ts: NDArray[np.float64], hits: NDArray[np.int64], accesses: NDArray[np.int64]
     ) -> None:
         """Many requests at once: their counts only (no subtrees: no interval is drawn)."""
-        buckets = (ts // self.bucket_s).astype(np.int64)
+        buckets = (ts // self._ring.bucket_s).astype(np.int64)
         for bucket in np.unique(buckets).tolist():
-            slot = self._slot(bucket)
+            slot = self._ring.slot(bucket, self._forget)
             if slot is not None:
                 mine = buckets == bucket
                 self._sums[slot, :3] += (mine.sum(), hits[mine].sum(), accesses[mine].sum())
-
-    def _slot(self, bucket: int) -> int | None:
-        """``bucket``'s slot, emptied if it held an older bucket (None: ``bucket`` is older
-        than the window the slot now holds)."""
-        slot = bucket % self.buckets
-        if self._id[slot] != bucket:
-            if self._id[slot] > bucket:
-                return None
-            self._forget(slot)
-            self._id[slot] = bucket
-        return slot
 
     def _forget(self, slot: int) -> None:
         """Take what ``slot``'s bucket added out of the window's sums."""
@@ -211,14 +243,8 @@ class WindowCounts:
     def totals(self, now: float, since: float | None = None) -> Totals:
         """The sums of the window ending at ``now`` (add several workers' with ``+``);
         with ``since``, the requests' counts only from that time on (no subtrees)."""
-        newest = int(now // self.bucket_s)
-        for slot in np.flatnonzero((self._id != _EMPTY) & (self._id <= newest - self.buckets)):
-            self._forget(int(slot))
-            self._id[slot] = _EMPTY
-        oldest = newest - self.buckets + 1
-        if since is not None:
-            oldest = max(oldest, int(since // self.bucket_s))
-        live = (self._id >= oldest) & (self._id <= newest)
+        self._ring.expire(now, self._forget)
+        live = self._ring.live(now, since)
         requests, hits, accesses, seen = self._sums[live].sum(axis=0).tolist()
         if since is not None:
             return Totals(requests, hits, accesses, seen)
@@ -231,25 +257,20 @@ class RunCounts:
     rebuilt into whole requests and those that did not (events lost on the way)."""
 
     def __init__(self, window_s: float, buckets: int) -> None:
-        self.bucket_s = window_s / buckets
-        self.buckets = buckets
-        self._id = np.full(buckets, _EMPTY, dtype=np.int64)
+        self._ring = BucketRing(window_s, buckets)
         self._counts = np.zeros((buckets, 2), dtype=np.int64)  # whole, incomplete
 
     def add(self, ts: float, whole: int, incomplete: int) -> None:
-        bucket = int(ts // self.bucket_s)
-        slot = bucket % self.buckets
-        if self._id[slot] > bucket:
-            return  # older than the window this slot holds now
-        if self._id[slot] != bucket:
-            self._id[slot], self._counts[slot] = bucket, 0
-        self._counts[slot] += (whole, incomplete)
+        slot = self._ring.slot(self._ring.bucket(ts), self._forget)
+        if slot is not None:
+            self._counts[slot] += (whole, incomplete)
+
+    def _forget(self, slot: int) -> None:
+        self._counts[slot] = 0
 
     def totals(self, now: float) -> tuple[int, int]:
         """Whole and incomplete runs of the window ending at ``now``."""
-        newest = int(now // self.bucket_s)
-        live = (self._id > newest - self.buckets) & (self._id <= newest)
-        whole, incomplete = self._counts[live].sum(axis=0).tolist()
+        whole, incomplete = self._counts[self._ring.live(now)].sum(axis=0).tolist()
         return int(whole), int(incomplete)
 
 
