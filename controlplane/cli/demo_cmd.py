@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -83,7 +84,7 @@ def demo(
     try:
         _start(stack)
         deadline = time.monotonic() + duration if duration else None
-        _run_view(stack, stopping, deadline, view, live=not json_out)
+        _run_view(stack, stopping, deadline, view, live=not json_out and sys.stdout.isatty())
     except KeyboardInterrupt:
         pass
     finally:
@@ -94,7 +95,7 @@ def demo(
         if not view.shown_whole and "agents" in view.snap:
             from rich.console import Console
 
-            print_summary(view.snap, Console(stderr=True))
+            print_summary(view.snap, Console())
         _say("stopped every process and removed the demo's data.")
 
 
@@ -176,10 +177,11 @@ def _run_view(
             raise SystemExit(msg)
         return not stopping["flag"] and (deadline is None or time.monotonic() < deadline)
 
-    if not live:
+    if not live:  # --json, or the output goes to a file or a pipe: the summary at the end
         with suppress(KeyboardInterrupt):
             while running():
                 time.sleep(1.0)
+        _say("stopping the workers to read their final counters")
         _read_final(stack, view)
         return
     with Live(refresh_per_second=2, screen=False) as screen:
@@ -193,8 +195,6 @@ def _run_view(
         _read_final(stack, view)
         frame, view.shown_whole = _render(view.snap, screen.console)
         screen.update(frame)
-    if not screen.console.is_terminal:  # a log or a pipe: the last frame ends its line
-        screen.console.line()
 
 
 def _read_final(stack: DemoStack, view: _View) -> None:

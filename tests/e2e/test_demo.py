@@ -41,3 +41,21 @@ def test_demo_summary_shows_shadow_curves(redis_url: str) -> None:
         assert [p["multiple"] for p in curve["points"]] == shadow["ladder"]
         assert all(0.0 <= r <= 1.0 for r in ratios)
     assert any(p["hit_ratio"] > 0 for c in group["curves"] for p in c["points"])
+
+
+def test_demo_into_a_file_prints_the_whole_summary_on_stdout(redis_url: str) -> None:
+    """Output to a file or a pipe gets no live view (a cut-down frame, sized for a
+    terminal it does not have) but the whole summary, once, on stdout."""
+    res = subprocess.run(
+        [sys.executable, "-m", "controlplane", "demo", "--workers", "2", "--duration", "15"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "KVWISE_REDIS_URL": redis_url},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    titles = ("Workers (synthetic", "Fitted parameters per category", "What each policy would")
+    for title in titles:
+        assert res.stdout.count(title) == 1, res.stdout
+    assert "taller terminal" not in res.stdout + res.stderr
+    assert "stopped every process" in res.stderr
