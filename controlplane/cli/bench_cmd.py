@@ -64,7 +64,8 @@ ModelOpt = Annotated[
     str | None, typer.Option(help="Model to ask for (default: the server's first)")
 ]
 BlockTokensOpt = Annotated[
-    int, typer.Option(min=1, help="Tokens per trace block: the server's block size")
+    int,
+    typer.Option(min=1, help="Tokens per trace block: the server's block size (vLLM on GPUs: 16)"),
 ]
 VocabOpt = Annotated[
     int, typer.Option(min=12, help="Token ids come from [10, VOCAB): the model's or less")
@@ -104,7 +105,7 @@ def serve(
     trace_path: OptionalTraceArgument = None,
     url: UrlOpt = "http://127.0.0.1:8000",
     model: ModelOpt = None,
-    block_tokens: BlockTokensOpt = 32,
+    block_tokens: BlockTokensOpt = 16,
     vocab: VocabOpt = 1000,
     salt: SaltOpt = 0,
     speed: SpeedOpt = 1.0,

@@ -26,7 +26,7 @@ class TokenSpace:
     """How blocks become token ids: ``block_tokens`` ids per block, drawn from
     ``[first_id, vocab)`` (ids below ``first_id`` are left to special tokens)."""
 
-    block_tokens: int = 32
+    block_tokens: int = 16
     vocab: int = 1000
     first_id: int = 10
     salt: int = 0
