@@ -169,6 +169,7 @@ class Controller:
         self._last_refit: tuple[RefitOutcome, float] | None = None
         self._last_refusal = ""
         self._refit_revision = -1  # the window's revision at the last refit that ran through
+        self._refit_said = ""  # what the last refit that ran through said
         self._refit_lock = threading.RLock()  # one refit at a time: scheduled or manual
         self._last_checkpoint = time.monotonic()
         self._role_said = False  # its role logged once known
@@ -451,13 +452,13 @@ class Controller:
     def _refit_once(self, *, manual: bool) -> RefitOutcome:
         revision = self.window.revision
         if not manual and revision == self._refit_revision:
-            outcome = self._outcome(
-                "unchanged", None, "unchanged: no new accesses since the last refit", 0.0
-            )
+            said = f"unchanged: no new accesses since the last refit ({self._refit_said})"
+            outcome = self._outcome("unchanged", None, said, 0.0)
         else:
             released = manual and self.store.held()
             outcome = self._refit(manual=manual)
             self._refit_revision = revision  # not on an exception: the next tick tries again
+            self._refit_said = outcome.reason
             if released:
                 reason = f"{outcome.reason}; the rollback hold is released"
                 outcome = replace(outcome, reason=reason)
