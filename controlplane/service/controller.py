@@ -56,7 +56,8 @@ PROBE_TIMEOUT_S = 1.0
 """Longest wait of a probe (one call, no retry): a stalled Redis costs readiness and a
 scrape this long, within a kubelet's timeout, not the retried calls' tens of seconds."""
 SHADOW_REFRESH_S = 5.0
-"""Seconds between reads of the workers' capacities and the document in force (shadow)."""
+"""Seconds between reads of the workers' capacities and the document in force (shadow),
+and between settings of the shadow's gauges that a scrape serves."""
 
 
 @dataclass(frozen=True)
@@ -331,11 +332,14 @@ class Controller:
         return rejected
 
     def _refresh_shadow(self) -> None:
-        if not self.lease.is_leader:
-            return
-        with contextlib.suppress(redis.RedisError):  # said by the health; next tick tries again
-            agents, current = self.agent_reader.read(), self.store.current()
-            self.shadow.refresh(agents, current, idle_s=SHADOW_REFRESH_S)
+        """The shadow job: on the leader, the workers' capacities and the document in force
+        as read now; on every replica, the shadow's gauges set from its view (a scrape
+        serves them as set here: it never waits for the shadow's replays)."""
+        if self.lease.is_leader:
+            with contextlib.suppress(redis.RedisError):  # said by the health; next tick tries
+                agents, current = self.agent_reader.read(), self.store.current()
+                self.shadow.refresh(agents, current, idle_s=SHADOW_REFRESH_S)
+        self.shadow.export()
 
     def _load_checkpoint(self) -> None:
         try:
@@ -584,7 +588,8 @@ class Controller:
 
     def refresh_gauges(self) -> None:
         """Read what the gauges show from Redis; a Redis that does not answer a ping within
-        ``PROBE_TIMEOUT_S`` leaves them as they were (its state gauge says why)."""
+        ``PROBE_TIMEOUT_S`` leaves them as they were (its state gauge says why). The
+        shadow's gauges are the shadow job's (``_refresh_shadow``), not a scrape's."""
         m = self.metrics
         try:
             self.probe_r.ping()
@@ -609,7 +614,6 @@ class Controller:
                 for field in MODEL_PARAMS:
                     m.param.labels(category=name, param=field).set(getattr(p, field))
                 m.samples.labels(category=name).set(p.samples)
-        self.shadow.export()
         # Agents whose heartbeat expired leave the gauges instead of lingering as stale series.
         for gauge in (
             m.agent_version,

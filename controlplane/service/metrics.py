@@ -3,7 +3,8 @@
 Owns metric names and help texts, grouped by what they describe: ingest, refits, the
 published policy, the agents, Redis and the checkpoint. Counters are bumped by ingest and
 jobs; gauges that mirror state (policy version, per-category parameters, agents, Redis
-state) are refreshed when scraped or when the state changes. It must never compute
+state) are refreshed when scraped or when the state changes, the shadow's by the
+controller's shadow job (a scrape never waits for its replays). It must never compute
 anything it exports.
 """
 

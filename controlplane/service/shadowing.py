@@ -7,13 +7,17 @@ it), refreshes the workers' capacities (from their heartbeats) and the published
 document the ``wa`` curves replay, judges a candidate fit against the version in force
 (``guard``: every verdict counted, the figures of the last one kept; the controller logs
 a refusal, with both figures, once per run of refusals), and sets the shadow's
-Prometheus gauges. It must never publish, fit or read Redis itself (the controller
-passes what it read).
+Prometheus gauges from each view it takes (``export``, the controller's shadow job, and
+``view``, a read of the API). A scrape reads them as last set and never waits for the
+evaluator: its lock is held through whole replays (warming new miniatures with a
+window's requests takes seconds on a busy host). It must never publish, fit or read Redis
+itself (the controller passes what it read).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 from agent.policy_document import PolicyDocument
 from agent.wire import EventBatch
@@ -34,6 +38,11 @@ class ShadowLink:
         self.evaluator = ShadowEvaluator(settings) if settings.shadow_enabled else None
         self.selector = FamilySelector(settings.selection)
         self._judged_until = -1.0  # end of the last window the selector judged
+        # Views are set on the gauges in the order they were taken (a later view is never
+        # overwritten by an earlier one), and each view's series are those set last.
+        self._gauges_lock = threading.Lock()
+        self._curve_series: set[tuple[str, str, str]] = set()
+        self._group_series: set[str] = set()
 
     def apply(self, batch: EventBatch) -> None:
         if self.evaluator is not None:
@@ -91,6 +100,8 @@ class ShadowLink:
         return self.selector.observe(reading, in_force)
 
     def view(self) -> ShadowView:
+        """The evaluator's view with the selector's last word (its figures set on the
+        gauges, as ``export`` sets them)."""
         if self.evaluator is None:
             s = self.settings
             return ShadowView(
@@ -102,24 +113,41 @@ class ShadowLink:
                 policy_version=None,
                 guard=GuardView("off", "shadow evaluation is off (KVWISE_SHADOW_ENABLED)"),
             )
-        return dataclasses.replace(self.evaluator.view(), selection=self.selector.last)
+        view = self._exported_view(self.evaluator)
+        return dataclasses.replace(view, selection=self.selector.last)
 
     def export(self) -> None:
-        """Set the shadow's gauges from its current view."""
-        if self.evaluator is None:
-            return
+        """Set the shadow's gauges from its current view (it replays what the evaluator
+        has gathered first: never on a scrape's thread)."""
+        if self.evaluator is not None:
+            self._exported_view(self.evaluator)
+
+    def _exported_view(self, evaluator: ShadowEvaluator) -> ShadowView:
+        """``evaluator``'s current view, set on the gauges."""
+        with self._gauges_lock:
+            view = evaluator.view()
+            self._set_gauges(view)
+        return view
+
+    def _set_gauges(self, view: ShadowView) -> None:
+        """Set every series of ``view``, then remove those of groups gone: a series that
+        stays is never missing from a scrape read meanwhile."""
         m = self.metrics
-        for gauge in (m.shadow_hit_ratio, m.shadow_ci, m.shadow_sampled):
-            gauge.clear()
-        for group in self.evaluator.view().groups:
+        curves: set[tuple[str, str, str]] = set()
+        groups: set[str] = set()
+        for group in view.groups:
             capacity = str(group.capacity)
-            m.shadow_sampled.labels(capacity=capacity).set(group.sampled_accesses)
+            groups.add(capacity)
+            m.shadow_sampled.labels(capacity).set(group.sampled_accesses)
             for curve in group.curves:
                 for p in curve.points:
-                    labels = {
-                        "capacity": capacity,
-                        "policy": curve.policy,
-                        "multiple": f"{p.multiple:g}",
-                    }
-                    m.shadow_hit_ratio.labels(**labels).set(p.hit_ratio)
-                    m.shadow_ci.labels(**labels).set((p.ci_high - p.ci_low) / 2)
+                    labels = (capacity, curve.policy, f"{p.multiple:g}")  # the label order
+                    curves.add(labels)
+                    m.shadow_hit_ratio.labels(*labels).set(p.hit_ratio)
+                    m.shadow_ci.labels(*labels).set((p.ci_high - p.ci_low) / 2)
+        for labels in self._curve_series - curves:
+            m.shadow_hit_ratio.remove(*labels)
+            m.shadow_ci.remove(*labels)
+        for capacity in self._group_series - groups:
+            m.shadow_sampled.remove(capacity)
+        self._curve_series, self._group_series = curves, groups

@@ -1,12 +1,14 @@
 """``GET /v1/shadow`` on a real controller (real Redis, real HTTP) after a simulated worker
 (``kvwise worker``) replayed a trace: per-policy curves at every capacity multiple, equal,
 at a sampling rate of 1, to the offline replay of the same trace; and the same figures on
-/metrics."""
+/metrics, served at once while the shadow is busy."""
 
 from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +21,16 @@ from agent.policy_document import PolicyDocument
 from controlplane.cli import app
 from controlplane.replay.engine import replay_hits
 from controlplane.traces.reader import load_trace
+from controlplane.traces.synth import synthesize
+from tests.agent_stream import agent_batches
 from tests.integration.controller_fixtures import live_settings, running_controller
 from tests.integration.test_worker_cmd import write_trace
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 CAPACITY = 30
+BUSY_S = 20.0
+"""How long the busy shadow holds its lock: a scrape that waits for it takes this long."""
 
 
 def test_shadow_answers_with_per_policy_curves_after_a_worker_ran(
@@ -95,3 +101,43 @@ def test_shadow_answers_with_per_policy_curves_after_a_worker_ran(
     assert sample is not None and float(sample.group(1)) == pytest.approx(lru_1x["hit_ratio"])
     schema = spec["paths"]["/v1/shadow"]["get"]["responses"]["200"]["content"]
     assert schema["application/json"]["schema"]["$ref"].endswith("/ShadowView")
+
+
+def test_a_scrape_does_not_wait_for_the_busy_shadow(redis_url: str, key_prefix: str) -> None:
+    """While the shadow holds its lock (as it does warming new miniatures with a window's
+    requests: seconds on a busy host), /metrics answers at once with the shadow's gauges
+    as last set."""
+    trace = synthesize("to-c", duration_s=60, qps=3, seed=7)
+    settings = live_settings(redis_url=redis_url, key_prefix=key_prefix, shadow_rate=1.0)
+    with running_controller(settings) as rc:
+        shadow = rc.controller.shadow
+        evaluator = shadow.evaluator
+        assert evaluator is not None
+        evaluator.set_capacities({"w1": CAPACITY})
+        for batch in agent_batches(trace, CAPACITY):
+            shadow.apply(batch)
+        (group,) = shadow.view().groups  # a read of the view sets the gauges
+        want = {c.policy: c.points[2].hit_ratio for c in group.curves}  # at 1x
+        busy, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with evaluator._lock:
+                busy.set()
+                release.wait(BUSY_S)
+
+        holder = threading.Thread(target=hold, daemon=True)
+        holder.start()
+        busy.wait(5)
+        try:
+            t0 = time.monotonic()
+            response = rc.client.get("/metrics", timeout=2 * BUSY_S)
+            took = time.monotonic() - t0
+        finally:
+            release.set()
+            holder.join()
+    assert response.status_code == 200
+    assert took < BUSY_S / 2, f"/metrics took {took:.1f} s behind the busy shadow"
+    for policy, ratio in want.items():
+        labels = f'capacity="{CAPACITY}",multiple="1",policy="{policy}"'
+        sample = re.search(rf"^kvwise_shadow_hit_ratio{{{labels}}} (\S+)$", response.text, re.M)
+        assert sample is not None and float(sample.group(1)) == pytest.approx(ratio)
