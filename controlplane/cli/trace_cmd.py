@@ -1,6 +1,7 @@
-"""``kvwise trace``: synthesize traces and print a trace's workload statistics.
+"""``kvwise trace``: synthesize traces, record live traffic, print workload statistics.
 
-Owns the ``trace`` command group's options and output (one summary line, a table, JSON,
+Owns the ``trace`` command group (``record`` is ``controlplane.cli.trace_record_cmd``'s) and
+the options and output of ``synth`` and ``stats`` (one summary line, a table, JSON,
 or with ``--plot`` the paper's figures). Synthesis is ``controlplane.traces.synth``,
 statistics ``controlplane.traces.workload_stats``, reading ``controlplane.traces.reader``,
 writing ``controlplane.traces.writer`` and figures ``controlplane.plots.trace_figures``.
@@ -25,6 +26,7 @@ from controlplane.cli.common import (
     positive,
     print_json,
 )
+from controlplane.cli.trace_record_cmd import record
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -41,6 +43,9 @@ trace_app = typer.Typer(
 
 def register(app: typer.Typer) -> None:
     app.add_typer(trace_app)
+
+
+trace_app.command("record")(record)
 
 
 MAX_SYNTH_REQUESTS = 2_000_000

@@ -10,12 +10,7 @@ throughout). The replay is ``controlplane.dev.simworker``; the agent is
 
 from __future__ import annotations
 
-import math
-import signal
-import threading
-import time
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -135,6 +130,7 @@ def _replay(
 ) -> WorkerProgress:
     """Run the replay until it ends or a signal stops it; the agent is closed (its last
     events flushed) before the result is read."""
+    from controlplane.cli.signals import SignalFlag, stop_on_signals
     from controlplane.dev.simworker import TraceWorker
 
     stop = SignalFlag()
@@ -143,7 +139,7 @@ def _replay(
     def report(p: WorkerProgress) -> None:
         typer.echo(_status_line(p), err=True)
 
-    with _stop_on_signals(stop), agent:
+    with stop_on_signals(stop), agent:
         sim.run(report if status_every > 0 else None, every_s=status_every or 5.0)
     return sim.progress()
 
@@ -156,47 +152,3 @@ def _status_line(p: WorkerProgress) -> str:
         f"events sent {a.events_sent:,} dropped {a.events_dropped:,}, "
         f"rejected {a.rejected}, lag {p.lag_s:.2f}s"
     )
-
-
-class SignalFlag:
-    """A stop that a signal handler can set: setting it takes no lock. A handler runs on
-    the main thread between two bytecodes, and that thread may hold any lock then (the
-    lock inside ``threading.Event.wait``, or the one ``Thread.start`` takes): a handler
-    that waited on one would wait for ever. ``wait`` polls instead, every 0.1 s."""
-
-    POLL_S = 0.1
-
-    def __init__(self) -> None:
-        self._set = False
-
-    def set(self) -> None:
-        self._set = True
-
-    def is_set(self) -> bool:
-        return self._set
-
-    def wait(self, timeout: float | None = None) -> bool:
-        end = math.inf if timeout is None else time.monotonic() + timeout
-        while not self._set and (left := end - time.monotonic()) > 0:
-            time.sleep(min(left, self.POLL_S))
-        return self._set
-
-
-class _stop_on_signals:
-    """SIGINT and SIGTERM set ``stop`` (main thread only); the old handlers come back."""
-
-    def __init__(self, stop: SignalFlag) -> None:
-        self.stop = stop
-        self.saved: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.stop.set()
-
-    def __enter__(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self.saved[sig] = signal.signal(sig, self._handle)
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self.saved.items():
-            signal.signal(sig, handler)

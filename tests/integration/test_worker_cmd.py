@@ -147,11 +147,11 @@ def test_a_sigterm_during_the_wait_stops_it() -> None:
     """A real SIGTERM to this process while its main thread waits on the stop: the handler
     sets it (taking no lock: a handler runs on the main thread, which may hold any lock
     at that moment) and the wait returns at once."""
-    from controlplane.cli.worker_cmd import SignalFlag, _stop_on_signals
+    from controlplane.cli.signals import SignalFlag, stop_on_signals
 
     stop = SignalFlag()
     before = signal.getsignal(signal.SIGTERM)
-    with _stop_on_signals(stop):
+    with stop_on_signals(stop):
         threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
         t0 = time.monotonic()
         assert stop.wait(30)
@@ -160,7 +160,7 @@ def test_a_sigterm_during_the_wait_stops_it() -> None:
 
 
 def test_the_signal_flag_waits_until_set_or_timed_out() -> None:
-    from controlplane.cli.worker_cmd import SignalFlag
+    from controlplane.cli.signals import SignalFlag
 
     flag = SignalFlag()
     t0 = time.monotonic()

@@ -1,0 +1,308 @@
+"""``kvwise trace record``: record live workers' requests as a Bailian trace.
+
+Owns the command's options and the checks on them (settings, Redis URL, key prefix, the
+output's folder, Redis answering, workers to record), the recording loop's timing (until
+``--duration``, ``--max-requests`` or SIGINT/SIGTERM, then what was gathered is written),
+status lines on stderr, the one-line summary on stdout and the exit codes (2: nothing could
+start; 1: Redis failed mid-run, after writing what was gathered, or no whole request was
+seen). Tailing the streams is ``controlplane.service.trace_recording``; the trace is
+``controlplane.traces.recorded``, written by ``controlplane.traces.writer``. It must never
+write to Redis.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from agent.runtime.connection import redact
+from controlplane.cli.common import (
+    check_redis_url,
+    counted,
+    fail,
+    non_negative,
+    positive,
+    say,
+    settings_or_fail,
+)
+
+if TYPE_CHECKING:
+    from agent.runtime.connection import RedisClient
+    from agent.settings import AgentSettings
+    from agent.wire import Keys
+    from controlplane.cli.signals import SignalFlag
+    from controlplane.service.trace_recording import RecordedRequest, StreamTail
+    from controlplane.traces.recorded import RecordedRequests
+
+IDLE_WAIT_S = 0.1
+"""Wait after a read that found nothing new, before reading again."""
+
+_OPTION_OF_FIELD = {"redis_url": "--redis-url", "key_prefix": "--key-prefix"}
+
+
+OutputOpt = Annotated[
+    Path, typer.Option("--output", "-o", help="Bailian JSONL file to write (.gz: gzip)")
+]
+DurationOpt = Annotated[
+    float | None,
+    typer.Option(parser=positive, metavar="SECONDS", help="Stop after this long [default: Ctrl-C]"),
+]
+WorkerOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--worker",
+        metavar="ID",
+        help="Record this worker (repeatable) [default: every worker with a heartbeat]",
+    ),
+]
+MaxRequestsOpt = Annotated[
+    int, typer.Option(min=0, metavar="N", help="Stop after N requests (0 = no bound)")
+]
+RedisUrlOpt = Annotated[str | None, typer.Option(help="Redis URL [default: KVWISE_REDIS_URL]")]
+KeyPrefixOpt = Annotated[
+    str | None, typer.Option(help="Prefix of kvwise's Redis keys [default: KVWISE_KEY_PREFIX]")
+]
+BlockTokensOpt = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        metavar="TOKENS",
+        help="Tokens per block of the engine (input_length is blocks x this)",
+    ),
+]
+StatusEveryOpt = Annotated[
+    float,
+    typer.Option(
+        parser=non_negative,
+        metavar="SECONDS",
+        help="Seconds between status lines on stderr (0 = none)",
+    ),
+]
+
+
+@dataclass
+class _Run:
+    """One recording as it goes."""
+
+    tail: StreamTail
+    gathered: RecordedRequests
+    max_requests: int
+    started: float
+    failure: str = ""
+    """Why Redis stopped the recording (empty: it did not)."""
+
+    @property
+    def full(self) -> bool:
+        return 0 < self.max_requests <= len(self.gathered)
+
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+
+def record(
+    output: OutputOpt,
+    duration: DurationOpt = None,
+    worker: WorkerOpt = None,
+    max_requests: MaxRequestsOpt = 0,
+    redis_url: RedisUrlOpt = None,
+    key_prefix: KeyPrefixOpt = None,
+    block_tokens: BlockTokensOpt = 16,
+    status_every: StatusEveryOpt = 5.0,
+) -> None:
+    """Record the requests live workers serve, from their agents' event streams, as a
+    Bailian trace that replay, simulate and trace stats read.
+
+    Reads the streams only (from their newest entry on; the controller's reads are
+    untouched), rebuilds each worker's whole requests and, at the end (--duration,
+    --max-requests, or Ctrl-C), writes them: times from the first request, block ids
+    renumbered in order of first sight, the category as type and turn (docs/traces.md,
+    "Recording your own traffic").
+
+    Example:
+
+        kvwise trace record --duration 600 -o mine.jsonl.gz
+    """
+    from controlplane.cli.signals import SignalFlag, stop_on_signals
+
+    overrides = {"redis_url": redis_url, "key_prefix": key_prefix}
+    settings = _settings({k: v for k, v in overrides.items() if v is not None})
+    _check_folder(output)
+    client, keys = _connect(settings, "--key-prefix" if key_prefix else "KVWISE_KEY_PREFIX")
+    with _redis_failure_fails():
+        workers = _workers(client, keys, worker or [], settings)
+        run = _start(client, keys, workers, max_requests)
+    typer.echo(_starting_line(workers, duration), err=True)
+    stop = SignalFlag()
+    with stop_on_signals(stop):
+        _loop(run, stop, duration, status_every)
+    _finish(run)
+    _write(run, output, block_tokens, len(workers))
+
+
+def _settings(overrides: dict[str, Any]) -> AgentSettings:
+    from agent.settings import AgentSettings
+
+    settings = settings_or_fail(AgentSettings, overrides, _OPTION_OF_FIELD, what="agent")
+    where = "--redis-url" if "redis_url" in overrides else "KVWISE_REDIS_URL"
+    check_redis_url(settings.redis_url, where)
+    return settings
+
+
+def _check_folder(output: Path) -> None:
+    folder = output.parent
+    if not folder.is_dir():
+        fail(f"--output: {folder} is not a folder")
+    if output.is_dir():
+        fail(f"--output: {output} is a folder: it takes a file name")
+
+
+def _connect(settings: AgentSettings, prefix_from: str) -> tuple[RedisClient, Keys]:
+    """A client that answered a ping, and the keys under the prefix (``prefix_from``
+    names where it came from)."""
+    from agent.runtime.connection import connect, describe_redis_error
+    from agent.wire import Keys, WireError
+
+    try:
+        keys = Keys(settings.key_prefix)
+    except WireError as exc:
+        fail(f"{prefix_from}: {exc.reason}")
+    client = connect(
+        settings.redis_url,
+        timeout_s=settings.redis_timeout_s,
+        retries=1,
+        cluster=settings.redis_cluster,
+    )
+    try:
+        client.ping()
+    except Exception as exc:  # any failure to answer, said in Redis's own words
+        fail(f"Redis at {redact(settings.redis_url)} does not answer ({describe_redis_error(exc)})")
+    return client, keys
+
+
+@contextmanager
+def _redis_failure_fails() -> Iterator[None]:
+    """A Redis error before the recording starts is one error line (exit code 2)."""
+    from redis.exceptions import RedisError
+
+    from agent.runtime.connection import describe_redis_error
+
+    try:
+        yield
+    except RedisError as exc:
+        fail(describe_redis_error(exc))
+
+
+def _workers(
+    client: RedisClient, keys: Keys, wanted: list[str], settings: AgentSettings
+) -> list[str]:
+    """The workers to record; those left out are said, one line each."""
+    from controlplane.service.trace_recording import choose_workers
+
+    choice = choose_workers(client, keys, wanted)
+    for w in choice.missing:
+        say(f"worker {w}: no heartbeat under prefix {keys.prefix!r}: skipped", lead="warning: ")
+    for w in choice.not_whole:
+        say(
+            f"worker {w}: its agent does not report requests whole (SGLang's radix cache "
+            "does not): its requests cannot be rebuilt; skipped",
+            lead="warning: ",
+        )
+    if not choice.record:
+        where = f"under prefix {keys.prefix!r} at {redact(settings.redis_url)}"
+        if choice.not_whole:
+            fail(f"no worker to record {where}: none reports its requests whole")
+        fail(f"no worker to record: no agent heartbeat {where} (is an agent running?)")
+    return choice.record
+
+
+def _start(client: RedisClient, keys: Keys, workers: list[str], max_requests: int) -> _Run:
+    from controlplane.service.trace_recording import StreamTail
+    from controlplane.traces.recorded import RecordedRequests
+
+    return _Run(StreamTail(client, keys, workers), RecordedRequests(), max_requests, 0.0)
+
+
+def _starting_line(workers: list[str], duration: float | None) -> str:
+    until = f"for {duration:g} s" if duration is not None else "until Ctrl-C"
+    return f"recording {counted(len(workers), 'worker')} ({', '.join(workers)}) {until}"
+
+
+def _loop(run: _Run, stop: SignalFlag, duration: float | None, status_every: float) -> None:
+    """Read until the duration is up, enough requests are gathered, a signal came or Redis
+    failed; a status line every ``status_every`` seconds."""
+    from redis.exceptions import RedisError
+
+    from agent.runtime.connection import describe_redis_error
+
+    run.started = time.monotonic()
+    end = run.started + duration if duration is not None else float("inf")
+    next_status = run.started + (status_every or float("inf"))
+    while not stop.is_set() and not run.full and time.monotonic() < end:
+        try:
+            found = run.tail.poll()
+        except RedisError as exc:
+            run.failure = describe_redis_error(exc)
+            return
+        _gather(run, found)
+        if time.monotonic() >= next_status:
+            typer.echo(_status_line(run), err=True)
+            next_status += status_every
+        if not found:
+            stop.wait(min(IDLE_WAIT_S, max(end - time.monotonic(), 0.0)))
+
+
+def _gather(run: _Run, found: list[RecordedRequest]) -> None:
+    for request in found:
+        if run.full:
+            return
+        run.gathered.add(request.ts, request.category, request.blocks)
+
+
+def _status_line(run: _Run) -> str:
+    n, s = len(run.gathered), run.seconds()
+    return (
+        f"recorded {counted(n, 'request')} in {s:.0f} s ({n / max(s, 1e-9):.1f}/s), "
+        f"{counted(run.tail.counts.incomplete, 'incomplete run')}"
+    )
+
+
+def _finish(run: _Run) -> None:
+    """The runs still held become requests (unless Redis failed: they stay unread)."""
+    if not run.failure:
+        _gather(run, run.tail.finish())
+
+
+def _write(run: _Run, output: Path, block_tokens: int, workers: int) -> None:
+    from controlplane.traces.writer import write_bailian
+
+    seconds, c = run.seconds(), run.tail.counts
+    if c.bad_entries:
+        bad = counted(c.bad_entries, "bad entry", "bad entries")
+        say(f"skipped {bad} ({'; '.join(c.bad_reasons)})")
+    if not len(run.gathered):
+        fail(_nothing_line(run, seconds), code=1)
+    try:
+        write_bailian(run.gathered.trace(output.name, block_tokens), output)
+    except OSError as exc:
+        fail(f"{output}: {exc.strerror or exc}")
+    dropped = c.incomplete + run.gathered.refused
+    typer.echo(
+        f"wrote {output}: {counted(len(run.gathered), 'request')} from "
+        f"{counted(workers, 'worker')} over {seconds:.1f} s; "
+        f"{counted(dropped, 'incomplete run')} dropped"
+    )
+    if run.failure:
+        fail(f"stopped early, Redis failed: {run.failure}", code=1)
+
+
+def _nothing_line(run: _Run, seconds: float) -> str:
+    if run.failure:
+        return f"Redis failed before any whole request was seen: {run.failure}; nothing written"
+    entries = counted(run.tail.counts.entries, "stream entry", "stream entries")
+    return f"no whole request in {seconds:.1f} s ({entries} read): nothing written"

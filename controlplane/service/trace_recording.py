@@ -1,0 +1,144 @@
+"""Tailing live worker streams into whole requests, read-only (``kvwise trace record``).
+
+Owns ``choose_workers`` (which workers can be recorded, from their heartbeats: only an
+agent that reports requests whole has requests that can be rebuilt) and ``StreamTail``: for
+each chosen worker, plain ``XREAD`` from the stream's newest entry on (entries already there
+are not read), a bounded count of entries per read, each decoded and fed to that worker's
+``RequestRebuilder`` (sampling every request), whose whole requests come back with their
+category names. Entries that break the wire contract are skipped and counted. It must never
+join or touch the controller's consumer group, acknowledge, trim, delete or write anything:
+the controller and other readers see the streams exactly as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+from agent.runtime.connection import RedisClient
+from agent.wire import BatchLimits, Keys, WireError, decode_batch
+from controlplane.service.agents import AgentReader
+from controlplane.shadow.rebuild import CategoryTable, Rebuilt, RequestRebuilder
+from controlplane.shadow.sampler import PrefixSampler
+
+_Entry = tuple[bytes, dict[bytes, bytes]]
+"""A stream entry as the client returns it: its id and its fields."""
+
+ENTRIES_PER_READ = 8
+"""Stream entries one ``XREAD`` takes from one worker: at most this many times the largest
+entry the decoder accepts (``BatchLimits.max_entry_bytes``, about 2.4 MiB) is held at once."""
+
+
+@dataclass(frozen=True)
+class WorkerChoice:
+    """The workers to record and those left out, each list sorted."""
+
+    record: list[str]
+    not_whole: list[str]
+    """Heartbeats that say their agent does not report requests whole."""
+    missing: list[str]
+    """Asked for by id, with no heartbeat under the prefix."""
+
+
+def choose_workers(client: RedisClient, keys: Keys, wanted: Sequence[str] = ()) -> WorkerChoice:
+    """The workers with a heartbeat (only ``wanted`` ones, if any are named), split by
+    whether their requests can be rebuilt."""
+    agents = {a.id: a for a in AgentReader(client, keys).read()}
+    ids = list(dict.fromkeys(wanted)) if wanted else sorted(agents)
+    live = [w for w in ids if w in agents]
+    return WorkerChoice(
+        record=sorted(w for w in live if agents[w].whole_requests),
+        not_whole=sorted(w for w in live if not agents[w].whole_requests),
+        missing=sorted(w for w in ids if w not in agents),
+    )
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One whole request of one worker: its time, category name and block hashes."""
+
+    worker: str
+    ts: float
+    category: str
+    blocks: list[int]
+
+
+@dataclass
+class TailCounts:
+    """What the tail has seen so far."""
+
+    entries: int = 0
+    requests: int = 0
+    incomplete: int = 0
+    """Runs of events that made no whole request (events lost, or a request cut by the
+    start or end of the recording)."""
+    bad_entries: int = 0
+    """Entries skipped because they break the wire contract (another release, corrupt)."""
+    bad_reasons: list[str] = field(default_factory=list)
+    """The first few reasons, one per line."""
+
+
+class StreamTail:
+    """Reads ``workers``' event streams from their newest entry on, into whole requests."""
+
+    def __init__(
+        self,
+        client: RedisClient,
+        keys: Keys,
+        workers: Sequence[str],
+        limits: BatchLimits | None = None,
+    ) -> None:
+        self.r = client
+        self.keys = keys
+        self.limits = limits or BatchLimits()
+        self.table = CategoryTable()
+        sampler = PrefixSampler(1.0)  # every request: a trace, not a sample
+        self._rebuilders = {w: RequestRebuilder(sampler, self.table) for w in workers}
+        self._last = {w: self._newest_id(w) for w in workers}
+        self.counts = TailCounts()
+
+    def _newest_id(self, worker: str) -> bytes:
+        """The id after which new entries are read: the newest one now, ``0-0`` when the
+        stream does not exist yet (everything it will hold is new)."""
+        newest = cast(list[_Entry], self.r.xrevrange(self.keys.events_stream(worker), count=1))
+        return newest[0][0] if newest else b"0-0"
+
+    def poll(self) -> list[RecordedRequest]:
+        """One read of every worker's stream: the requests its new entries complete (the
+        last run of each worker is held until the next poll, or ``finish``)."""
+        out: list[RecordedRequest] = []
+        for worker, rebuilder in self._rebuilders.items():
+            stream = self.keys.events_stream(worker)
+            reply = self.r.xread({stream: self._last[worker]}, count=ENTRIES_PER_READ)
+            for _, entries in cast(list[tuple[bytes, list[_Entry]]], reply or []):
+                for entry_id, fields in entries:
+                    self._last[worker] = entry_id
+                    out += self._entry(worker, rebuilder, fields)
+        return out
+
+    def finish(self) -> list[RecordedRequest]:
+        """The requests of every run still held (the end of the recording)."""
+        out: list[RecordedRequest] = []
+        for worker, rebuilder in self._rebuilders.items():
+            out += self._requests(worker, rebuilder.flush())
+        return out
+
+    def _entry(
+        self, worker: str, rebuilder: RequestRebuilder, fields: dict[bytes, bytes]
+    ) -> list[RecordedRequest]:
+        self.counts.entries += 1
+        try:
+            batch = decode_batch(fields, self.limits)
+        except WireError as exc:
+            self.counts.bad_entries += 1
+            if len(self.counts.bad_reasons) < 3:
+                self.counts.bad_reasons.append(f"{worker}: {exc.reason}")
+            return []
+        return self._requests(worker, rebuilder.feed(batch))
+
+    def _requests(self, worker: str, rebuilt: Rebuilt) -> list[RecordedRequest]:
+        self.counts.requests += rebuilt.requests
+        self.counts.incomplete += rebuilt.incomplete
+        names = self.table.names
+        return [RecordedRequest(worker, r.ts, names[r.category], r.blocks) for r in rebuilt.sampled]

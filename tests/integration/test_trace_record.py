@@ -1,0 +1,126 @@
+"""``kvwise trace record`` against a real Redis: a live agent's known requests come back, read
+by the trace reader, with their times, shared prefixes and categories; a worker that does
+not report requests whole is said and skipped; no worker and no Redis are one-line errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+from typer.testing import CliRunner
+
+from agent.runtime.agent import Agent
+from agent.wire import Keys
+from controlplane.cli import app
+from controlplane.dev.embedded_redis import free_port
+from controlplane.dev.simworker import TraceWorker
+from controlplane.traces.model import Trace
+from controlplane.traces.reader import load_trace
+from tests.conftest import REPO
+from tests.integration.agent_fixtures import fast_settings
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+SPEED = 20.0
+"""Trace time divided by this in the live run."""
+
+
+def known_trace() -> Trace:
+    """30 requests 0.1 s apart: three system prompts, conversations that extend their own
+    previous prompt (turn 2), two types."""
+    requests, types, turns = [], [], []
+    for i in range(30):
+        system = [1000 * (i % 3) + j for j in range(3)]
+        own = [50_000 + 10 * (i // 2) + j for j in range(1 + i % 2)]  # turn 2 extends turn 1
+        requests.append(system + own)
+        types.append("text" if i % 3 else "image")
+        turns.append(1 + i % 2)
+    times = [0.1 * i for i in range(30)]
+    return Trace.from_requests(requests, times, types=types, turns=turns)
+
+
+def start_recording(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    """``kvwise trace record`` in its own process, once it says it is recording, and what
+    it said on stderr until then."""
+    cmd = [sys.executable, "-m", "controlplane", "trace", "record", *args]
+    full = {**os.environ, "COLUMNS": "200", **env}
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stderr is not None
+    said = []
+    for line in proc.stderr:
+        said.append(line)
+        if line.startswith("recording "):
+            return proc, "".join(said)
+    raise AssertionError(f"never started recording: {''.join(said)}")
+
+
+def test_records_a_live_agents_requests_as_a_trace(
+    tmp_path: Path, redis_url: str, key_prefix: str
+) -> None:
+    trace = known_trace()
+    out = tmp_path / "mine.jsonl.gz"
+    whole = Agent(fast_settings(redis_url, key_prefix, worker_id="w1"), capacity=1000)
+    radix = Agent(
+        fast_settings(redis_url, key_prefix, worker_id="w2"), capacity=10, whole_requests=False
+    )
+    keys, r = Keys(key_prefix), redis.Redis.from_url(redis_url)
+    with whole, radix:
+        wait_until(lambda: r.exists(keys.agent("w1"), keys.agent("w2")) == 2, what="heartbeats")
+        args = ["-o", str(out), "--duration", "30", "--status-every", "0"]
+        proc, said = start_recording(
+            [*args, "--redis-url", redis_url, "--key-prefix", key_prefix], {}
+        )
+        TraceWorker(whole, trace, speed=SPEED).run()
+    stream = keys.events_stream("w1")
+    wait_until(lambda: r.xlen(stream) > 0, what="the agent's events")
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=20)
+    stderr = said + stderr
+    assert proc.returncode == 0, stderr
+    assert "recording 1 worker (w1) for 30 s" in stderr
+    assert "worker w2: its agent does not report requests whole" in stderr
+    assert "requests cannot be rebuilt; skipped" in stderr
+    assert stdout.startswith(f"wrote {out}: 30 requests from 1 worker over ")
+    assert stdout.strip().endswith("0 incomplete runs dropped")
+    assert not r.exists(f"{key_prefix}ingest:{{w1}}")  # read-only: no ledger, no group
+    assert r.xinfo_groups(stream) == []
+
+    got = load_trace(out)
+    assert got.n_requests == trace.n_requests and got.source_format == "bailian"
+    want_times = (trace.timestamps - trace.timestamps[0]) / SPEED
+    np.testing.assert_allclose(got.timestamps, want_times, atol=1e-4)
+    assert [got.category_names[c] for c in got.categories] == [
+        trace.category_names[c] for c in trace.categories
+    ]
+    assert np.array_equal(got.lengths, trace.lengths)
+    # The same block where the input had the same block, and only there.
+    assert np.array_equal(got.blocks, trace.blocks)
+    assert got.hashes.max() < got.n_unique  # small ids
+
+
+def test_no_worker_is_one_error_line(redis_url: str, key_prefix: str, tmp_path: Path) -> None:
+    args = ["trace", "record", "-o", str(tmp_path / "t.jsonl"), "--duration", "1"]
+    args += ["--redis-url", redis_url, "--key-prefix", key_prefix]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2
+    assert res.stderr.startswith("error: no worker to record: no agent heartbeat under prefix")
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_unreachable_redis_is_one_error_line(tmp_path: Path) -> None:
+    url = f"redis://kvwise:hunter2@127.0.0.1:{free_port()}/0"
+    args = ["trace", "record", "-o", str(tmp_path / "t.jsonl"), "--redis-url", url]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2
+    assert res.stderr.startswith("error: Redis at redis://kvwise:***@127.0.0.1:")
+    assert "does not answer (redis unavailable: " in res.stderr
+    assert "hunter2" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
