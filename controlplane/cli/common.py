@@ -223,6 +223,17 @@ def non_negative(text: str) -> float:
     return value
 
 
+StatusEveryOpt = Annotated[
+    float,
+    typer.Option(
+        parser=non_negative,
+        metavar="SECONDS",
+        help="Seconds between status lines on stderr (0 = none)",
+    ),
+]
+"""How often a long-running command says where it is."""
+
+
 def open_fraction(text: str) -> float:
     """Typer parser of a number strictly between 0 and 1."""
     value = _number(text)

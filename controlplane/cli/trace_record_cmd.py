@@ -23,10 +23,10 @@ import typer
 
 from agent.runtime.connection import redact
 from controlplane.cli.common import (
+    StatusEveryOpt,
     check_redis_url,
     counted,
     fail,
-    non_negative,
     positive,
     say,
     settings_or_fail,
@@ -74,14 +74,6 @@ BlockTokensOpt = Annotated[
         min=1,
         metavar="TOKENS",
         help="Tokens per block of the engine (input_length is blocks x this)",
-    ),
-]
-StatusEveryOpt = Annotated[
-    float,
-    typer.Option(
-        parser=non_negative,
-        metavar="SECONDS",
-        help="Seconds between status lines on stderr (0 = none)",
     ),
 ]
 

@@ -17,10 +17,10 @@ import typer
 
 from agent.runtime.connection import redact
 from controlplane.cli.common import (
+    StatusEveryOpt,
     check_redis_url,
     fail,
     load_trace_or_fail,
-    non_negative,
     positive,
     print_json,
     settings_or_fail,
@@ -47,14 +47,6 @@ PolicyOpt = Annotated[str | None, typer.Option(help="Evictor name [default: KVWI
 RedisUrlOpt = Annotated[str | None, typer.Option(help="Redis URL [default: KVWISE_REDIS_URL]")]
 LoopFlag = Annotated[
     bool, typer.Option("--loop", help="Repeat the trace forever, shifting its time")
-]
-StatusEveryOpt = Annotated[
-    float,
-    typer.Option(
-        parser=non_negative,
-        metavar="SECONDS",
-        help="Seconds between status lines on stderr (0 = none)",
-    ),
 ]
 JsonSummaryFlag = Annotated[bool, typer.Option("--json", help="Final summary as JSON")]
 
