@@ -1,17 +1,19 @@
 """``kvwise trace record``: record live workers' requests as a Bailian trace.
 
-Owns the command's options and the checks on them (settings, Redis URL, key prefix, the
-output's folder, Redis answering, workers to record), the recording loop's timing (until
-``--duration``, ``--max-requests`` or SIGINT/SIGTERM, then what was gathered is written),
-status lines on stderr, the one-line summary on stdout and the exit codes (2: nothing could
-start; 1: Redis failed mid-run, after writing what was gathered, or no whole request was
-seen). Tailing the streams is ``controlplane.service.trace_recording``; the trace is
-``controlplane.traces.recorded``, written by ``controlplane.traces.writer``. It must never
-write to Redis.
+Owns the command's options and the checks on them (settings, Redis URL, key prefix, a
+file created beside the output, Redis answering, workers to record), the recording loop's
+timing (until ``--duration``, ``--max-requests`` or SIGINT/SIGTERM, then what was gathered
+is written to that file and renamed to the output), status lines on stderr, the one-line
+summary on stdout and the exit codes (2: nothing could start; 1: Redis failed mid-run,
+after writing what was gathered, or no whole request was seen). Tailing the streams is
+``controlplane.service.trace_recording``; the trace is ``controlplane.traces.recorded``,
+written by ``controlplane.traces.writer``. It must never write to Redis.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -124,17 +126,20 @@ def record(
 
     overrides = {"redis_url": redis_url, "key_prefix": key_prefix}
     settings = _settings({k: v for k, v in overrides.items() if v is not None})
-    _check_folder(output)
-    client, keys = _connect(settings, "--key-prefix" if key_prefix else "KVWISE_KEY_PREFIX")
-    with _redis_failure_fails():
-        workers = _workers(client, keys, worker or [], settings)
-        run = _start(client, keys, workers, max_requests)
-    typer.echo(_starting_line(workers, duration), err=True)
-    stop = SignalFlag()
-    with stop_on_signals(stop):
-        _loop(run, stop, duration, status_every)
-    _finish(run)
-    _write(run, output, block_tokens, len(workers))
+    partial = _claim(output)
+    try:
+        client, keys = _connect(settings, "--key-prefix" if key_prefix else "KVWISE_KEY_PREFIX")
+        with _redis_failure_fails():
+            workers = _workers(client, keys, worker or [], settings)
+            run = _start(client, keys, workers, max_requests)
+        typer.echo(_starting_line(workers, duration), err=True)
+        stop = SignalFlag()
+        with stop_on_signals(stop):
+            _loop(run, stop, duration, status_every)
+        _finish(run)
+        _write(run, (partial, output), block_tokens, len(workers))
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def _settings(overrides: dict[str, Any]) -> AgentSettings:
@@ -146,12 +151,21 @@ def _settings(overrides: dict[str, Any]) -> AgentSettings:
     return settings
 
 
-def _check_folder(output: Path) -> None:
+def _claim(output: Path) -> Path:
+    """A new empty file beside ``output``, its name ending like it (``.gz``: gzip): the
+    trace is written there and then renamed, so a folder that takes no file is said before
+    the recording, not after it, and an interrupted write leaves no cut ``output``."""
     folder = output.parent
     if not folder.is_dir():
         fail(f"--output: {folder} is not a folder")
     if output.is_dir():
         fail(f"--output: {output} is a folder: it takes a file name")
+    try:
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".kvwise-record-", suffix=output.name)
+    except OSError as exc:
+        fail(f"--output: cannot create a file in {folder} ({exc.strerror or exc})")
+    os.close(fd)
+    return Path(name)
 
 
 def _connect(settings: AgentSettings, prefix_from: str) -> tuple[RedisClient, Keys]:
@@ -270,9 +284,11 @@ def _finish(run: _Run) -> None:
         _gather(run, run.tail.finish())
 
 
-def _write(run: _Run, output: Path, block_tokens: int, workers: int) -> None:
+def _write(run: _Run, files: tuple[Path, Path], block_tokens: int, workers: int) -> None:
+    """The trace written to the claimed file (``files``: it and ``--output``), then renamed."""
     from controlplane.traces.writer import write_bailian
 
+    partial, output = files
     seconds, c = run.seconds(), run.tail.counts
     if c.bad_entries:
         bad = counted(c.bad_entries, "bad entry", "bad entries")
@@ -280,7 +296,8 @@ def _write(run: _Run, output: Path, block_tokens: int, workers: int) -> None:
     if not len(run.gathered):
         fail(_nothing_line(run, seconds), code=1)
     try:
-        write_bailian(run.gathered.trace(output.name, block_tokens), output)
+        write_bailian(run.gathered.trace(output.name, block_tokens), partial)
+        os.replace(partial, output)
     except OSError as exc:
         fail(f"{output}: {exc.strerror or exc}")
     dropped = c.incomplete + run.gathered.refused

@@ -94,6 +94,7 @@ def test_records_a_live_agents_requests_as_a_trace(
     assert not r.exists(f"{key_prefix}ingest:{{w1}}")  # read-only: no ledger, no group
     assert r.xinfo_groups(stream) == []
 
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]  # written, then renamed
     got = load_trace(out)
     assert got.n_requests == trace.n_requests and got.source_format == "bailian"
     want_times = (trace.timestamps - trace.timestamps[0]) / SPEED
@@ -124,3 +125,15 @@ def test_unreachable_redis_is_one_error_line(tmp_path: Path) -> None:
     assert res.stderr.startswith("error: Redis at redis://kvwise:***@127.0.0.1:")
     assert "does not answer (redis unavailable: " in res.stderr
     assert "hunter2" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_an_output_that_cannot_be_created_fails_before_redis_is_asked(tmp_path: Path) -> None:
+    """/proc/self is a folder in which not even root creates a file: said at once, not after
+    a recording (Redis here would not answer: it is never reached)."""
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    res = CliRunner().invoke(
+        app, ["trace", "record", "-o", "/proc/self/t.jsonl", "--redis-url", url]
+    )
+    assert res.exit_code == 2
+    assert res.stderr.startswith("error: --output: cannot create a file in /proc/self (")
