@@ -42,6 +42,11 @@ if TYPE_CHECKING:
     from controlplane.service.trace_recording import RecordedRequest, StreamTail
     from controlplane.traces.recorded import RecordedRequests
 
+MAX_REQUESTS = 100_000
+"""Requests gathered by default before the recording stops: every request is held until
+the end, about 12 KiB for one of 143 blocks (2,300 tokens) half of them new, so some
+1.2 GB at most by default; ``--max-requests 0`` lifts the bound."""
+
 IDLE_WAIT_S = 0.1
 """Wait after a read that found nothing new, before reading again."""
 
@@ -64,7 +69,10 @@ WorkerOpt = Annotated[
     ),
 ]
 MaxRequestsOpt = Annotated[
-    int, typer.Option(min=0, metavar="N", help="Stop after N requests (0 = no bound)")
+    int,
+    typer.Option(
+        min=0, metavar="N", help="Stop after N requests (each held until the end; 0 = no bound)"
+    ),
 ]
 RedisUrlOpt = Annotated[str | None, typer.Option(help="Redis URL [default: KVWISE_REDIS_URL]")]
 KeyPrefixOpt = Annotated[
@@ -103,7 +111,7 @@ def record(
     output: OutputOpt,
     duration: DurationOpt = None,
     worker: WorkerOpt = None,
-    max_requests: MaxRequestsOpt = 0,
+    max_requests: MaxRequestsOpt = MAX_REQUESTS,
     redis_url: RedisUrlOpt = None,
     key_prefix: KeyPrefixOpt = None,
     block_tokens: BlockTokensOpt = 16,

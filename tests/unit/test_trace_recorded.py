@@ -4,6 +4,7 @@ a request whose blocks repeat a hash refused."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import numpy as np
@@ -49,3 +50,12 @@ def test_recorded_requests_write_a_trace_the_reader_reads(tmp_path: Path) -> Non
     assert sorted(got.hashes.tolist()) == [0, 1, 2, 3, 4, 5]  # small ids in the file
     assert got.input_lengths.tolist() == [48, 32, 48]
     assert np.all(got.output_lengths == 0) and got.chat_ids.tolist() == [0, 1, 2]
+
+
+def test_a_recording_is_bounded_unless_asked_not_to_be() -> None:
+    """Every request is held until the end: with no --max-requests a long recording must
+    still stop before it takes the host's memory."""
+    from controlplane.cli.trace_record_cmd import MAX_REQUESTS, record
+
+    default = inspect.signature(record).parameters["max_requests"].default
+    assert default == MAX_REQUESTS > 0
