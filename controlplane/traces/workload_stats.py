@@ -25,8 +25,8 @@ smallest observed value with at least 80 % of the sample at or below it):
   the trace (after turn 1, and after any later turn). ``followup_share_by_type`` is that
   probability after turn 1, per type: the share of a type's conversations that go on.
 
-Fields a trace cannot support (Mooncake has no type, turn or chat ids) are ``None``,
-never zero.
+Fields a trace cannot support (Mooncake has no type, turn or chat ids; a recorded trace
+has turns but no ``parent_chat_id`` links) are ``None``, never zero.
 """
 
 from __future__ import annotations
@@ -303,7 +303,8 @@ def _turn_stats(trace: Trace) -> _TurnStats:
         for t, name in enumerate(trace.type_names)
         if np.any(trace.types == t)
     }
-    if np.any(trace.chat_ids < 0):
+    unlinked = np.any(multi) and not np.any(trace.parent_chat_ids >= 0)
+    if np.any(trace.chat_ids < 0) or unlinked:  # no chats, or later turns with no parent
         return _TurnStats(float(multi.mean()), by_type)
     parents = trace.parent_chat_ids[trace.parent_chat_ids >= 0]
     continued = np.isin(trace.chat_ids, parents)

@@ -136,6 +136,23 @@ def test_turns_types_and_single_turn_hits_by_hand() -> None:
     assert all(q == Quantiles(q.count, 10.0, 10.0, 10.0, 10.0) for q in cats.values())
 
 
+def test_later_turns_with_no_parent_links_leave_next_turn_unknown() -> None:
+    """A recorded trace keeps turns but not which chat a turn continues: its next-turn
+    probabilities are unknown, not 0."""
+    t = bailian(
+        [[1, 2], [1, 2, 3], [9]],
+        [0.0, 10.0, 20.0],
+        ["text", "text", "search"],
+        [1, 2, 1],
+        [0, 1, 2],
+        [-1, -1, -1],
+    )
+    s = trace_stats(t)
+    assert s.multi_turn_share == pytest.approx(1 / 3)
+    assert s.next_turn_prob_first is None and s.next_turn_prob_later is None
+    assert s.followup_share_by_type is None
+
+
 def test_ideal_hits_match_the_replay_loop_with_an_infinite_cache() -> None:
     trace = synthesize("to-c", duration_s=120, qps=4, seed=11)
     replayed = replay_hits(trace, InfinitePolicy(), 0)
