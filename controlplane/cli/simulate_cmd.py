@@ -198,22 +198,43 @@ def _report(
 
 
 OVERLOADED = 1.5
-"""Serving took this many times the span of the arrivals, or more: the fleet falls behind."""
+"""The last request started this many times the span of the arrivals after the first
+arrived, or later: the queue grows, the fleet falls behind."""
+MOSTLY = 0.5
+"""Share of the mean QTTFT that queueing must reach for the note to call it mostly so."""
 
 
 def _note_overload(trace: Trace, options: SimOptions, results: list[SimResult]) -> None:
     """Say when the fleet falls behind the arrivals: QTTFT is then mostly queueing, which
-    grows with the trace's length rather than with what the cache saves."""
+    grows with the trace's length rather than with what the cache saves. Judged by when
+    the last request started, not finished (the last requests' decode is no backlog), and
+    only where queueing is most of QTTFT."""
     span = float(trace.timestamps[-1] - trace.timestamps[0]) / options.speed
-    worst = max(results, key=lambda r: r.makespan_s)
-    if span <= 0 or worst.makespan_s < OVERLOADED * span:
+    behind = [
+        r
+        for r in results
+        if r.last_start_s >= OVERLOADED * span and r.queue.mean >= MOSTLY * r.qttft.mean > 0
+    ]
+    if not behind:
         return
+    worst = max(behind, key=lambda r: r.last_start_s)
+    share = worst.queue.mean / worst.qttft.mean
     note(
-        f"the fleet falls behind: serving took {worst.makespan_s:,.0f} s for {span:,.0f} s of "
-        f"arrivals ({worst.policy} at {counted(worst.capacity, 'block')}), and requests "
-        f"waited {worst.queue.mean:,.1f} s in the queue on average, so QTTFT is mostly "
-        "queueing. More --instances or a lower --speed models a fleet that keeps up."
+        f"the fleet falls behind: the last request started {_span(worst.last_start_s)} after "
+        f"the first arrived, for {_span(span)} of arrivals ({worst.policy} at "
+        f"{counted(worst.capacity, 'block')}), and requests waited {_span(worst.queue.mean)} "
+        f"in the queue on average ({share:.0%} of QTTFT), so QTTFT is mostly queueing. More "
+        "--instances or a lower --speed models a fleet that keeps up."
     )
+
+
+def _span(seconds: float) -> str:
+    """Seconds for a note: whole ones from 10 s, three significant digits below."""
+    if seconds >= 10:
+        return f"{seconds:,.0f} s"
+    if seconds >= 0.001:
+        return f"{seconds:.3g} s"
+    return "under 1 ms"
 
 
 def _profile(name_or_path: str) -> Profile:

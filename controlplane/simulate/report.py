@@ -65,6 +65,9 @@ class SimResult(HitCounts):
     qttft: Latency
     queue: Latency
     makespan_s: float
+    last_start_s: float
+    """From the first arrival to the last request's first step: beyond the arrivals' span
+    only when the queue grows (the makespan also holds the last requests' decode)."""
     qttft_quantiles: tuple[float, ...] = field(default=(), repr=False)
     seconds: float = 0.0
     """Wall time of the simulation."""
@@ -119,6 +122,7 @@ def summarize(
     qttft = out.first_token - out.arrival
     quantiles = np.quantile(qttft, QUANTILES).tolist() if len(qttft) else []
     span = float(out.finished.max() - out.arrival.min()) if len(qttft) else 0.0
+    last_start = float(out.started.max() - out.arrival.min()) if len(qttft) else 0.0
     return SimResult(
         policy=policy,
         capacity=capacity,
@@ -132,6 +136,7 @@ def summarize(
         qttft=Latency.of(qttft),
         queue=Latency.of(queue),
         makespan_s=span,
+        last_start_s=last_start,
         qttft_quantiles=tuple(quantiles),
         seconds=seconds,
     )

@@ -120,10 +120,26 @@ def test_an_unlabelled_trace_and_a_fleet_that_falls_behind_are_said() -> None:
     res = CliRunner().invoke(app, ["simulate", str(SAMPLE), "-p", "lru,wa", "-j", "1"])
     assert res.exit_code == 0, res.output
     assert "note: the trace labels every request 'unknown'" in res.stderr
-    assert "note: the fleet falls behind: serving took" in res.stderr
+    assert "note: the fleet falls behind: the last request started" in res.stderr
     kept_up = [*BASE, "--speed", "0.15"]
     res = CliRunner().invoke(app, kept_up)
     assert res.exit_code == 0, res.output
     assert "falls behind" not in res.stderr
     res = CliRunner().invoke(app, [*kept_up, "--categories", "auto"])
     assert "labels every request" not in res.stderr
+
+
+def test_a_short_trace_whose_queue_stays_short_is_not_said_to_fall_behind(
+    tmp_path: Path,
+) -> None:
+    """20 s of arrivals take 42 s to serve only for the last requests' decode: the queue
+    is a quarter of QTTFT and never grows, so no note (it once said "mostly queueing")."""
+    trace = tmp_path / "t20.jsonl"
+    synth = ["trace", "synth", "--duration", "20", "--seed", "2", "-o", str(trace)]
+    assert CliRunner().invoke(app, synth).exit_code == 0
+    res = CliRunner().invoke(app, ["simulate", str(trace), "-p", "lru", "-j", "1"])
+    assert res.exit_code == 0, res.output
+    assert "falls behind" not in res.stderr
+    res = CliRunner().invoke(app, ["simulate", str(trace), "-p", "lru", "--speed", "1e9"])
+    assert "note: the fleet falls behind: the last request started" in res.stderr
+    assert "for under 1 ms of arrivals" in res.stderr and "of QTTFT), so" in res.stderr
