@@ -143,9 +143,17 @@ SEPARATED_GROUP = re.compile(r"0\d")
 its thousands separators."""
 
 
+INT64_MAX = 2**63 - 1
+"""The largest integer option: sizes are counted in int64 arrays, and no cache holds more."""
+
+
 def parse_ints(value: str, option: str) -> list[int]:
-    """Comma-separated non-negative integers, each once."""
-    return _parse_list(value, option, int, "an integer", lambda n: n >= 0, "is negative")
+    """Comma-separated non-negative integers, each once; one beyond ``INT64_MAX`` fails."""
+    numbers = _parse_list(value, option, int, "an integer", lambda n: n >= 0, "is negative")
+    for number in numbers:
+        if number > INT64_MAX:
+            fail(f"{option}: {number} is too large (at most {INT64_MAX})")
+    return numbers
 
 
 def parse_floats(value: str, option: str, *, at_most: float = math.inf) -> list[float]:

@@ -301,12 +301,14 @@ def _plot(path: Path, trace: Trace, results: list[ReplayResult]) -> None:
 def _capacities(capacity: str | None, capacity_frac: str | None) -> Callable[[Trace], list[int]]:
     """The cache sizes in blocks of a trace, each once (fractions that round to one size
     merge). The options are checked now, before a long trace loads."""
-    if capacity and capacity_frac:
+    if capacity is not None and capacity_frac is not None:
         fail("give --capacity or --capacity-frac, not both")
-    if capacity:
+    if capacity is not None:  # an empty one fails, as in simulate, not the default sizes
         blocks = parse_ints(capacity, "--capacity")
         return lambda trace: blocks
-    fracs = parse_fracs(capacity_frac or DEFAULT_FRACS, "--capacity-frac")
+    fracs = parse_fracs(
+        DEFAULT_FRACS if capacity_frac is None else capacity_frac, "--capacity-frac"
+    )
     return lambda trace: unique(trace.capacity_for(f) for f in fracs)
 
 

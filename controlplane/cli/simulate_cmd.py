@@ -334,8 +334,23 @@ def _capacities(capacity: str | None, capacity_frac: str | None, gib: str | None
         return lambda trace, prof, block: unique(trace.capacity_for(f) for f in fracs)
     if gib is not None:
         sizes = parse_floats(gib, "--capacity-gib")
-        return lambda trace, prof, block: unique(prof.blocks_for_gib(g, block) for g in sizes)
+        return lambda trace, prof, block: unique(_gib_blocks(prof, g, block) for g in sizes)
     return lambda trace, prof, block: [prof.kv_pool_blocks(block)]
+
+
+def _gib_blocks(prof: Profile, gib: float, block: int) -> int:
+    """The blocks ``gib`` GiB hold; a size under one block fails, naming it, rather than
+    run as a cache of none."""
+    from controlplane.simulate.profiles import GIB
+
+    blocks = prof.blocks_for_gib(gib, block)
+    if blocks < 1:
+        one = prof.kv_bytes_per_token * block / GIB
+        fail(
+            f"--capacity-gib: {gib:g} is under one block ({prof.name}: {block} tokens "
+            f"take {one:.3g} GiB)"
+        )
+    return blocks
 
 
 def _run_with_progress(

@@ -97,6 +97,7 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
         (["--speed", "0"], "--speed: must be a finite number above 0, got 0.0"),
         (["--instances", "0"], "--instances: must be at least 1, got 0"),
         (["--capacity-gib", "x"], "--capacity-gib: 'x' is not a number"),
+        (["--capacity-gib", "0.0001"], "--capacity-gib: 0.0001 is under one block"),
         (["--categories", "magic"], "--categories must be one of labels, auto"),
         (["--reuse-class", "some"], "--reuse-class must be one of off, hit, trace, got 'some'"),
         (["--plot", "out.svg"], "plots are written as .png"),
