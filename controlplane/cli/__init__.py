@@ -1,73 +1,36 @@
-"""The ``kvwise`` command line: one Typer app, one module per command group.
+"""The ``kvwise`` command line: ``main`` (the console entry point) and ``app``.
 
-Owns argument parsing and rendering only; every command calls into library code. Command
-modules import their heavy dependencies inside the command, so ``kvwise --help`` is fast.
-Help text is Markdown (paragraphs reflow to the terminal's width; indented lines are
-examples, kept as they are).
+Owns only the entry point, and loads nothing heavy itself: the app and its command modules
+(``controlplane.cli.root``) load inside ``main``, so a Ctrl-C while they load ends the
+command with one line and exit code 130, as one during a command does, not a traceback.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import sys
+from typing import TYPE_CHECKING
 
-import typer
+if TYPE_CHECKING:
+    import typer
 
-from controlplane.cli import (
-    bench_cmd,
-    config_cmd,
-    controller_cmd,
-    demo_cmd,
-    replay_cmd,
-    simulate_cmd,
-    trace_cmd,
-    worker_cmd,
-)
-
-app = typer.Typer(
-    name="kvwise",
-    help=(
-        "kvwise: a KV-cache eviction control plane for LLM inference servers.\n\n"
-        "Replay traces through eviction policies, fit per-category reuse models, and run "
-        "the live controller that pushes fitted policies to every worker."
-    ),
-    no_args_is_help=True,
-    rich_markup_mode="markdown",
-    pretty_exceptions_enable=False,
-)
-
-
-def _print_version(value: bool) -> None:
-    if value:
-        from importlib.metadata import version
-
-        typer.echo(f"kvwise {version('kvwise')}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    version: Annotated[
-        bool,
-        typer.Option(
-            "--version", callback=_print_version, is_eager=True, help="Print the version and exit"
-        ),
-    ] = False,
-) -> None:
-    """kvwise: a KV-cache eviction control plane for LLM inference servers."""
-
-
-for module in (
-    demo_cmd,
-    replay_cmd,
-    simulate_cmd,
-    trace_cmd,
-    bench_cmd,
-    controller_cmd,
-    config_cmd,
-    worker_cmd,
-):
-    module.register(app)
+INTERRUPTED = 130
+"""Exit code of a command ended by Ctrl-C (128 + SIGINT), as Typer gives one mid-command."""
 
 
 def main() -> None:
+    """Run ``kvwise``; a Ctrl-C before the command starts ends it in one line."""
+    try:
+        from controlplane.cli.root import app
+    except KeyboardInterrupt:
+        print("kvwise: interrupted", file=sys.stderr)
+        raise SystemExit(INTERRUPTED) from None
     app()
+
+
+def __getattr__(name: str) -> typer.Typer:
+    """``controlplane.cli.app``, the Typer app, loaded on first use."""
+    if name == "app":
+        from controlplane.cli.root import app
+
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -91,3 +91,35 @@ def test_a_worker_killed_mid_run_fails_the_run_in_plain_words(trace_file: Path) 
         "error: a worker process died while it ran a job (killed: out of memory?); "
         "fewer --jobs need less memory"
     )
+
+
+INTERRUPT_WHILE_LOADING = """
+import os, signal, sys
+
+class SigintOnLoad:
+    def find_spec(self, name, path=None, target=None):
+        if name == "controlplane.cli.replay_cmd":
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, SigintOnLoad())
+from controlplane.cli import main
+sys.argv = ["kvwise", "--version"]
+main()
+"""
+
+
+def test_an_interrupt_while_the_commands_load_ends_in_one_line() -> None:
+    """Ctrl-C in the seconds the command modules take to load printed a traceback of
+    the imports: now one line and exit code 130 (the signal comes as a module loads)."""
+    res = subprocess.run(
+        [sys.executable, "-c", INTERRUPT_WHILE_LOADING],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_interrupts_as_at_a_terminal,
+    )
+    assert res.returncode == 130, res.stderr
+    assert res.stderr == "kvwise: interrupted\n"
+    assert res.stdout == ""
