@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-import controlplane.shadow.auto_replay  # noqa: F401  (registers auto in the catalogue)
 from controlplane.cli.common import (
     JobsOpt,
     JsonFlag,
@@ -36,7 +35,6 @@ from controlplane.cli.common import (
     unique,
 )
 from controlplane.cli.tables import Column, FoldedTable
-from controlplane.replay import catalog
 from controlplane.replay.options import (
     DEFAULT_OPTIONS,
     Attribution,
@@ -61,13 +59,17 @@ _fitted = partial(typer.Option, rich_help_panel="Fitted policies (wa, wa-ref)")
 _output = partial(typer.Option, rich_help_panel="Output")
 _auto_panel = partial(typer.Option, rich_help_panel="auto (family selected by a shadow)")
 
+KNOWN_POLICIES = "arc, fifo, lfu, lru, s3fifo, sieve, wa, wa-ref, wa-mix, auto, belady, inf"
+"""The replay catalogue's names, for --help: the catalogue loads SciPy and the shadow
+(seconds), so the command loads it when it runs (a test keeps the two the same)."""
+
 PolicyOpt = Annotated[
     str,
     _sizes(
         "--policy",
         "-p",
         metavar="NAMES",
-        help="Comma-separated policies, or 'all'. Known: " + ", ".join(catalog.names()) + ".",
+        help=f"Comma-separated policies, or 'all'. Known: {KNOWN_POLICIES}.",
     ),
 ]
 CapacityOpt = Annotated[str | None, _sizes(metavar="BLOCKS", help="Cache sizes, e.g. 5000,10000")]
@@ -252,6 +254,8 @@ def _labelled(trace: Trace, options: ReplayOptions) -> Trace:
 
 def _names(policy: str, plot: Path | None) -> list[str]:
     """The policies to replay: those asked for, and the bounds when plotting."""
+    from controlplane.replay import catalog
+
     names = policy_names(policy)
     if plot is not None:
         check_plotting("--plot", png=plot)

@@ -3,13 +3,16 @@ reflowed rather than ragged, and ``kvwise --version``."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from importlib.metadata import version
 
 import pytest
 import typer
 from typer.testing import CliRunner
 
-from controlplane.cli import app
+from controlplane.cli import app, replay_cmd
+from tests.conftest import REPO
 
 WIDTH = 80
 
@@ -88,3 +91,24 @@ def test_config_names_stay_whole_and_copyable_at_80_columns() -> None:
             name, value = row["env"], row["value"]
             want = f"{name}  (unset)" if value is None else f"{name}={value}"
             assert want in lines, want
+
+
+def test_the_app_loads_without_scipy_or_the_shadow() -> None:
+    """``kvwise --version`` took 3 s: the replay command's module loaded the policy
+    catalogue (SciPy) and the shadow when the app was built. They load when it runs."""
+    code = (
+        "import sys; import controlplane.cli.root; "
+        "print(sorted(m for m in ('scipy', 'controlplane.replay.catalog', "
+        "'controlplane.shadow.auto_replay') if m in sys.modules))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert res.stdout.strip() == "[]"
+
+
+def test_the_policies_replay_help_lists_are_the_catalogues() -> None:
+    import controlplane.shadow.auto_replay  # noqa: F401  (registers auto)
+    from controlplane.replay import catalog
+
+    assert ", ".join(catalog.names()) == replay_cmd.KNOWN_POLICIES
