@@ -17,12 +17,14 @@ from controlplane.cli import (
     config_cmd,
     controller_cmd,
     demo_cmd,
+    help_format,
     replay_cmd,
     simulate_cmd,
     trace_cmd,
     worker_cmd,
 )
 
+help_format.adjust()
 app = typer.Typer(
     name="kvwise",
     help=(

@@ -112,3 +112,13 @@ def test_the_policies_replay_help_lists_are_the_catalogues() -> None:
     from controlplane.replay import catalog
 
     assert ", ".join(catalog.names()) == replay_cmd.KNOWN_POLICIES
+
+
+@pytest.mark.parametrize("path", command_paths(), ids=lambda p: " ".join(p) or "kvwise")
+def test_flags_show_no_value_and_arguments_one_spelling(path: list[str]) -> None:
+    """Typer showed ``--json <bool>`` (``--json true`` is refused) and a required argument
+    as ``{TRACE}`` in the usage line beside an optional ``[TRACE]``."""
+    text = run(*path, "--help")
+    assert "<bool>" not in text
+    usage = next(line for line in text.splitlines() if "Usage:" in line)
+    assert "{" not in usage
