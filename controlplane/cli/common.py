@@ -28,6 +28,7 @@ from rich.text import Text
 
 if TYPE_CHECKING:
     from controlplane.traces.model import Trace
+    from controlplane.traces.reader import TraceError
 
 SettingsT = TypeVar("SettingsT", bound=BaseSettings)
 NumberT = TypeVar("NumberT", int, float)
@@ -270,13 +271,21 @@ def load_trace_or_fail(path: Path, *, skip_bad_lines: bool = False) -> Trace:
     except OSError as exc:  # "nope.jsonl: No such file or directory", not "[Errno 2] ..."
         fail(f"{path}: {exc.strerror or exc}")
     except TraceError as exc:
-        fail(str(exc))
+        fail(str(exc) + _not_json_lines_hint(exc))
     if trace.skipped_lines:
         first = ", ".join(f"line {ln}: {why}" for ln, why in trace.skipped_lines[:3])
         say(f"skipped {counted(len(trace.skipped_lines), 'bad line')} ({first})")
     if trace.n_requests == 0:
         fail(f"{path}: no requests")
     return trace
+
+
+def _not_json_lines_hint(exc: TraceError) -> str:
+    """A hint when the first line is not JSON at all (a CSV file, say): the parser's own
+    words ("invalid literal, expected 'true'") do not say what a trace must be."""
+    if exc.line == 1 and exc.field is None and exc.problem.startswith("invalid JSON"):
+        return "; a trace must be JSON Lines, one JSON object a line (Bailian or Mooncake)"
+    return ""
 
 
 def _reading(path: Path) -> AbstractContextManager[object]:

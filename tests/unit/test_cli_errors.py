@@ -3,6 +3,7 @@ naming the option or variable, the right exit code, no traceback, nothing left b
 
 from __future__ import annotations
 
+import gzip
 import os
 import socket
 import subprocess
@@ -225,3 +226,21 @@ def test_bench_serve_refuses_an_output_it_could_not_write_before_sending(tmp_pat
     assert res.returncode == 2
     assert one_error_line(res) == f"error: --output {out}: folder {out.parent} does not exist"
     assert not out.parent.exists()
+
+
+def test_a_csv_file_is_told_a_trace_is_json_lines(tmp_path: Path) -> None:
+    """The parser's words alone ("invalid literal, expected 'true'") left a CSV file's
+    user guessing; a bad later line keeps the plain message."""
+    csv = tmp_path / "bad.csv"
+    csv.write_text("timestamp,hash_ids\n1,2\n")
+    res = kvwise("replay", str(csv), "-p", "lru", "--capacity", "4")
+    assert res.returncode == 2
+    assert one_error_line(res) == (
+        f"error: {csv}:1: invalid JSON (invalid literal, expected 'true', column 1); a trace "
+        "must be JSON Lines, one JSON object a line (Bailian or Mooncake)"
+    )
+    later = tmp_path / "later.jsonl"
+    with gzip.open(SAMPLE, "rb") as f:
+        later.write_bytes(f.readline() + b"nope\n")
+    res = kvwise("replay", str(later), "-p", "lru", "--capacity", "4")
+    assert one_error_line(res).endswith("column 1)")
