@@ -363,9 +363,9 @@ def _run_with_progress(
 ) -> list[SimResult]:
     from controlplane.cli.progress import MatrixProgress
     from controlplane.replay.pool import WorkerDied
-    from controlplane.simulate.runner import run_matrix
+    from controlplane.simulate.runner import run_matrix, sim_jobs
 
-    cells = len(names) * len(capacities)
+    cells = len(sim_jobs(names, capacities))
     try:
         with MatrixProgress(trace.n_requests, cells, quiet=quiet, command="simulate") as shown:
             return run_matrix(
@@ -408,18 +408,41 @@ def _json_doc(
     }
 
 
-def _seconds(x: float) -> str:
-    """Seconds in at most six characters."""
-    if x < 10:
-        return f"{x:.3f}"
-    if x < 1000:
-        return f"{x:.1f}"
-    return f"{x:.0f}"
+def _seconds(column: list[float]) -> list[str]:
+    """A column of seconds at one precision, the largest in at most six characters."""
+    top = max(column, default=0.0)
+    digits = 3 if top < 9.9995 else 1 if top < 999.95 else 0
+    return [f"{x:.{digits}f}" for x in column]
+
+
+def _columns(rows: list[list[float]]) -> list[list[str]]:
+    """``rows`` of seconds as text, each column at its own single precision."""
+    columns = [_seconds(list(column)) for column in zip(*rows, strict=True)]
+    return [list(row) for row in zip(*columns, strict=True)] if columns else [[] for _ in rows]
+
+
+def _shown(results: list[SimResult]) -> list[SimResult]:
+    """The rows of the tables: a policy without a size (``inf``) once, not once a size."""
+    from controlplane.simulate.engine import UNBOUNDED
+
+    seen: set[str] = set()
+    rows = []
+    for r in results:
+        if r.policy in UNBOUNDED and r.policy in seen:
+            continue
+        seen.add(r.policy)
+        rows.append(r)
+    return rows
+
+
+def _blocks(r: SimResult) -> str:
+    from controlplane.simulate.engine import UNBOUNDED
+
+    return "any" if r.policy in UNBOUNDED else f"{r.capacity:,}"
 
 
 def _print_tables(trace: Trace, options: SimOptions, block: int, results: list[SimResult]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     prof = options.profile
@@ -431,36 +454,28 @@ def _print_tables(trace: Trace, options: SimOptions, block: int, results: list[S
         f"{prof.name} x {options.instances} ({options.router}), speed x{options.speed:g}; "
         f"its KV pool holds {prof.kv_pool_blocks(block):,} blocks per instance"
     )
+    rows = _shown(results)
     lru = {r.capacity: r.qttft.mean for r in results if r.policy == "lru"}
-
-    def table(title: str, columns: list[str]) -> Table:
-        t = Table(title=title, title_justify="left")
-        t.add_column("policy")
-        t.add_column("blocks", justify="right")
-        for c in columns:
-            t.add_column(c, justify="right")
-        return t
-
-    q = table("QTTFT = queue + time to first token (s)", ["hit", "mean", "p50", "p90", "p99"])
+    q = _table("QTTFT = queue + time to first token (s)", ["hit", "mean", "p50", "p90", "p99"])
     if lru:
         q.add_column("vs lru", justify="right")
-    for r in results:
-        row = [f"{r.hit_ratio:.3f}", *(_seconds(x) for x in _quad(r.qttft))]
-        base = lru.get(r.capacity)
+    for r, cells in zip(rows, _columns([_quad(r.qttft) for r in rows]), strict=True):
+        row = [f"{r.hit_ratio:.3f}", *cells]
+        base = None if _blocks(r) == "any" else lru.get(r.capacity)
         if lru:
             row.append(signed_percent(r.qttft.mean / base - 1) if base else "-")
-        q.add_row(r.policy, f"{r.capacity:,}", *row)
+        q.add_row(r.policy, _blocks(r), *row)
     console.print(q)
-    t = table("TTFT and queue (s)", ["mean", "p50", "p90", "p99", "queue", "q p99"])
-    for r in results:
-        cells = [*_quad(r.ttft), r.queue.mean, r.queue.p99]
-        t.add_row(r.policy, f"{r.capacity:,}", *(_seconds(x) for x in cells))
+    t = _table("TTFT and queue (s)", ["mean", "p50", "p90", "p99", "queue", "q p99"])
+    times = [[*_quad(r.ttft), r.queue.mean, r.queue.p99] for r in rows]
+    for r, cells in zip(rows, _columns(times), strict=True):
+        t.add_row(r.policy, _blocks(r), *cells)
     console.print(t)
-    s = table("Prefill saved and throughput", ["saved", "tokens", "out tok/s", "req/s", "wall s"])
-    for r in results:
+    s = _table("Prefill saved and throughput", ["saved", "tokens", "out tok/s", "req/s", "wall s"])
+    for r in rows:
         s.add_row(
             r.policy,
-            f"{r.capacity:,}",
+            _blocks(r),
             f"{r.saved_ratio:.1%}",
             f"{r.saved_tokens:,}",
             f"{r.output_tokens_per_s:,.0f}",
@@ -468,6 +483,17 @@ def _print_tables(trace: Trace, options: SimOptions, block: int, results: list[S
             f"{r.seconds:.1f}",
         )
     console.print(s)
+
+
+def _table(title: str, columns: list[str]) -> Table:
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    t.add_column("policy")
+    t.add_column("blocks", justify="right")
+    for c in columns:
+        t.add_column(c, justify="right")
+    return t
 
 
 def _quad(lat: Latency) -> list[float]:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from controlplane.replay.pool import JobProgress, run_jobs
 from controlplane.replay.runner import ReplayJob, policy_matrix
-from controlplane.simulate.engine import SimOptions, simulate
+from controlplane.simulate.engine import UNBOUNDED, SimOptions, simulate
 from controlplane.simulate.report import SimResult, summarize
 from controlplane.traces.model import Trace
 
@@ -40,10 +41,28 @@ def run_matrix(
     jobs: int | None = None,
     progress: ProgressSink | None = None,
 ) -> list[SimResult]:
-    """Every policy at every capacity; results in (policy, capacity) order."""
-    matrix = policy_matrix(policies, capacities)
+    """Every policy at every capacity; results in (policy, capacity) order. A policy
+    without a size (``inf``) runs once, its result given for every capacity."""
+    matrix = sim_jobs(policies, capacities)
 
     def one(job: SimJob, report: JobProgress | None) -> SimResult:
         return run_one(trace, job, options, report)
 
-    return run_jobs(matrix, one, workers=jobs, progress=progress)
+    ran = {
+        (r.policy, r.capacity): r for r in run_jobs(matrix, one, workers=jobs, progress=progress)
+    }
+    return [
+        ran.get((p, c)) or replace(ran[(p, capacities[0])], capacity=c)
+        for p in policies
+        for c in capacities
+    ]
+
+
+def sim_jobs(policies: Sequence[str], capacities: Sequence[int]) -> list[SimJob]:
+    """The runs ``run_matrix`` makes: every policy at every capacity, those in
+    ``UNBOUNDED`` at the first only (their results do not depend on it)."""
+    return [
+        job
+        for job in policy_matrix(policies, capacities)
+        if job.policy not in UNBOUNDED or job.capacity == capacities[0]
+    ]

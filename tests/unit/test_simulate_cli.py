@@ -144,3 +144,28 @@ def test_a_short_trace_whose_queue_stays_short_is_not_said_to_fall_behind(
     res = CliRunner().invoke(app, ["simulate", str(trace), "-p", "lru", "--speed", "1e9"])
     assert "note: the fleet falls behind: the last request started" in res.stderr
     assert "for under 1 ms of arrivals" in res.stderr and "of QTTFT), so" in res.stderr
+
+
+def test_inf_runs_once_and_each_column_has_one_precision(tmp_path: Path) -> None:
+    """``inf`` has no size: it ran once per size and printed identical rows; and a column
+    mixed "10.4" with "9.818". The JSON still gives ``inf`` at every size."""
+    trace = tmp_path / "t20.jsonl"
+    synth = ["trace", "synth", "--duration", "20", "--seed", "2", "-o", str(trace)]
+    assert CliRunner().invoke(app, synth).exit_code == 0
+    args = ["simulate", str(trace), "-p", "lru,inf", "--capacity-gib", "0.2,10", "-j", "1"]
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    assert "(3/3 runs done" in res.stderr and "4 runs" not in res.stderr
+    first = res.stdout.split("TTFT and queue")[0]
+    rows = [line.split("│")[1:-1] for line in first.splitlines() if line.startswith("│")]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [
+        ("lru", "102"),
+        ("lru", "5,120"),
+        ("inf", "any"),
+    ]
+    for column in range(3, 7):  # mean, p50, p90, p99
+        assert len({len(r[column].strip().partition(".")[2]) for r in rows}) == 1
+    doc = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
+    inf = [r for r in doc["results"] if r["policy"] == "inf"]
+    assert [r["capacity"] for r in inf] == [102, 5120]
+    assert inf[0]["qttft_s"] == inf[1]["qttft_s"]
