@@ -59,12 +59,13 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 def say(text: str, *, lead: str = "") -> None:
-    """Print ``lead`` (bold red) and ``text`` on stderr, wrapped at a terminal's width
-    between words (a path is never cut); one line where a program reads it."""
+    """Print ``lead`` (bold red) and ``text`` on stderr, wrapped between words at 80
+    columns or a narrower terminal's width (a path is never cut); one line where a program
+    reads it."""
     line = lead + text
     lines = [line]
     if err_console.is_terminal:
-        width = err_console.width
+        width = min(err_console.width, 80)
         lines = wrap(line, width, break_long_words=False, break_on_hyphens=False) or [line]
     shown = Text("\n".join(lines))
     shown.stylize("bold red", 0, len(lead))

@@ -74,7 +74,7 @@ def worker(
     after each request, and policies the controller publishes are applied between
     requests. Events go to Redis like a real worker's. Stops at the end of the trace (or
     never, with --loop) or on SIGINT/SIGTERM, after sending what is buffered; then prints
-    one summary line. Exits 1 if no event could be sent (Redis unreachable throughout).
+    a three-line summary. Exits 1 if no event could be sent (Redis unreachable throughout).
 
     Example:
 
@@ -137,10 +137,12 @@ def _replay(
 
 
 def _status_line(p: WorkerProgress) -> str:
+    """Three lines, each within 80 columns (but for a long worker id): what was replayed,
+    then, indented, how it went and what the agent sent."""
     a = p.agent
     return (
-        f"worker {a.id} [{a.evictor or p.policy}, {a.capacity:,} blocks]: {p.requests:,} requests "
-        f"(loop {p.loops}), hit ratio {a.hit_ratio:.4f}, applied version {a.applied_version}, "
-        f"events sent {a.events_sent:,} dropped {a.events_dropped:,}, "
-        f"rejected {a.rejected}, lag {p.lag_s:.2f}s"
+        f"worker {a.id} [{a.evictor or p.policy}, {a.capacity:,} blocks]: {p.requests:,} "
+        f"requests (loop {p.loops})\n"
+        f"  hit ratio {a.hit_ratio:.4f}, applied version {a.applied_version}, lag {p.lag_s:.2f}s\n"
+        f"  events sent {a.events_sent:,} dropped {a.events_dropped:,}, rejected {a.rejected}"
     )

@@ -144,9 +144,11 @@ def test_worker_that_sends_nothing_exits_1_after_its_summary() -> None:
     res = kvwise("worker", "--trace", str(SAMPLE), "--policy", "lru", *args)
     assert res.returncode == 1, res.stderr
     summary = res.stdout.strip().splitlines()
-    assert len(summary) == 1 and summary[0].startswith("done: worker ")
-    for part in ("3,993 requests", "hit ratio 0.", "applied version 0", "events sent 0 dropped"):
-        assert part in summary[0]
+    assert len(summary) == 3 and summary[0].startswith("done: worker ")
+    assert all(len(line) <= 80 for line in summary), summary
+    assert "3,993 requests" in summary[0]
+    assert summary[1].startswith("  hit ratio 0.") and "applied version 0" in summary[1]
+    assert summary[2].startswith("  events sent 0 dropped")
     line = one_error_line(res)
     assert "sent no event" in line and url.replace("hunter2", "***") in line
     assert "hunter2" not in res.stderr + res.stdout
@@ -244,3 +246,25 @@ def test_a_csv_file_is_told_a_trace_is_json_lines(tmp_path: Path) -> None:
         later.write_bytes(f.readline() + b"nope\n")
     res = kvwise("replay", str(later), "-p", "lru", "--capacity", "4")
     assert one_error_line(res).endswith("column 1)")
+
+
+def test_error_lines_at_a_wide_terminal_wrap_at_80_columns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 200-column terminal showed the --profile error in one line of 144 characters;
+    where a program reads it (no terminal) it stays one line, as the tests above read."""
+    from io import StringIO
+
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    from controlplane.cli import app, common
+
+    shown = StringIO()
+    wide = Console(file=shown, force_terminal=True, width=200, color_system=None)
+    monkeypatch.setattr(common, "err_console", wide)
+    res = CliRunner().invoke(app, ["simulate", str(SAMPLE), "--profile", "nope"])
+    assert res.exit_code == 2
+    lines = shown.getvalue().splitlines()
+    assert len(lines) > 1 and all(len(line) <= 80 for line in lines), lines
+    assert " ".join(lines).startswith("error: --profile: unknown profile 'nope'")
