@@ -73,8 +73,8 @@ def run_jobs(
     pids = ctx.SimpleQueue()
     pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=_start_worker, initargs=(pids,))
     try:
-        with _sigterm_as_exit():
-            results: list[R] = _collect(pool, jobs, progress)
+        with _signals_deferred() as signals:
+            results: list[R] = _collect(pool, jobs, progress, signals)
     except BrokenProcessPool:
         pool.shutdown(wait=False, cancel_futures=True)
         _end_workers(pids)
@@ -94,35 +94,63 @@ def run_jobs(
 
 
 def _collect(
-    pool: ProcessPoolExecutor, jobs: Sequence[J], progress: Callable[[J, int], None] | None
+    pool: ProcessPoolExecutor,
+    jobs: Sequence[J],
+    progress: Callable[[J, int], None] | None,
+    signals: _Signals,
 ) -> list[Any]:
-    """Every job's result, in ``jobs`` order, forwarding progress at least every 0.2 s."""
+    """Every job's result, in ``jobs`` order, forwarding progress at least every 0.2 s;
+    a signal received meanwhile is raised between two waits."""
     pending = {pool.submit(_worker, job): job for job in jobs}
     results: dict[J, Any] = {}
     while pending:
         done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+        signals.raise_if_received()
         _drain(progress)
         for future in done:
             results[pending.pop(future)] = future.result()
     return [results[job] for job in jobs]
 
 
+class _Signals:
+    """SIGINT and SIGTERM received while the jobs run, raised where no lock is held. Raised
+    by the handler itself, the interrupt could land inside ``concurrent.futures.wait``
+    between taking and giving back a future's lock: the pool's own thread then waited for
+    that lock for ever, and the command hung at exit (or failed with "release unlocked
+    lock")."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    def note(self, signum: int, _frame: object) -> None:
+        self.received = self.received or signum
+
+    def raise_if_received(self) -> None:
+        """``KeyboardInterrupt`` for SIGINT, ``SystemExit(128 + signal)`` for SIGTERM
+        (``timeout``, a job scheduler), so that the workers are ended too."""
+        if self.received == signal.SIGINT:
+            raise KeyboardInterrupt
+        if self.received is not None:
+            raise SystemExit(128 + self.received)
+
+
 @contextlib.contextmanager
-def _sigterm_as_exit() -> Iterator[None]:
-    """In the main thread, SIGTERM (``timeout``, a job scheduler) raises ``SystemExit``
-    while the jobs run, so that the workers are ended too instead of running on."""
+def _signals_deferred() -> Iterator[_Signals]:
+    """In the main thread, SIGINT (unless ignored, as in a background job) and SIGTERM
+    are noted while the jobs run, for ``_collect`` to raise."""
+    signals = _Signals()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield signals
         return
-    previous = signal.signal(signal.SIGTERM, _exit_on_signal)
+    deferred = [signal.SIGTERM]
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        deferred.append(signal.SIGINT)
+    previous = {signum: signal.signal(signum, signals.note) for signum in deferred}
     try:
-        yield
+        yield signals
     finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _exit_on_signal(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _start_worker(pids: Any) -> None:
