@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.text import Text
 
 if TYPE_CHECKING:
+    from agent.settings import AgentSettings
     from controlplane.traces.model import Trace
     from controlplane.traces.reader import TraceError
 
@@ -44,6 +45,7 @@ JobsOpt = Annotated[
     int,
     typer.Option("--jobs", "-j", min=0, metavar="N", help="Worker processes (0 = one per core)"),
 ]
+RedisUrlOpt = Annotated[str | None, typer.Option(help="Redis URL [default: KVWISE_REDIS_URL]")]
 SkipBadLinesFlag = Annotated[
     bool,
     typer.Option(
@@ -334,6 +336,17 @@ def settings_or_fail(
             fail(f"{options[field]}: {reason}")
         variable = f"{cls.model_config.get('env_prefix', '')}{field}".upper()
         fail(f"bad {what} setting {variable}: {reason}")
+
+
+def agent_settings_or_fail(overrides: dict[str, Any], options: dict[str, str]) -> AgentSettings:
+    """The agent's settings with a command's ``overrides`` (``settings_or_fail``), its
+    Redis URL checked, naming ``--redis-url`` or ``KVWISE_REDIS_URL``, where it came from."""
+    from agent.settings import AgentSettings
+
+    settings = settings_or_fail(AgentSettings, overrides, options, what="agent")
+    where = "--redis-url" if "redis_url" in overrides else "KVWISE_REDIS_URL"
+    check_redis_url(settings.redis_url, where)
+    return settings
 
 
 def check_redis_url(url: str, where: str) -> str:

@@ -19,19 +19,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from agent.runtime.connection import redact
 from controlplane.cli.common import (
+    RedisUrlOpt,
     StatusEveryOpt,
-    check_redis_url,
+    agent_settings_or_fail,
     counted,
     fail,
     positive,
     say,
-    settings_or_fail,
 )
 
 if TYPE_CHECKING:
@@ -74,7 +74,6 @@ MaxRequestsOpt = Annotated[
         min=0, metavar="N", help="Stop after N requests (each held until the end; 0 = no bound)"
     ),
 ]
-RedisUrlOpt = Annotated[str | None, typer.Option(help="Redis URL [default: KVWISE_REDIS_URL]")]
 KeyPrefixOpt = Annotated[
     str | None, typer.Option(help="Prefix of kvwise's Redis keys [default: KVWISE_KEY_PREFIX]")
 ]
@@ -133,7 +132,8 @@ def record(
     from controlplane.cli.signals import SignalFlag, stop_on_signals
 
     overrides = {"redis_url": redis_url, "key_prefix": key_prefix}
-    settings = _settings({k: v for k, v in overrides.items() if v is not None})
+    present = {k: v for k, v in overrides.items() if v is not None}
+    settings = agent_settings_or_fail(present, _OPTION_OF_FIELD)
     partial = _claim(output)
     try:
         client, keys = _connect(settings, "--key-prefix" if key_prefix else "KVWISE_KEY_PREFIX")
@@ -148,15 +148,6 @@ def record(
         _write(run, (partial, output), block_tokens, len(workers))
     finally:
         partial.unlink(missing_ok=True)
-
-
-def _settings(overrides: dict[str, Any]) -> AgentSettings:
-    from agent.settings import AgentSettings
-
-    settings = settings_or_fail(AgentSettings, overrides, _OPTION_OF_FIELD, what="agent")
-    where = "--redis-url" if "redis_url" in overrides else "KVWISE_REDIS_URL"
-    check_redis_url(settings.redis_url, where)
-    return settings
 
 
 def _claim(output: Path) -> Path:

@@ -11,19 +11,19 @@ throughout). The replay is ``controlplane.dev.simworker``; the agent is
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from agent.runtime.connection import redact
 from controlplane.cli.common import (
+    RedisUrlOpt,
     StatusEveryOpt,
-    check_redis_url,
+    agent_settings_or_fail,
     fail,
     load_trace_or_fail,
     positive,
     print_json,
-    settings_or_fail,
 )
 
 if TYPE_CHECKING:
@@ -44,7 +44,6 @@ WorkerIdOpt = Annotated[
     str | None, typer.Option("--id", help="Worker id [default: KVWISE_WORKER_ID or host-pid]")
 ]
 PolicyOpt = Annotated[str | None, typer.Option(help="Evictor name [default: KVWISE_EVICTOR]")]
-RedisUrlOpt = Annotated[str | None, typer.Option(help="Redis URL [default: KVWISE_REDIS_URL]")]
 LoopFlag = Annotated[
     bool, typer.Option("--loop", help="Repeat the trace forever, shifting its time")
 ]
@@ -81,7 +80,7 @@ def worker(
         kvwise worker --trace trace.jsonl --speed 10 --capacity 20000 --id w1
     """
     overrides = {"worker_id": worker_id, "evictor": policy, "redis_url": redis_url}
-    settings = _settings({k: v for k, v in overrides.items() if v})
+    settings = agent_settings_or_fail({k: v for k, v in overrides.items() if v}, _OPTION_OF_FIELD)
     trace = load_trace_or_fail(trace_path)
     agent = _agent(settings, capacity, "--policy" if policy else "KVWISE_EVICTOR")
     result = _replay(agent, trace, speed, loop, status_every, settings.evictor)
@@ -96,15 +95,6 @@ def worker(
             "Redis took none for the whole run (the lines above say why)",
             code=1,
         )
-
-
-def _settings(overrides: dict[str, Any]) -> AgentSettings:
-    from agent.settings import AgentSettings
-
-    settings = settings_or_fail(AgentSettings, overrides, _OPTION_OF_FIELD, what="agent")
-    where = "--redis-url" if "redis_url" in overrides else "KVWISE_REDIS_URL"
-    check_redis_url(settings.redis_url, where)
-    return settings
 
 
 def _agent(settings: AgentSettings, capacity: int, policy_from: str) -> Agent:
