@@ -421,14 +421,19 @@ def _columns(rows: list[list[float]]) -> list[list[str]]:
     return [list(row) for row in zip(*columns, strict=True)] if columns else [[] for _ in rows]
 
 
-def _shown(results: list[SimResult]) -> list[SimResult]:
-    """The rows of the tables: a policy without a size (``inf``) once, not once a size."""
+def _unbounded(r: SimResult) -> bool:
+    """Whether ``r``'s policy has no size (``inf``): its result is the same at every one."""
     from controlplane.simulate.engine import UNBOUNDED
 
+    return r.policy in UNBOUNDED
+
+
+def _shown(results: list[SimResult]) -> list[SimResult]:
+    """The rows of the tables: a policy without a size (``inf``) once, not once a size."""
     seen: set[str] = set()
     rows = []
     for r in results:
-        if r.policy in UNBOUNDED and r.policy in seen:
+        if _unbounded(r) and r.policy in seen:
             continue
         seen.add(r.policy)
         rows.append(r)
@@ -436,9 +441,7 @@ def _shown(results: list[SimResult]) -> list[SimResult]:
 
 
 def _blocks(r: SimResult) -> str:
-    from controlplane.simulate.engine import UNBOUNDED
-
-    return "any" if r.policy in UNBOUNDED else f"{r.capacity:,}"
+    return "any" if _unbounded(r) else f"{r.capacity:,}"
 
 
 def _print_tables(trace: Trace, options: SimOptions, block: int, results: list[SimResult]) -> None:
@@ -461,7 +464,7 @@ def _print_tables(trace: Trace, options: SimOptions, block: int, results: list[S
         q.add_column("vs lru", justify="right")
     for r, cells in zip(rows, _columns([_quad(r.qttft) for r in rows]), strict=True):
         row = [f"{r.hit_ratio:.3f}", *cells]
-        base = None if _blocks(r) == "any" else lru.get(r.capacity)
+        base = None if _unbounded(r) else lru.get(r.capacity)
         if lru:
             row.append(signed_percent(r.qttft.mean / base - 1) if base else "-")
         q.add_row(r.policy, _blocks(r), *row)
