@@ -69,7 +69,3 @@ for module in (
     worker_cmd,
 ):
     module.register(app)
-
-
-def main() -> None:
-    app()
