@@ -56,9 +56,8 @@ def choose_workers(client: RedisClient, keys: Keys, wanted: Sequence[str] = ()) 
 
 @dataclass(frozen=True)
 class RecordedRequest:
-    """One whole request of one worker: its time, category name and block hashes."""
+    """One whole request: its time, category name and block hashes."""
 
-    worker: str
     ts: float
     category: str
     blocks: list[int]
@@ -120,8 +119,8 @@ class StreamTail:
     def finish(self) -> list[RecordedRequest]:
         """The requests of every run still held (the end of the recording)."""
         out: list[RecordedRequest] = []
-        for worker, rebuilder in self._rebuilders.items():
-            out += self._requests(worker, rebuilder.flush())
+        for rebuilder in self._rebuilders.values():
+            out += self._requests(rebuilder.flush())
         return out
 
     def _entry(
@@ -135,10 +134,10 @@ class StreamTail:
             if len(self.counts.bad_reasons) < 3:
                 self.counts.bad_reasons.append(f"{worker}: {exc.reason}")
             return []
-        return self._requests(worker, rebuilder.feed(batch))
+        return self._requests(rebuilder.feed(batch))
 
-    def _requests(self, worker: str, rebuilt: Rebuilt) -> list[RecordedRequest]:
+    def _requests(self, rebuilt: Rebuilt) -> list[RecordedRequest]:
         self.counts.requests += rebuilt.requests
         self.counts.incomplete += rebuilt.incomplete
         names = self.table.names
-        return [RecordedRequest(worker, r.ts, names[r.category], r.blocks) for r in rebuilt.sampled]
+        return [RecordedRequest(r.ts, names[r.category], r.blocks) for r in rebuilt.sampled]
