@@ -9,6 +9,8 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agent.wire import BatchLimits
+
 
 class RedisSettings(BaseModel):
     """Where kvwise's Redis is: the same three settings for agents and the controller."""
@@ -73,5 +75,7 @@ class AgentSettings(BaseSettings, RedisSettings):
         default=4096, gt=0, description="Most categories a policy document may hold"
     )
     max_categories: int = Field(
-        default=1024, gt=1, description="Distinct categories tracked; later ones share 'other'"
+        default=BatchLimits.max_categories,
+        gt=1,
+        description="Distinct categories tracked; later ones share 'other'",
     )

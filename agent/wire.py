@@ -273,7 +273,11 @@ controller accepts."""
 
 @dataclass(frozen=True)
 class BatchLimits:
-    """What a decoder accepts in one stream entry: over a limit is ``WireLimitError``."""
+    """What a decoder accepts in one stream entry: over a limit is ``WireLimitError``.
+
+    Its defaults are the settings' defaults on both ends: the controller's
+    ``ingest_max_events`` and ``max_categories_per_worker``, an agent's ``max_categories``
+    (an agent never names more categories than the controller takes from it)."""
 
     max_events: int = 65_536
     max_categories: int = 1024

@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_va
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.settings import RedisSettings
+from agent.wire import BatchLimits
 from controlplane.fit.settings import FitSettings
 from controlplane.shadow.settings import ShadowSettings
 
@@ -60,7 +61,9 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
         default=30_000, gt=0, description="Pending entries idle this long are reclaimed"
     )
     ingest_max_events: int = Field(
-        default=65_536, gt=0, description="Events one stream entry may hold; more: dead-lettered"
+        default=BatchLimits.max_events,
+        gt=0,
+        description="Events one stream entry may hold; more: dead-lettered",
     )
     ingest_max_read_bytes: int = Field(
         default=32 << 20, ge=1 << 20, description="Bytes one ingest pass may read, about"
@@ -74,7 +77,7 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
         default=2048, ge=2, description="Categories the statistics window holds, in all"
     )
     max_categories_per_worker: int = Field(
-        default=1024,
+        default=BatchLimits.max_categories,
         ge=2,
         description="Categories one worker may name (the agents' max_categories) and bring in",
     )
