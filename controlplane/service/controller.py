@@ -30,7 +30,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from agent.policy_document import DEFAULT_FAMILY, MODEL_PARAMS, CategoryParams, PolicyDocument
 from agent.runtime.connection import RedisClient, connect, describe_redis_error, redact
-from agent.wire import BatchLimits, EventBatch, Keys
+from agent.wire import EventBatch, Keys
 from controlplane.fit import FitResult, fit_all
 from controlplane.fit.gof import ReuseCurve
 from controlplane.fit.reuse_window import ReuseStats
@@ -188,27 +188,12 @@ class Controller:
         s = self.settings
         # A blocked read may wait ingest_block_ms on the server: its own client, longer timeout.
         client = redis_client(s, timeout_s=s.ingest_block_ms / 1000 + 5)
-        limits = BatchLimits(
-            max_events=s.ingest_max_events, max_categories=s.max_categories_per_worker
-        )
-        sweep = HousekeepingSettings(
-            interval_s=s.housekeeping_interval_s,
-            worker_expire_s=s.worker_expire_s,
-            stale_consumer_s=s.stale_consumer_s,
-        )
+        sweep = HousekeepingSettings.from_settings(s)
         return Ingestor(
             client,
             self.keys,
             self._apply,
-            IngestSettings(
-                group=s.consumer_group,
-                consumer=self.name,
-                count=s.ingest_count,
-                block_ms=s.ingest_block_ms,
-                reclaim_idle_ms=s.reclaim_idle_ms,
-                limits=limits,
-                max_read_bytes=s.ingest_max_read_bytes,
-            ),
+            IngestSettings.from_settings(s, self.name),
             metrics=self.metrics,
             housekeeper=Housekeeper(
                 client, self.keys, group=s.consumer_group, consumer=self.name, settings=sweep

@@ -16,19 +16,33 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.runtime.connection import RedisClient
 from agent.wire import Keys, WireError
+
+if TYPE_CHECKING:
+    from controlplane.service.settings import ControllerSettings
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class HousekeepingSettings:
-    interval_s: float = 60.0
-    worker_expire_s: float = 3600.0
-    stale_consumer_s: float = 600.0
+    """When the sweeps run and what they remove: ``from_settings`` takes them from the
+    controller's settings, where each is defaulted and documented."""
+
+    interval_s: float
+    worker_expire_s: float
+    stale_consumer_s: float
+
+    @classmethod
+    def from_settings(cls, settings: ControllerSettings) -> HousekeepingSettings:
+        return cls(
+            interval_s=settings.housekeeping_interval_s,
+            worker_expire_s=settings.worker_expire_s,
+            stale_consumer_s=settings.stale_consumer_s,
+        )
 
 
 @dataclass

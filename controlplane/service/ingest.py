@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final, cast
+from typing import TYPE_CHECKING, Final, cast
 
 import redis
 
@@ -47,6 +47,9 @@ from controlplane.service.stream_io import (
 )
 from controlplane.service.window import BatchRefused
 
+if TYPE_CHECKING:
+    from controlplane.service.settings import ControllerSettings
+
 log = logging.getLogger(__name__)
 
 ApplyFn = Callable[[EventBatch], int]
@@ -67,25 +70,42 @@ MAX_BACKOFF_S: Final = 5.0
 
 @dataclass(frozen=True)
 class IngestSettings:
-    """How one replica's ingest reads the event streams."""
+    """How one replica's ingest reads the event streams: ``from_settings`` takes them from
+    the controller's settings, where each is defaulted and documented."""
 
     group: str
     """The consumer group all replicas read in."""
     consumer: str
     """This replica's consumer in the group."""
-    count: int = 64
+    count: int
     """Entries per stream per read."""
-    block_ms: int = 500
+    block_ms: int
     """Wait after a pass that found nothing."""
-    reclaim_idle_ms: int = 30_000
+    reclaim_idle_ms: int
     """Entries another consumer left pending this long are taken over."""
-    limits: BatchLimits = field(default_factory=BatchLimits)
+    limits: BatchLimits
     """What one entry may hold; an entry over a limit is dead-lettered."""
-    max_read_bytes: int = 32 << 20
+    max_read_bytes: int
     """Bytes one read may bring in, about; it also bounds how many streams one read
     covers (``max_read_bytes // limits.max_entry_bytes``, taken round robin)."""
     max_out_of_order: int = MAX_OUT_OF_ORDER
     """Sequence numbers a worker's ledger tracks above its first gap."""
+
+    @classmethod
+    def from_settings(cls, settings: ControllerSettings, consumer: str) -> IngestSettings:
+        """The ingest of ``settings`` for this replica's ``consumer``."""
+        return cls(
+            group=settings.consumer_group,
+            consumer=consumer,
+            count=settings.ingest_count,
+            block_ms=settings.ingest_block_ms,
+            reclaim_idle_ms=settings.reclaim_idle_ms,
+            limits=BatchLimits(
+                max_events=settings.ingest_max_events,
+                max_categories=settings.max_categories_per_worker,
+            ),
+            max_read_bytes=settings.ingest_max_read_bytes,
+        )
 
 
 @dataclass

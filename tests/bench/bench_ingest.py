@@ -37,6 +37,7 @@ import redis
 from agent.wire import EventBatch, EventKind, Keys, decode_batch, encode_batch
 from controlplane.fit.reuse_window import ReuseStats
 from controlplane.service.ingest import Ingestor, IngestSettings
+from controlplane.service.settings import ControllerSettings
 from controlplane.service.window import LiveWindow, WindowLimits
 from tests.synth_reuse import chain_stream
 
@@ -111,9 +112,8 @@ def run(n_events: int, batch: int, url: str) -> None:
         def apply(batch: EventBatch) -> int:
             return window2.apply(batch, HOUR)  # trace time: "now" is the trace's end
 
-        ing = Ingestor(
-            client, keys, apply, IngestSettings(group="bench", consumer="c1", block_ms=0)
-        )
+        settings = ControllerSettings(consumer_group="bench", ingest_block_ms=0)
+        ing = Ingestor(client, keys, apply, IngestSettings.from_settings(settings, "c1"))
         cpu0 = redis_cpu(client)
         t0 = time.perf_counter()
         while ing.counters.batches < len(batches):

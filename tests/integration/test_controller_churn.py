@@ -10,6 +10,7 @@ import redis
 from agent.wire import Keys
 from controlplane.service.agents import AgentReader
 from controlplane.service.ingest import Ingestor, IngestSettings, _Refusal
+from controlplane.service.settings import ControllerSettings
 from tests.integration.controller_fixtures import controller
 
 pytestmark = pytest.mark.integration
@@ -19,9 +20,8 @@ def test_forgetting_a_worker_drops_its_cursor_and_what_was_told_of_its_stream(
     redis_url: str, key_prefix: str
 ) -> None:
     keys = Keys(key_prefix)
-    ingestor = Ingestor(
-        redis.Redis.from_url(redis_url), keys, lambda batch: 0, IngestSettings("g", "c")
-    )
+    settings = IngestSettings.from_settings(ControllerSettings(consumer_group="g"), "c")
+    ingestor = Ingestor(redis.Redis.from_url(redis_url), keys, lambda batch: 0, settings)
     stream = keys.events_stream("w1").encode()
     ingestor._streams.append(stream)
     ingestor._cursors[stream] = b"0-0"
