@@ -9,9 +9,8 @@ document the ``wa`` curves replay, judges a candidate fit against the version in
 a refusal, with both figures, once per run of refusals), and sets the shadow's
 Prometheus gauges from each view it takes (``export``, the controller's shadow job, and
 ``view``, a read of the API). A scrape reads them as last set and never waits for the
-evaluator: its lock is held through whole replays (warming new miniatures with a
-window's requests takes seconds on a busy host). It must never publish, fit or read Redis
-itself (the controller passes what it read).
+evaluator: each view first replays what every worker has gathered. It must never
+publish, fit or read Redis itself (the controller passes what it read).
 """
 
 from __future__ import annotations

@@ -13,7 +13,12 @@ are grouped by capacity; a worker whose capacity is not known yet (no heartbeat 
 its requests counted and kept for later, not replayed. Its cost is bounded by the rate:
 unsampled requests cost a few vectorised passes over the gathered events. A failure in
 any of it loses those events to the shadow only (logged once per kind). One lock guards
-it all. It must never talk to Redis, decode wire data or publish anything.
+its state, and no call holds it for more than one gather's work (``GATHER_EVENTS`` per
+worker) or a bounded catch-up (``CATCH_UP_UNDER_LOCK``): a worker's new miniatures
+(``set_capacities``) are built and warmed with the window's kept requests on the
+caller's thread with the lock released, and replace the old ones once caught up on what
+came meanwhile (``miniatures.Warming``), so a batch or a read never waits behind a warm.
+It must never talk to Redis, decode wire data or publish anything.
 """
 
 from __future__ import annotations
@@ -24,10 +29,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from agent.category_table import reused_name
-from agent.policies import create
 from agent.policies.wa import WAPolicy
 from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 from agent.reuse_classes import ReturnTracker
@@ -40,6 +44,7 @@ from controlplane.shadow.estimator import (
     WindowCounts,
 )
 from controlplane.shadow.inflow import InflowShare
+from controlplane.shadow.miniatures import WA, Ladder, Miniatures, Served, Warming, ghost_share
 from controlplane.shadow.rebuild import CategoryTable, Rebuilt, Request, RequestRebuilder, Seen
 from controlplane.shadow.sampler import PrefixSampler
 from controlplane.shadow.selection import Reading
@@ -55,7 +60,6 @@ from controlplane.shadow.view import (
 
 log = logging.getLogger(__name__)
 
-WA = "wa"
 GATHER_EVENTS = 8192
 """Access events a worker's rebuilder gathers before it rebuilds them (every read drains
 it first): its vectorised passes cost about the same for a small batch as for this many."""
@@ -64,14 +68,19 @@ GUARD_MAX_INCOMPLETE_SHARE = 0.1
 lost, or an engine that reports a request's hits and its inserts apart) is left out of the
 guard: its sample is not its traffic. So is one whose heartbeat does not say it reports
 requests whole (SGLang's radix nodes; agents older than the field)."""
+CATCH_UP_UNDER_LOCK = 1024
+"""Sampled accesses that came while new miniatures warmed, at most, replayed into them
+with the lock held as they replace the old ones (about 1 us per access in each of the 20
+miniatures of the default settings: a few tens of milliseconds); more are replayed with
+the lock released first."""
+CATCH_UP_ROUNDS = 8
+"""Times new miniatures catch up with the lock released before the rest is replayed
+with it held (what comes during each round is less than the round replayed, unless the
+shadow cannot keep up with the traffic)."""
 
-
-@dataclass
-class _Ladder:
-    """One policy at every multiple of the worker's capacity."""
-
-    caches: list[MiniCache]
-    counts: list[WindowCounts]
+_Sizes = tuple[list[list[int]] | None, list[list[int]] | None]
+"""Each sampled request's miniature sizes per ladder step, for the worker's miniatures
+and for those warming (None: it has none)."""
 
 
 @dataclass
@@ -85,25 +94,46 @@ class _Worker:
     """The sample's share of its recent inflow: its miniatures' capacities."""
     runs: RunCounts
     """Its whole and incomplete runs over the window: whether it reports requests whole."""
-    capacity: int | None = None
-    ladders: dict[str, _Ladder] = field(default_factory=dict)
-    wa: list[WAPolicy] = field(default_factory=list)
-    wa_names: int = 0
-    """Category names the ``wa`` caches have been told."""
+    miniatures: Miniatures | None = None
+    """Its miniature caches at its capacity (None: its capacity is not known yet)."""
+    warming: Warming | None = None
+    """Its next miniatures, while they warm (``set_capacities``)."""
     requests: int = 0
     accesses: int = 0
     declares_whole: bool = True
     """What its heartbeat says of its requests (``AgentStatus.whole_requests``)."""
-    reuse_ghost: int | None = None
-    """The ghost of its reuse classes in blocks, None when it files no reuse classes
-    (``AgentStatus.reuse_classes``, ``reuse_ghost_blocks``)."""
     last_batch: float = 0.0
     """When its last batch came (monotonic clock)."""
-    curves_since: float | None = None
-    """From when its miniatures count (None: nothing served yet); its own hit ratio is
-    read from then on, over the span the curves cover."""
     buffer_dropped: bool = False
     """Whether its buffer ever let a sampled request go (it no longer holds them all)."""
+
+    @property
+    def capacity(self) -> int | None:
+        """Its capacity as its miniatures stand for it (None: not known yet)."""
+        return self.miniatures.capacity if self.miniatures is not None else None
+
+    @property
+    def reuse_ghost(self) -> int | None:
+        """The ghost of its reuse classes in blocks, None when it files no reuse classes
+        (``AgentStatus.reuse_classes``, ``reuse_ghost_blocks``) or its capacity is not
+        known yet."""
+        return self.miniatures.reuse_ghost if self.miniatures is not None else None
+
+    @property
+    def ladders(self) -> dict[str, Ladder]:
+        return self.miniatures.ladders if self.miniatures is not None else {}
+
+    @property
+    def curves_since(self) -> float | None:
+        """From when its miniatures count (None: nothing served yet); its own hit ratio is
+        read from then on, over the span the curves cover."""
+        return self.miniatures.curves_since if self.miniatures is not None else None
+
+    def target(self) -> tuple[int | None, int | None]:
+        """The capacity and reuse ghost its miniatures stand for, or will once warm."""
+        if self.warming is not None:
+            return self.warming.capacity, self.warming.reuse_ghost
+        return self.capacity, self.reuse_ghost
 
 
 class ShadowEvaluator:
@@ -159,21 +189,23 @@ class ShadowEvaluator:
         or of reuse classes starts that worker's miniature caches afresh, warmed with the
         window's sampled requests kept so far. What that worker gathered before is
         replayed first, as it stood (the curves do not depend on whether a read came
-        first); the others keep gathering."""
+        first); the others keep gathering. The new miniatures are warmed on this thread
+        with the lock released (``_warm``): until they replace the old ones, the old ones
+        serve and are read, and a worker new to a capacity waits (``waiting_workers``)."""
+        warmings: list[tuple[_Worker, Warming]] = []
         with self._lock:
             for worker_id, capacity in capacities.items():
                 worker = self._worker(worker_id)
                 if whole_requests is not None:
                     worker.declares_whole = whole_requests.get(worker_id, False)
-                ghost = worker.reuse_ghost
+                ghost = worker.target()[1]
                 if reuse_ghosts is not None:
                     ghost = reuse_ghosts.get(worker_id)
-                if capacity > 0 and (capacity, ghost) != (worker.capacity, worker.reuse_ghost):
+                if capacity > 0 and (capacity, ghost) != worker.target():
                     self._take_guarded(worker_id, worker, worker.rebuilder.drain)
-                    worker.reuse_ghost = ghost
-                    self._build_caches(worker, capacity)
-                    self._tell_categories(worker)
-                    self._warm(worker)
+                    warmings.append((worker, self._begin_warming(worker, capacity, ghost)))
+        for worker, warming in warmings:
+            self._warm(worker, warming)
 
     def set_policy(self, doc: PolicyDocument) -> None:
         """The published document the ``wa`` caches replay from now on (what was gathered
@@ -184,8 +216,10 @@ class ShadowEvaluator:
             self._drain()
             self._doc = doc
             for worker in self._workers.values():
-                for wa in worker.wa:
-                    wa.set_policy(doc)
+                if worker.miniatures is not None:
+                    worker.miniatures.set_policy(doc)
+                if worker.warming is not None:
+                    worker.warming.pending.append(doc)
 
     def forget_gone(self, live: set[str]) -> list[str]:
         """Drop the workers outside ``live`` (no heartbeat) that sent nothing for a whole
@@ -198,7 +232,7 @@ class ShadowEvaluator:
                 if worker_id not in live and now - worker.last_batch > self.settings.shadow_window_s
             ]
             for worker_id in gone:
-                del self._workers[worker_id]
+                self._workers.pop(worker_id).warming = None
         return gone
 
     def _worker(self, worker_id: str) -> _Worker:
@@ -216,38 +250,70 @@ class ShadowEvaluator:
             )
         return worker
 
-    def _build_caches(self, worker: _Worker, capacity: int) -> None:
-        worker.capacity = capacity
-        worker.share.horizon = round(capacity * max(self.multiples))
-        worker.ladders.clear()
-        worker.wa.clear()
-        worker.wa_names = 0
-        s = self.settings
-        sizes = [self.sampler.scaled(round(capacity * m)) for m in self.multiples]
-        for name in self.policies:
-            caches = [self._mini_cache(worker, name, size) for size in sizes]
-            counts = [WindowCounts(s.shadow_window_s, s.shadow_buckets) for _ in sizes]
-            worker.ladders[name] = _Ladder(caches, counts)
+    def _begin_warming(self, worker: _Worker, capacity: int, ghost: int | None) -> Warming:
+        """What new miniatures at ``capacity`` (and ``ghost``) are warmed from, as it stands
+        now (under the lock). They replay the window's requests still kept, at the sizes
+        the inflow share gives now. When the buffer has let some go, they are counted from
+        the first whole time bucket after the oldest kept (the workers' own hits are read
+        from there on, so both cover the same span; the requests before it only warm the
+        caches); else all of them."""
+        fulls = [round(capacity * m) for m in self.multiples]
+        # The share keeps the inflow both the old and the new miniatures are sized by.
+        worker.share.horizon = max(worker.share.horizon, max(fulls))
+        requests = list(worker.buffer)
+        counted_from = None
+        if requests and worker.buffer_dropped:
+            bucket_s = self.settings.shadow_window_s / self.settings.shadow_buckets
+            counted_from = (math.floor(requests[0].ts / bucket_s) + 1) * bucket_s
+        worker.warming = Warming(
+            capacity,
+            ghost,
+            nominal=[self.sampler.scaled(full) for full in fulls],
+            sizes=[worker.share.capacity(full) for full in fulls],
+            doc=self._doc,
+            names=list(self.table.names),
+            requests=requests,
+            curves_since=counted_from,
+        )
+        return worker.warming
 
-    def _mini_cache(self, worker: _Worker, name: str, size: int) -> MiniCache:
-        """``name`` at ``size`` blocks; ``wa`` files by reuse class as the worker does,
-        with a ghost of the worker's share (its ghost over its capacity)."""
-        if name != WA:
-            return MiniCache(create(name, size), size)
-        wa = WAPolicy(size, category_names=self.table.names, doc=self._doc)
-        worker.wa.append(wa)
-        worker.wa_names = len(self.table.names)
-        ghost = _ghost_share(worker, size)
-        if ghost is None or worker.reuse_ghost is None or not worker.capacity:
-            return MiniCache(wa, size)
-        per_block = worker.reuse_ghost / worker.capacity
-        classing = ReuseClassing(ReturnTracker(ghost), self.table.reuse_class_code, per_block)
-        return MiniCache(wa, size, classing)
+    def _warm(self, worker: _Worker, warming: Warming) -> None:
+        """Warm ``warming`` with the lock released, catch it up on what came meanwhile
+        (with the lock released while more than ``CATCH_UP_UNDER_LOCK`` accesses wait, at
+        most ``CATCH_UP_ROUNDS`` times), then put it in the old miniatures' place, unless
+        a later change (or forgetting the worker) put it aside. A failure puts it aside
+        too (the next heartbeat starts another) and is raised."""
+        try:
+            # Off the lock, the new miniatures read only what is theirs, and the category
+            # table's codes, which are only ever added to.
+            warming.warm(self.settings, self.table.reuse_class_code)
+            for rounds in range(CATCH_UP_ROUNDS + 1):
+                with self._lock:
+                    if worker.warming is not warming:
+                        return
+                    last = rounds == CATCH_UP_ROUNDS
+                    if last or warming.pending_accesses() <= CATCH_UP_UNDER_LOCK:
+                        self._install(worker, warming)
+                        return
+                    items, warming.pending = warming.pending, []
+                    names = list(self.table.names)
+                warming.catch_up(items, names)
+        except BaseException:
+            with self._lock:
+                if worker.warming is warming:
+                    worker.warming = None
+            raise
+
+    def _install(self, worker: _Worker, warming: Warming) -> None:
+        """``warming``, caught up on what is left, in place of the worker's miniatures."""
+        warming.catch_up(warming.pending, self.table.names)
+        worker.miniatures, worker.warming = warming.miniatures, None
+        worker.share.horizon = round(warming.capacity * max(self.multiples))
 
     def _take(self, worker: _Worker, rebuilt: Rebuilt) -> None:
         worker.requests += rebuilt.requests
         worker.accesses += rebuilt.accesses
-        sizes = None
+        sizes: _Sizes = (None, None)
         if rebuilt.seen is not None and len(rebuilt.seen.ts):
             worker.seen_all.add_many(rebuilt.seen.ts, rebuilt.seen.hits, rebuilt.seen.accesses)
             self._clock = max(self._clock, float(rebuilt.seen.ts.max()))
@@ -259,75 +325,32 @@ class ShadowEvaluator:
         if self._first < 0:
             self._first = rebuilt.sampled[0].ts
         self._keep(worker, rebuilt.sampled)
-        if worker.capacity is None:
-            return
-        self._tell_categories(worker)
-        self._serve(worker, rebuilt.sampled, sizes)
+        if worker.warming is not None:
+            worker.warming.pending.append(Served(rebuilt.sampled, sizes[1]))
+        if worker.miniatures is not None:
+            worker.miniatures.tell_categories(self.table.names)
+            worker.miniatures.serve(rebuilt.sampled, sizes[0])
 
-    def _sizes_on_arrival(
-        self, worker: _Worker, seen: Seen, sampled: list[Request]
-    ) -> list[list[int]] | None:
+    def _sizes_on_arrival(self, worker: _Worker, seen: Seen, sampled: list[Request]) -> _Sizes:
         """Tell the worker's inflow share every request's inflow, in order, and return
         each sampled request's miniature sizes (per ladder step) as the share stands once
-        it is in (``InflowShare.tell``; None: the capacity is not known)."""
-        capacity = worker.capacity
-        fulls = [round((capacity or 0) * m) for m in self.multiples]
+        it is in (``InflowShare.tell``), for its miniatures and for those warming (None:
+        it has none)."""
+        warming = worker.warming
+        capacities = [worker.capacity, warming.capacity if warming is not None else None]
+        fulls = [round(c * m) for c in capacities if c is not None for m in self.multiples]
         sizes = worker.share.tell(
             seen.accesses - seen.hits,
             seen.sampled,
             [len(r.blocks) - r.seen_hits for r in sampled],
-            fulls if capacity is not None else [],
+            fulls,
         )
-        return sizes if capacity is not None else None
-
-    def _resize(self, worker: _Worker) -> None:
-        """Every miniature sized by the sample's share of the inflow its full-size cache
-        holds (``controlplane.shadow.inflow``)."""
-        if worker.capacity is None:
-            return
-        for step, multiple in enumerate(self.multiples):
-            size = worker.share.capacity(round(worker.capacity * multiple))
-            for ladder in worker.ladders.values():
-                ladder.caches[step].resize(size)
-
-    def _warm(self, worker: _Worker) -> None:
-        """New miniatures replay the window's requests still kept. When the buffer has let
-        some go, they are counted from the first whole time bucket after the oldest kept
-        (the workers' own hits are read from there on, so both cover the same span; the
-        requests before it only warm the caches); else all of them."""
-        requests = list(worker.buffer)
-        worker.curves_since = None
-        if requests and worker.buffer_dropped:
-            bucket_s = self.settings.shadow_window_s / self.settings.shadow_buckets
-            worker.curves_since = (math.floor(requests[0].ts / bucket_s) + 1) * bucket_s
-        self._serve(worker, requests)
-
-    def _serve(
-        self, worker: _Worker, requests: list[Request], sizes: list[list[int]] | None = None
-    ) -> None:
-        """Every request through every miniature, each sized as ``sizes`` says for it (None:
-        all at the share's present sizes)."""
-        if not requests:
-            return
-        if worker.curves_since is None:
-            worker.curves_since = requests[0].ts
-        counted_from = worker.curves_since
-        if sizes is None:
-            self._resize(worker)
-        for ladder in worker.ladders.values():
-            for step, (cache, counts) in enumerate(zip(ladder.caches, ladder.counts, strict=True)):
-                for i, request in enumerate(requests):
-                    if sizes is not None:
-                        cache.resize(sizes[i][step])
-                    hits = cache.serve(request)
-                    if request.ts >= counted_from:
-                        counts.add(
-                            request.ts,
-                            hits,
-                            len(request.blocks),
-                            request.seen_hits,
-                            request.subtree,
-                        )
+        steps, at = len(self.multiples), 0
+        parts: list[list[list[int]] | None] = []
+        for capacity in capacities:
+            parts.append(None if capacity is None else [s[at : at + steps] for s in sizes])
+            at += 0 if capacity is None else steps
+        return parts[0], parts[1]
 
     def _keep(self, worker: _Worker, requests: Iterable[Request]) -> None:
         buffer = worker.buffer
@@ -336,14 +359,6 @@ class ShadowEvaluator:
         while buffer and (len(buffer) > self.settings.shadow_max_requests or buffer[0].ts < oldest):
             buffer.popleft()
             worker.buffer_dropped = True
-
-    def _tell_categories(self, worker: _Worker) -> None:
-        names = self.table.names
-        if worker.wa_names < len(names):
-            for wa in worker.wa:
-                for name in names[worker.wa_names :]:
-                    wa.add_category(name)
-            worker.wa_names = len(names)
 
     def _drain(self) -> None:
         """Replay what every worker's rebuilder has gathered (before any read)."""
@@ -494,7 +509,11 @@ class ShadowEvaluator:
 
     def _guard_work(self, worker: _Worker, max_accesses: int) -> GuardWork:
         size = worker.share.capacity(worker.capacity or 0)
-        return GuardWork(size, _newest(worker.buffer, max_accesses), _ghost_share(worker, size))
+        return GuardWork(
+            size,
+            _newest(worker.buffer, max_accesses),
+            ghost_share(worker.capacity or 0, worker.reuse_ghost, size),
+        )
 
 
 def _whole(worker: _Worker, now: float) -> bool:
@@ -544,13 +563,6 @@ class GuardWork:
     requests: list[Request]
     reuse_ghost: int | None = None
     """The miniature's ghost of reuse classes, None when the worker files none."""
-
-
-def _ghost_share(worker: _Worker, size: int) -> int | None:
-    """A miniature of ``size`` blocks' ghost: the worker's ghost-to-capacity share."""
-    if worker.reuse_ghost is None or not worker.capacity:
-        return None
-    return round(size * worker.reuse_ghost / worker.capacity)
 
 
 def compare(

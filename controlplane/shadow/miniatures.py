@@ -1,0 +1,199 @@
+"""A worker's miniature caches at one capacity, and new ones warmed while the old serve on.
+
+Owns ``Miniatures`` (every policy at every ladder step, each with its window's counts)
+and ``Warming`` (a worker's next miniatures: built and warmed with the window's kept
+requests off the evaluator's lock, then caught up on what came meanwhile, in the order it
+came, until they replace the old). A warm replays up to the whole buffer of kept requests
+through every miniature, seconds on a busy host; what comes meanwhile is recorded by the
+evaluator (under its lock) as it serves the old miniatures, and replayed here in order,
+so the new miniatures end as if they had been warmed at once when the warm began and
+served everything after. It must never take the evaluator's lock, rebuild requests or
+read a worker's stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from agent.policies import create
+from agent.policies.wa import WAPolicy
+from agent.policy_document import PolicyDocument
+from agent.reuse_classes import ReturnTracker
+from controlplane.shadow.estimator import MiniCache, ReuseClassing, WindowCounts
+from controlplane.shadow.rebuild import Request
+from controlplane.shadow.settings import ShadowSettings
+
+WA = "wa"
+
+
+@dataclass
+class Ladder:
+    """One policy at every multiple of the worker's capacity."""
+
+    caches: list[MiniCache]
+    counts: list[WindowCounts]
+
+
+@dataclass(frozen=True)
+class Served:
+    """Sampled requests that came while new miniatures warmed, each with its size per
+    ladder step at the new capacity, as it stood once that request was in."""
+
+    requests: list[Request]
+    sizes: list[list[int]] | None
+
+
+CatchUp = Served | PolicyDocument
+"""What came while new miniatures warmed: requests, or a new document for ``wa``."""
+
+
+def ghost_share(capacity: int, reuse_ghost: int | None, size: int) -> int | None:
+    """A miniature of ``size`` blocks' ghost: the worker's ghost-to-capacity share (None:
+    the worker files no reuse classes)."""
+    if reuse_ghost is None or not capacity:
+        return None
+    return round(size * reuse_ghost / capacity)
+
+
+class Miniatures:
+    """Every policy at every ladder step of one worker at one ``capacity`` (each cache
+    built at its nominal size, ``sizes``; the first request served resizes it), ``wa``
+    replaying ``doc`` with the category ``names`` known so far."""
+
+    def __init__(
+        self,
+        capacity: int,
+        reuse_ghost: int | None,
+        sizes: list[int],
+        doc: PolicyDocument,
+        names: Sequence[str],
+        settings: ShadowSettings,
+        reuse_class_code: Callable[[int], int],
+    ) -> None:
+        self.capacity = capacity
+        self.reuse_ghost = reuse_ghost
+        """The ghost of its reuse classes in blocks (None: it files none)."""
+        self.ladders: dict[str, Ladder] = {}
+        self.wa: list[WAPolicy] = []
+        self.names = len(names)
+        """Category names the ``wa`` caches have been told."""
+        self.curves_since: float | None = None
+        """From when its caches count (None: nothing served yet)."""
+        self._reuse_class_code = reuse_class_code
+        window, buckets = settings.shadow_window_s, settings.shadow_buckets
+        for name in (WA, *settings.baselines):
+            caches = [self._cache(name, size, doc, names) for size in sizes]
+            counts = [WindowCounts(window, buckets) for _ in sizes]
+            self.ladders[name] = Ladder(caches, counts)
+
+    def _cache(self, name: str, size: int, doc: PolicyDocument, names: Sequence[str]) -> MiniCache:
+        """``name`` at ``size`` blocks; ``wa`` files by reuse class as the worker does,
+        with a ghost of the worker's share (its ghost over its capacity)."""
+        if name != WA:
+            return MiniCache(create(name, size), size)
+        wa = WAPolicy(size, category_names=names, doc=doc)
+        self.wa.append(wa)
+        ghost = ghost_share(self.capacity, self.reuse_ghost, size)
+        if ghost is None or self.reuse_ghost is None:
+            return MiniCache(wa, size)
+        per_block = self.reuse_ghost / self.capacity
+        classing = ReuseClassing(ReturnTracker(ghost), self._reuse_class_code, per_block)
+        return MiniCache(wa, size, classing)
+
+    def tell_categories(self, names: Sequence[str]) -> None:
+        """The ``wa`` caches learn the category names beyond those they were told."""
+        for wa in self.wa:
+            for name in names[self.names :]:
+                wa.add_category(name)
+        self.names = max(self.names, len(names))
+
+    def set_policy(self, doc: PolicyDocument) -> None:
+        """The document the ``wa`` caches replay from the next request on."""
+        for wa in self.wa:
+            wa.set_policy(doc)
+
+    def resize(self, sizes: list[int]) -> None:
+        """Every cache at its step's size of ``sizes``."""
+        for ladder in self.ladders.values():
+            for cache, size in zip(ladder.caches, sizes, strict=True):
+                cache.resize(size)
+
+    def serve(self, requests: list[Request], sizes: list[list[int]] | None = None) -> None:
+        """Every request through every cache, each sized as ``sizes`` says for it (None:
+        as they stand), counted from ``curves_since`` on (the first request's time, if
+        not set before)."""
+        if not requests:
+            return
+        if self.curves_since is None:
+            self.curves_since = requests[0].ts
+        counted_from = self.curves_since
+        for ladder in self.ladders.values():
+            for step, (cache, counts) in enumerate(zip(ladder.caches, ladder.counts, strict=True)):
+                for i, request in enumerate(requests):
+                    if sizes is not None:
+                        cache.resize(sizes[i][step])
+                    hits = cache.serve(request)
+                    if request.ts >= counted_from:
+                        counts.add(
+                            request.ts,
+                            hits,
+                            len(request.blocks),
+                            request.seen_hits,
+                            request.subtree,
+                        )
+
+
+@dataclass
+class Warming:
+    """A worker's next miniatures, from what the evaluator handed over when it began:
+    the new capacity and ghost, its caches' nominal sizes and their sizes for the kept
+    requests (the inflow share as it stood), the document in force, the category names
+    known and the kept requests, counted from ``curves_since`` (None: all)."""
+
+    capacity: int
+    reuse_ghost: int | None
+    nominal: list[int]
+    sizes: list[int]
+    doc: PolicyDocument
+    names: list[str]
+    requests: list[Request]
+    curves_since: float | None
+    pending: list[CatchUp] = field(default_factory=list)
+    """What came since it began and is not caught up yet (the evaluator appends)."""
+    miniatures: Miniatures | None = None
+
+    def pending_accesses(self) -> int:
+        """Accesses of the requests still to catch up."""
+        served = (item for item in self.pending if isinstance(item, Served))
+        return sum(len(request.blocks) for item in served for request in item.requests)
+
+    def warm(self, settings: ShadowSettings, reuse_class_code: Callable[[int], int]) -> None:
+        """Build the new miniatures and replay the kept requests through them (the long
+        part: the evaluator runs it off its lock)."""
+        miniatures = Miniatures(
+            self.capacity,
+            self.reuse_ghost,
+            self.nominal,
+            self.doc,
+            self.names,
+            settings,
+            reuse_class_code,
+        )
+        miniatures.curves_since = self.curves_since
+        if self.requests:
+            miniatures.resize(self.sizes)
+            miniatures.serve(self.requests)
+        self.miniatures = miniatures
+
+    def catch_up(self, items: list[CatchUp], names: Sequence[str]) -> None:
+        """Replay ``items`` in order; ``names``: the category names known by then."""
+        miniatures = self.miniatures
+        if miniatures is None:
+            raise RuntimeError("catch_up before warm")
+        miniatures.tell_categories(names)
+        for item in items:
+            if isinstance(item, Served):
+                miniatures.serve(item.requests, item.sizes)
+            else:
+                miniatures.set_policy(item)

@@ -1,0 +1,150 @@
+"""The shadow's new miniatures are warmed with the window's kept requests while ingest and
+reads go on: neither waits behind the warm, and the curves come out as if the warm had
+held everything else back."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from agent.policy_document import PolicyDocument
+from agent.wire import EventBatch
+from controlplane.shadow.estimator import MiniCache
+from controlplane.shadow.evaluator import ShadowEvaluator
+from controlplane.shadow.rebuild import Request
+from controlplane.shadow.settings import ShadowSettings
+from controlplane.traces.model import Trace
+from controlplane.traces.synth import synthesize
+from tests.agent_stream import agent_batches, fitted_document
+
+Step = Callable[[ShadowEvaluator], None]
+
+LONGEST_WAIT_S = 1.0
+"""What a read or a batch may wait while a warm runs: the warm below holds every sampled
+access of 15 minutes of traffic (about 320,000) for each of 20 miniatures, several seconds
+on a development machine, which is how long each waited when one lock was held through
+it; a read or a batch alone takes milliseconds to a few tens of them."""
+
+
+@pytest.fixture(scope="module")
+def trace() -> Trace:
+    return synthesize("to-c", duration_s=900, qps=3, seed=7)
+
+
+def _settings(trace: Trace) -> ShadowSettings:
+    """Every request sampled and kept, in one window: the longest warm the trace gives."""
+    return ShadowSettings(
+        shadow_rate=1.0,
+        shadow_window_s=1e9,
+        shadow_buckets=1,
+        shadow_max_requests=trace.n_requests,
+    )
+
+
+def _warm_started(monkeypatch: pytest.MonkeyPatch, warm: threading.Thread) -> threading.Event:
+    """Set once ``warm`` serves its first request to a miniature."""
+    started = threading.Event()
+    serve = MiniCache.serve
+
+    def serving(cache: MiniCache, request: Request) -> int:
+        if threading.current_thread() is warm:
+            started.set()
+        return serve(cache, request)
+
+    monkeypatch.setattr(MiniCache, "serve", serving)
+    return started
+
+
+def _timed(call: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def _steps(batches: list[EventBatch], doc: PolicyDocument) -> list[Step]:
+    """``batches`` applied in turn, ``doc`` published after the fifth."""
+
+    def apply(batch: EventBatch) -> Step:
+        return lambda shadow: shadow.apply(batch)
+
+    steps = [apply(batch) for batch in batches]
+    steps.insert(5, lambda shadow: shadow.set_policy(doc))
+    return steps
+
+
+@pytest.mark.slow
+def test_reads_and_batches_do_not_wait_behind_a_warm(
+    trace: Trace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's capacity comes once the window holds most of the trace: its miniatures
+    are warmed with all of it on one thread while another applies batches, reads the view
+    and publishes a document. Each returns within ``LONGEST_WAIT_S``, during the warm, and
+    the curves equal those of the same calls made one after another."""
+    capacity = trace.capacity_for(0.1)
+    batches = agent_batches(trace, capacity, batch_events=1000)
+    before = len(batches) * 3 // 4
+    steps = _steps(batches[before:], fitted_document(trace))
+    shadow = ShadowEvaluator(_settings(trace))
+    for batch in batches[:before]:
+        shadow.apply(batch)
+    warmed = threading.Event()
+
+    def set_capacity() -> None:
+        shadow.set_capacities({"w1": capacity})
+        warmed.set()
+
+    warm = threading.Thread(target=set_capacity)
+    started = _warm_started(monkeypatch, warm)
+    warm.start()
+    assert started.wait(60)
+    waits = []
+    for step in steps:
+        if warmed.is_set():
+            step(shadow)
+        else:
+            waits += [_timed(lambda: step(shadow)), _timed(shadow.view)]  # noqa: B023
+    warm.join()
+    assert max(waits) < LONGEST_WAIT_S, waits
+    assert len(waits) >= 6, "the warm ended before three batches and reads were timed"
+    shadow.flush("w1")
+
+    one_by_one = ShadowEvaluator(_settings(trace))
+    for batch in batches[:before]:
+        one_by_one.apply(batch)
+    one_by_one.set_capacities({"w1": capacity})
+    for step in steps:
+        step(one_by_one)
+    one_by_one.flush("w1")
+    assert shadow.view().groups == one_by_one.view().groups
+
+
+def test_a_warm_that_fails_is_put_aside_and_the_next_heartbeat_warms_again(
+    trace: Trace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The failure is raised to the caller; the worker keeps waiting (no half-warmed
+    miniatures are shown, ingest goes on), and the same capacity warms again later."""
+    capacity = trace.capacity_for(0.1)
+    batches = agent_batches(trace, capacity, batch_events=1000)[:40]
+    shadow = ShadowEvaluator(ShadowSettings(shadow_rate=0.2))
+    for batch in batches[:20]:
+        shadow.apply(batch)
+
+    def failing(cache: MiniCache, request: Request) -> int:
+        raise ValueError("a replay that fails")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(MiniCache, "serve", failing)
+        with pytest.raises(ValueError, match="a replay that fails"):
+            shadow.set_capacities({"w1": capacity})
+        for batch in batches[20:30]:
+            shadow.apply(batch)
+        view = shadow.view()
+        assert view.waiting_workers == ["w1"] and not view.groups
+    shadow.set_capacities({"w1": capacity})
+    for batch in batches[30:]:
+        shadow.apply(batch)
+    (group,) = shadow.view().groups
+    assert group.workers == ["w1"] and group.sampled_accesses > 0
