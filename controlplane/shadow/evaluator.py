@@ -13,8 +13,9 @@ are grouped by capacity; a worker whose capacity is not known yet (no heartbeat 
 its requests counted and kept for later, not replayed. Its cost is bounded by the rate:
 unsampled requests cost a few vectorised passes over the gathered events. A failure in
 any of it loses those events to the shadow only (logged once per kind). One lock guards
-its state, and no call holds it for more than one gather's work (``GATHER_EVENTS`` per
-worker) or a bounded catch-up (``CATCH_UP_UNDER_LOCK``): a worker's new miniatures
+its state, granted in turn (``FairLock``), and no hold does more than one worker's
+gather (``GATHER_EVENTS``; a read replays each worker's in a hold of its own) or a
+bounded catch-up (``CATCH_UP_UNDER_LOCK``): a worker's new miniatures
 (``set_capacities``) are built and warmed with the window's kept requests on the
 caller's thread with the lock released, and replace the old ones once caught up on what
 came meanwhile (``miniatures.Warming``), so a batch or a read never waits behind a warm.
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -43,6 +43,7 @@ from controlplane.shadow.estimator import (
     Totals,
     WindowCounts,
 )
+from controlplane.shadow.fair_lock import FairLock
 from controlplane.shadow.inflow import InflowShare
 from controlplane.shadow.miniatures import WA, Ladder, Miniatures, Served, Warming, ghost_share
 from controlplane.shadow.rebuild import CategoryTable, Rebuilt, Request, RequestRebuilder, Seen
@@ -150,7 +151,7 @@ class ShadowEvaluator:
         self._clock = 0.0
         self._first = -1.0  # time of the first sampled request (-1: none yet)
         self._guard = NOT_JUDGED
-        self._lock = threading.Lock()
+        self._lock = FairLock()
         self._failed: set[str] = set()  # kinds of failure logged
 
     # --- input ---------------------------------------------------------------------------
@@ -173,10 +174,9 @@ class ShadowEvaluator:
         """``flush`` every worker that sent nothing for ``idle_s`` seconds: a request is
         not left waiting for a batch that may never come."""
         now = time.monotonic()
-        with self._lock:
-            for worker_id, worker in self._workers.items():
-                if now - worker.last_batch >= idle_s:
-                    self._take_guarded(worker_id, worker, worker.rebuilder.flush)
+        self._apart(
+            lambda worker: worker.rebuilder.flush if now - worker.last_batch >= idle_s else None
+        )
 
     def set_capacities(
         self,
@@ -189,22 +189,22 @@ class ShadowEvaluator:
         or of reuse classes starts that worker's miniature caches afresh, warmed with the
         window's sampled requests kept so far. What that worker gathered before is
         replayed first, as it stood (the curves do not depend on whether a read came
-        first); the others keep gathering. The new miniatures are warmed on this thread
-        with the lock released (``_warm``): until they replace the old ones, the old ones
-        serve and are read, and a worker new to a capacity waits (``waiting_workers``)."""
-        warmings: list[tuple[_Worker, Warming]] = []
-        with self._lock:
-            for worker_id, capacity in capacities.items():
+        first); the others keep gathering. The new miniatures are warmed on this thread,
+        one worker after another, with the lock released (``_warm``): until they replace
+        the old ones, the old ones serve and are read, and a worker new to a capacity
+        waits (``waiting_workers``)."""
+        for worker_id, capacity in capacities.items():
+            with self._lock:
                 worker = self._worker(worker_id)
                 if whole_requests is not None:
                     worker.declares_whole = whole_requests.get(worker_id, False)
                 ghost = worker.target()[1]
                 if reuse_ghosts is not None:
                     ghost = reuse_ghosts.get(worker_id)
-                if capacity > 0 and (capacity, ghost) != worker.target():
-                    self._take_guarded(worker_id, worker, worker.rebuilder.drain)
-                    warmings.append((worker, self._begin_warming(worker, capacity, ghost)))
-        for worker, warming in warmings:
+                if capacity <= 0 or (capacity, ghost) == worker.target():
+                    continue
+                self._take_guarded(worker_id, worker, worker.rebuilder.drain)
+                warming = self._begin_warming(worker, capacity, ghost)
             self._warm(worker, warming)
 
     def set_policy(self, doc: PolicyDocument) -> None:
@@ -213,7 +213,9 @@ class ShadowEvaluator:
         with self._lock:
             if doc.version == self._doc.version and doc.created_at == self._doc.created_at:
                 return
-            self._drain()
+        self._drain_apart()
+        with self._lock:
+            self._drain()  # what came since: little
             self._doc = doc
             for worker in self._workers.values():
                 if worker.miniatures is not None:
@@ -361,9 +363,24 @@ class ShadowEvaluator:
             worker.buffer_dropped = True
 
     def _drain(self) -> None:
-        """Replay what every worker's rebuilder has gathered (before any read)."""
+        """Replay what every worker's rebuilder has gathered (the lock held)."""
         for worker_id, worker in self._workers.items():
             self._take_guarded(worker_id, worker, worker.rebuilder.drain)
+
+    def _drain_apart(self) -> None:
+        """Replay what every worker's rebuilder has gathered (before a read)."""
+        self._apart(lambda worker: worker.rebuilder.drain)
+
+    def _apart(self, rebuild: Callable[[_Worker], Callable[[], Rebuilt] | None]) -> None:
+        """``_take`` what ``rebuild`` says for each worker (None: nothing), one worker per
+        hold of the lock: a batch waits for one worker's gather, not every worker's."""
+        with self._lock:
+            workers = list(self._workers.items())
+        for worker_id, worker in workers:
+            with self._lock:
+                chosen = rebuild(worker)
+                if chosen is not None and self._workers.get(worker_id) is worker:
+                    self._take_guarded(worker_id, worker, chosen)
 
     def _take_guarded(
         self, worker_id: str, worker: _Worker, rebuild: Callable[[], Rebuilt]
@@ -381,8 +398,8 @@ class ShadowEvaluator:
     # --- output --------------------------------------------------------------------------
     def view(self) -> ShadowView:
         """Every group's curves over the window ending at the newest sampled request."""
+        self._drain_apart()
         with self._lock:
-            self._drain()
             groups: dict[int, list[tuple[str, _Worker]]] = {}
             waiting = []
             for worker_id, worker in sorted(self._workers.items()):
@@ -447,8 +464,8 @@ class ShadowEvaluator:
 
     def miniatures(self, worker_id: str) -> list[MiniCache]:
         """Every miniature cache of ``worker_id`` (none before its capacity is known)."""
+        self._drain_apart()
         with self._lock:
-            self._drain()
             worker = self._workers.get(worker_id)
             if worker is None:
                 return []
@@ -471,8 +488,8 @@ class ShadowEvaluator:
         if multiple not in self.multiples:
             raise ValueError(f"{multiple} is not on the ladder {self.multiples}")
         step = self.multiples.index(multiple)
+        self._drain_apart()
         with self._lock:
-            self._drain()
             now = self._clock
             whole = [w for w in self._workers.values() if w.capacity is not None and _whole(w, now)]
             seen_ratio = self._own_ratio(whole)
@@ -493,8 +510,8 @@ class ShadowEvaluator:
         """Replay the window's sampled requests through ``candidate`` and ``in_force``
         (each worker's at its capacity, from cold) and say whether ``candidate`` may be
         published; the verdict is also kept for ``view``."""
+        self._drain_apart()
         with self._lock:
-            self._drain()
             names = tuple(self.table.names)
             limit = self.settings.guard_max_accesses
             known = [w for w in self._workers.values() if w.capacity is not None and w.buffer]

@@ -20,6 +20,7 @@ import argparse
 import sys
 import threading
 import time
+from contextlib import AbstractContextManager
 from types import TracebackType
 
 from controlplane.shadow.evaluator import ShadowEvaluator
@@ -29,16 +30,16 @@ from tests.agent_stream import agent_batches
 
 
 class TimedLock:
-    """A lock that times each hold, by the name of the function that took it."""
+    """``lock``, each hold timed, by the name of the function that took it."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
+    def __init__(self, lock: AbstractContextManager[object]) -> None:
+        self._lock = lock
         self._since = 0.0
         self._holder = ""
         self.holds: dict[str, list[float]] = {}
 
     def __enter__(self) -> None:
-        self._lock.acquire()
+        self._lock.__enter__()
         self._since = time.perf_counter()
         self._holder = sys._getframe(1).f_code.co_name
 
@@ -47,7 +48,7 @@ class TimedLock:
     ) -> None:
         held = time.perf_counter() - self._since
         self.holds.setdefault(self._holder, []).append(held)
-        self._lock.release()
+        self._lock.__exit__(kind, exc, tb)
 
 
 def _timed(call: object, waits: list[float]) -> None:
@@ -67,7 +68,7 @@ def run(duration: float, kept: float, rate: float) -> None:
         shadow_max_requests=trace.n_requests,
     )
     shadow = ShadowEvaluator(settings)
-    lock = TimedLock()
+    lock = TimedLock(shadow._lock)
     shadow._lock = lock  # type: ignore[assignment]
     before = int(len(batches) * kept)
     for batch in batches[:before]:
@@ -82,9 +83,9 @@ def run(duration: float, kept: float, rate: float) -> None:
     rest = iter(batches[before:])
     while warm.is_alive():
         _timed(shadow.view, waits["view"])
-        batch = next(rest, None)
-        if batch is not None:
-            _timed(lambda: shadow.apply(batch), waits["apply"])  # noqa: B023
+        upcoming = next(rest, None)
+        if upcoming is not None:
+            _timed(lambda: shadow.apply(upcoming), waits["apply"])  # noqa: B023
         time.sleep(0.01)
     warm.join()
     took = time.perf_counter() - start

@@ -1,9 +1,11 @@
-"""The shadow's new miniatures are warmed with the window's kept requests while ingest and
-reads go on: neither waits behind the warm, and the curves come out as if the warm had
-held everything else back."""
+"""The shadow's long work is done while ingest and reads go on: new miniatures are warmed
+with the window's kept requests (the curves come out as if the warm had held everything
+else back), and a read replays what each worker gathered one worker at a time; neither
+keeps a batch or a read waiting behind all of it."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -14,7 +16,7 @@ from agent.policy_document import PolicyDocument
 from agent.wire import EventBatch
 from controlplane.shadow.estimator import MiniCache
 from controlplane.shadow.evaluator import ShadowEvaluator
-from controlplane.shadow.rebuild import Request
+from controlplane.shadow.rebuild import Rebuilt, Request, RequestRebuilder
 from controlplane.shadow.settings import ShadowSettings
 from controlplane.traces.model import Trace
 from controlplane.traces.synth import synthesize
@@ -23,10 +25,11 @@ from tests.agent_stream import agent_batches, fitted_document
 Step = Callable[[ShadowEvaluator], None]
 
 LONGEST_WAIT_S = 1.0
-"""What a read or a batch may wait while a warm runs: the warm below holds every sampled
-access of 15 minutes of traffic (about 320,000) for each of 20 miniatures, several seconds
-on a development machine, which is how long each waited when one lock was held through
-it; a read or a batch alone takes milliseconds to a few tens of them."""
+"""What a read or a batch may wait while long work runs: a warm with every sampled access
+of 15 minutes of traffic (about 320,000) for each of 20 miniatures, or a read replaying
+what 80 workers gathered, each takes seconds on a development machine, which is how long
+a batch waited when the lock was held through all of it; one hold now lasts milliseconds
+to a few tens of them."""
 
 
 @pytest.fixture(scope="module")
@@ -148,3 +151,43 @@ def test_a_warm_that_fails_is_put_aside_and_the_next_heartbeat_warms_again(
         shadow.apply(batch)
     (group,) = shadow.view().groups
     assert group.workers == ["w1"] and group.sampled_accesses > 0
+
+
+@pytest.mark.slow
+def test_a_batch_waits_for_one_workers_gather_not_every_workers_during_a_read(
+    trace: Trace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """80 workers have each gathered 7,000 events; a read replays them all (about two
+    seconds on a development machine, at a rate of 0.5) while a batch comes: it waits for
+    one worker's replay at most, tens of milliseconds."""
+    capacity = trace.capacity_for(0.1)
+    batches = agent_batches(trace, capacity, batch_events=1000)[:8]
+    shadow = ShadowEvaluator(ShadowSettings(shadow_rate=0.5))
+    workers = [f"w{i}" for i in range(80)]
+    shadow.set_capacities(dict.fromkeys(workers, capacity))
+    for worker in workers:
+        for batch in batches[:7]:
+            shadow.apply(dataclasses.replace(batch, worker=worker))
+    read_done = threading.Event()
+
+    def read() -> None:
+        shadow.view()
+        read_done.set()
+
+    reader = threading.Thread(target=read)
+    draining = threading.Event()
+    drain = RequestRebuilder.drain
+
+    def signalling(rebuilder: RequestRebuilder) -> Rebuilt:
+        if threading.current_thread() is reader:
+            draining.set()
+        return drain(rebuilder)
+
+    monkeypatch.setattr(RequestRebuilder, "drain", signalling)
+    reader.start()
+    assert draining.wait(60)
+    wait = _timed(lambda: shadow.apply(dataclasses.replace(batches[7], worker="late")))
+    overlapped = not read_done.is_set()
+    reader.join()
+    assert wait < LONGEST_WAIT_S, wait
+    assert overlapped, "the read ended before the batch came"
