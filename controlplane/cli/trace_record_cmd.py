@@ -3,7 +3,8 @@
 Owns the command's options and the checks on them (settings, Redis URL, key prefix, a
 file created beside the output, Redis answering, workers to record), the recording loop's
 timing (until ``--duration``, ``--max-requests`` or SIGINT/SIGTERM, then what was gathered
-is written to that file and renamed to the output), status lines on stderr, the one-line
+is written to that file and renamed to the output; without ``--worker``, a look for workers
+started since every ``NEW_WORKERS_EVERY_S``), status lines on stderr, the one-line
 summary on stdout and the exit codes (2: nothing could start; 1: Redis failed mid-run,
 after writing what was gathered, or no whole request was seen). Tailing the streams is
 ``controlplane.service.trace_recording``; the trace is ``controlplane.traces.recorded``,
@@ -39,7 +40,12 @@ if TYPE_CHECKING:
     from agent.settings import AgentSettings
     from agent.wire import Keys
     from controlplane.cli.signals import SignalFlag
-    from controlplane.service.trace_recording import RecordedRequest, StreamTail
+    from controlplane.service.trace_recording import (
+        NewWorkers,
+        RecordedRequest,
+        StreamTail,
+        WorkerChoice,
+    )
     from controlplane.traces.recorded import RecordedRequests
 
 MAX_REQUESTS = 100_000
@@ -49,6 +55,10 @@ the end, about 12 KiB for one of 143 blocks (2,300 tokens) half of them new, so 
 
 IDLE_WAIT_S = 0.1
 """Wait after a read that found nothing new, before reading again."""
+
+NEW_WORKERS_EVERY_S = 2.0
+"""Seconds between two looks for workers started since the recording did (one ``SCAN`` of
+the heartbeat keys each; without ``--worker`` only)."""
 
 _OPTION_OF_FIELD = {"redis_url": "--redis-url", "key_prefix": "--key-prefix"}
 
@@ -65,7 +75,8 @@ WorkerOpt = Annotated[
     typer.Option(
         "--worker",
         metavar="ID",
-        help="Record this worker (repeatable) [default: every worker with a heartbeat]",
+        help="Record this worker (repeatable) [default: every worker with a heartbeat, and "
+        "those that start while it records]",
     ),
 ]
 MaxRequestsOpt = Annotated[
@@ -95,6 +106,10 @@ class _Run:
     gathered: RecordedRequests
     max_requests: int
     started: float
+    newcomers: NewWorkers | None
+    """Where workers started since are found (None: ``--worker`` named those to record)."""
+    next_look: float = 0.0
+    """When to look for them next (``time.monotonic``)."""
     failure: str = ""
     """Why Redis stopped the recording (empty: it did not)."""
 
@@ -138,14 +153,14 @@ def record(
     try:
         client, keys = _connect(settings, "--key-prefix" if key_prefix else "KVWISE_KEY_PREFIX")
         with _redis_failure_fails():
-            workers = _workers(client, keys, worker or [], settings)
-            run = _start(client, keys, workers, max_requests)
-        typer.echo(_starting_line(workers, duration), err=True)
+            choice = _workers(client, keys, worker or [], settings)
+            run = _start(client, keys, choice, max_requests, watch=not worker)
+        typer.echo(_starting_line(choice.record, duration), err=True)
         stop = SignalFlag()
         with stop_on_signals(stop):
             _loop(run, stop, duration, status_every)
         _finish(run)
-        _write(run, (partial, output), block_tokens, len(workers))
+        _write(run, (partial, output), block_tokens)
     finally:
         partial.unlink(missing_ok=True)
 
@@ -205,32 +220,42 @@ def _redis_failure_fails() -> Iterator[None]:
 
 def _workers(
     client: RedisClient, keys: Keys, wanted: list[str], settings: AgentSettings
-) -> list[str]:
-    """The workers to record; those left out are said, one line each."""
+) -> WorkerChoice:
+    """The workers to record and those left out (said, one line each)."""
     from controlplane.service.trace_recording import choose_workers
 
     choice = choose_workers(client, keys, wanted)
     for w in choice.missing:
         say(f"worker {w}: no heartbeat under prefix {keys.prefix!r}: skipped", lead="warning: ")
+    _say_not_whole(choice)
+    if not choice.record:
+        where = f"under prefix {keys.prefix!r} at {redact(settings.redis_url)}"
+        if choice.not_whole:
+            fail(f"no worker to record {where}: none reports its requests whole")
+        fail(f"no worker to record: no agent heartbeat {where} (is an agent running?)")
+    return choice
+
+
+def _say_not_whole(choice: WorkerChoice) -> None:
     for w in choice.not_whole:
         say(
             f"worker {w}: its agent does not report requests whole (SGLang's radix cache "
             "does not): its requests cannot be rebuilt; skipped",
             lead="warning: ",
         )
-    if not choice.record:
-        where = f"under prefix {keys.prefix!r} at {redact(settings.redis_url)}"
-        if choice.not_whole:
-            fail(f"no worker to record {where}: none reports its requests whole")
-        fail(f"no worker to record: no agent heartbeat {where} (is an agent running?)")
-    return choice.record
 
 
-def _start(client: RedisClient, keys: Keys, workers: list[str], max_requests: int) -> _Run:
-    from controlplane.service.trace_recording import StreamTail
+def _start(
+    client: RedisClient, keys: Keys, choice: WorkerChoice, max_requests: int, *, watch: bool
+) -> _Run:
+    """The recording, before its first read; ``watch``: it takes on workers started since."""
+    from controlplane.service.trace_recording import NewWorkers, StreamTail
     from controlplane.traces.recorded import RecordedRequests
 
-    return _Run(StreamTail(client, keys, workers), RecordedRequests(), max_requests, 0.0)
+    seen = [*choice.record, *choice.not_whole]
+    newcomers = NewWorkers(client, keys, seen) if watch else None
+    tail = StreamTail(client, keys, choice.record)
+    return _Run(tail, RecordedRequests(), max_requests, 0.0, newcomers)
 
 
 def _starting_line(workers: list[str], duration: float | None) -> str:
@@ -246,10 +271,12 @@ def _loop(run: _Run, stop: SignalFlag, duration: float | None, status_every: flo
     from agent.runtime.connection import describe_redis_error
 
     run.started = time.monotonic()
+    run.next_look = run.started + NEW_WORKERS_EVERY_S
     end = run.started + duration if duration is not None else float("inf")
     next_status = run.started + (status_every or float("inf"))
     while not stop.is_set() and not run.full and time.monotonic() < end:
         try:
+            _take_on_new_workers(run)
             found = run.tail.poll()
         except RedisError as exc:
             run.failure = describe_redis_error(exc)
@@ -260,6 +287,22 @@ def _loop(run: _Run, stop: SignalFlag, duration: float | None, status_every: flo
             next_status += status_every
         if not found:
             stop.wait(min(IDLE_WAIT_S, max(end - time.monotonic(), 0.0)))
+
+
+def _take_on_new_workers(run: _Run) -> None:
+    """Once every ``NEW_WORKERS_EVERY_S``, the workers started since are recorded too (a
+    line each on stderr); those whose requests cannot be rebuilt are said and left out."""
+    if run.newcomers is None or time.monotonic() < run.next_look:
+        return
+    run.next_look = time.monotonic() + NEW_WORKERS_EVERY_S
+    choice = run.newcomers.look()
+    _say_not_whole(choice)
+    for w in choice.record:
+        run.tail.add(w)
+        typer.echo(
+            f"worker {w} joined: recording it too ({counted(len(run.tail.workers), 'worker')})",
+            err=True,
+        )
 
 
 def _gather(run: _Run, found: list[RecordedRequest]) -> None:
@@ -283,7 +326,7 @@ def _finish(run: _Run) -> None:
         _gather(run, run.tail.finish())
 
 
-def _write(run: _Run, files: tuple[Path, Path], block_tokens: int, workers: int) -> None:
+def _write(run: _Run, files: tuple[Path, Path], block_tokens: int) -> None:
     """The trace written to the claimed file (``files``: it and ``--output``), then renamed."""
     from controlplane.traces.writer import write_bailian
 
@@ -302,7 +345,7 @@ def _write(run: _Run, files: tuple[Path, Path], block_tokens: int, workers: int)
     dropped = c.incomplete + run.gathered.refused
     typer.echo(
         f"wrote {output}: {counted(len(run.gathered), 'request')} from "
-        f"{counted(workers, 'worker')} over {seconds:.1f} s; "
+        f"{counted(len(run.tail.workers), 'worker')} over {seconds:.1f} s; "
         f"{counted(dropped, 'incomplete run')} dropped"
     )
     if run.failure:

@@ -1,9 +1,11 @@
 """Tailing live worker streams into whole requests, read-only (``kvwise trace record``).
 
 Owns ``choose_workers`` (which workers can be recorded, from their heartbeats: only an
-agent that reports requests whole has requests that can be rebuilt) and ``StreamTail``: for
-each chosen worker, plain ``XREAD`` from the stream's newest entry on (entries already there
-are not read), a bounded count of entries per read, each decoded and fed to that worker's
+agent that reports requests whole has requests that can be rebuilt), ``NewWorkers`` (the
+heartbeats that appeared since, for a recording that takes on workers started after it did)
+and ``StreamTail``: for each chosen worker, plain ``XREAD`` from the stream's newest entry on
+(entries already there are not read; a worker added later is read from the recording's start
+on), a bounded count of entries per read, each decoded and fed to that worker's
 ``RequestRebuilder`` (sampling every request), whose whole requests come back with their
 category names. Entries that break the wire contract are skipped and counted. It must never
 join or touch the controller's consumer group, acknowledge, trim, delete or write anything:
@@ -12,12 +14,12 @@ the controller and other readers see the streams exactly as before.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
 from agent.runtime.connection import RedisClient
-from agent.wire import BatchLimits, Keys, WireError, decode_batch
+from agent.wire import AgentStatus, BatchLimits, Keys, WireError, decode_batch
 from controlplane.service.agents import AgentReader
 from controlplane.shadow.rebuild import CategoryTable, Rebuilt, RequestRebuilder
 from controlplane.shadow.sampler import PrefixSampler
@@ -52,6 +54,42 @@ def choose_workers(client: RedisClient, keys: Keys, wanted: Sequence[str] = ()) 
         not_whole=sorted(w for w in live if not agents[w].whole_requests),
         missing=sorted(w for w in ids if w not in agents),
     )
+
+
+class NewWorkers:
+    """Heartbeats that appeared since the last look. A look is one ``SCAN`` of the heartbeat
+    keys and a ``GET`` of only the keys not seen before: the workers already recorded or
+    left out are not read again, so looking every few seconds costs next to nothing."""
+
+    def __init__(self, client: RedisClient, keys: Keys, seen: Sequence[str]) -> None:
+        self.r = client
+        self.keys = keys
+        self._seen = {keys.agent(w).encode() for w in seen}
+
+    def look(self) -> WorkerChoice:
+        """The workers whose heartbeat is new, split as ``choose_workers`` splits them (an
+        unreadable one is looked at again next time: its agent may rewrite it)."""
+        scanned = self.r.scan_iter(match=self.keys.agents_match, count=500)
+        fresh = sorted(set(cast(Iterable[bytes], scanned)) - self._seen)
+        if not fresh:
+            return WorkerChoice(record=[], not_whole=[], missing=[])
+        pipe = self.r.pipeline(transaction=False)
+        for key in fresh:
+            pipe.get(key)  # one key per command: heartbeats sit on many shards
+        agents = []
+        for key, raw in zip(fresh, pipe.execute(), strict=True):
+            if raw is None:
+                continue  # expired since the SCAN
+            try:
+                agents.append(AgentStatus.from_json(raw))
+            except WireError:
+                continue
+            self._seen.add(key)
+        return WorkerChoice(
+            record=sorted(a.id for a in agents if a.whole_requests),
+            not_whole=sorted(a.id for a in agents if not a.whole_requests),
+            missing=[],
+        )
 
 
 @dataclass(frozen=True)
@@ -92,10 +130,30 @@ class StreamTail:
         self.keys = keys
         self.limits = limits or BatchLimits()
         self.table = CategoryTable()
-        sampler = PrefixSampler(1.0)  # every request: a trace, not a sample
-        self._rebuilders = {w: RequestRebuilder(sampler, self.table) for w in workers}
+        self._sampler = PrefixSampler(1.0)  # every request: a trace, not a sample
+        self._started = self._now_id()
+        self._rebuilders = {w: RequestRebuilder(self._sampler, self.table) for w in workers}
         self._last = {w: self._newest_id(w) for w in workers}
         self.counts = TailCounts()
+
+    @property
+    def workers(self) -> list[str]:
+        """The workers read, in the order they were added."""
+        return list(self._rebuilders)
+
+    def add(self, worker: str) -> None:
+        """Read ``worker``'s stream too, from the tail's start on: a worker noticed some
+        seconds after it started loses none of the requests it sent meanwhile, and one whose
+        stream outlived an earlier run of it is not read from before the recording."""
+        self._rebuilders[worker] = RequestRebuilder(self._sampler, self.table)
+        self._last[worker] = self._started
+
+    def _now_id(self) -> bytes:
+        """A stream id at Redis's clock now (``XREAD`` reads the entries after it). A cluster
+        answers for each node: the earliest, so that no node's newer entry is missed."""
+        reply = cast(tuple[int, int] | dict[str, tuple[int, int]], self.r.time())
+        seconds, micros = min(reply.values()) if isinstance(reply, dict) else reply
+        return f"{seconds * 1000 + micros // 1000}-0".encode()
 
     def _newest_id(self, worker: str) -> bytes:
         """The id after which new entries are read: the newest one now, ``0-0`` when the

@@ -1,14 +1,18 @@
 """``kvwise trace record`` against a real Redis: a live agent's known requests come back, read
-by the trace reader, with their times, shared prefixes and categories; a worker that does
-not report requests whole is said and skipped; no worker and no Redis are one-line errors."""
+by the trace reader, with their times, shared prefixes and categories; a worker started
+while it records is taken on; a worker that does not report requests whole is said and
+skipped; no worker and no Redis are one-line errors."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import pytest
@@ -106,6 +110,65 @@ def test_records_a_live_agents_requests_as_a_trace(
     # The same block where the input had the same block, and only there.
     assert np.array_equal(got.blocks, trace.blocks)
     assert got.hashes.max() < got.n_unique  # small ids
+
+
+class Lines:
+    """The lines a pipe gives, gathered by a thread as they come (a test waits on them)."""
+
+    def __init__(self, pipe: IO[str]) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(pipe,), daemon=True)
+        self._thread.start()
+
+    def _read(self, pipe: IO[str]) -> None:
+        for line in pipe:
+            self.lines.append(line)
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def recorded(self) -> int:
+        """The requests the last status line counts (0 before the first)."""
+        counts = re.findall(r"^recorded (\d+) request", self.text(), flags=re.M)
+        return int(counts[-1]) if counts else 0
+
+    def close(self) -> str:
+        self._thread.join(timeout=20)
+        return self.text()
+
+
+def test_a_worker_started_while_recording_is_taken_on(
+    tmp_path: Path, redis_url: str, key_prefix: str
+) -> None:
+    """A replica scaled up mid-recording: noticed, said, and its requests recorded, those it
+    served before it was noticed too (its stream is read from the recording's start)."""
+    trace = known_trace()
+    out = tmp_path / "mine.jsonl"
+    keys, r = Keys(key_prefix), redis.Redis.from_url(redis_url)
+    first = Agent(fast_settings(redis_url, key_prefix, worker_id="w1"), capacity=1000)
+    with first:
+        wait_until(lambda: r.exists(keys.agent("w1")), what="w1's heartbeat")
+        args = ["-o", str(out), "--duration", "60", "--status-every", "0.1"]
+        proc, said = start_recording(
+            [*args, "--redis-url", redis_url, "--key-prefix", key_prefix], {}
+        )
+        assert proc.stderr is not None and proc.stdout is not None
+        stderr = Lines(proc.stderr)
+        with Agent(fast_settings(redis_url, key_prefix, worker_id="w3"), capacity=1000) as late:
+            TraceWorker(late, trace, speed=SPEED).run()
+        wait_until(lambda: "worker w3 joined" in stderr.text(), timeout=30, what="w3 joining")
+        # The last request of a worker is held until the recording ends: all others are in.
+        wait_until(lambda: stderr.recorded() >= trace.n_requests - 1, timeout=30, what="reads")
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=20)
+    stdout, text = proc.stdout.read(), said + stderr.close()
+    assert proc.returncode == 0, text
+    assert "recording 1 worker (w1) for 60 s" in text
+    assert "worker w3 joined: recording it too (2 workers)" in text
+    assert stdout.startswith(f"wrote {out}: 30 requests from 2 workers over ")
+    got = load_trace(out)
+    assert got.n_requests == trace.n_requests
+    assert np.array_equal(got.blocks, trace.blocks)
 
 
 def test_no_worker_is_one_error_line(redis_url: str, key_prefix: str, tmp_path: Path) -> None:
