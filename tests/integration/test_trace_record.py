@@ -67,51 +67,6 @@ def start_recording(args: list[str], env: dict[str, str]) -> tuple[subprocess.Po
     raise AssertionError(f"never started recording: {''.join(said)}")
 
 
-def test_records_a_live_agents_requests_as_a_trace(
-    tmp_path: Path, redis_url: str, key_prefix: str
-) -> None:
-    trace = known_trace()
-    out = tmp_path / "mine.jsonl.gz"
-    whole = Agent(fast_settings(redis_url, key_prefix, worker_id="w1"), capacity=1000)
-    radix = Agent(
-        fast_settings(redis_url, key_prefix, worker_id="w2"), capacity=10, whole_requests=False
-    )
-    keys, r = Keys(key_prefix), redis.Redis.from_url(redis_url)
-    with whole, radix:
-        wait_until(lambda: r.exists(keys.agent("w1"), keys.agent("w2")) == 2, what="heartbeats")
-        args = ["-o", str(out), "--duration", "30", "--status-every", "0"]
-        proc, said = start_recording(
-            [*args, "--redis-url", redis_url, "--key-prefix", key_prefix], {}
-        )
-        TraceWorker(whole, trace, speed=SPEED).run()
-    stream = keys.events_stream("w1")
-    wait_until(lambda: r.xlen(stream) > 0, what="the agent's events")
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=20)
-    stderr = said + stderr
-    assert proc.returncode == 0, stderr
-    assert "recording 1 worker (w1) for 30 s" in stderr
-    assert "worker w2: its agent does not report requests whole" in stderr
-    assert "requests cannot be rebuilt; skipped" in stderr
-    assert stdout.startswith(f"wrote {out}: 30 requests from 1 worker over ")
-    assert stdout.strip().endswith("0 incomplete runs dropped")
-    assert not r.exists(f"{key_prefix}ingest:{{w1}}")  # read-only: no ledger, no group
-    assert r.xinfo_groups(stream) == []
-
-    assert [p.name for p in tmp_path.iterdir()] == [out.name]  # written, then renamed
-    got = load_trace(out)
-    assert got.n_requests == trace.n_requests and got.source_format == "bailian"
-    want_times = (trace.timestamps - trace.timestamps[0]) / SPEED
-    np.testing.assert_allclose(got.timestamps, want_times, atol=1e-4)
-    assert [got.category_names[c] for c in got.categories] == [
-        trace.category_names[c] for c in trace.categories
-    ]
-    assert np.array_equal(got.lengths, trace.lengths)
-    # The same block where the input had the same block, and only there.
-    assert np.array_equal(got.blocks, trace.blocks)
-    assert got.hashes.max() < got.n_unique  # small ids
-
-
 class Lines:
     """The lines a pipe gives, gathered by a thread as they come (a test waits on them)."""
 
@@ -137,6 +92,55 @@ class Lines:
         return self.text()
 
 
+def test_records_a_live_agents_requests_as_a_trace(
+    tmp_path: Path, redis_url: str, key_prefix: str
+) -> None:
+    trace = known_trace()
+    out = tmp_path / "mine.jsonl.gz"
+    whole = Agent(fast_settings(redis_url, key_prefix, worker_id="w1"), capacity=1000)
+    radix = Agent(
+        fast_settings(redis_url, key_prefix, worker_id="w2"), capacity=10, whole_requests=False
+    )
+    keys, r = Keys(key_prefix), redis.Redis.from_url(redis_url)
+    with whole, radix:
+        wait_until(lambda: r.exists(keys.agent("w1"), keys.agent("w2")) == 2, what="heartbeats")
+        args = ["-o", str(out), "--duration", "30", "--status-every", "0.1"]
+        proc, said = start_recording(
+            [*args, "--redis-url", redis_url, "--key-prefix", key_prefix], {}
+        )
+        assert proc.stderr is not None and proc.stdout is not None
+        lines = Lines(proc.stderr)
+        TraceWorker(whole, trace, speed=SPEED).run()
+    stream = keys.events_stream("w1")
+    # Every request read but the last, which is held until the end (on a loaded machine
+    # the recording may lag the agent: a Ctrl-C at once would cut it short).
+    wait_until(lambda: lines.recorded() >= trace.n_requests - 1, timeout=30, what="reads")
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=20)
+    stdout, stderr = proc.stdout.read(), said + lines.close()
+    assert proc.returncode == 0, stderr
+    assert "recording 1 worker (w1) for 30 s" in stderr
+    assert "worker w2: its agent does not report requests whole" in stderr
+    assert "requests cannot be rebuilt; skipped" in stderr
+    assert stdout.startswith(f"wrote {out}: 30 requests from 1 worker over ")
+    assert stdout.strip().endswith("0 incomplete runs dropped")
+    assert not r.exists(f"{key_prefix}ingest:{{w1}}")  # read-only: no ledger, no group
+    assert r.xinfo_groups(stream) == []
+
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]  # written, then renamed
+    got = load_trace(out)
+    assert got.n_requests == trace.n_requests and got.source_format == "bailian"
+    want_times = (trace.timestamps - trace.timestamps[0]) / SPEED
+    np.testing.assert_allclose(got.timestamps, want_times, atol=1e-4)
+    assert [got.category_names[c] for c in got.categories] == [
+        trace.category_names[c] for c in trace.categories
+    ]
+    assert np.array_equal(got.lengths, trace.lengths)
+    # The same block where the input had the same block, and only there.
+    assert np.array_equal(got.blocks, trace.blocks)
+    assert got.hashes.max() < got.n_unique  # small ids
+
+
 def test_a_worker_started_while_recording_is_taken_on(
     tmp_path: Path, redis_url: str, key_prefix: str
 ) -> None:
@@ -153,15 +157,15 @@ def test_a_worker_started_while_recording_is_taken_on(
             [*args, "--redis-url", redis_url, "--key-prefix", key_prefix], {}
         )
         assert proc.stderr is not None and proc.stdout is not None
-        stderr = Lines(proc.stderr)
+        lines = Lines(proc.stderr)
         with Agent(fast_settings(redis_url, key_prefix, worker_id="w3"), capacity=1000) as late:
             TraceWorker(late, trace, speed=SPEED).run()
-        wait_until(lambda: "worker w3 joined" in stderr.text(), timeout=30, what="w3 joining")
+        wait_until(lambda: "worker w3 joined" in lines.text(), timeout=30, what="w3 joining")
         # The last request of a worker is held until the recording ends: all others are in.
-        wait_until(lambda: stderr.recorded() >= trace.n_requests - 1, timeout=30, what="reads")
+        wait_until(lambda: lines.recorded() >= trace.n_requests - 1, timeout=30, what="reads")
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=20)
-    stdout, text = proc.stdout.read(), said + stderr.close()
+    stdout, text = proc.stdout.read(), said + lines.close()
     assert proc.returncode == 0, text
     assert "recording 1 worker (w1) for 60 s" in text
     assert "worker w3 joined: recording it too (2 workers)" in text
