@@ -314,9 +314,17 @@ def _gather(run: _Run, found: list[RecordedRequest]) -> None:
 
 def _status_line(run: _Run) -> str:
     n, s = len(run.gathered), run.seconds()
+    rate = n / max(s, 1e-9)
+    return f"recorded {counted(n, 'request')} in {s:.0f} s ({rate:.1f}/s), {_dropped(run)}"
+
+
+def _dropped(run: _Run) -> str:
+    """What was left out, in two counts: runs of events that made no whole request (events
+    lost, or a request cut by the start or end), and whole requests refused because a hash
+    repeats among their blocks (the engine's hashes, not the recording, are at fault)."""
     return (
-        f"recorded {counted(n, 'request')} in {s:.0f} s ({n / max(s, 1e-9):.1f}/s), "
-        f"{counted(run.tail.counts.incomplete, 'incomplete run')}"
+        f"dropped {counted(run.tail.counts.incomplete, 'incomplete run')}, "
+        f"{counted(run.gathered.refused, 'request')} repeating a block hash"
     )
 
 
@@ -342,11 +350,9 @@ def _write(run: _Run, files: tuple[Path, Path], block_tokens: int) -> None:
         os.replace(partial, output)
     except OSError as exc:
         fail(f"{output}: {exc.strerror or exc}")
-    dropped = c.incomplete + run.gathered.refused
     typer.echo(
         f"wrote {output}: {counted(len(run.gathered), 'request')} from "
-        f"{counted(len(run.tail.workers), 'worker')} over {seconds:.1f} s; "
-        f"{counted(dropped, 'incomplete run')} dropped"
+        f"{counted(len(run.tail.workers), 'worker')} over {seconds:.1f} s; {_dropped(run)}"
     )
     if run.failure:
         fail(f"stopped early, Redis failed: {run.failure}", code=1)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import IO
 
@@ -20,7 +21,7 @@ import redis
 from typer.testing import CliRunner
 
 from agent.runtime.agent import Agent
-from agent.wire import Keys
+from agent.wire import EventKind, Keys, encode_batch
 from controlplane.cli import app
 from controlplane.dev.embedded_redis import free_port
 from controlplane.dev.simworker import TraceWorker
@@ -29,9 +30,11 @@ from controlplane.traces.reader import load_trace
 from tests.conftest import REPO
 from tests.integration.agent_fixtures import fast_settings
 from tests.waiting import wait_until
+from tests.wire_samples import agent_status, event_batch
 
 pytestmark = pytest.mark.integration
 
+HIT, INSERT = int(EventKind.HIT), int(EventKind.INSERT)
 SPEED = 20.0
 """Trace time divided by this in the live run."""
 
@@ -123,7 +126,7 @@ def test_records_a_live_agents_requests_as_a_trace(
     assert "worker w2: its agent does not report requests whole" in stderr
     assert "requests cannot be rebuilt; skipped" in stderr
     assert stdout.startswith(f"wrote {out}: 30 requests from 1 worker over ")
-    assert stdout.strip().endswith("0 incomplete runs dropped")
+    assert stdout.strip().endswith("dropped 0 incomplete runs, 0 requests repeating a block hash")
     assert not r.exists(f"{key_prefix}ingest:{{w1}}")  # read-only: no ledger, no group
     assert r.xinfo_groups(stream) == []
 
@@ -173,6 +176,40 @@ def test_a_worker_started_while_recording_is_taken_on(
     got = load_trace(out)
     assert got.n_requests == trace.n_requests
     assert np.array_equal(got.blocks, trace.blocks)
+
+
+def test_a_request_repeating_a_block_hash_is_not_counted_as_incomplete(
+    tmp_path: Path, redis_url: str, key_prefix: str
+) -> None:
+    """A whole request whose blocks repeat a hash is refused (the trace reader would refuse
+    its line) and said as such, not as an incomplete run (which means events were lost).
+    No engine hashes a prompt that way: the test writes the worker's entries itself."""
+    out = tmp_path / "mine.jsonl"
+    keys, r = Keys(key_prefix), redis.Redis.from_url(redis_url)
+    status = agent_status(id="w1", whole_requests=True, updated_at=time.time())
+    r.set(keys.agent("w1"), status.to_json(), ex=60)
+    args = ["-o", str(out), "--duration", "60", "--status-every", "0.1"]
+    proc, said = start_recording([*args, "--redis-url", redis_url, "--key-prefix", key_prefix], {})
+    assert proc.stderr is not None and proc.stdout is not None
+    lines = Lines(proc.stderr)
+    # Three requests, their new blocks released tail first: [1, 2, 3], [4, 5, 4] (a hash
+    # repeats), then [1, 2, 6] (two hits), held until the end as a worker's last is.
+    batch = event_batch(
+        worker="w1",
+        ts=[1.0] * 3 + [2.0] * 3 + [3.0] * 3,
+        block=[3, 2, 1, 4, 5, 4, 1, 2, 6],
+        offset=[2, 1, 0, 2, 1, 0, 0, 1, 2],
+        kind=[INSERT] * 6 + [HIT, HIT, INSERT],
+    )
+    r.xadd(keys.events_stream("w1"), encode_batch(batch))  # type: ignore[arg-type]
+    wait_until(lambda: "1 request repeating a block hash" in lines.text(), what="the refusal")
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=20)
+    stdout, text = proc.stdout.read(), said + lines.close()
+    assert proc.returncode == 0, text
+    assert stdout.startswith(f"wrote {out}: 2 requests from 1 worker over ")
+    assert stdout.strip().endswith("dropped 0 incomplete runs, 1 request repeating a block hash")
+    assert load_trace(out).n_requests == 2
 
 
 def test_no_worker_is_one_error_line(redis_url: str, key_prefix: str, tmp_path: Path) -> None:
