@@ -3,7 +3,8 @@ lines elsewhere.
 
 Owns ``requests_bar`` (the bar of requests done that replay and simulate draw) and
 ``MatrixProgress``, the sink the replay's and the simulator's ``run_matrix`` report to
-(requests done per job). On a terminal a transient bar counts requests over every job and
+(requests done per job, then each job once its result is in: a job said done has a result
+an interrupt keeps). On a terminal a transient bar counts requests over every job and
 names the jobs finished; when stderr is a file or a pipe, one line per finished job
 (none with ``quiet``). It must never write to stdout, which carries the results.
 """
@@ -89,20 +90,25 @@ class MatrixProgress:
 
     def update(self, job: ReplayJob, requests_done: int) -> None:
         """Record that ``job`` has replayed ``requests_done`` requests."""
-        before = self.done.get(job, 0)
         self.done[job] = requests_done
-        finished_now = requests_done >= self.requests_per_job > before
-        if finished_now:
-            self.finished += 1
-        if self._bar is not None and self._task is not None:
-            self._bar.update(
-                self._task, completed=sum(self.done.values()), description=self._jobs_text()
-            )
-        elif finished_now and not self.quiet:
+        self._show_bar()
+
+    def finish(self, job: ReplayJob) -> None:
+        """Record that ``job``'s result is in."""
+        self.done[job] = self.requests_per_job
+        self.finished += 1
+        self._show_bar()
+        if self._bar is None and not self.quiet:
             elapsed = time.monotonic() - self._t0
             self.console.print(
                 f"{self.command}: {job.policy} at {counted(job.capacity, 'block')} done "
                 f"({self._jobs_text()}, {elapsed:.1f} s)",
                 highlight=False,
                 soft_wrap=True,
+            )
+
+    def _show_bar(self) -> None:
+        if self._bar is not None and self._task is not None:
+            self._bar.update(
+                self._task, completed=sum(self.done.values()), description=self._jobs_text()
             )

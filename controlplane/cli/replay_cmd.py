@@ -1,7 +1,8 @@
 """``kvwise replay``: judge eviction policies on a trace.
 
 Owns the command's options and the checks on them, its progress display (stderr) and
-output (tables that fold at the terminal's width, JSON, and with ``--plot`` a figure).
+output (tables that fold at the terminal's width, JSON, and with ``--plot`` a figure; after
+a Ctrl-C, the runs that had finished and which did not, exit code 130).
 The replay itself is ``controlplane.replay``, trace reading ``controlplane.traces.reader``
 and drawing ``controlplane.plots``. It must never compute a hit ratio itself.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import typer
 
@@ -31,6 +32,7 @@ from controlplane.cli.common import (
     policy_names,
     positive,
     print_json,
+    say,
     trace_json,
     unique,
 )
@@ -53,6 +55,8 @@ if TYPE_CHECKING:
     from controlplane.traces.model import Trace
 
 DEFAULT_FRACS = "0.05,0.1,0.2,0.4"
+NOT_RUN = "-"
+"""A table cell whose run did not finish (Ctrl-C)."""
 # Options grouped in the help by what they are about.
 _sizes = partial(typer.Option, rich_help_panel="Policies and cache sizes")
 _fitted = partial(typer.Option, rich_help_panel="Fitted policies (wa, wa-ref)")
@@ -223,10 +227,32 @@ def replay(
     trace = _labelled(load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines), options)
     _check_scored_part(trace, options)
     capacities = sizes(trace)
-    results = _run_with_progress(trace, names, capacities, jobs, options, json_out)
-    if plot is not None:
-        _plot(plot, trace, results)
-    _report(trace_path, trace, names, capacities, results, options, top_categories, json_out)
+    runs = _run_with_progress(trace, names, capacities, jobs, options, json_out)
+    _plot(plot, trace, runs)
+    _report(trace_path, trace, names, capacities, runs, options, top_categories, json_out)
+    if runs.not_finished:
+        _end_interrupted(runs)
+
+
+class _Runs(NamedTuple):
+    """What the replay gave: every run's result, or after a Ctrl-C those that finished."""
+
+    results: list[ReplayResult]
+    not_finished: list[tuple[str, int]]
+    """The (policy, capacity) runs a Ctrl-C cut, in the order they were asked for."""
+
+
+def _end_interrupted(runs: _Runs) -> None:
+    """After the finished runs' results: which runs did not finish, and exit code 130."""
+    from controlplane.cli import INTERRUPTED
+
+    sizes: dict[str, list[str]] = {}
+    for policy, capacity in runs.not_finished:
+        sizes.setdefault(policy, []).append(f"{capacity:,}")
+    cut = "; ".join(f"{p} at {', '.join(c)} blocks" for p, c in sizes.items())
+    total = len(runs.results) + len(runs.not_finished)
+    say(f"replay: interrupted after {len(runs.results)}/{total} runs done; not finished: {cut}")
+    raise typer.Exit(INTERRUPTED)
 
 
 def _options(attribution: Attribution | None, **settings: Any) -> ReplayOptions:
@@ -278,25 +304,31 @@ def _report(
     trace: Trace,
     names: list[str],
     capacities: list[int],
-    results: list[ReplayResult],
+    runs: _Runs,
     options: ReplayOptions,
     top_categories: int,
     json_out: bool,
 ) -> None:
     """The results as JSON on stdout, or as tables."""
     if json_out:
-        print_json(_json_doc(trace_path, trace, options, results))
+        print_json(_json_doc(trace_path, trace, options, runs))
         return
-    _print_tables(trace, names, capacities, results, top_categories, options)
+    _print_tables(trace, names, capacities, runs.results, top_categories, options)
     note_one_category(trace, names, options.categories)
 
 
-def _plot(path: Path, trace: Trace, results: list[ReplayResult]) -> None:
+def _plot(path: Path | None, trace: Trace, runs: _Runs) -> None:
+    """The figure ``--plot`` asks for (none after a Ctrl-C: its curves would lack points)."""
+    if path is None:
+        return
+    if runs.not_finished:
+        say(f"--plot: {path} not drawn (interrupted)")
+        return
     from controlplane.plots.capacity_curve import write_capacity_curve
 
     title = f"Block hit ratio by cache size: {trace.name}"
     try:
-        write_capacity_curve(path, results, trace.n_unique, title)
+        write_capacity_curve(path, runs.results, trace.n_unique, title)
     except OSError as exc:
         fail(f"--plot: {path}: {exc.strerror or exc}")
     typer.echo(f"wrote {path}", err=True)
@@ -327,13 +359,16 @@ def _check_scored_part(trace: Trace, options: ReplayOptions) -> None:
 
 
 def _json_doc(
-    trace_path: Path, trace: Trace, options: ReplayOptions, results: list[ReplayResult]
+    trace_path: Path, trace: Trace, options: ReplayOptions, runs: _Runs
 ) -> dict[str, object]:
+    """The JSON output; after a Ctrl-C, ``not_finished`` names the runs it cut."""
+    cut = [{"policy": p, "capacity": c} for p, c in runs.not_finished]
     return {
         **trace_json(trace_path, trace),
         "options": options.to_json(),
         "scored": _scored(trace, options),
-        "results": [r.to_json() for r in results],
+        "results": [r.to_json() for r in runs.results],
+        **({"not_finished": cut} if cut else {}),
     }
 
 
@@ -363,18 +398,34 @@ def _run_with_progress(
     jobs: int,
     options: ReplayOptions,
     quiet: bool,
-) -> list[ReplayResult]:
+) -> _Runs:
+    """Every run's result; after a Ctrl-C, those of the runs that had finished (none: the
+    interrupt goes on, said as before)."""
     from controlplane.cli.progress import MatrixProgress
-    from controlplane.replay.pool import WorkerDied
+    from controlplane.replay.pool import JobsInterrupted, WorkerDied
     from controlplane.replay.runner import run_matrix
 
     try:
         with MatrixProgress(trace.n_requests, len(names) * len(capacities), quiet=quiet) as shown:
-            return run_matrix(
-                trace, names, capacities, jobs=jobs or None, progress=shown.update, options=options
-            )
+            try:
+                matrix = run_matrix(
+                    trace,
+                    names,
+                    capacities,
+                    jobs=jobs or None,
+                    progress=shown.update,
+                    options=options,
+                    finished=shown.finish,
+                )
+                return _Runs(matrix, [])
+            except JobsInterrupted as exc:
+                if not exc.finished:
+                    raise
+                finished: list[ReplayResult] = list(exc.finished.values())
     except WorkerDied as exc:
         fail(str(exc), code=1)
+    done = {(r.policy, r.capacity) for r in finished}
+    return _Runs(finished, [(n, c) for n in names for c in capacities if (n, c) not in done])
 
 
 def _print_tables(
@@ -403,13 +454,14 @@ def _print_tables(
         values=[Column(f"{counted(c, 'block')}\n({c / trace.n_unique:.1%})") for c in capacities],
     )
     for name in names:
-        table.add_row([name], [f"{by[(name, c)].hit_ratio:.4f}" for c in capacities])
+        table.add_row([name], [_ratio_cell(by.get((name, c))) for c in capacities])
     table.print(console)
     for r in results:
         for note in r.notes:
             console.print(f"{r.policy} at {counted(r.capacity, 'block')}: {note}", highlight=False)
     if len(trace.category_names) > 1 and top > 0:
-        _print_category_tables(console, names, capacities, by, top)
+        ran = [c for c in capacities if any((n, c) in by for n in names)]  # Ctrl-C: not all
+        _print_category_tables(console, names, ran, by, top)
 
 
 def _print_category_tables(
@@ -419,7 +471,7 @@ def _print_category_tables(
     by: dict[tuple[str, int], ReplayResult],
     top: int,
 ) -> None:
-    per_category = by[(names[0], capacities[0])].per_category
+    per_category = next(iter(by.values())).per_category
     cats = sorted(per_category, key=lambda k: -per_category[k].accesses)[:top]
     for c in capacities:
         table = FoldedTable(
@@ -430,6 +482,15 @@ def _print_category_tables(
         for cat in cats:
             table.add_row(
                 [cat, f"{per_category[cat].accesses:,}"],
-                [f"{by[(n, c)].per_category[cat].hit_ratio:.3f}" for n in names],
+                [_ratio_cell(by.get((n, c)), cat) for n in names],
             )
         table.print(console)
+
+
+def _ratio_cell(result: ReplayResult | None, category: str | None = None) -> str:
+    """A run's hit ratio (of ``category``), or ``NOT_RUN`` for a run a Ctrl-C cut."""
+    if result is None:
+        return NOT_RUN
+    if category is None:
+        return f"{result.hit_ratio:.4f}"
+    return f"{result.per_category[category].hit_ratio:.3f}"

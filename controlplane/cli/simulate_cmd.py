@@ -369,7 +369,13 @@ def _run_with_progress(
     try:
         with MatrixProgress(trace.n_requests, cells, quiet=quiet, command="simulate") as shown:
             return run_matrix(
-                trace, names, capacities, options, jobs=jobs or None, progress=shown.update
+                trace,
+                names,
+                capacities,
+                options,
+                jobs=jobs or None,
+                progress=shown.update,
+                finished=shown.finish,
             )
     except WorkerDied as exc:
         fail(str(exc), code=1)

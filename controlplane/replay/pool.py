@@ -3,7 +3,9 @@
 Owns the process pool behind ``kvwise replay`` and ``kvwise simulate``: workers are
 forked after the caller has loaded its trace and built its job function, so they share
 its arrays copy-on-write instead of reloading the file, and their progress reaches the
-caller through a queue. It must never print or know what a job computes.
+caller through a queue; a job is said finished to the caller once its result is in hand.
+An interrupt (Ctrl-C) raises ``JobsInterrupted``, which carries the results of the jobs
+that had finished. It must never print or know what a job computes.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 J = TypeVar("J", bound=Hashable)
 R = TypeVar("R")
@@ -24,6 +26,16 @@ R = TypeVar("R")
 
 class WorkerDied(RuntimeError):
     """A worker process died while it ran a job (killed: out of memory, most likely)."""
+
+
+class JobsInterrupted(KeyboardInterrupt):
+    """Ctrl-C while the jobs ran: a ``KeyboardInterrupt`` (a caller that does not catch it
+    ends as before) that carries the results of the jobs that had finished."""
+
+    def __init__(self, finished: dict[Any, Any]) -> None:
+        super().__init__()
+        self.finished = finished
+        """Each finished job's result, in the order of the jobs given."""
 
 
 JobProgress = Callable[[int], None]
@@ -58,14 +70,18 @@ def run_jobs(
     *,
     workers: int | None = None,
     progress: Callable[[J, int], None] | None = None,
+    finished: Callable[[J], None] | None = None,
 ) -> list[R]:
     """``fn(job, report)`` for every job, results in ``jobs`` order. With more than one
     worker (and ``fork`` available) the jobs run in forked processes; an interrupt (Ctrl-C),
     SIGTERM or a failed job ends them all at once instead of after every running job, and
-    a worker that dies (the OOM killer) fails the run instead of hanging it."""
+    a worker that dies (the OOM killer) fails the run instead of hanging it. ``finished``
+    is called with each job once its result is here (after its last progress). An interrupt
+    raises ``JobsInterrupted`` with the results of the jobs said finished by then."""
+    hooks = _Hooks(progress, finished)
     n = min(workers or default_workers(), len(jobs))
     if n <= 1 or "fork" not in mp.get_all_start_methods():
-        return [fn(job, _bind(progress, job)) for job in jobs]
+        return _in_turn(jobs, fn, hooks)
     global _FN, _QUEUE
     ctx = mp.get_context("fork")
     _FN = fn
@@ -74,7 +90,7 @@ def run_jobs(
     pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=_start_worker, initargs=(pids,))
     try:
         with _signals_deferred() as signals:
-            results: list[R] = _collect(pool, jobs, progress, signals)
+            results: list[R] = _collect(pool, jobs, hooks, signals)
     except BrokenProcessPool:
         pool.shutdown(wait=False, cancel_futures=True)
         _end_workers(pids)
@@ -93,22 +109,51 @@ def run_jobs(
     return results
 
 
+class _Hooks(NamedTuple):
+    """What the caller is told while the jobs run."""
+
+    progress: Callable[[Any, int], None] | None
+    finished: Callable[[Any], None] | None
+
+    def finish(self, job: Any) -> None:
+        if self.finished is not None:
+            self.finished(job)
+
+
+def _in_turn(jobs: Sequence[J], fn: Callable[[J, JobProgress | None], R], hooks: _Hooks) -> list[R]:
+    """Every job's result, one job after another in this process."""
+    results: dict[J, R] = {}
+    try:
+        for job in jobs:
+            results[job] = fn(job, _bind(hooks.progress, job))
+            hooks.finish(job)
+    except KeyboardInterrupt:
+        raise JobsInterrupted(results) from None
+    return [results[job] for job in jobs]
+
+
 def _collect(
     pool: ProcessPoolExecutor,
     jobs: Sequence[J],
-    progress: Callable[[J, int], None] | None,
+    hooks: _Hooks,
     signals: _Signals,
 ) -> list[Any]:
     """Every job's result, in ``jobs`` order, forwarding progress at least every 0.2 s;
-    a signal received meanwhile is raised between two waits."""
+    a signal received meanwhile is raised between two waits, once the results of the jobs
+    finished by then are taken (an interrupt carries them)."""
     pending = {pool.submit(_worker, job): job for job in jobs}
     results: dict[J, Any] = {}
     while pending:
         done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-        signals.raise_if_received()
-        _drain(progress)
+        _drain(hooks.progress)
         for future in done:
-            results[pending.pop(future)] = future.result()
+            job = pending.pop(future)
+            results[job] = future.result()
+            hooks.finish(job)
+        try:
+            signals.raise_if_received()
+        except KeyboardInterrupt:
+            raise JobsInterrupted({job: results[job] for job in jobs if job in results}) from None
     return [results[job] for job in jobs]
 
 

@@ -96,15 +96,17 @@ def run_matrix(
     jobs: int | None = None,
     progress: ProgressSink | None = None,
     options: ReplayOptions = DEFAULT_OPTIONS,
+    finished: Callable[[ReplayJob], None] | None = None,
 ) -> list[ReplayResult]:
     """Replay every policy at every capacity; results in (policy, capacity) order.
 
-    ``options`` reach every policy factory and decide the scored requests. Unknown policy
-    names fail before any work starts.
+    ``options`` reach every policy factory and decide the scored requests; ``finished``
+    hears of each job once its result is in. Unknown policy names fail before any work
+    starts.
     """
     matrix = policy_matrix(policies, capacities)
 
     def one(job: ReplayJob, report: JobProgress | None) -> ReplayResult:
         return run_one(trace, job, report, options)
 
-    return run_jobs(matrix, one, workers=jobs, progress=progress)
+    return run_jobs(matrix, one, workers=jobs, progress=progress, finished=finished)

@@ -40,16 +40,19 @@ def run_matrix(
     *,
     jobs: int | None = None,
     progress: ProgressSink | None = None,
+    finished: Callable[[SimJob], None] | None = None,
 ) -> list[SimResult]:
     """Every policy at every capacity; results in (policy, capacity) order. A policy
-    without a size (``inf``) runs once, its result given for every capacity."""
+    without a size (``inf``) runs once, its result given for every capacity. ``finished``
+    hears of each job once its result is in."""
     matrix = sim_jobs(policies, capacities)
 
     def one(job: SimJob, report: JobProgress | None) -> SimResult:
         return run_one(trace, job, options, report)
 
     ran = {
-        (r.policy, r.capacity): r for r in run_jobs(matrix, one, workers=jobs, progress=progress)
+        (r.policy, r.capacity): r
+        for r in run_jobs(matrix, one, workers=jobs, progress=progress, finished=finished)
     }
     return [
         ran.get((p, c)) or replace(ran[(p, capacities[0])], capacity=c)

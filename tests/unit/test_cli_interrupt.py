@@ -1,17 +1,22 @@
 """Ctrl-C during a replay or simulation that runs in several processes: the command ends
 at once, says so, and leaves no worker behind. It went on for seconds to minutes (every
-running job finished first) and then printed nothing."""
+running job finished first) and then printed nothing. A replay prints the results of the
+runs that had finished and names those that had not."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from controlplane.replay.pool import JobProgress, JobsInterrupted, run_jobs
 from controlplane.traces.synth import synthesize
 from controlplane.traces.writer import write_bailian
 from tests.conftest import REPO
@@ -25,9 +30,9 @@ def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _busy_run(trace_file: Path, *command: str) -> subprocess.Popen[bytes]:
+def _busy_run(trace_file: Path, *command: str) -> tuple[subprocess.Popen[bytes], str]:
     """``kvwise COMMAND TRACE -j 2`` in a session of its own, once a run is done (its
-    workers busy with the next ones)."""
+    workers busy with the next ones), and the line that said so."""
     args = [sys.executable, "-m", "controlplane", *command, str(trace_file), "-j", "2"]
     proc = subprocess.Popen(
         args,
@@ -40,7 +45,7 @@ def _busy_run(trace_file: Path, *command: str) -> subprocess.Popen[bytes]:
     assert proc.stderr is not None
     first = proc.stderr.readline().decode()
     assert "runs done" in first, first
-    return proc
+    return proc, first
 
 
 def _interrupts_as_at_a_terminal() -> None:
@@ -60,7 +65,7 @@ def _group_alive(group: int) -> bool:
 
 @pytest.mark.parametrize("command", [["replay"], ["simulate", "-p", "all"]])
 def test_an_interrupt_ends_a_parallel_run_at_once(command: list[str], trace_file: Path) -> None:
-    proc = _busy_run(trace_file, *command)
+    proc, _ = _busy_run(trace_file, *command)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole group
     _, err = proc.communicate(timeout=10)
     assert proc.returncode == 130
@@ -68,9 +73,62 @@ def test_an_interrupt_ends_a_parallel_run_at_once(command: list[str], trace_file
     wait_until(lambda: not _group_alive(proc.pid), timeout=5, what="no worker left")
 
 
+def test_an_interrupted_replay_prints_the_runs_that_finished(trace_file: Path) -> None:
+    """The runs done before the Ctrl-C were lost with the others: the user had waited for
+    them. Their hit ratios are printed, the runs cut are named, and the exit code is 130."""
+    proc, first = _busy_run(trace_file, "replay")
+    said = re.match(r"replay: (\S+) at ([\d,]+) blocks? done ", first)
+    assert said is not None, first
+    policy, capacity = said[1], said[2]
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = (text.decode() for text in proc.communicate(timeout=30))
+    assert proc.returncode == 130, err
+    assert "Block hit ratio" in out
+    row = [line for line in out.splitlines() if re.search(rf"[│|] {re.escape(policy)} +[│|]", line)]
+    assert row and re.search(r"\d\.\d{4}", row[0]), out  # its hit ratio, not "-"
+    cut = re.search(r"replay: interrupted after (\d+)/(\d+) runs done; not finished: (.+)", err)
+    assert cut is not None, err
+    assert 1 <= int(cut[1]) < int(cut[2])
+    not_finished = {
+        part.split(" at ")[0]: part.split(" at ")[1].removesuffix(" blocks").split(", ")
+        for part in cut[3].split("; ")
+    }  # "lru at 20,082, 40,165 blocks; wa at ..."
+    assert capacity not in not_finished.get(policy, [])
+    assert sum(len(sizes) for sizes in not_finished.values()) == int(cut[2]) - int(cut[1])
+    wait_until(lambda: not _group_alive(proc.pid), timeout=5, what="no worker left")
+
+
+@pytest.fixture
+def interrupts() -> Iterator[None]:
+    """Ctrl-C raises ``KeyboardInterrupt`` here, as at a terminal (CI's background job
+    inherits SIGINT ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def _quick_or_stuck(job: str, report: JobProgress | None) -> str:
+    if job == "stuck":
+        threading.Event().wait()  # until the pool ends its worker
+    return job.upper()
+
+
+@pytest.mark.usefixtures("interrupts")
+def test_an_interrupt_carries_the_results_of_the_jobs_done() -> None:
+    """In the pool itself: the Ctrl-C comes once "quick" is said finished, while "stuck"
+    runs; the interrupt carries the result of the one and ends the other's worker."""
+
+    def interrupt(job: str) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(JobsInterrupted) as caught:
+        run_jobs(["stuck", "quick"], _quick_or_stuck, workers=2, finished=interrupt)
+    assert caught.value.finished == {"quick": "QUICK"}
+
+
 def test_sigterm_ends_a_parallel_run_and_its_workers(trace_file: Path) -> None:
     """`timeout` or a job scheduler: the parent died and its workers ran on as orphans."""
-    proc = _busy_run(trace_file, "replay")
+    proc, _ = _busy_run(trace_file, "replay")
     proc.terminate()  # the parent only, as `timeout` sends it
     _, err = proc.communicate(timeout=10)
     assert proc.returncode == 128 + signal.SIGTERM
@@ -80,7 +138,7 @@ def test_sigterm_ends_a_parallel_run_and_its_workers(trace_file: Path) -> None:
 
 def test_a_worker_killed_mid_run_fails_the_run_in_plain_words(trace_file: Path) -> None:
     """The OOM killer's SIGKILL of a worker: a traceback of BrokenProcessPool before."""
-    proc = _busy_run(trace_file, "replay")
+    proc, _ = _busy_run(trace_file, "replay")
     children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
     assert children
     for child in children:

@@ -4,7 +4,9 @@ on stderr, and tables that stay whole at 80 columns."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from typer.testing import CliRunner
 
 from controlplane.cli import app
 from controlplane.replay import catalog
+from controlplane.replay.runner import ReplayJob
 from controlplane.traces.synth import synthesize
 from controlplane.traces.writer import write_bailian
 
@@ -121,6 +124,36 @@ def test_each_finished_run_is_reported_on_stderr_when_not_a_terminal() -> None:
 def test_json_mode_keeps_stderr_quiet() -> None:
     code, out, err = run("replay", str(SAMPLE), "-p", "lru", "--capacity", "300", "--json")
     assert code == 0 and json.loads(out)["results"] and err == ""
+
+
+def test_json_after_an_interrupt_gives_the_finished_runs_and_names_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A real Ctrl-C (SIGINT to this process, as a terminal sends it) the moment the first
+    of four runs on two workers is done: its result is in the JSON, the runs cut in
+    ``not_finished``, and the exit code is 130."""
+    from controlplane.cli.progress import MatrixProgress
+
+    said_done = MatrixProgress.finish
+
+    def finish_then_interrupt(self: MatrixProgress, job: ReplayJob) -> None:
+        said_done(self, job)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(MatrixProgress, "finish", finish_then_interrupt)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # CI ignores it
+    try:
+        args = ["-p", "lru,fifo", "--capacity", "300,600", "-j", "2", "--json"]
+        code, out, err = run("replay", str(SAMPLE), *args)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert code == 130, err
+    doc = json.loads(out)
+    done = {(r["policy"], r["capacity"]) for r in doc["results"]}
+    cut = {(r["policy"], r["capacity"]) for r in doc["not_finished"]}
+    assert done and cut and not done & cut
+    assert done | cut == {(p, c) for p in ("lru", "fifo") for c in (300, 600)}
+    assert f"replay: interrupted after {len(done)}/4 runs done; not finished: " in err
 
 
 def test_tables_stay_whole_at_80_columns(toc_file: Path) -> None:
