@@ -321,11 +321,12 @@ def _status_line(run: _Run) -> str:
 def _dropped(run: _Run) -> str:
     """What was left out, in two counts: runs of events that made no whole request (events
     lost, or a request cut by the start or end), and whole requests refused because a hash
-    repeats among their blocks (the engine's hashes, not the recording, are at fault)."""
-    return (
-        f"dropped {counted(run.tail.counts.incomplete, 'incomplete run')}, "
-        f"{counted(run.gathered.refused, 'request')} repeating a block hash"
-    )
+    repeats among their blocks (the engine's hashes, not the recording, are at fault);
+    a count of zero is left out, so that the usual line fits a terminal."""
+    incomplete, repeating = run.tail.counts.incomplete, run.gathered.refused
+    dropped = [counted(incomplete, "incomplete run")] if incomplete else []
+    dropped += [f"{counted(repeating, 'request')} repeating a block hash"] if repeating else []
+    return f"dropped {', '.join(dropped)}" if dropped else "dropped none"
 
 
 def _finish(run: _Run) -> None:
