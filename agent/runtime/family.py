@@ -5,18 +5,29 @@ Owns the rule and the builder: an agent configured with ``wa`` (or ``device``, t
 (``KVWISE_EVICTOR=lru``, as the demo's control workers) is a fixed control and keeps it.
 The ``wa`` family is the torch evictor where the agent was configured with ``device``
 (the vLLM integration builds it); a baseline runs on the CPU policy of the agent registry
-everywhere (there is no device baseline). It must never do I/O or import torch.
+everywhere (there is no device baseline). It also owns the names an agent accepts (every
+registered policy and ``device``) and how a run names a family the document put in place
+of the configured one. It must never do I/O or import torch.
 """
 
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from agent.policies import UnknownPolicyError, names
 from agent.policy_document import DEFAULT_FAMILY
 from agent.settings import AgentSettings
 
-FOLLOWING = ("wa", "device")
+DEVICE = "device"
+"""The configured name of the torch ``wa`` (not a registered policy)."""
+
+FOLLOWING = (DEFAULT_FAMILY, DEVICE)
 """Configured evictors that follow the document's family."""
+
+
+def evictor_choices() -> list[str]:
+    """Every configured evictor an agent accepts: the registered policies, then ``device``."""
+    return [*names(), DEVICE]
 
 
 def follows_document(settings: AgentSettings) -> bool:
@@ -25,8 +36,20 @@ def follows_document(settings: AgentSettings) -> bool:
 
 
 def configured_family(settings: AgentSettings) -> str:
-    """The family the configured evictor belongs to (``device`` is ``wa``)."""
-    return DEFAULT_FAMILY if settings.evictor == "device" else settings.evictor
+    """The family the configured evictor belongs to (``device`` is ``wa``);
+    ``UnknownPolicyError``, listing every accepted name, for any other name."""
+    if settings.evictor not in evictor_choices():
+        raise UnknownPolicyError(settings.evictor, evictor_choices())
+    return DEFAULT_FAMILY if settings.evictor == DEVICE else settings.evictor
+
+
+def family_label(configured: str, in_force: str) -> str:
+    """How a run names its evictor: the family in force, and, where the document's family
+    (the fleet's pin or selection) replaced the configured one, what was configured
+    (``device -> s3fifo (fleet)``). A baseline never follows, so it is never replaced."""
+    if configured not in FOLLOWING or in_force == DEFAULT_FAMILY:
+        return in_force
+    return f"{configured} -> {in_force} (fleet)"
 
 
 @runtime_checkable

@@ -43,7 +43,13 @@ SpeedOpt = Annotated[
 WorkerIdOpt = Annotated[
     str | None, typer.Option("--id", help="Worker id [default: KVWISE_WORKER_ID or host-pid]")
 ]
-PolicyOpt = Annotated[str | None, typer.Option(help="Evictor name [default: KVWISE_EVICTOR]")]
+PolicyOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Evictor: a policy name or device; wa and device follow the fleet's family "
+        "[default: KVWISE_EVICTOR]"
+    ),
+]
 LoopFlag = Annotated[
     bool, typer.Option("--loop", help="Repeat the trace forever, shifting its time")
 ]
@@ -129,9 +135,12 @@ def _replay(
 def _status_line(p: WorkerProgress) -> str:
     """Three lines, each within 80 columns (but for a long worker id): what was replayed,
     then, indented, how it went and what the agent sent."""
+    from agent.runtime.family import family_label
+
     a = p.agent
+    evictor = family_label(p.policy, a.evictor or p.policy)
     return (
-        f"worker {a.id} [{a.evictor or p.policy}, {a.capacity:,} blocks]: {p.requests:,} "
+        f"worker {a.id} [{evictor}, {a.capacity:,} blocks]: {p.requests:,} "
         f"requests (loop {p.loops})\n"
         f"  hit ratio {a.hit_ratio:.4f}, applied version {a.applied_version}, lag {p.lag_s:.2f}s\n"
         f"  events sent {a.events_sent:,} dropped {a.events_dropped:,}, rejected {a.rejected}"

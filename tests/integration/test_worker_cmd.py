@@ -21,6 +21,7 @@ from agent.policies.lru import LRUPolicy
 from agent.wire import EventKind, Keys, decode_batch
 from controlplane.cli import app
 from controlplane.replay.engine import replay_hits
+from controlplane.service.store import PolicyStore
 from controlplane.traces.reader import load_trace
 from tests.conftest import REPO
 
@@ -98,6 +99,23 @@ def test_worker_ends_with_one_summary_line(tmp_path: Path, redis_url: str, key_p
     assert sent > 0 and "dropped 0," in line and "applied version 0" in line
 
 
+@pytest.mark.parametrize(
+    ("policy", "shown"), [("device", "device -> s3fifo (fleet)"), ("lru", "lru")]
+)
+def test_the_summary_says_when_the_fleets_family_replaced_the_requested_one(
+    tmp_path: Path, redis_url: str, key_prefix: str, policy: str, shown: str
+) -> None:
+    """``device`` follows the fleet's pin (and says so); a baseline is a fixed control."""
+    store = PolicyStore(redis.Redis.from_url(redis_url), Keys(key_prefix), history_size=10)
+    store.pin_evictor("s3fifo")
+    trace_path = write_trace(tmp_path / "t.jsonl", n=50)
+    args = ["worker", "--trace", str(trace_path), "--speed", "100", "--capacity", "30"]
+    args += ["--id", "sim-4", "--policy", policy, "--redis-url", redis_url]
+    res = CliRunner().invoke(app, args, env={"KVWISE_KEY_PREFIX": key_prefix})
+    assert res.exit_code == 0, res.output
+    assert res.stdout.startswith(f"done: worker sim-4 [{shown}, 30 blocks]: 50 requests")
+
+
 def test_worker_rejects_unknown_policy_and_missing_trace(tmp_path: Path) -> None:
     trace_path = write_trace(tmp_path / "t.jsonl", n=3)
     runner = CliRunner()
@@ -105,6 +123,7 @@ def test_worker_rejects_unknown_policy_and_missing_trace(tmp_path: Path) -> None
         app, ["worker", "--trace", str(trace_path), "--capacity", "5", "--policy", "nope"]
     )
     assert res.exit_code == 2 and "unknown policy 'nope'" in res.output
+    assert "lru, s3fifo, sieve, wa, device" in res.output  # every name --policy accepts
     res = runner.invoke(app, ["worker", "--trace", str(tmp_path / "no.jsonl"), "--capacity", "5"])
     assert res.exit_code == 2
 
