@@ -366,6 +366,15 @@ def test_helm_test_pod_checks_readiness_and_a_policy_version() -> None:
     assert "curl -s http://127.0.0.1:8080/v1/policy" in r.notes
 
 
+def test_the_notes_mutation_example_needs_a_version_filled_in() -> None:
+    """Pasted as printed, the rollback example must change nothing: a fixed version (1 is
+    the built-in defaults) would reset the fleet."""
+    notes = hs.rendered("default").notes
+    assert "/v1/policy/versions" in notes
+    assert """-d '{"version": <VERSION>}'""" in notes
+    assert not re.search(r'"version": *\d', notes)
+
+
 # --- the helm test check against a real controller --------------------------------------------
 def _status(url: str) -> int:
     try:
