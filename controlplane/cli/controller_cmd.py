@@ -2,7 +2,8 @@
 
 Owns the command's options, the checks on the settings before anything starts (a bad
 value or a malformed Redis URL is one error line naming its variable, exit code 2) and
-the process lifecycle (the API's socket bound first, then uvicorn, signals). Settings
+the process lifecycle (the API's socket bound first, then uvicorn, signals: a graceful stop
+on SIGINT or SIGTERM exits 0). Settings
 come from the environment (``KVWISE_*``, see docs/configuration.md); options override
 them.
 """
@@ -37,6 +38,7 @@ def controller(
     from controlplane.api.exposure import UnsafeExposure
     from controlplane.api.server import build_app
     from controlplane.cli.common import check_redis_url, fail, settings_or_fail
+    from controlplane.cli.signals import SignalFlag, stop_on_signals
     from controlplane.service.settings import ControllerSettings
 
     overrides = {"host": host, "port": port}
@@ -62,7 +64,11 @@ def controller(
         log_level=settings.log_level,
         access_log=settings.log_level == "debug",
     )
-    uvicorn.Server(config).run(sockets=[listening])
+    # uvicorn handles SIGINT/SIGTERM itself (a graceful shutdown: the lifespan stops the
+    # controller), then raises the signal again under the handlers it found: these, so a
+    # graceful stop exits 0 on either signal instead of dying of SIGTERM (143).
+    with stop_on_signals(SignalFlag()):
+        uvicorn.Server(config).run(sockets=[listening])
 
 
 def _bound_socket(host: str, port: int) -> socket.socket:

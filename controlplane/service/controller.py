@@ -217,13 +217,24 @@ class Controller:
         self.scheduler.start()
 
     def stop(self) -> None:
+        """Stop the jobs; a leader checkpoints its window and releases the lease. Logs one
+        line saying what it did."""
         if self.scheduler.running:
             self.scheduler.shutdown(wait=True)
+        if not self.lease.is_leader:
+            self.lease.release()
+            log.info("%s stopped: a standby, no lease or checkpoint to leave", self.name)
+            return
         # Between passes only: a checkpoint beside a pass would hold batches its ledgers
         # do not (applied, not yet committed), counted twice after a crash.
-        if self.lease.is_leader and self._stop_ingest():
-            self.checkpoint()
-        self.lease.release()
+        if not self._stop_ingest():
+            saved = "no checkpoint (ingest was still in a pass)"
+        elif (size := self.checkpoint()) is None:
+            saved = "checkpoint not written"
+        else:
+            saved = f"checkpoint written ({size:,} bytes)"
+        released = "lease released" if self.lease.release() else "lease left to expire"
+        log.info("%s stopped: %s, %s", self.name, saved, released)
 
     def _tick_lease(self) -> None:
         self.health.probe(self.r, self.keys.probe(self.name))

@@ -11,7 +11,6 @@ never decide anything else.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 
 import redis
@@ -91,9 +90,15 @@ class LeaderLease:
             return None
         return raw.decode() if isinstance(raw, bytes) else str(raw)
 
-    def release(self) -> None:
+    def release(self) -> bool:
+        """Give the lease up; False only where this replica led and Redis did not take the
+        release (the key then expires after its TTL)."""
         with self._lock:
+            released = True
             if self._leader:
-                with contextlib.suppress(redis.RedisError):
+                try:
                     self._release(keys=[self.key], args=[self.holder])
+                except redis.RedisError:
+                    released = False
             self._leader = False
+            return released
