@@ -10,6 +10,7 @@ or know a route by name.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,23 @@ class FieldProblem:
 
 NOT_JSON = FieldProblem("invalid_json", _WHOLE_BODY, "is not valid JSON (UTF-8)")
 NOT_AN_OBJECT = FieldProblem("invalid_value", _WHOLE_BODY, "must be a JSON object")
+_TAKES_NO_BODY = "this request takes no body"
+
+
+def unwanted_body(raw: bytes) -> list[FieldProblem]:
+    """The problems of ``raw`` sent to a route that takes no body: none for an empty body
+    or ``{}`` (nothing in it), each field of an object as ``unknown_field`` (as a body
+    route's unknown field), anything else as the whole body."""
+    if not raw.strip():
+        return []
+    try:
+        sent = json.loads(raw)
+    except ValueError:
+        sent = None
+    if not isinstance(sent, dict):
+        return [FieldProblem("invalid_value", _WHOLE_BODY, f"must be empty ({_TAKES_NO_BODY})")]
+    message = f"is not a field here ({_TAKES_NO_BODY})"
+    return [FieldProblem("unknown_field", str(name), message) for name in sent]
 
 
 @dataclass(frozen=True)

@@ -326,6 +326,39 @@ def test_other_validation_errors_keep_the_shape(ctl: RunningController) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/policy/refit"),
+        ("DELETE", "/v1/policy/evictor"),
+        ("DELETE", "/v1/policy/overrides/text_1"),
+    ],
+)
+def test_a_route_that_takes_no_body_refuses_one(
+    ctl: RunningController, method: str, path: str
+) -> None:
+    """A field the route would ignore (a refit's "force") is refused as a body route
+    refuses a field it does not know; nothing is published."""
+    c = ctl.client
+    before = c.get("/v1/policy").json()["version"]
+    r = c.request(method, path, json={"force": True}, headers=AUTH)
+    assert (r.status_code, r.json()) == (
+        422,
+        {
+            "error": "unknown_field",
+            "field": "force",
+            "message": "is not a field here (this request takes no body)",
+            "reason": "force: is not a field here (this request takes no body)",
+        },
+    )
+    text = c.request(method, path, content=b"now", headers=AUTH)
+    assert text.status_code == 422 and text.json()["field"] == "body"
+    assert text.json()["message"] == "must be empty (this request takes no body)"
+    assert c.get("/v1/policy").json()["version"] == before
+    empty = c.request(method, path, json={}, headers=AUTH)  # nothing in it: served
+    assert empty.status_code != 422, empty.text
+
+
 @pytest.mark.parametrize("spelling", ["1_0", "+1", "1.0", "1e0", "%201", "\u0661", "-1", "0"])
 def test_a_version_in_the_path_is_plain_decimal_digits(
     ctl: RunningController, spelling: str

@@ -3,7 +3,8 @@
 Each module offers a ``reads`` router (GET) and, where it changes state, a ``writes``
 router; ``controlplane.api.app`` attaches the access each needs. Routes reach the
 ``Controller`` through ``ControllerDep`` and declare their ``response_model`` and error
-responses. They must never check tokens (the access guard did) or build Redis keys.
+responses; a route that takes no body declares ``NO_BODY``, which refuses one. They must
+never check tokens (the access guard did) or build Redis keys.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Annotated, cast
 
 from fastapi import Depends, Request
 
+from controlplane.api.errors import FieldError
+from controlplane.api.field_messages import unwanted_body
 from controlplane.service.controller import Controller
 
 
@@ -34,3 +37,15 @@ async def _redis_not_known_down(controller: ControllerDep) -> None:
 
 
 NEEDS_REDIS = Depends(_redis_not_known_down)
+
+
+async def _takes_no_body(request: Request) -> None:
+    """A route that takes no body refuses one (422, each field ``unknown_field``, as a
+    body route refuses a field it does not know): a field it would ignore, such as
+    ``{"force": true}`` on a refit, must not look accepted."""
+    problems = unwanted_body(await request.body())
+    if problems:
+        raise FieldError(*problems)
+
+
+NO_BODY = Depends(_takes_no_body)

@@ -18,7 +18,7 @@ from agent.policy_document import PolicyDocument
 from controlplane.api.errors import ApiError, FieldError, documented
 from controlplane.api.field_messages import FieldProblem
 from controlplane.api.models import EvictorBody, OverrideBody, OverrideCategory
-from controlplane.api.routes import NEEDS_REDIS, ControllerDep
+from controlplane.api.routes import NEEDS_REDIS, NO_BODY, ControllerDep
 from controlplane.service.store import EvictorState, StoreError, TooManyOverrides
 
 TAG = "overrides"
@@ -55,7 +55,8 @@ def put_override(
 @writes.delete(
     "/v1/policy/overrides/{category}",
     response_model=PolicyDocument,
-    responses=documented(404),
+    responses=documented(404, 422),
+    dependencies=[NO_BODY],
 )
 def delete_override(
     category: Annotated[str, Path(description="A pinned category")], controller: ControllerDep
@@ -84,7 +85,12 @@ def put_evictor(body: EvictorBody, controller: ControllerDep) -> PolicyDocument:
         raise FieldError(FieldProblem("invalid_value", "family", str(exc))) from None
 
 
-@writes.delete("/v1/policy/evictor", response_model=PolicyDocument)
+@writes.delete(
+    "/v1/policy/evictor",
+    response_model=PolicyDocument,
+    responses=documented(422),
+    dependencies=[NO_BODY],
+)
 def delete_evictor(controller: ControllerDep) -> PolicyDocument:
     """Release the evictor family's pin; publishes a version with the controller's
     selection."""

@@ -12,7 +12,7 @@ from fastapi import APIRouter
 from agent.policy_document import PolicyDocument
 from controlplane.api.errors import ApiError, documented
 from controlplane.api.models import RollbackBody, VersionInPath
-from controlplane.api.routes import NEEDS_REDIS, ControllerDep
+from controlplane.api.routes import NEEDS_REDIS, NO_BODY, ControllerDep
 from controlplane.service.controller import RefitOutcome, RefitStatus
 from controlplane.service.store import StoreError, VersionInfo
 
@@ -60,7 +60,12 @@ def refit_status(controller: ControllerDep) -> RefitStatus:
     return controller.refit_status()
 
 
-@writes.post("/v1/policy/refit", response_model=RefitOutcome, responses=documented(409))
+@writes.post(
+    "/v1/policy/refit",
+    response_model=RefitOutcome,
+    responses=documented(409, 422),
+    dependencies=[NO_BODY],
+)
 def refit(controller: ControllerDep) -> RefitOutcome:
     """Fit now and publish if the guard passes (also releases a rollback hold)."""
     if not controller.lease.is_leader:
