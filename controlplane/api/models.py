@@ -1,11 +1,12 @@
 """What the API accepts that the domain has no type for: request bodies and path names.
 
 Owns the request bodies (``OverrideBody``, ``RollbackBody``), the bounds of a category
-name in an override, the spelling of a version in a path, and ``HealthOut``. Responses
-are the domain's own types (``PolicyDocument``, ``VersionInfo``, ``RefitOutcome``,
-``CategorySummary``, ``AgentStatus``): a model here never copies one. Bodies take JSON
-numbers and booleans only (pydantic's lax mode would also take ``"1"`` and ``true`` for a
-number). It must never reach the controller.
+name in an override (a small alphabet) and in a read (any name an agent can send), the
+spelling of a version in a path, and ``HealthOut``. Responses are the domain's own types
+(``PolicyDocument``, ``VersionInfo``, ``RefitOutcome``, ``CategorySummary``,
+``AgentStatus``): a model here never copies one. Bodies take JSON numbers and booleans
+only (pydantic's lax mode would also take ``"1"`` and ``true`` for a number). It must
+never reach the controller.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 
 from agent.policy_document import EvictorFamily, PositiveFinite, Probability
+from agent.wire import MAX_CATEGORY_NAME_CHARS
 
 CATEGORY_NAME_MAX = 64
 CATEGORY_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
@@ -35,6 +37,14 @@ OverrideCategory = Annotated[
         max_length=CATEGORY_NAME_MAX,
         pattern=CATEGORY_NAME_PATTERN,
         description="Category to pin: letters, digits and . _ : - (first a letter or digit)",
+    ),
+]
+CategoryInPath = Annotated[
+    str,
+    Path(
+        max_length=MAX_CATEGORY_NAME_CHARS,
+        description="A category an agent named: any name of at most "
+        f"{MAX_CATEGORY_NAME_CHARS} characters (agents send no longer one)",
     ),
 ]
 

@@ -368,6 +368,22 @@ def test_a_version_in_the_path_is_plain_decimal_digits(
     assert (r.json()["field"], r.json()["message"]) == ("version", "must be an integer >= 1")
 
 
+def test_a_category_name_no_agent_can_send_is_invalid_on_a_read(
+    ctl: RunningController,
+) -> None:
+    """A name over the wire's 128 characters can never have been seen: 422 as a bad
+    override name is, not "unknown"; any shorter name (a space, a reuse class's "/re" are
+    the agents' to send) is a category that may merely be unseen: 404."""
+    c = ctl.client
+    too_long = c.get("/v1/categories/" + "a" * 129)
+    assert too_long.status_code == 422
+    assert (too_long.json()["error"], too_long.json()["field"]) == ("invalid_value", "name")
+    assert too_long.json()["message"] == "must be at most 128 characters"
+    unseen = c.get("/v1/categories/a%20b")
+    assert (unseen.status_code, unseen.json()["error"]) == (404, "unknown_category")
+    assert c.get("/v1/categories/" + "a" * 128).status_code == 404
+
+
 def test_unknown_paths_and_methods_answer_json(ctl: RunningController) -> None:
     missing = ctl.client.get("/v1/nothing-here")
     assert missing.status_code == 404

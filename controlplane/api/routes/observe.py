@@ -11,6 +11,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from controlplane.api.errors import ApiError, documented
+from controlplane.api.models import CategoryInPath
 from controlplane.api.routes import NEEDS_REDIS, ControllerDep
 from controlplane.service.agents import AgentView
 from controlplane.service.controller import CategoryDetail, CategorySummary
@@ -29,10 +30,10 @@ def list_categories(controller: ControllerDep) -> list[CategorySummary]:
 @reads.get(
     "/v1/categories/{name}",
     response_model=CategoryDetail,
-    responses=documented(404),
+    responses=documented(404, 422),
     dependencies=[NEEDS_REDIS],
 )
-def get_category(name: str, controller: ControllerDep) -> CategoryDetail:
+def get_category(name: CategoryInPath, controller: ControllerDep) -> CategoryDetail:
     """One category with its empirical and fitted reuse-time CDF points."""
     detail = controller.category(name)
     if detail is None:
