@@ -30,6 +30,9 @@ from controlplane.service.settings import ControllerSettings
 
 MAX_BODY_BYTES = 16 * 1024
 """Largest request body accepted (the API's bodies are a few dozen bytes)."""
+BODY_TOO_LARGE = 413
+"""What the guard answers a body over ``MAX_BODY_BYTES``: declared by each route that
+takes a body."""
 
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _REALM = 'Bearer realm="kvwise"'
@@ -108,10 +111,12 @@ class AccessRules:
 
     def route_options(self, access: Access, *also: int) -> dict[str, Any]:
         """``include_router`` options declaring ``access`` in OpenAPI: the bearer scheme
-        (only where a token is needed), the errors the guard may answer and ``also``."""
+        (only where a token is needed), the token errors the guard may answer and
+        ``also``. A route that takes a body declares ``BODY_TOO_LARGE`` itself: one that
+        takes none refuses any body (``routes.NO_BODY``), so its 413 is never the news."""
         statuses = [401] if self.guarded(access) else []
-        if access is Access.WRITE:
-            statuses += [403, 413] if self.read_token is not None else [413]
+        if access is Access.WRITE and self.read_token is not None:
+            statuses.append(403)
         # Declares the scheme; AccessGuard has enforced it before the route runs.
         dependencies = [Security(_BEARER)] if self.guarded(access) else []
         return {"dependencies": dependencies, "responses": documented(*statuses, *also)}

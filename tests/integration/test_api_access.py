@@ -101,6 +101,28 @@ def test_openapi_declares_the_scheme_and_the_errors(ctl: RunningController) -> N
     assert "security" not in spec["paths"]["/healthz"]["get"]
 
 
+def test_openapi_declares_401_on_guarded_reads_and_413_only_where_a_body_is_taken(
+    ctl: RunningController,
+) -> None:
+    """This controller has a read token: every read under /v1/ and /metrics can answer
+    401. A route that takes no body refuses any body (422), so 413 is declared only by
+    the routes that take one."""
+    spec = ctl.client.get("/openapi.json").json()
+    takes_body = {(m, path) for path, item in spec["paths"].items() for m, op in item.items()}
+    takes_body = {(m, p) for m, p in takes_body if "requestBody" in spec["paths"][p][m]}
+    assert takes_body == {
+        ("post", "/v1/policy/rollback"),
+        ("put", "/v1/policy/overrides/{category}"),
+        ("put", "/v1/policy/evictor"),
+    }
+    for path, item in spec["paths"].items():
+        for method, op in item.items():
+            declared = set(op["responses"])
+            assert ("413" in declared) == ((method, path) in takes_body), (method, path)
+            if path.startswith("/v1/") or path == "/metrics":
+                assert "401" in declared, (method, path)
+
+
 # --- bodies ------------------------------------------------------------------------------
 @dataclass
 class Pushed:

@@ -15,6 +15,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 
 from agent.policy_document import PolicyDocument
+from controlplane.api.access import BODY_TOO_LARGE
 from controlplane.api.errors import ApiError, FieldError, documented
 from controlplane.api.field_messages import FieldProblem
 from controlplane.api.models import EvictorBody, OverrideBody, OverrideCategory
@@ -35,7 +36,7 @@ def list_overrides(controller: ControllerDep) -> dict[str, dict[str, float]]:
 @writes.put(
     "/v1/policy/overrides/{category}",
     response_model=PolicyDocument,
-    responses=documented(409, 422),
+    responses=documented(409, BODY_TOO_LARGE, 422),
 )
 def put_override(
     category: OverrideCategory, body: OverrideBody, controller: ControllerDep
@@ -75,7 +76,11 @@ def get_evictor(controller: ControllerDep) -> EvictorState:
     return controller.store.evictor()
 
 
-@writes.put("/v1/policy/evictor", response_model=PolicyDocument, responses=documented(422))
+@writes.put(
+    "/v1/policy/evictor",
+    response_model=PolicyDocument,
+    responses=documented(BODY_TOO_LARGE, 422),
+)
 def put_evictor(body: EvictorBody, controller: ControllerDep) -> PolicyDocument:
     """Pin the evictor family; publishes a version. The controller's selection no longer
     applies until the pin is released."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from agent.policy_document import PolicyDocument
+from controlplane.api.access import BODY_TOO_LARGE
 from controlplane.api.errors import ApiError, documented
 from controlplane.api.models import RollbackBody, VersionInPath
 from controlplane.api.routes import NEEDS_REDIS, NO_BODY, ControllerDep
@@ -74,7 +75,11 @@ def refit(controller: ControllerDep) -> RefitOutcome:
     return controller.refit(manual=True)
 
 
-@writes.post("/v1/policy/rollback", response_model=PolicyDocument, responses=documented(404, 422))
+@writes.post(
+    "/v1/policy/rollback",
+    response_model=PolicyDocument,
+    responses=documented(404, BODY_TOO_LARGE, 422),
+)
 def rollback(body: RollbackBody, controller: ControllerDep) -> PolicyDocument:
     """Publish a new version with an earlier version's parameters."""
     try:
