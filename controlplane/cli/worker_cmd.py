@@ -133,15 +133,16 @@ def _replay(
 
 
 def _status_line(p: WorkerProgress) -> str:
-    """Three lines, each within 80 columns (but for a long worker id): what was replayed,
-    then, indented, how it went and what the agent sent."""
+    """Three lines, each within 80 columns (but for a long worker id): what was replayed
+    (the requests, and the passes over the whole trace they completed), then, indented,
+    how it went and what the agent sent."""
     from agent.runtime.family import family_label
 
     a = p.agent
     evictor = family_label(p.policy, a.evictor or p.policy)
     return (
         f"worker {a.id} [{evictor}, {a.capacity:,} blocks]: {p.requests:,} "
-        f"requests (loop {p.loops})\n"
+        f"requests ({p.loops} full pass{'' if p.loops == 1 else 'es'})\n"
         f"  hit ratio {a.hit_ratio:.4f}, applied version {a.applied_version}, lag {p.lag_s:.2f}s\n"
         f"  events sent {a.events_sent:,} dropped {a.events_dropped:,}, rejected {a.rejected}"
     )

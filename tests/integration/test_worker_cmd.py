@@ -92,7 +92,7 @@ def test_worker_ends_with_one_summary_line(tmp_path: Path, redis_url: str, key_p
     res = CliRunner().invoke(app, args, env={"KVWISE_KEY_PREFIX": key_prefix})
     assert res.exit_code == 0, res.output
     (line, how, sent_line) = res.stdout.strip().splitlines()
-    assert line == "done: worker sim-3 [lru, 30 blocks]: 50 requests (loop 1)"
+    assert line == "done: worker sim-3 [lru, 30 blocks]: 50 requests (1 full pass)"
     assert how.startswith("  hit ratio ")
     line = how + sent_line
     sent = int(line.split("events sent ")[1].split()[0].replace(",", ""))
