@@ -10,6 +10,7 @@ one.
 from __future__ import annotations
 
 import json
+import textwrap
 from typing import Annotated, Any
 
 import typer
@@ -116,10 +117,13 @@ def _print(rows: dict[str, list[dict[str, Any]]]) -> None:
     """One ``NAME=value`` line per setting (whole at any width, copyable into a shell),
     its meaning indented below."""
     from rich.console import Console
-    from rich.padding import Padding
     from rich.text import Text
 
     console = Console()
+    # Wrapped here, not by a rich Padding: that pads every wrapped line out to the
+    # width with trailing spaces.
+    indent = "    "
+    width = max(console.width, len(indent) + 20)
     for section, items in rows.items():
         console.print(Text(_SECTIONS[section], style="bold underline"))
         for r in items:
@@ -129,5 +133,8 @@ def _print(rows: dict[str, list[dict[str, Any]]]) -> None:
             else:
                 line.append(f"={r['value']}")
             console.print(line, soft_wrap=True)
-            console.print(Padding(Text(r["description"], style="dim"), (0, 0, 0, 4), expand=False))
+            meaning = textwrap.fill(
+                r["description"], width, initial_indent=indent, subsequent_indent=indent
+            )
+            console.print(Text(meaning, style="dim"), soft_wrap=True)
         console.print()

@@ -82,7 +82,8 @@ def test_config_names_stay_whole_and_copyable_at_80_columns() -> None:
     import json
 
     out = run("config")
-    assert max(len(line.rstrip()) for line in out.splitlines()) <= WIDTH
+    assert max(len(line) for line in out.splitlines()) <= WIDTH
+    assert [line for line in out.splitlines() if line != line.rstrip()] == []
     assert "…" not in out
     lines = out.splitlines()
     doc = json.loads(run("config", "--json"))
