@@ -19,7 +19,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from textwrap import wrap
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, get_args
 
 import typer
 from pydantic_settings import BaseSettings
@@ -332,10 +332,28 @@ def settings_or_fail(
         if not error["loc"]:  # a check across settings names them itself
             fail(f"bad {what} settings: {reason}")
         field = str(error["loc"][0])
+        given = _given(cls, field, error.get("input"))
         if field in overrides:
-            fail(f"{options[field]}: {reason}")
+            fail(f"{options[field]}{given}: {reason}")
         variable = f"{cls.model_config.get('env_prefix', '')}{field}".upper()
-        fail(f"bad {what} setting {variable}: {reason}")
+        fail(f"bad {what} setting {variable}{given}: {reason}")
+
+
+def _given(cls: type[BaseSettings], field: str, value: object) -> str:
+    """The bad value for the error line (``='abc'``), or nothing: never a secret's, and a
+    password inside a URL is masked."""
+    from pydantic import SecretStr
+
+    from agent.runtime.connection import redact
+
+    declared = cls.model_fields.get(field)
+    if declared is None or not isinstance(value, str):
+        return ""
+    annotation = declared.annotation
+    if annotation is SecretStr or SecretStr in get_args(annotation):
+        return ""
+    shown = redact(value)
+    return f"={shown[:60] + '...' if len(shown) > 60 else shown!r}"
 
 
 def agent_settings_or_fail(overrides: dict[str, Any], options: dict[str, str]) -> AgentSettings:

@@ -43,7 +43,7 @@ def one_error_line(res: subprocess.CompletedProcess[str]) -> str:
     [
         (["--redis-url", "notaurl"], {}, "--redis-url: "),
         ([], {"KVWISE_REDIS_URL": "notaurl"}, "KVWISE_REDIS_URL: "),
-        ([], {"KVWISE_BATCH_EVENTS": "many"}, "bad agent setting KVWISE_BATCH_EVENTS: "),
+        ([], {"KVWISE_BATCH_EVENTS": "many"}, "bad agent setting KVWISE_BATCH_EVENTS='many': "),
         (["--policy", "nope"], {}, "--policy: unknown policy 'nope'"),
         ([], {"KVWISE_EVICTOR": "nope"}, "KVWISE_EVICTOR: unknown policy 'nope'"),
     ],
@@ -113,10 +113,17 @@ def test_demo_fails_in_one_line_and_leaves_nothing(tmp_path: Path, url: str, say
 @pytest.mark.parametrize(
     ("variable", "value"), [("KVWISE_PORT", "abc"), ("KVWISE_SHADOW_RATE", "5")]
 )
-def test_config_names_a_bad_setting_in_one_line(variable: str, value: str) -> None:
+def test_config_names_a_bad_setting_and_its_value_in_one_line(variable: str, value: str) -> None:
     res = kvwise("config", env={variable: value})
     assert res.returncode == 2
-    assert one_error_line(res).startswith(f"error: bad controller setting {variable}: ")
+    assert one_error_line(res).startswith(f"error: bad controller setting {variable}='{value}': ")
+
+
+def test_a_bad_token_is_named_but_never_shown() -> None:
+    res = kvwise("config", env={"KVWISE_API_TOKEN": "s3cret", "KVWISE_API_READ_TOKEN": "s3cret"})
+    assert res.returncode == 2
+    assert one_error_line(res).startswith("error: bad controller setting KVWISE_API_READ_TOKEN: ")
+    assert "s3cret" not in res.stderr + res.stdout
 
 
 @pytest.mark.parametrize(
