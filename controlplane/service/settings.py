@@ -114,6 +114,14 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
     # --- store and leadership ------------------------------------------------------------
     history_size: int = Field(default=100, ge=2, description="Policy versions kept")
     lease_ttl_s: float = Field(default=10.0, gt=0, description="Leader lease time")
+    restore_wait_s: float = Field(
+        default=6.0,
+        ge=0,
+        description="Seconds the leader waits, once Redis has lost the policy (restarted "
+        "empty), before restoring it: the workers' heartbeats come back meanwhile, and the "
+        "restored version is numbered after any version they hold (at least the agents' "
+        "heartbeat interval)",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="Log level of the controller process"
     )

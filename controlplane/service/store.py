@@ -13,8 +13,9 @@ on another shard, so the fence is a read, not part of the transaction). Versions
 strictly increasing and never rewritten; a rollback publishes a *new* version with an old
 version's parameters. History is bounded (oldest trimmed, never the current one). Each
 publication is logged once with its note. Everything lives in Redis: a controller restart
-loses nothing; and a Redis restarted empty gets back what a controller last read of it
-(``state``, ``restore``: the next version number, with its base, overrides, pin and hold).
+loses nothing; and a Redis restarted empty gets back what a controller last knew of it
+(``state`` as read, or as ``published`` by this store object; ``restore``: a version
+numbered after every one known, with its base, overrides, pin and hold).
 
 A published document is ``base`` (the last fitted parameters) with the operator's
 overrides applied on top. A failed Redis call is recorded in the ``RedisHealth``. It must
@@ -139,6 +140,8 @@ class _Draft:
     copy_of: PolicyDocument | None = None
     pin: EvictorFamily | None = None
     """The operator's pinned evictor family, if any."""
+    held: bool = False
+    """Whether automatic refits are held back once it is published."""
     lowest_version: int = 1
     """The version published is at least this (a restored state goes on numbering)."""
 
@@ -166,6 +169,9 @@ class StoreState:
 
 
 Prepare = Callable[[Pipeline], _Draft]
+Published = Callable[[StoreState], None]
+"""Told the store's state right after each publication of this store object (in the
+order published), so that what a replica itself changed is known before any read."""
 
 
 class PolicyStore:
@@ -177,12 +183,14 @@ class PolicyStore:
         *,
         max_overrides: int = MAX_OVERRIDES,
         health: RedisHealth | None = None,
+        published: Published | None = None,
     ) -> None:
         self.r = client
         self.keys = keys
         self.history_size = history_size
         self.max_overrides = max_overrides
         self.health = health or RedisHealth("redis")
+        self.published = published
 
     # --- reads ---------------------------------------------------------------------------
     @guarded
@@ -354,6 +362,7 @@ class PolicyStore:
             draft.overrides, draft.copy_of = restored, old
             draft.writes.append(write_overrides)
             if hold:
+                draft.held = True
                 draft.writes.append(lambda p: p.set(self.keys.policy_hold, str(version)))
             return draft
 
@@ -406,10 +415,11 @@ class PolicyStore:
         return self._publish(prepare)
 
     @guarded
-    def restore(self, state: StoreState) -> PolicyDocument | None:
+    def restore(self, state: StoreState, *, after: int = 0) -> PolicyDocument | None:
         """Write ``state`` back into a Redis that lost it (restarted empty) and publish it
-        as the version after ``state.version``, so that agents take it as new; None (no
-        write) if a version is in force by then."""
+        as a version numbered after both ``state.version`` and ``after`` (the highest
+        version known to have been published: a number agents may hold already must never
+        name another document); None (no write) if a version is in force by then."""
 
         def prepare(pipe: Pipeline) -> _Draft:
             draft = self._read(pipe, f"restored after Redis lost its state: {state.describe()}")
@@ -424,8 +434,9 @@ class PolicyStore:
             if state.pin is not None:
                 draft.writes.append(lambda p: p.set(self.keys.evictor_pin, str(state.pin)))
             if state.held:
+                draft.held = True
                 draft.writes.append(lambda p: p.set(self.keys.policy_hold, str(state.version)))
-            draft.lowest_version = state.version + 1
+            draft.lowest_version = max(state.version, after) + 1
             return draft
 
         try:
@@ -443,6 +454,7 @@ class PolicyStore:
         base = Base.from_json(pipe.get(self.keys.policy_base))
         draft = _Draft(base, _overrides(pipe.hgetall(self.keys.overrides)), note)
         draft.pin = _pinned(pipe.get(self.keys.evictor_pin))
+        draft.held = bool(pipe.exists(self.keys.policy_hold))
         return draft
 
     def _set_base(self, draft: _Draft, base: Base) -> None:
@@ -457,7 +469,7 @@ class PolicyStore:
 
     def _publish(self, prepare: Prepare, fence: Fence | None = None) -> PolicyDocument:
         k = self.keys
-        watched = (k.policy_versions, k.policy_base, k.overrides, k.evictor_pin)
+        watched = (k.policy_versions, k.policy_base, k.overrides, k.evictor_pin, k.policy_hold)
         with self.r.pipeline(transaction=True) as pipe:
             while True:
                 try:
@@ -479,6 +491,8 @@ class PolicyStore:
                 except redis.WatchError:
                     continue
                 log.info("published policy v%d: %s", doc.version, doc.note)
+                if self.published is not None:
+                    self.published(_state_of(doc, draft))
                 self._notify(doc.version)
                 return doc
 
@@ -507,6 +521,11 @@ class PolicyStore:
         kept = cast(list[bytes], pipe.zrange(self.keys.policy_versions, 0, -1))
         drop = [int(v) for v in kept][: max(0, len(kept) + 1 - self.history_size)]
         return PolicyDocument(**fields), drop
+
+
+def _state_of(doc: PolicyDocument, draft: _Draft) -> StoreState:
+    """The store's state once ``draft`` is published as ``doc``."""
+    return StoreState(doc.version, draft.base, dict(draft.overrides), draft.pin, draft.held)
 
 
 class _AlreadyInForce(Exception):

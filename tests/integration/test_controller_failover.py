@@ -97,7 +97,7 @@ def test_a_redis_that_forgot_the_policy_gets_a_current_version_from_the_same_lea
     """The initial policy was published only when the lease was won: a Redis restarted
     empty under the same leader left no current version, and /readyz said 503 until a
     refit published."""
-    with controller(redis_url, key_prefix, lease_ttl_s=0.6) as c:
+    with controller(redis_url, key_prefix, lease_ttl_s=0.6, restore_wait_s=0) as c:
         assert c.ready() == (True, "")
         c.r.delete(c.keys.policy_current)  # the lease key stays: the same leader
         wait_until(lambda: c.ready()[0], timeout=3, what="a current version again")
@@ -110,7 +110,7 @@ def test_a_redis_restarted_empty_gets_the_operators_state_back_not_the_defaults(
     """A Redis restarted empty got the built-in defaults: every worker ran them until
     the next refit, the operator's overrides and evictor pin were gone without a word,
     and version numbers started again at 1 below the ones agents had applied."""
-    with controller(redis_url, key_prefix, lease_ttl_s=0.6) as c:
+    with controller(redis_url, key_prefix, lease_ttl_s=0.6, restore_wait_s=0) as c:
         fitted = CategoryParams(p_reuse=0.7, rate=0.2, life_s=30.0)
         c.store.publish_fit({"text_1": fitted}, None, "a fit")
         c.store.set_override("text_2", {"p_reuse": 0.5})
