@@ -7,8 +7,11 @@ validates is staged (``staged_version``); the engine thread takes it at its next
 the agent (``take``), so a swap never happens mid-step and an idle engine keeps it staged
 until it works again. A document that fails validation is rejected, counted, reported and
 never fetched again (versions are immutable); the policy in force stays. Without a
-controller nothing is staged and the last good policy (or the built-in one) stays. It must
-never be called from the engine thread except ``take``.
+controller nothing is staged and the last good policy (or the built-in one) stays. Once
+``current`` has gone (a Redis restarted empty), the version it names next is fetched even if
+its number is the one known: a restored store may name another document with it, and the
+agent must never keep its own while reporting that number. It must never be called from the
+engine thread except ``take``.
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ class PolicySubscriber(AgentLoop):
         self.staged_version = applied
         """Version in force once the engine takes what is staged: the last one staged, or
         the one kept after a refusal (what the heartbeat reports as ``staged_version``)."""
+        self._known: PolicyDocument | None = None
+        """The document of ``known_version``, when this subscriber staged it."""
+        self._current_lost = False
+        """``current`` went missing since ``known_version``: compare what it names next."""
         self.rejected = 0
         self.last_rejection = ""
         self._refused: bytes | None = None
@@ -66,6 +73,7 @@ class PolicySubscriber(AgentLoop):
         Returns the staged document, if any. Raises ``redis.RedisError``."""
         raw_current = self.client.get(self.keys.policy_current)
         if raw_current is None:
+            self._current_lost = self.known_version > 0
             self._notice_schema1_controller()
             return None
         pointer = raw_current if isinstance(raw_current, bytes) else raw_current.encode()
@@ -77,7 +85,8 @@ class PolicySubscriber(AgentLoop):
         # Follow the pointer whichever way it moved: a rollback or a reset controller may
         # point at a lower version, and only ``current`` is authoritative. A refused
         # document is never fetched again (versions are immutable); a missing one is.
-        if version == self.known_version or (pointer == self._refused and not self._missing):
+        same = version == self.known_version
+        if (same and not self._current_lost) or (pointer == self._refused and not self._missing):
             return None
         s = self.settings
         key = self.keys.policy_doc(version)
@@ -99,13 +108,29 @@ class PolicySubscriber(AgentLoop):
         except WireError as exc:
             self._refuse(pointer, version, exc.reason)
             return None
+        if same and not self._another_under_the_known_number(doc):
+            return None
         with self._lock:
-            self._pending = doc
+            self._pending, self._known = doc, doc
             self.known_version = version
             self.staged_version = version
-            self._refused, self._missing = None, False
+            self._refused, self._missing, self._current_lost = None, False, False
         log.info("kvwise subscriber: staged policy v%d (%s)", version, doc.note or "no note")
         return doc
+
+    def _another_under_the_known_number(self, doc: PolicyDocument) -> bool:
+        """Whether ``doc``, under the number known, after ``current`` was lost, is another
+        document than the one known (said once); the question is then settled."""
+        self._current_lost = False
+        if doc == self._known:
+            return False
+        log.warning(
+            "kvwise subscriber: v%d came back as another document (Redis lost its state?): "
+            "staging it (%s)",
+            doc.version,
+            doc.note or "no note",
+        )
+        return True
 
     def _notice_schema1_controller(self) -> None:
         """Say once if an older controller (untagged keys) is publishing: otherwise this
@@ -125,7 +150,7 @@ class PolicySubscriber(AgentLoop):
         is the version still in force. A newer version staged meanwhile stays staged."""
         with self._lock:
             if self.known_version == version:
-                self.known_version = keep
+                self.known_version, self._known = keep, None
             if self.staged_version == version:
                 self.staged_version = keep
         self._refuse(str(version).encode(), version, reason)

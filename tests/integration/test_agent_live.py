@@ -21,6 +21,7 @@ from agent.runtime.agent import Agent
 from agent.runtime.publisher import tally
 from agent.wire import AgentStatus, EventBatch, Keys, decode_batch, encode_policy
 from controlplane.dev.embedded_redis import EmbeddedRedis, free_port
+from tests.conftest import delete_prefix
 from tests.integration.agent_fixtures import fast_settings
 from tests.waiting import wait_until
 
@@ -317,6 +318,29 @@ def test_missing_oversized_and_garbled_documents_are_reported_once(
         r.set(k.policy_doc(5), encode_policy(doc(5)))
         apply_when_staged(agent)
         assert agent.applied_version == 5 and sub.rejected == 5
+
+
+def test_a_number_that_comes_back_with_another_document_after_a_lost_store_is_staged(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    """A Redis restarted empty whose controller published another document under the
+    number the agent held: the agent kept its own (same number: "nothing new") and its
+    heartbeat reported it in sync."""
+    agent = Agent(fast_settings(redis_url, key_prefix), capacity=10)  # the test polls
+    sub = agent.subscriber
+    publish(r, key_prefix, 3, encode_policy(doc(3, rate=0.5)), notify=False)
+    assert sub.check() is not None and agent.apply_pending()
+    delete_prefix(redis_url, key_prefix)  # the store is lost
+    assert sub.check() is None
+    other = doc(3, rate=0.9)
+    publish(r, key_prefix, 3, encode_policy(other), notify=False)
+    assert sub.check() == other and agent.apply_pending()
+    assert agent.document == other and agent.status().staged_version == 3
+    delete_prefix(redis_url, key_prefix)  # lost again, back with the same document
+    assert sub.check() is None
+    publish(r, key_prefix, 3, encode_policy(other), notify=False)
+    assert sub.check() is None and sub.take() is None  # nothing new to stage
+    agent.close()
 
 
 def test_pubsub_hint_is_fast_and_polling_is_the_guarantee(
