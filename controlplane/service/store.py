@@ -79,6 +79,15 @@ class VersionInfo:
 
 
 @dataclass(frozen=True)
+class OverrideResult:
+    """What setting an override did: the document in force after it, and whether it was
+    published (False: exactly that override was in force already; nothing written)."""
+
+    document: PolicyDocument
+    published: bool
+
+
+@dataclass(frozen=True)
 class Base:
     """The parameters the last fit produced, before overrides, and the evictor family the
     controller selected (an operator's pin, kept apart, wins over it)."""
@@ -291,7 +300,10 @@ class PolicyStore:
         return self._publish(prepare, fence)
 
     @guarded
-    def set_override(self, category: str, values: Mapping[str, float]) -> PolicyDocument:
+    def set_override(self, category: str, values: Mapping[str, float]) -> OverrideResult:
+        """Pin ``values`` (merged into the category's override) and publish; if the merged
+        override is the one in force already, publish nothing (judged in the transaction):
+        the document in force comes back."""
         unknown = set(values) - set(OVERRIDE_FIELDS)
         if unknown or not values:
             raise StoreError(f"override takes any of {', '.join(OVERRIDE_FIELDS)}")
@@ -307,15 +319,21 @@ class PolicyStore:
                     f"{self.max_overrides}): release one first"
                 )
             merged = {**draft.overrides.get(category, {}), **values}
+            in_force = self._current_in(pipe)
+            if draft.overrides.get(category) == merged and in_force is not None:
+                raise _SameOverride(in_force)
             # Validate before storing: a bad override must never reach agents.
-            _apply_one(_params_for_override(draft, self._current_in(pipe), category), merged)
+            _apply_one(_params_for_override(draft, in_force, category), merged)
             draft.overrides[category] = merged
             draft.note = f"override {category}: {json.dumps(merged, sort_keys=True)}"
             text = json.dumps(merged)
             draft.writes.append(lambda p: p.hset(self.keys.overrides, category, text))
             return draft
 
-        return self._publish(prepare)
+        try:
+            return OverrideResult(self._publish(prepare), published=True)
+        except _SameOverride as same:
+            return OverrideResult(same.document, published=False)
 
     @guarded
     def delete_override(self, category: str) -> PolicyDocument:
@@ -530,6 +548,14 @@ def _state_of(doc: PolicyDocument, draft: _Draft) -> StoreState:
 
 class _AlreadyInForce(Exception):
     """A restore found a version in force: nothing to restore."""
+
+
+class _SameOverride(Exception):
+    """An override already in force as asked: nothing to publish; ``document`` is in force."""
+
+    def __init__(self, document: PolicyDocument) -> None:
+        super().__init__()
+        self.document = document
 
 
 def _overrides(raw: Mapping[bytes | str, bytes | str]) -> dict[str, dict[str, float]]:

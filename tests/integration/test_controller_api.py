@@ -95,6 +95,24 @@ def test_override_rollback_and_errors(ctl: RunningController) -> None:
     assert c.delete("/v1/policy/overrides/nope", headers=AUTH).status_code == 404
 
 
+def test_the_override_in_force_put_again_publishes_nothing(ctl: RunningController) -> None:
+    """Three identical PUTs published v2, v3 and v4, reloading every worker each time,
+    whereas pinning the evictor family pinned already publishes nothing."""
+    c = ctl.client
+    answers = [
+        c.put("/v1/policy/overrides/text_1", json={"rate": 0.5, "life_s": 9}, headers=AUTH)
+        for _ in range(3)
+    ]
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert [a.json()["version"] for a in answers] == [2, 2, 2]
+    assert [a.headers["Kvwise-Published"] for a in answers] == ["true", "false", "false"]
+    part = c.put("/v1/policy/overrides/text_1", json={"rate": 0.5}, headers=AUTH)  # merged: same
+    assert (part.json()["version"], part.headers["Kvwise-Published"]) == (2, "false")
+    assert [v["version"] for v in c.get("/v1/policy/versions").json()] == [2, 1]
+    changed = c.put("/v1/policy/overrides/text_1", json={"rate": 0.6}, headers=AUTH)
+    assert (changed.json()["version"], changed.headers["Kvwise-Published"]) == (3, "true")
+
+
 def test_refit_from_ingested_events(ctl: RunningController, redis_url: str) -> None:
     c = ctl.client
     keys = Keys(ctl.controller.settings.key_prefix)

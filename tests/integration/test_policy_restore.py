@@ -92,7 +92,7 @@ def test_a_restored_version_is_numbered_after_the_one_a_worker_holds(
         ):
             _just_read(rc.controller)
             other_replica = PolicyStore(redis.Redis.from_url(server.url), Keys(key_prefix))
-            held = other_replica.set_override("text_1", {"rate": 0.5})
+            held = other_replica.set_override("text_1", {"rate": 0.5}).document
             wait_until(lambda: _applies(agent, held.version), what="the other replica's version")
             _restart_empty(server)
             restored = _restored(rc.client)

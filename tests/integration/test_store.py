@@ -61,7 +61,7 @@ def test_concurrent_publishers_never_share_a_version(redis_url: str, key_prefix:
 
 def test_override_publishes_and_delete_restores_fit(store: PolicyStore) -> None:
     store.publish_fit({"text_1": _p(0.1, 0.4, 20)}, None, "fit")
-    doc = store.set_override("text_1", {"life_s": 99.0})
+    doc = store.set_override("text_1", {"life_s": 99.0}).document
     t1 = doc.categories["text_1"]
     assert (t1.rate, t1.p_reuse, t1.life_s, t1.source) == (0.1, 0.4, 99.0, "override")
     # An override survives the next fit.
@@ -169,7 +169,7 @@ def test_racing_overrides_and_rollbacks_never_lose_an_override(
         start.wait()
         for round_ in range(3):
             life = 10.0 + i + round_ / 10
-            doc = s.set_override(f"q{i}", {"life_s": life})
+            doc = s.set_override(f"q{i}", {"life_s": life}).document
             # The document a PUT returns holds its own override.
             assert doc.categories[f"q{i}"].life_s == life
             with lock:

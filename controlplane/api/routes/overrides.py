@@ -1,7 +1,9 @@
 """Routes of the ``overrides`` tag: pin or release parameters of one category, or the
 evictor family of every worker that follows the document.
 
-Each change publishes a new policy version (the store composes it). Names and counts
+Each change publishes a new policy version (the store composes it); one that changes
+nothing (the same pin again) publishes nothing and answers with the document in force,
+which the ``Kvwise-Published`` header of an override's answer says (``false``). Names and counts
 are bounded here, at the edge: a category name is at most ``CATEGORY_NAME_MAX``
 characters of a small alphabet, and at most ``max_overrides`` categories are pinned. A
 name that exists already can always be released, whatever it looks like. It must never
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Response
 
 from agent.policy_document import PolicyDocument
 from controlplane.api.access import BODY_TOO_LARGE
@@ -23,6 +25,9 @@ from controlplane.api.routes import NEEDS_REDIS, NO_BODY, ControllerDep
 from controlplane.service.store import EvictorState, StoreError, TooManyOverrides
 
 TAG = "overrides"
+PUBLISHED_HEADER = "Kvwise-Published"
+"""In an override's answer: ``true`` if it published a version, ``false`` if the same
+override was in force already (the answer is then the document in force)."""
 reads = APIRouter(tags=[TAG], dependencies=[NEEDS_REDIS])
 writes = APIRouter(tags=[TAG], dependencies=[NEEDS_REDIS])
 
@@ -39,14 +44,18 @@ def list_overrides(controller: ControllerDep) -> dict[str, dict[str, float]]:
     responses=documented(409, BODY_TOO_LARGE, 422),
 )
 def put_override(
-    category: OverrideCategory, body: OverrideBody, controller: ControllerDep
+    category: OverrideCategory, body: OverrideBody, controller: ControllerDep, response: Response
 ) -> PolicyDocument:
-    """Pin any of ``rate``, ``p_reuse``, ``life_s`` for a category; publishes a version."""
+    """Pin any of ``rate``, ``p_reuse``, ``life_s`` for a category; publishes a version,
+    unless the category's override is exactly that already: then nothing is published, the
+    document in force comes back and the ``Kvwise-Published`` header says ``false``."""
     values = body.given()
     if not values:
         raise FieldError(FieldProblem("invalid_value", "body", "give rate, p_reuse or life_s"))
     try:
-        return controller.store.set_override(category, values)
+        result = controller.store.set_override(category, values)
+        response.headers[PUBLISHED_HEADER] = "true" if result.published else "false"
+        return result.document
     except TooManyOverrides as exc:  # judged in the publication's transaction
         raise ApiError(409, "too_many_overrides", str(exc)) from None
     except StoreError as exc:
