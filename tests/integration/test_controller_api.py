@@ -354,3 +354,30 @@ def test_agents_metrics_and_openapi(ctl: RunningController, redis_url: str) -> N
         assert path in spec["paths"], path
     assert c.get("/docs").status_code == 200
     json.dumps(spec)
+
+
+def test_a_refit_posted_to_a_standby_names_the_leader_to_post_it_to(
+    redis_url: str, key_prefix: str
+) -> None:
+    """What deploy.md tells an operator releasing a rollback's hold: a standby answers 409
+    ``not_leader`` naming the leader's pod and process; the leader's /healthz says so."""
+    settings = live_settings(
+        redis_url=redis_url, key_prefix=key_prefix, lease_ttl_s=5, api_token=TOKEN
+    )
+    with running_controller(settings.model_copy(update={"consumer_name": "ctl-a"})) as a:
+        wait_until(lambda: a.controller.lease.is_leader, what="a leader")
+        with running_controller(settings.model_copy(update={"consumer_name": "ctl-b"})) as b:
+            refused = b.client.post("/v1/policy/refit", headers=AUTH)
+            assert refused.status_code == 409
+            body = refused.json()
+            assert body["error"] == "not_leader"
+            assert (
+                body["reason"]
+                == f"this replica does not refit; leader: {a.controller.lease.holder}"
+            )
+            assert a.controller.lease.holder.startswith("ctl-a/")
+            assert (
+                a.client.get("/healthz").json()["leader"],
+                b.client.get("/healthz").json()["leader"],
+            ) == (True, False)
+            assert a.client.post("/v1/policy/refit", headers=AUTH).status_code == 200
