@@ -41,6 +41,7 @@ from controlplane.service.housekeeping import Housekeeper, HousekeepingSettings
 from controlplane.service.ingest import Ingestor, IngestSettings
 from controlplane.service.lease import LeaderLease
 from controlplane.service.metrics import ControllerMetrics, RefitOutcomeLabel
+from controlplane.service.policy_memory import PolicyMemory
 from controlplane.service.settings import ControllerSettings
 from controlplane.service.shadowing import ShadowLink
 from controlplane.service.store import LeaseLost, PolicyStore, StoreState
@@ -144,17 +145,14 @@ class Controller:
         # two live processes of one name (a misconfiguration) never both lead, and a
         # restarted one waits out its predecessor's lease.
         self.process_id = uuid.uuid4().hex
-        self._store_state: StoreState | None = None  # as last read or published here
-        self._highest_version = 0  # the highest version seen published (read or written)
-        self._state_lock = threading.Lock()  # one writer of the two at a time
-        self._lost_since: float | None = None  # when the leader found the policy gone
+        self.memory = PolicyMemory(settings.restore_wait_s)
         self.store = PolicyStore(
             self.r,
             self.keys,
             settings.history_size,
             max_overrides=settings.max_overrides,
             health=self.health,
-            published=self._remember,
+            published=self.memory.remember,
         )
         self.lease = LeaderLease(
             self.r,
@@ -254,7 +252,7 @@ class Controller:
             self._role_said = True
         elif not self._role_said:
             self._role_said = self._said_standby()
-        self._track_store()
+        self.memory.track(self.store)
 
     def _lead(self, *, newly: bool) -> None:
         """A leader's tick: on taking the lease, load the last checkpoint; on every tick,
@@ -262,7 +260,7 @@ class Controller:
         Redis restarted empty; else the built-in defaults) and start ingest if it is not
         running (a tick that failed half way, or an old ingest thread still finishing when
         the lease came back, must not leave a leader that never ingests)."""
-        self._ensure_policy()
+        self.memory.ensure(self.store, self.agent_reader.read)
         if newly:
             log.info("%s is the leader", self.name)
             self._load_checkpoint()
@@ -283,82 +281,7 @@ class Controller:
     @property
     def store_state(self) -> StoreState | None:
         """The store's state as this replica last read or published it (None: neither)."""
-        return self._store_state
-
-    @property
-    def highest_version(self) -> int:
-        """The highest version number this replica has seen published (0: none)."""
-        return self._highest_version
-
-    def _remember(self, state: StoreState) -> None:
-        """What this replica itself published (the store tells it after each publication),
-        known at once: a Redis that restarts before the next lease tick loses none of it."""
-        with self._state_lock:
-            self._store_state = state
-            self._highest_version = max(self._highest_version, state.version)
-
-    def _track_store(self) -> None:
-        """Every replica, each lease tick: keep the store's state as last read (read whole
-        only when the version in force or the hold has changed), so that whichever leads
-        can put it back into a Redis that lost it. Under the lock that ``_remember`` takes:
-        a publication here while the state is read is known after the read, never under it."""
-        try:
-            with self._state_lock:
-                version, known = self.store.current_version(), self._store_state
-                if version is None:
-                    return  # nothing to read, or the state was lost: keep what was known
-                self._highest_version = max(self._highest_version, version)
-                if known is None or known.version != version or known.held != self.store.held():
-                    self._store_state = self.store.state()
-        except redis.RedisError:
-            pass  # said by the health; the next tick reads again
-        except Exception as exc:  # a state that does not read must never stop the lease
-            log.warning("policy state not read (%s): kept as last read", exc)
-
-    def _ensure_policy(self) -> None:
-        try:
-            if self.store.current_version() is not None:
-                self._lost_since = None
-                return
-            known = self._store_state
-            if known is None:
-                self.store.publish_fit({}, None, "initial: built-in defaults until a fit")
-            else:
-                self._restore(known)
-        except redis.RedisError:
-            pass  # said by the health; the next leader tick tries again
-        except Exception as exc:  # a state that does not restore: the defaults, next tick
-            log.warning("policy state not restored (%s): the built-in defaults instead", exc)
-            self._store_state = None
-
-    def _restore(self, known: StoreState) -> None:
-        """Put ``known`` back into a Redis that lost it, ``restore_wait_s`` after this
-        leader first found it gone (the workers' heartbeats come back meanwhile), as a
-        version numbered after every one this replica saw published and every one a
-        worker reports holding: a number once published never names another document."""
-        now = time.monotonic()
-        if self._lost_since is None:
-            self._lost_since = now
-            log.warning(
-                "Redis has lost kvwise's policy state (restarted empty?): restoring %s in "
-                "%.0f s, once the workers have reported the versions they hold",
-                known.describe(),
-                self.settings.restore_wait_s,
-            )
-        if now - self._lost_since < self.settings.restore_wait_s:
-            return
-        held = [max(a.applied_version, a.staged_version) for a in self.agent_reader.read()]
-        after = max([self._highest_version, *held])
-        doc = self.store.restore(known, after=after)
-        self._lost_since = None
-        if doc is not None:
-            log.warning(
-                "Redis had lost kvwise's policy state: v%d restores %s, as this replica last "
-                "knew it (numbered after v%d, the highest version published or held)",
-                doc.version,
-                known.describe(),
-                after,
-            )
+        return self.memory.state
 
     def _stop_ingest(self) -> bool:
         """Stop ingest; False if its thread is still in a pass."""
@@ -517,7 +440,7 @@ class Controller:
         self.last_fit = result
         if manual:
             self.store.release_hold()
-            self._track_store()  # the hold's release known at once, as a publication is
+            self.memory.track(self.store)  # the hold's release known at once, as a publication is
         elif self.store.held():
             return self._outcome(
                 "held", None, "held: after a rollback; POST /v1/policy/refit", seconds
