@@ -1,17 +1,16 @@
 """``kvwise replay``: judge eviction policies on a trace.
 
-Owns the command's options and the checks on them, its progress display (stderr) and
-output (tables that fold at the terminal's width, JSON, and with ``--plot`` a figure; after
-a Ctrl-C, the runs that had finished and which did not, exit code 130).
-The replay itself is ``controlplane.replay``, trace reading ``controlplane.traces.reader``
-and drawing ``controlplane.plots``. It must never compute a hit ratio itself.
+Owns the command's options and the checks on them and its progress display (stderr); what
+it prints is ``controlplane.cli.replay_output``. The replay itself is
+``controlplane.replay``, trace reading ``controlplane.traces.reader`` and drawing
+``controlplane.plots``. It must never compute a hit ratio itself.
 """
 
 from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -25,18 +24,14 @@ from controlplane.cli.common import (
     fail,
     load_trace_or_fail,
     non_negative,
-    note_one_category,
     open_fraction,
     parse_fracs,
     parse_ints,
     policy_names,
     positive,
-    print_json,
-    say,
-    trace_json,
     unique,
 )
-from controlplane.cli.tables import Column, FoldedTable
+from controlplane.cli.replay_output import Runs, end_interrupted, plot_curve, report
 from controlplane.replay.options import (
     DEFAULT_OPTIONS,
     Attribution,
@@ -48,15 +43,11 @@ from controlplane.replay.options import (
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from rich.console import Console
-
     from controlplane.replay.engine import ReplayResult
     from controlplane.replay.options import ReplayOptions
     from controlplane.traces.model import Trace
 
 DEFAULT_FRACS = "0.05,0.1,0.2,0.4"
-NOT_RUN = "-"
-"""A table cell whose run did not finish (Ctrl-C)."""
 # Options grouped in the help by what they are about.
 _sizes = partial(typer.Option, rich_help_panel="Policies and cache sizes")
 _fitted = partial(typer.Option, rich_help_panel="Fitted policies (wa, wa-ref)")
@@ -228,31 +219,10 @@ def replay(
     _check_scored_part(trace, options)
     capacities = sizes(trace)
     runs = _run_with_progress(trace, names, capacities, jobs, options, json_out)
-    _plot(plot, trace, runs)
-    _report(trace_path, trace, names, capacities, runs, options, top_categories, json_out)
+    plot_curve(plot, trace, runs)
+    report(trace_path, trace, names, capacities, runs, options, top_categories, json_out)
     if runs.not_finished:
-        _end_interrupted(runs)
-
-
-class _Runs(NamedTuple):
-    """What the replay gave: every run's result, or after a Ctrl-C those that finished."""
-
-    results: list[ReplayResult]
-    not_finished: list[tuple[str, int]]
-    """The (policy, capacity) runs a Ctrl-C cut, in the order they were asked for."""
-
-
-def _end_interrupted(runs: _Runs) -> None:
-    """After the finished runs' results: which runs did not finish, and exit code 130."""
-    from controlplane.cli import INTERRUPTED
-
-    sizes: dict[str, list[str]] = {}
-    for policy, capacity in runs.not_finished:
-        sizes.setdefault(policy, []).append(f"{capacity:,}")
-    cut = "; ".join(f"{p} at {', '.join(c)} blocks" for p, c in sizes.items())
-    total = len(runs.results) + len(runs.not_finished)
-    say(f"replay: interrupted after {len(runs.results)}/{total} runs done; not finished: {cut}")
-    raise typer.Exit(INTERRUPTED)
+        end_interrupted(runs)
 
 
 def _options(attribution: Attribution | None, **settings: Any) -> ReplayOptions:
@@ -299,41 +269,6 @@ def _auto(rate: float, window: float, windows: int, margin: float) -> dict[str, 
     }
 
 
-def _report(
-    trace_path: Path,
-    trace: Trace,
-    names: list[str],
-    capacities: list[int],
-    runs: _Runs,
-    options: ReplayOptions,
-    top_categories: int,
-    json_out: bool,
-) -> None:
-    """The results as JSON on stdout, or as tables."""
-    if json_out:
-        print_json(_json_doc(trace_path, trace, options, runs))
-        return
-    _print_tables(trace, names, capacities, runs.results, top_categories, options)
-    note_one_category(trace, names, options.categories)
-
-
-def _plot(path: Path | None, trace: Trace, runs: _Runs) -> None:
-    """The figure ``--plot`` asks for (none after a Ctrl-C: its curves would lack points)."""
-    if path is None:
-        return
-    if runs.not_finished:
-        say(f"--plot: {path} not drawn (interrupted)")
-        return
-    from controlplane.plots.capacity_curve import write_capacity_curve
-
-    title = f"Block hit ratio by cache size: {trace.name}"
-    try:
-        write_capacity_curve(path, runs.results, trace.n_unique, title)
-    except OSError as exc:
-        fail(f"--plot: {path}: {exc.strerror or exc}")
-    typer.echo(f"wrote {path}", err=True)
-
-
 def _capacities(capacity: str | None, capacity_frac: str | None) -> Callable[[Trace], list[int]]:
     """The cache sizes in blocks of a trace, each once (fractions that round to one size
     merge). The options are checked now, before a long trace loads."""
@@ -358,39 +293,6 @@ def _check_scored_part(trace: Trace, options: ReplayOptions) -> None:
         )
 
 
-def _json_doc(
-    trace_path: Path, trace: Trace, options: ReplayOptions, runs: _Runs
-) -> dict[str, object]:
-    """The JSON output; after a Ctrl-C, ``not_finished`` names the runs it cut."""
-    cut = [{"policy": p, "capacity": c} for p, c in runs.not_finished]
-    return {
-        **trace_json(trace_path, trace),
-        "options": options.to_json(),
-        "scored": _scored(trace, options),
-        "results": [r.to_json() for r in runs.results],
-        **({"not_finished": cut} if cut else {}),
-    }
-
-
-def _scored(trace: Trace, options: ReplayOptions) -> dict[str, object]:
-    """Which requests every hit ratio of the run counts."""
-    start = options.first_scored(trace)
-    note = (
-        "hit ratios count every request"
-        if start == 0
-        else f"hit ratios count only requests {start}..{trace.n_requests - 1} (0-based), "
-        f"the {1 - options.split:.0%} after the fitted part; the fitted part is replayed, "
-        "not scored"
-    )
-    return {
-        "first_request": start,
-        "requests": trace.n_requests - start,
-        "accesses": int(trace.lengths[start:].sum()),
-        "part": "all" if start == 0 else "after split",
-        "note": note,
-    }
-
-
 def _run_with_progress(
     trace: Trace,
     names: list[str],
@@ -398,7 +300,7 @@ def _run_with_progress(
     jobs: int,
     options: ReplayOptions,
     quiet: bool,
-) -> _Runs:
+) -> Runs:
     """Every run's result; after a Ctrl-C, those of the runs that had finished (none: the
     interrupt goes on, said as before)."""
     from controlplane.cli.progress import MatrixProgress
@@ -417,7 +319,7 @@ def _run_with_progress(
                     options=options,
                     finished=shown.finish,
                 )
-                return _Runs(matrix, [])
+                return Runs(matrix, [])
             except JobsInterrupted as exc:
                 if not exc.finished:
                     raise
@@ -425,72 +327,4 @@ def _run_with_progress(
     except WorkerDied as exc:
         fail(str(exc), code=1)
     done = {(r.policy, r.capacity) for r in finished}
-    return _Runs(finished, [(n, c) for n in names for c in capacities if (n, c) not in done])
-
-
-def _print_tables(
-    trace: Trace,
-    names: list[str],
-    capacities: list[int],
-    results: list[ReplayResult],
-    top: int,
-    options: ReplayOptions,
-) -> None:
-    from rich.console import Console
-
-    console = Console()
-    by = {(r.policy, r.capacity): r for r in results}
-    console.print(
-        f"[bold]{trace.name}[/]: {counted(trace.n_requests, 'request')}, "
-        f"{counted(trace.n_accesses, 'block access', 'block accesses')}, "
-        f"{counted(trace.n_unique, 'unique block')}"
-    )
-    split_mode = options.first_scored(trace) > 0
-    if split_mode:
-        console.print(f"[bold yellow]split mode[/]: {_scored(trace, options)['note']}")
-    table = FoldedTable(
-        title="Block hit ratio" + (" (scored part only)" if split_mode else ""),
-        keys=[Column("policy", "left")],
-        values=[Column(f"{counted(c, 'block')}\n({c / trace.n_unique:.1%})") for c in capacities],
-    )
-    for name in names:
-        table.add_row([name], [_ratio_cell(by.get((name, c))) for c in capacities])
-    table.print(console)
-    for r in results:
-        for note in r.notes:
-            console.print(f"{r.policy} at {counted(r.capacity, 'block')}: {note}", highlight=False)
-    if len(trace.category_names) > 1 and top > 0:
-        ran = [c for c in capacities if any((n, c) in by for n in names)]  # Ctrl-C: not all
-        _print_category_tables(console, names, ran, by, top)
-
-
-def _print_category_tables(
-    console: Console,
-    names: list[str],
-    capacities: list[int],
-    by: dict[tuple[str, int], ReplayResult],
-    top: int,
-) -> None:
-    per_category = next(iter(by.values())).per_category
-    cats = sorted(per_category, key=lambda k: -per_category[k].accesses)[:top]
-    for c in capacities:
-        table = FoldedTable(
-            title=f"Per-category hit ratio at {counted(c, 'block')} (top {len(cats)} by accesses)",
-            keys=[Column("category", "left"), Column("accesses")],
-            values=[Column(n) for n in names],
-        )
-        for cat in cats:
-            table.add_row(
-                [cat, f"{per_category[cat].accesses:,}"],
-                [_ratio_cell(by.get((n, c)), cat) for n in names],
-            )
-        table.print(console)
-
-
-def _ratio_cell(result: ReplayResult | None, category: str | None = None) -> str:
-    """A run's hit ratio (of ``category``), or ``NOT_RUN`` for a run a Ctrl-C cut."""
-    if result is None:
-        return NOT_RUN
-    if category is None:
-        return f"{result.hit_ratio:.4f}"
-    return f"{result.per_category[category].hit_ratio:.3f}"
+    return Runs(finished, [(n, c) for n in names for c in capacities if (n, c) not in done])
