@@ -95,6 +95,26 @@ class Lines:
         return self.text()
 
 
+class Recording:
+    """``kvwise trace record -o OUT --duration SECONDS`` on a test's Redis, started (it said
+    it records), its stderr gathered as it comes; ``stop`` is its Ctrl-C."""
+
+    def __init__(self, out: Path, seconds: int, redis_url: str, key_prefix: str) -> None:
+        args = ["-o", str(out), "--duration", str(seconds), "--status-every", "0.1"]
+        self.proc, said = start_recording(
+            [*args, "--redis-url", redis_url, "--key-prefix", key_prefix], {}
+        )
+        assert self.proc.stderr is not None and self.proc.stdout is not None
+        self.said, self.lines = said, Lines(self.proc.stderr)
+
+    def stop(self) -> tuple[int, str, str]:
+        """Ctrl-C: its exit code, stdout and all it said on stderr."""
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(timeout=20)
+        assert self.proc.stdout is not None
+        return self.proc.returncode, self.proc.stdout.read(), self.said + self.lines.close()
+
+
 def test_records_a_live_agents_requests_as_a_trace(
     tmp_path: Path, redis_url: str, key_prefix: str
 ) -> None:
@@ -107,21 +127,15 @@ def test_records_a_live_agents_requests_as_a_trace(
     keys, r = Keys(key_prefix), redis.Redis.from_url(redis_url)
     with whole, radix:
         wait_until(lambda: r.exists(keys.agent("w1"), keys.agent("w2")) == 2, what="heartbeats")
-        args = ["-o", str(out), "--duration", "30", "--status-every", "0.1"]
-        proc, said = start_recording(
-            [*args, "--redis-url", redis_url, "--key-prefix", key_prefix], {}
-        )
-        assert proc.stderr is not None and proc.stdout is not None
-        lines = Lines(proc.stderr)
+        recording = Recording(out, 30, redis_url, key_prefix)
         TraceWorker(whole, trace, speed=SPEED).run()
     stream = keys.events_stream("w1")
     # Every request read but the last, which is held until the end (on a loaded machine
     # the recording may lag the agent: a Ctrl-C at once would cut it short).
-    wait_until(lambda: lines.recorded() >= trace.n_requests - 1, timeout=30, what="reads")
-    proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=20)
-    stdout, stderr = proc.stdout.read(), said + lines.close()
-    assert proc.returncode == 0, stderr
+    read = recording.lines.recorded
+    wait_until(lambda: read() >= trace.n_requests - 1, timeout=30, what="reads")
+    code, stdout, stderr = recording.stop()
+    assert code == 0, stderr
     assert "recording 1 worker (w1) for 30 s" in stderr
     assert "worker w2: its agent does not report requests whole" in stderr
     assert "requests cannot be rebuilt; skipped" in stderr
@@ -155,21 +169,15 @@ def test_a_worker_started_while_recording_is_taken_on(
     first = Agent(fast_settings(redis_url, key_prefix, worker_id="w1"), capacity=1000)
     with first:
         wait_until(lambda: r.exists(keys.agent("w1")), what="w1's heartbeat")
-        args = ["-o", str(out), "--duration", "60", "--status-every", "0.1"]
-        proc, said = start_recording(
-            [*args, "--redis-url", redis_url, "--key-prefix", key_prefix], {}
-        )
-        assert proc.stderr is not None and proc.stdout is not None
-        lines = Lines(proc.stderr)
+        recording = Recording(out, 60, redis_url, key_prefix)
         with Agent(fast_settings(redis_url, key_prefix, worker_id="w3"), capacity=1000) as late:
             TraceWorker(late, trace, speed=SPEED).run()
+        lines = recording.lines
         wait_until(lambda: "worker w3 joined" in lines.text(), timeout=30, what="w3 joining")
         # The last request of a worker is held until the recording ends: all others are in.
         wait_until(lambda: lines.recorded() >= trace.n_requests - 1, timeout=30, what="reads")
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=20)
-    stdout, text = proc.stdout.read(), said + lines.close()
-    assert proc.returncode == 0, text
+        code, stdout, text = recording.stop()
+    assert code == 0, text
     assert "recording 1 worker (w1) for 60 s" in text
     assert "worker w3 joined: recording it too (2 workers)" in text
     assert stdout.startswith(f"wrote {out}: 30 requests from 2 workers over ")
@@ -188,10 +196,7 @@ def test_a_request_repeating_a_block_hash_is_not_counted_as_incomplete(
     keys, r = Keys(key_prefix), redis.Redis.from_url(redis_url)
     status = agent_status(id="w1", whole_requests=True, updated_at=time.time())
     r.set(keys.agent("w1"), status.to_json(), ex=60)
-    args = ["-o", str(out), "--duration", "60", "--status-every", "0.1"]
-    proc, said = start_recording([*args, "--redis-url", redis_url, "--key-prefix", key_prefix], {})
-    assert proc.stderr is not None and proc.stdout is not None
-    lines = Lines(proc.stderr)
+    recording = Recording(out, 60, redis_url, key_prefix)
     # Three requests, their new blocks released tail first: [1, 2, 3], [4, 5, 4] (a hash
     # repeats), then [1, 2, 6] (two hits), held until the end as a worker's last is.
     batch = event_batch(
@@ -202,11 +207,10 @@ def test_a_request_repeating_a_block_hash_is_not_counted_as_incomplete(
         kind=[INSERT] * 6 + [HIT, HIT, INSERT],
     )
     r.xadd(keys.events_stream("w1"), encode_batch(batch))  # type: ignore[arg-type]
-    wait_until(lambda: "1 request repeating a block hash" in lines.text(), what="the refusal")
-    proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=20)
-    stdout, text = proc.stdout.read(), said + lines.close()
-    assert proc.returncode == 0, text
+    said = recording.lines.text
+    wait_until(lambda: "1 request repeating a block hash" in said(), what="the refusal")
+    code, stdout, text = recording.stop()
+    assert code == 0, text
     assert stdout.startswith(f"wrote {out}: 2 requests from 1 worker over ")
     assert stdout.strip().endswith("dropped 1 request repeating a block hash")
     assert load_trace(out).n_requests == 2
