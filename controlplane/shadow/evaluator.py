@@ -152,7 +152,7 @@ class ShadowEvaluator:
         self._first = -1.0  # time of the first sampled request (-1: none yet)
         self._guard = NOT_JUDGED
         self._lock = FairLock()
-        self._failed: set[str] = set()  # kinds of failure logged
+        self._failed: set[tuple[str, str]] = set()  # (message, kind) of failures logged
 
     # --- input ---------------------------------------------------------------------------
     def apply(self, batch: EventBatch) -> None:
@@ -192,7 +192,9 @@ class ShadowEvaluator:
         first); the others keep gathering. The new miniatures are warmed on this thread,
         one worker after another, with the lock released (``_warm``): until they replace
         the old ones, the old ones serve and are read, and a worker new to a capacity
-        waits (``waiting_workers``)."""
+        waits (``waiting_workers``). A warm that fails is logged (once per kind) and put
+        aside, and the next worker's goes on: one worker's failure never keeps the
+        others from their capacities, nor its caller from what it does next."""
         for worker_id, capacity in capacities.items():
             with self._lock:
                 worker = self._worker(worker_id)
@@ -205,7 +207,13 @@ class ShadowEvaluator:
                     continue
                 self._take_guarded(worker_id, worker, worker.rebuilder.drain)
                 warming = self._begin_warming(worker, capacity, ghost)
-            self._warm(worker, warming)
+            try:
+                self._warm(worker, warming)
+            except Exception as exc:
+                with self._lock:
+                    self._log_once(
+                        exc, "shadow evaluation put aside the new miniatures of %s", worker_id
+                    )
 
     def set_policy(self, doc: PolicyDocument) -> None:
         """The published document the ``wa`` caches replay from now on (what was gathered
@@ -284,7 +292,7 @@ class ShadowEvaluator:
         (with the lock released while more than ``CATCH_UP_UNDER_LOCK`` accesses wait, at
         most ``CATCH_UP_ROUNDS`` times), then put it in the old miniatures' place, unless
         a later change (or forgetting the worker) put it aside. A failure puts it aside
-        too (the next heartbeat starts another) and is raised."""
+        too (the next heartbeat starts another) and is raised (``set_capacities`` logs it)."""
         try:
             # Off the lock, the new miniatures read only what is theirs, and the category
             # table's codes, which are only ever added to.
@@ -390,10 +398,15 @@ class ShadowEvaluator:
         try:
             self._take(worker, rebuild())
         except Exception as exc:
-            kind = type(exc).__name__
-            if kind not in self._failed:
-                self._failed.add(kind)
-                log.exception("shadow evaluation dropped events of %s", worker_id)
+            self._log_once(exc, "shadow evaluation dropped events of %s", worker_id)
+
+    def _log_once(self, exc: Exception, message: str, worker_id: str) -> None:
+        """Log ``exc`` with ``message`` (about ``worker_id``), once per message and kind
+        of failure (the lock held; called from an ``except`` block)."""
+        kind = (message, type(exc).__name__)
+        if kind not in self._failed:
+            self._failed.add(kind)
+            log.exception(message, worker_id)
 
     # --- output --------------------------------------------------------------------------
     def view(self) -> ShadowView:

@@ -6,9 +6,11 @@ keeps a batch or a read waiting behind all of it."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -16,6 +18,7 @@ from agent.policy_document import PolicyDocument
 from agent.wire import EventBatch
 from controlplane.shadow.estimator import MiniCache
 from controlplane.shadow.evaluator import ShadowEvaluator
+from controlplane.shadow.miniatures import Warming
 from controlplane.shadow.rebuild import Rebuilt, Request, RequestRebuilder
 from controlplane.shadow.settings import ShadowSettings
 from controlplane.traces.model import Trace
@@ -124,33 +127,44 @@ def test_reads_and_batches_do_not_wait_behind_a_warm(
     assert shadow.view().groups == one_by_one.view().groups
 
 
-def test_a_warm_that_fails_is_put_aside_and_the_next_heartbeat_warms_again(
-    trace: Trace, monkeypatch: pytest.MonkeyPatch
+def test_a_warm_that_fails_is_put_aside_and_the_other_workers_still_warm(
+    trace: Trace, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The failure is raised to the caller; the worker keeps waiting (no half-warmed
-    miniatures are shown, ingest goes on), and the same capacity warms again later."""
+    """One worker's warm fails: it is logged, that worker keeps waiting (no half-warmed
+    miniatures are shown, ingest goes on), the workers after it in the same heartbeat
+    read still get theirs (a failure raised out of the shadow job would also skip the
+    document in force and the gauges, at every tick while it lasts), and the same
+    capacity warms again at the next heartbeat."""
     capacity = trace.capacity_for(0.1)
+    failing_capacity = capacity + 1
     batches = agent_batches(trace, capacity, batch_events=1000)[:40]
     shadow = ShadowEvaluator(ShadowSettings(shadow_rate=0.2))
-    for batch in batches[:20]:
-        shadow.apply(batch)
+    for worker in ("w1", "w2"):
+        for batch in batches[:20]:
+            shadow.apply(dataclasses.replace(batch, worker=worker))
+    warm = Warming.warm
 
-    def failing(cache: MiniCache, request: Request) -> int:
-        raise ValueError("a replay that fails")
+    def failing(warming: Warming, *args: Any) -> None:
+        if warming.capacity == failing_capacity:
+            raise ValueError("a replay that fails")
+        warm(warming, *args)
 
-    with monkeypatch.context() as patched:
-        patched.setattr(MiniCache, "serve", failing)
-        with pytest.raises(ValueError, match="a replay that fails"):
-            shadow.set_capacities({"w1": capacity})
+    with monkeypatch.context() as patched, caplog.at_level(logging.ERROR):
+        patched.setattr(Warming, "warm", failing)
+        shadow.set_capacities({"w1": failing_capacity, "w2": capacity})
         for batch in batches[20:30]:
-            shadow.apply(batch)
+            shadow.apply(dataclasses.replace(batch, worker="w1"))
         view = shadow.view()
-        assert view.waiting_workers == ["w1"] and not view.groups
-    shadow.set_capacities({"w1": capacity})
+        assert view.waiting_workers == ["w1"]
+        assert [group.workers for group in view.groups] == [["w2"]]
+    (failure,) = [r for r in caplog.records if "miniatures of w1" in r.getMessage()]
+    assert failure.exc_info is not None
+    shadow.set_capacities({"w1": failing_capacity, "w2": capacity})
     for batch in batches[30:]:
-        shadow.apply(batch)
-    (group,) = shadow.view().groups
-    assert group.workers == ["w1"] and group.sampled_accesses > 0
+        shadow.apply(dataclasses.replace(batch, worker="w1"))
+    groups = shadow.view().groups
+    assert [group.workers for group in groups] == [["w2"], ["w1"]]
+    assert groups[1].sampled_accesses > 0
 
 
 @pytest.mark.slow
