@@ -14,8 +14,8 @@ its requests counted and kept for later, not replayed. Its cost is bounded by th
 unsampled requests cost a few vectorised passes over the gathered events. A failure in
 any of it loses those events to the shadow only (logged once per kind). One lock guards
 its state, granted in turn (``FairLock``), and no hold does more than one worker's
-gather (``GATHER_EVENTS``; a read replays each worker's in a hold of its own) or a
-bounded catch-up (``CATCH_UP_UNDER_LOCK``): a worker's new miniatures
+gather (``GATHER_EVENTS``; a read or a new document replays each worker's in a hold of
+its own) or a bounded catch-up (``CATCH_UP_UNDER_LOCK``): a worker's new miniatures
 (``set_capacities``) are built and warmed with the window's kept requests on the
 caller's thread with the lock released, and replace the old ones once caught up on what
 came meanwhile (``miniatures.Warming``), so a batch or a read never waits behind a warm.
@@ -107,6 +107,9 @@ class _Worker:
     """When its last batch came (monotonic clock)."""
     buffer_dropped: bool = False
     """Whether its buffer ever let a sampled request go (it no longer holds them all)."""
+    doc: PolicyDocument = BUILTIN_POLICY
+    """The document its ``wa`` caches replay (the evaluator's, once ``set_policy`` has
+    come to this worker)."""
 
     @property
     def capacity(self) -> int | None:
@@ -174,9 +177,12 @@ class ShadowEvaluator:
         """``flush`` every worker that sent nothing for ``idle_s`` seconds: a request is
         not left waiting for a batch that may never come."""
         now = time.monotonic()
-        self._apart(
-            lambda worker: worker.rebuilder.flush if now - worker.last_batch >= idle_s else None
-        )
+
+        def flush_if_idle(worker_id: str, worker: _Worker) -> None:
+            if now - worker.last_batch >= idle_s:
+                self._take_guarded(worker_id, worker, worker.rebuilder.flush)
+
+        self._apart(flush_if_idle)
 
     def set_capacities(
         self,
@@ -216,20 +222,28 @@ class ShadowEvaluator:
                     )
 
     def set_policy(self, doc: PolicyDocument) -> None:
-        """The published document the ``wa`` caches replay from now on (what was gathered
-        before is replayed under the one it came under)."""
+        """The published document the ``wa`` caches replay from now on: each worker's
+        gather is replayed under the one it came under, then the worker turns to
+        ``doc``, one worker per hold of the lock (``_turn_to_policy``; a worker new
+        since replays it from its start)."""
         with self._lock:
             if doc.version == self._doc.version and doc.created_at == self._doc.created_at:
                 return
-        self._drain_apart()
-        with self._lock:
-            self._drain()  # what came since: little
             self._doc = doc
-            for worker in self._workers.values():
-                if worker.miniatures is not None:
-                    worker.miniatures.set_policy(doc)
-                if worker.warming is not None:
-                    worker.warming.pending.append(doc)
+        self._apart(self._turn_to_policy)
+
+    def _turn_to_policy(self, worker_id: str, worker: _Worker) -> None:
+        """What ``worker`` gathered replayed under its document, then the evaluator's
+        document told to its miniatures and to those warming (the lock held)."""
+        doc = self._doc
+        if worker.doc is doc:
+            return
+        self._take_guarded(worker_id, worker, worker.rebuilder.drain)
+        worker.doc = doc
+        if worker.miniatures is not None:
+            worker.miniatures.set_policy(doc)
+        if worker.warming is not None:
+            worker.warming.pending.append(doc)
 
     def forget_gone(self, live: set[str]) -> list[str]:
         """Drop the workers outside ``live`` (no heartbeat) that sent nothing for a whole
@@ -257,6 +271,7 @@ class ShadowEvaluator:
                 WindowCounts(window, buckets),
                 InflowShare(self.sampler.rate),
                 RunCounts(window, buckets),
+                doc=self._doc,
             )
         return worker
 
@@ -280,7 +295,7 @@ class ShadowEvaluator:
             ghost,
             nominal=[self.sampler.scaled(full) for full in fulls],
             sizes=[worker.share.capacity(full) for full in fulls],
-            doc=self._doc,
+            doc=worker.doc,
             names=list(self.table.names),
             requests=requests,
             curves_since=counted_from,
@@ -370,25 +385,21 @@ class ShadowEvaluator:
             buffer.popleft()
             worker.buffer_dropped = True
 
-    def _drain(self) -> None:
-        """Replay what every worker's rebuilder has gathered (the lock held)."""
-        for worker_id, worker in self._workers.items():
-            self._take_guarded(worker_id, worker, worker.rebuilder.drain)
-
     def _drain_apart(self) -> None:
         """Replay what every worker's rebuilder has gathered (before a read)."""
-        self._apart(lambda worker: worker.rebuilder.drain)
+        self._apart(
+            lambda worker_id, worker: self._take_guarded(worker_id, worker, worker.rebuilder.drain)
+        )
 
-    def _apart(self, rebuild: Callable[[_Worker], Callable[[], Rebuilt] | None]) -> None:
-        """``_take`` what ``rebuild`` says for each worker (None: nothing), one worker per
-        hold of the lock: a batch waits for one worker's gather, not every worker's."""
+    def _apart(self, step: Callable[[str, _Worker], None]) -> None:
+        """``step`` for each worker still known, one worker per hold of the lock: a batch
+        waits for one worker's gather, not every worker's."""
         with self._lock:
             workers = list(self._workers.items())
         for worker_id, worker in workers:
             with self._lock:
-                chosen = rebuild(worker)
-                if chosen is not None and self._workers.get(worker_id) is worker:
-                    self._take_guarded(worker_id, worker, chosen)
+                if self._workers.get(worker_id) is worker:
+                    step(worker_id, worker)
 
     def _take_guarded(
         self, worker_id: str, worker: _Worker, rebuild: Callable[[], Rebuilt]

@@ -205,3 +205,59 @@ def test_a_batch_waits_for_one_workers_gather_not_every_workers_during_a_read(
     reader.join()
     assert wait < LONGEST_WAIT_S, wait
     assert overlapped, "the read ended before the batch came"
+
+
+class _HoldCounter:
+    """The evaluator's lock, counting in each hold the gathers replayed (drains that
+    rebuilt events) by the thread that holds it."""
+
+    def __init__(self, lock: object) -> None:
+        self._lock = lock
+        self.replayed = 0
+        self.most = 0
+
+    def __enter__(self) -> None:
+        self._lock.__enter__()  # type: ignore[attr-defined]
+        self.replayed = 0
+
+    def __exit__(self, *args: object) -> None:
+        self.most = max(self.most, self.replayed)
+        self._lock.__exit__(*args)  # type: ignore[attr-defined]
+
+
+def test_a_new_document_replays_one_workers_gather_per_hold(
+    trace: Trace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new document replays what each worker gathered before it under the old one; 40
+    workers go on sending while it does (here: as each worker's gather is replayed, the
+    worker before it has gathered again). No hold of the lock replays more than one
+    worker's gather: before, the last hold replayed what every worker had gathered since
+    its turn, every worker's gather at once."""
+    capacity = trace.capacity_for(0.1)
+    batches = agent_batches(trace, capacity, batch_events=1000)[:14]
+    shadow = ShadowEvaluator(ShadowSettings(shadow_rate=0.5))
+    workers = [f"w{i}" for i in range(40)]
+    shadow.set_capacities(dict.fromkeys(workers, capacity))
+    for worker in workers:
+        for batch in batches[:7]:
+            shadow.apply(dataclasses.replace(batch, worker=worker))
+    counter = _HoldCounter(shadow._lock)
+    shadow._lock = counter  # type: ignore[assignment]
+    drain = RequestRebuilder.drain
+    rebuilders = [shadow._workers[worker].rebuilder for worker in workers]
+    fed: set[int] = set()
+
+    def drain_as_ingest_goes_on(rebuilder: RequestRebuilder) -> Rebuilt:
+        rebuilt = drain(rebuilder)
+        counter.replayed += bool(rebuilt.requests)
+        before = rebuilders.index(rebuilder) - 1
+        if before >= 0 and before not in fed:
+            fed.add(before)
+            for batch in batches[7:]:  # gathered, not rebuilt (under GATHER_EVENTS)
+                rebuilders[before].feed(dataclasses.replace(batch, worker=workers[before]))
+        return rebuilt
+
+    monkeypatch.setattr(RequestRebuilder, "drain", drain_as_ingest_goes_on)
+    shadow.set_policy(fitted_document(trace))
+    assert len(fed) == len(workers) - 1
+    assert counter.most == 1, counter.most
