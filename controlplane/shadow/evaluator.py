@@ -197,8 +197,9 @@ class ShadowEvaluator:
         replayed first, as it stood (the curves do not depend on whether a read came
         first); the others keep gathering. The new miniatures are warmed on this thread,
         one worker after another, with the lock released (``_warm``): until they replace
-        the old ones, the old ones serve and are read, and a worker new to a capacity
-        waits (``waiting_workers``). A warm that fails is logged (once per kind) and put
+        the old ones, the old ones serve and are read (the worker is shown at its old
+        capacity), and a worker whose capacity was not known waits
+        (``waiting_workers``). A warm that fails is logged (once per kind) and put
         aside, and the next worker's goes on: one worker's failure never keeps the
         others from their capacities, nor its caller from what it does next."""
         for worker_id, capacity in capacities.items():
