@@ -182,7 +182,7 @@ class ShadowEvaluator:
             if now - worker.last_batch >= idle_s:
                 self._take_guarded(worker_id, worker, worker.rebuilder.flush)
 
-        self._apart(flush_if_idle)
+        self._one_hold_per_worker(flush_if_idle)
 
     def set_capacities(
         self,
@@ -231,7 +231,7 @@ class ShadowEvaluator:
             if doc.version == self._doc.version and doc.created_at == self._doc.created_at:
                 return
             self._doc = doc
-        self._apart(self._turn_to_policy)
+        self._one_hold_per_worker(self._turn_to_policy)
 
     def _turn_to_policy(self, worker_id: str, worker: _Worker) -> None:
         """What ``worker`` gathered replayed under its document, then the evaluator's
@@ -388,11 +388,11 @@ class ShadowEvaluator:
 
     def _drain_apart(self) -> None:
         """Replay what every worker's rebuilder has gathered (before a read)."""
-        self._apart(
+        self._one_hold_per_worker(
             lambda worker_id, worker: self._take_guarded(worker_id, worker, worker.rebuilder.drain)
         )
 
-    def _apart(self, step: Callable[[str, _Worker], None]) -> None:
+    def _one_hold_per_worker(self, step: Callable[[str, _Worker], None]) -> None:
         """``step`` for each worker still known, one worker per hold of the lock: a batch
         waits for one worker's gather, not every worker's."""
         with self._lock:
