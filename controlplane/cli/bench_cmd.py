@@ -21,6 +21,7 @@ from controlplane.cli.common import (
     fail,
     load_trace_or_fail,
     print_json,
+    say,
     signed_percent,
 )
 
@@ -387,9 +388,16 @@ def _compare(paths: tuple[Path, Path], json_out: bool) -> None:
     from rich.table import Table
 
     table = Table(title=f"A = {paths[0]}\nB = {paths[1]}", title_justify="left")
-    for col in ("metric", "A", "B", "B vs A"):
+    for col in ("metric", "A", "B", "B vs A", "95 % interval"):
         table.add_column(col, justify="left" if col == "metric" else "right")
     for r in rows:
         change = "" if r["change"] is None else signed_percent(r["change"])
-        table.add_row(r["metric"], _fmt(r["a"], r["unit"]), _fmt(r["b"], r["unit"]), change)
+        interval = "" if r["interval"] is None else " .. ".join(map(signed_percent, r["interval"]))
+        a, b = _fmt(r["a"], r["unit"]), _fmt(r["b"], r["unit"])
+        table.add_row(r["metric"], a, b, change, interval)
     Console().print(table)
+    if not any(r["interval"] for r in rows):
+        say(
+            "--compare: no intervals (a summary without per-request figures, or fewer than "
+            "30 requests both runs finished)"
+        )

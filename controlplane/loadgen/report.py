@@ -1,4 +1,5 @@
-"""A run's summary and the comparison of two: ``summarize``, ``compare``.
+"""A run's summary and the comparison of two: ``summarize``, ``compare`` (with the
+intervals of ``paired`` where both summaries keep per-request figures).
 
 Owns the definitions. The hit ratio is cached prompt tokens over prompt tokens, both as the
 server reports them per request (``usage``), over the requests that finished; vLLM's own
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from controlplane.loadgen.client import RequestResult
+from controlplane.loadgen.paired import change_intervals, per_request
 from controlplane.loadgen.runner import BenchRun
 
 SUMMARY_SCHEMA = 1
@@ -82,6 +84,7 @@ def summarize(run: BenchRun, config: dict[str, Any]) -> dict[str, Any]:
             "hit_ratio": server.hit_ratio,
         },
         "kvwise": None,
+        "per_request": per_request(run.results),
     }
 
 
@@ -109,19 +112,26 @@ count)."""
 def compare(
     a: dict[str, Any], b: dict[str, Any], names: tuple[str, str] = ("A", "B")
 ) -> list[dict[str, Any]]:
-    """Rows ``{metric, key, unit, a, b, change}``; ``change`` is ``(b - a) / a`` (None when
-    either is missing or ``a`` is 0). ``names`` name the runs in errors."""
+    """Rows ``{metric, key, unit, a, b, change, interval}``; ``change`` is ``(b - a) / a``
+    (None when either is missing or ``a`` is 0), ``interval`` its 95 % interval from the
+    requests both runs finished (``paired``; None for the rows it is not drawn for, or
+    when a summary kept no per-request figures). ``names`` name the runs in errors."""
     for name, summary in zip(names, (a, b), strict=True):
         if summary.get("schema") != SUMMARY_SCHEMA:
             raise ValueError(
                 f"{name} is not a bench summary of schema {SUMMARY_SCHEMA} "
                 f"(schema {summary.get('schema')!r})"
             )
+    intervals = change_intervals(a.get("per_request"), b.get("per_request"))
     rows = []
     for label, key, unit in COMPARED:
         va, vb = _dig(a, key), _dig(b, key)
         change = (vb - va) / va if va is not None and vb is not None and va != 0 else None
-        rows.append({"metric": label, "key": key, "unit": unit, "a": va, "b": vb, "change": change})
+        interval = intervals.get(key) if change is not None else None
+        rows.append(
+            {"metric": label, "key": key, "unit": unit, "a": va, "b": vb, "change": change}
+            | {"interval": None if interval is None else list(interval)}
+        )
     return rows
 
 

@@ -1,0 +1,76 @@
+"""The paired bootstrap of two bench runs: an interval that holds a real change, holds
+zero when the runs differ by noise only, and is absent when it cannot be drawn."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from controlplane.loadgen.client import RequestResult
+from controlplane.loadgen.paired import MIN_PAIRS, change_intervals, per_request
+from controlplane.loadgen.report import SUMMARY_SCHEMA, compare
+
+
+def _run(
+    ttft: np.ndarray, cached: np.ndarray, order: np.ndarray | None = None
+) -> dict[str, list[int] | list[float]]:
+    indices = range(len(ttft)) if order is None else order
+    results = [
+        RequestResult(
+            index=int(i),
+            category=None,
+            scheduled_s=0.0,
+            ttft_s=float(ttft[i]),
+            prompt_tokens=100,
+            cached_tokens=int(cached[i]),
+        )
+        for i in indices
+    ]
+    return per_request(results)
+
+
+def test_a_real_change_is_inside_its_interval_and_zero_is_not() -> None:
+    rng = np.random.default_rng(1)
+    base = rng.lognormal(-2.0, 0.8, size=400)  # long prompts slow in both runs
+    cached = rng.integers(0, 60, size=400)
+    a = _run(base * rng.normal(1.0, 0.05, size=400), cached)
+    faster = base * 0.8 * rng.normal(1.0, 0.05, size=400)
+    more_hits = np.minimum(cached + 10, 100)
+    # B lists its requests in another order: pairs are made by trace index.
+    b = _run(faster, more_hits, order=rng.permutation(400))
+    intervals = change_intervals(a, b)
+    lo, hi = intervals["ttft_s.mean"]
+    assert lo < -0.2 + 0.02 and hi > -0.2 - 0.02 and hi < 0
+    lo, hi = intervals["hit_ratio"]
+    true_change = more_hits.sum() / cached.sum() - 1
+    assert lo < true_change < hi and lo > 0
+    assert set(intervals) == {"hit_ratio", "ttft_s.mean", "ttft_s.p50", "ttft_s.p90"}
+
+
+def test_noise_alone_gives_an_interval_around_zero() -> None:
+    rng = np.random.default_rng(2)
+    base, cached = rng.lognormal(-2.0, 0.8, size=300), rng.integers(0, 60, size=300)
+    a = _run(base * rng.normal(1.0, 0.05, size=300), cached)
+    b = _run(base * rng.normal(1.0, 0.05, size=300), cached)
+    for key, (lo, hi) in change_intervals(a, b).items():
+        assert lo <= 0 <= hi, key
+
+
+def test_no_interval_without_enough_shared_requests() -> None:
+    ttft, cached = np.full(MIN_PAIRS, 0.1), np.full(MIN_PAIRS, 10)
+    a = _run(ttft, cached)
+    assert change_intervals(a, _run(ttft[:-1], cached[:-1])) == {}
+    assert change_intervals(a, None) == {}
+    assert change_intervals({"index": [1.0], "ttft_s": "cut"}, a) == {}
+
+
+def test_compare_puts_the_intervals_on_their_rows() -> None:
+    rng = np.random.default_rng(3)
+    ttft, cached = rng.lognormal(-2.0, 0.5, size=100), rng.integers(0, 60, size=100)
+    a = {"schema": SUMMARY_SCHEMA, "ttft_s": {"mean": 0.2}, "per_request": _run(ttft, cached)}
+    b = {"schema": SUMMARY_SCHEMA, "ttft_s": {"mean": 0.1}, "per_request": _run(ttft / 2, cached)}
+    rows = {r["key"]: r for r in compare(a, b)}
+    lo, hi = rows["ttft_s.mean"]["interval"]  # the TTFTs kept to the microsecond
+    assert lo == pytest.approx(-0.5, abs=1e-4) and hi == pytest.approx(-0.5, abs=1e-4)
+    assert rows["latency_s.mean"]["interval"] is None  # not drawn for latency
+    assert rows["ttft_s.p99"]["interval"] is None  # nor for p99
