@@ -95,6 +95,21 @@ def note_one_category(trace: Trace, names: Sequence[str], categories: str) -> No
         )
 
 
+def note_no_eviction(trace: Trace, capacities: Iterable[int], where: str = "") -> None:
+    """Say, on stderr, which cache sizes hold every block the trace uses: no block is ever
+    evicted there, so every policy scores the same (a frequent surprise when a default
+    size, a GPU's KV pool, meets a small trace). ``where`` names what holds the cache."""
+    whole = sorted(c for c in set(capacities) if c >= trace.n_unique)
+    if not whole:
+        return
+    sizes = ", ".join(f"{c:,}" for c in whole)
+    note(
+        f"a cache of {sizes} blocks{where} holds all {counted(trace.n_unique, 'unique block')} "
+        "of the trace: nothing is evicted there and every policy scores the same. Give "
+        "smaller sizes (--capacity: your engine's KV blocks) to compare the policies."
+    )
+
+
 def counted(n: int, noun: str, plural: str = "") -> str:
     """``n`` and ``noun``, thousands separated, the noun plural (``plural``, by default
     ``noun`` + "s") unless ``n`` is 1: "1 request", "1,234 requests"."""

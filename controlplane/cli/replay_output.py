@@ -16,6 +16,7 @@ import typer
 from controlplane.cli.common import (
     counted,
     fail,
+    note_no_eviction,
     note_one_category,
     print_json,
     say,
@@ -71,6 +72,7 @@ def report(
         return
     _print_tables(trace, names, capacities, runs.results, top_categories, options)
     note_one_category(trace, names, options.categories)
+    note_no_eviction(trace, capacities)
 
 
 def plot_curve(path: Path | None, trace: Trace, runs: Runs) -> None:

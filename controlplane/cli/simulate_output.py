@@ -16,6 +16,7 @@ from controlplane.cli.common import (
     counted,
     fail,
     note,
+    note_no_eviction,
     note_one_category,
     print_json,
     signed_percent,
@@ -47,6 +48,8 @@ def report(
         return
     _print_tables(trace, options, block, results)
     note_one_category(trace, [r.policy for r in results], options.replay.categories)
+    sized = [r.capacity for r in results if not _unbounded(r)]
+    note_no_eviction(trace, sized, where=" per instance")
     _note_overload(trace, options, results)
 
 

@@ -197,3 +197,13 @@ def test_per_category_results_are_by_the_categories_the_policies_saw() -> None:
     assert len(by_inferred) > 1 and all(name.startswith("t") for name in by_inferred)
     total = sum(c["accesses"] for c in by_inferred.values())
     assert total == by_label["unknown"]["accesses"]
+
+
+def test_a_cache_that_holds_the_whole_trace_is_said_to_evict_nothing() -> None:
+    """The sample has fewer unique blocks than 1,000,000: that size ties every policy."""
+    code, _, err = run("replay", str(SAMPLE), "-p", "lru,wa", "--capacity", "300,1000000")
+    assert code == 0
+    assert "note: a cache of 1,000,000 blocks holds all" in err
+    assert "cache of 300" not in err and "300," not in err.split("note:")[1]
+    code, _, err = run("replay", str(SAMPLE), "-p", "lru,wa", "--capacity", "300")
+    assert code == 0 and "holds all" not in err

@@ -169,3 +169,13 @@ def test_inf_runs_once_and_each_column_has_one_precision(tmp_path: Path) -> None
     inf = [r for r in doc["results"] if r["policy"] == "inf"]
     assert [r["capacity"] for r in inf] == [102, 5120]
     assert inf[0]["qttft_s"] == inf[1]["qttft_s"]
+
+
+def test_a_cache_per_instance_that_holds_the_whole_trace_is_said_to_evict_nothing() -> None:
+    """The profile's default pool (tens of thousands of blocks) holds a short trace whole:
+    every policy ties there, said; a size under the trace's unique blocks is not."""
+    res = CliRunner().invoke(app, [*BASE, "--capacity", "100,10000000"])
+    assert res.exit_code == 0, res.output
+    assert "note: a cache of 10,000,000 blocks per instance holds all" in res.stderr
+    res = CliRunner().invoke(app, [*BASE, "--capacity", "100"])
+    assert res.exit_code == 0 and "holds all" not in res.stderr
