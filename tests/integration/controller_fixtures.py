@@ -140,8 +140,12 @@ def good_batch(worker: str, seq: int, *, t0: float | None = None, n: int = 200) 
 
 
 def ingest_good_batches(c: Controller, client: redis.Redis, worker: str, n: int) -> None:
-    """Send ``worker``'s good batches 1..``n`` and wait until ``c`` has ingested them."""
+    """Send ``worker``'s good batches 1..``n`` and wait until ``c`` has ingested them and
+    committed the pass (acknowledged: a batch is counted when applied, before the commit,
+    and a test that deposes the leader in between would find them unacknowledged)."""
     keys = Keys(c.settings.key_prefix)
+    stream, group = keys.events_stream(worker), c.settings.consumer_group
     for seq in range(1, n + 1):
         send(client, keys, good_batch(worker, seq))
     wait_until(lambda: c.ingestor.counters.batches == n, what=f"{n} batches ingested")
+    wait_until(lambda: client.xpending(stream, group)["pending"] == 0, what="the pass committed")
