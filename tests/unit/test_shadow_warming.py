@@ -167,6 +167,23 @@ def test_a_warm_that_fails_is_put_aside_and_the_other_workers_still_warm(
     assert groups[1].sampled_accesses > 0
 
 
+def _each_gathered(
+    trace: Trace, *, workers: int, batches: int
+) -> tuple[ShadowEvaluator, list[str], list[EventBatch]]:
+    """A shadow at a rate of 0.5 whose ``workers`` (at 10 % of the trace's unique blocks)
+    have each gathered the trace's first 7 batches of 1,000 events, the worker names, and
+    the first ``batches`` batches (the rest for the test to send)."""
+    capacity = trace.capacity_for(0.1)
+    sent = agent_batches(trace, capacity, batch_events=1000)[:batches]
+    shadow = ShadowEvaluator(ShadowSettings(shadow_rate=0.5))
+    names = [f"w{i}" for i in range(workers)]
+    shadow.set_capacities(dict.fromkeys(names, capacity))
+    for worker in names:
+        for batch in sent[:7]:
+            shadow.apply(dataclasses.replace(batch, worker=worker))
+    return shadow, names, sent
+
+
 @pytest.mark.slow
 def test_a_batch_waits_for_one_workers_gather_not_every_workers_during_a_read(
     trace: Trace, monkeypatch: pytest.MonkeyPatch
@@ -174,14 +191,7 @@ def test_a_batch_waits_for_one_workers_gather_not_every_workers_during_a_read(
     """80 workers have each gathered 7,000 events; a read replays them all (about two
     seconds on a development machine, at a rate of 0.5) while a batch comes: it waits for
     one worker's replay at most, tens of milliseconds."""
-    capacity = trace.capacity_for(0.1)
-    batches = agent_batches(trace, capacity, batch_events=1000)[:8]
-    shadow = ShadowEvaluator(ShadowSettings(shadow_rate=0.5))
-    workers = [f"w{i}" for i in range(80)]
-    shadow.set_capacities(dict.fromkeys(workers, capacity))
-    for worker in workers:
-        for batch in batches[:7]:
-            shadow.apply(dataclasses.replace(batch, worker=worker))
+    shadow, _, batches = _each_gathered(trace, workers=80, batches=8)
     read_done = threading.Event()
 
     def read() -> None:
@@ -233,14 +243,7 @@ def test_a_new_document_replays_one_workers_gather_per_hold(
     worker before it has gathered again). No hold of the lock replays more than one
     worker's gather: before, the last hold replayed what every worker had gathered since
     its turn, every worker's gather at once."""
-    capacity = trace.capacity_for(0.1)
-    batches = agent_batches(trace, capacity, batch_events=1000)[:14]
-    shadow = ShadowEvaluator(ShadowSettings(shadow_rate=0.5))
-    workers = [f"w{i}" for i in range(40)]
-    shadow.set_capacities(dict.fromkeys(workers, capacity))
-    for worker in workers:
-        for batch in batches[:7]:
-            shadow.apply(dataclasses.replace(batch, worker=worker))
+    shadow, workers, batches = _each_gathered(trace, workers=40, batches=14)
     counter = _HoldCounter(shadow._lock)
     shadow._lock = counter  # type: ignore[assignment]
     drain = RequestRebuilder.drain
