@@ -1,8 +1,9 @@
 """Housekeeping of the worker streams, so that Redis holds only what is still of use.
 
 Owns two removals, run by the leader's ingest thread every ``interval_s``: a worker whose
-stream got no entry for ``worker_expire_s``, whose heartbeat has expired and whose stream is
-empty (every entry read, acknowledged and trimmed) is gone: its stream and its ledger are
+stream got no entry for ``worker_expire_s``, whose heartbeat has expired and whose stream
+holds nothing unread or pending (every entry read by the group and acknowledged; ingest
+leaves the last ones untrimmed for a grace period) is gone: its stream and its ledger are
 deleted (a worker restarted with the default ``host-pid`` id is a new worker, and the old
 one's keys would stay for ever); and a consumer of the group other than this one, idle for
 ``stale_consumer_s`` with nothing pending, is deleted (each controller process joins as a
@@ -81,12 +82,14 @@ class Housekeeper:
         for stream in streams:
             pipe.xinfo_stream(stream)
             pipe.xinfo_consumers(stream, self.group)
+            pipe.xinfo_groups(stream)
         replies = pipe.execute(raise_on_error=False)
         for i, stream in enumerate(streams):
-            info, consumers = replies[2 * i], replies[2 * i + 1]
-            if isinstance(info, Exception) or isinstance(consumers, Exception):
+            info, consumers, groups = replies[3 * i : 3 * i + 3]
+            if any(isinstance(reply, Exception) for reply in (info, consumers, groups)):
                 continue  # gone already, or no group yet: nothing to sweep
             swept.consumers += self._drop_stale_consumers(stream, consumers)
+            info["unread"] = self._unread(info, groups)
             worker = self._expired_worker(stream, info, consumers, now)
             if worker is not None:
                 swept.workers.append(worker)
@@ -110,6 +113,15 @@ class Housekeeper:
             dropped += 1
         return dropped
 
+    def _unread(self, info: dict[str, Any], groups: list[dict[str, Any]]) -> bool:
+        """Whether the stream holds an entry the group has not read: any entry, if the
+        group has not read up to the stream's newest id (or the group is unknown)."""
+        newest = _text(info["last-generated-id"])
+        for group in groups:
+            if _text(group["name"]) == self.group:
+                return _text(group["last-delivered-id"]) != newest and bool(int(info["length"]))
+        return bool(int(info["length"]))
+
     def _expired_worker(
         self, stream: bytes, info: dict[str, Any], consumers: list[dict[str, Any]], now: float
     ) -> str | None:
@@ -120,8 +132,7 @@ class Housekeeper:
         last_ms = int(_text(info["last-generated-id"]).split("-")[0])
         idle_s = now - last_ms / 1000
         pending = sum(int(c["pending"]) for c in consumers)
-        # Acknowledged entries are trimmed: any entry left is unread or pending.
-        if idle_s < self.settings.worker_expire_s or pending or int(info["length"]):
+        if idle_s < self.settings.worker_expire_s or pending or info["unread"]:
             return None
         if worker is not None and self.r.exists(self.keys.agent(worker)):
             return None  # alive, only idle

@@ -9,7 +9,8 @@ dead-lettered with its reason, its ids and a bounded prefix of its payload, and 
 its stream. Any failure on one entry (bad bytes, a limit, an exception in ``apply``)
 dead-letters that entry and the pass goes on. An entry is acknowledged only after it was
 applied or judged for the dead letters, in the same call that records it in the worker's
-ledger and trims what the group has acknowledged; a crash re-delivers instead of losing.
+ledger and trims what the group has acknowledged (once it is ``trim_grace_ms`` old: other
+readers of the streams have that long); a crash re-delivers instead of losing.
 Dead letters are written after that call, best effort: a Redis that refuses writes (out of
 memory) must not keep the commit from freeing what it can. If Redis restarts and forgets the
 group, the group is recreated on the next pass. After each pass, ``between_passes`` (the
@@ -88,6 +89,8 @@ class IngestSettings:
     max_read_bytes: int
     """Bytes one read may bring in, about; it also bounds how many streams one read
     covers (``max_read_bytes // limits.max_entry_bytes``, taken round robin)."""
+    trim_grace_ms: int = 0
+    """Acknowledged entries younger than this stay in the stream, for other readers."""
     max_out_of_order: int = MAX_OUT_OF_ORDER
     """Sequence numbers a worker's ledger tracks above its first gap."""
 
@@ -105,6 +108,7 @@ class IngestSettings:
                 max_categories=settings.max_categories_per_worker,
             ),
             max_read_bytes=settings.ingest_max_read_bytes,
+            trim_grace_ms=round(settings.stream_trim_grace_s * 1000),
         )
 
 
@@ -162,7 +166,12 @@ class Ingestor(BackgroundLoop):
         self.apply = apply
         self.settings = settings
         self.metrics = metrics
-        self.io = StreamIO(client, group=settings.group, consumer=settings.consumer)
+        self.io = StreamIO(
+            client,
+            group=settings.group,
+            consumer=settings.consumer,
+            trim_grace_ms=settings.trim_grace_ms,
+        )
         self.counters = IngestCounters()
         self.ledgers: dict[str, WorkerLedger] = {}
         self._streams: list[bytes] = []

@@ -73,6 +73,13 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
         gt=0,
         description="Events further than this from the controller's clock are dropped, counted",
     )
+    stream_trim_grace_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="Acknowledged stream entries are trimmed once this old, so that other "
+        "readers (kvwise trace record) read them too; the agents' stream_maxlen still bounds "
+        "each stream",
+    )
     max_categories: int = Field(
         default=2048, ge=2, description="Categories the statistics window holds, in all"
     )

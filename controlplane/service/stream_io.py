@@ -5,10 +5,12 @@ Owns the two scripts ingest runs per worker stream. ``read``: take up to ``count
 one at a time, measuring each in Redis: an entry larger than ``max_entry_bytes`` comes back
 as a stub (its size and a bounded prefix), never whole, and the read stops once it holds
 ``budget_bytes``, so no entry and no read can flood the controller's memory. ``commit``:
-acknowledge, delete refused entries, trim what the group has acknowledged (``XTRIM
-MINID``: nothing unread or pending is ever trimmed) and write the worker's ledger, in one
-call on one shard (the stream and the ledger share the worker's hash tag). Acknowledge and
-trim come first, so that a Redis out of memory still frees the memory ingest can free.
+acknowledge, delete refused entries, trim what the group has acknowledged and is older than
+``trim_grace_ms`` by Redis's clock (``XTRIM MINID``: nothing unread or pending is ever
+trimmed, and other plain readers of the stream, such as ``kvwise trace record``, have that
+long to read an entry after ingest did) and write the worker's ledger, in one call on one
+shard (the stream and the ledger share the worker's hash tag). Acknowledge and trim come
+first, so that a Redis out of memory still frees the memory ingest can free.
 
 It must never decode or judge entries (``controlplane.service.ingest`` does).
 """
@@ -86,7 +88,7 @@ return {cursor, out}
 
 _COMMIT = """
 local stream, ledger, group = KEYS[1], KEYS[2], ARGV[1]
-local job = cjson.decode(ARGV[2])
+local job, grace = cjson.decode(ARGV[2]), tonumber(ARGV[3])
 if #job.ack > 0 then redis.call('XACK', stream, group, unpack(job.ack)) end
 if #job.delete > 0 then redis.call('XDEL', stream, unpack(job.delete)) end
 local floor
@@ -104,7 +106,14 @@ else
   end
 end
 local trimmed = 0
-if floor then trimmed = redis.call('XTRIM', stream, 'MINID', floor) end
+if floor then
+  local now = redis.call('TIME')
+  local cutoff = math.max(tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) - grace, 0)
+  if tonumber(string.match(floor, '^(%d+)')) > cutoff then
+    floor = string.format('%d', cutoff) .. '-0'
+  end
+  trimmed = redis.call('XTRIM', stream, 'MINID', floor)
+end
 for name, value in pairs(job.ledger) do redis.call('HSET', ledger, name, value) end
 return trimmed
 """
@@ -149,12 +158,16 @@ class Commit:
 
 
 class StreamIO:
-    """Runs the read and commit scripts for ``group``/``consumer`` (pipelined per call)."""
+    """Runs the read and commit scripts for ``group``/``consumer`` (pipelined per call);
+    ``commit`` trims acknowledged entries once they are ``trim_grace_ms`` old."""
 
-    def __init__(self, client: RedisClient, *, group: str, consumer: str) -> None:
+    def __init__(
+        self, client: RedisClient, *, group: str, consumer: str, trim_grace_ms: int = 0
+    ) -> None:
         self.r = client
         self.group = group
         self.consumer = consumer
+        self.trim_grace_ms = trim_grace_ms
 
     def read(
         self,
@@ -191,7 +204,10 @@ class StreamIO:
                 {"ack": _texts(job.ack), "delete": _texts(job.delete), "ledger": job.ledger}
             )
             pipe.execute_command(
-                "EVAL", _COMMIT, 2, stream, ledger_keys[stream], self.group, payload
+                "EVAL",
+                _COMMIT,
+                2,
+                *(stream, ledger_keys[stream], self.group, payload, self.trim_grace_ms),
             )
         replies = pipe.execute(raise_on_error=False)
         trimmed = 0

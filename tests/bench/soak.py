@@ -53,6 +53,7 @@ CONTROLLER_SETTINGS = {
     "KVWISE_INGEST_MAX_EVENTS": "20000",
     "KVWISE_RECLAIM_IDLE_MS": "5000",
     "KVWISE_LEASE_TTL_S": "3",
+    "KVWISE_STREAM_TRIM_GRACE_S": "0",  # "nothing stuck" looks for empty streams
 }
 
 

@@ -56,6 +56,7 @@ def controller(redis_url: str, prefix: str, **settings: Any) -> Iterator[Control
         "ingest_block_ms": 50,
         "lease_ttl_s": 5,
         "consumer_name": "ctl-test",
+        "stream_trim_grace_s": 0,  # tests that look at trimming see it at once
     }
     c = Controller(
         ControllerSettings(redis_url=redis_url, key_prefix=prefix, **{**defaults, **settings})

@@ -13,6 +13,7 @@ import redis
 
 from agent.wire import WIRE_SCHEMA_VERSION, AgentStatus, Keys, encode_batch
 from controlplane.service.housekeeping import Housekeeper, HousekeepingSettings
+from controlplane.service.settings import ControllerSettings
 from controlplane.service.stream_io import Commit, StreamIO
 from tests.integration.controller_fixtures import (
     controller,
@@ -270,3 +271,60 @@ def test_one_commit_acknowledges_the_largest_ingest_count(redis_url: str, key_pr
         {stream.encode(): keys.ingest_state("w1")}, {stream.encode(): job}
     )
     assert len(job.ack) == 4096 and r.xpending(stream, "g")["pending"] == 0
+
+
+def test_acknowledged_entries_stay_for_other_readers_until_the_grace_ends(
+    redis_url: str, key_prefix: str
+) -> None:
+    """Acknowledged entries were trimmed at once: a plain reader of the stream (``kvwise
+    trace record``) that had not reached them yet lost them, though a running controller
+    was to leave the streams as they were. Only those older than the grace go."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    stream = keys.events_stream("w1")
+    now_ms = int(r.time()[0]) * 1000
+    old = [f"{now_ms - 60_000 + i}-0" for i in range(3)]  # a minute old
+    for i, entry_id in enumerate([*old, "*", "*"]):
+        r.xadd(stream, encode_batch(good_batch("w1", i + 1)), id=entry_id)  # type: ignore[arg-type]
+    r.xgroup_create(stream, "g", id="0")
+    [(_, entries)] = r.xreadgroup("g", "c", {stream: ">"})
+    io = StreamIO(r, group="g", consumer="c", trim_grace_ms=30_000)
+    job = Commit(ack=[entry_id for entry_id, _ in entries])
+    trimmed = io.commit({stream.encode(): keys.ingest_state("w1")}, {stream.encode(): job})
+    assert trimmed == 3 and r.xlen(stream) == 2  # the two new ones stay, acknowledged
+    assert r.xpending(stream, "g")["pending"] == 0
+
+
+def test_a_running_controller_leaves_new_entries_in_the_stream(
+    redis_url: str, key_prefix: str
+) -> None:
+    """With its default grace, the controller applies and acknowledges the entries and
+    leaves them in the stream, where another reader still finds them."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    grace = ControllerSettings.model_fields["stream_trim_grace_s"].default
+    assert grace >= 10
+    with controller(redis_url, key_prefix, stream_trim_grace_s=grace) as c:
+        for seq in (1, 2, 3):
+            send(r, keys, good_batch("w1", seq))
+        wait_until(lambda: c.ingestor.counters.batches == 3, what="three batches")
+        wait_until(lambda: c.ingestor.pending() == 0, what="all acknowledged")
+        assert r.xlen(keys.events_stream("w1")) == 3
+        assert len(r.xread({keys.events_stream("w1"): "0"})[0][1]) == 3
+
+
+def test_housekeeping_removes_a_dead_workers_stream_that_holds_only_acknowledged_entries(
+    redis_url: str, key_prefix: str
+) -> None:
+    """Entries read and acknowledged, kept only for the trim's grace, keep no dead worker."""
+    r = redis.Redis.from_url(redis_url)
+    keys = Keys(key_prefix)
+    stream = keys.events_stream("gone")
+    r.xadd(stream, encode_batch(good_batch("gone", 1)))  # type: ignore[arg-type]
+    r.xgroup_create(stream, "controller", id="0")
+    [(_, [(entry_id, _)])] = r.xreadgroup("controller", "ctl", {stream: ">"})
+    r.xack(stream, "controller", entry_id)
+    sweep = HousekeepingSettings(interval_s=1, worker_expire_s=1, stale_consumer_s=1)
+    keeper = Housekeeper(r, keys, group="controller", consumer="ctl", settings=sweep)
+    swept = keeper.sweep([stream.encode()], now=time.time() + 3600)
+    assert swept.workers == ["gone"] and not r.exists(stream)
