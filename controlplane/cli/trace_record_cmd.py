@@ -319,14 +319,22 @@ def _status_line(run: _Run) -> str:
 
 
 def _dropped(run: _Run) -> str:
-    """What was left out, in two counts: runs of events that made no whole request (events
-    lost, or a request cut by the start or end), and whole requests refused because a hash
-    repeats among their blocks (the engine's hashes, not the recording, are at fault);
-    a count of zero is left out, so that the usual line fits a terminal."""
-    incomplete, repeating = run.tail.counts.incomplete, run.gathered.refused
-    dropped = [counted(incomplete, "incomplete run")] if incomplete else []
+    """What was left out, in three counts: stream entries gone before they were read (the
+    gaps in the workers' sequence numbers: trimmed by the controller or the agent's cap),
+    runs of events that made no whole request (events lost, or a request cut by the start
+    or end), and whole requests refused because a hash repeats among their blocks (the
+    engine's hashes, not the recording, are at fault); a count of zero is left out, so
+    that the usual line fits a terminal."""
+    trimmed, incomplete = run.tail.counts.trimmed, run.tail.counts.incomplete
+    repeating = run.gathered.refused
+    dropped = [f"{_entries(trimmed)} trimmed before they were read"] if trimmed else []
+    dropped += [counted(incomplete, "incomplete run")] if incomplete else []
     dropped += [f"{counted(repeating, 'request')} repeating a block hash"] if repeating else []
     return f"dropped {', '.join(dropped)}" if dropped else "dropped none"
+
+
+def _entries(n: int) -> str:
+    return counted(n, "stream entry", "stream entries")
 
 
 def _finish(run: _Run) -> None:
@@ -344,6 +352,13 @@ def _write(run: _Run, files: tuple[Path, Path], block_tokens: int) -> None:
     if c.bad_entries:
         bad = counted(c.bad_entries, "bad entry", "bad entries")
         say(f"skipped {bad} ({'; '.join(c.bad_reasons)})")
+    if c.trimmed:
+        say(
+            f"{_entries(c.trimmed)} trimmed before they were read: the controller trims "
+            "what it has read once KVWISE_STREAM_TRIM_GRACE_S old, the agents at their "
+            "stream_maxlen; the recording fell behind them",
+            lead="warning: ",
+        )
     if not len(run.gathered):
         fail(_nothing_line(run, seconds), code=1)
     try:
@@ -362,5 +377,5 @@ def _write(run: _Run, files: tuple[Path, Path], block_tokens: int) -> None:
 def _nothing_line(run: _Run, seconds: float) -> str:
     if run.failure:
         return f"Redis failed before any whole request was seen: {run.failure}; nothing written"
-    entries = counted(run.tail.counts.entries, "stream entry", "stream entries")
+    entries = _entries(run.tail.counts.entries)
     return f"no whole request in {seconds:.1f} s ({entries} read): nothing written"

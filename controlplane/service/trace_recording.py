@@ -7,7 +7,10 @@ and ``StreamTail``: for each chosen worker, plain ``XREAD`` from the stream's ne
 (entries already there are not read; a worker added later is read from the recording's start
 on), a bounded count of entries per read, each decoded and fed to that worker's
 ``RequestRebuilder`` (sampling every request), whose whole requests come back with their
-category names. Entries that break the wire contract are skipped and counted. It must never
+category names. Entries that break the wire contract are skipped and counted. Entries gone
+before they were read (trimmed by the controller or the agent's cap) are counted from the
+gaps in each worker's batch sequence numbers (from the entry before the recording's start
+on). It must never
 join or touch the controller's consumer group, acknowledge, trim, delete or write anything:
 the controller and other readers see the streams exactly as before.
 """
@@ -114,6 +117,34 @@ class TailCounts:
     """Entries skipped because they break the wire contract (another release, corrupt)."""
     bad_reasons: list[str] = field(default_factory=list)
     """The first few reasons, one per line."""
+    trimmed: int = 0
+    """Entries gone before they were read: the gaps in the workers' sequence numbers."""
+
+
+@dataclass(frozen=True)
+class _Position:
+    """Where a worker's sequence stood at the last entry read: its agent's epoch and the
+    batch's sequence number (``("", 0)``: nothing before, the next is an epoch's first)."""
+
+    epoch: str
+    seq: int
+
+    def missed(self, after: _Position) -> int:
+        """Entries missing between this one and the one ``after`` it."""
+        if after.epoch != self.epoch:
+            return max(after.seq - 1, 0)  # an agent's new epoch starts at 1
+        return max(after.seq - self.seq - 1, 0)
+
+
+_NOTHING_BEFORE = _Position("", 0)
+
+
+def _position(fields: dict[bytes, bytes]) -> _Position | None:
+    """An entry's place in its worker's sequence; None if its fields do not say it."""
+    try:
+        return _Position(fields[b"e"].decode(), int(fields[b"s"]))
+    except (KeyError, ValueError):
+        return None
 
 
 class StreamTail:
@@ -133,7 +164,10 @@ class StreamTail:
         self._sampler = PrefixSampler(1.0)  # every request: a trace, not a sample
         self._started = self._now_id()
         self._rebuilders = {w: RequestRebuilder(self._sampler, self.table) for w in workers}
-        self._last = {w: self._newest_id(w) for w in workers}
+        self._last: dict[str, bytes] = {}
+        self._positions: dict[str, _Position] = {}
+        for worker in workers:
+            self._start_at(worker, b"+")
         self.counts = TailCounts()
 
     @property
@@ -146,7 +180,7 @@ class StreamTail:
         seconds after it started loses none of the requests it sent meanwhile, and one whose
         stream outlived an earlier run of it is not read from before the recording."""
         self._rebuilders[worker] = RequestRebuilder(self._sampler, self.table)
-        self._last[worker] = self._started
+        self._start_at(worker, self._started)
 
     def _now_id(self) -> bytes:
         """A stream id at Redis's clock now (``XREAD`` reads the entries after it). A cluster
@@ -155,11 +189,21 @@ class StreamTail:
         seconds, micros = min(reply.values()) if isinstance(reply, dict) else reply
         return f"{seconds * 1000 + micros // 1000}-0".encode()
 
-    def _newest_id(self, worker: str) -> bytes:
-        """The id after which new entries are read: the newest one now, ``0-0`` when the
-        stream does not exist yet (everything it will hold is new)."""
-        newest = cast(list[_Entry], self.r.xrevrange(self.keys.events_stream(worker), count=1))
-        return newest[0][0] if newest else b"0-0"
+    def _start_at(self, worker: str, newest: bytes) -> None:
+        """Read ``worker``'s stream after its last entry up to ``newest`` (``+``: the newest
+        of all; none: from the start), whose place in the sequence is where gaps are counted
+        from: unknown if its fields do not say it, or if there is none but the stream exists
+        (trimmed empty: its agent may be at any number); no stream: the next entry is its
+        agent's first."""
+        stream = self.keys.events_stream(worker)
+        before = cast(list[_Entry], self.r.xrevrange(stream, max=newest, count=1))
+        self._last[worker] = before[0][0] if before else b"0-0"
+        if before:
+            position = _position(before[0][1])
+        else:
+            position = None if self.r.exists(stream) else _NOTHING_BEFORE
+        if position is not None:
+            self._positions[worker] = position
 
     def poll(self) -> list[RecordedRequest]:
         """One read of every worker's stream: the requests its new entries complete (the
@@ -171,6 +215,7 @@ class StreamTail:
             for _, entries in cast(list[tuple[bytes, list[_Entry]]], reply or []):
                 for entry_id, fields in entries:
                     self._last[worker] = entry_id
+                    self._count_gap(worker, fields)
                     out += self._entry(worker, rebuilder, fields)
         return out
 
@@ -180,6 +225,18 @@ class StreamTail:
         for rebuilder in self._rebuilders.values():
             out += self._requests(rebuilder.flush())
         return out
+
+    def _count_gap(self, worker: str, fields: dict[bytes, bytes]) -> None:
+        """Counts the entries missing between the last one read and this one."""
+        position = _position(fields)
+        if position is None:
+            return  # a bad entry: counted as such
+        last = self._positions.get(worker)
+        if last is not None:
+            self.counts.trimmed += last.missed(position)
+            if last.epoch == position.epoch and position.seq <= last.seq:
+                return  # a batch resent by its agent: the sequence stays where it was
+        self._positions[worker] = position
 
     def _entry(
         self, worker: str, rebuilder: RequestRebuilder, fields: dict[bytes, bytes]

@@ -25,6 +25,7 @@ from agent.wire import EventKind, Keys, encode_batch
 from controlplane.cli import app
 from controlplane.dev.embedded_redis import free_port
 from controlplane.dev.simworker import TraceWorker
+from controlplane.service.trace_recording import StreamTail
 from controlplane.traces.model import Trace
 from controlplane.traces.reader import load_trace
 from tests.conftest import REPO
@@ -214,6 +215,53 @@ def test_a_request_repeating_a_block_hash_is_not_counted_as_incomplete(
     assert stdout.startswith(f"wrote {out}: 2 requests from 1 worker over ")
     assert stdout.strip().endswith("dropped 1 request repeating a block hash")
     assert load_trace(out).n_requests == 2
+
+
+def test_entries_trimmed_before_they_were_read_are_counted(redis_url: str, key_prefix: str) -> None:
+    """A controller's trim took entries the tail had not read: they were lost silently.
+    The gaps in the worker's sequence numbers say how many, a resent batch is no gap, and
+    an agent's new epoch counts from its first batch."""
+    keys, r = Keys(key_prefix), redis.Redis.from_url(redis_url)
+    stream = keys.events_stream("w1")
+
+    def add(seq: int, epoch: str = "e") -> bytes:
+        batch = event_batch(
+            worker="w1", seq=seq, epoch=epoch, ts=1.0, block=seq, offset=0, kind=INSERT
+        )
+        return r.xadd(stream, encode_batch(batch))  # type: ignore[arg-type,no-any-return]
+
+    add(1)  # before the recording: where it counts from
+    tail = StreamTail(r, keys, ["w1"])
+    add(2), add(3)
+    r.xtrim(stream, minid=add(4), approximate=False)  # 2 and 3 trimmed unread, as ingest does
+    tail.poll()
+    assert tail.counts.trimmed == 2
+    add(4), add(6)  # 4 resent (no gap), then 5 lost
+    add(3, epoch="f")  # the agent restarted: its batches 1 and 2 lost
+    tail.poll()
+    assert tail.counts.entries == 4 and tail.counts.trimmed == 2 + 1 + 2
+
+
+def test_a_recording_says_the_entries_trimmed_before_it_read_them(
+    tmp_path: Path, redis_url: str, key_prefix: str
+) -> None:
+    """The summary said "dropped none" for a recording that had lost entries."""
+    out = tmp_path / "mine.jsonl"
+    keys, r = Keys(key_prefix), redis.Redis.from_url(redis_url)
+    status = agent_status(id="w1", whole_requests=True, updated_at=time.time())
+    r.set(keys.agent("w1"), status.to_json(), ex=60)
+    stream = keys.events_stream("w1")
+    one = {"ts": 1.0, "block": 7, "offset": 0, "kind": INSERT}
+    r.xadd(stream, encode_batch(event_batch(worker="w1", seq=1, **one)))  # type: ignore[arg-type]
+    recording = Recording(out, 60, redis_url, key_prefix)
+    two = {"ts": 2.0, "block": 8, "offset": 0, "kind": INSERT}
+    r.xadd(stream, encode_batch(event_batch(worker="w1", seq=5, **two)))  # type: ignore[arg-type]
+    said = recording.lines.text
+    wait_until(lambda: "3 stream entries trimmed before they were read" in said(), what="it")
+    code, stdout, text = recording.stop()
+    assert code == 0, text
+    assert stdout.strip().endswith("dropped 3 stream entries trimmed before they were read")
+    assert "warning: 3 stream entries trimmed before they were read: the controller" in text
 
 
 def test_no_worker_is_one_error_line(redis_url: str, key_prefix: str, tmp_path: Path) -> None:
