@@ -236,12 +236,13 @@ def _replay_options(categories: str, refit_every: float, reuse_class: str) -> Re
 
 
 def _block_tokens(trace: Trace, options: SimOptions) -> int:
-    """Tokens per block: the trace format's, or ``--block-tokens`` for a format that does
-    not say (a known format's hash ids and prompt lengths are counted in its own)."""
-    from controlplane.replay.accesses import BLOCK_TOKENS
+    """Tokens per block: what the trace says (a recorded one), else its format's, or
+    ``--block-tokens`` for a trace that does not say (one that does counts its hash ids
+    and prompt lengths in its own)."""
+    from controlplane.replay.accesses import block_tokens_of
     from controlplane.simulate.requests import workload
 
-    native = BLOCK_TOKENS.get(trace.source_format)
+    native = block_tokens_of(trace)
     if options.block_tokens not in (None, native) and native is not None:
         fail(
             f"--block-tokens {options.block_tokens}: this {trace.source_format} trace's "

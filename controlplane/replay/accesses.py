@@ -78,6 +78,12 @@ BLOCK_TOKENS = {"bailian": 16, "mooncake": 512}
 """Tokens per hash id of each trace format (docs/traces.md)."""
 
 
+def block_tokens_of(trace: Trace) -> int | None:
+    """Tokens per hash id of ``trace``: what it says (a recorded trace), else its format's;
+    None for a format that does not say."""
+    return trace.block_tokens or BLOCK_TOKENS.get(trace.source_format)
+
+
 def with_reuse_class(
     trace: Trace, cols: AccessColumns, names: Sequence[str]
 ) -> tuple[AccessColumns, tuple[str, ...], I32]:
@@ -103,7 +109,7 @@ def request_categories(
     if source == "labels":
         return trace.categories, trace.category_names
     if infer is None:
-        infer = InferSettings(block_tokens=BLOCK_TOKENS.get(trace.source_format, 16))
+        infer = InferSettings(block_tokens=block_tokens_of(trace) or 16)
     inferrer = CategoryInferrer(infer)
     names = inferrer.settings.names()
     code_of = {name: i for i, name in enumerate(names)}

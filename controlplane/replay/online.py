@@ -38,10 +38,10 @@ from controlplane.fit.per_category import FitResult
 from controlplane.fit.reuse_window import ReuseStats, StatsSnapshot
 from controlplane.fit.settings import FitSettings
 from controlplane.replay.accesses import (
-    BLOCK_TOKENS,
     AccessColumns,
     HitClasses,
     access_columns,
+    block_tokens_of,
     request_categories,
     with_reuse_class,
 )
@@ -311,7 +311,7 @@ def build(
         cols, names, offsets = with_reuse_class(trace, cols, names)
         block_class = offsets.tolist()
     elif options.depth != "off":
-        block_tokens = BLOCK_TOKENS.get(trace.source_format, 16)
+        block_tokens = block_tokens_of(trace) or 16
         cols, names, offsets = with_depth_class(trace, cols, names, block_tokens)
         block_class = offsets.tolist()
     elif options.reuse_class == "hit" and kind != "wa-ref":

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from controlplane.replay.accesses import BLOCK_TOKENS
+from controlplane.replay.accesses import block_tokens_of
 from controlplane.traces.model import Trace
 
 DEFAULT_OUTPUT_TOKENS = 256
@@ -61,7 +61,7 @@ def workload(
         raise ValueError(f"speed must be a positive number, got {speed}")
     if output_tokens < 1:
         raise ValueError(f"output tokens must be >= 1, got {output_tokens}")
-    bt = block_tokens or BLOCK_TOKENS.get(trace.source_format, DEFAULT_BLOCK_TOKENS)
+    bt = block_tokens or block_tokens_of(trace) or DEFAULT_BLOCK_TOKENS
     if bt < 1:
         raise ValueError(f"block tokens must be >= 1, got {bt}")
     t0 = float(trace.timestamps[0]) if trace.n_requests else 0.0

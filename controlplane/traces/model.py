@@ -51,6 +51,9 @@ class Trace:
     parent_chat_ids: I64
     skipped_lines: tuple[tuple[int, str], ...] = field(default=())
     """(line number, reason) of each line skipped by ``--skip-bad-lines``."""
+    block_tokens: int | None = None
+    """Tokens per block, where the trace says it (one kvwise recorded: its lines carry
+    ``block_tokens``); None: its format's (``controlplane.replay.accesses.block_tokens_of``)."""
 
     @property
     def n_requests(self) -> int:
@@ -96,6 +99,7 @@ class Trace:
         chat_ids: I64 | None = None,
         parent_chat_ids: I64 | None = None,
         skipped_lines: Sequence[tuple[int, str]] = (),
+        block_tokens: int | None = None,
     ) -> Trace:
         """Build a trace from per-request columns in file order.
 
@@ -138,6 +142,7 @@ class Trace:
             chat_ids=column(chat_ids),
             parent_chat_ids=column(parent_chat_ids),
             skipped_lines=tuple(skipped_lines),
+            block_tokens=block_tokens,
         )
 
     @classmethod

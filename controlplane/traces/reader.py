@@ -9,7 +9,9 @@ hashes (``controlplane.traces.model`` does) or know about policies and replay.
 Formats (docs/traces.md):
 
 - Bailian ``qwen_trace*_blksz_16.jsonl``: ``chat_id``, ``parent_chat_id``, ``timestamp``
-  (seconds), ``input_length``, ``output_length``, ``type``, ``turn``, ``hash_ids``.
+  (seconds), ``input_length``, ``output_length``, ``type``, ``turn``, ``hash_ids``; and,
+  optional (a trace ``kvwise trace record`` wrote), ``block_tokens``: tokens per block,
+  the same on every line (``Trace.block_tokens``).
 - Mooncake ``*_trace.jsonl``: ``timestamp`` (milliseconds), ``input_length``,
   ``output_length``, ``hash_ids``.
 """
@@ -129,6 +131,11 @@ def _type(obj: dict[str, Any]) -> str:
     return value
 
 
+def _block_tokens(obj: dict[str, Any]) -> int | None:
+    """A line's optional ``block_tokens`` (None: the line does not say)."""
+    return _int(obj, "block_tokens", 1) if "block_tokens" in obj else None
+
+
 _HASHES_WANTED = "expected a non-empty list of integers"
 
 
@@ -175,6 +182,8 @@ class _Columns:
         self.turns = array("q")
         self.types: list[str] = []
         self._type_names: dict[str, str] = {}  # one string object per distinct type
+        self.block_tokens: int | None = None
+        """What the first line read said; every other line must say the same."""
         self.add: Callable[[dict[str, Any]], None] = (
             self._add_bailian if fmt == "bailian" else self._add_mooncake
         )
@@ -218,6 +227,11 @@ class _Columns:
         self.output_lengths.append(out)
 
     def _add_bailian(self, obj: dict[str, Any]) -> None:
+        block_tokens = _block_tokens(obj)
+        if self.chat_ids and block_tokens != self.block_tokens:
+            said = "none" if self.block_tokens is None else self.block_tokens
+            problem = f"expected the earlier lines' block size ({said}), got {block_tokens}"
+            raise _Bad("block_tokens", problem, "differs from the earlier lines")
         chat = _int(obj, "chat_id", 0)
         parent = _int(obj, "parent_chat_id", -1)
         ts = _timestamp(obj)
@@ -233,6 +247,7 @@ class _Columns:
         self.output_lengths.append(out)
         self.types.append(self._type_names.setdefault(type_, type_))
         self.turns.append(turn)
+        self.block_tokens = block_tokens
 
     def to_trace(self, name: str, skipped: list[tuple[int, str]]) -> Trace:
         def i64(a: array[int]) -> np.ndarray[Any, np.dtype[np.int64]]:
@@ -253,6 +268,7 @@ class _Columns:
             chat_ids=i64(self.chat_ids) if bailian else None,
             parent_chat_ids=i64(self.parent_chat_ids) if bailian else None,
             skipped_lines=skipped,
+            block_tokens=self.block_tokens,
         )
 
 

@@ -6,7 +6,8 @@ hashes become small ids in order of first sight (one table for every worker, so 
 two requests share stays shared), and a request whose blocks repeat a hash is refused (the
 reader would refuse its line). ``trace`` gives times relative to the first request, chat ids
 in time order, no parent (conversations are not recorded), input tokens as blocks x
-``block_tokens`` and output tokens 0 (unknown: the simulator takes its default). It must
+``block_tokens`` (which the trace carries, so that its readers count in it too) and output
+tokens 0 (unknown: the simulator takes its default). It must
 never do I/O or rebuild requests from events (``controlplane.shadow.rebuild`` does).
 """
 
@@ -92,6 +93,7 @@ class RecordedRequests:
             output_lengths=np.zeros(len(times), dtype=np.int64),
             chat_ids=chat_ids,
             parent_chat_ids=np.full(len(times), -1, dtype=np.int64),
+            block_tokens=block_tokens,
         )
 
 

@@ -2,8 +2,9 @@
 
 Owns ``write_bailian``: one JSON object per request in replay order, with the keys of the
 public ``qwen_trace*_blksz_16.jsonl`` files (``chat_id``, ``parent_chat_id``,
-``timestamp``, ``input_length``, ``output_length``, ``type``, ``turn``, ``hash_ids``) and
-the trace's original hash ids (``trace.hashes[trace.blocks]``), so reading the file back
+``timestamp``, ``input_length``, ``output_length``, ``type``, ``turn``, ``hash_ids``, and
+``block_tokens`` on every line when the trace says its block size) and the trace's original
+hash ids (``trace.hashes[trace.blocks]``), so reading the file back
 gives the same arrays. A name ending in ``.gz`` (any case) is written gzip-compressed. It must never
 change the trace (no re-numbering, no re-timing) or write any other format.
 """
@@ -67,6 +68,8 @@ def write_bailian(trace: Trace, path: str | os.PathLike[str]) -> None:
                 "turn": turn,
                 "hash_ids": hashes[offsets[r] : offsets[r + 1]],
             }
+            if trace.block_tokens is not None:
+                record["block_tokens"] = trace.block_tokens
             lines.append(orjson.dumps(record, option=_OPTIONS))
             if len(lines) >= 4096:  # write in slabs: few syscalls, bounded memory
                 f.write(b"".join(lines))

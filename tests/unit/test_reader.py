@@ -87,6 +87,24 @@ def test_bailian_columns_round_trip(tmp_path: Path) -> None:
     assert trace.skipped_lines == ()
 
 
+def test_a_bailian_traces_block_size_is_read_when_its_lines_say_it(tmp_path: Path) -> None:
+    """A recorded trace's lines carry ``block_tokens``; a public one's do not (None: the
+    format's own); lines that disagree are refused, or skipped when asked."""
+    assert load_trace(write(tmp_path / "public.jsonl", [bailian(0)])).block_tokens is None
+    said = [bailian(i, block_tokens=32) for i in range(3)]
+    assert load_trace(write(tmp_path / "mine.jsonl", said)).block_tokens == 32
+    mixed = write(tmp_path / "mixed.jsonl", [*said, bailian(3, block_tokens=16), bailian(4)])
+    with pytest.raises(TraceError) as err:
+        load_trace(mixed)
+    assert str(err.value) == (
+        f"{mixed}:4: field 'block_tokens': expected the earlier lines' block size (32), got 16"
+    )
+    trace = load_trace(mixed, skip_bad_lines=True)
+    assert trace.n_requests == 3 and trace.block_tokens == 32
+    with pytest.raises(TraceError, match="field 'block_tokens': expected an integer >= 1"):
+        load_trace(write(tmp_path / "zero.jsonl", [bailian(0, block_tokens=0)]))
+
+
 def test_mooncake_timestamps_are_milliseconds(tmp_path: Path) -> None:
     lines = [mooncake(0), mooncake(1, timestamp=1500), mooncake(2, timestamp=2250.5)]
     trace = load_trace(write(tmp_path / "x_trace.jsonl", lines))

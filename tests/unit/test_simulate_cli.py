@@ -179,3 +179,32 @@ def test_a_cache_per_instance_that_holds_the_whole_trace_is_said_to_evict_nothin
     assert "note: a cache of 10,000,000 blocks per instance holds all" in res.stderr
     res = CliRunner().invoke(app, [*BASE, "--capacity", "100"])
     assert res.exit_code == 0 and "holds all" not in res.stderr
+
+
+def recorded_trace(path: Path, block_tokens: int) -> None:
+    """A trace as ``kvwise trace record --block-tokens`` writes it: 24 blocks a request."""
+    from controlplane.traces.recorded import RecordedRequests
+    from controlplane.traces.writer import write_bailian
+
+    gathered = RecordedRequests()
+    for i in range(40):
+        gathered.add(0.5 * i, "text_1", [*range(20), *range(100 + 4 * i, 104 + 4 * i)])
+    write_bailian(gathered.trace(path.name, block_tokens), path)
+
+
+def test_a_recorded_traces_block_size_is_the_one_simulate_counts_in(tmp_path: Path) -> None:
+    """A trace recorded with --block-tokens 32 was simulated with 16-token blocks, and
+    --block-tokens 32 was refused as not the trace's."""
+    path = tmp_path / "mine.jsonl.gz"
+    recorded_trace(path, 32)
+    trace = load_trace(path)
+    assert trace.block_tokens == 32 and set(trace.input_lengths.tolist()) == {24 * 32}
+    run = ["simulate", str(path), "-p", "lru", "-j", "1", "--capacity", "50", "--json"]
+    res = CliRunner().invoke(app, run)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["block_tokens"] == 32
+    res = CliRunner().invoke(app, [*run, "--block-tokens", "32"])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(app, [*run, "--block-tokens", "16"], env={"COLUMNS": "200"})
+    assert res.exit_code == 2
+    assert "this bailian trace's blocks hold 32 tokens each" in res.stderr
