@@ -2,8 +2,9 @@
 
 Owns the command's options, its progress display and its output (a table, ``--json``, the
 summary file and the per-request JSON lines), and the side-by-side view of two runs
-(``--compare``). The load generator itself is ``controlplane.loadgen``; trace reading is
-``controlplane.traces.reader``.
+(``--compare``). A ``--controller`` that does not answer never stops a run: it is said
+once and the summary keeps the reason. The load generator itself is
+``controlplane.loadgen``; trace reading is ``controlplane.traces.reader``.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ def _serve(
 ) -> dict[str, Any]:
     import httpx
 
-    from controlplane.loadgen.observe import ServerUnreachable, kvwise_state, served_model
+    from controlplane.loadgen.observe import ServerUnreachable, served_model
     from controlplane.loadgen.prompts import TokenSpace
     from controlplane.loadgen.report import summarize
     from controlplane.loadgen.runner import ServerOptions, run_bench
@@ -172,9 +173,9 @@ def _serve(
     try:
         with httpx.Client(timeout=30) as client:
             model = args["model"] or served_model(client, base_url)
-            kvwise_before = kvwise_state(client, controller) if controller else None
     except ServerUnreachable as exc:
         fail(str(exc))
+    kvwise = _kvwise_before(controller) if controller else None
     space = TokenSpace(block_tokens=args["block_tokens"], vocab=args["vocab"], salt=args["salt"])
     server = ServerOptions(base_url, model, args["concurrency"], args["timeout"])
     lines = _open_lines(requests_out)
@@ -191,14 +192,47 @@ def _serve(
         if lines is not None:
             lines.close()
     summary = summarize(run, {**args, "url": base_url, "model": model, "trace": str(trace_path)})
-    if controller:
-        summary["kvwise"] = {"before": kvwise_before, "after": None}
-        try:
-            with httpx.Client(timeout=30) as client:
-                summary["kvwise"]["after"] = kvwise_state(client, controller)
-        except ServerUnreachable as exc:
-            summary["kvwise"]["error"] = str(exc)
+    if controller and kvwise is not None:
+        _kvwise_after(controller, kvwise)
+    summary["kvwise"] = kvwise
     return summary
+
+
+def _kvwise_before(controller: str) -> dict[str, Any]:
+    """The controller's versions before the run; one that does not answer is said once
+    (the run goes on without the version report), and its reason kept as ``error``."""
+    before, error = _kvwise_state(controller)
+    if error is None:
+        return {"before": before, "after": None}
+    _say_no_report(error)
+    return {"before": None, "after": None, "error": error}
+
+
+def _kvwise_after(controller: str, kvwise: dict[str, Any]) -> None:
+    """The versions after the run, unless the controller did not answer before it."""
+    if "error" in kvwise:
+        return  # said once already
+    kvwise["after"], error = _kvwise_state(controller)
+    if error is not None:
+        kvwise["error"] = error
+        _say_no_report(error)
+
+
+def _kvwise_state(controller: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The controller's policy version and its agents' now, or why they cannot be read."""
+    import httpx
+
+    from controlplane.loadgen.observe import ServerUnreachable, kvwise_state
+
+    try:
+        with httpx.Client(timeout=30) as client:
+            return kvwise_state(client, controller), None
+    except ServerUnreachable as exc:
+        return None, str(exc)
+
+
+def _say_no_report(error: str) -> None:
+    say(f"--controller: {error}: the kvwise version report is unavailable", lead="warning: ")
 
 
 def _plan(trace_path: Path, args: dict[str, Any], skip_bad_lines: bool) -> list[PlannedRequest]:
@@ -354,6 +388,8 @@ def _print_summary(s: dict[str, Any]) -> None:
     for e in s["top_errors"]:
         console.print(f"[red]{e['count']} x[/] {e['error']}", highlight=False)
     kvwise = s["kvwise"]
+    if kvwise and kvwise.get("error"):
+        console.print(f"kvwise version report unavailable: {kvwise['error']}", highlight=False)
     if kvwise and kvwise.get("after"):
         after = kvwise["after"]
         for a in after["agents"]:

@@ -170,3 +170,26 @@ def test_bad_usage_is_one_line_and_exit_code_2(
     assert code == 2, out
     assert message in " ".join(out.split())  # the error line may wrap at the terminal
     assert "Traceback" not in out
+
+
+def test_a_controller_that_does_not_answer_is_said_once_and_the_run_goes_on(
+    toy: ToyServer, tmp_path: Path
+) -> None:
+    """``--controller`` at a port where nothing listens aborted the run before any load."""
+    from controlplane.dev.embedded_redis import free_port
+
+    path = _trace_file(tmp_path, [[1, 2], [1, 2], [1, 3]])
+    down = f"http://127.0.0.1:{free_port()}"
+    common = ["bench", "serve", str(path), "--url", toy.url, "--block-tokens", str(BLOCK)]
+    run = [*common, "--speed", "0", "--controller", down]
+    res = CliRunner().invoke(app, [*run, "--json"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["requests"] == summary["ok"] == 3
+    assert summary["kvwise"]["before"] is None and summary["kvwise"]["after"] is None
+    assert summary["kvwise"]["error"].startswith(f"cannot reach {down}/v1/policy")
+    assert res.stderr.count("the kvwise version report is unavailable") == 1
+    assert res.stderr.startswith(f"warning: --controller: cannot reach {down}/v1/policy")
+    res = CliRunner().invoke(app, run, env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert f"kvwise version report unavailable: cannot reach {down}" in res.stdout
