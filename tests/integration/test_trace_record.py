@@ -25,11 +25,13 @@ from agent.wire import EventKind, Keys, encode_batch
 from controlplane.cli import app
 from controlplane.dev.embedded_redis import free_port
 from controlplane.dev.simworker import TraceWorker
+from controlplane.service.settings import ControllerSettings
 from controlplane.service.trace_recording import StreamTail
 from controlplane.traces.model import Trace
 from controlplane.traces.reader import load_trace
 from tests.conftest import REPO
 from tests.integration.agent_fixtures import fast_settings
+from tests.integration.controller_fixtures import controller
 from tests.waiting import wait_until
 from tests.wire_samples import agent_status, event_batch
 
@@ -157,6 +159,29 @@ def test_records_a_live_agents_requests_as_a_trace(
     # The same block where the input had the same block, and only there.
     assert np.array_equal(got.blocks, trace.blocks)
     assert got.hashes.max() < got.n_unique  # small ids
+
+
+def test_a_running_controller_takes_no_request_from_the_recording(
+    tmp_path: Path, redis_url: str, key_prefix: str
+) -> None:
+    """The controller's ingest trimmed what it acknowledged at once: a recording beside it
+    lost the entries it had not read yet (on a user's vLLM, 222 requests of 240)."""
+    trace = known_trace()
+    out = tmp_path / "mine.jsonl"
+    grace = ControllerSettings.model_fields["stream_trim_grace_s"].default
+    keys, r = Keys(key_prefix), redis.Redis.from_url(redis_url)
+    with controller(redis_url, key_prefix, stream_trim_grace_s=grace) as running:
+        with Agent(fast_settings(redis_url, key_prefix, worker_id="w1"), capacity=1000) as agent:
+            wait_until(lambda: r.exists(keys.agent("w1")), what="w1's heartbeat")
+            recording = Recording(out, 60, redis_url, key_prefix)
+            TraceWorker(agent, trace, speed=SPEED).run()
+        batches = running.ingestor.counters
+        wait_until(lambda: recording.lines.recorded() >= trace.n_requests - 1, what="reads")
+        code, stdout, text = recording.stop()
+    assert code == 0, text
+    assert batches.batches > 1  # the controller read the same entries meanwhile
+    assert stdout.startswith(f"wrote {out}: 30 requests from 1 worker over ")
+    assert stdout.strip().endswith("dropped none")
 
 
 def test_a_worker_started_while_recording_is_taken_on(
