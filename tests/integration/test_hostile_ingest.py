@@ -305,10 +305,7 @@ def test_a_running_controller_leaves_new_entries_in_the_stream(
     grace = ControllerSettings.model_fields["stream_trim_grace_s"].default
     assert grace >= 10
     with controller(redis_url, key_prefix, stream_trim_grace_s=grace) as c:
-        for seq in (1, 2, 3):
-            send(r, keys, good_batch("w1", seq))
-        wait_until(lambda: c.ingestor.counters.batches == 3, what="three batches")
-        wait_until(lambda: c.ingestor.pending() == 0, what="all acknowledged")
+        ingest_good_batches(c, r, "w1", 3)  # applied and acknowledged
         assert r.xlen(keys.events_stream("w1")) == 3
         assert len(r.xread({keys.events_stream("w1"): "0"})[0][1]) == 3
 
