@@ -34,6 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import ValidationError
 
+from agent.engine_time import EngineTimeSnapshot
 from agent.policy_document import DEFAULT_FAMILY, PolicyDocument
 
 WIRE_SCHEMA_VERSION: Final = 2
@@ -453,6 +454,10 @@ _OPTIONAL_STATUS_FIELDS: Final = frozenset(
         "evictor",
         "reuse_classes",
         "reuse_ghost_blocks",
+        "engine_calls",
+        "engine_sampled_calls",
+        "engine_sampled_blocks",
+        "engine_sampled_ns",
     }
 )
 """Fields added after schema 1 shipped: an older agent's heartbeat omits them."""
@@ -507,6 +512,25 @@ class AgentStatus:
     False in a heartbeat that predates the field."""
     reuse_ghost_blocks: int = 0
     """With reuse classes, how many recently evicted blocks count as returns (its ghost)."""
+    engine_calls: int = 0
+    """kvwise's calls on the engine thread since the agent started (``agent.engine_time``);
+    0 in a heartbeat that predates the field, as the three below."""
+    engine_sampled_calls: int = 0
+    """Those of them that were timed (about one in 64)."""
+    engine_sampled_blocks: int = 0
+    """Blocks the timed calls handled."""
+    engine_sampled_ns: int = 0
+    """Engine-thread time the timed calls took, in nanoseconds."""
+
+    @property
+    def engine_time(self) -> EngineTimeSnapshot:
+        """The ``engine_*`` counts: kvwise's engine-thread time per call, per block, in all."""
+        return EngineTimeSnapshot(
+            self.engine_calls,
+            self.engine_sampled_calls,
+            self.engine_sampled_blocks,
+            self.engine_sampled_ns,
+        )
 
     def __post_init__(self) -> None:
         if self.staged_version < 0:  # not reported: nothing known to wait

@@ -18,7 +18,9 @@ paths. The invariants of vLLM's queue hold: it holds exactly the free blocks and
 staged and applied, batched, at the next ``popleft_n`` or ``append_n``); ``popleft_n(n)``
 returns ``n`` blocks or raises; blocks are never linked (their ``prev_free_block`` and
 ``next_free_block`` stay ``None``); it never resets hashes or emits vLLM events. Only the
-engine thread calls it. It must never import vLLM, do I/O or wait on another thread.
+engine thread calls it; a sample of its ``popleft_n`` and ``append_n`` calls is timed
+(``agent.engine_time``: ``remove``, O(1), would cost more to count than it does). It must
+never import vLLM, do I/O or wait on another thread.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from itertools import compress, groupby, repeat
 from operator import attrgetter, is_not
 from typing import Any, Protocol
 
+from agent.engine_time import EngineTime
 from agent.policies.base import EvictionPolicy
 from agent.policies.handover import hand_over
 
@@ -115,9 +118,11 @@ class KvwiseFreeQueue:
         hooks: QueueHooks | None = None,
         clock: Callable[[], float] = time.time,
         hash_of: HashOf = BLOCK_HASH,
+        engine_time: EngineTime | None = None,
     ) -> None:
         """``hash_of`` reads a block's hash: by default its ``block_hash``; the engine
-        integration may pass a cheaper read of the same value."""
+        integration may pass a cheaper read of the same value. ``engine_time`` (the
+        agent's, else one of its own) times ``popleft_n`` and ``append_n`` on a sample."""
         n = len(blocks)
         if any(block.block_id != i for i, block in enumerate(blocks)):
             raise ValueError("blocks[i].block_id must equal i")
@@ -126,6 +131,7 @@ class KvwiseFreeQueue:
         self.hooks = hooks
         self.clock = clock
         self.hash_of = hash_of
+        self.engine_time = engine_time if engine_time is not None else EngineTime()
         self.num_free_blocks = n
         # The end of the dict is the head: popitem() takes it in O(1).
         self._fresh: dict[int, Any] = {block.block_id: block for block in reversed(self.blocks)}
@@ -148,6 +154,7 @@ class KvwiseFreeQueue:
             return []
         if n > self.num_free_blocks:
             raise ValueError(f"cannot pop {n} blocks: {self.num_free_blocks} free")
+        started = self.engine_time.begin()
         if self.hooks is not None:
             self.hooks.before_call()
         if self._hits:
@@ -167,6 +174,8 @@ class KvwiseFreeQueue:
         if len(out) != n:
             raise RuntimeError(f"free queue out of sync: {n} wanted, {len(out)} found")
         self.num_free_blocks -= n
+        if started:
+            self.engine_time.end(started, n)
         return out
 
     def _evict(self, n: int) -> list[Any]:
@@ -204,6 +213,7 @@ class KvwiseFreeQueue:
     def append_n(self, blocks: Sequence[Any]) -> None:
         if not blocks:
             return
+        started = self.engine_time.begin()
         if self.hooks is not None:
             self.hooks.before_call()
         if self._hits:
@@ -220,6 +230,8 @@ class KvwiseFreeQueue:
         if ids:
             self._free(ids)
         self.num_free_blocks += len(blocks)
+        if started:
+            self.engine_time.end(started, len(blocks))
 
     def _free(self, ids: list[int]) -> None:
         """Cached blocks become evictable, stamped now, each with its side-table category

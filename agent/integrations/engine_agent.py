@@ -5,7 +5,7 @@ drives the evictor itself, by block id; SGLang: a radix tree ranking its leaves 
 ``RadixOrder``) and the ``Agent`` facade (which keeps the access history, the events, the
 hit counters, the subscriber and the heartbeat, by block hash). The facade's policy slot
 holds an ``EngineOrder``: its ``touch``, ``free`` and ``evict`` do nothing (the engine
-already told the order, and reports the victims it took through ``Agent.evicted``), and
+already told the order, and reports the victims it took through ``Agent.record_evicted``), and
 ``set_policy`` reaches the order, so a hot-reloaded document is swapped in, whole, on the
 engine thread at the next ``before_call``. It also owns the request -> category step:
 ``kv_category`` from the request's extra arguments, else ``agent.category_inference``'s
@@ -179,7 +179,11 @@ class EngineAgent:
             whole_requests=whole_requests,
         )
         self.before_call = self.agent.apply_pending
-        self.evicted = self.agent.evicted
+        self.evicted = self.agent.record_evicted
+        self.engine_time = self.agent.engine_time
+        """The agent's meter: the integration times the engine's calls into kvwise with it
+        (around the whole of kvwise's work in each), so the agent's ``record_*`` calls
+        inside them are untimed."""
         self.files_returns = settings.reuse_classes
         """Whether stored blocks may be returns filed under another code (``stored_codes``)."""
         self.block_tokens = block_tokens
@@ -197,7 +201,8 @@ class EngineAgent:
         return self._inferrer is not None
 
     # --- queue hooks (engine thread) -----------------------------------------------------
-    # ``before_call`` and ``evicted`` are the agent's own bound methods (set in __init__):
+    # ``before_call`` and ``evicted`` are the agent's own bound methods (set in __init__),
+    # untimed (the queue times the call they are made in):
     # the queue calls them once or twice per allocation, so no forwarding call between.
     before_call: Callable[[], object]
     evicted: Callable[[list[int], float], None]
@@ -267,13 +272,13 @@ class EngineAgent:
         reuse classes: each block's evictor code (blocks evicted lately and stored again
         are returns, of ``name``'s reuse class), for the engine to file them under; else
         ``None`` (all are ``name``'s)."""
-        return self.agent.free(hashes, offsets, now, name) if hashes else None
+        return self.agent.record_free(hashes, offsets, now, name) if hashes else None
 
     def hit(self, hashes: list[int], offsets: list[int], now: float, name: str) -> None:
         """A request reuses cached blocks (HIT events, hits and accesses)."""
         if hashes:
-            self.agent.touch(hashes, now, name, offsets=offsets)
-            self.agent.free(hashes, offsets, now, name)
+            self.agent.record_touch(hashes, now, name, offsets=offsets)
+            self.agent.record_free(hashes, offsets, now, name)
 
     # --- reports held per request ------------------------------------------------------
     def report_of(
@@ -357,7 +362,7 @@ class EngineAgent:
             self.hit(hashes, offsets, report.at, report.name)
             hashes, offsets = [], []
         elif hashes:
-            self.agent.touch(hashes, report.at, report.name, offsets=offsets)
+            self.agent.record_touch(hashes, report.at, report.name, offsets=offsets)
         # One FREE call for the hits and the stored blocks (the same events as two).
         hashes = hashes + report.stored_hashes[::-1]
         self.cached(hashes, offsets + report.stored_offsets[::-1], report.at, report.name)

@@ -12,7 +12,9 @@ SGLang:
   ``match_prefix`` with a request (prefix hits), ``insert`` (new nodes), ``_split_node``,
   ``_delete_leaf`` (evictions), ``evict`` (one pass: the clock, the pending policy),
   ``reset`` and ``_insert_cache`` (which request is being cached). Each wrapper calls
-  SGLang's method first and only reads what it left.
+  SGLang's method first and only reads what it left. Its reports (hits, inserts, victims
+  and a victim's id) are timed on a sample (``agent.engine_time``); the order's ranking,
+  inside SGLang's own eviction loop, is not.
 
 SGLang loads general plugins in each of its processes (``SGLANG_PLUGINS`` filters them);
 registering a backend costs nothing, and the agent (threads, Redis connection) starts when
@@ -169,12 +171,13 @@ class RadixHooks:
     def _id_of(self, node: Any) -> int:
         return self._ids([node])[0]
 
-    def _hit(self, request: Any, last: Any, prefix_len: int) -> None:
+    def _hit(self, request: Any, last: Any, prefix_len: int) -> int:
         """A request's prefix matched ``prefix_len`` tokens: report the nodes it had not
-        reported yet (a waiting request is matched again every scheduling round)."""
+        reported yet (a waiting request is matched again every scheduling round); how
+        many."""
         reported = getattr(request, _REPORTED_ATTR, 0)
         if prefix_len <= reported:
-            return
+            return 0
         name, code = self.engine.hit_category(*self.category(request))
         nodes, starts = self._path(last, prefix_len, reported)
         ids = self._ids(nodes)
@@ -185,6 +188,7 @@ class RadixHooks:
         self.engine.hit(ids, depths, self.clock(), name)
         with contextlib.suppress(AttributeError):
             setattr(request, _REPORTED_ATTR, prefix_len)
+        return len(ids)
 
     def _inserted(self, node: Any, start: int) -> None:
         """``node`` (first token ``start``) was just added by the request being served."""
@@ -196,28 +200,40 @@ class RadixHooks:
 
     # --- wrappers ------------------------------------------------------------------------
     def _wrap_match_prefix(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        timing = self.engine.engine_time
+
         @functools.wraps(orig)
         def match_prefix(params: Any) -> Any:
             self.engine.before_call()
             result = orig(params)
             if params.req is not None and result.device_prefix_len > 0:
-                self._hit(params.req, result.last_device_node, result.device_prefix_len)
+                started = timing.begin()
+                nodes = self._hit(params.req, result.last_device_node, result.device_prefix_len)
+                if started:
+                    timing.end(started, nodes)
             return result
 
         return match_prefix
 
     def _wrap_insert(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        timing = self.engine.engine_time
+
         @functools.wraps(orig)
         def insert(params: Any) -> Any:
             result = orig(params)
             key = params.key
             if key is not None and len(key.page_aligned(self.page_size)) > result.prefix_len:
+                started = timing.begin()
                 self._inserted(result.last_device_node, result.prefix_len)
+                if started:
+                    timing.end(started, 1)
             return result
 
         return insert
 
     def _wrap_evict(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        timing = self.engine.engine_time
+
         @functools.wraps(orig)
         def evict(params: Any) -> Any:
             self.engine.before_call()
@@ -227,19 +243,29 @@ class RadixHooks:
                 return orig(params)
             finally:
                 self._evicting = False
-                self._report_victims()
+                started = timing.begin()
+                victims = self._report_victims()
+                if started:
+                    timing.end(started, victims)
 
         return evict
 
-    def _report_victims(self) -> None:
+    def _report_victims(self) -> int:
+        """EVICT events for the leaves deleted since the last report; how many."""
         victims, self._victims = self._victims, []
         if victims:
             self.engine.evicted(victims, self.clock())
+        return len(victims)
 
     def _wrap_delete_leaf(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        timing = self.engine.engine_time
+
         @functools.wraps(orig)
         def _delete_leaf(node: Any) -> Any:
+            started = timing.begin()
             block = self._id_of(node)  # before the tree forgets its place
+            if started:
+                timing.end(started, 1)
             result = orig(node)
             self.order.forget(node)
             self._victims.append(block)

@@ -16,6 +16,8 @@ Owns the seam into vLLM v1, and is the only kvwise module that imports vLLM:
   request (``RequestReport``) and recorded once its prompt is whole (after the
   ``allocate_slots`` that stores its last prompt block, or when it is freed), all at the
   time it first reported: the controller can rebuild each request from the events.
+  The kvwise part of each wrapped call (after the original) and the queue's calls are
+  timed on a sample (``agent.engine_time``), reported in the agent's heartbeat.
 
 vLLM loads general plugins in every process it starts (API server, engine core, workers);
 ``register`` only patches classes there, and the agent (its threads and Redis connection)
@@ -197,7 +199,13 @@ def _make_queue(blocks: list[Any]) -> Any:
     engine = EngineAgent(
         settings, evictor, capacity=len(blocks), engine="vllm", block_tokens=block_tokens
     )
-    queue = KvwiseFreeQueue(blocks, evictor, hooks=engine, hash_of=hash_reader(type(blocks[0])))
+    queue = KvwiseFreeQueue(
+        blocks,
+        evictor,
+        hooks=engine,
+        hash_of=hash_reader(type(blocks[0])),
+        engine_time=engine.engine_time,
+    )
     # A document naming another evictor family swaps the queue's evictor, blocks kept.
     engine.order.enable_switch(
         lambda family: build_evictor(settings, len(blocks), family), queue.switch_evictor
@@ -267,6 +275,7 @@ def _wrap_cache_full_blocks(orig: Callable[..., None]) -> Callable[..., None]:
             return
         engine = _state.engine
         assert engine is not None
+        started = engine.engine_time.begin()
         report = _request_report(engine, request)
         stored = blocks[num_cached_blocks:num_full_blocks]
         hashes, offsets, hashed = queue.note_stored(stored, num_cached_blocks, report.code)
@@ -275,6 +284,8 @@ def _wrap_cache_full_blocks(orig: Callable[..., None]) -> Callable[..., None]:
             for block_id, block_code in zip(hashed, codes or (), strict=True):
                 queue.code[block_id] = block_code
         engine.hold_stored(report, hashes, offsets, time.time())
+        if started:
+            engine.engine_time.end(started, len(stored))
 
     return cache_full_blocks
 
@@ -288,19 +299,25 @@ def _wrap_touch(orig: Callable[..., None]) -> Callable[..., None]:
             return
         engine = _state.engine
         assert engine is not None
-        request = _state.request
-        hash_of = queue.hash_of
-        hits = (
-            blocks if all(map(hash_of, blocks)) else [b for b in blocks if hash_of(b) is not None]
-        )
-        if request is None:  # a hit outside slot allocation (no such caller in the tested versions)
-            name, code = engine.hit_category(*engine.category(DEFAULT_CATEGORY, (), 0))
-            engine.hit(*queue.note_hits(hits, code), time.time(), name)
-            return
-        report = _request_report(engine, request)
-        engine.hold_hits(report, *queue.note_hits(hits, report.hit_code))
+        started = engine.engine_time.begin()
+        _report_hits(engine, queue, blocks)
+        if started:
+            engine.engine_time.end(started, len(blocks))
 
     return touch
+
+
+def _report_hits(engine: EngineAgent, queue: KvwiseFreeQueue, blocks: Sequence[Any]) -> None:
+    """The request being allocated (``_state.request``) found ``blocks`` cached."""
+    request = _state.request
+    hash_of = queue.hash_of
+    hits = blocks if all(map(hash_of, blocks)) else [b for b in blocks if hash_of(b) is not None]
+    if request is None:  # a hit outside slot allocation (no such caller in the tested versions)
+        name, code = engine.hit_category(*engine.category(DEFAULT_CATEGORY, (), 0))
+        engine.hit(*queue.note_hits(hits, code), time.time(), name)
+        return
+    report = _request_report(engine, request)
+    engine.hold_hits(report, *queue.note_hits(hits, report.hit_code))
 
 
 def _wrap_allocate_slots(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -325,7 +342,11 @@ def _record_held(request: Any, *, only_whole: bool) -> None:
     if report is None or engine is None or report.recorded:
         return
     if report.whole or not only_whole:
+        started = engine.engine_time.begin()
+        blocks = len(report.hit_hashes) + len(report.stored_hashes)
         engine.record(report)
+        if started:
+            engine.engine_time.end(started, blocks)
 
 
 def _wrap_free(orig: Callable[..., None]) -> Callable[..., None]:

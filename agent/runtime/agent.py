@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from agent.category_table import CategoryTable, reused_name
+from agent.engine_time import EngineTime
 from agent.history import EVICT, FREE, HIT, AccessHistory
 from agent.policies import EvictionPolicy, create
 from agent.policies.handover import NamesCategories, ReloadsPolicy, hand_over
@@ -116,6 +117,8 @@ class Agent:
         self.hits = 0
         self.accesses = 0
         self.started_at = time.time()
+        self.engine_time = EngineTime()
+        """kvwise's engine-thread time, sampled: the hooks' and the integration's calls."""
         self._build_threads(history, unknown)
         self._started = False
         self._closed = False
@@ -147,6 +150,9 @@ class Agent:
         self.heartbeat = Heartbeat(settings, self.client, self.status)
 
     # --- engine-thread hooks -------------------------------------------------------------
+    # Each hook below is one engine call, timed on a sample (``engine_time``); its
+    # ``record_*`` twin does the same work untimed, for an integration that times the
+    # engine call around it (``agent.integrations``): timed sites never nest.
     def touch(
         self,
         blocks: Sequence[int],
@@ -164,6 +170,21 @@ class Agent:
         ``category``'s reuse class (``w/re``), in the events and when they are next freed
         (``agent.reuse_classes``).
         """
+        started = self.engine_time.begin()
+        self.record_touch(blocks, now, category, offsets=offsets, hits=hits)
+        if started:
+            self.engine_time.end(started, len(blocks))
+
+    def record_touch(
+        self,
+        blocks: Sequence[int],
+        now: float,
+        category: str,
+        *,
+        offsets: Sequence[int] | None = None,
+        hits: int | None = None,
+    ) -> None:
+        """``touch``, untimed."""
         blocks = _ints(blocks)
         if not blocks:
             return
@@ -186,6 +207,16 @@ class Agent:
         the returns (found cached, or evicted lately: ``agent.reuse_classes``) are of
         ``category``'s reuse class, and the evictor code of each block is returned (for an
         engine that files blocks itself); else ``None``."""
+        started = self.engine_time.begin()
+        codes = self.record_free(blocks, offsets, now, category)
+        if started:
+            self.engine_time.end(started, len(blocks))
+        return codes
+
+    def record_free(
+        self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: str
+    ) -> list[int] | None:
+        """``free``, untimed."""
         blocks = _ints(blocks)
         if not blocks:
             return None
@@ -213,14 +244,24 @@ class Agent:
 
     def evict(self, n: int, now: float) -> list[int]:
         """Evict up to ``n`` blocks (EVICT events, in victim order); return the victims."""
+        started = self.engine_time.begin()
         victims = self.policy.evict(n)
         if victims:
-            self.evicted(victims, now)
+            self.record_evicted(victims, now)
+        if started:
+            self.engine_time.end(started, len(victims))
         return victims
 
     def evicted(self, victims: list[int], now: float) -> None:
         """``victims`` left the cache at ``now``, in this order: EVICT events (for an
-        engine whose own order took them, and for ``evict``)."""
+        engine whose own order took them)."""
+        started = self.engine_time.begin()
+        self.record_evicted(victims, now)
+        if started:
+            self.engine_time.end(started, len(victims))
+
+    def record_evicted(self, victims: list[int], now: float) -> None:
+        """``evicted``, untimed."""
         if self._returns is not None:
             self._returns.evicted(victims)
         # The category is the block's last one; the publisher's history fills it in.
@@ -228,7 +269,8 @@ class Agent:
 
     def apply_pending(self) -> bool:
         """Swap in the policy the subscriber staged, if any (engine thread, between steps).
-        Returns whether a new policy is now in force."""
+        Returns whether a new policy is now in force. Untimed (one attribute read unless a
+        policy waits): an integration calls it inside the engine call it times."""
         doc = self.subscriber.take()
         if doc is None:
             return False
@@ -302,7 +344,18 @@ class Agent:
             whole_requests=self.whole_requests,
             reuse_classes=self._returns is not None,
             reuse_ghost_blocks=0 if self._returns is None else self._returns.ghost_size,
+            **self._engine_time_fields(),
         )
+
+    def _engine_time_fields(self) -> dict[str, int]:
+        """``engine_time``'s counts as the heartbeat's ``engine_*`` fields."""
+        snap = self.engine_time.snapshot()
+        return {
+            "engine_calls": snap.calls,
+            "engine_sampled_calls": snap.sampled_calls,
+            "engine_sampled_blocks": snap.sampled_blocks,
+            "engine_sampled_ns": snap.sampled_ns,
+        }
 
     # --- lifecycle -----------------------------------------------------------------------
     def start(self) -> Agent:

@@ -33,6 +33,13 @@ class AgentView(AgentStatus):
     """Entries of this worker dead-lettered."""
     gap_batches: int = 0
     """Batches missing from its sequence (lost before ingest)."""
+    engine_seconds: float = 0.0
+    """Estimated engine-thread time of kvwise's calls since the agent started (its sampled
+    ``engine_*`` counts: ``EngineTimeSnapshot``)."""
+    engine_seconds_per_call: float = 0.0
+    """Mean engine-thread time of one of kvwise's calls, over the timed ones."""
+    engine_seconds_per_block: float = 0.0
+    """Engine-thread time of the timed calls per block they handled."""
 
 
 class AgentReader:
@@ -62,7 +69,7 @@ class AgentReader:
                 ledger = WorkerLedger.from_hash(status.id, raw)
             except (ValueError, KeyError):
                 ledger = WorkerLedger(status.id)
-            c = ledger.counts
+            c, cost = ledger.counts, status.engine_time
             views.append(
                 AgentView(
                     **asdict(status),
@@ -71,6 +78,9 @@ class AgentReader:
                     events_refused=c.refused,
                     dead_letters=c.dead_letters,
                     gap_batches=ledger.missing,
+                    engine_seconds=cost.seconds,
+                    engine_seconds_per_call=cost.seconds_per_call,
+                    engine_seconds_per_block=cost.seconds_per_block,
                 )
             )
         return sorted(views, key=lambda a: a.id)

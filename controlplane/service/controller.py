@@ -585,6 +585,9 @@ class Controller:
             m.agent_hit_ratio,
             m.agent_dropped,
             m.agent_evictor,
+            m.agent_engine_seconds,
+            m.agent_engine_per_call,
+            m.agent_engine_per_block,
         ):
             gauge.clear()
         for a in agents:
@@ -594,6 +597,9 @@ class Controller:
             m.agent_staged_version.labels(agent=a.id).set(a.staged_version)
             m.agent_hit_ratio.labels(agent=a.id).set(a.hit_ratio)
             m.agent_dropped.labels(agent=a.id).set(a.events_dropped)
+            m.agent_engine_seconds.labels(agent=a.id).set(a.engine_seconds)
+            m.agent_engine_per_call.labels(agent=a.id).set(a.engine_seconds_per_call)
+            m.agent_engine_per_block.labels(agent=a.id).set(a.engine_seconds_per_block)
 
 
 def _change_words(old: dict[str, CategoryParams], new: dict[str, CategoryParams]) -> str:

@@ -166,6 +166,23 @@ class ControllerMetrics:
         self.agent_dropped = self._gauge(
             "kvwise_agent_events_dropped", "Events each live agent dropped", ("agent",)
         )
+        self.agent_engine_seconds = self._gauge(
+            "kvwise_agent_engine_seconds",
+            "Engine-thread time each live agent's kvwise calls took since it started "
+            "(estimated from a timed sample of about one call in 64)",
+            ("agent",),
+        )
+        self.agent_engine_per_call = self._gauge(
+            "kvwise_agent_engine_seconds_per_call",
+            "Mean engine-thread time of one kvwise call, per live agent (timed sample)",
+            ("agent",),
+        )
+        self.agent_engine_per_block = self._gauge(
+            "kvwise_agent_engine_seconds_per_block",
+            "Engine-thread time of kvwise's calls per block they handled, per live agent "
+            "(timed sample)",
+            ("agent",),
+        )
 
     def _redis_metrics(self) -> None:
         self.redis_state = self._gauge(

@@ -7,11 +7,14 @@ import json
 import logging
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
 
+from agent.runtime.agent import Agent
 from agent.wire import WIRE_SCHEMA_VERSION, Keys
+from tests.integration.agent_fixtures import fast_settings
 from tests.integration.controller_fixtures import (
     AUTH,
     TOKEN,
@@ -354,6 +357,39 @@ def test_agents_metrics_and_openapi(ctl: RunningController, redis_url: str) -> N
         assert path in spec["paths"], path
     assert c.get("/docs").status_code == 200
     json.dumps(spec)
+
+
+def test_a_live_agents_engine_time_is_served_in_agents_and_metrics(
+    ctl: RunningController, redis_url: str
+) -> None:
+    """The engine-thread time an agent's hooks took (a timed sample) reaches the
+    controller in the heartbeat: per worker in /v1/agents and /metrics."""
+    settings = fast_settings(redis_url, ctl.controller.settings.key_prefix, worker_id="w-cost")
+    with Agent(settings, capacity=64) as agent:
+        for r in range(2000):
+            blocks = list(range(8 * r, 8 * r + 8))
+            agent.free(blocks[::-1], range(7, -1, -1), time.time(), "chat")
+            agent.evict(max(len(agent.policy) - agent.capacity, 0), time.time())
+
+        def served() -> dict[str, Any] | None:
+            shown = [a for a in ctl.client.get("/v1/agents").json() if a["id"] == "w-cost"]
+            return shown[0] if shown and shown[0]["engine_calls"] == 4000 else None
+
+        shown = wait_until(served, what="the agent's engine time in /v1/agents")
+    assert 0 < shown["engine_sampled_calls"] < 4000
+    assert 0 < shown["engine_seconds_per_block"] < shown["engine_seconds_per_call"] < 1e-3
+    assert shown["engine_seconds"] > 0
+    text = ctl.client.get("/metrics").text
+    for name in ("seconds", "seconds_per_call", "seconds_per_block"):
+        line = next(
+            (
+                x
+                for x in text.splitlines()
+                if x.startswith(f'kvwise_agent_engine_{name}{{agent="w-cost"}}')
+            ),
+            "",
+        )
+        assert line and float(line.split()[-1]) == pytest.approx(shown[f"engine_{name}"]), name
 
 
 def test_a_refit_posted_to_a_standby_names_the_leader_to_post_it_to(
