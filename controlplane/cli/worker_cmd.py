@@ -135,7 +135,8 @@ def _replay(
 def _status_line(p: WorkerProgress) -> str:
     """Three lines, each within 80 columns (but for a long worker id): what was replayed
     (the requests, and the passes over the whole trace they completed), then, indented,
-    how it went and what the agent sent."""
+    how it went (with the agent's sampled engine-thread time per block) and what the
+    agent sent."""
     from agent.runtime.family import family_label
 
     a = p.agent
@@ -143,6 +144,7 @@ def _status_line(p: WorkerProgress) -> str:
     return (
         f"worker {a.id} [{evictor}, {a.capacity:,} blocks]: {p.requests:,} "
         f"requests ({p.loops} full pass{'' if p.loops == 1 else 'es'})\n"
-        f"  hit ratio {a.hit_ratio:.4f}, applied version {a.applied_version}, lag {p.lag_s:.2f}s\n"
+        f"  hit ratio {a.hit_ratio:.4f}, applied version {a.applied_version}, lag {p.lag_s:.2f}s, "
+        f"agent {a.engine_time.seconds_per_block * 1e9:.0f} ns/block\n"
         f"  events sent {a.events_sent:,} dropped {a.events_dropped:,}, rejected {a.rejected}"
     )

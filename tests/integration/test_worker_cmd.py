@@ -93,7 +93,9 @@ def test_worker_ends_with_one_summary_line(tmp_path: Path, redis_url: str, key_p
     assert res.exit_code == 0, res.output
     (line, how, sent_line) = res.stdout.strip().splitlines()
     assert line == "done: worker sim-3 [lru, 30 blocks]: 50 requests (1 full pass)"
-    assert how.startswith("  hit ratio ")
+    assert how.startswith("  hit ratio ") and how.endswith(" ns/block")
+    assert int(how.split(" agent ")[1].split()[0]) >= 0  # sampled: 0 until a call is timed
+    assert max(len(how), len(sent_line)) <= 80
     line = how + sent_line
     sent = int(line.split("events sent ")[1].split()[0].replace(",", ""))
     assert sent > 0 and "dropped 0," in line and "applied version 0" in line
