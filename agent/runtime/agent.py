@@ -171,7 +171,7 @@ class Agent:
         (``agent.reuse_classes``).
         """
         started = self.engine_time.begin()
-        self.record_touch(blocks, now, category, offsets=offsets, hits=hits)
+        self.record_touch(blocks, now, category, offsets, hits)
         if started:
             self.engine_time.end(started, len(blocks))
 
@@ -180,11 +180,10 @@ class Agent:
         blocks: Sequence[int],
         now: float,
         category: str,
-        *,
         offsets: Sequence[int] | None = None,
         hits: int | None = None,
     ) -> None:
-        """``touch``, untimed."""
+        """``touch``, untimed (``offsets`` and ``hits`` may come by position: cheaper)."""
         blocks = _ints(blocks)
         if not blocks:
             return

@@ -12,9 +12,12 @@ per event as the publisher's cost. Times are CPU time of the thread (``time.thre
 so other processes on a shared machine do not count; ``--wall`` uses wall time instead.
 ``--redis`` adds a run with the real publisher thread sending to a throwaway local
 redis-server, timed in wall time (the engine thread then also waits for the GIL). Also
-times ``EventRecorder.record`` alone on 100-block requests.
+times ``EventRecorder.record`` alone on 100-block requests, and (``--sampling-rounds R``)
+what timing the hooks costs (``agent.engine_time``: every call counted, about one in 64
+timed), per call, in alternating rounds: ``bench_sampling``.
 
     python -m tests.bench.bench_agent [--requests 20000] [--repeats 3] [--redis]
+        [--sampling-rounds 0]
 
 Not collected by pytest (no ``test_`` prefix); results go in docs/benchmarks.md.
 """
@@ -33,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.engine_time import EngineTime
 from agent.policies import EvictionPolicy, create, names
 from agent.recorder import EventRecorder
 from agent.runtime.agent import Agent
@@ -132,7 +136,7 @@ def bench_policy(
     live_base_s: list[float] = []
     resolve_s: list[float] = []
     live_dropped: list[float] = []
-    ops = events = 0
+    ops = events = hook_calls = 0
     settings = AgentSettings(
         evictor=policy,
         worker_id="bench",
@@ -155,6 +159,7 @@ def bench_policy(
         agent_s.append(dt - publisher.seconds)
         resolve_s.append(publisher.seconds)
         ops = agent.recorder.recorded
+        hook_calls = agent.engine_time.calls
         events = publisher.events
         agent.close()
         if redis_url is not None:
@@ -178,6 +183,7 @@ def bench_policy(
         "policy": policy,
         "accesses": trace.n_accesses,
         "operations": ops,
+        "hook_calls": hook_calls,
         "events": events,
         "baseline_ns_per_access": 1e9 * b / trace.n_accesses,
         "agent_ns_per_access": 1e9 * a / trace.n_accesses,
@@ -191,6 +197,50 @@ def bench_policy(
         out["live_overhead_ns_per_op"] = 1e9 * (min(live_s) - min(live_base_s)) / ops
         out["live_dropped_fraction"] = max(live_dropped)
     return out
+
+
+def bench_sampling(policy: str, rounds: int, calls: int = 50_000) -> tuple[float, float]:
+    """What timing the hooks adds per call, median over ``rounds`` alternating rounds of
+    ``calls`` calls each, in ns: ``EngineTime.begin`` plus the ``end`` of the calls it
+    times (the whole cost at a site whose work is inline: the vLLM queue and wrappers,
+    ``Agent.evict``), and ``Agent.touch`` against its untimed twin ``record_touch`` on a
+    one-block request (the same plus the call from one to the other)."""
+    settings = AgentSettings(
+        evictor=policy, worker_id="bench", buffer_events=1 << 21, redis_url="redis://127.0.0.1:9/0"
+    )
+    agent = Agent(settings, capacity=1024)
+    agent.free([1], [0], 0.0, "chat")
+    meter, block = EngineTime(), [1]
+
+    def sampled() -> None:
+        for _ in range(calls):
+            started = meter.begin()
+            if started:
+                meter.end(started, 1)
+
+    def bare() -> None:
+        for _ in range(calls):
+            pass
+
+    def hook() -> None:
+        for _ in range(calls):
+            agent.touch(block, 1.0, "chat")
+
+    def twin() -> None:
+        for _ in range(calls):
+            agent.record_touch(block, 1.0, "chat")
+
+    begin_ns: list[float] = []
+    touch_ns: list[float] = []
+    for r in range(rounds):
+        for diffs, pair in ((begin_ns, (sampled, bare)), (touch_ns, (hook, twin))):
+            first, second = pair if r % 2 else pair[::-1]
+            a, b = timed(first)[0], timed(second)[0]
+            timed_s, untimed_s = (a, b) if first is pair[0] else (b, a)
+            diffs.append(1e9 * (timed_s - untimed_s) / calls)
+        agent.recorder.drain()  # never full: a dropped record would cost less
+    agent.close()
+    return statistics.median(begin_ns), statistics.median(touch_ns)
 
 
 class Resolver:
@@ -237,6 +287,9 @@ def main() -> None:
     ap.add_argument("--policies", default="lru,wa")
     ap.add_argument("--redis", action="store_true", help="also run with a live publisher")
     ap.add_argument("--wall", action="store_true", help="wall time instead of thread CPU time")
+    ap.add_argument(
+        "--sampling-rounds", type=int, default=0, help="rounds of timed vs untimed hooks"
+    )
     args = ap.parse_args()
     global CLOCK
     if args.wall:
@@ -281,6 +334,15 @@ def main() -> None:
                     f"at most {res['live_dropped_fraction']:.1%} of operations dropped"
                 )
             print(line)
+            if args.sampling_rounds:
+                begin_ns, touch_ns = bench_sampling(policy, args.sampling_rounds)
+                calls = res["hook_calls"]
+                print(
+                    f"{policy:>5}: timing (engine_time): begin/end {begin_ns:.1f} ns per call, "
+                    f"Agent.touch over record_touch {touch_ns:.1f} ns per call; at "
+                    f"{calls:,} hook calls per replay, {touch_ns * calls / res['operations']:.2f} "
+                    f"ns/op (median of {args.sampling_rounds} alternating rounds)"
+                )
     finally:
         if server is not None:
             server.stop()
