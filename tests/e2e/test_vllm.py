@@ -234,6 +234,11 @@ def test_kvwise_keeps_it_once_a_pushed_policy_applies_and_reports_events(
     assert agents[WORKER]["engine"] == "vllm"
     assert agents[WORKER]["applied_version"] >= got["version"]
     assert agents[WORKER]["events_sent"] > 0 and agents[WORKER]["hits"] > 0
+    # Its engine-thread time, sampled inside vLLM's calls: the workload makes about 165,
+    # and the first timed one comes within 127.
+    cost = {k: v for k, v in agents[WORKER].items() if k.startswith("engine_")}
+    assert cost["engine_calls"] > cost["engine_sampled_calls"] > 0, cost
+    assert cost["engine_seconds_per_call"] > 0 and cost["engine_seconds"] > 0, cost
 
     def fitted() -> list[dict[str, Any]] | None:
         cats = _refit_categories(url)
