@@ -139,6 +139,10 @@ class Keys:
     """Lock held by the controller replica that refits and publishes."""
     checkpoint = _Key("checkpoint")
     """The leader's last checkpoint of its statistics window."""
+    recording = _Key("recording")
+    """Present (with a short TTL its owner renews) while ``kvwise trace record`` reads the
+    event streams: ingest then trims acknowledged entries only once they are the
+    controller's ``stream_trim_grace_s`` old, so the recording reads them too."""
 
     def probe(self, controller: str) -> str:
         """A small expiring key each controller writes to learn whether Redis takes writes;

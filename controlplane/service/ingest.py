@@ -9,8 +9,9 @@ dead-lettered with its reason, its ids and a bounded prefix of its payload, and 
 its stream. Any failure on one entry (bad bytes, a limit, an exception in ``apply``)
 dead-letters that entry and the pass goes on. An entry is acknowledged only after it was
 applied or judged for the dead letters, in the same call that records it in the worker's
-ledger and trims what the group has acknowledged (once it is ``trim_grace_ms`` old: other
-readers of the streams have that long); a crash re-delivers instead of losing.
+ledger and trims what the group has acknowledged (while a recording announces itself
+under ``Keys.recording``, only once it is ``trim_grace_ms`` old: the recording has that long
+to read it; else at once); a crash re-delivers instead of losing.
 Dead letters are written after that call, best effort: a Redis that refuses writes (out of
 memory) must not keep the commit from freeing what it can. If Redis restarts and forgets the
 group, the group is recreated on the next pass. After each pass, ``between_passes`` (the
@@ -90,7 +91,8 @@ class IngestSettings:
     """Bytes one read may bring in, about; it also bounds how many streams one read
     covers (``max_read_bytes // limits.max_entry_bytes``, taken round robin)."""
     trim_grace_ms: int = 0
-    """Acknowledged entries younger than this stay in the stream, for other readers."""
+    """While a recording is announced, acknowledged entries younger than this stay in the
+    stream for it."""
     max_out_of_order: int = MAX_OUT_OF_ORDER
     """Sequence numbers a worker's ledger tracks above its first gap."""
 
@@ -166,12 +168,7 @@ class Ingestor(BackgroundLoop):
         self.apply = apply
         self.settings = settings
         self.metrics = metrics
-        self.io = StreamIO(
-            client,
-            group=settings.group,
-            consumer=settings.consumer,
-            trim_grace_ms=settings.trim_grace_ms,
-        )
+        self.io = StreamIO(client, group=settings.group, consumer=settings.consumer)
         self.counters = IngestCounters()
         self.ledgers: dict[str, WorkerLedger] = {}
         self._streams: list[bytes] = []
@@ -329,11 +326,17 @@ class Ingestor(BackgroundLoop):
         if commits:
             self._check_lease()
             ledger_keys = {s: self._ledger_key(s) for s in commits}
-            trimmed = self.io.commit(ledger_keys, commits)
+            trimmed = self.io.commit(ledger_keys, commits, self._trim_grace_ms())
             self.counters.trimmed += trimmed
         if refusals:  # after the commit: a Redis out of memory refuses these first
             self._dead_letter(refusals)
         return handled
+
+    def _trim_grace_ms(self) -> int:
+        """The grace acknowledged entries get before they are trimmed: the setting's while
+        a recording is announced (one ``EXISTS`` a pass that commits), else none."""
+        grace = self.settings.trim_grace_ms
+        return grace if grace and self.r.exists(self.keys.recording) else 0
 
     def _check_lease(self) -> None:
         if self.leads is not None and not self.leads():

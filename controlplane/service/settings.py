@@ -76,9 +76,8 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
     stream_trim_grace_s: float = Field(
         default=30.0,
         ge=0,
-        description="Acknowledged stream entries are trimmed once this old, so that other "
-        "readers (kvwise trace record) read them too; the agents' stream_maxlen still bounds "
-        "each stream",
+        description="While kvwise trace record runs, acknowledged stream entries are trimmed "
+        "only once this old, so that it reads them too (else at once)",
     )
     max_categories: int = Field(
         default=2048, ge=2, description="Categories the statistics window holds, in all"

@@ -6,7 +6,7 @@ one at a time, measuring each in Redis: an entry larger than ``max_entry_bytes``
 as a stub (its size and a bounded prefix), never whole, and the read stops once it holds
 ``budget_bytes``, so no entry and no read can flood the controller's memory. ``commit``:
 acknowledge, delete refused entries, trim what the group has acknowledged and is older than
-``trim_grace_ms`` by Redis's clock (``XTRIM MINID``: nothing unread or pending is ever
+the grace it is given by Redis's clock (``XTRIM MINID``: nothing unread or pending is ever
 trimmed, and other plain readers of the stream, such as ``kvwise trace record``, have that
 long to read an entry after ingest did) and write the worker's ledger, in one call on one
 shard (the stream and the ledger share the worker's hash tag). Acknowledge and trim come
@@ -159,15 +159,12 @@ class Commit:
 
 class StreamIO:
     """Runs the read and commit scripts for ``group``/``consumer`` (pipelined per call);
-    ``commit`` trims acknowledged entries once they are ``trim_grace_ms`` old."""
+    ``commit`` trims acknowledged entries once they are ``grace_ms`` old."""
 
-    def __init__(
-        self, client: RedisClient, *, group: str, consumer: str, trim_grace_ms: int = 0
-    ) -> None:
+    def __init__(self, client: RedisClient, *, group: str, consumer: str) -> None:
         self.r = client
         self.group = group
         self.consumer = consumer
-        self.trim_grace_ms = trim_grace_ms
 
     def read(
         self,
@@ -196,8 +193,11 @@ class StreamIO:
         replies = pipe.execute(raise_on_error=False)
         return [_parsed(s, reply) for s, reply in zip(streams, replies, strict=True)]
 
-    def commit(self, ledger_keys: Mapping[bytes, str], commits: Mapping[bytes, Commit]) -> int:
-        """Apply ``commits`` (stream -> what to write); returns entries trimmed."""
+    def commit(
+        self, ledger_keys: Mapping[bytes, str], commits: Mapping[bytes, Commit], grace_ms: int = 0
+    ) -> int:
+        """Apply ``commits`` (stream -> what to write), trimming acknowledged entries once
+        ``grace_ms`` old; returns entries trimmed."""
         pipe = self.r.pipeline(transaction=False)
         for stream, job in commits.items():
             payload = json.dumps(
@@ -207,7 +207,7 @@ class StreamIO:
                 "EVAL",
                 _COMMIT,
                 2,
-                *(stream, ledger_keys[stream], self.group, payload, self.trim_grace_ms),
+                *(stream, ledger_keys[stream], self.group, payload, grace_ms),
             )
         replies = pipe.execute(raise_on_error=False)
         trimmed = 0

@@ -10,16 +10,21 @@ on), a bounded count of entries per read, each decoded and fed to that worker's
 category names. Entries that break the wire contract are skipped and counted. Entries gone
 before they were read (trimmed by the controller or the agent's cap) are counted from the
 gaps in each worker's batch sequence numbers (from the entry before the recording's start
-on). It must never
-join or touch the controller's consumer group, acknowledge, trim, delete or write anything:
+on). While it reads, the tail keeps one short-lived key of its own, ``Keys.recording``
+(``RecordingNotice``): the controller's ingest, seeing it, trims acknowledged entries only
+once they are its ``stream_trim_grace_s`` old, so that the tail reads them too; without a
+recording ingest trims at once and the streams hold nothing extra. It must never join or
+touch the controller's consumer group, acknowledge, trim, delete or write anything else:
 the controller and other readers see the streams exactly as before.
 """
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Final, cast
 
 from agent.runtime.connection import RedisClient
 from agent.wire import AgentStatus, BatchLimits, Keys, WireError, decode_batch
@@ -30,6 +35,11 @@ from controlplane.shadow.sampler import PrefixSampler
 _Entry = tuple[bytes, dict[bytes, bytes]]
 """A stream entry as the client returns it: its id and its fields."""
 
+NOTICE_TTL_S: Final = 15
+"""Seconds the recording's notice lives unless renewed: a recorder killed outright stops
+holding the controller's trims back this long after."""
+NOTICE_RENEW_S: Final = 5.0
+"""Seconds between renewals of the notice."""
 ENTRIES_PER_READ = 8
 """Stream entries one ``XREAD`` takes from one worker: at most this many times the largest
 entry the decoder accepts (``BatchLimits.max_entry_bytes``, about 2.4 MiB) is held at once."""
@@ -147,6 +157,28 @@ def _position(fields: dict[bytes, bytes]) -> _Position | None:
         return None
 
 
+class RecordingNotice:
+    """``Keys.recording``, set while a recording reads (renewed every ``NOTICE_RENEW_S``,
+    expiring after ``NOTICE_TTL_S``), removed at its end unless another recording has
+    renewed it since (each writes its own token)."""
+
+    def __init__(self, client: RedisClient, keys: Keys) -> None:
+        self.r = client
+        self.key = keys.recording
+        self.token = uuid.uuid4().hex.encode()
+        self._renew_at = 0.0
+
+    def renew(self) -> None:
+        """Set the notice again, when due."""
+        if time.monotonic() >= self._renew_at:
+            self.r.set(self.key, self.token, ex=NOTICE_TTL_S)
+            self._renew_at = time.monotonic() + NOTICE_RENEW_S
+
+    def withdraw(self) -> None:
+        if self.r.get(self.key) == self.token:
+            self.r.delete(self.key)
+
+
 class StreamTail:
     """Reads ``workers``' event streams from their newest entry on, into whole requests."""
 
@@ -162,6 +194,10 @@ class StreamTail:
         self.limits = limits or BatchLimits()
         self.table = CategoryTable()
         self._sampler = PrefixSampler(1.0)  # every request: a trace, not a sample
+        # Said before the start is read: an entry after the start was added, read by ingest
+        # and committed after the notice was set, and so keeps its grace.
+        self.notice = RecordingNotice(client, keys)
+        self.notice.renew()
         self._started = self._now_id()
         self._rebuilders = {w: RequestRebuilder(self._sampler, self.table) for w in workers}
         self._last: dict[str, bytes] = {}
@@ -208,6 +244,7 @@ class StreamTail:
     def poll(self) -> list[RecordedRequest]:
         """One read of every worker's stream: the requests its new entries complete (the
         last run of each worker is held until the next poll, or ``finish``)."""
+        self.notice.renew()
         out: list[RecordedRequest] = []
         for worker, rebuilder in self._rebuilders.items():
             stream = self.keys.events_stream(worker)
@@ -220,7 +257,9 @@ class StreamTail:
         return out
 
     def finish(self) -> list[RecordedRequest]:
-        """The requests of every run still held (the end of the recording)."""
+        """The requests of every run still held (the end of the recording); the notice
+        is withdrawn."""
+        self.notice.withdraw()
         out: list[RecordedRequest] = []
         for rebuilder in self._rebuilders.values():
             out += self._requests(rebuilder.flush())

@@ -15,6 +15,7 @@ from agent.wire import WIRE_SCHEMA_VERSION, AgentStatus, Keys, encode_batch
 from controlplane.service.housekeeping import Housekeeper, HousekeepingSettings
 from controlplane.service.settings import ControllerSettings
 from controlplane.service.stream_io import Commit, StreamIO
+from controlplane.service.trace_recording import RecordingNotice
 from tests.integration.controller_fixtures import (
     controller,
     good_batch,
@@ -288,26 +289,39 @@ def test_acknowledged_entries_stay_for_other_readers_until_the_grace_ends(
         r.xadd(stream, encode_batch(good_batch("w1", i + 1)), id=entry_id)  # type: ignore[arg-type]
     r.xgroup_create(stream, "g", id="0")
     [(_, entries)] = r.xreadgroup("g", "c", {stream: ">"})
-    io = StreamIO(r, group="g", consumer="c", trim_grace_ms=30_000)
+    io = StreamIO(r, group="g", consumer="c")
     job = Commit(ack=[entry_id for entry_id, _ in entries])
-    trimmed = io.commit({stream.encode(): keys.ingest_state("w1")}, {stream.encode(): job})
+    ledgers, jobs = {stream.encode(): keys.ingest_state("w1")}, {stream.encode(): job}
+    trimmed = io.commit(ledgers, jobs, grace_ms=30_000)
     assert trimmed == 3 and r.xlen(stream) == 2  # the two new ones stay, acknowledged
     assert r.xpending(stream, "g")["pending"] == 0
 
 
-def test_a_running_controller_leaves_new_entries_in_the_stream(
+def test_a_running_controller_leaves_new_entries_in_the_stream_while_a_recording_reads(
     redis_url: str, key_prefix: str
 ) -> None:
-    """With its default grace, the controller applies and acknowledges the entries and
-    leaves them in the stream, where another reader still finds them."""
+    """With its default grace, the controller applies and acknowledges the entries and,
+    while a recording says it reads (``Keys.recording``), leaves them in the stream, where
+    the recording still finds them; without one it trims them at once: the streams hold
+    nothing extra for a recording that is not there."""
     r = redis.Redis.from_url(redis_url)
     keys = Keys(key_prefix)
+    stream = keys.events_stream("w1")
     grace = ControllerSettings.model_fields["stream_trim_grace_s"].default
     assert grace >= 10
     with controller(redis_url, key_prefix, stream_trim_grace_s=grace) as c:
-        ingest_good_batches(c, r, "w1", 3)  # applied and acknowledged
-        assert r.xlen(keys.events_stream("w1")) == 3
-        assert len(r.xread({keys.events_stream("w1"): "0"})[0][1]) == 3
+        ingest_good_batches(c, r, "w1", 2)
+        wait_until(lambda: r.xlen(stream) == 0, what="no recording: trimmed at once")
+        notice = RecordingNotice(r, keys)  # type: ignore[arg-type]
+        notice.renew()
+        send(r, keys, good_batch("w1", 3))
+        send(r, keys, good_batch("w1", 4))
+        wait_until(lambda: c.ingestor.counters.batches == 4, what="two more batches")
+        wait_until(lambda: c.ingestor.pending() == 0, what="acknowledged")
+        assert r.xlen(stream) == 2
+        assert len(r.xread({stream: "0"})[0][1]) == 2
+        notice.withdraw()
+        assert not r.exists(keys.recording)
 
 
 def test_housekeeping_removes_a_dead_workers_stream_that_holds_only_acknowledged_entries(

@@ -146,6 +146,7 @@ def test_records_a_live_agents_requests_as_a_trace(
     assert stdout.strip().endswith("dropped none")
     assert not r.exists(f"{key_prefix}ingest:{{w1}}")  # read-only: no ledger, no group
     assert r.xinfo_groups(stream) == []
+    assert not r.exists(keys.recording)  # its notice to the controller withdrawn
 
     assert [p.name for p in tmp_path.iterdir()] == [out.name]  # written, then renamed
     got = load_trace(out)
