@@ -106,13 +106,7 @@ class Trace:
         Sorts requests by timestamp (stable: file order breaks ties) and maps hashes to
         dense ids ``0..U-1`` in order of first appearance in replay order.
         """
-        lengths = np.asarray(lengths, dtype=np.int64)
-        timestamps = np.asarray(timestamps, dtype=np.float64)
-        hash_ids = np.asarray(hash_ids, dtype=np.int64)
-        if len(timestamps) != len(lengths):
-            raise ValueError("timestamps and lengths differ in length")
-        if int(lengths.sum()) != len(hash_ids):
-            raise ValueError("lengths do not add up to the number of hash ids")
+        hash_ids, lengths, timestamps = _checked(hash_ids, lengths, timestamps)
         order = np.argsort(timestamps, kind="stable")
         sorted_hashes, offsets = _in_replay_order(hash_ids, lengths, order)
         blocks, hashes = _dense_ids(sorted_hashes)
@@ -175,6 +169,19 @@ class Trace:
             types=types,
             turns=None if turns is None else np.asarray(turns, dtype=np.int64),
         )
+
+
+def _checked(hash_ids: I64, lengths: I64, timestamps: F64) -> tuple[I64, I64, F64]:
+    """The three columns as arrays of their types; raises ``ValueError`` if they do not
+    agree (a timestamp per request, a hash id per block the lengths count)."""
+    hash_ids = np.asarray(hash_ids, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    timestamps = np.asarray(timestamps, dtype=np.float64)
+    if len(timestamps) != len(lengths):
+        raise ValueError("timestamps and lengths differ in length")
+    if int(lengths.sum()) != len(hash_ids):
+        raise ValueError("lengths do not add up to the number of hash ids")
+    return hash_ids, lengths, timestamps
 
 
 def _in_replay_order(hash_ids: I64, lengths: I64, order: NDArray[np.intp]) -> tuple[I64, I64]:
