@@ -455,6 +455,7 @@ class ShadowEvaluator:
                     (w.ladders[name].counts[i].totals(self._clock) for _, w in members), Totals()
                 )
                 est = totals.estimate(seen_ratio)
+                held = sum(w.ladders[name].caches[i].capacity for _, w in members)
                 points.append(
                     CurvePoint(
                         multiple=multiple,
@@ -464,6 +465,7 @@ class ShadowEvaluator:
                         ci_high=est.ci_high,
                         accesses=est.accesses,
                         sampled_hit_ratio=est.sampled_ratio,
+                        miniature_blocks=held,
                     )
                 )
             curves.append(PolicyCurve(name, points))
@@ -484,6 +486,7 @@ class ShadowEvaluator:
             and _few_incomplete(whole_runs, incomplete),
             observed_hit_ratio=seen.hit_ratio or 0.0,
             sampled_observed_hit_ratio=sampled.seen_ratio or 0.0,
+            sampled_request_blocks=sampled.accesses / sampled.requests if sampled.requests else 0.0,
             curves=curves,
         )
 

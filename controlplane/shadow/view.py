@@ -35,6 +35,10 @@ class CurvePoint:
     """Sampled accesses behind the estimate (0: hit_ratio 0.0 says nothing)."""
     sampled_hit_ratio: float = 0.0
     """The miniature's own figure over the sampled requests, before that move."""
+    miniature_blocks: int = 0
+    """Blocks the miniatures behind the point hold now (the group's, summed). Fewer than a
+    few sampled requests' blocks (``GroupView.sampled_request_blocks``) and the estimate
+    says little: a request longer than the miniature can never hit in it."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,10 @@ class GroupView:
     sampled_observed_hit_ratio: float
     """The same over the sampled requests only: far from ``observed_hit_ratio``, the
     sample is richer or poorer in reuse than the traffic, and so are its curves."""
+    sampled_request_blocks: float
+    """Blocks of a sampled request, on average over the window (0: none sampled): a
+    miniature that holds only a few of them (``CurvePoint.miniature_blocks``) cannot keep
+    what the full cache would."""
     curves: list[PolicyCurve]
 
 

@@ -340,6 +340,18 @@ def test_full_rate_shadow_equals_the_offline_replay(trace: Trace) -> None:
             assert point.ci_low <= point.hit_ratio <= point.ci_high
 
 
+def test_each_point_says_how_many_blocks_its_miniatures_hold(trace: Trace) -> None:
+    """A vLLM user's 64-block engine got miniatures of about 3 blocks at the default rate,
+    whose curves said nothing, and nothing in the view told so: each point now says what
+    its miniatures hold (at rate 1, the full size), the group how long a sampled request
+    is."""
+    shadow = _shadow_at_full_rate(trace, 300, fitted_document(trace))
+    (group,) = shadow.view().groups
+    assert group.sampled_request_blocks == pytest.approx(trace.n_accesses / trace.n_requests)
+    for curve in group.curves:
+        assert [p.miniature_blocks for p in curve.points] == [150, 300, 600], curve.policy
+
+
 def test_full_rate_shadow_of_a_classing_worker_files_as_the_worker_does(trace: Trace) -> None:
     """A worker whose heartbeat says it files by reuse class: the shadow's ``wa`` at each
     ladder step files a release under ``w/re`` when its own miniature found the block
