@@ -19,6 +19,7 @@ from agent.runtime.agent import Agent
 from agent.settings import AgentSettings
 from agent.wire import AgentStatus
 from tests.vllm_block import Blk
+from tests.wire_samples import agent_status
 
 OFFLINE = AgentSettings(redis_url="redis://127.0.0.1:1", evictor="lru")
 """Never started: the hooks work, nothing touches the network."""
@@ -97,15 +98,8 @@ def test_an_engine_call_is_counted_once_with_the_agents_work_inside_it() -> None
 
 
 def test_the_heartbeat_carries_the_counts_and_an_older_one_reads_zero() -> None:
-    status = AgentStatus(
-        id="w",
-        engine="vllm",
-        capacity=1,
-        engine_calls=6400,
-        engine_sampled_calls=100,
-        engine_sampled_blocks=400,
-        engine_sampled_ns=200_000,
-    )
+    counts = {"calls": 6400, "sampled_calls": 100, "sampled_blocks": 400, "sampled_ns": 200_000}
+    status = agent_status(**{f"engine_{name}": n for name, n in counts.items()})
     read = AgentStatus.from_json(status.to_json())
     assert read == status
     assert read.engine_time.seconds_per_call == 2e-6
