@@ -7,19 +7,15 @@ handled, all in plain ints. An unsampled call costs one increment and one compar
 sampled one two clock reads more. ``EngineTimeSnapshot`` turns the counts into seconds per
 call, per block, and an estimate of the total. Each call site times the whole of
 kvwise's work inside one engine call, and sites never nest, so no time counts twice.
-``timed_call`` makes a timed method of an untimed one whose first argument is the blocks
-it handles. It must never take a lock, allocate per call, or import anything beyond the
-standard library.
+It must never take a lock, allocate per call, or import anything beyond the standard
+library.
 """
 
 from __future__ import annotations
 
-import functools
 import random
 import time
-from collections.abc import Callable, Sized
 from dataclasses import dataclass
-from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 SAMPLE_EVERY = 64
 """One call in this many (on average) is timed."""
@@ -110,35 +106,3 @@ class EngineTime:
         return EngineTimeSnapshot(
             self.calls, self.sampled_calls, self.sampled_blocks, self.sampled_ns
         )
-
-
-class Metered(Protocol):
-    """What ``timed_call``'s methods belong to: an object with a meter."""
-
-    engine_time: EngineTime
-
-
-MeteredT = TypeVar("MeteredT", bound=Metered)
-BlocksT = TypeVar("BlocksT", bound=Sized)
-Params = ParamSpec("Params")
-Result = TypeVar("Result")
-
-
-def timed_call(
-    call: Callable[Concatenate[MeteredT, BlocksT, Params], Result],
-) -> Callable[Concatenate[MeteredT, BlocksT, Params], Result]:
-    """``call`` (a method whose first argument is the blocks it handles), counted on its
-    object's ``engine_time`` and timed on a sample: the engine's entry point. The method
-    itself stays the untimed twin, for a caller that times the engine call around it."""
-
-    @functools.wraps(call)
-    def timed(
-        self: MeteredT, blocks: BlocksT, /, *args: Params.args, **kwargs: Params.kwargs
-    ) -> Result:
-        started = self.engine_time.begin()
-        result = call(self, blocks, *args, **kwargs)
-        if started:
-            self.engine_time.end(started, len(blocks))
-        return result
-
-    return timed
