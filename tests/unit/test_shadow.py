@@ -100,6 +100,13 @@ def test_rebuild_gathers_small_batches_until_drained(trace: Trace) -> None:
     assert rebuilder.flush().sampled == one_by_one.flush().sampled
 
 
+def _rebuild_at_full_rate(batch: EventBatch) -> tuple[RequestRebuilder, Rebuilt, Rebuilt]:
+    """A rebuilder that samples every request, fed ``batch`` then flushed: the rebuilder,
+    what the feed gave and what the flush gave."""
+    rebuilder = RequestRebuilder(PrefixSampler(1.0), CategoryTable())
+    return rebuilder, rebuilder.feed(batch), rebuilder.flush()
+
+
 def test_rebuild_splits_two_requests_of_one_time_and_category() -> None:
     # A: two blocks, both hits. B: five new blocks, released tail first. Same time, same
     # category: the offsets tell them apart.
@@ -109,8 +116,8 @@ def test_rebuild_splits_two_requests_of_one_time_and_category() -> None:
         offset=[0, 1, 4, 3, 2, 1, 0],
         kind=[HIT, HIT] + [INSERT] * 5,
     )
-    rebuilder = RequestRebuilder(PrefixSampler(1.0), CategoryTable())
-    got = rebuilder.feed(batch).sampled + rebuilder.flush().sampled
+    _, first, last = _rebuild_at_full_rate(batch)
+    got = first.sampled + last.sampled
     assert [r.blocks for r in got] == [[10, 11], [20, 21, 22, 23, 24]]
 
 
@@ -124,8 +131,8 @@ def test_rebuild_keeps_a_request_whole_across_its_reuse_classes() -> None:
         categories=("a", "a/re"),
         category=[1, 1, 0, 0],
     )
-    rebuilder = RequestRebuilder(PrefixSampler(1.0), CategoryTable())
-    got = rebuilder.feed(batch).sampled + rebuilder.flush().sampled
+    rebuilder, first, last = _rebuild_at_full_rate(batch)
+    got = first.sampled + last.sampled
     assert [r.blocks for r in got] == [[10, 11, 12, 13]]
     # The table holds the category beside its reuse class (for a classing miniature wa);
     # the request is of the category.
@@ -143,8 +150,7 @@ def test_rebuild_drops_a_run_whose_offsets_only_add_up_to_a_whole_request() -> N
         offset=[0, 1, 4, 5, 6, 8, 6, 5, 1, 0],
         kind=[HIT] * 6 + [INSERT] * 3 + [INSERT],
     )
-    rebuilder = RequestRebuilder(PrefixSampler(1.0), CategoryTable())
-    first, last = rebuilder.feed(batch), rebuilder.flush()
+    _, first, last = _rebuild_at_full_rate(batch)
     assert (first.incomplete, first.requests) == (1, 0)
     assert [r.blocks for r in last.sampled] == [[30]]
 
@@ -158,8 +164,7 @@ def test_rebuild_drops_and_counts_a_request_missing_its_first_block() -> None:
         categories=("a", "b"),
         category=[0, 0, 1, 1],
     )
-    rebuilder = RequestRebuilder(PrefixSampler(1.0), CategoryTable())
-    first, last = rebuilder.feed(batch), rebuilder.flush()
+    rebuilder, first, last = _rebuild_at_full_rate(batch)
     assert (first.incomplete, first.requests) == (1, 0)
     assert [r.blocks for r in last.sampled] == [[20, 21]]
     assert rebuilder.table.names == ["a", "a/re", "b", "b/re"]
@@ -897,7 +902,6 @@ def test_rebuild_counts_blocks_stored_after_a_prompt_as_a_continuation() -> None
         offset=[5, 6, 5, 1, 2],
         kind=[INSERT, INSERT, INSERT, HIT, HIT],
     )
-    rebuilder = RequestRebuilder(PrefixSampler(1.0), CategoryTable())
-    first, last = rebuilder.feed(batch), rebuilder.flush()
+    _, first, last = _rebuild_at_full_rate(batch)
     assert (first.continued, first.incomplete, first.requests) == (2, 0, 0)
     assert (last.continued, last.incomplete, last.requests) == (0, 1, 0)
