@@ -1,8 +1,9 @@
 """Maximum-likelihood fit of the censored cure-rate reuse model on binned data.
 
-Owns ``fit_cure_rate`` / ``fit_cure_rate_many`` and ``MixtureFit``. The model: an access
-episode is reused with probability ``p``, after ``shift + Exp(rate)`` seconds, where
-``shift`` is the near-concurrent threshold (gaps below it were merged away by the stats;
+Owns ``fit_cure_rate`` / ``fit_cure_rate_many``, ``MixtureFit`` and ``clipped_logit``
+(the logit of a fitted ``p``, kept finite). The model: an access episode is reused with
+probability ``p``, after ``shift + Exp(rate)`` seconds, where ``shift`` is the
+near-concurrent threshold (gaps below it were merged away by the stats;
 the exponential is memoryless, so only the time beyond it is modelled). Log-likelihood,
 in time shifted by ``shift``:
 
@@ -27,11 +28,16 @@ from typing import TypedDict, Unpack
 
 import numpy as np
 from numpy.typing import NDArray
+from scipy.special import expit, logit
 
 from controlplane.traces.arrays import F64, I64
 
 LOGIT_BOUND = 20.0
 """p is kept in ``[expit(-20), expit(20)]`` (2e-9 from 0 and 1): no data tells it apart."""
+
+P_CLIP = 1e-6
+"""A fitted p is kept this far from 0 and 1 before its logit is taken (``clipped_logit``),
+so the logit stays finite whatever p the fit gave."""
 
 DEFAULT_RATE_BOUNDS = (1e-6, 1e3)
 """Fitted rates are kept in this range (1/s) unless the caller gives one."""
@@ -110,10 +116,15 @@ def _prepare(observed: F64, censored: F64, edges: F64, shift: float) -> _Data:
     )
 
 
+def clipped_logit(p: float) -> float:
+    """``logit p``, with ``p`` first kept in ``[P_CLIP, 1 - P_CLIP]``."""
+    return float(logit(min(max(p, P_CLIP), 1.0 - P_CLIP)))
+
+
 def _terms(u: F64, s: F64, d: _Data, derivs: bool) -> tuple[F64, F64 | None, F64 | None]:
     """Mean log-likelihood per exposure of each category at ``(logit p, log rate)``, and
     (if ``derivs``) its gradient ``[C, 2]`` and Hessian ``[C, 2, 2]``."""
-    p = 1.0 / (1.0 + np.exp(-u))
+    p = expit(u)
     a = np.exp(s)
     aw = a[:, None] * d.w[None, :]
     finite = np.isfinite(d.w)[None, :]
@@ -167,7 +178,7 @@ def _initial(d: _Data, log_bounds: tuple[float, float]) -> tuple[F64, F64]:
     mean = (d.n @ mid) / np.maximum(d.n_obs, 1.0)
     s = np.where(mean > 0, -np.log(np.where(mean > 0, mean, 1.0)), np.mean(log_bounds))
     p = np.clip(d.n_obs / d.total, *_START_P_RANGE)
-    return np.log(p / (1.0 - p)), np.clip(s, *log_bounds)
+    return logit(p), np.clip(s, *log_bounds)
 
 
 @dataclass(eq=False)
@@ -226,7 +237,7 @@ def fit_cure_rate_many(
         if len(idx) == 0:
             break
         _step(state, idx, _rows(d, idx), log_bounds)
-    p = 1.0 / (1.0 + np.exp(-state.u))
+    p = expit(state.u)
     converged = state.done & (state.damping <= _DAMPING_GIVE_UP) & (d.n_obs > 0)
     return [
         MixtureFit(

@@ -24,16 +24,14 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
+from scipy.special import expit
 
 from agent.policy_document import DEFAULT_PARAMS, CategoryParams, ParamSource
 from controlplane.fit.gof import ReuseCurve, curve_from, empirical_cdf, ks_from
-from controlplane.fit.mle import MixtureFit, fit_cure_rate_many
+from controlplane.fit.mle import MixtureFit, clipped_logit, fit_cure_rate_many
 from controlplane.fit.reuse_window import StatsSnapshot
 from controlplane.fit.settings import FitSettings
 from controlplane.traces.arrays import F64, I64
-
-_P_CLIP = 1e-6
-"""p is blended on the logit scale; kept this far from 0 and 1 so logits stay finite."""
 
 
 @dataclass(frozen=True)
@@ -93,11 +91,6 @@ def life_window(rate: float, settings: FitSettings) -> float:
     return float(np.clip(q, settings.life_min_s, settings.life_max_s))
 
 
-def _logit(p: float) -> float:
-    p = min(max(p, _P_CLIP), 1.0 - _P_CLIP)
-    return float(np.log(p / (1.0 - p)))
-
-
 @dataclass(frozen=True)
 class Blend:
     """One category's chosen ``(p, rate)``: its own fit shrunk toward the pooled one
@@ -116,9 +109,9 @@ def shrink(own: MixtureFit, pooled: MixtureFit, exposures: float, k: float) -> B
     wp = exposures / (exposures + k) if exposures + k > 0 else 1.0
     # No reuse of its own: its rate is not identified (the solver's start), the pool's is.
     wr = own.reuses / (own.reuses + k) if own.reuses > 0 else 0.0
-    lp = wp * _logit(own.p) + (1.0 - wp) * _logit(pooled.p)
+    lp = wp * clipped_logit(own.p) + (1.0 - wp) * clipped_logit(pooled.p)
     lr = wr * np.log(own.rate) + (1.0 - wr) * np.log(_pooled_rate(pooled))
-    p, rate = float(1.0 / (1.0 + np.exp(-lp))), float(np.exp(lr))
+    p, rate = float(expit(lp)), float(np.exp(lr))
     return Blend(p=p, rate=rate, weight_p=wp, weight_rate=wr, source="fit")
 
 

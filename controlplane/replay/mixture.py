@@ -25,11 +25,12 @@ from heapq import heappop, heappush
 
 import numpy as np
 from scipy.optimize import minimize
+from scipy.special import expit
 
 from agent.policies.wa import WAPolicy
 from agent.policies.wa_queue import Entry, Key
 from agent.policy_document import BUILTIN_POLICY, PolicyDocument
-from controlplane.fit.mle import MixtureFit, censored_ages
+from controlplane.fit.mle import MixtureFit, censored_ages, clipped_logit
 from controlplane.fit.per_category import FitResult
 from controlplane.fit.reuse_window import StatsSnapshot
 from controlplane.fit.settings import FitSettings
@@ -71,7 +72,7 @@ class TwoPhase:
 
 def _neg_loglik(x: F64, n: F64, m: F64, lo: F64, w: F64, age: F64) -> float:
     """Minus the log-likelihood of ``x = (logit p, logit pi, log a1, log a2)``."""
-    p, share = 1.0 / (1.0 + np.exp(-x[:2]))
+    p, share = expit(x[:2])
     a1, a2 = np.exp(x[2:])
     with np.errstate(over="ignore", invalid="ignore"):
         in_bin = share * np.exp(-a1 * lo) * -np.expm1(-a1 * w) + (1 - share) * np.exp(
@@ -95,13 +96,13 @@ def fit_two_phase(
     w = np.maximum(edges[1:] - shift, 0.0) - lo
     age = np.maximum(censored_ages(edges) - shift, 0.0)
     args = (observed.astype(float), censored.astype(float), lo, w, age)
-    logit = math.log(min(max(one.p, 1e-6), 1 - 1e-6) / (1 - min(max(one.p, 1e-6), 1 - 1e-6)))
+    logit_p = clipped_logit(one.p)
     log_rate = math.log(one.rate)
-    single = _neg_loglik(np.array([logit, 20.0, log_rate, log_rate]), *args)
-    start = np.array([logit, 0.0, log_rate + 1.5, log_rate - 1.5])
+    single = _neg_loglik(np.array([logit_p, 20.0, log_rate, log_rate]), *args)
+    start = np.array([logit_p, 0.0, log_rate + 1.5, log_rate - 1.5])
     bounds = [(-20.0, 20.0), (-20.0, 20.0), (-14.0, 7.0), (-14.0, 7.0)]
     two = minimize(_neg_loglik, start, args=args, method="L-BFGS-B", bounds=bounds)
-    p, share = (1.0 / (1.0 + np.exp(-two.x[:2]))).tolist()
+    p, share = expit(two.x[:2]).tolist()
     fast, slow = np.exp(two.x[2:]).tolist()
     if fast < slow:
         fast, slow, share = slow, fast, 1.0 - share

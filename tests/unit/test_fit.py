@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 from scipy.optimize import minimize
+from scipy.special import logit
 
 from agent.policy_document import DEFAULT_PARAMS
 from controlplane.fit import (
@@ -31,10 +32,6 @@ def _snapshot(s: Stream, horizon: float, names: list[str], near_s: float = 0.0) 
     st = ReuseStats(2 * horizon, near_concurrent_s=near_s, categories=names, origin=0.0)
     st.ingest(s.ts, s.category, s.prev_ts, s.prev_category)
     return st.snapshot(horizon)
-
-
-def _logit(p: float) -> float:
-    return math.log(p / (1 - p))
 
 
 # (p, rate /s, horizon s): censoring is strong in both (mean reuse time = horizon / 10
@@ -142,8 +139,8 @@ def test_shrinkage_pulls_a_small_category_toward_the_pool_and_leaves_a_big_one()
     assert tiny.exposures == 20 and tiny.params.source == "fit" and tiny.raw is not None
     assert tiny.weight_p == pytest.approx(20 / 70)
     # On the logit scale the blend sits weight_p of the way from the pool to the own fit.
-    span = _logit(tiny.raw.p) - _logit(res.pooled_fit.p)
-    moved = _logit(tiny.params.p_reuse) - _logit(res.pooled_fit.p)
+    span = logit(tiny.raw.p) - logit(res.pooled_fit.p)
+    moved = logit(tiny.params.p_reuse) - logit(res.pooled_fit.p)
     assert abs(span) > 1.0
     assert moved / span == pytest.approx(tiny.weight_p, rel=1e-6)
     assert abs(math.log(tiny.params.rate / res.pooled_fit.rate)) < 0.05 * abs(
@@ -152,7 +149,7 @@ def test_shrinkage_pulls_a_small_category_toward_the_pool_and_leaves_a_big_one()
     # The big category moves by less than one standard error of its own fit.
     assert big.exposures > 100_000 and big.raw is not None
     se_logit = 1 / math.sqrt(big.exposures * big.raw.p * (1 - big.raw.p))
-    assert abs(_logit(big.params.p_reuse) - _logit(big.raw.p)) < se_logit
+    assert abs(logit(big.params.p_reuse) - logit(big.raw.p)) < se_logit
     assert abs(math.log(big.params.rate / big.raw.rate)) < 1 / math.sqrt(big.raw.reuses)
     assert big.params.p_reuse == pytest.approx(0.3, abs=0.01)
 
