@@ -79,9 +79,9 @@ class VersionInfo:
 
 
 @dataclass(frozen=True)
-class OverrideResult:
-    """What setting an override did: the document in force after it, and whether it was
-    published (False: exactly that override was in force already; nothing written)."""
+class Change:
+    """What an operator's change did: the document in force after it, and whether it was
+    published (False: the change was in force already; nothing written)."""
 
     document: PolicyDocument
     published: bool
@@ -300,7 +300,7 @@ class PolicyStore:
         return self._publish(prepare, fence)
 
     @guarded
-    def set_override(self, category: str, values: Mapping[str, float]) -> OverrideResult:
+    def set_override(self, category: str, values: Mapping[str, float]) -> Change:
         """Pin ``values`` (merged into the category's override) and publish; if the merged
         override is the one in force already, publish nothing (judged in the transaction):
         the document in force comes back."""
@@ -331,9 +331,9 @@ class PolicyStore:
             return draft
 
         try:
-            return OverrideResult(self._publish(prepare), published=True)
+            return Change(self._publish(prepare), published=True)
         except _SameOverride as same:
-            return OverrideResult(same.document, published=False)
+            return Change(same.document, published=False)
 
     @guarded
     def delete_override(self, category: str) -> PolicyDocument:
@@ -411,14 +411,14 @@ class PolicyStore:
         return self._publish(prepare, fence)
 
     @guarded
-    def pin_evictor(self, family: str | None) -> PolicyDocument:
+    def pin_evictor(self, family: str | None) -> Change:
         """Pin the evictor family (None: release the pin, the selection applies again).
         Pinning the family already pinned, or releasing no pin, publishes nothing: the
         document in force comes back."""
         chosen = None if family is None else family_named(family)
         current = self.current()
         if current is not None and _pinned(self.r.get(self.keys.evictor_pin)) == chosen:
-            return current
+            return Change(current, published=False)
 
         def prepare(pipe: Pipeline) -> _Draft:
             draft = self._read(pipe, f"evictor family pinned to {chosen}")
@@ -430,7 +430,7 @@ class PolicyStore:
             draft.pin = chosen
             return draft
 
-        return self._publish(prepare)
+        return Change(self._publish(prepare), published=True)
 
     @guarded
     def restore(self, state: StoreState, *, after: int = 0) -> PolicyDocument | None:

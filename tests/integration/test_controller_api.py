@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 import redis
 
@@ -114,6 +115,37 @@ def test_the_override_in_force_put_again_publishes_nothing(ctl: RunningControlle
     assert [v["version"] for v in c.get("/v1/policy/versions").json()] == [2, 1]
     changed = c.put("/v1/policy/overrides/text_1", json={"rate": 0.6}, headers=AUTH)
     assert (changed.json()["version"], changed.headers["Kvwise-Published"]) == (3, "true")
+
+
+def test_every_change_says_whether_it_published(ctl: RunningController) -> None:
+    """Pinning or releasing the evictor family, releasing an override and rolling back
+    answer ``Kvwise-Published`` as an override's PUT does: a script tells a change that
+    was in force already from one that published without comparing versions."""
+    c = ctl.client
+
+    def published(answer: httpx.Response) -> tuple[int, str]:
+        assert answer.status_code == 200, answer.text
+        return answer.json()["version"], answer.headers["Kvwise-Published"]
+
+    assert published(c.put("/v1/policy/evictor", json={"family": "s3fifo"}, headers=AUTH)) == (
+        2,
+        "true",
+    )
+    assert published(c.put("/v1/policy/evictor", json={"family": "s3fifo"}, headers=AUTH)) == (
+        2,
+        "false",
+    )
+    assert published(c.delete("/v1/policy/evictor", headers=AUTH)) == (3, "true")
+    assert published(c.delete("/v1/policy/evictor", headers=AUTH)) == (3, "false")
+    assert published(c.put("/v1/policy/overrides/t", json={"rate": 0.5}, headers=AUTH)) == (
+        4,
+        "true",
+    )
+    assert published(c.delete("/v1/policy/overrides/t", headers=AUTH)) == (5, "true")
+    assert published(c.post("/v1/policy/rollback", json={"version": 4}, headers=AUTH)) == (
+        6,
+        "true",
+    )
 
 
 def test_refit_from_ingested_events(ctl: RunningController, redis_url: str) -> None:

@@ -43,14 +43,16 @@ def test_the_family_is_selected_pinned_released_and_kept_by_refits(store: Policy
     assert store.select_evictor("s3fifo", "selected").evictor == "s3fifo"
     assert store.publish_fit({"text_1": _p(0.2)}, None, "refit").evictor == "s3fifo"
     pinned = store.pin_evictor("lru")
-    assert pinned.evictor == "lru"
-    assert store.pin_evictor("lru").version == pinned.version  # the same pin: no version
+    assert (pinned.document.evictor, pinned.published) == ("lru", True)
+    again = store.pin_evictor("lru")  # the same pin: no version
+    assert (again.document.version, again.published) == (pinned.document.version, False)
     assert store.select_evictor("arc", "selected again").evictor == "lru"  # the pin wins
     state = store.evictor()
     assert (state.in_force, state.pinned, state.selected) == ("lru", "lru", "arc")
     released = store.pin_evictor(None)
-    assert released.evictor == "arc"
-    assert store.pin_evictor(None).version == released.version  # no pin left: no version
+    assert (released.document.evictor, released.published) == ("arc", True)
+    nothing = store.pin_evictor(None)  # no pin left: no version
+    assert (nothing.document.version, nothing.published) == (released.document.version, False)
     rolled = store.rollback(first.version)
     assert rolled.evictor == "wa"
     assert store.evictor().selected == "wa"

@@ -125,7 +125,7 @@ def test_a_rollback_takes_no_pin_for_the_controllers_selection(store: PolicyStor
     store.pin_evictor("arc")  # v2
     store.publish_fit({"text_1": _p(0.2)}, None, "fit")  # v3, arc by the pin
     assert store.rollback(3).evictor == "arc"
-    assert store.pin_evictor(None).evictor == "wa"
+    assert store.pin_evictor(None).document.evictor == "wa"
     assert store.evictor().selected == "wa"
     store.select_evictor("s3fifo", "selected")  # v6
     store.select_evictor("wa", "selected")  # v7

@@ -3,19 +3,27 @@
 Each module offers a ``reads`` router (GET) and, where it changes state, a ``writes``
 router; ``controlplane.api.app`` attaches the access each needs. Routes reach the
 ``Controller`` through ``ControllerDep`` and declare their ``response_model`` and error
-responses; a route that takes no body declares ``NO_BODY``, which refuses one. They must
-never check tokens (the access guard did) or build Redis keys.
+responses; a route that takes no body declares ``NO_BODY``, which refuses one. Every
+change that answers with a document says in ``PUBLISHED_HEADER`` whether it published a
+version (``answer``). They must never check tokens (the access guard did) or build Redis
+keys.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, cast
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Response
 
+from agent.policy_document import PolicyDocument
 from controlplane.api.errors import FieldError
 from controlplane.api.field_messages import unwanted_body
 from controlplane.service.controller import Controller
+from controlplane.service.store import Change
+
+PUBLISHED_HEADER = "Kvwise-Published"
+"""In a change's answer: ``true`` if it published a version, ``false`` if the change was
+in force already (the answer is then the document in force, its version unchanged)."""
 
 
 async def _controller(request: Request) -> Controller:
@@ -49,3 +57,9 @@ async def _takes_no_body(request: Request) -> None:
 
 
 NO_BODY = Depends(_takes_no_body)
+
+
+def answer(change: Change, response: Response) -> PolicyDocument:
+    """The document a change left in force, its ``PUBLISHED_HEADER`` set on ``response``."""
+    response.headers[PUBLISHED_HEADER] = "true" if change.published else "false"
+    return change.document

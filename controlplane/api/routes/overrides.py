@@ -3,7 +3,7 @@ evictor family of every worker that follows the document.
 
 Each change publishes a new policy version (the store composes it); one that changes
 nothing (the same pin again) publishes nothing and answers with the document in force,
-which the ``Kvwise-Published`` header of an override's answer says (``false``). Names and counts
+which the ``Kvwise-Published`` header of every answer says (``false``). Names and counts
 are bounded here, at the edge: a category name is at most ``CATEGORY_NAME_MAX``
 characters of a small alphabet, and at most ``max_overrides`` categories are pinned. A
 name that exists already can always be released, whatever it looks like. It must never
@@ -21,13 +21,10 @@ from controlplane.api.access import BODY_TOO_LARGE
 from controlplane.api.errors import ApiError, FieldError, documented
 from controlplane.api.field_messages import FieldProblem
 from controlplane.api.models import EvictorBody, OverrideBody, OverrideCategory
-from controlplane.api.routes import NEEDS_REDIS, NO_BODY, ControllerDep
-from controlplane.service.store import EvictorState, StoreError, TooManyOverrides
+from controlplane.api.routes import NEEDS_REDIS, NO_BODY, ControllerDep, answer
+from controlplane.service.store import Change, EvictorState, StoreError, TooManyOverrides
 
 TAG = "overrides"
-PUBLISHED_HEADER = "Kvwise-Published"
-"""In an override's answer: ``true`` if it published a version, ``false`` if the same
-override was in force already (the answer is then the document in force)."""
 reads = APIRouter(tags=[TAG], dependencies=[NEEDS_REDIS])
 writes = APIRouter(tags=[TAG], dependencies=[NEEDS_REDIS])
 
@@ -53,9 +50,7 @@ def put_override(
     if not values:
         raise FieldError(FieldProblem("invalid_value", "body", "give rate, p_reuse or life_s"))
     try:
-        result = controller.store.set_override(category, values)
-        response.headers[PUBLISHED_HEADER] = "true" if result.published else "false"
-        return result.document
+        return answer(controller.store.set_override(category, values), response)
     except TooManyOverrides as exc:  # judged in the publication's transaction
         raise ApiError(409, "too_many_overrides", str(exc)) from None
     except StoreError as exc:
@@ -69,11 +64,13 @@ def put_override(
     dependencies=[NO_BODY],
 )
 def delete_override(
-    category: Annotated[str, Path(description="A pinned category")], controller: ControllerDep
+    category: Annotated[str, Path(description="A pinned category")],
+    controller: ControllerDep,
+    response: Response,
 ) -> PolicyDocument:
     """Release a category's pinned parameters; publishes a version."""
     try:
-        return controller.store.delete_override(category)
+        return answer(Change(controller.store.delete_override(category), True), response)
     except StoreError as exc:
         raise ApiError(404, "no_override", str(exc)) from None
 
@@ -90,11 +87,12 @@ def get_evictor(controller: ControllerDep) -> EvictorState:
     response_model=PolicyDocument,
     responses=documented(BODY_TOO_LARGE, 422),
 )
-def put_evictor(body: EvictorBody, controller: ControllerDep) -> PolicyDocument:
-    """Pin the evictor family; publishes a version. The controller's selection no longer
-    applies until the pin is released."""
+def put_evictor(body: EvictorBody, controller: ControllerDep, response: Response) -> PolicyDocument:
+    """Pin the evictor family; publishes a version, unless that family is pinned already
+    (``Kvwise-Published: false``). The controller's selection no longer applies until the
+    pin is released."""
     try:
-        return controller.store.pin_evictor(body.family)
+        return answer(controller.store.pin_evictor(body.family), response)
     except StoreError as exc:
         raise FieldError(FieldProblem("invalid_value", "family", str(exc))) from None
 
@@ -105,7 +103,7 @@ def put_evictor(body: EvictorBody, controller: ControllerDep) -> PolicyDocument:
     responses=documented(422),
     dependencies=[NO_BODY],
 )
-def delete_evictor(controller: ControllerDep) -> PolicyDocument:
+def delete_evictor(controller: ControllerDep, response: Response) -> PolicyDocument:
     """Release the evictor family's pin; publishes a version with the controller's
-    selection."""
-    return controller.store.pin_evictor(None)
+    selection, unless no family is pinned (``Kvwise-Published: false``)."""
+    return answer(controller.store.pin_evictor(None), response)

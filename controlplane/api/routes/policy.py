@@ -7,15 +7,15 @@ must never compose documents itself (``controlplane.service.store`` does).
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from agent.policy_document import PolicyDocument
 from controlplane.api.access import BODY_TOO_LARGE
 from controlplane.api.errors import ApiError, documented
 from controlplane.api.models import RollbackBody, VersionInPath
-from controlplane.api.routes import NEEDS_REDIS, NO_BODY, ControllerDep
+from controlplane.api.routes import NEEDS_REDIS, NO_BODY, ControllerDep, answer
 from controlplane.service.controller import RefitOutcome, RefitStatus
-from controlplane.service.store import StoreError, VersionInfo
+from controlplane.service.store import Change, StoreError, VersionInfo
 
 TAG = "policy"
 reads = APIRouter(tags=[TAG], dependencies=[NEEDS_REDIS])
@@ -80,9 +80,11 @@ def refit(controller: ControllerDep) -> RefitOutcome:
     response_model=PolicyDocument,
     responses=documented(404, BODY_TOO_LARGE, 422),
 )
-def rollback(body: RollbackBody, controller: ControllerDep) -> PolicyDocument:
-    """Publish a new version with an earlier version's parameters."""
+def rollback(body: RollbackBody, controller: ControllerDep, response: Response) -> PolicyDocument:
+    """Publish a new version with an earlier version's parameters (always: it also
+    records the hold, ``Kvwise-Published: true``)."""
     try:
-        return controller.store.rollback(body.version, hold=body.hold)
+        doc = controller.store.rollback(body.version, hold=body.hold)
+        return answer(Change(doc, published=True), response)
     except StoreError as exc:
         raise ApiError(404, "unknown_version", str(exc)) from None
