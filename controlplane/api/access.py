@@ -31,8 +31,8 @@ from controlplane.service.settings import ControllerSettings
 MAX_BODY_BYTES = 16 * 1024
 """Largest request body accepted (the API's bodies are a few dozen bytes)."""
 BODY_TOO_LARGE = 413
-"""What the guard answers a body over ``MAX_BODY_BYTES``: declared by each route that
-takes a body."""
+"""What the guard answers a body over ``MAX_BODY_BYTES``, on any route (the app declares
+it on every one)."""
 
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _REALM = 'Bearer realm="kvwise"'
@@ -112,8 +112,7 @@ class AccessRules:
     def route_options(self, access: Access, *also: int) -> dict[str, Any]:
         """``include_router`` options declaring ``access`` in OpenAPI: the bearer scheme
         (only where a token is needed), the token errors the guard may answer and
-        ``also``. A route that takes a body declares ``BODY_TOO_LARGE`` itself: one that
-        takes none refuses any body (``routes.NO_BODY``), so its 413 is never the news."""
+        ``also`` (the app declares ``BODY_TOO_LARGE`` on every route)."""
         statuses = [401] if self.guarded(access) else []
         if access is Access.WRITE and self.read_token is not None:
             statuses.append(403)

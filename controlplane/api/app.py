@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from controlplane.api.access import MAX_BODY_BYTES, Access, AccessGuard, AccessRules
-from controlplane.api.errors import install_error_handlers
+from controlplane.api.access import BODY_TOO_LARGE, MAX_BODY_BYTES, Access, AccessGuard, AccessRules
+from controlplane.api.errors import documented, install_error_handlers
+from controlplane.api.head import HeadAsGet
 from controlplane.api.routes import observe, ops, overrides, policy
 from controlplane.service.controller import Controller
 
@@ -47,11 +48,13 @@ def create_app(controller: Controller) -> FastAPI:
         version="1",
         description=API_DESCRIPTION,
         openapi_tags=_TAGS,
+        responses=documented(BODY_TOO_LARGE),  # the access guard answers it on any route
     )
     app.state.controller = controller
     install_error_handlers(app)
     rules = AccessRules.from_settings(controller.settings)
     app.add_middleware(AccessGuard, rules=rules, max_body_bytes=MAX_BODY_BYTES)
+    app.add_middleware(HeadAsGet)  # outermost: the guard judges a HEAD as its GET
     redis_down = 503  # every route that reads or writes the store
     for module in (policy, overrides, observe):
         app.include_router(module.reads, **rules.route_options(Access.READ, redis_down))

@@ -121,10 +121,15 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
         # the parser): the same 422 as any bad JSON.
         return FieldError(NOT_JSON).response()
     headers = dict(exc.headers or {})
+    reason = str(exc.detail)
+    if exc.status_code == 404:
+        reason = f"no route {request.url.path} (GET /openapi.json lists them)"
     if exc.status_code == 405:
-        headers["Allow"] = ", ".join(_allowed_methods(request))
+        allowed = ", ".join(_allowed_methods(request))
+        headers["Allow"] = allowed
+        reason = f"{request.method} is not allowed on {request.url.path}; allowed: {allowed}"
     code = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_")
-    return ApiError(exc.status_code, code, str(exc.detail), headers).response()
+    return ApiError(exc.status_code, code, reason, headers).response()
 
 
 async def _redis_error(_: Request, exc: redis.RedisError) -> JSONResponse:

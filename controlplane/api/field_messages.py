@@ -109,13 +109,22 @@ def expectation(schema: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _not_json_at(error: Mapping[str, Any], loc: tuple[Any, ...]) -> FieldProblem:
+    """``NOT_JSON``, with the parser's complaint and its character offset when known."""
+    why = error.get("ctx", {}).get("error")
+    at = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None
+    if not isinstance(why, str) or at is None:
+        return NOT_JSON
+    return FieldProblem(NOT_JSON.error, _WHOLE_BODY, f"{NOT_JSON.message}: {why} at character {at}")
+
+
 def _problem(error: Mapping[str, Any], fields: _OperationFields) -> FieldProblem:
     loc = tuple(error.get("loc", ()))
     kind = str(error.get("type", ""))
     # loc[0] says where (body, path, query); loc[1] is the field; the rest is pydantic's.
     name = str(loc[1]) if len(loc) > 1 and kind != "json_invalid" else _WHOLE_BODY
     if kind == "json_invalid":
-        return NOT_JSON
+        return _not_json_at(error, loc)
     if kind == "missing":
         return FieldProblem("missing_field", name, "is required")
     if kind == "extra_forbidden":

@@ -286,6 +286,9 @@ def test_other_validation_errors_keep_the_shape(ctl: RunningController) -> None:
     )
     assert not_json.status_code == 422
     assert not_json.json()["error"] == "invalid_json" and not_json.json()["field"] == "body"
+    assert not_json.json()["message"] == (
+        "is not valid JSON (UTF-8): Expecting value at character 9"
+    )
     not_utf8 = c.put(
         "/v1/policy/overrides/text_1",
         content=b'{"rate": "\xff"}',
@@ -384,16 +387,39 @@ def test_a_category_name_no_agent_can_send_is_invalid_on_a_read(
     assert c.get("/v1/categories/" + "a" * 128).status_code == 404
 
 
-def test_unknown_paths_and_methods_answer_json(ctl: RunningController) -> None:
+def test_unknown_paths_and_methods_answer_json_naming_them(ctl: RunningController) -> None:
     missing = ctl.client.get("/v1/nothing-here")
     assert missing.status_code == 404
-    assert missing.json() == {"error": "not_found", "reason": "Not Found"}
+    assert missing.json() == {
+        "error": "not_found",
+        "reason": "no route /v1/nothing-here (GET /openapi.json lists them)",
+    }
     wrong = ctl.client.request("PATCH", "/v1/policy/overrides/text_1", headers=AUTH)
     assert wrong.status_code == 405
-    assert wrong.json()["error"] == "method_not_allowed"
+    assert wrong.json() == {
+        "error": "method_not_allowed",
+        "reason": "PATCH is not allowed on /v1/policy/overrides/text_1; allowed: DELETE, PUT",
+    }
     assert wrong.headers["Allow"] == "DELETE, PUT"
     read_only = ctl.client.post("/v1/policy", headers=AUTH)
     assert read_only.status_code == 405 and read_only.headers["Allow"] == "GET, HEAD"
+
+
+def test_head_answers_as_get_without_a_body(ctl: RunningController) -> None:
+    """Every route answering GET answers HEAD (its ``Allow`` header names it): the GET's
+    status and headers, no body."""
+    spec = ctl.client.get("/openapi.json").json()
+    reads = [path for path, item in spec["paths"].items() if "get" in item and "{" not in path]
+    assert "/v1/policy/versions" in reads and "/metrics" in reads
+    statuses = set()
+    for path in reads:
+        got, head = ctl.client.get(path), ctl.client.head(path)
+        assert head.status_code == got.status_code, path
+        assert head.content == b"", path
+        assert head.headers["content-type"] == got.headers["content-type"], path
+        statuses.add(head.status_code)
+    assert 200 in statuses
+    assert ctl.client.head("/v1/nothing-here").status_code == 404
 
 
 def test_a_current_pointer_without_its_document_is_reported(

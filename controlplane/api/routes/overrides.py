@@ -17,7 +17,6 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Response
 
 from agent.policy_document import PolicyDocument
-from controlplane.api.access import BODY_TOO_LARGE
 from controlplane.api.errors import ApiError, FieldError, documented
 from controlplane.api.field_messages import FieldProblem
 from controlplane.api.models import EvictorBody, OverrideBody, OverrideCategory
@@ -38,7 +37,7 @@ def list_overrides(controller: ControllerDep) -> dict[str, dict[str, float]]:
 @writes.put(
     "/v1/policy/overrides/{category}",
     response_model=PolicyDocument,
-    responses=documented(409, BODY_TOO_LARGE, 422),
+    responses=documented(409, 422),
 )
 def put_override(
     category: OverrideCategory, body: OverrideBody, controller: ControllerDep, response: Response
@@ -85,7 +84,7 @@ def get_evictor(controller: ControllerDep) -> EvictorState:
 @writes.put(
     "/v1/policy/evictor",
     response_model=PolicyDocument,
-    responses=documented(BODY_TOO_LARGE, 422),
+    responses=documented(422),
 )
 def put_evictor(body: EvictorBody, controller: ControllerDep, response: Response) -> PolicyDocument:
     """Pin the evictor family; publishes a version, unless that family is pinned already

@@ -10,7 +10,6 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from agent.policy_document import PolicyDocument
-from controlplane.api.access import BODY_TOO_LARGE
 from controlplane.api.errors import ApiError, documented
 from controlplane.api.models import RollbackBody, VersionInPath
 from controlplane.api.routes import NEEDS_REDIS, NO_BODY, ControllerDep, answer
@@ -78,7 +77,7 @@ def refit(controller: ControllerDep) -> RefitOutcome:
 @writes.post(
     "/v1/policy/rollback",
     response_model=PolicyDocument,
-    responses=documented(404, BODY_TOO_LARGE, 422),
+    responses=documented(404, 422),
 )
 def rollback(body: RollbackBody, controller: ControllerDep, response: Response) -> PolicyDocument:
     """Publish a new version with an earlier version's parameters (always: it also
