@@ -74,6 +74,15 @@ def test_examples_are_code_blocks_so_no_command_is_reflowed(path: list[str]) -> 
         assert not any(line.lstrip().startswith("kvwise ") for line in paragraph), paragraph
 
 
+@pytest.mark.parametrize("path", command_paths(), ids=lambda p: " ".join(p) or "kvwise")
+def test_examples_stand_one_blank_line_from_the_text(path: list[str]) -> None:
+    """Rich padded each example block with a blank line of its own, beside the one
+    between Markdown blocks: two blank lines above and below every "Examples:"."""
+    lines = [line.strip() for line in run(*path, "--help").splitlines()]
+    doubled = [i for i in range(1, len(lines)) if not lines[i - 1] and not lines[i]]
+    assert doubled == [], lines
+
+
 def test_version() -> None:
     assert run("--version").strip() == f"kvwise {version('kvwise')}"
 
