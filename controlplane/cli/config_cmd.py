@@ -90,6 +90,12 @@ def config(
 
     Each setting prints as `NAME=value` (copyable into a shell) with its meaning below;
     `--markdown` adds the defaults (docs/configuration.md), `--json` both.
+
+    Examples:
+
+        kvwise config
+        KVWISE_REFIT_INTERVAL_S=30 kvwise config | grep REFIT
+        kvwise config --markdown > docs/configuration.md
     """
     from agent.settings import AgentSettings
     from controlplane.service.settings import ControllerSettings

@@ -30,6 +30,11 @@ def controller(
     `KVWISE_REDIS_URL`, `KVWISE_API_TOKEN`, `KVWISE_REFIT_INTERVAL_S` (`kvwise config`
     lists them all; docs/configuration.md). OpenAPI docs are served at /docs, Prometheus
     metrics at /metrics.
+
+    Examples:
+
+        kvwise controller
+        KVWISE_REDIS_URL=redis://127.0.0.1:6379/0 kvwise controller --port 8080
     """
     import logging
 

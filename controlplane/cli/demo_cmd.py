@@ -68,6 +68,12 @@ def demo(
     (wa), one with stock LRU. Watch the controller fit per-category parameters and every
     worker apply each new version. Ctrl-C stops every process and removes what the demo
     created.
+
+    Examples:
+
+        kvwise demo
+        kvwise demo --workers 6 --speed 60 --duration 120
+        kvwise demo --duration 60 --json > demo.json
     """
     from controlplane.dev.demo import DemoSettings, DemoStack
 

@@ -30,7 +30,12 @@ app = typer.Typer(
     help=(
         "kvwise: a KV-cache eviction control plane for LLM inference servers.\n\n"
         "Replay traces through eviction policies, fit per-category reuse models, and run "
-        "the live controller that pushes fitted policies to every worker."
+        "the live controller that pushes fitted policies to every worker.\n\n"
+        "Examples:\n\n"
+        "    kvwise demo\n"
+        "    kvwise trace synth --profile to-c --duration 600 -o toc.jsonl.gz\n"
+        "    kvwise replay toc.jsonl.gz -p lru,s3fifo,wa --capacity-frac 0.05,0.1\n"
+        "    kvwise controller --port 8080"
     ),
     no_args_is_help=True,
     rich_markup_mode="markdown",

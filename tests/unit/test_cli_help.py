@@ -83,6 +83,20 @@ def test_examples_stand_one_blank_line_from_the_text(path: list[str]) -> None:
     assert doubled == [], lines
 
 
+def with_examples() -> list[list[str]]:
+    """The root and every command that is not a group: each shows how it is run."""
+    groups = {" ".join(p[:-1]) for p in command_paths() if p}
+    return [p for p in command_paths() if not p or " ".join(p) not in groups]
+
+
+@pytest.mark.parametrize("path", with_examples(), ids=lambda p: " ".join(p) or "kvwise")
+def test_the_root_and_every_command_show_examples(path: list[str]) -> None:
+    """``kvwise``, ``demo``, ``controller`` and ``config`` showed none."""
+    lines = [line.strip() for line in run(*path, "--help").splitlines()]
+    heading = next(i for i, line in enumerate(lines) if line in ("Example:", "Examples:"))
+    assert lines[heading + 2].split()[0].startswith(("kvwise", "KVWISE_")), lines
+
+
 def test_version() -> None:
     assert run("--version").strip() == f"kvwise {version('kvwise')}"
 
