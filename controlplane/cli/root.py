@@ -38,6 +38,7 @@ app = typer.Typer(
         "    kvwise controller --port 8080"
     ),
     no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command inherits it
     rich_markup_mode="markdown",
     pretty_exceptions_enable=False,
 )

@@ -97,6 +97,12 @@ def test_the_root_and_every_command_show_examples(path: list[str]) -> None:
     assert lines[heading + 2].split()[0].startswith(("kvwise", "KVWISE_")), lines
 
 
+@pytest.mark.parametrize("path", command_paths(), ids=lambda p: " ".join(p) or "kvwise")
+def test_dash_h_is_help(path: list[str]) -> None:
+    """``kvwise -h`` said "No such option"."""
+    assert run(*path, "-h") == run(*path, "--help")
+
+
 def test_version() -> None:
     assert run("--version").strip() == f"kvwise {version('kvwise')}"
 
