@@ -67,25 +67,43 @@ ModelOpt = Annotated[
 ]
 BlockTokensOpt = Annotated[
     int,
-    typer.Option(min=1, help="Tokens per trace block: the server's block size (vLLM on GPUs: 16)"),
+    typer.Option(
+        min=1,
+        metavar="TOKENS",
+        help="Tokens per trace block: the server's block size (vLLM on GPUs: 16)",
+    ),
 ]
 VocabOpt = Annotated[
-    int, typer.Option(min=12, help="Token ids come from [10, VOCAB): the model's or less")
+    int,
+    typer.Option(
+        min=12, metavar="VOCAB", help="Token ids come from [10, VOCAB): the model's or less"
+    ),
 ]
-SaltOpt = Annotated[int, typer.Option(help="Runs with different salts share no cached tokens")]
-SpeedOpt = Annotated[float, typer.Option(min=0.0, help="Trace seconds per second (0: no waiting)")]
-LimitOpt = Annotated[int | None, typer.Option(min=1, help="Send only the trace's first N requests")]
+SaltOpt = Annotated[
+    int, typer.Option(metavar="N", help="Runs with different salts share no cached tokens")
+]
+SpeedOpt = Annotated[
+    float,
+    typer.Option(min=0.0, metavar="FACTOR", help="Trace seconds per second (0: no waiting)"),
+]
+LimitOpt = Annotated[
+    int | None, typer.Option(min=1, metavar="N", help="Send only the trace's first N requests")
+]
 ConcurrencyOpt = Annotated[
-    int, typer.Option(min=1, help="Requests in flight at most; later ones wait")
+    int, typer.Option(min=1, metavar="N", help="Requests in flight at most; later ones wait")
 ]
 MaxTokensOpt = Annotated[
-    int, typer.Option(min=1, help="Output tokens per request: the trace's, capped here")
+    int,
+    typer.Option(min=1, metavar="N", help="Output tokens per request: the trace's, capped here"),
 ]
 MaxBlocksOpt = Annotated[
-    int | None, typer.Option(min=1, help="Cut longer prompts to their first N blocks")
+    int | None,
+    typer.Option(min=1, metavar="N", help="Cut longer prompts to their first N blocks"),
 ]
 NoCategoriesFlag = Annotated[bool, typer.Option("--no-categories", help="Send no kv_category")]
-TimeoutOpt = Annotated[float, typer.Option(min=0.001, help="Seconds per request at most")]
+TimeoutOpt = Annotated[
+    float, typer.Option(min=0.001, metavar="SECONDS", help="Seconds per request at most")
+]
 ControllerOpt = Annotated[
     str | None, typer.Option(help="kvwise controller URL: report its agents' versions")
 ]

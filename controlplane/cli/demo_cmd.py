@@ -31,7 +31,9 @@ if TYPE_CHECKING:
 
 WorkersOpt = Annotated[
     int,
-    typer.Option(min=2, max=16, help="Simulated workers: half wa, half lru (odd: one more wa)"),
+    typer.Option(
+        min=2, max=16, metavar="N", help="Simulated workers: half wa, half lru (odd: one more wa)"
+    ),
 ]
 SpeedOpt = Annotated[
     float, typer.Option(min=0.1, metavar="FACTOR", help="Trace time runs this much faster")

@@ -68,7 +68,8 @@ def synth(
         float, typer.Option(parser=positive, metavar="RATE", help="Mean requests per second")
     ] = 6.0,
     seed: Annotated[
-        int, typer.Option(min=0, help="Random seed (0 or more): same seed, same trace")
+        int,
+        typer.Option(min=0, metavar="N", help="Random seed (0 or more): same seed, same trace"),
     ] = 0,
 ) -> None:
     """Write a synthetic Bailian trace calibrated to the paper's to-C or to-B workload.

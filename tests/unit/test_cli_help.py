@@ -103,6 +103,13 @@ def test_dash_h_is_help(path: list[str]) -> None:
     assert run(*path, "-h") == run(*path, "--help")
 
 
+@pytest.mark.parametrize("path", command_paths(), ids=lambda p: " ".join(p) or "kvwise")
+def test_bounded_numbers_are_named_not_typed(path: list[str]) -> None:
+    """``bench serve`` showed ``<int range> [x>=1]`` where the others show ``N [x>=1]``,
+    squeezing its help column."""
+    assert " range>" not in run(*path, "--help")
+
+
 def test_version() -> None:
     assert run("--version").strip() == f"kvwise {version('kvwise')}"
 
