@@ -23,10 +23,12 @@ from controlplane.cli import (
     trace_cmd,
     worker_cmd,
 )
+from controlplane.cli.usage_errors import OneLineUsageErrors
 
 help_format.adjust()
 app = typer.Typer(
     name="kvwise",
+    cls=OneLineUsageErrors,
     help=(
         "kvwise: a KV-cache eviction control plane for LLM inference servers.\n\n"
         "Replay traces through eviction policies, fit per-category reuse models, and run "

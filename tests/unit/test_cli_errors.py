@@ -199,6 +199,30 @@ def test_bad_sizes_are_refused_before_the_trace_is_read(tmp_path: Path) -> None:
     assert one_error_line(res).startswith("error: --capacity: ")
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--wa-fit", "split", "--split", "1.5"], "error: --split: must be in (0, 1), got 1.5"),
+        (["--wa-fit", "nope"], "error: --wa-fit: 'nope' is not one of 'online', 'split'"),
+        (["--bogus"], "error: no such option: --bogus"),
+        (["extra"], "error: got unexpected extra argument(s) (extra); try '"),
+    ],
+)
+def test_a_usage_error_click_finds_is_one_line_too(args: list[str], said: str) -> None:
+    """Typer printed the errors click finds while parsing in a boxed panel under the
+    usage line; every other error is one line."""
+    res = kvwise("replay", str(SAMPLE), *args)
+    assert res.returncode == 2
+    assert one_error_line(res).startswith(said)
+    assert res.stderr.count("\n") == 1, res.stderr
+
+
+def test_no_command_still_shows_the_help() -> None:
+    res = kvwise("trace")
+    assert res.returncode == 2
+    assert "synth" in res.stdout and res.stderr == ""
+
+
 def test_a_negative_seed_is_an_option_error_not_a_traceback(tmp_path: Path) -> None:
     res = kvwise("trace", "synth", "--seed", "-1", "-o", str(tmp_path / "t.jsonl"))
     assert res.returncode == 2
