@@ -22,6 +22,7 @@ import gzip
 import io
 import math
 import os
+import re
 import zlib
 from array import array
 from collections.abc import Callable, Iterator
@@ -374,4 +375,22 @@ def load_trace(
     if columns is None:  # nothing readable: an empty trace of unknown format
         columns = _Columns("mooncake")
         columns.fmt = "unknown"
-    return columns.to_trace(Path(shown).name, skipped)
+    return columns.to_trace(_name(shown), skipped)
+
+
+_DESCRIPTOR = re.compile(r"/(?:dev|proc/(?:self|\d+))/fd/(\d+)")
+"""A path that names an open file descriptor, not a file (``<(zcat t.gz)`` is
+``/dev/fd/63``)."""
+
+
+def _name(path: str) -> str:
+    """What reports call the trace at ``path``: its file's name. A descriptor's number
+    means nothing to the reader: descriptor 0 is ``stdin`` (as ``/dev/stdin`` is), another
+    the name of the file it has open, or ``pipe``."""
+    descriptor = _DESCRIPTOR.fullmatch(path)
+    if descriptor is None:
+        return Path(path).name
+    if descriptor[1] == "0":
+        return "stdin"
+    opened = os.path.realpath(path)
+    return Path(opened).name if os.path.isfile(opened) else "pipe"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import os
 import pickle
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +20,7 @@ from typer.testing import CliRunner
 from controlplane.cli import app
 from controlplane.traces.model import UNKNOWN_CATEGORY, Trace
 from controlplane.traces.reader import MAX_SKIP_DETAILS, TraceError, load_trace
+from tests.conftest import REPO
 from tests.trace_columns import columns
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -454,3 +457,32 @@ def test_a_trace_reads_from_a_pipe(tmp_path: Path, gzipped: bool) -> None:
     finally:
         writer.join(timeout=10)
     assert trace.n_requests == load_trace(SAMPLE).n_requests > 0
+
+
+def test_a_trace_read_from_a_descriptor_is_not_named_by_its_number(tmp_path: Path) -> None:
+    """``kvwise replay <(cat t.jsonl)`` reads ``/dev/fd/63`` and was labelled ``63:``;
+    ``/dev/stdin`` was labelled ``stdin:``."""
+    data = gzip.decompress(SAMPLE.read_bytes())
+    read_end, write_end = os.pipe()
+
+    def feed() -> None:
+        with os.fdopen(write_end, "wb") as pipe:
+            pipe.write(data)
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    try:
+        assert load_trace(f"/dev/fd/{read_end}").name == "pipe"
+    finally:
+        writer.join(timeout=10)
+        os.close(read_end)
+    plain = tmp_path / "t.jsonl"
+    plain.write_bytes(data)
+    with plain.open("rb") as opened:
+        assert load_trace(f"/proc/self/fd/{opened.fileno()}").name == "t.jsonl"
+    code = "from controlplane.traces.reader import load_trace; print(load_trace('/dev/fd/0').name)"
+    with plain.open("rb") as stdin:
+        res = subprocess.run(
+            [sys.executable, "-c", code], cwd=REPO, stdin=stdin, capture_output=True
+        )
+    assert res.stdout.decode().strip() == "stdin", res.stderr
