@@ -9,6 +9,7 @@ Owns the command's output only: it never replays, reads a trace or parses an opt
 from __future__ import annotations
 
 from pathlib import Path
+from textwrap import wrap
 from typing import TYPE_CHECKING, NamedTuple
 
 import typer
@@ -155,10 +156,20 @@ def _print_tables(
     table.print(console)
     for r in results:
         for note in r.notes:
-            console.print(f"{r.policy} at {counted(r.capacity, 'block')}: {note}", highlight=False)
+            said = _hanging(f"{r.policy} at {counted(r.capacity, 'block')}: {note}", console.width)
+            console.print(said, highlight=False, soft_wrap=True)
     if len(trace.category_names) > 1 and top > 0:
         ran = [c for c in capacities if any((n, c) in by for n in names)]  # Ctrl-C: not all
         _print_category_tables(console, names, ran, by, top)
+
+
+def _hanging(text: str, width: int) -> str:
+    """``text`` wrapped between words at ``width`` (80 at most), its later lines indented
+    so that each note stands apart from the next."""
+    lines = wrap(
+        text, min(width, 80), subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
+    )
+    return "\n".join(lines)
 
 
 def _print_category_tables(

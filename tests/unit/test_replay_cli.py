@@ -207,3 +207,17 @@ def test_a_cache_that_holds_the_whole_trace_is_said_to_evict_nothing() -> None:
     assert "cache of 300" not in err and "300," not in err.split("note:")[1]
     code, _, err = run("replay", str(SAMPLE), "-p", "lru,wa", "--capacity", "300")
     assert code == 0 and "holds all" not in err
+
+
+@pytest.mark.parametrize("columns", [60, 80])
+def test_auto_notes_wrap_between_words_with_a_hanging_indent(columns: int) -> None:
+    """At 80 columns the note under the table ("auto at 500 blocks: at 900 s ...: switch
+    to s3fifo: ...") broke mid-sentence onto a line that read as a new note."""
+    args = ("-p", "lru,auto", "--capacity", "500", "--top-categories", "0")
+    code, out, _ = run("replay", str(SAMPLE), *args, columns=columns)
+    assert code == 0
+    lines = out.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("auto at 500 blocks: "))
+    note = lines[first:]
+    assert len(note) > 1 and all(line.startswith("  ") for line in note[1:]), note
+    assert max(len(line.rstrip()) for line in note) <= columns
