@@ -341,7 +341,9 @@ def print_summary(snap: dict[str, Any], console: Console) -> None:
     console.print(_frames(snap)[0])
 
 
-_CATEGORY_COLUMNS = ("category", "samples", "p_reuse", "rate /s", "mean reuse s", "life s")
+_CATEGORY_COLUMNS = ("category", "samples", "p_reuse", "rate /s", "reuse s", "life s")
+"""Short headers: the table, KS and source included, fits 80 columns with every header on
+one line ("mean reuse s" folded in two)."""
 
 
 def _categories_table(snap: dict[str, Any]) -> tuple[Table, RenderableType]:
@@ -371,8 +373,8 @@ def _categories_table(snap: dict[str, Any]) -> tuple[Table, RenderableType]:
     speed = snap["speed"]
     legend = Text(
         "samples: accesses fitted on; p_reuse: probability a block is used again; rate and "
-        "mean reuse: the fitted reuse time of the blocks that are; life: the window the "
-        "evictor looks ahead (by default one short window for every category, "
+        "reuse: the fitted reuse rate and mean reuse time of the blocks that are; life: the "
+        "window the evictor looks ahead (by default one short window for every category, "
         f"docs/fitting.md). Times are seconds of the demo's clock: the trace runs {speed:g}x "
         f"faster, so 1 s here is {speed:g} s of trace time. KS: largest gap between the "
         "fitted and the observed reuse-time CDF (0 = perfect fit, - = too few samples). "

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from controlplane.cli.demo_cmd import _render, print_summary
+from controlplane.cli.demo_cmd import _categories_table, _render, print_summary
 
 POINT = {"multiple": 1.0, "capacity": 100, "hit_ratio": 0.5, "ci_low": 0.4, "ci_high": 0.6}
 SHADOW = {
@@ -90,3 +90,19 @@ def test_the_summary_holds_everything_the_live_frame_left_out() -> None:
     for part in ("Workers", "What each policy would", "Fitted parameters", "chat_11"):
         assert part in text
     assert "a taller terminal shows more" not in text
+
+
+def test_the_fitted_parameters_headers_stand_on_one_line_at_80_columns() -> None:
+    """The header "mean reuse s" folded into two lines, an empty row above the others."""
+    snap = _snapshot()
+    widest = {"p_reuse": 0.71, "rate": 0.5882, "life_s": 0.1, "source": "override"}
+    snap["categories"] = [
+        {"name": "text_10", "samples": 95_027, "published": widest, "fit_quality": 0.028}
+    ]
+    out = io.StringIO()
+    table, _ = _categories_table(snap)
+    Console(file=out, width=80).print(table)
+    lines = out.getvalue().splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith("┏"))
+    assert lines[top + 2].startswith("┡"), lines[top : top + 4]
+    assert "reuse s" in lines[top + 1]
