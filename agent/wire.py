@@ -549,8 +549,10 @@ class AgentStatus:
         ``WireError``."""
         try:
             obj = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise WireError(f"heartbeat: not JSON ({exc})") from None
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+            raise WireError(
+                f"heartbeat: not JSON ({type(exc).__name__}: {str(exc)[:80]})"
+            ) from None
         if not isinstance(obj, dict):
             raise WireError("heartbeat: not a JSON object")
         if obj.get("v", WIRE_SCHEMA_VERSION) != WIRE_SCHEMA_VERSION:

@@ -51,7 +51,7 @@ def unwanted_body(raw: bytes) -> list[FieldProblem]:
         return []
     try:
         sent = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
         sent = None
     if not isinstance(sent, dict):
         return [FieldProblem("invalid_value", _WHOLE_BODY, f"must be empty ({_TAKES_NO_BODY})")]

@@ -453,7 +453,7 @@ class Ingestor(BackgroundLoop):
         for worker, raw in zip(workers, pipe.execute(), strict=True):
             try:
                 ledger = WorkerLedger.from_hash(worker, raw, self.settings.max_out_of_order)
-            except (ValueError, KeyError) as exc:
+            except ValueError as exc:
                 log.warning("ledger of %s unreadable (%s): starting it again", worker, exc)
                 ledger = WorkerLedger(worker, self.settings.max_out_of_order)
             self.ledgers[worker] = ledger

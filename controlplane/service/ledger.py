@@ -129,7 +129,14 @@ class WorkerLedger:
         cls, worker: str, raw: Mapping[bytes, bytes], max_out_of_order: int = MAX_OUT_OF_ORDER
     ) -> WorkerLedger:
         """The ledger stored as ``raw`` (empty: a worker not seen before). ``ValueError``
-        for a stored form this release cannot read."""
+        for a stored form this release cannot read, whatever is wrong with it."""
+        try:
+            return cls._read(worker, raw, max_out_of_order)
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+            raise ValueError(f"ledger of {worker}: {type(exc).__name__}: {exc}") from None
+
+    @classmethod
+    def _read(cls, worker: str, raw: Mapping[bytes, bytes], max_out_of_order: int) -> WorkerLedger:
         text = {k.decode(): v.decode() for k, v in raw.items()}
         ledger = cls(worker, max_out_of_order)
         if not text:

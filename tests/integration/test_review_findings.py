@@ -100,11 +100,6 @@ NESTED_JSON = b'{"force": ' + b"[" * 6000 + b"]" * 6000 + b"}"
 """A body under the 16 KiB bound, nested deeper than Python's json parser recurses."""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NO_BODY parses the body with json.loads and catches only ValueError: "
-    "RecursionError escapes as a 500 with a logged traceback",
-)
 @pytest.mark.parametrize(
     ("method", "path"),
     [("POST", "/v1/policy/refit"), ("DELETE", "/v1/policy/evictor")],
@@ -157,11 +152,6 @@ def test_a_failed_checkpoint_read_at_takeover_does_not_overwrite_the_checkpoint(
     assert restored.state.accesses.sum() >= kept, "the old leader's window is gone"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="WorkerLedger.from_hash lets TypeError/AttributeError out of a ledger whose "
-    "epochs are JSON of another shape: every ingest pass fails, for every worker",
-)
 def test_one_unreadable_ledger_does_not_stop_ingest_of_other_workers(
     redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
 ) -> None:

@@ -353,6 +353,8 @@ def test_agent_status_round_trip_and_validation() -> None:
             AgentStatus.from_json(json.dumps(bad))
     with pytest.raises(WireError):
         AgentStatus.from_json("not json")
+    with pytest.raises(WireError, match="RecursionError"):  # 10 KB, deeper than json recurses
+        AgentStatus.from_json("[" * 5000 + "]" * 5000)
 
 
 def test_heartbeat_without_applied_at_still_parses() -> None:
