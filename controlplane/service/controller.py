@@ -176,6 +176,8 @@ class Controller:
         self._refit_said = ""  # what the last refit that ran through said
         self._refit_lock = threading.RLock()  # one refit at a time: scheduled or manual
         self._last_checkpoint = time.monotonic()
+        self._checkpoint_read = False
+        """Whether this replica, since it last took the lease, has read the checkpoint."""
         self._role_said = False  # its role logged once known
         self.ingestor = self._make_ingestor()
         self.scheduler = BackgroundScheduler(
@@ -231,6 +233,8 @@ class Controller:
         # do not (applied, not yet committed), counted twice after a crash.
         if not self._stop_ingest():
             saved = "no checkpoint (ingest was still in a pass)"
+        elif not self._checkpoint_read:
+            saved = "no checkpoint (the last one was never read: it stays)"
         elif (size := self.checkpoint()) is None:
             saved = "checkpoint not written"
         else:
@@ -263,7 +267,13 @@ class Controller:
         self.memory.ensure(self.store, self.agent_reader.read)
         if newly:
             log.info("%s is the leader", self.name)
-            self._load_checkpoint()
+            self._checkpoint_read = False
+        if not self._checkpoint_read:
+            # Ingest waits until the last checkpoint is read (or known absent or unusable):
+            # a window started empty would overwrite it at its first checkpoint.
+            self._checkpoint_read = self._load_checkpoint(first_try=newly)
+            if not self._checkpoint_read:
+                return
         self.ingestor.start(wait_s=0)  # never hold the lease tick: the next one tries again
 
     def _said_standby(self) -> bool:
@@ -304,28 +314,35 @@ class Controller:
                 self.shadow.refresh(agents, current, idle_s=SHADOW_REFRESH_S)
         self.shadow.export()
 
-    def _load_checkpoint(self) -> None:
+    def _load_checkpoint(self, *, first_try: bool) -> bool:
+        """Restore the window from the last checkpoint; False while Redis does not answer
+        (the next tick tries again), True once it is read, absent or unusable."""
         try:
             loaded = self.health.guard(self.checkpoints.load)()
-        except (redis.RedisError, CheckpointError) as exc:
+        except redis.RedisError as exc:
+            level = logging.WARNING if first_try else logging.DEBUG
+            log.log(level, "checkpoint not read (%s): ingest waits for it", exc)
+            return False
+        except CheckpointError as exc:
             log.warning("no checkpoint loaded (%s): %s", exc, self._window_goes_on())
-            return
+            return True
         if loaded is None:
             log.info("no checkpoint yet: %s", self._window_goes_on())
-            return
+            return True
         if loaded.process == self.process_id:
-            return  # this process's own (the lease came back): its memory is at least as new
+            return True  # this process's own (the lease came back): its memory is as new
         try:
             self.window.restore(loaded.state)
         except Exception as exc:  # a checkpoint that does not fit is ignored, never fatal
             log.warning("checkpoint ignored (%s): %s", exc, self._window_goes_on())
-            return
+            return True
         log.info(
             "loaded the window checkpoint of %.0f s ago: %d categories, %d bytes",
             time.time() - loaded.taken_at,
             len(loaded.state.names),
             loaded.nbytes,
         )
+        return True
 
     def _window_goes_on(self) -> str:
         """What the window holds when no checkpoint is loaded (a replica that led before

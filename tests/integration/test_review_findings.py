@@ -114,11 +114,6 @@ def test_a_deeply_nested_body_on_a_route_that_takes_none_is_a_422(
         assert answer.json()["field"] == "body"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a new leader whose checkpoint read fails once (a Redis blip) ingests with an "
-    "empty window and its next checkpoint overwrites the previous leader's",
-)
 def test_a_failed_checkpoint_read_at_takeover_does_not_overwrite_the_checkpoint(
     redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
 ) -> None:
