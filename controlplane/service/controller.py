@@ -336,6 +336,7 @@ class Controller:
         except Exception as exc:  # a checkpoint that does not fit is ignored, never fatal
             log.warning("checkpoint ignored (%s): %s", exc, self._window_goes_on())
             return True
+        self.ingestor.forget_uncommitted()
         log.info(
             "loaded the window checkpoint of %.0f s ago: %d categories, %d bytes",
             time.time() - loaded.taken_at,

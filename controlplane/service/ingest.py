@@ -139,6 +139,12 @@ class NoLongerLeader(Exception):
     """This replica no longer holds the leader lease: the pass ends uncommitted."""
 
 
+BatchId = tuple[str, str, int]
+"""A batch as its worker's ledger knows it: worker, epoch, sequence number."""
+MAX_APPLIED_UNCOMMITTED = 100_000
+"""Batches remembered as in the window but not committed, at most (a pass holds far fewer)."""
+
+
 class Ingestor(BackgroundLoop):
     """Consumes event batches as ``settings.consumer`` on its own thread (``start``)."""
 
@@ -171,6 +177,12 @@ class Ingestor(BackgroundLoop):
         self.io = StreamIO(client, group=settings.group, consumer=settings.consumer)
         self.counters = IngestCounters()
         self.ledgers: dict[str, WorkerLedger] = {}
+        self._pass_applied: dict[BatchId, int] = {}
+        """This pass's batches applied to the window, each with the events its clock lost."""
+        self._applied_uncommitted: dict[BatchId, int] = {}
+        """Batches in the window whose pass lost the lease before its commit: reclaimed
+        later by this replica, leading again, they are counted, not applied a second time
+        (``forget_uncommitted`` once the window is replaced)."""
         self._streams: list[bytes] = []
         self._next = 0  # where the next pass starts in _streams
         self._cursors: dict[bytes, bytes] = {}
@@ -309,6 +321,7 @@ class Ingestor(BackgroundLoop):
 
     # --- entries -----------------------------------------------------------------------------
     def _handle_reads(self, reads: list[StreamRead]) -> int:
+        self._pass_applied = {}
         self._load_ledgers([r.stream for r in reads if r.entries])
         commits: dict[bytes, Commit] = {}
         refusals: list[tuple[bytes, _Refusal]] = []
@@ -324,13 +337,27 @@ class Ingestor(BackgroundLoop):
             refusals += [(read.stream, r) for r in refused]
             handled += len(read.entries)
         if commits:
-            self._check_lease()
+            try:
+                self._check_lease()
+            except NoLongerLeader:
+                self._remember_uncommitted(self._pass_applied)
+                raise
             ledger_keys = {s: self._ledger_key(s) for s in commits}
             trimmed = self.io.commit(ledger_keys, commits, self._trim_grace_ms())
             self.counters.trimmed += trimmed
         if refusals:  # after the commit: a Redis out of memory refuses these first
             self._dead_letter(refusals)
         return handled
+
+    def _remember_uncommitted(self, applied: dict[BatchId, int]) -> None:
+        self._applied_uncommitted.update(applied)
+        while len(self._applied_uncommitted) > MAX_APPLIED_UNCOMMITTED:
+            del self._applied_uncommitted[next(iter(self._applied_uncommitted))]
+
+    def forget_uncommitted(self) -> None:
+        """The window was replaced (a checkpoint restored): the batches it held uncommitted
+        are no longer in it."""
+        self._applied_uncommitted.clear()
 
     def _trim_grace_ms(self) -> int:
         """The grace acknowledged entries get before they are trimmed: the setting's while
@@ -389,6 +416,10 @@ class Ingestor(BackgroundLoop):
             ledger.counts.duplicates += 1
             self.counters.duplicates += 1
             return None  # a pipeline resent after a timeout: applied the first time
+        in_window = self._applied_uncommitted.pop((batch.worker, batch.epoch, batch.seq), None)
+        if in_window is not None:
+            self._account(ledger, batch, in_window)  # applied before the lease was lost
+            return None
         return self._apply(ledger, entry_id, batch, fields)
 
     def _apply(
@@ -404,6 +435,7 @@ class Ingestor(BackgroundLoop):
             ledger.counts.refused += len(batch)
             return _Refusal(entry_id, f"apply failed: {exc!r}"[:300], APPLY, fields)
         self._account(ledger, batch, rejected)
+        self._pass_applied[batch.worker, batch.epoch, batch.seq] = rejected
         return None
 
     def _account(self, ledger: WorkerLedger, batch: EventBatch, rejected: int) -> None:

@@ -28,11 +28,6 @@ from tests.waiting import wait_until
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a pass that loses the lease after apply keeps its batches in the window; "
-    "when the same process leads again they are reclaimed and applied a second time",
-)
 def test_a_lease_lost_between_apply_and_commit_does_not_count_a_batch_twice(
     redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
 ) -> None:
