@@ -8,7 +8,12 @@ deleted (a worker restarted with the default ``host-pid`` id is a new worker, an
 one's keys would stay for ever); and a consumer of the group other than this one, idle for
 ``stale_consumer_s`` with nothing pending, is deleted (each controller process joins as a
 new consumer). Acknowledged entries are trimmed by ingest itself (``stream_io``). It must
-never touch an entry that is unread or pending.
+never touch an entry that is unread or pending: the sweep judges a stream from its XINFO,
+and one script then checks again, in the call that deletes, that the stream's newest id is
+still the one judged, that the group has read it and holds nothing pending, and that no
+heartbeat is there (the stream, heartbeat and ledger share the worker's hash tag, so this
+is one call on one shard), so a worker restarting under the same id in between keeps its
+stream and the batch it just added.
 """
 
 from __future__ import annotations
@@ -26,6 +31,35 @@ if TYPE_CHECKING:
     from controlplane.service.settings import ControllerSettings
 
 log = logging.getLogger(__name__)
+
+_DELETE_IF_GONE = """
+local stream, heartbeat, ledger = KEYS[1], KEYS[2], KEYS[3]
+local group, judged = ARGV[1], ARGV[2]
+if heartbeat and redis.call('EXISTS', heartbeat) == 1 then return 0 end
+if redis.call('TYPE', stream).ok ~= 'stream' then return 0 end
+local function fields(flat)
+  local t = {}
+  for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
+  return t
+end
+local info = fields(redis.call('XINFO', 'STREAM', stream))
+if info['last-generated-id'] ~= judged then return 0 end
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+  local read = fields(g)
+  if read['name'] == group then
+    local unread = read['last-delivered-id'] ~= judged and info['length'] > 0
+    if unread or read['pending'] > 0 then return 0 end
+    redis.call('DEL', stream)
+    if ledger then redis.call('DEL', ledger) end
+    return 1
+  end
+end
+return 0
+"""
+"""Deletes a stream (and its worker's ledger) only if, at this moment, its newest id is
+still ``judged``, ``group`` has read every entry and holds none pending, and the worker's
+heartbeat is absent. KEYS: the stream, then the worker's heartbeat and ledger (neither for
+a stream whose key names no worker); ARGV: the group, the judged newest id."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +105,7 @@ class Housekeeper:
         self.group = group
         self.consumer = consumer
         self.settings = settings
+        self._delete_if_gone = client.register_script(_DELETE_IF_GONE)
 
     def sweep(self, streams: Sequence[bytes], now: float | None = None) -> Swept:
         """One round over ``streams``."""
@@ -129,16 +164,16 @@ class Housekeeper:
             worker = self.keys.worker_of(stream)
         except WireError:
             worker = None
-        last_ms = int(_text(info["last-generated-id"]).split("-")[0])
-        idle_s = now - last_ms / 1000
+        newest = _text(info["last-generated-id"])
+        idle_s = now - int(newest.split("-")[0]) / 1000
         pending = sum(int(c["pending"]) for c in consumers)
         if idle_s < self.settings.worker_expire_s or pending or info["unread"]:
             return None
-        if worker is not None and self.r.exists(self.keys.agent(worker)):
-            return None  # alive, only idle
-        self.r.delete(stream)
+        keys: list[bytes | str] = [stream]
         if worker is not None:
-            self.r.delete(self.keys.ingest_state(worker))
+            keys += [self.keys.agent(worker), self.keys.ingest_state(worker)]
+        if not self._delete_if_gone(keys=keys, args=[self.group, newest]):
+            return None  # alive, only idle; or it wrote again since it was judged
         log.info(
             "expired worker %s: no entry for %.0f s, no heartbeat; its stream is deleted",
             worker or _text(stream),
