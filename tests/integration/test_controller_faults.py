@@ -1,5 +1,7 @@
-"""Defects found in review, each shown by a test against a real Redis; marked xfail
-(strict) until fixed, so the suite stays green and each fix flips its test."""
+"""Faults the controller rides out without counting a batch twice, losing an entry or its
+checkpoint, or failing a request: a lease lost between apply and commit, a worker coming
+back while the sweep deletes its stream, a body nested past the JSON parser, a checkpoint
+read that fails at takeover, a ledger stored in a shape this release cannot read."""
 
 from __future__ import annotations
 
