@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 _PUBSUB_WAIT_S = 0.25
 """Longest wait for a pub/sub message, so ``close`` returns promptly."""
+MAX_POINTER_BYTES = 32
+"""Bytes of ``current`` read, at most: a version number is far shorter."""
 
 
 class PolicySubscriber(AgentLoop):
@@ -71,8 +73,10 @@ class PolicySubscriber(AgentLoop):
     def check(self) -> PolicyDocument | None:
         """One poll: read ``current`` and stage its document if it is new and valid.
         Returns the staged document, if any. Raises ``redis.RedisError``."""
-        raw_current = self.client.get(self.keys.policy_current)
-        if raw_current is None:
+        # Bounded like the documents: a version number is a few digits, and a bogus value
+        # of any size costs one short read per poll. Empty: no key (or an empty value).
+        raw_current = self.client.getrange(self.keys.policy_current, 0, MAX_POINTER_BYTES - 1)
+        if not raw_current:
             self._current_lost = self.known_version > 0
             self._notice_schema1_controller()
             return None

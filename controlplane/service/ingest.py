@@ -343,10 +343,15 @@ class Ingestor(BackgroundLoop):
                 self._remember_uncommitted(self._pass_applied)
                 raise
             ledger_keys = {s: self._ledger_key(s) for s in commits}
-            trimmed = self.io.commit(ledger_keys, commits, self._trim_grace_ms())
-            self.counters.trimmed += trimmed
-        if refusals:  # after the commit: a Redis out of memory refuses these first
-            self._dead_letter(refusals)
+            done = self.io.commit(ledger_keys, commits, self._trim_grace_ms())
+            self.counters.trimmed += done.trimmed
+            # After the commit (a Redis out of memory refuses these first), for the streams
+            # it deleted them from: a failed stream's entries are judged again.
+            refusals = [(s, refusal) for s, refusal in refusals if s not in done.failed]
+            if refusals:
+                self._dead_letter(refusals)
+            if done.failed:
+                raise next(iter(done.failed.values()))
         return handled
 
     def _remember_uncommitted(self, applied: dict[BatchId, int]) -> None:

@@ -16,6 +16,7 @@ publish, fit or read Redis itself (the controller passes what it read).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 
 from agent.policy_document import PolicyDocument
@@ -26,6 +27,8 @@ from controlplane.shadow.evaluator import ShadowEvaluator
 from controlplane.shadow.selection import FamilySelector, SelectionView
 from controlplane.shadow.settings import ShadowSettings
 from controlplane.shadow.view import GuardView, ShadowView
+
+log = logging.getLogger(__name__)
 
 
 class ShadowLink:
@@ -42,10 +45,19 @@ class ShadowLink:
         self._gauges_lock = threading.Lock()
         self._curve_series: set[tuple[str, str, str]] = set()
         self._group_series: set[str] = set()
+        self._failures_told: set[type[Exception]] = set()
 
     def apply(self, batch: EventBatch) -> None:
-        if self.evaluator is not None:
-            self.evaluator.apply(batch)  # it logs and drops what it cannot take
+        """Hand ``batch`` to the shadow; never raises: the statistics window has taken it,
+        and a batch the shadow fails on must not be refused (dead-lettered) for that."""
+        if self.evaluator is None:
+            return
+        try:
+            self.evaluator.apply(batch)  # it logs and drops what it cannot replay
+        except Exception as exc:
+            if type(exc) not in self._failures_told:  # once per kind: a batch may be many
+                self._failures_told.add(type(exc))
+                log.exception("the shadow dropped a batch of %s", batch.worker)
 
     def refresh(
         self, agents: list[AgentView], current: PolicyDocument | None, idle_s: float = 0.0

@@ -157,6 +157,15 @@ class Commit:
         return bool(self.ack or self.delete or self.ledger)
 
 
+@dataclass
+class Committed:
+    """What one ``StreamIO.commit`` did: entries trimmed, and the streams whose commit
+    failed (their entries stay pending, to be judged again), with why."""
+
+    trimmed: int = 0
+    failed: dict[bytes, Exception] = field(default_factory=dict)
+
+
 class StreamIO:
     """Runs the read and commit scripts for ``group``/``consumer`` (pipelined per call);
     ``commit`` trims acknowledged entries once they are ``grace_ms`` old."""
@@ -195,9 +204,10 @@ class StreamIO:
 
     def commit(
         self, ledger_keys: Mapping[bytes, str], commits: Mapping[bytes, Commit], grace_ms: int = 0
-    ) -> int:
+    ) -> Committed:
         """Apply ``commits`` (stream -> what to write), trimming acknowledged entries once
-        ``grace_ms`` old; returns entries trimmed."""
+        ``grace_ms`` old. Each stream's commit stands alone: one that fails leaves the
+        others done (``Committed.failed``)."""
         pipe = self.r.pipeline(transaction=False)
         for stream, job in commits.items():
             payload = json.dumps(
@@ -210,12 +220,13 @@ class StreamIO:
                 *(stream, ledger_keys[stream], self.group, payload, grace_ms),
             )
         replies = pipe.execute(raise_on_error=False)
-        trimmed = 0
-        for reply in replies:
+        done = Committed()
+        for stream, reply in zip(commits, replies, strict=True):
             if isinstance(reply, Exception):
-                raise reply
-            trimmed += int(reply)
-        return trimmed
+                done.failed[stream] = reply
+            else:
+                done.trimmed += int(reply)
+        return done
 
 
 def _texts(ids: Iterable[bytes]) -> list[str]:

@@ -290,8 +290,10 @@ def test_missing_oversized_and_garbled_documents_are_reported_once(
     k = Keys(key_prefix)
     with Agent(s, capacity=10) as agent:
         sub = agent.subscriber
-        r.set(k.policy_current, "not-a-number")
+        r.set(k.policy_current, "not-a-number" + "9" * 10_000_000)  # read 32 bytes of it
         wait_until(lambda: sub.rejected == 1, what="the garbled pointer refused")
+        head = b"not-a-number" + b"9" * 20
+        assert sub.last_rejection == f"current is not a version number: {head!r}"
         r.set(k.policy_current, 5)  # no document under v5
         wait_until(lambda: sub.rejected == 2, what="the missing document reported")
         assert sub.last_rejection == "v5: current points at a missing document"

@@ -1,7 +1,8 @@
 """Faults the controller rides out without counting a batch twice, losing an entry or its
 checkpoint, or failing a request: a lease lost between apply and commit, a worker coming
 back while the sweep deletes its stream, a body nested past the JSON parser, a checkpoint
-read that fails at takeover, a ledger stored in a shape this release cannot read."""
+read that fails at takeover, a ledger stored in a shape this release cannot read, one
+stream's commit failing beside others, a bug in the shadow."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from controlplane.service.checkpoint import decode as decode_checkpoint
 from controlplane.service.controller import Controller
 from controlplane.service.housekeeping import Housekeeper, HousekeepingSettings
 from controlplane.service.settings import ControllerSettings
+from controlplane.service.stream_io import Committed
 from tests.integration.controller_fixtures import (
     AUTH,
     TOKEN,
@@ -148,3 +150,50 @@ def test_one_unreadable_ledger_does_not_stop_ingest_of_other_workers(
         send(r, keys, good_batch("w1", 1))
         send(r, keys, good_batch("w2", 1))
         wait_until(lambda: c.ingestor.counters.batches == 2, what="both workers' batches")
+
+
+def test_a_stream_whose_commit_fails_leaves_the_others_dead_letters_written(
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
+) -> None:
+    """One pass reads a poison entry from w1 and a good batch from w2; w2's commit fails
+    (its key is no longer a stream). w1's commit deleted the poison entry: its dead letter
+    must be written all the same, or nothing records it at all."""
+    r.xadd(keys.events_stream("w1"), {b"v": b"\xff"})
+    send(r, keys, good_batch("w2", 1))
+    both: list[bool] = []
+    with controller(redis_url, key_prefix) as c:
+        commit = c.ingestor.io.commit
+
+        def w2_gone_at_commit(ledger_keys: Any, commits: Any, grace_ms: int = 0) -> Committed:
+            w2 = keys.events_stream("w2")
+            both.append(len(commits) == 2)
+            if both == [True]:
+                r.delete(w2)
+                r.set(w2, "not a stream")
+            return commit(ledger_keys, commits, grace_ms)
+
+        c.ingestor.io.commit = w2_gone_at_commit  # type: ignore[method-assign]
+        wait_until(lambda: bool(both), what="a commit")
+        assert both[0], "the two streams were not read in one pass"
+        wait_until(lambda: r.xlen(keys.dead_letter) == 1, what="w1's dead letter")
+        assert r.xlen(keys.events_stream("w1")) == 0
+        r.delete(keys.events_stream("w2"))
+
+
+def test_a_batch_the_shadow_fails_on_is_applied_not_dead_lettered(
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
+) -> None:
+    """The window takes a batch before the shadow sees it: a failure in the shadow (a
+    bug) must leave the batch applied and acknowledged, not refused as well."""
+    with controller(redis_url, key_prefix) as c:
+        assert c.shadow.evaluator is not None
+
+        def fail(batch: EventBatch) -> None:
+            raise RuntimeError("a bug in the shadow")
+
+        c.shadow.evaluator.apply = fail  # type: ignore[method-assign]
+        send(r, keys, good_batch("w1", 1))
+        stream = keys.events_stream("w1")
+        wait_until(lambda: r.xlen(stream) == 0, what="the batch judged and committed")
+        assert c.ingestor.counters.batches == 1
+        assert r.xlen(keys.dead_letter) == 0

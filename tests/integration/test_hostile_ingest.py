@@ -276,7 +276,7 @@ def test_acknowledged_entries_stay_for_other_readers_until_the_grace_ends(
     io = StreamIO(r, group="g", consumer="c")
     job = Commit(ack=[entry_id for entry_id, _ in entries])
     ledgers, jobs = {stream.encode(): keys.ingest_state("w1")}, {stream.encode(): job}
-    trimmed = io.commit(ledgers, jobs, grace_ms=30_000)
+    trimmed = io.commit(ledgers, jobs, grace_ms=30_000).trimmed
     assert trimmed == 3 and r.xlen(stream) == 2  # the two new ones stay, acknowledged
     assert r.xpending(stream, "g")["pending"] == 0
 
