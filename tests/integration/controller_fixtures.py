@@ -150,3 +150,14 @@ def ingest_good_batches(c: Controller, client: redis.Redis, worker: str, n: int)
         send(client, keys, good_batch(worker, seq))
     wait_until(lambda: c.ingestor.counters.batches == n, what=f"{n} batches ingested")
     wait_until(lambda: client.xpending(stream, group)["pending"] == 0, what="the pass committed")
+
+
+def acknowledged_stream(client: redis.Redis, keys: Keys, worker: str) -> str:
+    """``worker``'s stream holding one batch, read and acknowledged by consumer ``ctl`` of
+    the group ``controller``: nothing unread or pending, as a sweep finds a dead worker's."""
+    stream = keys.events_stream(worker)
+    client.xadd(stream, encode_batch(good_batch(worker, 1)))  # type: ignore[arg-type]
+    client.xgroup_create(stream, "controller", id="0")
+    [(_, [(entry_id, _)])] = client.xreadgroup("controller", "ctl", {stream: ">"})
+    client.xack(stream, "controller", entry_id)
+    return stream

@@ -17,11 +17,11 @@ from controlplane.dev.embedded_redis import free_port
 from controlplane.service.checkpoint import decode as decode_checkpoint
 from controlplane.service.controller import Controller
 from controlplane.service.housekeeping import Housekeeper, HousekeepingSettings
-from controlplane.service.settings import ControllerSettings
 from controlplane.service.stream_io import Committed
 from tests.integration.controller_fixtures import (
     AUTH,
     TOKEN,
+    acknowledged_stream,
     controller,
     good_batch,
     live_settings,
@@ -79,11 +79,7 @@ class _WorkerComesBackDuringTheSweep(redis.Redis):
 def test_housekeeping_never_deletes_an_entry_added_after_it_judged_the_stream(
     r: redis.Redis, keys: Keys
 ) -> None:
-    stream = keys.events_stream("w1")
-    r.xadd(stream, encode_batch(good_batch("w1", 1)))  # type: ignore[arg-type]
-    r.xgroup_create(stream, "controller", id="0")
-    [(_, [(entry_id, _)])] = r.xreadgroup("controller", "ctl", {stream: ">"})
-    r.xack(stream, "controller", entry_id)
+    stream = acknowledged_stream(r, keys, "w1")
     sweep = HousekeepingSettings(interval_s=1, worker_expire_s=1, stale_consumer_s=1)
     racing = _WorkerComesBackDuringTheSweep(r, stream)
     keeper = Housekeeper(racing, keys, group="controller", consumer="ctl", settings=sweep)
@@ -117,15 +113,14 @@ def test_a_failed_checkpoint_read_at_takeover_does_not_overwrite_the_checkpoint(
         wait_until(lambda: old.ingestor.counters.batches == 1, what="the old leader's batch")
         kept = old.window.snapshot(time.time()).total_accesses
     assert kept > 0 and r.exists(keys.checkpoint)  # written as the old leader stopped
-    settings = ControllerSettings(
-        redis_url=redis_url,
-        key_prefix=key_prefix,
-        consumer_name="new",
-        checkpoint_interval_s=0.1,
-        ingest_block_ms=50,
-        refit_interval_s=3600,
+    new = Controller(
+        live_settings(
+            redis_url=redis_url,
+            key_prefix=key_prefix,
+            consumer_name="new",
+            checkpoint_interval_s=0.1,
+        )
     )
-    new = Controller(settings)
     checkpoint_client = new.checkpoints.r
     new.checkpoints.r = redis.Redis(port=free_port(), socket_connect_timeout=0.2)  # nobody
     try:

@@ -17,6 +17,7 @@ from controlplane.service.settings import ControllerSettings
 from controlplane.service.stream_io import Commit, StreamIO
 from controlplane.service.trace_recording import RecordingNotice
 from tests.integration.controller_fixtures import (
+    acknowledged_stream,
     controller,
     good_batch,
     ingest_good_batches,
@@ -310,11 +311,7 @@ def test_housekeeping_removes_a_dead_workers_stream_that_holds_only_acknowledged
     r: redis.Redis, keys: Keys
 ) -> None:
     """Entries read and acknowledged, kept only for the trim's grace, keep no dead worker."""
-    stream = keys.events_stream("gone")
-    r.xadd(stream, encode_batch(good_batch("gone", 1)))  # type: ignore[arg-type]
-    r.xgroup_create(stream, "controller", id="0")
-    [(_, [(entry_id, _)])] = r.xreadgroup("controller", "ctl", {stream: ">"})
-    r.xack(stream, "controller", entry_id)
+    stream = acknowledged_stream(r, keys, "gone")
     sweep = HousekeepingSettings(interval_s=1, worker_expire_s=1, stale_consumer_s=1)
     keeper = Housekeeper(r, keys, group="controller", consumer="ctl", settings=sweep)
     swept = keeper.sweep([stream.encode()], now=time.time() + 3600)
