@@ -25,6 +25,7 @@ from starlette.routing import compile_path
 
 from agent.runtime.connection import RedisState, describe_redis_error, redis_state
 from controlplane.api.field_messages import NOT_JSON, FieldProblem, field_problems
+from controlplane.service.store import PolicyLost
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +86,9 @@ _DESCRIPTIONS = {
     409: "The request conflicts with the controller's state",
     413: "The request body is larger than the API accepts",
     422: "A field of the request is invalid; `field` names it",
-    503: "Redis is unavailable, out of memory or refusing, or the stored policy is "
-    "inconsistent; `error` and `reason` say which",
+    503: "Redis is unavailable, out of memory or refusing, the stored policy is "
+    "inconsistent, or Redis lost it and the leader is restoring it; `error` and `reason` "
+    "say which",
 }
 
 
@@ -104,6 +106,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(redis.RedisError, _redis_error)  # type: ignore[arg-type]
+    app.add_exception_handler(PolicyLost, _policy_lost)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _internal_error)
 
 
@@ -130,6 +133,10 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
         reason = f"{request.method} is not allowed on {request.url.path}; allowed: {allowed}"
     code = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_")
     return ApiError(exc.status_code, code, reason, headers).response()
+
+
+async def _policy_lost(_: Request, exc: PolicyLost) -> JSONResponse:
+    return ApiError(503, "policy_restoring", str(exc)).response()
 
 
 async def _redis_error(_: Request, exc: redis.RedisError) -> JSONResponse:

@@ -44,7 +44,13 @@ from controlplane.service.metrics import ControllerMetrics, RefitOutcomeLabel
 from controlplane.service.policy_memory import PolicyMemory
 from controlplane.service.settings import ControllerSettings
 from controlplane.service.shadowing import ShadowLink
-from controlplane.service.store import LeaseLost, PolicyStore, StoreState
+from controlplane.service.store import (
+    LeaseLost,
+    PolicyLost,
+    PolicyStore,
+    RefitsHeld,
+    StoreState,
+)
 from controlplane.service.window import LiveWindow, WindowLimits
 from controlplane.shadow.selection import SelectionView
 from controlplane.shadow.view import ShadowView
@@ -152,7 +158,7 @@ class Controller:
             settings.history_size,
             max_overrides=settings.max_overrides,
             health=self.health,
-            published=self.memory.remember,
+            memory=self.memory,
         )
         self.lease = LeaderLease(
             self.r,
@@ -417,8 +423,8 @@ class Controller:
         note = f"evictor family: {verdict.reason}"
         try:
             doc = self.store.select_evictor(verdict.chosen, note, fence=self.lease.confirm)
-        except LeaseLost:
-            return verdict  # the new leader selects again
+        except (LeaseLost, PolicyLost):
+            return verdict  # the new leader, or the restored state, is judged again
         self.shadow.set_policy(doc)
         self.metrics.family_switches.labels(family=verdict.chosen).inc()
         self.metrics.policy_version.set(doc.version)
@@ -490,9 +496,15 @@ class Controller:
         if verdict.outcome != "off":
             note += f"; guard {verdict.reason}"
         try:
-            doc = self.store.publish_fit(fitted, result.pooled, note, fence=self.lease.confirm)
+            doc = self.store.publish_fit(
+                fitted, result.pooled, note, fence=self.lease.confirm, unless_held=True
+            )
         except LeaseLost as exc:
             return self._outcome("lost_lease", None, str(exc), seconds)
+        except RefitsHeld as exc:  # a rollback with hold landed since the check above
+            return self._outcome("held", None, str(exc), seconds)
+        except PolicyLost as exc:
+            return self._outcome("skipped", None, f"skipped: {exc}", seconds)
         self.shadow.set_policy(doc)
         self.metrics.policy_version.set(doc.version)
         return self._outcome("published", doc.version, f"published version {doc.version}", seconds)

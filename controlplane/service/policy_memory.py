@@ -7,8 +7,13 @@ store tells it at once), the highest version number it has seen published, and t
 restore: a leader that finds no version in force waits ``restore_wait_s`` (the workers'
 heartbeats come back meanwhile) and republishes what it remembers under a number after
 every one it saw published and every one a worker reports holding, so a number once
-published never names another document. With nothing remembered it publishes the
-built-in defaults. It must never fit, ingest or decide who leads.
+published never names another document. With nothing remembered (a new install, or a
+controller and its Redis restarted together) it publishes the built-in defaults at once,
+numbered after every version a heartbeat in Redis reports holding (a worker whose
+heartbeat is not back yet compares the document when the number returns). While a
+remembered state waits to be restored, the store refuses every other change
+(``PolicyLost``): one would publish over it. It must never fit, ingest or decide who
+leads.
 """
 
 from __future__ import annotations
@@ -50,7 +55,8 @@ class PolicyMemory:
         """What this replica itself published (the store tells it after each publication),
         known at once: a Redis that restarts before the next lease tick loses none of it."""
         with self._lock:
-            self._state = state
+            if self._state is None or state.version >= self._state.version:
+                self._state = state  # a publication told late never replaces a newer one
             self._highest_version = max(self._highest_version, state.version)
 
     def track(self, store: PolicyStore) -> None:
@@ -77,11 +83,13 @@ class PolicyMemory:
             if store.current_version() is not None:
                 self._lost_since = None
                 return
-            known = self._state
-            if known is None:
-                store.publish_fit({}, None, "initial: built-in defaults until a fit")
+            if self._state is None:
+                held = [max(a.applied_version, a.staged_version) for a in agents()]
+                after = max([self._highest_version, *held])
+                note = "initial: built-in defaults until a fit"
+                store.publish_fit({}, None, note, after=after)
             else:
-                self._restore(store, known, agents)
+                self._restore(store, self._state, agents)
         except redis.RedisError:
             pass  # said by the health; the next leader tick tries again
         except Exception as exc:  # a state that does not restore: the defaults, next tick
@@ -104,8 +112,8 @@ class PolicyMemory:
             return
         held = [max(a.applied_version, a.staged_version) for a in agents()]
         after = max([self._highest_version, *held])
-        doc = store.restore(known, after=after)
         self._lost_since = None
+        doc = store.restore(known, after=after)
         if doc is not None:
             log.warning(
                 "Redis had lost kvwise's policy state: v%d restores %s, as this replica last "

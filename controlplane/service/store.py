@@ -14,7 +14,7 @@ strictly increasing and never rewritten; a rollback publishes a *new* version wi
 version's parameters. History is bounded (oldest trimmed, never the current one). Each
 publication is logged once with its note. Everything lives in Redis: a controller restart
 loses nothing; and a Redis restarted empty gets back what a controller last knew of it
-(``state`` as read, or as ``published`` by this store object; ``restore``: a version
+(``state`` as read, or as told to its ``memory`` by this store object; ``restore``: a version
 numbered after every one known, with its base, overrides, pin and hold).
 
 A published document is ``base`` (the last fitted parameters) with the operator's
@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, cast
+from typing import Any, Final, Protocol, cast
 
 import redis
 from redis.client import Pipeline
@@ -64,6 +64,16 @@ class TooManyOverrides(StoreError):
 
 class LeaseLost(StoreError):
     """A publication refused by its fence: this replica no longer leads."""
+
+
+class PolicyLost(RuntimeError):
+    """A change refused while Redis has lost the policy state this replica remembers: the
+    leader restores it first (``PolicyMemory``), and a change now would publish over it,
+    numbered from nothing and without the overrides, pin and hold it holds."""
+
+
+class RefitsHeld(RuntimeError):
+    """A fit refused inside its transaction: refits are held (a rollback with ``hold``)."""
 
 
 Fence = Callable[[], bool]
@@ -178,9 +188,20 @@ class StoreState:
 
 
 Prepare = Callable[[Pipeline], _Draft]
-Published = Callable[[StoreState], None]
-"""Told the store's state right after each publication of this store object (in the
-order published), so that what a replica itself changed is known before any read."""
+
+
+class Remembers(Protocol):
+    """A replica's memory of the store (``PolicyMemory``), told each publication and asked
+    before each: the state to restore once Redis has lost it, and the highest version
+    number seen published (a number once published never names another document)."""
+
+    @property
+    def state(self) -> StoreState | None: ...
+
+    @property
+    def highest_version(self) -> int: ...
+
+    def remember(self, state: StoreState) -> None: ...
 
 
 class PolicyStore:
@@ -192,14 +213,16 @@ class PolicyStore:
         *,
         max_overrides: int = MAX_OVERRIDES,
         health: RedisHealth | None = None,
-        published: Published | None = None,
+        memory: Remembers | None = None,
     ) -> None:
         self.r = client
         self.keys = keys
         self.history_size = history_size
         self.max_overrides = max_overrides
         self.health = health or RedisHealth("redis")
-        self.published = published
+        self.memory = memory
+        """Told each publication right after it (in the order published), so that what a
+        replica itself changed is known before any read."""
 
     # --- reads ---------------------------------------------------------------------------
     @guarded
@@ -287,13 +310,19 @@ class PolicyStore:
         note: str,
         *,
         fence: Fence | None = None,
+        unless_held: bool = False,
+        after: int = 0,
     ) -> PolicyDocument:
         """Record a new fit as the base (the selected family kept) and publish base +
-        overrides; ``LeaseLost`` (nothing written) if ``fence`` says this replica no
-        longer leads."""
+        overrides, numbered after ``after``; ``LeaseLost`` (nothing written) if ``fence``
+        says this replica no longer leads, ``RefitsHeld`` if ``unless_held`` and refits
+        are held (judged in the transaction: a rollback that holds them wins a race)."""
 
         def prepare(pipe: Pipeline) -> _Draft:
             draft = self._read(pipe, note)
+            if unless_held and draft.held:
+                raise RefitsHeld("held: after a rollback; POST /v1/policy/refit")
+            draft.lowest_version = after + 1
             self._set_base(draft, Base(dict(categories), default, draft.base.evictor))
             return draft
 
@@ -440,7 +469,8 @@ class PolicyStore:
         name another document); None (no write) if a version is in force by then."""
 
         def prepare(pipe: Pipeline) -> _Draft:
-            draft = self._read(pipe, f"restored after Redis lost its state: {state.describe()}")
+            note = f"restored after Redis lost its state: {state.describe()}"
+            draft = self._read(pipe, note, restoring=True)
             if pipe.get(self.keys.policy_current) is not None:
                 raise _AlreadyInForce
             self._set_base(draft, state.base)
@@ -467,8 +497,15 @@ class PolicyStore:
         self.r.delete(self.keys.policy_hold)
 
     # --- the transaction -------------------------------------------------------------------
-    def _read(self, pipe: Pipeline, note: str) -> _Draft:
-        """What a change starts from, read through ``pipe`` after its WATCH."""
+    def _read(self, pipe: Pipeline, note: str, *, restoring: bool = False) -> _Draft:
+        """What a change starts from, read through ``pipe`` after its WATCH; ``PolicyLost``
+        while Redis has lost the state this replica remembers (but for its restore)."""
+        lost = self.memory is not None and self.memory.state is not None
+        if lost and not restoring and pipe.get(self.keys.policy_current) is None:
+            raise PolicyLost(
+                "Redis has lost the policy state (restarted empty?): the leader restores "
+                "it within restore_wait_s; try again then"
+            )
         base = Base.from_json(pipe.get(self.keys.policy_base))
         draft = _Draft(base, _overrides(pipe.hgetall(self.keys.overrides)), note)
         draft.pin = _pinned(pipe.get(self.keys.evictor_pin))
@@ -487,7 +524,14 @@ class PolicyStore:
 
     def _publish(self, prepare: Prepare, fence: Fence | None = None) -> PolicyDocument:
         k = self.keys
-        watched = (k.policy_versions, k.policy_base, k.overrides, k.evictor_pin, k.policy_hold)
+        watched = (
+            k.policy_versions,
+            k.policy_current,
+            k.policy_base,
+            k.overrides,
+            k.evictor_pin,
+            k.policy_hold,
+        )
         with self.r.pipeline(transaction=True) as pipe:
             while True:
                 try:
@@ -509,8 +553,8 @@ class PolicyStore:
                 except redis.WatchError:
                     continue
                 log.info("published policy v%d: %s", doc.version, doc.note)
-                if self.published is not None:
-                    self.published(_state_of(doc, draft))
+                if self.memory is not None:
+                    self.memory.remember(_state_of(doc, draft))
                 self._notify(doc.version)
                 return doc
 
@@ -525,7 +569,8 @@ class PolicyStore:
     def _compose(self, pipe: Pipeline, draft: _Draft) -> tuple[PolicyDocument, list[int]]:
         """The document ``draft`` publishes and the old versions it pushes out."""
         top = cast(list[bytes], pipe.zrevrange(self.keys.policy_versions, 0, 0))
-        version = max(int(top[0]) + 1 if top else 1, draft.lowest_version)
+        seen = self.memory.highest_version + 1 if self.memory is not None else 1
+        version = max(int(top[0]) + 1 if top else 1, draft.lowest_version, seen)
         default: CategoryParams | None
         if draft.copy_of is not None:
             cats, default = dict(draft.copy_of.categories), draft.copy_of.default

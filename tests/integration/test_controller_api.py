@@ -15,6 +15,7 @@ import redis
 
 from agent.runtime.agent import Agent
 from agent.wire import WIRE_SCHEMA_VERSION, Keys
+from tests.conftest import delete_prefix
 from tests.integration.agent_fixtures import fast_settings
 from tests.integration.controller_fixtures import (
     AUTH,
@@ -56,6 +57,26 @@ def test_health_readiness_and_initial_policy(ctl: RunningController) -> None:
     missing = c.get("/v1/policy/versions/99")
     assert missing.status_code == 404
     assert missing.json()["error"] == "unknown_version"
+
+
+def test_a_change_while_redis_has_lost_the_policy_waits_for_the_restore(
+    ctl: RunningController, redis_url: str, key_prefix: str
+) -> None:
+    """Redis restarted empty: an override put while the leader waits for the heartbeats
+    would publish over the state it restores (numbered from nothing, without the pin
+    before it). It is refused (503) until the restore is in, which keeps the pin."""
+    c, memory = ctl.client, ctl.controller.memory
+    pinned = c.put("/v1/policy/overrides/t", json={"rate": 0.5}, headers=AUTH)
+    assert pinned.json()["version"] == 2
+    memory.restore_wait_s = 60  # the leader waits: the workers' heartbeats come back
+    delete_prefix(redis_url, key_prefix)  # Redis restarted empty
+    refused = c.put("/v1/policy/overrides/u", json={"rate": 0.7}, headers=AUTH)
+    assert (refused.status_code, refused.json()["error"]) == (503, "policy_restoring")
+    memory.restore_wait_s = 0
+    wait_until(lambda: c.get("/v1/policy").status_code == 200, what="the restore")
+    restored = c.get("/v1/policy").json()
+    assert restored["version"] == 3 and restored["categories"]["t"]["rate"] == 0.5
+    assert c.get("/v1/policy/overrides").json() == {"t": {"rate": 0.5}}
 
 
 def test_mutations_need_the_token(ctl: RunningController) -> None:

@@ -1,9 +1,10 @@
-"""Review findings on the policy store and the replica's memory of it, each a failing test
-against a real Redis (marked ``xfail``, strict, until fixed): a fit published over a held
-rollback, numbers reused after Redis lost its state, and an operator's change forgotten by
-the memory that restores it."""
+"""Races of the policy store and the replica's memory of it, against a real Redis: a fit
+racing a held rollback, numbers after Redis lost its state, a change made while the
+leader waits to restore it, and a publication told to the memory late."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -12,7 +13,13 @@ from agent.policy_document import CategoryParams
 from agent.wire import Keys
 from controlplane.service.agents import AgentView
 from controlplane.service.policy_memory import PolicyMemory
-from controlplane.service.store import PolicyStore, StoreState
+from controlplane.service.store import (
+    PolicyLost,
+    PolicyStore,
+    RefitsHeld,
+    Remembers,
+    StoreState,
+)
 from tests.conftest import delete_prefix
 
 pytestmark = pytest.mark.integration
@@ -22,16 +29,10 @@ def _p(rate: float) -> CategoryParams:
     return CategoryParams(rate=rate, p_reuse=0.5, life_s=10.0, samples=1000, source="fit")
 
 
-def _store(redis_url: str, key_prefix: str, memory: PolicyMemory | None = None) -> PolicyStore:
-    published = None if memory is None else memory.remember
-    return PolicyStore(redis.Redis.from_url(redis_url), Keys(key_prefix), published=published)
+def _store(redis_url: str, key_prefix: str, memory: Remembers | None = None) -> PolicyStore:
+    return PolicyStore(redis.Redis.from_url(redis_url), Keys(key_prefix), memory=memory)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the hold is checked outside the fit's transaction (controller._refit: held(), "
-    "then publish_fit), and publish_fit ignores the hold it reads inside its own",
-)
 def test_a_fit_racing_a_held_rollback_does_not_publish_over_it(
     redis_url: str, key_prefix: str
 ) -> None:
@@ -51,7 +52,10 @@ def test_a_fit_racing_a_held_rollback_does_not_publish_over_it(
             rolled_back.append(operator.rollback(1, hold=True).version)
         return True
 
-    leader.publish_fit({"text_1": _p(5.0)}, None, "automatic refit", fence=fence)
+    with pytest.raises(RefitsHeld):
+        leader.publish_fit(
+            {"text_1": _p(5.0)}, None, "automatic refit", fence=fence, unless_held=True
+        )
     assert leader.held()
     current = leader.current()
     assert current is not None
@@ -59,11 +63,6 @@ def test_a_fit_racing_a_held_rollback_does_not_publish_over_it(
     assert current.categories["text_1"].rate == 0.1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="policy_memory.ensure publishes the defaults at version 1 when it remembers no "
-    "state, without the restore's wait for, and numbering after, the versions workers hold",
-)
 def test_defaults_after_a_loss_are_numbered_after_the_versions_workers_hold(
     redis_url: str, key_prefix: str
 ) -> None:
@@ -79,11 +78,6 @@ def test_defaults_after_a_loss_are_numbered_after_the_versions_workers_hold(
     assert version > 7
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="during the restore wait every publication (refit, override, pin, rollback) "
-    "numbers from the empty version index and wipes the remembered state",
-)
 def test_a_fit_published_during_the_restore_wait_keeps_the_numbers_and_the_overrides(
     redis_url: str, key_prefix: str
 ) -> None:
@@ -99,20 +93,19 @@ def test_a_fit_published_during_the_restore_wait_keeps_the_numbers_and_the_overr
     assert memory.highest_version == 3
     delete_prefix(redis_url, key_prefix)  # Redis restarted empty
     memory.ensure(store, lambda: [])  # the wait starts
-    doc = store.publish_fit({"text_1": _p(0.3)}, None, "refit during the wait")
+    with pytest.raises(PolicyLost):
+        store.publish_fit({"text_1": _p(0.3)}, None, "refit during the wait")
+    with pytest.raises(PolicyLost):
+        store.pin_evictor("lru")
+    memory.restore_wait_s = 0
     memory.ensure(store, lambda: [])
-    assert doc.version > 3
     current = store.current()
     assert current is not None
+    assert current.version == 4
     assert current.categories["text_1"].rate == 0.5
     assert store.overrides() == {"text_1": {"rate": 0.5}}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PolicyMemory.remember overwrites the state with whatever it is told, even an "
-    "older version than the one it already knows (the store tells it after EXEC, unlocked)",
-)
 def test_a_late_told_publication_does_not_replace_a_newer_remembered_state(
     redis_url: str, key_prefix: str
 ) -> None:
@@ -124,12 +117,11 @@ def test_a_late_told_publication_does_not_replace_a_newer_remembered_state(
     operator = _store(redis_url, key_prefix, memory)
     overridden: list[int] = []
 
-    def published_late(state: StoreState) -> None:
-        if state.version == 2:  # the refit's callback runs after the operator's publication
+    def operator_publishes_first(state: StoreState) -> None:
+        if state.version == 2:  # the refit's news comes after the operator's publication
             overridden.append(operator.set_override("text_1", {"rate": 0.5}).document.version)
-        memory.remember(state)
 
-    refit = PolicyStore(redis.Redis.from_url(redis_url), Keys(key_prefix), published=published_late)
+    refit = _store(redis_url, key_prefix, _ToldLate(memory, operator_publishes_first))
     refit.publish_fit({"text_1": _p(0.1)}, None, "fit")
     refit.publish_fit({"text_1": _p(0.2)}, None, "refit")
     assert overridden == [3]
@@ -139,3 +131,23 @@ def test_a_late_told_publication_does_not_replace_a_newer_remembered_state(
     assert restored is not None
     assert restored.version == 4
     assert restored.categories["text_1"].rate == 0.5
+
+
+class _ToldLate:
+    """``memory`` as a store sees it, whose news of a publication first lets ``before`` run
+    (another thread's publication, told first)."""
+
+    def __init__(self, memory: PolicyMemory, before: Callable[[StoreState], None]) -> None:
+        self.memory, self.before = memory, before
+
+    @property
+    def state(self) -> StoreState | None:
+        return self.memory.state
+
+    @property
+    def highest_version(self) -> int:
+        return self.memory.highest_version
+
+    def remember(self, state: StoreState) -> None:
+        self.before(state)
+        self.memory.remember(state)
