@@ -242,6 +242,14 @@ def positive(text: str) -> float:
     return value
 
 
+def ratio(text: str) -> float:
+    """Typer parser of a number in [0, 1] (the error names the option)."""
+    value = _number(text)
+    if not 0 <= value <= 1:
+        raise typer.BadParameter(f"must be a number in [0, 1], got {text}")
+    return value
+
+
 def non_negative(text: str) -> float:
     """Typer parser of a finite number >= 0 (the error names the option)."""
     value = _number(text)

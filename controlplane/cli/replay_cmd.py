@@ -29,6 +29,7 @@ from controlplane.cli.common import (
     parse_ints,
     policy_names,
     positive,
+    ratio,
     unique,
 )
 from controlplane.cli.replay_output import Runs, end_interrupted, plot_curve, report
@@ -151,11 +152,14 @@ AutoWindowOpt = Annotated[
     _auto_panel(parser=positive, metavar="SECONDS", help="Trace seconds of one shadow window"),
 ]
 AutoWindowsOpt = Annotated[
-    int, _auto_panel(min=1, metavar="N", help="Windows in a row a family must lead to be selected")
+    int,
+    _auto_panel(
+        min=1, max=1000, metavar="N", help="Windows in a row a family must lead to be selected"
+    ),
 ]
 AutoMarginOpt = Annotated[
     float,
-    _auto_panel(parser=non_negative, metavar="RATIO", help="Hit ratio a family must lead by"),
+    _auto_panel(parser=ratio, metavar="RATIO", help="Hit ratio a family must lead by"),
 ]
 
 

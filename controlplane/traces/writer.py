@@ -43,7 +43,20 @@ def write_bailian(trace: Trace, path: str | os.PathLike[str]) -> None:
             "are needed); convert it with its own format's tools"
         )
     target = Path(path)
-    with _open(target) as f:
+    if target.exists() and not target.is_file():  # a device or a pipe: written as it goes
+        _write_records(trace, target, compressed=False)
+        return
+    # Whole or not at all: an interrupted write (Ctrl-C, a full disk) leaves what was there.
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        _write_records(trace, partial, compressed=target.name.lower().endswith(".gz"))
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _write_records(trace: Trace, target: Path, *, compressed: bool) -> None:
+    with _open(target, compressed) as f:
         hashes = trace.hashes[trace.blocks]  # original ids, serialised straight from numpy
         offsets = trace.offsets.tolist()
         columns = zip(
@@ -77,8 +90,8 @@ def write_bailian(trace: Trace, path: str | os.PathLike[str]) -> None:
         f.write(b"".join(lines))
 
 
-def _open(path: Path) -> IO[bytes]:
-    if path.name.lower().endswith(".gz"):
+def _open(path: Path, compressed: bool) -> IO[bytes]:
+    if compressed:
         # Level 1: on these id lists it writes files ~15 % larger than level 6 in a
         # seventh of the time.
         return cast(IO[bytes], gzip.open(path, "wb", compresslevel=1))

@@ -43,12 +43,6 @@ def short_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="replay_cmd.py AutoMarginOpt/AutoWindowsOpt accept what SelectionSettings "
-    "refuses (margin > 1, windows > 1000): a pydantic ValidationError traceback from the "
-    "worker process, exit 1",
-)
 @pytest.mark.parametrize("option", [["--auto-margin", "5"], ["--auto-windows", "5000"]])
 def test_auto_selection_options_out_of_range_are_usage_errors(
     short_trace: Path, option: list[str]
@@ -60,13 +54,6 @@ def test_auto_selection_options_out_of_range_are_usage_errors(
     assert res.returncode == 2 and option[0] in res.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="auto_replay.py AutoReplayPolicy.arrive judges every empty window one by one "
-    "('while t >= start + window'): a trace whose times jump (a line stamped in epoch "
-    "seconds among relative ones) runs for hours, and a window below the float spacing "
-    "of the times never ends",
-)
 @pytest.mark.parametrize(
     ("second_ts", "window"), [(1.7e9, "300"), (10.0, "1e-300")], ids=["time-jump", "tiny-window"]
 )
@@ -106,12 +93,6 @@ class _InterruptedAt:
         return orjson.dumps(value, option=option)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="trace_cmd.py synth writes straight to --output (writer.py write_bailian opens "
-    "the target 'wb'): a Ctrl-C or a failed write mid-file leaves it truncated, the "
-    "earlier file lost (trace record writes a temporary file and renames it)",
-)
 def test_an_interrupted_synth_leaves_the_output_as_it_was(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
