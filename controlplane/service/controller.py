@@ -45,6 +45,7 @@ from controlplane.service.policy_memory import PolicyMemory
 from controlplane.service.settings import ControllerSettings
 from controlplane.service.shadowing import ShadowLink
 from controlplane.service.store import (
+    REFITS_HELD,
     LeaseLost,
     PolicyLost,
     PolicyStore,
@@ -466,9 +467,7 @@ class Controller:
             self.store.release_hold()
             self.memory.track(self.store)  # the hold's release known at once, as a publication is
         elif self.store.held():
-            return self._outcome(
-                "held", None, "held: after a rollback; POST /v1/policy/refit", seconds
-            )
+            return self._outcome("held", None, REFITS_HELD, seconds)
         fitted = {k: p for k, p in result.categories.items() if p.source != "default"}
         if result.accesses < self.settings.min_samples or not fitted:
             return self._outcome(

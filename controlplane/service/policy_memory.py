@@ -84,10 +84,8 @@ class PolicyMemory:
                 self._lost_since = None
                 return
             if self._state is None:
-                held = [max(a.applied_version, a.staged_version) for a in agents()]
-                after = max([self._highest_version, *held])
                 note = "initial: built-in defaults until a fit"
-                store.publish_fit({}, None, note, after=after)
+                store.publish_fit({}, None, note, after=self._highest_known(agents))
             else:
                 self._restore(store, self._state, agents)
         except redis.RedisError:
@@ -95,6 +93,11 @@ class PolicyMemory:
         except Exception as exc:  # a state that does not restore: the defaults, next tick
             log.warning("policy state not restored (%s): the built-in defaults instead", exc)
             self._state = None
+
+    def _highest_known(self, agents: Callable[[], Iterable[AgentView]]) -> int:
+        """The highest version seen published here or reported held by a worker."""
+        held = [max(a.applied_version, a.staged_version) for a in agents()]
+        return max([self._highest_version, *held])
 
     def _restore(
         self, store: PolicyStore, known: StoreState, agents: Callable[[], Iterable[AgentView]]
@@ -110,8 +113,7 @@ class PolicyMemory:
             )
         if now - self._lost_since < self.restore_wait_s:
             return
-        held = [max(a.applied_version, a.staged_version) for a in agents()]
-        after = max([self._highest_version, *held])
+        after = self._highest_known(agents)
         self._lost_since = None
         doc = store.restore(known, after=after)
         if doc is not None:

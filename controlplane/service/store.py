@@ -76,6 +76,10 @@ class RefitsHeld(RuntimeError):
     """A fit refused inside its transaction: refits are held (a rollback with ``hold``)."""
 
 
+REFITS_HELD = "held: after a rollback; POST /v1/policy/refit"
+"""Why an automatic refit publishes nothing while refits are held."""
+
+
 Fence = Callable[[], bool]
 """Asked right before a publication's transaction: False refuses it (``LeaseLost``)."""
 
@@ -321,7 +325,7 @@ class PolicyStore:
         def prepare(pipe: Pipeline) -> _Draft:
             draft = self._read(pipe, note)
             if unless_held and draft.held:
-                raise RefitsHeld("held: after a rollback; POST /v1/policy/refit")
+                raise RefitsHeld(REFITS_HELD)
             draft.lowest_version = after + 1
             self._set_base(draft, Base(dict(categories), default, draft.base.evictor))
             return draft
