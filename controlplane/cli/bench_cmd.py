@@ -18,6 +18,7 @@ from typing import IO, TYPE_CHECKING, Annotated, Any
 import typer
 
 from controlplane.cli.common import (
+    BlockTokensOpt,
     SkipBadLinesFlag,
     fail,
     load_trace_or_fail,
@@ -64,14 +65,6 @@ OptionalTraceArgument = Annotated[
 UrlOpt = Annotated[str, typer.Option(help="Server root URL")]
 ModelOpt = Annotated[
     str | None, typer.Option(help="Model to ask for (default: the server's first)")
-]
-BlockTokensOpt = Annotated[
-    int,
-    typer.Option(
-        min=1,
-        metavar="TOKENS",
-        help="Tokens per trace block: the server's block size (vLLM on GPUs: 16)",
-    ),
 ]
 VocabOpt = Annotated[
     int,

@@ -3,10 +3,10 @@
 Owns how the CLI reports a user error (one red line naming the option, environment
 variable or file that was wrong, exit code 2), the parsing of comma-separated option
 values (duplicates merged, first order kept), the options several commands declare alike
-(a trace argument, ``--json``, ``--skip-bad-lines``), loading a trace for a command (bad
-lines reported, an empty trace refused), printing a ``--json`` document, and checking
-settings and Redis URLs before a command starts anything. It must never contain command
-logic.
+(a trace argument, ``--json``, ``--skip-bad-lines``, ``--block-tokens``), loading a trace
+for a command (bad lines reported, an empty trace refused), printing a ``--json`` document,
+and checking settings and Redis URLs before a command starts anything. It must never
+contain command logic.
 """
 
 from __future__ import annotations
@@ -46,6 +46,15 @@ JobsOpt = Annotated[
     typer.Option("--jobs", "-j", min=0, metavar="N", help="Worker processes (0 = one per core)"),
 ]
 RedisUrlOpt = Annotated[str | None, typer.Option(help="Redis URL [default: KVWISE_REDIS_URL]")]
+BlockTokensOpt = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        metavar="TOKENS",
+        help="Tokens per block of the engine, so per trace block (vLLM on GPUs: 16)",
+    ),
+]
+"""The engine's block size, for the commands that turn trace blocks into tokens or back."""
 SkipBadLinesFlag = Annotated[
     bool,
     typer.Option(

@@ -26,6 +26,7 @@ import typer
 
 from agent.runtime.connection import redact
 from controlplane.cli.common import (
+    BlockTokensOpt,
     RedisUrlOpt,
     StatusEveryOpt,
     agent_settings_or_fail,
@@ -87,14 +88,6 @@ MaxRequestsOpt = Annotated[
 ]
 KeyPrefixOpt = Annotated[
     str | None, typer.Option(help="Prefix of kvwise's Redis keys [default: KVWISE_KEY_PREFIX]")
-]
-BlockTokensOpt = Annotated[
-    int,
-    typer.Option(
-        min=1,
-        metavar="TOKENS",
-        help="Tokens per block of the engine (input_length is blocks x this)",
-    ),
 ]
 
 
