@@ -21,8 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
+
+Margin = Annotated[float, Field(ge=0, le=1)]
+"""The range of the rule's ``margin`` (an absolute hit ratio), wherever it is declared."""
+Windows = Annotated[int, Field(ge=1, le=1000)]
+"""The range of the rule's ``windows``."""
+MinAccesses = Annotated[int, Field(ge=0)]
+"""The range of the rule's ``min_accesses``."""
 
 
 class SelectionSettings(BaseModel):
@@ -30,17 +38,12 @@ class SelectionSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    margin: float = Field(
-        default=0.002,
-        ge=0,
-        le=1,
-        description="A family must lead the one in force by more than this hit ratio",
+    margin: Margin = Field(
+        default=0.002, description="A family must lead the one in force by more than this hit ratio"
     )
-    windows: int = Field(
-        default=2, ge=1, le=1000, description="...in this many consecutive full windows"
-    )
-    min_accesses: int = Field(
-        default=5000, ge=0, description="Sampled accesses a window needs to count as evidence"
+    windows: Windows = Field(default=2, description="...in this many consecutive full windows")
+    min_accesses: MinAccesses = Field(
+        default=5000, description="Sampled accesses a window needs to count as evidence"
     )
 
 

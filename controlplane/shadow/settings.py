@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent.policies import names as policy_names
-from controlplane.shadow.selection import SelectionSettings
+from controlplane.shadow.selection import Margin, MinAccesses, SelectionSettings, Windows
 
 DEFAULT_RATE = 0.05
 """Default sampling rate (chosen on one seed, reported on another: docs/shadow.md)."""
@@ -79,22 +79,17 @@ class ShadowSettings(BaseModel):
         default=True,
         description="Select the evictor family from the shadow (wa or a shadowed baseline)",
     )
-    select_margin: float = Field(
+    select_margin: Margin = Field(
         default=SelectionSettings().margin,
-        ge=0,
-        le=1,
         description="A family is selected when it leads the one in force by more than this "
         "shadow hit ratio at the workers' capacity...",
     )
-    select_windows: int = Field(
+    select_windows: Windows = Field(
         default=SelectionSettings().windows,
-        ge=1,
-        le=1000,
         description="...over this many consecutive full shadow windows",
     )
-    select_min_accesses: int = Field(
+    select_min_accesses: MinAccesses = Field(
         default=SelectionSettings().min_accesses,
-        ge=0,
         description="Sampled accesses a window needs to count as evidence for the selection",
     )
 

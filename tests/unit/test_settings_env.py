@@ -1,5 +1,5 @@
 """Fitting and controller settings: words from the environment that mean unset, and
-bounds that must be in order, numbers that must be finite."""
+bounds that must be in order, numbers that must be finite, ranges that must agree."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 from agent.settings import AgentSettings
 from controlplane.fit.settings import FitSettings
 from controlplane.service.settings import ControllerSettings
+from controlplane.shadow.selection import SelectionSettings
 
 
 @pytest.mark.parametrize("word", ["", "none", "None", "NULL", "null", " none "])
@@ -81,3 +82,30 @@ def test_one_worker_may_not_bring_in_more_categories_than_the_window_holds() -> 
         ValueError, match=r"PER_WORKER \(1024\) must not exceed KVWISE_MAX_CATEGORIES \(10\)"
     ):
         ControllerSettings(max_categories=10)
+
+
+@pytest.mark.parametrize(
+    ("rule", "variable", "refused", "accepted"),
+    [
+        ("margin", "KVWISE_SELECT_MARGIN", ["-0.001", "1.001"], ["0", "1"]),
+        ("windows", "KVWISE_SELECT_WINDOWS", ["0", "1001"], ["1", "1000"]),
+        ("min_accesses", "KVWISE_SELECT_MIN_ACCESSES", ["-1"], ["0"]),
+    ],
+)
+def test_the_family_selection_takes_the_same_range_from_the_environment_as_its_rule(
+    rule: str,
+    variable: str,
+    refused: list[str],
+    accepted: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for value in refused:
+        monkeypatch.setenv(variable, value)
+        with pytest.raises(ValueError, match=f"select_{rule}"):
+            ControllerSettings()
+        with pytest.raises(ValueError, match=rule):
+            SelectionSettings.model_validate({rule: value})
+    for value in accepted:
+        monkeypatch.setenv(variable, value)
+        from_environment = getattr(ControllerSettings().selection, rule)
+        assert from_environment == getattr(SelectionSettings.model_validate({rule: value}), rule)
