@@ -45,6 +45,11 @@ MAX_SKIP_DETAILS = 1000
 """Skipped lines past this many keep a short reason (no offending value), so a file of
 garbage read with ``skip_bad_lines`` costs a few dozen bytes a line; the count stays exact."""
 
+MAX_LINE_BYTES = 16 << 20
+"""Longest line read (without its newline). The longest real line is a few hundred
+kilobytes (a million-token prompt's ids); a longer one (a binary file, a writer that never
+ends its line) is a bad line, read past in pieces of this size, never held whole."""
+
 _GZIP_MAGIC = b"\x1f\x8b"
 _BOM = b"\xef\xbb\xbf"
 _INT64_MAX = 2**63 - 1
@@ -315,7 +320,11 @@ def _records(f: IO[bytes], path: str) -> Iterator[tuple[int, Any]]:
     """(line number, parsed object or ``_Bad``) for every non-blank line."""
     lineno = 0
     try:
-        for lineno, line in enumerate(f, 1):
+        for lineno, line in enumerate(_lines(f), 1):
+            if line is None:
+                problem = f"line longer than {MAX_LINE_BYTES:,} bytes (no newline within them)"
+                yield lineno, _Bad(None, problem, "line too long")
+                continue
             if lineno == 1 and line.startswith(_BOM):
                 line = line[len(_BOM) :]
             try:
@@ -332,6 +341,19 @@ def _records(f: IO[bytes], path: str) -> Iterator[tuple[int, Any]]:
         raise TraceError(
             path, lineno + 1, None, f"gzip stream truncated or corrupt ({exc})"
         ) from None
+
+
+def _lines(f: IO[bytes]) -> Iterator[bytes | None]:
+    """Every line of ``f``; None for a line longer than ``MAX_LINE_BYTES``, which is read
+    past in pieces of that size."""
+    limit = MAX_LINE_BYTES + 1  # the line and its newline
+    while line := f.readline(limit):
+        if len(line) < limit or line.endswith(b"\n"):
+            yield line
+            continue
+        while (rest := f.readline(limit)) and not rest.endswith(b"\n"):
+            pass
+        yield None
 
 
 def load_trace(

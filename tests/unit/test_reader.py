@@ -486,3 +486,30 @@ def test_a_trace_read_from_a_descriptor_is_not_named_by_its_number(tmp_path: Pat
             [sys.executable, "-c", code], cwd=REPO, stdin=stdin, capture_output=True
         )
     assert res.stdout.decode().strip() == "stdin", res.stderr
+
+
+def test_a_line_longer_than_the_bound_is_refused_without_reading_it_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line with no newline for megabytes (a binary file, a broken writer) is a bad
+    line named by file and line, and the reader never holds more of it than the bound."""
+    import tracemalloc
+
+    from controlplane.traces import reader
+
+    monkeypatch.setattr(reader, "MAX_LINE_BYTES", 64 << 10)
+    path = tmp_path / "long.jsonl"
+    good = orjson.dumps(bailian(0)) + b"\n"
+    path.write_bytes(good + b"[" + b"1," * (4 << 20) + b"1]\n" + orjson.dumps(bailian(2)))
+    tracemalloc.start()
+    try:
+        with pytest.raises(TraceError) as err:
+            load_trace(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert err.value.line == 2 and err.value.field is None
+    assert str(err.value).startswith(f"{path}:2: line longer than 65,536 bytes")
+    assert peak < 4 << 20, f"peak {peak:,} bytes: the 8 MiB line was read whole"
+    trace = load_trace(path, skip_bad_lines=True)
+    assert trace.n_requests == 2 and trace.skipped_lines[0][0] == 2
