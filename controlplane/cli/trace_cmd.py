@@ -49,8 +49,8 @@ trace_app.command("record")(record)
 
 
 MAX_SYNTH_REQUESTS = 2_000_000
-"""Most requests one synthetic trace may ask for (about 90 hours at the default 6 QPS;
-its block ids alone take gigabytes)."""
+"""Most requests one synthetic trace may draw, the warm-up before its window included
+(``generated_requests``; about 3 KB each while it is built: some 6 GB at the cap)."""
 
 
 @trace_app.command("synth")
@@ -81,17 +81,20 @@ def synth(
 
         kvwise trace synth --profile to-c --duration 600 --seed 1 -o toc.jsonl.gz
     """
-    from controlplane.traces.synth import PROFILES, Profile, synthesize
+    from controlplane.traces.synth import PROFILES, Profile, generated_requests, synthesize
     from controlplane.traces.workload_stats import trace_stats
     from controlplane.traces.writer import write_bailian
 
     check_names([profile], PROFILES, "--profile", "profile")
-    if duration * qps > MAX_SYNTH_REQUESTS:
+    chosen = cast(Profile, profile)
+    asked = generated_requests(chosen, duration_s=duration, qps=qps)
+    if asked > MAX_SYNTH_REQUESTS:
+        warmup = asked / qps - duration
         fail(
-            f"--duration x --qps asks for about {duration * qps:,.0f} requests; at most "
-            f"{MAX_SYNTH_REQUESTS:,} in one trace"
+            f"--duration x --qps asks for about {asked:,.0f} requests ({warmup:,.0f} s of "
+            f"warm-up before the window included); at most {MAX_SYNTH_REQUESTS:,} in one trace"
         )
-    trace = synthesize(cast(Profile, profile), duration_s=duration, qps=qps, seed=seed)
+    trace = synthesize(chosen, duration_s=duration, qps=qps, seed=seed)
     if not trace.n_requests:
         fail(f"--duration {duration:g} at --qps {qps:g} gave no request: ask for more")
     try:

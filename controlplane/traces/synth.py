@@ -47,26 +47,41 @@ def synthesize(
 
     ``knobs`` replaces the profile's calibrated defaults (``ToCKnobs`` for ``to-c``,
     ``ToBKnobs`` for ``to-b``). Raises ``ValueError`` for an unknown profile, a
-    non-positive duration or rate, or knobs of the other profile.
+    non-positive duration or rate, or knobs of the other profile. Time and memory go with
+    ``generated_requests``, not with the requests the window keeps.
     """
-    if profile not in PROFILES:
-        raise ValueError(f"unknown profile {profile!r}; known profiles: {', '.join(PROFILES)}")
+    chosen = _knobs(profile, knobs)
     if not (duration_s > 0 and np.isfinite(duration_s)):
         raise ValueError(f"duration_s must be a positive number, got {duration_s}")
     if not (qps > 0 and np.isfinite(qps)):
         raise ValueError(f"qps must be a positive number, got {qps}")
     rng = np.random.default_rng(seed)
-    if profile == "to-c":
-        toc = ToCKnobs() if knobs is None else knobs
-        if not isinstance(toc, ToCKnobs):
-            raise ValueError("to-c takes ToCKnobs")
+    if isinstance(chosen, ToCKnobs):
         builder = TraceBuilder(TO_C_TYPES)
-        generate_to_c(builder, rng, duration_s, qps, toc)
+        generate_to_c(builder, rng, duration_s, qps, chosen)
     else:
-        tob = ToBKnobs() if knobs is None else knobs
-        if not isinstance(tob, ToBKnobs):
-            raise ValueError("to-b takes ToBKnobs")
         builder = TraceBuilder(TO_B_TYPES)
-        generate_to_b(builder, rng, duration_s, qps, tob)
+        generate_to_b(builder, rng, duration_s, qps, chosen)
     name = f"synth-{profile}-{duration_s:g}s-{qps:g}qps-seed{seed}"
     return builder.build(name=name, duration_s=duration_s)
+
+
+def generated_requests(
+    profile: Profile, *, duration_s: float, qps: float, knobs: ToCKnobs | ToBKnobs | None = None
+) -> float:
+    """About how many requests ``synthesize`` draws: the window's and the warm-up's before
+    it (``warmup_s``: 1,800 s for to-C, 120 s for to-B), which are drawn, then dropped.
+    Each takes about 3 KB while the trace is built."""
+    return (duration_s + _knobs(profile, knobs).warmup_s) * qps
+
+
+def _knobs(profile: Profile, knobs: ToCKnobs | ToBKnobs | None) -> ToCKnobs | ToBKnobs:
+    """The knobs ``profile`` runs with: ``knobs``, or its calibrated defaults."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; known profiles: {', '.join(PROFILES)}")
+    wanted = ToCKnobs if profile == "to-c" else ToBKnobs
+    if knobs is None:
+        return wanted()
+    if not isinstance(knobs, wanted):
+        raise ValueError(f"{profile} takes {wanted.__name__}")
+    return knobs

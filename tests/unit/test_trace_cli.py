@@ -101,7 +101,7 @@ def test_user_errors_exit_2(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("duration", "qps", "says"),
     [
-        ("5", "1e9", "--duration x --qps asks for about 5,000,000,000 requests; at most"),
+        ("5", "1e9", "--duration x --qps asks for about 1,805,000,000,000 requests (1,800 s"),
         ("1e12", "6", "--duration x --qps asks for about"),
         ("0.01", "0.01", "--duration 0.01 at --qps 0.01 gave no request"),
     ],
@@ -123,3 +123,29 @@ def test_stats_on_an_empty_trace_errors_as_replay_does(tmp_path: Path) -> None:
         res = CliRunner().invoke(app, args)
         assert res.exit_code == 2, args
         assert res.stderr.strip() == f"error: {empty}: no requests"
+
+
+def test_synth_cap_counts_the_warm_up_and_refuses_before_generating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model generates the warm-up before the window too (to-B: 120 s, to-C: 1,800 s):
+    a short window at a high rate asked for millions of requests the cap never saw (to-B
+    at 1e5 QPS for 20 s: 14 million, tens of gigabytes). The cap counts them, and refuses
+    before a single request is drawn."""
+    import tracemalloc
+
+    from controlplane.cli import trace_cmd
+
+    monkeypatch.setattr(trace_cmd, "MAX_SYNTH_REQUESTS", 5_000)
+    out = tmp_path / "x.jsonl"
+    args = ["trace", "synth", "--profile", "to-b", "--duration", "1", "--qps", "100"]
+    tracemalloc.start()
+    try:
+        res = CliRunner().invoke(app, [*args, "-o", str(out)])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    says = "--duration x --qps asks for about 12,100 requests (120 s of warm-up before"
+    assert res.exit_code == 2 and says in res.stderr, res.output
+    assert "at most 5,000 in one trace" in res.stderr and not out.exists()
+    assert peak < 4 << 20, f"peak {peak:,} bytes: requests were generated before the refusal"
