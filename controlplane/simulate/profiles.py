@@ -29,7 +29,7 @@ class ProfileError(ValueError):
 class Profile(BaseModel):
     """One engine instance: model x accelerator x engine limits (docs/simulate.md)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1, description="Profile name, shown in reports")
     description: str = Field(default="", description="What it models, in a line")

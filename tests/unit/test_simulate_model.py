@@ -163,3 +163,17 @@ def test_least_loaded_and_session_keys() -> None:
     assert routers.session_keys(anonymous) == [-1, -1, -4]  # dense ids 0, 0, 3
     with pytest.raises(routers.UnknownRouterError, match="known routers: round-robin"):
         SimOptions(router="random")
+
+
+@pytest.mark.parametrize("field", ["hbm_gb", "step_overhead_ms", "peak_tflops", "hbm_tb_s"])
+def test_a_profile_with_an_infinite_number_is_refused_naming_file_and_field(
+    tmp_path: Path, field: str
+) -> None:
+    """TOML's ``inf`` (JSON's ``Infinity``) passed every bound: an infinite HBM made the
+    default capacity ``int(nan)`` (a traceback), an infinite step overhead NaN TTFTs."""
+    fields = BUILTIN["llama3-8b-h100"].model_dump()
+    path = tmp_path / "inf.toml"
+    path.write_text("\n".join(f"{k} = {json.dumps(v)}" for k, v in fields.items() if k != field))
+    path.write_text(path.read_text() + f"\n{field} = inf\n")
+    with pytest.raises(ProfileError, match=rf"inf\.toml: field '{field}': .*finite"):
+        load_profile(str(path))
