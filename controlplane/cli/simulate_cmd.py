@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, get_args
 import typer
 
 from controlplane.cli.common import (
+    INT64_MAX,
     JobsOpt,
     JsonFlag,
     SkipBadLinesFlag,
@@ -275,12 +276,17 @@ def _capacities(capacity: str | None, capacity_frac: str | None, gib: str | None
 
 def _gib_blocks(prof: Profile, gib: float, block: int) -> int:
     """The blocks ``gib`` GiB hold; a size under one block fails, naming it, rather than
-    run as a cache of none."""
+    run as a cache of none, and so does one of more blocks than ``--capacity`` takes."""
     from controlplane.simulate.profiles import GIB
 
-    blocks = prof.blocks_for_gib(gib, block)
+    one = prof.kv_bytes_per_token * block / GIB
+    if gib > INT64_MAX * one:
+        fail(
+            f"--capacity-gib: {gib:g} is too large (at most {INT64_MAX * one:.3g}: "
+            f"{INT64_MAX} blocks of {block} tokens)"
+        )
+    blocks = min(prof.blocks_for_gib(gib, block), INT64_MAX)
     if blocks < 1:
-        one = prof.kv_bytes_per_token * block / GIB
         fail(
             f"--capacity-gib: {gib:g} is under one block ({prof.name}: {block} tokens "
             f"take {one:.3g} GiB)"

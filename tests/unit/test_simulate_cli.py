@@ -98,6 +98,9 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
         (["--instances", "0"], "--instances: must be at least 1, got 0"),
         (["--capacity-gib", "x"], "--capacity-gib: 'x' is not a number"),
         (["--capacity-gib", "0.0001"], "--capacity-gib: 0.0001 is under one block"),
+        # beyond float range in bytes (a traceback: int(nan)), beyond int64 in blocks
+        (["--capacity-gib", "1e300"], "--capacity-gib: 1e+300 is too large (at most 5.76e+17"),
+        (["--capacity-gib", "1e20"], "--capacity-gib: 1e+20 is too large (at most 5.76e+17"),
         (["--categories", "magic"], "--categories must be one of labels, auto"),
         (["--reuse-class", "some"], "--reuse-class must be one of off, hit, trace, got 'some'"),
         (["--plot", "out.svg"], "plots are written as .png"),
