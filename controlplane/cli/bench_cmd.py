@@ -22,6 +22,7 @@ from controlplane.cli.common import (
     SkipBadLinesFlag,
     fail,
     load_trace_or_fail,
+    non_negative,
     print_json,
     say,
     signed_percent,
@@ -77,7 +78,9 @@ SaltOpt = Annotated[
 ]
 SpeedOpt = Annotated[
     float,
-    typer.Option(min=0.0, metavar="FACTOR", help="Trace seconds per second (0: no waiting)"),
+    typer.Option(
+        parser=non_negative, metavar="FACTOR", help="Trace seconds per second (0: no waiting)"
+    ),
 ]
 LimitOpt = Annotated[
     int | None, typer.Option(min=1, metavar="N", help="Send only the trace's first N requests")

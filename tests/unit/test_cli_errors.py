@@ -261,6 +261,17 @@ def test_bench_serve_refuses_an_output_it_could_not_write_before_sending(tmp_pat
     assert not out.parent.exists()
 
 
+def test_bench_serve_refuses_an_infinite_speed_naming_the_option() -> None:
+    """``--speed inf`` passed the option's bound (>= 0) and raised the plan's ValueError
+    as a traceback."""
+    port = free_port()  # nothing listens: it must fail before trying
+    res = kvwise(
+        "bench", "serve", str(SAMPLE), "--url", f"http://127.0.0.1:{port}", "--speed", "inf"
+    )
+    assert res.returncode == 2
+    assert one_error_line(res) == "error: --speed: must be a finite number >= 0, got inf"
+
+
 def test_a_csv_file_is_told_a_trace_is_json_lines(tmp_path: Path) -> None:
     """The parser's words alone ("invalid literal, expected 'true'") left a CSV file's
     user guessing; a bad later line keeps the plain message."""
