@@ -166,6 +166,7 @@ def simulate(
         _replay_options(categories, refit_every, reuse_class),
     )
     trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
+    _check_speed(trace, options.speed)
     block = _block_tokens(trace, options)
     capacities = sizes(trace, options.profile, block)
     results = _run_with_progress(trace, names, capacities, options, jobs, quiet=json_out)
@@ -251,6 +252,16 @@ def _block_tokens(trace: Trace, options: SimOptions) -> int:
             "them); leave the option out"
         )
     return int(workload(trace, block_tokens=options.block_tokens).block_tokens)
+
+
+def _check_speed(trace: Trace, speed: float) -> None:
+    """Fail, naming ``--speed``, when it puts the trace's arrivals past a float's range."""
+    from controlplane.simulate.requests import arrival_times
+
+    try:
+        arrival_times(trace, speed)
+    except ValueError as exc:
+        fail(f"--speed: {str(exc).removeprefix('speed ')}")
 
 
 SizesOf = Callable[["Trace", "Profile", int], list[int]]

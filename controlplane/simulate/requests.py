@@ -57,15 +57,13 @@ def workload(
     output_tokens: int = DEFAULT_OUTPUT_TOKENS,
 ) -> Workload:
     """The work ``trace`` asks for, arriving ``speed`` times faster than recorded."""
-    if not (speed > 0 and np.isfinite(speed)):
-        raise ValueError(f"speed must be a positive number, got {speed}")
     if output_tokens < 1:
         raise ValueError(f"output tokens must be >= 1, got {output_tokens}")
     bt = block_tokens or block_tokens_of(trace) or DEFAULT_BLOCK_TOKENS
     if bt < 1:
         raise ValueError(f"block tokens must be >= 1, got {bt}")
+    arrival = arrival_times(trace, speed)
     t0 = float(trace.timestamps[0]) if trace.n_requests else 0.0
-    arrival = (trace.timestamps - t0) / speed
     by_blocks = trace.lengths * bt
     prompt = np.where(trace.input_lengths > 0, trace.input_lengths, by_blocks)
     output = np.where(trace.output_lengths > 0, trace.output_lengths, output_tokens)
@@ -77,6 +75,24 @@ def workload(
         speed=speed,
         start=t0,
     )
+
+
+def arrival_times(trace: Trace, speed: float) -> NDArray[np.float64]:
+    """Each request's arrival, simulated seconds from the first. ``ValueError`` for a speed
+    that is not a finite number above 0, or that puts an arrival past a float's range (a
+    subnormal speed, or stamps near 1e308: arrivals at inf gave NaN latencies)."""
+    if not (speed > 0 and np.isfinite(speed)):
+        raise ValueError(f"speed must be a positive number, got {speed}")
+    t0 = float(trace.timestamps[0]) if trace.n_requests else 0.0
+    with np.errstate(over="ignore"):
+        arrival = (trace.timestamps - t0) / speed
+    if not np.isfinite(arrival).all():
+        span = float(trace.timestamps[-1]) - t0
+        raise ValueError(
+            f"speed {speed:g} puts arrivals past a float's range (the trace's {span:g} s "
+            "span / speed)"
+        )
+    return arrival
 
 
 @dataclass(eq=False)

@@ -217,3 +217,17 @@ def test_reuse_classes_reach_the_fitter_only_once_a_request_has_released(
     for at, categories in fed:
         assert (categories == final.category[at]).all()
     assert any((categories >= reused).any() for _, categories in fed)
+
+
+def test_a_speed_that_puts_arrivals_past_a_floats_range_is_refused() -> None:
+    """A positive, finite speed can still overflow the trace's span (a subnormal speed, or
+    stamps near 1e308): arrivals at inf gave NaN TTFTs and QTTFTs, without a word."""
+    trace = Trace.from_arrays(
+        name="t",
+        source_format="mooncake",
+        hash_ids=np.arange(2, dtype=np.int64),
+        lengths=np.ones(2, dtype=np.int64),
+        timestamps=np.array([0.0, 1.5e308]),
+    )
+    with pytest.raises(ValueError, match=r"speed 0\.5 puts arrivals past a float's range"):
+        simulate(trace, "lru", 4, SimOptions(speed=0.5))

@@ -96,6 +96,8 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
         (["--profile", "gpt-9"], "--profile: unknown profile 'gpt-9'"),
         (["--speed", "0"], "--speed: must be a finite number above 0, got 0.0"),
         (["--instances", "0"], "--instances: must be at least 1, got 0"),
+        # the trace's span / speed overflows: arrivals at inf, NaN TTFTs (NaN in --json)
+        (["--speed", "1e-310"], "--speed: 1e-310 puts arrivals past a float's range"),
         (["--capacity-gib", "x"], "--capacity-gib: 'x' is not a number"),
         (["--capacity-gib", "0.0001"], "--capacity-gib: 0.0001 is under one block"),
         # beyond float range in bytes (a traceback: int(nan)), beyond int64 in blocks
