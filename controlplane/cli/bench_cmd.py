@@ -20,6 +20,7 @@ import typer
 from controlplane.cli.common import (
     BlockTokensOpt,
     SkipBadLinesFlag,
+    check_writable,
     fail,
     load_trace_or_fail,
     non_negative,
@@ -152,7 +153,7 @@ def serve(
         categories=not no_categories, timeout=timeout, controller=controller,
     )  # fmt: skip
     if output is not None:
-        _check_writable(output, "--output")  # now: a run is minutes of a server's time
+        check_writable(output, "--output")  # now: a run is minutes of a server's time
     summary = _serve(trace_path, run_args, requests_out, skip_bad_lines, quiet=json_out)
     if json_out:
         print_json(summary)
@@ -271,19 +272,6 @@ def _base_url(url: str) -> str:
     if not base.startswith(("http://", "https://")):
         fail(f"--url {url!r}: expected http://host:port or https://...")
     return base
-
-
-def _check_writable(path: Path, option: str) -> None:
-    """Fail now, naming ``option``, unless ``path`` names a file in a folder that takes
-    one (the plots' check; ``path`` itself is not touched before the run ends)."""
-    from controlplane.plots.common import check_folder
-
-    if path.is_dir():
-        fail(f"{option} {path}: is a folder")
-    try:
-        check_folder(path.parent, path)
-    except OSError as exc:
-        fail(f"{option} {exc}")
 
 
 def _open_lines(path: Path | None) -> IO[str] | None:

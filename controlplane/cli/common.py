@@ -293,6 +293,22 @@ def _number(text: str | float) -> float:
         raise typer.BadParameter(f"{text!r} is not a number") from None
 
 
+def check_writable(path: Path, option: str) -> None:
+    """Fail now, naming ``option``, unless ``path`` names a file in a folder that takes
+    one (the plots' check; ``path`` itself is not touched): before minutes of work, not
+    after. A device or a pipe that exists (``/dev/stdout``) passes."""
+    from controlplane.plots.common import check_folder
+
+    if path.is_dir():
+        fail(f"{option} {path}: is a folder")
+    if path.exists() and not path.is_file():
+        return
+    try:
+        check_folder(path.parent, path)
+    except OSError as exc:
+        fail(f"{option} {exc}")
+
+
 def load_trace_or_fail(path: Path, *, skip_bad_lines: bool = False) -> Trace:
     """``path`` read as a trace; unreadable, malformed or empty: fail with exit code 2.
 

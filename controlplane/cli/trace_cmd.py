@@ -20,6 +20,7 @@ from controlplane.cli.common import (
     TraceArgument,
     check_names,
     check_plotting,
+    check_writable,
     counted,
     fail,
     load_trace_or_fail,
@@ -86,6 +87,7 @@ def synth(
     from controlplane.traces.writer import write_bailian
 
     check_names([profile], PROFILES, "--profile", "profile")
+    check_writable(output, "--output")  # now: a large trace is minutes of work
     chosen = cast(Profile, profile)
     asked = generated_requests(chosen, duration_s=duration, qps=qps)
     if asked > MAX_SYNTH_REQUESTS:

@@ -149,3 +149,22 @@ def test_synth_cap_counts_the_warm_up_and_refuses_before_generating(
     assert res.exit_code == 2 and says in res.stderr, res.output
     assert "at most 5,000 in one trace" in res.stderr and not out.exists()
     assert peak < 4 << 20, f"peak {peak:,} bytes: requests were generated before the refusal"
+
+
+def test_synth_refuses_an_output_it_could_not_write_before_generating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``-o nodir/x.jsonl`` was tried only once the trace was built: at the cap, minutes of
+    work and gigabytes lost to a typo."""
+    from controlplane.traces import synth
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the trace was generated before its output was checked")
+
+    monkeypatch.setattr(synth, "synthesize", never)
+    out = tmp_path / "nodir" / "x.jsonl"
+    res = CliRunner().invoke(app, ["trace", "synth", "--duration", "10", "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    assert res.stderr == f"error: --output {out}: folder {out.parent} does not exist\n"
+    res = CliRunner().invoke(app, ["trace", "synth", "--duration", "10", "-o", str(tmp_path)])
+    assert res.exit_code == 2 and res.stderr == f"error: --output {tmp_path}: is a folder\n"
