@@ -191,12 +191,11 @@ class KvwiseFreeQueue:
         blocks = self.blocks
         out = [blocks[block_id] for block_id in victims]
         if self.hooks is not None:
+            # Every victim was cached when freed, so the side table holds its hash; one
+            # whose hash vLLM dropped while it was free (a prefix-cache reset, a
+            # connector's eviction) left the cache then, and is reported now.
             hashes = list(map(self.hash.__getitem__, victims))
-            keys = list(map(self.hash_of, out))
-            if not all(keys):  # hashes reset while free (a prefix-cache reset)
-                hashes = list(compress(hashes, map(is_not, keys, repeat(None))))
-            if hashes:
-                self.hooks.evicted(hashes, self.clock())
+            self.hooks.evicted(hashes, self.clock())
         return out
 
     def remove(self, block: Any) -> None:

@@ -177,3 +177,21 @@ def test_holds_exactly_the_free_blocks(script: list[tuple[str, int]], evictor: s
         assert set(listed) == free
         after = list(q.iter_blocks_after(blocks[listed[0]])) if listed else []
         assert [b.block_id for b in after] == listed[1:]
+
+
+def test_cached_blocks_whose_hash_was_reset_while_free_are_reported_evicted_when_reused() -> None:
+    """vLLM's ``reset_prefix_cache`` (and a connector's ``evict_blocks``) drop the hashes of
+    free cached blocks: their content left the cache. Reused, they must be reported evicted,
+    or the agent's history keeps them cached and the same content stored again is taken
+    for a block it already holds (no INSERT)."""
+    blocks = [Blk(i) for i in range(4)]
+    hooks = Hooks()
+    q = KvwiseFreeQueue(blocks, create("lru", 4), hooks=hooks, clock=lambda: 1.0)
+    got = q.popleft_n(4)
+    cache(q, got[1:3])
+    q.append_n([got[2], got[1]])
+    q.prepend_n([got[3]])
+    for b in blocks:  # the prefix-cache reset, every block free
+        b.block_hash = None
+    q.popleft_n(3)
+    assert hooks.hashes == [hash64(key(1002)), hash64(key(1001))]
