@@ -13,14 +13,15 @@ Owns the free blocks of one block pool, in three zones, popped in this order:
 
 It also owns the side table (per block id: prompt offset, evictor category code, the low
 64 bits of the block hash), filled by the integration from the engine's cache and hit
-paths. The invariants of vLLM's queue hold: it holds exactly the free blocks and
-``num_free_blocks`` is their count; ``remove`` is O(1) (a hit's evictor ``touch`` is
-staged and applied, batched, at the next ``popleft_n`` or ``append_n``); ``popleft_n(n)``
-returns ``n`` blocks or raises; blocks are never linked (their ``prev_free_block`` and
-``next_free_block`` stay ``None``); it never resets hashes or emits vLLM events. Only the
-engine thread calls it; a sample of its ``popleft_n`` and ``append_n`` calls is timed
-(``agent.engine_time``: ``remove``, O(1), would cost more to count than it does). It must
-never import vLLM, do I/O or wait on another thread.
+paths, and how many blocks hold each hash (vLLM may store one content twice): a hash is
+reported evicted when the last of them is reused. The invariants of vLLM's queue hold: it
+holds exactly the free blocks and ``num_free_blocks`` is their count; ``remove`` is O(1)
+(a hit's evictor ``touch`` is staged and applied, batched, at the next ``popleft_n`` or
+``append_n``); ``popleft_n(n)`` returns ``n`` blocks or raises; blocks are never linked
+(their ``prev_free_block`` and ``next_free_block`` stay ``None``); it never resets hashes
+or emits vLLM events. Only the engine thread calls it; a sample of its ``popleft_n`` and
+``append_n`` calls is timed (``agent.engine_time``: ``remove``, O(1), would cost more to
+count than it does). It must never import vLLM, do I/O or wait on another thread.
 """
 
 from __future__ import annotations
@@ -142,6 +143,10 @@ class KvwiseFreeQueue:
         self.offset = [0] * n
         self.code = [0] * n
         self.hash = [0] * n
+        # Blocks holding each stored hash (vLLM does not deduplicate: two requests computing
+        # one prompt in one step store it twice), and whether a block is counted there.
+        self._copies: dict[int, int] = {}
+        self._counted = [False] * n
 
     # --- vLLM's surface --------------------------------------------------------------------
     def popleft(self) -> Any:
@@ -190,13 +195,30 @@ class KvwiseFreeQueue:
             raise RuntimeError(f"evictor returned block {exc} that is not free") from None
         blocks = self.blocks
         out = [blocks[block_id] for block_id in victims]
-        if self.hooks is not None:
-            # Every victim was cached when freed, so the side table holds its hash; one
-            # whose hash vLLM dropped while it was free (a prefix-cache reset, a
-            # connector's eviction) left the cache then, and is reported now.
-            hashes = list(map(self.hash.__getitem__, victims))
+        # Every victim was cached when freed, so the side table holds its hash; one whose
+        # hash vLLM dropped while it was free (a prefix-cache reset, a connector's
+        # eviction) left the cache then, and is reported now.
+        hashes = self._uncount(victims)
+        if hashes and self.hooks is not None:
             self.hooks.evicted(hashes, self.clock())
         return out
+
+    def _uncount(self, ids: Sequence[int]) -> list[int]:
+        """Blocks ``ids`` are reused: the hashes no other block holds any more (their
+        content left the cache)."""
+        copies, table, counted = self._copies, self.hash, self._counted
+        gone: list[int] = []
+        for block_id in ids:
+            if counted[block_id]:
+                counted[block_id] = False
+                hash_ = table[block_id]
+                left = copies[hash_] - 1
+                if left:
+                    copies[hash_] = left
+                else:
+                    del copies[hash_]
+                    gone.append(hash_)
+        return gone
 
     def remove(self, block: Any) -> None:
         bid = block.block_id
@@ -307,11 +329,15 @@ class KvwiseFreeQueue:
             ids = list(compress(ids, kept))
             offsets = list(compress(offsets, kept))
         hashes = hashes64(keys)
+        self._uncount(ids)  # a block reused without an eviction (its hash dropped in use)
         offset, codes, table = self.offset, self.code, self.hash
+        copies, counted = self._copies, self._counted
         for bid, position, hash_ in zip(ids, offsets, hashes, strict=True):
             offset[bid] = position
             codes[bid] = code
             table[bid] = hash_
+            copies[hash_] = copies.get(hash_, 0) + 1
+            counted[bid] = True
         return hashes, offsets, ids
 
     def note_hits(self, blocks: Sequence[Any], code: int) -> tuple[list[int], list[int]]:

@@ -195,3 +195,23 @@ def test_cached_blocks_whose_hash_was_reset_while_free_are_reported_evicted_when
         b.block_hash = None
     q.popleft_n(3)
     assert hooks.hashes == [hash64(key(1002)), hash64(key(1001))]
+
+
+def test_content_cached_in_two_blocks_is_reported_evicted_once_when_its_last_block_goes() -> None:
+    """vLLM does not deduplicate: two requests computing the same prompt in one step store
+    it in two blocks with one hash. Reusing one block leaves the content cached (a later
+    request hits the other), so only the last one is an eviction of that hash."""
+    blocks = [Blk(i) for i in range(4)]
+    hooks = Hooks()
+    q = KvwiseFreeQueue(blocks, create("lru", 4), hooks=hooks, clock=lambda: 1.0)
+    got = q.popleft_n(4)
+    for b in got[1:3]:
+        b.block_hash = key(7)
+        q.note_stored([b], 0, 0)
+    q.append_n([got[1]])
+    q.append_n([got[2]])
+    first = q.popleft_n(1)[0]
+    first.block_hash = None  # vLLM's eviction of that copy
+    assert hooks.hashes == []
+    q.popleft_n(1)
+    assert hooks.hashes == [hash64(key(7))]
