@@ -354,5 +354,8 @@ def _wrap_free(orig: Callable[..., None]) -> Callable[..., None]:
     def free(self: Any, request: Any) -> None:
         orig(self, request)
         _record_held(request, only_whole=False)  # finished, aborted or preempted
+        if getattr(request, REQUEST_REPORT_ATTR, None) is not None:
+            # Preempted and scheduled again later, it reports anew, at that time.
+            setattr(request, REQUEST_REPORT_ATTR, None)
 
     return free

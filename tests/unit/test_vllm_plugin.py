@@ -7,10 +7,18 @@ from __future__ import annotations
 
 import logging
 import sys
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from agent.integrations import vllm as plugin
+from agent.integrations.block_queue import KvwiseFreeQueue
+from agent.integrations.engine_agent import EngineAgent
+from agent.policies.wa import WAPolicy
+from agent.settings import AgentSettings
+from agent.wire import EventKind
+from tests.vllm_block import Blk
 
 
 def test_disabled_plugin_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -58,3 +66,54 @@ def test_agent_log_lines_reach_vllms_logger_tree() -> None:
     ]
     assert [r.name for r in in_vllm.records] == ["agent.runtime.agent", "agent.runtime.heartbeat"]
     assert at_root.records == []
+
+
+def test_a_preempted_request_resumed_later_is_recorded_at_its_resumption(
+    monkeypatch: pytest.MonkeyPatch, redis_url: str, key_prefix: str
+) -> None:
+    """vLLM frees a preempted request's blocks (its prompt so far is recorded then) and
+    schedules it again later: what it finds cached and stores then is a new access, at
+    that time, not one more at the time it first arrived."""
+    settings = AgentSettings(enable=True, redis_url=redis_url, key_prefix=key_prefix)
+    evictor = WAPolicy()
+    engine = EngineAgent(settings, evictor, capacity=6, engine="vllm", infer=False, block_tokens=1)
+    queue = KvwiseFreeQueue([Blk(i) for i in range(6)], evictor, hooks=engine)
+    monkeypatch.setattr(plugin, "_state", plugin._State())
+    plugin._state.engine, plugin._state.queue = engine, queue
+    clock = [100.0]
+    monkeypatch.setattr(plugin, "time", SimpleNamespace(time=lambda: clock[0]))
+    pool = SimpleNamespace(free_block_queue=queue)
+
+    def store(pool: Any, request: Any, blocks: list[Blk], cached: int, full: int) -> None:
+        for block in blocks[cached:full]:  # vLLM's cache_full_blocks: the blocks get hashes
+            block.block_hash = (500 + block.block_id).to_bytes(32, "big") + bytes(4)
+
+    def hit(pool: Any, blocks: list[Blk]) -> None:
+        for block in blocks:  # vLLM's touch
+            queue.remove(block)
+
+    cache_full_blocks = plugin._wrap_cache_full_blocks(store)
+    touch = plugin._wrap_touch(hit)
+    free = plugin._wrap_free(lambda manager, request: queue.append_n(held[::-1]))
+    request = SimpleNamespace(sampling_params=SimpleNamespace(extra_args={}), num_prompt_tokens=2)
+    held = queue.popleft_n(2)
+    plugin._state.request = request  # inside allocate_slots: its first prompt block
+    cache_full_blocks(pool, request, held, 0, 1)
+    plugin._state.request = None
+    clock[0] = 150.0
+    free(None, request)  # preempted: blocks freed, what it held recorded
+    clock[0] = 300.0
+    held = [held[0], *queue.popleft_n(1)]  # resumed: finds its first block cached
+    plugin._state.request = request
+    touch(pool, held[:1])
+    cache_full_blocks(pool, request, held, 1, 2)
+    plugin._state.request = None
+    plugin._record_held(request, only_whole=True)  # what the allocate_slots wrapper does
+    events = engine.agent.publisher.collect()
+    engine.close()
+    kinds_and_times = [
+        (EventKind(int(kind)).name, float(ts))
+        for batch in events
+        for kind, ts in zip(batch.kind, batch.ts, strict=True)
+    ]
+    assert kinds_and_times == [("INSERT", 100.0), ("HIT", 300.0), ("INSERT", 300.0)]
