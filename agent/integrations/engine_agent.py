@@ -77,6 +77,8 @@ class RequestReport:
     """Whether its held blocks went to the agent (afterwards it holds nothing)."""
     waiting: bool = False
     """Whole, but waiting for another request that still holds blocks it hit."""
+    holder: RequestReport | None = None
+    """The request it waits for (while ``waiting``)."""
     waiters: list[RequestReport] = field(default_factory=list)
     """Requests recorded right after this one (each hit a block it holds)."""
 
@@ -329,10 +331,29 @@ class EngineAgent:
             return
         holder = self._holder_of(report)
         if holder is not None:
-            report.waiting = True
+            report.waiting, report.holder = True, holder
             holder.waiters.append(report)
             return
-        report.recorded = True
+        self._record_unwaited(report)
+
+    def record_done(self, report: RequestReport) -> None:
+        """The request is done (finished, aborted or preempted): record what it holds now.
+        The blocks it stored may be evicted from now on, and an eviction must never come
+        before the insertion it ends: the requests it waits for (or would) are recorded
+        first, as far as they got."""
+        while not report.recorded:
+            first, seen = report, {id(report)}
+            while True:
+                ahead = first.holder if first.waiting else self._holder_of(first)
+                if ahead is None or id(ahead) in seen:
+                    break
+                first = ahead
+                seen.add(id(first))
+            self._record_unwaited(first)
+
+    def _record_unwaited(self, report: RequestReport) -> None:
+        """Record ``report`` now, then the requests waiting for it."""
+        report.recorded, report.waiting = True, False
         self._open.pop(id(report), None)
         self._record_now(report)
         waiters, report.waiters = report.waiters, []

@@ -344,7 +344,10 @@ def _record_held(request: Any, *, only_whole: bool) -> None:
     if report.whole or not only_whole:
         started = engine.engine_time.begin()
         blocks = len(report.hit_hashes) + len(report.stored_hashes)
-        engine.record(report)
+        if only_whole:
+            engine.record(report)
+        else:
+            engine.record_done(report)
         if started:
             engine.engine_time.end(started, blocks)
 

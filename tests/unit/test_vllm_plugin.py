@@ -68,52 +68,102 @@ def test_agent_log_lines_reach_vllms_logger_tree() -> None:
     assert at_root.records == []
 
 
+class PluginEngine:
+    """The plugin's wrappers around stand-ins for vLLM's ``BlockPool`` and
+    ``KVCacheManager`` calls (the real ones run in tests/e2e/test_vllm.py), with its
+    ``EngineAgent`` (not started: events stay in its buffer) and a settable clock."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, redis_url: str, key_prefix: str) -> None:
+        settings = AgentSettings(enable=True, redis_url=redis_url, key_prefix=key_prefix)
+        evictor = WAPolicy()
+        self.engine = EngineAgent(
+            settings, evictor, capacity=6, engine="vllm", infer=False, block_tokens=1
+        )
+        self.queue = KvwiseFreeQueue([Blk(i) for i in range(6)], evictor, hooks=self.engine)
+        monkeypatch.setattr(plugin, "_state", plugin._State())
+        plugin._state.engine, plugin._state.queue = self.engine, self.queue
+        self.now = 100.0
+        monkeypatch.setattr(plugin, "time", SimpleNamespace(time=lambda: self.now))
+        self.pool = SimpleNamespace(free_block_queue=self.queue)
+        self._store = plugin._wrap_cache_full_blocks(self._give_hashes)
+        self._touch = plugin._wrap_touch(self._remove_free)
+        self._free = plugin._wrap_free(lambda manager, request: None)
+
+    @staticmethod
+    def request(prompt_blocks: int) -> Any:
+        return SimpleNamespace(
+            sampling_params=SimpleNamespace(extra_args={}), num_prompt_tokens=prompt_blocks
+        )
+
+    @staticmethod
+    def _give_hashes(pool: Any, request: Any, blocks: list[Blk], cached: int, full: int) -> None:
+        for block in blocks[cached:full]:  # vLLM's cache_full_blocks
+            block.block_hash = (500 + block.block_id).to_bytes(32, "big") + bytes(4)
+
+    def _remove_free(self, pool: Any, blocks: list[Blk]) -> None:
+        free = self.queue.get_all_free_blocks()
+        for block in blocks:  # vLLM's touch: a block no request holds leaves the queue
+            if block in free:
+                self.queue.remove(block)
+
+    def allocate(self, request: Any, blocks: list[Blk], hits: list[Blk], cached: int) -> None:
+        """One ``allocate_slots``: ``hits`` found cached, ``blocks[cached:]`` stored."""
+        plugin._state.request = request
+        if hits:
+            self._touch(self.pool, hits)
+        self._store(self.pool, request, blocks, cached, len(blocks))
+        plugin._state.request = None
+        plugin._record_held(request, only_whole=True)
+
+    def free(self, request: Any, blocks: list[Blk]) -> None:
+        """``KVCacheManager.free``: ``blocks`` are the ones no other request holds."""
+        self.queue.append_n(blocks[::-1])
+        self._free(None, request)
+
+    def events(self) -> list[tuple[str, int, float]]:
+        """What the agent recorded: kind, block (less 500) and time of each event."""
+        batches = self.engine.agent.publisher.collect()
+        self.engine.close()
+        return [
+            (EventKind(int(kind)).name, int(block) - 500, float(ts))
+            for batch in batches
+            for kind, block, ts in zip(batch.kind, batch.block, batch.ts, strict=True)
+        ]
+
+
 def test_a_preempted_request_resumed_later_is_recorded_at_its_resumption(
     monkeypatch: pytest.MonkeyPatch, redis_url: str, key_prefix: str
 ) -> None:
     """vLLM frees a preempted request's blocks (its prompt so far is recorded then) and
     schedules it again later: what it finds cached and stores then is a new access, at
     that time, not one more at the time it first arrived."""
-    settings = AgentSettings(enable=True, redis_url=redis_url, key_prefix=key_prefix)
-    evictor = WAPolicy()
-    engine = EngineAgent(settings, evictor, capacity=6, engine="vllm", infer=False, block_tokens=1)
-    queue = KvwiseFreeQueue([Blk(i) for i in range(6)], evictor, hooks=engine)
-    monkeypatch.setattr(plugin, "_state", plugin._State())
-    plugin._state.engine, plugin._state.queue = engine, queue
-    clock = [100.0]
-    monkeypatch.setattr(plugin, "time", SimpleNamespace(time=lambda: clock[0]))
-    pool = SimpleNamespace(free_block_queue=queue)
+    vllm = PluginEngine(monkeypatch, redis_url, key_prefix)
+    request = vllm.request(2)
+    held = vllm.queue.popleft_n(2)
+    vllm.allocate(request, held[:1], [], 0)  # its first prompt block
+    vllm.now = 150.0
+    vllm.free(request, held[:1])  # preempted
+    vllm.queue.append_n(held[1:])
+    vllm.now = 300.0
+    held = [held[0], *vllm.queue.popleft_n(1)]  # resumed: finds its first block cached
+    vllm.allocate(request, held, held[:1], 1)
+    times = [(kind, ts) for kind, _, ts in vllm.events()]
+    assert times == [("INSERT", 100.0), ("HIT", 300.0), ("INSERT", 300.0)]
 
-    def store(pool: Any, request: Any, blocks: list[Blk], cached: int, full: int) -> None:
-        for block in blocks[cached:full]:  # vLLM's cache_full_blocks: the blocks get hashes
-            block.block_hash = (500 + block.block_id).to_bytes(32, "big") + bytes(4)
 
-    def hit(pool: Any, blocks: list[Blk]) -> None:
-        for block in blocks:  # vLLM's touch
-            queue.remove(block)
-
-    cache_full_blocks = plugin._wrap_cache_full_blocks(store)
-    touch = plugin._wrap_touch(hit)
-    free = plugin._wrap_free(lambda manager, request: queue.append_n(held[::-1]))
-    request = SimpleNamespace(sampling_params=SimpleNamespace(extra_args={}), num_prompt_tokens=2)
-    held = queue.popleft_n(2)
-    plugin._state.request = request  # inside allocate_slots: its first prompt block
-    cache_full_blocks(pool, request, held, 0, 1)
-    plugin._state.request = None
-    clock[0] = 150.0
-    free(None, request)  # preempted: blocks freed, what it held recorded
-    clock[0] = 300.0
-    held = [held[0], *queue.popleft_n(1)]  # resumed: finds its first block cached
-    plugin._state.request = request
-    touch(pool, held[:1])
-    cache_full_blocks(pool, request, held, 1, 2)
-    plugin._state.request = None
-    plugin._record_held(request, only_whole=True)  # what the allocate_slots wrapper does
-    events = engine.agent.publisher.collect()
-    engine.close()
-    kinds_and_times = [
-        (EventKind(int(kind)).name, float(ts))
-        for batch in events
-        for kind, ts in zip(batch.kind, batch.ts, strict=True)
-    ]
-    assert kinds_and_times == [("INSERT", 100.0), ("HIT", 300.0), ("INSERT", 300.0)]
+def test_a_request_freed_while_waiting_is_recorded_before_its_blocks_can_be_evicted(
+    monkeypatch: pytest.MonkeyPatch, redis_url: str, key_prefix: str
+) -> None:
+    """A request whose prompt is whole but that hit a block another request still holds
+    waits for it (chunked prefill). Freed meanwhile (preempted, aborted), the blocks it
+    stored may be evicted at once: their insertion must be recorded before that."""
+    vllm = PluginEngine(monkeypatch, redis_url, key_prefix)
+    first, second = vllm.request(3), vllm.request(2)
+    held = vllm.queue.popleft_n(2)  # blocks 0 and 1
+    vllm.allocate(first, held[:1], [], 0)  # its first chunk: block 0 of 3
+    vllm.allocate(second, held, held[:1], 1)  # hits block 0, stores block 1: whole, waits
+    vllm.free(second, held[1:])  # aborted: block 1 is free, block 0 still the first's
+    vllm.queue.popleft_n(vllm.queue.num_free_blocks)  # block 1 evicted for reuse
+    order = [(kind, block) for kind, block, _ in vllm.events()]
+    assert ("EVICT", 1) in order
+    assert order.index(("INSERT", 1)) < order.index(("EVICT", 1))
