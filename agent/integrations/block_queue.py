@@ -242,9 +242,10 @@ class KvwiseFreeQueue:
         keys = list(map(self.hash_of, blocks))
         if not all(keys):
             unpinned = self._unpinned
-            for block, key in zip(blocks, keys, strict=True):
-                if key is None:
-                    unpinned[block.block_id] = block
+            hashless = [block for block, key in zip(blocks, keys, strict=True) if key is None]
+            for block in hashless:
+                unpinned[block.block_id] = block
+            self._dropped_in_use(hashless)
             ids = [b.block_id for b, key in zip(blocks, keys, strict=True) if key is not None]
         else:
             ids = list(map(BLOCK_ID, blocks))
@@ -288,6 +289,14 @@ class KvwiseFreeQueue:
             return
         self._fresh.update((block.block_id, block) for block in reversed(blocks))
         self.num_free_blocks += len(blocks)
+        self._dropped_in_use(blocks)
+
+    def _dropped_in_use(self, hashless: Sequence[Any]) -> None:
+        """Blocks given back without a hash: one that had stored content lost it while in
+        use (a connector's ``evict_blocks``), so that content left the cache."""
+        hashes = self._uncount(list(map(BLOCK_ID, hashless)))
+        if hashes and self.hooks is not None:
+            self.hooks.evicted(hashes, self.clock())
 
     def get_all_free_blocks(self) -> list[Any]:
         """Every free block: fresh (pop order), cached (release order, not the evictor's

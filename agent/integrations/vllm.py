@@ -12,7 +12,8 @@ Owns the seam into vLLM v1, and is the only kvwise module that imports vLLM:
   ``BlockPool.touch`` (prefix hits), ``KVCacheManager.allocate_slots`` (which request
   the hits belong to) and ``KVCacheManager.free`` (the request is done) to fill the
   queue's side table and report events; the wrappers call the original first and only
-  read what it left. A request's hits and its prompt's stored blocks are held on the
+  read what it left (``free`` records the request first: the blocks it frees may be
+  reported evicted at once). A request's hits and its prompt's stored blocks are held on the
   request (``RequestReport``) and recorded once its prompt is whole (after the
   ``allocate_slots`` that stores its last prompt block, or when it is freed), all at the
   time it first reported: the controller can rebuild each request from the events.
@@ -355,8 +356,10 @@ def _record_held(request: Any, *, only_whole: bool) -> None:
 def _wrap_free(orig: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(orig)
     def free(self: Any, request: Any) -> None:
+        # Recorded first (finished, aborted or preempted): freed, a block it stored may be
+        # reported evicted at once (one whose hash was dropped while it held it).
+        _record_held(request, only_whole=False)
         orig(self, request)
-        _record_held(request, only_whole=False)  # finished, aborted or preempted
         if getattr(request, REQUEST_REPORT_ATTR, None) is not None:
             # Preempted and scheduled again later, it reports anew, at that time.
             setattr(request, REQUEST_REPORT_ATTR, None)

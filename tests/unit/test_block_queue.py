@@ -215,3 +215,18 @@ def test_content_cached_in_two_blocks_is_reported_evicted_once_when_its_last_blo
     assert hooks.hashes == []
     q.popleft_n(1)
     assert hooks.hashes == [hash64(key(7))]
+
+
+def test_a_block_whose_hash_was_dropped_while_in_use_is_reported_evicted_when_freed() -> None:
+    """A connector's ``evict_blocks`` drops the hash of a block a request still holds:
+    vLLM frees it hash-less (``prepend_n``), its content gone from the cache."""
+    blocks = [Blk(i) for i in range(3)]
+    hooks = Hooks()
+    q = KvwiseFreeQueue(blocks, create("wa", 3), hooks=hooks, clock=lambda: 1.0)
+    got = q.popleft_n(3)
+    cache(q, got[1:])
+    got[1].block_hash = None  # evicted from the prefix cache while in use
+    q.prepend_n([got[1]])
+    got[2].block_hash = None
+    q.append_n([got[2]])  # the same, given back hash-less with append
+    assert hooks.hashes == [hash64(key(1001)), hash64(key(1002))]

@@ -1,12 +1,13 @@
 """The vLLM plugin's event stream against a stand-in block pool, over random workloads.
 
-``Pool`` plays vLLM's part around the plugin's wrappers (``cache_full_blocks``,
-``touch``, ``allocate_slots``, ``free``) the way vLLM's block pool does: prefix hits by block
-hash, several blocks per hash when two requests computed one prompt, chunked prefill,
-preemption, hash-less blocks prepended when freed. Whatever the interleaving, the agent's
-events must tell a cache that vLLM could have held: a block is inserted before it is hit
-or evicted, never inserted while held, and what the stream leaves cached is what vLLM
-caches. The real engine runs in tests/e2e/test_vllm.py.
+``Pool`` plays vLLM's part around the plugin's wrappers (``cache_full_blocks``, ``touch``,
+``allocate_slots``, ``free``) the way vLLM's block pool does: prefix hits by block hash,
+several blocks per hash when two requests computed one prompt, chunked prefill,
+preemption, hash-less blocks prepended when freed, hashes dropped by a prefix-cache reset
+or a connector's eviction. Whatever the interleaving, the agent's events must tell a cache
+that vLLM could have held: a block is inserted before it is hit or evicted, never inserted
+while held, and once every free block is reused nothing is left cached. The real engine
+runs in tests/e2e/test_vllm.py.
 """
 
 from __future__ import annotations
@@ -93,6 +94,17 @@ class Pool:
         plugin._state.request = None
         plugin._record_held(request, only_whole=True)
 
+    def drop_hashes(self, keys: list[bytes]) -> None:
+        """A connector's ``evict_blocks`` (or, every block free, ``reset_prefix_cache``):
+        the blocks holding ``keys`` lose them, free or in use."""
+        for key in keys:
+            for block_id in self.by_hash.pop(key, []):
+                self.queue.blocks[block_id].block_hash = None
+
+    def drain(self) -> None:
+        """Every free block reused: what was cached and free is evicted."""
+        self._pop(len(self.queue))
+
     def cached(self) -> set[int]:
         return {hash64(key) for key in self.by_hash}
 
@@ -104,7 +116,10 @@ def run_workload(pool: Pool, rng: random.Random, steps: int) -> None:
     for _ in range(steps):
         x = rng.random()
         partial = [r for r in running if len(r.blocks) < len(r.keys)]
-        if running and (len(running) >= 3 or x < 0.3):
+        if x < 0.03 and pool.by_hash:
+            keys = sorted(pool.by_hash)
+            pool.drop_hashes(keys if not running else [rng.choice(keys)])
+        elif running and (len(running) >= 3 or x < 0.3):
             request = running.pop(rng.randrange(len(running)))
             pool.free(None, request)
             if len(request.blocks) < len(request.keys):
@@ -159,6 +174,7 @@ def test_the_events_tell_the_cache_vllm_holds(
     rng = random.Random(seed)
     pool = Pool(queue, rng)
     run_workload(pool, rng, 1500)
+    pool.drain()
     batches = engine.agent.publisher.collect()
     engine.close()
     events = [
@@ -166,4 +182,5 @@ def test_the_events_tell_the_cache_vllm_holds(
         for batch in batches
         for kind, block in zip(batch.kind, batch.block, strict=True)
     ]
-    assert cache_told(events) == pool.cached()
+    assert pool.cached() == set()
+    assert cache_told(events) == set()
