@@ -17,7 +17,7 @@ Owns the seam into vLLM v1, and is the only kvwise module that imports vLLM:
   request (``RequestReport``) and recorded once its prompt is whole (after the
   ``allocate_slots`` that stores its last prompt block, or when it is freed), all at the
   time it first reported: the controller can rebuild each request from the events.
-  The kvwise part of each wrapped call (after the original) and the queue's calls are
+  The kvwise part of each wrapped call (not vLLM's original) and the queue's calls are
   timed on a sample (``agent.engine_time``), reported in the agent's heartbeat.
 
 vLLM loads general plugins in every process it starts (API server, engine core, workers);
