@@ -14,8 +14,10 @@ blocks a request filled while it decoded, which a later prompt will hold) or dro
 counted as incomplete (events lost on the way, or an engine that reports a request's hits
 and its inserts at different times). A worker's access events are gathered over several
 batches (``min_events``) and rebuilt together, vectorised; the last run of what is
-rebuilt may go on in the next batch: it is held until then. Only the sampled requests
-become Python objects. It must never replay or decode wire data.
+rebuilt may go on in the next batch: it is held until then, unless it is longer than
+``MAX_HELD_EVENTS``: it is then closed as it stands (what follows starts a new run), so a
+stream whose run never ends holds no more than that. Only the sampled requests become
+Python objects. It must never replay or decode wire data.
 """
 
 from __future__ import annotations
@@ -26,12 +28,17 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agent.category_table import base_name, reused_name
-from agent.wire import EventBatch, EventKind, RawEvents
+from agent.wire import BatchLimits, EventBatch, EventKind, RawEvents
 from controlplane.shadow.sampler import PrefixSampler
 
 HIT = int(EventKind.HIT)
 INSERT = int(EventKind.INSERT)
 EVICT = int(EventKind.EVICT)
+MAX_HELD_EVENTS = BatchLimits().max_events
+"""Events of an unfinished last run held for the next batch, at most (one entry's worth: a
+prompt of over a million tokens at 16 a block). A longer run is closed
+as it stands: a request if its offsets are ``0 .. n-1`` (the prompt's first blocks); what
+follows is a run of its own (HITs past offset 0: incomplete; INSERTs: a continuation)."""
 
 
 @dataclass(frozen=True)
@@ -179,8 +186,14 @@ class RequestRebuilder:
             return _nothing()
         return self.drain()
 
+    @property
+    def held_events(self) -> int:
+        """Access events gathered or held back, not rebuilt yet."""
+        return len(self._held) + self._pending_events
+
     def drain(self) -> Rebuilt:
-        """The requests the gathered events complete (the last run still held)."""
+        """The requests the gathered events complete (the last run still held, unless it
+        is longer than ``MAX_HELD_EVENTS``: then it is closed too)."""
         run = _joined([self._held, *self._pending])
         self._pending.clear()
         self._pending_events = 0
@@ -188,8 +201,12 @@ class RequestRebuilder:
         if len(starts) == 0:
             self._held = _EMPTY
             return _nothing()
-        self._held = run.rows(int(starts[-1]), len(run))
-        return self._requests(run.rows(0, int(starts[-1])), starts[:-1])
+        last = int(starts[-1])
+        if len(run) - last > MAX_HELD_EVENTS:
+            self._held = _EMPTY
+            return self._requests(run, starts)
+        self._held = run.rows(last, len(run))
+        return self._requests(run.rows(0, last), starts[:-1])
 
     def flush(self) -> Rebuilt:
         """The requests of every event gathered and held (at the end of a stream)."""

@@ -10,7 +10,7 @@ from agent.wire import BatchLimits, EventKind
 from controlplane.fit.reuse_window import ReuseStats
 from controlplane.service.window import BatchRefused, LiveWindow, WindowLimits
 from controlplane.shadow.evaluator import GATHER_EVENTS, ShadowEvaluator
-from controlplane.shadow.rebuild import CategoryTable, RequestRebuilder
+from controlplane.shadow.rebuild import MAX_HELD_EVENTS, CategoryTable, RequestRebuilder
 from controlplane.shadow.sampler import PrefixSampler
 from controlplane.shadow.settings import ShadowSettings
 from tests.wire_samples import event_batch
@@ -18,12 +18,6 @@ from tests.wire_samples import event_batch
 HIT = int(EventKind.HIT)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rebuild.py RequestRebuilder.drain holds the last run whole, however long: a "
-    "stream whose run never ends (one time, one category, HIT offsets ascending) is held "
-    "and re-concatenated on every drain without bound",
-)
 def test_a_run_that_never_ends_is_not_held_without_bound() -> None:
     rebuilder = RequestRebuilder(PrefixSampler(1.0), CategoryTable(), 4, GATHER_EVENTS)
     per_batch = 8192
@@ -32,9 +26,28 @@ def test_a_run_that_never_ends_is_not_held_without_bound() -> None:
         rebuilder.feed(
             event_batch(seq=seq, ts=np.ones(per_batch), block=offsets + 1, offset=offsets, kind=HIT)
         )
-    # Private on purpose: no public figure says what the rebuilder holds back.
-    held = len(rebuilder._held) + rebuilder._pending_events
+    held = rebuilder.held_events
     assert held <= BatchLimits().max_events, f"{held:,} events of one run held"
+
+
+def test_a_run_longer_than_the_bound_is_closed_as_its_first_blocks() -> None:
+    """A prompt of more blocks than are held: its first ``MAX_HELD_EVENTS`` and more come
+    out as a request, the rest (HITs past offset 0) as an incomplete run."""
+    rebuilder = RequestRebuilder(PrefixSampler(1.0), CategoryTable(), 4, GATHER_EVENTS)
+    per_batch, batches = 8192, MAX_HELD_EVENTS // 8192 + 2
+    rebuilt = []
+    for seq in range(1, batches + 1):
+        offsets = np.arange((seq - 1) * per_batch, seq * per_batch)
+        batch = event_batch(
+            seq=seq, ts=np.ones(per_batch), block=offsets + 1, offset=offsets, kind=HIT
+        )
+        rebuilt.append(rebuilder.feed(batch))
+    rebuilt.append(rebuilder.flush())
+    requests = [r for part in rebuilt for r in part.sampled]
+    assert [len(r.blocks) for r in requests] == [MAX_HELD_EVENTS + per_batch]
+    assert requests[0].blocks == list(range(1, MAX_HELD_EVENTS + per_batch + 1))
+    assert sum(part.incomplete for part in rebuilt) == 1
+    assert rebuilder.held_events == 0
 
 
 @pytest.mark.xfail(
