@@ -272,6 +272,23 @@ class WACore(Generic[LaneT]):
             self._consts_stale = self._consts_stale or code in self._lanes
         return code
 
+    def name_category(self, code: int, name: str) -> None:
+        """Code ``code``, the next one or one given before, stands for category ``name``
+        from now on: the name it had is forgotten, and the blocks queued under it are
+        judged by ``name``'s parameters from the next eviction on (a controller's shadow
+        gives the code of a category it forgot to a new one)."""
+        if not 0 <= code <= len(self._names):
+            raise ValueError(f"code {code}: neither given nor the next ({len(self._names)})")
+        if code == len(self._names):
+            self._names.append(name)
+        else:
+            before = self._names[code]
+            if self._codes.get(before) == code:
+                del self._codes[before]
+            self._names[code] = name
+        self._codes[name] = code
+        self._consts_stale = self._consts_stale or code in self._lanes
+
     def _const_of_code(self, code: int) -> Const:
         name = self._names[code] if 0 <= code < len(self._names) else None
         return self._const_of(name)

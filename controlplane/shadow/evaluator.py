@@ -146,7 +146,7 @@ class ShadowEvaluator:
     def __init__(self, settings: ShadowSettings, salt: int = 0) -> None:
         self.settings = settings
         self.sampler = PrefixSampler(settings.shadow_rate, salt)
-        self.table = CategoryTable()
+        self.table = CategoryTable(settings.shadow_window_s, self._release_categories)
         self.policies = (WA, *settings.baselines)
         self.multiples = settings.multiples
         self._doc = BUILTIN_POLICY
@@ -164,6 +164,10 @@ class ShadowEvaluator:
         with self._lock:
             worker = self._worker(batch.worker)
             worker.last_batch = time.monotonic()
+            if worker.rebuilder.brings_new(batch):
+                # The table may forget categories to code the new ones: what this worker
+                # gathered is replayed first, so its events carry none of those codes.
+                self._take_guarded(batch.worker, worker, worker.rebuilder.drain)
             self._take_guarded(batch.worker, worker, lambda: worker.rebuilder.feed(batch))
 
     def flush(self, worker_id: str) -> None:
@@ -260,6 +264,25 @@ class ShadowEvaluator:
                 self._workers.pop(worker_id).warming = None
         return gone
 
+    def _release_categories(self, before: float) -> set[int]:
+        """The category codes that requests with times before ``before`` still carry, once
+        the kept requests that old are let go (outside the window by the newest event
+        time: ``_keep`` lets them go at the next rebuild): events gathered, requests kept
+        out of time order and requests a warm is to catch up on. The table asks as a batch
+        is gathered (the lock held), and gives none of them again."""
+        held: set[int] = set()
+        for worker in self._workers.values():
+            while worker.buffer and worker.buffer[0].ts < before:
+                worker.buffer.popleft()
+                worker.buffer_dropped = True
+            held.update(r.category for r in worker.buffer if r.ts < before)
+            held |= worker.rebuilder.categories_before(before)
+            pending = worker.warming.pending if worker.warming is not None else []
+            for item in pending:
+                if isinstance(item, Served):
+                    held.update(r.category for r in item.requests if r.ts < before)
+        return held
+
     def _worker(self, worker_id: str) -> _Worker:
         worker = self._workers.get(worker_id)
         if worker is None:
@@ -310,9 +333,9 @@ class ShadowEvaluator:
         a later change (or forgetting the worker) put it aside. A failure puts it aside
         too (the next heartbeat starts another) and is raised (``set_capacities`` logs it)."""
         try:
-            # Off the lock, the new miniatures read only what is theirs, and the category
-            # table's codes, which are only ever added to.
-            warming.warm(self.settings, self.table.reuse_class_code)
+            # Off the lock, the new miniatures read only what is theirs (the category names
+            # as they stood when it began, each request's reuse class read from them).
+            warming.warm(self.settings)
             for rounds in range(CATCH_UP_ROUNDS + 1):
                 with self._lock:
                     if worker.warming is not warming:

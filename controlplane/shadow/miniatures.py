@@ -13,9 +13,10 @@ read a worker's stream.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from agent.category_table import reused_name
 from agent.policies import create
 from agent.policies.wa import WAPolicy
 from agent.policy_document import PolicyDocument
@@ -69,18 +70,17 @@ class Miniatures:
         doc: PolicyDocument,
         names: Sequence[str],
         settings: ShadowSettings,
-        reuse_class_code: Callable[[int], int],
     ) -> None:
         self.capacity = capacity
         self.reuse_ghost = reuse_ghost
         """The ghost of its reuse classes in blocks (None: it files none)."""
         self.ladders: dict[str, Ladder] = {}
         self.wa: list[WAPolicy] = []
-        self.names = len(names)
-        """Category names the ``wa`` caches have been told."""
+        self.names = list(names)
+        """The category names the ``wa`` caches have been told, by code."""
+        self._codes = {name: code for code, name in enumerate(names)}
         self.curves_since: float | None = None
         """From when its caches count (None: nothing served yet)."""
-        self._reuse_class_code = reuse_class_code
         window, buckets = settings.shadow_window_s, settings.shadow_buckets
         for name in (WA, *settings.baselines):
             caches = [self._cache(name, size, doc, names) for size in sizes]
@@ -101,12 +101,28 @@ class Miniatures:
         classing = ReuseClassing(ReturnTracker(ghost), self._reuse_class_code, per_block)
         return MiniCache(wa, size, classing)
 
+    def _reuse_class_code(self, code: int) -> int:
+        """The code of the reuse class of the category coded ``code``, as told."""
+        return self._codes[reused_name(self.names[code])]
+
     def tell_categories(self, names: Sequence[str]) -> None:
-        """The ``wa`` caches learn the category names beyond those they were told."""
-        for wa in self.wa:
-            for name in names[self.names :]:
-                wa.add_category(name)
-        self.names = max(self.names, len(names))
+        """The ``wa`` caches learn the category names as they stand: the new ones, and
+        a code given again to another category (``CategoryTable``), whose blocks still
+        queued are judged by the new name's parameters from then on."""
+        if len(names) == len(self.names) and names == self.names:
+            return
+        for code, name in enumerate(names):
+            if code >= len(self.names):
+                self.names.append(name)
+            elif self.names[code] != name:
+                if self._codes.get(self.names[code]) == code:
+                    del self._codes[self.names[code]]
+                self.names[code] = name
+            else:
+                continue
+            self._codes[name] = code
+            for wa in self.wa:
+                wa.name_category(code, name)
 
     def set_policy(self, doc: PolicyDocument) -> None:
         """The document the ``wa`` caches replay from the next request on."""
@@ -168,7 +184,7 @@ class Warming:
         served = (item for item in self.pending if isinstance(item, Served))
         return sum(len(request.blocks) for item in served for request in item.requests)
 
-    def warm(self, settings: ShadowSettings, reuse_class_code: Callable[[int], int]) -> None:
+    def warm(self, settings: ShadowSettings) -> None:
         """Build the new miniatures and replay the kept requests through them (the long
         part: the evaluator runs it off its lock)."""
         miniatures = Miniatures(
@@ -178,7 +194,6 @@ class Warming:
             self.doc,
             self.names,
             settings,
-            reuse_class_code,
         )
         miniatures.curves_since = self.curves_since
         if self.requests:

@@ -22,6 +22,8 @@ Python objects. It must never replay or decode wire data.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,39 +84,104 @@ class Rebuilt:
     """Continuation runs: blocks stored after a request's prompt (skipped, not broken)."""
 
 
-class CategoryTable:
-    """Category name -> code, codes given in order of first sight; each category comes
-    with its reuse class (``w/re``) right after it, for the miniature caches of workers
-    that file by reuse class."""
+def _nothing_held(before: float) -> set[int]:
+    """No code is held elsewhere (a table whose requests no one keeps)."""
+    return set()
 
-    def __init__(self) -> None:
+
+class CategoryTable:
+    """Category name -> code, given on first use; each category comes with its reuse class
+    (``w/re``) right after it, for the miniature caches of workers that file by reuse
+    class. ``names[code]`` names a code, each name once.
+
+    With ``forget_after_s``, a category no event used for that long (by the newest event
+    time coded) is forgotten when a name not known comes, as the live window ages out the
+    categories no bucket counts: its two codes are given again, oldest forgotten first, and
+    a name that comes back before they are takes them back. A code ``held`` says requests
+    kept elsewhere still carry (events gathered, requests kept, with times before the one
+    it is given) is not forgotten. Without it the table only grows (a recorded trace)."""
+
+    def __init__(
+        self,
+        forget_after_s: float | None = None,
+        held: Callable[[float], set[int]] = _nothing_held,
+    ) -> None:
         self.names: list[str] = []
+        self.forget_after_s = forget_after_s
+        self.held = held
         self._codes: dict[str, int] = {}
+        """The inverse of ``names``: forgotten names too, until their code is given again."""
+        self._forgotten: dict[int, None] = {}
+        """Codes to give again, oldest forgotten first."""
+        self._used: dict[int, float] = {}
+        """Each category's code (not its reuse class's) -> the newest time it was used."""
+        self._newest = -math.inf
         self._last: tuple[tuple[str, ...], NDArray[np.int32]] = ((), np.empty(0, np.int32))
-        """The last table looked up: an agent sends the same one batch after batch."""
+        """The last table looked up and its codes (-1: not used yet): an agent sends the
+        same one batch after batch."""
 
     def code(self, name: str) -> int:
-        """``name``'s code (a new category gets the next two: its own, its class's)."""
+        """``name``'s code (a new category gets two: its own, its class's)."""
         code = self._codes.get(name)
-        if code is None:
-            for new in dict.fromkeys((base_name(name), reused_name(name))):
-                self._codes[new] = len(self.names)
-                self.names.append(new)
-            code = self._codes[name]
-        return code
+        if code is not None and code not in self._forgotten:
+            return code
+        if code is None and self.forget_after_s is not None:
+            self._forget(self._newest - self.forget_after_s)
+        for new in dict.fromkeys((base_name(name), reused_name(name))):
+            self._give(new)
+        return self._codes[name]
+
+    def _give(self, name: str) -> None:
+        """A code to ``name``: its own back, a forgotten one, or the next."""
+        code = self._codes.get(name)
+        if code is not None:
+            self._forgotten.pop(code, None)
+            return
+        if self._forgotten:
+            code = next(iter(self._forgotten))
+            del self._forgotten[code], self._codes[self.names[code]]
+            self.names[code] = name
+        else:
+            code = len(self.names)
+            self.names.append(name)
+        self._codes[name] = code
+
+    def _forget(self, before: float) -> None:
+        """Forget the categories last used before ``before`` that nothing holds."""
+        stale = {code for code, used in self._used.items() if used < before}
+        if not stale:
+            return
+        stale -= self.held(before)
+        for code in sorted(stale):
+            del self._used[code]
+            self._forgotten.update(dict.fromkeys((code, self.reuse_class_code(code))))
+        cached = self._last[1]
+        cached[np.isin(cached, list(self._forgotten))] = -1
 
     def reuse_class_code(self, code: int) -> int:
         """The code of the reuse class of the category coded ``code``."""
         return self._codes[reused_name(self.names[code])]
 
-    def codes(self, names: tuple[str, ...]) -> NDArray[np.int32]:
-        """The code of each of ``names``, as an array (a batch's ``categories``). A reuse
-        class (``w/re``, ``KVWISE_REUSE_CLASSES``) has its category's code: a request's
-        HITs and INSERTs then share one category and rebuild into one request."""
+    def knows(self, names: tuple[str, ...], used: NDArray[np.intp]) -> bool:
+        """Whether every name of ``names`` at ``used`` has its code already (the last
+        table looked up; another table: no)."""
+        return names == self._last[0] and bool((self._last[1][used] >= 0).all())
+
+    def codes(self, names: tuple[str, ...], used: NDArray[np.intp], at: float) -> NDArray[np.int32]:
+        """The code of each of ``names`` (a batch's ``categories``) used by its events
+        (``used``: their indices), noted as used at ``at``, as an array (-1: a name not
+        used). A reuse class (``w/re``, ``KVWISE_REUSE_CLASSES``) has its category's
+        code: a request's HITs and INSERTs then share one category and rebuild into one
+        request."""
         if names != self._last[0]:
-            codes = [self.code(base_name(n)) for n in names]
-            self._last = (names, np.array(codes, dtype=np.int32))
-        return self._last[1]
+            self._last = (names, np.full(len(names), -1, np.int32))
+        cached = self._last[1]
+        self._newest = max(self._newest, at)
+        for i in used.tolist():
+            if cached[i] < 0:
+                cached[i] = self.code(base_name(names[i]))
+            self._used[int(cached[i])] = max(self._used.get(int(cached[i]), at), at)
+        return cached
 
 
 _EMPTY = RawEvents(
@@ -169,14 +236,17 @@ class RequestRebuilder:
         """The requests ``batch`` completes, once ``min_events`` access events are
         gathered (until then nothing); the last run is held for the next batch."""
         access = batch.kind != EVICT
-        codes = self.table.codes(batch.categories)
         category = batch.category[access]
         if len(category):
+            codes = category
+            if batch.categories:
+                at = float(batch.ts[access].max())
+                codes = self.table.codes(batch.categories, _used(category), at)[category]
             self._pending.append(
                 RawEvents(
                     batch.ts[access],
                     batch.block[access],
-                    codes[category] if len(codes) else category,
+                    codes,
                     batch.offset[access],
                     batch.kind[access],
                 )
@@ -186,10 +256,24 @@ class RequestRebuilder:
             return _nothing()
         return self.drain()
 
+    def brings_new(self, batch: EventBatch) -> bool:
+        """Whether ``batch``'s access events use a category with no code yet."""
+        category = batch.category[batch.kind != EVICT]
+        if not len(category) or not batch.categories:
+            return False
+        return not self.table.knows(batch.categories, _used(category))
+
     @property
     def held_events(self) -> int:
         """Access events gathered or held back, not rebuilt yet."""
         return len(self._held) + self._pending_events
+
+    def categories_before(self, before: float) -> set[int]:
+        """The category codes of the events gathered or held with times before ``before``."""
+        found: set[int] = set()
+        for part in (self._held, *self._pending):
+            found.update(np.unique(part.category[part.ts < before]).tolist())
+        return found
 
     def drain(self) -> Rebuilt:
         """The requests the gathered events complete (the last run still held, unless it
@@ -246,6 +330,11 @@ class RequestRebuilder:
             seen=seen,
             continued=int(continued.sum()),
         )
+
+
+def _used(category: NDArray[np.int32]) -> NDArray[np.intp]:
+    """The category indices ``category`` holds, each once, ascending."""
+    return np.flatnonzero(np.bincount(category))
 
 
 def _starts(run: RawEvents) -> NDArray[np.intp]:

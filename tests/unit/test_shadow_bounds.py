@@ -1,12 +1,12 @@
-"""Review findings on the shadow's memory bounds, as strict xfails until fixed: what one
-worker's stream (network input) can make the shadow hold without limit."""
+"""The shadow's memory bounds: what one worker's stream (network input) could make the
+shadow hold without limit, found in review, and what it holds instead."""
 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-from agent.wire import BatchLimits, EventKind
+from agent.policies.wa import WAPolicy
+from agent.wire import BatchLimits, EventBatch, EventKind
 from controlplane.fit.reuse_window import ReuseStats
 from controlplane.service.window import BatchRefused, LiveWindow, WindowLimits
 from controlplane.shadow.evaluator import GATHER_EVENTS, ShadowEvaluator
@@ -50,12 +50,6 @@ def test_a_run_longer_than_the_bound_is_closed_as_its_first_blocks() -> None:
     assert rebuilder.held_events == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="evaluator.py/rebuild.py CategoryTable only grows: the live window ages "
-    "categories out (max_categories), the shadow never does, so a worker naming new "
-    "categories over time grows the shadow's table (and every wa miniature) without bound",
-)
 def test_the_shadow_forgets_categories_the_window_aged_out() -> None:
     limits = WindowLimits(clock_tolerance_s=5.0, max_categories=8, max_categories_per_worker=8)
     window = LiveWindow(ReuseStats(60.0, n_buckets=4, near_concurrent_s=0.5), limits)
@@ -91,3 +85,32 @@ def test_the_shadow_forgets_categories_the_window_aged_out() -> None:
     assert window.categories <= limits.max_categories
     # Each category comes with its reuse class: two codes a name.
     assert len(shadow.table.names) <= 2 * limits.max_categories, len(shadow.table.names)
+
+
+def _one_request(seq: int, name: str, now: float) -> EventBatch:
+    """One whole request of ``name`` at ``now``: two blocks of its own, inserted."""
+    return event_batch(
+        seq=seq,
+        categories=(name,),
+        ts=np.full(2, now),
+        block=np.array([2 * seq, 2 * seq + 1]),
+        offset=np.array([1, 0]),
+        category=0,
+        kind=int(EventKind.INSERT),
+    )
+
+
+def test_a_forgotten_code_given_again_is_renamed_in_every_wa_miniature() -> None:
+    """The ``wa`` miniatures name each code as the table does, after a category is
+    forgotten and its codes go to a new one; a name back in time takes its codes back."""
+    settings = ShadowSettings(shadow_rate=1.0, shadow_window_s=60.0, shadow_buckets=4)
+    shadow = ShadowEvaluator(settings)
+    shadow.set_capacities({"w": 64})
+    for seq, (name, now) in enumerate([("a", 0.0), ("b", 10.0), ("c", 100.0), ("b", 101.0)], 1):
+        shadow.apply(_one_request(seq, name, now))
+        shadow.flush("w")
+    # a and b were last used over a window before c came: c takes a's codes, the oldest
+    # forgotten; b, back before its codes went to another, takes them back.
+    assert shadow.table.names == ["c", "c/re", "b", "b/re"]
+    was = [c.policy for c in shadow.miniatures("w") if isinstance(c.policy, WAPolicy)]
+    assert was and all(wa.category_names == tuple(shadow.table.names) for wa in was)

@@ -163,6 +163,23 @@ def test_unknown_category_uses_the_default_curve() -> None:
     assert pol2.evict(1) == [3]  # the default curve alone would give 2
 
 
+def test_a_code_named_again_judges_its_queued_blocks_by_the_new_name() -> None:
+    # default: slow; x: fast. Code 0 was "y" (not in the document: the default curve) and
+    # is named "x": its queued block 1 goes first; "y" is forgotten, "x" found at code 0.
+    d = doc(default=cp(0.01, 0.5, 10.0), x=cp(1.0, 0.5, 10.0))
+    pol = WAPolicy(10, category_names=["y", "z"], doc=d)
+    release(pol, [2], 0.0, 1)
+    release(pol, [1], 0.0, 0)
+    pol.touch([], 10.0)
+    pol.name_category(0, "x")
+    pol.name_category(2, "y")  # the next code
+    assert pol.category_names == ("x", "z", "y")
+    assert pol.add_category("x") == 0 and pol.add_category("y") == 2
+    assert pol.evict(1) == [1]  # the default curve alone would give 2, released first
+    with pytest.raises(ValueError, match="neither given nor the next"):
+        pol.name_category(4, "w")
+
+
 def test_attribution_creator_vs_last() -> None:
     # Block 1 created by x (fast) at 0 and reused by y (slow) at 5; block 2 created by y
     # at 3. now = 10. "last": both in y, 2 is older. "creator": 1 is x's, idle 5 s:
