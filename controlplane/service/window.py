@@ -81,7 +81,12 @@ class LiveWindow:
         return (batch.ts <= now + tol) & (batch.ts >= now - self.stats.window_s - tol)
 
     def _admit_categories(self, worker: str, names: list[str]) -> None:
+        """Count ``names`` new to the window as brought by ``worker``; a batch over a limit
+        first ages out what no bucket counts (that may free the worker's share too, and
+        make a name it had brought new again), then is refused if still over."""
         new = [n for n in names if n not in self._brought_by]
+        if new and self._over_limit(worker, new) and self._age_out():
+            new = [n for n in names if n not in self._brought_by]
         if not new:
             return
         lim = self.limits
@@ -92,8 +97,6 @@ class LiveWindow:
                 f"({lim.max_categories_per_worker})"
             )
         if len(self._brought_by) + len(new) > lim.max_categories:
-            self._age_out()
-        if len(self._brought_by) + len(new) > lim.max_categories:
             raise BatchRefused(
                 f"categories: the window holds {len(self._brought_by)} categories; "
                 f"{len(new)} more would pass max_categories ({lim.max_categories})"
@@ -101,6 +104,14 @@ class LiveWindow:
         for name in new:
             self._brought_by[name] = worker
         self._brought[worker] += len(new)
+
+    def _over_limit(self, worker: str, new: list[str]) -> bool:
+        """Whether ``new`` categories brought by ``worker`` pass either limit."""
+        lim = self.limits
+        return (
+            self._brought[worker] + len(new) > lim.max_categories_per_worker
+            or len(self._brought_by) + len(new) > lim.max_categories
+        )
 
     def age_out(self) -> int:
         """Forget the categories no bucket of the window counts any more; returns how many."""

@@ -243,3 +243,31 @@ def test_a_worker_whose_categories_all_aged_out_leaves_the_live_windows_books() 
         window.apply(batch, t)
     assert window.age_out() == 1
     assert dict(window._brought) == {"here": 1}
+
+
+def test_a_worker_at_its_category_limit_is_admitted_once_its_old_ones_aged_out() -> None:
+    """The per-worker limit counted categories no bucket counts any more: a worker whose
+    old categories left the window had a batch of new ones refused until the periodic
+    age-out ran, though an age-out would have admitted it. One it names again after the
+    age-out is counted as brought again (the window's count is what it holds)."""
+    from controlplane.service.window import LiveWindow, WindowLimits
+
+    limits = WindowLimits(clock_tolerance_s=1e9, max_categories=10, max_categories_per_worker=2)
+    window = LiveWindow(ReuseStats(100.0, n_buckets=10, near_concurrent_s=0.5), limits)
+    insert = int(EventKind.INSERT)
+    for seq, (worker, names, t) in enumerate(
+        [("w", ("a", "b"), 1.0), ("v", ("x",), 150.0), ("w", ("a", "c"), 150.0)], start=1
+    ):
+        n = len(names)
+        batch = event_batch(
+            worker=worker,
+            seq=seq,
+            categories=names,
+            ts=[t] * n,
+            block=np.arange(n) + 1,
+            category=np.arange(n),
+            kind=insert,
+        )
+        window.apply(batch, t)  # "a" and "b" left the window when "x" came at 150 s
+    assert window.stats.categories == ("x", "a", "c")
+    assert window.categories == 3
