@@ -163,9 +163,11 @@ class CategoryTable:
         return self._codes[reused_name(self.names[code])]
 
     def knows(self, names: tuple[str, ...], used: NDArray[np.intp]) -> bool:
-        """Whether every name of ``names`` at ``used`` has its code already (the last
-        table looked up; another table: no)."""
-        return names == self._last[0] and bool((self._last[1][used] >= 0).all())
+        """Whether every name of ``names`` at ``used`` has its code already."""
+        if names == self._last[0]:
+            return bool((self._last[1][used] >= 0).all())
+        codes = (self._codes.get(base_name(names[i])) for i in used.tolist())
+        return all(code is not None and code not in self._forgotten for code in codes)
 
     def codes(self, names: tuple[str, ...], used: NDArray[np.intp], at: float) -> NDArray[np.int32]:
         """The code of each of ``names`` (a batch's ``categories``) used by its events

@@ -114,3 +114,16 @@ def test_a_forgotten_code_given_again_is_renamed_in_every_wa_miniature() -> None
     assert shadow.table.names == ["c", "c/re", "b", "b/re"]
     was = [c.policy for c in shadow.miniatures("w") if isinstance(c.policy, WAPolicy)]
     assert was and all(wa.category_names == tuple(shadow.table.names) for wa in was)
+
+
+def test_a_batch_brings_a_new_category_only_when_a_name_it_uses_has_no_code() -> None:
+    """Whichever table the batch before it sent (another worker's): otherwise two workers'
+    batches in turn would each have the gather rebuilt early (``ShadowEvaluator.apply``)."""
+    table = CategoryTable(60.0)
+    first, second = (RequestRebuilder(PrefixSampler(1.0), table) for _ in range(2))
+    assert first.brings_new(_one_request(1, "a", 1.0))
+    first.feed(_one_request(1, "a", 1.0))
+    assert second.brings_new(_one_request(2, "b", 2.0))
+    second.feed(_one_request(2, "b", 2.0))
+    assert not first.brings_new(_one_request(3, "a", 3.0))
+    assert not second.brings_new(_one_request(4, "b", 4.0))
