@@ -79,3 +79,18 @@ def test_tree_lists_each_layer_contract_in_its_order() -> None:
             order.append(sorted(position[m] for m in modules))
         flat = [i for layer in order for i in layer]
         assert flat == sorted(flat), f"{container}: the tree's order is not {contract['layers']}"
+
+
+NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight")
+
+
+def test_the_prose_counts_the_agent_modules_outside_its_layers() -> None:
+    config = tomllib.loads((Path(REPO) / "pyproject.toml").read_text())
+    contracts = config["tool"]["importlinter"]["contracts"]
+    (agent_layers,) = [c["layers"] for c in contracts if c.get("containers") == ["agent"]]
+    layered = {m.strip() for layer in agent_layers for m in layer.split("|")}
+    modules = [p for p in doc_tree() if re.fullmatch(r"agent/[a-z_]+\.py", p)]
+    outside = [p for p in modules if p.removeprefix("agent/").removesuffix(".py") not in layered]
+    said = re.search(r"The agent's last (\w+) modules\s+sit outside", DOC.read_text())
+    assert said is not None, "the prose no longer says how many modules sit outside"
+    assert said.group(1).lower() == NUMBER_WORDS[len(outside)], outside
