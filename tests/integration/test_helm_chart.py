@@ -333,6 +333,25 @@ def test_every_value_has_a_param_comment() -> None:
     assert undocumented == []
 
 
+# Worker values only one engine reads; every other worker value serves both.
+VLLM_ONLY_VALUES = ("workers.image.", "workers.vllmPlugins")
+
+
+def test_worker_values_both_engines_read_do_not_name_one_engine() -> None:
+    """The chart runs vLLM or SGLang workers: a value both read must not be described as
+    vLLM's, nor must the NOTES tell users that only vLLM pods can join."""
+    named = [
+        p.path
+        for p in hs.params()
+        if p.path.startswith("workers.")
+        and not p.path.startswith(VLLM_ONLY_VALUES)
+        and "vllm" in p.description.lower()
+        and "sglang" not in p.description.lower()
+    ]
+    assert named == []
+    assert "Your own vLLM pods" not in hs.rendered("sglang-workers").notes
+
+
 def test_deploy_doc_values_table_is_generated_from_the_param_comments() -> None:
     assert hs.doc_table() == hs.values_table(), (
         "docs/deploy.md is stale: python -m tests.integration.helm_support docs/deploy.md"
