@@ -132,6 +132,12 @@ BAD_VALUES = [
         "'tgi' is not one of ['vllm', 'sglang']",
         id="unknown-engine",
     ),
+    pytest.param(  # Helm drops a null key: a setting cannot be nulled back to its default
+        {"controller": {"config": {"windowBuckets": None}}},
+        "at '/controller/config': missing property 'windowBuckets'",
+        "'windowBuckets' is a required property",
+        id="null-setting",
+    ),
 ]
 
 

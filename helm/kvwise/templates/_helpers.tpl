@@ -238,7 +238,7 @@ an int setting rejects), other values as they are.
 Settings map -> KVWISE_* env names and values. A setting named in "nullable" whose value is
 null becomes "none" (the setting's own null, e.g. lifeSOverride: per category); Helm drops
 a key set to null from the merged values, so such a key that is missing is "none" too.
-Other null values are left out (the setting's default).
+The schema requires every other key, so no other null reaches here.
 Takes (dict "values" map "nullable" list-of-keys).
 */}}
 {{- define "kvwise.settingsData" -}}
@@ -306,7 +306,7 @@ Takes (dict "values" map "nullable" list-of-keys).
 {{- end }}
 {{- end }}
 
-{{/* Settings map -> container env entries (KVWISE_*); null values are left out. */}}
+{{/* Settings map -> container env entries (KVWISE_*); the schema refuses null values. */}}
 {{- define "kvwise.settingsEnv" -}}
 {{- range $key, $value := . }}
 {{- if not (kindIs "invalid" $value) }}
