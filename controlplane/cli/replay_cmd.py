@@ -161,6 +161,10 @@ AutoMarginOpt = Annotated[
     float,
     _auto_panel(parser=ratio, metavar="RATIO", help="Hit ratio a family must lead by"),
 ]
+AutoMinAccessesOpt = Annotated[
+    int,
+    _auto_panel(min=0, metavar="N", help="Sampled accesses a window needs to count"),
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -189,6 +193,7 @@ def replay(
     auto_window: AutoWindowOpt = DEFAULT_OPTIONS.auto_window_s,
     auto_windows: AutoWindowsOpt = DEFAULT_OPTIONS.auto_windows,
     auto_margin: AutoMarginOpt = DEFAULT_OPTIONS.auto_margin,
+    auto_min_accesses: AutoMinAccessesOpt = DEFAULT_OPTIONS.auto_min_accesses,
 ) -> None:
     """Replay TRACE through eviction policies at several cache sizes.
 
@@ -205,19 +210,17 @@ def replay(
         kvwise replay trace.jsonl -p lru,arc,wa,auto --capacity-frac 0.01,0.05
     """
     sizes = _capacities(capacity, capacity_frac)
-    if split is not None and wa_fit != "split":
-        fail("--split applies only with --wa-fit split")
     names = _names(policy, plot)
     options = _options(
         refit_every_s=refit_every,
         wa_fit=wa_fit,
-        split=DEFAULT_OPTIONS.split if split is None else split,
+        split=_split(split, wa_fit),
         categories=categories,
         attribution=attribution,
         near_concurrent_s=near_concurrent,
         life_s=life,
         reuse_class=reuse_class,
-        **_auto(auto_rate, auto_window, auto_windows, auto_margin),
+        **_auto(auto_rate, auto_window, auto_windows, auto_margin, auto_min_accesses),
     )
     trace = _labelled(load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines), options)
     _check_scored_part(trace, options)
@@ -227,6 +230,13 @@ def replay(
     report(trace_path, trace, names, capacities, runs, options, top_categories, json_out)
     if runs.not_finished:
         end_interrupted(runs)
+
+
+def _split(split: float | None, wa_fit: str) -> float:
+    """The share fitted on: ``--split`` only goes with ``--wa-fit split``."""
+    if split is not None and wa_fit != "split":
+        fail("--split applies only with --wa-fit split")
+    return DEFAULT_OPTIONS.split if split is None else split
 
 
 def _options(attribution: Attribution | None, **settings: Any) -> ReplayOptions:
@@ -263,13 +273,16 @@ def _names(policy: str, plot: Path | None) -> list[str]:
     return names
 
 
-def _auto(rate: float, window: float, windows: int, margin: float) -> dict[str, Any]:
+def _auto(
+    rate: float, window: float, windows: int, margin: float, min_accesses: int
+) -> dict[str, Any]:
     """``auto``'s options, by ``ReplayOptions`` field."""
     return {
         "auto_rate": rate,
         "auto_window_s": window,
         "auto_windows": windows,
         "auto_margin": margin,
+        "auto_min_accesses": min_accesses,
     }
 
 

@@ -102,8 +102,12 @@ class ReplayOptions:
             raise ValueError("depth classes and reuse classes are not combined")
         if not (self.reuse_ghost >= 0 and math.isfinite(self.reuse_ghost)):
             raise ValueError(f"reuse_ghost must be a finite number >= 0, got {self.reuse_ghost}")
-        if not (0 < self.auto_rate <= 1 and self.auto_window_s > 0 and self.auto_windows >= 1):
-            raise ValueError("auto_rate must be in (0, 1], auto_window_s > 0, auto_windows >= 1")
+        auto_ok = 0 < self.auto_rate <= 1 and self.auto_window_s > 0 and self.auto_windows >= 1
+        if not (auto_ok and self.auto_min_accesses >= 0):
+            raise ValueError(
+                "auto_rate must be in (0, 1], auto_window_s > 0, auto_windows >= 1, "
+                "auto_min_accesses >= 0"
+            )
         if self.min_samples is not None and self.min_samples < 1:
             raise ValueError(f"min_samples must be >= 1, got {self.min_samples}")
         for name in ("near_concurrent_s", "shrinkage_samples"):

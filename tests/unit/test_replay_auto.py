@@ -100,3 +100,8 @@ def test_below_rate_one_the_shadow_is_the_controllers(trace: Trace) -> None:
     assert 0.1 * every < sampled < 0.6 * every
     sizes = {cache.capacity for cache in auto.shadow_caches}
     assert len(sizes) == 1 and sizes != {round(capacity * 0.3)}
+
+
+def test_a_negative_window_minimum_is_refused_when_the_options_are_made() -> None:
+    with pytest.raises(ValueError, match="auto_min_accesses >= 0"):
+        ReplayOptions(auto_min_accesses=-1)

@@ -221,3 +221,14 @@ def test_auto_notes_wrap_between_words_with_a_hanging_indent(columns: int) -> No
     note = lines[first:]
     assert len(note) > 1 and all(line.startswith("  ") for line in note[1:]), note
     assert max(len(line.rstrip()) for line in note) <= columns
+
+
+def test_every_auto_option_of_the_replay_can_be_given() -> None:
+    """``auto_min_accesses`` (the sampled accesses a window needs to count) was in the
+    JSON options with no option to set it."""
+    args = ("-p", "lru", "--capacity", "300", "--json")
+    code, out, err = run("replay", str(SAMPLE), *args, "--auto-min-accesses", "0")
+    assert code == 0, err
+    assert json.loads(out)["options"]["auto_min_accesses"] == 0
+    code, _, err = run("replay", str(SAMPLE), *args, "--auto-min-accesses", "-1")
+    assert code == 2 and "--auto-min-accesses" in err
