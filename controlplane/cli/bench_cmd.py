@@ -64,9 +64,10 @@ OptionalTraceArgument = Annotated[
     Path | None,
     typer.Argument(metavar="TRACE", help="Bailian or Mooncake JSONL trace (.gz ok)"),
 ]
-UrlOpt = Annotated[str, typer.Option(help="Server root URL")]
+UrlOpt = Annotated[str, typer.Option(metavar="URL", help="Server root URL")]
 ModelOpt = Annotated[
-    str | None, typer.Option(help="Model to ask for (default: the server's first)")
+    str | None,
+    typer.Option(metavar="NAME", help="Model to ask for (default: the server's first)"),
 ]
 VocabOpt = Annotated[
     int,
@@ -102,7 +103,8 @@ TimeoutOpt = Annotated[
     float, typer.Option(min=0.001, metavar="SECONDS", help="Seconds per request at most")
 ]
 ControllerOpt = Annotated[
-    str | None, typer.Option(help="kvwise controller URL: report its agents' versions")
+    str | None,
+    typer.Option(metavar="URL", help="kvwise controller URL: report its agents' versions"),
 ]
 OutputOpt = Annotated[
     Path | None, typer.Option("--output", "-o", help="Write the summary JSON here")

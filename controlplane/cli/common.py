@@ -45,7 +45,9 @@ JobsOpt = Annotated[
     int,
     typer.Option("--jobs", "-j", min=0, metavar="N", help="Worker processes (0 = one per core)"),
 ]
-RedisUrlOpt = Annotated[str | None, typer.Option(help="Redis URL [default: KVWISE_REDIS_URL]")]
+RedisUrlOpt = Annotated[
+    str | None, typer.Option(metavar="URL", help="Redis URL [default: KVWISE_REDIS_URL]")
+]
 BlockTokensOpt = Annotated[
     int,
     typer.Option(

@@ -20,10 +20,19 @@ def register(app: typer.Typer) -> None:
     app.command("controller")(controller)
 
 
-def controller(
-    host: Annotated[str | None, typer.Option(help="Bind address (KVWISE_HOST)")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (KVWISE_PORT)")] = None,
-) -> None:
+# The fallbacks are ControllerSettings' defaults (a test holds them equal); importing the
+# settings here would slow every command's start.
+HostOpt = Annotated[
+    str | None,
+    typer.Option(metavar="HOST", help="Bind address [default: KVWISE_HOST, else 127.0.0.1]"),
+]
+PortOpt = Annotated[
+    int | None,
+    typer.Option(metavar="PORT", help="Port of the API [default: KVWISE_PORT, else 8080]"),
+]
+
+
+def controller(host: HostOpt = None, port: PortOpt = None) -> None:
     """Run the controller: ingest agents' events, refit on a schedule, serve the REST API.
 
     Every setting is an environment variable with the `KVWISE_` prefix, e.g.

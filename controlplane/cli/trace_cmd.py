@@ -60,7 +60,8 @@ def synth(
         Path, typer.Option("--output", "-o", help="Bailian JSONL file to write (.gz: gzip)")
     ],
     profile: Annotated[
-        str, typer.Option(help="Workload: to-c (people chatting) or to-b (API calls)")
+        str,
+        typer.Option(metavar="NAME", help="Workload: to-c (people chatting) or to-b (API calls)"),
     ] = "to-c",
     duration: Annotated[
         float, typer.Option(parser=positive, metavar="SECONDS", help="Seconds of trace")

@@ -87,7 +87,10 @@ MaxRequestsOpt = Annotated[
     ),
 ]
 KeyPrefixOpt = Annotated[
-    str | None, typer.Option(help="Prefix of kvwise's Redis keys [default: KVWISE_KEY_PREFIX]")
+    str | None,
+    typer.Option(
+        metavar="PREFIX", help="Prefix of kvwise's Redis keys [default: KVWISE_KEY_PREFIX]"
+    ),
 ]
 
 

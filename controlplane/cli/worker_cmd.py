@@ -41,13 +41,15 @@ SpeedOpt = Annotated[
     ),
 ]
 WorkerIdOpt = Annotated[
-    str | None, typer.Option("--id", help="Worker id [default: KVWISE_WORKER_ID or host-pid]")
+    str | None,
+    typer.Option("--id", metavar="NAME", help="Worker id [default: KVWISE_WORKER_ID or host-pid]"),
 ]
 PolicyOpt = Annotated[
     str | None,
     typer.Option(
+        metavar="NAME",
         help="Evictor: a policy name or device; wa and device follow the fleet's family "
-        "[default: KVWISE_EVICTOR]"
+        "[default: KVWISE_EVICTOR]",
     ),
 ]
 LoopFlag = Annotated[

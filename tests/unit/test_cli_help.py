@@ -3,6 +3,7 @@ reflowed rather than ragged, and ``kvwise --version``."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from importlib.metadata import version
@@ -159,3 +160,22 @@ def test_flags_show_no_value_and_arguments_one_spelling(path: list[str]) -> None
     assert "<bool>" not in text
     usage = next(line for line in text.splitlines() if "Usage:" in line)
     assert "{" not in usage
+
+
+@pytest.mark.parametrize("path", command_paths(), ids=lambda p: " ".join(p) or "kvwise")
+def test_options_name_their_value_not_its_type(path: list[str]) -> None:
+    """``--redis-url <str>``, ``--port <int>``: an option names what it takes (URL, PORT,
+    NAME), as the bounded numbers do."""
+    text = run(*path, "--help")
+    assert "<str>" not in text and "<int>" not in text and "<float>" not in text
+
+
+def test_controller_help_gives_each_options_default() -> None:
+    """``kvwise controller --help`` gave neither the variable an option overrides nor the
+    value it falls back to."""
+    from controlplane.service.settings import ControllerSettings
+
+    text = re.sub(r"[│\s]+", " ", run("controller", "--help"))
+    for field in ("host", "port"):
+        default = ControllerSettings.model_fields[field].default
+        assert f"[default: KVWISE_{field.upper()}, else {default}]" in text, field
