@@ -3,10 +3,10 @@
 Owns how the CLI reports a user error (one red line naming the option, environment
 variable or file that was wrong, exit code 2), the parsing of comma-separated option
 values (duplicates merged, first order kept), the options several commands declare alike
-(a trace argument, ``--json``, ``--skip-bad-lines``, ``--block-tokens``), loading a trace
-for a command (bad lines reported, an empty trace refused), printing a ``--json`` document,
-and checking settings and Redis URLs before a command starts anything. It must never
-contain command logic.
+(a trace argument, ``--json``, ``--skip-bad-lines``, ``--block-tokens``, a replay's
+``--speed``), loading a trace for a command (bad lines reported, an empty trace refused),
+printing a ``--json`` document, and checking settings and Redis URLs before a command
+starts anything. It must never contain command logic.
 """
 
 from __future__ import annotations
@@ -269,6 +269,13 @@ def non_negative(text: str) -> float:
     return value
 
 
+SpeedOpt = Annotated[
+    float,
+    typer.Option(
+        parser=positive, metavar="FACTOR", help="Replay speed: trace time divided by this"
+    ),
+]
+"""How much faster than the trace a command that replays it in time runs (2: twice)."""
 StatusEveryOpt = Annotated[
     float,
     typer.Option(

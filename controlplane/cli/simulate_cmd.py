@@ -18,6 +18,7 @@ from controlplane.cli.common import (
     JobsOpt,
     JsonFlag,
     SkipBadLinesFlag,
+    SpeedOpt,
     TraceArgument,
     check_plotting,
     fail,
@@ -66,9 +67,6 @@ ProfileOpt = Annotated[
 InstancesOpt = Annotated[int, typer.Option(metavar="N", help="Engine instances (one cache each)")]
 RouterOpt = Annotated[
     str, typer.Option(metavar="NAME", help="round-robin, least-loaded, prefix or session")
-]
-SpeedOpt = Annotated[
-    float, typer.Option(metavar="FACTOR", help="Arrivals this many times faster than the trace's")
 ]
 OutputTokensOpt = Annotated[
     int, typer.Option(metavar="N", help="Output tokens of requests whose trace gives none")
@@ -199,7 +197,6 @@ def _options(
         fail(f"--router: unknown router {router!r}; known routers: {', '.join(routers.names())}")
     checks = {  # option: (within range, what the range is, the value given)
         "--instances": (instances >= 1, "at least 1", instances),
-        "--speed": (0 < speed < float("inf"), "a finite number above 0", speed),
         "--output-tokens": (output_tokens >= 1, "at least 1", output_tokens),
         "--block-tokens": (block_tokens is None or block_tokens >= 1, "at least 1", block_tokens),
         "--affinity-slack": (slack >= 0, "at least 0", slack),

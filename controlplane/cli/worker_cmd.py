@@ -18,11 +18,11 @@ import typer
 from agent.runtime.connection import redact
 from controlplane.cli.common import (
     RedisUrlOpt,
+    SpeedOpt,
     StatusEveryOpt,
     agent_settings_or_fail,
     fail,
     load_trace_or_fail,
-    positive,
     print_json,
 )
 
@@ -34,12 +34,6 @@ if TYPE_CHECKING:
 
 TraceOpt = Annotated[Path, typer.Option("--trace", help="Bailian or Mooncake JSONL trace (.gz ok)")]
 CapacityOpt = Annotated[int, typer.Option(min=1, metavar="BLOCKS", help="Cache size in blocks")]
-SpeedOpt = Annotated[
-    float,
-    typer.Option(
-        parser=positive, metavar="FACTOR", help="Replay speed: trace time divided by this"
-    ),
-]
 WorkerIdOpt = Annotated[
     str | None,
     typer.Option("--id", metavar="NAME", help="Worker id [default: KVWISE_WORKER_ID or host-pid]"),

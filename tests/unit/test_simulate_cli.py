@@ -94,7 +94,9 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
         (["--router", "random"], "--router: unknown router 'random'; known routers: round-robin"),
         (["--capacity", "10", "--capacity-gib", "2"], "give one of --capacity"),
         (["--profile", "gpt-9"], "--profile: unknown profile 'gpt-9'"),
-        (["--speed", "0"], "--speed: must be a finite number above 0, got 0.0"),
+        # worded as every command's --speed (the parser in controlplane.cli.common)
+        (["--speed", "0"], "--speed: must be a finite number > 0, got 0"),
+        (["--speed", "abc"], "--speed: 'abc' is not a number"),
         (["--instances", "0"], "--instances: must be at least 1, got 0"),
         # the trace's span / speed overflows: arrivals at inf, NaN TTFTs (NaN in --json)
         (["--speed", "1e-310"], "--speed: 1e-310 puts arrivals past a float's range"),
