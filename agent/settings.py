@@ -6,10 +6,10 @@ mirror these one to one. It must never read anything but the environment.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from agent.wire import BatchLimits
+from agent.wire import BatchLimits, Keys
 
 
 class RedisSettings(BaseModel):
@@ -22,7 +22,17 @@ class RedisSettings(BaseModel):
     redis_cluster: bool = Field(
         default=False, description="The URL names a node of a Redis Cluster (cluster client)"
     )
-    key_prefix: str = Field(default="kvwise:", description="Prefix of every Redis key")
+    key_prefix: str = Field(
+        default="kvwise:",
+        description="Prefix of every Redis key; no braces (kvwise adds the hash tags)",
+    )
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _keys_take_the_prefix(cls, prefix: str) -> str:
+        """Refused here, as a setting, what the key builder would refuse at start."""
+        Keys(prefix)  # raises WireError, a ValueError, e.g. on braces (hash tags)
+        return prefix
 
 
 class AgentSettings(BaseSettings, RedisSettings):

@@ -147,7 +147,7 @@ def record(
     settings = agent_settings_or_fail(present, _OPTION_OF_FIELD)
     partial = _claim(output)
     try:
-        client, keys = _connect(settings, "--key-prefix" if key_prefix else "KVWISE_KEY_PREFIX")
+        client, keys = _connect(settings)
         with _redis_failure_fails():
             choice = _workers(client, keys, worker or [], settings)
             run = _start(client, keys, choice, max_requests, watch=not worker)
@@ -178,16 +178,13 @@ def _claim(output: Path) -> Path:
     return Path(name)
 
 
-def _connect(settings: AgentSettings, prefix_from: str) -> tuple[RedisClient, Keys]:
-    """A client that answered a ping, and the keys under the prefix (``prefix_from``
-    names where it came from)."""
+def _connect(settings: AgentSettings) -> tuple[RedisClient, Keys]:
+    """A client that answered a ping, and the keys under the prefix (the settings checked
+    the prefix)."""
     from agent.runtime.connection import connect, describe_redis_error
-    from agent.wire import Keys, WireError
+    from agent.wire import Keys
 
-    try:
-        keys = Keys(settings.key_prefix)
-    except WireError as exc:
-        fail(f"{prefix_from}: {exc.reason}")
+    keys = Keys(settings.key_prefix)
     client = connect(
         settings.redis_url,
         timeout_s=settings.redis_timeout_s,

@@ -132,6 +132,12 @@ BAD_VALUES = [
         "'tgi' is not one of ['vllm', 'sglang']",
         id="unknown-engine",
     ),
+    pytest.param(
+        {"controller": {"config": {"keyPrefix": "kv{a}:"}}},
+        "at '/controller/config/keyPrefix': 'kv{a}:' does not match pattern",
+        f"'kv{{a}}:' does not match {config_pattern('keyPrefix')!r}",
+        id="key-prefix-hash-tag",
+    ),
     pytest.param(  # Helm drops a null key: a setting cannot be nulled back to its default
         {"controller": {"config": {"windowBuckets": None}}},
         "at '/controller/config': missing property 'windowBuckets'",

@@ -55,6 +55,24 @@ def test_worker_refuses_bad_settings(args: list[str], env: dict[str, str], names
     assert res.stdout == ""
 
 
+@pytest.mark.parametrize(
+    ("command", "what"),
+    [
+        (["controller", "--port", str(free_port())], "controller"),
+        (["worker", "--trace", str(SAMPLE), "--capacity", "100"], "agent"),
+        (["config"], "controller"),
+    ],
+)
+def test_a_key_prefix_with_a_hash_tag_is_one_error_line(command: list[str], what: str) -> None:
+    """Braces in ``KVWISE_KEY_PREFIX`` (a Redis Cluster hash tag) were refused by the key
+    builder as the controller or worker started: a traceback, and the controller exited 0."""
+    res = kvwise(*command, env={"KVWISE_KEY_PREFIX": "kv{a}:"})
+    assert res.returncode == 2
+    line = one_error_line(res)
+    assert line.startswith(f"error: bad {what} setting KVWISE_KEY_PREFIX='kv{{a}}:': "), line
+    assert "must not contain braces" in line
+
+
 @pytest.mark.parametrize("command", ["replay", "simulate", "trace stats"])
 def test_a_missing_trace_is_named_in_plain_words(command: str) -> None:
     res = kvwise(*command.split(), "no-such-trace.jsonl")
