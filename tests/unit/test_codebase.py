@@ -74,3 +74,35 @@ def test_the_packages_cite_no_notes_outside_the_repository() -> None:
         if outside.search(line)
     ]
     assert not cited, cited
+
+
+ENGINE_MODULES = {"agent.device_evictor", "agent.integrations.vllm", "agent.integrations.sglang"}
+"""The agent modules that may import torch, vllm or sglang."""
+
+
+def test_the_engine_free_contract_names_every_other_agent_module() -> None:
+    """A module left out of the contract could import torch unseen (``reuse_classes`` and
+    ``engine_time`` were left out)."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    contracts = config["tool"]["importlinter"]["contracts"]
+    (sources,) = [
+        c["source_modules"]
+        for c in contracts
+        if c["type"] == "forbidden"
+        and set(c["forbidden_modules"]) == {"torch", "vllm", "sglang"}
+        and c["source_modules"] != ["controlplane"]
+    ]
+    covered = set(sources)
+    modules = {
+        ".".join(path.relative_to(REPO).with_suffix("").parts)
+        for path in (REPO / "agent").rglob("*.py")
+        if path.name != "__init__.py"
+    }
+    left_out = sorted(
+        m
+        for m in modules - ENGINE_MODULES
+        if not any(m == c or m.startswith(c + ".") for c in covered)
+    )
+    assert not left_out, left_out
