@@ -269,6 +269,19 @@ def non_negative(text: str) -> float:
     return value
 
 
+def finite_at_least(minimum: float) -> Callable[[str], float]:
+    """A Typer parser of a finite number >= ``minimum`` (the error names the option): a
+    bound typed as ``min=`` lets ``inf`` and ``nan`` through."""
+
+    def parse(text: str) -> float:
+        value = _number(text)
+        if not (value >= minimum and math.isfinite(value)):
+            raise typer.BadParameter(f"must be a finite number >= {minimum:g}, got {text}")
+        return value
+
+    return parse
+
+
 SpeedOpt = Annotated[
     float,
     typer.Option(

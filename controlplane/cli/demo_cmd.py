@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from agent.runtime.connection import redact
-from controlplane.cli.common import check_redis_url, fail, print_json
+from controlplane.cli.common import check_redis_url, fail, finite_at_least, print_json
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -36,14 +36,22 @@ WorkersOpt = Annotated[
     ),
 ]
 SpeedOpt = Annotated[
-    float, typer.Option(min=0.1, metavar="FACTOR", help="Trace time runs this much faster")
+    float,
+    typer.Option(
+        parser=finite_at_least(0.1),
+        metavar="FACTOR",
+        help="Trace time runs this much faster (0.1 or more)",
+    ),
 ]
 DurationOpt = Annotated[
     float,
     typer.Option(min=0, metavar="SECONDS", help="Stop after this long (0 = until Ctrl-C)"),
 ]
 RefitOpt = Annotated[
-    float, typer.Option(min=0.5, metavar="SECONDS", help="Controller refit period")
+    float,
+    typer.Option(
+        parser=finite_at_least(0.5), metavar="SECONDS", help="Controller refit period (0.5 or more)"
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="No live view; final JSON summary")]
 

@@ -129,6 +129,26 @@ def test_demo_fails_in_one_line_and_leaves_nothing(tmp_path: Path, url: str, say
 
 
 @pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--speed", "inf"], "error: --speed: must be a finite number >= 0.1, got inf"),
+        (["--speed", "nan"], "error: --speed: must be a finite number >= 0.1, got nan"),
+        (["--speed", "0.05"], "error: --speed: must be a finite number >= 0.1, got 0.05"),
+        (["--refit-interval", "inf"], "error: --refit-interval: must be a finite number >= 0.5"),
+    ],
+)
+def test_demo_refuses_an_infinite_rate_before_it_starts_anything(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    """``--speed inf`` and ``--refit-interval inf`` passed the options' bounds (>= 0.1,
+    >= 0.5): Redis and the controller started, then a child refused the value."""
+    res = kvwise("demo", *args, "--duration", "1", tmp=tmp_path)
+    assert res.returncode == 2
+    assert one_error_line(res).startswith(says)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
     ("variable", "value"), [("KVWISE_PORT", "abc"), ("KVWISE_SHADOW_RATE", "5")]
 )
 def test_config_names_a_bad_setting_and_its_value_in_one_line(variable: str, value: str) -> None:
