@@ -156,7 +156,7 @@ class DemoStack:
             except httpx.TransportError:
                 pass
             if self._procs[-1].poll() is not None:
-                raise RuntimeError(self._tail("controller.log"))
+                raise RuntimeError(self._exit_reason("controller.log"))
             time.sleep(0.1)
         raise RuntimeError("the controller did not become ready in 30 s")
 
@@ -197,6 +197,13 @@ class DemoStack:
             if p.poll() is not None:
                 return f"a child process exited with code {p.returncode}: {p.args!r}"
         return None
+
+    def _exit_reason(self, log: str) -> str:
+        """Why a child stopped: its own ``error:`` line without that lead (the caller adds
+        its own), else the end of its log."""
+        text = self._tail(log).strip()
+        last = text.splitlines()[-1] if text else ""
+        return last.removeprefix("error: ") if last.startswith("error: ") else text
 
     def _tail(self, log: str) -> str:
         path = self._dir() / log

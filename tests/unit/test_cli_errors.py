@@ -148,6 +148,15 @@ def test_demo_refuses_an_infinite_rate_before_it_starts_anything(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_demo_passes_on_the_controllers_error_line_once(tmp_path: Path) -> None:
+    """A controller that refused its settings was reported as ``error: error: ...``."""
+    res = kvwise("demo", "--duration", "1", env={"KVWISE_SHADOW_RATE": "5"}, tmp=tmp_path)
+    assert res.returncode == 2
+    line = one_error_line(res)
+    assert line.startswith("error: bad controller setting KVWISE_SHADOW_RATE='5': "), line
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("variable", "value"), [("KVWISE_PORT", "abc"), ("KVWISE_SHADOW_RATE", "5")]
 )
