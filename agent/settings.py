@@ -6,7 +6,9 @@ mirror these one to one. It must never read anything but the environment.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, field_validator
+import os
+
+from pydantic import BaseModel, Field, TypeAdapter, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.wire import BatchLimits, Keys
@@ -89,3 +91,22 @@ class AgentSettings(BaseSettings, RedisSettings):
         gt=1,
         description="Distinct categories tracked; later ones share 'other'",
     )
+
+
+def agent_enabled() -> bool:
+    """Whether ``KVWISE_ENABLE`` turns the agent on, read alone.
+
+    An engine plugin asks this before reading ``AgentSettings``: a bad value of another
+    ``KVWISE_*`` setting must not stop an engine that runs without kvwise. A bad value of
+    ``KVWISE_ENABLE`` itself is an error naming it.
+    """
+    config = AgentSettings.model_config
+    prefix = config.get("env_prefix", "")
+    names = {name.upper(): value for name, value in os.environ.items()}
+    raw = names.get(f"{prefix}ENABLE".upper())
+    if raw is None:
+        return bool(AgentSettings.model_fields["enable"].default)
+    try:
+        return TypeAdapter(bool).validate_python(raw)
+    except ValueError:
+        raise ValueError(f"{prefix}ENABLE: {raw!r} is not a boolean (1/0, true/false)") from None

@@ -51,7 +51,7 @@ from agent.policies import create
 from agent.policies.base import EvictionPolicy
 from agent.policy_document import DEFAULT_FAMILY
 from agent.runtime.family import configured_family
-from agent.settings import AgentSettings
+from agent.settings import AgentSettings, agent_enabled
 
 # Under "vllm": vLLM configures that logger tree, so these lines show in its log.
 log = logging.getLogger("vllm.kvwise")
@@ -101,9 +101,9 @@ def register() -> None:
     """vLLM's plugin hook. Idempotent; does nothing unless ``KVWISE_ENABLE`` is true."""
     if _state.registered:
         return
-    settings = AgentSettings()
-    if not settings.enable:
+    if not agent_enabled():
         return
+    settings = AgentSettings()
     _state.registered = True
     route_agent_logs()
     import vllm

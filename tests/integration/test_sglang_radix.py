@@ -171,9 +171,11 @@ def test_off_switch_and_version_gate_keep_sglang_s_own_tree(
     from agent.integrations import sglang as plugin
 
     monkeypatch.setenv("KVWISE_ENABLE", "0")
+    monkeypatch.setenv("KVWISE_BUFFER_EVENTS", "lots")  # read only when kvwise is on
     cache = build_through_backend(sg)
     assert type(cache.eviction_strategy).__name__ == "LRUStrategy"
     assert plugin.attached() is None and "match_prefix" not in vars(cache)  # no wrapper
+    monkeypatch.delenv("KVWISE_BUFFER_EVENTS")
     monkeypatch.setenv("KVWISE_ENABLE", "1")
     monkeypatch.setenv("KVWISE_REDIS_URL", "redis://127.0.0.1:1/0")
     monkeypatch.setattr(sglang, "__version__", "0.5.22")

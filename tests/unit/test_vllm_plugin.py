@@ -16,7 +16,7 @@ from agent.integrations import vllm as plugin
 from agent.integrations.block_queue import KvwiseFreeQueue
 from agent.integrations.engine_agent import EngineAgent
 from agent.policies.wa import WAPolicy
-from agent.settings import AgentSettings
+from agent.settings import AgentSettings, agent_enabled
 from agent.wire import EventKind
 from tests.vllm_block import Blk
 
@@ -27,6 +27,36 @@ def test_disabled_plugin_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     plugin.register()
     assert not plugin._state.registered
     assert not any(m == "vllm" or m.startswith("vllm.") for m in set(sys.modules) - before)
+
+
+def test_a_disabled_plugin_ignores_bad_values_of_other_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An engine run without kvwise starts whatever other ``KVWISE_*`` values hold."""
+    monkeypatch.delenv("KVWISE_ENABLE", raising=False)
+    monkeypatch.setenv("KVWISE_KEY_PREFIX", "{bad}")
+    monkeypatch.setenv("KVWISE_BUFFER_EVENTS", "lots")
+    plugin.register()
+    assert not plugin._state.registered
+    with pytest.raises(ValueError, match="buffer_events"):
+        AgentSettings()
+
+
+@pytest.mark.parametrize(
+    ("raw", "enabled"), [("0", False), ("off", False), ("1", True), ("True", True)]
+)
+def test_the_off_switch_reads_as_the_settings_do(
+    raw: str, enabled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KVWISE_ENABLE", raising=False)
+    monkeypatch.setenv("kvwise_enable", raw)  # names are read case-blind, as pydantic does
+    assert agent_enabled() is enabled is AgentSettings().enable
+
+
+def test_a_bad_off_switch_is_an_error_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVWISE_ENABLE", "maybe")
+    with pytest.raises(ValueError, match="KVWISE_ENABLE: 'maybe' is not a boolean"):
+        plugin.register()
 
 
 def test_agent_log_lines_reach_vllms_logger_tree() -> None:
