@@ -242,7 +242,8 @@ def fit_cure_rate_many(
     return [
         MixtureFit(
             p=float(p[c]),
-            rate=float(np.exp(state.s[c])),
+            # exp(log bound) can miss the bound by an ulp: a pinned rate stays pinned.
+            rate=float(np.clip(np.exp(state.s[c]), *rate_bounds)),
             reuses=int(d.n_obs[c]),
             exposures=float(obs[c].sum() + cen[c].sum()),
             loglik=float(state.loglik[c] * d.total[c]),

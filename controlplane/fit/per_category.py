@@ -20,7 +20,7 @@ It must never do I/O, read the environment, or keep state between calls.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -124,10 +124,19 @@ def _choose(
     own: MixtureFit | None, pooled: MixtureFit | None, exposures: int, settings: FitSettings
 ) -> Blend:
     if own is not None and pooled is not None:
-        return shrink(own, pooled, exposures, settings.shrinkage_samples)
-    if pooled is not None:
-        return Blend(pooled.p, _pooled_rate(pooled), 0.0, 0.0, "pooled")
-    return Blend(DEFAULT_PARAMS.p_reuse, DEFAULT_PARAMS.rate, 0.0, 0.0, "default")
+        blend = shrink(own, pooled, exposures, settings.shrinkage_samples)
+    elif pooled is not None:
+        blend = Blend(pooled.p, _pooled_rate(pooled), 0.0, 0.0, "pooled")
+    else:
+        return Blend(DEFAULT_PARAMS.p_reuse, DEFAULT_PARAMS.rate, 0.0, 0.0, "default")
+    return replace(blend, rate=_within_bounds(blend.rate, settings))
+
+
+def _within_bounds(rate: float, settings: FitSettings) -> float:
+    """``rate`` kept in ``[rate_min, rate_max]``: a rate borrowed where none is identified
+    (the default's) may lie outside, and a blend on the log scale may miss a pinned
+    bound by an ulp."""
+    return min(max(rate, settings.rate_min), settings.rate_max)
 
 
 @dataclass(frozen=True, eq=False)
@@ -167,7 +176,7 @@ class _Diagnostics:
 
 
 def _diagnose(
-    snap: StatsSnapshot, present: NDArray[np.intp], pooled: MixtureFit | None, chosen: list[Blend]
+    snap: StatsSnapshot, present: NDArray[np.intp], pooled: Blend | None, chosen: list[Blend]
 ) -> _Diagnostics:
     """Empirical CDFs and the KS distance of each chosen ``(p, rate)`` to them."""
     empirical, at_risk = empirical_cdf(
@@ -175,7 +184,7 @@ def _diagnose(
         np.vstack([snap.censored.sum(axis=0), snap.censored[present]]),
     )
     p = np.array([pooled.p if pooled else np.nan] + [b.p for b in chosen])
-    rate = np.array([_pooled_rate(pooled) if pooled else np.nan] + [b.rate for b in chosen])
+    rate = np.array([pooled.rate if pooled else np.nan] + [b.rate for b in chosen])
     ks = ks_from(empirical, at_risk, snap.edges, p, rate, shift=snap.near_concurrent_s)
     return _Diagnostics(empirical=empirical, at_risk=at_risk, p=p, rate=rate, ks=ks)
 
@@ -190,7 +199,8 @@ def fit_all(snapshot: StatsSnapshot, settings: FitSettings) -> FitResult:
     t1 = time.perf_counter()
     codes: list[int] = present.tolist()
     chosen = [_choose(fits.own.get(c), fits.pooled, int(exposures[c]), settings) for c in codes]
-    diag = _diagnose(snap, present, fits.pooled, chosen)
+    pooled_blend = None if fits.pooled is None else _choose(None, fits.pooled, 0, settings)
+    diag = _diagnose(snap, present, pooled_blend, chosen)
     total = int(exposures.sum())
     pooled = None
     if fits.pooled is not None:

@@ -30,7 +30,7 @@ from scipy.special import expit
 from agent.policies.wa import WAPolicy
 from agent.policies.wa_queue import Entry, Key
 from agent.policy_document import BUILTIN_POLICY, PolicyDocument
-from controlplane.fit.mle import MixtureFit, censored_ages, clipped_logit
+from controlplane.fit.mle import DEFAULT_RATE_BOUNDS, MixtureFit, censored_ages, clipped_logit
 from controlplane.fit.per_category import FitResult
 from controlplane.fit.reuse_window import StatsSnapshot
 from controlplane.fit.settings import FitSettings
@@ -87,11 +87,18 @@ def _neg_loglik(x: F64, n: F64, m: F64, lo: F64, w: F64, age: F64) -> float:
 
 
 def fit_two_phase(
-    observed: F64, censored: F64, edges: F64, shift: float, one: MixtureFit
+    observed: F64,
+    censored: F64,
+    edges: F64,
+    shift: float,
+    one: MixtureFit,
+    *,
+    rate_bounds: tuple[float, float] = DEFAULT_RATE_BOUNDS,
 ) -> tuple[TwoPhase, float]:
     """The maximum-likelihood mixture of one category's row, started from its
     one-exponential maximum ``one`` (the fast phase above it, the slow one below), and the
-    log-likelihood it gains over ``one`` on the same data."""
+    log-likelihood it gains over ``one`` on the same data. Both rates keep to
+    ``rate_bounds`` (the fitter's ``rate_min``, ``rate_max``)."""
     lo = np.maximum(edges[:-1] - shift, 0.0)
     w = np.maximum(edges[1:] - shift, 0.0) - lo
     age = np.maximum(censored_ages(edges) - shift, 0.0)
@@ -99,18 +106,22 @@ def fit_two_phase(
     logit_p = clipped_logit(one.p)
     log_rate = math.log(one.rate)
     single = _neg_loglik(np.array([logit_p, 20.0, log_rate, log_rate]), *args)
-    start = np.array([logit_p, 0.0, log_rate + 1.5, log_rate - 1.5])
-    bounds = [(-20.0, 20.0), (-20.0, 20.0), (-14.0, 7.0), (-14.0, 7.0)]
+    log_lo, log_hi = math.log(rate_bounds[0]), math.log(rate_bounds[1])
+    phases = np.clip([log_rate + 1.5, log_rate - 1.5], log_lo, log_hi)
+    start = np.array([logit_p, 0.0, *phases])
+    bounds = [(-20.0, 20.0), (-20.0, 20.0), (log_lo, log_hi), (log_lo, log_hi)]
     two = minimize(_neg_loglik, start, args=args, method="L-BFGS-B", bounds=bounds)
     p, share = expit(two.x[:2]).tolist()
-    fast, slow = np.exp(two.x[2:]).tolist()
+    fast, slow = np.clip(np.exp(two.x[2:]), *rate_bounds).tolist()
     if fast < slow:
         fast, slow, share = slow, fast, 1.0 - share
     return TwoPhase(p, share, fast, slow), float(single - two.fun)
 
 
-def mixtures_of(snap: StatsSnapshot, fit: FitResult) -> dict[str, TwoPhase]:
-    """The categories of ``fit`` that take a mixture (module docstring's rule)."""
+def mixtures_of(snap: StatsSnapshot, fit: FitResult, settings: FitSettings) -> dict[str, TwoPhase]:
+    """The categories of ``fit`` that take a mixture (module docstring's rule), their
+    rates within ``settings``' bounds."""
+    bounds = (settings.rate_min, settings.rate_max)
     out: dict[str, TwoPhase] = {}
     for code, name in enumerate(snap.categories):
         detail = fit.details.get(name)
@@ -120,7 +131,12 @@ def mixtures_of(snap: StatsSnapshot, fit: FitResult) -> dict[str, TwoPhase]:
         if quality is None or quality < KS_MIN:
             continue
         model, gain = fit_two_phase(
-            snap.observed[code], snap.censored[code], snap.edges, snap.near_concurrent_s, detail.raw
+            snap.observed[code],
+            snap.censored[code],
+            snap.edges,
+            snap.near_concurrent_s,
+            detail.raw,
+            rate_bounds=bounds,
         )
         if gain > 2.0:  # Akaike: two more parameters must buy more than 2 in log-likelihood
             out[name] = model
@@ -201,7 +217,7 @@ class MixtureRefitter(CensoredRefitter):
             return None
         snap, fit = fitted
         if self._refits % MIX_EVERY == 0:
-            self.target.set_mixtures(mixtures_of(snap, fit))
+            self.target.set_mixtures(mixtures_of(snap, fit, self.settings))
         self._refits += 1
         return self.document_of(fit, now, version)
 

@@ -256,3 +256,33 @@ def test_reference_fitter_reproduces_the_shortcuts() -> None:
     # Dropping gaps under 0.3 s of a 2/s category throws away ~45 % of its reuses.
     assert ref.p_reuse < 0.5
     assert fit_reference(np.array([0.1, 5.0]), 10) is None
+
+
+def _never_reused(names: list[str]) -> StatsSnapshot:
+    """500 accesses over 50 s, alternating between ``names``, none of them reused."""
+    st = ReuseStats(100.0, categories=names, origin=0.0)
+    n = 500
+    code = (np.arange(n) % len(names)).astype(np.int32)
+    st.ingest(np.linspace(0.0, 50.0, n), code, np.full(n, np.nan), np.full(n, -1, np.int32))
+    return st.snapshot(60.0)
+
+
+@pytest.mark.parametrize("pinned", [0.3, 7.3, 1e3])
+def test_every_fitted_rate_lies_within_the_rate_bounds(pinned: float) -> None:
+    """Own fits, shrunk fits, pooled ones and fits borrowed from a pool with no reuse
+    (whose rate is not identified) all publish a rate inside [rate_min, rate_max]; a
+    pinned rate is that rate exactly (it once came back an ulp off, or as the built-in
+    default's 1/60 where nothing was reused)."""
+    cases = [
+        (_three_categories(), FitSettings(min_samples=10, rate_min=pinned, rate_max=pinned)),
+        (_three_categories(), FitSettings(min_samples=30, rate_min=pinned, rate_max=pinned)),
+        (_never_reused(["a", "b"]), FitSettings(min_samples=100, rate_min=pinned, rate_max=2e3)),
+        (_never_reused(["a", "b"]), FitSettings(min_samples=300, rate_max=pinned / 1e3)),
+    ]
+    for snap, settings in cases:
+        res = fit_all(snap, settings)
+        assert res.pooled is not None
+        published = [res.pooled, *res.categories.values()]
+        assert {p.source for p in published} <= {"fit", "pooled"}
+        for params in published:
+            assert settings.rate_min <= params.rate <= settings.rate_max, (settings, params)

@@ -30,6 +30,21 @@ def test_two_phase_fit_recovers_a_mixture_and_beats_one_exponential() -> None:
     assert abs(model.fast_share - 0.6) < 0.03 and abs(model.p - 10 / 11) < 0.01
 
 
+def test_two_phase_rates_lie_within_the_rate_bounds() -> None:
+    """Both phases keep to the fitter's ``[rate_min, rate_max]``, as every published rate
+    does (they were bounded only by the solver's own box, ``e^-14`` to ``e^7``)."""
+    rng = np.random.default_rng(5)
+    gaps = np.concatenate([rng.exponential(1 / 50.0, 6000), rng.exponential(1 / 1e-5, 4000)])
+    edges = np.concatenate([[0.0], np.geomspace(1e-3, 1e6, 160), [np.inf]])
+    observed = np.histogram(gaps, edges)[0].astype(np.int64)
+    censored = np.zeros(len(observed))
+    for bounds in [(1e-6, 1e3), (0.01, 10.0), (0.5, 0.5)]:
+        one = fit_cure_rate_many(observed[None, :], censored[None, :], edges, rate_bounds=bounds)
+        model, _ = fit_two_phase(observed, censored, edges, 0.0, one[0], rate_bounds=bounds)
+        for rate in (model.fast_rate, model.slow_rate):
+            assert bounds[0] <= rate <= bounds[1], (bounds, model)
+
+
 def test_two_phase_score_falls_with_idle_time_and_reduces_to_one_exponential() -> None:
     mix = TwoPhase(p=0.8, fast_share=0.5, fast_rate=10.0, slow_rate=0.1)
     scores = [mix.log_reuse_prob(d, 0.1) for d in (0.0, 0.1, 1.0, 10.0, 100.0)]
