@@ -75,6 +75,14 @@ class FitResult:
     """Access episodes (exposures) in the window, all categories."""
     durations: FitDurations
 
+    @property
+    def fitted(self) -> dict[str, CategoryParams]:
+        """The categories given parameters from data (their own fit or the pooled one):
+        what a refit publishes. Empty when the window held fewer than ``min_samples``
+        exposures (no pooled fit): such a refit fits nothing, and the document in force
+        stays."""
+        return {name: p for name, p in self.categories.items() if p.source != "default"}
+
     def cdf_points(self, name: str) -> ReuseCurve | None:
         """Empirical vs fitted reuse-time CDF of ``name`` (None: unknown or no data)."""
         d = self.details.get(name)

@@ -32,7 +32,7 @@ import numpy as np
 from agent.policies.base import EvictionPolicy
 from agent.policies.wa import WAPolicy
 from agent.policies.wa_core import runs
-from agent.policy_document import BUILTIN_POLICY, DEFAULT_PARAMS, PolicyDocument
+from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 from controlplane.fit import fit_all
 from controlplane.fit.per_category import FitResult
 from controlplane.fit.reuse_window import ReuseStats, StatsSnapshot
@@ -94,13 +94,17 @@ class CensoredRefitter:
         fitted = self.fit(now)
         return None if fitted is None else self.document_of(fitted[1], now, version)
 
-    def document_of(self, fit: FitResult, now: float, version: int) -> PolicyDocument:
-        """The policy document of ``fit``: the pooled fit is the default."""
+    def document_of(self, fit: FitResult, now: float, version: int) -> PolicyDocument | None:
+        """The policy document of ``fit``, the pooled fit its default; None when it fitted
+        nothing (``FitResult.fitted``: fewer than ``min_samples`` exposures in the
+        window), as the controller then publishes nothing."""
+        if not fit.fitted or fit.pooled is None:
+            return None
         return PolicyDocument(
             version=version,
             created_at=now,
-            categories=fit.categories,
-            default=fit.pooled if fit.pooled is not None else DEFAULT_PARAMS,
+            categories=fit.fitted,
+            default=fit.pooled,
             note=f"replay refit at {now:.1f}s from {fit.accesses} exposures",
         )
 

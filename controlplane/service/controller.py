@@ -468,8 +468,8 @@ class Controller:
             self.memory.track(self.store)  # the hold's release known at once, as a publication is
         elif self.store.held():
             return self._outcome("held", None, REFITS_HELD, seconds)
-        fitted = {k: p for k, p in result.categories.items() if p.source != "default"}
-        if result.accesses < self.settings.min_samples or not fitted:
+        fitted = result.fitted
+        if not fitted:
             return self._outcome(
                 "skipped",
                 None,

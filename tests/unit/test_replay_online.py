@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from agent.policy_document import BUILTIN_POLICY
 from controlplane.cli import app
+from controlplane.fit.settings import FitSettings
 from controlplane.replay import catalog
 from controlplane.replay.accesses import (
     access_columns,
@@ -107,7 +108,8 @@ def test_hit_classes_follow_the_cache_not_the_trace() -> None:
     # inserts c; the eviction after R1 takes b (LRU order before any fit), so R2 inserts b
     # again: a first access for the agent, a return by trace knowledge.
     trace = Trace.from_requests([[10, 11], [10, 12], [11]], [0.0, 2.0, 5.0])
-    policy = build("wa", trace, ReplayOptions(reuse_class="hit", wa_fit="split", split=0.5))
+    options = ReplayOptions(reuse_class="hit", wa_fit="split", split=0.5, min_samples=1)
+    policy = build("wa", trace, options)
     assert policy.inner.category_names == ("unknown", "unknown/re")
     hits = replay_hits(trace, policy, 2, check=True)
     assert hits.tolist() == [0, 1, 0]
@@ -167,11 +169,34 @@ def test_refits_happen_on_the_trace_clock() -> None:
     # Requests at 0, 1, ..., 9 s; a refit is due every 4 s: before the requests at 4 and 8.
     reqs = [[i, i + 1] for i in range(10)]
     trace = Trace.from_requests(reqs, [float(i) for i in range(10)])
-    policy = build("wa", trace, ReplayOptions(refit_every_s=4.0))
+    policy = build("wa", trace, ReplayOptions(refit_every_s=4.0, min_samples=1))
     replay_hits(trace, policy, 5)
     assert [(a.request, a.at_s) for a in policy.applied] == [(4, 4.0), (8, 8.0)]
-    # Fewer than min_samples (200) exposures: every category gets the built-in default.
-    assert policy.policy.default == BUILTIN_POLICY.default
+
+
+def test_a_refit_window_under_min_samples_leaves_the_document_in_force() -> None:
+    """As the controller does: a window with fewer than ``min_samples`` exposures fits
+    nothing, so the document in force stays (it was once replaced by the built-in
+    default's parameters for every category)."""
+    # A busy first minute (5 blocks a request, 5 requests a second, blocks reused), then
+    # one request every 10 s: a 60 s window holds a few dozen exposures.
+    busy = [[(i * 3 + j) % 400 for j in range(5)] for i in range(300)]
+    quiet = [[1000 + i] for i in range(20)]
+    times = [i / 5 for i in range(300)] + [70.0 + 10 * i for i in range(20)]
+    trace = Trace.from_requests(busy + quiet, times)
+    options = ReplayOptions(refit_every_s=20.0, window_s=60.0)
+    policy = build("wa", trace, options)
+    replay_hits(trace, policy, 50)
+    assert policy.applied, "the busy minute was never fitted"
+    for applied in policy.applied:
+        assert {p.source for p in applied.doc.categories.values()} <= {"fit", "pooled"}
+        assert applied.doc.default.source == "pooled"
+        assert applied.doc.default.samples >= FitSettings().min_samples
+    assert policy.applied[-1].at_s < 140.0
+    refitter = policy.refitter
+    assert isinstance(refitter, CensoredRefitter)
+    fitted = refitter.fit(times[-1])  # the quiet window held accesses, too few to fit
+    assert fitted is not None and not fitted[1].fitted
 
 
 def test_wa_ref_is_refitted_with_the_reference_fitter(tiny_to_c: Trace) -> None:
