@@ -204,7 +204,8 @@ class MixtureWA(WAPolicy):
 
 
 class MixtureRefitter(CensoredRefitter):
-    """``wa``'s refitter that also hands ``target`` the mixtures of each refit."""
+    """``wa``'s refitter that also hands ``target`` the mixtures of each published refit
+    (one that publishes nothing leaves them as they are)."""
 
     def __init__(self, names: Sequence[str], settings: FitSettings, target: MixtureWA) -> None:
         super().__init__(names, settings)
@@ -216,10 +217,13 @@ class MixtureRefitter(CensoredRefitter):
         if fitted is None:
             return None
         snap, fit = fitted
+        doc = self.document_of(fit, now, version)
+        if doc is None:  # nothing published: the mixtures stay with the document in force
+            return None
         if self._refits % MIX_EVERY == 0:
             self.target.set_mixtures(mixtures_of(snap, fit, self.settings))
         self._refits += 1
-        return self.document_of(fit, now, version)
+        return doc
 
 
 def fitted_wa_mix(capacity: int, trace: Trace, options: ReplayOptions) -> FittedReplayPolicy:

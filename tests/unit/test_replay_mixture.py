@@ -6,10 +6,13 @@ import math
 
 import numpy as np
 
+from agent.policy_document import BUILTIN_POLICY
 from controlplane.fit.mle import fit_cure_rate_many
+from controlplane.fit.settings import FitSettings
 from controlplane.replay import catalog
+from controlplane.replay.accesses import AccessColumns
 from controlplane.replay.engine import replay_hits
-from controlplane.replay.mixture import MixtureWA, TwoPhase, fit_two_phase
+from controlplane.replay.mixture import MixtureRefitter, MixtureWA, TwoPhase, fit_two_phase
 from controlplane.replay.options import ReplayOptions
 from controlplane.traces.synth import synthesize
 
@@ -65,3 +68,24 @@ def test_wa_mix_replays_in_checked_mode_and_fits_to_b_api_1_with_two_phases() ->
     assert set(inner.mixtures) == {"api_1"}
     api = inner.mixtures["api_1"]
     assert api.fast_rate > 10 * api.slow_rate
+
+
+def test_a_refit_that_publishes_nothing_keeps_the_mixtures() -> None:
+    """A refit under ``min_samples`` publishes no document: the mixtures in force stay
+    with the document in force (they were replaced by the refit's, none, on the refit
+    that also refits mixtures)."""
+    target = MixtureWA(category_names=["a"], doc=BUILTIN_POLICY)
+    kept = {"a": TwoPhase(p=0.5, fast_share=0.5, fast_rate=5.0, slow_rate=0.05)}
+    target.set_mixtures(kept)
+    refitter = MixtureRefitter(["a"], FitSettings(window_s=60.0, min_samples=200), target)
+    n = 10
+    cols = AccessColumns(
+        ts=np.linspace(1.0, 10.0, n),
+        category=np.zeros(n, np.int32),
+        prev_ts=np.full(n, np.nan),
+        prev_category=np.full(n, -1, np.int32),
+        offsets=np.arange(n + 1, dtype=np.int64),
+    )
+    refitter.ingest(cols, slice(0, n))
+    assert refitter.document(11.0, 1) is None
+    assert target.mixtures == kept
