@@ -80,7 +80,7 @@ class ReplayOptions:
 
     def __post_init__(self) -> None:
         if not (self.refit_every_s > 0 and math.isfinite(self.refit_every_s)):
-            raise ValueError(f"refit_every_s must be positive, got {self.refit_every_s}")
+            raise ValueError(f"refit_every_s must be a finite number > 0, got {self.refit_every_s}")
         if self.wa_fit not in ("online", "split"):
             raise ValueError(f"wa_fit must be 'online' or 'split', got {self.wa_fit!r}")
         if not 0.0 < self.split < 1.0:
@@ -102,11 +102,10 @@ class ReplayOptions:
             raise ValueError("depth classes and reuse classes are not combined")
         if not (self.reuse_ghost >= 0 and math.isfinite(self.reuse_ghost)):
             raise ValueError(f"reuse_ghost must be a finite number >= 0, got {self.reuse_ghost}")
-        auto_ok = 0 < self.auto_rate <= 1 and self.auto_window_s > 0 and self.auto_windows >= 1
+        auto_ok = 0 < self.auto_rate <= 1 and self.auto_windows >= 1
         if not (auto_ok and self.auto_min_accesses >= 0):
             raise ValueError(
-                "auto_rate must be in (0, 1], auto_window_s > 0, auto_windows >= 1, "
-                "auto_min_accesses >= 0"
+                "auto_rate must be in (0, 1], auto_windows >= 1, auto_min_accesses >= 0"
             )
         if self.min_samples is not None and self.min_samples < 1:
             raise ValueError(f"min_samples must be >= 1, got {self.min_samples}")
@@ -114,10 +113,17 @@ class ReplayOptions:
             v = getattr(self, name)
             if v is not None and not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a finite number >= 0, got {v}")
-        for name in ("life_s", "window_s"):
+        self._check_seconds()
+
+    def _check_seconds(self) -> None:
+        """Every life or window length finite and > 0, but ``window_s``, which may also be
+        infinite (every access since the start, ``fit_settings``)."""
+        for name in ("life_s", "window_s", "auto_window_s"):
             v = getattr(self, name)
-            if v is not None and not v > 0:
-                raise ValueError(f"{name} must be positive, got {v}")
+            infinite_window = name == "window_s" and v == math.inf
+            if v is not None and not (v > 0 and (math.isfinite(v) or infinite_window)):
+                also = " or inf" if name == "window_s" else ""
+                raise ValueError(f"{name} must be a finite number > 0{also}, got {v}")
 
     def fit_settings(self, trace: Trace) -> FitSettings:
         """The controller's fitting knobs with this run's overrides applied. An infinite
@@ -134,7 +140,8 @@ class ReplayOptions:
         if self.window_s is not None:
             span = float(trace.timestamps[-1] - trace.timestamps[0]) if trace.n_requests else 0
             update["window_s"] = self.window_s if math.isfinite(self.window_s) else span + 1.0
-        return self.fit.model_copy(update=update)
+        # Validated, not copied: the fitter's own checks apply to the overrides too.
+        return FitSettings.model_validate({**self.fit.fit_only().model_dump(), **update})
 
     def to_json(self) -> dict[str, object]:
         """Every option of the run but the fitting knobs it starts from (``fit``)."""

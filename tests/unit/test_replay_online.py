@@ -4,6 +4,7 @@ from the CLI to the factory, inferred categories."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -325,6 +326,32 @@ def test_cli_rejects_bad_options(tmp_path: Path) -> None:
     for extra in (["--wa-fit", "twice"], ["--split", "1.5"], ["--categories", "guess"]):
         res = CliRunner().invoke(app, ["replay", str(path), "-p", "lru", *extra])
         assert res.exit_code == 2, (extra, res.output)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("life_s", math.inf),
+        ("life_s", math.nan),
+        ("life_s", 0.0),
+        ("window_s", math.nan),
+        ("window_s", -1.0),
+        ("auto_window_s", math.inf),
+        ("auto_window_s", math.nan),
+        ("refit_every_s", math.inf),
+    ],
+)
+def test_seconds_options_must_be_finite_and_positive(option: str, value: float) -> None:
+    """A life or window length of inf or NaN is refused where it is given, naming the
+    option (an infinite life window once reached the fitter, which refuses infinities,
+    unchecked). ``window_s = inf`` keeps its meaning: every access since the start."""
+    with pytest.raises(ValueError, match=option):
+        ReplayOptions(**{option: value})
+
+
+def test_an_infinite_statistics_window_outlasts_the_trace() -> None:
+    trace = Trace.from_requests([[1], [1]], [0.0, 30.0])
+    assert ReplayOptions(window_s=math.inf).fit_settings(trace).window_s == 31.0
 
 
 def test_depth_classes_split_by_prompt_position_and_cost_weights_favour_depth() -> None:
