@@ -21,15 +21,20 @@ NEVER = np.iinfo(np.int64).max
 
 
 def next_use(trace: Trace) -> NDArray[np.int64]:
-    """For every access position, the index of the next request that accesses the same
-    block (``NEVER`` if none)."""
-    n_acc = trace.n_accesses
+    """For every access position, the index of the next *later* request that accesses
+    the same block (``NEVER`` if none): a block repeated inside one request is next used
+    by a later request, not by its own repeat."""
     req_of_pos = np.repeat(np.arange(trace.n_requests, dtype=np.int64), trace.lengths)
-    order = np.argsort(trace.blocks, kind="stable")
-    nxt = np.full(n_acc, NEVER, dtype=np.int64)
-    same = trace.blocks[order[1:]] == trace.blocks[order[:-1]]
-    nxt[order[:-1][same]] = req_of_pos[order[1:][same]]
-    # A block repeated inside one request: its next use is a later request, not itself.
+    order = np.argsort(trace.blocks, kind="stable")  # by block, then by request
+    block, req = trace.blocks[order], req_of_pos[order]
+    # Runs of one (block, request); each run's next use is the next run's request, if
+    # that run is of the same block.
+    starts = np.flatnonzero(np.r_[True, (block[1:] != block[:-1]) | (req[1:] != req[:-1])])
+    run_next = np.full(len(starts), NEVER, dtype=np.int64)
+    same_block = block[starts[1:]] == block[starts[:-1]]
+    run_next[:-1][same_block] = req[starts[1:]][same_block]
+    nxt = np.empty(trace.n_accesses, dtype=np.int64)
+    nxt[order] = np.repeat(run_next, np.diff(np.r_[starts, len(order)]))
     return nxt
 
 

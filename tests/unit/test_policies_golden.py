@@ -180,6 +180,17 @@ def test_belady_evicts_the_farthest_next_use() -> None:
     assert hits("lru", requests, 2) == [0, 0, 0, 0, 0]
 
 
+def test_belady_keys_a_block_repeated_in_one_request_by_its_next_request() -> None:
+    # Capacity 1. R0 accesses 1, 2, 1 (two blocks cached, one goes); R1 needs 2, and 1 is
+    # never used again: evict 1. Keyed by its repeat inside R0 (next use R0 itself, the
+    # nearest there is), 1 was kept and 2 evicted.
+    assert hits("belady", [[1, 2, 1], [2]], 1) == [0, 1]
+    # The same with a later use of 1, farther than 2's: still evict 1.
+    assert hits("belady", [[1, 2, 1], [2], [1]], 1) == [0, 1, 0]
+    # And the repeat does not hide a nearer later use: 2 goes, 1 comes back at R1.
+    assert hits("belady", [[1, 2, 1], [1], [2]], 1) == [0, 1, 0]
+
+
 # -- live serving: blocks in use when eviction runs -------------------------------------
 
 
