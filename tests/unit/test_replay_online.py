@@ -28,6 +28,7 @@ from controlplane.replay.options import ReplayOptions
 from controlplane.replay.runner import ReplayJob, run_matrix, run_one
 from controlplane.traces.model import Trace
 from controlplane.traces.synth import synthesize
+from tests.conftest import REPO
 
 
 def write_tiny(path: Path, requests: list[list[int]]) -> None:
@@ -173,6 +174,34 @@ def test_refits_happen_on_the_trace_clock() -> None:
     policy = build("wa", trace, ReplayOptions(refit_every_s=4.0, min_samples=1))
     replay_hits(trace, policy, 5)
     assert [(a.request, a.at_s) for a in policy.applied] == [(4, 4.0), (8, 8.0)]
+
+
+def test_the_online_refit_fits_a_sliding_window_as_docs_replay_says() -> None:
+    """A refit sees the accesses opened in the last ``window_s`` (to a bucket), not every
+    access replayed so far (which docs/replay.md once said)."""
+    # One request a second for 300 s, three new blocks each; a 100 s window, refits every
+    # 50 s.
+    trace = Trace.from_requests([[3 * i, 3 * i + 1, 3 * i + 2] for i in range(300)])
+    options = ReplayOptions(refit_every_s=50.0, window_s=100.0, min_samples=1)
+    policy = build("wa", trace, options)
+    replay_hits(trace, policy, 1000)
+    settings = options.fit_settings(trace)
+    bucket_s = settings.window_s / settings.window_buckets
+    assert [a.at_s for a in policy.applied] == [50.0, 100.0, 150.0, 200.0, 250.0]
+    for applied in policy.applied:
+        seen = applied.doc.default.samples  # the pooled fit: every exposure in the window
+        replayed = 3 * applied.request
+        window = 3 * min(applied.at_s, settings.window_s)
+        assert window - 3 * (bucket_s + 1) <= seen <= min(window, replayed), applied.at_s
+    section = (REPO / "docs" / "replay.md").read_text().split("## Fitted policies")[1]
+    defaults = FitSettings()
+    for words in (
+        "sliding `ReuseStats` window",
+        f"default {defaults.window_s:g} s",
+        f"default {defaults.window_buckets}",
+        f"slides {defaults.window_s / defaults.window_buckets:g} s at a time",
+    ):
+        assert words in section, words
 
 
 def test_a_refit_window_under_min_samples_leaves_the_document_in_force() -> None:
