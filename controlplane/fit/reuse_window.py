@@ -59,6 +59,36 @@ def _frozen(a: NDArray[np.generic]) -> NDArray[np.generic]:
     return a
 
 
+def _check_columns(
+    ts: F64, cat: I64, pts: F64, pcat: I64, n_names: int, *, batch: str = ""
+) -> None:
+    """``ValueError`` naming the column, the first bad row and its value (after ``batch``,
+    which names the batch), if any column of a batch is malformed: lengths differ, a
+    timestamp is not finite (a previous one may be NaN, unknown, not infinite), a code is
+    outside the ``n_names`` names."""
+    for column, values in (("category", cat), ("prev_ts", pts), ("prev_category", pcat)):
+        if len(values) != len(ts):
+            raise ValueError(f"{batch}{column} has {len(values)} rows, ts {len(ts)}")
+    checks = (
+        ("ts", ts, ~np.isfinite(ts), "is not finite"),
+        ("prev_ts", pts, np.isinf(pts), "is infinite (NaN means unknown)"),
+        ("category", cat, (cat < 0) | (cat >= n_names), f"is out of range [0, {n_names})"),
+        (
+            "prev_category",
+            pcat,
+            (pcat < -1) | (pcat >= n_names),
+            f"is out of range [-1, {n_names})",
+        ),
+    )
+    for column, values, bad, what in checks:
+        if bad.any():
+            row = int(np.argmax(bad))
+            shown = f"code {values[row]}" if values.dtype.kind == "i" else f"{values[row]}"
+            raise ValueError(
+                f"{batch}{column}: row {row} ({shown}) {what}; the batch is refused whole"
+            )
+
+
 @dataclass(frozen=True, eq=False)
 class CategoryStats:
     """One category's row of a snapshot."""
@@ -317,7 +347,16 @@ class ReuseStats:
 
     # --- ingest --------------------------------------------------------------------------
     def ingest_batch(self, batch: EventBatch) -> None:
-        """Ingest the access events (hits, inserts) of a decoded wire batch."""
+        """Ingest the access events (hits, inserts) of a decoded wire batch; a bad one is
+        refused whole, the error naming it and the row as sent."""
+        _check_columns(
+            batch.ts,
+            batch.category.astype(np.int64),
+            batch.prev_ts,
+            batch.prev_category.astype(np.int64),
+            len(batch.categories),
+            batch=f"batch {batch.seq} of worker {batch.worker!r}: ",
+        )
         keep = np.isin(batch.kind, _ACCESS_KINDS)
         self.ingest(
             batch.ts[keep],
@@ -342,18 +381,19 @@ class ReuseStats:
         ``category``/``prev_category`` are codes into ``names`` when given (remapped to
         this object's table), else into ``self.categories``. ``prev_ts`` is NaN and
         ``prev_category`` -1 where the sender does not know the block's previous access.
+        A malformed batch raises ``ValueError`` naming the column and the row, and is
+        refused whole: nothing of it is counted, none of its names added.
         """
         ts = np.asarray(ts, dtype=np.float64)
         cat = np.asarray(category, dtype=np.int64)
         pts = np.asarray(prev_ts, dtype=np.float64)
         pcat = np.asarray(prev_category, dtype=np.int64)
-        if not (len(ts) == len(cat) == len(pts) == len(pcat)):
-            raise ValueError("columns differ in length")
+        # The whole batch is checked before anything changes: a refused one adds nothing,
+        # not even its names.
+        _check_columns(ts, cat, pts, pcat, len(self._names) if names is None else len(names))
         if len(ts) == 0:
             return
         cat, pcat = self._remap(cat, pcat, names)
-        if not np.isfinite(ts).all():
-            raise ValueError("ts must be finite")
         if not self._origin_set:
             self._origin, self._origin_set = float(ts.min()), True
         bucket = np.floor(ts / self.bucket_s).astype(np.int64)
@@ -362,9 +402,7 @@ class ReuseStats:
         self._close(ts, pts, pcat)
 
     def _remap(self, cat: I64, pcat: I64, names: Sequence[str] | None) -> tuple[I64, I64]:
-        n_known = len(self._names) if names is None else len(names)
-        if cat.min() < 0 or cat.max() >= n_known or pcat.min() < -1 or pcat.max() >= n_known:
-            raise ValueError("category code out of range of the name table")
+        """Codes into ``names`` (checked by ``_check_columns``) as codes of this table."""
         if names is None:
             return cat, pcat
         table = np.array([self.code(n) for n in names], dtype=np.int64)

@@ -271,3 +271,55 @@ def test_a_worker_at_its_category_limit_is_admitted_once_its_old_ones_aged_out()
         window.apply(batch, t)  # "a" and "b" left the window when "x" came at 150 s
     assert window.stats.categories == ("x", "a", "c")
     assert window.categories == 3
+
+
+BAD_BATCHES = [
+    # (rows, batch names, what the error must say)
+    ([(6.0, 0, NAN, -1), (NAN, 1, NAN, -1)], ["a", "new"], r"ts: row 1 .*nan"),
+    ([(6.0, 0, NAN, -1), (7.0, 1, np.inf, 0)], ["a", "new"], r"prev_ts: row 1 .*inf"),
+    ([(6.0, 1, NAN, -1), (7.0, 2, NAN, -1)], ["a", "new"], r"category: row 1 .*code 2.*\[0, 2\)"),
+    ([(6.0, 0, 5.0, 3), (7.0, 1, NAN, -1)], ["a", "new"], r"prev_category: row 0 .*code 3"),
+    ([(6.0, 0, 5.0, -2)], None, r"prev_category: row 0 .*code -2.*\[-1, 2\)"),
+]
+
+
+@pytest.mark.parametrize(("rows", "names", "says"), BAD_BATCHES)
+def test_a_bad_batch_is_refused_whole_naming_the_column_and_row(
+    rows: list[tuple[float, int, float, int]], names: list[str] | None, says: str
+) -> None:
+    """The error says which column, which row and what is wrong with it; and the batch is
+    checked before anything changes: the names it brings are not added (they once were,
+    before a bad timestamp was found), nothing accepted before is lost."""
+    st = _hand(near_s=0.5)
+    before = st.snapshot(30.0)
+    with pytest.raises(ValueError, match=says):
+        st.ingest(*_cols(rows), names=names)
+    assert st.categories == ("a", "b")
+    _snapshots_equal(st.snapshot(30.0), before)
+
+
+def test_columns_of_different_lengths_are_named() -> None:
+    st = ReuseStats(100.0, categories=["a"])
+    ts, cat, pts, pcat = _cols([(1.0, 0, NAN, -1), (2.0, 0, NAN, -1)])
+    with pytest.raises(ValueError, match=r"prev_ts has 1 rows, ts 2"):
+        st.ingest(ts, cat, pts[:1], pcat)
+
+
+def test_a_bad_wire_batch_is_named_by_worker_sequence_and_its_own_row() -> None:
+    """Rows are counted in the batch as sent, evictions included, not among the accesses
+    kept from it."""
+    kinds = np.array([EventKind.EVICT, EventKind.INSERT, EventKind.HIT], np.uint8)
+    batch = event_batch(
+        worker="w7",
+        seq=12,
+        categories=("text_1",),
+        ts=[1.0, 2.0, 3.0],
+        block=7,
+        kind=kinds,
+        prev_ts=[NAN, NAN, 2.0],
+        prev_category=[-1, -1, 1],
+    )
+    st = ReuseStats(100.0)
+    with pytest.raises(ValueError, match=r"batch 12 of worker 'w7': prev_category: row 2 "):
+        st.ingest_batch(batch)
+    assert st.categories == ()
