@@ -85,7 +85,9 @@ def run_jobs(
     global _FN, _QUEUE
     ctx = mp.get_context("fork")
     _FN = fn
-    _QUEUE = ctx.Queue() if progress else None
+    # A SimpleQueue writes each report into its pipe before ``put`` returns (a Queue
+    # leaves it to a feeder thread), so a job's last report is there before its result.
+    _QUEUE = ctx.SimpleQueue() if progress else None
     pids = ctx.SimpleQueue()
     pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=_start_worker, initargs=(pids,))
     try:
@@ -224,9 +226,6 @@ def _drain(progress: Callable[[Any, int], None] | None) -> None:
     queue = _QUEUE
     if progress is None or queue is None:
         return
-    while True:
-        try:
-            job, done = queue.get_nowait()
-        except Exception:  # queue.Empty; multiprocessing re-exports it oddly
-            return
+    while not queue.empty():
+        job, done = queue.get()
         progress(job, done)
