@@ -128,8 +128,8 @@ class StatsSnapshot:
     reuses: I64
     near_concurrent: I64
     dropped: int = 0
-    """Events ignored since the stats began: opened outside the window, or reuses of an
-    access this window never saw."""
+    """Events ignored since the stats began: opened outside the window, reuses of an
+    access this window never saw, or reuses dated before the access they reuse."""
 
     def __post_init__(self) -> None:
         for a in (self.edges, self.observed, self.censored):
@@ -443,10 +443,11 @@ class ReuseStats:
         head = self._head
         assert head is not None
         # The access must be one this window opened: in a live bucket, not before the
-        # origin, not in a bucket the ring has not reached.
-        ok = self._live(pbucket) & (pts >= self._origin) & (pbucket <= head)
+        # origin, not in a bucket the ring has not reached; and not after the event that
+        # reuses it (a sender's clock stepped back: no gap was observed, it stays open).
+        ok = self._live(pbucket) & (pts >= self._origin) & (pbucket <= head) & (pts <= ts)
         self.dropped += int(len(ok) - ok.sum())
-        gap = np.maximum(ts[ok] - pts[ok], 0.0)
+        gap = ts[ok] - pts[ok]
         cell = (pbucket[ok] % self.n_buckets) * self._cap + pcat[ok]
         near = gap < self.near_concurrent_s
         np.add.at(self._near.reshape(-1), cell[near], 1)

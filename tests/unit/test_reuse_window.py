@@ -323,3 +323,15 @@ def test_a_bad_wire_batch_is_named_by_worker_sequence_and_its_own_row() -> None:
     with pytest.raises(ValueError, match=r"batch 12 of worker 'w7': prev_category: row 2 "):
         st.ingest_batch(batch)
     assert st.categories == ()
+
+
+def test_a_reuse_before_its_previous_access_is_dropped_and_counted() -> None:
+    """A negative gap (a sender's clock stepped back) is no reuse observation: it was
+    once counted as a reuse at 0 s. The earlier access stays open; the event's own access
+    counts."""
+    st = ReuseStats(100.0, categories=["a"], origin=0.0)
+    st.ingest(*_cols([(10.0, 0, NAN, -1), (8.0, 0, 10.0, 0)]))
+    row = st.snapshot(20.0).of("a")
+    assert (row.accesses, row.reuses, row.near_concurrent) == (2, 0, 0)
+    assert row.observed.sum() == 0 and row.censored.sum() == pytest.approx(2.0)
+    assert st.dropped == 1
