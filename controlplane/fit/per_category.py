@@ -20,13 +20,14 @@ It must never do I/O, read the environment, or keep state between calls.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import NDArray
 from scipy.special import expit
 
-from agent.policy_document import DEFAULT_PARAMS, CategoryParams, ParamSource
+from agent.policy_document import DEFAULT_PARAMS, MODEL_PARAMS, CategoryParams, ParamSource
 from controlplane.fit.gof import ReuseCurve, curve_from, empirical_cdf, ks_from
 from controlplane.fit.mle import MixtureFit, clipped_logit, fit_cure_rate_many
 from controlplane.fit.reuse_window import StatsSnapshot
@@ -87,6 +88,24 @@ class FitResult:
         """Empirical vs fitted reuse-time CDF of ``name`` (None: unknown or no data)."""
         d = self.details.get(name)
         return d.curve if d is not None else None
+
+
+def max_relative_change(
+    old: Mapping[str, CategoryParams], new: Mapping[str, CategoryParams]
+) -> float:
+    """The largest relative change of a fitted parameter (``MODEL_PARAMS``) from ``old``
+    to ``new`` over ``new``'s categories; ``inf`` when ``new`` names one ``old`` lacks. A
+    refit changing less than ``change_threshold`` publishes nothing (controller and
+    replay alike)."""
+    worst = 0.0
+    for name, p in new.items():
+        q = old.get(name)
+        if q is None:
+            return float("inf")
+        for field in MODEL_PARAMS:
+            a, b = getattr(q, field), getattr(p, field)
+            worst = max(worst, abs(a - b) / max(abs(a), 1e-12))
+    return worst
 
 
 def life_window(rate: float, settings: FitSettings) -> float:

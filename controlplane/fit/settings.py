@@ -2,7 +2,8 @@
 
 Owns every number that decides how reuse observations become fitted parameters: the
 statistics window, the samples a category needs for a fit of its own, shrinkage, the
-life-window rule and the bounds of fitted values. The controller's settings extend it
+life-window rule, the bounds of fitted values and the change a refit must make to be
+published. The controller's settings extend it
 (so each knob is read from ``KVWISE_*`` there and declared once here); replays build one
 from its defaults. It must never read the environment or files.
 """
@@ -58,6 +59,9 @@ class FitSettings(BaseModel):
     )
     life_max_s: float = Field(
         default=3600.0, gt=0, description="Longest fitted life window; equal to life_min_s pins it"
+    )
+    change_threshold: float = Field(
+        default=0.05, ge=0, description="Relative change below which no version is published"
     )
 
     @field_validator("life_s_override", mode="before")

@@ -5,7 +5,9 @@ Owns ``FittedReplayPolicy``, which drives an agent evictor (``WAPolicy`` or
 refitters that produce them:
 
 - ``CensoredRefitter`` (``wa``): a ``ReuseStats`` window fed with the accesses replayed
-  since the last refit, then ``fit_all``; the pooled fit is the document's default;
+  since the last refit, then ``fit_all``; the pooled fit is the document's default, and
+  a refit the controller would not publish (``min_samples``, ``change_threshold``) gives
+  none;
 - ``ReferenceRefitter`` (``wa-ref``): the reference code's fitter (``fit_reference``:
   shifted exponential, ``p = reuses / accesses``, 5 s life window) on every reuse gap seen
   so far.
@@ -32,9 +34,9 @@ import numpy as np
 from agent.policies.base import EvictionPolicy
 from agent.policies.wa import WAPolicy
 from agent.policies.wa_core import runs
-from agent.policy_document import BUILTIN_POLICY, PolicyDocument
+from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
 from controlplane.fit import fit_all
-from controlplane.fit.per_category import FitResult
+from controlplane.fit.per_category import FitResult, max_relative_change
 from controlplane.fit.reuse_window import ReuseStats, StatsSnapshot
 from controlplane.fit.settings import FitSettings
 from controlplane.replay.accesses import (
@@ -73,6 +75,8 @@ class CensoredRefitter:
     def __init__(self, names: Sequence[str], settings: FitSettings) -> None:
         self.settings = settings
         self.names = tuple(names)
+        self._published: dict[str, CategoryParams] = {}
+        """The categories of the last document this refitter gave (none yet)."""
         self.stats = ReuseStats(
             settings.window_s,
             near_concurrent_s=settings.near_concurrent_s,
@@ -95,11 +99,15 @@ class CensoredRefitter:
         return None if fitted is None else self.document_of(fitted[1], now, version)
 
     def document_of(self, fit: FitResult, now: float, version: int) -> PolicyDocument | None:
-        """The policy document of ``fit``, the pooled fit its default; None when it fitted
-        nothing (``FitResult.fitted``: fewer than ``min_samples`` exposures in the
-        window), as the controller then publishes nothing."""
+        """The policy document of ``fit``, the pooled fit its default; None when the
+        controller would publish nothing: it fitted nothing (``FitResult.fitted``: fewer
+        than ``min_samples`` exposures in the window), or it changes no parameter of the
+        last document by ``change_threshold`` and brings no new category."""
         if not fit.fitted or fit.pooled is None:
             return None
+        if max_relative_change(self._published, fit.fitted) < self.settings.change_threshold:
+            return None
+        self._published = fit.fitted
         return PolicyDocument(
             version=version,
             created_at=now,

@@ -33,6 +33,7 @@ from agent.runtime.connection import RedisClient, connect, describe_redis_error,
 from agent.wire import EventBatch, Keys
 from controlplane.fit import FitResult, fit_all
 from controlplane.fit.gof import ReuseCurve
+from controlplane.fit.per_category import max_relative_change
 from controlplane.fit.reuse_window import ReuseStats
 from controlplane.service.agents import AgentReader, AgentView
 from controlplane.service.checkpoint import CheckpointError, CheckpointStore
@@ -478,7 +479,7 @@ class Controller:
                 seconds,
             )
         base = self.store.base()
-        change = _max_relative_change(base.categories, fitted)
+        change = max_relative_change(base.categories, fitted)
         if change < self.settings.change_threshold and set(fitted) <= set(base.categories):
             return self._outcome(
                 "unchanged",
@@ -638,17 +639,5 @@ def _change_words(old: dict[str, CategoryParams], new: dict[str, CategoryParams]
     kept = {name: params for name, params in new.items() if name in old}
     words = [f"{added} new categor{'y' if added == 1 else 'ies'}"] if added else []
     if kept or not added:
-        words.append(f"largest relative change {_max_relative_change(old, kept):.3g}")
+        words.append(f"largest relative change {max_relative_change(old, kept):.3g}")
     return ", ".join(words)
-
-
-def _max_relative_change(old: dict[str, CategoryParams], new: dict[str, CategoryParams]) -> float:
-    worst = 0.0
-    for name, p in new.items():
-        q = old.get(name)
-        if q is None:
-            return float("inf")
-        for field in MODEL_PARAMS:
-            a, b = getattr(q, field), getattr(p, field)
-            worst = max(worst, abs(a - b) / max(abs(a), 1e-12))
-    return worst

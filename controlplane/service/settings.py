@@ -113,9 +113,6 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
         gt=0,
         description="Seconds between refits (none published while no access arrives)",
     )
-    change_threshold: float = Field(
-        default=0.05, ge=0, description="Relative change below which no version is published"
-    )
 
     # --- store and leadership ------------------------------------------------------------
     history_size: int = Field(default=100, ge=2, description="Policy versions kept")

@@ -3,6 +3,7 @@ from the CLI to the factory, inferred categories."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 
 from agent.policy_document import BUILTIN_POLICY
 from controlplane.cli import app
+from controlplane.fit.per_category import max_relative_change
 from controlplane.fit.settings import FitSettings
 from controlplane.replay import catalog
 from controlplane.replay.accesses import (
@@ -176,13 +178,30 @@ def test_refits_happen_on_the_trace_clock() -> None:
     assert [(a.request, a.at_s) for a in policy.applied] == [(4, 4.0), (8, 8.0)]
 
 
+def test_an_online_refit_that_changes_too_little_publishes_nothing() -> None:
+    """As the controller does (``change_threshold``): a refit whose largest relative
+    change of a category's parameters is below the threshold, and that brings no new
+    category, leaves the document in force (every refit was once swapped in)."""
+    rng = np.random.default_rng(1)
+    requests = [rng.choice(2000, 5, replace=False).tolist() for _ in range(1200)]
+    trace = Trace.from_requests(requests, [i / 2 for i in range(1200)])  # stationary
+    policy = build("wa", trace, ReplayOptions(refit_every_s=20.0))
+    replay_hits(trace, policy, 100)
+    threshold = FitSettings().change_threshold
+    docs = [a.doc for a in policy.applied]
+    assert 2 <= len(docs) < 20, len(docs)  # 29 refits are due; most change less than 5 %
+    for old, new in itertools.pairwise(docs):
+        assert max_relative_change(old.categories, new.categories) >= threshold
+
+
 def test_the_online_refit_fits_a_sliding_window_as_docs_replay_says() -> None:
     """A refit sees the accesses opened in the last ``window_s`` (to a bucket), not every
     access replayed so far (which docs/replay.md once said)."""
     # One request a second for 300 s, three new blocks each; a 100 s window, refits every
     # 50 s.
     trace = Trace.from_requests([[3 * i, 3 * i + 1, 3 * i + 2] for i in range(300)])
-    options = ReplayOptions(refit_every_s=50.0, window_s=100.0, min_samples=1)
+    every = FitSettings(change_threshold=0.0)  # every refit published
+    options = ReplayOptions(refit_every_s=50.0, window_s=100.0, min_samples=1, fit=every)
     policy = build("wa", trace, options)
     replay_hits(trace, policy, 1000)
     settings = options.fit_settings(trace)
