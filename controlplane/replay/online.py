@@ -25,6 +25,7 @@ trace's labels or are inferred (``controlplane.replay.accesses``).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -147,6 +148,11 @@ class ReferenceRefitter:
         )
 
 
+APPLIED_KEPT = 100
+"""Documents a fitted replay policy keeps (the newest): a long replay refits thousands of
+times, each document as large as its categories."""
+
+
 @dataclass(frozen=True)
 class AppliedVersion:
     """One document swapped in during the replay."""
@@ -189,7 +195,10 @@ class FittedReplayPolicy:
         ``auto`` switched to (reuse classes are still decided, and refits still made)."""
         self._class = block_class
         self._hit_classes = classes
-        self.applied: list[AppliedVersion] = []
+        self.applied: deque[AppliedVersion] = deque(maxlen=APPLIED_KEPT)
+        """The newest documents swapped in, oldest first (at most ``APPLIED_KEPT``)."""
+        self.versions_applied = 0
+        """Documents swapped in since the start (all of them)."""
         self._codes = list(codes)
         self._ts = trace.timestamps.tolist()
         self._offsets = trace.offsets.tolist()
@@ -229,10 +238,11 @@ class FittedReplayPolicy:
             self.refitter.ingest(*self._hit_classes.released_columns())
         self._done = hi
         now = self._ts[min(r, len(self._ts) - 1)]
-        doc = self.refitter.document(now, len(self.applied) + 1)
+        doc = self.refitter.document(now, self.versions_applied + 1)
         if doc is not None:
             self.inner.set_policy(doc)
             self.applied.append(AppliedVersion(doc.version, now, r, doc))
+            self.versions_applied += 1
 
     def request_code(self, request: int) -> int:
         """This run's category code of ``request`` (labels or inferred)."""

@@ -184,8 +184,8 @@ class AutoReplayPolicy:
             start = end + skipped * self._window_s
             self._window_start = start if start > self._window_start else t
         self.wa.arrive(request)
-        if len(self.wa.applied) != self._docs_seen:
-            self._docs_seen = len(self.wa.applied)
+        if self.wa.versions_applied != self._docs_seen:
+            self._docs_seen = self.wa.versions_applied
             self._shadow.wa.set_policy(self.wa.inner.policy)
         shadow = self._shadow
         sampled = shadow.sampled[request]

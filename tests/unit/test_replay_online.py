@@ -25,7 +25,12 @@ from controlplane.replay.accesses import (
 )
 from controlplane.replay.depth import CostWeightedWA, depth_saving, with_depth_class
 from controlplane.replay.engine import replay_hits
-from controlplane.replay.online import CensoredRefitter, FittedReplayPolicy, build
+from controlplane.replay.online import (
+    APPLIED_KEPT,
+    CensoredRefitter,
+    FittedReplayPolicy,
+    build,
+)
 from controlplane.replay.options import ReplayOptions
 from controlplane.replay.runner import ReplayJob, run_matrix, run_one
 from controlplane.traces.model import Trace
@@ -155,6 +160,19 @@ def test_online_refit_changes_the_policy_during_the_replay(tiny_to_c: Trace) -> 
     assert sum(p.samples for p in last.categories.values()) > sum(
         p.samples for p in first.categories.values()
     )
+
+
+def test_a_long_replay_keeps_only_the_latest_documents() -> None:
+    """Every swapped-in document was kept to the end of the replay (a day of refits
+    every minute: 1,440 documents); the newest ``APPLIED_KEPT`` stay, the count all."""
+    trace = Trace.from_requests([[i % 50, 100 + i] for i in range(400)])
+    every = FitSettings(change_threshold=0.0, min_samples=1)
+    policy = build("wa", trace, ReplayOptions(refit_every_s=1.0, fit=every))
+    replay_hits(trace, policy, 20)
+    assert policy.versions_applied == 399
+    assert len(policy.applied) == APPLIED_KEPT < 399
+    assert [a.version for a in policy.applied] == list(range(400 - APPLIED_KEPT, 400))
+    assert policy.policy is policy.applied[-1].doc
 
 
 def test_online_refit_is_deterministic(tiny_to_c: Trace) -> None:
