@@ -36,6 +36,7 @@ from agent.wire import EventBatch, EventKind
 from controlplane.traces.arrays import F64, I32, I64
 
 _ACCESS_KINDS = np.array([EventKind.HIT, EventKind.INSERT], dtype=np.uint8)
+_INT32_TOP = int(np.iinfo(np.int32).max)
 _ONE32 = np.int32(1)
 """A typed increment: ``np.add.at`` into int32 with a Python int takes a slow casting
 path (about 30 times slower)."""
@@ -129,7 +130,8 @@ class StatsSnapshot:
     near_concurrent: I64
     dropped: int = 0
     """Events ignored since the stats began: opened outside the window, reuses of an
-    access this window never saw, or reuses dated before the access they reuse."""
+    access this window never saw, reuses dated before the access they reuse, or past a
+    full gap counter (2**31 - 1 in one bucket, category and bin)."""
 
     def __post_init__(self) -> None:
         for a in (self.edges, self.observed, self.censored):
@@ -219,8 +221,11 @@ class ReuseStats:
         self._slot_bucket = np.full(k, np.iinfo(np.int64).min, dtype=np.int64)
         self._acc = np.zeros((k, 0), dtype=np.int64)
         self._near = np.zeros((k, 0), dtype=np.int64)
-        # int32: one bucket x category x bin would need 2**31 reuses to overflow.
+        # int32: one bucket x category x bin would need 2**31 reuses to overflow (and
+        # saturates then, ``_book_gaps``).
         self._gaps = np.zeros((k, 0, b), dtype=np.int32)
+        self._slot_reuses = np.zeros(k, dtype=np.int64)
+        """Reuse gaps booked in each bucket, all cells together: a bound on each cell."""
         self._head: int | None = None  # newest bucket seen
         # Accesses before the origin are not counted, and nor are reuses of them: their
         # exposures were never opened here. Fixed once set, so the batch order cannot matter.
@@ -263,7 +268,8 @@ class ReuseStats:
 
     def nbytes(self) -> int:
         """Memory held by the counters: buckets x categories x bins, never per block."""
-        return sum(a.nbytes for a in (self._slot_bucket, self._acc, self._near, self._gaps))
+        held = (self._slot_bucket, self._slot_reuses, self._acc, self._near, self._gaps)
+        return sum(a.nbytes for a in held)
 
     def forget_unused(self) -> int:
         """Drop the categories no bucket inside the window counts any more (their codes
@@ -340,6 +346,7 @@ class ReuseStats:
         self._acc[slots, :c] = state.accesses
         self._near[slots, :c] = state.near_concurrent
         self._gaps[slots, :c, :] = state.gaps
+        self._slot_reuses[:] = self._gaps.sum(axis=(1, 2), dtype=np.int64)
         self._head = state.head
         self._origin_set = state.origin is not None
         self._origin = -np.inf if state.origin is None else float(state.origin)
@@ -421,6 +428,7 @@ class ReuseStats:
         self._acc[slots] = 0
         self._near[slots] = 0
         self._gaps[slots] = 0
+        self._slot_reuses[slots] = 0
         self._head = newest
 
     def _live(self, bucket: I64) -> NDArray[np.bool_]:
@@ -453,7 +461,23 @@ class ReuseStats:
         np.add.at(self._near.reshape(-1), cell[near], 1)
         b = self._gaps.shape[2]
         gbin = np.searchsorted(self.edges, gap[~near], side="right") - 1
-        np.add.at(self._gaps.reshape(-1), cell[~near] * b + np.minimum(gbin, b - 1), _ONE32)
+        slot = pbucket[ok][~near] % self.n_buckets
+        self._book_gaps(slot, cell[~near] * b + np.minimum(gbin, b - 1))
+
+    def _book_gaps(self, slot: I64, flat: I64) -> None:
+        """Count one reuse gap in each cell ``flat`` of ``_gaps`` (bucket ``slot``). A cell
+        never passes int32's largest value: the reuses past it are dropped and counted.
+        ``_slot_reuses`` bounds every cell of a bucket, so the exact check runs only while a
+        bucket could overflow."""
+        self._slot_reuses += np.bincount(slot, minlength=self.n_buckets)
+        gaps = self._gaps.reshape(-1)
+        if not (self._slot_reuses > _INT32_TOP).any():
+            np.add.at(gaps, flat, _ONE32)
+            return
+        cells, adds = np.unique(flat, return_counts=True)
+        total = gaps[cells].astype(np.int64) + adds
+        self.dropped += int(np.maximum(total - _INT32_TOP, 0).sum())
+        gaps[cells] = np.minimum(total, _INT32_TOP)
 
     # --- snapshot ------------------------------------------------------------------------
     def snapshot(self, now: float) -> StatsSnapshot:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -335,3 +337,22 @@ def test_a_reuse_before_its_previous_access_is_dropped_and_counted() -> None:
     assert (row.accesses, row.reuses, row.near_concurrent) == (2, 0, 0)
     assert row.observed.sum() == 0 and row.censored.sum() == pytest.approx(2.0)
     assert st.dropped == 1
+
+
+def test_a_full_gap_counter_saturates_instead_of_wrapping() -> None:
+    """Gap counters are int32 (memory): one that would pass 2**31 - 1 stays there, the
+    reuses past it dropped and counted (it once wrapped to a negative count)."""
+    top = int(np.iinfo(np.int32).max)
+    st = ReuseStats(100.0, n_buckets=10, categories=["a"], origin=0.0)
+    st.ingest(*_cols([(1.0, 0, NAN, -1), (3.0, 0, 1.0, 0)]))
+    state = st.state()
+    gaps = state.gaps.copy()
+    cell = np.argwhere(gaps)[0]
+    gaps[tuple(cell)] = top - 1
+    accesses = state.accesses.copy()
+    accesses[cell[0], cell[1]] = top  # as many accesses as the reuses they opened
+    st.restore(dataclasses.replace(state, gaps=gaps, accesses=accesses))
+    st.ingest(*_cols([(3.2, 0, 1.2, 0), (3.3, 0, 1.3, 0), (3.4, 0, 1.4, 0)]))  # gaps of 2 s
+    row = st.snapshot(4.0).of("a")
+    assert row.observed.max() == top and row.observed.min() >= 0
+    assert st.dropped == 2
