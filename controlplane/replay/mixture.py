@@ -45,8 +45,9 @@ KS_MIN = 0.15
 MIN_EXPOSURES = 1000
 """Exposures a category needs for a mixture of its own (four parameters)."""
 MIX_EVERY = 5
-"""Mixtures are refitted at every this many refits (a cost setting of the replay: they
-are slow to fit and change slowly); in between, the last ones stay."""
+"""Mixtures are refitted at every this many published refits (a cost setting of the
+replay: they are slow to fit and change slowly); in between, and on a refit that publishes
+nothing, the last ones stay."""
 
 
 @dataclass(frozen=True)
