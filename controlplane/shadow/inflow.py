@@ -24,6 +24,13 @@ from numpy.typing import NDArray
 KEEP_STEPS = 1024
 """Steps kept at least when old ones are dropped (a capacity learned late still finds
 this much history)."""
+MAX_STEPS = 32_768
+"""Steps kept at most. A capacity of ``C`` blocks needs the last ``C x 4`` (the ladder's
+top) blocks of inflow, which requests of a block or two make millions of steps (two
+floats in a list each, about 64 bytes). Once half of this many are kept, a step is added
+to the last one until it holds ``horizon / (MAX_STEPS / 4)`` blocks: the horizon is read
+from at most a quarter of this many steps, and a window's start is placed within one of
+them (a share off by at most that step's blocks over the window's)."""
 MIN_SEEN = 0.25
 """Until this share of a capacity's inflow has been seen, that capacity keeps the nominal
 ``capacity x rate``."""
@@ -35,7 +42,8 @@ still held, as a full cache holds the blocks it hits."""
 
 class InflowShare:
     """Cumulative inflow of all whole requests and of the sampled ones, told in steps:
-    each sampled request, and the inflow of the requests between two of them."""
+    each sampled request, and the inflow of the requests between two of them (at most
+    ``MAX_STEPS`` kept, however large the horizon)."""
 
     def __init__(self, rate: float, horizon: int = 0) -> None:
         self.rate = rate
@@ -48,13 +56,26 @@ class InflowShare:
         """One step: blocks computed by all its whole requests, and by the sampled ones."""
         if every <= 0:
             return
-        self._every.append(self._every[-1] + every)
-        self._sampled.append(self._sampled[-1] + sampled)
+        if len(self._every) >= MAX_STEPS // 2 and self._last_step < self._merged_step:
+            self._every[-1] += every
+            self._sampled[-1] += sampled
+        else:
+            self._every.append(self._every[-1] + every)
+            self._sampled.append(self._sampled[-1] + sampled)
         if (
             len(self._every) > 2 * KEEP_STEPS
             and self._every[-1] - self._every[KEEP_STEPS] >= self.horizon
         ):
             del self._every[:KEEP_STEPS], self._sampled[:KEEP_STEPS]
+
+    @property
+    def _last_step(self) -> float:
+        return self._every[-1] - self._every[-2]
+
+    @property
+    def _merged_step(self) -> float:
+        """The inflow a step gathers, once ``MAX_STEPS / 2`` are kept, before the next."""
+        return 4 * self.horizon / MAX_STEPS
 
     def tell(
         self,

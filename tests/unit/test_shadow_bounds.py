@@ -10,6 +10,7 @@ from agent.wire import BatchLimits, EventBatch, EventKind
 from controlplane.fit.reuse_window import ReuseStats
 from controlplane.service.window import BatchRefused, LiveWindow, WindowLimits
 from controlplane.shadow.evaluator import GATHER_EVENTS, ShadowEvaluator
+from controlplane.shadow.inflow import MAX_STEPS, InflowShare
 from controlplane.shadow.rebuild import MAX_HELD_EVENTS, CategoryTable, RequestRebuilder
 from controlplane.shadow.sampler import PrefixSampler
 from controlplane.shadow.settings import ShadowSettings
@@ -127,3 +128,16 @@ def test_a_batch_brings_a_new_category_only_when_a_name_it_uses_has_no_code() ->
     second.feed(_one_request(2, "b", 2.0))
     assert not first.brings_new(_one_request(3, "a", 3.0))
     assert not second.brings_new(_one_request(4, "b", 4.0))
+
+
+def test_the_inflow_share_keeps_a_bounded_number_of_steps_at_any_horizon() -> None:
+    """Requests of one block each at the horizon of a capacity of 100,000 blocks (the
+    ladder's 4x): the steps are merged past ``MAX_STEPS / 2`` (at 49 blocks each), and
+    the shares read still follow the stream."""
+    share = InflowShare(rate=0.05, horizon=4 * 100_000)
+    for i in range(120_000):  # one request in 10 sampled, then one in 20
+        share.add(every=1.0, sampled=1.0 if i % (10 if i < 80_000 else 20) == 0 else 0.0)
+    assert len(share._every) <= MAX_STEPS
+    assert share.totals == (120_000.0, 8_000.0 + 2_000.0)
+    assert abs(share.capacity(40_000) - 2_000) <= 5  # the last 40,000: one in 20
+    assert abs(share.capacity(80_000) - 6_000) <= 5  # and 40,000 of one in 10
