@@ -307,8 +307,6 @@ class ShadowEvaluator:
         from there on, so both cover the same span; the requests before it only warm the
         caches); else all of them."""
         fulls = [round(capacity * m) for m in self.multiples]
-        # The share keeps the inflow both the old and the new miniatures are sized by.
-        worker.share.horizon = max(worker.share.horizon, max(fulls))
         requests = list(worker.buffer)
         counted_from = None
         if requests and worker.buffer_dropped:
@@ -324,7 +322,16 @@ class ShadowEvaluator:
             requests=requests,
             curves_since=counted_from,
         )
+        self._follow_capacity(worker)
         return worker.warming
+
+    def _follow_capacity(self, worker: _Worker) -> None:
+        """The worker's inflow share keeps what the ladder's top step needs at the
+        capacity its miniatures stand for, and at the one they warm for (the old and the
+        new are sized by it meanwhile): no more, once a warm is installed or put aside."""
+        capacities = (worker.capacity, worker.warming.capacity if worker.warming else None)
+        known = [c for c in capacities if c is not None]
+        worker.share.horizon = round(max(known, default=0) * max(self.multiples))
 
     def _warm(self, worker: _Worker, warming: Warming) -> None:
         """Warm ``warming`` with the lock released, catch it up on what came meanwhile
@@ -351,13 +358,14 @@ class ShadowEvaluator:
             with self._lock:
                 if worker.warming is warming:
                     worker.warming = None
+                    self._follow_capacity(worker)
             raise
 
     def _install(self, worker: _Worker, warming: Warming) -> None:
         """``warming``, caught up on what is left, in place of the worker's miniatures."""
         warming.catch_up(warming.pending, self.table.names)
         worker.miniatures, worker.warming = warming.miniatures, None
-        worker.share.horizon = round(warming.capacity * max(self.multiples))
+        self._follow_capacity(worker)
 
     def _take(self, worker: _Worker, rebuilt: Rebuilt) -> None:
         worker.requests += rebuilt.requests

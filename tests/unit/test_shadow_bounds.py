@@ -4,6 +4,7 @@ shadow hold without limit, found in review, and what it holds instead."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from agent.policies.wa import WAPolicy
 from agent.wire import BatchLimits, EventBatch, EventKind
@@ -11,6 +12,7 @@ from controlplane.fit.reuse_window import ReuseStats
 from controlplane.service.window import BatchRefused, LiveWindow, WindowLimits
 from controlplane.shadow.evaluator import GATHER_EVENTS, ShadowEvaluator
 from controlplane.shadow.inflow import MAX_STEPS, InflowShare
+from controlplane.shadow.miniatures import Warming
 from controlplane.shadow.rebuild import MAX_HELD_EVENTS, CategoryTable, RequestRebuilder
 from controlplane.shadow.sampler import PrefixSampler
 from controlplane.shadow.settings import ShadowSettings
@@ -141,3 +143,25 @@ def test_the_inflow_share_keeps_a_bounded_number_of_steps_at_any_horizon() -> No
     assert share.totals == (120_000.0, 8_000.0 + 2_000.0)
     assert abs(share.capacity(40_000) - 2_000) <= 5  # the last 40,000: one in 20
     assert abs(share.capacity(80_000) - 6_000) <= 5  # and 40,000 of one in 10
+
+
+def test_the_inflow_horizon_follows_the_capacity_the_miniatures_stand_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The share keeps the inflow of the ladder's top step at the worker's capacity as it
+    stands: smaller when it reports a smaller one, and back to it when a warm at a larger
+    one fails (kept at the larger, a capacity that never warms would keep its inflow)."""
+    shadow = ShadowEvaluator(ShadowSettings(shadow_rate=1.0))
+    shadow.set_capacities({"w": 1000})
+    share = shadow._workers["w"].share
+    assert share.horizon == 4000
+    shadow.set_capacities({"w": 100})
+    assert share.horizon == 400
+
+    def failing(warming: Warming, settings: ShadowSettings) -> None:
+        raise ValueError("a warm that fails")
+
+    monkeypatch.setattr(Warming, "warm", failing)
+    shadow.set_capacities({"w": 1_000_000})
+    assert shadow.view().groups[0].capacity == 100
+    assert share.horizon == 400
