@@ -3,23 +3,25 @@ the published ``wa`` document and the baselines at a ladder of capacities.
 
 Owns ``ShadowEvaluator``: it takes every applied event batch (``apply``, ingest's thread),
 gathers a worker's events and rebuilds and samples its requests (``rebuild``) once enough
-are gathered or before any read (``view``, ``reading``, ``judge``), serves each sampled request to
-every miniature cache of that worker (``estimator``), each sized by the sample's share of
-the worker's recent inflow (``inflow``), keeps the sampled requests of the window for the
-refit guard (``judge``: the candidate document and the one in force replayed from cold on
-the same requests), and answers what it knows as a ``ShadowView``, each estimate moved by
-what the sample misses of the workers' own hit ratio (``estimator.Totals``). Workers
-are grouped by capacity; a worker whose capacity is not known yet (no heartbeat read) has
-its requests counted and kept for later, not replayed. Its cost is bounded by the rate:
-unsampled requests cost a few vectorised passes over the gathered events. A failure in
-any of it loses those events to the shadow only (logged once per kind). One lock guards
-its state, granted in turn (``FairLock``), and no hold does more than one worker's
-gather (``GATHER_EVENTS``; a read or a new document replays each worker's in a hold of
-its own) or a bounded catch-up (``CATCH_UP_UNDER_LOCK``): a worker's new miniatures
-(``set_capacities``) are built and warmed with the window's kept requests on the
-caller's thread with the lock released, and replace the old ones once caught up on what
-came meanwhile (``miniatures.Warming``), so a batch or a read never waits behind a warm.
-It must never talk to Redis, decode wire data or publish anything.
+are gathered or before any read (``view``, ``reading``, ``judge``), serves each sampled
+request to every miniature cache of that worker (``estimator``), each sized by the
+sample's share of the worker's recent inflow (``inflow``), keeps the sampled requests of
+the window for the refit guard (``judge``: the candidate document and the one in force
+replayed from cold on the same requests), and answers what it knows as a ``ShadowView``,
+each estimate moved by what the sample misses of the workers' own hit ratio
+(``estimator.Totals``). Workers are grouped by capacity (a heartbeat's above
+``shadow_max_capacity`` modeled at that limit: the miniatures are sized by it); a worker
+whose capacity is not known yet (no heartbeat read) has its requests counted and kept for
+later, not replayed. Its cost is bounded by the rate: unsampled requests cost a few
+vectorised passes over the gathered events. A failure in any of it loses those events to
+the shadow only (logged once per kind). One lock guards its state, granted in turn
+(``FairLock``), and no hold does more than one worker's gather (``GATHER_EVENTS``; a read
+or a new document replays each worker's in a hold of its own) or a bounded catch-up
+(``CATCH_UP_UNDER_LOCK``): a worker's new miniatures (``set_capacities``) are built and
+warmed with the window's kept requests on the caller's thread with the lock released, and
+replace the old ones once caught up on what came meanwhile (``miniatures.Warming``), so a
+batch or a read never waits behind a warm. It must never talk to Redis, decode wire data
+or publish anything.
 """
 
 from __future__ import annotations
@@ -101,6 +103,8 @@ class _Worker:
     """Its next miniatures, while they warm (``set_capacities``)."""
     requests: int = 0
     accesses: int = 0
+    reported_capacity: int = 0
+    """The capacity its last heartbeat said (above its miniatures' when capped)."""
     declares_whole: bool = True
     """What its heartbeat says of its requests (``AgentStatus.whole_requests``)."""
     last_batch: float = 0.0
@@ -195,7 +199,8 @@ class ShadowEvaluator:
         reuse_ghosts: Mapping[str, int | None] | None = None,
     ) -> None:
         """Workers' capacities, whether they report requests whole and the ghost of their
-        reuse classes (None: they file none), from their heartbeats; a change of capacity
+        reuse classes (None: they file none), from their heartbeats (a capacity above
+        ``shadow_max_capacity`` is modeled at it, and shown capped); a change of capacity
         or of reuse classes starts that worker's miniature caches afresh, warmed with the
         window's sampled requests kept so far. What that worker gathered before is
         replayed first, as it stood (the curves do not depend on whether a read came
@@ -214,6 +219,8 @@ class ShadowEvaluator:
                 ghost = worker.target()[1]
                 if reuse_ghosts is not None:
                     ghost = reuse_ghosts.get(worker_id)
+                worker.reported_capacity = capacity
+                capacity = min(capacity, self.settings.shadow_max_capacity)
                 if capacity <= 0 or (capacity, ghost) == worker.target():
                     continue
                 self._take_guarded(worker_id, worker, worker.rebuilder.drain)
@@ -519,6 +526,11 @@ class ShadowEvaluator:
             sampled_observed_hit_ratio=sampled.seen_ratio or 0.0,
             sampled_request_blocks=sampled.accesses / sampled.requests if sampled.requests else 0.0,
             curves=curves,
+            capped_workers=[
+                worker_id
+                for worker_id, w in members
+                if w.reported_capacity > self.settings.shadow_max_capacity
+            ],
         )
 
     def miniatures(self, worker_id: str) -> list[MiniCache]:

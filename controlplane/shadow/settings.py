@@ -46,6 +46,12 @@ class ShadowSettings(BaseModel):
         default="0.25,0.5,1,2,4",
         description="Capacities replayed, as multiples of the worker's (comma-separated)",
     )
+    shadow_max_capacity: int = Field(
+        default=2**23,
+        ge=1,
+        description="Largest worker capacity modeled (blocks): a heartbeat's larger one is "
+        "modeled at this, its worker listed in its group's capped_workers",
+    )
     shadow_window_s: float = Field(
         default=3600.0, gt=0, description="Sliding window of the shadow hit ratios (s)"
     )

@@ -78,6 +78,9 @@ class GroupView:
     miniature that holds only a few of them (``CurvePoint.miniature_blocks``) cannot keep
     what the full cache would."""
     curves: list[PolicyCurve]
+    capped_workers: list[str] = field(default_factory=list)
+    """Workers whose last heartbeat said a capacity above ``shadow_max_capacity``: they
+    are modeled at that limit, the group's capacity."""
 
 
 @dataclass(frozen=True)

@@ -165,3 +165,22 @@ def test_the_inflow_horizon_follows_the_capacity_the_miniatures_stand_for(
     shadow.set_capacities({"w": 1_000_000})
     assert shadow.view().groups[0].capacity == 100
     assert share.horizon == 400
+
+
+def test_a_capacity_above_the_limit_is_modeled_at_the_limit_and_shown_capped() -> None:
+    """A heartbeat may say any capacity, and the miniatures are sized by it (times the
+    rate and the ladder): one above ``shadow_max_capacity`` is modeled at the limit, and
+    the view names the workers so modeled."""
+    settings = ShadowSettings()
+    limit = 2**23  # shadow_max_capacity's default
+    shadow = ShadowEvaluator(settings)
+    shadow.set_capacities({"huge": 2**40, "limit": limit, "small": 1000})
+    groups = {group.capacity: group for group in shadow.view().groups}
+    assert sorted(groups) == [1000, limit]
+    assert groups[limit].workers == ["huge", "limit"]
+    assert groups[limit].capped_workers == ["huge"]
+    assert groups[1000].capped_workers == []
+    top = round(limit * max(settings.multiples) * settings.shadow_rate)
+    assert max(cache.capacity for cache in shadow.miniatures("huge")) == top
+    shadow.set_capacities({"huge": 2**41})  # above the limit still: nothing to warm again
+    assert shadow.view().groups[1].capped_workers == ["huge"]
