@@ -465,6 +465,9 @@ _OPTIONAL_STATUS_FIELDS: Final = frozenset(
     }
 )
 """Fields added after schema 1 shipped: an older agent's heartbeat omits them."""
+_STATUS_INT_MINIMUM: Final = {"staged_version": -1}
+"""The least value of an integer field of a heartbeat, 0 unless named here: a capacity
+sizes the shadow's caches, the rest are counts and versions (-1: not reported)."""
 
 
 @dataclass(frozen=True)
@@ -545,8 +548,8 @@ class AgentStatus:
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> AgentStatus:
-        """Parse a heartbeat; unknown keys are ignored, missing or mistyped ones raise
-        ``WireError``."""
+        """Parse a heartbeat; unknown keys are ignored, missing or mistyped ones, and a
+        negative integer (bar ``staged_version``'s -1), raise ``WireError``."""
         try:
             obj = json.loads(raw)
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
@@ -563,7 +566,9 @@ class AgentStatus:
                 if f.name in _OPTIONAL_STATUS_FIELDS:
                     continue
                 raise WireError(f"heartbeat: missing field {f.name!r}")
-            values[f.name] = _typed(f.name, str(f.type), obj[f.name])
+            value = values[f.name] = _typed(f.name, str(f.type), obj[f.name])
+            if isinstance(value, int) and value < _STATUS_INT_MINIMUM.get(f.name, 0):
+                raise WireError(f"heartbeat: {f.name} is negative: {value}")
         return cls(**values)
 
 

@@ -377,3 +377,15 @@ def test_heartbeat_staged_version_defaults_to_the_applied_one() -> None:
     del old["staged_version"]
     assert AgentStatus.from_json(json.dumps(old)).staged_version == 3
     assert AgentStatus(id="w", engine="sim", capacity=1, applied_version=2).staged_version == 2
+
+
+def test_agent_status_refuses_a_negative_count_naming_the_field() -> None:
+    """A capacity sizes the shadow's caches, a ghost its trackers; the rest are counts
+    and versions: none is negative, bar ``staged_version``'s -1 (not reported)."""
+    obj = json.loads(FULL_STATUS.to_json())
+    for name in ("capacity", "reuse_ghost_blocks", "events_sent", "applied_version"):
+        with pytest.raises(WireError, match=f"heartbeat: {name} is negative: -1"):
+            AgentStatus.from_json(json.dumps({**obj, name: -1}))
+    assert AgentStatus.from_json(json.dumps({**obj, "capacity": 0})).capacity == 0
+    unreported = AgentStatus.from_json(json.dumps({**obj, "staged_version": -1}))
+    assert unreported.staged_version == unreported.applied_version
