@@ -1,0 +1,78 @@
+"""Benchmark: the shadow evaluator's memory per block of a worker's capacity.
+
+One worker's synthetic to-C traffic, at a capacity of ``--share`` of the trace's unique
+blocks (small enough that even the ladder's 4x miniatures fill), is applied to an
+evaluator at the default settings (rate 0.05, four policies, five ladder steps), its
+capacity known from the start. Python's allocations are traced (``tracemalloc``) from
+before the evaluator is made: what it holds at the end, then what its miniature caches
+alone hold (the difference once they are let go), per block they hold and per block of
+the worker's capacity.
+
+    python -m tests.bench.bench_shadow_memory [--duration 3600] [--share 0.02]
+
+Not collected by pytest; results go in docs/shadow.md ("Its memory").
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import tracemalloc
+
+from controlplane.shadow.evaluator import ShadowEvaluator
+from controlplane.shadow.settings import ShadowSettings
+from controlplane.traces.synth import synthesize
+from tests.agent_stream import agent_batches
+
+
+def _traced() -> int:
+    gc.collect()
+    return tracemalloc.get_traced_memory()[0]
+
+
+def run(duration: float, share: float, rate: float) -> None:
+    trace = synthesize("to-c", duration_s=duration, qps=3, seed=12)
+    capacity = trace.capacity_for(share)
+    batches = agent_batches(trace, capacity)
+    settings = ShadowSettings(shadow_rate=rate)
+    tracemalloc.start()
+    start = _traced()
+    shadow = ShadowEvaluator(settings)
+    shadow.set_capacities({"w1": capacity})
+    for batch in batches:
+        shadow.apply(batch)
+    shadow.flush("w1")
+    view = shadow.view()
+    total = _traced() - start
+    caches = shadow.miniatures("w1")
+    held = sum(len(cache.policy) for cache in caches)
+    nominal = sum(cache.capacity for cache in caches)
+    worker = shadow._workers["w1"]
+    kept = sum(len(r.blocks) for r in worker.buffer)
+    count = len(caches)
+    del caches
+    worker.miniatures = None
+    miniatures = total - (_traced() - start)
+    tracemalloc.stop()
+    group = view.groups[0]
+    print(f"to-C {duration:.0f} s, {trace.n_unique:,} unique blocks; capacity {capacity:,}")
+    print(f"  sampled accesses {group.sampled_accesses:,}; kept requests {len(worker.buffer):,}")
+    print(f"  miniatures ({count}): hold {held:,} blocks")
+    print(f"    of {nominal:,} they may ({nominal / capacity:.2f} per block of capacity)")
+    print(f"  evaluator: {total / 2**20:.1f} MiB; miniatures {miniatures / 2**20:.1f} MiB")
+    print(f"    {miniatures / held:.0f} bytes per block held")
+    print(f"    {miniatures / capacity:.0f} bytes per block of capacity")
+    print(f"  the rest: {(total - miniatures) / 2**20:.1f} MiB ({kept:,} kept blocks)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=3600.0, help="trace seconds")
+    parser.add_argument("--share", type=float, default=0.02, help="capacity / unique blocks")
+    parser.add_argument("--rate", type=float, default=0.05, help="shadow sampling rate")
+    args = parser.parse_args()
+    run(args.duration, args.share, args.rate)
+
+
+if __name__ == "__main__":
+    main()
