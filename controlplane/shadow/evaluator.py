@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from agent.category_table import reused_name
 from agent.policies.wa import WAPolicy
 from agent.policy_document import BUILTIN_POLICY, PolicyDocument
-from agent.reuse_classes import ReturnTracker
+from agent.reuse_classes import REUSE_GHOST_CAPACITIES, ReturnTracker
 from agent.wire import EventBatch
 from controlplane.shadow.estimator import (
     MiniCache,
@@ -103,8 +103,9 @@ class _Worker:
     """Its next miniatures, while they warm (``set_capacities``)."""
     requests: int = 0
     accesses: int = 0
-    reported_capacity: int = 0
-    """The capacity its last heartbeat said (above its miniatures' when capped)."""
+    capped: bool = False
+    """Whether its last heartbeat said a capacity, or a reuse ghost, above what the
+    shadow models (``ShadowEvaluator._modeled``)."""
     declares_whole: bool = True
     """What its heartbeat says of its requests (``AgentStatus.whole_requests``)."""
     last_batch: float = 0.0
@@ -216,12 +217,13 @@ class ShadowEvaluator:
                 worker = self._worker(worker_id)
                 if whole_requests is not None:
                     worker.declares_whole = whole_requests.get(worker_id, False)
-                ghost = worker.target()[1]
-                if reuse_ghosts is not None:
-                    ghost = reuse_ghosts.get(worker_id)
-                worker.reported_capacity = capacity
-                capacity = min(capacity, self.settings.shadow_max_capacity)
-                if capacity <= 0 or (capacity, ghost) == worker.target():
+                if capacity <= 0:
+                    continue
+                told = reuse_ghosts.get(worker_id) if reuse_ghosts is not None else None
+                capacity, ghost, worker.capped = self._modeled(capacity, told)
+                if reuse_ghosts is None:  # not told: the ghost stays as modeled
+                    ghost = worker.target()[1]
+                if (capacity, ghost) == worker.target():
                     continue
                 self._take_guarded(worker_id, worker, worker.rebuilder.drain)
                 warming = self._begin_warming(worker, capacity, ghost)
@@ -232,6 +234,19 @@ class ShadowEvaluator:
                     self._log_once(
                         exc, "shadow evaluation put aside the new miniatures of %s", worker_id
                     )
+
+    def _modeled(self, capacity: int, ghost: int | None) -> tuple[int, int | None, bool]:
+        """A heartbeat's capacity and reuse ghost as the shadow models them, and whether
+        either was capped: the capacity at most ``shadow_max_capacity``, the ghost scaled
+        as the capacity is (its share of it kept), then at most ``REUSE_GHOST_CAPACITIES``
+        times that limit (the miniatures' caches and ghosts are sized by both)."""
+        limit = self.settings.shadow_max_capacity
+        modeled = min(capacity, limit)
+        if ghost is None:
+            return modeled, None, modeled < capacity
+        ghost_limit = REUSE_GHOST_CAPACITIES * limit
+        scaled = ghost * modeled // capacity
+        return modeled, min(scaled, ghost_limit), modeled < capacity or scaled > ghost_limit
 
     def set_policy(self, doc: PolicyDocument) -> None:
         """The published document the ``wa`` caches replay from now on: each worker's
@@ -526,11 +541,7 @@ class ShadowEvaluator:
             sampled_observed_hit_ratio=sampled.seen_ratio or 0.0,
             sampled_request_blocks=sampled.accesses / sampled.requests if sampled.requests else 0.0,
             curves=curves,
-            capped_workers=[
-                worker_id
-                for worker_id, w in members
-                if w.reported_capacity > self.settings.shadow_max_capacity
-            ],
+            capped_workers=[worker_id for worker_id, w in members if w.capped],
         )
 
     def miniatures(self, worker_id: str) -> list[MiniCache]:

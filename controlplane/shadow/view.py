@@ -79,8 +79,9 @@ class GroupView:
     what the full cache would."""
     curves: list[PolicyCurve]
     capped_workers: list[str] = field(default_factory=list)
-    """Workers whose last heartbeat said a capacity above ``shadow_max_capacity``: they
-    are modeled at that limit, the group's capacity."""
+    """Workers whose last heartbeat said a capacity above ``shadow_max_capacity`` (they
+    are modeled at that limit, the group's capacity, their reuse ghost scaled with it),
+    or a reuse ghost above ``REUSE_GHOST_CAPACITIES`` times it (modeled there)."""
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,14 @@
 One worker's synthetic to-C traffic, at a capacity of ``--share`` of the trace's unique
 blocks (small enough that even the ladder's 4x miniatures fill), is applied to an
 evaluator at the default settings (rate 0.05, four policies, five ladder steps), its
-capacity known from the start. Python's allocations are traced (``tracemalloc``) from
-before the evaluator is made: what it holds at the end, then what its miniature caches
-alone hold (the difference once they are let go), per block they hold and per block of
-the worker's capacity.
+capacity known from the start (with ``--reuse-classes``, filing by reuse class with the
+agent's default ghost, ``REUSE_GHOST_CAPACITIES`` capacities). Python's allocations are
+traced (``tracemalloc``) from before the evaluator is made: what it holds at the end,
+then what its miniature caches alone hold (the difference once they are let go), per
+block they hold and per block of the worker's capacity.
 
     python -m tests.bench.bench_shadow_memory [--duration 3600] [--share 0.02]
+        [--reuse-classes]
 
 Not collected by pytest; results go in docs/shadow.md ("Its memory").
 """
@@ -19,6 +21,7 @@ import argparse
 import gc
 import tracemalloc
 
+from agent.reuse_classes import REUSE_GHOST_CAPACITIES
 from controlplane.shadow.evaluator import ShadowEvaluator
 from controlplane.shadow.settings import ShadowSettings
 from controlplane.traces.synth import synthesize
@@ -30,7 +33,7 @@ def _traced() -> int:
     return tracemalloc.get_traced_memory()[0]
 
 
-def run(duration: float, share: float, rate: float) -> None:
+def run(duration: float, share: float, rate: float, reuse_classes: bool) -> None:
     trace = synthesize("to-c", duration_s=duration, qps=3, seed=12)
     capacity = trace.capacity_for(share)
     batches = agent_batches(trace, capacity)
@@ -38,7 +41,8 @@ def run(duration: float, share: float, rate: float) -> None:
     tracemalloc.start()
     start = _traced()
     shadow = ShadowEvaluator(settings)
-    shadow.set_capacities({"w1": capacity})
+    ghost = REUSE_GHOST_CAPACITIES * capacity if reuse_classes else None
+    shadow.set_capacities({"w1": capacity}, {"w1": True}, {"w1": ghost})
     for batch in batches:
         shadow.apply(batch)
     shadow.flush("w1")
@@ -46,6 +50,7 @@ def run(duration: float, share: float, rate: float) -> None:
     total = _traced() - start
     caches = shadow.miniatures("w1")
     held = sum(len(cache.policy) for cache in caches)
+    ghosts = sum(len(c.classing.tracker._ghost) for c in caches if c.classing is not None)
     nominal = sum(cache.capacity for cache in caches)
     worker = shadow._workers["w1"]
     kept = sum(len(r.blocks) for r in worker.buffer)
@@ -57,7 +62,7 @@ def run(duration: float, share: float, rate: float) -> None:
     group = view.groups[0]
     print(f"to-C {duration:.0f} s, {trace.n_unique:,} unique blocks; capacity {capacity:,}")
     print(f"  sampled accesses {group.sampled_accesses:,}; kept requests {len(worker.buffer):,}")
-    print(f"  miniatures ({count}): hold {held:,} blocks")
+    print(f"  miniatures ({count}): hold {held:,} blocks, their ghosts {ghosts:,}")
     print(f"    of {nominal:,} they may ({nominal / capacity:.2f} per block of capacity)")
     print(f"  evaluator: {total / 2**20:.1f} MiB; miniatures {miniatures / 2**20:.1f} MiB")
     print(f"    {miniatures / held:.0f} bytes per block held")
@@ -70,8 +75,9 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=3600.0, help="trace seconds")
     parser.add_argument("--share", type=float, default=0.02, help="capacity / unique blocks")
     parser.add_argument("--rate", type=float, default=0.05, help="shadow sampling rate")
+    parser.add_argument("--reuse-classes", action="store_true", help="file by reuse class")
     args = parser.parse_args()
-    run(args.duration, args.share, args.rate)
+    run(args.duration, args.share, args.rate, args.reuse_classes)
 
 
 if __name__ == "__main__":

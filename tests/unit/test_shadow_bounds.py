@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from agent.policies.wa import WAPolicy
+from agent.reuse_classes import REUSE_GHOST_CAPACITIES
 from agent.wire import BatchLimits, EventBatch, EventKind
 from controlplane.fit.reuse_window import ReuseStats
 from controlplane.service.window import BatchRefused, LiveWindow, WindowLimits
@@ -184,3 +185,28 @@ def test_a_capacity_above_the_limit_is_modeled_at_the_limit_and_shown_capped() -
     assert max(cache.capacity for cache in shadow.miniatures("huge")) == top
     shadow.set_capacities({"huge": 2**41})  # above the limit still: nothing to warm again
     assert shadow.view().groups[1].capped_workers == ["huge"]
+
+
+def _ghost_per_block(shadow: ShadowEvaluator, worker: str) -> set[float]:
+    """The ghost of each ``wa`` miniature of ``worker`` over its size."""
+    return {
+        cache.classing.tracker.ghost_size / cache.capacity
+        for cache in shadow.miniatures(worker)
+        if cache.classing is not None
+    }
+
+
+def test_a_capped_workers_reuse_ghost_is_modeled_at_its_share_and_bounded() -> None:
+    """A worker modeled at the limit keeps its ghost-to-capacity share (its ghost scaled
+    as its capacity is); a ghost past ``REUSE_GHOST_CAPACITIES`` x the limit, whatever
+    the capacity, is modeled there, and the worker shown capped."""
+    settings = ShadowSettings(shadow_max_capacity=1000)
+    shadow = ShadowEvaluator(settings)
+    shadow.set_capacities({"big": 4000}, None, {"big": 4 * 4000})
+    assert _ghost_per_block(shadow, "big") == {4.0}
+    shadow.set_capacities({"ghostly": 100}, None, {"ghostly": 2**60})
+    ghost_limit = REUSE_GHOST_CAPACITIES * 1000
+    assert _ghost_per_block(shadow, "ghostly") == {ghost_limit / 100}
+    groups = {group.capacity: group for group in shadow.view().groups}
+    assert groups[1000].capped_workers == ["big"]
+    assert groups[100].capped_workers == ["ghostly"]
