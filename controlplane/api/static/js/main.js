@@ -22,7 +22,8 @@ const READS = {
 };
 
 let timer = null;
-let running = null;
+let running = null; // the refresh in progress
+let queued = null; // the one asked for while it runs
 let lastPolicyVersion = null;
 let lastLoadedAt = null; // unix s of the last refresh whose every read answered
 const lastGood = {}; // read name -> its last answer
@@ -123,15 +124,26 @@ async function refreshOnce() {
   document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
 }
 
-/** Refresh now (waiting for one in progress first), then re-arm the timer. */
-export async function refresh() {
+/**
+ * Refresh now, then re-arm the timer. Asked while one runs, it runs once more after that
+ * one: however many ask meanwhile (clicks, the timer, an action's outcome), they share
+ * that one refresh, and two never overlap.
+ */
+export function refresh() {
   clearTimeout(timer);
-  if (running) await running;
+  if (running) {
+    const again = () => {
+      queued = null;
+      return refresh();
+    };
+    queued ??= running.then(again, again);
+    return queued;
+  }
   running = refreshOnce().finally(() => {
     running = null;
+    schedule();
   });
-  await running;
-  schedule();
+  return running;
 }
 
 function intervalS() {

@@ -1,0 +1,65 @@
+"""The /ui dashboard in a real browser against a stand-in controller (tests/e2e/scripted_api)
+that answers what a test sets: a real controller's own answers, changed where a test
+probes what a live one rarely does on cue (a slow read, a shadow group without a policy).
+
+Checked: refreshes never overlap, however often they are asked for while one is slow.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import delete_prefix
+from tests.e2e.browser import chromium, console_problems, require_chromium
+from tests.e2e.scripted_api import Answer, ScriptedApi, captured_answers, scripted_api
+from tests.e2e.test_dashboard import _refreshes, _until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def real_answers(redis_url: str) -> Iterator[dict[str, Answer]]:
+    require_chromium()  # skip before starting a controller when there is no browser
+    prefix = f"kvwise-ui-{uuid.uuid4().hex[:8]}:"
+    try:
+        yield captured_answers(redis_url, prefix)
+    finally:
+        delete_prefix(redis_url, prefix)
+
+
+@pytest.fixture
+def page(real_answers: dict[str, Answer], tmp_path: Path) -> Iterator[tuple[ScriptedApi, Any]]:
+    """The stand-in and a browser showing its dashboard (refresh paused), loaded once."""
+    with scripted_api(real_answers) as api, chromium(tmp_path / "profile") as driver:
+        driver.get(f"{api.url}/ui/?refresh=0")
+        _until(driver, "first refresh", lambda: _refreshes(driver) >= 1)
+        yield api, driver
+        assert console_problems(driver) == []
+
+
+def _refresh_now(driver: Any) -> None:
+    seen = _refreshes(driver)
+    driver.find_element("id", "refresh-now").click()
+    _until(driver, "the refresh", lambda: _refreshes(driver) > seen)
+
+
+def test_refreshes_asked_for_during_a_slow_one_wait_and_make_one(
+    page: tuple[ScriptedApi, Any],
+) -> None:
+    """Three clicks on Refresh now while the policy read takes 1.5 s: one refresh runs,
+    the two clicks made during it make one more after it, never two at once."""
+    api, driver = page
+    api.set("/v1/policy", delay_s=1.5)
+    asked = api.asked["/v1/policy"]
+    button = driver.find_element("id", "refresh-now")
+    for _ in range(3):
+        button.click()
+    _until(driver, "two refreshes", lambda: _refreshes(driver) >= 3)
+    _until(driver, "nothing in flight", lambda: not +api.in_flight)
+    assert api.most_in_flight["/v1/policy"] == 1
+    assert api.asked["/v1/policy"] == asked + 2
