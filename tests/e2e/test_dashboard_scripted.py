@@ -2,11 +2,13 @@
 that answers what a test sets: a real controller's own answers, changed where a test
 probes what a live one rarely does on cue (a slow read, a shadow group without a policy).
 
-Checked: refreshes never overlap, however often they are asked for while one is slow.
+Checked: refreshes never overlap, however often they are asked for while one is slow; a
+shadow policy has one line style in every group, a group without some policy included.
 """
 
 from __future__ import annotations
 
+import copy
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,3 +65,42 @@ def test_refreshes_asked_for_during_a_slow_one_wait_and_make_one(
     _until(driver, "nothing in flight", lambda: not +api.in_flight)
     assert api.most_in_flight["/v1/policy"] == 1
     assert api.asked["/v1/policy"] == asked + 2
+
+
+def _shadow_with_two_groups(shadow: dict[str, Any]) -> dict[str, Any]:
+    """The captured group, and a second (capacity 1,000) without ``lru`` and whose ``wa``
+    lacks the middle step of the ladder."""
+    first = shadow["groups"][0]
+    second = copy.deepcopy(first) | {"capacity": 1000, "workers": ["w2"]}
+    second["curves"] = [c for c in second["curves"] if c["policy"] != "lru"]
+    del second["curves"][0]["points"][2]
+    return shadow | {"groups": [first, second]}
+
+
+def _legend_styles(driver: Any) -> list[dict[str, tuple[str, str]]]:
+    """Per shadow chart: each policy's line colour and dash in its legend, in its order."""
+    figures = driver.execute_script(
+        "return [...document.querySelectorAll('#shadow-body figure')].map((f) => "
+        "[...f.querySelectorAll('.legend li')].map((li) => {"
+        "  const line = li.querySelector('line');"
+        "  return [li.textContent.trim(),"
+        "    line.getAttribute('stroke'), line.getAttribute('stroke-dasharray')];"
+        "}));"
+    )
+    return [{name: (color, dash) for name, color, dash in legend} for legend in figures]
+
+
+def test_a_policy_keeps_its_line_in_every_shadow_group(page: tuple[ScriptedApi, Any]) -> None:
+    """A group without one policy draws the others as the other groups do: s3fifo was drawn
+    with lru's colour and dash there (styles went by position in the group)."""
+    api, driver = page
+    api.set("/v1/shadow", _shadow_with_two_groups(api.answers["/v1/shadow"].body))
+    _refresh_now(driver)
+    first, second = _legend_styles(driver)
+    assert list(second) == ["wa", "s3fifo", "arc"]
+    assert {p: first[p] for p in second} == second
+    paths = driver.execute_script(
+        "return [...document.querySelectorAll('#shadow-body figure')].map((f) => "
+        "[...f.querySelectorAll('g.series path')].map((p) => p.getAttribute('stroke')));"
+    )
+    assert paths[1] == [first[p][0] for p in second]

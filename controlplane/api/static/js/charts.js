@@ -11,6 +11,12 @@ const DASHES = ["", "6 3", "2 3", "8 3 2 3", "1 2", "10 4", "4 4"];
 
 let chartCount = 0;
 
+/** The colour and dash of the `i`-th series: a caller that draws one name in several charts
+ * passes the same `i` for it in each (a series' own color and dash win). */
+export function seriesStyle(i) {
+  return { color: PALETTE[i % PALETTE.length], dash: DASHES[i % DASHES.length] };
+}
+
 function svg(tag, attrs = {}, text = null) {
   const node = document.createElementNS(NS, tag);
   for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
@@ -123,9 +129,9 @@ export function lineChart(spec) {
     const key = svg("svg", { width: 26, height: 10, "aria-hidden": "true", focusable: "false" });
     key.append(svg("line", {
       x1: 1, x2: 25, y1: 5, y2: 5,
-      stroke: s.color || PALETTE[i % PALETTE.length],
+      stroke: s.color || seriesStyle(i).color,
       "stroke-width": 2.5,
-      "stroke-dasharray": s.dash ?? DASHES[i % DASHES.length],
+      "stroke-dasharray": s.dash ?? seriesStyle(i).dash,
     }));
     item.append(key, document.createTextNode(` ${s.name}`));
     legend.append(item);
@@ -167,7 +173,7 @@ function axes(spec, g) {
 }
 
 function seriesPath(s, points, i, px, py) {
-  const color = s.color || PALETTE[i % PALETTE.length];
+  const color = s.color || seriesStyle(i).color;
   const group = svg("g", { class: "series" });
   const band = (s.band || []).filter((b) => b.every(Number.isFinite));
   if (band.length > 1) {
@@ -179,7 +185,7 @@ function seriesPath(s, points, i, px, py) {
     const d = points.map(([x, y], k) => `${k ? "L" : "M"}${px(x).toFixed(1)},${py(y).toFixed(1)}`).join("");
     group.append(svg("path", {
       d, fill: "none", stroke: color, "stroke-width": 2,
-      "stroke-dasharray": s.dash ?? DASHES[i % DASHES.length], "stroke-linejoin": "round",
+      "stroke-dasharray": s.dash ?? seriesStyle(i).dash, "stroke-linejoin": "round",
     }));
   }
   if (s.markers || points.length === 1) {

@@ -4,7 +4,7 @@
 // note instead; an answer in a shape this page does not know is shown raw.
 
 import { servedPaths, api } from "./api.js";
-import { lineChart } from "./charts.js";
+import { lineChart, seriesStyle } from "./charts.js";
 import { el, fmtInt, fmtNum, fmtRatio } from "./dom.js";
 
 export const SHADOW_PATH = "/v1/shadow";
@@ -50,10 +50,18 @@ function groupTable(group) {
       el("thead", {}, head), el("tbody", {}, ...rows))));
 }
 
-function groupFigure(group, body, width) {
+/** Every policy drawn, in the answer's order (`policies`), then any other a group names:
+ * a policy's place here is its colour and dash in every group, one without it included. */
+function policyOrder(body, groups) {
+  const listed = Array.isArray(body.policies) ? body.policies.filter((p) => typeof p === "string") : [];
+  return [...new Set([...listed, ...groups.flatMap((g) => g.curves.map((p) => p.policy))])];
+}
+
+function groupFigure(group, body, width, order) {
   const series = group.curves.map((p) => {
     const pts = p.points.slice().sort((a, b) => a.capacity - b.capacity);
     return {
+      ...seriesStyle(order.indexOf(p.policy)),
       name: p.policy,
       points: pts.map((q) => [q.capacity, q.hit_ratio]),
       band: pts.filter((q) => Number.isFinite(q.ci_low) && Number.isFinite(q.ci_high)).map((q) => [q.capacity, q.ci_low, q.ci_high]),
@@ -155,7 +163,8 @@ export async function renderShadowSection() {
     box.replaceChildren(note("No shadow results yet: no worker with a known capacity has sent traffic."),
       ...(guard ? [guard] : []));
   } else {
+    const order = policyOrder(body, groups);
     box.replaceChildren(...(guard ? [guard] : []),
-      el("div", { class: "chart-grid wide" }, ...groups.map((g) => groupFigure(g, body, width))));
+      el("div", { class: "chart-grid wide" }, ...groups.map((g) => groupFigure(g, body, width, order))));
   }
 }
