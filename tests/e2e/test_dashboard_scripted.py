@@ -3,7 +3,8 @@ that answers what a test sets: a real controller's own answers, changed where a 
 probes what a live one rarely does on cue (a slow read, a shadow group without a policy).
 
 Checked: refreshes never overlap, however often they are asked for while one is slow; a
-shadow policy has one line style in every group, a group without some policy included.
+shadow policy has one line style in every group, a group without some policy included;
+the shadow's hit-ratio axis holds its bands and starts at 0.
 """
 
 from __future__ import annotations
@@ -104,3 +105,45 @@ def test_a_policy_keeps_its_line_in_every_shadow_group(page: tuple[ScriptedApi, 
         "[...f.querySelectorAll('g.series path')].map((p) => p.getAttribute('stroke')));"
     )
     assert paths[1] == [first[p][0] for p in second]
+
+
+# Runs in the page: per shadow chart, the frame's top and bottom, the y of every band's
+# corner, and the y axis' tick labels.
+SHADOW_Y_JS = """
+return [...document.querySelectorAll('#shadow-body svg.chart-svg')].map((s) => {
+  const frame = s.querySelector('rect.frame');
+  const top = Number(frame.getAttribute('y'));
+  const ys = [...s.querySelectorAll('polygon')].flatMap((p) =>
+    p.getAttribute('points').split(' ').map((xy) => Number(xy.split(',')[1])));
+  const ticks = [...s.querySelectorAll('g.axes text[text-anchor=end]')].map((t) => t.textContent);
+  return { top, bottom: top + Number(frame.getAttribute('height')), ys, ticks };
+});
+"""
+
+
+def _all_zero(shadow: dict[str, Any]) -> dict[str, Any]:
+    """The captured shadow as it reads before any access is sampled: every hit ratio 0,
+    every interval all of [0, 1]."""
+    empty = copy.deepcopy(shadow)
+    for curve in empty["groups"][0]["curves"]:
+        for point in curve["points"]:
+            point |= {"hit_ratio": 0.0, "ci_low": 0.0, "ci_high": 1.0, "accesses": 0}
+    return empty
+
+
+def test_shadow_bands_stay_inside_a_hit_ratio_axis(page: tuple[ScriptedApi, Any]) -> None:
+    """The y axis covers the intervals (bands were drawn over the chart's title, above its
+    frame) and never goes below 0 (with every hit ratio 0 it ran from -1 to 1)."""
+    api, driver = page
+    shadow = api.answers["/v1/shadow"].body
+    highest = max(q["ci_high"] for c in shadow["groups"][0]["curves"] for q in c["points"])
+    assert highest > max(q["hit_ratio"] for c in shadow["groups"][0]["curves"] for q in c["points"])
+    for answer in (shadow, _all_zero(shadow)):
+        api.set("/v1/shadow", answer)
+        _refresh_now(driver)
+        (chart,) = driver.execute_script(SHADOW_Y_JS)
+        assert chart["ys"] and all(
+            chart["top"] - 0.5 <= y <= chart["bottom"] + 0.5 for y in chart["ys"]
+        ), chart
+        ticks = [float(t) for t in chart["ticks"]]
+        assert min(ticks) == 0 and max(ticks) <= 1, ticks

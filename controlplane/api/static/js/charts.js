@@ -93,7 +93,8 @@ export function lineChart(spec) {
   const m = { left: 52, right: 14, top: 12, bottom: 40 };
   const all = spec.series.map((s) => finitePairs(s.points, spec.xLog));
   const xs = all.flat().map((p) => p[0]).concat((spec.vlines || []).map((v) => v.x));
-  const ys = all.flat().map((p) => p[1]);
+  const bandYs = spec.series.flatMap((s) => (s.band || []).flatMap(([, lo, hi]) => [lo, hi]));
+  const ys = all.flat().map((p) => p[1]).concat(bandYs); // a band stays inside the frame
   const positiveXs = xs.filter((x) => !spec.xLog || x > 0);
   let [x0, x1] = spec.xDomain || domain(positiveXs, spec.xLog ? [0.1, 10] : [0, 1]);
   if (spec.xLog && x0 <= 0) x0 = x1 / 1000;

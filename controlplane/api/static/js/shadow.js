@@ -57,6 +57,14 @@ function policyOrder(body, groups) {
   return [...new Set([...listed, ...groups.flatMap((g) => g.curves.map((p) => p.policy))])];
 }
 
+/** A hit ratio's axis: from 0 to the highest value or interval drawn, rounded up to 0.05
+ * (all of [0, 1] when nothing is above 0), so no band runs out of the chart. */
+function hitRatioDomain(group) {
+  const highs = group.curves.flatMap((p) => p.points.flatMap((q) => [q.hit_ratio, q.ci_high]));
+  const top = Math.max(0, ...highs.filter(Number.isFinite));
+  return [0, Math.min(1, Math.ceil(top * 20) / 20) || 1];
+}
+
 function groupFigure(group, body, width, order) {
   const series = group.curves.map((p) => {
     const pts = p.points.slice().sort((a, b) => a.capacity - b.capacity);
@@ -90,6 +98,7 @@ function groupFigure(group, body, width, order) {
     xLabel: "cache capacity (blocks, log)",
     yLabel: "hit ratio",
     xLog: true,
+    yDomain: hitRatioDomain(group),
     width,
     height: 260,
     series,
