@@ -4,7 +4,8 @@ probes what a live one rarely does on cue (a slow read, a shadow group without a
 
 Checked: refreshes never overlap, however often they are asked for while one is slow; a
 shadow policy has one line style in every group, a group without some policy included;
-the shadow's hit-ratio axis holds its bands and starts at 0.
+the shadow's hit-ratio axis holds its bands and starts at 0; a control tabbed to is never
+under a sticky header.
 """
 
 from __future__ import annotations
@@ -147,3 +148,42 @@ def test_shadow_bands_stay_inside_a_hit_ratio_axis(page: tuple[ScriptedApi, Any]
         ), chart
         ticks = [float(t) for t in chart["ticks"]]
         assert min(ticks) == 0 and max(ticks) <= 1, ticks
+
+
+# Runs in the page: what covers the middle of the focused element's left edge, when that
+# is not the element itself (the sticky header, a table's sticky column headings).
+COVERED_JS = """
+const e = document.activeElement;
+if (!e || e === document.body) return '';
+const r = e.getBoundingClientRect();
+const top = document.elementFromPoint(Math.max(r.left + 3, 0), r.top + r.height / 2);
+if (top && (e === top || e.contains(top) || top.contains(e))) return '';
+const name = (e.getAttribute('aria-label') || e.id || e.textContent).trim().slice(0, 30);
+return `${e.tagName} ${name} under ${top ? top.closest('header, thead, body').tagName : 'nothing'}`;
+"""
+
+
+def test_the_focus_is_never_under_a_sticky_header(
+    real_answers: dict[str, Answer], tmp_path: Path
+) -> None:
+    """Tabbing backwards through a page with thirty kept versions: each control scrolled
+    into view lands below the page's sticky header and the version table's sticky column
+    headings (it landed under them: the focus was hidden)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    answers = dict(real_answers)
+    kept = answers["/v1/policy/versions"].body[-1]
+    versions = [kept | {"version": v, "note": f"refit {v}"} for v in range(30, 0, -1)]
+    answers["/v1/policy/versions"] = Answer(versions)
+    with scripted_api(answers) as api, chromium(tmp_path / "profile", 1280, 800) as driver:
+        driver.get(f"{api.url}/ui/?refresh=0")
+        _until(driver, "first refresh", lambda: _refreshes(driver) >= 1)
+        driver.execute_script("window.scrollTo(0, document.body.scrollHeight)")
+        covered = []
+        for _ in range(60):
+            ActionChains(driver).key_down(Keys.SHIFT).send_keys(Keys.TAB).key_up(
+                Keys.SHIFT
+            ).perform()
+            covered.append(driver.execute_script(COVERED_JS))
+        assert [c for c in covered if c] == []
