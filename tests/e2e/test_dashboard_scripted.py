@@ -5,7 +5,7 @@ probes what a live one rarely does on cue (a slow read, a shadow group without a
 Checked: refreshes never overlap, however often they are asked for while one is slow; a
 shadow policy has one line style in every group, a group without some policy included;
 the shadow's hit-ratio axis holds its bands and starts at 0; a control tabbed to is never
-under a sticky header.
+under a sticky header; the confirmation dialog holds a long category name.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import pytest
 from tests.conftest import delete_prefix
 from tests.e2e.browser import chromium, console_problems, require_chromium
 from tests.e2e.scripted_api import Answer, ScriptedApi, captured_answers, scripted_api
-from tests.e2e.test_dashboard import _refreshes, _until
+from tests.e2e.test_dashboard import _fill, _refreshes, _result, _submit, _until
+from tests.e2e.test_dashboard_faults import _dialog_open
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -187,3 +188,25 @@ def test_the_focus_is_never_under_a_sticky_header(
             ).perform()
             covered.append(driver.execute_script(COVERED_JS))
         assert [c for c in covered if c] == []
+
+
+def test_the_dialog_wraps_a_long_category_name(page: tuple[ScriptedApi, Any]) -> None:
+    """An override of a 64-character category (the longest the API takes) asks in a
+    dialog that holds the name (it ran out sideways: the dialog scrolled)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    _, driver = page
+    name = "queue-" + "x" * 58
+    _fill(driver, "ov-category", name)
+    _fill(driver, "ov-life", "5")
+    _submit(driver, "override-form")
+    _until(driver, "the dialog", lambda: _dialog_open(driver))
+    assert name in driver.find_element("id", "confirm-title").text.replace("\n", "")
+    wide = driver.execute_script(
+        "return [...document.querySelectorAll('#confirm, #confirm *')]"
+        ".filter((e) => e.scrollWidth > e.clientWidth + 1).map((e) => e.tagName + '#' + e.id);"
+    )
+    assert wide == []
+    ActionChains(driver).send_keys(Keys.ESCAPE).perform()
+    _until(driver, "cancelled", lambda: "cancelled" in _result(driver))
