@@ -100,6 +100,7 @@ class CategorySummary:
     fitted: CategoryParams | None
     published: CategoryParams | None
     published_version: int | None
+    """The version in force, which holds ``published`` (None: it holds no such category)."""
     fit_quality: float | None
 
 
@@ -561,7 +562,7 @@ class Controller:
             samples=fitted.samples if fitted else (published.samples if published else 0),
             fitted=fitted,
             published=published,
-            published_version=current.version if current else None,
+            published_version=current.version if current and published else None,
             fit_quality=fitted.fit_quality if fitted else None,
         )
 

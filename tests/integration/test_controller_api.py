@@ -265,6 +265,33 @@ def test_a_held_rollback_is_released_by_a_manual_refit_which_says_so(
     assert not controller.refit(manual=True).reason.endswith("hold is released")
 
 
+def test_a_category_fitted_but_not_published_names_no_published_version(
+    ctl: RunningController, redis_url: str
+) -> None:
+    """A category the fit has and the document in force lacks (refits held after a
+    rollback to the built-in version) has no published values and so no version they come
+    from: it was given the version in force, which the dashboard showed beside *fitted, not
+    published*."""
+    controller = ctl.controller
+    keys = Keys(controller.settings.key_prefix)
+    batch = reuse_batch(
+        "w1", 1, category="text_1", n=3000, rate=0.5, p=0.6, t0=time.time() - 60, seed=1
+    )
+    send(redis.Redis.from_url(redis_url), keys, batch)
+    wait_until(lambda: controller.ingestor.counters.batches >= 1)
+    fitted = controller.refit(manual=False)
+    assert fitted.published
+    (summary,) = ctl.client.get("/v1/categories").json()
+    assert summary["published_version"] == fitted.version
+    controller.store.rollback(1, hold=True)
+    assert not controller.refit(manual=False).published
+    (summary,) = ctl.client.get("/v1/categories").json()
+    detail = ctl.client.get("/v1/categories/text_1").json()
+    for answer in (summary, detail):
+        assert answer["fitted"] is not None and answer["published"] is None
+        assert answer["published_version"] is None
+
+
 def test_a_refit_that_failed_is_tried_again_with_no_new_access(
     ctl: RunningController, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
