@@ -5,7 +5,8 @@ probes what a live one rarely does on cue (a slow read, a shadow group without a
 Checked: refreshes never overlap, however often they are asked for while one is slow; a
 shadow policy has one line style in every group, a group without some policy included;
 the shadow's hit-ratio axis holds its bands and starts at 0; a control tabbed to is never
-under a sticky header; the confirmation dialog holds a long category name.
+under a sticky header; the confirmation dialog holds a long category name; the shadow
+keeps its curves while its read fails.
 """
 
 from __future__ import annotations
@@ -210,3 +211,27 @@ def test_the_dialog_wraps_a_long_category_name(page: tuple[ScriptedApi, Any]) ->
     assert wide == []
     ActionChains(driver).send_keys(Keys.ESCAPE).perform()
     _until(driver, "cancelled", lambda: "cancelled" in _result(driver))
+
+
+def _text(driver: Any, selector: str) -> str:
+    return str(driver.execute_script(f"return document.querySelector('{selector}').innerText"))
+
+
+def test_the_shadow_keeps_its_curves_while_its_read_fails(page: tuple[ScriptedApi, Any]) -> None:
+    """GET /v1/shadow answering 503 (Redis gone a moment) shows the API's error above the
+    last curves, as every section keeps its last data (the curves were wiped), and the
+    error goes when the read answers again."""
+    api, driver = page
+    figures = "#shadow-body figure"
+    assert len(driver.find_elements("css selector", figures)) == 1
+    good = api.answers["/v1/shadow"].body
+    api.set("/v1/shadow", {"error": "redis_unavailable", "reason": "Redis did not answer"}, 503)
+    _refresh_now(driver)
+    said = "GET /v1/shadow: HTTP 503 redis_unavailable: Redis did not answer"
+    assert _text(driver, "#shadow-error") == said
+    assert len(driver.find_elements("css selector", figures)) == 1
+    api.set("/v1/shadow", good)
+    _refresh_now(driver)
+    assert not driver.find_element("id", "shadow-error").is_displayed()
+    assert len(driver.find_elements("css selector", figures)) == 1
+    console_problems(driver)  # the 503 was logged: drained

@@ -5,7 +5,7 @@
 
 import { servedPaths, api } from "./api.js";
 import { lineChart, seriesStyle } from "./charts.js";
-import { el, fmtInt, fmtNum, fmtRatio } from "./dom.js";
+import { el, fmtInt, fmtNum, fmtRatio, showError } from "./dom.js";
 
 export const SHADOW_PATH = "/v1/shadow";
 let lastKey = null;
@@ -132,29 +132,31 @@ function groupCount(body) {
   return body && Array.isArray(body.groups) ? body.groups.length : 1;
 }
 
+/** {served, body} of GET /v1/shadow, or null when a read failed: that says so above the
+ * last view, which stays (as every section keeps its last data). */
+async function readShadow() {
+  const failed = document.getElementById("shadow-error");
+  try {
+    const served = (await servedPaths()).has(SHADOW_PATH);
+    const body = served ? await api.get(SHADOW_PATH) : null;
+    showError(failed, "");
+    return { served, body };
+  } catch (exc) {
+    showError(failed, exc.message);
+    return null;
+  }
+}
+
 export async function renderShadowSection() {
   const box = document.getElementById("shadow-body");
-  let paths;
-  try {
-    paths = await servedPaths();
-  } catch (exc) {
-    box.replaceChildren(el("p", { class: "error", role: "alert" }, exc.message));
-    lastKey = null;
-    return;
-  }
-  if (!paths.has(SHADOW_PATH)) {
+  const read = await readShadow();
+  if (read === null) return;
+  const { served, body } = read;
+  if (!served) {
     if (lastKey !== "absent") {
       box.replaceChildren(note(`This controller does not serve GET ${SHADOW_PATH}: shadow capacity curves per policy appear here once it does.`));
       lastKey = "absent";
     }
-    return;
-  }
-  let body;
-  try {
-    body = await api.get(SHADOW_PATH);
-  } catch (exc) {
-    box.replaceChildren(el("p", { class: "error", role: "alert" }, exc.message));
-    lastKey = null;
     return;
   }
   const width = chartWidth(box.clientWidth, groupCount(body));
