@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
@@ -63,6 +63,8 @@ class Answer:
     body: Any
     status: int = 200
     delay_s: float = 0.0
+    media_type: str = "application/json"
+    """Any other: ``body`` is sent as it is (a proxy's HTML page)."""
 
 
 @dataclass
@@ -75,10 +77,17 @@ class ScriptedApi:
     in_flight: Counter[str] = field(default_factory=Counter)
     most_in_flight: Counter[str] = field(default_factory=Counter)
 
-    def set(self, path: str, body: Any = None, status: int = 200, delay_s: float = 0.0) -> None:
+    def set(
+        self,
+        path: str,
+        body: Any = None,
+        status: int = 200,
+        delay_s: float = 0.0,
+        media_type: str = "application/json",
+    ) -> None:
         """Answer ``path`` with ``body`` (its current body when None)."""
         kept = self.answers[path].body if body is None and path in self.answers else body
-        self.answers[path] = Answer(kept, status, delay_s)
+        self.answers[path] = Answer(kept, status, delay_s, media_type)
 
     async def serve(self, request: Request) -> Response:
         path = request.url.path
@@ -91,6 +100,8 @@ class ScriptedApi:
                 return JSONResponse({"error": "not_found", "reason": path}, status_code=404)
             if answer.delay_s:
                 await asyncio.sleep(answer.delay_s)
+            if answer.media_type != "application/json":
+                return Response(answer.body, answer.status, media_type=answer.media_type)
             return JSONResponse(answer.body, status_code=answer.status)
         finally:
             self.in_flight[path] -= 1
@@ -136,7 +147,7 @@ def _replay_in_the_shadow(controller: Controller, r: redis.Redis, keys: Keys) ->
 @contextmanager
 def scripted_api(answers: dict[str, Answer]) -> Iterator[ScriptedApi]:
     """The stand-in served on a free loopback port until the block ends."""
-    api = ScriptedApi({path: Answer(a.body, a.status, a.delay_s) for path, a in answers.items()})
+    api = ScriptedApi({path: replace(a) for path, a in answers.items()})
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     mount_ui(app)
     app.add_route("/{path:path}", api.serve, methods=["GET", "PUT", "POST", "DELETE"])

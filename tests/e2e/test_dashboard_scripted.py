@@ -6,7 +6,7 @@ Checked: refreshes never overlap, however often they are asked for while one is 
 shadow policy has one line style in every group, a group without some policy included;
 the shadow's hit-ratio axis holds its bands and starts at 0; a control tabbed to is never
 under a sticky header; the confirmation dialog holds a long category name; the shadow
-keeps its curves while its read fails.
+keeps its curves while its read fails; a proxy's HTML error page is shown as its text.
 """
 
 from __future__ import annotations
@@ -235,3 +235,26 @@ def test_the_shadow_keeps_its_curves_while_its_read_fails(page: tuple[ScriptedAp
     assert not driver.find_element("id", "shadow-error").is_displayed()
     assert len(driver.find_elements("css selector", figures)) == 1
     console_problems(driver)  # the 503 was logged: drained
+
+
+PROXY_PAGE = (
+    "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+    "<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n"
+    "</body>\r\n</html>\r\n"
+)
+
+
+def test_a_proxys_html_error_is_shown_as_its_text(page: tuple[ScriptedApi, Any]) -> None:
+    """A proxy in front of the controller (an ingress) answering 502 with its HTML page:
+    the section says what the page says, not its markup (the tags were shown); a plain
+    text answer (Envoy's) as it was sent."""
+    api, driver = page
+    api.set("/v1/agents", PROXY_PAGE, 502, media_type="text/html")
+    _refresh_now(driver)
+    said = "GET /v1/agents: HTTP 502 http_error: 502 Bad Gateway nginx"
+    assert _text(driver, "#workers-error") == said
+    envoy = "upstream connect error or disconnect/reset before headers. reset reason: overflow"
+    api.set("/v1/agents", envoy + "\n", 503, media_type="text/plain")
+    _refresh_now(driver)
+    assert _text(driver, "#workers-error") == f"GET /v1/agents: HTTP 503 http_error: {envoy}"
+    console_problems(driver)  # the failed reads were logged: drained

@@ -27,6 +27,14 @@ export const token = {
   },
 };
 
+/** An answer that is not the API's own (a proxy's error page) as its reader would see it:
+ * an HTML page's text, not its markup (parsed inert: nothing in it runs or loads). */
+function plainText(response, text) {
+  const html = /html/i.test(response.headers.get("Content-Type") || "");
+  const shown = html ? new DOMParser().parseFromString(text, "text/html").body.textContent : text;
+  return shown.replace(/\s+/g, " ").trim().slice(0, 300);
+}
+
 async function call(method, path, body) {
   const headers = { Accept: "application/json" };
   if (body !== undefined) headers["Content-Type"] = "application/json";
@@ -64,7 +72,7 @@ async function call(method, path, body) {
   }
   if (!response.ok) {
     const error = parsed && typeof parsed.error === "string" ? parsed.error : "http_error";
-    const reason = parsed && typeof parsed.reason === "string" ? parsed.reason : text.slice(0, 300);
+    const reason = parsed && typeof parsed.reason === "string" ? parsed.reason : plainText(response, text);
     throw new ApiError(method, path, response.status, error, reason, text);
   }
   return parsed;
