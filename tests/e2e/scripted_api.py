@@ -145,13 +145,14 @@ def _replay_in_the_shadow(controller: Controller, r: redis.Redis, keys: Keys) ->
 
 
 @contextmanager
-def scripted_api(answers: dict[str, Answer]) -> Iterator[ScriptedApi]:
-    """The stand-in served on a free loopback port until the block ends."""
+def scripted_api(answers: dict[str, Answer], port: int | None = None) -> Iterator[ScriptedApi]:
+    """The stand-in served on ``port`` (a free loopback port when None) until the block
+    ends."""
     api = ScriptedApi({path: replace(a) for path, a in answers.items()})
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     mount_ui(app)
     app.add_route("/{path:path}", api.serve, methods=["GET", "PUT", "POST", "DELETE"])
-    port = free_port()
+    port = port or free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

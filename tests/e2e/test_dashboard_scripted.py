@@ -6,7 +6,8 @@ Checked: refreshes never overlap, however often they are asked for while one is 
 shadow policy has one line style in every group, a group without some policy included;
 the shadow's hit-ratio axis holds its bands and starts at 0; a control tabbed to is never
 under a sticky header; the confirmation dialog holds a long category name; the shadow
-keeps its curves while its read fails; a proxy's HTML error page is shown as its text.
+keeps its curves while its read fails; a proxy's HTML error page is shown as its text;
+the category curves follow a filter typed while they load.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ import pytest
 
 from tests.conftest import delete_prefix
 from tests.e2e.browser import chromium, console_problems, require_chromium
-from tests.e2e.scripted_api import Answer, ScriptedApi, captured_answers, scripted_api
+from tests.e2e.scripted_api import (
+    CATEGORY,
+    Answer,
+    ScriptedApi,
+    captured_answers,
+    scripted_api,
+)
 from tests.e2e.test_dashboard import _fill, _refreshes, _result, _submit, _until
 from tests.e2e.test_dashboard_faults import _dialog_open
 
@@ -258,3 +265,44 @@ def test_a_proxys_html_error_is_shown_as_its_text(page: tuple[ScriptedApi, Any])
     _refresh_now(driver)
     assert _text(driver, "#workers-error") == f"GET /v1/agents: HTTP 503 http_error: {envoy}"
     console_problems(driver)  # the failed reads were logged: drained
+
+
+def _twenty_categories(api: ScriptedApi) -> list[str]:
+    """Twenty categories like the captured one, most samples first; their names."""
+    summary = api.answers["/v1/categories"].body[0]
+    detail = api.answers[f"/v1/categories/{CATEGORY}"].body
+    names = [f"cat_{i:02d}" for i in range(20)]
+    listed = [summary | {"name": n, "samples": 1000 - i} for i, n in enumerate(names)]
+    api.set("/v1/categories", listed)
+    for entry in listed:
+        api.set(f"/v1/categories/{entry['name']}", detail | entry)
+    return names
+
+
+def _charts(driver: Any) -> list[str]:
+    return list(
+        driver.execute_script(
+            "return [...document.querySelectorAll('#cat-charts figure')]"
+            ".map((f) => f.dataset.category);"
+        )
+    )
+
+
+def test_the_curves_follow_a_filter_typed_while_they_load(
+    page: tuple[ScriptedApi, Any],
+) -> None:
+    """The filter typed while a refresh fetches the twelve busiest curves (2 s each): the
+    curves drawn are the filter's, as the table's rows are (the refresh drew its twelve
+    over them when its fetches ended)."""
+    api, driver = page
+    names = _twenty_categories(api)
+    for name in names[:12]:
+        api.set(f"/v1/categories/{name}", delay_s=2.0)
+    seen = _refreshes(driver)
+    driver.find_element("id", "refresh-now").click()
+    _until(driver, "the fetches", lambda: api.in_flight[f"/v1/categories/{names[0]}"])
+    driver.find_element("id", "cat-filter").send_keys(names[19])
+    _until(driver, "the filtered curve", lambda: _charts(driver) == [names[19]])
+    _until(driver, "the refresh", lambda: _refreshes(driver) > seen)
+    _until(driver, "nothing in flight", lambda: not +api.in_flight)
+    assert _charts(driver) == [names[19]]

@@ -12,6 +12,7 @@ const FETCH_PARALLEL = 4;
 
 const curves = new Map(); // name -> {detail, at, version, key}
 let lastList = [];
+let redraws = 0; // redraws begun, the latest the one whose curves are drawn
 
 /** The parameters in force for a category: published when it is, else the last fit's. */
 function params(c) {
@@ -133,14 +134,19 @@ function renderCount(shown, total) {
     (shown > MAX_CURVES ? " (filter to see others)" : ""));
 }
 
-/** Redraw from the last list (after the filter changed). */
+/**
+ * Redraw from the last list (after the filter changed). The curves are drawn only if no
+ * redraw began while they were fetched: a later one (the filter typed meanwhile) draws
+ * its own, which an earlier one ending after it must not draw over.
+ */
 export async function redrawCategories(version) {
+  const drawing = ++redraws;
   const list = filtered(lastList);
   renderTable(list);
   renderCount(list.length, lastList.length);
   const names = list.slice(0, MAX_CURVES).map((c) => c.name);
   const errors = await fetchCurves(names, version);
-  renderCharts(names);
+  if (drawing === redraws) renderCharts(names);
   return errors;
 }
 
