@@ -7,7 +7,8 @@ shadow policy has one line style in every group, a group without some policy inc
 the shadow's hit-ratio axis holds its bands and starts at 0; a control tabbed to is never
 under a sticky header; the confirmation dialog holds a long category name; the shadow
 keeps its curves while its read fails; a proxy's HTML error page is shown as its text;
-the category curves follow a filter typed while they load.
+the category curves follow a filter typed while they load; a worker's last rejection is
+on the page, not only in a tooltip.
 """
 
 from __future__ import annotations
@@ -306,3 +307,16 @@ def test_the_curves_follow_a_filter_typed_while_they_load(
     _until(driver, "the refresh", lambda: _refreshes(driver) > seen)
     _until(driver, "nothing in flight", lambda: not +api.in_flight)
     assert _charts(driver) == [names[19]]
+
+
+def test_a_workers_last_rejection_is_on_the_page(page: tuple[ScriptedApi, Any]) -> None:
+    """The reason a worker gave for its last rejected document is in the table's text,
+    read by keyboard, touch and screen readers alike (it was only a hover's tooltip)."""
+    api, driver = page
+    (agent,) = api.answers["/v1/agents"].body
+    assert agent["rejected"] == 1 and agent["last_rejection"]
+    cell = driver.execute_script(
+        "const c = document.querySelector('#worker-table tbody tr').cells[8];"
+        "return [c.innerText, c.title];"
+    )
+    assert cell[0].split("\n") == ["1", agent["last_rejection"]], cell

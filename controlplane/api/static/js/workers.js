@@ -34,6 +34,15 @@ function versionCell(cell, version, current) {
   cell.title = behind ? `behind: version ${current} is in force` : "";
 }
 
+/** The documents a worker refused, and its last reason in words below the count. */
+function rejectedCell(cell, agent) {
+  const why = agent.rejected > 0 && agent.last_rejection ? agent.last_rejection : "";
+  const shown = `${fmtInt(agent.rejected)}\n${why}`;
+  if (cell.dataset.shown === shown) return;
+  cell.dataset.shown = shown;
+  cell.replaceChildren(fmtInt(agent.rejected), ...(why ? [el("span", { class: "reason" }, why)] : []));
+}
+
 function renderTable(agents, current) {
   syncRows(
     document.querySelector("#worker-table tbody"),
@@ -51,8 +60,7 @@ function renderTable(agents, current) {
       setText(row.cells[6], fmtInt(a.events_sent));
       setText(row.cells[7], fmtInt(a.events_dropped));
       row.cells[7].classList.toggle("warn", a.events_dropped > 0);
-      setText(row.cells[8], fmtInt(a.rejected));
-      row.cells[8].title = a.last_rejection || "";
+      rejectedCell(row.cells[8], a);
       setText(row.cells[9], fmtAge(a.updated_at));
       row.cells[9].title = fmtTime(a.updated_at);
     },
