@@ -8,7 +8,8 @@ the shadow's hit-ratio axis holds its bands and starts at 0; a control tabbed to
 under a sticky header; the confirmation dialog holds a long category name; the shadow
 keeps its curves while its read fails; a proxy's HTML error page is shown as its text;
 the category curves follow a filter typed while they load; a worker's last rejection is
-on the page, not only in a tooltip.
+on the page, not only in a tooltip; a shadow table opened stays open and focused across
+refreshes.
 """
 
 from __future__ import annotations
@@ -320,3 +321,30 @@ def test_a_workers_last_rejection_is_on_the_page(page: tuple[ScriptedApi, Any]) 
         "return [c.innerText, c.title];"
     )
     assert cell[0].split("\n") == ["1", agent["last_rejection"]], cell
+
+
+def test_a_shadow_table_opened_stays_open_and_focused_across_refreshes(
+    page: tuple[ScriptedApi, Any],
+) -> None:
+    """The shadow's *Table of these values* opened by keyboard stays open, with the focus
+    on it, when a refresh brings new figures (it closed, and the focus fell to the page's
+    body, at every refresh of a live controller: its counts always move)."""
+    from selenium.webdriver.common.keys import Keys
+
+    api, driver = page
+    summary = "#shadow-body details summary"
+    driver.find_element("css selector", summary).send_keys(Keys.ENTER)
+    assert driver.execute_script("return document.querySelector('#shadow-body details').open")
+    shadow = copy.deepcopy(api.answers["/v1/shadow"].body)
+    shadow["groups"][0]["accesses_seen"] += 1
+    api.set("/v1/shadow", shadow)
+    seen = _refreshes(driver)
+    driver.execute_script("document.getElementById('refresh-now').click()")  # focus stays
+    _until(driver, "the refresh", lambda: _refreshes(driver) > seen)
+    seen_now = f"{shadow['groups'][0]['accesses_seen']:,} accesses seen"
+    assert seen_now in _text(driver, "#shadow-body figure .chart-facts")
+    state = driver.execute_script(
+        "const d = document.querySelector('#shadow-body details');"
+        "return [d.open, document.activeElement === d.querySelector('summary')];"
+    )
+    assert state == [True, True]

@@ -45,7 +45,7 @@ function groupTable(group) {
       return el("td", { class: "num" }, q ? fmtRatio(q.hit_ratio) : "—", ci);
     }));
   });
-  return el("details", {}, el("summary", {}, "Table of these values"),
+  return el("details", { "data-group": group.capacity }, el("summary", {}, "Table of these values"),
     el("div", { class: "table-wrap" }, el("table", { class: "shadow-table" }, el("caption", {}, `Shadow hit ratio, workers of capacity ${fmtInt(group.capacity)}`),
       el("thead", {}, head), el("tbody", {}, ...rows))));
 }
@@ -163,6 +163,7 @@ export async function renderShadowSection() {
   const key = JSON.stringify(body);
   if (`${width} ${key}` === lastKey) return;
   lastKey = `${width} ${key}`;
+  const restore = keepOpenTables(box);
   const groups = shadowGroups(body);
   const guard = guardLine(body && body.guard);
   if (groups === null) {
@@ -178,4 +179,19 @@ export async function renderShadowSection() {
     box.replaceChildren(...(guard ? [guard] : []),
       el("div", { class: "chart-grid wide" }, ...groups.map((g) => groupFigure(g, body, width, order))));
   }
+  restore();
+}
+
+/** Which groups' tables are open, and which has the focus, before a redraw; what it returns
+ * opens and focuses them again after it (the figures are new at every change of figures). */
+function keepOpenTables(box) {
+  const open = new Set([...box.querySelectorAll("details[open]")].map((d) => d.dataset.group));
+  const focused = box.contains(document.activeElement) ? document.activeElement.closest("details") : null;
+  const focusedGroup = focused ? focused.dataset.group : null;
+  return () => {
+    for (const d of box.querySelectorAll("details")) {
+      d.open = open.has(d.dataset.group);
+      if (d.dataset.group === focusedGroup) d.querySelector("summary").focus();
+    }
+  };
 }
