@@ -9,7 +9,7 @@ under a sticky header; the confirmation dialog holds a long category name; the s
 keeps its curves while its read fails; a proxy's HTML error page is shown as its text;
 the category curves follow a filter typed while they load; a worker's last rejection is
 on the page, not only in a tooltip; a shadow table opened stays open and focused across
-refreshes.
+refreshes; no category, or none left by the filter, is said in words.
 """
 
 from __future__ import annotations
@@ -348,3 +348,20 @@ def test_a_shadow_table_opened_stays_open_and_focused_across_refreshes(
         "return [d.open, document.activeElement === d.querySelector('summary')];"
     )
     assert state == [True, True]
+
+
+def test_no_category_yet_says_so(page: tuple[ScriptedApi, Any]) -> None:
+    """A controller with no fitted category (as at its first start) says so, as the
+    workers' table says it has no worker (it read "0 of 0 categories listed; curves of
+    the 0 with most samples"); a filter that leaves none says that instead."""
+    api, driver = page
+    listed = api.answers["/v1/categories"].body
+    api.set("/v1/categories", [])
+    _refresh_now(driver)
+    assert _text(driver, "#cat-count") == "No category yet: the first fit lists them."
+    api.set("/v1/categories", listed)
+    _twenty_categories(api)
+    _refresh_now(driver)
+    driver.find_element("id", "cat-filter").send_keys("no-such")
+    _until(driver, "none left", lambda: _text(driver, "#cat-count").startswith("0 of 20"))
+    assert _text(driver, "#cat-count") == "0 of 20 categories listed: none matches the filter."

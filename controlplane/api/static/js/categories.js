@@ -128,10 +128,12 @@ function renderCharts(names) {
 }
 
 function renderCount(shown, total) {
-  const curvesShown = Math.min(shown, MAX_CURVES);
+  const listed = `${fmtInt(shown)} of ${fmtInt(total)} categories listed`;
+  const curves = `curves of the ${fmtInt(Math.min(shown, MAX_CURVES))} with most samples` +
+    (shown > MAX_CURVES ? " (filter to see others)" : "");
   setText(document.getElementById("cat-count"),
-    `${fmtInt(shown)} of ${fmtInt(total)} categories listed; curves of the ${fmtInt(curvesShown)} with most samples` +
-    (shown > MAX_CURVES ? " (filter to see others)" : ""));
+    total === 0 ? "No category yet: the first fit lists them."
+      : shown === 0 ? `${listed}: none matches the filter.` : `${listed}; ${curves}`);
 }
 
 /**
