@@ -9,7 +9,8 @@ under a sticky header; the confirmation dialog holds a long category name; the s
 keeps its curves while its read fails; a proxy's HTML error page is shown as its text;
 the category curves follow a filter typed while they load; a worker's last rejection is
 on the page, not only in a tooltip; a shadow table opened stays open and focused across
-refreshes; no category, or none left by the filter, is said in words.
+refreshes; no category, or none left by the filter, is said in words; the version history
+fits its box with a long category in a reason.
 """
 
 from __future__ import annotations
@@ -365,3 +366,27 @@ def test_no_category_yet_says_so(page: tuple[ScriptedApi, Any]) -> None:
     driver.find_element("id", "cat-filter").send_keys("no-such")
     _until(driver, "none left", lambda: _text(driver, "#cat-count").startswith("0 of 20"))
     assert _text(driver, "#cat-count") == "0 of 20 categories listed: none matches the filter."
+
+
+def test_the_version_history_fits_with_a_long_category_in_a_reason(
+    page: tuple[ScriptedApi, Any],
+) -> None:
+    """A version whose reason names a 64-character category (an override's, as the store
+    words it): the history still fits its box from 1024 px up, its roll-back buttons in
+    view (the name widened the table, and the buttons went behind a scroll bar)."""
+    from tests.e2e.browser import clear_emulation, emulate_zoom
+
+    api, driver = page
+    name = "queue-" + "x" * 58
+    versions = api.answers["/v1/policy/versions"].body
+    override = versions[0] | {"version": 3, "note": f"override {name}: " + '{"life_s": 5.0}'}
+    api.set("/v1/policy/versions", [override, *versions])
+    for width in (1024, 1280, 1400):
+        emulate_zoom(driver, width, 900, 1.0)
+        _refresh_now(driver)
+        table, box = driver.execute_script(
+            "const t = document.getElementById('versions');"
+            "return [t.getBoundingClientRect().width, t.closest('.table-wrap').clientWidth];"
+        )
+        assert table <= box + 1, (width, table, box)
+    clear_emulation(driver)
