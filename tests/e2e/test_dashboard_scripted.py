@@ -10,7 +10,7 @@ keeps its curves while its read fails; a proxy's HTML error page is shown as its
 the category curves follow a filter typed while they load; a worker's last rejection is
 on the page, not only in a tooltip; a shadow table opened stays open and focused across
 refreshes; no category, or none left by the filter, is said in words; the version history
-fits its box with a long category in a reason.
+fits its box with a long category in a reason; the page reflows at 400 % zoom.
 """
 
 from __future__ import annotations
@@ -389,4 +389,18 @@ def test_the_version_history_fits_with_a_long_category_in_a_reason(
             "return [t.getBoundingClientRect().width, t.closest('.table-wrap').clientWidth];"
         )
         assert table <= box + 1, (width, table, box)
+    clear_emulation(driver)
+
+
+def test_the_page_reflows_at_400_percent_zoom(page: tuple[ScriptedApi, Any]) -> None:
+    """A 1280-pixel screen at 400 % zoom lays the page out in 320 CSS pixels (the width
+    WCAG's reflow criterion names): nothing scrolls sideways but the wide tables in their
+    boxes (the nav's links ran 50 px off the page)."""
+    from tests.e2e.browser import OVERFLOW_JS, clear_emulation, emulate_zoom
+
+    _, driver = page
+    emulate_zoom(driver, 1280, 1024, 4.0)
+    assert driver.execute_script("return window.innerWidth") == 320
+    _refresh_now(driver)
+    assert driver.execute_script(OVERFLOW_JS) == []
     clear_emulation(driver)
