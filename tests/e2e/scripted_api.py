@@ -69,7 +69,8 @@ class Answer:
 
 @dataclass
 class ScriptedApi:
-    """The answers by path (``/v1/categories/NAME`` included) and what was asked."""
+    """The answers by path (``/v1/categories/NAME`` included; ``POST /v1/policy/refit``
+    for a method other than GET) and what was asked, counted the same way."""
 
     answers: dict[str, Answer]
     url: str = ""
@@ -90,7 +91,9 @@ class ScriptedApi:
         self.answers[path] = Answer(kept, status, delay_s, media_type)
 
     async def serve(self, request: Request) -> Response:
-        path = request.url.path
+        # A read goes by its path, any other method by "METHOD path".
+        method, path = request.method, request.url.path
+        path = path if method == "GET" else f"{method} {path}"
         self.asked[path] += 1
         self.in_flight[path] += 1
         self.most_in_flight[path] = max(self.most_in_flight[path], self.in_flight[path])

@@ -10,7 +10,8 @@ keeps its curves while its read fails; a proxy's HTML error page is shown as its
 the category curves follow a filter typed while they load; a worker's last rejection is
 on the page, not only in a tooltip; a shadow table opened stays open and focused across
 refreshes; no category, or none left by the filter, is said in words; the version history
-fits its box with a long category in a reason; the page reflows at 400 % zoom.
+fits its box with a long category in a reason; the page reflows at 400 % zoom; an action
+is not sent again while it waits for its answer.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from tests.e2e.scripted_api import (
     captured_answers,
     scripted_api,
 )
-from tests.e2e.test_dashboard import _fill, _refreshes, _result, _submit, _until
+from tests.e2e.test_dashboard import _confirm, _fill, _refreshes, _result, _submit, _until
 from tests.e2e.test_dashboard_faults import _dialog_open
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -404,3 +405,23 @@ def test_the_page_reflows_at_400_percent_zoom(page: tuple[ScriptedApi, Any]) -> 
     _refresh_now(driver)
     assert driver.execute_script(OVERFLOW_JS) == []
     clear_emulation(driver)
+
+
+def test_an_action_is_not_sent_again_while_it_waits_for_its_answer(
+    page: tuple[ScriptedApi, Any],
+) -> None:
+    """Refit now confirmed, then asked for again while the refit (2 s here, a fit of every
+    category on a live controller) has not answered: the second is refused on the page,
+    saying why, and only one refit is sent (each confirmation sent one more)."""
+    api, driver = page
+    refit = {"published": False, "version": None, "reason": "unchanged", "seconds": 2.0}
+    api.set("POST /v1/policy/refit", refit, delay_s=2.0)
+    _submit(driver, "refit-form")
+    _confirm(driver, by_keyboard=False)
+    _until(driver, "the refit sent", lambda: api.in_flight["POST /v1/policy/refit"])
+    _submit(driver, "refit-form")
+    assert not _dialog_open(driver)
+    said = "Nothing was sent: “Refit now” has not answered yet; its outcome shows here."
+    assert _result(driver) == said
+    _until(driver, "the answer", lambda: _result(driver).startswith("Refit did not publish"))
+    assert api.asked["POST /v1/policy/refit"] == 1

@@ -15,6 +15,9 @@ const DECIMAL = /^[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?$/i;
 const known = { current: null, versions: new Map(), categories: null };
 // Whether the operator picked the roll-back version: until then it follows the newest kept.
 let rollbackPicked = false;
+// The action sent and not answered yet (its question), or null: one at a time, so that a
+// second click while a refit fits (or a rollback waits on a slow controller) sends nothing.
+let waiting = null;
 
 /** Ask in the modal dialog; resolves true only when the operator confirms. */
 export function confirmAction(title, body, okLabel) {
@@ -50,19 +53,27 @@ function showApiError(exc) {
 
 /**
  * Run one confirmed mutation: `send()` returns the API's answer, `describe(answer)` the
- * success text. `after()` (a refresh) runs whatever the outcome.
+ * success text. `after()` (a refresh) runs whatever the outcome. Asked while another
+ * waits for its answer, it says so and sends nothing.
  */
 async function run(question, send, describe, after) {
   const [title, body, okLabel] = question;
+  if (waiting !== null) {
+    showResult(false, `Nothing was sent: “${waiting}” has not answered yet; its outcome shows here.`);
+    return;
+  }
   if (!(await confirmAction(title, body, okLabel))) {
     showResult(true, `${title}: cancelled, nothing was sent.`);
     return;
   }
+  waiting = title.replace(/\?$/, "");
   try {
     const answer = await send();
     showResult(true, describe(answer));
   } catch (exc) {
     showApiError(exc);
+  } finally {
+    waiting = null;
   }
   await after();
 }
