@@ -39,6 +39,7 @@ from agent.runtime.family import (
     follows_document,
 )
 from agent.runtime.heartbeat import Heartbeat
+from agent.runtime.loop import BackgroundLoop
 from agent.runtime.publisher import EventPublisher
 from agent.runtime.subscriber import PolicySubscriber
 from agent.settings import AgentSettings
@@ -380,11 +381,12 @@ class Agent:
         self._closed = True
         done = True
         if self._started:
-            for part in (self.subscriber, self.publisher, self.heartbeat):
-                part.stop()  # all at once: one hung Redis costs one timeout, not three
+            self.subscriber.stop()  # with the publisher: one hung Redis costs one timeout
             deadline = time.monotonic() + timeout
-            for part in (self.publisher, self.subscriber, self.heartbeat):
-                done = part.close(max(deadline - time.monotonic(), 0.0)) and done
+            # The heartbeat last: its final beat (on its thread) counts the last flush.
+            loops: tuple[BackgroundLoop, ...] = (self.publisher, self.subscriber, self.heartbeat)
+            for loop in loops:
+                done = loop.close(max(deadline - time.monotonic(), 0.0)) and done
         if done:
             self.client.close()
         else:

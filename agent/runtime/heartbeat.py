@@ -1,8 +1,9 @@
 """The heartbeat thread: this agent's ``AgentStatus`` under ``Keys.agent(id)`` with a TTL.
 
 Owns the period and the expiry of the heartbeat key: written at start, every
-``heartbeat_interval_s`` and once more at close, each time with ``heartbeat_ttl_s``, so a
-worker that dies silently disappears from the controller's view. It must never be called
+``heartbeat_interval_s`` and once more when stopped (on its thread, so ``close`` keeps to
+its timeout), each time with ``heartbeat_ttl_s``, so a worker that dies silently
+disappears from the controller's view. It must never be called
 from the engine thread; it only reads counters through ``status``.
 """
 
@@ -53,12 +54,10 @@ class Heartbeat(AgentLoop):
     def next_wait(self) -> float:
         return self.interval_s  # a beat is one small write: no backoff needed
 
-    def close(self, timeout: float = 5.0) -> bool:
-        """Stop the thread, then write a last heartbeat with the final counters, from the
-        caller (after the publisher's last flush: the agent closes it first). Skipped while
-        Redis is failing: it would only wait out another timeout."""
-        if not super().close(timeout):
-            return False
+    def finish(self) -> None:
+        """A last beat with the final counters, on this thread once it is stopped (the
+        agent stops it after the publisher's last flush), so ``close`` waits for it no
+        longer than its ``timeout``. Skipped while Redis is failing: it would only wait out
+        another timeout."""
         if self.failures == 0:
             self.beat()
-        return True

@@ -106,3 +106,19 @@ def test_a_malformed_url_is_one_clear_error() -> None:
     with pytest.raises(RedisUrlError, match="malformed") as err:
         Controller(ControllerSettings(redis_url="redis://:s3cret@host:notaport/0"))
     assert "s3cret" not in str(err.value)  # no password in the message
+
+
+def test_close_keeps_to_its_timeout_while_redis_hangs(key_prefix: str, tmp_path: Path) -> None:
+    """A Redis that takes connections and stops answering writes at shutdown: the last
+    heartbeat was written from the caller after the threads had ended, unbounded by
+    ``timeout`` (two socket timeouts and a retry: 4 s for a close of 1 s)."""
+    with EmbeddedRedis(tmp_path) as server:
+        s = fast_settings(server.url, key_prefix, redis_timeout_s=2.0)
+        agent = Agent(s, capacity=10).start()
+        wait_until(lambda: agent.heartbeat.beats > 0, what="a first heartbeat")
+        redis.Redis.from_url(server.url).client_pause(20_000, all=False)  # writes hang
+        started = time.monotonic()
+        done = agent.close(timeout=1.0)
+        took = time.monotonic() - started
+        assert took < 1.5, f"close(timeout=1.0) took {took:.1f} s"
+        assert not done, "a write was still pending: close must say so"
