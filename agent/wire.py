@@ -430,6 +430,21 @@ def encode_policy(doc: PolicyDocument) -> bytes:
     return doc.model_dump_json().encode()
 
 
+MAX_LOCATION_PART_CHARS: Final = 40
+"""Characters of each part of an error's location shown (a category name may be long)."""
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    """Where in a document pydantic found an error (``categories.<name>.rate``), each part
+    cut to ``MAX_LOCATION_PART_CHARS``; ``document`` for the whole."""
+    parts = (str(p) for p in loc)
+    shown = (
+        p if len(p) <= MAX_LOCATION_PART_CHARS else f"{p[:MAX_LOCATION_PART_CHARS]}..."
+        for p in parts
+    )
+    return ".".join(shown) or "document"
+
+
 def decode_policy(
     raw: bytes | str, *, max_bytes: int | None = None, max_categories: int | None = None
 ) -> PolicyDocument:
@@ -440,10 +455,7 @@ def decode_policy(
     try:
         doc = PolicyDocument.model_validate_json(raw)
     except ValidationError as exc:
-        reasons = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'document'}: {e['msg']}"
-            for e in exc.errors()[:5]
-        )
+        reasons = "; ".join(f"{_location(e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
         raise WireError(f"policy: {reasons}") from None
     if max_categories is not None and len(doc.categories) > max_categories:
         raise WireLimitError(f"policy: {len(doc.categories)} categories > limit {max_categories}")
@@ -495,8 +507,8 @@ class AgentStatus:
     rejected: int = 0
     """Policy documents refused (each counted once, however often it was read)."""
     last_rejection: str = ""
-    """Why the last one was refused, led by ``v<version>:`` when its version is known;
-    empty while none has been."""
+    """Why the last one was refused, led by ``v<version>:`` when its version is known (at
+    most 400 characters); empty while none has been."""
     started_at: float = 0.0
     """Unix time the agent was created."""
     updated_at: float = 0.0

@@ -35,6 +35,9 @@ _PUBSUB_WAIT_S = 0.25
 """Longest wait for a pub/sub message, so ``close`` returns promptly."""
 MAX_POINTER_BYTES = 32
 """Bytes of ``current`` read, at most: a version number is far shorter."""
+MAX_REJECTION_CHARS = 400
+"""Characters of a rejection's reason kept (logged and sent in every heartbeat): an
+evictor's error may be of any length."""
 
 
 class PolicySubscriber(AgentLoop):
@@ -169,7 +172,8 @@ class PolicySubscriber(AgentLoop):
             if again:
                 return
             self.rejected += 1
-            self.last_rejection = f"v{version}: {reason}" if version is not None else reason
+            said = f"v{version}: {reason}" if version is not None else reason
+            self.last_rejection = said[:MAX_REJECTION_CHARS]
         log.warning(
             "kvwise subscriber: rejected policy %s; keeping v%d",
             self.last_rejection,

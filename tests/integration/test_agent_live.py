@@ -314,6 +314,24 @@ def test_missing_oversized_and_garbled_documents_are_reported_once(
         assert agent.applied_version == 5 and sub.rejected == 5
 
 
+def test_a_rejection_names_a_long_category_name_by_its_head(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    """A document whose bad parameters sit under a category name of 1 MB: the reason held
+    the whole name, so it was logged and written in every heartbeat."""
+    params = {"rate": -1.0, "p_reuse": 0.5, "life_s": 1.0}
+    raw = json.dumps({"version": 1, "categories": {"n" * 1_000_000: params}})
+    with Agent(fast_settings(redis_url, key_prefix), capacity=10) as agent:
+        publish(r, key_prefix, 1, raw)
+        wait_until(lambda: agent.subscriber.rejected == 1, what="the document refused")
+        reason = agent.subscriber.last_rejection
+        assert reason.startswith("v1: policy: categories.nnn"), reason[:200]
+        assert "rate: Input should be greater than 0" in reason, reason[:200]
+        assert len(reason) < 500, f"a reason of {len(reason)} characters"
+        agent.heartbeat.beat()
+        assert r.strlen(Keys(key_prefix).agent("w1")) < 4096
+
+
 def test_a_number_that_comes_back_with_another_document_after_a_lost_store_is_staged(
     redis_url: str, key_prefix: str, r: redis.Redis
 ) -> None:
@@ -375,6 +393,22 @@ def test_an_evictor_refusing_a_document_counts_as_a_rejection(
         assert not agent.apply_pending()
         assert agent.applied_version == 0 and agent.subscriber.rejected == 1
         assert "evictor refused it: no image_1" in agent.subscriber.last_rejection
+
+
+def test_an_evictor_refusal_of_any_length_is_kept_short(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    class Verbose(PolicyLRU):
+        def set_policy(self, doc: PolicyDocument) -> None:
+            raise ValueError("no parameters for " + ", ".join(f"c{i}" for i in range(10**5)))
+
+    with Agent(fast_settings(redis_url, key_prefix), capacity=10, policy=Verbose()) as agent:
+        publish(r, key_prefix, 1, encode_policy(doc(1)))
+        wait_until(lambda: agent.subscriber.known_version == 1)
+        assert not agent.apply_pending()
+        reason = agent.subscriber.last_rejection
+        assert reason.startswith("v1: evictor refused it: no parameters for c0, c1")
+        assert len(reason) < 500, f"a reason of {len(reason)} characters"
 
 
 def test_a_refusal_after_the_fact_keeps_a_newer_version_staged_meanwhile(
