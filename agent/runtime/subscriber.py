@@ -78,7 +78,12 @@ class PolicySubscriber(AgentLoop):
         Returns the staged document, if any. Raises ``redis.RedisError``."""
         # Bounded like the documents: a version number is a few digits, and a bogus value
         # of any size costs one short read per poll. Empty: no key (or an empty value).
-        raw_current = self.client.getrange(self.keys.policy_current, 0, MAX_POINTER_BYTES - 1)
+        try:
+            raw_current = self.client.getrange(self.keys.policy_current, 0, MAX_POINTER_BYTES - 1)
+        except redis.ResponseError as exc:
+            key = self.keys.policy_current
+            self._refuse_another_type(exc, key, key.encode(), None, "a version number")
+            return None
         if not raw_current:
             self._current_lost = self.known_version > 0
             self._notice_schema1_controller()
@@ -95,17 +100,10 @@ class PolicySubscriber(AgentLoop):
         same = version == self.known_version
         if (same and not self._current_lost) or (pointer == self._refused and not self._missing):
             return None
-        s = self.settings
-        key = self.keys.policy_doc(version)
-        size = self.client.strlen(key)  # what the GET would bring, asked first
-        if size > s.max_policy_bytes:
-            self._refuse(pointer, version, f"policy: document of {size} bytes > limit "
-                         f"{s.max_policy_bytes} (not read)")  # fmt: skip
-            return None
-        raw = self.client.get(key) if size else None
+        raw = self._fetch(pointer, version)
         if raw is None:
-            self._refuse(pointer, version, "current points at a missing document", missing=True)
             return None
+        s = self.settings
         try:
             doc = decode_policy(
                 raw, max_bytes=s.max_policy_bytes, max_categories=s.max_policy_categories
@@ -124,6 +122,40 @@ class PolicySubscriber(AgentLoop):
             self._refused, self._missing, self._current_lost = None, False, False
         log.info("kvwise subscriber: staged policy v%d (%s)", version, doc.note or "no note")
         return doc
+
+    def _fetch(self, pointer: bytes, version: int) -> bytes | str | None:
+        """The document of ``version``, or None once refused (missing, too large, not a
+        string)."""
+        key, limit = self.keys.policy_doc(version), self.settings.max_policy_bytes
+        try:
+            size = self.client.strlen(key)  # what the GET would bring, asked first
+            raw = self.client.get(key) if 0 < size <= limit else None
+        except redis.ResponseError as exc:
+            self._refuse_another_type(exc, key, pointer, version, "a document")
+            return None
+        if size > limit:
+            self._refuse(pointer, version, f"policy: document of {size} bytes > limit "
+                         f"{limit} (not read)")  # fmt: skip
+            return None
+        if raw is None:
+            self._refuse(pointer, version, "current points at a missing document", missing=True)
+        return raw
+
+    def _refuse_another_type(
+        self,
+        exc: redis.ResponseError,
+        key: str,
+        pointer: bytes,
+        version: int | None,
+        expected: str,
+    ) -> None:
+        """Refuse ``key`` if ``exc`` says it holds another type than a string (named);
+        re-raise any other error."""
+        if not str(exc).startswith("WRONGTYPE"):
+            raise exc
+        held = self.client.type(key)
+        held = held.decode() if isinstance(held, bytes) else str(held)
+        self._refuse(pointer, version, f"{key} is a {held}, not {expected}")
 
     def _another_under_the_known_number(self, doc: PolicyDocument) -> bool:
         """Whether ``doc``, under the number known, after ``current`` was lost, is another

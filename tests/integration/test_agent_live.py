@@ -332,6 +332,29 @@ def test_a_rejection_names_a_long_category_name_by_its_head(
         assert r.strlen(Keys(key_prefix).agent("w1")) < 4096
 
 
+def test_policy_keys_of_another_type_are_refused_by_name(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    """``current`` or a document that is not a string (a list, say): every poll failed as
+    a Redis error ("WRONGTYPE ..." naming no key), backing off and counting no rejection."""
+    k = Keys(key_prefix)
+    with Agent(fast_settings(redis_url, key_prefix), capacity=10) as agent:
+        sub = agent.subscriber
+        r.rpush(k.policy_current, "7")
+        wait_until(lambda: sub.rejected == 1, what="current of another type refused")
+        assert sub.last_rejection == f"{k.policy_current} is a list, not a version number"
+        r.delete(k.policy_current)
+        r.set(k.policy_current, 7)
+        r.rpush(k.policy_doc(7), "{}")
+        wait_until(lambda: sub.rejected == 2, what="a document of another type refused")
+        assert sub.last_rejection == f"v7: {k.policy_doc(7)} is a list, not a document"
+        threading.Event().wait(3 * agent.settings.poll_interval_s)
+        assert (sub.rejected, sub.failures, sub.last_error) == (2, 0, "")
+        publish(r, key_prefix, 8, encode_policy(doc(8)))
+        apply_when_staged(agent)
+        assert agent.applied_version == 8
+
+
 def test_a_number_that_comes_back_with_another_document_after_a_lost_store_is_staged(
     redis_url: str, key_prefix: str, r: redis.Redis
 ) -> None:
