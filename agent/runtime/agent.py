@@ -375,9 +375,9 @@ class Agent:
     def close(self, timeout: float = 10.0) -> bool:
         """Stop the threads: the publisher flushes what is buffered, the heartbeat writes
         the final counters. Waits at most about ``timeout`` s in all; returns False if a
-        thread was still waiting on Redis then (its counters may still move). Idempotent."""
-        if self._closed:
-            return True
+        thread was still waiting on Redis then (its counters may still move). Idempotent:
+        a repeated call waits again for the threads still running, and says whether they
+        all ended (the Redis client is closed once they have)."""
         self._closed = True
         done = True
         if self._started:

@@ -108,6 +108,22 @@ def test_a_malformed_url_is_one_clear_error() -> None:
     assert "s3cret" not in str(err.value)  # no password in the message
 
 
+def test_close_again_waits_for_the_threads_the_first_left_running(
+    key_prefix: str, tmp_path: Path
+) -> None:
+    """A close that timed out, then another: the second said True at once (already
+    closed) while a thread still waited on Redis and the client was never closed."""
+    with EmbeddedRedis(tmp_path) as server:
+        s = fast_settings(server.url, key_prefix, redis_timeout_s=0.5)
+        agent = Agent(s, capacity=10).start()
+        wait_until(lambda: agent.heartbeat.beats > 0, what="a first heartbeat")
+        redis.Redis.from_url(server.url).client_pause(20_000, all=False)  # writes hang
+        assert not agent.close(timeout=0.1)
+        assert agent.heartbeat.running, "the last heartbeat waits on Redis"
+        assert agent.close(timeout=10.0)
+        assert not any(t.running for t in (agent.publisher, agent.subscriber, agent.heartbeat))
+
+
 def test_close_keeps_to_its_timeout_while_redis_hangs(key_prefix: str, tmp_path: Path) -> None:
     """A Redis that takes connections and stops answering writes at shutdown: the last
     heartbeat was written from the caller after the threads had ended, unbounded by
