@@ -57,11 +57,47 @@ class _Half:
 
     def take(self) -> tuple[RawEvents, int]:
         """The events as ``RawEvents`` columns (fresh arrays), and how many were refused
-        (a block id that is not a signed 64-bit integer). The half is empty afterwards,
-        whatever it held."""
+        (a block id that is not a signed 64-bit integer; a run whose time or offsets are
+        not numbers). The half is empty afterwards, whatever it held."""
         blocks, offsets, runs = self.blocks, self.offsets, self.runs
         self.blocks, self.offsets, self.runs = [], [], []
-        return _columns(blocks, offsets, runs)
+        try:
+            return _columns(blocks, offsets, runs)
+        except (TypeError, ValueError, OverflowError):  # a time or an offset not a number
+            blocks, offsets, runs, unread = _readable_runs(blocks, offsets, runs)
+            events, refused = _columns(blocks, offsets, runs)
+            return events, refused + unread
+
+
+def _readable_runs(
+    blocks: list[int], offsets: list[int], flat_runs: list[float]
+) -> tuple[list[int], list[int], list[float], int]:
+    """A half's lists less the runs whose time or offsets numpy cannot read as numbers
+    (an engine passed something else), and the events of those: one bad call costs its
+    own events, never the half."""
+    kept: tuple[list[int], list[int], list[float]] = ([], [], [])
+    unread = at_block = at_offset = 0
+    for lo in range(0, len(flat_runs), RUN_FIELDS):
+        run = flat_runs[lo : lo + RUN_FIELDS]
+        k = int(run[0])
+        own = offsets[at_offset : at_offset + k] if math.isnan(run[4]) else []
+        if _numbers([run[1], *own]):
+            kept[0].extend(blocks[at_block : at_block + k])
+            kept[1].extend(own)
+            kept[2].extend(run)
+        else:
+            unread += k
+        at_block, at_offset = at_block + k, at_offset + len(own)
+    return *kept, unread
+
+
+def _numbers(values: list[Any]) -> bool:
+    """Whether numpy reads every one of ``values`` as a float64."""
+    try:
+        np.array(values, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return True
 
 
 def _columns(
@@ -131,7 +167,7 @@ class EventRecorder:
         """Events offered to ``record`` (kept or dropped)."""
         self.dropped = 0
         """Events dropped because the active half was full, or refused when drained (a
-        block id that is not a signed 64-bit integer)."""
+        block id that is not a signed 64-bit integer; a time or offset not a number)."""
 
     def record(
         self,

@@ -135,6 +135,21 @@ def test_flood_is_bounded_and_every_event_is_sent_or_counted(
     assert grown < 20_000_000, grown
 
 
+def test_an_event_numpy_cannot_read_costs_its_own_run_only(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    """An engine passing offsets that are not numbers: draining the buffer raised, and
+    every event recorded with them (half the buffer) was lost, neither sent nor counted."""
+    agent = Agent(fast_settings(redis_url, key_prefix), capacity=100)
+    agent.free([3, 2, 1], [2, 1, 0], time.time(), "text_1")
+    agent.free([6, 5, 4], ["2", "one", None], time.time(), "text_1")  # an engine's bug
+    agent.free([9, 8, 7], [2, 1, 0], time.time(), "text_1")
+    with agent:  # one drain finds all three runs
+        wait_until(lambda: agent.events_sent == 6, what="the sound runs sent")
+    assert agent.events_dropped == 3 and agent.recorder.recorded == 9
+    assert sorted(stream_batches(r, key_prefix)[0].block) == [1, 2, 3, 7, 8, 9]
+
+
 def test_redis_down_never_blocks_recording_then_recovers(tmp_path: Path, key_prefix: str) -> None:
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
