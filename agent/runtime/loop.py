@@ -6,9 +6,10 @@ Owns a daemon thread's lifecycle (``start``, ``stop``, ``close``; restartable af
 ``interval_s``, at once on ``wake``, and exponential backoff up to ``max_backoff_s`` while
 rounds fail) and how failures are told: one warning when rounds start failing (naming the
 Redis state: unreachable, out of memory, ...), one line when they succeed again, and a
-traceback only for an unexpected error, once per distinct error. A failed round never ends
-the thread. Subclasses say what one round does (``step``) and may change how to wait
-(``pause``), how long (``next_wait``) and what to do once the loop ends (``finish``).
+traceback only for an unexpected error, once per distinct error. A failed round (or a
+failed wait between rounds) never ends the thread. Subclasses say what one round does
+(``step``) and may change how to wait (``pause``), how long (``next_wait``) and what to do
+once the loop ends (``finish``).
 ``AgentLoop`` is the agent's threads' common start: their settings, client and keys. It must
 never run on an engine thread.
 """
@@ -187,8 +188,18 @@ class BackgroundLoop(ABC):
             self.run_step()
             if self._stop.is_set():
                 break
-            self.pause(self.next_wait())
+            self._wait()
         self.finish()
+
+    def _wait(self) -> None:
+        """``pause`` for ``next_wait``; a failure there (a subclass's wait may read the
+        network) counts as a failed round, is told as one, and the plain wait stands in,
+        so the thread goes on at its pace."""
+        try:
+            self.pause(self.next_wait())
+        except Exception as exc:
+            self._failed(f"{type(exc).__name__}: {exc}", unexpected=True)
+            BackgroundLoop.pause(self, self.interval_s)
 
 
 class AgentLoop(BackgroundLoop):

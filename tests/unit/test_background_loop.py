@@ -134,3 +134,25 @@ def test_a_start_while_the_old_thread_finishes_waits_for_it_then_runs() -> None:
     wait_until(lambda: loop.steps > done, what="rounds of the new thread")
     assert loop.running and not loop.stopping
     assert loop.close(timeout=5)
+
+
+def test_a_wait_that_raises_is_logged_counted_and_the_thread_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A failure in ``pause`` (the subscriber's waits on pub/sub there) ended the thread:
+    the loop stopped for good, and nothing but Python's last-resort hook said so."""
+
+    class BadWait(Counting):
+        def pause(self, seconds: float) -> None:
+            if self.steps == 1:
+                raise RuntimeError("pubsub connection not set")
+            super().pause(seconds)
+
+    loop = BadWait([])
+    with caplog.at_level(logging.INFO, logger="agent.runtime.loop"):
+        loop.start()
+        wait_until(lambda: loop.steps >= 3, what="steps after the failed wait")
+        assert loop.close(timeout=5)
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("RuntimeError: pubsub connection not set" in m for m in messages) == 1
+    assert loop.finished == 1
