@@ -7,8 +7,9 @@ mirror these one to one. It must never read anything but the environment.
 from __future__ import annotations
 
 import os
+from typing import Self
 
-from pydantic import BaseModel, Field, TypeAdapter, field_validator
+from pydantic import BaseModel, Field, TypeAdapter, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.wire import BatchLimits, Keys
@@ -56,7 +57,9 @@ class AgentSettings(BaseSettings, RedisSettings):
         default=2.0, gt=0, description="Polling of the current policy (pub/sub is a hint)"
     )
     heartbeat_interval_s: float = Field(default=5.0, gt=0, description="Heartbeat period")
-    heartbeat_ttl_s: float = Field(default=30.0, gt=0, description="Heartbeat key TTL")
+    heartbeat_ttl_s: float = Field(
+        default=30.0, gt=0, description="Heartbeat key TTL; more than heartbeat_interval_s"
+    )
     redis_timeout_s: float = Field(
         default=2.0, gt=0, description="Connect and socket timeout of every Redis call"
     )
@@ -91,6 +94,17 @@ class AgentSettings(BaseSettings, RedisSettings):
         gt=1,
         description="Distinct categories tracked; later ones share 'other'",
     )
+
+    @model_validator(mode="after")
+    def _heartbeat_outlives_its_interval(self) -> Self:
+        """A key that expires before the next beat takes the worker in and out of view."""
+        if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
+            raise ValueError(
+                f"KVWISE_HEARTBEAT_TTL_S ({self.heartbeat_ttl_s}) must exceed "
+                f"KVWISE_HEARTBEAT_INTERVAL_S ({self.heartbeat_interval_s}): the heartbeat "
+                "would expire between beats"
+            )
+        return self
 
 
 def agent_enabled() -> bool:

@@ -109,3 +109,19 @@ def test_the_family_selection_takes_the_same_range_from_the_environment_as_its_r
         monkeypatch.setenv(variable, value)
         from_environment = getattr(ControllerSettings().selection, rule)
         assert from_environment == getattr(SelectionSettings.model_validate({rule: value}), rule)
+
+
+@pytest.mark.parametrize("ttl", ["5", "2"])
+def test_a_heartbeat_that_expires_before_the_next_beat_is_refused_naming_both(
+    ttl: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TTL not above the interval: the worker's key expired between beats, so it went
+    in and out of the controller's view, and nothing said why."""
+    monkeypatch.setenv("KVWISE_HEARTBEAT_INTERVAL_S", "5")
+    monkeypatch.setenv("KVWISE_HEARTBEAT_TTL_S", ttl)
+    with pytest.raises(
+        ValueError, match=rf"KVWISE_HEARTBEAT_TTL_S \({ttl}.0\) must exceed KVWISE_HEARTBEAT_INT"
+    ):
+        AgentSettings()
+    monkeypatch.setenv("KVWISE_HEARTBEAT_TTL_S", "5.5")
+    assert AgentSettings().heartbeat_ttl_s == 5.5
