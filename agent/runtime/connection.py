@@ -105,6 +105,16 @@ def describe_redis_error(exc: BaseException) -> str:
     return f"{_PHRASES[redis_state(exc)]}: {detail[:300]}"
 
 
+def reconnect_after_read_only(client: RedisClient, exc: BaseException) -> None:
+    """After a read-only refusal, drop ``client``'s idle pooled connections: the address
+    now names a replica (a failover behind a Service or a DNS name), and redis-py
+    reconnects only after connection errors, so every write would be refused on them until
+    the process restarts. The next call connects to whatever the address names now. A
+    cluster client follows failovers itself."""
+    if redis_state(exc) is RedisState.READ_ONLY and isinstance(client, redis.Redis):
+        client.connection_pool.disconnect(inuse_connections=False)
+
+
 def state_phrase(state: RedisState) -> str:
     """The words for ``state`` used in logs and readiness reasons."""
     return _PHRASES[state]

@@ -10,7 +10,8 @@ traceback only for an unexpected error, once per distinct error. A failed round 
 failed wait between rounds) never ends the thread. Subclasses say what one round does
 (``step``) and may change how to wait (``pause``), how long (``next_wait``) and what to do
 once the loop ends (``finish``).
-``AgentLoop`` is the agent's threads' common start: their settings, client and keys. It must
+``AgentLoop`` is the agent's threads' common start: their settings, client and keys, and a
+client that reconnects after a read-only refusal (a failover behind one address). It must
 never run on an engine thread.
 """
 
@@ -25,7 +26,11 @@ from typing import Protocol
 import redis
 from redis.backoff import ExponentialBackoff
 
-from agent.runtime.connection import RedisClient, describe_redis_error
+from agent.runtime.connection import (
+    RedisClient,
+    describe_redis_error,
+    reconnect_after_read_only,
+)
 from agent.settings import AgentSettings
 from agent.wire import Keys
 
@@ -94,6 +99,9 @@ class BackgroundLoop(ABC):
     def finish(self) -> None:  # noqa: B027 (a hook: doing nothing is the default)
         """Runs on the thread once the loop has ended (e.g. a last flush)."""
 
+    def redis_failed(self, exc: redis.RedisError) -> None:  # noqa: B027 (a hook, as finish)
+        """Told of each Redis error that failed a round, before it is counted."""
+
     # --- lifecycle -------------------------------------------------------------------------
     def start(self, *, wait_s: float = 1.0) -> bool:
         """Start the thread (again, after ``close``); a no-op while it runs. A thread still
@@ -151,6 +159,7 @@ class BackgroundLoop(ABC):
         try:
             self.step()
         except redis.RedisError as exc:
+            self.redis_failed(exc)
             if self.observer is not None:
                 self.observer.failed(exc)
             self._failed(describe_redis_error(exc), unexpected=False)
@@ -213,3 +222,6 @@ class AgentLoop(BackgroundLoop):
         self.settings = settings
         self.client = client
         self.keys = Keys(settings.key_prefix)
+
+    def redis_failed(self, exc: redis.RedisError) -> None:
+        reconnect_after_read_only(self.client, exc)

@@ -14,11 +14,13 @@ import redis
 from agent.runtime.agent import Agent
 from agent.runtime.connection import RedisState, RedisUrlError
 from agent.settings import AgentSettings
+from agent.wire import Keys
 from controlplane.dev.embedded_redis import EmbeddedRedis, free_port
 from controlplane.service.controller import Controller
 from controlplane.service.settings import ControllerSettings
 from tests.integration.agent_fixtures import fast_settings
 from tests.integration.controller_fixtures import live_settings
+from tests.tcp_relay import Relay
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -138,3 +140,26 @@ def test_close_keeps_to_its_timeout_while_redis_hangs(key_prefix: str, tmp_path:
         took = time.monotonic() - started
         assert took < 1.5, f"close(timeout=1.0) took {took:.1f} s"
         assert not done, "a write was still pending: close must say so"
+
+
+def test_writes_resume_after_a_failover_behind_one_address(key_prefix: str, tmp_path: Path) -> None:
+    """A failover behind one address (a Service, a DNS name): the old primary, now a
+    replica, refused every write on the pooled connections (READONLY) until the process
+    restarted; redis-py reconnects after connection errors only."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with EmbeddedRedis(tmp_path / "a") as old, EmbeddedRedis(tmp_path / "b") as new:
+        relay = Relay(old.port)
+        agent = Agent(fast_settings(relay.url, key_prefix), capacity=10).start()
+        try:
+            wait_until(lambda: agent.heartbeat.beats > 0, what="a first heartbeat")
+            redis.Redis.from_url(old.url).replicaof("127.0.0.1", new.port)  # demoted
+            wait_until(lambda: agent.heartbeat.last_error.startswith("redis is a read-only"))
+            relay.target_port = new.port  # the address names the new primary
+            agent.free([3, 2, 1], [2, 1, 0], time.time(), "text_1")
+            wait_until(lambda: agent.events_sent == 3, what="events on the new primary")
+            key = Keys(key_prefix).agent("w1")
+            wait_until(lambda: redis.Redis.from_url(new.url).exists(key), what="a heartbeat")
+        finally:
+            agent.close()
+            relay.close()
