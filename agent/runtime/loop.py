@@ -6,10 +6,10 @@ Owns a daemon thread's lifecycle (``start``, ``stop``, ``close``; restartable af
 ``interval_s``, at once on ``wake``, and exponential backoff up to ``max_backoff_s`` while
 rounds fail) and how failures are told: one warning when rounds start failing (naming the
 Redis state: unreachable, out of memory, ...), one line when they succeed again, and a
-traceback only for an unexpected error, once per distinct error. A failed round (or a
-failed wait between rounds) never ends the thread. Subclasses say what one round does
-(``step``) and may change how to wait (``pause``), how long (``next_wait``) and what to do
-once the loop ends (``finish``).
+traceback only for an unexpected error, once per type within ``QUIET_S``. A failed round
+(or a failed wait between rounds) never ends the thread. Subclasses say what one round
+does (``step``) and may change how to wait (``pause``), how long (``next_wait``) and what
+to do once the loop ends (``finish``).
 ``AgentLoop`` is the agent's threads' common start: their settings, client and keys, and a
 client that reconnects after a read-only refusal (a failover behind one address). It must
 never run on an engine thread.
@@ -178,19 +178,24 @@ class BackgroundLoop(ABC):
         return True
 
     def _failed(self, error: str, *, unexpected: bool) -> None:
-        if unexpected and error != self.last_error:
-            log.exception("kvwise %s: round failed (%s); %s", self.name, error, self.outage_note())
-        elif self.failures == 0 and self.observer is None and self._new_outage(error):
+        if unexpected:
+            # Told by its type: a message may name the item at hand, another each round.
+            if error != self.last_error and self._to_say(error.partition(":")[0]):
+                log.exception(
+                    "kvwise %s: round failed (%s); %s", self.name, error, self.outage_note()
+                )
+        elif self.failures == 0 and self.observer is None and self._to_say(error):
             log.warning("kvwise %s: %s; %s", self.name, error, self.outage_note())
             self._saying = True
         self.failures += 1
         self.last_error = error
 
-    def _new_outage(self, error: str) -> bool:
-        """Whether an outage starting now with ``error`` is to be said (``QUIET_S``)."""
+    def _to_say(self, what: str) -> bool:
+        """Whether ``what`` (an outage's error, an unexpected error's type), failing a round
+        now, is to be said: not if it was the last said, within ``QUIET_S``."""
         now = time.monotonic()
-        said, self._said = self._said, (error, now)
-        return said is None or said[0] != error or now - said[1] >= QUIET_S
+        said, self._said = self._said, (what, now)
+        return said is None or said[0] != what or now - said[1] >= QUIET_S
 
     def _main(self) -> None:
         while not self._stop.is_set():

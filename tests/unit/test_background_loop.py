@@ -156,3 +156,19 @@ def test_a_wait_that_raises_is_logged_counted_and_the_thread_goes_on(
     messages = [r.getMessage() for r in caplog.records]
     assert sum("RuntimeError: pubsub connection not set" in m for m in messages) == 1
     assert loop.finished == 1
+
+
+def test_a_bug_whose_message_changes_each_round_is_told_once_a_quiet_spell(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A traceback was logged whenever the message differed from the last round's, so an
+    error naming the item at hand (``KeyError: 1234``, each round another) logged one per
+    round, without end."""
+    loop = Counting([KeyError(n) for n in range(8)])
+    with caplog.at_level(logging.WARNING, logger="agent.runtime.loop"):
+        loop.start()
+        wait_until(lambda: loop.steps >= 9, what="the failing rounds and one more")
+        assert loop.close(timeout=5)
+    tracebacks = [r.getMessage() for r in caplog.records if r.exc_info]
+    assert len(tracebacks) == 1, tracebacks
+    assert "KeyError: 0" in tracebacks[0]
