@@ -94,6 +94,7 @@ class PolicySubscriber(AgentLoop):
         except ValueError:
             self._refuse(pointer, None, f"current is not a version number: {pointer[:40]!r}")
             return None
+        pointer = str(version).encode()  # as ``reject`` spells it (``07`` is ``7``)
         # Follow the pointer whichever way it moved: a rollback or a reset controller may
         # point at a lower version, and only ``current`` is authoritative. A refused
         # document is never fetched again (versions are immutable); a missing one is.

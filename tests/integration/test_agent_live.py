@@ -449,6 +449,30 @@ def test_an_evictor_refusal_of_any_length_is_kept_short(
         assert len(reason) < 500, f"a reason of {len(reason)} characters"
 
 
+def test_a_version_the_evictor_refused_is_not_staged_again_whatever_the_pointer_spells(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    """``current`` spelling the number otherwise than the agent does (``07``, `` 7``):
+    after the evictor refused v7, the refusal was remembered as ``7``, so every poll
+    fetched, validated and staged v7 again and the engine offered it to the evictor
+    again."""
+    refusals: list[int] = []
+
+    class Refusing(PolicyLRU):
+        def set_policy(self, doc: PolicyDocument) -> None:
+            refusals.append(doc.version)
+            raise ValueError("not this one")
+
+    agent = Agent(fast_settings(redis_url, key_prefix), capacity=10, policy=Refusing())
+    publish(r, key_prefix, 7, encode_policy(doc(7)), notify=False)
+    r.set(Keys(key_prefix).policy_current, "07")
+    assert agent.subscriber.check() is not None and not agent.apply_pending()
+    assert refusals == [7] and agent.subscriber.rejected == 1
+    assert agent.subscriber.check() is None and not agent.apply_pending()
+    assert refusals == [7]
+    agent.close()
+
+
 def test_a_refusal_after_the_fact_keeps_a_newer_version_staged_meanwhile(
     redis_url: str, key_prefix: str, r: redis.Redis
 ) -> None:
