@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 _PUBSUB_WAIT_S = 0.25
 """Longest wait for a pub/sub message, so ``close`` returns promptly."""
+MAX_NOTICES_SKIPPED = 10_000
+"""Notices already received that one poll answers, at most (a burst: one round trip)."""
 MAX_POINTER_BYTES = 32
 """Bytes of ``current`` read, at most: a version number is far shorter."""
 MAX_REJECTION_CHARS = 400
@@ -237,11 +239,20 @@ class PolicySubscriber(AgentLoop):
                 msg = self._pubsub.get_message(
                     ignore_subscribe_messages=True, timeout=min(left, _PUBSUB_WAIT_S)
                 )
+                if msg is not None and msg.get("type") == "message":
+                    self._skip_received_notices(self._pubsub)
+                    return
             except (redis.RedisError, OSError, ValueError):
                 # A dead pub/sub connection: polling carries on; resubscribe next round.
                 self._close_pubsub()
-                continue
-            if msg is not None and msg.get("type") == "message":
+
+    @staticmethod
+    def _skip_received_notices(pubsub: PubSub) -> None:
+        """Read the notices already received (``MAX_NOTICES_SKIPPED`` at most): the one
+        poll that follows answers them all, so a burst costs one round trip, not one per
+        notice."""
+        for _ in range(MAX_NOTICES_SKIPPED):
+            if pubsub.get_message(ignore_subscribe_messages=True, timeout=0) is None:
                 return
 
     def finish(self) -> None:

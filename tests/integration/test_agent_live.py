@@ -415,6 +415,35 @@ def test_pubsub_hint_is_fast_and_polling_is_the_guarantee(
         assert agent.applied_version == 2
 
 
+def test_a_burst_of_notices_costs_one_poll_not_one_each(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    """Every notice on the channel made a poll of its own: a burst of them (a runaway
+    publisher) kept the subscriber thread making round trips, one per notice."""
+    channel = Keys(key_prefix).policy_channel
+    s = fast_settings(redis_url, key_prefix, poll_interval_s=60.0)  # notices only
+    with Agent(s, capacity=10) as agent:
+        sub = agent.subscriber
+        polls = 0
+        poll = sub.check
+
+        def counted() -> PolicyDocument | None:
+            nonlocal polls
+            polls += 1
+            return poll()
+
+        sub.check = counted  # type: ignore[method-assign]
+        wait_until(lambda: dict(r.pubsub_numsub(channel)).get(channel.encode(), 0) > 0)
+        burst = r.pipeline(transaction=False)
+        for _ in range(2000):
+            burst.publish(channel, "0")
+        burst.execute()
+        publish(r, key_prefix, 1, encode_policy(doc(1)))  # its notice comes last
+        apply_when_staged(agent)
+        threading.Event().wait(1.0)  # an absence is awaited: the burst's polls, done
+        assert polls < 50, f"{polls} polls for a burst of 2001 notices"
+
+
 def test_an_evictor_refusing_a_document_counts_as_a_rejection(
     redis_url: str, key_prefix: str, r: redis.Redis
 ) -> None:
