@@ -9,9 +9,9 @@ until it works again. A document that fails validation is rejected, counted, rep
 never fetched again (versions are immutable); the policy in force stays. Without a
 controller nothing is staged and the last good policy (or the built-in one) stays. Once
 ``current`` has gone (a Redis restarted empty), the version it names next is fetched even if
-its number is the one known: a restored store may name another document with it, and the
-agent must never keep its own while reporting that number. It must never be called from the
-engine thread except ``take``.
+its number is the one known or one refused: a restored store may name another document with
+it, and the agent must never keep its own while reporting that number. It must never be
+called from the engine thread except ``take``.
 """
 
 from __future__ import annotations
@@ -88,6 +88,8 @@ class PolicySubscriber(AgentLoop):
             return None
         if not raw_current:
             self._current_lost = self.known_version > 0
+            # A store that comes back may hold another document under a refused number.
+            self._refused = None
             self._notice_schema1_controller()
             return None
         pointer = raw_current if isinstance(raw_current, bytes) else raw_current.encode()

@@ -393,6 +393,26 @@ def test_a_number_that_comes_back_with_another_document_after_a_lost_store_is_st
     agent.close()
 
 
+def test_a_refused_number_that_comes_back_after_a_lost_store_is_read_again(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    """A refusal was remembered across a lost store: once Redis came back (empty, then
+    restored) with a valid document under the number once refused, the agent never read
+    it and kept its old version while ``current`` named another."""
+    agent = Agent(fast_settings(redis_url, key_prefix), capacity=10)  # the test polls
+    sub = agent.subscriber
+    publish(r, key_prefix, 3, encode_policy(doc(3)), notify=False)
+    assert sub.check() is not None and agent.apply_pending()
+    publish(r, key_prefix, 4, bad_json(4, rate=-1.0), notify=False)
+    assert sub.check() is None and sub.rejected == 1
+    delete_prefix(redis_url, key_prefix)  # the store is lost
+    assert sub.check() is None
+    publish(r, key_prefix, 4, encode_policy(doc(4)), notify=False)
+    staged = sub.check()
+    assert staged is not None and staged.version == 4 and agent.apply_pending()
+    agent.close()
+
+
 def test_pubsub_hint_is_fast_and_polling_is_the_guarantee(
     redis_url: str, key_prefix: str, r: redis.Redis
 ) -> None:
