@@ -3,8 +3,8 @@
 Owns the period and the expiry of the heartbeat key: written at start, every
 ``heartbeat_interval_s`` and once more when stopped (on its thread, so ``close`` keeps to
 its timeout), each time with ``heartbeat_ttl_s``, so a worker that dies silently
-disappears from the controller's view. It must never be called
-from the engine thread; it only reads counters through ``status``.
+disappears from the controller's view. It must never be called from the engine thread; it
+only reads counters through ``status``.
 """
 
 from __future__ import annotations
