@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import pytest
 import redis
 from pydantic import SecretStr
@@ -109,6 +110,28 @@ def test_a_null_setting_reaches_the_controller_as_none(
     assert r.get("ConfigMap", f"{FULLNAME}-controller")["data"][env_name(snake(key))] == "none"
     _, settings = controller_env(r, monkeypatch)
     assert getattr(settings, snake(key)) is None
+
+
+def test_a_null_for_any_other_setting_is_refused_at_install() -> None:
+    """Only a nullable setting has a null of its own: the schema requires every other key,
+    so a null (which Helm turns into a missing key) fails the install instead of leaving
+    the setting at a default the operator did not choose."""
+    schema = json.loads((hs.CHART / "values.schema.json").read_text())
+    sections = {
+        ("controller", "config"): set(_nullable_config_keys()),
+        ("workers", "agent"): set(),
+    }
+    taken = []
+    for (top, section), nullable in sections.items():
+        for key in sorted(set(schema["properties"][top]["properties"][section]["properties"])):
+            if key in nullable:
+                continue
+            try:
+                hs.render(hs.chart(), {top: {section: {key: None}}})
+                taken.append(f"{top}.{section}.{key}")
+            except helm.HelmValuesError as err:
+                assert f"missing property '{key}'" in str(err), key
+    assert taken == []
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -235,21 +235,18 @@ an int setting rejects), other values as they are.
 {{- end }}
 
 {{/*
-Settings map -> KVWISE_* env names and values. A setting named in "nullable" whose value is
-null becomes "none" (the setting's own null, e.g. lifeSOverride: per category); Helm drops
-a key set to null from the merged values, so such a key that is missing is "none" too.
-The schema requires every other key, so no other null reaches here.
+Settings map -> KVWISE_* env names and values. Helm drops a key set to null from the merged
+values, so the map holds no null: a key named in "nullable" that is missing was set to null
+and becomes "none" (the setting's own null, e.g. lifeSOverride: per category). The schema
+requires every other key, so a null for one of them is refused at install.
 Takes (dict "values" map "nullable" list-of-keys).
 */}}
 {{- define "kvwise.settingsData" -}}
-{{- $values := .values }}
-{{- range $key, $value := $values }}
-{{- if not (kindIs "invalid" $value) }}
+{{- range $key, $value := .values }}
 {{ printf "KVWISE_%s" ($key | snakecase | upper) }}: {{ include "kvwise.envValue" $value | quote }}
 {{- end }}
-{{- end }}
 {{- range $key := .nullable }}
-{{- if or (not (hasKey $values $key)) (kindIs "invalid" (index $values $key)) }}
+{{- if not (hasKey $.values $key) }}
 {{ printf "KVWISE_%s" ($key | snakecase | upper) }}: "none"
 {{- end }}
 {{- end }}
@@ -306,13 +303,11 @@ Takes (dict "values" map "nullable" list-of-keys).
 {{- end }}
 {{- end }}
 
-{{/* Settings map -> container env entries (KVWISE_*); the schema refuses null values. */}}
+{{/* Settings map -> container env entries (KVWISE_*); the schema takes no null among them. */}}
 {{- define "kvwise.settingsEnv" -}}
 {{- range $key, $value := . }}
-{{- if not (kindIs "invalid" $value) }}
 - name: {{ printf "KVWISE_%s" ($key | snakecase | upper) }}
   value: {{ include "kvwise.envValue" $value | quote }}
-{{- end }}
 {{- end }}
 {{- end }}
 
