@@ -235,6 +235,12 @@ BAD_COMBINATIONS = [
         "controller.config.lifeMinS (100) must not exceed controller.config.lifeMaxS (1)",
         id="inverted-life-bounds",
     ),
+    pytest.param(
+        {"controller": {"config": {"maxCategories": 100, "maxCategoriesPerWorker": 200}}},
+        "controller.config.maxCategoriesPerWorker (200) must not exceed "
+        "controller.config.maxCategories (100)",
+        id="worker-categories-over-the-window",
+    ),
 ]
 
 

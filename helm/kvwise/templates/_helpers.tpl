@@ -280,7 +280,8 @@ Takes (dict "values" map "nullable" list-of-keys).
 {{- fail "workers.enabled=true needs workers.model.name (a Hugging Face id or a path)" }}
 {{- end }}
 {{- $config := .Values.controller.config }}
-{{- range $pair := list (list "rateMin" "rateMax") (list "lifeMinS" "lifeMaxS") }}
+{{- /* The pairs the controller checks at start (it would crash-loop on them). */}}
+{{- range $pair := list (list "rateMin" "rateMax") (list "lifeMinS" "lifeMaxS") (list "maxCategoriesPerWorker" "maxCategories") }}
 {{- $low := index $pair 0 }}{{- $high := index $pair 1 }}
 {{- if and (hasKey $config $low) (hasKey $config $high) (gt (float64 (index $config $low)) (float64 (index $config $high))) }}
 {{- fail (printf "controller.config.%s (%v) must not exceed controller.config.%s (%v)" $low (index $config $low) $high (index $config $high)) }}
