@@ -226,6 +226,15 @@ BAD_COMBINATIONS = [
         id="blank-token",
     ),
     pytest.param(
+        {
+            "controller": {
+                "auth": {"apiToken": "t0k", "readToken": {"enabled": True, "value": "t0k"}}
+            }
+        },
+        "controller.auth.readToken.value must differ from controller.auth.apiToken",
+        id="read-token-is-the-api-token",
+    ),
+    pytest.param(
         {"controller": {"config": {"rateMin": 10, "rateMax": 1}}},
         "controller.config.rateMin (10) must not exceed controller.config.rateMax (1)",
         id="inverted-rate-bounds",

@@ -294,6 +294,9 @@ Takes (dict "values" map "nullable" list-of-keys).
 {{- if and (not $auth.enabled) (not .Values.controller.config.allowOpenApi) (not (has .Values.controller.config.host (list "127.0.0.1" "::1" "localhost"))) }}
 {{- fail (printf "controller.auth.enabled=false serves the API open on %s: set controller.config.allowOpenApi=true to accept that (the controller refuses to start otherwise)" .Values.controller.config.host) }}
 {{- end }}
+{{- if and $auth.enabled $auth.readToken.enabled (not $auth.existingSecret) $auth.apiToken (eq $auth.apiToken $auth.readToken.value) }}
+{{- fail "controller.auth.readToken.value must differ from controller.auth.apiToken (the controller refuses to start otherwise): give another or leave it empty to have one generated" }}
+{{- end }}
 {{- range $key, $token := dict "controller.auth.apiToken" $auth.apiToken "controller.auth.readToken.value" $auth.readToken.value }}
 {{- if and $token (not (trim $token)) }}
 {{- fail (printf "%s is blank: give a real token or leave it empty to have one generated" $key) }}
