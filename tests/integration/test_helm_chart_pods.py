@@ -424,7 +424,7 @@ def test_helm_test_check_passes_against_a_controller_started_from_the_rendered_p
     port = free_port()
     values = {
         "controller": {
-            "config": {"host": "127.0.0.1", "port": port, "keyPrefix": key_prefix},
+            "config": {"port": port, "keyPrefix": key_prefix},
             "auth": {"readToken": {"enabled": read_token}},
         },
         "redis": {"enabled": False, "external": {"url": redis_url}},
@@ -435,9 +435,13 @@ def test_helm_test_check_passes_against_a_controller_started_from_the_rendered_p
     base = {k: v for k, v in os.environ.items() if not k.startswith("KVWISE_")}
     exe = shutil.which("kvwise")
     assert exe is not None, "the kvwise console script is not installed (pip install -e .)"
+    # The pod binds every address (its probes and Service come from outside it); on this
+    # machine the loopback one is enough.
+    args = list(ctr["args"])
+    args[args.index("--host") + 1] = env["KVWISE_HOST"] = "127.0.0.1"
     # The image's ENTRYPOINT is `kvwise controller`; the chart supplies the arguments.
     proc = subprocess.Popen(
-        [exe, "controller", *ctr["args"]],
+        [exe, "controller", *args],
         env={**base, **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

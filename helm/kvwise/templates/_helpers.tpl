@@ -291,7 +291,11 @@ Takes (dict "values" map "nullable" list-of-keys).
 {{- if and $auth.readToken.enabled (not $auth.enabled) }}
 {{- fail "controller.auth.readToken.enabled=true needs controller.auth.enabled=true (a read token with open mutations)" }}
 {{- end }}
-{{- if and (not $auth.enabled) (not .Values.controller.config.allowOpenApi) (not (has .Values.controller.config.host (list "127.0.0.1" "::1" "localhost"))) }}
+{{- $host := .Values.controller.config.host }}
+{{- if regexMatch "^(127\\.|::1$|localhost$)" $host }}
+{{- fail (printf "controller.config.host=%s is a loopback address of the pod: the kubelet's probes, the Service and the ServiceMonitor could not reach the API. Leave 0.0.0.0 (or :: for IPv6) and keep the API token" $host) }}
+{{- end }}
+{{- if and (not $auth.enabled) (not .Values.controller.config.allowOpenApi) }}
 {{- fail (printf "controller.auth.enabled=false serves the API open on %s: set controller.config.allowOpenApi=true to accept that (the controller refuses to start otherwise)" .Values.controller.config.host) }}
 {{- end }}
 {{- if and $auth.enabled $auth.readToken.enabled (not $auth.existingSecret) $auth.apiToken (eq $auth.apiToken $auth.readToken.value) }}
