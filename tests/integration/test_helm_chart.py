@@ -82,11 +82,17 @@ def test_values_satisfy_the_schema(case: str) -> None:
     hs.chart().validate_schema(hs.case_values(case))  # Helm's own validator agrees
 
 
-def config_pattern(key: str) -> str:
-    pattern: str = schema()["properties"]["controller"]["properties"]["config"]["properties"][key][
-        "pattern"
-    ]
+def pattern_at(*path: str) -> str:
+    """The ``pattern`` of the schema's entry for the value at ``path``."""
+    node = schema()
+    for part in path:
+        node = node["properties"][part]
+    pattern: str = node.get("pattern", "(no pattern)")
     return pattern
+
+
+def config_pattern(key: str) -> str:
+    return pattern_at("controller", "config", key)
 
 
 BAD_VALUES = [
@@ -125,6 +131,21 @@ BAD_VALUES = [
         "at '/workers/agent/bufferEvents'",
         "0 is less than or equal to the minimum of 0",
         id="out-of-range",
+    ),
+    *(
+        pytest.param(
+            bad,
+            f"at '/{'/'.join(path)}': '8GB' does not match pattern",
+            f"'8GB' does not match {pattern_at(*path)!r}",
+            id=f"not-a-quantity-{path[-1]}",
+        )
+        for path, bad in (
+            (("workers", "shmSizeLimit"), {"workers": {"shmSizeLimit": "8GB"}}),
+            (
+                ("workers", "modelCache", "sizeLimit"),
+                {"workers": {"modelCache": {"sizeLimit": "8GB"}}},
+            ),
+        )
     ),
     pytest.param(
         {"workers": {"engine": "tgi"}},
