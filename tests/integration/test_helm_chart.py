@@ -264,6 +264,18 @@ BAD_COMBINATIONS = [
         id="read-token-is-the-api-token",
     ),
     pytest.param(
+        {"workers": {"enabled": True, "model": {"name": "m"}, "agent": {"maxCategories": 2048}}},
+        "workers.agent.maxCategories (2048) must not exceed "
+        "controller.config.maxCategoriesPerWorker (1024)",
+        id="agent-names-more-categories-than-the-controller-takes",
+    ),
+    pytest.param(
+        {"workers": {"enabled": True, "model": {"name": "m"}, "agent": {"batchEvents": 100000}}},
+        "workers.agent.batchEvents (100000 per entry) must not exceed "
+        "controller.config.ingestMaxEvents (65536)",
+        id="agent-batches-over-the-ingest-limit",
+    ),
+    pytest.param(
         {"controller": {"config": {"rateMin": 10, "rateMax": 1}}},
         "controller.config.rateMin (10) must not exceed controller.config.rateMax (1)",
         id="inverted-rate-bounds",
@@ -287,6 +299,15 @@ def test_bad_combinations_fail_with_what_to_set(bad: dict[str, Any], says: str) 
     with pytest.raises(helm.HelmError) as err:
         hs.render(hs.chart(), bad)
     assert says in str(err.value)
+
+
+def test_agent_batches_are_bounded_by_half_the_buffer() -> None:
+    """The agent sends at most half its buffer per entry, whatever batchEvents says."""
+    agent = {"batchEvents": 100000, "bufferEvents": 131072}
+    r = hs.render(
+        hs.chart(), {"workers": {"enabled": True, "model": {"name": "m"}, "agent": agent}}
+    )
+    assert r.component("Deployment", "worker")
 
 
 def test_an_open_api_renders_when_asked_for() -> None:

@@ -287,6 +287,18 @@ Takes (dict "values" map "nullable" list-of-keys).
 {{- fail (printf "controller.config.%s (%v) must not exceed controller.config.%s (%v)" $low (index $config $low) $high (index $config $high)) }}
 {{- end }}
 {{- end }}
+{{- if .Values.workers.enabled }}
+{{- /* What the chart's agents send must fit what the controller takes: it dead-letters an
+entry over a limit, and an agent sends its whole category table with every entry. */}}
+{{- $agent := .Values.workers.agent }}
+{{- $perEntry := min (int64 $agent.batchEvents) (div (int64 $agent.bufferEvents) 2) }}
+{{- if gt $perEntry (int64 $config.ingestMaxEvents) }}
+{{- fail (printf "workers.agent.batchEvents (%d per entry) must not exceed controller.config.ingestMaxEvents (%d): the controller dead-letters larger entries" $perEntry (int64 $config.ingestMaxEvents)) }}
+{{- end }}
+{{- if gt (int64 $agent.maxCategories) (int64 $config.maxCategoriesPerWorker) }}
+{{- fail (printf "workers.agent.maxCategories (%d) must not exceed controller.config.maxCategoriesPerWorker (%d): once a worker names more, the controller dead-letters its every entry" (int64 $agent.maxCategories) (int64 $config.maxCategoriesPerWorker)) }}
+{{- end }}
+{{- end }}
 {{- $auth := .Values.controller.auth }}
 {{- if and $auth.readToken.enabled (not $auth.enabled) }}
 {{- fail "controller.auth.readToken.enabled=true needs controller.auth.enabled=true (a read token with open mutations)" }}
