@@ -376,6 +376,15 @@ def test_standard_labels_on_every_resource(case: str) -> None:
         assert m["metadata"]["name"].startswith(FULLNAME)
 
 
+def test_common_labels_and_annotations_on_every_resource() -> None:
+    common = {"commonLabels": {"team": "ml"}, "commonAnnotations": {"owner": "ml-platform"}}
+    values = {**common, "workers": {"enabled": True, "model": {"name": "m"}}}
+    for m in hs.render(hs.chart(), values).manifests:
+        where = f"{m['kind']}/{m['metadata']['name']}"
+        assert m["metadata"]["labels"]["team"] == "ml", where
+        assert m["metadata"].get("annotations", {}).get("owner") == "ml-platform", where
+
+
 def test_helm_test_pod_checks_readiness_and_a_policy_version() -> None:
     r = hs.rendered("default")
     pod = r.component("Pod", "test")
