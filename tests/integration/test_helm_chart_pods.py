@@ -398,6 +398,15 @@ def test_helm_test_pod_checks_readiness_and_a_policy_version() -> None:
     assert "curl -s http://127.0.0.1:8080/v1/policy" in r.notes
 
 
+def test_the_notes_read_the_token_keys_with_a_valid_jsonpath() -> None:
+    """kubectl's JSONPath reads a dot as a step: a key holding one is escaped."""
+    auth = {"existingSecretKey": "api.token", "readToken": {"enabled": True}}
+    auth["readToken"]["existingSecretKey"] = "read.token"
+    notes = hs.render(hs.chart(), {"controller": {"auth": auth}}).notes
+    paths = re.findall(r"jsonpath='([^']*)'", notes)
+    assert paths == ["{.data.read\\.token}", "{.data.api\\.token}"]
+
+
 def test_the_notes_mutation_example_needs_a_version_filled_in() -> None:
     """Pasted as printed, the rollback example must change nothing: a fixed version (1 is
     the built-in defaults) would reset the fleet."""
