@@ -276,6 +276,16 @@ BAD_COMBINATIONS = [
         id="agent-batches-over-the-ingest-limit",
     ),
     pytest.param(
+        {
+            "controller": {
+                "auth": {"readToken": {"enabled": True, "existingSecretKey": "api-token"}}
+            }
+        },
+        "controller.auth.readToken.existingSecretKey must differ from "
+        "controller.auth.existingSecretKey",
+        id="both-tokens-under-one-key",
+    ),
+    pytest.param(
         {"controller": {"config": {"rateMin": 10, "rateMax": 1}}},
         "controller.config.rateMin (10) must not exceed controller.config.rateMax (1)",
         id="inverted-rate-bounds",

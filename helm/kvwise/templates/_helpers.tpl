@@ -310,6 +310,9 @@ entry over a limit, and an agent sends its whole category table with every entry
 {{- if and (not $auth.enabled) (not .Values.controller.config.allowOpenApi) }}
 {{- fail (printf "controller.auth.enabled=false serves the API open on %s: set controller.config.allowOpenApi=true to accept that (the controller refuses to start otherwise)" .Values.controller.config.host) }}
 {{- end }}
+{{- if and $auth.readToken.enabled (eq $auth.existingSecretKey $auth.readToken.existingSecretKey) }}
+{{- fail "controller.auth.readToken.existingSecretKey must differ from controller.auth.existingSecretKey: the two tokens are two keys of one Secret" }}
+{{- end }}
 {{- if and $auth.enabled $auth.readToken.enabled (not $auth.existingSecret) $auth.apiToken (eq $auth.apiToken $auth.readToken.value) }}
 {{- fail "controller.auth.readToken.value must differ from controller.auth.apiToken (the controller refuses to start otherwise): give another or leave it empty to have one generated" }}
 {{- end }}
