@@ -95,6 +95,37 @@ def config_pattern(key: str) -> str:
     return pattern_at("controller", "config", key)
 
 
+# A key of a Secret (or ConfigMap), as the API server validates it.
+SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+
+
+def secret_key_entries(node: dict[str, Any], path: str = "") -> dict[str, dict[str, Any]]:
+    """The schema entries of every value naming a key of a Secret (``...Key``)."""
+    found: dict[str, dict[str, Any]] = {}
+    for name, entry in node.get("properties", {}).items():
+        if name.endswith("Key"):
+            found[path + name] = entry
+        found |= secret_key_entries(entry, f"{path}{name}.")
+    return found
+
+
+def test_secret_keys_are_refused_at_install_unless_the_api_server_takes_them() -> None:
+    entries = secret_key_entries(schema())
+    assert len(entries) >= 9, sorted(entries)
+    for path, entry in entries.items():
+        default = hs.lookup(raw_values(), path)
+        pattern = re.compile(entry.get("pattern", ".*"))
+        for key in ("api-token", "tls.crt", "ca_1.pem"):
+            assert pattern.search(key), (path, key)
+        for key in ("a/b", "has space", "tok:en", "ключ"):
+            assert not pattern.search(key), (path, key)
+        assert bool(pattern.search("")) == (entry.get("minLength", 0) == 0), path
+        assert default == "" or SECRET_KEY.fullmatch(default), path
+    with pytest.raises(helm.HelmValuesError) as err:
+        hs.render(hs.chart(), {"controller": {"auth": {"existingSecretKey": "a/b"}}})
+    assert "at '/controller/auth/existingSecretKey': 'a/b' does not match pattern" in str(err.value)
+
+
 BAD_VALUES = [
     pytest.param(
         {"controller": {"config": {"shadowPolicies": "lru,bogus"}}},
