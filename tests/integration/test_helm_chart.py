@@ -317,6 +317,12 @@ BAD_COMBINATIONS = [
         id="both-tokens-under-one-key",
     ),
     pytest.param(
+        {"controller": {"pdb": {"maxUnavailable": ""}}},
+        "controller.pdb.create=true needs controller.pdb.minAvailable or "
+        "controller.pdb.maxUnavailable",
+        id="empty-disruption-budget",
+    ),
+    pytest.param(
         {"controller": {"config": {"rateMin": 10, "rateMax": 1}}},
         "controller.config.rateMin (10) must not exceed controller.config.rateMax (1)",
         id="inverted-rate-bounds",

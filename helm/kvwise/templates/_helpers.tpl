@@ -287,6 +287,11 @@ Takes (dict "values" map "nullable" list-of-keys).
 {{- fail (printf "controller.config.%s (%v) must not exceed controller.config.%s (%v)" $low (index $config $low) $high (index $config $high)) }}
 {{- end }}
 {{- end }}
+{{- with .Values.controller.pdb }}
+{{- if and .create (eq (toString .minAvailable) "") (eq (toString .maxUnavailable) "") }}
+{{- fail "controller.pdb.create=true needs controller.pdb.minAvailable or controller.pdb.maxUnavailable: a PodDisruptionBudget with neither protects nothing (controller.pdb.create=false for none)" }}
+{{- end }}
+{{- end }}
 {{- if .Values.workers.enabled }}
 {{- /* What the chart's agents send must fit what the controller takes: it dead-letters an
 entry over a limit, and an agent sends its whole category table with every entry. */}}
