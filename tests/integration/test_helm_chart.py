@@ -75,6 +75,19 @@ def test_manifests_are_valid_kubernetes_objects(case: str) -> None:
 
 
 @pytest.mark.parametrize("case", CASES)
+def test_rendering_is_deterministic_but_for_generated_secrets(case: str) -> None:
+    """Two renders differ only in the tokens and passwords generated when none is given
+    (an install keeps them through lookup; docs/deploy.md, Upgrade)."""
+    first, again = (hs.render(hs.chart(), hs.case_values(case)) for _ in range(2))
+    assert first.notes == again.notes
+
+    def without_secret_data(r: hs.Rendered) -> list[hs.Manifest]:
+        return [{**m, "data": None} if m["kind"] == "Secret" else m for m in r.manifests]
+
+    assert without_secret_data(first) == without_secret_data(again)
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_values_satisfy_the_schema(case: str) -> None:
     jsonschema.Draft7Validator.check_schema(schema())
     merged = hs.chart().merge_values(hs.case_values(case))
