@@ -376,6 +376,41 @@ def test_standard_labels_on_every_resource(case: str) -> None:
         assert m["metadata"]["name"].startswith(FULLNAME)
 
 
+def _with_credentials(api: str, read: str, redis_password: str) -> dict[str, Any]:
+    auth = {"apiToken": api, "readToken": {"enabled": True, "value": read}}
+    return {
+        "controller": {"auth": auth},
+        "redis": {"auth": {"password": redis_password}},
+        "workers": {"enabled": True, "model": {"name": "m"}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("changed", "rolled"),
+    [
+        (("t0k-2", "r3ad", "pw"), {"controller"}),
+        (("t0k", "r3ad-2", "pw"), {"controller"}),
+        (("t0k", "r3ad", "pw-2"), {"controller", "redis", "worker"}),
+    ],
+    ids=["api-token", "read-token", "redis-password"],
+)
+def test_a_changed_credential_rolls_the_pods_that_read_it(
+    changed: tuple[str, str, str], rolled: set[str]
+) -> None:
+    """A Secret change reaches no running pod's env: the pods that read it must roll."""
+    before = hs.render(hs.chart(), _with_credentials("t0k", "r3ad", "pw"))
+    after = hs.render(hs.chart(), _with_credentials(*changed))
+    templates = {
+        c: [r.component(k, c)["spec"]["template"] for r in (before, after)]
+        for k, c in (
+            ("Deployment", "controller"),
+            ("StatefulSet", "redis"),
+            ("Deployment", "worker"),
+        )
+    }
+    assert {c for c, (old, new) in templates.items() if old != new} == rolled
+
+
 def test_common_labels_and_annotations_on_every_resource() -> None:
     common = {"commonLabels": {"team": "ml"}, "commonAnnotations": {"owner": "ml-platform"}}
     values = {**common, "workers": {"enabled": True, "model": {"name": "m"}}}

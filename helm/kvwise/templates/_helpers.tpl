@@ -115,6 +115,15 @@ Takes (dict "ctx" . "name" secretName "key" key "value" explicit).
 {{- default (include "kvwise.componentName" (dict "ctx" . "component" "api-token")) .Values.controller.auth.existingSecret }}
 {{- end }}
 
+{{/*
+A checksum of the credential values given to the chart, for a pod annotation: a changed
+Secret reaches no running pod, so a changed token or password must roll the pods that read
+it (generated ones are kept on upgrade and roll nothing). Takes the values to hash.
+*/}}
+{{- define "kvwise.credentialsChecksum" -}}
+{{- toJson . | sha256sum }}
+{{- end }}
+
 {{/* The Secret holding the in-chart Redis password. */}}
 {{- define "kvwise.redis.secretName" -}}
 {{- default (include "kvwise.componentName" (dict "ctx" . "component" "redis")) .Values.redis.auth.existingSecret }}
