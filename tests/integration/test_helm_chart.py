@@ -336,6 +336,18 @@ BAD_COMBINATIONS = [
         id="empty-disruption-budget",
     ),
     pytest.param(
+        {
+            "controller": {
+                "metrics": {
+                    "serviceMonitor": {"enabled": True, "interval": "1m", "scrapeTimeout": "90s"}
+                }
+            }
+        },
+        "controller.metrics.serviceMonitor.scrapeTimeout (90s) must not exceed "
+        "controller.metrics.serviceMonitor.interval (1m)",
+        id="scrape-timeout-over-the-interval",
+    ),
+    pytest.param(
         {"controller": {"config": {"rateMin": 10, "rateMax": 1}}},
         "controller.config.rateMin (10) must not exceed controller.config.rateMax (1)",
         id="inverted-rate-bounds",
@@ -359,6 +371,13 @@ def test_bad_combinations_fail_with_what_to_set(bad: dict[str, Any], says: str) 
     with pytest.raises(helm.HelmError) as err:
         hs.render(hs.chart(), bad)
     assert says in str(err.value)
+
+
+def test_a_scrape_timeout_within_the_interval_renders() -> None:
+    monitor = {"enabled": True, "interval": "1m", "scrapeTimeout": "59s"}
+    r = hs.render(hs.chart(), {"controller": {"metrics": {"serviceMonitor": monitor}}})
+    (endpoint,) = r.of_kind("ServiceMonitor")[0]["spec"]["endpoints"]
+    assert (endpoint["interval"], endpoint["scrapeTimeout"]) == ("1m", "59s")
 
 
 def test_agent_batches_are_bounded_by_half_the_buffer() -> None:

@@ -261,6 +261,12 @@ Takes (dict "values" map "nullable" list-of-keys).
 {{- end }}
 {{- end }}
 
+{{/* Milliseconds of a one-unit duration the schema took (90s, 1m, 500ms, 1h). */}}
+{{- define "kvwise.durationMs" -}}
+{{- $unit := regexReplaceAll "^[0-9]+" . "" }}
+{{- mul (regexFind "^[0-9]+" . | int64) (get (dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000) $unit) }}
+{{- end }}
+
 {{/* Checks of combinations the schema cannot express, each with a message that says what to set. */}}
 {{- define "kvwise.validate" -}}
 {{- if not .Values.redis.enabled }}
@@ -294,6 +300,11 @@ Takes (dict "values" map "nullable" list-of-keys).
 {{- $low := index $pair 0 }}{{- $high := index $pair 1 }}
 {{- if and (hasKey $config $low) (hasKey $config $high) (gt (float64 (index $config $low)) (float64 (index $config $high))) }}
 {{- fail (printf "controller.config.%s (%v) must not exceed controller.config.%s (%v)" $low (index $config $low) $high (index $config $high)) }}
+{{- end }}
+{{- end }}
+{{- with .Values.controller.metrics.serviceMonitor }}
+{{- if and .enabled (gt (include "kvwise.durationMs" .scrapeTimeout | int64) (include "kvwise.durationMs" .interval | int64)) }}
+{{- fail (printf "controller.metrics.serviceMonitor.scrapeTimeout (%s) must not exceed controller.metrics.serviceMonitor.interval (%s): Prometheus refuses such a scrape" .scrapeTimeout .interval) }}
 {{- end }}
 {{- end }}
 {{- with .Values.controller.pdb }}
