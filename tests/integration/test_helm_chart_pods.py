@@ -411,6 +411,24 @@ def test_a_changed_credential_rolls_the_pods_that_read_it(
     assert {c for c, (old, new) in templates.items() if old != new} == rolled
 
 
+@pytest.mark.parametrize(
+    "names",
+    [{"fullnameOverride": "f" * 63}, {"nameOverride": "n" * 63}],
+    ids=["long-fullname", "long-name"],
+)
+def test_long_names_still_make_names_kubernetes_takes(names: dict[str, str]) -> None:
+    """A Service name is one DNS label (63); a StatefulSet's name goes, with a hash, into
+    its pods' controller-revision-hash label (63), so it may take 52; any label value 63."""
+    values = {**names, "workers": {"enabled": True, "model": {"name": "m"}}}
+    r = hs.render(hs.chart(), values, name="r" * 53)  # the longest release name Helm takes
+    longest = {"Service": 63, "StatefulSet": 52}
+    for m in r.manifests:
+        name = m["metadata"]["name"]
+        assert len(name) <= longest.get(m["kind"], 253), f"{m['kind']} {name}"
+        for key, value in m["metadata"]["labels"].items():
+            assert len(value) <= 63, f"{m['kind']} {name}: {key}"
+
+
 def test_common_labels_and_annotations_on_every_resource() -> None:
     common = {"commonLabels": {"team": "ml"}, "commonAnnotations": {"owner": "ml-platform"}}
     values = {**common, "workers": {"enabled": True, "model": {"name": "m"}}}

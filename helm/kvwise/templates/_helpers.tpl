@@ -24,9 +24,15 @@ contains the chart name is not repeated.
 {{- end }}
 {{- end }}
 
-{{/* Name of one component's resources: <fullname>-<component>, trimmed to 63. */}}
+{{/*
+Name of one component's resources: <fullname>-<component>, at most "max" characters: 63 (a
+DNS label, as a Service name is) unless given; a StatefulSet's takes 52, since its pods'
+controller-revision-hash label adds a hash to it. The fullname part is cut to 52 at most,
+so a name that fits is left as it was. Takes (dict "ctx" . "component" name ["max" n]).
+*/}}
 {{- define "kvwise.componentName" -}}
-{{- printf "%s-%s" (include "kvwise.fullname" .ctx | trunc 52 | trimSuffix "-") .component }}
+{{- $room := min 52 (sub (default 63 .max) (add1 (len .component))) }}
+{{- printf "%s-%s" (include "kvwise.fullname" .ctx | trunc (int $room) | trimSuffix "-") .component }}
 {{- end }}
 
 {{/* Chart name and version for the helm.sh/chart label. */}}
