@@ -178,6 +178,15 @@ BAD_VALUES = [
     ),
     *(
         pytest.param(
+            {key: "KV_Prod"},
+            f"at '/{key}': 'KV_Prod' does not match pattern",
+            f"'KV_Prod' does not match {pattern_at(key)!r}",
+            id=f"not-a-dns-label-{key}",
+        )
+        for key in ("nameOverride", "fullnameOverride")
+    ),
+    *(
+        pytest.param(
             bad,
             f"at '/{'/'.join(path)}': '8GB' does not match pattern",
             f"'8GB' does not match {pattern_at(*path)!r}",
