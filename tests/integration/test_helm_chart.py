@@ -357,6 +357,14 @@ BAD_COMBINATIONS = [
         id="scrape-timeout-over-the-interval",
     ),
     pytest.param(
+        {
+            "controller": {"config": {"restoreWaitS": 4.0}},
+            "workers": {"enabled": True, "model": {"name": "m"}},
+        },
+        "controller.config.restoreWaitS (4) must be at least workers.agent.heartbeatIntervalS (5)",
+        id="restore-before-the-heartbeats-are-back",
+    ),
+    pytest.param(
         {"controller": {"config": {"rateMin": 10, "rateMax": 1}}},
         "controller.config.rateMin (10) must not exceed controller.config.rateMax (1)",
         id="inverted-rate-bounds",

@@ -319,12 +319,16 @@ Takes (dict "values" map "nullable" list-of-keys).
 {{- end }}
 {{- end }}
 {{- if .Values.workers.enabled }}
-{{- /* What the chart's agents send must fit what the controller takes: it dead-letters an
-entry over a limit, and an agent sends its whole category table with every entry. */}}
+{{- /* The chart's agents and the controller must agree: what an agent sends must fit what
+the controller takes (it dead-letters an entry over a limit, and an agent sends its whole
+category table with every entry), and a policy restore waits for their heartbeats. */}}
 {{- $agent := .Values.workers.agent }}
 {{- $perEntry := min (int64 $agent.batchEvents) (div (int64 $agent.bufferEvents) 2) }}
 {{- if gt $perEntry (int64 $config.ingestMaxEvents) }}
 {{- fail (printf "workers.agent.batchEvents (%d per entry) must not exceed controller.config.ingestMaxEvents (%d): the controller dead-letters larger entries" $perEntry (int64 $config.ingestMaxEvents)) }}
+{{- end }}
+{{- if lt (float64 $config.restoreWaitS) (float64 $agent.heartbeatIntervalS) }}
+{{- fail (printf "controller.config.restoreWaitS (%v) must be at least workers.agent.heartbeatIntervalS (%v): a leader restoring the policy into an emptied Redis waits that long for the workers' heartbeats, to number it after every version they hold" $config.restoreWaitS $agent.heartbeatIntervalS) }}
 {{- end }}
 {{- if gt (int64 $agent.maxCategories) (int64 $config.maxCategoriesPerWorker) }}
 {{- fail (printf "workers.agent.maxCategories (%d) must not exceed controller.config.maxCategoriesPerWorker (%d): once a worker names more, the controller dead-letters its every entry" (int64 $agent.maxCategories) (int64 $config.maxCategoriesPerWorker)) }}
