@@ -95,12 +95,16 @@ def test_values_satisfy_the_schema(case: str) -> None:
     hs.chart().validate_schema(hs.case_values(case))  # Helm's own validator agrees
 
 
-def pattern_at(*path: str) -> str:
-    """The ``pattern`` of the schema's entry for the value at ``path``."""
+def schema_entry(*path: str) -> dict[str, Any]:
+    """The schema's entry for the value at ``path``."""
     node = schema()
     for part in path:
         node = node["properties"][part]
-    pattern: str = node.get("pattern", "(no pattern)")
+    return node
+
+
+def pattern_at(*path: str) -> str:
+    pattern: str = schema_entry(*path).get("pattern", "(no pattern)")
     return pattern
 
 
@@ -139,6 +143,44 @@ def test_secret_keys_are_refused_at_install_unless_the_api_server_takes_them() -
     assert "at '/controller/auth/existingSecretKey': 'a/b' does not match pattern" in str(err.value)
 
 
+# Values naming a Kubernetes object (a DNS subdomain; a namespace is a DNS label).
+OBJECT_NAMES = [
+    "controller.auth.existingSecret",
+    "controller.serviceAccount.name",
+    "controller.priorityClassName",
+    "redis.auth.existingSecret",
+    "redis.persistence.storageClass",
+    "redis.external.existingSecret",
+    "redis.external.tls.existingSecret",
+    "workers.model.hfTokenSecret",
+    "workers.modelCache.existingClaim",
+    "workers.serviceAccount.name",
+    "workers.priorityClassName",
+]
+NAMESPACES = [
+    "controller.metrics.serviceMonitor.namespace",
+    "controller.metrics.grafanaDashboard.namespace",
+]
+
+
+@pytest.mark.parametrize("path", OBJECT_NAMES + NAMESPACES)
+def test_object_names_are_refused_at_install_unless_the_api_server_takes_them(path: str) -> None:
+    entry = schema_entry(*path.split("."))
+    pattern = re.compile(entry.get("pattern", ""))
+    good = ["", "kv", "kv-api-token", "a" * 63]
+    bad = ["KV", "kv_token", "-kv", "kv-", "kv token", "a" * 254]
+    if path in NAMESPACES:
+        bad += ["kv.ml", "a" * 64]
+    else:
+        good += ["kv.v1", "a" * 253]
+
+    def takes(name: str) -> bool:
+        return bool(pattern.search(name)) and len(name) <= entry.get("maxLength", len(name))
+
+    assert [n for n in good if not takes(n)] == [], path
+    assert [n for n in bad if takes(n)] == [], path
+
+
 BAD_VALUES = [
     pytest.param(
         {"controller": {"config": {"shadowPolicies": "lru,bogus"}}},
@@ -175,6 +217,12 @@ BAD_VALUES = [
         "at '/workers/agent/bufferEvents'",
         "0 is less than or equal to the minimum of 0",
         id="out-of-range",
+    ),
+    pytest.param(
+        {"controller": {"auth": {"existingSecret": "API_Token"}}},
+        "at '/controller/auth/existingSecret': 'API_Token' does not match pattern",
+        f"'API_Token' does not match {pattern_at('controller', 'auth', 'existingSecret')!r}",
+        id="not-an-object-name",
     ),
     *(
         pytest.param(
