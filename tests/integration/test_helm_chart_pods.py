@@ -264,6 +264,25 @@ def test_controller_probes_and_ports(case: str) -> None:
     assert ("resources" in ctr) == bool(r.values["controller"]["resources"])  # empty by default
 
 
+def test_probes_and_scrapes_ask_for_routes_the_controller_serves() -> None:
+    """The kubelet sends no token: the probe routes must be open, whatever the tokens."""
+    from fastapi.routing import APIRoute
+
+    from controlplane.api.access import Access, required_access
+    from controlplane.api.routes import ops
+
+    def paths(routes: list[Any]) -> set[str]:
+        return {route.path for route in routes if isinstance(route, APIRoute)}
+
+    r = hs.render(hs.chart(), {"controller": {"metrics": {"serviceMonitor": {"enabled": True}}}})
+    ctr = hs.container(r.component("Deployment", "controller"), "controller")
+    probes = {ctr[k]["httpGet"]["path"] for k in ("livenessProbe", "readinessProbe")}
+    assert probes <= paths(ops.probes.routes)
+    assert all(required_access("GET", path) is Access.OPEN for path in probes)
+    (endpoint,) = r.of_kind("ServiceMonitor")[0]["spec"]["endpoints"]
+    assert endpoint["path"] in paths(ops.reads.routes)
+
+
 HARDENED = ["controller:controller", "redis:redis", "test:check", "worker:kvwise-plugin"]
 
 
@@ -453,8 +472,8 @@ def test_helm_test_pod_checks_readiness_and_a_policy_version() -> None:
 
 def test_the_notes_read_the_token_keys_with_a_valid_jsonpath() -> None:
     """kubectl's JSONPath reads a dot as a step: a key holding one is escaped."""
-    auth = {"existingSecretKey": "api.token", "readToken": {"enabled": True}}
-    auth["readToken"]["existingSecretKey"] = "read.token"
+    read = {"enabled": True, "existingSecretKey": "read.token"}
+    auth = {"existingSecretKey": "api.token", "readToken": read}
     notes = hs.render(hs.chart(), {"controller": {"auth": auth}}).notes
     paths = re.findall(r"jsonpath='([^']*)'", notes)
     assert paths == ["{.data.read\\.token}", "{.data.api\\.token}"]
