@@ -331,6 +331,11 @@ BAD_COMBINATIONS = [
         "redis.external.tls.existingSecret is set but redis.external.url is not rediss://",
         id="tls-without-rediss",
     ),
+    pytest.param(
+        {"redis": {"enabled": False, "database": 3, "external": {"url": "redis://h:6379"}}},
+        "redis.database (3) is the in-chart Redis's: put an external one's in redis.external.url",
+        id="database-of-an-external-redis",
+    ),
     pytest.param({"workers": {"enabled": True}}, "'/workers/model/name': minLength", id="no-model"),
     pytest.param(
         {"controller": {"auth": {"enabled": False}}},
