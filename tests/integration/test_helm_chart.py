@@ -336,6 +336,12 @@ BAD_COMBINATIONS = [
         "redis.database (3) is the in-chart Redis's: put an external one's in redis.external.url",
         id="database-of-an-external-redis",
     ),
+    pytest.param(
+        {"redis": {"enabled": False, "external": {"url": "redis://h:6379/2", "cluster": True}}},
+        "redis.external.cluster=true takes database 0 only (a Redis Cluster has no other): "
+        "got redis://h:6379/2",
+        id="cluster-database",
+    ),
     pytest.param({"workers": {"enabled": True}}, "'/workers/model/name': minLength", id="no-model"),
     pytest.param(
         {"controller": {"auth": {"enabled": False}}},
@@ -448,6 +454,14 @@ def test_a_scrape_timeout_within_the_interval_renders() -> None:
     r = hs.render(hs.chart(), {"controller": {"metrics": {"serviceMonitor": monitor}}})
     (endpoint,) = r.of_kind("ServiceMonitor")[0]["spec"]["endpoints"]
     assert (endpoint["interval"], endpoint["scrapeTimeout"]) == ("1m", "59s")
+
+
+@pytest.mark.parametrize("url", ["redis://h:6379", "redis://h:6379/", "rediss://h:6380/0"])
+def test_a_cluster_url_on_database_0_renders(url: str) -> None:
+    external = {"url": url, "cluster": True}
+    r = hs.render(hs.chart(), {"redis": {"enabled": False, "external": external}})
+    env = hs.container(r.component("Deployment", "controller"), "controller")["env"]
+    assert {"name": "KVWISE_REDIS_CLUSTER", "value": "true"} in env
 
 
 def test_agent_batches_are_bounded_by_half_the_buffer() -> None:

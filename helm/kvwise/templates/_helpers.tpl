@@ -296,6 +296,9 @@ Takes (dict "values" map "nullable" list-of-keys).
 {{- if ne (int .Values.redis.database) 0 }}
 {{- fail (printf "redis.database (%d) is the in-chart Redis's: put an external one's in redis.external.url (redis://host:6379/%d)" (int .Values.redis.database) (int .Values.redis.database)) }}
 {{- end }}
+{{- if and $ext.cluster (not (has $u.path (list "" "/" "/0"))) }}
+{{- fail (printf "redis.external.cluster=true takes database 0 only (a Redis Cluster has no other): got %s" $ext.url) }}
+{{- end }}
 {{- if ne (empty $ext.tls.certKey) (empty $ext.tls.keyKey) }}
 {{- fail "redis.external.tls.certKey and redis.external.tls.keyKey go together (mutual TLS)" }}
 {{- end }}
