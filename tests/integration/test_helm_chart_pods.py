@@ -231,6 +231,17 @@ def test_worker_env_carries_every_agent_setting(case: str, monkeypatch: pytest.M
         assert any(m["mountPath"] == bundle for m in engine["volumeMounts"])
 
 
+@pytest.mark.parametrize("case", WORKER_CASES)
+def test_a_worker_rollout_outlasts_its_startup_probe(case: str) -> None:
+    """A Deployment whose new pods show no progress for progressDeadlineSeconds (600 by
+    default) is reported failed; the startup probe gives the model longer to download."""
+    r = hs.rendered(case)
+    probe = r.values["workers"]["startupProbe"]
+    deploy = r.component("Deployment", "worker")
+    startup = probe["periodSeconds"] * probe["failureThreshold"] if probe["enabled"] else 0
+    assert deploy["spec"].get("progressDeadlineSeconds", 600) >= startup + 600
+
+
 def check_engine_command(w: dict[str, Any], engine: dict[str, Any]) -> None:
     """The engine serves the model on the worker port, tensor-parallel over the pod's GPUs,
     with the cache kvwise plugs into turned on, and the extra arguments last."""
