@@ -459,6 +459,30 @@ def test_long_names_still_make_names_kubernetes_takes(names: dict[str, str]) -> 
             assert len(value) <= 63, f"{m['kind']} {name}: {key}"
 
 
+LABEL_MAPS = [
+    "commonLabels",
+    "controller.podLabels",
+    "redis.podLabels",
+    "workers.podLabels",
+    "controller.metrics.serviceMonitor.labels",
+    "controller.metrics.grafanaDashboard.labels",
+]
+
+
+@pytest.mark.parametrize("path", LABEL_MAPS)
+@pytest.mark.parametrize("key", ["app.kubernetes.io/name", "app.kubernetes.io/component"])
+def test_extra_labels_may_not_take_a_label_the_chart_sets(path: str, key: str) -> None:
+    """The chart's own label keys already stand on every object it labels: another value
+    under one would be a duplicate key, and on a pod one its selector no longer matches."""
+    values: dict[str, Any] = {key: "other"}
+    for part in reversed(path.split(".")):
+        values = {part: values}
+    with pytest.raises(helm.HelmValuesError) as err:
+        hs.render(hs.chart(), values)
+    pointer = f"/{path.replace('.', '/')}/{key.replace('/', '~1')}"  # JSON Pointer
+    assert f"at '{pointer}'" in str(err.value)
+
+
 def test_common_labels_and_annotations_on_every_resource() -> None:
     common = {"commonLabels": {"team": "ml"}, "commonAnnotations": {"owner": "ml-platform"}}
     values = {**common, "workers": {"enabled": True, "model": {"name": "m"}}}
