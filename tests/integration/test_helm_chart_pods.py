@@ -483,6 +483,20 @@ def test_extra_labels_may_not_take_a_label_the_chart_sets(path: str, key: str) -
     assert f"at '{pointer}'" in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "path", ["controller.podAnnotations", "redis.podAnnotations", "workers.podAnnotations"]
+)
+@pytest.mark.parametrize("key", ["checksum/config", "checksum/credentials"])
+def test_pod_annotations_may_not_take_a_checksum_the_chart_sets(path: str, key: str) -> None:
+    values: dict[str, Any] = {key: "0"}
+    for part in reversed(path.split(".")):
+        values = {part: values}
+    with pytest.raises(helm.HelmValuesError) as err:
+        hs.render(hs.chart(), values)
+    pointer = f"/{path.replace('.', '/')}/{key.replace('/', '~1')}"
+    assert f"at '{pointer}'" in str(err.value)
+
+
 def test_common_labels_and_annotations_on_every_resource() -> None:
     common = {"commonLabels": {"team": "ml"}, "commonAnnotations": {"owner": "ml-platform"}}
     values = {**common, "workers": {"enabled": True, "model": {"name": "m"}}}
