@@ -424,6 +424,18 @@ BAD_COMBINATIONS = [
         id="restore-before-the-heartbeats-are-back",
     ),
     pytest.param(
+        {
+            "controller": {
+                "metrics": {
+                    "grafanaDashboard": {"enabled": True, "labels": {"grafana_dashboard": "x"}}
+                }
+            }
+        },
+        "controller.metrics.grafanaDashboard.labels must not set grafana_dashboard: the chart "
+        "sets it to sidecarLabelValue",
+        id="dashboard-label-twice",
+    ),
+    pytest.param(
         {"controller": {"config": {"rateMin": 10, "rateMax": 1}}},
         "controller.config.rateMin (10) must not exceed controller.config.rateMax (1)",
         id="inverted-rate-bounds",

@@ -319,6 +319,11 @@ Takes (dict "values" map "nullable" list-of-keys).
 {{- fail (printf "controller.metrics.serviceMonitor.scrapeTimeout (%s) must not exceed controller.metrics.serviceMonitor.interval (%s): Prometheus refuses such a scrape" .scrapeTimeout .interval) }}
 {{- end }}
 {{- end }}
+{{- with .Values.controller.metrics.grafanaDashboard }}
+{{- if and .enabled (hasKey .labels .sidecarLabel) }}
+{{- fail (printf "controller.metrics.grafanaDashboard.labels must not set %s: the chart sets it to sidecarLabelValue" .sidecarLabel) }}
+{{- end }}
+{{- end }}
 {{- with .Values.controller.pdb }}
 {{- if and .create (eq (toString .minAvailable) "") (eq (toString .maxUnavailable) "") }}
 {{- fail "controller.pdb.create=true needs controller.pdb.minAvailable or controller.pdb.maxUnavailable: a PodDisruptionBudget with neither protects nothing (controller.pdb.create=false for none)" }}
