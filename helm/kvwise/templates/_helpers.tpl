@@ -275,6 +275,17 @@ Takes (dict "values" map "nullable" list-of-keys).
 
 {{/* Checks of combinations the schema cannot express, each with a message that says what to set. */}}
 {{- define "kvwise.validate" -}}
+{{- include "kvwise.validate.redis" . }}
+{{- include "kvwise.validate.controller" . }}
+{{- include "kvwise.validate.auth" . }}
+{{- include "kvwise.validate.workers" . }}
+{{- end }}
+
+{{/* The Redis the pods meet in: the in-chart one's password, an external one's URL and TLS. */}}
+{{- define "kvwise.validate.redis" -}}
+{{- if and .Values.redis.auth.password (not (regexMatch "^[A-Za-z0-9._~-]+$" .Values.redis.auth.password)) }}
+{{- fail "redis.auth.password may hold only letters, digits and -._~ (it is placed in a Redis URL)" }}
+{{- end }}
 {{- if not .Values.redis.enabled }}
 {{- $ext := .Values.redis.external }}
 {{- if not $ext.url }}
@@ -303,9 +314,10 @@ Takes (dict "values" map "nullable" list-of-keys).
 {{- fail "redis.external.tls.certKey and redis.external.tls.keyKey go together (mutual TLS)" }}
 {{- end }}
 {{- end }}
-{{- if and .Values.workers.enabled (not .Values.workers.model.name) }}
-{{- fail "workers.enabled=true needs workers.model.name (a Hugging Face id or a path)" }}
 {{- end }}
+
+{{/* The controller's settings and what serves it: bounds, metrics, disruption budget. */}}
+{{- define "kvwise.validate.controller" -}}
 {{- $config := .Values.controller.config }}
 {{- /* The pairs the controller checks at start (it would crash-loop on them). */}}
 {{- range $pair := list (list "rateMin" "rateMax") (list "lifeMinS" "lifeMaxS") (list "maxCategoriesPerWorker" "maxCategories") }}
@@ -329,22 +341,10 @@ Takes (dict "values" map "nullable" list-of-keys).
 {{- fail "controller.pdb.create=true needs controller.pdb.minAvailable or controller.pdb.maxUnavailable: a PodDisruptionBudget with neither protects nothing (controller.pdb.create=false for none)" }}
 {{- end }}
 {{- end }}
-{{- if .Values.workers.enabled }}
-{{- /* The chart's agents and the controller must agree: what an agent sends must fit what
-the controller takes (it dead-letters an entry over a limit, and an agent sends its whole
-category table with every entry), and a policy restore waits for their heartbeats. */}}
-{{- $agent := .Values.workers.agent }}
-{{- $perEntry := min (int64 $agent.batchEvents) (div (int64 $agent.bufferEvents) 2) }}
-{{- if gt $perEntry (int64 $config.ingestMaxEvents) }}
-{{- fail (printf "workers.agent.batchEvents (%d per entry) must not exceed controller.config.ingestMaxEvents (%d): the controller dead-letters larger entries" $perEntry (int64 $config.ingestMaxEvents)) }}
 {{- end }}
-{{- if lt (float64 $config.restoreWaitS) (float64 $agent.heartbeatIntervalS) }}
-{{- fail (printf "controller.config.restoreWaitS (%v) must be at least workers.agent.heartbeatIntervalS (%v): a leader restoring the policy into an emptied Redis waits that long for the workers' heartbeats, to number it after every version they hold" $config.restoreWaitS $agent.heartbeatIntervalS) }}
-{{- end }}
-{{- if gt (int64 $agent.maxCategories) (int64 $config.maxCategoriesPerWorker) }}
-{{- fail (printf "workers.agent.maxCategories (%d) must not exceed controller.config.maxCategoriesPerWorker (%d): once a worker names more, the controller dead-letters its every entry" (int64 $agent.maxCategories) (int64 $config.maxCategoriesPerWorker)) }}
-{{- end }}
-{{- end }}
+
+{{/* Who may call the API: the tokens, and where it listens. */}}
+{{- define "kvwise.validate.auth" -}}
 {{- $auth := .Values.controller.auth }}
 {{- if and $auth.readToken.enabled (not $auth.enabled) }}
 {{- fail "controller.auth.readToken.enabled=true needs controller.auth.enabled=true (a read token with open mutations)" }}
@@ -367,8 +367,29 @@ category table with every entry), and a policy restore waits for their heartbeat
 {{- fail (printf "%s is blank: give a real token or leave it empty to have one generated" $key) }}
 {{- end }}
 {{- end }}
-{{- if and .Values.redis.auth.password (not (regexMatch "^[A-Za-z0-9._~-]+$" .Values.redis.auth.password)) }}
-{{- fail "redis.auth.password may hold only letters, digits and -._~ (it is placed in a Redis URL)" }}
+{{- end }}
+
+{{/* The chart's workers: a model, and agent settings the controller takes. */}}
+{{- define "kvwise.validate.workers" -}}
+{{- if .Values.workers.enabled }}
+{{- if not .Values.workers.model.name }}
+{{- fail "workers.enabled=true needs workers.model.name (a Hugging Face id or a path)" }}
+{{- end }}
+{{- /* The chart's agents and the controller must agree: what an agent sends must fit what
+the controller takes (it dead-letters an entry over a limit, and an agent sends its whole
+category table with every entry), and a policy restore waits for their heartbeats. */}}
+{{- $agent := .Values.workers.agent }}
+{{- $config := .Values.controller.config }}
+{{- $perEntry := min (int64 $agent.batchEvents) (div (int64 $agent.bufferEvents) 2) }}
+{{- if gt $perEntry (int64 $config.ingestMaxEvents) }}
+{{- fail (printf "workers.agent.batchEvents (%d per entry) must not exceed controller.config.ingestMaxEvents (%d): the controller dead-letters larger entries" $perEntry (int64 $config.ingestMaxEvents)) }}
+{{- end }}
+{{- if lt (float64 $config.restoreWaitS) (float64 $agent.heartbeatIntervalS) }}
+{{- fail (printf "controller.config.restoreWaitS (%v) must be at least workers.agent.heartbeatIntervalS (%v): a leader restoring the policy into an emptied Redis waits that long for the workers' heartbeats, to number it after every version they hold" $config.restoreWaitS $agent.heartbeatIntervalS) }}
+{{- end }}
+{{- if gt (int64 $agent.maxCategories) (int64 $config.maxCategoriesPerWorker) }}
+{{- fail (printf "workers.agent.maxCategories (%d) must not exceed controller.config.maxCategoriesPerWorker (%d): once a worker names more, the controller dead-letters its every entry" (int64 $agent.maxCategories) (int64 $config.maxCategoriesPerWorker)) }}
+{{- end }}
 {{- end }}
 {{- end }}
 
