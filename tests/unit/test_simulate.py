@@ -138,6 +138,20 @@ def test_running_requests_pin_their_blocks() -> None:
     assert cache.pinned == 0 and cache.working == 0 and not cache.refs.any()
 
 
+def test_only_the_leading_run_of_cached_blocks_is_hit() -> None:
+    # An engine reuses a prefix: once a block misses, the rest of the prompt is
+    # recomputed, cached or not (request 1 misses its first block, request 2 its second).
+    trace = Trace.from_requests([[1, 2, 3, 4], [9, 2, 3, 4], [1, 8, 3, 4]], [0.0, 1.0, 2.0])
+    cache = cache_of(trace, 100)
+    cache.admit(0, cache.lookup(0), 0.0)
+    cache.computed(0)
+    cache.release(0, 0.0)
+    assert [cache.lookup(r).hits for r in (1, 2)] == [0, 1]
+    _, out = simulate(trace, "lru", 100, quiet())
+    assert out.hit_blocks.tolist() == [0, 0, 1]
+    assert out.cached_tokens.tolist() == [0, 0, 16]
+
+
 def test_a_request_arriving_mid_decode_waits_at_most_one_step() -> None:
     requests = [list(range(10)), list(range(100, 110))]
     trace = Trace.from_arrays(
