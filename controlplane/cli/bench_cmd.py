@@ -41,6 +41,8 @@ bench_app = typer.Typer(
 
 PROGRESS_EVERY_S = 10.0
 """Seconds between progress lines when stderr is not a terminal."""
+MAX_SUMMARY_BYTES = 256 << 20
+"""Bytes of a ``--compare`` file read at most (a summary keeps about 30 bytes a request)."""
 
 
 def register(app: typer.Typer) -> None:
@@ -205,6 +207,8 @@ def _serve(
                     _write_line(lines, result)
 
             run = run_bench(plan, space, server, on_result=done)
+    except ServerUnreachable as exc:  # its /metrics, read before anything is sent
+        fail(str(exc))
     finally:
         if lines is not None:
             lines.close()
@@ -389,6 +393,8 @@ def _print_summary(s: dict[str, Any]) -> None:
         f"hit ratio {_fmt(server.get('hit_ratio'), 'ratio')} from the server's counters",
         highlight=False,
     )
+    if server.get("error"):
+        console.print(f"server counters unavailable: {server['error']}", highlight=False)
     for e in s["top_errors"]:
         console.print(f"[red]{e['count']} x[/] {e['error']}", highlight=False)
     kvwise = s["kvwise"]
@@ -410,7 +416,11 @@ def _compare(paths: tuple[Path, Path], json_out: bool) -> None:
     runs = []
     for p in paths:
         try:
-            runs.append(json.loads(p.read_text()))
+            with p.open("rb") as f:
+                text = f.read(MAX_SUMMARY_BYTES + 1)
+            if len(text) > MAX_SUMMARY_BYTES:
+                fail(f"--compare {p}: over {MAX_SUMMARY_BYTES:,} bytes, not a bench summary")
+            runs.append(json.loads(text))
         except OSError as exc:
             fail(f"--compare {p}: {exc.strerror or exc}")
         except ValueError as exc:

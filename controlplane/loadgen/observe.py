@@ -5,6 +5,8 @@ from its Prometheus ``/metrics`` (vLLM's ``vllm:prefix_cache_hits_total`` and
 ``..._queries_total``, in tokens, summed over engines), and the controller's view of the
 kvwise agents (``/v1/policy`` and ``/v1/agents``). A server that exports no such counters
 yields ``None``, never an error: the generator works against any OpenAI-compatible server.
+Every answer is read in chunks up to a bound (``MAX_METRICS_BYTES``, ``MAX_JSON_BYTES``);
+one over it is an error naming its URL (``AnswerTooLarge``), never held whole.
 It must never write to either service.
 """
 
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 PREFIX_CACHE_COUNTERS = {
@@ -22,10 +25,17 @@ PREFIX_CACHE_COUNTERS = {
 }
 """Sample names of the server's prefix-cache counters (tokens), by role."""
 MAX_METRICS_BYTES = 16 << 20
+"""Bytes of ``/metrics`` read at most (vLLM's is tens of KiB)."""
+MAX_JSON_BYTES = 16 << 20
+"""Bytes of a JSON answer (``/v1/models``, the controller's) read at most."""
 
 
 class ServerUnreachable(RuntimeError):
     """The server (or controller) did not answer as expected; the message says how."""
+
+
+class AnswerTooLarge(ServerUnreachable):
+    """An answer went on past its bound; the message names the URL and the bound."""
 
 
 @dataclass(frozen=True)
@@ -56,15 +66,17 @@ def served_model(client: httpx.Client, base_url: str) -> str:
 def cache_counters(client: httpx.Client, base_url: str) -> CacheCounters | None:
     """The server's prefix-cache counters now, or None if ``/metrics`` has none."""
     try:
-        response = client.get(f"{base_url}/metrics")
-    except httpx.HTTPError:
+        status, body = _get_bounded(client, f"{base_url}/metrics", MAX_METRICS_BYTES)
+    except AnswerTooLarge:
+        raise
+    except ServerUnreachable:
         return None
-    if response.status_code != 200 or len(response.content) > MAX_METRICS_BYTES:
+    if status != 200:
         return None
     totals = dict.fromkeys(PREFIX_CACHE_COUNTERS.values(), 0.0)
     seen = set()
     try:
-        for family in text_string_to_metric_families(response.text):
+        for family in text_string_to_metric_families(body.decode(errors="replace")):
             for sample in family.samples:
                 if sample.name in totals:
                     totals[sample.name] += sample.value
@@ -93,13 +105,27 @@ def kvwise_state(client: httpx.Client, controller_url: str) -> dict[str, Any]:
 
 
 def _get_json(client: httpx.Client, url: str) -> Any:
+    status, body = _get_bounded(client, url, MAX_JSON_BYTES)
+    if status != 200:
+        raise ServerUnreachable(f"{url} answered HTTP {status}")
     try:
-        response = client.get(url)
-    except httpx.HTTPError as exc:
-        raise ServerUnreachable(f"cannot reach {url}: {exc}") from None
-    if response.status_code != 200:
-        raise ServerUnreachable(f"{url} answered HTTP {response.status_code}")
-    try:
-        return response.json()
+        return orjson.loads(body)
     except ValueError:
         raise ServerUnreachable(f"{url} did not answer JSON") from None
+
+
+def _get_bounded(client: httpx.Client, url: str, limit: int) -> tuple[int, bytes]:
+    """The status of ``GET url`` and, when it is 200, its body, read in chunks: a body
+    over ``limit`` bytes raises ``AnswerTooLarge`` as soon as it passes the bound."""
+    try:
+        with client.stream("GET", url) as response:
+            if response.status_code != 200:
+                return response.status_code, b""
+            body = bytearray()
+            for part in response.iter_bytes():
+                body += part
+                if len(body) > limit:
+                    raise AnswerTooLarge(f"{url} answered more than {limit:,} bytes")
+            return 200, bytes(body)
+    except httpx.HTTPError as exc:
+        raise ServerUnreachable(f"cannot reach {url}: {exc}") from None

@@ -56,7 +56,6 @@ def summarize(run: BenchRun, config: dict[str, Any]) -> dict[str, Any]:
     prompt_tokens = sum(r.prompt_tokens or 0 for r in reported)
     cached_tokens = sum(r.cached_tokens or 0 for r in reported)
     errors = Counter(r.error for r in run.results if r.error is not None)
-    server = run.server_counters
     completion_tokens = sum(r.completion_tokens or 0 for r in done)
     return {
         "schema": SUMMARY_SCHEMA,
@@ -76,15 +75,26 @@ def summarize(run: BenchRun, config: dict[str, Any]) -> dict[str, Any]:
         "ttft_s": distribution([r.ttft_s for r in done if r.ttft_s is not None]),
         "latency_s": distribution([r.latency_s for r in done if r.latency_s is not None]),
         "queue_wait_s": distribution([max(r.sent_s - r.scheduled_s, 0.0) for r in run.results]),
-        "server": None
-        if server is None
-        else {
+        "server": _server_counters(run),
+        "kvwise": None,
+        "per_request": per_request(run.results),
+    }
+
+
+def _server_counters(run: BenchRun) -> dict[str, Any] | None:
+    """The server's counters over the run; None when it exports none, and every figure
+    None with the reason as ``error`` when they could not be read after the run."""
+    server = run.server_counters
+    if server is not None:
+        return {
             "prefix_cache_hits": server.hits,
             "prefix_cache_queries": server.queries,
             "hit_ratio": server.hit_ratio,
-        },
-        "kvwise": None,
-        "per_request": per_request(run.results),
+        }
+    if run.counters_error is None:
+        return None
+    return dict.fromkeys(("prefix_cache_hits", "prefix_cache_queries", "hit_ratio")) | {
+        "error": run.counters_error
     }
 
 

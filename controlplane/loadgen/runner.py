@@ -5,7 +5,9 @@ requests are already in flight, in which case it (and every later one) waits for
 slot, as a client with a bounded connection pool would (the wait is recorded as the gap
 between ``scheduled_s`` and ``sent_s``). Each request has ``timeout_s`` in all. The server's
 prefix-cache counters are read before the first request and after the last, so their
-difference covers the run. It must never retry a request or change the plan.
+difference covers the run; a ``/metrics`` that cannot be read before stops the run before
+anything is sent, one that cannot be read after leaves the run whole and says why
+(``counters_error``). It must never retry a request or change the plan.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 import httpx
 
 from controlplane.loadgen.client import Completion, RequestResult, send_completion
-from controlplane.loadgen.observe import CacheCounters, cache_counters
+from controlplane.loadgen.observe import CacheCounters, ServerUnreachable, cache_counters
 from controlplane.loadgen.plan import PlannedRequest
 from controlplane.loadgen.prompts import TokenSpace
 
@@ -54,6 +56,8 @@ class BenchRun:
     wall_s: float
     counters_before: CacheCounters | None
     counters_after: CacheCounters | None
+    counters_error: str | None = None
+    """Why the counters after the run could not be read (None: read, or not exported)."""
 
     @property
     def server_counters(self) -> CacheCounters | None:
@@ -76,8 +80,11 @@ def run_bench(
         start = time.perf_counter()
         results = asyncio.run(_send_all(plan, space, server, on_result))
         wall_s = time.perf_counter() - start
-        after = cache_counters(sync, server.base_url)
-    return BenchRun(results, started_at, wall_s, before, after)
+        try:
+            after, error = cache_counters(sync, server.base_url), None
+        except ServerUnreachable as exc:  # the run's results are kept whatever it says
+            after, error = None, str(exc)
+    return BenchRun(results, started_at, wall_s, before, after, error)
 
 
 async def _send_all(
