@@ -45,7 +45,11 @@ class CacheCounters:
     hits: float
     queries: float
 
-    def since(self, before: CacheCounters) -> CacheCounters:
+    def since(self, before: CacheCounters) -> CacheCounters | None:
+        """What was counted from ``before`` to these; None when a counter went down (the
+        server restarted and counted from 0 again: the difference means nothing)."""
+        if self.hits < before.hits or self.queries < before.queries:
+            return None
         return CacheCounters(self.hits - before.hits, self.queries - before.queries)
 
     @property

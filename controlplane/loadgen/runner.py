@@ -6,8 +6,9 @@ slot, as a client with a bounded connection pool would (the wait is recorded as 
 between ``scheduled_s`` and ``sent_s``). Each request has ``timeout_s`` in all. The server's
 prefix-cache counters are read before the first request and after the last, so their
 difference covers the run; a ``/metrics`` that cannot be read before stops the run before
-anything is sent, one that cannot be read after leaves the run whole and says why
-(``counters_error``). It must never retry a request or change the plan.
+anything is sent, one that cannot be read after, or counters that went down (a restart),
+leave the run whole and say why (``counters_error``). It must never retry a request or
+change the plan.
 """
 
 from __future__ import annotations
@@ -56,15 +57,30 @@ class BenchRun:
     wall_s: float
     counters_before: CacheCounters | None
     counters_after: CacheCounters | None
-    counters_error: str | None = None
+    unread_after: str | None = None
     """Why the counters after the run could not be read (None: read, or not exported)."""
 
     @property
     def server_counters(self) -> CacheCounters | None:
-        """The server's prefix-cache counters over the run (None if it exports none)."""
+        """The server's prefix-cache counters over the run (None if it exports none, or
+        ``counters_error`` says why not)."""
         if self.counters_before is None or self.counters_after is None:
             return None
         return self.counters_after.since(self.counters_before)
+
+    @property
+    def counters_error(self) -> str | None:
+        """Why the server's counters over the run are unknown though it exports them."""
+        if self.unread_after is not None or self.counters_after is None:
+            return self.unread_after
+        if self.counters_before is not None and self.server_counters is None:
+            return (
+                f"the server's prefix-cache counters went down during the run (hits "
+                f"{self.counters_before.hits:g} -> {self.counters_after.hits:g}, queries "
+                f"{self.counters_before.queries:g} -> {self.counters_after.queries:g}): it "
+                "restarted, so they do not cover the run"
+            )
+        return None
 
 
 def run_bench(

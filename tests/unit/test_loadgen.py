@@ -7,9 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from controlplane.loadgen.observe import CacheCounters
 from controlplane.loadgen.plan import PlanOptions, plan_requests
 from controlplane.loadgen.prompts import TokenSpace
-from controlplane.loadgen.report import SUMMARY_SCHEMA, compare, distribution
+from controlplane.loadgen.report import SUMMARY_SCHEMA, compare, distribution, summarize
+from controlplane.loadgen.runner import BenchRun
 from controlplane.traces.model import Trace
 
 
@@ -97,3 +99,26 @@ def test_compare_reports_relative_change_and_refuses_other_files() -> None:
     assert rows["server.hit_ratio"]["a"] is None and rows["server.hit_ratio"]["change"] is None
     with pytest.raises(ValueError, match="B is not a bench summary"):
         compare(a, {"requests": 3})
+
+
+@pytest.mark.parametrize(
+    "after",
+    [CacheCounters(hits=10.0, queries=30.0), CacheCounters(hits=150.0, queries=20.0)],
+    ids=["both-down", "queries-down"],
+)
+def test_counters_that_go_down_during_a_run_give_no_hit_ratio_and_say_why(
+    after: CacheCounters,
+) -> None:
+    # The server restarted: its counters began again from 0 (a negative or garbage ratio).
+    before = CacheCounters(hits=100.0, queries=200.0)
+    run = BenchRun([], started_at=0.0, wall_s=1.0, counters_before=before, counters_after=after)
+    server = summarize(run, {})["server"]
+    assert server["hit_ratio"] is None
+    assert server["prefix_cache_hits"] is None and server["prefix_cache_queries"] is None
+    assert "went down during the run" in server["error"]
+    steady = BenchRun([], 0.0, 1.0, before, CacheCounters(hits=130.0, queries=260.0))
+    assert summarize(steady, {})["server"] == {
+        "prefix_cache_hits": 30.0,
+        "prefix_cache_queries": 60.0,
+        "hit_ratio": 0.5,
+    }
