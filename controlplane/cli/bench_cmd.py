@@ -24,6 +24,7 @@ from controlplane.cli.common import (
     fail,
     load_trace_or_fail,
     non_negative,
+    positive,
     print_json,
     say,
     signed_percent,
@@ -71,10 +72,15 @@ ModelOpt = Annotated[
     str | None,
     typer.Option(metavar="NAME", help="Model to ask for (default: the server's first)"),
 ]
+MAX_VOCAB = 1 << 31
+"""The largest ``--vocab``: token ids stay within what servers take (int32)."""
 VocabOpt = Annotated[
     int,
     typer.Option(
-        min=12, metavar="VOCAB", help="Token ids come from [10, VOCAB): the model's or less"
+        min=12,
+        max=MAX_VOCAB,
+        metavar="VOCAB",
+        help="Token ids come from [10, VOCAB): the model's or less",
     ),
 ]
 SaltOpt = Annotated[
@@ -102,7 +108,7 @@ MaxBlocksOpt = Annotated[
 ]
 NoCategoriesFlag = Annotated[bool, typer.Option("--no-categories", help="Send no kv_category")]
 TimeoutOpt = Annotated[
-    float, typer.Option(min=0.001, metavar="SECONDS", help="Seconds per request at most")
+    float, typer.Option(parser=positive, metavar="SECONDS", help="Seconds per request at most")
 ]
 ControllerOpt = Annotated[
     str | None,

@@ -319,6 +319,31 @@ def test_bench_serve_refuses_an_infinite_speed_naming_the_option() -> None:
     assert one_error_line(res) == "error: --speed: must be a finite number >= 0, got inf"
 
 
+VOCAB_BOUND = f"Input should be less than or equal to {2**31}"
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "error"),
+    [
+        ("--vocab", "99999999999999999999", f"error: --vocab: {VOCAB_BOUND}"),
+        ("--vocab", str(2**31 + 1), f"error: --vocab: {VOCAB_BOUND}"),
+        ("--timeout", "inf", "error: --timeout: must be a finite number > 0, got inf"),
+        ("--timeout", "nan", "error: --timeout: must be a finite number > 0, got nan"),
+        ("--timeout", "0", "error: --timeout: must be a finite number > 0, got 0"),
+    ],
+)
+def test_bench_serve_refuses_an_unbounded_vocab_or_timeout_naming_the_option(
+    option: str, value: str, error: str
+) -> None:
+    """A vocabulary past a 64-bit int was a traceback (and past 2^31 token ids a server
+    cannot take); an infinite timeout ran."""
+    port = free_port()  # nothing listens: it must fail before trying
+    url = f"http://127.0.0.1:{port}"
+    res = kvwise("bench", "serve", str(SAMPLE), "--url", url, "--model", "m", option, value)
+    assert res.returncode == 2
+    assert one_error_line(res).startswith(error)
+
+
 def test_a_csv_file_is_told_a_trace_is_json_lines(tmp_path: Path) -> None:
     """The parser's words alone ("invalid literal, expected 'true'") left a CSV file's
     user guessing; a bad later line keeps the plain message."""
