@@ -49,9 +49,10 @@ def register(app: typer.Typer) -> None:
 trace_app.command("record")(record)
 
 
-MAX_SYNTH_REQUESTS = 2_000_000
+MAX_SYNTH_REQUESTS = 120_000
 """Most requests one synthetic trace may draw, the warm-up before its window included
-(``generated_requests``; about 3 KB each while it is built: some 6 GB at the cap)."""
+(``generated_requests``). A kept to-C request takes about 13 KB while the trace is built,
+so the cap keeps the command under 2 GB (docs/traces.md)."""
 
 
 @trace_app.command("synth")

@@ -71,7 +71,7 @@ def generated_requests(
 ) -> float:
     """About how many requests ``synthesize`` draws: the window's and the warm-up's before
     it (``warmup_s``: 1,800 s for to-C, 120 s for to-B), which are drawn, then dropped.
-    Each takes about 3 KB while the trace is built."""
+    While the trace is built a kept to-C request takes about 13 KB (docs/traces.md)."""
     return (duration_s + _knobs(profile, knobs).warmup_s) * qps
 
 

@@ -151,6 +151,41 @@ def test_synth_cap_counts_the_warm_up_and_refuses_before_generating(
     assert peak < 4 << 20, f"peak {peak:,} bytes: requests were generated before the refusal"
 
 
+def test_synth_cap_keeps_the_largest_trace_under_two_gigabytes() -> None:
+    """The cap was 2,000,000 requests at "about 3 KB each"; a kept to-C request takes
+    about 13 KB while the trace is built, so the cap allowed some 26 GB. Measured on a
+    window that keeps most of what it draws, the cap's worth of requests fits 2 GB."""
+    import tracemalloc
+
+    from controlplane.cli import trace_cmd
+
+    tracemalloc.start()
+    try:
+        trace = synthesize("to-c", duration_s=3000, qps=6, seed=0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    per_request = peak / trace.n_requests
+    assert per_request * trace_cmd.MAX_SYNTH_REQUESTS < 2e9, f"{per_request:,.0f} B a request"
+
+
+def test_synth_refuses_just_over_the_cap_before_generating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from controlplane.traces import synth
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the trace was generated past the cap")
+
+    monkeypatch.setattr(synth, "synthesize", never)
+    out = tmp_path / "x.jsonl"
+    args = ["trace", "synth", "--profile", "to-c", "--duration", "18300", "--qps", "6"]
+    res = CliRunner().invoke(app, [*args, "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    assert "asks for about 120,600 requests" in res.stderr
+    assert "at most 120,000 in one trace" in res.stderr and not out.exists()
+
+
 def test_synth_refuses_an_output_it_could_not_write_before_generating(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
