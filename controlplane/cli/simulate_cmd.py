@@ -165,7 +165,7 @@ def simulate(
     )
     trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
     _check_speed(trace, options.speed)
-    block = _block_tokens(trace, options)
+    block = _block_tokens(trace_path, trace, options)
     capacities = sizes(trace, options.profile, block)
     results = _run_with_progress(trace, names, capacities, options, jobs, quiet=json_out)
     report(trace_path, trace, options, block, results, json_out=json_out, plot=plot)
@@ -234,10 +234,11 @@ def _replay_options(categories: str, refit_every: float, reuse_class: str) -> Re
         fail(str(exc))
 
 
-def _block_tokens(trace: Trace, options: SimOptions) -> int:
+def _block_tokens(trace_path: Path, trace: Trace, options: SimOptions) -> int:
     """Tokens per block: what the trace says (a recorded one), else its format's, or
     ``--block-tokens`` for a trace that does not say (one that does counts its hash ids
-    and prompt lengths in its own)."""
+    and prompt lengths in its own). Fails, naming the trace, on a request no engine
+    takes."""
     from controlplane.replay.accesses import block_tokens_of
     from controlplane.simulate.requests import workload
 
@@ -248,7 +249,10 @@ def _block_tokens(trace: Trace, options: SimOptions) -> int:
             f"blocks hold {native} tokens each (its hash ids and prompt lengths count in "
             "them); leave the option out"
         )
-    return int(workload(trace, block_tokens=options.block_tokens).block_tokens)
+    try:
+        return int(workload(trace, block_tokens=options.block_tokens).block_tokens)
+    except ValueError as exc:
+        fail(f"{trace_path}: {exc}")
 
 
 def _check_speed(trace: Trace, speed: float) -> None:

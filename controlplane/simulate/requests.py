@@ -3,10 +3,11 @@
 
 Owns turning a ``Trace`` into per-request work: arrival time (trace time divided by the
 speed-up), prompt tokens (the trace's ``input_length``, or blocks x block tokens when the
-trace lacks it), output tokens (the trace's ``output_length``, or the documented default
-``DEFAULT_OUTPUT_TOKENS``), and the tokens per block of the trace's format. ``Outcomes``
-holds, per request, the instance it ran on, its hits and the times of its life: arrival,
-first step (end of queueing), first token, finish.
+trace lacks it; at most ``MAX_PROMPT_TOKENS``), output tokens (the trace's
+``output_length``, or the documented default ``DEFAULT_OUTPUT_TOKENS``), and the tokens
+per block of the trace's format. ``Outcomes`` holds, per request, the instance it ran
+on, its hits and the times of its life: arrival, first step (end of queueing), first
+token, finish.
 
 It must never simulate, route or summarise.
 """
@@ -25,6 +26,10 @@ DEFAULT_OUTPUT_TOKENS = 256
 """Output tokens of a request whose trace gives none (``-1``)."""
 DEFAULT_BLOCK_TOKENS = 16
 """Tokens per block of a trace whose format does not say (vLLM's default block size)."""
+MAX_PROMPT_TOKENS = 1 << 24
+"""Most prompt tokens of one request (16,777,216: past the longest context any model
+takes). A prompt is prefilled one step budget at a time, so a larger one (the reader
+takes any 64-bit ``input_length``) would be a run that never ends."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,6 +71,7 @@ def workload(
     t0 = float(trace.timestamps[0]) if trace.n_requests else 0.0
     by_blocks = trace.lengths * bt
     prompt = np.where(trace.input_lengths > 0, trace.input_lengths, by_blocks)
+    _check_prompts(prompt)
     output = np.where(trace.output_lengths > 0, trace.output_lengths, output_tokens)
     return Workload(
         arrival=arrival.tolist(),
@@ -75,6 +81,17 @@ def workload(
         speed=speed,
         start=t0,
     )
+
+
+def _check_prompts(prompt: NDArray[np.int64]) -> None:
+    """``ValueError`` naming the first request whose prompt is over ``MAX_PROMPT_TOKENS``."""
+    over = np.flatnonzero(prompt > MAX_PROMPT_TOKENS)
+    if len(over):
+        r = int(over[0])
+        raise ValueError(
+            f"request {r} asks for {int(prompt[r]):,} prompt tokens (input_length, or its "
+            f"blocks x block tokens), more than the {MAX_PROMPT_TOKENS:,} one engine takes"
+        )
 
 
 def arrival_times(trace: Trace, speed: float) -> NDArray[np.float64]:

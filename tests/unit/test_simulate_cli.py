@@ -215,3 +215,26 @@ def test_a_recorded_traces_block_size_is_the_one_simulate_counts_in(tmp_path: Pa
     res = CliRunner().invoke(app, [*run, "--block-tokens", "16"], env={"COLUMNS": "200"})
     assert res.exit_code == 2
     assert "this bailian trace's blocks hold 32 tokens each" in res.stderr
+
+
+def test_a_prompt_no_engine_takes_is_refused_naming_its_request(tmp_path: Path) -> None:
+    """An ``input_length`` of 10^12 tokens (the reader takes any 64-bit count) was
+    prefilled one step budget at a time: 10^8 steps, a run that never ended."""
+    from controlplane.simulate.requests import workload
+
+    path = tmp_path / "huge.jsonl"
+    lines = [(0, 32), (1000, 10**12)]
+    path.write_text(
+        "".join(
+            json.dumps({"timestamp": t, "hash_ids": [1, 2], "input_length": n, "output_length": 1})
+            + "\n"
+            for t, n in lines
+        )
+    )
+    trace = load_trace(path)
+    with pytest.raises(ValueError, match="request 1 asks for 1,000,000,000,000 prompt tokens"):
+        workload(trace)
+    res = CliRunner().invoke(app, ["simulate", str(path), "-p", "lru", "--capacity", "4"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.startswith(f"error: {path}: request 1 asks for 1,000,000,000,000")
+    assert len(res.stderr.strip().splitlines()) == 1
