@@ -26,7 +26,13 @@ F64 = npt.NDArray[np.float64]
 DRAWS: Final = 1000
 """Bootstrap draws of the request pairs."""
 ROWS_PER_CHUNK: Final = 50
-"""Draws computed at once (a chunk holds this many rows of the pairs)."""
+"""Draws computed at once at most (a chunk holds this many rows of the pairs)."""
+MAX_DRAW_BYTES = 64 << 20
+"""Bytes a chunk of draws may take, about: with many pairs a chunk has fewer rows (one
+at least)."""
+BYTES_PER_DRAWN_PAIR: Final = 48
+"""What one drawn pair takes in a chunk: its pick, the drawn columns of both runs and a
+quantile's working copy (measured)."""
 MIN_PAIRS: Final = 30
 """Fewer requests in both runs than this: no interval."""
 LEVEL: Final = 0.95
@@ -115,8 +121,9 @@ def _draws(pairs: tuple[F64, F64], statistic: Statistic, seed: int) -> F64:
     rows_a, rows_b = pairs
     rng = np.random.default_rng(seed)
     n, changes = rows_a.shape[1], []
-    for start in range(0, DRAWS, ROWS_PER_CHUNK):
-        picks = rng.integers(0, n, size=(min(ROWS_PER_CHUNK, DRAWS - start), n))
+    rows = max(1, min(ROWS_PER_CHUNK, MAX_DRAW_BYTES // (BYTES_PER_DRAWN_PAIR * n)))
+    for start in range(0, DRAWS, rows):
+        picks = rng.integers(0, n, size=(min(rows, DRAWS - start), n))
         of_a = statistic(*(row[picks] for row in rows_a))
         of_b = statistic(*(row[picks] for row in rows_b))
         kept = of_a != 0

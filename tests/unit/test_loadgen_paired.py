@@ -74,3 +74,29 @@ def test_compare_puts_the_intervals_on_their_rows() -> None:
     assert lo == pytest.approx(-0.5, abs=1e-4) and hi == pytest.approx(-0.5, abs=1e-4)
     assert rows["latency_s.mean"]["interval"] is None  # not drawn for latency
     assert rows["ttft_s.p99"]["interval"] is None  # nor for p99
+
+
+def test_the_draws_memory_is_bounded_however_many_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fifty draws of every pair were held at once: about 2 KB a request, gigabytes for
+    the million-request summaries ``--compare`` reads. A bound on the bytes of one chunk
+    of draws now holds at any size."""
+    import tracemalloc
+
+    from controlplane.loadgen import paired
+
+    bound = 2 << 20
+    monkeypatch.setattr(paired, "MAX_DRAW_BYTES", bound, raising=False)
+    rng = np.random.default_rng(1)
+    n = 5000
+    a = _run(rng.random(n), rng.integers(0, 100, n))
+    b = _run(rng.random(n), rng.integers(0, 100, n))
+    tracemalloc.start()
+    try:
+        intervals = change_intervals(a, b)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert set(intervals) == {"hit_ratio", "ttft_s.mean", "ttft_s.p50", "ttft_s.p90"}
+    assert peak < 2 * bound, f"peak {peak:,} bytes"
