@@ -273,7 +273,26 @@ def _plan(trace_path: Path, args: dict[str, Any], skip_bad_lines: bool) -> list[
         max_blocks=args["max_blocks"],
         send_categories=args["categories"],
     )
-    return plan_requests(trace, options)
+    plan = plan_requests(trace, options)
+    _check_prompt_sizes(plan, args["block_tokens"])
+    return plan
+
+
+def _check_prompt_sizes(plan: list[PlannedRequest], block_tokens: int) -> None:
+    """Fail, before anything is sent, if a prompt would be over ``MAX_PROMPT_TOKENS`` (each
+    is built whole in memory when it is sent)."""
+    from controlplane.traces.model import MAX_PROMPT_TOKENS
+
+    longest = max(plan, key=lambda p: len(p.hash_ids), default=None)
+    if longest is None:
+        return
+    tokens = len(longest.hash_ids) * block_tokens + 1
+    if tokens > MAX_PROMPT_TOKENS:
+        fail(
+            f"--block-tokens {block_tokens}: request {longest.index}'s prompt would be "
+            f"{tokens:,} tokens ({len(longest.hash_ids):,} blocks), more than "
+            f"{MAX_PROMPT_TOKENS:,}; give the server's block size, or a smaller --max-blocks"
+        )
 
 
 def _base_url(url: str) -> str:

@@ -20,16 +20,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from controlplane.replay.accesses import block_tokens_of
-from controlplane.traces.model import Trace
+from controlplane.traces.model import MAX_PROMPT_TOKENS, Trace
 
 DEFAULT_OUTPUT_TOKENS = 256
 """Output tokens of a request whose trace gives none (``-1``)."""
 DEFAULT_BLOCK_TOKENS = 16
 """Tokens per block of a trace whose format does not say (vLLM's default block size)."""
-MAX_PROMPT_TOKENS = 1 << 24
-"""Most prompt tokens of one request (16,777,216: past the longest context any model
-takes). A prompt is prefilled one step budget at a time, so a larger one (the reader
-takes any 64-bit ``input_length``) would be a run that never ends."""
 
 
 @dataclass(frozen=True, eq=False)

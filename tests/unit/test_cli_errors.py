@@ -344,6 +344,23 @@ def test_bench_serve_refuses_an_unbounded_vocab_or_timeout_naming_the_option(
     assert one_error_line(res).startswith(error)
 
 
+def test_bench_serve_refuses_a_prompt_past_its_bound_before_building_it(tmp_path: Path) -> None:
+    """``--block-tokens`` had no upper bound: each prompt was built whole in memory (eight
+    bytes a token, several copies) when sent, up to ``--concurrency`` at once, however
+    many tokens; one past 2^24 tokens is now refused before anything is sent."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "hash_ids": [1], "input_length": 1, "output_length": 1}\n')
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: it must fail before trying
+    too_many = str(2**24 + 1)
+    res = kvwise(
+        "bench", "serve", str(trace), "--url", url, "--model", "m", "--block-tokens", too_many
+    )
+    assert res.returncode == 2
+    assert one_error_line(res).startswith(
+        f"error: --block-tokens {too_many}: request 0's prompt would be 16,777,218 tokens"
+    )
+
+
 def test_a_csv_file_is_told_a_trace_is_json_lines(tmp_path: Path) -> None:
     """The parser's words alone ("invalid literal, expected 'true'") left a CSV file's
     user guessing; a bad later line keeps the plain message."""
