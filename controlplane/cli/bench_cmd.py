@@ -273,7 +273,10 @@ def _plan(trace_path: Path, args: dict[str, Any], skip_bad_lines: bool) -> list[
         max_blocks=args["max_blocks"],
         send_categories=args["categories"],
     )
-    plan = plan_requests(trace, options)
+    try:
+        plan = plan_requests(trace, options)
+    except ValueError as exc:  # the one thing the options' parsers cannot see: the span
+        fail(f"--speed: {str(exc).removeprefix('speed ')}")
     _check_prompt_sizes(plan, args["block_tokens"])
     return plan
 

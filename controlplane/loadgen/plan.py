@@ -2,9 +2,10 @@
 
 Owns the slice of the trace (the first ``limit`` requests in replay order), the send times
 (trace time from the slice's first request, divided by ``speed``; all at once with speed
-0), each request's output length and category, and the cut of over-long prompts to their
-first ``max_blocks`` blocks (their prefix, so the sharing of prefixes is kept). Prompts are
-built only when a request is sent (``PlannedRequest.prompt``). It must never do I/O.
+0; a speed that puts a send past a float's range is refused), each request's output
+length and category, and the cut of over-long prompts to their first ``max_blocks``
+blocks (their prefix, so the sharing of prefixes is kept). Prompts are built only when a
+request is sent (``PlannedRequest.prompt``). It must never do I/O.
 """
 
 from __future__ import annotations
@@ -68,6 +69,12 @@ def plan_requests(trace: Trace, options: PlanOptions) -> list[PlannedRequest]:
     if n == 0:
         return []
     t0 = float(trace.timestamps[0])
+    span = float(trace.timestamps[n - 1]) - t0
+    if not np.isfinite(_send_at(span, options.speed)):
+        raise ValueError(
+            f"speed {options.speed:g} puts sends past a float's range (the slice's {span:g} s "
+            "span / speed)"
+        )
     labelled = options.send_categories and trace.category_names != (UNKNOWN_CATEGORY,)
     plan = []
     for r in range(n):

@@ -317,6 +317,11 @@ def test_bench_serve_refuses_an_infinite_speed_naming_the_option() -> None:
     )
     assert res.returncode == 2
     assert one_error_line(res) == "error: --speed: must be a finite number >= 0, got inf"
+    tiny = kvwise(
+        "bench", "serve", str(SAMPLE), "--url", f"http://127.0.0.1:{port}", "--speed", "1e-310"
+    )  # finite and above 0, but the sends came at inf seconds: a run that waited for ever
+    assert tiny.returncode == 2
+    assert one_error_line(tiny).startswith("error: --speed: 1e-310 puts sends past a float's")
 
 
 VOCAB_BOUND = f"Input should be less than or equal to {2**31}"

@@ -67,6 +67,13 @@ def test_plan_sends_a_labelled_traces_categories_unless_told_not_to() -> None:
     assert [p.category for p in quiet] == [None] * 3
 
 
+def test_a_speed_that_puts_a_send_past_a_floats_range_is_refused() -> None:
+    """``--speed 1e-310`` (finite, above 0) put the second request's send at inf seconds:
+    the run waited for ever."""
+    with pytest.raises(ValueError, match="speed 1e-310 puts sends past a float's range"):
+        plan_requests(_trace(), PlanOptions(speed=1e-310))
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
