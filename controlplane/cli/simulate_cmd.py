@@ -27,6 +27,7 @@ from controlplane.cli.common import (
     parse_fracs,
     parse_ints,
     policy_names,
+    positive,
     unique,
 )
 from controlplane.cli.simulate_output import report
@@ -90,7 +91,10 @@ CategoriesOpt = Annotated[
     ),
 ]
 RefitEveryOpt = Annotated[
-    float, typer.Option(metavar="SECONDS", help="wa: refit every this many trace seconds")
+    float,
+    typer.Option(
+        parser=positive, metavar="SECONDS", help="wa: refit every this many trace seconds"
+    ),
 ]
 REUSE_CLASSES: tuple[str, ...] = get_args(ReuseClass)
 ReuseClassOpt = Annotated[

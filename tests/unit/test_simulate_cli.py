@@ -105,6 +105,9 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
         # beyond float range in bytes (a traceback: int(nan)), beyond int64 in blocks
         (["--capacity-gib", "1e300"], "--capacity-gib: 1e+300 is too large (at most 5.76e+17"),
         (["--capacity-gib", "1e20"], "--capacity-gib: 1e+20 is too large (at most 5.76e+17"),
+        # named as the field of the library's options, not as the option
+        (["--refit-every", "nan"], "--refit-every: must be a finite number > 0, got nan"),
+        (["--refit-every", "inf"], "--refit-every: must be a finite number > 0, got inf"),
         (["--categories", "magic"], "--categories must be one of labels, auto"),
         (["--reuse-class", "some"], "--reuse-class must be one of off, hit, trace, got 'some'"),
         (["--plot", "out.svg"], "plots are written as .png"),
