@@ -282,19 +282,19 @@ def _plan(trace_path: Path, args: dict[str, Any], skip_bad_lines: bool) -> list[
 
 
 def _check_prompt_sizes(plan: list[PlannedRequest], block_tokens: int) -> None:
-    """Fail, before anything is sent, if a prompt would be over ``MAX_PROMPT_TOKENS`` (each
+    """Fail, before anything is sent, if a prompt would be over ``MAX_REQUEST_TOKENS`` (each
     is built whole in memory when it is sent)."""
-    from controlplane.traces.model import MAX_PROMPT_TOKENS
+    from controlplane.traces.model import MAX_REQUEST_TOKENS
 
     longest = max(plan, key=lambda p: len(p.hash_ids), default=None)
     if longest is None:
         return
     tokens = len(longest.hash_ids) * block_tokens + 1
-    if tokens > MAX_PROMPT_TOKENS:
+    if tokens > MAX_REQUEST_TOKENS:
         fail(
             f"--block-tokens {block_tokens}: request {longest.index}'s prompt would be "
             f"{tokens:,} tokens ({len(longest.hash_ids):,} blocks), more than "
-            f"{MAX_PROMPT_TOKENS:,}; give the server's block size, or a smaller --max-blocks"
+            f"{MAX_REQUEST_TOKENS:,}; give the server's block size, or a smaller --max-blocks"
         )
 
 

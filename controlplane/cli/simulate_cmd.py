@@ -196,12 +196,17 @@ def _options(
 ) -> SimOptions:
     from controlplane.simulate import router as routers
     from controlplane.simulate.engine import SimOptions
+    from controlplane.traces.model import MAX_REQUEST_TOKENS
 
     if router not in routers.names():
         fail(f"--router: unknown router {router!r}; known routers: {', '.join(routers.names())}")
     checks = {  # option: (within range, what the range is, the value given)
         "--instances": (instances >= 1, "at least 1", instances),
-        "--output-tokens": (output_tokens >= 1, "at least 1", output_tokens),
+        "--output-tokens": (
+            1 <= output_tokens <= MAX_REQUEST_TOKENS,
+            f"from 1 to {MAX_REQUEST_TOKENS:,}",
+            output_tokens,
+        ),
         "--block-tokens": (block_tokens is None or block_tokens >= 1, "at least 1", block_tokens),
         "--affinity-slack": (slack >= 0, "at least 0", slack),
     }

@@ -3,7 +3,7 @@
 
 Owns turning a ``Trace`` into per-request work: arrival time (trace time divided by the
 speed-up), prompt tokens (the trace's ``input_length``, or blocks x block tokens when the
-trace lacks it; at most ``MAX_PROMPT_TOKENS``), output tokens (the trace's
+trace lacks it; at most ``MAX_REQUEST_TOKENS``), output tokens (the trace's
 ``output_length``, or the documented default ``DEFAULT_OUTPUT_TOKENS``), and the tokens
 per block of the trace's format. ``Outcomes`` holds, per request, the instance it ran
 on, its hits and the times of its life: arrival, first step (end of queueing), first
@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from controlplane.replay.accesses import block_tokens_of
-from controlplane.traces.model import MAX_PROMPT_TOKENS, Trace
+from controlplane.traces.model import MAX_REQUEST_TOKENS, Trace
 
 DEFAULT_OUTPUT_TOKENS = 256
 """Output tokens of a request whose trace gives none (``-1``)."""
@@ -80,13 +80,13 @@ def workload(
 
 
 def _check_prompts(prompt: NDArray[np.int64]) -> None:
-    """``ValueError`` naming the first request whose prompt is over ``MAX_PROMPT_TOKENS``."""
-    over = np.flatnonzero(prompt > MAX_PROMPT_TOKENS)
+    """``ValueError`` naming the first request whose prompt is over ``MAX_REQUEST_TOKENS``."""
+    over = np.flatnonzero(prompt > MAX_REQUEST_TOKENS)
     if len(over):
         r = int(over[0])
         raise ValueError(
             f"request {r} asks for {int(prompt[r]):,} prompt tokens (input_length, or its "
-            f"blocks x block tokens), more than the {MAX_PROMPT_TOKENS:,} one engine takes"
+            f"blocks x block tokens), more than the {MAX_REQUEST_TOKENS:,} one engine takes"
         )
 
 

@@ -17,10 +17,11 @@ from controlplane.traces.arrays import F64, I32, I64
 
 UNKNOWN_CATEGORY = "unknown"
 """Category of requests that carry no type or turn (Mooncake traces)."""
-MAX_PROMPT_TOKENS = 1 << 24
-"""Most prompt tokens of one request that is simulated or sent to a server (16,777,216:
-past the longest context any model takes). The reader takes any 64-bit length; a larger
-prompt is refused where it would be prefilled step by step or built whole in memory."""
+MAX_REQUEST_TOKENS = 1 << 24
+"""Most tokens of one request's prompt, or of the output asked of every request, that is
+simulated or sent to a server (16,777,216: past the longest context any model takes).
+The reader takes any 64-bit length; a larger prompt is refused where it would be
+prefilled step by step or built whole in memory."""
 
 
 def category_name(type_: str, turn: int) -> str:

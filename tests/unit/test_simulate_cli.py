@@ -98,6 +98,8 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
         (["--speed", "0"], "--speed: must be a finite number > 0, got 0"),
         (["--speed", "abc"], "--speed: 'abc' is not a number"),
         (["--instances", "0"], "--instances: must be at least 1, got 0"),
+        # past a 64-bit int: a traceback
+        (["--output-tokens", str(10**20)], "--output-tokens: must be from 1 to 16,777,216, got"),
         # the trace's span / speed overflows: arrivals at inf, NaN TTFTs (NaN in --json)
         (["--speed", "1e-310"], "--speed: 1e-310 puts arrivals past a float's range"),
         (["--capacity-gib", "x"], "--capacity-gib: 'x' is not a number"),
