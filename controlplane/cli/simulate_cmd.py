@@ -41,6 +41,9 @@ if TYPE_CHECKING:
     from controlplane.traces.model import Trace
 
 DEFAULT_POLICIES = "lru,s3fifo,arc,wa"
+MAX_INSTANCES = 1024
+"""Most engine instances: each holds arrays over the trace's unique blocks and a policy
+of its own (fitted ones index the whole trace), so memory grows with the fleet."""
 
 PolicyOpt = Annotated[
     str,
@@ -201,7 +204,7 @@ def _options(
     if router not in routers.names():
         fail(f"--router: unknown router {router!r}; known routers: {', '.join(routers.names())}")
     checks = {  # option: (within range, what the range is, the value given)
-        "--instances": (instances >= 1, "at least 1", instances),
+        "--instances": (1 <= instances <= MAX_INSTANCES, f"from 1 to {MAX_INSTANCES:,}", instances),
         "--output-tokens": (
             1 <= output_tokens <= MAX_REQUEST_TOKENS,
             f"from 1 to {MAX_REQUEST_TOKENS:,}",

@@ -97,7 +97,7 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
         # worded as every command's --speed (the parser in controlplane.cli.common)
         (["--speed", "0"], "--speed: must be a finite number > 0, got 0"),
         (["--speed", "abc"], "--speed: 'abc' is not a number"),
-        (["--instances", "0"], "--instances: must be at least 1, got 0"),
+        (["--instances", "0"], "--instances: must be from 1 to 1,024, got 0"),
         # past a 64-bit int: a traceback
         (["--output-tokens", str(10**20)], "--output-tokens: must be from 1 to 16,777,216, got"),
         # the trace's span / speed overflows: arrivals at inf, NaN TTFTs (NaN in --json)
@@ -243,3 +243,12 @@ def test_a_prompt_no_engine_takes_is_refused_naming_its_request(tmp_path: Path) 
     assert res.exit_code == 2, res.output
     assert res.stderr.startswith(f"error: {path}: request 1 asks for 1,000,000,000,000")
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_a_fleet_past_its_bound_is_refused_before_any_instance_is_built() -> None:
+    """``--instances`` had no upper bound: each instance holds arrays over the trace's
+    unique blocks and a policy of its own, so 10^20 of them filled memory for ever."""
+    args = ["simulate", str(SAMPLE), "-p", "lru", "--capacity", "10", "--instances", "1025"]
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert res.exit_code == 2, res.output
+    assert res.stderr.strip() == "error: --instances: must be from 1 to 1,024, got 1025"
