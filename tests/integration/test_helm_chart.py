@@ -423,6 +423,14 @@ BAD_COMBINATIONS = [
         "controller.config.restoreWaitS (4) must be at least workers.agent.heartbeatIntervalS (5)",
         id="restore-before-the-heartbeats-are-back",
     ),
+    *(
+        pytest.param(
+            {"workers": {"enabled": True, "model": {"name": "m"}, "agent": {"heartbeatTtlS": ttl}}},
+            f"workers.agent.heartbeatTtlS ({ttl}) must exceed workers.agent.heartbeatIntervalS (5)",
+            id=f"heartbeat-ttl-{ttl}-within-its-interval",
+        )
+        for ttl in (5, 3)
+    ),
     pytest.param(
         {
             "controller": {

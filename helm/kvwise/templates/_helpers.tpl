@@ -384,6 +384,9 @@ category table with every entry), and a policy restore waits for their heartbeat
 {{- if gt $perEntry (int64 $config.ingestMaxEvents) }}
 {{- fail (printf "workers.agent.batchEvents (%d per entry) must not exceed controller.config.ingestMaxEvents (%d): the controller dead-letters larger entries" $perEntry (int64 $config.ingestMaxEvents)) }}
 {{- end }}
+{{- if le (float64 $agent.heartbeatTtlS) (float64 $agent.heartbeatIntervalS) }}
+{{- fail (printf "workers.agent.heartbeatTtlS (%v) must exceed workers.agent.heartbeatIntervalS (%v): the heartbeat would expire between beats, and the agent refuses to start so" $agent.heartbeatTtlS $agent.heartbeatIntervalS) }}
+{{- end }}
 {{- if lt (float64 $config.restoreWaitS) (float64 $agent.heartbeatIntervalS) }}
 {{- fail (printf "controller.config.restoreWaitS (%v) must be at least workers.agent.heartbeatIntervalS (%v): a leader restoring the policy into an emptied Redis waits that long for the workers' heartbeats, to number it after every version they hold" $config.restoreWaitS $agent.heartbeatIntervalS) }}
 {{- end }}
