@@ -294,6 +294,44 @@ def test_probes_and_scrapes_ask_for_routes_the_controller_serves() -> None:
     assert endpoint["path"] in paths(ops.reads.routes)
 
 
+# What redis-cli prints for `ping` (stdout and stderr) in each state of the server.
+REDIS_REPLIES = {
+    "up": "PONG",
+    "loading": "LOADING Redis is loading the dataset in memory",
+    "down": "Could not connect to Redis at 127.0.0.1:6379: Connection refused",
+}
+
+
+def _probe_passes(probe: dict[str, Any], reply: str, bin_dir: Path) -> bool:
+    """Run an exec probe's command with a redis-cli on PATH that answers ``reply``."""
+    stub = bin_dir / "redis-cli"
+    stub.write_text(f"#!/bin/sh\necho '{reply}'\n")
+    stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return subprocess.run(probe["exec"]["command"], env=env, timeout=10).returncode == 0
+
+
+def test_redis_loading_its_data_is_alive_but_not_ready(tmp_path: Path) -> None:
+    """A Redis loading its AOF answers LOADING to PING: restarting it then would start the
+    load over for ever, so the startup and liveness probes take it as alive."""
+    ctr = hs.container(hs.rendered("default").component("StatefulSet", "redis"), "redis")
+    startup = ctr["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
+    expected = {
+        "startupProbe": {"up": True, "loading": True, "down": False},
+        "livenessProbe": {"up": True, "loading": True, "down": False},
+        "readinessProbe": {"up": True, "loading": False, "down": False},
+    }
+    seen = {
+        kind: {
+            state: _probe_passes(ctr[kind], reply, tmp_path)
+            for state, reply in REDIS_REPLIES.items()
+        }
+        for kind in expected
+    }
+    assert seen == expected
+
+
 HARDENED = ["controller:controller", "redis:redis", "test:check", "worker:kvwise-plugin"]
 
 
