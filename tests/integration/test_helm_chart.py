@@ -425,6 +425,20 @@ BAD_COMBINATIONS = [
     ),
     *(
         pytest.param(
+            {
+                "workers": {
+                    "enabled": True,
+                    "model": {"name": "m"},
+                    "resources": {kind: {"nvidia.com/gpu": 2}},
+                }
+            },
+            f"workers.resources.{kind}.nvidia.com/gpu (2) must equal workers.gpu.count (1)",
+            id=f"gpu-{kind}-against-gpu-count",
+        )
+        for kind in ("requests", "limits")
+    ),
+    *(
+        pytest.param(
             {"workers": {"enabled": True, "model": {"name": "m"}, "agent": {"heartbeatTtlS": ttl}}},
             f"workers.agent.heartbeatTtlS ({ttl}) must exceed workers.agent.heartbeatIntervalS (5)",
             id=f"heartbeat-ttl-{ttl}-within-its-interval",

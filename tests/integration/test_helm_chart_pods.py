@@ -222,13 +222,29 @@ def test_worker_env_carries_every_agent_setting(case: str, monkeypatch: pytest.M
     _, ctl = controller_env(r, monkeypatch)
     assert agent.redis_url == ctl.redis_url  # workers and controller meet in the same Redis
 
-    assert engine["resources"]["limits"][w["gpu"]["resourceName"]] == w["gpu"]["count"]
+    gpu = w["gpu"]["resourceName"]
+    requests, limits = engine["resources"]["requests"], engine["resources"]["limits"]
+    assert requests[gpu] == limits[gpu] == w["gpu"]["count"]
     check_engine_command(w, engine)
     if w["pluginBundle"]["enabled"]:
         init = hs.container(deploy, "kvwise-plugin")
         bundle = init["command"][-2].rstrip("/.")
         assert env["PYTHONPATH"].split(":")[0] == bundle
         assert any(m["mountPath"] == bundle for m in engine["volumeMounts"])
+
+
+def test_gpus_given_in_workers_resources_as_in_workers_gpu_render() -> None:
+    gpus = {"nvidia.com/gpu": 2}
+    values = {
+        "workers": {
+            "enabled": True,
+            "model": {"name": "m"},
+            "gpu": {"count": 2},
+            "resources": {"requests": {**gpus, "cpu": "4"}, "limits": gpus},
+        }
+    }
+    engine = hs.container(hs.render(hs.chart(), values).component("Deployment", "worker"), "vllm")
+    assert engine["resources"] == {"requests": {**gpus, "cpu": "4"}, "limits": gpus}
 
 
 @pytest.mark.parametrize("case", WORKER_CASES)

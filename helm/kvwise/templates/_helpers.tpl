@@ -375,6 +375,12 @@ Takes (dict "values" map "nullable" list-of-keys).
 {{- if not .Values.workers.model.name }}
 {{- fail "workers.enabled=true needs workers.model.name (a Hugging Face id or a path)" }}
 {{- end }}
+{{- range $kind := list "requests" "limits" }}
+{{- $given := dig $kind $.Values.workers.gpu.resourceName "" (default dict $.Values.workers.resources) }}
+{{- if and (ne (toString $given) "") (ne (toString $given) (toString (int $.Values.workers.gpu.count))) }}
+{{- fail (printf "workers.resources.%s.%s (%v) must equal workers.gpu.count (%d): the pod's GPUs and the engine's tensor-parallel size come from workers.gpu.count; leave them out of workers.resources" $kind $.Values.workers.gpu.resourceName $given (int $.Values.workers.gpu.count)) }}
+{{- end }}
+{{- end }}
 {{- /* The chart's agents and the controller must agree: what an agent sends must fit what
 the controller takes (it dead-letters an entry over a limit, and an agent sends its whole
 category table with every entry), and a policy restore waits for their heartbeats. */}}
