@@ -288,7 +288,19 @@ def test_controller_probes_and_ports(case: str) -> None:
     assert ctr["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert ctr["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert ctr["args"] == ["--host", r.values["controller"]["config"]["host"], "--port", str(port)]
-    assert ("resources" in ctr) == bool(r.values["controller"]["resources"])  # empty by default
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_controller_and_redis_request_cpu_and_memory(case: str) -> None:
+    """A pod that requests nothing is BestEffort: the first the kubelet evicts when its
+    node runs short of memory."""
+    r = hs.rendered(case)
+    components = [("Deployment", "controller")]
+    if r.values["redis"]["enabled"]:
+        components.append(("StatefulSet", "redis"))
+    for kind, component in components:
+        resources = hs.container(r.component(kind, component), component)["resources"]
+        assert {"cpu", "memory"} <= set(resources["requests"]), component
 
 
 def test_probes_and_scrapes_ask_for_routes_the_controller_serves() -> None:
