@@ -303,6 +303,21 @@ def test_controller_and_redis_request_cpu_and_memory(case: str) -> None:
         assert {"cpu", "memory"} <= set(resources["requests"]), component
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_controller_replicas_spread_over_nodes_counting_this_release_only(case: str) -> None:
+    """A spread that also counts another release's controllers can put both of this
+    one's on one node; a soft one still schedules on a single node."""
+    deploy = hs.rendered(case).component("Deployment", "controller")
+    labels = hs.pod_labels(deploy)
+    other_release = {**labels, "app.kubernetes.io/instance": "other"}
+    spread = hs.pod_spec(deploy)["topologySpreadConstraints"]
+    assert "kubernetes.io/hostname" in {c["topologyKey"] for c in spread}
+    for constraint in spread:
+        assert hs.selects(constraint["labelSelector"], labels), constraint
+        assert not hs.selects(constraint["labelSelector"], other_release), constraint
+        assert constraint["whenUnsatisfiable"] == "ScheduleAnyway", constraint
+
+
 def test_probes_and_scrapes_ask_for_routes_the_controller_serves() -> None:
     """The kubelet sends no token: the probe routes must be open, whatever the tokens."""
     from fastapi.routing import APIRoute
