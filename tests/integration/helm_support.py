@@ -203,6 +203,20 @@ def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
     return True
 
 
+def admits(peer: Mapping[str, Any], namespace: str, labels: Mapping[str, str]) -> bool:
+    """Whether a NetworkPolicyPeer of a policy in ``NAMESPACE`` admits a pod with ``labels``
+    in ``namespace`` (namespaces carry only their kubernetes.io/metadata.name label)."""
+    if "ipBlock" in peer:
+        return False
+    if "namespaceSelector" in peer:
+        namespace_labels = {"kubernetes.io/metadata.name": namespace}
+        if not selects(peer["namespaceSelector"], namespace_labels):
+            return False
+    elif namespace != NAMESPACE:
+        return False
+    return selects(peer.get("podSelector") or {}, labels)
+
+
 # --- the kubelet's view of a container's environment ------------------------------------------
 _REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 

@@ -475,6 +475,25 @@ def test_selectors_match_the_pods_they_mean(case: str) -> None:
         assert [(e["port"], e["path"]) for e in sm["spec"]["endpoints"]] == [("http", "/metrics")]
 
 
+# Where kube-prometheus-stack's Prometheus runs, as the docs install it.
+PROMETHEUS_NAMESPACE, PROMETHEUS_LABELS = "monitoring", {"app.kubernetes.io/name": "prometheus"}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_service_monitor_comes_with_prometheus_admitted_to_the_api(case: str) -> None:
+    """A ServiceMonitor whose Prometheus the NetworkPolicy keeps out scrapes nothing."""
+    r = hs.rendered(case)
+    if not r.values["networkPolicy"]["enabled"]:
+        pytest.skip("no NetworkPolicy")
+    api = r.component("NetworkPolicy", "controller")
+    (rule,) = api["spec"]["ingress"]
+    admitted = any(
+        hs.admits(peer, PROMETHEUS_NAMESPACE, PROMETHEUS_LABELS) for peer in rule["from"]
+    )
+    assert admitted == bool(r.of_kind("ServiceMonitor"))
+    assert {p["port"] for p in rule["ports"]} == {"http"}
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_standard_labels_on_every_resource(case: str) -> None:
     for m in hs.rendered(case).manifests:
