@@ -128,13 +128,15 @@ class PolicySubscriber(AgentLoop):
         log.info("kvwise subscriber: staged policy v%d (%s)", version, doc.note or "no note")
         return doc
 
-    def _fetch(self, pointer: bytes, version: int) -> bytes | str | None:
+    def _fetch(self, pointer: bytes, version: int) -> bytes | None:
         """The document of ``version``, or None once refused (missing, too large, not a
-        string)."""
+        string). One read of at most ``max_policy_bytes`` + 1 bytes: a document that grows
+        while it is read is never brought in whole."""
         key, limit = self.keys.policy_doc(version), self.settings.max_policy_bytes
         try:
-            size = self.client.strlen(key)  # what the GET would bring, asked first
-            raw = self.client.get(key) if 0 < size <= limit else None
+            raw = self.client.getrange(key, 0, limit)  # a byte more than the limit: too large
+            # Its whole size, for the reason (asked only then; at least what was read).
+            size = max(len(raw), self.client.strlen(key) if len(raw) > limit else 0)
         except redis.ResponseError as exc:
             self._refuse_another_type(exc, key, pointer, version, "a document")
             return None
@@ -142,9 +144,10 @@ class PolicySubscriber(AgentLoop):
             self._refuse(pointer, version, f"policy: document of {size} bytes > limit "
                          f"{limit} (not read)")  # fmt: skip
             return None
-        if raw is None:
+        if not raw:  # GETRANGE answers a missing key (or an empty value) with nothing
             self._refuse(pointer, version, "current points at a missing document", missing=True)
-        return raw
+            return None
+        return raw if isinstance(raw, bytes) else raw.encode()
 
     def _refuse_another_type(
         self,

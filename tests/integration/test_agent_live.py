@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -327,6 +328,38 @@ def test_missing_oversized_and_garbled_documents_are_reported_once(
         r.set(k.policy_doc(5), encode_policy(doc(5)))
         apply_when_staged(agent)
         assert agent.applied_version == 5 and sub.rejected == 5
+
+
+def test_a_document_that_grows_once_sized_is_never_read_whole(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    """The document's size was asked, then the document read whole: one that grew in
+    between (a writer replacing it) was brought in whole, however large."""
+    k = Keys(key_prefix)
+    agent = Agent(fast_settings(redis_url, key_prefix, max_policy_bytes=2048), capacity=10)
+    sub = agent.subscriber  # the test polls
+    replies: list[int] = []
+    send = sub.client.execute_command
+    large = json.dumps({"version": 1, "note": "x" * 4_000_000})
+
+    def observed(*args: Any, **options: Any) -> Any:
+        reply = send(*args, **options)
+        replies.append(len(reply) if isinstance(reply, bytes) else 0)
+        if args[1:2] == (k.policy_doc(1),) and len(replies) == 2:  # after current, then it
+            r.set(k.policy_doc(1), large)  # grows
+        return reply
+
+    sub.client.execute_command = observed  # type: ignore[method-assign]
+    publish(r, key_prefix, 1, encode_policy(doc(1)), notify=False)
+    staged = sub.check()
+    assert max(replies) <= 2049, f"a reply of {max(replies)} bytes read"
+    assert staged is not None and staged.version == 1  # what it held when read
+    publish(r, key_prefix, 2, large.replace('"version": 1', '"version": 2'), notify=False)
+    assert sub.check() is None and sub.rejected == 1
+    size = r.strlen(k.policy_doc(2))
+    assert sub.last_rejection == f"v2: policy: document of {size} bytes > limit 2048 (not read)"
+    assert max(replies) <= 2049, f"a reply of {max(replies)} bytes read"
+    agent.close()
 
 
 def test_a_rejection_names_a_long_category_name_by_its_head(
