@@ -161,9 +161,12 @@ class PolicySubscriber(AgentLoop):
         re-raise any other error."""
         if not str(exc).startswith("WRONGTYPE"):
             raise exc
+        self._refuse(pointer, version, f"{key} is a {self._type_of(key)}, not {expected}")
+
+    def _type_of(self, key: str) -> str:
+        """The Redis type ``key`` holds (``none`` if absent)."""
         held = self.client.type(key)
-        held = held.decode() if isinstance(held, bytes) else str(held)
-        self._refuse(pointer, version, f"{key} is a {held}, not {expected}")
+        return held.decode() if isinstance(held, bytes) else str(held)
 
     def _another_under_the_known_number(self, doc: PolicyDocument) -> bool:
         """Whether ``doc``, under the number known, after ``current`` was lost, is another
@@ -181,14 +184,27 @@ class PolicySubscriber(AgentLoop):
 
     def _notice_schema1_controller(self) -> None:
         """Say once if an older controller (untagged keys) is publishing: otherwise this
-        agent would wait for a policy in silence."""
-        if self._schema1_told or self.client.get(self.keys.schema1_policy_current) is None:
+        agent would wait for a policy in silence. Its key is asked for its type only (a
+        bounded answer, whatever the key holds); another type than a string is no such
+        controller: said once, with the type, and not asked again."""
+        if self._schema1_told:
+            return
+        key = self.keys.schema1_policy_current
+        held = self._type_of(key)
+        if held == "none":
             return
         self._schema1_told = True
+        if held != "string":
+            log.warning(
+                "kvwise subscriber: %s is a %s, not a schema-1 controller's current: ignored",
+                key,
+                held,
+            )
+            return
         log.error(
             "kvwise subscriber: a controller of an older release (wire schema 1) publishes "
             "under %s; this agent speaks schema %d: run the same kvwise release on both",
-            self.keys.schema1_policy_current,
+            key,
             WIRE_SCHEMA_VERSION,
         )
 

@@ -403,6 +403,32 @@ def test_policy_keys_of_another_type_are_refused_by_name(
         assert agent.applied_version == 8
 
 
+def test_an_older_controllers_key_of_another_type_is_told_once_by_name(
+    redis_url: str, key_prefix: str, r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The key where a controller of wire schema 1 kept ``current``, held as another type
+    than a string: while ``current`` was absent, every poll failed as a Redis error
+    (WRONGTYPE, naming no key) and the subscriber backed off."""
+    schema1 = Keys(key_prefix).schema1_policy_current
+    r.rpush(schema1, "7")
+    agent = Agent(fast_settings(redis_url, key_prefix), capacity=10)  # the test polls
+    for _ in range(3):
+        assert agent.subscriber.run_step()
+    told = [m for m in caplog.messages if schema1 in m]
+    assert told == [f"kvwise subscriber: {schema1} is a list, not a schema-1 controller's "
+                    "current: ignored"]  # fmt: skip
+    assert agent.subscriber.rejected == 0  # nothing of this agent's policy was refused
+    agent.close()
+    r.delete(schema1)
+    r.set(schema1, "7")  # an older controller's: said once too
+    agent = Agent(fast_settings(redis_url, key_prefix), capacity=10)
+    for _ in range(3):
+        assert agent.subscriber.run_step()
+    told = [m for m in caplog.messages if schema1 in m]
+    assert len(told) == 2 and "older release (wire schema 1)" in told[1]
+    agent.close()
+
+
 def test_a_number_that_comes_back_with_another_document_after_a_lost_store_is_staged(
     redis_url: str, key_prefix: str, r: redis.Redis
 ) -> None:
