@@ -84,7 +84,10 @@ class AgentSettings(BaseSettings, RedisSettings):
         "(0 = 16 x capacity)",
     )
     max_policy_bytes: int = Field(
-        default=4 << 20, ge=1024, description="Largest policy document accepted (bytes)"
+        default=2 << 20,
+        ge=1024,
+        description="Largest policy document accepted (bytes); it bounds the GIL the "
+        "subscriber holds to parse one (the engine's thread waits meanwhile)",
     )
     max_policy_categories: int = Field(
         default=4096, gt=0, description="Most categories a policy document may hold"

@@ -362,6 +362,24 @@ def test_a_document_that_grows_once_sized_is_never_read_whole(
     agent.close()
 
 
+def test_a_document_over_the_category_limit_is_refused_before_its_categories_are_checked(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    """Categories were counted only once each was validated as a model: a document of
+    40,000 small categories held the GIL (the engine's thread) for a fifth of a second
+    before its count refused it. Counted first, a bad parameter among too many is not reached."""
+    agent = Agent(fast_settings(redis_url, key_prefix), capacity=10)  # the test polls
+    limit = agent.settings.max_policy_categories
+    many = {f"c{i}": {"rate": 1, "p_reuse": 0.5, "life_s": 1} for i in range(40_000)}
+    many["c7"] = {"rate": -1, "p_reuse": 0.5, "life_s": 1}
+    raw = json.dumps({"version": 1, "categories": many}, separators=(",", ":"))
+    assert len(raw) <= agent.settings.max_policy_bytes  # read, and parsed
+    publish(r, key_prefix, 1, raw, notify=False)
+    assert agent.subscriber.check() is None
+    assert agent.subscriber.last_rejection == f"v1: policy: 40000 categories > limit {limit}"
+    agent.close()
+
+
 def test_a_rejection_names_a_long_category_name_by_its_head(
     redis_url: str, key_prefix: str, r: redis.Redis
 ) -> None:

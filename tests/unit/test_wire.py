@@ -16,8 +16,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
+from agent.settings import AgentSettings
 from agent.wire import (
     COLUMNS,
+    MAX_CATEGORY_NAME_CHARS,
     ROW_BYTES,
     WIRE_SCHEMA_VERSION,
     AgentStatus,
@@ -324,6 +326,29 @@ def test_invalid_policy_documents_raise_wire_error(raw: str | bytes, reason: str
         decode_policy(raw)
     assert reason in str(err.value)
     assert str(err.value).startswith("policy:")
+
+
+def test_the_default_size_limit_takes_a_full_document_at_the_category_limit() -> None:
+    """The largest legitimate document (every category the limit allows, each of the
+    longest name and every parameter at full precision) fits the default with margin."""
+    fields = AgentSettings.model_fields  # the defaults, whatever the environment says
+    max_bytes, max_categories = (
+        fields[f].default for f in ("max_policy_bytes", "max_policy_categories")
+    )
+    longest = MAX_CATEGORY_NAME_CHARS - 5
+    params = CategoryParams(
+        rate=0.1234567890123456,
+        p_reuse=0.1234567890123456,
+        life_s=1234.567890123456,
+        samples=10**12,
+        fit_quality=0.1234567890123456,
+        source="override",
+    )
+    names = (f"{i:05d}{'a' * longest}/re" for i in range(max_categories))
+    doc = PolicyDocument(version=1, categories=dict.fromkeys(names, params), note="n" * 500)
+    raw = encode_policy(doc)
+    assert len(raw) * 1.5 < max_bytes, f"{len(raw)} bytes"
+    assert decode_policy(raw, max_bytes=max_bytes, max_categories=max_categories) == doc
 
 
 def test_negative_zero_is_normalised() -> None:
