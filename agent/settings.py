@@ -14,6 +14,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.wire import BatchLimits, Keys
 
+MIN_WAIT_S = 0.01
+"""The shortest wait of an agent thread (flush, poll, backoff, Redis timeout) a setting may
+ask: shorter, the thread spins on Redis round trips and takes the engine process's CPU."""
+MIN_HEARTBEAT_S = 0.1
+"""The shortest heartbeat period: a beat is a write the controller reads at its own pace."""
+
 
 class RedisSettings(BaseModel):
     """Where kvwise's Redis is: the same three settings for agents and the controller."""
@@ -51,20 +57,30 @@ class AgentSettings(BaseSettings, RedisSettings):
         default=1 << 18, gt=0, description="Events held before the publisher drops"
     )
     batch_events: int = Field(default=8192, gt=0, description="Events per stream entry")
-    flush_interval_s: float = Field(default=0.2, gt=0, description="Longest wait to send")
+    flush_interval_s: float = Field(
+        default=0.2, ge=MIN_WAIT_S, description="Longest wait to send (s, at least 0.01)"
+    )
     stream_maxlen: int = Field(default=10_000, gt=0, description="XADD MAXLEN ~ per worker")
     poll_interval_s: float = Field(
-        default=2.0, gt=0, description="Polling of the current policy (pub/sub is a hint)"
+        default=2.0,
+        ge=MIN_WAIT_S,
+        description="Polling of the current policy (s, at least 0.01; pub/sub is a hint)",
     )
-    heartbeat_interval_s: float = Field(default=5.0, gt=0, description="Heartbeat period")
+    heartbeat_interval_s: float = Field(
+        default=5.0, ge=MIN_HEARTBEAT_S, description="Heartbeat period (s, at least 0.1)"
+    )
     heartbeat_ttl_s: float = Field(
         default=30.0, gt=0, description="Heartbeat key TTL; more than heartbeat_interval_s"
     )
     redis_timeout_s: float = Field(
-        default=2.0, gt=0, description="Connect and socket timeout of every Redis call"
+        default=2.0,
+        ge=MIN_WAIT_S,
+        description="Connect and socket timeout of every Redis call (s, at least 0.01)",
     )
     reconnect_max_s: float = Field(
-        default=5.0, gt=0, description="Longest wait between reconnection attempts"
+        default=5.0,
+        ge=MIN_WAIT_S,
+        description="Longest wait between reconnection attempts (s, at least 0.01)",
     )
     ghost_blocks: int = Field(
         default=0,

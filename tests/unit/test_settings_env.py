@@ -4,8 +4,10 @@ bounds that must be in order, numbers that must be finite, ranges that must agre
 from __future__ import annotations
 
 import pytest
+import typer
 
 from agent.settings import AgentSettings
+from controlplane.cli.common import agent_settings_or_fail
 from controlplane.fit.settings import FitSettings
 from controlplane.service.settings import ControllerSettings
 from controlplane.shadow.selection import SelectionSettings
@@ -125,3 +127,34 @@ def test_a_heartbeat_that_expires_before_the_next_beat_is_refused_naming_both(
         AgentSettings()
     monkeypatch.setenv("KVWISE_HEARTBEAT_TTL_S", "5.5")
     assert AgentSettings().heartbeat_ttl_s == 5.5
+
+
+@pytest.mark.parametrize(
+    ("variable", "too_short", "least"),
+    [
+        ("KVWISE_FLUSH_INTERVAL_S", "1e-6", "0.01"),
+        ("KVWISE_POLL_INTERVAL_S", "0.009", "0.01"),
+        ("KVWISE_HEARTBEAT_INTERVAL_S", "0.09", "0.1"),
+        ("KVWISE_REDIS_TIMEOUT_S", "1e-6", "0.01"),
+        ("KVWISE_RECONNECT_MAX_S", "1e-6", "0.01"),
+    ],
+)
+def test_an_agent_wait_too_short_to_leave_the_engine_its_cpu_is_refused_naming_it(
+    variable: str,
+    too_short: str,
+    least: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Any wait above 0 was taken: at 1e-6 s a thread of the agent spun, making a round
+    trip to Redis without pause and taking CPU from the engine's process."""
+    monkeypatch.setenv(variable, too_short)
+    field = variable.removeprefix("KVWISE_").lower()
+    with pytest.raises(ValueError, match=rf"{field}\n.*greater than or equal to {least}"):
+        AgentSettings()
+    with pytest.raises(typer.Exit):
+        agent_settings_or_fail({}, {})
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"bad agent setting {variable}='{too_short}': Input should be greater than" in said
+    monkeypatch.setenv(variable, least)
+    assert getattr(AgentSettings(), field) == float(least)
