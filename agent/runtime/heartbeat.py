@@ -1,10 +1,11 @@
 """The heartbeat thread: this agent's ``AgentStatus`` under ``Keys.agent(id)`` with a TTL.
 
-Owns the period and the expiry of the heartbeat key: written at start, every
-``heartbeat_interval_s`` and once more when stopped (on its thread, so ``close`` keeps to
-its timeout), each time with ``heartbeat_ttl_s``, so a worker that dies silently
-disappears from the controller's view. It must never be called from the engine thread; it
-only reads counters through ``status``.
+Owns the period and the expiry of the heartbeat key: written at start and every
+``heartbeat_interval_s`` with ``heartbeat_ttl_s``, so a worker that dies silently
+disappears from the controller's view, and once more when stopped (on its thread, so
+``close`` keeps to its timeout) with ``LAST_BEAT_TTL_S``, so a closed one leaves it soon.
+It must never be called from the engine thread; it only reads counters through
+``status``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ from agent.runtime.connection import RedisClient
 from agent.runtime.loop import AgentLoop
 from agent.settings import AgentSettings
 from agent.wire import AgentStatus
+
+LAST_BEAT_TTL_S = 10.0
+"""TTL of a beat written once stopped (at most ``heartbeat_ttl_s``): a closed worker leaves
+the controller's view this soon, its final counters readable meanwhile (the demo reads
+them for up to 5 s after stopping its workers)."""
 
 
 class Heartbeat(AgentLoop):
@@ -35,10 +41,10 @@ class Heartbeat(AgentLoop):
 
     def step(self) -> None:
         status = self._status()
-        key, ttl_ms = (
-            self.keys.agent(status.id),
-            max(1, round(self.settings.heartbeat_ttl_s * 1000)),
-        )
+        ttl_s = self.settings.heartbeat_ttl_s
+        if self.stopping:  # the last beat: a worker closing, not one gone silent
+            ttl_s = min(ttl_s, LAST_BEAT_TTL_S)
+        key, ttl_ms = self.keys.agent(status.id), max(1, round(ttl_s * 1000))
         try:
             self.client.set(key, status.to_json(), px=ttl_ms)
         except redis.exceptions.OutOfMemoryError:

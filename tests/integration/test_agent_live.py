@@ -18,9 +18,11 @@ import redis
 from agent.policies.lru import LRUPolicy
 from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
 from agent.runtime.agent import Agent
+from agent.runtime.heartbeat import LAST_BEAT_TTL_S
 from agent.runtime.publisher import tally
 from agent.wire import AgentStatus, EventBatch, Keys, decode_batch, encode_policy
 from controlplane.dev.embedded_redis import EmbeddedRedis, free_port
+from controlplane.service.agents import AgentReader
 from tests.conftest import delete_prefix
 from tests.integration.agent_fixtures import fast_settings
 from tests.waiting import wait_until
@@ -640,3 +642,20 @@ def test_heartbeat_key_has_ttl_and_current_counters(
     final = AgentStatus.from_json(r.get(key) or b"")
     assert final.events_sent == 5 and final.hit_ratio == pytest.approx(2 / 3)
     assert 0 < r.pttl(key) <= 3_000
+
+
+def test_a_closed_agent_leaves_the_controllers_view_soon_after_its_last_beat(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    """The last beat, written at close, took the full heartbeat TTL: a cleanly closed
+    worker stayed listed alive (GET /v1/agents, the dashboard) for up to 30 s after."""
+    key = Keys(key_prefix).agent("w1")
+    reader = AgentReader(r, Keys(key_prefix))
+    s = fast_settings(redis_url, key_prefix, heartbeat_ttl_s=60.0)
+    with Agent(s, capacity=10, engine="sim") as agent:
+        wait_until(lambda: r.exists(key) == 1, what="the first beat")
+        assert r.pttl(key) > 50_000  # a live worker's beat keeps the TTL asked
+        agent.free([2, 1], [1, 0], time.time(), "text_1")
+    assert 0 < r.pttl(key) <= LAST_BEAT_TTL_S * 1000
+    [listed] = reader.read()  # its final counters, for the controller to read meanwhile
+    assert (listed.id, listed.accesses, listed.events_sent) == ("w1", 2, 2)
