@@ -156,7 +156,7 @@ def test_an_event_numpy_cannot_read_costs_its_own_run_only(
 def test_redis_down_never_blocks_recording_then_recovers(tmp_path: Path, key_prefix: str) -> None:
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    s = fast_settings(url, key_prefix, buffer_events=2_000, batch_events=100)
+    s = fast_settings(url, key_prefix, buffer_events=2_000, batch_events=100, redis_timeout_s=2.0)
     reqs = Requests(width=50)
     slowest = 0.0
     with Agent(s, capacity=500) as agent:
@@ -169,8 +169,9 @@ def test_redis_down_never_blocks_recording_then_recovers(tmp_path: Path, key_pre
         wait_until(outage_seen, timeout=20, what="the publisher to notice the outage", every=0)
         dropped_down = agent.events_dropped
         assert dropped_down > 0 and agent.events_sent == 0
-        # Loose bound: a call that waited on the network would take the 0.5 s timeout.
-        assert slowest < 0.25, slowest
+        # A call that waited on the network would take the 2 s timeout: half of it is a
+        # bound no load on the machine reaches.
+        assert slowest < 1.0, slowest
         with EmbeddedRedis(tmp_path, port=port) as server:
             r = redis.Redis.from_url(server.url)
             wait_until(
@@ -197,7 +198,9 @@ def test_silent_redis_never_blocks_recording(key_prefix: str) -> None:
         silent.bind(("127.0.0.1", 0))
         silent.listen(64)
         url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
-        s = fast_settings(url, key_prefix, buffer_events=1_000, batch_events=100)
+        s = fast_settings(
+            url, key_prefix, buffer_events=1_000, batch_events=100, redis_timeout_s=2.0
+        )
         reqs = Requests(width=50)
         slowest = 0.0
         agent = Agent(s, capacity=500).start()
@@ -210,7 +213,7 @@ def test_silent_redis_never_blocks_recording(key_prefix: str) -> None:
         wait_until(dropping, timeout=20, what="the buffer to overflow", every=0)
         for _ in range(200):
             slowest = max(slowest, reqs.send(agent))
-        assert slowest < 0.25, slowest
+        assert slowest < 1.0, slowest  # a call that waited would take the 2 s timeout
         assert agent.events_sent == 0
         assert agent.close(timeout=10.0)
     assert agent.events_dropped + agent.publisher.filtered == agent.recorder.recorded
