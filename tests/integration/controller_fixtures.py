@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -46,9 +46,16 @@ def live_settings(**fields: Any) -> ControllerSettings:
 
 
 @contextmanager
-def controller(redis_url: str, prefix: str, **settings: Any) -> Iterator[Controller]:
+def controller(
+    redis_url: str,
+    prefix: str,
+    before_start: Callable[[Controller], None] | None = None,
+    **settings: Any,
+) -> Iterator[Controller]:
     """A started controller without HTTP, once it leads and ingests (``settings`` override
-    the defaults: no scheduled refit or checkpoint); stopped on exit."""
+    the defaults: no scheduled refit or checkpoint); stopped on exit. ``before_start`` is
+    given the controller before any of its threads runs (to wrap a part its first pass
+    uses)."""
     defaults: dict[str, Any] = {
         "refit_interval_s": 3600,
         "checkpoint_interval_s": 3600,
@@ -61,6 +68,8 @@ def controller(redis_url: str, prefix: str, **settings: Any) -> Iterator[Control
     c = Controller(
         ControllerSettings(redis_url=redis_url, key_prefix=prefix, **{**defaults, **settings})
     )
+    if before_start is not None:
+        before_start(c)
     c.start()
     try:
         wait_until(lambda: c.lease.is_leader and c.ingestor.running, what="leadership")
