@@ -17,46 +17,22 @@ is not sent again while it waits for its answer.
 from __future__ import annotations
 
 import copy
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import delete_prefix
-from tests.e2e.browser import chromium, console_problems, require_chromium
+from tests.e2e.browser import chromium, console_problems
 from tests.e2e.scripted_api import (
     CATEGORY,
     Answer,
     ScriptedApi,
-    captured_answers,
     scripted_api,
 )
 from tests.e2e.test_dashboard import _confirm, _fill, _refreshes, _result, _submit, _until
 from tests.e2e.test_dashboard_faults import _dialog_open
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def real_answers(redis_url: str) -> Iterator[dict[str, Answer]]:
-    require_chromium()  # skip before starting a controller when there is no browser
-    prefix = f"kvwise-ui-{uuid.uuid4().hex[:8]}:"
-    try:
-        yield captured_answers(redis_url, prefix)
-    finally:
-        delete_prefix(redis_url, prefix)
-
-
-@pytest.fixture
-def page(real_answers: dict[str, Answer], tmp_path: Path) -> Iterator[tuple[ScriptedApi, Any]]:
-    """The stand-in and a browser showing its dashboard (refresh paused), loaded once."""
-    with scripted_api(real_answers) as api, chromium(tmp_path / "profile") as driver:
-        driver.get(f"{api.url}/ui/?refresh=0")
-        _until(driver, "first refresh", lambda: _refreshes(driver) >= 1)
-        yield api, driver
-        assert console_problems(driver) == []
 
 
 def _refresh_now(driver: Any) -> None:
@@ -271,11 +247,12 @@ def test_a_proxys_html_error_is_shown_as_its_text(page: tuple[ScriptedApi, Any])
     console_problems(driver)  # the failed reads were logged: drained
 
 
-def _twenty_categories(api: ScriptedApi) -> list[str]:
-    """Twenty categories like the captured one, most samples first; their names."""
+def _categories(api: ScriptedApi, count: int = 20) -> list[str]:
+    """``count`` categories like the captured one (``cat_000``, ``cat_001``…), most samples
+    first; their names."""
     summary = api.answers["/v1/categories"].body[0]
     detail = api.answers[f"/v1/categories/{CATEGORY}"].body
-    names = [f"cat_{i:02d}" for i in range(20)]
+    names = [f"cat_{i:03d}" for i in range(count)]
     listed = [summary | {"name": n, "samples": 1000 - i} for i, n in enumerate(names)]
     api.set("/v1/categories", listed)
     for entry in listed:
@@ -299,7 +276,7 @@ def test_the_curves_follow_a_filter_typed_while_they_load(
     curves drawn are the filter's, as the table's rows are (the refresh drew its twelve
     over them when its fetches ended)."""
     api, driver = page
-    names = _twenty_categories(api)
+    names = _categories(api)
     for name in names[:12]:
         api.set(f"/v1/categories/{name}", delay_s=2.0)
     seen = _refreshes(driver)
@@ -362,7 +339,7 @@ def test_no_category_yet_says_so(page: tuple[ScriptedApi, Any]) -> None:
     _refresh_now(driver)
     assert _text(driver, "#cat-count") == "No category yet: the first fit lists them."
     api.set("/v1/categories", listed)
-    _twenty_categories(api)
+    _categories(api)
     _refresh_now(driver)
     driver.find_element("id", "cat-filter").send_keys("no-such")
     _until(driver, "none left", lambda: _text(driver, "#cat-count").startswith("0 of 20"))

@@ -9,8 +9,11 @@ import { el, emptyRow, fmtInt, fmtNum, setText, showError, syncRows } from "./do
 export const MAX_CURVES = 12;
 const CURVE_MAX_AGE_MS = 15000;
 const FETCH_PARALLEL = 4;
+/** The curves kept, the latest drawn: enough to go back and forth between a few filters
+ * without reading them again, and a bound however many categories the tab goes through. */
+export const CURVES_KEPT = 4 * MAX_CURVES;
 
-const curves = new Map(); // name -> {detail, at, version, key}
+const curves = new Map(); // name -> {detail, at, version, key}, the least recently drawn first
 let lastList = [];
 let redraws = 0; // redraws begun, the latest the one whose curves are drawn
 
@@ -105,7 +108,22 @@ async function fetchCurves(names, version) {
     }
   }
   await Promise.all(Array.from({ length: FETCH_PARALLEL }, worker));
+  keepLatest(names);
   return errors;
+}
+
+/** `names` made the latest drawn, then the least recently drawn let go beyond CURVES_KEPT. */
+function keepLatest(names) {
+  for (const name of names) {
+    const c = curves.get(name);
+    if (!c) continue;
+    curves.delete(name);
+    curves.set(name, c);
+  }
+  for (const name of curves.keys()) {
+    if (curves.size <= CURVES_KEPT) break;
+    curves.delete(name);
+  }
 }
 
 function renderCharts(names) {
