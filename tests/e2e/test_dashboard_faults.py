@@ -123,7 +123,8 @@ def test_the_page_says_when_it_cannot_load(own_redis: EmbeddedRedis, tmp_path: P
 
 
 def _controller_down(driver: Any, artifacts: Path) -> None:
-    """The controller gone: "Updated" keeps the time of the last load and says it is stale."""
+    """The controller gone: "Updated" keeps the time of the last load and says it is stale;
+    each section's error names its own read, not the health probe that stood in for it."""
     _until(driver, "a failed refresh", lambda: "stale" in _text(driver, "updated"), timeout=20)
     first = _text(driver, "updated")
     console_problems(driver)  # drained: what follows is logged while the controller is down
@@ -136,4 +137,12 @@ def _controller_down(driver: Any, artifacts: Path) -> None:
     assert updated.split(";")[0] == first.split(";")[0], (first, updated)
     assert "; stale: the refresh at" in updated, updated
     assert "Controller unreachable" in _text(driver, "health")
+    # Each section names its own read, not sent, and the probe's failure as the reason.
+    for box, read in (
+        ("policy-error", "/v1/policy"),
+        ("categories-error", "/v1/categories"),
+        ("workers-error", "/v1/agents"),
+    ):
+        said = _text(driver, box)
+        assert said.startswith(f"GET {read}: unreachable: not sent, since GET /healthz"), said
     driver.save_screenshot(str(artifacts / "dashboard-controller-down.png"))

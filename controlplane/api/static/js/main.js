@@ -50,12 +50,19 @@ async function readAll() {
   const down = probe.status === "rejected" && probe.reason instanceof ApiError && probe.reason.status === 0;
   const notReady = down ? Promise.resolve("") : readiness();
   const settled = down
-    ? names.map(() => ({ status: "rejected", reason: probe.reason }))
+    ? names.map((n) => ({ status: "rejected", reason: notSent(READS[n], probe.reason) }))
     : await Promise.allSettled(names.map((n) => api.get(READS[n])));
   names.forEach((n, i) => {
     results[n] = settle(n, settled[i]);
   });
   return [results, down, await notReady];
+}
+
+/** The error of a read not sent because the health probe got no answer: it names the
+ * read, as the section showing it reads it, and the probe's failure as the reason. */
+function notSent(path, probeError) {
+  const reason = `not sent, since GET ${READS.health} failed: ${probeError.reason}`;
+  return new ApiError("GET", path, 0, probeError.error, reason, null);
 }
 
 /** This refresh's answer of a read, or undefined when it failed (stale values left out). */
