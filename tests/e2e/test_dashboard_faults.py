@@ -116,6 +116,7 @@ def test_the_page_says_when_it_cannot_load(own_redis: EmbeddedRedis, tmp_path: P
         with running_controller(settings) as rc:
             driver.get(f"{rc.url}/ui/?refresh=2")
             _until(driver, "first refresh", lambda: _refreshes(driver) >= 1)
+            assert driver.title == "kvwise controller"
             _forms_refuse_what_they_cannot_send(driver)
             _stall(driver, own_redis, artifacts)
             _until(driver, "loaded again", lambda: "stale" not in _text(driver, "updated"))
@@ -124,7 +125,8 @@ def test_the_page_says_when_it_cannot_load(own_redis: EmbeddedRedis, tmp_path: P
 
 def _controller_down(driver: Any, artifacts: Path) -> None:
     """The controller gone: "Updated" keeps the time of the last load and says it is stale;
-    each section's error names its own read, not the health probe that stood in for it."""
+    each section's error names its own read, not the health probe that stood in for it;
+    the page's title says the controller is down."""
     _until(driver, "a failed refresh", lambda: "stale" in _text(driver, "updated"), timeout=20)
     first = _text(driver, "updated")
     console_problems(driver)  # drained: what follows is logged while the controller is down
@@ -137,6 +139,7 @@ def _controller_down(driver: Any, artifacts: Path) -> None:
     assert updated.split(";")[0] == first.split(";")[0], (first, updated)
     assert "; stale: the refresh at" in updated, updated
     assert "Controller unreachable" in _text(driver, "health")
+    assert driver.title == "(down) kvwise controller"  # a background tab's title says so
     # Each section names its own read, not sent, and the probe's failure as the reason.
     for box, read in (
         ("policy-error", "/v1/policy"),

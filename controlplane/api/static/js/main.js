@@ -27,6 +27,7 @@ let queued = null; // the one asked for while it runs
 let lastPolicyVersion = null;
 let lastLoadedAt = null; // unix s of the last refresh whose every read answered
 const lastGood = {}; // read name -> its last answer
+const TITLE = document.title;
 
 /** A read's result: {value}; a failed one {error}, with the last good value too. */
 function settle(name, outcome) {
@@ -83,6 +84,8 @@ function renderHealth(results, notReady) {
   const line = document.getElementById("health");
   const h = results.health;
   line.className = "health";
+  // The title says it too: a tab in the background shows its title, not the page.
+  document.title = h.error ? `(down) ${TITLE}` : TITLE;
   if (h.error) {
     line.classList.add("down");
     setText(line, `Controller unreachable: ${h.error.message}`);
