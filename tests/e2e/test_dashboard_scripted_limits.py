@@ -1,9 +1,9 @@
 """The /ui dashboard in a real browser against the stand-in controller
 (tests/e2e/scripted_api), at its limits: many categories drawn in turn, a curve asked for
-twice at once.
+twice at once, a proxy answering the health probe in the controller's stead.
 
 Checked: the page keeps the curves of a bounded number of categories, not of every one it
-ever drew.
+ever drew; a health probe answered in error is told as answered, not as unreachable.
 """
 
 from __future__ import annotations
@@ -12,9 +12,16 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.browser import console_problems
 from tests.e2e.scripted_api import ScriptedApi
 from tests.e2e.test_dashboard import _fill, _until
-from tests.e2e.test_dashboard_scripted import _categories, _charts, _refresh_now
+from tests.e2e.test_dashboard_scripted import (
+    PROXY_PAGE,
+    _categories,
+    _charts,
+    _refresh_now,
+    _text,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -39,3 +46,23 @@ def test_the_curves_kept_are_bounded(page: tuple[ScriptedApi, Any]) -> None:
     _filter_to(driver, "cat_11", names)
     assert api.asked["/v1/categories/cat_000"] == 2
     assert api.asked["/v1/categories/cat_119"] == 1
+
+
+def test_a_health_probe_answered_in_error_says_what_it_answered(
+    page: tuple[ScriptedApi, Any],
+) -> None:
+    """GET /healthz answered 502 by a proxy in front of the controller: the header says
+    what came, status and text (it said "Controller unreachable" although an answer came),
+    and the title says the controller is down; answered again, both are as before."""
+    api, driver = page
+    good = api.answers["/healthz"].body
+    api.set("/healthz", PROXY_PAGE, 502, media_type="text/html")
+    _refresh_now(driver)
+    said = "Controller answered GET /healthz with HTTP 502: http_error: 502 Bad Gateway nginx"
+    assert _text(driver, "#health") == said
+    assert driver.title == "(down) kvwise controller"
+    api.set("/healthz", good)
+    _refresh_now(driver)
+    assert _text(driver, "#health").startswith("Ready")
+    assert driver.title == "kvwise controller"
+    console_problems(driver)  # the 502 was logged: drained

@@ -80,6 +80,13 @@ async function readiness() {
   }
 }
 
+/** A failed health probe in words: no answer (down, hung), or the answer that came (a proxy
+ * in front of the controller answering 502, say) with its status and text. */
+function healthFailure(exc) {
+  if (!(exc instanceof ApiError) || exc.status === 0) return `Controller unreachable: ${exc.message}`;
+  return `Controller answered GET ${exc.path} with HTTP ${exc.status}: ${exc.error}: ${exc.reason}`;
+}
+
 function renderHealth(results, notReady) {
   const line = document.getElementById("health");
   const h = results.health;
@@ -88,7 +95,7 @@ function renderHealth(results, notReady) {
   document.title = h.error ? `(down) ${TITLE}` : TITLE;
   if (h.error) {
     line.classList.add("down");
-    setText(line, `Controller unreachable: ${h.error.message}`);
+    setText(line, healthFailure(h.error));
     return;
   }
   const parts = [notReady ? `Not ready: ${notReady}` : "Ready", h.value.leader ? "leader replica" : "standby replica"];
