@@ -3,7 +3,8 @@
 twice at once, a proxy answering the health probe in the controller's stead.
 
 Checked: the page keeps the curves of a bounded number of categories, not of every one it
-ever drew; a health probe answered in error is told as answered, not as unreachable.
+ever drew; a curve wanted again while it is read is read once; a health probe answered
+in error is told as answered, not as unreachable.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 
 from tests.e2e.browser import console_problems
 from tests.e2e.scripted_api import ScriptedApi
-from tests.e2e.test_dashboard import _fill, _until
+from tests.e2e.test_dashboard import _fill, _refreshes, _until
 from tests.e2e.test_dashboard_scripted import (
     PROXY_PAGE,
     _categories,
@@ -46,6 +47,24 @@ def test_the_curves_kept_are_bounded(page: tuple[ScriptedApi, Any]) -> None:
     _filter_to(driver, "cat_11", names)
     assert api.asked["/v1/categories/cat_000"] == 2
     assert api.asked["/v1/categories/cat_119"] == 1
+
+
+def test_a_curve_wanted_while_it_is_read_is_read_once(page: tuple[ScriptedApi, Any]) -> None:
+    """The filter typed, naming the busiest category, while a refresh reads its curve (2 s):
+    the filter's redraw waits for that read and draws it (it sent a second read of the same
+    curve beside the first)."""
+    api, driver = page
+    names = _categories(api)
+    busiest = f"/v1/categories/{names[0]}"
+    api.set(busiest, delay_s=2.0)
+    seen = _refreshes(driver)
+    driver.find_element("id", "refresh-now").click()
+    _until(driver, "the read", lambda: api.in_flight[busiest])
+    driver.find_element("id", "cat-filter").send_keys(names[0])
+    _until(driver, "the filtered curve", lambda: _charts(driver) == [names[0]])
+    _until(driver, "the refresh", lambda: _refreshes(driver) > seen)
+    _until(driver, "nothing in flight", lambda: not +api.in_flight)
+    assert (api.asked[busiest], api.most_in_flight[busiest]) == (1, 1)
 
 
 def test_a_health_probe_answered_in_error_says_what_it_answered(

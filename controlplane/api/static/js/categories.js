@@ -14,6 +14,7 @@ const FETCH_PARALLEL = 4;
 export const CURVES_KEPT = 4 * MAX_CURVES;
 
 const curves = new Map(); // name -> {detail, at, version, key}, the least recently drawn first
+const reading = new Map(); // "version name" -> the read of that curve in flight, shared
 let lastList = [];
 let redraws = 0; // redraws begun, the latest the one whose curves are drawn
 
@@ -100,8 +101,7 @@ async function fetchCurves(names, version) {
     while (queue.length) {
       const name = queue.shift();
       try {
-        const detail = await api.get(`/v1/categories/${encodeURIComponent(name)}`);
-        curves.set(name, { detail, at: Date.now(), version, key: JSON.stringify(detail) });
+        await readCurve(name, version);
       } catch (exc) {
         errors.push(exc.message);
       }
@@ -110,6 +110,19 @@ async function fetchCurves(names, version) {
   await Promise.all(Array.from({ length: FETCH_PARALLEL }, worker));
   keepLatest(names);
   return errors;
+}
+
+/** Read one curve into the cache. A redraw that wants a curve another is reading (the
+ * filter typed during a refresh) waits for that read instead of sending its own. */
+function readCurve(name, version) {
+  const readKey = `${version} ${name}`;
+  if (!reading.has(readKey)) {
+    const read = api.get(`/v1/categories/${encodeURIComponent(name)}`).then((detail) => {
+      curves.set(name, { detail, at: Date.now(), version, key: JSON.stringify(detail) });
+    });
+    reading.set(readKey, read.finally(() => reading.delete(readKey)));
+  }
+  return reading.get(readKey);
 }
 
 /** `names` made the latest drawn, then the least recently drawn let go beyond CURVES_KEPT. */
