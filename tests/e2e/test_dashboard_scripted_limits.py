@@ -1,10 +1,12 @@
 """The /ui dashboard in a real browser against the stand-in controller
 (tests/e2e/scripted_api), at its limits: many categories drawn in turn, a curve asked for
-twice at once, a proxy answering the health probe in the controller's stead.
+twice at once, a shadow curve without a step, a proxy answering the health probe in the
+controller's stead.
 
 Checked: the page keeps the curves of a bounded number of categories, not of every one it
-ever drew; a curve wanted again while it is read is read once; a health probe answered
-in error is told as answered, not as unreachable.
+ever drew; a curve wanted again while it is read is read once; a shadow curve is broken
+where a step is missing; a health probe answered in error is told as answered, not as
+unreachable.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from tests.e2e.test_dashboard_scripted import (
     _categories,
     _charts,
     _refresh_now,
+    _shadow_with_two_groups,
     _text,
 )
 
@@ -65,6 +68,35 @@ def test_a_curve_wanted_while_it_is_read_is_read_once(page: tuple[ScriptedApi, A
     _until(driver, "the refresh", lambda: _refreshes(driver) > seen)
     _until(driver, "nothing in flight", lambda: not +api.in_flight)
     assert (api.asked[busiest], api.most_in_flight[busiest]) == (1, 1)
+
+
+# Runs in the page: per shadow chart, per series, the runs its line is drawn in (the moves,
+# "M", of its path) and the polygons of its band.
+SHADOW_RUNS_JS = """
+return [...document.querySelectorAll('#shadow-body svg.chart-svg')].map((s) =>
+  [...s.querySelectorAll('g.series')].map((g) => {
+    const path = g.querySelector('path');
+    return [path ? (path.getAttribute('d').match(/M/g) || []).length : 0,
+      g.querySelectorAll('polygon').length];
+  }));
+"""
+
+
+def test_a_shadow_curve_is_broken_where_a_step_is_missing(
+    page: tuple[ScriptedApi, Any],
+) -> None:
+    """A group whose ``wa`` lacks the middle step of the ladder: its line and band stop on
+    either side of it (they were drawn straight across, as if measured there), while every
+    other curve is one line."""
+    api, driver = page
+    shadow = _shadow_with_two_groups(api.answers["/v1/shadow"].body)
+    assert shadow["groups"][1]["curves"][0]["policy"] == "wa"
+    api.set("/v1/shadow", shadow)
+    _refresh_now(driver)
+    first, second = driver.execute_script(SHADOW_RUNS_JS)
+    assert all(runs == [1, 1] for runs in first), first
+    assert second[0] == [2, 2], second
+    assert all(runs == [1, 1] for runs in second[1:]), second
 
 
 def test_a_health_probe_answered_in_error_says_what_it_answered(

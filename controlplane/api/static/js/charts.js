@@ -64,8 +64,23 @@ export function tickLabel(v) {
   return Number(v.toPrecision(3)).toString();
 }
 
+function drawable([x, y], positiveX) {
+  return Number.isFinite(x) && Number.isFinite(y) && (!positiveX || x > 0);
+}
+
 function finitePairs(points, positiveX) {
-  return points.filter(([x, y]) => Number.isFinite(x) && Number.isFinite(y) && (!positiveX || x > 0));
+  return points.filter((p) => drawable(p, positiveX));
+}
+
+/** The runs of entries that `ok` accepts, split where one is not (a point without a value:
+ * a step missing), so that a line or band stops there instead of bridging the gap. */
+function runs(entries, ok) {
+  const out = [[]];
+  for (const e of entries) {
+    if (ok(e)) out[out.length - 1].push(e);
+    else if (out[out.length - 1].length) out.push([]);
+  }
+  return out.filter((r) => r.length);
 }
 
 function domain(values, fallback) {
@@ -84,7 +99,8 @@ function domain(values, fallback) {
 /**
  * A chart in a <figure>. spec: {title, summary (the text alternative), xLabel, yLabel,
  * xLog, xDomain, yDomain, xFormat, width, height, series: [{name, points: [[x, y]], band: [[x, lo, hi]],
- * markers, color, dash}], vlines: [{x, label}]}.
+ * markers, color, dash}], vlines: [{x, label}]}. A point or band entry with a value that is
+ * not a number (null) is a gap: the line and band are broken there.
  */
 export function lineChart(spec) {
   const id = `chart-${++chartCount}`;
@@ -121,7 +137,7 @@ export function lineChart(spec) {
     line.append(svg("title", {}, v.label));
     root.append(line);
   }
-  spec.series.forEach((s, i) => root.append(seriesPath(s, all[i], i, px, py)));
+  spec.series.forEach((s, i) => root.append(seriesPath(s, runs(s.points, (p) => drawable(p, spec.xLog)), i, px, py)));
 
   const legend = document.createElement("ul");
   legend.className = "legend";
@@ -173,28 +189,28 @@ function axes(spec, g) {
   return group;
 }
 
-function seriesPath(s, points, i, px, py) {
+/** One series: its band, its line (one path, a move at each run's start) and its dots
+ * (every point when it has markers, else those of runs of one point, which no line shows). */
+function seriesPath(s, lineRuns, i, px, py) {
   const color = s.color || seriesStyle(i).color;
   const group = svg("g", { class: "series" });
-  const band = (s.band || []).filter((b) => b.every(Number.isFinite));
-  if (band.length > 1) {
+  for (const band of runs(s.band || [], (b) => b.every(Number.isFinite)).filter((r) => r.length > 1)) {
     const upper = band.map(([x, , hi]) => `${px(x)},${py(hi)}`);
     const lower = band.slice().reverse().map(([x, lo]) => `${px(x)},${py(lo)}`);
     group.append(svg("polygon", { points: upper.concat(lower).join(" "), fill: color, "fill-opacity": 0.15 }));
   }
-  if (points.length > 1) {
-    const d = points.map(([x, y], k) => `${k ? "L" : "M"}${px(x).toFixed(1)},${py(y).toFixed(1)}`).join("");
+  const lines = lineRuns.filter((r) => r.length > 1);
+  if (lines.length) {
+    const d = lines.map((r) => r.map(([x, y], k) => `${k ? "L" : "M"}${px(x).toFixed(1)},${py(y).toFixed(1)}`).join("")).join("");
     group.append(svg("path", {
       d, fill: "none", stroke: color, "stroke-width": 2,
       "stroke-dasharray": s.dash ?? seriesStyle(i).dash, "stroke-linejoin": "round",
     }));
   }
-  if (s.markers || points.length === 1) {
-    for (const [x, y] of points) {
-      const dot = svg("circle", { cx: px(x), cy: py(y), r: 2.6, fill: color });
-      dot.append(svg("title", {}, `${s.name}: ${tickLabel(x)}, ${Number(y.toPrecision(4))}`));
-      group.append(dot);
-    }
+  for (const [x, y] of lineRuns.filter((r) => s.markers || r.length === 1).flat()) {
+    const dot = svg("circle", { cx: px(x), cy: py(y), r: 2.6, fill: color });
+    dot.append(svg("title", {}, `${s.name}: ${tickLabel(x)}, ${Number(y.toPrecision(4))}`));
+    group.append(dot);
   }
   return group;
 }

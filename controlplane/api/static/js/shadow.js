@@ -31,8 +31,13 @@ function guardLine(guard) {
     `Refit guard: ${guard.reason || guard.outcome}`);
 }
 
+/** The capacities the group's curves were measured at (its ladder), smallest first. */
+function ladder(group) {
+  return [...new Set(group.curves.flatMap((p) => p.points.map((q) => q.capacity)))].sort((a, b) => a - b);
+}
+
 function groupTable(group) {
-  const capacities = [...new Set(group.curves.flatMap((p) => p.points.map((q) => q.capacity)))].sort((a, b) => a - b);
+  const capacities = ladder(group);
   const head = el("tr", {}, el("th", { scope: "col" }, "Policy"),
     ...capacities.map((c) => el("th", { scope: "col", class: "num" }, `${fmtInt(c)} blocks`)));
   const rows = group.curves.map((p) => {
@@ -66,13 +71,16 @@ function hitRatioDomain(group) {
 }
 
 function groupFigure(group, body, width, order) {
+  const steps = ladder(group);
+  // A step of the ladder this policy lacks is a gap (null): its line is broken there.
   const series = group.curves.map((p) => {
-    const pts = p.points.slice().sort((a, b) => a.capacity - b.capacity);
+    const at = new Map(p.points.map((q) => [q.capacity, q]));
+    const pts = steps.map((c) => at.get(c) || { capacity: c, hit_ratio: null });
     return {
       ...seriesStyle(order.indexOf(p.policy)),
       name: p.policy,
       points: pts.map((q) => [q.capacity, q.hit_ratio]),
-      band: pts.filter((q) => Number.isFinite(q.ci_low) && Number.isFinite(q.ci_high)).map((q) => [q.capacity, q.ci_low, q.ci_high]),
+      band: pts.map((q) => [q.capacity, q.ci_low ?? null, q.ci_high ?? null]),
       markers: true,
     };
   });
