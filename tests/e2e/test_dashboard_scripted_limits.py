@@ -1,12 +1,13 @@
 """The /ui dashboard in a real browser against the stand-in controller
 (tests/e2e/scripted_api), at its limits: many categories drawn in turn, a curve asked for
-twice at once, a shadow curve without a step, a proxy answering the health probe in the
-controller's stead.
+twice at once, a shadow curve without a step, sixty workers, a proxy answering the health
+probe in the controller's stead.
 
 Checked: the page keeps the curves of a bounded number of categories, not of every one it
 ever drew; a curve wanted again while it is read is read once; a shadow curve is broken
-where a step is missing; a health probe answered in error is told as answered, not as
-unreachable.
+where a step is missing; the hit-ratio chart of sixty workers draws the busiest and all
+pooled, in styles of their own; a health probe answered in error is told as answered, not
+as unreachable.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.browser import console_problems
+from tests.e2e.browser import OVERFLOW_JS, clear_emulation, console_problems, emulate_zoom
 from tests.e2e.scripted_api import ScriptedApi
 from tests.e2e.test_dashboard import _fill, _refreshes, _until
 from tests.e2e.test_dashboard_scripted import (
@@ -97,6 +98,55 @@ def test_a_shadow_curve_is_broken_where_a_step_is_missing(
     assert all(runs == [1, 1] for runs in first), first
     assert second[0] == [2, 2], second
     assert all(runs == [1, 1] for runs in second[1:]), second
+
+
+def _sixty_workers(agent: dict[str, Any], beat: int) -> list[dict[str, Any]]:
+    """Sixty workers like the captured one at their ``beat``-th heartbeat (5 s apart): ``wNN``
+    accessed ``100 + NN`` blocks per beat, a hit for one in four."""
+    return [
+        agent
+        | {
+            "id": f"w{i:02d}",
+            "updated_at": agent["updated_at"] + 5 * beat,
+            "accesses": (100 + i) * beat,
+            "hits": (100 + i) * beat // 4,
+        }
+        for i in range(60)
+    ]
+
+
+# Runs in the page: the hit-ratio chart's legend (name, colour, dash) and its facts line.
+HIT_CHART_JS = """
+const box = document.getElementById('hit-chart');
+const facts = box.querySelector('.chart-facts');
+return [[...box.querySelectorAll('.legend li')].map((li) => {
+  const line = li.querySelector('line');
+  const style = ['stroke', 'stroke-dasharray'].map((a) => line.getAttribute(a));
+  return [li.textContent.trim(), ...style];
+}), facts ? facts.textContent : ''];
+"""
+
+
+def test_sixty_workers_chart_the_busiest_and_all_pooled(page: tuple[ScriptedApi, Any]) -> None:
+    """Sixty workers: the hit-ratio chart draws the six with the most accesses and one line
+    of all sixty pooled, each in a style of its own, and says so; the table lists all
+    sixty (the chart drew sixty lines in seven styles, with sixty entries in its legend);
+    nothing runs out sideways at 320 CSS pixels."""
+    api, driver = page
+    (agent,) = api.answers["/v1/agents"].body
+    for beat in (1, 2):
+        api.set("/v1/agents", _sixty_workers(agent, beat))
+        _refresh_now(driver)
+    legend, facts = driver.execute_script(HIT_CHART_JS)
+    busiest = [f"w{i}" for i in range(59, 53, -1)]
+    assert [name for name, _, _ in legend] == [*busiest, "all 60 workers, pooled"]
+    assert len({(color, dash) for _, color, dash in legend}) == len(legend)
+    assert facts.startswith("The 6 workers with the most accesses, and all 60 pooled"), facts
+    assert len(driver.find_elements("css selector", "#worker-table tbody tr")) == 60
+    emulate_zoom(driver, 1280, 1024, 4.0)  # 320 CSS pixels: nothing runs out sideways
+    _refresh_now(driver)
+    assert driver.execute_script(OVERFLOW_JS) == []
+    clear_emulation(driver)
 
 
 def test_a_health_probe_answered_in_error_says_what_it_answered(

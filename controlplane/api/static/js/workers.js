@@ -1,15 +1,26 @@
 // The workers section: each live agent's applied and staged version, hit ratio, events sent
 // and dropped, last heartbeat; and the hit ratio over time, which this page builds from the
 // heartbeats it sees (hits and accesses between two heartbeats), for as long as it is open.
+// Beyond as many workers as the chart has styles, it draws the busiest and all pooled.
 
-import { lineChart } from "./charts.js";
+import { lineChart, PALETTE } from "./charts.js";
 import { el, emptyRow, fmtAge, fmtInt, fmtRatio, fmtTime, setText, showError, syncRows } from "./dom.js";
 
 const HISTORY_POINTS = 720; // an hour of 5 s heartbeats
 const MIN_SPAN_S = 60; // the time axis spans at least this much, so its ticks stay round
+/** Workers charted one by one when there are more than styles: with the pooled line, each
+ * drawn line has a colour and dash of its own. */
+const CHARTED_ALONE = PALETTE.length - 1;
 const history = new Map(); // worker id -> {last: heartbeat, points: [[unix s, ratio]]}
+const pooled = []; // [[unix s, ratio]]: every worker's hits over its accesses, per refresh
 
-/** Record the hit ratio between this heartbeat and the previous one of the same worker. */
+function pushCapped(points, point) {
+  points.push(point);
+  if (points.length > HISTORY_POINTS) points.splice(0, points.length - HISTORY_POINTS);
+}
+
+/** Record the hit ratio between this heartbeat and the previous one of the same worker;
+ * return the hits and accesses between the two ({at, hits, accesses}), or null. */
 function record(agent) {
   let h = history.get(agent.id);
   if (!h) {
@@ -17,14 +28,24 @@ function record(agent) {
     history.set(agent.id, h);
   }
   const last = h.last;
+  let delta = null;
   if (last && agent.updated_at > last.updated_at) {
     const accesses = agent.accesses - last.accesses;
     if (accesses > 0 && agent.hits >= last.hits) {
-      h.points.push([agent.updated_at, (agent.hits - last.hits) / accesses]);
-      if (h.points.length > HISTORY_POINTS) h.points.splice(0, h.points.length - HISTORY_POINTS);
+      delta = { at: agent.updated_at, hits: agent.hits - last.hits, accesses };
+      pushCapped(h.points, [agent.updated_at, delta.hits / accesses]);
     }
   }
   if (!last || agent.updated_at > last.updated_at || agent.started_at !== last.started_at) h.last = agent;
+  return delta;
+}
+
+/** The hit ratio of all workers together between the heartbeats one refresh saw. */
+function recordPooled(deltas) {
+  const accesses = deltas.reduce((n, d) => n + d.accesses, 0);
+  if (!(accesses > 0)) return;
+  const hits = deltas.reduce((n, d) => n + d.hits, 0);
+  pushCapped(pooled, [Math.max(...deltas.map((d) => d.at)), hits / accesses]);
 }
 
 function versionCell(cell, version, current) {
@@ -75,13 +96,23 @@ function clock(unixS) {
 
 let lastAgents = [];
 
+/** Every worker's line while there are no more than styles; beyond, the CHARTED_ALONE
+ * with the most accesses and a line of all pooled, and a note that says so. */
+function chartedSeries(agents) {
+  const drawn = agents.filter((a) => history.has(a.id));
+  const line = (a) => ({ name: a.id, points: history.get(a.id).points });
+  if (drawn.length <= PALETTE.length) return { series: drawn.map(line), note: "" };
+  const busiest = drawn.slice().sort((a, b) => b.accesses - a.accesses || a.id.localeCompare(b.id));
+  return {
+    series: [...busiest.slice(0, CHARTED_ALONE).map(line), { name: `all ${agents.length} workers, pooled`, points: pooled }],
+    note: `The ${CHARTED_ALONE} workers with the most accesses, and all ${agents.length} pooled (their hits over their accesses); the table above lists every worker.`,
+  };
+}
+
 function renderChart(agents) {
   lastAgents = agents;
   const box = document.getElementById("hit-chart");
-  const live = agents.map((a) => a.id);
-  const series = live
-    .filter((id) => history.has(id))
-    .map((id) => ({ name: id, points: history.get(id).points }));
+  const { series, note } = chartedSeries(agents);
   const points = series.reduce((n, s) => n + s.points.length, 0);
   if (points === 0) {
     box.replaceChildren(el("p", { class: "muted" },
@@ -92,9 +123,9 @@ function renderChart(agents) {
   const times = series.flatMap((s) => s.points.map((p) => p[0]));
   const end = Math.max(...times);
   const start = Math.min(Math.min(...times), end - MIN_SPAN_S);
-  box.replaceChildren(lineChart({
+  const figure = lineChart({
     title: "Hit ratio over time (between consecutive heartbeats)",
-    summary: `Latest per worker: ${last.join(", ")}.`,
+    summary: `${note ? `${note} ` : ""}Latest: ${last.join(", ")}.`,
     xLabel: "time (local)",
     yLabel: "hit ratio",
     xDomain: [start, end],
@@ -104,7 +135,9 @@ function renderChart(agents) {
     width: Math.max(300, Math.round(box.clientWidth || 900)),
     height: 260,
     series,
-  }));
+  });
+  if (note) figure.append(el("p", { class: "chart-facts" }, note));
+  box.replaceChildren(figure);
 }
 
 export function renderWorkersSection(results) {
@@ -114,7 +147,7 @@ export function renderWorkersSection(results) {
   const list = agents.value || [];
   const live = new Set(list.map((a) => a.id));
   for (const id of history.keys()) if (!live.has(id)) history.delete(id);
-  list.forEach(record);
+  recordPooled(list.map(record).filter(Boolean));
   document.getElementById("workers-empty").hidden = list.length > 0;
   renderTable(list, policy.value ? policy.value.version : null);
   renderChart(list);
