@@ -9,7 +9,14 @@ from __future__ import annotations
 import os
 from typing import Self
 
-from pydantic import BaseModel, Field, TypeAdapter, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.wire import BatchLimits, Keys
@@ -143,3 +150,19 @@ def agent_enabled() -> bool:
         return TypeAdapter(bool).validate_python(raw)
     except ValueError:
         raise ValueError(f"{prefix}ENABLE: {raw!r} is not a boolean (1/0, true/false)") from None
+
+
+def read_agent_settings() -> AgentSettings:
+    """``AgentSettings`` from the environment, for an engine plugin: a bad value is a
+    ``ValueError`` of one line naming its ``KVWISE_*`` variable and why (not the value,
+    which may hold a password), rather than pydantic's report naming a field."""
+    try:
+        return AgentSettings()
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        reason = error["msg"].removeprefix("Value error, ")
+        if not error["loc"]:  # a check across settings names them itself
+            raise ValueError(f"kvwise: bad agent settings: {reason}") from None
+        prefix = AgentSettings.model_config.get("env_prefix", "")
+        variable = f"{prefix}{error['loc'][0]}".upper()
+        raise ValueError(f"kvwise: bad agent setting {variable}: {reason}") from None

@@ -38,7 +38,7 @@ from typing import Any
 
 from agent.integrations.engine_agent import DEFAULT_CATEGORY, EngineAgent
 from agent.integrations.radix_order import RadixOrder, path_ids, prompt_block_hashes
-from agent.settings import AgentSettings, agent_enabled
+from agent.settings import AgentSettings, agent_enabled, read_agent_settings
 
 # Under "sglang": SGLang configures that logger tree, so these lines show in its log.
 log = logging.getLogger("sglang.kvwise")
@@ -352,7 +352,7 @@ def build_cache(ctx: Any) -> Any:
     if not agent_enabled():
         log.info("kvwise: KVWISE_ENABLE is off; stock RadixCache (%s)", cache.eviction_policy)
         return cache
-    settings = AgentSettings()
+    settings = read_agent_settings()
     why = _gate()
     if why is not None:
         log.warning("kvwise: %s; keeping SGLang's own eviction (%s)", why, cache.eviction_policy)

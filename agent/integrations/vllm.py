@@ -51,7 +51,7 @@ from agent.policies import create
 from agent.policies.base import EvictionPolicy
 from agent.policy_document import DEFAULT_FAMILY
 from agent.runtime.family import configured_family
-from agent.settings import AgentSettings, agent_enabled
+from agent.settings import AgentSettings, agent_enabled, read_agent_settings
 
 # Under "vllm": vLLM configures that logger tree, so these lines show in its log.
 log = logging.getLogger("vllm.kvwise")
@@ -103,7 +103,7 @@ def register() -> None:
         return
     if not agent_enabled():
         return
-    settings = AgentSettings()
+    settings = read_agent_settings()
     _state.registered = True
     route_agent_logs()
     import vllm

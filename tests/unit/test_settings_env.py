@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import typer
 
-from agent.settings import AgentSettings
+from agent.settings import AgentSettings, read_agent_settings
 from controlplane.cli.common import agent_settings_or_fail
 from controlplane.fit.settings import FitSettings
 from controlplane.service.settings import ControllerSettings
@@ -158,3 +158,12 @@ def test_an_agent_wait_too_short_to_leave_the_engine_its_cpu_is_refused_naming_i
     assert f"bad agent setting {variable}='{too_short}': Input should be greater than" in said
     monkeypatch.setenv(variable, least)
     assert getattr(AgentSettings(), field) == float(least)
+
+
+def test_an_engine_reads_a_check_across_settings_as_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KVWISE_HEARTBEAT_INTERVAL_S", "5")
+    monkeypatch.setenv("KVWISE_HEARTBEAT_TTL_S", "5")
+    with pytest.raises(ValueError, match=r"^kvwise: bad agent settings: KVWISE_HEARTBEAT_TTL_S"):
+        read_agent_settings()

@@ -53,6 +53,21 @@ def test_the_off_switch_reads_as_the_settings_do(
     assert agent_enabled() is enabled is AgentSettings().enable
 
 
+def test_an_enabled_plugin_names_the_variable_of_a_bad_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An operator sets ``KVWISE_*`` variables, not fields: the engine's start-up error
+    names the variable and why, in one line, and not the value (it may be a password)."""
+    monkeypatch.setenv("KVWISE_ENABLE", "1")
+    monkeypatch.setenv("KVWISE_BUFFER_EVENTS", "lots")
+    with pytest.raises(ValueError) as raised:
+        plugin.register()
+    message = str(raised.value)
+    assert message.startswith("kvwise: bad agent setting KVWISE_BUFFER_EVENTS: Input should be")
+    assert "\n" not in message and "lots" not in message
+    assert not plugin._state.registered
+
+
 def test_a_bad_off_switch_is_an_error_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVWISE_ENABLE", "maybe")
     with pytest.raises(ValueError, match="KVWISE_ENABLE: 'maybe' is not a boolean"):
