@@ -112,6 +112,11 @@ class _Worker:
     """When its last batch came (monotonic clock)."""
     buffer_dropped: bool = False
     """Whether its buffer ever let a sampled request go (it no longer holds them all)."""
+    kept_blocks: int = 0
+    """Blocks of the requests its buffer holds."""
+    kept_dropped: int = 0
+    """Requests its buffer let go inside the window, for ``shadow_max_requests`` or
+    ``shadow_max_kept_blocks``."""
     doc: PolicyDocument = BUILTIN_POLICY
     """The document its ``wa`` caches replay (the evaluator's, once ``set_policy`` has
     come to this worker)."""
@@ -295,8 +300,7 @@ class ShadowEvaluator:
         held: set[int] = set()
         for worker in self._workers.values():
             while worker.buffer and worker.buffer[0].ts < before:
-                worker.buffer.popleft()
-                worker.buffer_dropped = True
+                _let_go_oldest(worker)
             held.update(r.category for r in worker.buffer if r.ts < before)
             held |= worker.rebuilder.categories_before(before)
             pending = worker.warming.pending if worker.warming is not None else []
@@ -431,13 +435,21 @@ class ShadowEvaluator:
             at += 0 if capacity is None else steps
         return parts[0], parts[1]
 
-    def _keep(self, worker: _Worker, requests: Iterable[Request]) -> None:
-        buffer = worker.buffer
+    def _keep(self, worker: _Worker, requests: list[Request]) -> None:
+        """Keep ``requests`` for the guard and the warms, letting the oldest go: those
+        out of the window, then as many as the bounds in number and blocks ask (counted)."""
+        buffer, settings = worker.buffer, self.settings
         buffer.extend(requests)
-        oldest = self._clock - self.settings.shadow_window_s
-        while buffer and (len(buffer) > self.settings.shadow_max_requests or buffer[0].ts < oldest):
-            buffer.popleft()
-            worker.buffer_dropped = True
+        worker.kept_blocks += sum(len(request.blocks) for request in requests)
+        oldest = self._clock - settings.shadow_window_s
+        while buffer and buffer[0].ts < oldest:
+            _let_go_oldest(worker)
+        while buffer and (
+            len(buffer) > settings.shadow_max_requests
+            or worker.kept_blocks > settings.shadow_max_kept_blocks
+        ):
+            _let_go_oldest(worker)
+            worker.kept_dropped += 1
 
     def _drain_apart(self) -> None:
         """Replay what every worker's rebuilder has gathered (before a read)."""
@@ -542,6 +554,7 @@ class ShadowEvaluator:
             sampled_request_blocks=sampled.accesses / sampled.requests if sampled.requests else 0.0,
             curves=curves,
             capped_workers=[worker_id for worker_id, w in members if w.capped],
+            kept_requests_dropped=sum(w.kept_dropped for _, w in members),
         )
 
     def miniatures(self, worker_id: str) -> list[MiniCache]:
@@ -613,6 +626,12 @@ class ShadowEvaluator:
             _newest(worker.buffer, max_accesses),
             ghost_share(worker.capacity or 0, worker.reuse_ghost, size),
         )
+
+
+def _let_go_oldest(worker: _Worker) -> None:
+    """Let the oldest request ``worker`` keeps go."""
+    worker.kept_blocks -= len(worker.buffer.popleft().blocks)
+    worker.buffer_dropped = True
 
 
 def _whole(worker: _Worker, now: float) -> bool:

@@ -63,6 +63,12 @@ class ShadowSettings(BaseModel):
         ge=1,
         description="Sampled requests kept per worker for the refit guard, at most",
     )
+    shadow_max_kept_blocks: int = Field(
+        default=1_000_000,
+        ge=1,
+        description="Blocks of the sampled requests kept per worker, at most (about 40 "
+        "bytes each); the oldest are let go first, counted in kept_requests_dropped",
+    )
     guard_max_accesses: int = Field(
         default=50_000,
         ge=1,

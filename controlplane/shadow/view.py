@@ -82,6 +82,10 @@ class GroupView:
     """Workers whose last heartbeat said a capacity above ``shadow_max_capacity`` (they
     are modeled at that limit, the group's capacity, their reuse ghost scaled with it),
     or a reuse ghost above ``REUSE_GHOST_CAPACITIES`` times it (modeled there)."""
+    kept_requests_dropped: int = 0
+    """Sampled requests the workers' buffers for the refit guard and the warms let go
+    inside the window, past ``shadow_max_requests`` or ``shadow_max_kept_blocks`` (since
+    the controller started)."""
 
 
 @dataclass(frozen=True)

@@ -210,3 +210,48 @@ def test_a_capped_workers_reuse_ghost_is_modeled_at_its_share_and_bounded() -> N
     groups = {group.capacity: group for group in shadow.view().groups}
     assert groups[1000].capped_workers == ["big"]
     assert groups[100].capped_workers == ["ghostly"]
+
+
+def _request_of(seq: int, blocks: int, now: float = 1.0) -> EventBatch:
+    """One whole request of ``blocks`` blocks of its own, inserted, at ``now``."""
+    first = seq * blocks
+    return event_batch(
+        seq=seq,
+        ts=np.full(blocks, now),
+        block=np.arange(first, first + blocks) + 1,
+        offset=np.arange(blocks)[::-1],
+        category=0,
+        kind=int(EventKind.INSERT),
+    )
+
+
+def _kept_blocks(shadow: ShadowEvaluator, worker: str) -> int:
+    return sum(len(request.blocks) for request in shadow._workers[worker].buffer)
+
+
+def test_the_kept_requests_are_bounded_in_blocks_not_only_in_number() -> None:
+    """A stream of the longest requests a batch holds (65,536 blocks each): the 5,000
+    requests kept by default would hold 327,680,000 blocks (gigabytes); the blocks kept
+    stay at most 1,000,000 (tens of megabytes) by default."""
+    shadow = ShadowEvaluator(ShadowSettings(shadow_rate=1.0))
+    per_request = BatchLimits().max_events
+    for seq in range(1, 21):  # 1,310,720 blocks
+        shadow.apply(_request_of(seq, per_request))
+        shadow.flush("w")
+    assert 0 < _kept_blocks(shadow, "w") <= 1_000_000
+
+
+def test_the_requests_let_go_for_the_bounds_are_counted_oldest_first() -> None:
+    settings = ShadowSettings(shadow_rate=1.0, shadow_max_kept_blocks=1000)
+    shadow = ShadowEvaluator(settings)
+    shadow.set_capacities({"w": 100})
+    for seq in range(1, 11):  # ten requests of 300 blocks: three fit
+        shadow.apply(_request_of(seq, 300, now=float(seq)))
+        shadow.flush("w")
+    assert [request.ts for request in shadow._workers["w"].buffer] == [8.0, 9.0, 10.0]
+    assert _kept_blocks(shadow, "w") == 900
+    assert shadow.view().groups[0].kept_requests_dropped == 7
+    shadow.apply(_request_of(11, 1001, now=11.0))  # alone above the bound: let go too
+    shadow.flush("w")
+    assert _kept_blocks(shadow, "w") == 0
+    assert shadow.view().groups[0].kept_requests_dropped == 11
