@@ -179,9 +179,17 @@ class WindowCounts:
     """Per time bucket: requests, hits, accesses and the worker's own hits; per sampled
     subtree (the key block that decided its requests) the same over the window, with the
     sums of their products kept up to date as requests come and buckets leave, so that
-    reading the window costs the same however many subtrees it holds."""
+    reading the window costs the same however many subtrees it holds.
 
-    def __init__(self, window_s: float, buckets: int) -> None:
+    With ``max_subtrees``, more subtrees than that in the window (the traffic's volume
+    decides how many) make it forget those of fewest accesses (the oldest first among
+    equals) down to seven eighths of it, counted in ``forgotten_subtrees``: the window's
+    sums keep their requests, the interval and the regression are drawn over the
+    subtrees kept. Up to the cap nothing is forgotten."""
+
+    def __init__(self, window_s: float, buckets: int, max_subtrees: int | None = None) -> None:
+        self.max_subtrees = max_subtrees
+        self.forgotten_subtrees = 0
         self._ring = BucketRing(window_s, buckets)
         self._sums = np.zeros((buckets, 4))  # requests, hits, accesses, seen
         self._added: list[dict[int, list[int]]] = [{} for _ in range(buckets)]
@@ -205,6 +213,20 @@ class WindowCounts:
             added[1] += accesses
             added[2] += seen
         self._move(subtree, hits, accesses, seen)
+        if self.max_subtrees is not None and len(self._subtrees) > self.max_subtrees:
+            self._forget_least_used(self.max_subtrees - self.max_subtrees // 8)
+
+    def _forget_least_used(self, keep: int) -> None:
+        """Forget all but the ``keep`` subtrees of most accesses in the window (among
+        equals, the newest stay: the dict holds them in the order they came)."""
+        ranked = sorted(self._subtrees, key=lambda subtree: self._subtrees[subtree][1])
+        gone = ranked[: len(ranked) - keep]
+        for subtree in gone:
+            h, a, s = self._subtrees[subtree]
+            self._move(subtree, -h, -a, -s)
+            for added in self._added:
+                added.pop(subtree, None)
+        self.forgotten_subtrees += len(gone)
 
     def _move(self, subtree: int, hits: int, accesses: int, seen: int) -> None:
         """Add to ``subtree``'s sums over the window, and to the sums of their products."""
@@ -343,6 +365,11 @@ class Totals:
         low, high = max(value - half, 0.0), min(value + half, 1.0)
         return Estimate(value, low, high, int(h), int(a), int(self.requests), ratio)
 
+
+MAX_SUBTREES = 4096
+"""Sampled subtrees a shadow miniature's counts keep over the window, at most (about
+375 bytes each, 20 miniatures a worker with the defaults: about 30 MB); far more than
+the interval needs. Offline replay keeps all: its input is a local trace."""
 
 _NOTHING = (0, 0, 0)
 _EMPTY = np.iinfo(np.int64).min

@@ -555,6 +555,7 @@ class ShadowEvaluator:
             curves=curves,
             capped_workers=[worker_id for worker_id, w in members if w.capped],
             kept_requests_dropped=sum(w.kept_dropped for _, w in members),
+            forgotten_subtrees=sum(w.ladders[WA].counts[0].forgotten_subtrees for _, w in members),
         )
 
     def miniatures(self, worker_id: str) -> list[MiniCache]:

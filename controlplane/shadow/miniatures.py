@@ -21,7 +21,7 @@ from agent.policies import create
 from agent.policies.wa import WAPolicy
 from agent.policy_document import PolicyDocument
 from agent.reuse_classes import ReturnTracker
-from controlplane.shadow.estimator import MiniCache, ReuseClassing, WindowCounts
+from controlplane.shadow.estimator import MAX_SUBTREES, MiniCache, ReuseClassing, WindowCounts
 from controlplane.shadow.rebuild import Request
 from controlplane.shadow.settings import ShadowSettings
 
@@ -84,7 +84,7 @@ class Miniatures:
         window, buckets = settings.shadow_window_s, settings.shadow_buckets
         for name in (WA, *settings.baselines):
             caches = [self._cache(name, size, doc, names) for size in sizes]
-            counts = [WindowCounts(window, buckets) for _ in sizes]
+            counts = [WindowCounts(window, buckets, MAX_SUBTREES) for _ in sizes]
             self.ladders[name] = Ladder(caches, counts)
 
     def _cache(self, name: str, size: int, doc: PolicyDocument, names: Sequence[str]) -> MiniCache:

@@ -86,6 +86,10 @@ class GroupView:
     """Sampled requests the workers' buffers for the refit guard and the warms let go
     inside the window, past ``shadow_max_requests`` or ``shadow_max_kept_blocks`` (since
     the controller started)."""
+    forgotten_subtrees: int = 0
+    """Sampled subtrees the workers' miniatures' counts forgot, those of fewest accesses,
+    past ``MAX_SUBTREES`` (4,096) in a worker's window, since its miniatures count: the
+    interval and the regression are drawn over those kept."""
 
 
 @dataclass(frozen=True)

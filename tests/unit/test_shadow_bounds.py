@@ -11,6 +11,7 @@ from agent.reuse_classes import REUSE_GHOST_CAPACITIES
 from agent.wire import BatchLimits, EventBatch, EventKind
 from controlplane.fit.reuse_window import ReuseStats
 from controlplane.service.window import BatchRefused, LiveWindow, WindowLimits
+from controlplane.shadow.estimator import WindowCounts
 from controlplane.shadow.evaluator import GATHER_EVENTS, ShadowEvaluator
 from controlplane.shadow.inflow import MAX_STEPS, InflowShare
 from controlplane.shadow.miniatures import Warming
@@ -20,6 +21,7 @@ from controlplane.shadow.settings import ShadowSettings
 from tests.wire_samples import event_batch
 
 HIT = int(EventKind.HIT)
+INSERT = int(EventKind.INSERT)
 
 
 def test_a_run_that_never_ends_is_not_held_without_bound() -> None:
@@ -255,3 +257,48 @@ def test_the_requests_let_go_for_the_bounds_are_counted_oldest_first() -> None:
     shadow.flush("w")
     assert _kept_blocks(shadow, "w") == 0
     assert shadow.view().groups[0].kept_requests_dropped == 11
+
+
+def test_the_window_counts_per_subtree_are_bounded_per_worker() -> None:
+    """8,000 one-block requests, each its own subtree, in one window: every miniature's
+    counts per subtree hold at most 4,096 of them, and the view counts those forgotten;
+    the window's sums still count every request."""
+    shadow = ShadowEvaluator(ShadowSettings(shadow_rate=1.0))
+    shadow.set_capacities({"w": 1000})
+    n = 8000
+    shadow.apply(
+        event_batch(ts=np.linspace(1.0, 2.0, n), block=np.arange(n) + 1, offset=0, kind=INSERT)
+    )
+    shadow.flush("w")
+    group = shadow.view().groups[0]
+    assert group.sampled_requests == n
+    for ladder in shadow._workers["w"].ladders.values():
+        for counts in ladder.counts:
+            assert len(counts._subtrees) <= 4096
+            assert sum(len(added) for added in counts._added) <= 4096
+    assert group.forgotten_subtrees >= n - 4096
+
+
+def _counts_of(subtrees: list[tuple[int, int, int]], cap: int | None) -> WindowCounts:
+    """``WindowCounts`` of one request per (subtree, hits, accesses), in order."""
+    counts = WindowCounts(100.0, 10, max_subtrees=cap)
+    for at, (subtree, hits, accesses) in enumerate(subtrees):
+        counts.add(float(at), hits, accesses, hits, subtree)
+    return counts
+
+
+def test_the_counts_forget_the_least_used_subtrees_past_the_cap_and_count_them() -> None:
+    """Up to the cap nothing is forgotten (the estimate is the unbounded one); past it the
+    subtrees of fewest accesses go (the oldest first among equals), counted, while the
+    window's sums keep every request."""
+    requests = [(1, 1, 5), (2, 0, 1), (3, 2, 9), (2, 1, 1), (4, 0, 3)]
+    assert _counts_of(requests, 4).totals(10.0) == _counts_of(requests, None).totals(10.0)
+    assert _counts_of(requests, 4).forgotten_subtrees == 0
+    capped = _counts_of([*requests, (5, 1, 4)], 4)
+    assert capped.forgotten_subtrees == 1
+    assert set(capped._subtrees) == {1, 3, 4, 5}  # 2 had 2 accesses, the fewest
+    assert {s for added in capped._added for s in added} == {1, 3, 4, 5}
+    totals = capped.totals(10.0)
+    assert (totals.requests, totals.hits, totals.accesses) == (6, 5, 23)
+    kept = _counts_of([(1, 1, 5), (3, 2, 9), (4, 0, 3), (5, 1, 4)], None).totals(10.0)
+    assert (totals.subtrees, totals.products) == (kept.subtrees, kept.products)
