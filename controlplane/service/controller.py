@@ -17,6 +17,7 @@ refit that publishes nothing says why once per change of reason. It must never p
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -177,7 +178,7 @@ class Controller:
             self.r, self.keys.checkpoint, max_bytes=settings.max_checkpoint_bytes
         )
         self.agent_reader = AgentReader(self.r, self.keys)
-        self.shadow = ShadowLink(settings.shadow_only(), self.metrics)
+        self.shadow = ShadowLink(settings.shadow_only(), self.metrics, settings.max_workers)
         self.last_fit: FitResult | None = None
         self._last_refit: tuple[RefitOutcome, float] | None = None
         self._last_refusal = ""
@@ -319,8 +320,9 @@ class Controller:
         serves them as set here: it never waits for the shadow's replays)."""
         if self.lease.is_leader:
             with contextlib.suppress(redis.RedisError):  # said by the health; next tick tries
-                agents, current = self.agent_reader.read(), self.store.current()
-                self.shadow.refresh(agents, current, idle_s=SHADOW_REFRESH_S)
+                agents, current = self._read_agents(), self.store.current()
+                ingested = [a for a in agents if not a.ingest_refused]
+                self.shadow.refresh(ingested, current, idle_s=SHADOW_REFRESH_S)
         self.shadow.export()
 
     def _load_checkpoint(self, *, first_try: bool) -> bool:
@@ -531,7 +533,15 @@ class Controller:
     @guarded
     def agents(self) -> list[AgentView]:
         """Live agents (by heartbeat) with the controller's counts of their events."""
-        return self.agent_reader.read()
+        return self._read_agents()
+
+    def _read_agents(self) -> list[AgentView]:
+        """The live agents, those whose streams ingest leaves unread marked so."""
+        refused = self.ingestor.refused_workers()
+        return [
+            dataclasses.replace(a, ingest_refused=True) if a.id in refused else a
+            for a in self.agent_reader.read()
+        ]
 
     @guarded
     def categories(self) -> list[CategorySummary]:

@@ -1,6 +1,7 @@
 """Ingest: every worker's event stream -> bounded read -> decode -> judge -> apply -> commit.
 
-Owns the consumer group over all ``events:*`` streams (new workers discovered by SCAN), the
+Owns the consumer group over the ``events:*`` streams (new workers discovered by SCAN, up
+to ``max_workers``: one found past them is left unread, counted and told once), the
 reading of them in bounded passes (``stream_io``: no entry over ``max_entry_bytes`` and no
 pass over about ``max_read_bytes`` reaches this process), reclaiming entries a dead consumer
 left pending, each worker's ledger (sequence gaps and counts, ``ledger``), and the
@@ -95,6 +96,8 @@ class IngestSettings:
     stream for it."""
     max_out_of_order: int = MAX_OUT_OF_ORDER
     """Sequence numbers a worker's ledger tracks above its first gap."""
+    max_workers: int = 1024
+    """Streams read, at most: one found past them is left unread (``refused``)."""
 
     @classmethod
     def from_settings(cls, settings: ControllerSettings, consumer: str) -> IngestSettings:
@@ -111,6 +114,7 @@ class IngestSettings:
             ),
             max_read_bytes=settings.ingest_max_read_bytes,
             trim_grace_ms=round(settings.stream_trim_grace_s * 1000),
+            max_workers=settings.max_workers,
         )
 
 
@@ -190,6 +194,12 @@ class Ingestor(BackgroundLoop):
         self._last_reclaim = 0.0
         self._idle = False
         self._schema1_told: set[bytes] = set()
+        self._rejoin: set[bytes] = set()
+        """Streams read until Redis lost their group: discovered again before any other,
+        so a stream waiting past ``max_workers`` never takes a read one's place."""
+        self.refused: set[bytes] = set()
+        """Streams found past ``max_workers`` and left unread (told once each; as many
+        names as ``max_workers`` at most, the rest counted only)."""
         self._unwritten_told = False
         self._told: dict[tuple[bytes, str], tuple[float, int]] = {}
         per_stream = settings.limits.max_entry_bytes
@@ -206,7 +216,9 @@ class Ingestor(BackgroundLoop):
         try:
             self._idle = self.poll_once() == 0
         except (redis.ConnectionError, redis.TimeoutError):
-            self._streams.clear()  # Redis may come back without our groups: rediscover
+            # Redis may come back without our groups: rediscover (these first).
+            self._rejoin.update(self._streams)
+            self._streams.clear()
             raise
         except NoLongerLeader:
             log.warning("ingest: this replica no longer holds the lease; ingest stops")
@@ -235,12 +247,20 @@ class Ingestor(BackgroundLoop):
 
     # --- one pass ----------------------------------------------------------------------------
     def discover(self) -> None:
-        """Find worker streams and make sure the group exists on each."""
+        """Find worker streams and make sure the group exists on each, up to
+        ``max_workers`` streams; those found past them are left unread (``_refuse``)."""
         known = set(self._streams)
-        found = self.r.scan_iter(match=self.keys.events_match, count=500, _type="stream")
-        for key in cast(list[bytes], list(found)):
+        scan = self.r.scan_iter(match=self.keys.events_match, count=500, _type="stream")
+        found = sorted(cast(list[bytes], list(scan)), key=lambda key: key not in self._rejoin)
+        refused = 0
+        for key in found:
             if key in known:
                 continue
+            if len(self._streams) >= self.settings.max_workers:
+                refused += 1
+                self._refuse(key)
+                continue
+            self.refused.discard(key)
             try:
                 self.r.xgroup_create(key, self.settings.group, id="0", mkstream=True)
             except redis.ResponseError as exc:
@@ -249,6 +269,26 @@ class Ingestor(BackgroundLoop):
             self._streams.append(key)
             known.add(key)
         self._last_discover = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.streams_refused.set(refused)
+        self.refused &= set(found)  # a stream gone is forgotten
+        self._rejoin.clear()
+
+    def _refuse(self, stream: bytes) -> None:
+        """Leave ``stream`` unread, past ``max_workers``: said once per stream."""
+        if stream in self.refused or len(self.refused) >= self.settings.max_workers:
+            return
+        self.refused.add(stream)
+        log.warning(
+            "stream %r left unread: this controller reads %d worker streams already "
+            "(KVWISE_MAX_WORKERS); it is read once one of them expires",
+            stream,
+            self.settings.max_workers,
+        )
+
+    def refused_workers(self) -> set[str]:
+        """The workers whose streams are left unread, past ``max_workers``."""
+        return {w for w in map(self._worker_of, list(self.refused)) if w is not None}
 
     def poll_once(self) -> int:
         """Read, judge, apply and commit one pass; returns the entries handled. Raises
@@ -329,6 +369,7 @@ class Ingestor(BackgroundLoop):
         for read in reads:
             if read.no_group:
                 self._streams.remove(read.stream)  # rediscovered (and the group made) soon
+                self._rejoin.add(read.stream)
                 continue
             if not read.entries:
                 continue
@@ -503,6 +544,7 @@ class Ingestor(BackgroundLoop):
             if stream in self._streams:
                 self._streams.remove(stream)
             self._cursors.pop(stream, None)
+            self._rejoin.discard(stream)
             self._schema1_told.discard(stream)
             for told in [k for k in self._told if k[0] == stream]:
                 del self._told[told]

@@ -76,6 +76,10 @@ class ControllerMetrics:
             "Batches now missing from a worker's sequence (trimmed or lost before ingest)",
             ("worker",),
         )
+        self.streams_refused = self._gauge(
+            "kvwise_ingest_streams_refused",
+            "Worker streams found past KVWISE_MAX_WORKERS at the last discovery, left unread",
+        )
         self.reclaimed = self._counter(
             "kvwise_ingest_reclaimed_entries", "Pending entries reclaimed from dead consumers"
         )

@@ -88,6 +88,14 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
         description="Categories one worker may name (the agents' max_categories) and bring in",
     )
 
+    max_workers: int = Field(
+        default=1024,
+        ge=1,
+        description="Worker streams ingested and shadowed, at most; a stream found past "
+        "this is not read (counted in kvwise_ingest_streams_refused, ingest_refused in "
+        "GET /v1/agents) until one ingested expires",
+    )
+
     # --- housekeeping and checkpoints -----------------------------------------------------
     housekeeping_interval_s: float = Field(
         default=60.0, gt=0, description="Seconds between sweeps of dead workers and consumers"

@@ -34,10 +34,14 @@ log = logging.getLogger(__name__)
 class ShadowLink:
     """The shadow evaluator as the controller uses it (None inside when switched off)."""
 
-    def __init__(self, settings: ShadowSettings, metrics: ControllerMetrics) -> None:
+    def __init__(
+        self, settings: ShadowSettings, metrics: ControllerMetrics, max_workers: int | None = None
+    ) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.evaluator = ShadowEvaluator(settings) if settings.shadow_enabled else None
+        self.evaluator = (
+            ShadowEvaluator(settings, max_workers=max_workers) if settings.shadow_enabled else None
+        )
         self.selector = FamilySelector(settings.selection)
         self._judged_until = -1.0  # end of the last window the selector judged
         # Views are set on the gauges in the order they were taken (a later view is never

@@ -12,8 +12,9 @@ each estimate moved by what the sample misses of the workers' own hit ratio
 (``estimator.Totals``). Workers are grouped by capacity (a heartbeat's above
 ``shadow_max_capacity`` modeled at that limit: the miniatures are sized by it); a worker
 whose capacity is not known yet (no heartbeat read) has its requests counted and kept for
-later, not replayed. Its cost is bounded by the rate: unsampled requests cost a few
-vectorised passes over the gathered events. A failure in any of it loses those events to
+later, not replayed; one past ``max_workers`` is left out (told once). Its cost is
+bounded by the rate: unsampled requests cost a few vectorised passes over the gathered
+events. A failure in any of it loses those events to
 the shadow only (logged once per kind). One lock guards its state, granted in turn
 (``FairLock``), and no hold does more than one worker's gather (``GATHER_EVENTS``; a read
 or a new document replays each worker's in a hold of its own) or a bounded catch-up
@@ -153,8 +154,15 @@ class _Worker:
 class ShadowEvaluator:
     """Sampled replays of every worker's traffic; thread-safe."""
 
-    def __init__(self, settings: ShadowSettings, salt: int = 0) -> None:
+    def __init__(
+        self, settings: ShadowSettings, salt: int = 0, max_workers: int | None = None
+    ) -> None:
         self.settings = settings
+        self.max_workers = max_workers
+        """Workers shadowed, at most (None: no limit); one more is left out (``refused``)."""
+        self.refused: set[str] = set()
+        """Workers left out past ``max_workers`` (as many names as it at most), told once
+        each; forgotten with their heartbeats (``forget_gone``)."""
         self.sampler = PrefixSampler(settings.shadow_rate, salt)
         self.table = CategoryTable(settings.shadow_window_s, self._release_categories)
         self.policies = (WA, *settings.baselines)
@@ -173,6 +181,8 @@ class ShadowEvaluator:
         sample and replay its requests (the last run waits for the next batch)."""
         with self._lock:
             worker = self._worker(batch.worker)
+            if worker is None:
+                return
             worker.last_batch = time.monotonic()
             if worker.rebuilder.brings_new(batch):
                 # The table may forget categories to code the new ones: what this worker
@@ -220,6 +230,8 @@ class ShadowEvaluator:
         for worker_id, capacity in capacities.items():
             with self._lock:
                 worker = self._worker(worker_id)
+                if worker is None:
+                    continue
                 if whole_requests is not None:
                     worker.declares_whole = whole_requests.get(worker_id, False)
                 if capacity <= 0:
@@ -289,6 +301,7 @@ class ShadowEvaluator:
             ]
             for worker_id in gone:
                 self._workers.pop(worker_id).warming = None
+            self.refused &= live
         return gone
 
     def _release_categories(self, before: float) -> set[int]:
@@ -309,9 +322,15 @@ class ShadowEvaluator:
                     held.update(r.category for r in item.requests if r.ts < before)
         return held
 
-    def _worker(self, worker_id: str) -> _Worker:
+    def _worker(self, worker_id: str) -> _Worker | None:
+        """``worker_id``'s state, made when it first comes (None: past ``max_workers``,
+        it is left out, said once)."""
         worker = self._workers.get(worker_id)
         if worker is None:
+            if self.max_workers is not None and len(self._workers) >= self.max_workers:
+                self._refuse(worker_id)
+                return None
+            self.refused.discard(worker_id)
             depth = self.settings.shadow_key_depth
             rebuilder = RequestRebuilder(self.sampler, self.table, depth, GATHER_EVENTS)
             window, buckets = self.settings.shadow_window_s, self.settings.shadow_buckets
@@ -324,6 +343,18 @@ class ShadowEvaluator:
                 doc=self._doc,
             )
         return worker
+
+    def _refuse(self, worker_id: str) -> None:
+        """Leave ``worker_id`` out, past ``max_workers``: said once while it stays out."""
+        limit = self.max_workers or 0
+        if worker_id in self.refused or len(self.refused) >= limit:
+            return
+        self.refused.add(worker_id)
+        log.warning(
+            "shadow evaluation leaves %s out: it shadows %d workers already (KVWISE_MAX_WORKERS)",
+            worker_id,
+            limit,
+        )
 
     def _begin_warming(self, worker: _Worker, capacity: int, ghost: int | None) -> Warming:
         """What new miniatures at ``capacity`` (and ``ghost``) are warmed from, as it stands
@@ -506,6 +537,7 @@ class ShadowEvaluator:
                 policy_version=self._doc.version if self._doc is not BUILTIN_POLICY else None,
                 groups=[self._group(c, members) for c, members in sorted(groups.items())],
                 waiting_workers=waiting,
+                refused_workers=sorted(self.refused),
                 guard=self._guard,
             )
 

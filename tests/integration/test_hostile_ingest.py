@@ -316,3 +316,57 @@ def test_housekeeping_removes_a_dead_workers_stream_that_holds_only_acknowledged
     keeper = Housekeeper(r, keys, group="controller", consumer="ctl", settings=sweep)
     swept = keeper.sweep([stream.encode()], now=time.time() + 3600)
     assert swept.workers == ["gone"] and not r.exists(stream)
+
+
+def test_streams_past_max_workers_are_not_ingested_counted_named_and_told_once(
+    redis_url: str,
+    key_prefix: str,
+    r: redis.Redis,
+    keys: Keys,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every stream found was read and shadowed, each with a ledger, gauges and miniature
+    caches of its own: a flood of worker streams grew the controller without limit. Past
+    ``max_workers`` a new stream is left unread, counted, named and logged once; the
+    workers already ingested keep working."""
+    for worker in ("w1", "w2"):
+        heartbeat(r, keys, worker)
+        send(r, keys, good_batch(worker, 1))
+    with controller(redis_url, key_prefix, max_workers=2, shadow_rate=1.0) as c:
+        wait_until(lambda: c.ingestor.counters.batches == 2, what="both workers' batches")
+        for late in ("w3", "w4"):
+            heartbeat(r, keys, late)
+            send(r, keys, good_batch(late, 1))
+        refused = "kvwise_ingest_streams_refused"
+        wait_until(lambda: c.metrics.registry.get_sample_value(refused) == 2, what="two refused")
+        send(r, keys, good_batch("w1", 2))
+        wait_until(lambda: c.ingestor.counters.batches == 3, what="w1 goes on")
+        c.ingestor.discover()  # and again: told once
+        agents = {a.id: a for a in c.agents()}
+        assert [a.ingest_refused for a in agents.values()] == [False, False, True, True]
+        assert agents["w3"].events_ingested == 0
+        assert r.xlen(keys.events_stream("w3")) == 1  # left for a controller that reads it
+        told = [m for m in caplog.messages if "KVWISE_MAX_WORKERS" in m]
+        assert len(told) == 2, told
+        assert c.shadow.evaluator is not None
+        c._refresh_shadow()  # the shadow job: the heartbeats of w3 and w4 are not its
+        assert sorted(c.shadow.evaluator._workers) == ["w1", "w2"]
+
+
+def test_a_stream_rediscovered_keeps_its_place_before_the_streams_refused(
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
+) -> None:
+    """A stream whose group Redis forgot (a restart, here destroyed) is discovered again:
+    it was read, so it is read again, not one of those waiting past ``max_workers``."""
+    send(r, keys, good_batch("w1", 1))
+    with controller(redis_url, key_prefix, max_workers=1) as c:
+        wait_until(lambda: c.ingestor.counters.batches == 1, what="w1's batch")
+        for late in range(2, 10):
+            send(r, keys, good_batch(f"w{late}", 1))
+        refused = "kvwise_ingest_streams_refused"
+        wait_until(lambda: c.metrics.registry.get_sample_value(refused) == 8, what="refused")
+        for seq in range(2, 5):
+            r.xgroup_destroy(keys.events_stream("w1"), "controller")
+            send(r, keys, good_batch("w1", seq))
+            wait_until(lambda n=seq: c.ingestor.counters.batches == n, what=f"w1's batch {seq}")
+        assert c.ingestor.counters.batches == 4

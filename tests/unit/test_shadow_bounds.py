@@ -302,3 +302,17 @@ def test_the_counts_forget_the_least_used_subtrees_past_the_cap_and_count_them()
     assert (totals.requests, totals.hits, totals.accesses) == (6, 5, 23)
     kept = _counts_of([(1, 1, 5), (3, 2, 9), (4, 0, 3), (5, 1, 4)], None).totals(10.0)
     assert (totals.subtrees, totals.products) == (kept.subtrees, kept.products)
+
+
+def test_workers_past_max_workers_are_left_out_of_the_shadow_and_told_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    shadow = ShadowEvaluator(ShadowSettings(shadow_rate=1.0), max_workers=2)
+    shadow.set_capacities({"w1": 100, "w2": 100, "w3": 100})
+    shadow.apply(event_batch(worker="w4", ts=np.ones(2), block=[1, 2], offset=[1, 0], kind=INSERT))
+    shadow.set_capacities({"w3": 100})
+    assert sorted(shadow._workers) == ["w1", "w2"]
+    assert shadow.view().refused_workers == ["w3", "w4"]
+    assert len([m for m in caplog.messages if "KVWISE_MAX_WORKERS" in m]) == 2
+    shadow.forget_gone({"w1", "w2", "w3"})  # w4 sends nothing and has no heartbeat
+    assert shadow.view().refused_workers == ["w3"]
