@@ -149,6 +149,7 @@ class Controller:
         self.probe_r = redis_client(settings, timeout_s=PROBE_TIMEOUT_S, retries=0)
         self.metrics = ControllerMetrics()
         self.health = RedisHealth(redact(settings.redis_url), self.metrics)
+        self.health.follow(self.r, self.probe_r)
         self.name = settings.consumer_name or f"{socket.gethostname()}-{os.getpid()}"
         # The name survives a restart (a pod's name, pid 1 in a container): checkpoints
         # and the lease are told apart by this process's own id. The lease holds both, so
@@ -202,6 +203,7 @@ class Controller:
         s = self.settings
         # A blocked read may wait ingest_block_ms on the server: its own client, longer timeout.
         client = redis_client(s, timeout_s=s.ingest_block_ms / 1000 + 5)
+        self.health.follow(client)
         sweep = HousekeepingSettings.from_settings(s)
         return Ingestor(
             client,

@@ -6,7 +6,10 @@ last Redis call of any controller thread left it, with the reason and since when
 the ``kvwise_redis_state`` gauge follows it. The service's public methods that touch Redis
 are ``guarded``: a failure is recorded here, then raised as the ``redis.RedisError`` it was
 (the API answers it as a JSON 503, by its kind), so the state is said once however many
-requests fail. It must never retry or wait: callers own their loops.
+requests fail. Every failure of the controller's clients comes here, so a read-only
+refusal (a failover behind one address) drops their idle pooled connections here, once
+for all its threads (``follow``; the agent's loops do the same, with the same code). It
+must never retry or wait: callers own their loops.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from agent.runtime.connection import (
     RedisClient,
     RedisState,
     describe_redis_error,
+    reconnect_after_read_only,
     redis_state,
     state_phrase,
 )
@@ -61,7 +65,14 @@ class RedisHealth:
         self._report = RedisReport(RedisState.OK, "", time.time())
         self._last_failure = -SETTLE_S
         self._probe_down: str | None = None  # the last probe's failure, while unreachable
+        self._clients: list[RedisClient] = []
         self._set_gauge(RedisState.OK)
+
+    def follow(self, *clients: RedisClient) -> None:
+        """Drop the idle pooled connections of ``clients`` whenever a call is refused as
+        read-only (``reconnect_after_read_only``): the address now names a replica, and
+        the next call of each connects to whatever it names now."""
+        self._clients.extend(clients)
 
     @property
     def report(self) -> RedisReport:
@@ -69,6 +80,8 @@ class RedisHealth:
 
     def failed(self, exc: BaseException) -> RedisReport:
         """Record a failed call; returns the report it leaves."""
+        for client in self._clients:
+            reconnect_after_read_only(client, exc)
         state = redis_state(exc)
         reason = describe_redis_error(exc)
         self._last_failure = time.monotonic()

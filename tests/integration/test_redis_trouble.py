@@ -19,7 +19,7 @@ from controlplane.dev.embedded_redis import EmbeddedRedis, free_port
 from controlplane.service.controller import Controller
 from controlplane.service.settings import ControllerSettings
 from tests.integration.agent_fixtures import fast_settings
-from tests.integration.controller_fixtures import live_settings
+from tests.integration.controller_fixtures import good_batch, live_settings, send
 from tests.tcp_relay import Relay
 from tests.waiting import wait_until
 
@@ -162,4 +162,33 @@ def test_writes_resume_after_a_failover_behind_one_address(key_prefix: str, tmp_
             wait_until(lambda: redis.Redis.from_url(new.url).exists(key), what="a heartbeat")
         finally:
             agent.close()
+            relay.close()
+
+
+def test_the_controller_writes_again_after_a_failover_behind_one_address(
+    key_prefix: str, tmp_path: Path
+) -> None:
+    """The controller's side of the failover above: its lease tick, probe and ingest were
+    refused (READONLY) on the pooled connections to the old primary until a restart, so
+    no replica led and nothing was ingested on the new primary."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with EmbeddedRedis(tmp_path / "a") as old, EmbeddedRedis(tmp_path / "b") as new:
+        relay = Relay(old.port)
+        c = Controller(settings(relay.url, key_prefix))
+        c.start()
+        try:
+            wait_until(lambda: c.lease.is_leader and c.ingestor.running, what="leadership")
+            redis.Redis.from_url(old.url).replicaof("127.0.0.1", new.port)  # demoted
+            wait_until(lambda: c.health.report.state is RedisState.READ_ONLY, what="read-only")
+            relay.target_port = new.port  # the address names the new primary
+            on_new = redis.Redis.from_url(new.url)
+            keys = Keys(key_prefix)
+            wait_until(lambda: on_new.exists(keys.leader), timeout=15, what="a lease on new")
+            wait_until(lambda: c.lease.is_leader and c.ingestor.running, what="leading again")
+            send(on_new, keys, good_batch("w1", 1))
+            wait_until(lambda: c.ingestor.counters.batches == 1, what="ingest on new")
+            wait_until(lambda: c.ready()[0], timeout=15, what="ready on the new primary")
+        finally:
+            c.stop()
             relay.close()
