@@ -131,7 +131,9 @@ class Instance:
             return None
         cache.admit(r, lookup, self.work.trace_time(now))
         prompt = self.work.prompt_tokens[r]
-        cached = min(lookup.hits * self.work.block_tokens, prompt - 1)
+        # At least one prompt token is computed (it yields the first token); a prompt of
+        # none (a request with no blocks, from the Python API) has nothing cached.
+        cached = max(0, min(lookup.hits * self.work.block_tokens, prompt - 1))
         out = self.out
         out.instance[r] = self.index
         out.hit_blocks[r] = lookup.hits

@@ -245,3 +245,12 @@ def test_a_speed_that_puts_arrivals_past_a_floats_range_is_refused() -> None:
     )
     with pytest.raises(ValueError, match=r"speed 0\.5 puts arrivals past a float's range"):
         simulate(trace, "lru", 4, SimOptions(speed=0.5))
+
+
+def test_a_request_with_no_blocks_and_no_prompt_has_no_cached_tokens() -> None:
+    # Only the Python API builds one: a trace file's request always has blocks.
+    trace = Trace.from_requests([[], [1, 2]], [0.0, 1.0])
+    work, out = simulate(trace, "lru", 100, quiet())
+    assert work.prompt_tokens == [0, 32]
+    assert out.cached_tokens.tolist() == [0, 0]
+    assert (out.first_token >= out.started).all()
