@@ -179,12 +179,19 @@ def simulate(
 
 
 def _profile(name_or_path: str) -> Profile:
+    """The profile, checked for finite step times (``CostModel``) before any work."""
+    from controlplane.simulate.cost import CostModel
     from controlplane.simulate.profiles import ProfileError, load_profile
 
     try:
-        return load_profile(name_or_path)
+        profile = load_profile(name_or_path)
     except ProfileError as exc:
         fail(f"--profile: {exc}")
+    try:
+        CostModel(profile)
+    except ProfileError as exc:
+        fail(f"--profile: {name_or_path}: {exc}")
+    return profile
 
 
 def _options(

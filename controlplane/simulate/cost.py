@@ -14,6 +14,13 @@ plus the larger of:
 A run of decode-only steps has a closed form (``decode_seconds``): each step adds one
 token to every running context, so both terms grow linearly step by step.
 
+A profile whose numbers are each valid can still give steps of infinite (or zero)
+seconds: a peak of 1e-300 TFLOP/s, or 1e300 of them and no step overhead. ``CostModel``
+refuses such a profile (``ProfileError`` naming the fields of the term at fault): the
+longest step the engine can take (a full token budget over the longest contexts of every
+running slot), repeated ``STEP_HEADROOM`` times, must stay finite, and the shortest
+(one decode token) must take some time, or simulated time would not advance.
+
 It must never hold requests, a clock or any state besides the profile's constants.
 """
 
@@ -21,7 +28,19 @@ from __future__ import annotations
 
 import math
 
-from controlplane.simulate.profiles import Profile
+from controlplane.simulate.profiles import Profile, ProfileError
+from controlplane.traces.model import MAX_REQUEST_TOKENS
+
+STEP_HEADROOM = float(1 << 40)
+"""Steps whose total must stay finite: more than any simulation takes."""
+LONGEST_CONTEXT = 2 * MAX_REQUEST_TOKENS
+"""A request's longest context: its prompt and its output, each at most the bound."""
+_TERM_FIELDS = {
+    "compute per token": "params_billion, peak_tflops, prefill_mfu",
+    "attention": "layers, attention_dim, peak_tflops, prefill_mfu",
+    "weight reads": "params_billion, weight_bytes, hbm_tb_s, bandwidth_efficiency",
+    "KV reads": "layers, kv_heads, head_dim, kv_bytes, hbm_tb_s, bandwidth_efficiency",
+}
 
 
 class CostModel:
@@ -38,6 +57,30 @@ class CostModel:
         self._weights_s = profile.weights_gb * 1e9 / bandwidth
         self._kv_token_s = profile.kv_bytes_per_token / bandwidth
         self._overhead_s = profile.step_overhead_ms / 1e3
+        self._check_finite()
+
+    def _check_finite(self) -> None:
+        """``ProfileError`` unless step times stay finite and above zero (docstring)."""
+        p = self.profile
+        budget, context = p.max_batch_tokens, p.max_running * LONGEST_CONTEXT
+        worst = {
+            "compute per token": budget * self._token_s,
+            "attention": (context + self.chunk_pairs(budget, LONGEST_CONTEXT)) * self._pair_s,
+            "weight reads": self._weights_s,
+            "KV reads": (context + budget) * self._kv_token_s,
+        }
+        over = [term for term, s in worst.items() if not math.isfinite(s * 4 * STEP_HEADROOM)]
+        if over:
+            terms = "; ".join(f"{term} ({_TERM_FIELDS[term]})" for term in over)
+            raise ProfileError(
+                f"profile {p.name!r} makes step times overflow a float: {terms}, over the "
+                "longest step (max_batch_tokens, max_running)"
+            )
+        if self.decode_seconds(1, 1, 1) <= 0:
+            raise ProfileError(
+                f"profile {p.name!r} makes a step take no time: step_overhead_ms is 0 and "
+                "peak_tflops and hbm_tb_s are so large that compute and memory round to 0"
+            )
 
     def step_seconds(self, new_tokens: int, pairs: float, kv_tokens: float) -> float:
         """One step that computes ``new_tokens`` tokens with ``pairs`` attention pairs and

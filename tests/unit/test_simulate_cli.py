@@ -122,6 +122,17 @@ def test_user_errors_exit_2(extra: list[str], message: str, tmp_path: Path) -> N
     assert len(res.stderr.strip().splitlines()) == 1
 
 
+def test_a_profile_file_whose_steps_overflow_is_named_with_its_fields(tmp_path: Path) -> None:
+    fields = BUILTIN["llama3-8b-h100"].model_dump() | {"peak_tflops": 1e-300}
+    path = tmp_path / "slow.json"
+    path.write_text(json.dumps(fields))
+    res = CliRunner().invoke(app, [*BASE, "--profile", str(path)], env={"COLUMNS": "200"})
+    assert res.exit_code == 2, res.output
+    assert f"--profile: {path}: profile 'llama3-8b-h100' makes step times overflow" in res.stderr
+    assert "peak_tflops" in res.stderr and "Infinity" not in res.stdout
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
 def test_missing_trace_exits_2(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["simulate", str(tmp_path / "none.jsonl")])
     assert res.exit_code == 2 and "none.jsonl" in res.stderr

@@ -177,3 +177,21 @@ def test_a_profile_with_an_infinite_number_is_refused_naming_file_and_field(
     path.write_text(path.read_text() + f"\n{field} = inf\n")
     with pytest.raises(ProfileError, match=rf"inf\.toml: field '{field}': .*finite"):
         load_profile(str(path))
+
+
+@pytest.mark.parametrize(
+    ("update", "message"),
+    [
+        # each number valid, the step infinite: --json printed Infinity
+        ({"peak_tflops": 1e-300}, r"overflow a float: compute per token \(params_billion"),
+        ({"params_billion": 1e300, "hbm_gb": 1e300}, r"weight reads \(params_billion, weight"),
+        ({"kv_bytes": 1e300}, r"KV reads \(layers, kv_heads, head_dim, kv_bytes"),
+        # a step of 0 s: NaN from the decode closed form, a traceback
+        ({"peak_tflops": 1e300, "hbm_tb_s": 1e300, "step_overhead_ms": 0}, "take no time"),
+    ],
+)
+def test_a_profile_whose_steps_are_not_finite_is_refused(
+    update: dict[str, float], message: str
+) -> None:
+    with pytest.raises(ProfileError, match=message):
+        CostModel(BUILTIN["llama3-8b-h100"].model_copy(update=update))
