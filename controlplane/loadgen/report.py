@@ -132,6 +132,9 @@ def compare(
                 f"{name} is not a bench summary of schema {SUMMARY_SCHEMA} "
                 f"(schema {summary.get('schema')!r})"
             )
+        bad = _non_finite(summary)
+        if bad is not None:  # Python's JSON reads NaN and Infinity: a hand-written file
+            raise ValueError(f"{name}: field {bad[0]!r} is {bad[1]}, not a finite number")
     intervals = change_intervals(a.get("per_request"), b.get("per_request"))
     rows = []
     for label, key, unit in COMPARED:
@@ -143,6 +146,25 @@ def compare(
             | {"interval": None if interval is None else list(interval)}
         )
     return rows
+
+
+def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
+    """The dotted path and value of the first number in ``value`` that is not finite."""
+    if isinstance(value, float):
+        return None if np.isfinite(value) else (where, value)
+    if isinstance(value, dict):
+        items: Any = ((f"{where}.{k}" if where else str(k), v) for k, v in value.items())
+    elif isinstance(value, list):
+        if all(type(v) is int for v in value):
+            return None  # the per-request index and token lists: nothing to walk
+        items = ((f"{where}[{n}]", v) for n, v in enumerate(value))
+    else:
+        return None
+    for path, item in items:
+        found = _non_finite(item, path)
+        if found is not None:
+            return found
+    return None
 
 
 def _dig(summary: dict[str, Any], dotted: str) -> float | None:

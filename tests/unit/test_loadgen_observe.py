@@ -117,3 +117,23 @@ def test_compare_refuses_a_file_over_its_bound(
     code, out = _bench("--compare", str(small), str(large))
     assert code == 2, out
     assert f"--compare {large}: over 1,024 bytes, not a bench summary" in out
+
+
+@pytest.mark.parametrize(
+    ("written", "field"),
+    [
+        ('"ttft_s": {"mean": NaN}', "'ttft_s.mean' is nan"),
+        ('"per_request": {"index": [0], "ttft_s": [Infinity]}', "'per_request.ttft_s[0]' is inf"),
+    ],
+)
+def test_compare_refuses_a_number_that_is_not_finite(
+    tmp_path: Path, written: str, field: str
+) -> None:
+    """Python's JSON reads NaN and Infinity: a hand-written summary was shown as "nan s"."""
+    good, bad = tmp_path / "a.json", tmp_path / "b.json"
+    good.write_text(json.dumps({"schema": SUMMARY_SCHEMA, "ttft_s": {"mean": 0.1}}))
+    bad.write_text(f'{{"schema": {SUMMARY_SCHEMA}, {written}}}')
+    code, out = _bench("--compare", str(good), str(bad))
+    assert code == 2, out
+    assert f"--compare: {bad}: field {field}, not a finite number" in out
+    assert "nan s" not in out
