@@ -21,8 +21,21 @@ import numpy as np
 import orjson
 from numpy.typing import NDArray
 
-MAX_RESPONSE_BYTES = 8 << 20
-"""Bytes read of one response at most; a longer stream is an error, not a memory leak."""
+BYTES_PER_TOKEN = 1024
+"""Bytes of the stream allowed per output token asked. One event of one token, as vLLM
+streams a completion, is about 330 bytes with a 45-character model name (``id``,
+``object``, ``created``, ``model``, one choice with ``text``, ``logprobs``,
+``finish_reason``, ``stop_reason``, ``token_ids``, ``prompt_logprobs``,
+``prompt_token_ids``, and ``usage``: ``null``); three times that leaves room for longer
+model names, multi-byte text and fields yet to come."""
+MIN_RESPONSE_BYTES = 8 << 20
+"""Bytes allowed of any response, however few tokens it asks (an error body, usage)."""
+MAX_RESPONSE_BYTES = 1 << 30
+"""Bytes read of one response at most, whatever it asks (about a million tokens); a
+longer stream is an error, not a read without end."""
+MAX_LINE_BYTES = 1 << 20
+"""Bytes of one line of the stream at most (an event is hundreds): a line without an
+end is never buffered past this."""
 MAX_ERROR_CHARS = 300
 """Characters kept of an error body."""
 
@@ -95,7 +108,8 @@ async def send_completion(
                 body = await _bounded_body(response)
                 result.error = f"HTTP {response.status_code}: {_error_message(body)}"
                 return
-            await _read_stream(response, start, result)
+            limit = response_bytes(completion.max_tokens)
+            await _read_stream(response, start, limit, result)
     except httpx.TimeoutException as exc:
         result.error = f"timeout ({type(exc).__name__})"
     except httpx.HTTPError as exc:
@@ -108,17 +122,25 @@ class _StreamError(Exception):
     """A stream that does not follow the OpenAI event format, or is too large."""
 
 
-async def _lines(response: httpx.Response) -> AsyncIterator[bytes]:
-    """The response's lines, reading at most ``MAX_RESPONSE_BYTES`` in all (a line without
-    an end is never buffered past that)."""
+def response_bytes(max_tokens: int) -> int:
+    """Bytes read of a stream that asks ``max_tokens`` tokens at most (``BYTES_PER_TOKEN``
+    each, at least ``MIN_RESPONSE_BYTES``, at most ``MAX_RESPONSE_BYTES``)."""
+    return min(MAX_RESPONSE_BYTES, max(MIN_RESPONSE_BYTES, max_tokens * BYTES_PER_TOKEN))
+
+
+async def _lines(response: httpx.Response, limit: int) -> AsyncIterator[bytes]:
+    """The response's lines, reading at most ``limit`` bytes in all and buffering at most
+    ``MAX_LINE_BYTES`` of a line without an end."""
     read = 0
     buffer = bytearray()
     async for part in response.aiter_bytes():
         read += len(part)
-        if read > MAX_RESPONSE_BYTES:
-            raise _StreamError(f"response over {MAX_RESPONSE_BYTES} bytes")
+        if read > limit:
+            raise _StreamError(f"response over {limit} bytes")
         searched = len(buffer)
         buffer += part
+        if len(buffer) > MAX_LINE_BYTES and buffer.find(b"\n", searched) < 0:
+            raise _StreamError(f"a line of the stream over {MAX_LINE_BYTES} bytes")
         end = buffer.find(b"\n", searched)
         while end >= 0:
             yield bytes(buffer[:end]).rstrip(b"\r")
@@ -128,9 +150,11 @@ async def _lines(response: httpx.Response) -> AsyncIterator[bytes]:
         yield bytes(buffer)
 
 
-async def _read_stream(response: httpx.Response, start: float, result: RequestResult) -> None:
+async def _read_stream(
+    response: httpx.Response, start: float, limit: int, result: RequestResult
+) -> None:
     done = False
-    async for line in _lines(response):
+    async for line in _lines(response, limit):
         if not line.startswith(b"data:"):
             continue  # blank separators, comments, other SSE fields
         data = line[5:].strip().decode(errors="replace")
