@@ -6,12 +6,18 @@ from its Prometheus ``/metrics`` (vLLM's ``vllm:prefix_cache_hits_total`` and
 kvwise agents (``/v1/policy`` and ``/v1/agents``). A server that exports no such counters
 yields ``None``, never an error: the generator works against any OpenAI-compatible server.
 Every answer is read in chunks up to a bound (``MAX_METRICS_BYTES``, ``MAX_JSON_BYTES``);
-one over it is an error naming its URL (``AnswerTooLarge``), never held whole.
+one over it is an error naming its URL (``AnswerTooLarge``), never held whole. Answers are
+asked for uncompressed (``Accept-Encoding: identity``) and one compressed anyway is
+refused: a chunk of gzip inflates a thousandfold before any bound can see it. An answer
+must end within ``ANSWER_DEADLINE_S`` in all (the client's timeout bounds each read only,
+so a server trickling bytes would hold the run for ever); the check runs as each chunk
+arrives, so it stops at most one read timeout past the deadline.
 It must never write to either service.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +34,8 @@ MAX_METRICS_BYTES = 16 << 20
 """Bytes of ``/metrics`` read at most (vLLM's is tens of KiB)."""
 MAX_JSON_BYTES = 16 << 20
 """Bytes of a JSON answer (``/v1/models``, the controller's) read at most."""
+ANSWER_DEADLINE_S = 30.0
+"""Seconds one answer may take in all, from the request to its last byte."""
 
 
 class ServerUnreachable(RuntimeError):
@@ -35,7 +43,8 @@ class ServerUnreachable(RuntimeError):
 
 
 class AnswerTooLarge(ServerUnreachable):
-    """An answer went on past its bound; the message names the URL and the bound."""
+    """An answer went on past its bound (bytes, or ``ANSWER_DEADLINE_S``); the message
+    names the URL and the bound."""
 
 
 @dataclass(frozen=True)
@@ -120,16 +129,25 @@ def _get_json(client: httpx.Client, url: str) -> Any:
 
 def _get_bounded(client: httpx.Client, url: str, limit: int) -> tuple[int, bytes]:
     """The status of ``GET url`` and, when it is 200, its body, read in chunks: a body
-    over ``limit`` bytes raises ``AnswerTooLarge`` as soon as it passes the bound."""
+    over ``limit`` bytes, or past the deadline, raises ``AnswerTooLarge`` as soon as it
+    passes the bound; a compressed one, ``ServerUnreachable`` (module docstring)."""
+    deadline = time.monotonic() + ANSWER_DEADLINE_S
     try:
-        with client.stream("GET", url) as response:
+        with client.stream("GET", url, headers={"Accept-Encoding": "identity"}) as response:
             if response.status_code != 200:
                 return response.status_code, b""
+            encoding = response.headers.get("Content-Encoding", "identity").lower()
+            if encoding != "identity":
+                raise ServerUnreachable(f"{url} answered compressed ({encoding}), unasked")
             body = bytearray()
-            for part in response.iter_bytes():
+            for part in response.iter_raw():
                 body += part
                 if len(body) > limit:
                     raise AnswerTooLarge(f"{url} answered more than {limit:,} bytes")
+                if time.monotonic() > deadline:
+                    raise AnswerTooLarge(
+                        f"{url} did not finish answering within {ANSWER_DEADLINE_S:g} s"
+                    )
             return 200, bytes(body)
     except httpx.HTTPError as exc:
         raise ServerUnreachable(f"cannot reach {url}: {exc}") from None

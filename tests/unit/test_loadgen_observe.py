@@ -4,8 +4,11 @@ the bound is an error naming its URL, not a whole body held in memory."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
+import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,7 +20,12 @@ from typer.testing import CliRunner
 
 from controlplane.cli import app, bench_cmd
 from controlplane.loadgen import observe
-from controlplane.loadgen.observe import ServerUnreachable, cache_counters, served_model
+from controlplane.loadgen.observe import (
+    AnswerTooLarge,
+    ServerUnreachable,
+    cache_counters,
+    served_model,
+)
 from controlplane.loadgen.report import SUMMARY_SCHEMA
 
 CAP = 64 << 10
@@ -47,8 +55,8 @@ class _Endless(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def _endless_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Endless)
+def _endless_server(handler: type[BaseHTTPRequestHandler] = _Endless) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -137,3 +145,72 @@ def test_compare_refuses_a_number_that_is_not_finite(
     assert code == 2, out
     assert f"--compare: {bad}: field {field}, not a finite number" in out
     assert "nan s" not in out
+
+
+class _Trickle(BaseHTTPRequestHandler):
+    """Answers 200 and a byte of Prometheus comment every 20 ms, for 3 s at most: each
+    read is quick, the answer slow."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.end_headers()
+        try:
+            self.wfile.write(b"#")
+            for _ in range(150):
+                time.sleep(0.02)  # the trickle itself, not a wait for a condition
+                self.wfile.write(b" ")
+        except OSError:
+            return
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_an_answer_that_trickles_past_the_deadline_is_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The client's timeout bounds each read: bytes every 20 ms held it for ever."""
+    monkeypatch.setattr(observe, "ANSWER_DEADLINE_S", 0.3, raising=False)
+    with (
+        _endless_server(_Trickle) as base,
+        httpx.Client(timeout=10) as client,
+        pytest.raises(AnswerTooLarge, match=r"/metrics did not finish answering within 0\.3 s"),
+    ):
+        cache_counters(client, base)
+
+
+_BOMB = gzip.compress(b"#" * (64 << 20), compresslevel=1)  # 64 MiB from about 300 KB
+
+
+class _Gzip(BaseHTTPRequestHandler):
+    """Answers every GET with gzip, whatever was asked."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(_BOMB)))
+        self.end_headers()
+        try:
+            self.wfile.write(_BOMB)
+        except OSError:
+            return
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.usefixtures("capped")
+def test_a_compressed_answer_is_refused_before_it_is_inflated() -> None:
+    """The bound was checked on inflated chunks: one chunk of gzip took megabytes."""
+    with _endless_server(_Gzip) as base, httpx.Client(timeout=10) as client:
+        tracemalloc.start()
+        try:
+            with pytest.raises(ServerUnreachable) as error:
+                served_model(client, base)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peak < 4 * CAP, f"peak {peak:,} bytes"
+    assert str(error.value) == f"{base}/v1/models answered compressed (gzip), unasked"
