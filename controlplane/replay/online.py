@@ -244,6 +244,24 @@ class FittedReplayPolicy:
             self.applied.append(AppliedVersion(doc.version, now, r, doc))
             self.versions_applied += 1
 
+    def run_notes(self) -> list[str]:
+        """What a reader must know of the run: that no refit published a policy (a trace
+        shorter than one refit period, or too few accesses), so the run scored the
+        built-in default parameters, not a fit (``ExplainsRun``)."""
+        if self.versions_applied:
+            return []
+        if not self._online:
+            return [
+                "the fit on the first part published no policy (too few accesses): it "
+                "ran on the built-in default parameters"
+            ]
+        span = self._ts[-1] - self._t0 if self._ts else 0.0
+        return [
+            f"no refit published a policy: it ran on the built-in default parameters (the "
+            f"trace spans {span:,.0f} s; a refit comes every {self._every:g} s, --refit-every,"
+            " and publishes once enough accesses are seen)"
+        ]
+
     def request_code(self, request: int) -> int:
         """This run's category code of ``request`` (labels or inferred)."""
         return self._codes[request]

@@ -235,7 +235,11 @@ class AutoReplayPolicy:
         return self._shadow.caches
 
     def run_notes(self) -> list[str]:
-        """Each switch of family (none: it stayed ``wa`` all along, and why)."""
+        """The fitted ``wa``'s notes (a run on the defaults), then each switch of family
+        (none: it stayed ``wa`` all along, and why)."""
+        return self.wa.run_notes() + self._family_notes()
+
+    def _family_notes(self) -> list[str]:
         if not self.switches and self._windows_thin and not self._windows_judged:
             return [
                 f"stayed {DEFAULT_FAMILY}: no shadow window had the sampled accesses to "

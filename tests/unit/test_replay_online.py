@@ -175,6 +175,26 @@ def test_a_long_replay_keeps_only_the_latest_documents() -> None:
     assert policy.policy is policy.applied[-1].doc
 
 
+def test_a_run_that_never_published_says_it_ran_on_the_defaults(tmp_path: Path) -> None:
+    """A trace shorter than one refit period fits nothing: wa scores the built-in
+    defaults, as lru-like as they are, and the report says so rather than let it pass for
+    a fit."""
+    short = Trace.from_requests([[i, i + 1] for i in range(10)], [float(i) for i in range(10)])
+    policy = _replay(short, ReplayOptions(refit_every_s=60.0), 5)
+    assert policy.versions_applied == 0
+    (said,) = policy.run_notes()
+    assert said.startswith("no refit published a policy: it ran on the built-in default")
+    assert "the trace spans 9 s; a refit comes every 60 s" in said
+    fitted = _replay(short, ReplayOptions(refit_every_s=4.0, min_samples=1), 5)
+    assert fitted.versions_applied == 2 and fitted.run_notes() == []
+    path = tmp_path / "short.jsonl"
+    write_tiny(path, [[i, i + 1] for i in range(10)])
+    out = CliRunner().invoke(app, ["replay", str(path), "-p", "lru,wa,auto", "--capacity", "5"])
+    assert out.exit_code == 0, out.output
+    said_by = [line.split(":")[0] for line in out.output.splitlines() if "no refit" in line]
+    assert said_by == ["wa at 5 blocks", "auto at 5 blocks"]
+
+
 def test_online_refit_is_deterministic(tiny_to_c: Trace) -> None:
     trace = tiny_to_c
     capacity = trace.n_unique // 10
