@@ -340,7 +340,10 @@ def _selection_said(shadow: dict[str, Any]) -> str:
     if isinstance(selection, dict):
         return str(selection.get("reason", "-"))
     window = float(shadow.get("window_s") or 0)
-    return f"not judged yet (the first judgement follows a full shadow window, {window:g} s)"
+    return (
+        f"not judged yet: the first judgement needs a full shadow window ({window:,g} s of "
+        "traffic; KVWISE_SHADOW_WINDOW_S sets it for the controller)"
+    )
 
 
 def print_summary(snap: dict[str, Any], console: Console) -> None:
