@@ -214,8 +214,8 @@ def test_the_shadow_keeps_its_curves_while_its_read_fails(page: tuple[ScriptedAp
     good = api.answers["/v1/shadow"].body
     api.set("/v1/shadow", {"error": "redis_unavailable", "reason": "Redis did not answer"}, 503)
     _refresh_now(driver)
-    said = "GET /v1/shadow: HTTP 503 redis_unavailable: Redis did not answer"
-    assert _text(driver, "#shadow-error") == said
+    said = "GET /v1/shadow: HTTP 503 redis_unavailable: Redis did not answer; showing the curves"
+    assert _text(driver, "#shadow-error").startswith(said)
     assert len(driver.find_elements("css selector", figures)) == 1
     api.set("/v1/shadow", good)
     _refresh_now(driver)

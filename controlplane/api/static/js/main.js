@@ -8,7 +8,7 @@ import { makeActions, renderActions } from "./actions.js";
 import { redrawCategories, renderCategoriesSection } from "./categories.js";
 import { fmtTime, setText } from "./dom.js";
 import { renderPolicySection } from "./policy.js";
-import { renderShadowSection } from "./shadow.js";
+import { SHADOW_PATH, markShadowStale, renderShadowSection } from "./shadow.js";
 import { renderWorkersSection } from "./workers.js";
 
 const READS = {
@@ -128,7 +128,8 @@ async function refreshOnce() {
     () => renderActions(results),
     () => renderWorkersSection(results),
     () => renderCategoriesSection(results),
-    () => (down ? null : renderShadowSection()), // it would ask; its last view stays
+    // Down, it would ask in vain: its last view stays, said to be stale.
+    () => (down ? markShadowStale(notSent(SHADOW_PATH, results.health.error)) : renderShadowSection()),
   ];
   for (const render of sections) {
     try {

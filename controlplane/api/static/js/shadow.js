@@ -5,10 +5,21 @@
 
 import { servedPaths, api } from "./api.js";
 import { lineChart, seriesStyle } from "./charts.js";
-import { el, fmtInt, fmtNum, fmtRatio, showError } from "./dom.js";
+import { el, fmtInt, fmtNum, fmtRatio, fmtTime, showError } from "./dom.js";
 
 export const SHADOW_PATH = "/v1/shadow";
 let lastKey = null;
+let readAt = null; // unix s of the answer the section shows
+
+/** A failed read's error, and when what the section still shows was read. */
+function staleError(message) {
+  return readAt === null ? message : `${message}; showing the curves read at ${fmtTime(readAt)}`;
+}
+
+/** The read not made (the controller is down): its error says so, over the last view. */
+export function markShadowStale(error) {
+  showError(document.getElementById("shadow-error"), staleError(error.message));
+}
 
 function note(...text) {
   return el("p", { class: "muted", id: "shadow-note" }, ...text);
@@ -148,9 +159,10 @@ async function readShadow() {
     const served = (await servedPaths()).has(SHADOW_PATH);
     const body = served ? await api.get(SHADOW_PATH) : null;
     showError(failed, "");
+    readAt = Date.now() / 1000;
     return { served, body };
   } catch (exc) {
-    showError(failed, exc.message);
+    showError(failed, staleError(exc.message));
     return null;
   }
 }
