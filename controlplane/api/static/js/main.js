@@ -92,7 +92,8 @@ function renderHealth(results, notReady) {
   const h = results.health;
   line.className = "health";
   // The title says it too: a tab in the background shows its title, not the page.
-  document.title = h.error ? `(down) ${TITLE}` : TITLE;
+  const state = h.error ? "(down) " : notReady ? "(not ready) " : "";
+  document.title = `${state}${TITLE}`;
   if (h.error) {
     line.classList.add("down");
     setText(line, healthFailure(h.error));
