@@ -1,13 +1,17 @@
 """The /ui dashboard in a real browser against the stand-in controller
 (tests/e2e/scripted_api), in states a reader could misread: the controller gone while the
-shadow curves are shown, a controller that answers but is not ready.
+shadow curves are shown, a controller that answers but is not ready, the hit-ratio chart's
+line styles.
 
 Checked: the shadow section says its curves are stale, and of when, while the controller
-does not answer; the title says *(not ready)* as it says *(down)*.
+does not answer; the title says *(not ready)* as it says *(down)*; the chart's seven
+colours stay apart in normal vision and in the three simulated dichromacies.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 from typing import Any
 
@@ -15,6 +19,7 @@ import pytest
 
 from tests.e2e.scripted_api import ScriptedApi
 from tests.e2e.test_dashboard_scripted import _refresh_now, _text
+from tests.e2e.test_dashboard_scripted_limits import HIT_CHART_JS, _sixty_workers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -55,3 +60,74 @@ def test_the_title_says_not_ready(page: tuple[ScriptedApi, Any]) -> None:
     _refresh_now(driver)
     assert driver.title == TITLE
     driver.get_log("browser")  # the 503 was logged: drained
+
+
+# Linear-RGB simulations of the three dichromacies (Machado, Oliveira and Fernandes 2009,
+# severity 1), and normal vision.
+VISIONS = {
+    "normal": ((1, 0, 0), (0, 1, 0), (0, 0, 1)),
+    "protan": (
+        (0.152286, 1.052583, -0.204868),
+        (0.114503, 0.786281, 0.099216),
+        (-0.003882, -0.048116, 1.051998),
+    ),
+    "deutan": (
+        (0.367322, 0.860646, -0.227968),
+        (0.280085, 0.672501, 0.047413),
+        (-0.01182, 0.04294, 0.968881),
+    ),
+    "tritan": (
+        (1.255528, -0.076749, -0.178779),
+        (-0.078411, 0.930809, 0.147602),
+        (0.004733, 0.691367, 0.3039),
+    ),
+}
+MIN_DELTA_E = 15.0  # CIE76; about 2.3 is the smallest difference one notices side by side
+
+
+def _linear(hex_colour: str) -> list[float]:
+    channels = [int(hex_colour[i : i + 2], 16) / 255 for i in (1, 3, 5)]
+    return [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+
+
+def _lab(rgb: list[float]) -> tuple[float, float, float]:
+    """CIELAB (D65) of a linear sRGB colour."""
+    x = (0.4124 * rgb[0] + 0.3576 * rgb[1] + 0.1805 * rgb[2]) / 0.95047
+    y = 0.2126 * rgb[0] + 0.7152 * rgb[1] + 0.0722 * rgb[2]
+    z = (0.0193 * rgb[0] + 0.1192 * rgb[1] + 0.9505 * rgb[2]) / 1.08883
+    fx, fy, fz = (t ** (1 / 3) if t > 0.008856 else 7.787 * t + 16 / 116 for t in (x, y, z))
+    return 116 * fy - 16, 500 * (fx - fy), 200 * (fy - fz)
+
+
+def _seen(hex_colour: str, vision: str) -> tuple[float, float, float]:
+    rgb = _linear(hex_colour)
+    seen = [
+        min(1.0, max(0.0, sum(m * c for m, c in zip(row, rgb, strict=True))))
+        for row in VISIONS[vision]
+    ]
+    return _lab(seen)
+
+
+def _closest_pair(colours: list[str]) -> tuple[float, str, str, str]:
+    """The two colours least apart in any vision: their distance, the vision, the two."""
+    return min(
+        (math.dist(_seen(a, v), _seen(b, v)), v, a, b)
+        for v in VISIONS
+        for a, b in itertools.combinations(colours, 2)
+    )
+
+
+def test_the_chart_styles_differ_in_colour(page: tuple[ScriptedApi, Any]) -> None:
+    """Sixty workers, so the hit-ratio chart draws all seven styles: every two of their
+    colours are at least MIN_DELTA_E apart in normal vision and in simulated protanopia,
+    deuteranopia and tritanopia (two were blues told apart by their dash only)."""
+    api, driver = page
+    (agent,) = api.answers["/v1/agents"].body
+    for beat in (1, 2):
+        api.set("/v1/agents", _sixty_workers(agent, beat))
+        _refresh_now(driver)
+    legend, _ = driver.execute_script(HIT_CHART_JS)
+    colours = [colour.upper() for _, colour, _ in legend]
+    assert len(colours) == 7
+    distance, vision, a, b = _closest_pair(colours)
+    assert distance >= MIN_DELTA_E, (vision, a, b, distance)

@@ -4,9 +4,11 @@
 
 const NS = "http://www.w3.org/2000/svg";
 
-// Okabe–Ito colours: distinguishable with the common colour-vision deficiencies, and each
-// at least 3:1 against white (yellow left out).
-export const PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#8F6A00", "#3B7EA1", "#000000"];
+// Five Okabe–Ito colours (their orange, sky blue and yellow are under 3:1 against white),
+// then a violet and a dark brown: every two stay apart in normal vision and with protanopia,
+// deuteranopia or tritanopia (tests/e2e/test_dashboard_scripted_states.py), each at least
+// 3:1 against white.
+export const PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#8800FF", "#663311", "#000000"];
 const DASHES = ["", "6 3", "2 3", "8 3 2 3", "1 2", "10 4", "4 4"];
 
 let chartCount = 0;
