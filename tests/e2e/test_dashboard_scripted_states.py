@@ -1,11 +1,12 @@
 """The /ui dashboard in a real browser against the stand-in controller
 (tests/e2e/scripted_api), in states a reader could misread: the controller gone while the
 shadow curves are shown, a controller that answers but is not ready, the hit-ratio chart's
-line styles.
+line styles, and its pooled line once a worker has gone.
 
 Checked: the shadow section says its curves are stale, and of when, while the controller
 does not answer; the title says *(not ready)* as it says *(down)*; the chart's seven
-colours stay apart in normal vision and in the three simulated dichromacies.
+colours stay apart in normal vision and in the three simulated dichromacies; the pooled
+line counts the workers its history pools.
 """
 
 from __future__ import annotations
@@ -131,3 +132,31 @@ def test_the_chart_styles_differ_in_colour(page: tuple[ScriptedApi, Any]) -> Non
     assert len(colours) == 7
     distance, vision, a, b = _closest_pair(colours)
     assert distance >= MIN_DELTA_E, (vision, a, b, distance)
+
+
+# Runs in the page: the points of the hit-ratio chart's last series, the pooled line (the
+# moves and lines of its path, or its dots).
+POOLED_POINTS_JS = """
+const g = [...document.querySelectorAll('#hit-chart g.series')].pop();
+const path = g.querySelector('path');
+if (!path) return g.querySelectorAll('circle').length;
+return (path.getAttribute('d').match(/[ML]/g) || []).length;
+"""
+
+
+def test_the_pooled_line_counts_the_workers_it_pools(page: tuple[ScriptedApi, Any]) -> None:
+    """Sixty workers for two refreshes, then one of them gone: the pooled line, labelled
+    *all 59 workers*, starts again with the 59 (it kept the points that pooled the sixty
+    under the label of 59)."""
+    api, driver = page
+    (agent,) = api.answers["/v1/agents"].body
+    for beat in (1, 2, 3):
+        api.set("/v1/agents", _sixty_workers(agent, beat))
+        _refresh_now(driver)
+    assert driver.execute_script(POOLED_POINTS_JS) == 2
+    api.set("/v1/agents", _sixty_workers(agent, 4)[1:])
+    _refresh_now(driver)
+    legend, facts = driver.execute_script(HIT_CHART_JS)
+    assert legend[-1][0] == "all 59 workers, pooled"
+    assert driver.execute_script(POOLED_POINTS_JS) == 1
+    assert "all 59 pooled" in facts, facts

@@ -13,6 +13,7 @@ const MIN_SPAN_S = 60; // the time axis spans at least this much, so its ticks s
 const CHARTED_ALONE = PALETTE.length - 1;
 const history = new Map(); // worker id -> {last: heartbeat, points: [[unix s, ratio]]}
 const pooled = []; // [[unix s, ratio]]: every worker's hits over its accesses, per refresh
+let pooledIds = ""; // the live workers that `pooled` pools, their ids sorted
 
 function pushCapped(points, point) {
   points.push(point);
@@ -38,6 +39,14 @@ function record(agent) {
   }
   if (!last || agent.updated_at > last.updated_at || agent.started_at !== last.started_at) h.last = agent;
   return delta;
+}
+
+/** The pooled line starts again when the live workers change, so that its label's count
+ * ("all N workers") is that of the workers every point of it pools. */
+function poolOver(agents) {
+  const ids = agents.map((a) => a.id).sort().join("\n");
+  if (ids !== pooledIds) pooled.length = 0;
+  pooledIds = ids;
 }
 
 /** The hit ratio of all workers together between the heartbeats one refresh saw. */
@@ -147,6 +156,7 @@ export function renderWorkersSection(results) {
   const list = agents.value || [];
   const live = new Set(list.map((a) => a.id));
   for (const id of history.keys()) if (!live.has(id)) history.delete(id);
+  poolOver(list);
   recordPooled(list.map(record).filter(Boolean));
   document.getElementById("workers-empty").hidden = list.length > 0;
   renderTable(list, policy.value ? policy.value.version : null);
