@@ -145,6 +145,7 @@ def _controller_down(driver: Any, artifacts: Path) -> None:
         ("policy-error", "/v1/policy"),
         ("categories-error", "/v1/categories"),
         ("workers-error", "/v1/agents"),
+        ("shadow-error", "/v1/shadow"),
     ):
         said = _text(driver, box)
         assert said.startswith(f"GET {read}: unreachable: not sent, since GET /healthz"), said
