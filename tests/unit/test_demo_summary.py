@@ -44,7 +44,7 @@ def test_the_family_selection_says_when_it_first_judges_then_its_reason() -> Non
     print_summary(_snapshot({**SHADOW, "window_s": 3600.0}), Console(file=waiting, width=80))
     words = " ".join(waiting.getvalue().split())
     assert "evictor family: not judged yet" in words
-    assert "follows a full shadow window, 3600 s)" in words
+    assert "needs a full shadow window (3,600 s of traffic; KVWISE_SHADOW_WINDOW_S" in words
     reason = "wa holds: best other lru 0.4900 vs 0.5000"
     judged = io.StringIO()
     selection = {"reason": reason, "chosen": "wa"}
