@@ -497,6 +497,11 @@ _STATUS_INT_MINIMUM: Final = {"staged_version": -1}
 sizes the shadow's caches, the rest are counts and versions (-1: not reported)."""
 
 
+MAX_HEARTBEAT_BYTES: Final = 16_384
+"""The largest heartbeat a controller reads: an agent's is well under 1 KiB (its longest
+field, ``last_rejection``, is at most 400 characters); a larger value is refused unparsed."""
+
+
 @dataclass(frozen=True)
 class AgentStatus:
     """An agent's heartbeat, stored as JSON under ``Keys.agent(id)`` with a TTL."""

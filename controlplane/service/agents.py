@@ -1,22 +1,29 @@
 """What the controller says about each agent: its heartbeat plus what ingest did with its
 events (from the worker's ledger, so any replica, leader or not, answers the same).
 
-Owns ``AgentView`` and reading it from Redis: the live heartbeats (SCAN + MGET) and the
-ledgers of those workers, in two round trips. A heartbeat this release cannot read (an agent
-of another wire schema, a corrupt value) is skipped and said once per agent key while that
-key lives. It must never write.
+Owns ``AgentView``, ``AgentListing`` and reading them from Redis: the heartbeat keys (SCAN,
+page by page), the first ``max_agents`` of them in a fixed order (the workers ingested, then
+by key) read (``MAX_HEARTBEAT_BYTES`` of each at most), and the ledgers of those workers, in
+two round trips. The heartbeat keys past ``max_agents`` are counted, not read: any process
+may write them. A heartbeat this release cannot read (too large, not a string, an agent of
+another wire schema, a corrupt value) is counted, skipped and said once per agent key while
+that key lives. It must never write.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass
 
 from agent.runtime.connection import RedisClient
-from agent.wire import AgentStatus, Keys, WireError
+from agent.wire import MAX_HEARTBEAT_BYTES, AgentStatus, Keys, WireError
 from controlplane.service.ledger import WorkerLedger
 
 log = logging.getLogger(__name__)
+
+SCAN_PAGE = 500
+"""Heartbeat keys asked of one SCAN call, and names held beside those kept."""
 
 
 @dataclass(frozen=True)
@@ -45,56 +52,107 @@ class AgentView(AgentStatus):
     unread (and the shadow leaves the worker out) until one ingested expires."""
 
 
-class AgentReader:
-    """Reads ``AgentView``s; remembers which unreadable heartbeats it has reported."""
+@dataclass(frozen=True)
+class AgentListing:
+    """The agents read, and the heartbeat keys left out of them."""
 
-    def __init__(self, client: RedisClient, keys: Keys) -> None:
+    agents: list[AgentView]
+    """The live agents read, by id."""
+    not_listed: int = 0
+    """Heartbeat keys found past ``max_agents``, not read (a key SCAN returns twice while
+    Redis resizes its table may count twice)."""
+    refused: int = 0
+    """Heartbeats read but unreadable: too large, not a string, another schema, corrupt."""
+
+
+class AgentReader:
+    """Reads ``AgentListing``s; remembers which unreadable heartbeats it has reported."""
+
+    def __init__(self, client: RedisClient, keys: Keys, max_agents: int) -> None:
         self.r = client
         self.keys = keys
+        self.max_agents = max_agents
         self._told: set[bytes] = set()
 
-    def read(self) -> list[AgentView]:
-        keys = sorted(set(self.r.scan_iter(match=self.keys.agents_match, count=500)))
+    def read(self, preferred: Collection[str] = ()) -> AgentListing:
+        """The first ``max_agents`` live agents, the workers ``preferred`` (those ingested)
+        before the others, each group by key."""
+        keys, not_listed = self._first_keys({self.keys.agent(w).encode() for w in preferred})
         self._told &= set(keys)  # an expired key is forgotten (agent churn)
         if not keys:
-            return []
+            return AgentListing([], not_listed)
         pipe = self.r.pipeline(transaction=False)
-        for key in keys:
-            pipe.get(key)  # one key per command: heartbeats sit on many shards
-        statuses = [self._status(k, raw) for k, raw in zip(keys, pipe.execute(), strict=True)]
-        live = [s for s in statuses if s is not None]
+        for key in keys:  # one key per command: heartbeats sit on many shards
+            pipe.getrange(key, 0, MAX_HEARTBEAT_BYTES)  # a byte past the limit: too large
+        raws = pipe.execute(raise_on_error=False)  # a key of another type fails alone
+        for raw in raws:
+            if isinstance(raw, Exception) and not str(raw).startswith("WRONGTYPE"):
+                raise raw  # Redis's trouble (read-only, out of memory): the health's
+        statuses = [self._status(k, raw) for k, raw in zip(keys, raws, strict=True)]
+        live = [s for s in statuses if isinstance(s, AgentStatus)]
+        refused = sum(s is False for s in statuses)
         pipe = self.r.pipeline(transaction=False)
         for status in live:
             pipe.hgetall(self.keys.ingest_state(status.id))
-        views = []
-        for status, raw in zip(live, pipe.execute(), strict=True):
-            try:
-                ledger = WorkerLedger.from_hash(status.id, raw)
-            except ValueError:  # unreadable: counted from nothing, as ingest restarts it
-                ledger = WorkerLedger(status.id)
-            c, cost = ledger.counts, status.engine_time
-            views.append(
-                AgentView(
-                    **asdict(status),
-                    events_ingested=c.events,
-                    clock_rejected=c.clock_rejected,
-                    events_refused=c.refused,
-                    dead_letters=c.dead_letters,
-                    gap_batches=ledger.missing,
-                    engine_seconds=cost.seconds,
-                    engine_seconds_per_call=cost.seconds_per_call,
-                    engine_seconds_per_block=cost.seconds_per_block,
-                )
-            )
-        return sorted(views, key=lambda a: a.id)
+        views = [_view(s, raw) for s, raw in zip(live, pipe.execute(), strict=True)]
+        return AgentListing(sorted(views, key=lambda a: a.id), not_listed, refused)
 
-    def _status(self, key: bytes, raw: bytes | None) -> AgentStatus | None:
-        if raw is None:
-            return None  # expired between SCAN and GET
+    def _first_keys(self, preferred: set[bytes]) -> tuple[list[bytes], int]:
+        """The first ``max_agents`` heartbeat keys in reading order, and how many others
+        SCAN found: at most ``max_agents`` and a page of names are held at once."""
+        first: list[bytes] = []
+        others = 0
+        scan = self.r.scan_iter(match=self.keys.agents_match, count=SCAN_PAGE)
+        for page in _pages(scan, SCAN_PAGE):
+            merged = sorted(set(first).union(page), key=lambda k: (k not in preferred, k))
+            first, others = merged[: self.max_agents], others + len(merged[self.max_agents :])
+        return first, others
+
+    def _status(self, key: bytes, raw: bytes | Exception) -> AgentStatus | bool:
+        """The heartbeat under ``key``; True: expired between SCAN and GETRANGE (GETRANGE
+        answers a missing key with nothing); False: unreadable, said once per key."""
+        if isinstance(raw, bytes) and not raw:
+            return True
         try:
+            if isinstance(raw, Exception):
+                raise WireError("heartbeat: not a string value (WRONGTYPE)")
+            if len(raw) > MAX_HEARTBEAT_BYTES:
+                raise WireError(f"heartbeat: more than {MAX_HEARTBEAT_BYTES} bytes")
             return AgentStatus.from_json(raw)
         except WireError as exc:
             if key not in self._told:
                 self._told.add(key)
                 log.warning("ignoring the heartbeat under %r: %s", key, exc.reason)
-            return None
+            return False
+
+
+def _pages(items: Iterable[bytes], size: int) -> Iterable[list[bytes]]:
+    """``items`` in lists of ``size`` at most."""
+    page: list[bytes] = []
+    for item in items:
+        page.append(item)
+        if len(page) == size:
+            yield page
+            page = []
+    if page:
+        yield page
+
+
+def _view(status: AgentStatus, ledger_hash: dict[bytes, bytes]) -> AgentView:
+    """``status`` with its ledger's counts."""
+    try:
+        ledger = WorkerLedger.from_hash(status.id, ledger_hash)
+    except ValueError:  # unreadable: counted from nothing, as ingest restarts it
+        ledger = WorkerLedger(status.id)
+    c, cost = ledger.counts, status.engine_time
+    return AgentView(
+        **asdict(status),
+        events_ingested=c.events,
+        clock_rejected=c.clock_rejected,
+        events_refused=c.refused,
+        dead_letters=c.dead_letters,
+        gap_batches=ledger.missing,
+        engine_seconds=cost.seconds,
+        engine_seconds_per_call=cost.seconds_per_call,
+        engine_seconds_per_block=cost.seconds_per_block,
+    )

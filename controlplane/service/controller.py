@@ -36,7 +36,7 @@ from controlplane.fit import FitResult, fit_all
 from controlplane.fit.gof import ReuseCurve
 from controlplane.fit.per_category import max_relative_change
 from controlplane.fit.reuse_window import ReuseStats
-from controlplane.service.agents import AgentReader, AgentView
+from controlplane.service.agents import AgentListing, AgentReader, AgentView
 from controlplane.service.checkpoint import CheckpointError, CheckpointStore
 from controlplane.service.health import RedisHealth, guarded
 from controlplane.service.housekeeping import Housekeeper, HousekeepingSettings
@@ -178,7 +178,7 @@ class Controller:
         self.checkpoints = CheckpointStore(
             self.r, self.keys.checkpoint, max_bytes=settings.max_checkpoint_bytes
         )
-        self.agent_reader = AgentReader(self.r, self.keys)
+        self.agent_reader = AgentReader(self.r, self.keys, settings.max_workers)
         self.shadow = ShadowLink(settings.shadow_only(), self.metrics, settings.max_workers)
         self.last_fit: FitResult | None = None
         self._last_refit: tuple[RefitOutcome, float] | None = None
@@ -276,7 +276,7 @@ class Controller:
         Redis restarted empty; else the built-in defaults) and start ingest if it is not
         running (a tick that failed half way, or an old ingest thread still finishing when
         the lease came back, must not leave a leader that never ingests)."""
-        self.memory.ensure(self.store, self.agent_reader.read)
+        self.memory.ensure(self.store, lambda: self._read_agents().agents)
         if newly:
             log.info("%s is the leader", self.name)
             self._checkpoint_read = False
@@ -322,7 +322,7 @@ class Controller:
         serves them as set here: it never waits for the shadow's replays)."""
         if self.lease.is_leader:
             with contextlib.suppress(redis.RedisError):  # said by the health; next tick tries
-                agents, current = self._read_agents(), self.store.current()
+                agents, current = self._read_agents().agents, self.store.current()
                 ingested = [a for a in agents if not a.ingest_refused]
                 self.shadow.refresh(ingested, current, idle_s=SHADOW_REFRESH_S)
         self.shadow.export()
@@ -535,15 +535,25 @@ class Controller:
     @guarded
     def agents(self) -> list[AgentView]:
         """Live agents (by heartbeat) with the controller's counts of their events."""
+        return self._read_agents().agents
+
+    @guarded
+    def agent_listing(self) -> AgentListing:
+        """``agents`` and the heartbeat keys left out of them."""
         return self._read_agents()
 
-    def _read_agents(self) -> list[AgentView]:
-        """The live agents, those whose streams ingest leaves unread marked so."""
+    def _read_agents(self) -> AgentListing:
+        """The live agents (at most ``max_workers``, those ingested first), those whose
+        streams ingest leaves unread marked so."""
         refused = self.ingestor.refused_workers()
-        return [
-            dataclasses.replace(a, ingest_refused=True) if a.id in refused else a
-            for a in self.agent_reader.read()
-        ]
+        listing = self.agent_reader.read(preferred=self.ingestor.ingested_workers())
+        return dataclasses.replace(
+            listing,
+            agents=[
+                dataclasses.replace(a, ingest_refused=True) if a.id in refused else a
+                for a in listing.agents
+            ],
+        )
 
     @guarded
     def categories(self) -> list[CategorySummary]:
@@ -605,7 +615,7 @@ class Controller:
             return
         try:
             cur = self.store.current()
-            agents = self.agents()
+            listing = self.agent_listing()
             m.pending.set(self.ingestor.pending() if self.lease.is_leader else 0)
         except (redis.RedisError, OSError):
             return
@@ -633,7 +643,9 @@ class Controller:
             m.agent_engine_per_block,
         ):
             gauge.clear()
-        for a in agents:
+        m.agents_not_listed.set(listing.not_listed)
+        m.heartbeats_refused.set(listing.refused)
+        for a in listing.agents:
             if a.evictor:
                 m.agent_evictor.labels(agent=a.id, family=a.evictor).set(1)
             m.agent_version.labels(agent=a.id).set(a.applied_version)

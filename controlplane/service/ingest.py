@@ -286,6 +286,10 @@ class Ingestor(BackgroundLoop):
             self.settings.max_workers,
         )
 
+    def ingested_workers(self) -> set[str]:
+        """The workers whose streams are read (``max_workers`` at most)."""
+        return {w for w in map(self._worker_of, list(self._streams)) if w is not None}
+
     def refused_workers(self) -> set[str]:
         """The workers whose streams are left unread, past ``max_workers``."""
         return {w for w in map(self._worker_of, list(self.refused)) if w is not None}

@@ -146,6 +146,16 @@ class ControllerMetrics:
         )
 
     def _agent_metrics(self) -> None:
+        self.agents_not_listed = self._gauge(
+            "kvwise_agents_not_listed",
+            "Heartbeat keys found past KVWISE_MAX_WORKERS at the last read, not read "
+            "(GET /v1/agents and the per-agent gauges list the workers ingested first)",
+        )
+        self.heartbeats_refused = self._gauge(
+            "kvwise_agent_heartbeats_refused",
+            "Heartbeats unreadable at the last read (too large, not a string, another "
+            "schema, corrupt): left out of GET /v1/agents",
+        )
         self.agent_version = self._gauge(
             "kvwise_agent_applied_version", "Policy version each live agent applied", ("agent",)
         )

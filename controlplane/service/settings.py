@@ -91,9 +91,9 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
     max_workers: int = Field(
         default=1024,
         ge=1,
-        description="Worker streams ingested and shadowed, at most; a stream found past "
-        "this is not read (counted in kvwise_ingest_streams_refused, ingest_refused in "
-        "GET /v1/agents) until one ingested expires",
+        description="Worker streams ingested and shadowed, and heartbeats read, at most; a "
+        "stream found past this is not read (counted in kvwise_ingest_streams_refused) until "
+        "one ingested expires, a heartbeat past it not listed (kvwise_agents_not_listed)",
     )
 
     # --- housekeeping and checkpoints -----------------------------------------------------

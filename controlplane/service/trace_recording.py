@@ -40,6 +40,9 @@ NOTICE_TTL_S: Final = 15
 holding the controller's trims back this long after."""
 NOTICE_RENEW_S: Final = 5.0
 """Seconds between renewals of the notice."""
+MAX_WORKERS_READ: Final = 1024
+"""Heartbeats ``choose_workers`` reads, at most (the workers named first), as many as a
+controller ingests by default (``KVWISE_MAX_WORKERS``)."""
 ENTRIES_PER_READ = 8
 """Stream entries one ``XREAD`` takes from one worker: at most this many times the largest
 entry the decoder accepts (``BatchLimits.max_entry_bytes``, about 2.4 MiB) is held at once."""
@@ -59,7 +62,8 @@ class WorkerChoice:
 def choose_workers(client: RedisClient, keys: Keys, wanted: Sequence[str] = ()) -> WorkerChoice:
     """The workers with a heartbeat (only ``wanted`` ones, if any are named), split by
     whether their requests can be rebuilt."""
-    agents = {a.id: a for a in AgentReader(client, keys).read()}
+    reader = AgentReader(client, keys, max_agents=MAX_WORKERS_READ)
+    agents = {a.id: a for a in reader.read(preferred=wanted).agents}
     ids = list(dict.fromkeys(wanted)) if wanted else sorted(agents)
     live = [w for w in ids if w in agents]
     return WorkerChoice(

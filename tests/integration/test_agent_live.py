@@ -653,12 +653,12 @@ def test_a_closed_agent_leaves_the_controllers_view_soon_after_its_last_beat(
     """The last beat, written at close, took the full heartbeat TTL: a cleanly closed
     worker stayed listed alive (GET /v1/agents, the dashboard) for up to 30 s after."""
     key = Keys(key_prefix).agent("w1")
-    reader = AgentReader(r, Keys(key_prefix))
+    reader = AgentReader(r, Keys(key_prefix), max_agents=10)
     s = fast_settings(redis_url, key_prefix, heartbeat_ttl_s=60.0)
     with Agent(s, capacity=10, engine="sim") as agent:
         wait_until(lambda: r.exists(key) == 1, what="the first beat")
         assert r.pttl(key) > 50_000  # a live worker's beat keeps the TTL asked
         agent.free([2, 1], [1, 0], time.time(), "text_1")
     assert 0 < r.pttl(key) <= LAST_BEAT_TTL_S * 1000
-    [listed] = reader.read()  # its final counters, for the controller to read meanwhile
+    [listed] = reader.read().agents  # its final counters, for the controller to read meanwhile
     assert (listed.id, listed.accesses, listed.events_sent) == ("w1", 2, 2)

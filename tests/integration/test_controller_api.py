@@ -410,8 +410,11 @@ def test_agents_metrics_and_openapi(ctl: RunningController, redis_url: str) -> N
     status = agent_status(engine="sim", started_at=time.time(), updated_at=time.time())
     r.set(keys.agent("w1"), status.to_json(), ex=30)
     r.set(keys.agent("broken"), "{not json", ex=30)
-    agents = c.get("/v1/agents").json()
+    answer = c.get("/v1/agents")
+    agents = answer.json()
     assert [a["id"] for a in agents] == ["w1"]
+    assert answer.headers["Kvwise-Agents-Not-Listed"] == "0"
+    assert answer.headers["Kvwise-Heartbeats-Refused"] == "1"  # the broken one
     assert agents[0]["applied_version"] == 1
     assert agents[0]["events_dropped"] == 2
     text = c.get("/metrics").text
@@ -419,6 +422,7 @@ def test_agents_metrics_and_openapi(ctl: RunningController, redis_url: str) -> N
     assert 'kvwise_agent_applied_version{agent="w1"} 1.0' in text
     assert 'kvwise_agent_staged_version{agent="w1"} 1.0' in text
     assert "kvwise_leader 1.0" in text
+    assert "kvwise_agent_heartbeats_refused 1.0" in text
     spec = c.get("/openapi.json").json()
     for path in [
         "/v1/policy",

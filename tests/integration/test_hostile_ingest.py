@@ -342,9 +342,12 @@ def test_streams_past_max_workers_are_not_ingested_counted_named_and_told_once(
         send(r, keys, good_batch("w1", 2))
         wait_until(lambda: c.ingestor.counters.batches == 3, what="w1 goes on")
         c.ingestor.discover()  # and again: told once
-        agents = {a.id: a for a in c.agents()}
-        assert [a.ingest_refused for a in agents.values()] == [False, False, True, True]
-        assert agents["w3"].events_ingested == 0
+        listing = c.agent_listing()  # as many heartbeats as streams read, those read first
+        assert [(a.id, a.ingest_refused) for a in listing.agents] == [
+            ("w1", False),
+            ("w2", False),
+        ]
+        assert listing.not_listed == 2
         assert r.xlen(keys.events_stream("w3")) == 1  # left for a controller that reads it
         told = [m for m in caplog.messages if "KVWISE_MAX_WORKERS" in m]
         assert len(told) == 2, told
@@ -370,3 +373,56 @@ def test_a_stream_rediscovered_keeps_its_place_before_the_streams_refused(
             send(r, keys, good_batch("w1", seq))
             wait_until(lambda n=seq: c.ingestor.counters.batches == n, what=f"w1's batch {seq}")
         assert c.ingestor.counters.batches == 4
+
+
+def test_heartbeats_past_max_workers_are_counted_not_read_those_ingested_kept(
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
+) -> None:
+    """Every heartbeat key was read at each GET /v1/agents, scrape and shadow refresh, one
+    gauge series per worker: any writer of heartbeat keys grew all three. At most
+    ``max_workers`` are read, the workers ingested first, the rest counted."""
+    for worker in ("w8", "w9"):
+        heartbeat(r, keys, worker)
+        send(r, keys, good_batch(worker, 1))
+    with controller(redis_url, key_prefix, max_workers=2) as c:
+        wait_until(lambda: c.ingestor.counters.batches == 2, what="both workers' batches")
+        for extra in ("w1", "w2", "w3"):  # before w8 and w9 by name, never ingested
+            heartbeat(r, keys, extra)
+        listing = c.agent_listing()
+        assert [a.id for a in listing.agents] == ["w8", "w9"]
+        assert listing.not_listed == 3
+        c.refresh_gauges()
+        gauge = c.metrics.registry.get_sample_value
+        assert gauge("kvwise_agents_not_listed") == 3
+        series = c.metrics.agent_version.collect()[0].samples
+        assert sorted(s.labels["agent"] for s in series) == ["w8", "w9"]
+        r.delete(keys.agent("w9"))  # w9 left: its series goes, w1 takes its place
+        c.refresh_gauges()
+        series = c.metrics.agent_version.collect()[0].samples
+        assert sorted(s.labels["agent"] for s in series) == ["w1", "w8"]
+        assert gauge("kvwise_agents_not_listed") == 2
+
+
+def test_a_huge_or_mistyped_heartbeat_is_refused_by_size_and_the_others_listed(
+    redis_url: str,
+    key_prefix: str,
+    r: redis.Redis,
+    keys: Keys,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A heartbeat key holding megabytes of valid JSON was read and parsed whole at every
+    listing, and one holding a hash failed the listing of every agent (WRONGTYPE). Each is
+    refused (the large one by its size, before parsing), counted and told once."""
+    heartbeat(r, keys, "w1")
+    huge = AgentStatus(id="big", engine="sim", capacity=10, last_rejection="x" * 2_000_000)
+    r.set(keys.agent("big"), huge.to_json(), px=60_000)
+    r.hset(keys.agent("hashy"), "a", "b")
+    with controller(redis_url, key_prefix) as c:
+        for _ in range(2):
+            listing = c.agent_listing()
+            assert [a.id for a in listing.agents] == ["w1"]
+            assert listing.refused == 2 and listing.not_listed == 0
+        c.refresh_gauges()
+        assert c.metrics.registry.get_sample_value("kvwise_agent_heartbeats_refused") == 2
+        told = [m for m in caplog.messages if "ignoring the heartbeat" in m]
+        assert len(told) == 2 and any("bytes" in m for m in told), told

@@ -8,7 +8,7 @@ Read-only: it must never change state.
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from controlplane.api.errors import ApiError, documented
 from controlplane.api.models import CategoryInPath
@@ -41,14 +41,25 @@ def get_category(name: CategoryInPath, controller: ControllerDep) -> CategoryDet
     return detail
 
 
+AGENTS_NOT_LISTED_HEADER = "Kvwise-Agents-Not-Listed"
+"""Response header of GET /v1/agents: heartbeat keys found past KVWISE_MAX_WORKERS."""
+HEARTBEATS_REFUSED_HEADER = "Kvwise-Heartbeats-Refused"
+"""Response header of GET /v1/agents: heartbeats unreadable (too large, ...)."""
+
+
 @reads.get("/v1/agents", response_model=list[AgentView], dependencies=[NEEDS_REDIS])
-def list_agents(controller: ControllerDep) -> list[AgentView]:
+def list_agents(controller: ControllerDep, response: Response) -> list[AgentView]:
     """Live agents (heartbeat not expired): the policy version each has in force
     (`applied_version`) and the one it received (`staged_version`), which an engine
     applies at its next call into the agent (an idle vLLM engine makes none); and the
     controller's counts of their events (ingested, dropped for their clock, refused,
-    dead-lettered, batches missing)."""
-    return controller.agents()
+    dead-lettered, batches missing). At most `KVWISE_MAX_WORKERS` agents, the workers
+    ingested first, then by id: header `Kvwise-Agents-Not-Listed` counts the heartbeats
+    left out, `Kvwise-Heartbeats-Refused` those unreadable (too large, corrupt, ...)."""
+    listing = controller.agent_listing()
+    response.headers[AGENTS_NOT_LISTED_HEADER] = str(listing.not_listed)
+    response.headers[HEARTBEATS_REFUSED_HEADER] = str(listing.refused)
+    return listing.agents
 
 
 @reads.get("/v1/shadow", response_model=ShadowView)
