@@ -272,6 +272,10 @@ class Ingestor(BackgroundLoop):
         if self.metrics is not None:
             self.metrics.streams_refused.set(refused)
         self.refused &= set(found)  # a stream gone is forgotten
+        for gone in self._rejoin - set(found):  # deleted by another hand: its worker too
+            worker = self._worker_of(gone)
+            if worker is not None:
+                self.forget(worker)
         self._rejoin.clear()
 
     def _refuse(self, stream: bytes) -> None:

@@ -426,3 +426,19 @@ def test_a_huge_or_mistyped_heartbeat_is_refused_by_size_and_the_others_listed(
         assert c.metrics.registry.get_sample_value("kvwise_agent_heartbeats_refused") == 2
         told = [m for m in caplog.messages if "ignoring the heartbeat" in m]
         assert len(told) == 2 and any("bytes" in m for m in told), told
+
+
+def test_a_worker_whose_stream_went_leaves_its_ledger_and_series(
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
+) -> None:
+    """A stream deleted by another hand (an operator, another leader's housekeeping) was
+    dropped from the streams read but its ledger and per-worker series stayed: workers that
+    came and went grew them past ``max_workers``. Its worker is forgotten at discovery."""
+    with controller(redis_url, key_prefix, max_workers=1) as c:
+        for n, worker in enumerate(("w1", "w2", "w3"), start=1):
+            send(r, keys, good_batch(worker, 2))  # seq 1 missing: a gap series
+            wait_until(lambda n=n: c.ingestor.counters.batches == n, what=f"{worker}'s batch")
+            r.delete(keys.events_stream(worker))
+            wait_until(lambda w=worker: w not in c.ingestor.ledgers, what=f"{worker} forgotten")
+        gaps = c.metrics.gaps.collect()[0].samples
+        assert gaps == [] and len(c.ingestor.ledgers) == 0
