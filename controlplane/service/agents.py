@@ -47,9 +47,10 @@ class AgentView(AgentStatus):
     """Mean engine-thread time of one of kvwise's calls, over the timed ones."""
     engine_seconds_per_block: float = 0.0
     """Engine-thread time of the timed calls per block they handled."""
-    ingest_refused: bool = False
+    ingest_refused: bool | None = None
     """Its stream was found past ``KVWISE_MAX_WORKERS`` streams: the leader leaves it
-    unread (and the shadow leaves the worker out) until one ingested expires."""
+    unread (and the shadow leaves the worker out) until one ingested expires. None: not
+    known here (a replica that does not lead knows nothing of ingest's refusals)."""
 
 
 @dataclass(frozen=True)

@@ -543,16 +543,15 @@ class Controller:
         return self._read_agents()
 
     def _read_agents(self) -> AgentListing:
-        """The live agents (at most ``max_workers``, those ingested first), those whose
-        streams ingest leaves unread marked so."""
-        refused = self.ingestor.refused_workers()
+        """The live agents (at most ``max_workers``, those ingested first); on the leader
+        each marked with whether ingest leaves its stream unread (a standby cannot say)."""
         listing = self.agent_reader.read(preferred=self.ingestor.ingested_workers())
+        if not self.lease.is_leader:
+            return listing
+        refused = self.ingestor.refused_workers()
         return dataclasses.replace(
             listing,
-            agents=[
-                dataclasses.replace(a, ingest_refused=True) if a.id in refused else a
-                for a in listing.agents
-            ],
+            agents=[dataclasses.replace(a, ingest_refused=a.id in refused) for a in listing.agents],
         )
 
     @guarded

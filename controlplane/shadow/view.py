@@ -128,8 +128,8 @@ class ShadowView:
     """Workers whose capacity is not known yet (no heartbeat read): not replayed."""
     refused_workers: list[str] = field(default_factory=list)
     """Workers left out, past ``KVWISE_MAX_WORKERS`` shadowed, told by a heartbeat or a
-    batch (those whose streams ingest leaves unread, ``ingest_refused`` in GET
-    /v1/agents, are not told to the shadow at all)."""
+    batch (those whose streams ingest leaves unread, counted in
+    kvwise_ingest_streams_refused, are not told to the shadow at all)."""
     guard: GuardView = NOT_JUDGED
     selection: SelectionView | None = None
     """The evictor family selection's last word (None: no full window judged yet, or off)."""

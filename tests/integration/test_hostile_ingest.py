@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from agent.wire import WIRE_SCHEMA_VERSION, AgentStatus, Keys, encode_batch
+from controlplane.service.controller import Controller
 from controlplane.service.housekeeping import Housekeeper, HousekeepingSettings
 from controlplane.service.settings import ControllerSettings
 from controlplane.service.stream_io import Commit, StreamIO
@@ -442,3 +443,16 @@ def test_a_worker_whose_stream_went_leaves_its_ledger_and_series(
             wait_until(lambda w=worker: w not in c.ingestor.ledgers, what=f"{worker} forgotten")
         gaps = c.metrics.gaps.collect()[0].samples
         assert gaps == [] and len(c.ingestor.ledgers) == 0
+
+
+def test_a_standby_does_not_claim_to_know_which_streams_the_leader_refused(
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
+) -> None:
+    """A replica that does not lead knows nothing of ingest's refusals, yet listed every
+    agent with ``ingest_refused: false``: it says null (not known here) instead."""
+    heartbeat(r, keys, "w1")
+    with controller(redis_url, key_prefix) as leader:
+        standby = Controller(ControllerSettings(redis_url=redis_url, key_prefix=key_prefix))
+        assert not standby.lease.is_leader
+        assert [(a.id, a.ingest_refused) for a in standby.agents()] == [("w1", None)]
+        assert [(a.id, a.ingest_refused) for a in leader.agents()] == [("w1", False)]

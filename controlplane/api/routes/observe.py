@@ -55,7 +55,10 @@ def list_agents(controller: ControllerDep, response: Response) -> list[AgentView
     controller's counts of their events (ingested, dropped for their clock, refused,
     dead-lettered, batches missing). At most `KVWISE_MAX_WORKERS` agents, the workers
     ingested first, then by id: header `Kvwise-Agents-Not-Listed` counts the heartbeats
-    left out, `Kvwise-Heartbeats-Refused` those unreadable (too large, corrupt, ...)."""
+    left out, `Kvwise-Heartbeats-Refused` those unreadable (too large, corrupt, ...).
+    `ingest_refused`: on the leader, whether it leaves the worker's stream unread; null on
+    a standby, which does not know (refused streams: the leader's log and
+    `kvwise_ingest_streams_refused`)."""
     listing = controller.agent_listing()
     response.headers[AGENTS_NOT_LISTED_HEADER] = str(listing.not_listed)
     response.headers[HEARTBEATS_REFUSED_HEADER] = str(listing.refused)
