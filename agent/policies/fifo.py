@@ -6,14 +6,18 @@ release order (tail first), so its tail is evicted before its head.
 
 A block in use cannot be evicted. When the scan meets one at the head it parks it (takes
 it out of the order) instead of stepping over it on every later scan, so each block is
-passed at most once per in-use period; freed, it returns to the head, where it was. It
-never reads timestamps or categories.
+passed at most once per in-use period; freed, it returns to where it was. Every parked
+block is older than every block still in the queue, and the scan parks them in queue
+order, so each keeps the number of its first parking and, freed, waits in a heap by that
+number, scanned before the queue: the victims are those of a plain FIFO that steps over
+the blocks in use. It never reads timestamps or categories.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from heapq import heappop, heappush
 
 from agent.policies.handover import Handover, drain
 from agent.policies.parking import InUse
@@ -24,7 +28,7 @@ from agent.policies.registry import register
 class FIFOPolicy:
     """Evicts the block inserted longest ago, whatever its hits."""
 
-    __slots__ = ("_cached", "_in_use", "_order")
+    __slots__ = ("_cached", "_in_use", "_order", "_parked_at", "_parkings", "_returned")
 
     def __init__(self, capacity: int = 0) -> None:
         # Blocks leave the order only at its head, so a deque (no hashing) holds it and a
@@ -32,6 +36,10 @@ class FIFOPolicy:
         self._order: deque[int] = deque()
         self._cached: set[int] = set()
         self._in_use = InUse()
+        # Parked blocks (freed or not) -> their place among the parked, in queue order.
+        self._parked_at: dict[int, int] = {}
+        self._parkings = 0  # blocks parked from the queue so far: the next place
+        self._returned: list[tuple[int, int]] = []  # heap of freed parked blocks (place, id)
 
     def touch(self, blocks: Sequence[int], now: float) -> None:
         self._in_use.blocks.update(blocks)
@@ -39,34 +47,55 @@ class FIFOPolicy:
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
     ) -> None:
-        # A parked block returns to the head, where it was.
-        self._in_use.release(blocks, self._order.appendleft)
+        self._in_use.release(blocks, self._return)
         cached, order = self._cached, self._order
         for b in blocks:  # misses join the tail in release order; hits stay where they are
             if b not in cached:
                 cached.add(b)
                 order.append(b)
 
+    def _return(self, block: int) -> None:
+        """A parked block is freed: it goes back where it was, ahead of the queue."""
+        heappush(self._returned, (self._parked_at[block], block))
+
     def evict(self, n: int) -> list[int]:
-        order, in_use = self._order, self._in_use.blocks
-        victims: list[int] = []
-        if not in_use:
+        order = self._order
+        if not self._in_use.blocks and not self._returned:
             k = min(max(n, 0), len(order))
             victims = [order.popleft() for _ in range(k)]
         else:
-            while len(victims) < n and order:
-                b = order.popleft()
-                if b in in_use:
-                    self._in_use.parked.add(b)
-                else:
-                    victims.append(b)
+            victims = self._scan(n)
         self._cached.difference_update(victims)
+        return victims
+
+    def _scan(self, n: int) -> list[int]:
+        """Up to ``n`` victims, the freed parked blocks first, parking the ones in use."""
+        order, returned, parked_at = self._order, self._returned, self._parked_at
+        in_use, parked = self._in_use.blocks, self._in_use.parked
+        victims: list[int] = []
+        while len(victims) < n and returned:
+            b = heappop(returned)[1]
+            if b in in_use:
+                parked.add(b)  # parked again, at the place it had
+            else:
+                del parked_at[b]
+                victims.append(b)
+        while len(victims) < n and order:
+            b = order.popleft()
+            if b in in_use:
+                parked.add(b)
+                parked_at[b] = self._parkings
+                self._parkings += 1
+            else:
+                victims.append(b)
         return victims
 
     def hand_over(self) -> Handover:
         handover = drain(self, self._in_use.blocks)
         self._cached.clear()
         self._order.clear()
+        self._returned.clear()
+        self._parked_at.clear()
         self._in_use.parked.clear()
         return handover
 

@@ -209,3 +209,16 @@ def test_block_in_use_is_skipped_then_evictable_again(name: str) -> None:
     policy.free([1], [0], 5.0, 0)
     assert policy.evict(5) == [1]
     assert len(policy) == 0 and 1 not in policy
+
+
+def test_fifo_returns_blocks_parked_in_use_to_their_places() -> None:
+    # A request's misses 1 (head) and 2 (tail) go in tail first: 2, 1; then 3. A request
+    # hits 1 and 2, so a scan parks them and evicts 3. Freed (tail first again), they are
+    # back in insertion order, 2 before 1, as if the scan had stepped over them.
+    policy = agent_policies.create("fifo", 3)
+    policy.free([2, 1], [1, 0], 0.0, 0)
+    policy.free([3], [0], 1.0, 0)
+    policy.touch([1, 2], 2.0)
+    assert policy.evict(1) == [3]
+    policy.free([2, 1], [1, 0], 3.0, 0)
+    assert policy.evict(2) == [2, 1]

@@ -7,6 +7,7 @@
 - Live serving (every agent policy, driven through the Protocol directly): with blocks in
   use by running requests, ``evict(n)`` returns at most ``n`` distinct blocks, every one
   cached and not in use, and as many as it can (all ``n`` when that many are evictable).
+  ``fifo`` evicts exactly as a plain list in insertion order that skips the blocks in use.
 - Unknown names fail with the list of known ones.
 """
 
@@ -103,7 +104,8 @@ def _start(policy: agent_policies.EvictionPolicy, m: Model, blocks: list[int]) -
     m.running.append(req)
 
 
-def _finish(policy: agent_policies.EvictionPolicy, m: Model, i: int) -> None:
+def _finish(policy: agent_policies.EvictionPolicy, m: Model, i: int) -> list[int]:
+    """Request ``i`` (of those running) ends; returns the blocks it released, in order."""
     req = m.running.pop(i % len(m.running))
     released = []
     for b in reversed(req):
@@ -113,6 +115,7 @@ def _finish(policy: agent_policies.EvictionPolicy, m: Model, i: int) -> None:
     offsets = [req.index(b) for b in released]
     policy.free(released, offsets, m.clock, 0)
     m.cached.update(released)
+    return released
 
 
 def _evict(policy: agent_policies.EvictionPolicy, m: Model, n: int) -> None:
@@ -147,6 +150,38 @@ def test_evict_never_returns_a_block_in_use(name: str, script: list[Op], capacit
         _finish(policy, m, 0)
     _evict(policy, m, len(m.cached) + 1)
     assert len(policy) == 0
+
+
+class NaiveFIFO:
+    """FIFO by definition: cached blocks in insertion order; a victim is the first one not
+    in use, wherever a hit or an earlier scan left it."""
+
+    def __init__(self) -> None:
+        self.order: list[int] = []
+
+    def evict(self, n: int, m: Model) -> list[int]:
+        victims = [b for b in self.order if not m.in_use(b)][: max(n, 0)]
+        self.order = [b for b in self.order if b not in victims]
+        return victims
+
+
+@settings(max_examples=200, deadline=None)
+@given(script=ops)
+def test_fifo_evicts_in_insertion_order_whatever_was_in_use(script: list[Op]) -> None:
+    policy, naive, m = agent_policies.create("fifo", 8), NaiveFIFO(), Model()
+    for kind, arg, blocks in script:
+        m.clock += 1.0
+        if kind == "start":
+            _start(policy, m, blocks)
+        elif kind == "finish" and m.running:
+            before = set(m.cached)
+            naive.order += [b for b in _finish(policy, m, arg) if b not in before]
+        elif kind == "evict":
+            assert policy.evict(arg) == naive.evict(arg, m)
+            m.cached.intersection_update(naive.order)
+    while m.running:
+        naive.order += [b for b in _finish(policy, m, 0) if b not in naive.order]
+    assert policy.evict(len(naive.order) + 1) == naive.evict(len(naive.order) + 1, m)
 
 
 # -- names ------------------------------------------------------------------------------
