@@ -12,6 +12,7 @@ Run as a script it regenerates the values table of docs/deploy.md from values.ya
 from __future__ import annotations
 
 import base64
+import copy
 import functools
 import os
 import re
@@ -32,6 +33,8 @@ TABLE_START = "<!-- values-table:start (generated from helm/kvwise/values.yaml) 
 TABLE_END = "<!-- values-table:end -->"
 
 NAMESPACE, RELEASE, FULLNAME = "ml", "kv", "kv-kvwise"
+# No kvwise image is published: every install names one built from helm/Dockerfile.
+LOCAL_IMAGE = "registry.example/kvwise"
 POD = "kv-kvwise-x-0"  # the pod name a fieldRef to metadata.name resolves to
 CASE_FILES: dict[str, Path | None] = {
     "default": None,
@@ -117,7 +120,9 @@ class Rendered:
 def render(
     chart: Any, values: dict[str, Any], *, name: str = "kv", namespace: str = "ml"
 ) -> Rendered:
-    """Render ``chart`` (a ``helm_python.Chart``) as an install would."""
+    """Render ``chart`` (a ``helm_python.Chart``) as an install would, naming the local
+    image where ``values`` name none (an explicit ``repository`` is kept, even empty)."""
+    values = with_image(values)
     out = chart.render(values=values, name=name, namespace=namespace, is_install=True)
     docs: list[Manifest] = []
     notes = ""
@@ -127,6 +132,14 @@ def render(
             continue
         docs.extend(d for d in yaml.safe_load_all(text) if d)
     return Rendered(chart.merge_values(values), tuple(docs), notes)
+
+
+def with_image(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``values`` with controller.image.repository set to ``LOCAL_IMAGE`` if absent."""
+    out = copy.deepcopy(dict(values))
+    controller = out.setdefault("controller", {})
+    controller.setdefault("image", {}).setdefault("repository", LOCAL_IMAGE)
+    return out
 
 
 @functools.cache

@@ -476,6 +476,18 @@ BAD_COMBINATIONS = [
 ]
 
 
+def test_an_install_without_an_image_fails_saying_to_build_one() -> None:
+    """No kvwise image is published: the default names none, and an install that names none
+    fails saying how to get one, instead of pulling nothing (or someone else's image)."""
+    assert (
+        yaml.safe_load((hs.CHART / "values.yaml").read_text())["controller"]["image"]["repository"]
+        == ""
+    )
+    with pytest.raises(helm.HelmError) as err:
+        hs.render(hs.chart(), {"controller": {"image": {"repository": ""}}})
+    assert "build helm/Dockerfile, push it and set controller.image.repository" in str(err.value)
+
+
 @pytest.mark.parametrize(("bad", "says"), BAD_COMBINATIONS)
 def test_bad_combinations_fail_with_what_to_set(bad: dict[str, Any], says: str) -> None:
     with pytest.raises(helm.HelmError) as err:

@@ -77,7 +77,11 @@ annotations:
 {{- end }}
 {{- end }}
 
+{{/* The controller's image, also the workers' plugin bundle. None is published. */}}
 {{- define "kvwise.controller.image" -}}
+{{- if not .Values.controller.image.repository }}
+{{- fail "controller.image.repository is not set: no kvwise image is published; build helm/Dockerfile, push it and set controller.image.repository (see docs/deploy.md)" }}
+{{- end }}
 {{- include "kvwise.image" (dict "image" .Values.controller.image "default" .Chart.AppVersion) }}
 {{- end }}
 
