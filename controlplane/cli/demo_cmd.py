@@ -29,10 +29,29 @@ if TYPE_CHECKING:
 
     from controlplane.dev.demo import DemoStack
 
+MAX_WORKERS = 16
+
+
+def _worker_count(text: str) -> int:
+    """Typer parser of --workers, worded as the other options' parsers (a ``min=`` bound
+    read as pydantic's "Input should be greater than or equal to 2")."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a whole number") from None
+    if count < 2:
+        raise typer.BadParameter(f"must be at least 2 (a pair: wa and stock LRU), got {text}")
+    if count > MAX_WORKERS:
+        raise typer.BadParameter(f"must be at most {MAX_WORKERS}, got {text}")
+    return count
+
+
 WorkersOpt = Annotated[
     int,
     typer.Option(
-        min=2, max=16, metavar="N", help="Simulated workers: half wa, half lru (odd: one more wa)"
+        parser=_worker_count,
+        metavar="N",
+        help=f"Simulated workers, 2 to {MAX_WORKERS}: half wa, half lru (odd: one more wa)",
     ),
 ]
 SpeedOpt = Annotated[

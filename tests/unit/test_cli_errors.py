@@ -135,13 +135,20 @@ def test_demo_fails_in_one_line_and_leaves_nothing(tmp_path: Path, url: str, say
         (["--speed", "nan"], "error: --speed: must be a finite number >= 0.1, got nan"),
         (["--speed", "0.05"], "error: --speed: must be a finite number >= 0.1, got 0.05"),
         (["--refit-interval", "inf"], "error: --refit-interval: must be a finite number >= 0.5"),
+        # worded as the others, not pydantic's "Input should be greater than or equal to 2"
+        (
+            ["--workers", "1"],
+            "error: --workers: must be at least 2 (a pair: wa and stock LRU), got 1",
+        ),
+        (["--workers", "17"], "error: --workers: must be at most 16, got 17"),
     ],
 )
-def test_demo_refuses_an_infinite_rate_before_it_starts_anything(
+def test_demo_refuses_a_bad_rate_or_count_before_it_starts_anything(
     tmp_path: Path, args: list[str], says: str
 ) -> None:
     """``--speed inf`` and ``--refit-interval inf`` passed the options' bounds (>= 0.1,
-    >= 0.5): Redis and the controller started, then a child refused the value."""
+    >= 0.5): Redis and the controller started, then a child refused the value. Each error
+    names the option and the value, in the same words."""
     res = kvwise("demo", *args, "--duration", "1", tmp=tmp_path)
     assert res.returncode == 2
     assert one_error_line(res).startswith(says)
