@@ -284,6 +284,9 @@ def _check_speed(trace: Trace, speed: float) -> None:
         fail(f"--speed: {str(exc).removeprefix('speed ')}")
 
 
+CAPACITY_OPTIONS = ("--capacity", "--capacity-frac", "--capacity-gib")
+"""The ways to size the cache, one at most per run."""
+
 SizesOf = Callable[["Trace", "Profile", int], list[int]]
 """The cache sizes in blocks for a trace, a profile and its tokens per block."""
 
@@ -291,8 +294,14 @@ SizesOf = Callable[["Trace", "Profile", int], list[int]]
 def _capacities(capacity: str | None, capacity_frac: str | None, gib: str | None) -> SizesOf:
     """The cache sizes asked for, checked now, before a long trace loads (none: the
     profile's KV pool)."""
-    if sum(x is not None for x in (capacity, capacity_frac, gib)) > 1:
-        fail("give one of --capacity, --capacity-frac, --capacity-gib")
+    given = [
+        option
+        for option, value in zip(CAPACITY_OPTIONS, (capacity, capacity_frac, gib), strict=True)
+        if value is not None
+    ]
+    if len(given) > 1:
+        got = f"{', '.join(given[:-1])} and {given[-1]}"
+        fail(f"give only one of {', '.join(CAPACITY_OPTIONS)} (got {got})")
     if capacity is not None:
         blocks = parse_ints(capacity, "--capacity")
         return lambda trace, prof, block: blocks

@@ -92,7 +92,16 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     [
         (["-p", "lru,nope"], "unknown policy 'nope'"),
         (["--router", "random"], "--router: unknown router 'random'; known routers: round-robin"),
-        (["--capacity", "10", "--capacity-gib", "2"], "give one of --capacity"),
+        # names the options given (it read as if none was)
+        (
+            ["--capacity", "10", "--capacity-gib", "2"],
+            "give only one of --capacity, --capacity-frac, --capacity-gib "
+            "(got --capacity and --capacity-gib)",
+        ),
+        (
+            ["--capacity", "10", "--capacity-frac", "0.1", "--capacity-gib", "2"],
+            "(got --capacity, --capacity-frac and --capacity-gib)",
+        ),
         (["--profile", "gpt-9"], "--profile: unknown profile 'gpt-9'"),
         # worded as every command's --speed (the parser in controlplane.cli.common)
         (["--speed", "0"], "--speed: must be a finite number > 0, got 0"),
