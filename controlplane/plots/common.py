@@ -28,7 +28,9 @@ class PlotsUnavailable(RuntimeError):
     """matplotlib cannot be imported: the ``plot`` extra is not installed."""
 
     def __init__(self) -> None:
-        super().__init__("plots need matplotlib: pip install 'kvwise[plot]'")
+        super().__init__(
+            "plots need matplotlib, kvwise's plot extra: pip install '.[plot]' in a kvwise checkout"
+        )
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,11 @@ def test_without_matplotlib_plotting_fails_before_any_work(
     ):
         res = CliRunner().invoke(app, args)
         assert res.exit_code == 2, res.output
-        want = "error: --plot: plots need matplotlib: pip install 'kvwise[plot]'"
+        # kvwise is not on PyPI: the hint installs the extra from a checkout, not by name
+        want = (
+            "error: --plot: plots need matplotlib, kvwise's plot extra: "
+            "pip install '.[plot]' in a kvwise checkout"
+        )
         assert res.stderr.strip() == want
         assert res.stdout == ""
     assert list(tmp_path.iterdir()) == []
