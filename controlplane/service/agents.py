@@ -3,11 +3,14 @@ events (from the worker's ledger, so any replica, leader or not, answers the sam
 
 Owns ``AgentView``, ``AgentListing`` and reading them from Redis: the heartbeat keys (SCAN,
 page by page), the first ``max_agents`` of them in a fixed order (the workers ingested, then
-by key) read (``MAX_HEARTBEAT_BYTES`` of each at most), and the ledgers of those workers, in
-two round trips. The heartbeat keys past ``max_agents`` are counted, not read: any process
-may write them. A heartbeat this release cannot read (too large, not a string, an agent of
-another wire schema, a corrupt value) is counted, skipped and said once per agent key while
-that key lives. It must never write.
+by key) read (``MAX_HEARTBEAT_BYTES`` of each at most), and the counts of those workers'
+ledgers (``LEDGER_FIELDS`` only, never the whole hash), in two round trips. The heartbeat
+keys past ``max_agents`` are counted, not read: any process may write them. A heartbeat this
+release cannot read (too large, not a string, an agent of another wire schema, a corrupt
+value) is counted, skipped and said once per agent key while that key lives; a ledger it
+cannot read (not a hash, a count not a number) leaves its worker listed with its counts
+unknown (``counts_known``), counted and said once per worker while it is listed. It must
+never write.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ from dataclasses import asdict, dataclass
 
 from agent.runtime.connection import RedisClient
 from agent.wire import MAX_HEARTBEAT_BYTES, AgentStatus, Keys, WireError
-from controlplane.service.ledger import WorkerLedger
 
 log = logging.getLogger(__name__)
 
 SCAN_PAGE = 500
 """Heartbeat keys asked of one SCAN call, and names held beside those kept."""
+LEDGER_FIELDS = ("events", "clock_rejected", "refused", "dead_letters", "missing")
+"""The fields of a worker's ledger (``WorkerLedger.to_hash``) a listing reads: its counts.
+The sequence tracking beside them (``epochs``, up to thousands of numbers) is ingest's."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,9 @@ class AgentView(AgentStatus):
     """Mean engine-thread time of one of kvwise's calls, over the timed ones."""
     engine_seconds_per_block: float = 0.0
     """Engine-thread time of the timed calls per block they handled."""
+    counts_known: bool = True
+    """False: the worker's ledger could not be read (not a hash, a count not a number); the
+    counts above read 0."""
     ingest_refused: bool | None = None
     """Its stream was found past ``KVWISE_MAX_WORKERS`` streams: the leader leaves it
     unread (and the shadow leaves the worker out) until one ingested expires. None: not
@@ -64,6 +72,8 @@ class AgentListing:
     Redis resizes its table may count twice)."""
     refused: int = 0
     """Heartbeats read but unreadable: too large, not a string, another schema, corrupt."""
+    ledgers_refused: int = 0
+    """Agents listed whose ledger was unreadable (not a hash, a count not a number)."""
 
 
 class AgentReader:
@@ -74,6 +84,7 @@ class AgentReader:
         self.keys = keys
         self.max_agents = max_agents
         self._told: set[bytes] = set()
+        self._told_ledgers: set[str] = set()
 
     def read(self, preferred: Collection[str] = ()) -> AgentListing:
         """The first ``max_agents`` live agents, the workers ``preferred`` (those ingested)
@@ -92,11 +103,37 @@ class AgentReader:
         statuses = [self._status(k, raw) for k, raw in zip(keys, raws, strict=True)]
         live = [s for s in statuses if isinstance(s, AgentStatus)]
         refused = sum(s is False for s in statuses)
+        views = self._views(live)
+        return AgentListing(
+            sorted(views, key=lambda a: a.id),
+            not_listed,
+            refused,
+            ledgers_refused=sum(not v.counts_known for v in views),
+        )
+
+    def _views(self, live: list[AgentStatus]) -> list[AgentView]:
+        """``live`` with their ledgers' counts (``LEDGER_FIELDS`` only)."""
         pipe = self.r.pipeline(transaction=False)
         for status in live:
-            pipe.hgetall(self.keys.ingest_state(status.id))
-        views = [_view(s, raw) for s, raw in zip(live, pipe.execute(), strict=True)]
-        return AgentListing(sorted(views, key=lambda a: a.id), not_listed, refused)
+            pipe.hmget(self.keys.ingest_state(status.id), LEDGER_FIELDS)
+        raws = pipe.execute(raise_on_error=False)  # a key of another type fails alone
+        self._told_ledgers &= {s.id for s in live}  # a worker gone is forgotten
+        return [self._view(s, raw) for s, raw in zip(live, raws, strict=True)]
+
+    def _view(self, status: AgentStatus, raw: list[bytes | None] | Exception) -> AgentView:
+        """``status`` with its ledger's counts; unknown (said once) if unreadable."""
+        try:
+            if isinstance(raw, Exception):
+                if not str(raw).startswith("WRONGTYPE"):
+                    raise raw  # Redis's trouble: the health's
+                raise ValueError("not a hash (WRONGTYPE)")
+            events, clock_rejected, refused, dead_letters, missing = (int(v or 0) for v in raw)
+        except ValueError as exc:
+            if status.id not in self._told_ledgers:
+                self._told_ledgers.add(status.id)
+                log.warning("counts of %r unknown: its ledger is unreadable: %s", status.id, exc)
+            return _view(status, counts_known=False)
+        return _view(status, events, clock_rejected, refused, dead_letters, missing)
 
     def _first_keys(self, preferred: set[bytes]) -> tuple[list[bytes], int]:
         """The first ``max_agents`` heartbeat keys in reading order, and how many others
@@ -139,21 +176,19 @@ def _pages(items: Iterable[bytes], size: int) -> Iterable[list[bytes]]:
         yield page
 
 
-def _view(status: AgentStatus, ledger_hash: dict[bytes, bytes]) -> AgentView:
-    """``status`` with its ledger's counts."""
-    try:
-        ledger = WorkerLedger.from_hash(status.id, ledger_hash)
-    except ValueError:  # unreadable: counted from nothing, as ingest restarts it
-        ledger = WorkerLedger(status.id)
-    c, cost = ledger.counts, status.engine_time
+def _view(status: AgentStatus, *counts: int, counts_known: bool = True) -> AgentView:
+    """``status`` with its ledger's ``counts`` (``LEDGER_FIELDS``' order; none: all 0)."""
+    events, clock_rejected, refused, dead_letters, missing = counts or (0, 0, 0, 0, 0)
+    cost = status.engine_time
     return AgentView(
         **asdict(status),
-        events_ingested=c.events,
-        clock_rejected=c.clock_rejected,
-        events_refused=c.refused,
-        dead_letters=c.dead_letters,
-        gap_batches=ledger.missing,
+        events_ingested=events,
+        clock_rejected=clock_rejected,
+        events_refused=refused,
+        dead_letters=dead_letters,
+        gap_batches=missing,
         engine_seconds=cost.seconds,
         engine_seconds_per_call=cost.seconds_per_call,
         engine_seconds_per_block=cost.seconds_per_block,
+        counts_known=counts_known,
     )

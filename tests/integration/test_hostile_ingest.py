@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from agent.wire import WIRE_SCHEMA_VERSION, AgentStatus, Keys, encode_batch
+from controlplane.service.agents import AgentReader
 from controlplane.service.controller import Controller
 from controlplane.service.housekeeping import Housekeeper, HousekeepingSettings
 from controlplane.service.settings import ControllerSettings
@@ -427,6 +428,30 @@ def test_a_huge_or_mistyped_heartbeat_is_refused_by_size_and_the_others_listed(
         assert c.metrics.registry.get_sample_value("kvwise_agent_heartbeats_refused") == 2
         told = [m for m in caplog.messages if "ignoring the heartbeat" in m]
         assert len(told) == 2 and any("bytes" in m for m in told), told
+
+
+def test_a_mistyped_or_bloated_ledger_leaves_its_worker_counts_unknown_the_others_listed(
+    r: redis.Redis, keys: Keys, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each listed worker's ledger was read whole (HGETALL): a ledger holding a hash key of
+    another type failed the listing of every agent (WRONGTYPE), and megabytes beside the
+    counts were read and parsed at every listing (and, unparsable, zeroed the counts). Only
+    the counts' fields are read; a mistyped ledger leaves its worker's counts unknown,
+    counted and told once."""
+    for worker in ("w1", "w2", "w3"):
+        heartbeat(r, keys, worker)
+    r.hset(keys.ingest_state("w1"), mapping={"events": 7, "missing": 2, "epochs": "x" * 4_000_000})
+    r.set(keys.ingest_state("w2"), b"not a hash")
+    r.hset(keys.ingest_state("w3"), mapping={"events": "9" * 5000})  # past int()'s digits
+    reader = AgentReader(r, keys, max_agents=10)
+    for _ in range(2):
+        listing = reader.read()
+        views = {a.id: a for a in listing.agents}
+        assert sorted(views) == ["w1", "w2", "w3"] and listing.ledgers_refused == 2
+        assert (views["w1"].events_ingested, views["w1"].gap_batches) == (7, 2)
+        assert [views[w].counts_known for w in ("w1", "w2", "w3")] == [True, False, False]
+    told = [m for m in caplog.messages if "its ledger is unreadable" in m]
+    assert len(told) == 2 and any("WRONGTYPE" in m for m in told), told
 
 
 def test_a_worker_whose_stream_went_leaves_its_ledger_and_series(

@@ -45,6 +45,8 @@ AGENTS_NOT_LISTED_HEADER = "Kvwise-Agents-Not-Listed"
 """Response header of GET /v1/agents: heartbeat keys found past KVWISE_MAX_WORKERS."""
 HEARTBEATS_REFUSED_HEADER = "Kvwise-Heartbeats-Refused"
 """Response header of GET /v1/agents: heartbeats unreadable (too large, ...)."""
+LEDGERS_REFUSED_HEADER = "Kvwise-Ledgers-Refused"
+"""Response header of GET /v1/agents: agents listed whose ledger was unreadable."""
 
 
 @reads.get("/v1/agents", response_model=list[AgentView], dependencies=[NEEDS_REDIS])
@@ -55,13 +57,16 @@ def list_agents(controller: ControllerDep, response: Response) -> list[AgentView
     controller's counts of their events (ingested, dropped for their clock, refused,
     dead-lettered, batches missing). At most `KVWISE_MAX_WORKERS` agents, the workers
     ingested first, then by id: header `Kvwise-Agents-Not-Listed` counts the heartbeats
-    left out, `Kvwise-Heartbeats-Refused` those unreadable (too large, corrupt, ...).
+    left out, `Kvwise-Heartbeats-Refused` those unreadable (too large, corrupt, ...),
+    `Kvwise-Ledgers-Refused` the agents listed with `counts_known` false (their ledger
+    unreadable: not a hash, a count not a number).
     `ingest_refused`: on the leader, whether it leaves the worker's stream unread; null on
     a standby, which does not know (refused streams: the leader's log and
     `kvwise_ingest_streams_refused`)."""
     listing = controller.agent_listing()
     response.headers[AGENTS_NOT_LISTED_HEADER] = str(listing.not_listed)
     response.headers[HEARTBEATS_REFUSED_HEADER] = str(listing.refused)
+    response.headers[LEDGERS_REFUSED_HEADER] = str(listing.ledgers_refused)
     return listing.agents
 
 
