@@ -89,18 +89,8 @@ class AgentReader:
     def read(self, preferred: Collection[str] = ()) -> AgentListing:
         """The first ``max_agents`` live agents, the workers ``preferred`` (those ingested)
         before the others, each group by key."""
-        keys, not_listed = self._first_keys({self.keys.agent(w).encode() for w in preferred})
-        self._told &= set(keys)  # an expired key is forgotten (agent churn)
-        if not keys:
-            return AgentListing([], not_listed)
-        pipe = self.r.pipeline(transaction=False)
-        for key in keys:  # one key per command: heartbeats sit on many shards
-            pipe.getrange(key, 0, MAX_HEARTBEAT_BYTES)  # a byte past the limit: too large
-        raws = pipe.execute(raise_on_error=False)  # a key of another type fails alone
-        for raw in raws:
-            if isinstance(raw, Exception) and not str(raw).startswith("WRONGTYPE"):
-                raise raw  # Redis's trouble (read-only, out of memory): the health's
-        statuses = [self._status(k, raw) for k, raw in zip(keys, raws, strict=True)]
+        keys, not_listed = self.first_keys({self.keys.agent(w).encode() for w in preferred})
+        statuses = self.statuses(keys)
         live = [s for s in statuses if isinstance(s, AgentStatus)]
         refused = sum(s is False for s in statuses)
         views = self._views(live)
@@ -135,16 +125,35 @@ class AgentReader:
             return _view(status, counts_known=False)
         return _view(status, events, clock_rejected, refused, dead_letters, missing)
 
-    def _first_keys(self, preferred: set[bytes]) -> tuple[list[bytes], int]:
-        """The first ``max_agents`` heartbeat keys in reading order, and how many others
-        SCAN found: at most ``max_agents`` and a page of names are held at once."""
+    def first_keys(
+        self, preferred: Collection[bytes] = (), excluded: Collection[bytes] = (), limit: int = -1
+    ) -> tuple[list[bytes], int]:
+        """The first ``limit`` (default ``max_agents``) heartbeat keys not ``excluded`` in
+        reading order, and how many others SCAN found: at most ``limit`` and a page of names
+        are held at once."""
+        limit = self.max_agents if limit < 0 else limit
         first: list[bytes] = []
         others = 0
         scan = self.r.scan_iter(match=self.keys.agents_match, count=SCAN_PAGE)
         for page in _pages(scan, SCAN_PAGE):
-            merged = sorted(set(first).union(page), key=lambda k: (k not in preferred, k))
-            first, others = merged[: self.max_agents], others + len(merged[self.max_agents :])
+            kept = set(first).union(k for k in page if k not in excluded)
+            merged = sorted(kept, key=lambda k: (k not in preferred, k))
+            first, others = merged[:limit], others + len(merged[limit:])
         return first, others
+
+    def statuses(self, keys: list[bytes]) -> list[AgentStatus | bool]:
+        """The heartbeats under ``keys`` (``MAX_HEARTBEAT_BYTES`` of each at most), as
+        ``_status`` says them; the unreadable keys told before and not among ``keys`` are
+        forgotten (agent churn)."""
+        self._told &= set(keys)
+        pipe = self.r.pipeline(transaction=False)
+        for key in keys:  # one key per command: heartbeats sit on many shards
+            pipe.getrange(key, 0, MAX_HEARTBEAT_BYTES)  # a byte past the limit: too large
+        raws = pipe.execute(raise_on_error=False)  # a key of another type fails alone
+        for raw in raws:
+            if isinstance(raw, Exception) and not str(raw).startswith("WRONGTYPE"):
+                raise raw  # Redis's trouble (read-only, out of memory): the health's
+        return [self._status(k, raw) for k, raw in zip(keys, raws, strict=True)]
 
     def _status(self, key: bytes, raw: bytes | Exception) -> AgentStatus | bool:
         """The heartbeat under ``key``; True: expired between SCAN and GETRANGE (GETRANGE

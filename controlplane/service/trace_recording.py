@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, cast
 
@@ -75,33 +75,29 @@ def choose_workers(client: RedisClient, keys: Keys, wanted: Sequence[str] = ()) 
 
 class NewWorkers:
     """Heartbeats that appeared since the last look. A look is one ``SCAN`` of the heartbeat
-    keys and a ``GET`` of only the keys not seen before: the workers already recorded or
-    left out are not read again, so looking every few seconds costs next to nothing."""
+    keys and a read of only the keys not seen before (``AgentReader.statuses``: bounded in
+    size): the workers already recorded or left out are not read again, so looking every few
+    seconds costs next to nothing. At most ``MAX_WORKERS_READ`` workers are seen in all, as
+    ``choose_workers`` reads; new heartbeat keys past them are counted (``not_read``), not
+    read."""
 
     def __init__(self, client: RedisClient, keys: Keys, seen: Sequence[str]) -> None:
-        self.r = client
         self.keys = keys
+        self.reader = AgentReader(client, keys, max_agents=MAX_WORKERS_READ)
         self._seen = {keys.agent(w).encode() for w in seen}
+        self.not_read = 0
+        """New heartbeat keys found at the last look past ``MAX_WORKERS_READ`` seen."""
 
     def look(self) -> WorkerChoice:
         """The workers whose heartbeat is new, split as ``choose_workers`` splits them (an
         unreadable one is looked at again next time: its agent may rewrite it)."""
-        scanned = self.r.scan_iter(match=self.keys.agents_match, count=500)
-        fresh = sorted(set(cast(Iterable[bytes], scanned)) - self._seen)
-        if not fresh:
-            return WorkerChoice(record=[], not_whole=[], missing=[])
-        pipe = self.r.pipeline(transaction=False)
-        for key in fresh:
-            pipe.get(key)  # one key per command: heartbeats sit on many shards
+        room = max(MAX_WORKERS_READ - len(self._seen), 0)
+        fresh, self.not_read = self.reader.first_keys(excluded=self._seen, limit=room)
         agents = []
-        for key, raw in zip(fresh, pipe.execute(), strict=True):
-            if raw is None:
-                continue  # expired since the SCAN
-            try:
-                agents.append(AgentStatus.from_json(raw))
-            except WireError:
-                continue
-            self._seen.add(key)
+        for key, status in zip(fresh, self.reader.statuses(fresh), strict=True):
+            if isinstance(status, AgentStatus):  # not expired since the SCAN, nor unreadable
+                agents.append(status)
+                self._seen.add(key)
         return WorkerChoice(
             record=sorted(a.id for a in agents if a.whole_requests),
             not_whole=sorted(a.id for a in agents if not a.whole_requests),

@@ -26,7 +26,12 @@ from controlplane.cli import app
 from controlplane.dev.embedded_redis import free_port
 from controlplane.dev.simworker import TraceWorker
 from controlplane.service.settings import ControllerSettings
-from controlplane.service.trace_recording import StreamTail
+from controlplane.service.trace_recording import (
+    MAX_WORKERS_READ,
+    NewWorkers,
+    StreamTail,
+    WorkerChoice,
+)
 from controlplane.traces.model import Trace
 from controlplane.traces.reader import load_trace
 from tests.conftest import REPO
@@ -319,3 +324,28 @@ def test_an_output_that_cannot_be_created_fails_before_redis_is_asked(tmp_path: 
     )
     assert res.exit_code == 2
     assert res.stderr.startswith("error: --output: cannot create a file in /proc/self (")
+
+
+def test_new_workers_are_read_bounded_and_seen_up_to_the_cap(
+    redis_url: str, key_prefix: str
+) -> None:
+    """``NewWorkers.look`` read every new heartbeat whole (a 2 MB one parsed, and listed)
+    and its set of keys seen grew with every heartbeat key any process wrote. A heartbeat is
+    read as the controller's listing reads it (too large: refused), and at most
+    ``MAX_WORKERS_READ`` workers are seen; the keys past them are counted, not read."""
+    keys, r = Keys(key_prefix), redis.Redis.from_url(redis_url)
+    huge = agent_status(id="big", last_rejection="x" * 2_000_000)
+    r.set(keys.agent("big"), huge.to_json(), px=60_000)
+    newcomers = NewWorkers(r, keys, seen=["w0000"])
+    assert newcomers.look() == WorkerChoice([], [], [])  # "big" refused for its size
+    assert newcomers.not_read == 0
+    pipe = r.pipeline(transaction=False)
+    for n in range(1, MAX_WORKERS_READ + 50):
+        pipe.set(keys.agent(f"w{n:04}"), agent_status(id=f"w{n:04}").to_json(), px=60_000)
+    pipe.execute()
+    choice = newcomers.look()
+    # "big", first by key, is read again (its agent may rewrite it) and refused again
+    assert len(choice.record) + len(choice.not_whole) == MAX_WORKERS_READ - 2
+    assert newcomers.not_read == 51
+    assert len(newcomers._seen) == MAX_WORKERS_READ - 1
+    assert newcomers.look() == WorkerChoice([], [], []) and newcomers.not_read == 51
