@@ -28,6 +28,7 @@ from controlplane.cli.common import (
     print_json,
     say,
     signed_percent,
+    whole_number,
 )
 
 if TYPE_CHECKING:
@@ -77,10 +78,9 @@ MAX_VOCAB = 1 << 31
 VocabOpt = Annotated[
     int,
     typer.Option(
-        min=12,
-        max=MAX_VOCAB,
+        parser=whole_number(12, MAX_VOCAB),
         metavar="VOCAB",
-        help="Token ids come from [10, VOCAB): the model's or less",
+        help="Token ids come from [10, VOCAB): the model's or less (12 to 2^31)",
     ),
 ]
 SaltOpt = Annotated[
@@ -93,18 +93,30 @@ SpeedOpt = Annotated[
     ),
 ]
 LimitOpt = Annotated[
-    int | None, typer.Option(min=1, metavar="N", help="Send only the trace's first N requests")
+    int | None,
+    typer.Option(
+        parser=whole_number(1), metavar="N", help="Send only the trace's first N requests"
+    ),
 ]
 ConcurrencyOpt = Annotated[
-    int, typer.Option(min=1, metavar="N", help="Requests in flight at most; later ones wait")
+    int,
+    typer.Option(
+        parser=whole_number(1), metavar="N", help="Requests in flight at most; later ones wait"
+    ),
 ]
 MaxTokensOpt = Annotated[
     int,
-    typer.Option(min=1, metavar="N", help="Output tokens per request: the trace's, capped here"),
+    typer.Option(
+        parser=whole_number(1),
+        metavar="N",
+        help="Output tokens per request: the trace's, capped here",
+    ),
 ]
 MaxBlocksOpt = Annotated[
     int | None,
-    typer.Option(min=1, metavar="N", help="Cut longer prompts to their first N blocks"),
+    typer.Option(
+        parser=whole_number(1), metavar="N", help="Cut longer prompts to their first N blocks"
+    ),
 ]
 NoCategoriesFlag = Annotated[bool, typer.Option("--no-categories", help="Send no kv_category")]
 TimeoutOpt = Annotated[

@@ -37,13 +37,43 @@ HashableT = TypeVar("HashableT", bound=Hashable)
 
 err_console = Console(stderr=True)
 
+
+def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """A Typer parser of a whole number >= ``minimum`` (and <= ``maximum`` when given), the
+    error naming the option in the other parsers' words: a ``min=``/``max=`` bound reads
+    as pydantic's "Input should be greater than or equal to 1"."""
+    bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+
+    def parse(text: str) -> int:
+        value = as_whole_number(text)
+        if value < minimum or (maximum is not None and value > maximum):
+            raise typer.BadParameter(f"must be a whole number {bounds}, got {text}")
+        return value
+
+    return parse
+
+
+def as_whole_number(text: str | int) -> int:
+    """``text`` as an int; anything else fails as a Typer parser's error."""
+    try:
+        return int(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a whole number") from None
+
+
 TraceArgument = Annotated[
     Path, typer.Argument(metavar="TRACE", help="Bailian or Mooncake JSONL trace (.gz ok)")
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="One JSON object on stdout")]
 JobsOpt = Annotated[
     int,
-    typer.Option("--jobs", "-j", min=0, metavar="N", help="Worker processes (0 = one per core)"),
+    typer.Option(
+        "--jobs",
+        "-j",
+        parser=whole_number(0),
+        metavar="N",
+        help="Worker processes (0 = one per core)",
+    ),
 ]
 RedisUrlOpt = Annotated[
     str | None, typer.Option(metavar="URL", help="Redis URL [default: KVWISE_REDIS_URL]")
@@ -51,7 +81,7 @@ RedisUrlOpt = Annotated[
 BlockTokensOpt = Annotated[
     int,
     typer.Option(
-        min=1,
+        parser=whole_number(1),
         metavar="TOKENS",
         help="Tokens per block of the engine, so per trace block (vLLM on GPUs: 16)",
     ),

@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from agent.runtime.connection import redact
-from controlplane.cli.common import check_redis_url, fail, finite_at_least, print_json
+from controlplane.cli.common import (
+    as_whole_number,
+    check_redis_url,
+    fail,
+    finite_at_least,
+    non_negative,
+    print_json,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -35,10 +42,7 @@ MAX_WORKERS = 16
 def _worker_count(text: str) -> int:
     """Typer parser of --workers, worded as the other options' parsers (a ``min=`` bound
     read as pydantic's "Input should be greater than or equal to 2")."""
-    try:
-        count = int(text)
-    except ValueError:
-        raise typer.BadParameter(f"{text!r} is not a whole number") from None
+    count = as_whole_number(text)
     if count < 2:
         raise typer.BadParameter(f"must be at least 2 (a pair: wa and stock LRU), got {text}")
     if count > MAX_WORKERS:
@@ -64,7 +68,9 @@ SpeedOpt = Annotated[
 ]
 DurationOpt = Annotated[
     float,
-    typer.Option(min=0, metavar="SECONDS", help="Stop after this long (0 = until Ctrl-C)"),
+    typer.Option(
+        parser=non_negative, metavar="SECONDS", help="Stop after this long (0 = until Ctrl-C)"
+    ),
 ]
 RefitOpt = Annotated[
     float,

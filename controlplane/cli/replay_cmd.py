@@ -31,6 +31,7 @@ from controlplane.cli.common import (
     positive,
     ratio,
     unique,
+    whole_number,
 )
 from controlplane.cli.replay_output import Runs, end_interrupted, plot_curve, report
 from controlplane.replay.options import (
@@ -77,7 +78,7 @@ CapacityFracOpt = Annotated[
     ),
 ]
 TopCategoriesOpt = Annotated[
-    int, _output(min=0, metavar="N", help="Categories per table (by accesses)")
+    int, _output(parser=whole_number(0), metavar="N", help="Categories per table (by accesses)")
 ]
 PlotOpt = Annotated[
     Path | None,
@@ -154,7 +155,9 @@ AutoWindowOpt = Annotated[
 AutoWindowsOpt = Annotated[
     int,
     _auto_panel(
-        min=1, max=1000, metavar="N", help="Windows in a row a family must lead to be selected"
+        parser=whole_number(1, 1000),
+        metavar="N",
+        help="Windows in a row a family must lead to be selected (1 to 1000)",
     ),
 ]
 AutoMarginOpt = Annotated[
@@ -163,7 +166,9 @@ AutoMarginOpt = Annotated[
 ]
 AutoMinAccessesOpt = Annotated[
     int,
-    _auto_panel(min=0, metavar="N", help="Sampled accesses a window needs to count"),
+    _auto_panel(
+        parser=whole_number(0), metavar="N", help="Sampled accesses a window needs to count"
+    ),
 ]
 
 

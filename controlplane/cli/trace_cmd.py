@@ -26,6 +26,7 @@ from controlplane.cli.common import (
     load_trace_or_fail,
     positive,
     print_json,
+    whole_number,
 )
 from controlplane.cli.trace_record_cmd import record
 
@@ -55,6 +56,14 @@ MAX_SYNTH_REQUESTS = 120_000
 so the cap keeps the command under 2 GB (docs/traces.md)."""
 
 
+SeedOpt = Annotated[
+    int,
+    typer.Option(
+        parser=whole_number(0), metavar="N", help="Random seed (0 or more): same seed, same trace"
+    ),
+]
+
+
 @trace_app.command("synth")
 def synth(
     output: Annotated[
@@ -70,10 +79,7 @@ def synth(
     qps: Annotated[
         float, typer.Option(parser=positive, metavar="RATE", help="Mean requests per second")
     ] = 6.0,
-    seed: Annotated[
-        int,
-        typer.Option(min=0, metavar="N", help="Random seed (0 or more): same seed, same trace"),
-    ] = 0,
+    seed: SeedOpt = 0,
 ) -> None:
     """Write a synthetic Bailian trace calibrated to the paper's to-C or to-B workload.
 
@@ -132,7 +138,10 @@ def stats(
     skip_bad_lines: SkipBadLinesFlag = False,
     plot: PlotDirOpt = None,
     top_categories: Annotated[
-        int, typer.Option(min=0, metavar="N", help="Categories in the reuse-time table")
+        int,
+        typer.Option(
+            parser=whole_number(0), metavar="N", help="Categories in the reuse-time table"
+        ),
     ] = 10,
 ) -> None:
     """Characterize TRACE: ideal hit ratio, reuse times, lifespans, skew, turns, types.

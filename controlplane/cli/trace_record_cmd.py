@@ -34,6 +34,7 @@ from controlplane.cli.common import (
     fail,
     positive,
     say,
+    whole_number,
 )
 
 if TYPE_CHECKING:
@@ -83,7 +84,9 @@ WorkerOpt = Annotated[
 MaxRequestsOpt = Annotated[
     int,
     typer.Option(
-        min=0, metavar="N", help="Stop after N requests (each held until the end; 0 = no bound)"
+        parser=whole_number(0),
+        metavar="N",
+        help="Stop after N requests (each held until the end; 0 = no bound)",
     ),
 ]
 KeyPrefixOpt = Annotated[

@@ -24,6 +24,7 @@ from controlplane.cli.common import (
     fail,
     load_trace_or_fail,
     print_json,
+    whole_number,
 )
 
 if TYPE_CHECKING:
@@ -33,7 +34,9 @@ if TYPE_CHECKING:
     from controlplane.traces.model import Trace
 
 TraceOpt = Annotated[Path, typer.Option("--trace", help="Bailian or Mooncake JSONL trace (.gz ok)")]
-CapacityOpt = Annotated[int, typer.Option(min=1, metavar="BLOCKS", help="Cache size in blocks")]
+CapacityOpt = Annotated[
+    int, typer.Option(parser=whole_number(1), metavar="BLOCKS", help="Cache size in blocks")
+]
 WorkerIdOpt = Annotated[
     str | None,
     typer.Option("--id", metavar="NAME", help="Worker id [default: KVWISE_WORKER_ID or host-pid]"),

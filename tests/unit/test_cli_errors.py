@@ -331,7 +331,7 @@ def test_bench_serve_refuses_an_infinite_speed_naming_the_option() -> None:
     assert one_error_line(tiny).startswith("error: --speed: 1e-310 puts sends past a float's")
 
 
-VOCAB_BOUND = f"Input should be less than or equal to {2**31}"
+VOCAB_BOUND = f"must be a whole number in [12, {2**31}], got"
 
 
 @pytest.mark.parametrize(
@@ -354,6 +354,83 @@ def test_bench_serve_refuses_an_unbounded_vocab_or_timeout_naming_the_option(
     res = kvwise("bench", "serve", str(SAMPLE), "--url", url, "--model", "m", option, value)
     assert res.returncode == 2
     assert one_error_line(res).startswith(error)
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (
+            ["replay", "--auto-windows", "0"],
+            "--auto-windows: must be a whole number in [1, 1000], got 0",
+        ),
+        (
+            ["replay", "--auto-windows", "1001"],
+            "--auto-windows: must be a whole number in [1, 1000]",
+        ),
+        (["replay", "--auto-windows", "x"], "--auto-windows: 'x' is not a whole number"),
+        (
+            ["replay", "--auto-min-accesses", "-1"],
+            "--auto-min-accesses: must be a whole number >= 0",
+        ),
+        (["replay", "--top-categories", "-1"], "--top-categories: must be a whole number >= 0"),
+        (
+            ["simulate", "-p", "lru", "--capacity", "9", "-j", "-1"],
+            "--jobs: must be a whole number >= 0",
+        ),
+        (
+            ["bench", "serve", "--block-tokens", "0"],
+            "--block-tokens: must be a whole number >= 1",
+        ),
+        (
+            ["trace", "stats", "--top-categories", "-1"],
+            "--top-categories: must be a whole number >= 0",
+        ),
+        (["bench", "serve", "--limit", "0"], "--limit: must be a whole number >= 1, got 0"),
+        (["bench", "serve", "--concurrency", "0"], "--concurrency: must be a whole number >= 1"),
+        (["bench", "serve", "--max-tokens", "0"], "--max-tokens: must be a whole number >= 1"),
+        (["bench", "serve", "--max-blocks", "0"], "--max-blocks: must be a whole number >= 1"),
+        (
+            ["bench", "serve", "--vocab", "11"],
+            "--vocab: must be a whole number in [12, 2147483648]",
+        ),
+    ],
+)
+def test_a_bounded_whole_number_is_refused_in_the_other_options_words(
+    args: list[str], error: str
+) -> None:
+    """``min=``/``max=`` bounds were refused in pydantic's words ("Input should be greater
+    than or equal to 1"), unlike every other option's "must be ..., got ..."."""
+    command, rest = (args[:2], args[2:]) if args[0] in ("trace", "bench") else (args[:1], args[1:])
+    url = ["--url", f"http://127.0.0.1:{free_port()}"] if command == ["bench", "serve"] else []
+    res = kvwise(*command, str(SAMPLE), *url, *rest)
+    assert res.returncode == 2
+    assert one_error_line(res).startswith(f"error: {error}")
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["trace", "synth", "--seed", "-1"], "--seed: must be a whole number >= 0, got -1"),
+        (
+            ["worker", "--trace", str(SAMPLE), "--capacity", "0"],
+            "--capacity: must be a whole number >= 1",
+        ),
+        (["demo", "--duration", "-1"], "--duration: must be a finite number >= 0, got -1"),
+        (["demo", "--duration", "inf"], "--duration: must be a finite number >= 0, got inf"),
+    ],
+)
+def test_a_bounded_option_of_a_command_without_a_trace_argument_is_worded_alike(
+    tmp_path: Path, args: list[str], error: str
+) -> None:
+    res = kvwise(
+        *args,
+        "-o" if args[1] == "synth" else "--json",
+        *([str(tmp_path / "t.jsonl")] if args[1] == "synth" else []),
+        tmp=tmp_path,
+    )
+    assert res.returncode == 2
+    assert one_error_line(res).startswith(f"error: {error}")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_bench_serve_refuses_a_prompt_past_its_bound_before_building_it(tmp_path: Path) -> None:
