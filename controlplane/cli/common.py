@@ -55,10 +55,16 @@ def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], in
 
 def as_whole_number(text: str | int) -> int:
     """``text`` as an int; anything else fails as a Typer parser's error."""
+    return _read_as(int, text, "a whole number")
+
+
+def _read_as(kind: Callable[[str | NumberT], NumberT], text: str | NumberT, noun: str) -> NumberT:
+    """``text`` read by ``kind`` (int, float); a text it cannot read fails as a Typer
+    parser's error saying it is not ``noun``."""
     try:
-        return int(text)
+        return kind(text)
     except ValueError:
-        raise typer.BadParameter(f"{text!r} is not a whole number") from None
+        raise typer.BadParameter(f"{text!r} is not {noun}") from None
 
 
 TraceArgument = Annotated[
@@ -339,10 +345,7 @@ def open_fraction(text: str) -> float:
 
 
 def _number(text: str | float) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise typer.BadParameter(f"{text!r} is not a number") from None
+    return _read_as(float, text, "a number")
 
 
 def check_writable(path: Path, option: str) -> None:
