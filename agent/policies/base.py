@@ -27,7 +27,12 @@ class EvictionPolicy(Protocol):
 
     def touch(self, blocks: Sequence[int], now: float) -> None:
         """Cached ``blocks`` are reused by a request arriving at ``now``; they are in use
-        until freed. Touching a block that is already in use is a no-op."""
+        until freed. Touching a block that is already in use is a no-op.
+
+        A block that is not cached must not be touched, but an engine bug or a race may
+        do it: every policy then neither raises (it runs on the engine thread) nor holds
+        the block forever. It is never evicted until freed; freed, it is cached and
+        evictable like any other block."""
 
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int

@@ -17,7 +17,8 @@ When ``ahead`` runs out the hand wraps: ``behind`` becomes ``ahead``. Every step
 and each block is passed at most once per turn of the hand.
 
 A block in use cannot be evicted: the hand parks it (out of the queue) instead of passing
-it on every turn; freed, it rejoins as the newest.
+it on every turn; freed, it rejoins as the newest. A touched block that was not cached is
+parked at once, so it rejoins the same way.
 """
 
 from __future__ import annotations
@@ -45,7 +46,12 @@ class SievePolicy:
         self._in_use = InUse()
 
     def touch(self, blocks: Sequence[int], now: float) -> None:
-        self._visited.update(zip(blocks, repeat(True)))
+        visited = self._visited
+        if not all(map(visited.__contains__, blocks)):
+            # Not cached (a broken contract): cached now and parked, so that its free
+            # puts it in the queue, as the newest, instead of holding it forever.
+            self._in_use.parked.update(b for b in blocks if b not in visited)
+        visited.update(zip(blocks, repeat(True)))
         self._in_use.blocks.update(blocks)
 
     def free(

@@ -8,6 +8,8 @@
   use by running requests, ``evict(n)`` returns at most ``n`` distinct blocks, every one
   cached and not in use, and as many as it can (all ``n`` when that many are evictable).
   ``fifo`` evicts exactly as a plain list in insertion order that skips the blocks in use.
+- A touch of a block that is not cached (the contract forbids it; an engine bug or a race
+  can do it) neither raises nor leaks: once freed, the block is evicted like any other.
 - Unknown names fail with the list of known ones.
 """
 
@@ -182,6 +184,28 @@ def test_fifo_evicts_in_insertion_order_whatever_was_in_use(script: list[Op]) ->
     while m.running:
         naive.order += [b for b in _finish(policy, m, 0) if b not in naive.order]
     assert policy.evict(len(naive.order) + 1) == naive.evict(len(naive.order) + 1, m)
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in agent_policies.names() if n not in ("lfu", "s3fifo", "arc")]
+)
+@settings(max_examples=40, deadline=None)
+@given(
+    cached=st.lists(st.integers(0, 7), max_size=6), touched=st.lists(st.integers(0, 15), max_size=6)
+)
+def test_a_touch_of_an_uncached_block_neither_raises_nor_leaks(
+    name: str, cached: list[int], touched: list[int]
+) -> None:
+    policy = agent_policies.create(name, 8)
+    cached = list(dict.fromkeys(cached))
+    policy.free(cached, range(len(cached)), 0.0, 0)
+    touched = list(dict.fromkeys(touched))
+    policy.touch(touched, 1.0)
+    assert not set(policy.evict(len(cached) + len(touched))) & set(touched)
+    policy.free(touched[::-1], range(len(touched)), 2.0, 0)
+    policy.evict(len(cached) + len(touched))
+    assert len(policy) == 0
+    assert not any(b in policy for b in cached + touched)
 
 
 # -- names ------------------------------------------------------------------------------
