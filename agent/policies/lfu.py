@@ -51,7 +51,10 @@ class LFUPolicy:
             if b in in_use:  # already in use (or named twice): counted once
                 continue
             in_use.add(b)
-            f = freq[b]
+            f = freq.get(b)
+            if f is None:  # not cached (a broken contract): cached now, frequency 1
+                freq[b] = 1
+                continue
             del buckets[f][b]
             freq[b] = f + 1
 
