@@ -88,7 +88,11 @@ class S3FIFOPolicy:
         for b in blocks:
             if b not in in_use:  # already in use (or named twice): counted once
                 in_use.add(b)
-                count[b] += 1
+                try:
+                    count[b] += 1
+                except KeyError:  # not cached (a broken contract): parked for small
+                    count[b] = 0
+                    self._parked[b] = False
 
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
