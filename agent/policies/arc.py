@@ -115,7 +115,11 @@ class ARCPolicy:
             if b in in_use:  # already in use (or named twice)
                 continue
             in_use.add(b)
-            if lists[b] == _T1:  # seen again: t2 from now on
+            listed = lists.get(b)
+            if listed is None:  # not cached (a broken contract): cached now, counted in t2
+                lists[b] = _T2
+                self._n2 += 1
+            elif listed == _T1:  # seen again: t2 from now on
                 del t1[b]
                 lists[b] = _T2
                 moved += 1

@@ -186,7 +186,7 @@ def test_fifo_evicts_in_insertion_order_whatever_was_in_use(script: list[Op]) ->
     assert policy.evict(len(naive.order) + 1) == naive.evict(len(naive.order) + 1, m)
 
 
-@pytest.mark.parametrize("name", [n for n in agent_policies.names() if n not in ("arc",)])
+@pytest.mark.parametrize("name", agent_policies.names())
 @settings(max_examples=40, deadline=None)
 @given(
     cached=st.lists(st.integers(0, 7), max_size=6), touched=st.lists(st.integers(0, 15), max_size=6)
