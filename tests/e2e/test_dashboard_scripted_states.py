@@ -1,12 +1,12 @@
 """The /ui dashboard in a real browser against the stand-in controller
 (tests/e2e/scripted_api), in states a reader could misread: the controller gone while the
 shadow curves are shown, a controller that answers but is not ready, the hit-ratio chart's
-line styles, and its pooled line once a worker has gone.
+line styles, and its pooled line once a worker has gone or joined.
 
 Checked: the shadow section says its curves are stale, and of when, while the controller
 does not answer; the title says *(not ready)* as it says *(down)*; the chart's seven
 colours stay apart in normal vision and in the three simulated dichromacies; the pooled
-line counts the workers its history pools.
+line counts the workers its history pools, each point all of them.
 """
 
 from __future__ import annotations
@@ -160,3 +160,22 @@ def test_the_pooled_line_counts_the_workers_it_pools(page: tuple[ScriptedApi, An
     assert legend[-1][0] == "all 59 workers, pooled"
     assert driver.execute_script(POOLED_POINTS_JS) == 1
     assert "all 59 pooled" in facts, facts
+
+
+def test_the_pooled_line_waits_for_a_worker_that_joined(page: tuple[ScriptedApi, Any]) -> None:
+    """Sixty workers for three refreshes, then a sixty-first joins: the pooled line, labelled
+    *all 61 workers*, starts again with no point until the newcomer has an earlier
+    heartbeat (its first point pooled the sixty under the label of 61), then one."""
+    api, driver = page
+    (agent,) = api.answers["/v1/agents"].body
+    for beat in (1, 2, 3):
+        api.set("/v1/agents", _sixty_workers(agent, beat))
+        _refresh_now(driver)
+    for beat, points in ((4, 0), (5, 1)):
+        workers = _sixty_workers(agent, beat)
+        newcomer = workers[0] | {"id": "w60", "accesses": 50 * (beat - 3), "hits": 0}
+        api.set("/v1/agents", [*workers, newcomer])
+        _refresh_now(driver)
+        legend, _ = driver.execute_script(HIT_CHART_JS)
+        assert legend[-1][0] == "all 61 workers, pooled"
+        assert driver.execute_script(POOLED_POINTS_JS) == points, beat

@@ -42,11 +42,14 @@ function record(agent) {
 }
 
 /** The pooled line starts again when the live workers change, so that its label's count
- * ("all N workers") is that of the workers every point of it pools. */
+ * ("all N workers") is that of the workers every point of it pools. Whether this refresh
+ * may add a point: only once each of them has an earlier heartbeat, since one that just
+ * joined has no hits and accesses between two yet. Asked before `record`. */
 function poolOver(agents) {
   const ids = agents.map((a) => a.id).sort().join("\n");
   if (ids !== pooledIds) pooled.length = 0;
   pooledIds = ids;
+  return agents.every((a) => history.get(a.id)?.last);
 }
 
 /** The hit ratio of all workers together between the heartbeats one refresh saw. */
@@ -156,8 +159,9 @@ export function renderWorkersSection(results) {
   const list = agents.value || [];
   const live = new Set(list.map((a) => a.id));
   for (const id of history.keys()) if (!live.has(id)) history.delete(id);
-  poolOver(list);
-  recordPooled(list.map(record).filter(Boolean));
+  const pooling = poolOver(list);
+  const deltas = list.map(record).filter(Boolean);
+  if (pooling) recordPooled(deltas);
   document.getElementById("workers-empty").hidden = list.length > 0;
   renderTable(list, policy.value ? policy.value.version : null);
   renderChart(list);
