@@ -1,12 +1,14 @@
 """The /ui dashboard in a real browser against the stand-in controller
 (tests/e2e/scripted_api), in states a reader could misread: the controller gone while the
-shadow curves are shown, a controller that answers but is not ready, the hit-ratio chart's
-line styles, and its pooled line once a worker has gone or joined.
+shadow curves are shown, a health probe answered 502, a controller that answers but is not
+ready, the hit-ratio chart's line styles, and its pooled line once a worker has gone or
+joined.
 
 Checked: the shadow section says its curves are stale, and of when, while the controller
-does not answer; the title says *(not ready)* as it says *(down)*; the chart's seven
-colours stay apart in normal vision and in the three simulated dichromacies; the pooled
-line counts the workers its history pools, each point all of them.
+does not answer; a probe answered 5xx sends no other read; the title says *(not ready)* as
+it says *(down)*; the chart's seven colours stay apart in normal vision and in the three
+simulated dichromacies; the pooled line counts the workers its history pools, each point
+all of them.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.scripted_api import ScriptedApi
-from tests.e2e.test_dashboard_scripted import _refresh_now, _text
+from tests.e2e.scripted_api import READ_PATHS, ScriptedApi
+from tests.e2e.test_dashboard_scripted import PROXY_PAGE, _refresh_now, _text
 from tests.e2e.test_dashboard_scripted_limits import HIT_CHART_JS, _sixty_workers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -179,3 +181,31 @@ def test_the_pooled_line_waits_for_a_worker_that_joined(page: tuple[ScriptedApi,
         legend, _ = driver.execute_script(HIT_CHART_JS)
         assert legend[-1][0] == "all 61 workers, pooled"
         assert driver.execute_script(POOLED_POINTS_JS) == points, beat
+
+
+def test_a_health_probe_answered_5xx_sends_no_other_read(page: tuple[ScriptedApi, Any]) -> None:
+    """GET /healthz answered 502 by a proxy: the refresh sends no other read (it sent every
+    one, each failing on its own) and each section says its read was not sent, naming what
+    the probe answered; answered again, the reads are sent and the words are gone."""
+    api, driver = page
+    good = api.answers["/healthz"].body
+    api.set("/healthz", PROXY_PAGE, 502, media_type="text/html")
+    before = api.asked.copy()
+    _refresh_now(driver)
+    sent = {path: n - before[path] for path, n in api.asked.items() if n > before[path]}
+    assert sent == {"/healthz": 1}, sent
+    for box, read in (
+        ("policy-error", "/v1/policy"),
+        ("categories-error", "/v1/categories"),
+        ("workers-error", "/v1/agents"),
+        ("shadow-error", "/v1/shadow"),
+    ):
+        said = _text(driver, f"#{box}")
+        reason = "not sent, since GET /healthz answered HTTP 502: 502 Bad Gateway nginx"
+        assert said.startswith(f"GET {read}: http_error: {reason}"), said
+    api.set("/healthz", good)
+    before = api.asked.copy()
+    _refresh_now(driver)
+    assert all(api.asked[path] > before[path] for path in READ_PATHS if path != "/openapi.json")
+    assert driver.find_element("id", "policy-error").is_displayed() is False
+    driver.get_log("browser")  # the 502 was logged: drained

@@ -38,17 +38,25 @@ function settle(name, outcome) {
   return name in lastGood ? { error: outcome.reason, value: lastGood[name] } : { error: outcome.reason };
 }
 
+/** Whether a failed health probe means the controller is down: no answer (stopped, hung),
+ * or a server error (a proxy in front of it answering 502), where every other read would
+ * fail the same way. */
+function probeSaysDown(probe) {
+  const exc = probe.reason;
+  return probe.status === "rejected" && exc instanceof ApiError && (exc.status === 0 || exc.status >= 500);
+}
+
 /**
- * Every read, the health probe first: a controller that does not answer it (down, or hung)
- * gets no other request until it does, so a stopped controller costs one failed request
- * (one console error) per refresh, not one per read. Resolves to [results, down, the
- * reason it is not ready ("" when ready or down)].
+ * Every read, the health probe first: a controller that does not answer it (down, or hung),
+ * or answers it with a server error, gets no other request until it answers it well, so a
+ * stopped controller costs one failed request (one console error) per refresh, not one per
+ * read. Resolves to [results, down, the reason it is not ready ("" when ready or down)].
  */
 async function readAll() {
   const [probe] = await Promise.allSettled([api.get(READS.health)]);
   const results = { health: settle("health", probe) };
   const names = Object.keys(READS).filter((n) => n !== "health");
-  const down = probe.status === "rejected" && probe.reason instanceof ApiError && probe.reason.status === 0;
+  const down = probeSaysDown(probe);
   const notReady = down ? Promise.resolve("") : readiness();
   const settled = down
     ? names.map((n) => ({ status: "rejected", reason: notSent(READS[n], probe.reason) }))
@@ -59,10 +67,11 @@ async function readAll() {
   return [results, down, await notReady];
 }
 
-/** The error of a read not sent because the health probe got no answer: it names the
- * read, as the section showing it reads it, and the probe's failure as the reason. */
+/** The error of a read not sent because the controller is down: it names the read, as the
+ * section showing it reads it, and the probe's failure (or what it answered) as the reason. */
 function notSent(path, probeError) {
-  const reason = `not sent, since GET ${READS.health} failed: ${probeError.reason}`;
+  const probe = `GET ${READS.health} ${probeError.status ? `answered HTTP ${probeError.status}` : "failed"}`;
+  const reason = `not sent, since ${probe}: ${probeError.reason}`;
   return new ApiError("GET", path, 0, probeError.error, reason, null);
 }
 
