@@ -104,12 +104,22 @@ ConcurrencyOpt = Annotated[
         parser=whole_number(1), metavar="N", help="Requests in flight at most; later ones wait"
     ),
 ]
+
+
+def _output_tokens(text: str) -> int:
+    """``--max-tokens``: a whole number from 1 to ``MAX_REQUEST_TOKENS`` (imported when an
+    option is read, as numpy comes with it), the most a server is asked to generate."""
+    from controlplane.traces.model import MAX_REQUEST_TOKENS
+
+    return whole_number(1, MAX_REQUEST_TOKENS)(text)
+
+
 MaxTokensOpt = Annotated[
     int,
     typer.Option(
-        parser=whole_number(1),
+        parser=_output_tokens,
         metavar="N",
-        help="Output tokens per request: the trace's, capped here",
+        help="Output tokens per request: the trace's, capped here (at most 2^24)",
     ),
 ]
 MaxBlocksOpt = Annotated[

@@ -387,7 +387,14 @@ def test_bench_serve_refuses_an_unbounded_vocab_or_timeout_naming_the_option(
         ),
         (["bench", "serve", "--limit", "0"], "--limit: must be a whole number >= 1, got 0"),
         (["bench", "serve", "--concurrency", "0"], "--concurrency: must be a whole number >= 1"),
-        (["bench", "serve", "--max-tokens", "0"], "--max-tokens: must be a whole number >= 1"),
+        (
+            ["bench", "serve", "--max-tokens", "0"],
+            f"--max-tokens: must be a whole number in [1, {2**24}], got 0",
+        ),
+        (
+            ["bench", "serve", "--max-tokens", str(2**24 + 1)],
+            f"--max-tokens: must be a whole number in [1, {2**24}]",
+        ),
         (["bench", "serve", "--max-blocks", "0"], "--max-blocks: must be a whole number >= 1"),
         (
             ["bench", "serve", "--vocab", "11"],
