@@ -4,7 +4,8 @@
 Owns turning a ``Trace`` into per-request work: arrival time (trace time divided by the
 speed-up), prompt tokens (the trace's ``input_length``, or blocks x block tokens when the
 trace lacks it; at most ``MAX_REQUEST_TOKENS``), output tokens (the trace's
-``output_length``, or the documented default ``DEFAULT_OUTPUT_TOKENS``), and the tokens
+``output_length``, or the documented default ``DEFAULT_OUTPUT_TOKENS``; at most
+``MAX_REQUEST_TOKENS`` too), and the tokens
 per block of the trace's format. ``Outcomes`` holds, per request, the instance it ran
 on, its hits and the times of its life: arrival, first step (end of queueing), first
 token, finish.
@@ -67,8 +68,9 @@ def workload(
     t0 = float(trace.timestamps[0]) if trace.n_requests else 0.0
     by_blocks = trace.lengths * bt
     prompt = np.where(trace.input_lengths > 0, trace.input_lengths, by_blocks)
-    _check_prompts(prompt)
+    _check_within_an_engine(prompt, "prompt tokens (input_length, or its blocks x block tokens)")
     output = np.where(trace.output_lengths > 0, trace.output_lengths, output_tokens)
+    _check_within_an_engine(output, "output tokens (output_length)")
     return Workload(
         arrival=arrival.tolist(),
         prompt_tokens=prompt.astype(np.int64).tolist(),
@@ -79,14 +81,16 @@ def workload(
     )
 
 
-def _check_prompts(prompt: NDArray[np.int64]) -> None:
-    """``ValueError`` naming the first request whose prompt is over ``MAX_REQUEST_TOKENS``."""
-    over = np.flatnonzero(prompt > MAX_REQUEST_TOKENS)
+def _check_within_an_engine(tokens: NDArray[np.int64], what: str) -> None:
+    """``ValueError`` naming the first request that asks for more than
+    ``MAX_REQUEST_TOKENS`` of ``what`` (a prompt would be prefilled, an output decoded,
+    step by step for ever)."""
+    over = np.flatnonzero(tokens > MAX_REQUEST_TOKENS)
     if len(over):
         r = int(over[0])
         raise ValueError(
-            f"request {r} asks for {int(prompt[r]):,} prompt tokens (input_length, or its "
-            f"blocks x block tokens), more than the {MAX_REQUEST_TOKENS:,} one engine takes"
+            f"request {r} asks for {int(tokens[r]):,} {what}, more than the "
+            f"{MAX_REQUEST_TOKENS:,} one engine takes"
         )
 
 

@@ -4,12 +4,16 @@ replay's hit ratios at low load, zero and infinite caches, pinned blocks, router
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from controlplane.cli import app
 from controlplane.replay import catalog
 from controlplane.replay.accesses import AccessColumns
 from controlplane.replay.engine import replay_hits
@@ -22,7 +26,7 @@ from controlplane.simulate.engine import SimOptions, simulate
 from controlplane.simulate.kv import InstanceCache
 from controlplane.simulate.profiles import BUILTIN, DEFAULT_PROFILE
 from controlplane.simulate.report import summarize
-from controlplane.simulate.requests import Outcomes, Workload
+from controlplane.simulate.requests import Outcomes, Workload, workload
 from controlplane.traces.arrays import I32, I64
 from controlplane.traces.model import Trace
 from controlplane.traces.synth import synthesize
@@ -254,3 +258,33 @@ def test_a_request_with_no_blocks_and_no_prompt_has_no_cached_tokens() -> None:
     assert work.prompt_tokens == [0, 32]
     assert out.cached_tokens.tolist() == [0, 0]
     assert (out.first_token >= out.started).all()
+
+
+def test_an_output_no_engine_takes_is_refused_naming_the_trace_and_request(
+    tmp_path: Path,
+) -> None:
+    """An ``output_length`` past 2^24 tokens (the reader takes any 64-bit count) was
+    decoded as asked, while such a prompt was refused: 10^12 tokens never finished."""
+    path = tmp_path / "long_output.jsonl"
+    outputs = [1, 2**24, 2**24 + 1]
+    path.write_text(
+        "".join(
+            json.dumps({"timestamp": t, "hash_ids": [1, 2], "input_length": 32, "output_length": n})
+            + "\n"
+            for t, n in enumerate(outputs)
+        )
+    )
+    res = CliRunner().invoke(app, ["simulate", str(path), "-p", "lru", "--capacity", "4"])
+    assert res.exit_code == 2, res.output
+    said = f"error: {path}: request 2 asks for 16,777,217 output tokens (output_length)"
+    assert res.stderr.startswith(said)
+    assert len(res.stderr.strip().splitlines()) == 1
+    trace = Trace.from_arrays(
+        name="t",
+        source_format="mooncake",
+        hash_ids=np.arange(2, dtype=np.int64),
+        lengths=np.ones(2, dtype=np.int64),
+        timestamps=np.arange(2, dtype=np.float64),
+        output_lengths=np.array(outputs[:2], dtype=np.int64),
+    )
+    assert workload(trace).output_tokens == [1, 2**24]
