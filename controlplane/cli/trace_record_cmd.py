@@ -32,6 +32,7 @@ from controlplane.cli.common import (
     agent_settings_or_fail,
     counted,
     fail,
+    note,
     positive,
     say,
     whole_number,
@@ -111,6 +112,8 @@ class _Run:
     """When to look for them next (``time.monotonic``)."""
     failure: str = ""
     """Why Redis stopped the recording (empty: it did not)."""
+    said_not_read: bool = False
+    """Whether heartbeat keys past the workers it reads were said (once) on stderr."""
 
     @property
     def full(self) -> bool:
@@ -293,12 +296,28 @@ def _take_on_new_workers(run: _Run) -> None:
     run.next_look = time.monotonic() + NEW_WORKERS_EVERY_S
     choice = run.newcomers.look()
     _say_not_whole(choice)
+    _say_not_read(run)
     for w in choice.record:
         run.tail.add(w)
         typer.echo(
             f"worker {w} joined: recording it too ({counted(len(run.tail.workers), 'worker')})",
             err=True,
         )
+
+
+def _say_not_read(run: _Run) -> None:
+    """Say once, the first time a look finds them, that new heartbeat keys past the
+    workers it reads at most are not read: the workers they name are not recorded."""
+    from controlplane.service.trace_recording import MAX_WORKERS_READ
+
+    if run.said_not_read or run.newcomers is None or not run.newcomers.not_read:
+        return
+    run.said_not_read = True
+    keys = counted(run.newcomers.not_read, "new heartbeat key")
+    note(
+        f"{keys} past the {MAX_WORKERS_READ:,} workers it reads at most "
+        "are not read: the workers they name are not recorded"
+    )
 
 
 def _gather(run: _Run, found: list[RecordedRequest]) -> None:

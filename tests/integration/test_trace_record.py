@@ -98,6 +98,11 @@ class Lines:
         counts = re.findall(r"^recorded (\d+) request", self.text(), flags=re.M)
         return int(counts[-1]) if counts else 0
 
+    def seconds(self) -> int:
+        """The seconds the last status line counts (0 before the first)."""
+        counts = re.findall(r"^recorded \d+ requests? in (\d+) s", self.text(), flags=re.M)
+        return int(counts[-1]) if counts else 0
+
     def close(self) -> str:
         self._thread.join(timeout=20)
         return self.text()
@@ -349,3 +354,29 @@ def test_new_workers_are_read_bounded_and_seen_up_to_the_cap(
     assert newcomers.not_read == 51
     assert len(newcomers._seen) == MAX_WORKERS_READ - 1
     assert newcomers.look() == WorkerChoice([], [], []) and newcomers.not_read == 51
+
+
+def test_heartbeat_keys_past_the_cap_are_said_once(
+    tmp_path: Path, redis_url: str, key_prefix: str
+) -> None:
+    """``NewWorkers.not_read`` was counted but never shown: workers past the cap were left
+    out of the recording without a word."""
+    keys, r = Keys(key_prefix), redis.Redis.from_url(redis_url)
+    whole = agent_status(id="w0000", whole_requests=True)
+    r.set(keys.agent("w0000"), whole.to_json(), px=60_000)
+    recording = Recording(tmp_path / "mine.jsonl", 60, redis_url, key_prefix)
+    pipe = r.pipeline(transaction=False)
+    for n in range(1, MAX_WORKERS_READ + 50):
+        pipe.set(keys.agent(f"w{n:04}"), agent_status(id=f"w{n:04}").to_json(), px=60_000)
+    pipe.execute()
+    lines = recording.lines
+    wait_until(lambda: "note: " in lines.text(), timeout=30, what="the note")
+    said_at = lines.seconds()
+    # two more looks (every NEW_WORKERS_EVERY_S, by the recording's own status lines)
+    wait_until(lambda: lines.seconds() >= said_at + 5, timeout=30, what="two more looks")
+    _, _, text = recording.stop()
+    assert text.count("note: ") == 1
+    assert (
+        "note: 50 new heartbeat keys past the 1,024 workers it reads at most are not read: the "
+        "workers they name are not recorded" in " ".join(text.split())
+    )
