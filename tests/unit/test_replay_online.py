@@ -251,6 +251,7 @@ def test_the_online_refit_fits_a_sliding_window_as_docs_replay_says() -> None:
         window = 3 * min(applied.at_s, settings.window_s)
         assert window - 3 * (bucket_s + 1) <= seen <= min(window, replayed), applied.at_s
     section = (REPO / "docs" / "replay.md").read_text().split("## Fitted policies")[1]
+    section = " ".join(section.split())  # the prose as read, however it is wrapped
     defaults = FitSettings()
     for words in (
         "sliding `ReuseStats` window",
