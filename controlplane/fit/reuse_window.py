@@ -355,23 +355,19 @@ class ReuseStats:
     # --- ingest --------------------------------------------------------------------------
     def ingest_batch(self, batch: EventBatch) -> None:
         """Ingest the access events (hits, inserts) of a decoded wire batch; a bad one is
-        refused whole, the error naming it and the row as sent."""
+        refused whole, the error naming it and the row as sent (checked once, whole:
+        its access events are then a part of what was checked)."""
+        cat, pcat = batch.category.astype(np.int64), batch.prev_category.astype(np.int64)
         _check_columns(
             batch.ts,
-            batch.category.astype(np.int64),
+            cat,
             batch.prev_ts,
-            batch.prev_category.astype(np.int64),
+            pcat,
             len(batch.categories),
             batch=f"batch {batch.seq} of worker {batch.worker!r}: ",
         )
         keep = np.isin(batch.kind, _ACCESS_KINDS)
-        self.ingest(
-            batch.ts[keep],
-            batch.category[keep],
-            batch.prev_ts[keep],
-            batch.prev_category[keep],
-            names=batch.categories,
-        )
+        self._apply(batch.ts[keep], cat[keep], batch.prev_ts[keep], pcat[keep], batch.categories)
 
     def ingest(
         self,
@@ -398,6 +394,10 @@ class ReuseStats:
         # The whole batch is checked before anything changes: a refused one adds nothing,
         # not even its names.
         _check_columns(ts, cat, pts, pcat, len(self._names) if names is None else len(names))
+        self._apply(ts, cat, pts, pcat, names)
+
+    def _apply(self, ts: F64, cat: I64, pts: F64, pcat: I64, names: Sequence[str] | None) -> None:
+        """``ingest``'s work on columns ``_check_columns`` has passed."""
         if len(ts) == 0:
             return
         cat, pcat = self._remap(cat, pcat, names)
