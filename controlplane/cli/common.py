@@ -297,14 +297,6 @@ def ratio(text: str) -> float:
     return value
 
 
-def non_negative(text: str) -> float:
-    """Typer parser of a finite number >= 0 (the error names the option)."""
-    value = _number(text)
-    if not (value >= 0 and math.isfinite(value)):
-        raise typer.BadParameter(f"must be a finite number >= 0, got {text}")
-    return value
-
-
 def finite_at_least(minimum: float) -> Callable[[str], float]:
     """A Typer parser of a finite number >= ``minimum`` (the error names the option): a
     bound typed as ``min=`` lets ``inf`` and ``nan`` through."""
@@ -318,6 +310,8 @@ def finite_at_least(minimum: float) -> Callable[[str], float]:
     return parse
 
 
+non_negative = finite_at_least(0.0)
+"""Typer parser of a finite number >= 0 (the error names the option)."""
 SpeedOpt = Annotated[
     float,
     typer.Option(
