@@ -5,10 +5,9 @@ Owns turning a ``Trace`` into per-request work: arrival time (trace time divided
 speed-up), prompt tokens (the trace's ``input_length``, or blocks x block tokens when the
 trace lacks it; at most ``MAX_REQUEST_TOKENS``), output tokens (the trace's
 ``output_length``, or the documented default ``DEFAULT_OUTPUT_TOKENS``; at most
-``MAX_REQUEST_TOKENS`` too), and the tokens
-per block of the trace's format. ``Outcomes`` holds, per request, the instance it ran
-on, its hits and the times of its life: arrival, first step (end of queueing), first
-token, finish.
+``MAX_REQUEST_TOKENS`` too), and the tokens per block of the trace's format.
+``Outcomes`` holds, per request, the instance it ran on, its hits and the times of its
+life: arrival, first step (end of queueing), first token, finish.
 
 It must never simulate, route or summarise.
 """
