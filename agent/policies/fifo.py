@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Sequence
 from heapq import heappop, heappush
 
-from agent.policies.handover import Handover, drain
+from agent.policies.handover import Handover, drain, queue_up
 from agent.policies.parking import InUse
 from agent.policies.registry import register
 
@@ -100,12 +100,9 @@ class FIFOPolicy:
         return handover
 
     def adopt(self, handover: Handover, now: float) -> None:
-        """The evictable blocks in victim order, then the ones in use (a scan parks
-        them until they are freed)."""
-        self._order.extend(handover.evictable)
-        self._order.extend(handover.in_use)
+        """The evictable blocks in victim order, then the ones in use (``queue_up``)."""
+        queue_up(handover, self._order, self._in_use.blocks)
         self._cached.update(self._order)
-        self._in_use.blocks.update(handover.in_use)
 
     def __len__(self) -> int:
         return len(self._cached)

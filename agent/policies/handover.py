@@ -5,7 +5,8 @@ Owns the optional abilities a family switch needs, declared as Protocols (tested
 and the ones in use) and ``Adopts`` (a fresh policy takes them), plus the two that hot
 reload uses, ``ReloadsPolicy`` (``set_policy``) and ``NamesCategories``
 (``add_category``), and ``hand_over``, the switch itself, written once for every caller
-(the agent, the vLLM queue, replay).
+(the agent, the vLLM queue, replay). Also the steps the policies' own abilities share:
+``drain`` (every ``hand_over``) and ``queue_up`` (the queue policies' ``adopt``).
 
 What survives a switch: every cached block, and the order in which the moved blocks
 would have been evicted (the new policy evicts them in the old policy's victim order
@@ -18,6 +19,7 @@ know which family a caller wants.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Collection
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -74,6 +76,15 @@ def drain(policy: EvictionPolicy, in_use: Collection[int]) -> Handover:
     if isinstance(in_use, set):
         in_use.clear()
     return Handover(evictable, held)
+
+
+def queue_up(handover: Handover, queue: deque[int], in_use: set[int]) -> None:
+    """Append ``handover``'s blocks to a queue policy's ``queue``: the evictable ones in
+    victim order, then the ones in use, which stay in ``in_use`` (the policy's scan parks
+    them until they are freed)."""
+    queue.extend(handover.evictable)
+    queue.extend(handover.in_use)
+    in_use.update(handover.in_use)
 
 
 class SwitchRefused(RuntimeError):

@@ -38,7 +38,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from itertools import islice, repeat
 
-from agent.policies.handover import Handover, drain
+from agent.policies.handover import Handover, drain, queue_up
 from agent.policies.registry import register
 
 SMALL_RATIO = 0.1
@@ -178,11 +178,8 @@ class S3FIFOPolicy:
         """Every block in ``main`` with a count of 0 (seen nothing since the switch), the
         evictable ones in victim order, then the ones in use (parked by the scan until
         freed); new blocks go through ``small`` as usual."""
-        main = self._main
-        main.extend(handover.evictable)
-        main.extend(handover.in_use)
-        self._count.update(zip(main, repeat(0)))
-        self._in_use.update(handover.in_use)
+        queue_up(handover, self._main, self._in_use)
+        self._count.update(zip(self._main, repeat(0)))
         self._has_evicted = True
 
     def __len__(self) -> int:

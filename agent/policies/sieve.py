@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Sequence
 from itertools import repeat
 
-from agent.policies.handover import Handover, drain
+from agent.policies.handover import Handover, drain, queue_up
 from agent.policies.parking import InUse
 from agent.policies.registry import register
 
@@ -101,12 +101,10 @@ class SievePolicy:
         return handover
 
     def adopt(self, handover: Handover, now: float) -> None:
-        """Unvisited, the evictable blocks in victim order from the hand on, then the
-        ones in use (the hand parks them until they are freed)."""
-        self._ahead.extend(handover.evictable)
-        self._ahead.extend(handover.in_use)
+        """Unvisited, from the hand on: the evictable blocks in victim order, then the
+        ones in use (``queue_up``: the hand parks them until they are freed)."""
+        queue_up(handover, self._ahead, self._in_use.blocks)
         self._visited.update(zip(self._ahead, repeat(False)))
-        self._in_use.blocks.update(handover.in_use)
 
     def __len__(self) -> int:
         return len(self._visited)
