@@ -181,19 +181,24 @@ def test_object_names_are_refused_at_install_unless_the_api_server_takes_them(pa
     assert [n for n in bad if takes(n)] == [], path
 
 
+def refused_by_pattern(path: str, value: str, case: str) -> Any:
+    """A case of ``BAD_VALUES``: ``value`` at the dotted ``path``, which the schema's pattern
+    there refuses, in Helm's words and in jsonschema's."""
+    keys = path.split(".")
+    bad: dict[str, Any] = {keys[-1]: value}
+    for key in reversed(keys[:-1]):
+        bad = {key: bad}
+    return pytest.param(
+        bad,
+        f"at '/{'/'.join(keys)}': '{value}' does not match pattern",
+        f"'{value}' does not match {pattern_at(*keys)!r}",
+        id=case,
+    )
+
+
 BAD_VALUES = [
-    pytest.param(
-        {"controller": {"config": {"shadowPolicies": "lru,bogus"}}},
-        "at '/controller/config/shadowPolicies': 'lru,bogus' does not match pattern",
-        f"'lru,bogus' does not match {config_pattern('shadowPolicies')!r}",
-        id="unknown-shadow-policy",
-    ),
-    pytest.param(
-        {"controller": {"config": {"shadowLadder": "0,-1"}}},
-        "at '/controller/config/shadowLadder': '0,-1' does not match pattern",
-        f"'0,-1' does not match {config_pattern('shadowLadder')!r}",
-        id="shadow-ladder-out-of-range",
-    ),
+    refused_by_pattern("controller.config.shadowPolicies", "lru,bogus", "unknown-shadow-policy"),
+    refused_by_pattern("controller.config.shadowLadder", "0,-1", "shadow-ladder-out-of-range"),
     pytest.param(
         {"controller": {"config": {"lifeRule": "median"}}},
         "at '/controller/config/lifeRule': value must be one of 'quantile', 'fixed'",
@@ -218,35 +223,14 @@ BAD_VALUES = [
         "0 is less than or equal to the minimum of 0",
         id="out-of-range",
     ),
-    pytest.param(
-        {"controller": {"auth": {"existingSecret": "API_Token"}}},
-        "at '/controller/auth/existingSecret': 'API_Token' does not match pattern",
-        f"'API_Token' does not match {pattern_at('controller', 'auth', 'existingSecret')!r}",
-        id="not-an-object-name",
-    ),
+    refused_by_pattern("controller.auth.existingSecret", "API_Token", "not-an-object-name"),
     *(
-        pytest.param(
-            {key: "KV_Prod"},
-            f"at '/{key}': 'KV_Prod' does not match pattern",
-            f"'KV_Prod' does not match {pattern_at(key)!r}",
-            id=f"not-a-dns-label-{key}",
-        )
+        refused_by_pattern(key, "KV_Prod", f"not-a-dns-label-{key}")
         for key in ("nameOverride", "fullnameOverride")
     ),
     *(
-        pytest.param(
-            bad,
-            f"at '/{'/'.join(path)}': '8GB' does not match pattern",
-            f"'8GB' does not match {pattern_at(*path)!r}",
-            id=f"not-a-quantity-{path[-1]}",
-        )
-        for path, bad in (
-            (("workers", "shmSizeLimit"), {"workers": {"shmSizeLimit": "8GB"}}),
-            (
-                ("workers", "modelCache", "sizeLimit"),
-                {"workers": {"modelCache": {"sizeLimit": "8GB"}}},
-            ),
-        )
+        refused_by_pattern(path, "8GB", f"not-a-quantity-{path.split('.')[-1]}")
+        for path in ("workers.shmSizeLimit", "workers.modelCache.sizeLimit")
     ),
     pytest.param(
         {"workers": {"engine": "tgi"}},
@@ -254,12 +238,7 @@ BAD_VALUES = [
         "'tgi' is not one of ['vllm', 'sglang']",
         id="unknown-engine",
     ),
-    pytest.param(
-        {"controller": {"config": {"keyPrefix": "kv{a}:"}}},
-        "at '/controller/config/keyPrefix': 'kv{a}:' does not match pattern",
-        f"'kv{{a}}:' does not match {config_pattern('keyPrefix')!r}",
-        id="key-prefix-hash-tag",
-    ),
+    refused_by_pattern("controller.config.keyPrefix", "kv{a}:", "key-prefix-hash-tag"),
     pytest.param(  # Helm drops a null key: a setting cannot be nulled back to its default
         {"controller": {"config": {"windowBuckets": None}}},
         "at '/controller/config': missing property 'windowBuckets'",
@@ -574,9 +553,7 @@ def _bounds(info: Any) -> dict[str, float]:
 def test_schema_constraints_match_the_settings(
     settings: Any, schema_path: tuple[str, ...], skip: set[str]
 ) -> None:
-    node = schema()
-    for part in schema_path:
-        node = node["properties"][part]
+    node = schema_entry(*schema_path)
     for field, info in settings.model_fields.items():
         if field in skip:
             continue
