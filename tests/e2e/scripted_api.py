@@ -11,7 +11,6 @@ in for what a real controller can be made to do in a test (tests/e2e/test_dashbo
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -20,14 +19,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
-import uvicorn
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from agent.wire import Keys
 from controlplane.api.ui import mount_ui
-from controlplane.dev.embedded_redis import free_port
 from controlplane.service.controller import Controller
 from controlplane.traces.synth import synthesize
 from tests.agent_stream import agent_batches
@@ -39,6 +36,7 @@ from tests.integration.controller_fixtures import (
     running_controller,
     send,
 )
+from tests.loopback_server import serving
 from tests.waiting import wait_until
 from tests.wire_samples import agent_status
 
@@ -155,14 +153,6 @@ def scripted_api(answers: dict[str, Answer], port: int | None = None) -> Iterato
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     mount_ui(app)
     app.add_route("/{path:path}", api.serve, methods=["GET", "PUT", "POST", "DELETE"])
-    port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until(lambda: server.started, timeout=20, what="the stand-in to serve")
-    api.url = f"http://127.0.0.1:{port}"
-    try:
+    with serving(app, port, what="the stand-in") as url:
+        api.url = url
         yield api
-    finally:
-        server.should_exit = True
-        thread.join(timeout=20)

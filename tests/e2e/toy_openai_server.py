@@ -14,21 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from controlplane.dev.embedded_redis import free_port
+from tests.loopback_server import serving
 
 MODEL = "toy-model"
 
@@ -140,20 +137,6 @@ def _event(obj: dict[str, Any]) -> bytes:
 
 @contextmanager
 def running_toy_server(server: ToyServer) -> Iterator[ToyServer]:
-    port = free_port()
-    uv = uvicorn.Server(
-        uvicorn.Config(server.app(), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not uv.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("toy server did not start")
-        time.sleep(0.02)
-    server.url = f"http://127.0.0.1:{port}"
-    try:
+    with serving(server.app(), what="the toy server") as url:
+        server.url = url
         yield server
-    finally:
-        uv.should_exit = True
-        thread.join(timeout=20)

@@ -3,7 +3,6 @@ its settings for live tests, and wire batches to feed it."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,7 +12,6 @@ from typing import Any
 import httpx
 import numpy as np
 import redis
-import uvicorn
 from fastapi import FastAPI
 
 from agent.wire import EventBatch, EventKind, Keys, encode_batch
@@ -21,6 +19,7 @@ from controlplane.api.server import build_app
 from controlplane.dev.embedded_redis import free_port
 from controlplane.service.controller import Controller
 from controlplane.service.settings import ControllerSettings
+from tests.loopback_server import serving
 from tests.waiting import wait_until
 from tests.wire_samples import event_batch
 
@@ -84,24 +83,19 @@ def running_controller(settings: ControllerSettings) -> Iterator[RunningControll
     settings = settings.model_copy(update={"host": "127.0.0.1", "port": port})
     controller = Controller(settings)
     app = build_app(settings, controller)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    with httpx.Client(base_url=url, timeout=10) as client:
+    with (
+        serving(app, port, what="the controller") as url,
+        httpx.Client(base_url=url, timeout=10) as client,
+    ):
 
-        def serving() -> bool:
+        def healthy() -> bool:
             try:
                 return client.get("/healthz").status_code == 200
             except httpx.TransportError:
                 return False
 
-        wait_until(serving, timeout=20, what="the controller to serve")
-        try:
-            yield RunningController(url, controller, client, app)
-        finally:
-            server.should_exit = True
-            thread.join(timeout=20)
+        wait_until(healthy, timeout=20, what="the controller to answer /healthz")
+        yield RunningController(url, controller, client, app)
 
 
 def reuse_batch(
