@@ -22,7 +22,13 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.browser import chromium, console_problems
+from tests.e2e.browser import (
+    OVERFLOW_JS,
+    chromium,
+    clear_emulation,
+    console_problems,
+    emulate_zoom,
+)
 from tests.e2e.scripted_api import (
     CATEGORY,
     Answer,
@@ -39,6 +45,16 @@ def _refresh_now(driver: Any) -> None:
     seen = _refreshes(driver)
     driver.find_element("id", "refresh-now").click()
     _until(driver, "the refresh", lambda: _refreshes(driver) > seen)
+
+
+def _assert_reflows_at_400_percent_zoom(driver: Any) -> None:
+    """A 1280-pixel screen at 400 % zoom lays the page out in 320 CSS pixels (the width
+    WCAG's reflow criterion names); refreshed there, nothing runs out sideways."""
+    emulate_zoom(driver, 1280, 1024, 4.0)
+    assert driver.execute_script("return window.innerWidth") == 320
+    _refresh_now(driver)
+    assert driver.execute_script(OVERFLOW_JS) == []
+    clear_emulation(driver)
 
 
 def test_refreshes_asked_for_during_a_slow_one_wait_and_make_one(
@@ -352,8 +368,6 @@ def test_the_version_history_fits_with_a_long_category_in_a_reason(
     """A version whose reason names a 64-character category (an override's, as the store
     words it): the history still fits its box from 1024 px up, its roll-back buttons in
     view (the name widened the table, and the buttons went behind a scroll bar)."""
-    from tests.e2e.browser import clear_emulation, emulate_zoom
-
     api, driver = page
     name = "queue-" + "x" * 58
     versions = api.answers["/v1/policy/versions"].body
@@ -374,14 +388,8 @@ def test_the_page_reflows_at_400_percent_zoom(page: tuple[ScriptedApi, Any]) -> 
     """A 1280-pixel screen at 400 % zoom lays the page out in 320 CSS pixels (the width
     WCAG's reflow criterion names): nothing scrolls sideways but the wide tables in their
     boxes (the nav's links ran 50 px off the page)."""
-    from tests.e2e.browser import OVERFLOW_JS, clear_emulation, emulate_zoom
-
     _, driver = page
-    emulate_zoom(driver, 1280, 1024, 4.0)
-    assert driver.execute_script("return window.innerWidth") == 320
-    _refresh_now(driver)
-    assert driver.execute_script(OVERFLOW_JS) == []
-    clear_emulation(driver)
+    _assert_reflows_at_400_percent_zoom(driver)
 
 
 def test_an_action_is_not_sent_again_while_it_waits_for_its_answer(

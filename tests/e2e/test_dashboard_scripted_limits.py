@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.browser import OVERFLOW_JS, clear_emulation, console_problems, emulate_zoom
+from tests.e2e.browser import console_problems
 from tests.e2e.scripted_api import ScriptedApi
 from tests.e2e.test_dashboard import _fill, _refreshes, _until
 from tests.e2e.test_dashboard_scripted import (
     PROXY_PAGE,
+    _assert_reflows_at_400_percent_zoom,
     _categories,
     _charts,
     _refresh_now,
@@ -115,6 +116,17 @@ def _sixty_workers(agent: dict[str, Any], beat: int) -> list[dict[str, Any]]:
     ]
 
 
+def _beat_sixty_workers(api: ScriptedApi, driver: Any, beats: int) -> dict[str, Any]:
+    """The page refreshed after each of ``beats`` heartbeats of ``_sixty_workers`` like the
+    captured worker, whom it returns (for the beats a test sends after)."""
+    captured: list[dict[str, Any]] = api.answers["/v1/agents"].body
+    (agent,) = captured
+    for beat in range(1, beats + 1):
+        api.set("/v1/agents", _sixty_workers(agent, beat))
+        _refresh_now(driver)
+    return agent
+
+
 # Runs in the page: the hit-ratio chart's legend (name, colour, dash) and its facts line.
 HIT_CHART_JS = """
 const box = document.getElementById('hit-chart');
@@ -133,20 +145,14 @@ def test_sixty_workers_chart_the_busiest_and_all_pooled(page: tuple[ScriptedApi,
     sixty (the chart drew sixty lines in seven styles, with sixty entries in its legend);
     nothing runs out sideways at 320 CSS pixels."""
     api, driver = page
-    (agent,) = api.answers["/v1/agents"].body
-    for beat in (1, 2):
-        api.set("/v1/agents", _sixty_workers(agent, beat))
-        _refresh_now(driver)
+    _beat_sixty_workers(api, driver, 2)
     legend, facts = driver.execute_script(HIT_CHART_JS)
     busiest = [f"w{i}" for i in range(59, 53, -1)]
     assert [name for name, _, _ in legend] == [*busiest, "all 60 workers, pooled"]
     assert len({(color, dash) for _, color, dash in legend}) == len(legend)
     assert facts.startswith("The 6 workers with the most accesses, and all 60 pooled"), facts
     assert len(driver.find_elements("css selector", "#worker-table tbody tr")) == 60
-    emulate_zoom(driver, 1280, 1024, 4.0)  # 320 CSS pixels: nothing runs out sideways
-    _refresh_now(driver)
-    assert driver.execute_script(OVERFLOW_JS) == []
-    clear_emulation(driver)
+    _assert_reflows_at_400_percent_zoom(driver)
 
 
 def test_a_health_probe_answered_in_error_says_what_it_answered(

@@ -22,7 +22,11 @@ import pytest
 
 from tests.e2e.scripted_api import READ_PATHS, ScriptedApi
 from tests.e2e.test_dashboard_scripted import PROXY_PAGE, _refresh_now, _text
-from tests.e2e.test_dashboard_scripted_limits import HIT_CHART_JS, _sixty_workers
+from tests.e2e.test_dashboard_scripted_limits import (
+    HIT_CHART_JS,
+    _beat_sixty_workers,
+    _sixty_workers,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -125,10 +129,7 @@ def test_the_chart_styles_differ_in_colour(page: tuple[ScriptedApi, Any]) -> Non
     colours are at least MIN_DELTA_E apart in normal vision and in simulated protanopia,
     deuteranopia and tritanopia (two were blues told apart by their dash only)."""
     api, driver = page
-    (agent,) = api.answers["/v1/agents"].body
-    for beat in (1, 2):
-        api.set("/v1/agents", _sixty_workers(agent, beat))
-        _refresh_now(driver)
+    _beat_sixty_workers(api, driver, 2)
     legend, _ = driver.execute_script(HIT_CHART_JS)
     colours = [colour.upper() for _, colour, _ in legend]
     assert len(colours) == 7
@@ -151,10 +152,7 @@ def test_the_pooled_line_counts_the_workers_it_pools(page: tuple[ScriptedApi, An
     *all 59 workers*, starts again with the 59 (it kept the points that pooled the sixty
     under the label of 59)."""
     api, driver = page
-    (agent,) = api.answers["/v1/agents"].body
-    for beat in (1, 2, 3):
-        api.set("/v1/agents", _sixty_workers(agent, beat))
-        _refresh_now(driver)
+    agent = _beat_sixty_workers(api, driver, 3)
     assert driver.execute_script(POOLED_POINTS_JS) == 2
     api.set("/v1/agents", _sixty_workers(agent, 4)[1:])
     _refresh_now(driver)
@@ -169,10 +167,7 @@ def test_the_pooled_line_waits_for_a_worker_that_joined(page: tuple[ScriptedApi,
     *all 61 workers*, starts again with no point until the newcomer has an earlier
     heartbeat (its first point pooled the sixty under the label of 61), then one."""
     api, driver = page
-    (agent,) = api.answers["/v1/agents"].body
-    for beat in (1, 2, 3):
-        api.set("/v1/agents", _sixty_workers(agent, beat))
-        _refresh_now(driver)
+    agent = _beat_sixty_workers(api, driver, 3)
     for beat, points in ((4, 0), (5, 1)):
         workers = _sixty_workers(agent, beat)
         newcomer = workers[0] | {"id": "w60", "accesses": 50 * (beat - 3), "hits": 0}
