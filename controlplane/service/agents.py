@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 from agent.runtime.connection import RedisClient
 from agent.wire import MAX_HEARTBEAT_BYTES, AgentStatus, Keys, WireError
+from controlplane.told_once import ToldOnce
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +84,8 @@ class AgentReader:
         self.r = client
         self.keys = keys
         self.max_agents = max_agents
-        self._told: set[bytes] = set()
-        self._told_ledgers: set[str] = set()
+        self._told: ToldOnce[bytes] = ToldOnce()
+        self._told_ledgers: ToldOnce[str] = ToldOnce()
 
     def read(self, preferred: Collection[str] = ()) -> AgentListing:
         """The first ``max_agents`` live agents, the workers ``preferred`` (those ingested)
@@ -107,7 +108,7 @@ class AgentReader:
         for status in live:
             pipe.hmget(self.keys.ingest_state(status.id), LEDGER_FIELDS)
         raws = pipe.execute(raise_on_error=False)  # a key of another type fails alone
-        self._told_ledgers &= {s.id for s in live}  # a worker gone is forgotten
+        self._told_ledgers.keep_only(s.id for s in live)  # a worker gone is forgotten
         return [self._view(s, raw) for s, raw in zip(live, raws, strict=True)]
 
     def _view(self, status: AgentStatus, raw: list[bytes | None] | Exception) -> AgentView:
@@ -119,8 +120,7 @@ class AgentReader:
                 raise ValueError("not a hash (WRONGTYPE)")
             events, clock_rejected, refused, dead_letters, missing = (int(v or 0) for v in raw)
         except ValueError as exc:
-            if status.id not in self._told_ledgers:
-                self._told_ledgers.add(status.id)
+            if self._told_ledgers.first(status.id):
                 log.warning("counts of %r unknown: its ledger is unreadable: %s", status.id, exc)
             return _view(status, counts_known=False)
         return _view(status, events, clock_rejected, refused, dead_letters, missing)
@@ -145,7 +145,7 @@ class AgentReader:
         """The heartbeats under ``keys`` (``MAX_HEARTBEAT_BYTES`` of each at most), as
         ``_status`` says them; the unreadable keys told before and not among ``keys`` are
         forgotten (agent churn)."""
-        self._told &= set(keys)
+        self._told.keep_only(keys)
         pipe = self.r.pipeline(transaction=False)
         for key in keys:  # one key per command: heartbeats sit on many shards
             pipe.getrange(key, 0, MAX_HEARTBEAT_BYTES)  # a byte past the limit: too large
@@ -167,8 +167,7 @@ class AgentReader:
                 raise WireError(f"heartbeat: more than {MAX_HEARTBEAT_BYTES} bytes")
             return AgentStatus.from_json(raw)
         except WireError as exc:
-            if key not in self._told:
-                self._told.add(key)
+            if self._told.first(key):
                 log.warning("ignoring the heartbeat under %r: %s", key, exc.reason)
             return False
 

@@ -49,6 +49,7 @@ from controlplane.service.stream_io import (
     StreamRead,
 )
 from controlplane.service.window import BatchRefused
+from controlplane.told_once import ToldOnce
 
 if TYPE_CHECKING:
     from controlplane.service.settings import ControllerSettings
@@ -193,11 +194,11 @@ class Ingestor(BackgroundLoop):
         self._last_discover = 0.0
         self._last_reclaim = 0.0
         self._idle = False
-        self._schema1_told: set[bytes] = set()
+        self._schema1_told: ToldOnce[bytes] = ToldOnce()
         self._rejoin: set[bytes] = set()
         """Streams read until Redis lost their group: discovered again before any other,
         so a stream waiting past ``max_workers`` never takes a read one's place."""
-        self.refused: set[bytes] = set()
+        self.refused: ToldOnce[bytes] = ToldOnce(cap=settings.max_workers)
         """Streams found past ``max_workers`` and left unread (told once each; as many
         names as ``max_workers`` at most, the rest counted only)."""
         self._unwritten_told = False
@@ -260,7 +261,7 @@ class Ingestor(BackgroundLoop):
                 refused += 1
                 self._refuse(key)
                 continue
-            self.refused.discard(key)
+            self.refused.forget(key)
             try:
                 self.r.xgroup_create(key, self.settings.group, id="0", mkstream=True)
             except redis.ResponseError as exc:
@@ -271,7 +272,7 @@ class Ingestor(BackgroundLoop):
         self._last_discover = time.monotonic()
         if self.metrics is not None:
             self.metrics.streams_refused.set(refused)
-        self.refused &= set(found)  # a stream gone is forgotten
+        self.refused.keep_only(found)  # a stream gone is forgotten
         for gone in self._rejoin - set(found):  # deleted by another hand: its worker too
             worker = self._worker_of(gone)
             if worker is not None:
@@ -280,15 +281,13 @@ class Ingestor(BackgroundLoop):
 
     def _refuse(self, stream: bytes) -> None:
         """Leave ``stream`` unread, past ``max_workers``: said once per stream."""
-        if stream in self.refused or len(self.refused) >= self.settings.max_workers:
-            return
-        self.refused.add(stream)
-        log.warning(
-            "stream %r left unread: this controller reads %d worker streams already "
-            "(KVWISE_MAX_WORKERS); it is read once one of them expires",
-            stream,
-            self.settings.max_workers,
-        )
+        if self.refused.first(stream):
+            log.warning(
+                "stream %r left unread: this controller reads %d worker streams already "
+                "(KVWISE_MAX_WORKERS); it is read once one of them expires",
+                stream,
+                self.settings.max_workers,
+            )
 
     def ingested_workers(self) -> set[str]:
         """The workers whose streams are read (``max_workers`` at most)."""
@@ -515,8 +514,7 @@ class Ingestor(BackgroundLoop):
         try:
             return self.keys.worker_of(stream)
         except WireError:
-            if stream not in self._schema1_told:
-                self._schema1_told.add(stream)
+            if self._schema1_told.first(stream):
                 log.error(
                     "stream %r is not a schema-2 worker stream (an agent of an older kvwise "
                     "release?): its entries are dead-lettered",
@@ -553,7 +551,7 @@ class Ingestor(BackgroundLoop):
                 self._streams.remove(stream)
             self._cursors.pop(stream, None)
             self._rejoin.discard(stream)
-            self._schema1_told.discard(stream)
+            self._schema1_told.forget(stream)
             for told in [k for k in self._told if k[0] == stream]:
                 del self._told[told]
         if self.metrics:

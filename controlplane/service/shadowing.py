@@ -27,6 +27,7 @@ from controlplane.shadow.evaluator import ShadowEvaluator
 from controlplane.shadow.selection import FamilySelector, SelectionView
 from controlplane.shadow.settings import ShadowSettings
 from controlplane.shadow.view import GuardView, ShadowView
+from controlplane.told_once import ToldOnce
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class ShadowLink:
         self._gauges_lock = threading.Lock()
         self._curve_series: set[tuple[str, str, str]] = set()
         self._group_series: set[str] = set()
-        self._failures_told: set[type[Exception]] = set()
+        self._failures_told: ToldOnce[type[Exception]] = ToldOnce()
 
     def apply(self, batch: EventBatch) -> None:
         """Hand ``batch`` to the shadow; never raises: the statistics window has taken it,
@@ -59,8 +60,7 @@ class ShadowLink:
         try:
             self.evaluator.apply(batch)  # it logs and drops what it cannot replay
         except Exception as exc:
-            if type(exc) not in self._failures_told:  # once per kind: a batch may be many
-                self._failures_told.add(type(exc))
+            if self._failures_told.first(type(exc)):  # once per kind: a batch may be many
                 log.exception("the shadow dropped a batch of %s", batch.worker)
 
     def refresh(

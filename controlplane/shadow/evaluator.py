@@ -61,6 +61,7 @@ from controlplane.shadow.view import (
     PolicyCurve,
     ShadowView,
 )
+from controlplane.told_once import ToldOnce
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ class ShadowEvaluator:
         self.settings = settings
         self.max_workers = max_workers
         """Workers shadowed, at most (None: no limit); one more is left out (``refused``)."""
-        self.refused: set[str] = set()
+        self.refused: ToldOnce[str] = ToldOnce(cap=max_workers or 0)
         """Workers left out past ``max_workers`` (as many names as it at most), told once
         each; forgotten with their heartbeats (``forget_gone``)."""
         self.sampler = PrefixSampler(settings.shadow_rate, salt)
@@ -173,7 +174,7 @@ class ShadowEvaluator:
         self._first = -1.0  # time of the first sampled request (-1: none yet)
         self._guard = NOT_JUDGED
         self._lock = FairLock()
-        self._failed: set[tuple[str, str]] = set()  # (message, kind) of failures logged
+        self._failed: ToldOnce[tuple[str, str]] = ToldOnce()  # (message, kind) logged
 
     # --- input ---------------------------------------------------------------------------
     def apply(self, batch: EventBatch) -> None:
@@ -301,7 +302,7 @@ class ShadowEvaluator:
             ]
             for worker_id in gone:
                 self._workers.pop(worker_id).warming = None
-            self.refused &= live
+            self.refused.keep_only(live)
         return gone
 
     def _release_categories(self, before: float) -> set[int]:
@@ -330,7 +331,7 @@ class ShadowEvaluator:
             if self.max_workers is not None and len(self._workers) >= self.max_workers:
                 self._refuse(worker_id)
                 return None
-            self.refused.discard(worker_id)
+            self.refused.forget(worker_id)
             depth = self.settings.shadow_key_depth
             rebuilder = RequestRebuilder(self.sampler, self.table, depth, GATHER_EVENTS)
             window, buckets = self.settings.shadow_window_s, self.settings.shadow_buckets
@@ -346,15 +347,13 @@ class ShadowEvaluator:
 
     def _refuse(self, worker_id: str) -> None:
         """Leave ``worker_id`` out, past ``max_workers``: said once while it stays out."""
-        limit = self.max_workers or 0
-        if worker_id in self.refused or len(self.refused) >= limit:
-            return
-        self.refused.add(worker_id)
-        log.warning(
-            "shadow evaluation leaves %s out: it shadows %d workers already (KVWISE_MAX_WORKERS)",
-            worker_id,
-            limit,
-        )
+        if self.refused.first(worker_id):
+            log.warning(
+                "shadow evaluation leaves %s out: it shadows %d workers already "
+                "(KVWISE_MAX_WORKERS)",
+                worker_id,
+                self.max_workers,
+            )
 
     def _begin_warming(self, worker: _Worker, capacity: int, ghost: int | None) -> Warming:
         """What new miniatures at ``capacity`` (and ``ghost``) are warmed from, as it stands
@@ -512,8 +511,7 @@ class ShadowEvaluator:
         """Log ``exc`` with ``message`` (about ``worker_id``), once per message and kind
         of failure (the lock held; called from an ``except`` block)."""
         kind = (message, type(exc).__name__)
-        if kind not in self._failed:
-            self._failed.add(kind)
+        if self._failed.first(kind):
             log.exception(message, worker_id)
 
     # --- output --------------------------------------------------------------------------
