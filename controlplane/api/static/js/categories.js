@@ -4,7 +4,7 @@
 
 import { api } from "./api.js";
 import { lineChart, PALETTE } from "./charts.js";
-import { el, emptyRow, fmtInt, fmtNum, setText, showError, syncRows } from "./dom.js";
+import { el, fmtInt, fmtNum, setText, showError, syncRows } from "./dom.js";
 
 export const MAX_CURVES = 12;
 const CURVE_MAX_AGE_MS = 15000;
@@ -34,7 +34,6 @@ function renderTable(list) {
     document.querySelector("#cat-table tbody"),
     list,
     (c) => c.name,
-    () => emptyRow(9, [1, 3, 4, 5, 6, 7, 8]),
     (row, c) => {
       const p = params(c);
       setText(row.cells[0], c.name);

@@ -64,11 +64,12 @@ export function fmtAge(unixS, nowS = Date.now() / 1000) {
 }
 
 /**
- * Make `tbody` hold one row per item, in order. `key(item)` names a row; `build(item)`
- * makes a new row (cells and buttons); `fill(row, item)` updates it. Rows of keys no longer
- * listed go away; the others are kept, so whatever has focus in them keeps it.
+ * Make `tbody` hold one row per item, in order. `key(item)` names a row; a new row has a
+ * cell per column of the table's head (`emptyRowFor`), and `furnish(row, item)` adds what
+ * it keeps (buttons); `fill(row, item)` updates it. Rows of keys no longer listed go away;
+ * the others are kept, so whatever has focus in them keeps it.
  */
-export function syncRows(tbody, items, key, build, fill) {
+export function syncRows(tbody, items, key, fill, furnish = () => {}) {
   const existing = new Map();
   for (const row of tbody.rows) existing.set(row.dataset.key, row);
   const wanted = new Set();
@@ -78,7 +79,8 @@ export function syncRows(tbody, items, key, build, fill) {
     wanted.add(k);
     let row = existing.get(k);
     if (!row) {
-      row = build(item);
+      row = emptyRowFor(tbody);
+      furnish(row, item);
       row.dataset.key = k;
     }
     fill(row, item);
@@ -89,15 +91,14 @@ export function syncRows(tbody, items, key, build, fill) {
   for (const [k, row] of existing) if (!wanted.has(k)) row.remove();
 }
 
-/** A row of `n` empty cells (`th` first when `header`), numeric ones right-aligned. */
-export function emptyRow(n, numeric = [], header = true) {
-  const row = el("tr");
-  for (let i = 0; i < n; i++) {
-    const cell = el(i === 0 && header ? "th" : "td", {
-      class: numeric.includes(i) ? "num" : undefined,
-      scope: i === 0 && header ? "row" : undefined,
-    });
-    row.append(cell);
-  }
-  return row;
+/**
+ * A row of empty cells shaped by the head of `tbody`'s table: one per column, a row header
+ * first, right-aligned where the column's header is (`num`).
+ */
+export function emptyRowFor(tbody) {
+  const columns = Array.from(tbody.closest("table").tHead.rows[0].cells);
+  return el("tr", {}, ...columns.map((column, i) => el(i === 0 ? "th" : "td", {
+    class: column.classList.contains("num") ? "num" : undefined,
+    scope: i === 0 ? "row" : undefined,
+  })));
 }

@@ -1,7 +1,7 @@
 // The policy section: the version in force (its reason and source), the kept versions with
 // a roll-back button each, and the overrides in force with a remove button each.
 
-import { el, emptyRow, fmtAge, fmtInt, fmtNum, fmtTime, setText, showError, syncRows } from "./dom.js";
+import { el, fmtAge, fmtInt, fmtNum, fmtTime, setText, showError, syncRows } from "./dom.js";
 
 /** What published a version, read from its reason: the store writes one wording per kind. */
 export function versionSource(note) {
@@ -59,15 +59,6 @@ function renderVersions(versions, current, actions) {
     tbody,
     versions,
     (v) => v.version,
-    (v) => {
-      const row = emptyRow(6, [0, 4]);
-      const button = el("button", {
-        type: "button", class: "small", "aria-label": `Roll back to version ${v.version}`,
-        onclick: () => actions.rollback(v.version),
-      }, "Roll back…");
-      row.cells[5].append(button);
-      return row;
-    },
     (row, v) => {
       setText(row.cells[0], v.version);
       setText(row.cells[1], fmtTime(v.created_at));
@@ -81,6 +72,12 @@ function renderVersions(versions, current, actions) {
       button.title = inForce ? "This version is in force" : "";
       row.classList.toggle("current", inForce);
     },
+    (row, v) => {
+      row.cells[5].append(el("button", {
+        type: "button", class: "small", "aria-label": `Roll back to version ${v.version}`,
+        onclick: () => actions.rollback(v.version),
+      }, "Roll back…"));
+    },
   );
 }
 
@@ -91,18 +88,16 @@ function renderOverrides(overrides, actions) {
     document.querySelector("#overrides tbody"),
     names,
     (name) => name,
-    (name) => {
-      const row = emptyRow(3);
-      row.cells[2].append(el("button", {
-        type: "button", class: "small", "aria-label": `Remove the override of ${name}`,
-        onclick: () => actions.removeOverride(name),
-      }, "Remove…"));
-      return row;
-    },
     (row, name) => {
       setText(row.cells[0], name);
       const values = Object.entries(overrides[name]).map(([k, v]) => `${k} = ${fmtNum(v, 4)}`);
       setText(row.cells[1], values.join(", "));
+    },
+    (row, name) => {
+      row.cells[2].append(el("button", {
+        type: "button", class: "small", "aria-label": `Remove the override of ${name}`,
+        onclick: () => actions.removeOverride(name),
+      }, "Remove…"));
     },
   );
 }

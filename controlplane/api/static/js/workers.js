@@ -4,7 +4,7 @@
 // Beyond as many workers as the chart has styles, it draws the busiest and all pooled.
 
 import { lineChart, PALETTE } from "./charts.js";
-import { el, emptyRow, fmtAge, fmtInt, fmtRatio, fmtTime, setText, showError, syncRows } from "./dom.js";
+import { el, fmtAge, fmtInt, fmtRatio, fmtTime, setText, showError, syncRows } from "./dom.js";
 
 const HISTORY_POINTS = 720; // an hour of 5 s heartbeats
 const MIN_SPAN_S = 60; // the time axis spans at least this much, so its ticks stay round
@@ -81,7 +81,6 @@ function renderTable(agents, current) {
     document.querySelector("#worker-table tbody"),
     agents,
     (a) => a.id,
-    () => emptyRow(10, [2, 3, 4, 5, 6, 7, 8]),
     (row, a) => {
       setText(row.cells[0], a.id);
       setText(row.cells[1], a.engine);
