@@ -631,29 +631,15 @@ class Controller:
                     m.param.labels(category=name, param=field).set(getattr(p, field))
                 m.samples.labels(category=name).set(p.samples)
         # Agents whose heartbeat expired leave the gauges instead of lingering as stale series.
-        for gauge in (
-            m.agent_version,
-            m.agent_staged_version,
-            m.agent_hit_ratio,
-            m.agent_dropped,
-            m.agent_evictor,
-            m.agent_engine_seconds,
-            m.agent_engine_per_call,
-            m.agent_engine_per_block,
-        ):
+        for gauge in (m.agent_evictor, *m.per_agent.values()):
             gauge.clear()
         m.agents_not_listed.set(listing.not_listed)
         m.heartbeats_refused.set(listing.refused)
         for a in listing.agents:
             if a.evictor:
                 m.agent_evictor.labels(agent=a.id, family=a.evictor).set(1)
-            m.agent_version.labels(agent=a.id).set(a.applied_version)
-            m.agent_staged_version.labels(agent=a.id).set(a.staged_version)
-            m.agent_hit_ratio.labels(agent=a.id).set(a.hit_ratio)
-            m.agent_dropped.labels(agent=a.id).set(a.events_dropped)
-            m.agent_engine_seconds.labels(agent=a.id).set(a.engine_seconds)
-            m.agent_engine_per_call.labels(agent=a.id).set(a.engine_seconds_per_call)
-            m.agent_engine_per_block.labels(agent=a.id).set(a.engine_seconds_per_block)
+            for field, gauge in m.per_agent.items():
+                gauge.labels(agent=a.id).set(getattr(a, field))
 
 
 def _change_words(old: dict[str, CategoryParams], new: dict[str, CategoryParams]) -> str:

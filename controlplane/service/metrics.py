@@ -10,7 +10,7 @@ anything it exports.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Final, Literal, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -29,6 +29,36 @@ RefitOutcomeLabel = Literal[
 """Every outcome a refit is counted under."""
 REFIT_OUTCOMES: tuple[RefitOutcomeLabel, ...] = get_args(RefitOutcomeLabel)
 """They all, each series existing (at 0) from the start."""
+
+
+PER_AGENT: Final[dict[str, tuple[str, str]]] = {
+    "applied_version": (
+        "kvwise_agent_applied_version",
+        "Policy version each live agent applied",
+    ),
+    "staged_version": (
+        "kvwise_agent_staged_version",
+        "Policy version each live agent received, in force at its engine's next call",
+    ),
+    "hit_ratio": ("kvwise_agent_hit_ratio", "Block hit ratio each live agent reports"),
+    "events_dropped": ("kvwise_agent_events_dropped", "Events each live agent dropped"),
+    "engine_seconds": (
+        "kvwise_agent_engine_seconds",
+        "Engine-thread time each live agent's kvwise calls took since it started "
+        "(estimated from a timed sample of about one call in 64)",
+    ),
+    "engine_seconds_per_call": (
+        "kvwise_agent_engine_seconds_per_call",
+        "Mean engine-thread time of one kvwise call, per live agent (timed sample)",
+    ),
+    "engine_seconds_per_block": (
+        "kvwise_agent_engine_seconds_per_block",
+        "Engine-thread time of kvwise's calls per block they handled, per live agent "
+        "(timed sample)",
+    ),
+}
+"""The gauges of one number per live agent (label ``agent``): the field of its
+``AgentView`` each shows, and the gauge's name and help."""
 
 
 class ControllerMetrics:
@@ -156,14 +186,6 @@ class ControllerMetrics:
             "Heartbeats unreadable at the last read (too large, not a string, another "
             "schema, corrupt): left out of GET /v1/agents",
         )
-        self.agent_version = self._gauge(
-            "kvwise_agent_applied_version", "Policy version each live agent applied", ("agent",)
-        )
-        self.agent_staged_version = self._gauge(
-            "kvwise_agent_staged_version",
-            "Policy version each live agent received, in force at its engine's next call",
-            ("agent",),
-        )
         self.agent_evictor = self._gauge(
             "kvwise_agent_evictor",
             "1 for the evictor family each live agent runs (label family)",
@@ -174,29 +196,10 @@ class ControllerMetrics:
             "Evictor families the controller selected and published, by family",
             ("family",),
         )
-        self.agent_hit_ratio = self._gauge(
-            "kvwise_agent_hit_ratio", "Block hit ratio each live agent reports", ("agent",)
-        )
-        self.agent_dropped = self._gauge(
-            "kvwise_agent_events_dropped", "Events each live agent dropped", ("agent",)
-        )
-        self.agent_engine_seconds = self._gauge(
-            "kvwise_agent_engine_seconds",
-            "Engine-thread time each live agent's kvwise calls took since it started "
-            "(estimated from a timed sample of about one call in 64)",
-            ("agent",),
-        )
-        self.agent_engine_per_call = self._gauge(
-            "kvwise_agent_engine_seconds_per_call",
-            "Mean engine-thread time of one kvwise call, per live agent (timed sample)",
-            ("agent",),
-        )
-        self.agent_engine_per_block = self._gauge(
-            "kvwise_agent_engine_seconds_per_block",
-            "Engine-thread time of kvwise's calls per block they handled, per live agent "
-            "(timed sample)",
-            ("agent",),
-        )
+        self.per_agent = {
+            field: self._gauge(name, doc, ("agent",)) for field, (name, doc) in PER_AGENT.items()
+        }
+        """The ``PER_AGENT`` gauges, by the ``AgentView`` field each shows."""
 
     def _redis_metrics(self) -> None:
         self.redis_state = self._gauge(

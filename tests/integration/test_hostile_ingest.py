@@ -396,11 +396,11 @@ def test_heartbeats_past_max_workers_are_counted_not_read_those_ingested_kept(
         c.refresh_gauges()
         gauge = c.metrics.registry.get_sample_value
         assert gauge("kvwise_agents_not_listed") == 3
-        series = c.metrics.agent_version.collect()[0].samples
+        series = c.metrics.per_agent["applied_version"].collect()[0].samples
         assert sorted(s.labels["agent"] for s in series) == ["w8", "w9"]
         r.delete(keys.agent("w9"))  # w9 left: its series goes, w1 takes its place
         c.refresh_gauges()
-        series = c.metrics.agent_version.collect()[0].samples
+        series = c.metrics.per_agent["applied_version"].collect()[0].samples
         assert sorted(s.labels["agent"] for s in series) == ["w1", "w8"]
         assert gauge("kvwise_agents_not_listed") == 2
 

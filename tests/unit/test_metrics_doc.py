@@ -6,10 +6,12 @@ Run as a script it regenerates the table: ``python -m tests.unit.test_metrics_do
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
-from controlplane.service.metrics import REFIT_OUTCOMES, ControllerMetrics
+from controlplane.service.agents import AgentView
+from controlplane.service.metrics import PER_AGENT, REFIT_OUTCOMES, ControllerMetrics
 from tests.conftest import REPO
 
 DOC = REPO / "docs" / "controller.md"
@@ -65,3 +67,9 @@ def test_every_refit_outcome_reads_0_before_the_first_refit() -> None:
     for outcome in REFIT_OUTCOMES:
         value = metrics.registry.get_sample_value("kvwise_refits_total", {"outcome": outcome})
         assert value == 0.0, outcome
+
+
+def test_each_per_agent_gauge_shows_a_field_of_the_agents_view() -> None:
+    """The controller sets them by field name: a name that is no field fails every scrape."""
+    shown = {f.name for f in dataclasses.fields(AgentView)}
+    assert set(PER_AGENT) <= shown, set(PER_AGENT) - shown
