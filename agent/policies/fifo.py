@@ -11,6 +11,10 @@ block is older than every block still in the queue, and the scan parks them in q
 order, so each keeps the number of its first parking and, freed, waits in a heap by that
 number, scanned before the queue: the victims are those of a plain FIFO that steps over
 the blocks in use. It never reads timestamps or categories.
+
+A touched block that was not cached (the contract forbids it; an engine bug or a race can
+do it) is held from then on, in use and in no order yet; freed, it joins the tail as a
+miss does.
 """
 
 from __future__ import annotations
@@ -28,7 +32,15 @@ from agent.policies.registry import register
 class FIFOPolicy:
     """Evicts the block inserted longest ago, whatever its hits."""
 
-    __slots__ = ("_cached", "_in_use", "_order", "_parked_at", "_parkings", "_returned")
+    __slots__ = (
+        "_cached",
+        "_in_use",
+        "_order",
+        "_parked_at",
+        "_parkings",
+        "_returned",
+        "_unqueued",
+    )
 
     def __init__(self, capacity: int = 0) -> None:
         # Blocks leave the order only at its head, so a deque (no hashing) holds it and a
@@ -40,14 +52,21 @@ class FIFOPolicy:
         self._parked_at: dict[int, int] = {}
         self._parkings = 0  # blocks parked from the queue so far: the next place
         self._returned: list[tuple[int, int]] = []  # heap of freed parked blocks (place, id)
+        # Blocks touched while not cached: held and in use, in no order until freed.
+        self._unqueued: set[int] = set()
 
     def touch(self, blocks: Sequence[int], now: float) -> None:
+        cached = self._cached
+        if not cached.issuperset(blocks):
+            self._unqueued.update(b for b in blocks if b not in cached)
         self._in_use.blocks.update(blocks)
 
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
     ) -> None:
         self._in_use.release(blocks, self._return)
+        if self._unqueued:  # not in ``_cached``: the loop below queues them as misses
+            self._unqueued.difference_update(blocks)
         cached, order = self._cached, self._order
         for b in blocks:  # misses join the tail in release order; hits stay where they are
             if b not in cached:
@@ -93,6 +112,7 @@ class FIFOPolicy:
     def hand_over(self) -> Handover:
         handover = drain(self, self._in_use.blocks)
         self._cached.clear()
+        self._unqueued.clear()
         self._order.clear()
         self._returned.clear()
         self._parked_at.clear()
@@ -105,7 +125,7 @@ class FIFOPolicy:
         self._cached.update(self._order)
 
     def __len__(self) -> int:
-        return len(self._cached)
+        return len(self._cached) + len(self._unqueued)
 
     def __contains__(self, block: object) -> bool:
-        return block in self._cached
+        return block in self._cached or block in self._unqueued

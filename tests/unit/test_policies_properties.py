@@ -10,6 +10,8 @@
   ``fifo`` evicts exactly as a plain list in insertion order that skips the blocks in use.
 - A touch of a block that is not cached (the contract forbids it; an engine bug or a race
   can do it) neither raises nor leaks: once freed, the block is evicted like any other.
+  From the touch on, ``len`` and ``in`` count it as held, as they count what ``evict``
+  will give back.
 - Unknown names fail with the list of known ones.
 """
 
@@ -204,6 +206,30 @@ def test_a_touch_of_an_uncached_block_neither_raises_nor_leaks(
     policy.evict(len(cached) + len(touched))
     assert len(policy) == 0
     assert not any(b in policy for b in cached + touched)
+
+
+@pytest.mark.parametrize("name", agent_policies.names())
+@settings(max_examples=40, deadline=None)
+@given(
+    cached=st.lists(st.integers(0, 7), max_size=6), touched=st.lists(st.integers(0, 15), max_size=6)
+)
+def test_len_and_in_count_an_uncached_touched_block_as_eviction_will(
+    name: str, cached: list[int], touched: list[int]
+) -> None:
+    """``fifo`` held such a block (in use, then queued when freed) without counting it:
+    ``len`` was short of what the cache held and ``in`` said no, until its free."""
+    policy = agent_policies.create(name, 8)
+    cached = list(dict.fromkeys(cached))
+    policy.free(cached, range(len(cached)), 0.0, 0)
+    touched = list(dict.fromkeys(touched))
+    policy.touch(touched, 1.0)
+    held = set(cached) | set(touched)
+    assert len(policy) == len(held)
+    assert all(b in policy for b in held)
+    policy.free(touched[::-1], range(len(touched)), 2.0, 0)
+    assert len(policy) == len(held)
+    assert sorted(policy.evict(len(held) + 1)) == sorted(held)
+    assert len(policy) == 0
 
 
 # -- names ------------------------------------------------------------------------------
