@@ -13,8 +13,9 @@ would have been evicted (the new policy evicts them in the old policy's victim o
 before any new access reorders them). What does not: each policy's own history (S3-FIFO's
 ghost and counts, ARC's ghosts and target, LFU's frequencies, ``wa``'s stamps). A
 baseline knows no access times, so ``wa`` files the blocks it adopts at the switch's time
-in one queue of the document's default curve, in victim order. It must never do I/O or
-know which family a caller wants.
+in one queue of the document's default curve, in victim order. A switch that fails keeps
+every block with the old policy, in its victim order. It must never do I/O or know which
+family a caller wants.
 """
 
 from __future__ import annotations
@@ -92,11 +93,22 @@ class SwitchRefused(RuntimeError):
 
 
 def hand_over(old: EvictionPolicy, new: EvictionPolicy, now: float) -> None:
-    """Move every block of ``old`` into the fresh ``new`` at ``now``, victim order kept."""
+    """Move every block of ``old`` into the fresh ``new`` at ``now``, victim order kept.
+    Whatever raises leaves every block in ``old``, in its victim order (an ``adopt`` that
+    fails gives them back to ``old``, which adopts them as a fresh policy would)."""
     if not isinstance(old, HandsOver):
         raise SwitchRefused(f"{type(old).__name__} cannot hand its blocks over")
+    if not isinstance(old, Adopts):
+        raise SwitchRefused(
+            f"{type(old).__name__} cannot adopt (its own blocks back, should the switch fail)"
+        )
     if not isinstance(new, Adopts):
         raise SwitchRefused(f"{type(new).__name__} cannot adopt blocks")
     if len(new):
         raise SwitchRefused(f"{type(new).__name__} already holds {len(new)} blocks")
-    new.adopt(old.hand_over(), now)
+    handover = old.hand_over()
+    try:
+        new.adopt(handover, now)
+    except BaseException:
+        old.adopt(handover, now)
+        raise

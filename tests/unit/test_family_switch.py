@@ -12,12 +12,14 @@ from agent.integrations.engine_agent import EngineOrder
 from agent.policies import EvictionPolicy, create
 from agent.policies.handover import (
     Adopts,
+    Handover,
     HandsOver,
     NamesCategories,
     ReloadsPolicy,
     SwitchRefused,
     hand_over,
 )
+from agent.policies.lru import LRUPolicy
 from agent.policy_document import EVICTOR_FAMILIES
 from tests.vllm_block import Blk
 
@@ -105,6 +107,33 @@ def test_a_switch_into_a_policy_holding_blocks_is_refused() -> None:
     with pytest.raises(SwitchRefused, match="already holds 1 blocks"):
         hand_over(old, new, 1.0)
     assert len(old) == 2
+
+
+class FailsToAdopt(LRUPolicy):
+    """Fails half-way through an adoption (it has taken a few blocks by then)."""
+
+    def adopt(self, handover: Handover, now: float) -> None:
+        super().adopt(Handover(handover.evictable[:3], handover.in_use[:1]), now)
+        raise SwitchRefused("out of room")
+
+
+@pytest.mark.parametrize("old_name", FAMILIES)
+def test_a_failed_adoption_leaves_every_block_with_the_old_policy_in_victim_order(
+    old_name: str,
+) -> None:
+    """The old policy had given up its blocks when the new one failed to take them: a
+    switch that raised there lost every cached block."""
+    old = create(old_name, CAPACITY)
+    in_use, now = _warm(old, seed=len(old_name) * 17)
+    expected = _victim_order(old)
+    held = len(old)
+    with pytest.raises(SwitchRefused, match="out of room"):
+        hand_over(old, FailsToAdopt(), now)
+    assert len(old) == held
+    assert all(b in old for b in expected + in_use)
+    assert old.evict(held) == expected
+    old.free(in_use[::-1], list(range(len(in_use)))[::-1], now + 1, 0)
+    assert sorted(old.evict(held)) == sorted(in_use)
 
 
 def test_the_vllm_queue_switches_evictor_with_its_free_blocks_in_victim_order() -> None:
