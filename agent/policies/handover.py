@@ -58,7 +58,8 @@ class ReloadsPolicy(Protocol):
     """An evictor whose parameters come from a policy document (``wa``)."""
 
     def set_policy(self, doc: PolicyDocument) -> None:
-        """Use ``doc`` from the next eviction on."""
+        """Use ``doc`` from the next eviction on; a refusal raises having changed
+        nothing."""
 
 
 @runtime_checkable

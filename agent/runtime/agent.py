@@ -64,6 +64,12 @@ def _ints(blocks: Sequence[int]) -> list[int]:
     return list(blocks)
 
 
+def set_parameters(policy: object, doc: PolicyDocument) -> None:
+    """``doc``'s parameters for ``policy``, if it takes any (``ReloadsPolicy``)."""
+    if isinstance(policy, ReloadsPolicy):
+        policy.set_policy(doc)
+
+
 def return_tracker(settings: AgentSettings, capacity: int) -> ReturnTracker | None:
     """With reuse classes, what tells a return (found cached, or evicted lately) apart."""
     if not settings.reuse_classes:
@@ -273,14 +279,14 @@ class Agent:
     def apply_pending(self) -> bool:
         """Swap in the policy the subscriber staged, if any (engine thread, between steps).
         Returns whether a new policy is now in force. Untimed (one attribute read unless a
-        policy waits): an integration calls it inside the engine call it times."""
+        policy waits): an integration calls it inside the engine call it times. A document
+        the evictor refuses is rejected (counted, its reason in the heartbeat) and nothing
+        raises: the family, the evictor, its blocks and the document stay as they were."""
         doc = self.subscriber.take()
         if doc is None:
             return False
         try:
-            self._switch_family(doc.evictor)
-            if isinstance(self.policy, ReloadsPolicy):
-                self.policy.set_policy(doc)
+            self._put_in_force(doc)
         except Exception as exc:  # an evictor's refusal must not stop the engine
             self.subscriber.reject(
                 doc.version, f"evictor refused it: {exc}", keep=self.applied_version
@@ -291,22 +297,60 @@ class Agent:
         log.info("kvwise agent %s: policy v%d in force", self.worker_id, doc.version)
         return True
 
-    def _switch_family(self, family: str) -> None:
-        """Run ``family`` from now on (if this agent follows the document's): every
-        cached block moves into the new evictor in its victim order."""
-        if not self.follows_family or family == self.family:
-            return
-        if isinstance(self.policy, SwitchesFamily):
-            self.policy.switch_family(family)
+    def _put_in_force(self, doc: PolicyDocument) -> None:
+        """``doc``'s family (if this agent follows the document's) and its parameters,
+        both or neither: whatever raises has left the evictor in force as it was."""
+        if not self.follows_family or doc.evictor == self.family:
+            set_parameters(self.policy, doc)  # a refusal changes nothing (``ReloadsPolicy``)
+        elif isinstance(self.policy, SwitchesFamily):
+            self._switch_engine_order(self.policy, doc)
         else:
-            new = create(family, self.capacity)
-            codes = [
-                self._code_in(new, name, code) for code, name in enumerate(self.categories.names)
-            ]
-            hand_over(self.policy, new, self.last_now)
-            self.policy, self._evictor_codes = new, codes
-        log.info("kvwise agent %s: evictor family %s -> %s", self.worker_id, self.family, family)
-        self.family = family
+            self._switch_evictor(doc)
+
+    def _switch_evictor(self, doc: PolicyDocument) -> None:
+        """A fresh evictor of ``doc``'s family takes ``doc``, then every cached block in
+        the old one's victim order: a refusal of either comes before anything moved (or,
+        for the blocks, puts them back: ``hand_over``)."""
+        new = create(doc.evictor, self.capacity)
+        set_parameters(new, doc)
+        codes = [self._code_in(new, name, code) for code, name in enumerate(self.categories.names)]
+        hand_over(self.policy, new, self.last_now)
+        self.policy, self._evictor_codes = new, codes
+        self._now_running(doc.evictor)
+
+    def _switch_engine_order(self, order: SwitchesFamily, doc: PolicyDocument) -> None:
+        """The engine's order builds and installs the new evictor itself, so ``doc``
+        reaches it only once the blocks have moved: a refusal moves them back."""
+        order.switch_family(doc.evictor)
+        try:
+            set_parameters(order, doc)
+        except Exception:
+            self._switch_back(order, doc.evictor)
+            raise
+        self._now_running(doc.evictor)
+
+    def _switch_back(self, order: SwitchesFamily, refused: str) -> None:
+        """After an evictor of family ``refused`` refused its document: every block moves
+        to a fresh evictor of the family in force, in victim order, which takes the
+        document in force (one of its family took it before). Should the switch fail, it
+        is logged and ``refused`` is reported, as it runs."""
+        try:
+            order.switch_family(self.family)
+        except Exception:
+            log.exception(
+                "kvwise agent %s: could not switch back to %s", self.worker_id, self.family
+            )
+            self._now_running(refused)
+            return
+        set_parameters(order, self.document)
+
+    def _now_running(self, family: str) -> None:
+        """Report ``family`` as the one in force from now on (logged if it changed)."""
+        if family != self.family:
+            log.info(
+                "kvwise agent %s: evictor family %s -> %s", self.worker_id, self.family, family
+            )
+            self.family = family
 
     # --- status --------------------------------------------------------------------------
     @property

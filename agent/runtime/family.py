@@ -57,4 +57,5 @@ class SwitchesFamily(Protocol):
     """A policy slot that replaces its evictor itself (an engine's own order)."""
 
     def switch_family(self, family: str) -> None:
-        """Run ``family`` from now on, every cached block kept in its victim order."""
+        """Run ``family`` from now on, every cached block kept in its victim order; a
+        failure raises with every block still in the evictor in force."""

@@ -10,9 +10,12 @@ import time
 import pytest
 import redis
 
+from agent.integrations.block_queue import KvwiseFreeQueue
+from agent.integrations.engine_agent import EngineAgent
+from agent.policies import EvictionPolicy, create
 from agent.policies.lru import LRUPolicy
 from agent.policies.wa import WAPolicy
-from agent.policy_document import CategoryParams
+from agent.policy_document import CategoryParams, PolicyDocument
 from agent.runtime.agent import Agent
 from agent.wire import Keys, encode_policy
 from controlplane.service.agents import AgentView
@@ -22,6 +25,7 @@ from controlplane.service.store import PolicyStore, StoreError
 from tests.agent_stream import agent_batches
 from tests.integration.agent_fixtures import fast_settings
 from tests.shadow_samples import KEEPS_OLDEST, QUICK_SELECTION, selection_trace
+from tests.vllm_block import Blk
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -92,6 +96,59 @@ def test_a_following_agent_switches_family_on_hot_reload_and_back(
         assert sorted(expected) == sorted(
             {r * 10 + j for r in range(12) for j in range(5)} - {0, 1}
         )
+
+
+class RefusesDocuments(WAPolicy):
+    """A ``wa`` evictor that takes no document (parameters its build cannot use)."""
+
+    def set_policy(self, doc: PolicyDocument) -> None:
+        raise ValueError(f"no parameters of v{doc.version} fit this evictor")
+
+
+def test_an_engine_switch_whose_new_evictor_refuses_the_document_keeps_the_old_one(
+    store: PolicyStore, redis_url: str, key_prefix: str
+) -> None:
+    """The vLLM queue had installed the new family's evictor, every block moved into it,
+    when that evictor refused the document: the agent was left half-switched (``wa`` in
+    force and reported, on no document of its own, the version in force still the
+    ``lru`` one). The engine's own call takes the refusal: nothing raises, the ``lru``
+    evictor keeps every block in its order, and the rejection is counted and reported."""
+    n = 12
+    settings = fast_settings(redis_url, key_prefix, worker_id="w-engine", evictor="wa")
+    evictor = create("wa", n)
+    engine = EngineAgent(settings, evictor, capacity=n, engine="vllm", infer=False)
+    ticks = iter(range(1 << 30))
+    blocks = [Blk(i) for i in range(n)]
+    queue = KvwiseFreeQueue(blocks, evictor, hooks=engine, clock=lambda: float(next(ticks)))
+
+    def build(family: str) -> EvictionPolicy:
+        return RefusesDocuments(n) if family == "wa" else create(family, n)
+
+    engine.order.enable_switch(build, queue.switch_evictor)
+    agent = engine.agent
+    with agent:
+        got = queue.popleft_n(n)
+        for block in got[:8]:
+            block.block_hash = block.block_id.to_bytes(32, "big") + bytes(4)
+        queue.note_stored(got[:8], 0, 0)
+        queue.append_n(got[7::-1])
+        lru = store.pin_evictor("lru").document
+        wait_until(lambda: agent.subscriber.staged_version == lru.version, timeout=10)
+        assert queue.popleft_n(1) == [got[7]]  # the engine's call applies it
+        assert agent.family == "lru" and type(queue.evictor) is LRUPolicy
+        expected = copy.deepcopy(queue.evictor).evict(len(queue.evictor))
+        wa = store.pin_evictor("wa").document
+        wait_until(lambda: agent.subscriber.staged_version == wa.version, timeout=10)
+        assert [b.block_id for b in queue.popleft_n(2)] == expected[:2]
+        assert agent.subscriber.staged_version == lru.version
+        assert agent.family == "lru" and type(queue.evictor) is LRUPolicy
+        assert engine.order.evictor is queue.evictor
+        status = agent.status()
+        assert (status.evictor, status.applied_version, status.rejected) == ("lru", lru.version, 1)
+        assert status.last_rejection == (
+            f"v{wa.version}: evictor refused it: no parameters of v{wa.version} fit this evictor"
+        )
+        assert [b.block_id for b in queue.popleft_n(len(expected) - 2)] == expected[2:]
 
 
 def test_an_agent_configured_with_a_baseline_keeps_it(
