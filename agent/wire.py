@@ -31,12 +31,11 @@ from enum import IntEnum
 from typing import Any, ClassVar, Final, Self, overload
 
 import numpy as np
-import pydantic_core
 from numpy.typing import NDArray
 from pydantic import ValidationError
 
 from agent.engine_time import EngineTimeSnapshot
-from agent.policy_document import DEFAULT_FAMILY, PolicyDocument
+from agent.policy_document import DEFAULT_FAMILY, PolicyDocument, json_shape_fault
 
 WIRE_SCHEMA_VERSION: Final = 2
 """2: keys carry Redis Cluster hash tags (see ``Keys``). 1: untagged keys."""
@@ -450,31 +449,19 @@ def decode_policy(
     raw: bytes | str, *, max_bytes: int | None = None, max_categories: int | None = None
 ) -> PolicyDocument:
     """A validated ``PolicyDocument``; ``WireError`` with pydantic's reason otherwise, or
-    for a document over ``max_bytes`` (checked before parsing) or ``max_categories``
-    (counted on the parsed JSON, before any category is validated as a model)."""
+    for a document over ``max_bytes`` (checked first) or of a shape no document has or
+    over ``max_categories`` (``json_shape_fault``, judged before the one parse)."""
     if max_bytes is not None and len(raw) > max_bytes:
         raise WireLimitError(f"policy: document of {len(raw)} bytes > limit {max_bytes}")
-    if max_categories is not None:
-        count = _categories_in(raw)
-        if count > max_categories:
-            raise WireLimitError(f"policy: {count} categories > limit {max_categories}")
+    fault = json_shape_fault(raw, max_categories)
+    if fault is not None:
+        raise WireLimitError(f"policy: {fault}")
     try:
         return PolicyDocument.model_validate_json(raw)
     except ValidationError as exc:
-        reasons = "; ".join(f"{_location(e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        reasons = "; ".join(f"{_location(e['loc'])}: {e['msg']}" for e in errors[:5])
         raise WireError(f"policy: {reasons}") from None
-
-
-def _categories_in(raw: bytes | str) -> int:
-    """How many categories a policy document's JSON holds (0 if it is not JSON or holds
-    none: validation says why). Parsing costs about a fifth of validating the models, so
-    a document of too many small categories is refused at that cost."""
-    try:
-        parsed = pydantic_core.from_json(raw)
-    except ValueError:
-        return 0
-    categories = parsed.get("categories") if isinstance(parsed, dict) else None
-    return len(categories) if isinstance(categories, dict) else 0
 
 
 _OPTIONAL_STATUS_FIELDS: Final = frozenset(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import sys
 from dataclasses import replace
 from typing import Any
 
@@ -16,10 +17,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
-from agent.settings import AgentSettings
 from agent.wire import (
     COLUMNS,
-    MAX_CATEGORY_NAME_CHARS,
     ROW_BYTES,
     WIRE_SCHEMA_VERSION,
     AgentStatus,
@@ -34,7 +33,15 @@ from agent.wire import (
     encode_batch,
     encode_policy,
 )
-from tests.wire_samples import FULL_STATUS, event_batch
+from tests.wire_samples import (
+    FULL_PARAMS,
+    FULL_STATUS,
+    MAX_POLICY_BYTES,
+    MAX_POLICY_CATEGORIES,
+    event_batch,
+    filled,
+    largest_policy,
+)
 
 
 def make_batch(n: int = 4, categories: tuple[str, ...] = ("text_1", "image_2")) -> EventBatch:
@@ -331,24 +338,111 @@ def test_invalid_policy_documents_raise_wire_error(raw: str | bytes, reason: str
 def test_the_default_size_limit_takes_a_full_document_at_the_category_limit() -> None:
     """The largest legitimate document (every category the limit allows, each of the
     longest name and every parameter at full precision) fits the default with margin."""
-    fields = AgentSettings.model_fields  # the defaults, whatever the environment says
-    max_bytes, max_categories = (
-        fields[f].default for f in ("max_policy_bytes", "max_policy_categories")
-    )
-    longest = MAX_CATEGORY_NAME_CHARS - 5
-    params = CategoryParams(
-        rate=0.1234567890123456,
-        p_reuse=0.1234567890123456,
-        life_s=1234.567890123456,
-        samples=10**12,
-        fit_quality=0.1234567890123456,
-        source="override",
-    )
-    names = (f"{i:05d}{'a' * longest}/re" for i in range(max_categories))
-    doc = PolicyDocument(version=1, categories=dict.fromkeys(names, params), note="n" * 500)
+    doc = largest_policy()
     raw = encode_policy(doc)
-    assert len(raw) * 1.5 < max_bytes, f"{len(raw)} bytes"
-    assert decode_policy(raw, max_bytes=max_bytes, max_categories=max_categories) == doc
+    assert len(raw) * 1.5 < MAX_POLICY_BYTES, f"{len(raw)} bytes"
+    limits = {"max_bytes": MAX_POLICY_BYTES, "max_categories": MAX_POLICY_CATEGORIES}
+    assert decode_policy(raw, **limits) == doc
+
+
+_DEEP = 100_000
+_EMPTY_OBJECTS = filled(b'{"version":1,"x":{', b'"a":{}', b"}}")
+_FIELDS = filled(b'{"version":1,', b'"k":0', b"}")
+_NAMES = filled(b'{"version":1,"categories":{', b'"a":0', b"}}")
+_PARAMETERS = filled(b'{"version":1,"categories":{"a":{', b'"k":0', b"}}}")
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (
+            filled(b'{"version":1,"x":[', b"[]", b"]}"),
+            'an array at byte 17 (after b\'{"version":1,"x":\'): a policy document holds none',
+        ),
+        (
+            b'{"version":1,"x":' + b'{"a":' * _DEEP + b"{}" + b"}" * _DEEP + b"}",
+            f'objects nested {_DEEP + 2} deep at byte 27 (after b\'ersion":1,"x":{{"a":'
+            "{\"a\":') > limit 3 (the document, categories, a category's parameters)",
+        ),
+        (_EMPTY_OBJECTS, f"{_EMPTY_OBJECTS.count(b'{') - 2} categories > limit 4096"),
+        (
+            _FIELDS,
+            f"{_FIELDS.count(b':')} keys at depth 1 > limit 7 (the document's fields); the "
+            'first past it at byte 52 (after b\':0,"k":0,"k":0,"k":0,"k"\')',
+        ),
+        (
+            _NAMES,
+            f"{_NAMES.count(b':') - 2} keys at depth 2 > limit 4102 (category names and the "
+            "default's parameters); the first past it at byte 24642 (after "
+            'b\':0,"a":0,"a":0,"a":0,"a"\')',
+        ),
+        (
+            _PARAMETERS,
+            f"a category of {_PARAMETERS.count(b':') - 3} keys at byte 31 (after "
+            'b\'on":1,"categories":{"a":\') > limit 6 (its parameters)',
+        ),
+    ],
+    ids=["empty arrays", "deep objects", "empty objects", "fields", "names", "parameters"],
+)
+def test_a_document_cheap_in_bytes_but_rich_in_values_is_refused_by_its_shape(
+    raw: bytes, reason: str
+) -> None:
+    """Documents of the size limit held the GIL 0.3 to 1.7 s (a parse built an object for
+    each of their values, twice, then validation listed an error for each): refused from
+    their bytes, before any parse, saying what and where."""
+    assert len(raw) <= MAX_POLICY_BYTES
+    with pytest.raises(WireLimitError) as err:
+        decode_policy(raw, max_bytes=MAX_POLICY_BYTES, max_categories=MAX_POLICY_CATEGORIES)
+    assert err.value.reason == f"policy: {reason}"
+
+
+_TEXT = st.text(
+    st.characters(exclude_categories=("Cs",)) | st.sampled_from('[]{}:,"\\'), max_size=12
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(names=st.lists(_TEXT, max_size=6, unique=True), note=_TEXT)
+def test_brackets_quotes_and_escapes_in_names_and_notes_are_text_to_the_shape_check(
+    names: list[str], note: str
+) -> None:
+    """The shape is judged outside strings: a name or a note may hold any character, and
+    the categories are counted exactly."""
+    doc = PolicyDocument(version=1, categories=dict.fromkeys(names, FULL_PARAMS), note=note)
+    raw = encode_policy(doc)
+    assert decode_policy(raw, max_categories=len(names)) == doc
+    if names:
+        with pytest.raises(WireLimitError) as err:
+            decode_policy(raw, max_categories=len(names) - 1)
+        assert err.value.reason == f"policy: {len(names)} categories > limit {len(names) - 1}"
+
+
+def test_a_bad_category_ends_validation() -> None:
+    """Every category was validated whatever came before: thousands of bad ones each
+    added an error (and its input) to a report that shows five."""
+    bad = {"rate": -1.0, "p_reuse": 0.5, "life_s": 1.0}
+    raw = json.dumps({"version": 1, "categories": {f"c{i}": bad for i in range(3)}})
+    with pytest.raises(WireError) as err:
+        decode_policy(raw)
+    assert err.value.reason == "policy: categories.c0.rate: Input should be greater than 0"
+
+
+def test_a_document_is_parsed_once() -> None:
+    """It was parsed twice: once to count its categories, then again to validate it."""
+    raw = encode_policy(largest_policy())
+    parses: list[str] = []
+
+    def watch(_frame: object, event: str, function: Any) -> None:
+        name = getattr(function, "__name__", "")
+        if event == "c_call" and name in {"from_json", "validate_json", "loads"}:
+            parses.append(name)
+
+    sys.setprofile(watch)
+    try:
+        decode_policy(raw, max_bytes=MAX_POLICY_BYTES, max_categories=MAX_POLICY_CATEGORIES)
+    finally:
+        sys.setprofile(None)
+    assert parses == ["validate_json"]
 
 
 def test_negative_zero_is_normalised() -> None:
