@@ -3,14 +3,13 @@
 Owns the demo's options, what it says at each start step (which Redis it uses and why,
 where the controller and its dashboard listen), its live view (fitted parameters per
 category with what each column means, the policy version each worker applied, hit ratios
-of kvwise vs stock LRU on the same traffic) and the final JSON. A malformed
-``KVWISE_REDIS_URL`` is refused before anything is created. The processes are
-``controlplane.dev.demo``'s.
+of kvwise vs stock LRU on the same traffic) and the final JSON. The agent settings its
+workers read (a malformed ``KVWISE_REDIS_URL`` among them) are checked before anything is
+created. The processes are ``controlplane.dev.demo``'s.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
@@ -22,8 +21,8 @@ import typer
 
 from agent.runtime.connection import redact
 from controlplane.cli.common import (
+    agent_settings_or_fail,
     as_whole_number,
-    check_redis_url,
     fail,
     finite_at_least,
     non_negative,
@@ -112,9 +111,8 @@ def demo(
     """
     from controlplane.dev.demo import DemoSettings, DemoStack
 
-    if url := os.environ.get("KVWISE_REDIS_URL"):
-        check_redis_url(url, "KVWISE_REDIS_URL")
     stack = DemoStack(DemoSettings(workers=workers, speed=speed, refit_interval_s=refit_interval))
+    redis_url = _redis_url_set(stack)
     stopping = {"flag": False}
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -123,7 +121,7 @@ def demo(
     signal.signal(signal.SIGTERM, on_signal)
     view = _View()
     try:
-        _start(stack)
+        _start(stack, redis_url)
         deadline = time.monotonic() + duration if duration else None
         _run_view(stack, stopping, deadline, view, live=not json_out and sys.stdout.isatty())
     except KeyboardInterrupt:
@@ -151,10 +149,19 @@ _REDIS_SOURCE = {  # short: the startup lines fit 80 columns
 }
 
 
-def _start(stack: DemoStack) -> None:
+def _redis_url_set(stack: DemoStack) -> str | None:
+    """The Redis URL the user set (``KVWISE_REDIS_URL``, as the agent settings read it), or
+    None. The workers are agents: a bad agent setting fails here, naming it, before
+    anything is created, not in every worker; the key prefix is the stack's own, so the
+    user's ``KVWISE_KEY_PREFIX`` is neither read nor refused."""
+    settings = agent_settings_or_fail({"key_prefix": stack.prefix}, {})
+    return settings.redis_url if "redis_url" in settings.model_fields_set else None
+
+
+def _start(stack: DemoStack, redis_url: str | None) -> None:
     """Start each part, saying what it chose; a part that fails is one error line."""
     try:
-        stack.start_redis()
+        stack.start_redis(redis_url)
         assert stack.redis_source is not None
         _say(f"Redis at {redact(stack.redis_url)} ({_REDIS_SOURCE[stack.redis_source]})")
         _say(f"keys under {stack.prefix!r}, deleted at the end")

@@ -72,18 +72,18 @@ class DemoStack:
     _worker_procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     # --- start ---------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, url: str | None = None) -> None:
         """Every step in order (``start_redis``, ``start_controller``, ``start_workers``)."""
-        self.start_redis()
+        self.start_redis(url)
         self.start_controller()
         self.start_workers()
 
-    def start_redis(self) -> None:
-        """Use ``KVWISE_REDIS_URL``, else a Redis answering on 127.0.0.1:6379, else start an
-        embedded one. Raises ``RuntimeError`` if the chosen one does not answer."""
+    def start_redis(self, url: str | None = None) -> None:
+        """Use ``url``, the user's ``KVWISE_REDIS_URL`` as the caller read it from the
+        settings, else a Redis answering on 127.0.0.1:6379, else start an embedded one.
+        Raises ``RuntimeError`` if the chosen one does not answer."""
         self.workdir = Path(tempfile.mkdtemp(prefix="kvwise-demo-"))
-        url = os.environ.get("KVWISE_REDIS_URL")
-        if url:
+        if url is not None:
             self.redis_url, self.redis_source = url, "KVWISE_REDIS_URL"
         elif redis_answers(LOCAL_REDIS):
             self.redis_url, self.redis_source = LOCAL_REDIS, "reused"

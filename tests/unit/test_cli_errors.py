@@ -164,6 +164,28 @@ def test_demo_passes_on_the_controllers_error_line_once(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_demo_refuses_a_bad_agent_setting_before_it_starts_anything(tmp_path: Path) -> None:
+    """The workers are agents: with a bad agent setting the demo started Redis and the
+    controller, then every worker died of it, and no line named it. The demo reads the
+    agent settings, ``KVWISE_REDIS_URL`` among them, once, and names the bad one."""
+    res = kvwise("demo", "--duration", "1", env={"KVWISE_BATCH_EVENTS": "many"}, tmp=tmp_path)
+    assert res.returncode == 2
+    assert one_error_line(res).startswith("error: bad agent setting KVWISE_BATCH_EVENTS='many': ")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_leaves_the_users_key_prefix_unread(tmp_path: Path) -> None:
+    """The demo's keys go under a prefix of its own: a ``KVWISE_KEY_PREFIX`` the agents
+    would refuse is not the demo's to refuse. A URL with no Redis behind it stops the demo
+    at its first step, so the line it fails with shows what was read."""
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    env = {"KVWISE_KEY_PREFIX": "{braces}", "KVWISE_REDIS_URL": url}
+    res = kvwise("demo", "--duration", "1", env=env, tmp=tmp_path)
+    assert res.returncode == 2
+    assert "does not answer" in one_error_line(res)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("variable", "value"), [("KVWISE_PORT", "abc"), ("KVWISE_SHADOW_RATE", "5")]
 )
