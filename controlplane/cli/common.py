@@ -414,13 +414,15 @@ def print_json(doc: object) -> None:
 
 
 def settings_or_fail(
-    cls: type[SettingsT], overrides: dict[str, Any], options: dict[str, str], *, what: str
+    cls: type[SettingsT], given: dict[str, Any], options: dict[str, str], *, what: str
 ) -> SettingsT:
-    """``cls`` read from the environment, ``overrides`` on top. A bad value fails naming
-    its CLI option (``options``: field -> option) when it came from one, else its
-    environment variable (``bad {what} setting KVWISE_...``)."""
+    """``cls`` read from the environment, a command's options on top (``given``: field ->
+    the option's value, None where it was not given). A bad value fails naming its CLI
+    option (``options``: field -> option) when it came from one, else its environment
+    variable (``bad {what} setting KVWISE_...``)."""
     from pydantic import ValidationError
 
+    overrides = {field: value for field, value in given.items() if value is not None}
     try:
         return cls(**overrides)
     except ValidationError as exc:
@@ -429,11 +431,11 @@ def settings_or_fail(
         if not error["loc"]:  # a check across settings names them itself
             fail(f"bad {what} settings: {reason}")
         field = str(error["loc"][0])
-        given = _given(cls, field, error.get("input"))
+        value = _given(cls, field, error.get("input"))
         if field in overrides:
-            fail(f"{options[field]}{given}: {reason}")
+            fail(f"{options[field]}{value}: {reason}")
         variable = f"{cls.model_config.get('env_prefix', '')}{field}".upper()
-        fail(f"bad {what} setting {variable}{given}: {reason}")
+        fail(f"bad {what} setting {variable}{value}: {reason}")
 
 
 def _given(cls: type[BaseSettings], field: str, value: object) -> str:
@@ -453,13 +455,13 @@ def _given(cls: type[BaseSettings], field: str, value: object) -> str:
     return f"={shown[:60] + '...' if len(shown) > 60 else shown!r}"
 
 
-def agent_settings_or_fail(overrides: dict[str, Any], options: dict[str, str]) -> AgentSettings:
-    """The agent's settings with a command's ``overrides`` (``settings_or_fail``), its
+def agent_settings_or_fail(given: dict[str, Any], options: dict[str, str]) -> AgentSettings:
+    """The agent's settings with a command's options ``given`` (``settings_or_fail``), its
     Redis URL checked, naming ``--redis-url`` or ``KVWISE_REDIS_URL``, where it came from."""
     from agent.settings import AgentSettings
 
-    settings = settings_or_fail(AgentSettings, overrides, options, what="agent")
-    where = "--redis-url" if "redis_url" in overrides else "KVWISE_REDIS_URL"
+    settings = settings_or_fail(AgentSettings, given, options, what="agent")
+    where = "--redis-url" if given.get("redis_url") is not None else "KVWISE_REDIS_URL"
     check_redis_url(settings.redis_url, where)
     return settings
 

@@ -55,10 +55,9 @@ def controller(host: HostOpt = None, port: PortOpt = None) -> None:
     from controlplane.cli.signals import SignalFlag, stop_on_signals
     from controlplane.service.settings import ControllerSettings
 
-    overrides = {"host": host, "port": port}
     settings = settings_or_fail(
         ControllerSettings,
-        {k: v for k, v in overrides.items() if v is not None},
+        {"host": host, "port": port},
         {"host": "--host", "port": "--port"},
         what="controller",
     )

@@ -148,9 +148,8 @@ def record(
     """
     from controlplane.cli.signals import SignalFlag, stop_on_signals
 
-    overrides = {"redis_url": redis_url, "key_prefix": key_prefix}
-    present = {k: v for k, v in overrides.items() if v is not None}
-    settings = agent_settings_or_fail(present, _OPTION_OF_FIELD)
+    given = {"redis_url": redis_url, "key_prefix": key_prefix}
+    settings = agent_settings_or_fail(given, _OPTION_OF_FIELD)
     partial = _claim(output)
     try:
         client, keys = _connect(settings)

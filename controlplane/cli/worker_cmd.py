@@ -84,10 +84,10 @@ def worker(
 
         kvwise worker --trace trace.jsonl --speed 10 --capacity 20000 --id w1
     """
-    overrides = {"worker_id": worker_id, "evictor": policy, "redis_url": redis_url}
-    settings = agent_settings_or_fail({k: v for k, v in overrides.items() if v}, _OPTION_OF_FIELD)
+    given = {"worker_id": worker_id, "evictor": policy, "redis_url": redis_url}
+    settings = agent_settings_or_fail(given, _OPTION_OF_FIELD)
     trace = load_trace_or_fail(trace_path)
-    agent = _agent(settings, capacity, "--policy" if policy else "KVWISE_EVICTOR")
+    agent = _agent(settings, capacity, "KVWISE_EVICTOR" if policy is None else "--policy")
     result = _replay(agent, trace, speed, loop, status_every, settings.evictor)
     if json_out:
         print_json({"trace": str(trace_path), **result.to_json()})

@@ -46,6 +46,9 @@ def one_error_line(res: subprocess.CompletedProcess[str]) -> str:
         ([], {"KVWISE_BATCH_EVENTS": "many"}, "bad agent setting KVWISE_BATCH_EVENTS='many': "),
         (["--policy", "nope"], {}, "--policy: unknown policy 'nope'"),
         ([], {"KVWISE_EVICTOR": "nope"}, "KVWISE_EVICTOR: unknown policy 'nope'"),
+        # an empty option is given, as in every command: not passed over for the variable
+        (["--redis-url", ""], {"KVWISE_REDIS_URL": "notaurl"}, "--redis-url: "),
+        (["--policy", ""], {"KVWISE_EVICTOR": "lru"}, "--policy: unknown policy ''"),
     ],
 )
 def test_worker_refuses_bad_settings(args: list[str], env: dict[str, str], names: str) -> None:
