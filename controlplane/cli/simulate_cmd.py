@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, get_args
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -20,6 +20,7 @@ from controlplane.cli.common import (
     SkipBadLinesFlag,
     SpeedOpt,
     TraceArgument,
+    check_names,
     check_plotting,
     fail,
     load_trace_or_fail,
@@ -31,7 +32,7 @@ from controlplane.cli.common import (
     unique,
 )
 from controlplane.cli.simulate_output import report
-from controlplane.replay.options import ReuseClass
+from controlplane.replay.options import CategorySource, ReuseClass
 
 if TYPE_CHECKING:
     from controlplane.replay.options import ReplayOptions
@@ -88,10 +89,7 @@ AffinitySlackOpt = Annotated[
     typer.Option(metavar="N", help="prefix router: extra requests allowed on a matched instance"),
 ]
 CategoriesOpt = Annotated[
-    str,
-    typer.Option(
-        metavar="labels|auto", help="wa: labels (type_turn) or auto (inferred from blocks)"
-    ),
+    CategorySource, typer.Option(help="wa: labels (type_turn) or auto (inferred from blocks)")
 ]
 RefitEveryOpt = Annotated[
     float,
@@ -99,12 +97,10 @@ RefitEveryOpt = Annotated[
         parser=positive, metavar="SECONDS", help="wa: refit every this many trace seconds"
     ),
 ]
-REUSE_CLASSES: tuple[str, ...] = get_args(ReuseClass)
 ReuseClassOpt = Annotated[
-    str,
+    ReuseClass,
     typer.Option(
         "--reuse-class",
-        metavar="off|hit|trace",
         help="wa, auto: split each category in two classes; hit: as the agent does "
         "(KVWISE_REUSE_CLASSES), trace: from trace knowledge (docs/policy.md)",
     ),
@@ -208,8 +204,7 @@ def _options(
     from controlplane.simulate.engine import SimOptions
     from controlplane.traces.model import MAX_REQUEST_TOKENS
 
-    if router not in routers.names():
-        fail(f"--router: unknown router {router!r}; known routers: {', '.join(routers.names())}")
+    check_names([router], routers.names(), "--router", "router")
     checks = {  # option: (within range, what the range is, the value given)
         "--instances": (1 <= instances <= MAX_INSTANCES, f"from 1 to {MAX_INSTANCES:,}", instances),
         "--output-tokens": (
@@ -235,19 +230,15 @@ def _options(
     )
 
 
-def _replay_options(categories: str, refit_every: float, reuse_class: str) -> ReplayOptions:
+def _replay_options(
+    categories: CategorySource, refit_every: float, reuse_class: ReuseClass
+) -> ReplayOptions:
     """How fitted policies are fitted (``wa``, ``auto``), from the command's options."""
     from controlplane.replay.options import ReplayOptions
 
-    if categories not in ("labels", "auto"):
-        fail(f"--categories must be one of labels, auto, got {categories!r}")
-    if reuse_class not in REUSE_CLASSES:
-        fail(f"--reuse-class must be one of {', '.join(REUSE_CLASSES)}, got {reuse_class!r}")
     try:
         return ReplayOptions(
-            refit_every_s=refit_every,
-            categories=categories,  # type: ignore[arg-type]
-            reuse_class=reuse_class,  # type: ignore[arg-type]
+            refit_every_s=refit_every, categories=categories, reuse_class=reuse_class
         )
     except ValueError as exc:
         fail(str(exc))

@@ -91,7 +91,8 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     ("extra", "message"),
     [
         (["-p", "lru,nope"], "unknown policy 'nope'"),
-        (["--router", "random"], "--router: unknown router 'random'; known routers: round-robin"),
+        # the choice checks every command makes, in the same words (--policy, replay's)
+        (["--router", "random"], "--router: unknown router 'random'; known: round-robin"),
         # names the options given (it read as if none was)
         (
             ["--capacity", "10", "--capacity-gib", "2"],
@@ -119,8 +120,8 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
         # named as the field of the library's options, not as the option
         (["--refit-every", "nan"], "--refit-every: must be a finite number > 0, got nan"),
         (["--refit-every", "inf"], "--refit-every: must be a finite number > 0, got inf"),
-        (["--categories", "magic"], "--categories must be one of labels, auto"),
-        (["--reuse-class", "some"], "--reuse-class must be one of off, hit, trace, got 'some'"),
+        (["--categories", "magic"], "--categories: 'magic' is not one of 'labels', 'auto'"),
+        (["--reuse-class", "some"], "--reuse-class: 'some' is not one of 'off', 'hit', 'trace'"),
         (["--plot", "out.svg"], "plots are written as .png"),
     ],
 )
