@@ -33,14 +33,14 @@ from controlplane.cli.common import (
     unique,
     whole_number,
 )
-from controlplane.cli.replay_output import Runs, end_interrupted, plot_curve, report
-from controlplane.replay.options import (
-    DEFAULT_OPTIONS,
-    Attribution,
-    CategorySource,
-    FitMode,
-    ReuseClass,
+from controlplane.cli.fitted_options import (
+    CategoriesOpt,
+    RefitEveryOpt,
+    ReuseClassOpt,
+    fitted_option,
 )
+from controlplane.cli.replay_output import Runs, end_interrupted, plot_curve, report
+from controlplane.replay.options import DEFAULT_OPTIONS, Attribution, FitMode
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -52,7 +52,6 @@ if TYPE_CHECKING:
 DEFAULT_FRACS = "0.05,0.1,0.2,0.4"
 # Options grouped in the help by what they are about.
 _sizes = partial(typer.Option, rich_help_panel="Policies and cache sizes")
-_fitted = partial(typer.Option, rich_help_panel="Fitted policies (wa, wa-ref)")
 _output = partial(typer.Option, rich_help_panel="Output")
 _auto_panel = partial(typer.Option, rich_help_panel="auto (family selected by a shadow)")
 
@@ -88,51 +87,34 @@ PlotOpt = Annotated[
         "runs belady and inf too if not named. Needs the plot extra",
     ),
 ]
-RefitEveryOpt = Annotated[
-    float,
-    _fitted(
-        parser=positive, metavar="SECONDS", help="Online fit: refit every this many trace seconds"
-    ),
-]
 WaFitOpt = Annotated[
     FitMode,
-    _fitted(
+    fitted_option(
         help="online: refit as the replay goes; split: fit on the first --split of the "
         "requests, score every policy on the rest only"
     ),
 ]
 SplitOpt = Annotated[
     float | None,
-    _fitted(
+    fitted_option(
         parser=open_fraction,
         metavar="SHARE",
         help=f"Share fitted on with --wa-fit split [default: {DEFAULT_OPTIONS.split:g}]",
     ),
 ]
-CategoriesOpt = Annotated[
-    CategorySource,
-    _fitted(help="labels: the trace's type_turn; auto: inferred from blocks and length"),
-]
 AttributionOpt = Annotated[
     Attribution | None,
-    _fitted(help="A block's category is its last accessor's or its creator's [default: last]"),
+    fitted_option(
+        help="A block's category is its last accessor's or its creator's [default: last]"
+    ),
 ]
 NearConcurrentOpt = Annotated[
     float | None,
-    _fitted(parser=non_negative, metavar="SECONDS", help="Reuse gaps below this are merged"),
+    fitted_option(parser=non_negative, metavar="SECONDS", help="Reuse gaps below this are merged"),
 ]
 LifeOpt = Annotated[
     float | None,
-    _fitted(parser=positive, metavar="SECONDS", help="One life window for every category"),
-]
-ReuseClassOpt = Annotated[
-    ReuseClass,
-    _fitted(
-        "--reuse-class",
-        help="Split each category in two classes: hit: as the agent does "
-        "(KVWISE_REUSE_CLASSES: a block found cached or evicted lately is a return); "
-        "trace: accessed before or not, from trace knowledge (docs/policy.md)",
-    ),
+    fitted_option(parser=positive, metavar="SECONDS", help="One life window for every category"),
 ]
 
 

@@ -28,14 +28,13 @@ from controlplane.cli.common import (
     parse_fracs,
     parse_ints,
     policy_names,
-    positive,
     unique,
 )
+from controlplane.cli.fitted_options import CategoriesOpt, RefitEveryOpt, ReuseClassOpt
 from controlplane.cli.simulate_output import report
-from controlplane.replay.options import CategorySource, ReuseClass
 
 if TYPE_CHECKING:
-    from controlplane.replay.options import ReplayOptions
+    from controlplane.replay.options import CategorySource, ReplayOptions, ReuseClass
     from controlplane.simulate.engine import SimOptions
     from controlplane.simulate.profiles import Profile
     from controlplane.simulate.report import SimResult
@@ -87,23 +86,6 @@ BlockTokensOpt = Annotated[
 AffinitySlackOpt = Annotated[
     int,
     typer.Option(metavar="N", help="prefix router: extra requests allowed on a matched instance"),
-]
-CategoriesOpt = Annotated[
-    CategorySource, typer.Option(help="wa: labels (type_turn) or auto (inferred from blocks)")
-]
-RefitEveryOpt = Annotated[
-    float,
-    typer.Option(
-        parser=positive, metavar="SECONDS", help="wa: refit every this many trace seconds"
-    ),
-]
-ReuseClassOpt = Annotated[
-    ReuseClass,
-    typer.Option(
-        "--reuse-class",
-        help="wa, auto: split each category in two classes; hit: as the agent does "
-        "(KVWISE_REUSE_CLASSES), trace: from trace knowledge (docs/policy.md)",
-    ),
 ]
 PlotOpt = Annotated[
     Path | None,
