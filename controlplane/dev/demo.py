@@ -26,7 +26,7 @@ from typing import Literal
 import httpx
 import redis
 
-from agent.runtime.connection import redact
+from agent.runtime.connection import connect, redact
 from controlplane.dev.embedded_redis import EmbeddedRedis, free_port, redis_answers
 
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
@@ -239,11 +239,11 @@ class DemoStack:
         if not self.redis_url or self._embedded is not None:
             return
         try:
-            client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=2)
+            client = connect(self.redis_url, timeout_s=2.0, retries=0)
             keys = list(client.scan_iter(match=self.prefix + "*", count=1000))
             if keys:
                 client.delete(*keys)
-        except (redis.RedisError, ValueError):
+        except (redis.RedisError, ValueError):  # RedisUrlError is a ValueError
             pass
 
 
