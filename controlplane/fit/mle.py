@@ -262,7 +262,8 @@ def _step(
     u, s, damping = state.u[idx], state.s[idx], state.damping[idx]
     f, g, h = _terms(u, s, d, derivs=True)
     assert g is not None and h is not None
-    du, ds = _damped_newton(g, h, damping)
+    held_u, held_s = _held(u, s, g, log_bounds)
+    du, ds = _damped_newton(g, h, damping, held_u, held_s)
     u_new = np.clip(u + du, -LOGIT_BOUND, LOGIT_BOUND)
     s_new = np.clip(s + ds, *log_bounds)
     f_new, _, _ = _terms(u_new, s_new, d, derivs=False)
@@ -276,31 +277,43 @@ def _step(
     )
     state.damping[idx] = damping
     state.iterations[idx] += 1
-    grad = _free_gradient(u, s, g, log_bounds)
+    grad = np.abs(np.where(held_u, 0.0, g[:, 0])) + np.abs(np.where(held_s, 0.0, g[:, 1]))
     state.done[idx] = (
         (better & (moved < _TOL_STEP)) | (grad < _TOL_GRAD) | (damping > _DAMPING_GIVE_UP)
     )
 
 
-def _damped_newton(g: F64, h: F64, damping: F64) -> tuple[F64, F64]:
+def _damped_newton(
+    g: F64, h: F64, damping: F64, held_u: NDArray[np.bool_], held_s: NDArray[np.bool_]
+) -> tuple[F64, F64]:
     """The step ``x`` solving ``(-H + damping I) x = g`` per row (the negative
-    log-likelihood's damped Newton system); a gradient step where it is not positive
-    definite."""
-    a11, a22, a12 = -h[:, 0, 0] + damping, -h[:, 1, 1] + damping, -h[:, 0, 1]
+    log-likelihood's damped Newton system) over the variables not held on a bound (a held
+    one does not move, and the other's step is its own one-dimensional Newton step); a
+    gradient step where the system is not positive definite."""
+    held = held_u | held_s
+    g_u, g_s = np.where(held_u, 0.0, g[:, 0]), np.where(held_s, 0.0, g[:, 1])
+    a11 = np.where(held_u, 1.0, -h[:, 0, 0] + damping)
+    a22 = np.where(held_s, 1.0, -h[:, 1, 1] + damping)
+    a12 = np.where(held, 0.0, -h[:, 0, 1])
     det = a11 * a22 - a12 * a12
     bad = ~(det > 0) | ~(a11 > 0)
     det = np.where(bad, 1.0, det)
-    du = np.where(bad, g[:, 0] / damping, (a22 * g[:, 0] - a12 * g[:, 1]) / det)
-    ds = np.where(bad, g[:, 1] / damping, (a11 * g[:, 1] - a12 * g[:, 0]) / det)
+    du = np.where(bad, g_u / damping, (a22 * g_u - a12 * g_s) / det)
+    ds = np.where(bad, g_s / damping, (a11 * g_s - a12 * g_u) / det)
     return du, ds
 
 
-def _free_gradient(u: F64, s: F64, g: F64, log_bounds: tuple[float, float]) -> F64:
-    """``|g|`` summed over components, leaving out a component that pushes out through an
-    active bound (it cannot be followed, so it does not count against convergence)."""
-    out_u = ((u >= LOGIT_BOUND) & (g[:, 0] > 0)) | ((u <= -LOGIT_BOUND) & (g[:, 0] < 0))
-    out_s = ((s >= log_bounds[1]) & (g[:, 1] > 0)) | ((s <= log_bounds[0]) & (g[:, 1] < 0))
-    return np.abs(np.where(out_u, 0.0, g[:, 0])) + np.abs(np.where(out_s, 0.0, g[:, 1]))
+def _held(
+    u: F64, s: F64, g: F64, log_bounds: tuple[float, float]
+) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
+    """Whether ``u`` and ``s`` of each row sit on a bound their gradient pushes out
+    through: such a variable cannot follow its gradient, so it is held where it is (left
+    out of the Newton system and of the convergence test). Moving it in a coupled step
+    only to clip it back made the other variable's step wrong: a fit ending on
+    ``rate_min`` crept along it for all ``_MAX_ITER`` steps."""
+    held_u = ((u >= LOGIT_BOUND) & (g[:, 0] > 0)) | ((u <= -LOGIT_BOUND) & (g[:, 0] < 0))
+    held_s = ((s >= log_bounds[1]) & (g[:, 1] > 0)) | ((s <= log_bounds[0]) & (g[:, 1] < 0))
+    return held_u, held_s
 
 
 def fit_cure_rate(
