@@ -3,14 +3,17 @@ statistics window must give finite, bounded parameters, in bounded time."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from scipy.optimize import minimize
 from scipy.special import expit, logit
 
-from controlplane.fit import fit_cure_rate
+from controlplane.fit import fit_all, fit_cure_rate
 from controlplane.fit.mle import censored_ages
-from controlplane.fit.reuse_window import gap_edges
+from controlplane.fit.reuse_window import ReuseStats, gap_edges
+from controlplane.fit.settings import FitSettings
 
 EDGES = gap_edges(3630.0)
 """The default one-hour window's gap and age bins."""
@@ -32,7 +35,7 @@ def _loglik(observed: np.ndarray, censored: np.ndarray, p: float, rate: float) -
     return float(reused + still_open)
 
 
-def test_a_fit_peaking_on_the_lowest_rate_converges_in_a_few_steps() -> None:
+def test_a_fit_peaking_on_the_lowest_rate_converges_in_a_few_dozen_steps() -> None:
     """10,000 exposures two minutes old and a single reuse after five: the likelihood rises
     toward ever slower rates, so the fit ends on ``rate_min``. The coupled Newton step kept
     asking the pinned rate to move; clipped, its ``p`` step was wrong, and the row crept
@@ -74,3 +77,60 @@ def test_a_fit_on_a_flat_ridge_stops_when_nothing_is_left_to_gain(
     best = minimize(minus_loglik, start, method="Nelder-Mead",
                     options={"xatol": 1e-10, "fatol": 1e-12, "maxiter": 20_000})  # fmt: skip
     assert fit.loglik >= -best.fun - 1e-4
+
+
+HOUR = 3600.0
+UNKNOWN = np.nan
+"""``prev_ts`` of a first access."""
+
+
+def _window(names: list[str], events: list[tuple[float, int, float, int]]) -> ReuseStats:
+    """A one-hour window holding ``events``: ``(ts, category, prev_ts, prev_category)``."""
+    st = ReuseStats(HOUR, categories=names, origin=0.0)
+    ts, cat, pts, pcat = (np.array(column) for column in zip(*events, strict=True))
+    st.ingest(ts, cat.astype(np.int32), pts, pcat.astype(np.int32))
+    return st
+
+
+def _reused_at(
+    gap_s: float, n: int, category: int = 0, start_s: float = 60.0
+) -> list[tuple[float, int, float, int]]:
+    """``n`` accesses of ``category`` from ``start_s`` to the half hour (the window at the
+    hour holds what was opened after its first 30-second bucket), each reused ``gap_s``
+    later."""
+    opened = np.linspace(start_s, HOUR / 2, n)
+    return [(t, category, UNKNOWN, -1) for t in opened] + [
+        (t + gap_s, category, t, category) for t in opened
+    ]
+
+
+DEGENERATE_WINDOWS = {
+    "one access, reused once": (["w"], _reused_at(5.0, 1)),
+    "every reuse at the same gap": (["w"], _reused_at(5.0, 500)),
+    "every gap zero": (["w"], _reused_at(0.0, 500)),
+    "every gap near the window's length": (["w"], _reused_at(HOUR / 2 - 2.0, 500)),
+    "only first accesses": (["w"], [(t, 0, UNKNOWN, -1) for t in np.linspace(60, HOUR, 500)]),
+    "2048 categories of two accesses each": (
+        [f"c{i}" for i in range(2048)],
+        [e for c in range(2048) for e in _reused_at(1.0 + c, 1, c, start_s=60.0 + c / 2)],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", DEGENERATE_WINDOWS)
+@pytest.mark.parametrize("min_samples", [1, 200])
+def test_a_degenerate_window_gives_finite_parameters_within_the_bounds(
+    case: str, min_samples: int
+) -> None:
+    """Every published number is finite and inside the fitter's bounds, with no numerical
+    warning on the way, whether the categories are fitted on their own or pooled."""
+    names, events = DEGENERATE_WINDOWS[case]
+    settings = FitSettings(min_samples=min_samples, life_s_override=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = fit_all(_window(names, events).snapshot(HOUR), settings)
+    assert result.categories.keys() == set(names)
+    for params in [*result.categories.values(), *([result.pooled] if result.pooled else [])]:
+        assert settings.rate_min <= params.rate <= settings.rate_max, (case, params)
+        assert 0.0 <= params.p_reuse <= 1.0, (case, params)
+        assert settings.life_min_s <= params.life_s <= settings.life_max_s, (case, params)
