@@ -52,6 +52,9 @@ ends its line) is a bad line, read past in pieces of this size, never held whole
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _BOM = b"\xef\xbb\xbf"
+_LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+"""How a Git LFS pointer file starts: what a clone without LFS holds in place of a trace
+stored with it (the public Bailian traces are)."""
 _INT64_MAX = 2**63 - 1
 _INT64_MIN = -(2**63)
 _CHUNK_BLOCKS = 1 << 20  # hash ids per chunk (8 MiB)
@@ -325,8 +328,8 @@ def _records(f: IO[bytes], path: str) -> Iterator[tuple[int, Any]]:
                 problem = f"line longer than {MAX_LINE_BYTES:,} bytes (no newline within them)"
                 yield lineno, _Bad(None, problem, "line too long")
                 continue
-            if lineno == 1 and line.startswith(_BOM):
-                line = line[len(_BOM) :]
+            if lineno == 1:
+                line = _first_line(line, f, path)
             try:
                 yield lineno, orjson.loads(line)
             except orjson.JSONDecodeError as exc:
@@ -341,6 +344,22 @@ def _records(f: IO[bytes], path: str) -> Iterator[tuple[int, Any]]:
         raise TraceError(
             path, lineno + 1, None, f"gzip stream truncated or corrupt ({exc})"
         ) from None
+
+
+def _first_line(line: bytes, f: IO[bytes], path: str) -> bytes:
+    """The first line without a byte order mark; ``TraceError`` when it shows that the
+    file is a Git LFS pointer, which no skipping can read a trace from."""
+    if line.startswith(_BOM):
+        line = line[len(_BOM) :]
+    if not line.startswith(_LFS_POINTER):
+        return line
+    size = re.search(rb"^size (\d+)", f.read(4096), re.MULTILINE)
+    what = f"the {int(size[1]):,}-byte trace" if size else "the trace"
+    problem = (
+        f"a Git LFS pointer, not a trace: {what} was never downloaded "
+        "(git lfs pull in the clone, or download the file itself)"
+    )
+    raise TraceError(path, 1, None, problem)
 
 
 def _lines(f: IO[bytes]) -> Iterator[bytes | None]:
