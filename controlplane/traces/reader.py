@@ -52,6 +52,14 @@ ends its line) is a bad line, read past in pieces of this size, never held whole
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _BOM = b"\xef\xbb\xbf"
+_OTHER_COMPRESSIONS = {
+    b"\xfd7zXZ\x00": ("xz", "xz -d"),
+    b"BZh": ("bzip2", "bunzip2"),
+    b"\x28\xb5\x2f\xfd": ("zstd", "zstd -d"),
+    b"PK\x03\x04": ("zip", "unzip"),
+}
+"""Magic bytes of compressions the reader does not read -> (name, how to undo it): a file
+that starts with one is refused as such, not as a line of invalid JSON."""
 _LFS_POINTER = b"version https://git-lfs.github.com/spec/"
 """How a Git LFS pointer file starts: what a clone without LFS holds in place of a trace
 stored with it (the public Bailian traces are)."""
@@ -296,11 +304,18 @@ def _detect_format(obj: dict[str, Any]) -> str:
 
 
 def _open(path: str) -> IO[bytes]:
-    """Plain or gzip, told by the magic bytes (a suffix can lie). The file is opened once
-    and its first bytes peeked, so a pipe (``<(zcat ...)``, ``/dev/stdin``) reads too."""
+    """Plain or gzip, told by the magic bytes (a suffix can lie); another compression is a
+    ``TraceError``. The file is opened once and its first bytes peeked, so a pipe
+    (``<(zcat ...)``, ``/dev/stdin``) reads too."""
     raw = io.BufferedReader(io.FileIO(path, "rb"), buffer_size=1 << 20)
-    if raw.peek(2)[:2] == _GZIP_MAGIC:
+    start = raw.peek(8)[:8]
+    if start.startswith(_GZIP_MAGIC):
         return cast(IO[bytes], _GzipOver(raw))
+    for magic, (name, undo) in _OTHER_COMPRESSIONS.items():
+        if start.startswith(magic):
+            raw.close()
+            problem = f"compressed with {name}, which is not read (gzip is): {undo} it first"
+            raise TraceError(path, 1, None, problem)
     return raw
 
 

@@ -1,13 +1,18 @@
 """Trace readers on what a downloaded trace file can turn out to be: a Git LFS pointer
-instead of the trace."""
+instead of the trace, another compression than gzip."""
 
 from __future__ import annotations
 
+import bz2
+import lzma
+import zipfile
 from pathlib import Path
 
+import orjson
 import pytest
 
 from controlplane.traces.reader import TraceError, load_trace
+from tests.unit.test_reader import mooncake
 
 LFS_POINTER = (
     b"version https://git-lfs.github.com/spec/v1\n"
@@ -29,3 +34,38 @@ def test_a_git_lfs_pointer_is_named_not_read_as_bad_json(
     assert (err.value.line, err.value.field) == (1, None)
     assert "Git LFS pointer" in err.value.problem
     assert "132,054,902-byte" in err.value.problem and "git lfs pull" in err.value.problem
+
+
+def _zstd_frame(body: bytes) -> bytes:
+    """A zstd frame's magic number and a header; the reader never gets past the magic."""
+    return b"\x28\xb5\x2f\xfd" + b"\x20" + len(body).to_bytes(1, "little") + body
+
+
+def _zipped(body: bytes, tmp_path: Path) -> bytes:
+    archive = tmp_path / "t.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("t.jsonl", body)
+    return archive.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("name", "compress", "tool"),
+    [
+        ("xz", lzma.compress, "xz -d"),
+        ("bzip2", bz2.compress, "bunzip2"),
+        ("zstd", _zstd_frame, "zstd -d"),
+        ("zip", None, "unzip"),
+    ],
+)
+def test_another_compression_than_gzip_is_named(
+    tmp_path: Path, name: str, compress: object, tool: str
+) -> None:
+    body = orjson.dumps(mooncake(0)) + b"\n"
+    data = _zipped(body, tmp_path) if compress is None else compress(body)  # type: ignore[operator]
+    path = tmp_path / "t.jsonl.x"
+    path.write_bytes(data)
+    with pytest.raises(TraceError) as err:
+        load_trace(path, skip_bad_lines=True)
+    assert (err.value.line, err.value.field) == (1, None)
+    assert err.value.problem.startswith(f"compressed with {name}")
+    assert tool in err.value.problem
