@@ -1,10 +1,11 @@
 """Trace files -> ``Trace``: the Alibaba Bailian and Mooncake JSONL readers.
 
-Owns parsing and validating trace lines, telling the two formats apart, reading gzip, and
-reporting malformed lines (``TraceError``, or counted skips). Hash ids become an int64 row
-per line, merged into chunks of a million, so no Python object per block outlives its
-line; per-request columns grow in compact ``array`` buffers. It must never sort or remap
-hashes (``controlplane.traces.model`` does) or know about policies and replay.
+Owns parsing and validating trace lines, telling the two formats apart, reading gzip,
+reporting malformed lines (``TraceError``, or counted skips) and how far a read has got.
+Hash ids become an int64 row per line, merged into chunks of a million, so no Python
+object per block outlives its line; per-request columns grow in compact ``array`` buffers.
+It must never sort or remap hashes (``controlplane.traces.model`` does) or know about
+policies and replay.
 
 Formats (docs/traces.md):
 
@@ -23,6 +24,7 @@ import io
 import math
 import os
 import re
+import stat
 import zlib
 from array import array
 from collections.abc import Callable, Iterator
@@ -35,6 +37,10 @@ import orjson
 from controlplane.traces.model import Trace
 
 TraceFormat = Literal["auto", "bailian", "mooncake"]
+ReadProgress = Callable[[int, int | None], None]
+"""Told ``(bytes read, file size)`` while a trace is read: bytes of the file as stored
+(compressed, for gzip), the size ``None`` for a pipe. Called as each mebibyte is read and
+once at the end, so a caller can show how far a long load has got."""
 FORMATS: tuple[str, ...] = ("auto", "bailian", "mooncake")
 
 BAILIAN_KEYS = frozenset({"chat_id", "parent_chat_id", "type", "turn"})
@@ -303,27 +309,45 @@ def _detect_format(obj: dict[str, Any]) -> str:
     raise _Bad(None, problem, "unknown format")
 
 
-def _open(path: str) -> IO[bytes]:
+class _CountedFile(io.FileIO):
+    """A file that counts the bytes read from it, for ``ReadProgress``."""
+
+    consumed = 0
+
+    def readinto(self, buffer: Any) -> int | None:
+        n = super().readinto(buffer)
+        self.consumed += n or 0
+        return n
+
+    def size(self) -> int | None:
+        """Bytes in the file; None when it is not a regular file (a pipe)."""
+        st = os.fstat(self.fileno())
+        return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def _open(path: str) -> tuple[IO[bytes], _CountedFile]:
     """Plain or gzip, told by the magic bytes (a suffix can lie); another compression is a
     ``TraceError``. The file is opened once and its first bytes peeked, so a pipe
-    (``<(zcat ...)``, ``/dev/stdin``) reads too."""
-    raw = io.BufferedReader(io.FileIO(path, "rb"), buffer_size=1 << 20)
+    (``<(zcat ...)``, ``/dev/stdin``) reads too. Returns the lines' reader and the file
+    under it, which counts what was read."""
+    counted = _CountedFile(path, "rb")
+    raw = io.BufferedReader(counted, buffer_size=1 << 20)
     start = raw.peek(8)[:8]
     if start.startswith(_GZIP_MAGIC):
-        return cast(IO[bytes], _GzipOver(raw))
+        return cast(IO[bytes], _GzipOver(raw)), counted
     for magic, (name, undo) in _OTHER_COMPRESSIONS.items():
         if start.startswith(magic):
             raw.close()
             problem = f"compressed with {name}, which is not read (gzip is): {undo} it first"
             raise TraceError(path, 1, None, problem)
-    return raw
+    return raw, counted
 
 
 class _GzipOver(gzip.GzipFile):
     """Gzip read from an open file, which it closes with itself (``GzipFile`` leaves a
     file it was given open)."""
 
-    def __init__(self, raw: io.BufferedReader[io.FileIO]) -> None:
+    def __init__(self, raw: io.BufferedReader[_CountedFile]) -> None:
         super().__init__(fileobj=raw, mode="rb")
         self._raw = raw
 
@@ -395,6 +419,7 @@ def load_trace(
     *,
     fmt: TraceFormat = "auto",
     skip_bad_lines: bool = False,
+    progress: ReadProgress | None = None,
 ) -> Trace:
     """Read a Bailian or Mooncake JSONL trace (plain or gzip) into a ``Trace``.
 
@@ -402,6 +427,7 @@ def load_trace(
     raises ``TraceError`` naming file, line and field; with ``skip_bad_lines`` it is left
     out and recorded, ``(line, reason)``, in ``Trace.skipped_lines`` (every skipped line is
     recorded; reasons past ``MAX_SKIP_DETAILS`` are short). Blank lines are ignored.
+    ``progress``, if given, is told how many bytes of the file are read (``ReadProgress``).
     Raises ``OSError`` when the file cannot be read.
     """
     if fmt not in FORMATS:
@@ -410,8 +436,13 @@ def load_trace(
     columns = None if fmt == "auto" else _Columns(fmt)
     skipped: list[tuple[int, str]] = []
     brief: dict[str, str] = {}  # shared short reasons past MAX_SKIP_DETAILS
-    with _open(shown) as f:
+    f, counted = _open(shown)
+    with f:
+        size, told = counted.size(), 0
         for lineno, obj in _records(f, shown):
+            if progress is not None and counted.consumed != told:
+                told = counted.consumed
+                progress(told, size)
             try:
                 if isinstance(obj, _Bad):
                     raise obj
@@ -428,6 +459,8 @@ def load_trace(
                 else:
                     reason = bad.reason(detailed=False)
                     skipped.append((lineno, brief.setdefault(reason, reason)))
+        if progress is not None:
+            progress(counted.consumed, size)
     if columns is None:  # nothing readable: an empty trace of unknown format
         columns = _Columns("mooncake")
         columns.fmt = "unknown"

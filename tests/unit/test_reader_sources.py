@@ -1,10 +1,13 @@
 """Trace readers on what a downloaded trace file can turn out to be: a Git LFS pointer
-instead of the trace, another compression than gzip."""
+instead of the trace, another compression than gzip; and the progress of a long read."""
 
 from __future__ import annotations
 
 import bz2
+import gzip
 import lzma
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -12,7 +15,8 @@ import orjson
 import pytest
 
 from controlplane.traces.reader import TraceError, load_trace
-from tests.unit.test_reader import mooncake
+from tests.conftest import REPO
+from tests.unit.test_reader import bailian, mooncake
 
 LFS_POINTER = (
     b"version https://git-lfs.github.com/spec/v1\n"
@@ -69,3 +73,44 @@ def test_another_compression_than_gzip_is_named(
     assert (err.value.line, err.value.field) == (1, None)
     assert err.value.problem.startswith(f"compressed with {name}")
     assert tool in err.value.problem
+
+
+def _big_trace(path: Path, *, compress: bool) -> Path:
+    body = b"".join(orjson.dumps(bailian(i, [i, 10**6 + i])) + b"\n" for i in range(40_000))
+    path.write_bytes(gzip.compress(body) if compress else body)
+    return path
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_progress_counts_the_files_bytes_up_to_its_size(tmp_path: Path, compress: bool) -> None:
+    path = _big_trace(tmp_path / "t.jsonl", compress=compress)
+    size = path.stat().st_size
+    calls: list[tuple[int, int | None]] = []
+    trace = load_trace(path, progress=lambda done, total: calls.append((done, total)))
+    assert trace.n_requests == 40_000
+    done = [d for d, _ in calls]
+    assert {t for _, t in calls} == {size}
+    assert done == sorted(done) and done[-1] == size
+    assert len(calls) >= 2 or size < 1 << 20
+
+
+def test_progress_from_a_pipe_has_no_total(tmp_path: Path) -> None:
+    path = _big_trace(tmp_path / "t.jsonl", compress=False)
+    code = (
+        "from controlplane.traces.reader import load_trace\n"
+        "seen = []\n"
+        "load_trace('/dev/stdin', progress=lambda d, t: seen.append((d, t)))\n"
+        "print(seen[-1][0], {t for _, t in seen} == {None})\n"
+    )
+    with path.open("rb") as source:
+        piped = subprocess.Popen(["cat"], stdin=source, stdout=subprocess.PIPE)
+        assert piped.stdout is not None
+        res = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=REPO,
+            stdin=piped.stdout,
+            capture_output=True,
+        )
+        piped.stdout.close()
+        piped.wait()
+    assert res.stdout.decode().split() == [str(path.stat().st_size), "True"], res.stderr
