@@ -272,8 +272,8 @@ def encode_batch(batch: EventBatch) -> dict[str, bytes]:
 
 
 MAX_CATEGORY_NAME_CHARS: Final = 128
-"""Longest category name an agent sends (longer ones share ``other`` there) and the
-controller accepts."""
+"""Longest category name an agent sends (longer ones share ``other`` there), the controller
+accepts in a batch and a policy document may name (``decode_policy``)."""
 
 
 @dataclass(frozen=True)
@@ -449,19 +449,28 @@ def decode_policy(
     raw: bytes | str, *, max_bytes: int | None = None, max_categories: int | None = None
 ) -> PolicyDocument:
     """A validated ``PolicyDocument``; ``WireError`` with pydantic's reason otherwise, or
-    for a document over ``max_bytes`` (checked first) or of a shape no document has or
-    over ``max_categories`` (``json_shape_fault``, judged before the one parse)."""
+    for a document over ``max_bytes`` (checked first), of a shape no document has or over
+    ``max_categories`` (``json_shape_fault``, judged before the one parse), or naming a
+    category longer than an event batch may (``MAX_CATEGORY_NAME_CHARS``: no agent sends
+    one, so no fit holds one; a document built in a process, a replay's, is not bound)."""
     if max_bytes is not None and len(raw) > max_bytes:
         raise WireLimitError(f"policy: document of {len(raw)} bytes > limit {max_bytes}")
     fault = json_shape_fault(raw, max_categories)
     if fault is not None:
         raise WireLimitError(f"policy: {fault}")
     try:
-        return PolicyDocument.model_validate_json(raw)
+        doc = PolicyDocument.model_validate_json(raw)
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_context=False, include_input=False)
         reasons = "; ".join(f"{_location(e['loc'])}: {e['msg']}" for e in errors[:5])
         raise WireError(f"policy: {reasons}") from None
+    for name in doc.categories:
+        if len(name) > MAX_CATEGORY_NAME_CHARS:
+            raise WireLimitError(
+                f"policy: {_location(('categories', name))}: a category name of {len(name)} "
+                f"characters > limit {MAX_CATEGORY_NAME_CHARS}"
+            )
+    return doc
 
 
 _OPTIONAL_STATUS_FIELDS: Final = frozenset(

@@ -86,9 +86,9 @@ FULL_PARAMS = CategoryParams(
 
 def largest_policy(name_char: str = "a") -> PolicyDocument:
     """The largest legitimate document: ``MAX_POLICY_CATEGORIES`` categories, each named
-    with the most characters (``name_char`` repeated, a reuse class's ``/re``), each of
-    ``FULL_PARAMS``, and the longest note."""
-    longest = MAX_CATEGORY_NAME_CHARS - 5
+    with the most characters (a number, ``name_char`` repeated, a reuse class's ``/re``:
+    ``MAX_CATEGORY_NAME_CHARS`` in all), each of ``FULL_PARAMS``, and the longest note."""
+    longest = MAX_CATEGORY_NAME_CHARS - 5 - len("/re")
     names = (f"{i:05d}{name_char * longest}/re" for i in range(MAX_POLICY_CATEGORIES))
     return PolicyDocument(version=1, categories=dict.fromkeys(names, FULL_PARAMS), note="n" * 500)
 

@@ -19,6 +19,8 @@ from hypothesis.extra import numpy as hnp
 from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
 from agent.wire import (
     COLUMNS,
+    MAX_CATEGORY_NAME_CHARS,
+    MAX_LOCATION_PART_CHARS,
     ROW_BYTES,
     WIRE_SCHEMA_VERSION,
     AgentStatus,
@@ -415,6 +417,25 @@ def test_brackets_quotes_and_escapes_in_names_and_notes_are_text_to_the_shape_ch
         with pytest.raises(WireLimitError) as err:
             decode_policy(raw, max_categories=len(names) - 1)
         assert err.value.reason == f"policy: {len(names)} categories > limit {len(names) - 1}"
+
+
+def test_a_category_name_is_bounded_as_in_an_event_batch() -> None:
+    """A document took a name of any length (2 MB within the size limit), which every
+    agent then held in its tables, heartbeats and metric labels: refused past
+    ``MAX_CATEGORY_NAME_CHARS``, the name cut short in the reason."""
+    longest = "n" * MAX_CATEGORY_NAME_CHARS
+    params = {"rate": 1.0, "p_reuse": 0.5, "life_s": 2.0}
+    raw = json.dumps({"version": 1, "categories": {longest: params}})
+    assert list(decode_policy(raw).categories) == [longest]
+    with pytest.raises(WireLimitError, match=f"of {MAX_CATEGORY_NAME_CHARS + 1} characters"):
+        decode_policy(json.dumps({"version": 1, "categories": {longest + "/": params}}))
+    raw = json.dumps({"version": 1, "categories": {"n" * 2_000_000: params}})
+    with pytest.raises(WireLimitError) as err:
+        decode_policy(raw, max_bytes=MAX_POLICY_BYTES, max_categories=MAX_POLICY_CATEGORIES)
+    assert err.value.reason == (
+        f"policy: categories.{'n' * MAX_LOCATION_PART_CHARS}...: a category name of 2000000 "
+        f"characters > limit {MAX_CATEGORY_NAME_CHARS}"
+    )
 
 
 def test_a_bad_category_ends_validation() -> None:
