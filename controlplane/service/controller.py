@@ -162,6 +162,7 @@ class Controller:
             self.keys,
             settings.history_size,
             max_overrides=settings.max_overrides,
+            max_categories=settings.max_categories,
             health=self.health,
             memory=self.memory,
         )

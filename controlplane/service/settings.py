@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from agent.settings import RedisSettings
 from agent.wire import BatchLimits
 from controlplane.fit.settings import FitSettings
+from controlplane.service.store import MAX_FITTED_CATEGORIES
 from controlplane.shadow.settings import ShadowSettings
 
 
@@ -80,7 +81,9 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
         "only once this old, so that it reads them too (else at once)",
     )
     max_categories: int = Field(
-        default=2048, ge=2, description="Categories the statistics window holds, in all"
+        default=MAX_FITTED_CATEGORIES,
+        ge=2,
+        description="Categories the statistics window holds, in all",
     )
     max_categories_per_worker: int = Field(
         default=BatchLimits.max_categories,

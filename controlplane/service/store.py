@@ -18,8 +18,9 @@ loses nothing; and a Redis restarted empty gets back what a controller last knew
 numbered after every one known, with its base, overrides, pin and hold).
 
 A published document is ``base`` (the last fitted parameters) with the operator's
-overrides applied on top. A failed Redis call is recorded in the ``RedisHealth``. It must
-never fit anything or talk HTTP.
+overrides applied on top. A document read back is held to the bounds of one this store
+publishes; one refused (damaged, or written by another hand) reads as not stored. A failed
+Redis call is recorded in the ``RedisHealth``. It must never fit anything or talk HTTP.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from agent.policy_document import (
     PolicyDocument,
 )
 from agent.runtime.connection import RedisClient
-from agent.wire import MAX_CATEGORY_NAME_CHARS, Keys, decode_policy, encode_policy
+from agent.wire import MAX_CATEGORY_NAME_CHARS, Keys, WireError, decode_policy, encode_policy
 from controlplane.service.health import RedisHealth, guarded
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,9 @@ log = logging.getLogger(__name__)
 OVERRIDE_FIELDS = MODEL_PARAMS
 MAX_OVERRIDES: Final = 256
 """Default bound of the overrides kept at once (a bound on every document's size)."""
+MAX_FITTED_CATEGORIES: Final = 2048
+"""Default bound of the categories a fit brings (the controller's ``max_categories``: its
+statistics window holds no more)."""
 
 
 class StoreError(RuntimeError):
@@ -216,6 +220,7 @@ class PolicyStore:
         history_size: int = 100,
         *,
         max_overrides: int = MAX_OVERRIDES,
+        max_categories: int = MAX_FITTED_CATEGORIES,
         health: RedisHealth | None = None,
         memory: Remembers | None = None,
     ) -> None:
@@ -223,6 +228,11 @@ class PolicyStore:
         self.keys = keys
         self.history_size = history_size
         self.max_overrides = max_overrides
+        self.max_document_categories = max_categories + max_overrides
+        """The most categories a document this store publishes holds (a fit's and every
+        pinned one): a stored document of more is refused when read back."""
+        self._refused: dict[int, str] = {}
+        """Why each stored version read back was refused (logged once each)."""
         self.health = health or RedisHealth("redis")
         self.memory = memory
         """Told each publication right after it (in the order published), so that what a
@@ -241,24 +251,40 @@ class PolicyStore:
 
     @guarded
     def get(self, version: int) -> PolicyDocument | None:
-        raw = self.r.get(self.keys.policy_doc(version))
-        return None if raw is None else decode_policy(raw)
+        """The document of ``version``; None if it is not stored, or is refused."""
+        return self._readable(version, self.r.get(self.keys.policy_doc(version)))
+
+    def _readable(self, version: int, raw: bytes | str | None) -> PolicyDocument | None:
+        """``raw``, as read from the key of ``version``, decoded within this store's bounds;
+        None if absent or refused: written by another hand, damaged, or over the bounds.
+        A refused version reads as not stored (logged once with why), so the next change
+        publishes a readable version over it, as agents refuse it and keep their last."""
+        if raw is None:
+            return None
+        try:
+            return decode_policy(raw, max_categories=self.max_document_categories)
+        except WireError as exc:
+            if version not in self._refused:
+                if len(self._refused) >= self.history_size:
+                    self._refused.clear()  # versions refused long ago: said once more at most
+                self._refused[version] = exc.reason
+                log.warning("stored policy v%d refused, read as not stored: %s", version, exc)
+            return None
 
     @guarded
     def versions(self) -> list[VersionInfo]:
-        """Kept versions, newest first."""
+        """Kept versions, newest first (but those refused: see ``get``)."""
         listed = cast(list[bytes], self.r.zrevrange(self.keys.policy_versions, 0, -1))
         nums = [int(v) for v in listed]
         if not nums:
             return []
         raws = self.r.mget([self.keys.policy_doc(v) for v in nums])
-        out = []
-        for raw in raws:
-            if raw is None:
-                continue
-            doc = decode_policy(raw)
-            out.append(VersionInfo(doc.version, doc.created_at, doc.note, len(doc.categories)))
-        return out
+        docs = (self._readable(v, raw) for v, raw in zip(nums, raws, strict=True))
+        return [
+            VersionInfo(doc.version, doc.created_at, doc.note, len(doc.categories))
+            for doc in docs
+            if doc is not None
+        ]
 
     @guarded
     def overrides(self) -> dict[str, dict[str, float]]:
@@ -390,6 +416,8 @@ class PolicyStore:
         force now (a pin is not a selection: releasing it lets the selection apply
         again). With ``hold``, automatic refits stop publishing until a manual refit."""
         old = self.get(version)
+        if old is None and version in self._refused:
+            raise StoreError(f"version {version} is refused: {self._refused[version]}")
         if old is None:
             raise StoreError(f"version {version} is not kept (see GET /v1/policy/versions)")
         restored = {
@@ -523,8 +551,9 @@ class PolicyStore:
 
     def _current_in(self, pipe: Pipeline) -> PolicyDocument | None:
         raw = pipe.get(self.keys.policy_current)
-        doc = None if raw is None else pipe.get(self.keys.policy_doc(int(raw)))
-        return None if doc is None else decode_policy(doc)
+        if raw is None:
+            return None
+        return self._readable(int(raw), pipe.get(self.keys.policy_doc(int(raw))))
 
     def _publish(self, prepare: Prepare, fence: Fence | None = None) -> PolicyDocument:
         k = self.keys

@@ -4,13 +4,14 @@ rollback, bounded history, and nothing lost when the store object is recreated."
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
 
-from agent.policy_document import CategoryParams
-from agent.wire import Keys, decode_policy
+from agent.policy_document import CategoryParams, PolicyDocument
+from agent.wire import Keys, decode_policy, encode_policy
 from controlplane.service.store import LeaseLost, PolicyStore, StoreError
 
 pytestmark = pytest.mark.integration
@@ -130,6 +131,48 @@ def test_a_rollback_takes_no_pin_for_the_controllers_selection(store: PolicyStor
     store.select_evictor("s3fifo", "selected")  # v6
     store.select_evictor("wa", "selected")  # v7
     assert store.rollback(6).evictor == "s3fifo" and store.evictor().selected == "s3fifo"
+
+
+@pytest.mark.parametrize(
+    ("stored", "reason"),
+    [
+        (
+            # A fit's 4 categories and 2 pinned ones at most: 7 is no document of this store.
+            lambda doc: encode_policy(
+                doc.model_copy(update={"categories": {f"c{i}": _p(0.1) for i in range(7)}})
+            ),
+            "policy: 7 categories > limit 6",
+        ),
+        (lambda doc: b"{damaged", "policy: document: Invalid JSON"),
+    ],
+    ids=["too many categories", "not JSON"],
+)
+def test_a_stored_document_refused_on_reading_back_reads_as_not_stored(
+    redis_url: str,
+    key_prefix: str,
+    caplog: pytest.LogCaptureFixture,
+    stored: Callable[[PolicyDocument], bytes],
+    reason: str,
+) -> None:
+    """The store read documents back unbounded (the count checks an agent makes did not
+    apply) and a damaged one raised ``WireError`` from every read and change (the API
+    answered 500 to all of them): refused within the bounds of a document it publishes,
+    logged once, it reads as not stored, and the next change publishes over it."""
+    client = redis.Redis.from_url(redis_url)
+    store = PolicyStore(client, Keys(key_prefix), max_categories=4, max_overrides=2)
+    doc = store.publish_fit({"text_1": _p(0.1)}, None, "fit")
+    client.set(store.keys.policy_doc(doc.version), stored(doc))
+    for _ in range(2):
+        assert store.current() is None and store.get(1) is None
+        assert store.versions() == []
+    refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refusals) == 1 and refusals[0].startswith(
+        f"stored policy v1 refused, read as not stored: {reason}"
+    )
+    with pytest.raises(StoreError, match=f"version 1 is refused: {reason}"):
+        store.rollback(1)
+    after = store.set_override("text_2", {"life_s": 5.0}).document
+    assert after.version == 2 and store.current() == after
 
 
 def test_history_is_bounded_and_keeps_current(store: PolicyStore) -> None:
