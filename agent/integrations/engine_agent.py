@@ -26,9 +26,9 @@ from typing import Any, Protocol
 
 from agent.category_inference import CategoryInferrer, InferSettings
 from agent.category_table import reused_name
-from agent.policies.handover import NamesCategories, ReloadsPolicy, SwitchRefused
+from agent.policies.handover import NamesCategories, SwitchRefused
 from agent.policy_document import PolicyDocument
-from agent.runtime.agent import Agent
+from agent.runtime.agent import Agent, set_parameters
 from agent.settings import AgentSettings
 from agent.wire import MAX_CATEGORY_NAME_CHARS
 
@@ -110,12 +110,14 @@ class EngineOrder:
         """Let a document's evictor family replace the engine's evictor (``switch_family``)."""
         self._build, self._install = build, install
 
-    def switch_family(self, family: str) -> None:
-        """A fresh evictor of ``family``, told the categories in code order (so the codes
-        the engine's side table holds stay valid), takes over every block."""
+    def switch_family(self, doc: PolicyDocument) -> None:
+        """A fresh evictor of ``doc``'s family takes ``doc`` and the categories in code
+        order (so the codes the engine's side table holds stay valid), and only then is
+        installed, taking over every block: a refusal comes before any block moved."""
         if self._build is None or self._install is None:
             raise SwitchRefused("this engine's order cannot switch evictor family")
-        new = self._build(family)
+        new = self._build(doc.evictor)
+        set_parameters(new, doc)
         if isinstance(new, NamesCategories):
             for name, code in sorted(self.codes.items(), key=lambda item: item[1]):
                 if new.add_category(name) != code:
@@ -136,8 +138,7 @@ class EngineOrder:
         return []
 
     def set_policy(self, doc: PolicyDocument) -> None:
-        if isinstance(self.evictor, ReloadsPolicy):
-            self.evictor.set_policy(doc)
+        set_parameters(self.evictor, doc)
 
     def add_category(self, name: str) -> int:
         evictor = self.evictor

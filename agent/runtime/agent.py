@@ -302,10 +302,12 @@ class Agent:
         both or neither: whatever raises has left the evictor in force as it was."""
         if not self.follows_family or doc.evictor == self.family:
             set_parameters(self.policy, doc)  # a refusal changes nothing (``ReloadsPolicy``)
-        elif isinstance(self.policy, SwitchesFamily):
-            self._switch_engine_order(self.policy, doc)
+            return
+        if isinstance(self.policy, SwitchesFamily):  # the engine's order installs its own
+            self.policy.switch_family(doc)
         else:
             self._switch_evictor(doc)
+        self._now_running(doc.evictor)
 
     def _switch_evictor(self, doc: PolicyDocument) -> None:
         """A fresh evictor of ``doc``'s family takes ``doc``, then every cached block in
@@ -316,33 +318,6 @@ class Agent:
         codes = [self._code_in(new, name, code) for code, name in enumerate(self.categories.names)]
         hand_over(self.policy, new, self.last_now)
         self.policy, self._evictor_codes = new, codes
-        self._now_running(doc.evictor)
-
-    def _switch_engine_order(self, order: SwitchesFamily, doc: PolicyDocument) -> None:
-        """The engine's order builds and installs the new evictor itself, so ``doc``
-        reaches it only once the blocks have moved: a refusal moves them back."""
-        order.switch_family(doc.evictor)
-        try:
-            set_parameters(order, doc)
-        except Exception:
-            self._switch_back(order, doc.evictor)
-            raise
-        self._now_running(doc.evictor)
-
-    def _switch_back(self, order: SwitchesFamily, refused: str) -> None:
-        """After an evictor of family ``refused`` refused its document: every block moves
-        to a fresh evictor of the family in force, in victim order, which takes the
-        document in force (one of its family took it before). Should the switch fail, it
-        is logged and ``refused`` is reported, as it runs."""
-        try:
-            order.switch_family(self.family)
-        except Exception:
-            log.exception(
-                "kvwise agent %s: could not switch back to %s", self.worker_id, self.family
-            )
-            self._now_running(refused)
-            return
-        set_parameters(order, self.document)
 
     def _now_running(self, family: str) -> None:
         """Report ``family`` as the one in force from now on (logged if it changed)."""

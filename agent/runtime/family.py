@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from agent.policies import UnknownPolicyError, names
-from agent.policy_document import DEFAULT_FAMILY
+from agent.policy_document import DEFAULT_FAMILY, PolicyDocument
 from agent.settings import AgentSettings
 
 DEVICE = "device"
@@ -56,6 +56,7 @@ def family_label(configured: str, in_force: str) -> str:
 class SwitchesFamily(Protocol):
     """A policy slot that replaces its evictor itself (an engine's own order)."""
 
-    def switch_family(self, family: str) -> None:
-        """Run ``family`` from now on, every cached block kept in its victim order; a
-        failure raises with every block still in the evictor in force."""
+    def switch_family(self, doc: PolicyDocument) -> None:
+        """Run ``doc``'s family on ``doc``'s parameters from now on, every cached block
+        kept in its victim order; a failure (the family, the document or the blocks
+        refused) raises with every block still in the evictor in force, on its document."""

@@ -111,8 +111,10 @@ def test_an_engine_switch_whose_new_evictor_refuses_the_document_keeps_the_old_o
     """The vLLM queue had installed the new family's evictor, every block moved into it,
     when that evictor refused the document: the agent was left half-switched (``wa`` in
     force and reported, on no document of its own, the version in force still the
-    ``lru`` one). The engine's own call takes the refusal: nothing raises, the ``lru``
-    evictor keeps every block in its order, and the rejection is counted and reported."""
+    ``lru`` one), and then moved every block back to a fresh ``lru``. The engine's own
+    call takes the refusal: nothing raises, no block moves (the new evictor refuses the
+    document before it is installed), the ``lru`` evictor keeps every block in its order,
+    and the rejection is counted and reported."""
     n = 12
     settings = fast_settings(redis_url, key_prefix, worker_id="w-engine", evictor="wa")
     evictor = create("wa", n)
@@ -136,13 +138,16 @@ def test_an_engine_switch_whose_new_evictor_refuses_the_document_keeps_the_old_o
         wait_until(lambda: agent.subscriber.staged_version == lru.version, timeout=10)
         assert queue.popleft_n(1) == [got[7]]  # the engine's call applies it
         assert agent.family == "lru" and type(queue.evictor) is LRUPolicy
-        expected = copy.deepcopy(queue.evictor).evict(len(queue.evictor))
+        in_force = queue.evictor
+        expected = copy.deepcopy(in_force).evict(len(in_force))
         wa = store.pin_evictor("wa").document
         wait_until(lambda: agent.subscriber.staged_version == wa.version, timeout=10)
         assert [b.block_id for b in queue.popleft_n(2)] == expected[:2]
         assert agent.subscriber.staged_version == lru.version
         assert agent.family == "lru" and type(queue.evictor) is LRUPolicy
-        assert engine.order.evictor is queue.evictor
+        # No handover either way: the evictor in force never gave its blocks up (one
+        # moved there and back would be a fresh one).
+        assert queue.evictor is in_force and engine.order.evictor is in_force
         status = agent.status()
         assert (status.evictor, status.applied_version, status.rejected) == ("lru", lru.version, 1)
         assert status.last_rejection == (

@@ -20,7 +20,8 @@ from agent.policies.handover import (
     hand_over,
 )
 from agent.policies.lru import LRUPolicy
-from agent.policy_document import EVICTOR_FAMILIES
+from agent.policies.wa import WAPolicy
+from agent.policy_document import EVICTOR_FAMILIES, PolicyDocument
 from tests.vllm_block import Blk
 
 FAMILIES = list(EVICTOR_FAMILIES)
@@ -161,16 +162,53 @@ def test_the_vllm_queue_switches_evictor_with_its_free_blocks_in_victim_order() 
 def test_an_engine_order_switches_only_when_its_engine_lets_it() -> None:
     order = EngineOrder(create("wa", 4))
     assert order.add_category("chat") == 0 and order.add_category("docs") == 1
+    to_lru, to_wa = PolicyDocument(version=1, evictor="lru"), PolicyDocument(version=2)
     with pytest.raises(SwitchRefused, match="cannot switch evictor family"):
-        order.switch_family("lru")
+        order.switch_family(to_lru)
     installed: list[EvictionPolicy] = []
     order.enable_switch(lambda family: create(family, 4), installed.append)
-    order.switch_family("lru")
-    order.switch_family("wa")
+    order.switch_family(to_lru)
+    order.switch_family(to_wa)
     assert [type(p).__name__ for p in installed] == ["LRUPolicy", "WAPolicy"]
     assert order.evictor is installed[-1]
-    assert isinstance(installed[-1], NamesCategories)
+    assert isinstance(installed[-1], WAPolicy) and installed[-1].policy is to_wa
     assert installed[-1].add_category("docs") == 1  # codes kept for the side table
+
+
+class RefusesDocuments(WAPolicy):
+    """A ``wa`` evictor that takes no document."""
+
+    def set_policy(self, doc: PolicyDocument) -> None:
+        raise ValueError(f"no parameters of v{doc.version} fit this evictor")
+
+
+def test_an_engine_order_whose_new_evictor_refuses_the_document_moves_no_block() -> None:
+    """The order installed the new evictor (every block of the vLLM queue moved into it)
+    before the document reached it, so a refusal moved them all there and back. The new
+    evictor now takes the document first: the refusal comes before anything moved."""
+    blocks = [Blk(i) for i in range(6)]
+    ticks = iter(range(1 << 30))
+    lru = create("lru", 6)
+    queue = KvwiseFreeQueue(blocks, lru, clock=lambda: float(next(ticks)))
+    got = queue.popleft_n(6)
+    for block in got:
+        block.block_hash = block.block_id.to_bytes(32, "big") + bytes(4)
+    queue.note_stored(got, 0, 0)
+    queue.append_n(got[::-1])
+    expected = _victim_order(lru)
+    order = EngineOrder(lru)
+    installed: list[EvictionPolicy] = []
+
+    def install(new: EvictionPolicy) -> None:
+        installed.append(new)
+        queue.switch_evictor(new)
+
+    order.enable_switch(lambda family: RefusesDocuments(6), install)
+    with pytest.raises(ValueError, match="no parameters of v3"):
+        order.switch_family(PolicyDocument(version=3))
+    assert installed == []
+    assert queue.evictor is lru and order.evictor is lru
+    assert [b.block_id for b in queue.popleft_n(6)] == expected
 
 
 def test_the_device_evictor_hands_over_to_a_cpu_baseline_and_back() -> None:
