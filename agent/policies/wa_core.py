@@ -19,7 +19,10 @@ by any device evictor::
 
 so that ``lc_w - a_w * d`` is the log of ``ReuseProb = p (1 - e^{-a L}) e^{-a d}``, the
 chance that a block idle ``d`` seconds is reused within its category's life window
-(docs/architecture.md, "A worked timeline").
+(docs/architecture.md, "A worked timeline"). A document any of whose constants is not
+worked out in the float range, or does not order blocks (``a_w`` positive and finite,
+``lc_w`` below infinity), is refused when it is given, never at an eviction
+(``checked_const``).
 The policy's clock ``now`` is the largest ``now`` any ``touch`` or ``free`` has passed
 (``evict`` takes no time: it uses the clock). The eviction key is the tuple::
 
@@ -46,7 +49,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from heapq import heappop, heappush
 from itertools import groupby, repeat
 from typing import ClassVar, Generic, Literal, NamedTuple, Protocol, TypeVar
@@ -78,6 +81,27 @@ def log_weight(p: CategoryParams) -> Const:
     if p.p_reuse <= 0.0 or window <= 0.0:
         return (-math.inf, p.rate)
     return (math.log(p.p_reuse) + math.log(window), p.rate)
+
+
+ArgT = TypeVar("ArgT")
+
+
+def curve_label(name: str | None) -> str:
+    """How a refusal names the curve of category ``name`` (``None``: the default)."""
+    return "the default curve" if name is None else f"category {name!r}"
+
+
+def checked_const(label: str, const_of: Callable[[ArgT], Const], arg: ArgT) -> Const:
+    """``const_of(arg)``, refused with a ``ValueError`` naming ``label`` unless it orders
+    blocks: worked out in the float range, a rate positive and finite, a log constant
+    below infinity (``-inf`` is a category never reused)."""
+    try:
+        log_constant, rate = const_of(arg)
+    except ArithmeticError as exc:  # a curve past the float range (math.expm1)
+        raise ValueError(f"{label}: {exc}") from exc
+    if not (0.0 < rate < math.inf and log_constant < math.inf):
+        raise ValueError(f"{label}: rate {rate} and log constant {log_constant} order no blocks")
+    return log_constant, rate
 
 
 class Freed(NamedTuple):
@@ -238,6 +262,7 @@ class WACore(Generic[LaneT]):
         self._stale = 0  # stale positions held (an upper bound), recounted before compacting
         for name in category_names:
             self.add_category(name)
+        self._check_policy(doc)
 
     # --- parameters and categories -------------------------------------------------------
     @property
@@ -256,11 +281,27 @@ class WACore(Generic[LaneT]):
 
     def set_policy(self, doc: PolicyDocument) -> None:
         """Use ``doc`` from the next eviction on. Queues are per category and ordered by
-        time, so no block is re-keyed: only the W heads are compared anew."""
-        if not isinstance(doc, PolicyDocument):
-            raise TypeError(f"expected a PolicyDocument, got {type(doc).__name__}")
+        time, so no block is re-keyed: only the W heads are compared anew. A document
+        the victim order cannot use is refused here, having changed nothing
+        (``_check_policy``), never in a later ``free`` or ``evict``."""
+        self._check_policy(doc)
         self._doc = doc
         self._consts_stale = True
+
+    def _check_policy(self, doc: PolicyDocument) -> None:
+        """Raise unless ``doc`` gives a constant that orders blocks (a rate positive and
+        finite, a log constant below infinity) to a code with no name, to every category
+        named so far and to every category it names (so none named later raises either);
+        ``ValueError`` names the category. Nothing changes: the rows take their constants
+        at the next eviction, as after any change of names."""
+        if not isinstance(doc, PolicyDocument):
+            raise TypeError(f"expected a PolicyDocument, got {type(doc).__name__}")
+        in_force, self._doc = self._doc, doc  # ``_const_of`` reads the document in force
+        try:
+            for name in dict.fromkeys([None, *self._names, *doc.categories]):
+                checked_const(curve_label(name), self._const_of, name)
+        finally:
+            self._doc = in_force
 
     def add_category(self, name: str) -> int:
         """The code of category ``name``, given the next free code on first sight. Codes

@@ -9,6 +9,7 @@ timeline").
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from controlplane.replay import catalog as replay_catalog
 from controlplane.replay.engine import replay_hits
 from controlplane.replay.reference.wa_ref import WARefPolicy
 from controlplane.traces.model import Trace
+from tests.policy_samples import unchecked
 
 
 def cp(rate: float, p: float, life: float) -> CategoryParams:
@@ -137,6 +139,49 @@ def test_parameter_swap_changes_next_victim_without_rekeying() -> None:
     assert pol.evict(2) == [1, 3]
     with pytest.raises(TypeError):
         pol.set_policy({"version": 3})  # type: ignore[arg-type]
+
+
+def wa_or_device(kind: str, category_names: Sequence[str], d: PolicyDocument) -> WAPolicy:
+    if kind == "wa":
+        return WAPolicy(10, category_names=category_names, doc=d)
+    device_evictor = pytest.importorskip("agent.device_evictor")
+    return device_evictor.DeviceEvictor.simulated(10, category_names=category_names, doc=d)
+
+
+@pytest.mark.parametrize("kind", ["wa", "device"])
+@pytest.mark.parametrize("known", [["x", "y"], ["y"]], ids=["named", "not-yet-named"])
+@pytest.mark.parametrize(
+    "params",
+    [{"rate": -1.0, "life_s": 1000.0}, {"p_reuse": math.nan}, {"rate": math.inf}],
+    ids=["overflows", "nan", "infinite-rate"],
+)
+def test_a_document_the_victim_order_cannot_use_is_refused_by_set_policy(
+    kind: str, known: list[str], params: dict[str, float]
+) -> None:
+    """``set_policy`` kept the document and worked out its constants at the next eviction:
+    a curve past the float range raised in ``evict``, on the engine thread, outside the
+    agent's guard (a NaN one ordered blocks at random). It is refused in ``set_policy``,
+    which changes nothing; so is a category the evictor has not named yet (``free``
+    would work out its constant)."""
+    good = doc(1, x=cp(1.0, 0.9, 1.0), y=cp(0.1, 0.5, 1.0))
+    pol = wa_or_device(kind, known, good)
+    for code in range(len(known)):
+        release(pol, [10 * code + 1, 10 * code + 2], float(code), code)
+    twin = copy.deepcopy(pol)
+    with pytest.raises(ValueError, match="category 'x'"):
+        pol.set_policy(
+            PolicyDocument.model_construct(version=2, categories={"x": unchecked(**params)})
+        )
+    assert pol.policy is good
+    assert pol.add_category("x") == twin.add_category("x")
+    release(pol, [30], 5.0, pol.add_category("x"))
+    release(twin, [30], 5.0, twin.add_category("x"))
+    assert pol.evict(len(pol)) == twin.evict(len(twin))
+
+
+def test_a_document_the_victim_order_cannot_use_is_refused_when_built() -> None:
+    with pytest.raises(ValueError, match="the default curve"):
+        WAPolicy(10, doc=PolicyDocument.model_construct(version=1, default=unchecked(rate=0.0)))
 
 
 def test_unknown_category_uses_the_default_curve() -> None:
