@@ -16,9 +16,10 @@ by ``begin`` for one eviction pass, so every key of a pass is computed at the sa
 It also owns the side table (per node: category code, depth, mark order, content id),
 keyed by the node object, filled by the engine integration from its hit, insert and split
 paths and emptied when a node is evicted or the tree is reset. Hot reload: ``set_policy``
-swaps the per-category constants at once; the next ``get_priority`` uses them, and no node
-is re-marked. Only the engine's scheduler thread calls it. It must never import an engine,
-do I/O or wait on another thread.
+works out every constant of the document, then swaps them in at once (a document refused
+changes nothing); the next ``get_priority`` uses them, and no node is re-marked. Only the
+engine's scheduler thread calls it. It must never import an engine, do I/O or wait on
+another thread.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
-from agent.policies.wa_core import Const, log_weight
+from agent.policies.wa_core import Const, checked_const, curve_label, log_weight
 from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 
 RadixKeyTuple = tuple[float, float, int, int]
@@ -94,13 +95,22 @@ class RadixOrder:
     (the document's default curve), depth 0, order 0.
     """
 
-    __slots__ = ("_codes", "_consts", "_doc", "_marks", "_names", "_seq", "now")
+    __slots__ = (
+        "_codes",
+        "_consts",
+        "_curves",
+        "_default",
+        "_doc",
+        "_marks",
+        "_names",
+        "_seq",
+        "now",
+    )
 
     def __init__(self, doc: PolicyDocument = BUILTIN_POLICY) -> None:
-        self._doc = doc
         self._names: list[str] = []
         self._codes: dict[str, int] = {}
-        self._consts: list[Const] = []
+        self._doc, self._default, self._curves, self._consts = doc, *self._constants_of(doc)
         self._marks: dict[object, NodeMark] = {}
         self._seq = 0
         self.now = -math.inf
@@ -132,11 +142,22 @@ class RadixOrder:
         return tuple(self._names)
 
     def set_policy(self, doc: PolicyDocument) -> None:
-        """Rank by ``doc`` from the next key on (whole document, no node re-marked)."""
+        """Rank by ``doc`` from the next key on (whole document, no node re-marked). Its
+        constants are all worked out first: a refusal raises having changed nothing."""
         if not isinstance(doc, PolicyDocument):
             raise TypeError(f"expected a PolicyDocument, got {type(doc).__name__}")
-        self._doc = doc
-        self._consts = [log_weight(doc.params_for(name)) for name in self._names]
+        self._doc, self._default, self._curves, self._consts = doc, *self._constants_of(doc)
+
+    def _constants_of(self, doc: PolicyDocument) -> tuple[Const, dict[str, Const], list[Const]]:
+        """``doc``'s constants: the default curve's, each category's it names (kept for
+        ``add_category``), and each category's named so far, in code order; refused
+        (``ValueError``) unless every one orders nodes (``checked_const``)."""
+        default = checked_const(curve_label(None), log_weight, doc.default)
+        curves = {
+            name: checked_const(curve_label(name), log_weight, params)
+            for name, params in doc.categories.items()
+        }
+        return default, curves, [curves.get(name, default) for name in self._names]
 
     def add_category(self, name: str) -> int:
         """The code of category ``name``, the next free one on first sight."""
@@ -144,12 +165,8 @@ class RadixOrder:
         if code is None:
             code = self._codes[name] = len(self._names)
             self._names.append(name)
-            self._consts.append(log_weight(self._doc.params_for(name)))
+            self._consts.append(self._curves.get(name, self._default))
         return code
-
-    @property
-    def _default(self) -> Const:
-        return log_weight(self._doc.default)
 
     # --- side table ----------------------------------------------------------------------
     def mark(self, node: object, code: int, depth: int, block: int) -> None:

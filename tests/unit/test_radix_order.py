@@ -11,6 +11,7 @@ import pytest
 
 from agent.integrations.radix_order import RadixOrder, path_ids, prompt_block_hashes
 from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
+from tests.policy_samples import unchecked
 from tests.radix_reference import Leaf, wa_first
 
 NAMES = ("chat", "doc", "code", "agent")
@@ -71,6 +72,40 @@ def test_a_new_policy_changes_the_order_without_remarking_nodes() -> None:
     assert order.get_priority(new_doc)[0] == -math.inf
     assert order.get_priority(new_doc) < order.get_priority(old_chat)
     assert len(order) == 2
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [
+        {"categories": {"chat": unchecked(rate=-1.0, life_s=1000.0)}},
+        {"categories": {"doc": unchecked(p_reuse=math.nan)}},
+        {"categories": {"code": unchecked(rate=-1.0, life_s=1000.0)}},
+        {"default": unchecked(rate=math.inf)},
+    ],
+    ids=["named-overflows", "named-nan", "not-yet-named", "default"],
+)
+def test_a_document_refused_by_set_policy_leaves_the_order_as_it_was(
+    refused: dict[str, object],
+) -> None:
+    """``set_policy`` replaced the document before working out its constants: one that
+    failed partway left the new document in force on the old constants (or ordered by
+    NaN, or raised later, in ``add_category`` or ``get_priority`` on the engine's thread).
+    Every constant is now worked out first: a refusal changes nothing."""
+    good = PolicyDocument(
+        version=2, categories={"chat": CategoryParams(rate=1, p_reuse=1, life_s=9)}
+    )
+    order = RadixOrder(good)
+    nodes = [Node(1.0), Node(2.0), Node(3.0)]
+    for code, node in enumerate(nodes[:2]):
+        order.mark(node, order.add_category(("chat", "doc")[code]), 0, code + 1)
+    order.begin(10.0)
+    before = [order.get_priority(node) for node in nodes]
+    with pytest.raises(ValueError, match=r"category|default curve"):
+        order.set_policy(PolicyDocument.model_construct(version=3, **refused))
+    assert order.policy is good
+    assert [order.get_priority(node) for node in nodes] == before
+    order.mark(nodes[2], order.add_category("code"), 0, 3)
+    assert order.get_priority(nodes[2])[0] == before[2][0]  # the default curve of ``good``
 
 
 def test_ties_go_to_the_deeper_node_then_the_first_marked() -> None:
