@@ -3,8 +3,9 @@
 Owns the victim order both follow (defined below), the category name table, the
 per-category constants cache, the block bookkeeping and the eviction loop that compares
 only queue heads (the queues live in ``agent.policies.wa_queue``). It must never do I/O,
-read settings or register a policy: ``wa.py`` and ``wa_ref.py`` decide how blocks are
-stamped and which queue they join.
+read settings or register a policy: ``wa.py`` (and the replay-only reference,
+``controlplane.replay.reference.wa_ref``) decide how blocks are stamped and which queue
+they join.
 
 Victim order (a device evictor must reproduce it exactly)
 ---------------------------------------------------------
