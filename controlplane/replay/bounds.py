@@ -5,16 +5,24 @@ implement the same Protocol as the agent's policies but live here because they c
 run online. ``belady`` reads the trace's next-use table and is driven by the replay loop in
 trace order (one ``free`` per request, which it checks) or, out of order, through
 ``free_request`` (``controlplane.replay.catalog.TraceIndexed``).
+
+The next-use table (``NextUses``, 8 bytes per block access) is built once per trace and
+shared, read-only, by every ``belady`` policy replaying that trace: a simulated fleet
+runs one policy per instance, and a table per instance grew memory with the fleet. The
+table lives as long as its trace does.
 """
 
 from __future__ import annotations
 
 import heapq
+import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
+from controlplane.traces.arrays import I64
 from controlplane.traces.model import Trace
 
 NEVER = np.iinfo(np.int64).max
@@ -38,6 +46,34 @@ def next_use(trace: Trace) -> NDArray[np.int64]:
     return nxt
 
 
+@dataclass(frozen=True, eq=False)
+class NextUses:
+    """A trace's next-use table (``next_use``) and request offsets; never written after
+    it is built, so policies of any number of instances may share it."""
+
+    of_access: I64
+    offsets: tuple[int, ...]
+    """Request ``r``'s accesses are ``of_access[offsets[r]:offsets[r + 1]]``."""
+
+    @property
+    def n_requests(self) -> int:
+        return len(self.offsets) - 1
+
+
+_BUILT: weakref.WeakKeyDictionary[Trace, NextUses] = weakref.WeakKeyDictionary()
+
+
+def next_uses(trace: Trace) -> NextUses:
+    """``trace``'s next-use table: built on the first call, the same object after."""
+    table = _BUILT.get(trace)
+    if table is None:
+        of_access = next_use(trace)
+        of_access.flags.writeable = False
+        table = NextUses(of_access, tuple(trace.offsets.tolist()))
+        _BUILT[trace] = table
+    return table
+
+
 class BeladyPolicy:
     """Evicts the evictable block whose next use is farthest in the future.
 
@@ -47,9 +83,10 @@ class BeladyPolicy:
     """
 
     def __init__(self, capacity: int, trace: Trace) -> None:
-        self._next = next_use(trace).tolist()
-        self._offsets = trace.offsets.tolist()
-        self._n_requests = trace.n_requests
+        self.next_uses = next_uses(trace)
+        """Shared with every other policy of the trace (``next_uses``)."""
+        self._offsets = self.next_uses.offsets
+        self._n_requests = self.next_uses.n_requests
         self._request = 0
         self._heap: list[tuple[int, int, int]] = []
         self._key: dict[int, int] = {}  # evictable block -> heap sequence number
@@ -80,14 +117,14 @@ class BeladyPolicy:
         self, request: int, blocks: Sequence[int], offsets: Sequence[int], now: float
     ) -> None:
         """Release ``blocks`` at ``offsets`` of ``request``'s prompt, keyed by next use."""
-        lo = self._offsets[request]
+        lo, hi = self._offsets[request], self._offsets[request + 1]
         self._in_use.difference_update(blocks)
-        nxt = self._next
+        nxt = self.next_uses.of_access[lo:hi].tolist()
         heap, key = self._heap, self._key
         for b, o in zip(blocks, offsets, strict=True):
             self._seq += 1
             key[b] = self._seq
-            heapq.heappush(heap, (-nxt[lo + o], self._seq, b))
+            heapq.heappush(heap, (-nxt[o], self._seq, b))
         if len(heap) > 4 * (len(key) + 64):
             self._heap = [e for e in heap if key.get(e[2]) == e[1]]
             heapq.heapify(self._heap)
