@@ -94,13 +94,12 @@ def simulate(
     out = Outcomes.empty(work)
     cost = CostModel(options.profile)
     limit = sys.maxsize if policy in UNBOUNDED else capacity
-    categories = trace.categories.tolist()
+    # Read-only per-request lists, built once and shared by every instance's cache.
+    categories, offsets = trace.categories.tolist(), trace.offsets.tolist()
     instances = []
     for i in range(options.instances):
         evictor = catalog.create(policy, capacity, trace, options.replay)
-        cache = InstanceCache(
-            evictor, limit, trace.blocks, trace.offsets, trace.n_unique, categories
-        )
+        cache = InstanceCache(evictor, limit, trace.blocks, offsets, trace.n_unique, categories)
         instances.append(Instance(i, cache, cost, options.profile, work, out))
     router = routers.create(options.router, trace, _Fleet(instances), len(instances), options.slack)
     _run(instances, router, work, progress, progress_every)

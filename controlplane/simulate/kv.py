@@ -55,14 +55,14 @@ class InstanceCache:
         policy: EvictionPolicy,
         capacity: int,
         blocks: NDArray[np.int64],
-        offsets: NDArray[np.int64],
+        offsets: Sequence[int],
         n_blocks: int,
         categories: Sequence[int],
     ) -> None:
         self.policy = policy
         self.capacity = capacity
         self._blocks = blocks
-        self._offsets = offsets.tolist()
+        self._offsets = offsets
         self._categories = categories
         self.indexed = policy if isinstance(policy, TraceIndexed) else None
         self.refs = np.zeros(n_blocks, dtype=np.int32)

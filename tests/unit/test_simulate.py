@@ -115,7 +115,8 @@ def test_high_load_hit_ratio_falls_below_the_replays(toc: Trace, capacity: int) 
 def cache_of(trace: Trace, capacity: int) -> InstanceCache:
     policy = catalog.create("lru", capacity, trace)
     cats = trace.categories.tolist()
-    return InstanceCache(policy, capacity, trace.blocks, trace.offsets, trace.n_unique, cats)
+    offsets = trace.offsets.tolist()
+    return InstanceCache(policy, capacity, trace.blocks, offsets, trace.n_unique, cats)
 
 
 def test_running_requests_pin_their_blocks() -> None:
