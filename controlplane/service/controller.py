@@ -165,6 +165,7 @@ class Controller:
             max_categories=settings.max_categories,
             health=self.health,
             memory=self.memory,
+            on_refused=lambda part: self.metrics.state_refused.labels(part=part).inc(),
         )
         self.lease = LeaderLease(
             self.r,

@@ -31,6 +31,13 @@ REFIT_OUTCOMES: tuple[RefitOutcomeLabel, ...] = get_args(RefitOutcomeLabel)
 """They all, each series existing (at 0) from the start."""
 
 
+StoredPart = Literal["document", "base", "overrides"]
+"""A part of the policy state read back from Redis: a document, the base (the last fit),
+the operator's overrides."""
+STORED_PARTS: tuple[StoredPart, ...] = get_args(StoredPart)
+"""Labels of ``kvwise_policy_state_refused``, each series existing (at 0) from the start."""
+
+
 PER_AGENT: Final[dict[str, tuple[str, str]]] = {
     "applied_version": (
         "kvwise_agent_applied_version",
@@ -168,6 +175,14 @@ class ControllerMetrics:
             "kvwise_policy_version", "Current published policy version"
         )
         self.leader = self._gauge("kvwise_leader", "1 if this replica holds the leader lease")
+        self.state_refused = self._counter(
+            "kvwise_policy_state_refused",
+            "Policy state read back from Redis and refused (damaged, over its bounds, another "
+            "type), by part: a document reads as not stored; a base or overrides as the "
+            "document in force holds them",
+            ("part",),
+            each=STORED_PARTS,
+        )
         self.param = self._gauge(
             "kvwise_category_param", "Published parameter of a category", ("category", "param")
         )

@@ -18,9 +18,14 @@ loses nothing; and a Redis restarted empty gets back what a controller last knew
 numbered after every one known, with its base, overrides, pin and hold).
 
 A published document is ``base`` (the last fitted parameters) with the operator's
-overrides applied on top. A document read back is held to the bounds of one this store
-publishes; one refused (damaged, or written by another hand) reads as not stored. A failed
-Redis call is recorded in the ``RedisHealth``. It must never fit anything or talk HTTP.
+overrides applied on top. Everything read back is held to the bounds of what this store
+writes, in bytes before it is read and in categories before it is parsed. A document
+refused (damaged, over them, or written by another hand) reads as not stored; a base or an
+override set refused is read as the document in force holds it (its fitted categories and
+family; its overridden ones at their values), so one damaged key never stops a publication
+nor drops a pin, and the next publication writes it back. Each refusal is logged once and
+counted (``on_refused``). A failed Redis call is recorded in the ``RedisHealth``. It must
+never fit anything or talk HTTP.
 """
 
 from __future__ import annotations
@@ -30,9 +35,10 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Protocol, cast
+from typing import Any, Final, NamedTuple, Protocol, TypeVar, cast
 
 import redis
+from pydantic import ValidationError
 from redis.client import Pipeline
 
 from agent.policy_document import (
@@ -46,6 +52,7 @@ from agent.policy_document import (
 from agent.runtime.connection import RedisClient
 from agent.wire import MAX_CATEGORY_NAME_CHARS, Keys, WireError, decode_policy, encode_policy
 from controlplane.service.health import RedisHealth, guarded
+from controlplane.service.metrics import StoredPart
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +62,12 @@ MAX_OVERRIDES: Final = 256
 MAX_FITTED_CATEGORIES: Final = 2048
 """Default bound of the categories a fit brings (the controller's ``max_categories``: its
 statistics window holds no more)."""
+CATEGORY_BYTES: Final = 2048
+"""Bytes one category takes at most in what the store writes (a name of 128 characters of
+four UTF-8 bytes, 12 as a JSON escape in the base, and its parameters), with room."""
+FRAME_BYTES: Final = 16 * 1024
+"""Bytes beside the categories at most (a document's note of 500 characters, its default,
+version and family; a hash's own overhead)."""
 
 
 class StoreError(RuntimeError):
@@ -82,6 +95,19 @@ class RefitsHeld(RuntimeError):
 
 REFITS_HELD = "held: after a rollback; POST /v1/policy/refit"
 """Why an automatic refit publishes nothing while refits are held."""
+
+
+_Part = TypeVar("_Part")
+"""A part of the stored state read back: the base or the overrides."""
+
+
+class _Parts(NamedTuple):
+    """The base and the overrides as read back, and whether either was refused (read as
+    the document in force holds it: a change writes both back)."""
+
+    base: Base
+    overrides: dict[str, dict[str, float]]
+    rebuilt: bool
 
 
 Fence = Callable[[], bool]
@@ -124,16 +150,28 @@ class Base:
         )
 
     @classmethod
-    def from_json(cls, raw: bytes | str | None) -> Base:
+    def from_json(cls, raw: bytes | str | None, *, max_categories: int | None = None) -> Base:
+        """The base ``to_json`` wrote (empty if None); ``WireError`` naming the fault if it
+        is damaged or holds more than ``max_categories`` categories (counted before any is
+        parsed) or a name longer than ``MAX_CATEGORY_NAME_CHARS``."""
         if raw is None:
             return cls({}, None)
-        data = json.loads(raw)
-        cats = {k: CategoryParams.model_validate(v) for k, v in data["categories"].items()}
-        default = data.get("default")
-        family = family_named(data.get("evictor", DEFAULT_FAMILY))
-        return cls(
-            cats, None if default is None else CategoryParams.model_validate(default), family
-        )
+        try:
+            data = json.loads(raw)
+            stored: dict[str, Any] = data["categories"]
+            if max_categories is not None and len(stored) > max_categories:
+                raise WireError(f"base: {len(stored)} categories > limit {max_categories}")
+            if any(len(name) > MAX_CATEGORY_NAME_CHARS for name in stored):
+                raise WireError(f"base: a category name > limit {MAX_CATEGORY_NAME_CHARS}")
+            cats = {k: CategoryParams.model_validate(v) for k, v in stored.items()}
+            default = data.get("default")
+            family = family_named(data.get("evictor", DEFAULT_FAMILY))
+            fallback = None if default is None else CategoryParams.model_validate(default)
+        except (ValueError, LookupError, TypeError, AttributeError, StoreError) as exc:
+            if isinstance(exc, WireError):
+                raise
+            raise WireError(f"base: {_fault(exc)}") from None
+        return cls(cats, fallback, family)
 
 
 @dataclass(frozen=True)
@@ -223,6 +261,7 @@ class PolicyStore:
         max_categories: int = MAX_FITTED_CATEGORIES,
         health: RedisHealth | None = None,
         memory: Remembers | None = None,
+        on_refused: Callable[[StoredPart], None] | None = None,
     ) -> None:
         self.r = client
         self.keys = keys
@@ -230,9 +269,17 @@ class PolicyStore:
         self.max_overrides = max_overrides
         self.max_document_categories = max_categories + max_overrides
         """The most categories a document this store publishes holds (a fit's and every
-        pinned one): a stored document of more is refused when read back."""
+        pinned one): a stored document (or base) of more is refused when read back."""
+        self.max_document_bytes = self.max_document_categories * CATEGORY_BYTES + FRAME_BYTES
+        """The most bytes of a document (or base) read back: a larger one is not read."""
+        self.max_overrides_bytes = max_overrides * CATEGORY_BYTES + FRAME_BYTES
         self._refused: dict[int, str] = {}
         """Why each stored version read back was refused (logged once each)."""
+        self._parts_refused: dict[str, str] = {}
+        """Why the base or the overrides are refused now (logged once until read again)."""
+        self._memory_usage_refused = False
+        self.on_refused = on_refused
+        """Told the part of each refusal logged (``kvwise_policy_state_refused``)."""
         self.health = health or RedisHealth("redis")
         self.memory = memory
         """Told each publication right after it (in the order published), so that what a
@@ -252,34 +299,71 @@ class PolicyStore:
     @guarded
     def get(self, version: int) -> PolicyDocument | None:
         """The document of ``version``; None if it is not stored, or is refused."""
-        return self._readable(version, self.r.get(self.keys.policy_doc(version)))
+        return self._document(self.r, version)
 
-    def _readable(self, version: int, raw: bytes | str | None) -> PolicyDocument | None:
-        """``raw``, as read from the key of ``version``, decoded within this store's bounds;
-        None if absent or refused: written by another hand, damaged, or over the bounds.
-        A refused version reads as not stored (logged once with why), so the next change
-        publishes a readable version over it, as agents refuse it and keep their last."""
+    def refusal(self, version: int) -> str | None:
+        """Why the stored document of ``version`` was refused when last read (None: it was
+        not, or not read since this store last refused a hundred others)."""
+        return self._refused.get(version)
+
+    def _document(self, reader: RedisClient | Pipeline, version: int) -> PolicyDocument | None:
+        """The document of ``version`` read through ``reader`` and decoded within this
+        store's bounds; None if absent or refused: written by another hand, damaged, or
+        over the bounds (not read whole: at most ``max_document_bytes`` + 1 bytes come
+        back). A refused version reads as not stored (logged once with why, counted), so
+        the next change publishes a readable version over it, as agents refuse it and keep
+        their last."""
+        key, limit = self.keys.policy_doc(version), self.max_document_bytes
+        try:
+            raw = _bounded_string(reader, key, limit, "policy: document")
+        except WireError as exc:
+            self._refuse(version, exc.reason)
+            return None
+        return self._decoded(version, raw)
+
+    def _decoded(self, version: int, raw: bytes | str | None) -> PolicyDocument | None:
+        """``raw``, read within ``max_document_bytes`` from the key of ``version`` (None:
+        absent), decoded within this store's bounds; None if refused (``_document``)."""
         if raw is None:
             return None
         try:
             return decode_policy(raw, max_categories=self.max_document_categories)
         except WireError as exc:
-            if version not in self._refused:
-                if len(self._refused) >= self.history_size:
-                    self._refused.clear()  # versions refused long ago: said once more at most
-                self._refused[version] = exc.reason
-                log.warning("stored policy v%d refused, read as not stored: %s", version, exc)
+            self._refuse(version, exc.reason)
             return None
+
+    def _refuse(self, version: int, reason: str) -> None:
+        """Record why the stored document of ``version`` is refused: logged and counted
+        the first time."""
+        if version not in self._refused:
+            if len(self._refused) >= self.history_size:
+                self._refused.clear()  # versions refused long ago: said once more at most
+            self._refused[version] = reason
+            log.warning("stored policy v%d refused, read as not stored: %s", version, reason)
+            self._count_refusal("document")
+
+    def _count_refusal(self, part: StoredPart) -> None:
+        if self.on_refused is not None:
+            self.on_refused(part)
 
     @guarded
     def versions(self) -> list[VersionInfo]:
         """Kept versions, newest first (but those refused: see ``get``)."""
-        listed = cast(list[bytes], self.r.zrevrange(self.keys.policy_versions, 0, -1))
-        nums = [int(v) for v in listed]
-        if not nums:
-            return []
-        raws = self.r.mget([self.keys.policy_doc(v) for v in nums])
-        docs = (self._readable(v, raw) for v, raw in zip(nums, raws, strict=True))
+        listed = [
+            int(v) for v in cast(list[bytes], self.r.zrevrange(self.keys.policy_versions, 0, -1))
+        ]
+        limit = self.max_document_bytes
+        with self.r.pipeline(transaction=False) as pipe:
+            for v in listed:
+                pipe.getrange(self.keys.policy_doc(v), 0, limit)
+            raws = pipe.execute(raise_on_error=False)
+        docs = (
+            # One refused before reading (too large, another type) is read again to say why.
+            self._document(self.r, v)
+            if isinstance(raw, Exception) or len(raw) > limit
+            else self._decoded(v, raw or None)
+            for v, raw in zip(listed, raws, strict=True)
+        )
         return [
             VersionInfo(doc.version, doc.created_at, doc.note, len(doc.categories))
             for doc in docs
@@ -288,11 +372,92 @@ class PolicyStore:
 
     @guarded
     def overrides(self) -> dict[str, dict[str, float]]:
-        return _overrides(self.r.hgetall(self.keys.overrides))
+        """The operator's overrides (see ``_parts``: as the document in force holds them
+        if the stored ones are refused)."""
+        return self._parts(self.r).overrides
 
     @guarded
     def base(self) -> Base:
-        return Base.from_json(self.r.get(self.keys.policy_base))
+        """The last fit (see ``_parts``: as the document in force holds it if the stored
+        one is refused)."""
+        return self._parts(self.r).base
+
+    def _parts(self, reader: RedisClient | Pipeline) -> _Parts:
+        """The base and the overrides stored, each read within its bounds. One refused
+        (damaged, over them, of another type) is read as the document in force holds it
+        (its fitted categories, default and family; its overridden categories at their
+        values: the pins agents apply now), or empty if that is unreadable too; logged once
+        with which, and counted. A change writes both back (``_read``)."""
+        base, base_news = self._part("base", lambda: self._stored_base(reader))
+        overrides, overrides_news = self._part("overrides", lambda: self._stored_overrides(reader))
+        if base is not None and overrides is not None:
+            return _Parts(base, overrides, rebuilt=False)
+        in_force = self._current_in(reader)
+        if in_force is None:
+            read_as = "no readable document in force: read as empty (pins lost: set them again)"
+        else:
+            read_as = f"read as v{in_force.version} in force holds it until a change writes it"
+        parts: tuple[tuple[StoredPart, str | None], ...] = (
+            ("base", base_news),
+            ("overrides", overrides_news),
+        )
+        for part, news in parts:
+            if news is not None:
+                log.warning("stored policy %s refused: %s; %s", part, news, read_as)
+                self._count_refusal(part)
+        return _Parts(
+            base if base is not None else _base_of(in_force),
+            overrides if overrides is not None else _overrides_of(in_force),
+            rebuilt=True,
+        )
+
+    def _part(self, part: str, read: Callable[[], _Part]) -> tuple[_Part | None, str | None]:
+        """What ``read`` reads of ``part``, or None if it refuses it; and the reason if that
+        refusal is news (not the one last found: each is said once)."""
+        try:
+            value = read()
+        except WireError as exc:
+            news = None if self._parts_refused.get(part) == exc.reason else exc.reason
+            self._parts_refused[part] = exc.reason
+            return None, news
+        self._parts_refused.pop(part, None)
+        return value, None
+
+    def _stored_base(self, reader: RedisClient | Pipeline) -> Base:
+        """The base as stored; ``WireError`` if over this store's bounds or damaged."""
+        raw = _bounded_string(reader, self.keys.policy_base, self.max_document_bytes, "base")
+        return Base.from_json(raw, max_categories=self.max_document_categories)
+
+    def _stored_overrides(self, reader: RedisClient | Pipeline) -> dict[str, dict[str, float]]:
+        """The overrides as stored; ``WireError`` if there are more than ``max_overrides``,
+        if the hash takes more than ``max_overrides_bytes`` in Redis (both asked before it
+        is read), or if one is damaged."""
+        key, limit = self.keys.overrides, self.max_overrides_bytes
+        try:
+            count = reader.hlen(key)
+            if count > self.max_overrides:
+                raise WireError(f"overrides: {count} categories > limit {self.max_overrides}")
+            size = self._memory_usage(reader, key) if count else 0
+            if size is not None and size > limit:
+                raise WireError(f"overrides: {size} bytes > limit {limit} (not read)")
+            return _overrides(reader.hgetall(key))
+        except redis.ResponseError as exc:
+            raise _wrong_type(exc, reader, key, "overrides") from None
+
+    def _memory_usage(self, reader: RedisClient | Pipeline, key: str) -> int | None:
+        """The bytes ``key`` takes in Redis (every field counted); None where the server
+        refuses ``MEMORY USAGE`` (some managed ones do): the count bound alone holds then
+        (said once)."""
+        if self._memory_usage_refused:
+            return None
+        try:
+            return reader.memory_usage(key, samples=0)
+        except redis.ResponseError as exc:
+            if str(exc).startswith("WRONGTYPE"):
+                raise
+            self._memory_usage_refused = True
+            log.info("overrides bounded by count only: Redis refuses MEMORY USAGE (%s)", exc)
+            return None
 
     @guarded
     def has_version(self, version: int) -> bool:
@@ -313,10 +478,11 @@ class PolicyStore:
         current = self.r.get(k.policy_current)
         if current is None:
             return None
+        base, overrides, _ = self._parts(self.r)
         return StoreState(
             int(current),
-            Base.from_json(self.r.get(k.policy_base)),
-            _overrides(self.r.hgetall(k.overrides)),
+            base,
+            overrides,
             _pinned(self.r.get(k.evictor_pin)),
             bool(self.r.exists(k.policy_hold)),
         )
@@ -420,16 +586,7 @@ class PolicyStore:
             raise StoreError(f"version {version} is refused: {self._refused[version]}")
         if old is None:
             raise StoreError(f"version {version} is not kept (see GET /v1/policy/versions)")
-        restored = {
-            name: {field: getattr(params, field) for field in OVERRIDE_FIELDS}
-            for name, params in old.categories.items()
-            if params.source == "override"
-        }
-
-        def write_overrides(pipe: Pipeline) -> None:
-            pipe.delete(self.keys.overrides)
-            for name, values in restored.items():
-                pipe.hset(self.keys.overrides, name, json.dumps(values))
+        restored = _overrides_of(old)
 
         def prepare(pipe: Pipeline) -> _Draft:
             draft = self._read(pipe, f"rollback to version {version}" + (", held" if hold else ""))
@@ -439,7 +596,7 @@ class PolicyStore:
             fitted |= {n: p for n, p in draft.base.categories.items() if n in restored}
             self._set_base(draft, Base(fitted, old.default, selection))
             draft.overrides, draft.copy_of = restored, old
-            draft.writes.append(write_overrides)
+            draft.writes.append(_overrides_written(self.keys.overrides, restored))
             if hold:
                 draft.held = True
                 draft.writes.append(lambda p: p.set(self.keys.policy_hold, str(version)))
@@ -538,8 +695,11 @@ class PolicyStore:
                 "Redis has lost the policy state (restarted empty?): the leader restores "
                 "it within restore_wait_s; try again then"
             )
-        base = Base.from_json(pipe.get(self.keys.policy_base))
-        draft = _Draft(base, _overrides(pipe.hgetall(self.keys.overrides)), note)
+        base, overrides, rebuilt = self._parts(pipe)
+        draft = _Draft(base, overrides, note)
+        if rebuilt:  # read as the document in force holds them: written back
+            self._set_base(draft, base)
+            draft.writes.append(_overrides_written(self.keys.overrides, overrides))
         draft.pin = _pinned(pipe.get(self.keys.evictor_pin))
         draft.held = bool(pipe.exists(self.keys.policy_hold))
         return draft
@@ -549,11 +709,11 @@ class PolicyStore:
         draft.base = base
         draft.writes.append(lambda p: p.set(self.keys.policy_base, base.to_json()))
 
-    def _current_in(self, pipe: Pipeline) -> PolicyDocument | None:
-        raw = pipe.get(self.keys.policy_current)
+    def _current_in(self, reader: RedisClient | Pipeline) -> PolicyDocument | None:
+        raw = reader.get(self.keys.policy_current)
         if raw is None:
             return None
-        return self._readable(int(raw), pipe.get(self.keys.policy_doc(int(raw))))
+        return self._document(reader, int(raw))
 
     def _publish(self, prepare: Prepare, fence: Fence | None = None) -> PolicyDocument:
         k = self.keys
@@ -637,7 +797,95 @@ class _SameOverride(Exception):
 
 
 def _overrides(raw: Mapping[bytes | str, bytes | str]) -> dict[str, dict[str, float]]:
-    return {_s(k): json.loads(v) for k, v in raw.items()}
+    """The overrides hash as read; ``WireError`` naming the first one damaged: not JSON,
+    not a mapping of override fields to numbers, or a name past the length bound."""
+    overrides: dict[str, dict[str, float]] = {}
+    for key, value in raw.items():
+        name = _s(key)
+        try:
+            values = json.loads(value)
+        except ValueError:
+            values = None
+        fine = isinstance(values, dict) and 0 < len(name) <= MAX_CATEGORY_NAME_CHARS
+        if not fine or not values or set(values) - set(OVERRIDE_FIELDS):
+            raise WireError(f"overrides: {name[:40]!r}: not an override of {OVERRIDE_FIELDS}")
+        try:  # in range (every composition applies it: one out of range would fail them all)
+            _apply_one(PolicyDocument(version=0).default, values)
+        except ValueError as exc:
+            raise WireError(f"overrides: {name[:40]!r}: {_fault(exc)}") from None
+        overrides[name] = values
+    return overrides
+
+
+def _fault(exc: Exception) -> str:
+    """What is wrong with a part read back, in a line: pydantic's first errors by field,
+    or the exception's kind and first line."""
+    if isinstance(exc, ValidationError):
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors[:3])
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+
+
+def _overrides_written(
+    key: str, overrides: Mapping[str, Mapping[str, float]]
+) -> Callable[[Pipeline], None]:
+    """The writes that make the hash at ``key`` hold ``overrides`` and nothing else."""
+
+    def write(pipe: Pipeline) -> None:
+        pipe.delete(key)
+        for name, values in overrides.items():
+            pipe.hset(key, name, json.dumps(values))
+
+    return write
+
+
+def _overrides_of(doc: PolicyDocument | None) -> dict[str, dict[str, float]]:
+    """The overrides ``doc`` shows (each category it marks ``override``, at its values)."""
+    if doc is None:
+        return {}
+    return {
+        name: {field: getattr(params, field) for field in OVERRIDE_FIELDS}
+        for name, params in doc.categories.items()
+        if params.source == "override"
+    }
+
+
+def _base_of(doc: PolicyDocument | None) -> Base:
+    """The base ``doc`` was published from, as far as it shows it: its fitted categories
+    (not the overridden ones: their fit is not in it), default and family."""
+    if doc is None:
+        return Base({}, None)
+    fitted = {n: p for n, p in doc.categories.items() if p.source != "override"}
+    return Base(fitted, doc.default, doc.evictor)
+
+
+def _bounded_string(
+    reader: RedisClient | Pipeline, key: str, limit: int, what: str
+) -> bytes | None:
+    """The string at ``key`` (None: absent or empty), never read whole past ``limit``: one
+    GETRANGE of ``limit`` + 1 bytes (the agents' subscriber reads a document this way);
+    ``WireError`` if it holds more (its size asked then) or another type than a string."""
+    try:
+        raw = reader.getrange(key, 0, limit)
+        if len(raw) > limit:
+            size = reader.strlen(key)
+            raise WireError(f"{what} of {size} bytes > limit {limit} (not read)")
+    except redis.ResponseError as exc:
+        raise _wrong_type(exc, reader, key, what) from None
+    if not raw:
+        return None
+    return raw if isinstance(raw, bytes) else raw.encode()
+
+
+def _wrong_type(
+    exc: redis.ResponseError, reader: RedisClient | Pipeline, key: str, what: str
+) -> WireError:
+    """``exc`` as a ``WireError`` if it says ``key`` holds another type (named); re-raised
+    otherwise."""
+    if not str(exc).startswith("WRONGTYPE"):
+        raise exc
+    held = reader.type(key)
+    return WireError(f"{what}: {key} is a {_s(held)} (not read)")
 
 
 def _composed(

@@ -3,6 +3,7 @@ rollback, bounded history, and nothing lost when the store object is recreated."
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -10,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
-from agent.policy_document import CategoryParams, PolicyDocument
+from agent.policy_document import CategoryParams
 from agent.wire import Keys, decode_policy, encode_policy
-from controlplane.service.store import LeaseLost, PolicyStore, StoreError
+from controlplane.service.store import Base, LeaseLost, PolicyStore, StoreError
 
 pytestmark = pytest.mark.integration
 
@@ -133,35 +134,64 @@ def test_a_rollback_takes_no_pin_for_the_controllers_selection(store: PolicyStor
     assert store.rollback(6).evictor == "s3fifo" and store.evictor().selected == "s3fifo"
 
 
+Damage = Callable[[redis.Redis, str, bytes], object]
+"""Writes a damaged value at a key, given what a store wrote there."""
+
+# A store of max_categories 4 and max_overrides 2 holds 6 categories to a document and
+# reads back at most 6 * CATEGORY_BYTES + FRAME_BYTES of one (2 * ... + ... of overrides).
+_DOCUMENT_BYTES, _OVERRIDES_BYTES = 6 * 2048 + 16384, 2 * 2048 + 16384
+
+
+def _as_hash(client: redis.Redis, key: str, _: bytes) -> None:
+    client.delete(key)
+    client.hset(key, "a", "b")
+
+
 @pytest.mark.parametrize(
-    ("stored", "reason"),
+    ("damage", "reason"),
     [
         (
             # A fit's 4 categories and 2 pinned ones at most: 7 is no document of this store.
-            lambda doc: encode_policy(
-                doc.model_copy(update={"categories": {f"c{i}": _p(0.1) for i in range(7)}})
+            lambda c, key, raw: c.set(
+                key,
+                encode_policy(
+                    decode_policy(raw).model_copy(
+                        update={"categories": {f"c{i}": _p(0.1) for i in range(7)}}
+                    )
+                ),
             ),
             "policy: 7 categories > limit 6",
         ),
-        (lambda doc: b"{damaged", "policy: document: Invalid JSON"),
+        (lambda c, key, raw: c.set(key, b"{damaged"), "policy: document: Invalid JSON"),
+        (
+            lambda c, key, raw: c.set(key, raw.ljust(40_000)),  # valid JSON, too large
+            f"policy: document of 40000 bytes > limit {_DOCUMENT_BYTES} (not read)",
+        ),
+        (_as_hash, "policy: document: {key} is a hash (not read)"),
     ],
-    ids=["too many categories", "not JSON"],
+    ids=["too many categories", "not JSON", "too many bytes", "a hash"],
 )
 def test_a_stored_document_refused_on_reading_back_reads_as_not_stored(
     redis_url: str,
     key_prefix: str,
     caplog: pytest.LogCaptureFixture,
-    stored: Callable[[PolicyDocument], bytes],
+    damage: Damage,
     reason: str,
 ) -> None:
-    """The store read documents back unbounded (the count checks an agent makes did not
-    apply) and a damaged one raised ``WireError`` from every read and change (the API
-    answered 500 to all of them): refused within the bounds of a document it publishes,
-    logged once, it reads as not stored, and the next change publishes over it."""
+    """The store read documents back unbounded (whole, with GET: a value of hundreds of
+    MB came back whole; no count checks an agent makes) and a damaged one raised from
+    every read and change (the API answered 500 to all of them; a hash in the key too):
+    refused within the bounds of a document it publishes (bytes before reading), logged
+    once and counted, it reads as not stored, and the next change publishes over it."""
     client = redis.Redis.from_url(redis_url)
-    store = PolicyStore(client, Keys(key_prefix), max_categories=4, max_overrides=2)
+    counted: list[str] = []
+    store = PolicyStore(
+        client, Keys(key_prefix), max_categories=4, max_overrides=2, on_refused=counted.append
+    )
     doc = store.publish_fit({"text_1": _p(0.1)}, None, "fit")
-    client.set(store.keys.policy_doc(doc.version), stored(doc))
+    key = store.keys.policy_doc(doc.version)
+    damage(client, key, encode_policy(doc))
+    reason = reason.format(key=key)
     for _ in range(2):
         assert store.current() is None and store.get(1) is None
         assert store.versions() == []
@@ -169,10 +199,142 @@ def test_a_stored_document_refused_on_reading_back_reads_as_not_stored(
     assert len(refusals) == 1 and refusals[0].startswith(
         f"stored policy v1 refused, read as not stored: {reason}"
     )
-    with pytest.raises(StoreError, match=f"version 1 is refused: {reason}"):
+    assert (store.refusal(1) or "").startswith(reason)
+    assert counted == ["document"]
+    with pytest.raises(StoreError, match=f"version 1 is refused: {re.escape(reason)}"):
         store.rollback(1)
     after = store.set_override("text_2", {"life_s": 5.0}).document
     assert after.version == 2 and store.current() == after
+
+
+def _base_damages() -> list[tuple[Damage, str]]:
+    return [
+        (lambda c, key, raw: c.set(key, b"{damaged"), "base: JSONDecodeError: Expecting"),
+        (
+            lambda c, key, raw: c.set(
+                key, Base({f"c{i}": _p(0.1) for i in range(7)}, None).to_json()
+            ),
+            "base: 7 categories > limit 6",
+        ),
+        (
+            lambda c, key, raw: c.set(key, raw.ljust(40_000)),
+            f"base of 40000 bytes > limit {_DOCUMENT_BYTES} (not read)",
+        ),
+        (
+            lambda c, key, raw: c.set(key, b'{"categories": {"a": {"rate": -1}}}'),
+            "base: rate: Input should be greater than 0",
+        ),
+        (
+            lambda c, key, raw: c.set(key, b'{"categories": {}, "evictor": "nope"}'),
+            "base: StoreError: unknown evictor family 'nope'",
+        ),
+        (_as_hash, "base: {key} is a hash (not read)"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    _base_damages(),
+    ids=[
+        "not JSON",
+        "too many categories",
+        "too many bytes",
+        "out of range",
+        "unknown family",
+        "a hash",
+    ],
+)
+def test_a_damaged_base_is_read_as_the_document_in_force_holds_it(
+    redis_url: str,
+    key_prefix: str,
+    caplog: pytest.LogCaptureFixture,
+    damage: Damage,
+    reason: str,
+) -> None:
+    """The base was read back whole and unbounded, and a damaged one raised from every
+    publication (one corrupted key stopped every refit, override and pin for good):
+    refused within the bounds (logged once, counted), it is read as the document in force
+    holds it (its fitted categories, default and family), so a change publishes the fleet's
+    parameters unchanged, and writes it back."""
+    client = redis.Redis.from_url(redis_url)
+    counted: list[str] = []
+    store = PolicyStore(
+        client, Keys(key_prefix), max_categories=4, max_overrides=2, on_refused=counted.append
+    )
+    store.publish_fit({"text_1": _p(0.1)}, _p(0.3), "fit")
+    in_force = store.set_override("text_2", {"life_s": 5.0}).document
+    stored = Base({"text_1": in_force.categories["text_1"]}, in_force.default)
+    key = store.keys.policy_base
+    damage(client, key, stored.to_json().encode())
+    for _ in range(2):
+        assert store.base() == stored
+    said = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(
+        f"stored policy base refused: {reason.format(key=key)}"
+    ), said
+    assert said[0].endswith("read as v2 in force holds it until a change writes it")
+    assert counted == ["base"]
+    after = store.set_override("text_3", {"life_s": 6.0}).document
+    assert after.version == 3 and after.default == in_force.default
+    assert {n: p for n, p in after.categories.items() if n != "text_3"} == in_force.categories
+    assert Base.from_json(client.get(key)) == stored  # written back: no refusal any more
+    assert store.base() == stored and counted == ["base"]
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (
+            lambda c, key, raw: c.hset(key, "text_2", "{damaged"),
+            r"overrides: 'text_2': not an override of \('rate', 'p_reuse', 'life_s'\)",
+        ),
+        (
+            lambda c, key, raw: c.hset(key, mapping={"a": "{}", "b": "{}"}),
+            "overrides: 3 categories > limit 2",
+        ),
+        (
+            lambda c, key, raw: c.hset(key, "text_2", " " * 40_000 + '{"life_s": 5.0}'),
+            rf"overrides: \d+ bytes > limit {_OVERRIDES_BYTES} \(not read\)",
+        ),
+        (
+            lambda c, key, raw: c.hset(key, "text_2", '{"p_reuse": 5.0}'),
+            "overrides: 'text_2': p_reuse: Input should be less than or equal to 1",
+        ),
+        (lambda c, key, raw: (c.delete(key), c.set(key, "x")), "overrides: {key} is a string"),
+    ],
+    ids=["not JSON", "too many", "too many bytes", "out of range", "a string"],
+)
+def test_damaged_overrides_are_read_as_the_document_in_force_holds_them(
+    redis_url: str,
+    key_prefix: str,
+    caplog: pytest.LogCaptureFixture,
+    damage: Damage,
+    reason: str,
+) -> None:
+    """The overrides were read back whole and unbounded (no count: max_overrides held for
+    new pins only), and a damaged one raised from every publication: refused (logged once,
+    counted), they are read as the document in force holds them (never silently dropped:
+    the pins agents apply now stay), the next publication keeps them and writes them back."""
+    client = redis.Redis.from_url(redis_url)
+    counted: list[str] = []
+    store = PolicyStore(
+        client, Keys(key_prefix), max_categories=4, max_overrides=2, on_refused=counted.append
+    )
+    store.publish_fit({"text_1": _p(0.1)}, None, "fit")
+    pinned = store.set_override("text_2", {"life_s": 5.0}).document.categories["text_2"]
+    key = store.keys.overrides
+    damage(client, key, b"")
+    in_force = {"text_2": {f: getattr(pinned, f) for f in ("rate", "p_reuse", "life_s")}}
+    for _ in range(2):
+        assert store.overrides() == in_force
+    said = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(said) == 1, said
+    assert re.match(
+        f"stored policy overrides refused: {reason.format(key=re.escape(key))}", said[0]
+    ), said
+    after = store.publish_fit({"text_1": _p(0.2)}, None, "refit")
+    assert after.categories["text_2"] == pinned
+    assert store.overrides() == in_force and counted == ["overrides"]
 
 
 def test_history_is_bounded_and_keeps_current(store: PolicyStore) -> None:
@@ -249,3 +411,25 @@ def test_a_fenced_publication_of_a_replica_that_no_longer_leads_writes_nothing(
         store.select_evictor("lru", "stale", fence=lambda: False)
     assert store.current_version() == 1 and store.base().categories["text_1"].rate == 0.1
     assert store.publish_fit({"text_1": _p(0.3)}, None, "led", fence=lambda: True).version == 2
+
+
+def test_refused_overrides_beside_an_unreadable_document_in_force_read_as_none(
+    redis_url: str, key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With nothing readable to take the pins from, refused overrides read as none (a
+    publication must go on) and the log says the pins are lost, so an operator sets them
+    again."""
+    client = redis.Redis.from_url(redis_url)
+    store = PolicyStore(client, Keys(key_prefix), max_categories=4, max_overrides=2)
+    store.publish_fit({"text_1": _p(0.1)}, None, "fit")
+    store.set_override("text_2", {"life_s": 5.0})
+    client.hset(store.keys.overrides, "text_2", "{damaged")
+    client.set(store.keys.policy_doc(2), b"{damaged")
+    assert store.overrides() == {}
+    said = [r.getMessage() for r in caplog.records if "overrides refused" in r.getMessage()]
+    assert len(said) == 1 and said[0].endswith(
+        "no readable document in force: read as empty (pins lost: set them again)"
+    ), said
+    after = store.publish_fit({"text_1": _p(0.2)}, None, "refit")
+    assert after.version == 3 and set(after.categories) == {"text_1"}
+    assert client.hgetall(store.keys.overrides) == {}
