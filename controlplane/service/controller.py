@@ -485,9 +485,12 @@ class Controller:
                 f"({self.settings.min_samples})",
                 seconds,
             )
-        base = self.store.base()
+        base, in_force = self.store.base(), self.store.current()
         change = max_relative_change(base.categories, fitted)
-        if change < self.settings.change_threshold and set(fitted) <= set(base.categories):
+        # Unchanged only beside a document in force: one unreadable (refused, missing) is
+        # published over, or the agents would keep the last they read for good.
+        same = change < self.settings.change_threshold and set(fitted) <= set(base.categories)
+        if same and in_force is not None:
             return self._outcome(
                 "unchanged",
                 None,
@@ -495,7 +498,6 @@ class Controller:
                 f"{self.settings.change_threshold}",
                 seconds,
             )
-        in_force = self.store.current()
         verdict = self.shadow.guard(self.store.preview_fit(fitted, result.pooled), in_force)
         if verdict.outcome == "refused":
             return self._outcome("refused", None, verdict.reason, seconds)

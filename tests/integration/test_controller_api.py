@@ -238,6 +238,35 @@ def test_a_scheduled_refit_with_no_new_access_publishes_nothing(
     assert controller.refit(manual=False).reason.startswith(fitted)
 
 
+def _published_over(ctl: RunningController, redis_url: str) -> int:
+    """Refit ``ctl`` from one batch of ``text_1`` and damage the version it published."""
+    controller, r = ctl.controller, redis.Redis.from_url(redis_url)
+    keys = Keys(controller.settings.key_prefix)
+    now = time.time() - 60
+    send(r, keys, reuse_batch("w1", 1, category="text_1", n=3000, rate=0.5, p=0.6, t0=now, seed=1))
+    wait_until(lambda: controller.ingestor.counters.batches >= 1)
+    first = ctl.client.post("/v1/policy/refit", headers=AUTH).json()
+    assert first["published"] is True, first
+    r.set(keys.policy_doc(first["version"]), b"{damaged")
+    return int(first["version"])
+
+
+def test_a_refit_publishes_over_a_refused_document_in_force(
+    ctl: RunningController, redis_url: str
+) -> None:
+    """A refit whose parameters had not changed published nothing even while the document
+    in force was refused (damaged: agents refuse it and keep their last for good); the
+    next refit now republishes."""
+    controller, c = ctl.controller, ctl.client
+    version = _published_over(ctl, redis_url)
+    assert c.get("/v1/policy").status_code == 503
+    refused = ("kvwise_policy_state_refused_total", {"part": "document"})
+    assert controller.metrics.registry.get_sample_value(*refused) == 1
+    again = c.post("/v1/policy/refit", headers=AUTH).json()
+    assert again["published"] is True and again["version"] == version + 1, again
+    assert c.get("/v1/policy").json()["version"] == again["version"]
+
+
 def test_a_held_rollback_is_released_by_a_manual_refit_which_says_so(
     ctl: RunningController, redis_url: str
 ) -> None:
