@@ -602,6 +602,9 @@ class Controller:
                 return False, "no policy version published yet"
             if not self.store.has_version(version):
                 return False, f"current names version {version}, not stored"
+            # A refused one (see store.get) leaves it ready: the next publication replaces
+            # it, and a replica out of its Service would cut operators off the API that
+            # publishes one (GET /v1/policy says why; kvwise_policy_state_refused counts it).
         except redis.RedisError:
             return False, self.health.report.reason
         return True, ""

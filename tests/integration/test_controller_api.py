@@ -267,6 +267,24 @@ def test_a_refit_publishes_over_a_refused_document_in_force(
     assert c.get("/v1/policy").json()["version"] == again["version"]
 
 
+def test_a_refused_document_in_force_is_named_so_and_leaves_the_controller_ready(
+    ctl: RunningController, redis_url: str
+) -> None:
+    """GET /v1/policy answered a refused document in force as "not stored" (the key is
+    there): it says it is refused and why; the controller stays ready (it can publish
+    over it, and out of its Service it would cut operators off the API that does)."""
+    version = _published_over(ctl, redis_url)
+    answer = ctl.client.get("/v1/policy")
+    assert answer.status_code == 503 and answer.json()["error"] == "policy_refused"
+    reason = answer.json()["reason"]
+    assert reason.startswith(f"stored version {version} refused: policy: document:"), reason
+    assert reason.endswith("; the next publication replaces it")
+    one = ctl.client.get(f"/v1/policy/versions/{version}")
+    assert one.status_code == 404
+    assert one.json()["reason"].startswith(f"stored version {version} refused: policy:")
+    assert ctl.client.get("/readyz").status_code == 200
+
+
 def test_a_held_rollback_is_released_by_a_manual_refit_which_says_so(
     ctl: RunningController, redis_url: str
 ) -> None:

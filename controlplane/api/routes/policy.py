@@ -28,7 +28,11 @@ def get_policy(controller: ControllerDep) -> PolicyDocument:
     if version is None:
         raise ApiError(404, "no_policy", "no policy version has been published yet")
     doc = controller.store.get(version)
-    if doc is None:  # the pointer outlived its document: say so, never "no policy"
+    if doc is None:  # the pointer outlived its document, or it is refused: never "no policy"
+        refused = controller.store.refusal(version)
+        if refused is not None:
+            said = f"stored version {version} refused: {refused}; the next publication replaces it"
+            raise ApiError(503, "policy_refused", said)
         raise ApiError(503, "policy_missing", f"current names version {version}, not stored")
     return doc
 
@@ -47,6 +51,9 @@ def list_versions(controller: ControllerDep) -> list[VersionInfo]:
 def get_version(version: VersionInPath, controller: ControllerDep) -> PolicyDocument:
     """One kept version."""
     doc = controller.store.get(version)
+    refused = None if doc is not None else controller.store.refusal(version)
+    if refused is not None:
+        raise ApiError(404, "unknown_version", f"stored version {version} refused: {refused}")
     if doc is None:
         raise ApiError(404, "unknown_version", f"version {version} is not kept")
     return doc
