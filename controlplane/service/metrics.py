@@ -31,9 +31,9 @@ REFIT_OUTCOMES: tuple[RefitOutcomeLabel, ...] = get_args(RefitOutcomeLabel)
 """They all, each series existing (at 0) from the start."""
 
 
-StoredPart = Literal["document", "base", "overrides"]
+StoredPart = Literal["document", "base", "overrides", "pin"]
 """A part of the policy state read back from Redis: a document, the base (the last fit),
-the operator's overrides."""
+the operator's overrides, the operator's pinned evictor family."""
 STORED_PARTS: tuple[StoredPart, ...] = get_args(StoredPart)
 """Labels of ``kvwise_policy_state_refused``, each series existing (at 0) from the start."""
 
@@ -178,7 +178,7 @@ class ControllerMetrics:
         self.state_refused = self._counter(
             "kvwise_policy_state_refused",
             "Policy state read back from Redis and refused (damaged, over its bounds, another "
-            "type), by part: a document reads as not stored; a base or overrides as the "
+            "type), by part: a document reads as not stored; a base, overrides or pin as the "
             "document in force holds them",
             ("part",),
             each=STORED_PARTS,

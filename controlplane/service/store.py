@@ -35,7 +35,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, NamedTuple, Protocol, TypeVar, cast
+from typing import Any, Final, Literal, NamedTuple, Protocol, TypeVar, cast
 
 import redis
 from pydantic import ValidationError
@@ -93,6 +93,9 @@ class RefitsHeld(RuntimeError):
     """A fit refused inside its transaction: refits are held (a rollback with ``hold``)."""
 
 
+MAX_FAMILY_BYTES: Final = 64
+"""Bytes of a pinned family's name read back at most (the longest known is far shorter)."""
+
 REFITS_HELD = "held: after a rollback; POST /v1/policy/refit"
 """Why an automatic refit publishes nothing while refits are held."""
 
@@ -102,11 +105,12 @@ _Part = TypeVar("_Part")
 
 
 class _Parts(NamedTuple):
-    """The base and the overrides as read back, and whether either was refused (read as
-    the document in force holds it: a change writes both back)."""
+    """The base, the overrides and the pinned family as read back, and whether one was
+    refused (read as the document in force holds it: a change writes them all back)."""
 
     base: Base
     overrides: dict[str, dict[str, float]]
+    pin: EvictorFamily | None
     rebuilt: bool
 
 
@@ -383,15 +387,17 @@ class PolicyStore:
         return self._parts(self.r).base
 
     def _parts(self, reader: RedisClient | Pipeline) -> _Parts:
-        """The base and the overrides stored, each read within its bounds. One refused
-        (damaged, over them, of another type) is read as the document in force holds it
-        (its fitted categories, default and family; its overridden categories at their
-        values: the pins agents apply now), or empty if that is unreadable too; logged once
-        with which, and counted. A change writes both back (``_read``)."""
+        """The base, the overrides and the pin stored, each read within its bounds. One
+        refused (damaged, over them, of another type) is read as the document in force
+        holds it (its fitted categories, default and family; its overridden categories at
+        their values: the pins agents apply now; its family, pinned if the selection is
+        another), or empty if that is unreadable too; logged once with which, and counted.
+        A change writes them back (``_read``)."""
         base, base_news = self._part("base", lambda: self._stored_base(reader))
         overrides, overrides_news = self._part("overrides", lambda: self._stored_overrides(reader))
-        if base is not None and overrides is not None:
-            return _Parts(base, overrides, rebuilt=False)
+        pin, pin_news = self._part("pin", lambda: self._stored_pin(reader))
+        if base is not None and overrides is not None and pin is not None:
+            return _Parts(base, overrides, pin or None, rebuilt=False)
         in_force = self._current_in(reader)
         if in_force is None:
             read_as = "no readable document in force: read as empty (pins lost: set them again)"
@@ -400,14 +406,20 @@ class PolicyStore:
         parts: tuple[tuple[StoredPart, str | None], ...] = (
             ("base", base_news),
             ("overrides", overrides_news),
+            ("pin", pin_news),
         )
         for part, news in parts:
             if news is not None:
                 log.warning("stored policy %s refused: %s; %s", part, news, read_as)
                 self._count_refusal(part)
+        base = base if base is not None else _base_of(in_force)
+        if pin is None:  # pinned only if the selection would not run the family in force
+            running = in_force.evictor if in_force is not None else base.evictor
+            pin = running if running != base.evictor else ""
         return _Parts(
-            base if base is not None else _base_of(in_force),
+            base,
             overrides if overrides is not None else _overrides_of(in_force),
+            pin or None,
             rebuilt=True,
         )
 
@@ -444,6 +456,14 @@ class PolicyStore:
         except redis.ResponseError as exc:
             raise _wrong_type(exc, reader, key, "overrides") from None
 
+    def _stored_pin(self, reader: RedisClient | Pipeline) -> EvictorFamily | Literal[""]:
+        """The family pinned as stored ("": none); ``WireError`` if it is no family."""
+        raw = _bounded_string(reader, self.keys.evictor_pin, MAX_FAMILY_BYTES, "pin")
+        try:
+            return "" if raw is None else family_named(_s(raw))
+        except StoreError as exc:
+            raise WireError(f"pin: {exc}") from None
+
     def _memory_usage(self, reader: RedisClient | Pipeline, key: str) -> int | None:
         """The bytes ``key`` takes in Redis (every field counted); None where the server
         refuses ``MEMORY USAGE`` (some managed ones do): the count bound alone holds then
@@ -478,12 +498,12 @@ class PolicyStore:
         current = self.r.get(k.policy_current)
         if current is None:
             return None
-        base, overrides, _ = self._parts(self.r)
+        base, overrides, pin, _ = self._parts(self.r)
         return StoreState(
             int(current),
             base,
             overrides,
-            _pinned(self.r.get(k.evictor_pin)),
+            pin,
             bool(self.r.exists(k.policy_hold)),
         )
 
@@ -606,11 +626,9 @@ class PolicyStore:
 
     @guarded
     def evictor(self) -> EvictorState:
-        current = self.current()
+        current, parts = self.current(), self._parts(self.r)
         return EvictorState(
-            current.evictor if current is not None else None,
-            _pinned(self.r.get(self.keys.evictor_pin)),
-            self.base().evictor,
+            current.evictor if current is not None else None, parts.pin, parts.base.evictor
         )
 
     @guarded
@@ -635,7 +653,7 @@ class PolicyStore:
         document in force comes back."""
         chosen = None if family is None else family_named(family)
         current = self.current()
-        if current is not None and _pinned(self.r.get(self.keys.evictor_pin)) == chosen:
+        if current is not None and self._parts(self.r).pin == chosen:
             return Change(current, published=False)
 
         def prepare(pipe: Pipeline) -> _Draft:
@@ -695,14 +713,19 @@ class PolicyStore:
                 "Redis has lost the policy state (restarted empty?): the leader restores "
                 "it within restore_wait_s; try again then"
             )
-        base, overrides, rebuilt = self._parts(pipe)
-        draft = _Draft(base, overrides, note)
+        base, overrides, pin, rebuilt = self._parts(pipe)
+        draft = _Draft(base, overrides, note, pin=pin)
         if rebuilt:  # read as the document in force holds them: written back
             self._set_base(draft, base)
             draft.writes.append(_overrides_written(self.keys.overrides, overrides))
-        draft.pin = _pinned(pipe.get(self.keys.evictor_pin))
+            draft.writes.append(self._pin_written(pin))
         draft.held = bool(pipe.exists(self.keys.policy_hold))
         return draft
+
+    def _pin_written(self, pin: EvictorFamily | None) -> Callable[[Pipeline], object]:
+        """The write that makes the stored pin ``pin`` (None: no pin)."""
+        key = self.keys.evictor_pin
+        return lambda p: p.delete(key) if pin is None else p.set(key, pin)
 
     def _set_base(self, draft: _Draft, base: Base) -> None:
         """``draft`` publishes ``base`` and stores it as the base."""
@@ -917,8 +940,3 @@ def _apply_one(params: CategoryParams, values: Mapping[str, Any]) -> CategoryPar
 
 def _s(v: bytes | str) -> str:
     return v.decode() if isinstance(v, bytes) else v
-
-
-def _pinned(raw: bytes | str | None) -> EvictorFamily | None:
-    """The evictor family an operator pinned, as stored (None: no pin)."""
-    return None if raw is None else family_named(_s(raw))

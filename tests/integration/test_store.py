@@ -433,3 +433,45 @@ def test_refused_overrides_beside_an_unreadable_document_in_force_read_as_none(
     after = store.publish_fit({"text_1": _p(0.2)}, None, "refit")
     assert after.version == 3 and set(after.categories) == {"text_1"}
     assert client.hgetall(store.keys.overrides) == {}
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda c, key: c.set(key, "nope"), "pin: unknown evictor family 'nope'"),
+        (lambda c, key: c.set(key, "lru" * 30), "pin of 90 bytes > limit 64 (not read)"),
+        (lambda c, key: (c.delete(key), c.hset(key, "a", "b")), "pin: {key} is a hash"),
+    ],
+    ids=["unknown family", "too many bytes", "a hash"],
+)
+@pytest.mark.parametrize("pinned", ["lru", None])
+def test_a_damaged_pin_is_read_as_the_family_in_force(
+    redis_url: str,
+    key_prefix: str,
+    caplog: pytest.LogCaptureFixture,
+    damage: Callable[[redis.Redis, str], object],
+    reason: str,
+    pinned: str | None,
+) -> None:
+    """A pinned family that named no family raised ``StoreError`` from every publication
+    and read (one damaged key stopped every refit for good): refused (logged once,
+    counted), it reads as the family in force, pinned only where the controller's
+    selection is another, and the next publication writes it back."""
+    client = redis.Redis.from_url(redis_url)
+    counted: list[str] = []
+    store = PolicyStore(client, Keys(key_prefix), on_refused=counted.append)
+    store.publish_fit({"text_1": _p(0.1)}, None, "fit")
+    store.select_evictor("s3fifo", "selected")
+    if pinned is not None:
+        store.pin_evictor(pinned)
+    key = store.keys.evictor_pin
+    damage(client, key)
+    for _ in range(2):
+        assert store.evictor().pinned == pinned
+    said = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(
+        f"stored policy pin refused: {reason.format(key=key)}"
+    ), said
+    after = store.set_override("text_2", {"life_s": 5.0}).document
+    assert after.evictor == (pinned or "s3fifo") and counted == ["pin"]
+    assert client.get(key) == (None if pinned is None else pinned.encode())
