@@ -19,6 +19,15 @@ part of the requests (the paper's protocol) and serves the whole trace with it (
 second part is scored, see ``ReplayOptions.first_scored``). Categories come from the
 trace's labels or are inferred (``controlplane.replay.accesses``).
 
+A fleet (``kvwise simulate``): what ``build`` derives from the trace and the options
+(``FittedSetup``: category codes, access columns, read-only) is the same for every cache,
+and so, without reuse classes by hit, is every refit: it takes the trace's accesses up to
+the refit's request, whatever each cache held. ``Refits`` makes each refit once and hands
+its document to every policy that shares it, as the live controller fits the whole
+fleet's traffic and publishes one document to every worker
+(``FittedReplayPolicy.fleet_mate``). Reuse classes by hit depend on each cache's own hits:
+each policy then has its own refitter and refits.
+
 ``controlplane.replay.catalog`` registers ``fitted_wa`` and ``fitted_wa_ref`` as ``wa`` and
 ``wa-ref``, where they win over the agent registry's unfitted ones. It must never do I/O.
 """
@@ -27,7 +36,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal, Protocol
 
 import numpy as np
@@ -49,7 +58,7 @@ from controlplane.replay.accesses import (
     with_reuse_class,
 )
 from controlplane.replay.depth import CostWeightedWA, with_depth_class
-from controlplane.replay.options import ReplayOptions
+from controlplane.replay.options import Attribution, ReplayOptions
 from controlplane.replay.reference.fit import (
     REFERENCE_LIFE_S,
     REFERENCE_MIN_GAP_S,
@@ -148,6 +157,49 @@ class ReferenceRefitter:
         )
 
 
+class Refits:
+    """A refitter's documents by the request they apply from, each refit made once.
+
+    A refit before request ``r`` feeds the refitter the accesses replayed since the last
+    one and asks it for a document: the trace's accesses up to ``r`` (the same in every
+    cache, so the policies of a fleet share one ``Refits``: the first policy to reach a
+    refit makes it, the others are handed its document), or with reuse classes by hit
+    (``classes``) the accesses this cache has released, its own.
+    """
+
+    def __init__(
+        self, refitter: Refitter, cols: AccessColumns, classes: HitClasses | None = None
+    ) -> None:
+        self.refitter = refitter
+        self.made = 0
+        """Refits made (documents asked of the refitter), however many policies share them."""
+        self.published = 0
+        """Documents given (a refit the controller would not publish gives none)."""
+        self._cols = cols
+        self._classes = classes
+        self._done = 0  # accesses ingested
+        self._last: tuple[int, PolicyDocument | None] = (-1, None)
+
+    def before(self, request: int, hi: int, now: float) -> PolicyDocument | None:
+        """The document to apply from ``request`` on, the accesses ``[0, hi)`` replayed
+        at trace time ``now`` (None: the one in force stays)."""
+        last, doc = self._last
+        if request == last:
+            return doc
+        if request < last or hi < self._done:
+            raise RuntimeError(f"refit at request {request}: requests arrive in trace order")
+        if self._classes is None:
+            self.refitter.ingest(self._cols, slice(self._done, hi))
+        else:
+            self.refitter.ingest(*self._classes.released_columns())
+        self._done = hi
+        self.made += 1
+        doc = self.refitter.document(now, self.published + 1)
+        self.published += doc is not None
+        self._last = (request, doc)
+        return doc
+
+
 APPLIED_KEPT = 100
 """Documents a fitted replay policy keeps (the newest): a long replay refits thousands of
 times, each document as large as its categories."""
@@ -188,7 +240,12 @@ class FittedReplayPolicy:
         options: ReplayOptions,
         block_class: Sequence[int] | None = None,
         classes: HitClasses | None = None,
+        *,
+        refits: Refits | None = None,
+        setup: FittedSetup | None = None,
     ) -> None:
+        if refits is not None and refits.refitter is not refitter:
+            raise ValueError("refits given with another refitter than its own")
         self.inner = inner
         self.in_force: EvictionPolicy = inner
         """What takes the touches, releases and evictions: ``inner``, or the baseline
@@ -199,15 +256,17 @@ class FittedReplayPolicy:
         """The newest documents swapped in, oldest first (at most ``APPLIED_KEPT``)."""
         self.versions_applied = 0
         """Documents swapped in since the start (all of them)."""
-        self._codes = list(codes)
-        self._ts = trace.timestamps.tolist()
-        self._offsets = trace.offsets.tolist()
-        self._cols = cols
-        self.refitter = refitter
+        self._codes = codes
+        self._ts, self._offsets = (
+            (setup.times, setup.offsets) if setup is not None else request_lists(trace)
+        )
+        self.refits = refits if refits is not None else Refits(refitter, cols, classes)
+        """Where its documents come from: its own, or its fleet's (``fleet_mate``)."""
+        self.setup = setup
+        """What ``build`` made it from (None: made otherwise, ``wa-mix``)."""
         self._every = options.refit_every_s
         self._online = options.wa_fit == "online"
         self._r = 0
-        self._done = 0  # accesses ingested
         n = trace.n_requests
         self._t0 = self._ts[0] if n else 0.0
         self._due = self._t0 + self._every if self._online else float("inf")
@@ -227,18 +286,23 @@ class FittedReplayPolicy:
         """The reuse classes by hit this run decides (``reuse_class="hit"``), or None."""
         return self._hit_classes
 
+    @property
+    def refitter(self) -> Refitter:
+        return self.refits.refitter
+
+    def fleet_mate(self) -> FittedReplayPolicy | None:
+        """The policy of another cache of a fleet serving the same trace, made before the
+        replay starts: an evictor of its own; this one's codes and access columns and,
+        without reuse classes by hit, its refits (one refit for the fleet). None when it
+        was not made by ``build``: make that one anew."""
+        if self.setup is None:
+            return None
+        return self.setup.policy(self.refits if self._hit_classes is None else None)
+
     def _refit(self, r: int) -> None:
         """Fit on requests ``[0, r)`` and apply the result from request ``r`` on."""
-        hi = self._offsets[r]
-        if hi < self._done:
-            raise RuntimeError(f"refit at request {r}: requests arrive in trace order")
-        if self._hit_classes is None:
-            self.refitter.ingest(self._cols, slice(self._done, hi))
-        else:
-            self.refitter.ingest(*self._hit_classes.released_columns())
-        self._done = hi
         now = self._ts[min(r, len(self._ts) - 1)]
-        doc = self.refitter.document(now, self.versions_applied + 1)
+        doc = self.refits.before(r, self._offsets[r], now)
         if doc is not None:
             self.inner.set_policy(doc)
             self.applied.append(AppliedVersion(doc.version, now, r, doc))
@@ -343,35 +407,116 @@ def build(
     ablation report crosses them. ``wa-ref`` always attributes a block to its creator, so
     it files by no reuse class by hit (they need the last accessor): it runs plain.
     """
-    codes, names = request_categories(trace, options.categories)
-    attr = "creator" if kind == "wa-ref" else options.attribution
-    cols = access_columns(trace, codes, attr)
-    block_class, classes = None, None
-    if options.reuse_class == "trace":
-        cols, names, offsets = with_reuse_class(trace, cols, names)
-        block_class = offsets.tolist()
-    elif options.depth != "off":
-        block_tokens = block_tokens_of(trace) or 16
-        cols, names, offsets = with_depth_class(trace, cols, names, block_tokens)
-        block_class = offsets.tolist()
-    elif options.reuse_class == "hit" and kind != "wa-ref":
-        classes = HitClasses(trace, cols, names, round(options.reuse_ghost * capacity))
-        names = classes.names
-    inner: WAPolicy | WARefPolicy
-    if kind == "wa-ref":
-        inner = WARefPolicy(category_names=names, doc=BUILTIN_POLICY)
-    else:
-        evictor = CostWeightedWA if options.depth == "cost" else WAPolicy
-        inner = evictor(category_names=names, doc=BUILTIN_POLICY, attribution=attr)
-    refitter: Refitter
-    if (fitter or ("reference" if kind == "wa-ref" else "censored")) == "reference":
-        life = options.life_s if options.life_s is not None else REFERENCE_LIFE_S
-        refitter = ReferenceRefitter(names, life_s=life)
-    else:
-        refitter = CensoredRefitter(names, options.fit_settings(trace))
-    return FittedReplayPolicy(
-        inner, trace, codes.tolist(), cols, refitter, options, block_class, classes
-    )
+    return FittedSetup.of(kind, trace, options, fitter, capacity).policy()
+
+
+def request_lists(trace: Trace) -> tuple[list[float], list[int]]:
+    """The trace's request times and access offsets, as lists (read per request)."""
+    return trace.timestamps.tolist(), trace.offsets.tolist()
+
+
+def read_only(cols: AccessColumns) -> AccessColumns:
+    """``cols`` through views that cannot be written: the policies of a fleet share them."""
+    views = {f.name: getattr(cols, f.name).view() for f in fields(cols)}
+    for view in views.values():
+        view.setflags(write=False)
+    return AccessColumns(**views)
+
+
+@dataclass(frozen=True, eq=False)
+class FittedSetup:
+    """What ``build`` derives from the trace and the options alone, the same for every
+    cache that replays the trace (the policies of a fleet share it): the category codes,
+    the access columns (read-only), reuse or depth class offsets and request lists."""
+
+    kind: Evictor
+    trace: Trace
+    options: ReplayOptions
+    fitter: Fitter
+    capacity: int
+    codes: list[int]
+    names: tuple[str, ...]
+    attribution: Attribution
+    cols: AccessColumns
+    block_class: list[int] | None
+    times: list[float]
+    offsets: list[int]
+
+    @classmethod
+    def of(
+        cls,
+        kind: Evictor,
+        trace: Trace,
+        options: ReplayOptions,
+        fitter: Fitter | None,
+        capacity: int,
+    ) -> FittedSetup:
+        codes, names = request_categories(trace, options.categories)
+        attr: Attribution = "creator" if kind == "wa-ref" else options.attribution
+        cols = access_columns(trace, codes, attr)
+        block_class = None
+        if options.reuse_class == "trace":
+            cols, names, offsets = with_reuse_class(trace, cols, names)
+            block_class = offsets.tolist()
+        elif options.depth != "off":
+            block_tokens = block_tokens_of(trace) or 16
+            cols, names, offsets = with_depth_class(trace, cols, names, block_tokens)
+            block_class = offsets.tolist()
+        fitter = fitter or ("reference" if kind == "wa-ref" else "censored")
+        times, request_offsets = request_lists(trace)
+        return cls(
+            kind,
+            trace,
+            options,
+            fitter,
+            capacity,
+            codes.tolist(),
+            tuple(names),
+            attr,
+            read_only(cols),
+            block_class,
+            times,
+            request_offsets,
+        )
+
+    @property
+    def by_hit(self) -> bool:
+        """Reuse classes by hit, each cache's own (``wa-ref`` files by none)."""
+        o = self.options
+        return o.reuse_class == "hit" and o.depth == "off" and self.kind != "wa-ref"
+
+    def policy(self, shared: Refits | None = None) -> FittedReplayPolicy:
+        """A policy with an evictor of its own and ``shared`` refits (None: its own)."""
+        names, classes = self.names, None
+        if self.by_hit:
+            ghost = round(self.options.reuse_ghost * self.capacity)
+            classes = HitClasses(self.trace, self.cols, names, ghost)
+            names = classes.names
+        refits = shared if shared is not None else Refits(self.refitter(names), self.cols, classes)
+        return FittedReplayPolicy(
+            self.evictor(names),
+            self.trace,
+            self.codes,
+            self.cols,
+            refits.refitter,
+            self.options,
+            self.block_class,
+            classes,
+            refits=refits,
+            setup=self,
+        )
+
+    def evictor(self, names: Sequence[str]) -> WAPolicy | WARefPolicy:
+        if self.kind == "wa-ref":
+            return WARefPolicy(category_names=names, doc=BUILTIN_POLICY)
+        evictor = CostWeightedWA if self.options.depth == "cost" else WAPolicy
+        return evictor(category_names=names, doc=BUILTIN_POLICY, attribution=self.attribution)
+
+    def refitter(self, names: Sequence[str]) -> Refitter:
+        if self.fitter == "reference":
+            life = self.options.life_s if self.options.life_s is not None else REFERENCE_LIFE_S
+            return ReferenceRefitter(names, life_s=life)
+        return CensoredRefitter(names, self.options.fit_settings(self.trace))
 
 
 def fitted_wa(capacity: int, trace: Trace, options: ReplayOptions) -> FittedReplayPolicy:

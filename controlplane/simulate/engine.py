@@ -2,11 +2,15 @@
 
 Owns ``SimOptions`` (everything of one simulation but the policy and the capacity) and
 ``simulate``: one policy at one capacity on one trace. Every instance gets its own cache
-of ``capacity`` blocks and its own policy from the replay catalogue
-(``controlplane.replay.catalog``), so fitted policies (``wa``) are fitted online exactly
-as in ``kvwise replay``, from every request that has arrived at the fleet (the
-controller pools all workers' events). Events are taken in time order: the end of an
-instance's step before an arrival at the same time; arrivals in trace order.
+of ``capacity`` blocks and its own policy (``fleet_policies``): the replay catalogue's
+(``controlplane.replay.catalog``), or one made by the first instance's where that can
+share what does not depend on the cache (``FleetShared``). Fitted policies (``wa``) are
+fitted online exactly as in ``kvwise replay``, from every request that has arrived at the
+fleet: one refitter for the whole fleet, each refit made once and its document applied
+by every instance (the controller pools all workers' events and publishes one document),
+unless reuse classes by hit make each cache's fit its own. Events are taken in time
+order: the end of an instance's step before an arrival at the same time; arrivals in
+trace order.
 
 It must never print, read files or summarise (``controlplane.simulate.report``).
 """
@@ -18,7 +22,9 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
+from agent.policies.base import EvictionPolicy
 from controlplane.replay import catalog
 from controlplane.replay.options import DEFAULT_OPTIONS, ReplayOptions
 from controlplane.simulate import router as routers
@@ -61,6 +67,30 @@ class SimOptions:
             raise ValueError(f"slack must be >= 0, got {self.slack}")
 
 
+@runtime_checkable
+class FleetShared(Protocol):
+    """A policy that makes the policy of another instance of its fleet, sharing with it
+    what does not depend on the cache (a fitted ``wa``: the trace's category codes,
+    access columns and refits)."""
+
+    def fleet_mate(self) -> EvictionPolicy | None:
+        """Another instance's policy, made before the run (None: make it anew)."""
+
+
+def fleet_policies(
+    policy: str, capacity: int, trace: Trace, options: SimOptions
+) -> list[EvictionPolicy]:
+    """One ``policy`` per instance, in a cache of ``capacity`` blocks, serving ``trace``."""
+    first = catalog.create(policy, capacity, trace, options.replay)
+    made = [first]
+    for _ in range(1, options.instances):
+        mate = first.fleet_mate() if isinstance(first, FleetShared) else None
+        made.append(
+            catalog.create(policy, capacity, trace, options.replay) if mate is None else mate
+        )
+    return made
+
+
 class _Fleet:
     def __init__(self, instances: list[Instance]) -> None:
         self._instances = instances
@@ -97,8 +127,7 @@ def simulate(
     # Read-only per-request lists, built once and shared by every instance's cache.
     categories, offsets = trace.categories.tolist(), trace.offsets.tolist()
     instances = []
-    for i in range(options.instances):
-        evictor = catalog.create(policy, capacity, trace, options.replay)
+    for i, evictor in enumerate(fleet_policies(policy, capacity, trace, options)):
         cache = InstanceCache(evictor, limit, trace.blocks, offsets, trace.n_unique, categories)
         instances.append(Instance(i, cache, cost, options.profile, work, out))
     router = routers.create(options.router, trace, _Fleet(instances), len(instances), options.slack)
