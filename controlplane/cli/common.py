@@ -17,6 +17,7 @@ import re
 import sys
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import asdict
 from pathlib import Path
 from textwrap import wrap
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, get_args
@@ -28,7 +29,7 @@ from rich.text import Text
 
 if TYPE_CHECKING:
     from agent.settings import AgentSettings
-    from controlplane.traces.model import Trace
+    from controlplane.traces.model import RechainResult, Trace
     from controlplane.traces.reader import TraceError
 
 SettingsT = TypeVar("SettingsT", bound=BaseSettings)
@@ -361,7 +362,8 @@ def check_writable(path: Path, option: str) -> None:
 def load_trace_or_fail(path: Path, *, skip_bad_lines: bool = False) -> Trace:
     """``path`` read as a trace; unreadable, malformed or empty: fail with exit code 2.
 
-    Skipped lines (``skip_bad_lines``) are counted on stderr with the first reasons.
+    Skipped lines (``skip_bad_lines``) are counted on stderr with the first reasons, and
+    ids re-chained by prefix (``Trace.rechained``) are said there once.
     """
     from controlplane.traces.reader import TraceError, load_trace
 
@@ -377,7 +379,21 @@ def load_trace_or_fail(path: Path, *, skip_bad_lines: bool = False) -> Trace:
         say(f"skipped {counted(len(trace.skipped_lines), 'bad line')} ({first})")
     if trace.n_requests == 0:
         fail(f"{path}: no requests")
+    if trace.rechained is not None:
+        note(_rechained_text(trace.rechained))
     return trace
+
+
+def _rechained_text(found: RechainResult) -> str:
+    """Why the ids were re-chained, for the note ``load_trace_or_fail`` prints."""
+    ids, requests = found.ids_after_several_blocks, found.requests_repeating_an_id
+    follow = "follows" if ids == 1 else "follow"
+    repeat = "repeats" if requests == 1 else "repeat"
+    return (
+        f"hash_ids are not prefix-chained ({counted(ids, 'id')} {follow} more than one "
+        f"block, {counted(requests, 'request')} {repeat} an id): ids re-chained by prefix, "
+        "as an engine's prefix cache keys blocks"
+    )
 
 
 def _not_json_lines_hint(exc: TraceError) -> str:
@@ -404,6 +420,7 @@ def trace_json(path: Path, trace: Trace) -> dict[str, object]:
         "accesses": trace.n_accesses,
         "unique_blocks": trace.n_unique,
         "skipped_lines": len(trace.skipped_lines),
+        "rechained": None if trace.rechained is None else asdict(trace.rechained),
     }
 
 

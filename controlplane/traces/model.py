@@ -29,14 +29,25 @@ def category_name(type_: str, turn: int) -> str:
     return f"{type_}_{turn}"
 
 
+@dataclass(frozen=True)
+class RechainResult:
+    """Why a trace's ids were re-chained by prefix (``controlplane.traces.chaining``)."""
+
+    ids_after_several_blocks: int
+    """Ids that follow more than one block (or none in one request and a block in another)."""
+    requests_repeating_an_id: int
+    """Requests that hold some id more than once."""
+
+
 @dataclass(frozen=True, eq=False)
 class Trace:
     """A block-level request trace in replay order (timestamp, then file order).
 
     Request ``r`` accessed ``blocks[offsets[r]:offsets[r + 1]]`` (dense block ids, prompt
     order) at ``timestamps[r]`` seconds. ``hashes[b]`` is the original id of dense block
-    ``b``. Per-request metadata arrays have ``n_requests`` entries; unknown values are
-    ``-1`` (ids, turn) or the type name ``""``.
+    ``b`` (``b`` itself where the ids were re-chained: ``rechained``). Per-request metadata
+    arrays have ``n_requests`` entries; unknown values are ``-1`` (ids, turn) or the type
+    name ``""``.
     """
 
     name: str
@@ -59,6 +70,9 @@ class Trace:
     block_tokens: int | None = None
     """Tokens per block, where the trace says it (one kvwise recorded: its lines carry
     ``block_tokens``); None: its format's (``controlplane.replay.accesses.block_tokens_of``)."""
+    rechained: RechainResult | None = None
+    """Set when the file's ids were not prefix-chained and were re-chained on reading
+    (``controlplane.traces.chaining``); None: the blocks are the file's own ids."""
 
     @property
     def n_requests(self) -> int:

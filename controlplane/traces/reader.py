@@ -4,7 +4,8 @@ Owns parsing and validating trace lines, telling the two formats apart, reading 
 reporting malformed lines (``TraceError``, or counted skips) and how far a read has got.
 Hash ids become an int64 row per line, merged into chunks of a million, so no Python
 object per block outlives its line; per-request columns grow in compact ``array`` buffers.
-It must never sort or remap hashes (``controlplane.traces.model`` does) or know about
+It must never sort or remap hashes (``controlplane.traces.model`` does, and
+``controlplane.traces.chaining`` re-chains ids that are not prefix-chained) or know about
 policies and replay.
 
 Formats (docs/traces.md):
@@ -34,6 +35,7 @@ from typing import IO, Any, Literal, cast
 import numpy as np
 import orjson
 
+from controlplane.traces.chaining import prefix_chained
 from controlplane.traces.model import Trace
 
 TraceFormat = Literal["auto", "bailian", "mooncake"]
@@ -171,21 +173,7 @@ def _hash_ids(obj: dict[str, Any]) -> list[int]:
         i, item = next((i, x) for i, x in enumerate(value) if type(x) is not int)
         problem = f"{_HASHES_WANTED}, got {_shown(item)} at index {i}"
         raise _Bad("hash_ids", problem, "not a list of integers")
-    if len(set(value)) != len(value):
-        raise _repeated(value)
     return value
-
-
-def _repeated(ids: list[int]) -> _Bad:
-    """Ids chain the prefix (id i stands for blocks 0..i), so no real request holds one
-    twice; replay semantics are undefined for it, and the line is rejected."""
-    first: dict[int, int] = {}
-    for i, h in enumerate(ids):
-        j = first.setdefault(h, i)
-        if j != i:
-            problem = f"id {h} repeats at index {i} (first at index {j}); ids chain the prefix"
-            return _Bad("hash_ids", problem, "repeated id")
-    raise AssertionError("no repeated id")  # pragma: no cover
 
 
 class _Columns:
@@ -278,7 +266,7 @@ class _Columns:
 
         ts = np.frombuffer(self.timestamps, dtype=np.float64) if self.timestamps else np.zeros(0)
         bailian = self.fmt == "bailian"
-        return Trace.from_arrays(
+        trace = Trace.from_arrays(
             name=name,
             source_format=self.fmt,
             hash_ids=self.hashes(),
@@ -293,6 +281,7 @@ class _Columns:
             skipped_lines=skipped,
             block_tokens=self.block_tokens,
         )
+        return prefix_chained(trace)
 
 
 def _detect_format(obj: dict[str, Any]) -> str:

@@ -49,10 +49,11 @@ SPEED = 20.0
 
 def known_trace() -> Trace:
     """30 requests 0.1 s apart: three system prompts, conversations that extend their own
-    previous prompt (turn 2), two types."""
+    previous prompt (turn 2), two types. Ids chain the prefix (a conversation keeps its
+    system prompt), as a live engine's block hashes do, so reading it back keeps them."""
     requests, types, turns = [], [], []
     for i in range(30):
-        system = [1000 * (i % 3) + j for j in range(3)]
+        system = [1000 * (i // 2 % 3) + j for j in range(3)]
         own = [50_000 + 10 * (i // 2) + j for j in range(1 + i % 2)]  # turn 2 extends turn 1
         requests.append(system + own)
         types.append("text" if i % 3 else "image")
