@@ -15,8 +15,8 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Hashable, Iterable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from textwrap import wrap
@@ -30,7 +30,7 @@ from rich.text import Text
 if TYPE_CHECKING:
     from agent.settings import AgentSettings
     from controlplane.traces.model import RechainResult, Trace
-    from controlplane.traces.reader import TraceError
+    from controlplane.traces.reader import ReadProgress, TraceError
 
 SettingsT = TypeVar("SettingsT", bound=BaseSettings)
 NumberT = TypeVar("NumberT", int, float)
@@ -368,8 +368,8 @@ def load_trace_or_fail(path: Path, *, skip_bad_lines: bool = False) -> Trace:
     from controlplane.traces.reader import TraceError, load_trace
 
     try:
-        with _reading(path):
-            trace = load_trace(path, skip_bad_lines=skip_bad_lines)
+        with _reading(path) as progress:
+            trace = load_trace(path, skip_bad_lines=skip_bad_lines, progress=progress)
     except OSError as exc:  # "nope.jsonl: No such file or directory", not "[Errno 2] ..."
         fail(f"{path}: {exc.strerror or exc}")
     except TraceError as exc:
@@ -404,12 +404,35 @@ def _not_json_lines_hint(exc: TraceError) -> str:
     return ""
 
 
-def _reading(path: Path) -> AbstractContextManager[object]:
-    """On a terminal, a spinner while ``path`` is read (a large trace takes seconds before
-    the first progress line); elsewhere nothing."""
+_MIB = 1 << 20
+
+
+@contextmanager
+def _reading(path: Path) -> Iterator[ReadProgress | None]:
+    """On a terminal, a status line while ``path`` is read (a large trace takes seconds to
+    minutes): a spinner and how far the read has got (``reading_status``), told by the
+    reader's progress hook, which this yields; elsewhere nothing, and no hook."""
     if not err_console.is_terminal:
-        return nullcontext()
-    return err_console.status(f"reading {path}", spinner="dots")
+        yield None
+        return
+    with err_console.status(reading_status(path, 0, None), spinner="dots") as status:
+
+        def progress(read: int, size: int | None) -> None:
+            status.update(reading_status(path, read, size))
+
+        yield progress
+
+
+def reading_status(path: Path, read: int, size: int | None) -> Text:
+    """The status line while a trace is read: ``reading t.jsonl`` at first, then
+    ``reading t.jsonl: 12.0 of 340.5 MiB (4%)`` (bytes of the file as stored), or only
+    what was read when the size is unknown (a pipe). Plain text: a path is never markup."""
+    if read == 0:
+        return Text(f"reading {path}")
+    done = f"{read / _MIB:,.1f}"
+    if size is None or size <= 0:
+        return Text(f"reading {path}: {done} MiB")
+    return Text(f"reading {path}: {done} of {size / _MIB:,.1f} MiB ({read / size:.0%})")
 
 
 def trace_json(path: Path, trace: Trace) -> dict[str, object]:

@@ -18,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from controlplane.cli import app
+from controlplane.cli.common import reading_status
 from controlplane.traces.chaining import prefix_chained
 from controlplane.traces.model import UNKNOWN_CATEGORY, Trace
 from controlplane.traces.reader import MAX_SKIP_DETAILS, TraceError, load_trace
@@ -429,6 +430,19 @@ def test_replay_cli_reports_a_bad_line_and_exits_2(tmp_path: Path) -> None:
     assert res.exit_code == 2
     # The console may wrap a long path anywhere: compare without whitespace.
     assert "".join(f"{path}:2: field 'hash_ids'".split()) in "".join(res.stderr.split())
+
+
+def test_reading_says_how_far_it_got_on_a_terminal_and_nothing_elsewhere(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path / "trace.jsonl", [mooncake(0), mooncake(1)])
+    res = CliRunner().invoke(app, ["replay", str(path), "-p", "inf", "--capacity", "4"])
+    assert res.exit_code == 0, res.output
+    assert "reading" not in res.stderr  # no terminal: no status line, no progress
+    assert reading_status(path, 0, None).plain == f"reading {path}"
+    shown = reading_status(path, 3 << 20, 12 << 20).plain
+    assert shown == f"reading {path}: 3.0 of 12.0 MiB (25%)"
+    assert reading_status(path, 3 << 20, None).plain == f"reading {path}: 3.0 MiB"  # a pipe
 
 
 def test_replay_cli_skips_bad_lines_when_asked(tmp_path: Path) -> None:
