@@ -26,6 +26,7 @@ from controlplane.cli.common import (
     load_trace_or_fail,
     positive,
     print_json,
+    trace_json,
     whole_number,
 )
 from controlplane.cli.trace_record_cmd import record
@@ -165,8 +166,7 @@ def stats(
     if plot is not None:
         _plot(plot, trace, samples, top_categories)
     if json_out:
-        doc = {"trace": str(trace_path), "skipped_lines": len(trace.skipped_lines)}
-        doc.update(s.to_json())
+        doc = trace_json(trace_path, trace) | s.to_json()
         print_json(doc)
         return
     _print(s, top_categories)

@@ -133,3 +133,13 @@ def test_the_cli_says_once_that_ids_were_rechained_and_the_json_records_it(
     assert chained.exit_code == 0, chained.output
     assert json.loads(chained.stdout)["rechained"] is None
     assert "prefix-chained" not in chained.stderr
+
+
+def test_trace_stats_json_records_a_rechaining_too(tmp_path: Path) -> None:
+    path = _mooncake_file(tmp_path / "content.jsonl", CONTENT_HASHED)
+    res = CliRunner().invoke(app, ["trace", "stats", str(path), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["rechained"] == {"ids_after_several_blocks": 2, "requests_repeating_an_id": 2}
+    chained = CliRunner().invoke(app, ["trace", "stats", str(SAMPLE), "--json"])
+    assert json.loads(chained.stdout)["rechained"] is None
