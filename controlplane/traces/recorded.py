@@ -5,11 +5,12 @@ Owns ``type_and_turn`` (a live category name read as the trace's type and turn) 
 hashes become small ids in order of first sight (one table for every worker, so a prefix
 two requests share stays shared), and a request whose blocks repeat a hash is refused: an
 engine's block hashes chain the prefix, so a repeat says its events were not what the
-engine's cache held (the reader would re-chain such a trace, hiding that). ``trace`` gives times relative to the first request, chat ids
-in time order, no parent (conversations are not recorded), input tokens as blocks x
-``block_tokens`` (which the trace carries, so that its readers count in it too) and output
-tokens 0 (unknown: the simulator takes its default). It must
-never do I/O or rebuild requests from events (``controlplane.shadow.rebuild`` does).
+engine's cache held (the reader would re-chain such a trace, hiding that). ``trace`` gives
+times relative to the first request, chat ids in time order, no parent (conversations are
+not recorded), input tokens as blocks x ``block_tokens`` (which the trace carries, so that
+its readers count in it too) and output tokens 0 (unknown: the simulator takes its
+default). It must never do I/O or rebuild requests from events
+(``controlplane.shadow.rebuild`` does).
 """
 
 from __future__ import annotations
