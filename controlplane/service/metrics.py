@@ -31,9 +31,9 @@ REFIT_OUTCOMES: tuple[RefitOutcomeLabel, ...] = get_args(RefitOutcomeLabel)
 """They all, each series existing (at 0) from the start."""
 
 
-StoredPart = Literal["document", "base", "overrides", "pin"]
+StoredPart = Literal["document", "base", "overrides", "pin", "current"]
 """A part of the policy state read back from Redis: a document, the base (the last fit),
-the operator's overrides, the operator's pinned evictor family."""
+the operator's overrides, the operator's pinned evictor family, the ``current`` pointer."""
 STORED_PARTS: tuple[StoredPart, ...] = get_args(StoredPart)
 """Labels of ``kvwise_policy_state_refused``, each series existing (at 0) from the start."""
 
@@ -179,7 +179,7 @@ class ControllerMetrics:
             "kvwise_policy_state_refused",
             "Policy state read back from Redis and refused (damaged, over its bounds, another "
             "type), by part: a document reads as not stored; a base, overrides or pin as the "
-            "document in force holds them",
+            "document in force holds them; the current pointer as the newest readable kept version",
             ("part",),
             each=STORED_PARTS,
         )

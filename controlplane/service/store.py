@@ -95,6 +95,8 @@ class RefitsHeld(RuntimeError):
 
 MAX_FAMILY_BYTES: Final = 64
 """Bytes of a pinned family's name read back at most (the longest known is far shorter)."""
+MAX_POINTER_BYTES: Final = 32
+"""Bytes of the ``current`` pointer read back at most (as the agents read it)."""
 
 REFITS_HELD = "held: after a rollback; POST /v1/policy/refit"
 """Why an automatic refit publishes nothing while refits are held."""
@@ -292,8 +294,8 @@ class PolicyStore:
     # --- reads ---------------------------------------------------------------------------
     @guarded
     def current_version(self) -> int | None:
-        raw = self.r.get(self.keys.policy_current)
-        return int(raw) if raw is not None else None
+        """The version in force (None: none); see ``_pointer``."""
+        return self._pointer(self.r)
 
     @guarded
     def current(self) -> PolicyDocument | None:
@@ -494,18 +496,11 @@ class PolicyStore:
         """The store's state as it is now (None: no version in force); read key by key, as
         a snapshot to restore from (a change between the reads is read again at the next
         version)."""
-        k = self.keys
-        current = self.r.get(k.policy_current)
+        current = self._pointer(self.r)
         if current is None:
             return None
         base, overrides, pin, _ = self._parts(self.r)
-        return StoreState(
-            int(current),
-            base,
-            overrides,
-            pin,
-            bool(self.r.exists(k.policy_hold)),
-        )
+        return StoreState(current, base, overrides, pin, bool(self.r.exists(self.keys.policy_hold)))
 
     @guarded
     def preview_fit(
@@ -678,7 +673,7 @@ class PolicyStore:
         def prepare(pipe: Pipeline) -> _Draft:
             note = f"restored after Redis lost its state: {state.describe()}"
             draft = self._read(pipe, note, restoring=True)
-            if pipe.get(self.keys.policy_current) is not None:
+            if self._pointer(pipe) is not None:
                 raise _AlreadyInForce
             self._set_base(draft, state.base)
             draft.overrides = dict(state.overrides)
@@ -708,7 +703,7 @@ class PolicyStore:
         """What a change starts from, read through ``pipe`` after its WATCH; ``PolicyLost``
         while Redis has lost the state this replica remembers (but for its restore)."""
         lost = self.memory is not None and self.memory.state is not None
-        if lost and not restoring and pipe.get(self.keys.policy_current) is None:
+        if lost and not restoring and self._pointer(pipe) is None:
             raise PolicyLost(
                 "Redis has lost the policy state (restarted empty?): the leader restores "
                 "it within restore_wait_s; try again then"
@@ -733,10 +728,35 @@ class PolicyStore:
         draft.writes.append(lambda p: p.set(self.keys.policy_base, base.to_json()))
 
     def _current_in(self, reader: RedisClient | Pipeline) -> PolicyDocument | None:
-        raw = reader.get(self.keys.policy_current)
-        if raw is None:
-            return None
-        return self._document(reader, int(raw))
+        version = self._pointer(reader)
+        return None if version is None else self._document(reader, version)
+
+    def _pointer(self, reader: RedisClient | Pipeline) -> int | None:
+        """The version the ``current`` pointer names (None: no pointer). One refused (no
+        version number, over ``MAX_POINTER_BYTES``, of another type) reads as the newest
+        readable kept version, or as none in force if no kept one reads (then a Redis that
+        lost the policy: restored, or the defaults published); logged once, counted, and
+        written back by the next publication, which every one writes."""
+        key = self.keys.policy_current
+        version, news = self._part("current", lambda: _stored_pointer(reader, key))
+        if version is not None:
+            return version or None
+        newest = self._newest_readable(reader)
+        if news is not None:
+            read_as = (
+                f"read as v{newest.version}, the newest readable kept version"
+                if newest is not None
+                else "no readable kept version: read as none in force"
+            )
+            log.warning("stored policy current refused: %s; %s until a publication", news, read_as)
+            self._count_refusal("current")
+        return None if newest is None else newest.version
+
+    def _newest_readable(self, reader: RedisClient | Pipeline) -> PolicyDocument | None:
+        """The newest kept version whose document reads (None: none does)."""
+        listed = cast(list[bytes], reader.zrevrange(self.keys.policy_versions, 0, -1))
+        readable = (self._document(reader, int(v)) for v in listed)
+        return next((doc for doc in readable if doc is not None), None)
 
     def _publish(self, prepare: Prepare, fence: Fence | None = None) -> PolicyDocument:
         k = self.keys
@@ -898,6 +918,22 @@ def _bounded_string(
     if not raw:
         return None
     return raw if isinstance(raw, bytes) else raw.encode()
+
+
+def _stored_pointer(reader: RedisClient | Pipeline, key: str) -> int:
+    """The version the ``current`` pointer at ``key`` names (0: none stored); ``WireError``
+    if it names none: not a positive number as the agents read one, too long, or of
+    another type than a string."""
+    raw = _bounded_string(reader, key, MAX_POINTER_BYTES, "current")
+    if raw is None:
+        return 0
+    try:
+        version = int(raw)
+    except ValueError:
+        version = 0
+    if version < 1:
+        raise WireError(f"current is not a version number: {raw[:40]!r}")
+    return version
 
 
 def _wrong_type(

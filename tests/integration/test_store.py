@@ -13,7 +13,8 @@ import redis
 
 from agent.policy_document import CategoryParams
 from agent.wire import Keys, decode_policy, encode_policy
-from controlplane.service.store import Base, LeaseLost, PolicyStore, StoreError
+from controlplane.service.policy_memory import PolicyMemory
+from controlplane.service.store import Base, LeaseLost, PolicyLost, PolicyStore, StoreError
 
 pytestmark = pytest.mark.integration
 
@@ -475,3 +476,72 @@ def test_a_damaged_pin_is_read_as_the_family_in_force(
     after = store.set_override("text_2", {"life_s": 5.0}).document
     assert after.evictor == (pinned or "s3fifo") and counted == ["pin"]
     assert client.get(key) == (None if pinned is None else pinned.encode())
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda c, key: c.set(key, "v2"), "current is not a version number: b'v2'"),
+        (lambda c, key: c.set(key, "0"), "current is not a version number: b'0'"),
+        (lambda c, key: c.set(key, "9" * 40), "current of 40 bytes > limit 32 (not read)"),
+        (lambda c, key: (c.delete(key), c.rpush(key, "2")), "current: {key} is a list (not read)"),
+    ],
+    ids=["not a number", "zero", "too many bytes", "a list"],
+)
+def test_a_damaged_current_pointer_reads_as_the_newest_readable_version(
+    redis_url: str,
+    key_prefix: str,
+    caplog: pytest.LogCaptureFixture,
+    damage: Callable[[redis.Redis, str], object],
+    reason: str,
+) -> None:
+    """A ``current`` pointer naming no version raised ``ValueError`` from every read and
+    publication (one damaged key stopped every refit and change for good): refused (logged
+    once, counted), it reads as the newest readable kept version, and the next publication
+    writes it back."""
+    client = redis.Redis.from_url(redis_url)
+    counted: list[str] = []
+    store = PolicyStore(client, Keys(key_prefix), on_refused=counted.append)
+    store.publish_fit({"text_1": _p(0.1)}, None, "fit")
+    store.set_override("text_1", {"life_s": 5.0})
+    store.publish_fit({"text_1": _p(0.2)}, None, "refit")
+    client.set(store.keys.policy_doc(3), "damaged")  # the newest is unreadable
+    key = store.keys.policy_current
+    damage(client, key)
+    for _ in range(2):
+        assert store.current_version() == 2
+        state = store.state()
+        assert state is not None and state.version == 2
+        assert store.overrides() == {"text_1": {"life_s": 5.0}}
+    said = [r.getMessage() for r in caplog.records if "current refused" in r.getMessage()]
+    assert said == [
+        f"stored policy current refused: {reason.format(key=key)}; read as v2, the newest "
+        "readable kept version until a publication"
+    ]
+    assert counted == ["document", "current"]
+    after = store.set_override("text_2", {"rate": 1.0}).document
+    assert after.version == 4 and client.get(key) == b"4"
+    assert store.current_version() == 4 and counted == ["document", "current"]
+
+
+def test_a_damaged_current_pointer_with_no_readable_version_is_restored(
+    redis_url: str, key_prefix: str
+) -> None:
+    """With no kept version readable, a damaged pointer reads as none in force: a restore
+    (of what a replica remembers) publishes over it instead of finding one in force."""
+    client = redis.Redis.from_url(redis_url)
+    store = PolicyStore(client, Keys(key_prefix), memory=PolicyMemory(restore_wait_s=0))
+    store.publish_fit({"text_1": _p(0.1)}, None, "fit")
+    store.set_override("text_1", {"life_s": 5.0})
+    known = store.state()
+    assert known is not None
+    for version in (1, 2):
+        client.set(store.keys.policy_doc(version), "damaged")
+    client.set(store.keys.policy_current, "nope")
+    assert store.current_version() is None and store.state() is None
+    with pytest.raises(PolicyLost):
+        store.set_override("text_2", {"rate": 1.0})
+    restored = store.restore(known, after=2)
+    assert restored is not None and restored.version == 3
+    assert client.get(store.keys.policy_current) == b"3"
+    assert store.overrides() == {"text_1": {"life_s": 5.0}}
