@@ -1,8 +1,8 @@
 """What the API accepts that the domain has no type for: request bodies and path names.
 
 Owns the request bodies (``OverrideBody``, ``RollbackBody``), the bounds of a category
-name in an override (a small alphabet) and in a read (any name an agent can send), the
-spelling of a version in a path, and ``HealthOut``. Responses are the domain's own types
+name in a path (any name an agent can send, pinned or read alike), the spelling of a
+version in a path, and ``HealthOut``. Responses are the domain's own types
 (``PolicyDocument``, ``VersionInfo``, ``RefitOutcome``, ``CategorySummary``,
 ``AgentStatus``): a model here never copies one. Bodies take JSON numbers and booleans
 only (pydantic's lax mode would also take ``"1"`` and ``true`` for a number). It must
@@ -28,25 +28,19 @@ from pydantic.json_schema import SkipJsonSchema
 from agent.policy_document import EvictorFamily, PositiveFinite, Probability
 from agent.wire import MAX_CATEGORY_NAME_CHARS
 
-CATEGORY_NAME_MAX = 64
-CATEGORY_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
-
-OverrideCategory = Annotated[
-    str,
-    Path(
-        max_length=CATEGORY_NAME_MAX,
-        pattern=CATEGORY_NAME_PATTERN,
-        description="Category to pin: letters, digits and . _ : - (first a letter or digit)",
-    ),
-]
 CategoryInPath = Annotated[
     str,
     Path(
+        min_length=1,
         max_length=MAX_CATEGORY_NAME_CHARS,
-        description="A category an agent named: any name of at most "
-        f"{MAX_CATEGORY_NAME_CHARS} characters (agents send no longer one)",
+        description="A category as an agent names it: any name of 1 to "
+        f"{MAX_CATEGORY_NAME_CHARS} characters (agents send no longer one), percent-encoded "
+        "as one path segment (`/` as `%2F`, a space as `%20`: JavaScript's "
+        "`encodeURIComponent`); the rest of the path is the name, `/` included",
     ),
 ]
+"""Routed as ``{name:path}``: Starlette decodes ``%2F`` before routing, so a name holding
+``/`` (a reuse class, ``<category>/re``) reaches no one-segment parameter."""
 
 
 def _json_number(v: object) -> object:

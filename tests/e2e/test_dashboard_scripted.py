@@ -195,13 +195,14 @@ def test_the_focus_is_never_under_a_sticky_header(
 
 
 def test_the_dialog_wraps_a_long_category_name(page: tuple[ScriptedApi, Any]) -> None:
-    """An override of a 64-character category (the longest the API takes) asks in a
-    dialog that holds the name (it ran out sideways: the dialog scrolled)."""
+    """An override of a 128-character category (the longest an agent sends, and the API
+    takes) asks in a dialog that holds the name (it ran out sideways: the dialog
+    scrolled)."""
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.keys import Keys
 
     _, driver = page
-    name = "queue-" + "x" * 58
+    name = "queue-" + "x" * 122
     _fill(driver, "ov-category", name)
     _fill(driver, "ov-life", "5")
     _submit(driver, "override-form")
@@ -365,11 +366,11 @@ def test_no_category_yet_says_so(page: tuple[ScriptedApi, Any]) -> None:
 def test_the_version_history_fits_with_a_long_category_in_a_reason(
     page: tuple[ScriptedApi, Any],
 ) -> None:
-    """A version whose reason names a 64-character category (an override's, as the store
+    """A version whose reason names a 128-character category (an override's, as the store
     words it): the history still fits its box from 1024 px up, its roll-back buttons in
     view (the name widened the table, and the buttons went behind a scroll bar)."""
     api, driver = page
-    name = "queue-" + "x" * 58
+    name = "queue-" + "x" * 122
     versions = api.answers["/v1/policy/versions"].body
     override = versions[0] | {"version": 3, "note": f"override {name}: " + '{"life_s": 5.0}'}
     api.set("/v1/policy/versions", [override, *versions])

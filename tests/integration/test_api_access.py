@@ -4,15 +4,19 @@ length or chunked), and the bounds of override names and counts."""
 
 from __future__ import annotations
 
+import re
 import select
 import socket
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import httpx
 import pytest
+from fastapi.routing import APIRoute
+from starlette.routing import Match
 
 from controlplane.api.access import MAX_BODY_BYTES
 from tests.conftest import delete_prefix
@@ -94,6 +98,9 @@ def test_openapi_declares_the_scheme_and_the_errors(ctl: RunningController) -> N
     assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     put = spec["paths"]["/v1/policy/overrides/{category}"]["put"]
     assert put["security"] == [{"bearer": []}]
+    (category,) = put["parameters"]
+    assert category["schema"]["minLength"] == 1 and category["schema"]["maxLength"] == 128
+    assert "any name of 1 to 128 characters" in category["description"]
     assert {"401", "403", "409", "413", "422", "503"} <= set(put["responses"])
     field_error = put["responses"]["422"]["content"]["application/json"]["schema"]["$ref"]
     assert field_error.endswith("/FieldErrorBody")
@@ -243,12 +250,60 @@ def test_a_body_at_the_bound_is_read(ctl: RunningController) -> None:
 
 
 # --- override names and counts -----------------------------------------------------------
-@pytest.mark.parametrize("name", ["x" * 65, "a b", "_leading", "t%C3%A9l%C3%A9", "a;b"])
-def test_override_names_are_bounded(ctl: RunningController, name: str) -> None:
-    r = ctl.client.put(f"/v1/policy/overrides/{name}", json={"rate": 1}, headers=AS_WRITER)
+AGENT_NAMES = {
+    "128 characters": "x" * 128,
+    "a reuse class": "text_1/re",
+    "a space": "a b",
+    "leading underscore": "_leading",
+    "accents": "télé",
+    "semicolon": "a;b",
+    "slashes around": "/x/",
+    "URL marks": "50%?#",
+    "128 two-byte characters": "é" * 128,
+}
+
+
+@pytest.mark.parametrize("name", AGENT_NAMES.values(), ids=AGENT_NAMES.keys())
+def test_every_name_an_agent_can_send_is_pinned_and_released(
+    ctl: RunningController, name: str
+) -> None:
+    """Pins once took 1 to 64 characters of ``[A-Za-z0-9._:-]`` (and no ``/`` reached the
+    route), while agents name categories with up to 128 characters of any kind (a reuse
+    class is ``<category>/re``): some categories listed could not be pinned."""
+    path = f"/v1/policy/overrides/{quote(name, safe='')}"
+    r = ctl.client.put(path, json={"rate": 1}, headers=AS_WRITER)
+    assert r.status_code == 200, r.text
+    assert r.json()["categories"][name]["source"] == "override"
+    assert ctl.client.get("/v1/policy/overrides", headers=AS_READER).json() == {name: {"rate": 1}}
+    read = ctl.client.get(f"/v1/categories/{quote(name, safe='')}", headers=AS_READER)
+    assert read.status_code == 200 and read.json()["name"] == name, read.text
+    assert ctl.client.delete(path, headers=AS_WRITER).status_code == 200
+    assert ctl.client.get("/v1/policy/overrides", headers=AS_READER).json() == {}
+
+
+@pytest.mark.parametrize("name", ["", "x" * 129, "é" * 129], ids=["empty", "129", "129 two-byte"])
+@pytest.mark.parametrize("method", ["PUT", "DELETE"])
+def test_names_no_agent_can_send_are_refused(
+    ctl: RunningController, name: str, method: str
+) -> None:
+    body = {"json": {"rate": 1}} if method == "PUT" else {}
+    path = f"/v1/policy/overrides/{quote(name, safe='')}"
+    r = ctl.client.request(method, path, headers=AS_WRITER, **body)
     assert r.status_code == 422, r.text
     assert r.json()["field"] == "category"
-    assert r.json()["message"].startswith("must be at most 64 characters matching ^[A-Za-z0-9]")
+    assert r.json()["message"] == "must be 1 to 128 characters"
+
+
+def test_the_name_routes_shadow_no_other_route(ctl: RunningController) -> None:
+    """A name is the rest of the path (``{name:path}``): no other route may lie under it."""
+    routes = [r for r in ctl.app.routes if isinstance(r, APIRoute)]
+    for catch_all in (r for r in routes if ":path}" in r.path):
+        for other in routes:
+            concrete = re.sub(r"{[^}]*}", "x", other.path)
+            for method in other.methods:
+                scope = {"type": "http", "path": concrete, "method": method}
+                matched = catch_all.matches(scope)[0] is Match.FULL
+                assert not matched or other is catch_all, (catch_all.path, other.path)
 
 
 def test_concurrent_pins_past_the_limit_are_all_409(ctl: RunningController) -> None:

@@ -381,9 +381,10 @@ def test_a_category_name_no_agent_can_send_is_invalid_on_a_read(
     too_long = c.get("/v1/categories/" + "a" * 129)
     assert too_long.status_code == 422
     assert (too_long.json()["error"], too_long.json()["field"]) == ("invalid_value", "name")
-    assert too_long.json()["message"] == "must be at most 128 characters"
-    unseen = c.get("/v1/categories/a%20b")
-    assert (unseen.status_code, unseen.json()["error"]) == (404, "unknown_category")
+    assert too_long.json()["message"] == "must be 1 to 128 characters"
+    for unseen_name in ("a%20b", "text_1%2Fre"):
+        unseen = c.get(f"/v1/categories/{unseen_name}")
+        assert (unseen.status_code, unseen.json()["error"]) == (404, "unknown_category")
     assert c.get("/v1/categories/" + "a" * 128).status_code == 404
 
 

@@ -4,22 +4,19 @@ evictor family of every worker that follows the document.
 Each change publishes a new policy version (the store composes it); one that changes
 nothing (the same pin again) publishes nothing and answers with the document in force,
 which the ``Kvwise-Published`` header of every answer says (``false``). Names and counts
-are bounded here, at the edge: a category name is at most ``CATEGORY_NAME_MAX``
-characters of a small alphabet, and at most ``max_overrides`` categories are pinned. A
-name that exists already can always be released, whatever it looks like. It must never
-write Redis itself.
+are bounded here, at the edge: a category is any name an agent can send
+(``CategoryInPath``: the rest of the path, ``/`` included), and at most ``max_overrides``
+categories are pinned. It must never write Redis itself.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Response
 
 from agent.policy_document import PolicyDocument
 from controlplane.api.errors import ApiError, FieldError, documented
 from controlplane.api.field_messages import FieldProblem
-from controlplane.api.models import EvictorBody, OverrideBody, OverrideCategory
+from controlplane.api.models import CategoryInPath, EvictorBody, OverrideBody
 from controlplane.api.routes import NEEDS_REDIS, NO_BODY, ControllerDep, answer
 from controlplane.service.store import Change, EvictorState, StoreError, TooManyOverrides
 
@@ -35,12 +32,12 @@ def list_overrides(controller: ControllerDep) -> dict[str, dict[str, float]]:
 
 
 @writes.put(
-    "/v1/policy/overrides/{category}",
+    "/v1/policy/overrides/{category:path}",
     response_model=PolicyDocument,
     responses=documented(409, 422),
 )
 def put_override(
-    category: OverrideCategory, body: OverrideBody, controller: ControllerDep, response: Response
+    category: CategoryInPath, body: OverrideBody, controller: ControllerDep, response: Response
 ) -> PolicyDocument:
     """Pin any of ``rate``, ``p_reuse``, ``life_s`` for a category; publishes a version,
     unless the category's override is exactly that already: then nothing is published, the
@@ -57,15 +54,13 @@ def put_override(
 
 
 @writes.delete(
-    "/v1/policy/overrides/{category}",
+    "/v1/policy/overrides/{category:path}",
     response_model=PolicyDocument,
     responses=documented(404, 422),
     dependencies=[NO_BODY],
 )
 def delete_override(
-    category: Annotated[str, Path(description="A pinned category")],
-    controller: ControllerDep,
-    response: Response,
+    category: CategoryInPath, controller: ControllerDep, response: Response
 ) -> PolicyDocument:
     """Release a category's pinned parameters; publishes a version."""
     try:

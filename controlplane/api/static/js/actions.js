@@ -132,7 +132,9 @@ function wireForms(actions) {
   document.getElementById("override-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const input = document.getElementById("ov-category");
-    const category = input.value.trim();
+    // A known name goes as it is named, spaces around it included (engines pass their
+    // users' labels); only around an unknown one are they a typing slip, taken off.
+    const category = known.categories?.has(input.value) ? input.value : input.value.trim();
     if (!category) {
       showResult(false, "Name the category to override.");
       input.focus();
