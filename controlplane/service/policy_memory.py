@@ -12,8 +12,10 @@ controller and its Redis restarted together) it publishes the built-in defaults 
 numbered after every version a heartbeat in Redis reports holding (a worker whose
 heartbeat is not back yet compares the document when the number returns). While a
 remembered state waits to be restored, the store refuses every other change
-(``PolicyLost``): one would publish over it. It must never fit, ingest or decide who
-leads.
+(``PolicyLost``): one would publish over it. A ``current`` pointer the store refuses
+(damaged) beside a readable kept version is written back at the leader's next tick (the
+state in force published again): agents cannot follow it meanwhile. It must never fit,
+ingest or decide who leads.
 """
 
 from __future__ import annotations
@@ -77,11 +79,14 @@ class PolicyMemory:
             log.warning("policy state not read (%s): kept as last read", exc)
 
     def ensure(self, store: PolicyStore, agents: Callable[[], Iterable[AgentView]]) -> None:
-        """A leader's tick: a version in force, or the remembered state restored (after
-        the wait), or the built-in defaults when nothing is remembered."""
+        """A leader's tick: a version in force (its ``current`` pointer written back if it
+        is refused, read as the newest readable kept version), or the remembered state
+        restored (after the wait), or the built-in defaults when nothing is remembered."""
         try:
             if store.current_version() is not None:
                 self._lost_since = None
+                if store.pointer_refused:
+                    store.rewrite_pointer()
                 return
             if self._state is None:
                 note = "initial: built-in defaults until a fit"

@@ -23,9 +23,10 @@ writes, in bytes before it is read and in categories before it is parsed. A docu
 refused (damaged, over them, or written by another hand) reads as not stored; a base or an
 override set refused is read as the document in force holds it (its fitted categories and
 family; its overridden ones at their values), so one damaged key never stops a publication
-nor drops a pin, and the next publication writes it back. Each refusal is logged once and
-counted (``on_refused``). A failed Redis call is recorded in the ``RedisHealth``. It must
-never fit anything or talk HTTP.
+nor drops a pin, and the next publication writes it back; a ``current`` pointer refused
+reads as the newest readable kept version (``rewrite_pointer`` writes it back at once).
+Each refusal is logged once and counted (``on_refused``). A failed Redis call is recorded
+in the ``RedisHealth``. It must never fit anything or talk HTTP.
 """
 
 from __future__ import annotations
@@ -694,6 +695,29 @@ class PolicyStore:
         except _AlreadyInForce:
             return None
 
+    @property
+    def pointer_refused(self) -> bool:
+        """Whether the ``current`` pointer was refused when last read (``_pointer``)."""
+        return "current" in self._parts_refused
+
+    @guarded
+    def rewrite_pointer(self) -> PolicyDocument | None:
+        """Publish the state in force again while the ``current`` pointer is refused: the
+        agents cannot follow it, and a refit whose parameters did not move publishes
+        nothing; None (nothing written) once it reads."""
+
+        def prepare(pipe: Pipeline) -> _Draft:
+            try:
+                _stored_pointer(pipe, self.keys.policy_current)
+            except WireError as exc:
+                return self._read(pipe, f"current pointer written back ({exc.reason})")
+            raise _AlreadyInForce
+
+        try:
+            return self._publish(prepare)
+        except _AlreadyInForce:
+            return None
+
     @guarded
     def release_hold(self) -> None:
         self.r.delete(self.keys.policy_hold)
@@ -828,7 +852,8 @@ def _state_of(doc: PolicyDocument, draft: _Draft) -> StoreState:
 
 
 class _AlreadyInForce(Exception):
-    """A restore found a version in force: nothing to restore."""
+    """A restore found a version in force, or a pointer to write back reads: nothing to
+    write."""
 
 
 class _SameOverride(Exception):

@@ -265,3 +265,30 @@ def test_a_current_pointer_to_a_missing_version_is_not_ready(
         assert c.ready() == (True, "")
         c.r.set(c.keys.policy_current, "999")
         assert c.ready() == (False, "current names version 999, not stored")
+
+
+def test_a_damaged_current_pointer_is_written_back_by_the_leader(
+    redis_url: str, key_prefix: str
+) -> None:
+    """A damaged ``current`` pointer, read as the newest readable kept version, stayed
+    damaged until some change published (a refit that moves nothing publishes nothing),
+    and agents cannot follow it: the leader's next tick publishes the state in force
+    again, which writes it back (counted once under part=current)."""
+    with controller(redis_url, key_prefix) as c:
+        c.store.set_override("text_1", {"life_s": 5.0})
+        in_force = c.store.current()
+        assert in_force is not None
+        c.r.set(c.keys.policy_current, "damaged")
+
+        def written_back() -> bool:
+            raw = c.r.get(c.keys.policy_current)
+            return raw is not None and raw.isdigit() and int(raw) > in_force.version
+
+        wait_until(written_back, timeout=20, what="the pointer written back")
+        again = c.store.current()
+        assert again is not None and again.categories == in_force.categories
+        assert again.note.startswith("current pointer written back (current is not a version")
+        refused = c.metrics.registry.get_sample_value(
+            "kvwise_policy_state_refused_total", {"part": "current"}
+        )
+        assert refused == 1
