@@ -55,6 +55,37 @@ def gap_edges(max_s: float, *, min_s: float = 1e-3, per_decade: int = 20) -> F64
     return np.concatenate(([0.0], inner, [np.inf]))
 
 
+def window_edges(window_s: float, n_buckets: int, min_gap_s: float, bins_per_decade: int) -> F64:
+    """Gap edges of a window: from ``min_gap_s`` to its length plus one bucket (the oldest
+    open exposure's age)."""
+    reach = window_s + window_s / n_buckets
+    return gap_edges(max(reach, min_gap_s * 10), min_s=min_gap_s, per_decade=bins_per_decade)
+
+
+def category_capacity(categories: int) -> int:
+    """Categories a window's counters have room for when it holds ``categories``: the next
+    power of two, at least 8 (grown by doubling, so a window bounded to ``n`` categories
+    never holds room for more than this, whatever order they came and left in)."""
+    return max(8, 1 << max(categories - 1, 0).bit_length())
+
+
+def counter_bytes(
+    window_s: float,
+    n_buckets: int,
+    categories: int,
+    *,
+    min_gap_s: float = 1e-3,
+    bins_per_decade: int = 20,
+) -> int:
+    """Bytes the counters of a ``ReuseStats`` of this shape hold once it holds
+    ``categories`` categories (``ReuseStats.nbytes`` then): per bucket and category room,
+    two int64 counts and one int32 per gap bin; per bucket two int64. A snapshot or a
+    checkpoint copies the buckets it reads, briefly about as much again."""
+    edges = window_edges(window_s, n_buckets, min_gap_s, bins_per_decade)
+    per_cell = 2 * 8 + 4 * (len(edges) - 1)
+    return n_buckets * (category_capacity(categories) * per_cell + 2 * 8)
+
+
 def _frozen(a: NDArray[np.generic]) -> NDArray[np.generic]:
     a.flags.writeable = False
     return a
@@ -209,11 +240,7 @@ class ReuseStats:
         self.near_concurrent_s = float(near_concurrent_s)
         self.n_buckets = n_buckets
         self.bucket_s = self.window_s / n_buckets
-        self.edges = gap_edges(
-            max(self.window_s + self.bucket_s, min_gap_s * 10),
-            min_s=min_gap_s,
-            per_decade=bins_per_decade,
-        )
+        self.edges = window_edges(self.window_s, n_buckets, min_gap_s, bins_per_decade)
         self._names: list[str] = []
         self._codes: dict[str, int] = {}
         self._cap = 0
@@ -253,7 +280,7 @@ class ReuseStats:
     def _ensure_capacity(self, n: int) -> None:
         if n <= self._cap:
             return
-        cap = max(n, 2 * self._cap, 8)
+        cap = category_capacity(n)
         k, b = self.n_buckets, self._gaps.shape[2]
         for attr, shape, dtype in (
             ("_acc", (k, cap), np.int64),
@@ -287,7 +314,7 @@ class ReuseStats:
         keep = np.flatnonzero(used)
         self._names = [self._names[i] for i in keep]
         self._codes = {name: i for i, name in enumerate(self._names)}
-        self._cap = max(len(keep), 8)
+        self._cap = category_capacity(len(keep))
         for attr in ("_acc", "_near", "_gaps"):
             old = getattr(self, attr)
             new = np.zeros((old.shape[0], self._cap, *old.shape[2:]), dtype=old.dtype)

@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.settings import RedisSettings
 from agent.wire import BatchLimits
+from controlplane.fit.reuse_window import category_capacity, counter_bytes
 from controlplane.fit.settings import FitSettings
 from controlplane.service.store import MAX_FITTED_CATEGORIES
 from controlplane.shadow.settings import ShadowSettings
@@ -84,6 +85,13 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
         default=MAX_FITTED_CATEGORIES,
         ge=2,
         description="Categories the statistics window holds, in all",
+    )
+    max_window_bytes: int = Field(
+        default=1 << 30,
+        ge=1 << 20,
+        description="Largest statistics window the controller starts with: its counters, "
+        "window_buckets x max_categories (room rounded up to a power of two) x (16 + 4 per "
+        "gap bin) bytes (docs/fitting.md); a snapshot or checkpoint briefly copies as much again",
     )
     max_categories_per_worker: int = Field(
         default=BatchLimits.max_categories,
@@ -168,5 +176,21 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
             raise ValueError(
                 f"KVWISE_MAX_CATEGORIES_PER_WORKER ({self.max_categories_per_worker}) must "
                 f"not exceed KVWISE_MAX_CATEGORIES ({self.max_categories})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _window_fits_its_bound(self) -> Self:
+        """The window's counters, sized by these settings, within ``max_window_bytes``:
+        refused at start, not found out as an out-of-memory kill under load."""
+        size = counter_bytes(self.window_s, self.window_buckets, self.max_categories)
+        if size > self.max_window_bytes:
+            room = category_capacity(self.max_categories)
+            raise ValueError(
+                f"KVWISE_WINDOW_BUCKETS ({self.window_buckets}) x KVWISE_MAX_CATEGORIES "
+                f"({self.max_categories}, room for {room}) = {self.window_buckets * room:,} "
+                f"counter rows would size the statistics window at {size:,} bytes "
+                f"({size / 2**30:.2f} GiB) with KVWISE_WINDOW_S={self.window_s:g}, more than "
+                f"KVWISE_MAX_WINDOW_BYTES ({self.max_window_bytes:,})"
             )
         return self

@@ -90,6 +90,15 @@ def test_controller_refuses_a_malformed_redis_url() -> None:
     assert line.startswith("error: KVWISE_REDIS_URL: ") and BAD_SCHEME in line
 
 
+def test_controller_refuses_at_start_a_window_past_max_window_bytes() -> None:
+    env = {"KVWISE_WINDOW_BUCKETS": "10000", "KVWISE_MAX_CATEGORIES": "4096"}
+    res = kvwise("controller", "--port", str(free_port()), env=env, timeout=60)
+    assert res.returncode == 2
+    line = one_error_line(res)
+    assert line.startswith("error: bad controller settings: KVWISE_WINDOW_BUCKETS (10000) x ")
+    assert "(21.06 GiB)" in line and "KVWISE_MAX_WINDOW_BYTES (1,073,741,824)" in line
+
+
 def test_a_controller_whose_port_is_taken_fails_before_it_writes_anything(
     redis_url: str, key_prefix: str
 ) -> None:

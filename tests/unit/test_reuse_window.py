@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from agent.wire import EventKind
-from controlplane.fit.reuse_window import ReuseStats, StatsSnapshot, gap_edges
+from controlplane.fit.reuse_window import ReuseStats, StatsSnapshot, counter_bytes, gap_edges
 from tests.synth_reuse import chain_stream
 from tests.wire_samples import event_batch
 
@@ -356,3 +356,23 @@ def test_a_full_gap_counter_saturates_instead_of_wrapping() -> None:
     row = st.snapshot(4.0).of("a")
     assert row.observed.max() == top and row.observed.min() >= 0
     assert st.dropped == 2
+
+
+def test_counter_bytes_is_what_the_window_holds_at_its_category_bound() -> None:
+    """The settings' bound is computed, not measured: it must be what ``ReuseStats``
+    allocates, even after a category left and came back (room grown from a shrunk table of
+    99 once reached 198 for 100 categories: twice what a fresh table of 100 holds)."""
+    bound = 100
+    st = ReuseStats(3600.0, n_buckets=12, categories=[f"c{i}" for i in range(bound)])
+    assert st.nbytes() == counter_bytes(3600.0, 12, bound)
+    used = bound - 1
+    st.ingest(
+        np.full(used, 10.0),
+        np.arange(used, dtype=np.int32),
+        np.full(used, np.nan),
+        np.full(used, -1, dtype=np.int32),
+    )
+    assert st.forget_unused() == 1  # the last one never counted anything
+    st.code(f"c{used}")  # and comes back
+    assert st.nbytes() == counter_bytes(3600.0, 12, bound) == 12 * (128 * 552 + 16)
+    assert counter_bytes(3600.0, 10_000, 2048) == 11_305_120_000  # 552 bytes per row

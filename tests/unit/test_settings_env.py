@@ -86,6 +86,22 @@ def test_one_worker_may_not_bring_in_more_categories_than_the_window_holds() -> 
         ControllerSettings(max_categories=10)
 
 
+def test_a_window_past_max_window_bytes_is_refused_naming_the_settings_and_its_size() -> None:
+    """window_buckets x max_categories x gap bins once sized a window of 10.5 GiB (up to
+    10,000 buckets were accepted) with nothing refusing it at start."""
+    assert ControllerSettings(window_buckets=900)  # 1,017,460,800 bytes: within 1 GiB
+    with pytest.raises(ValueError) as refused:
+        ControllerSettings(window_buckets=10_000)
+    said = str(refused.value)
+    assert (
+        "KVWISE_WINDOW_BUCKETS (10000) x KVWISE_MAX_CATEGORIES (2048, room for 2048) = "
+        "20,480,000 counter rows would size the statistics window at 11,305,120,000 bytes "
+        "(10.53 GiB) with KVWISE_WINDOW_S=3600, more than KVWISE_MAX_WINDOW_BYTES "
+        "(1,073,741,824)"
+    ) in said
+    assert ControllerSettings(window_buckets=10_000, max_window_bytes=12 << 30)
+
+
 @pytest.mark.parametrize(
     ("rule", "variable", "refused", "accepted"),
     [
