@@ -57,6 +57,7 @@ from controlplane.service.store import (
 from controlplane.service.window import LiveWindow, WindowLimits
 from controlplane.shadow.selection import SelectionView
 from controlplane.shadow.view import ShadowView
+from controlplane.told_once import ToldOnce
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +186,7 @@ class Controller:
         self.last_fit: FitResult | None = None
         self._last_refit: tuple[RefitOutcome, float] | None = None
         self._last_refusal = ""
+        self._refit_failures_told: ToldOnce[type[Exception]] = ToldOnce()
         self._refit_revision = -1  # the window's revision at the last refit that ran through
         self._refit_said = ""  # what the last refit that ran through said
         self._refit_lock = threading.RLock()  # one refit at a time: scheduled or manual
@@ -407,12 +409,25 @@ class Controller:
             self.metrics.refits.labels(outcome="error").inc()
             self._said_unpublished("error", describe_redis_error(exc), logging.WARNING)
             return
+        except Exception as exc:  # never out to the scheduler: its log is kept below warning
+            self.metrics.refits.labels(outcome="error").inc()
+            self._said_failed(exc)
+            return
         if outcome.published:
             self._last_refusal = ""
             return
         kind = outcome.reason.split(":")[0]
         level = logging.WARNING if kind == "refused" else logging.INFO
         self._said_unpublished(kind, outcome.reason, level)
+
+    def _said_failed(self, exc: Exception) -> None:
+        """Log a scheduled refit that raised: with its traceback the first time its kind
+        comes, at debug after (every tick may raise it again); the next tick tries again."""
+        self._last_refusal = "error"
+        if self._refit_failures_told.first(type(exc)):
+            log.exception("refit failed (%s); the next refit tries again", type(exc).__name__)
+        else:
+            log.debug("refit failed again (%s: %s)", type(exc).__name__, exc)
 
     def _said_unpublished(self, kind: str, reason: str, level: int) -> None:
         """Log why a scheduled refit published nothing: once per kind in a row."""
