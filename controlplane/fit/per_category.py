@@ -62,6 +62,32 @@ class FitDurations:
     total_s: float
 
 
+@dataclass(frozen=True)
+class NotConverged:
+    """The maximum-likelihood fits of one refit that did not converge (docs/fitting.md)."""
+
+    pooled: bool
+    """The pooled fit (every category's prior) is one of them."""
+    categories: tuple[str, ...]
+    """The categories whose own fit is one of them."""
+
+    @property
+    def count(self) -> int:
+        return int(self.pooled) + len(self.categories)
+
+    def words(self, shown: int = 5) -> str:
+        """For a refit's note and outcome: how many, and which (the first ``shown``)."""
+        names = (["the pooled fit"] if self.pooled else []) + [repr(c) for c in self.categories]
+        more = f" and {len(names) - shown} more" if len(names) > shown else ""
+        fits = "fit" if self.count == 1 else "fits"
+        return f"{self.count} {fits} did not converge ({', '.join(names[:shown])}{more})"
+
+
+def _unsettled(fit: MixtureFit) -> bool:
+    """A fit with reuses (its estimate used) that stopped before converging."""
+    return fit.reuses > 0 and not fit.converged
+
+
 @dataclass(frozen=True, eq=False)
 class FitResult:
     """Everything one refit produced. ``categories`` holds every category with exposures
@@ -83,6 +109,18 @@ class FitResult:
         exposures (no pooled fit): such a refit fits nothing, and the document in force
         stays."""
         return {name: p for name, p in self.categories.items() if p.source != "default"}
+
+    @property
+    def not_converged(self) -> NotConverged:
+        """The fits of this refit that stopped before converging, among those whose
+        estimate is used (a fit with no reuse never converges by construction: its rate is
+        borrowed, its ``p`` sits at its bound). Their parameters are used all the same."""
+        return NotConverged(
+            pooled=self.pooled_fit is not None and _unsettled(self.pooled_fit),
+            categories=tuple(
+                name for name, d in self.details.items() if d.raw and _unsettled(d.raw)
+            ),
+        )
 
     def cdf_points(self, name: str) -> ReuseCurve | None:
         """Empirical vs fitted reuse-time CDF of ``name`` (None: unknown or no data)."""

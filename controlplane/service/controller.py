@@ -472,6 +472,9 @@ class Controller:
         else:
             released = manual and self.store.held()
             outcome = self._refit(manual=manual)
+            if self.last_fit is not None and self.last_fit.not_converged.count:
+                words = self.last_fit.not_converged.words()
+                outcome = replace(outcome, reason=f"{outcome.reason}; {words}")
             self._refit_revision = revision  # not on an exception: the next tick tries again
             self._refit_said = outcome.reason
             if released:
@@ -485,6 +488,7 @@ class Controller:
         result = fit_all(self.window.snapshot(time.time()), self.settings)
         seconds = time.perf_counter() - t0
         self.metrics.refit_seconds.observe(seconds)
+        self.metrics.fits_not_converged.set(result.not_converged.count)
         self.last_fit = result
         if manual:
             self.store.release_hold()
@@ -519,6 +523,8 @@ class Controller:
         note = f"refit of {result.accesses} accesses ({_change_words(base.categories, fitted)})"
         if verdict.outcome != "off":
             note += f"; guard {verdict.reason}"
+        if result.not_converged.count:
+            note += f"; {result.not_converged.words()}"
         try:
             doc = self.store.publish_fit(
                 fitted, result.pooled, note, fence=self.lease.confirm, unless_held=True

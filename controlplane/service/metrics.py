@@ -154,6 +154,12 @@ class ControllerMetrics:
         self.refits = self._counter(
             "kvwise_refits", "Refit attempts by outcome", ("outcome",), each=REFIT_OUTCOMES
         )
+        self.fits_not_converged = self._gauge(
+            "kvwise_fit_not_converged",
+            "Maximum-likelihood fits of the last refit (the pooled one, each category's own "
+            "with reuses) that stopped before converging; their parameters are used all the "
+            "same (docs/fitting.md)",
+        )
         self.refit_seconds = Histogram(
             "kvwise_refit_duration_seconds",
             "Time to snapshot and fit all categories",

@@ -12,7 +12,7 @@ from scipy.special import expit, logit
 
 from controlplane.fit import fit_all, fit_cure_rate
 from controlplane.fit.mle import censored_ages
-from controlplane.fit.reuse_window import ReuseStats, gap_edges
+from controlplane.fit.reuse_window import ReuseStats, StatsSnapshot, gap_edges
 from controlplane.fit.settings import FitSettings
 
 EDGES = gap_edges(3630.0)
@@ -134,3 +134,42 @@ def test_a_degenerate_window_gives_finite_parameters_within_the_bounds(
         assert settings.rate_min <= params.rate <= settings.rate_max, (case, params)
         assert 0.0 <= params.p_reuse <= 1.0, (case, params)
         assert settings.life_min_s <= params.life_s <= settings.life_max_s, (case, params)
+
+
+def _snapshot(rows: dict[str, tuple[np.ndarray, np.ndarray]]) -> StatsSnapshot:
+    """A snapshot of the default window whose categories hold these (observed, censored)
+    rows, with no near-concurrent merges."""
+    observed = np.array([o for o, _ in rows.values()], dtype=np.int64)
+    censored = np.array([c for _, c in rows.values()], dtype=np.float64)
+    reuses = observed.sum(axis=1)
+    return StatsSnapshot(
+        now=0.0,
+        window_s=3600.0,
+        near_concurrent_s=0.0,
+        categories=tuple(rows),
+        edges=EDGES.copy(),
+        observed=observed,
+        censored=censored,
+        accesses=reuses + np.rint(censored.sum(axis=1)).astype(np.int64),
+        reuses=reuses,
+        near_concurrent=np.zeros(len(rows), dtype=np.int64),
+    )
+
+
+def test_a_fit_that_does_not_converge_is_reported_and_still_used() -> None:
+    """``MixtureFit.converged`` was read by nothing: a refit published a fit that stopped
+    on its iteration cap like any other, with no count or word of it. 624 reuses all
+    about 3.5 s after their access and a million exposures about 7 s old (a slow ridge:
+    200 steps) beside a category that converges in a few."""
+    ridge = (_binned([3.6], [624]), _binned([7.2], [1_000_000]))
+    steady = (_binned([5.0, 60.0], [400, 400]), _binned([30.0, 900.0], [300, 300]))
+    result = fit_all(_snapshot({"ridge": ridge, "steady": steady}), FitSettings())
+    assert result.details["ridge"].raw is not None
+    assert not result.details["ridge"].raw.converged
+    assert result.details["steady"].raw is not None and result.details["steady"].raw.converged
+    assert result.details["ridge"].raw.iterations == 200
+    report = result.not_converged
+    assert (report.pooled, report.categories, report.count) == (False, ("ridge",), 1)
+    assert report.words() == "1 fit did not converge ('ridge')"
+    # What is published does not change (that is a policy, judged by the ablation).
+    assert result.fitted["ridge"].source == "fit"
