@@ -12,7 +12,11 @@ mixture category is the log of ``F(d + L) - F(d)``:
 falling with idle time ``d``, so each category's time-ordered queue keeps its head as
 its minimum. Eviction compares the category heads one victim at a time (the agent's
 bounds on ``lc - a d`` do not hold for a mixture). Other categories keep ``wa``'s score.
-The agent and the device evictor do not run this: docs/policy.md ("A better wa") says
+``fitted_wa_mix`` is ``wa``'s fitted replay (``controlplane.replay.online.FittedSetup``)
+with this evictor and refitter, so a fleet shares its columns and refits as ``wa``'s
+does: each evictor takes the shared refitter's mixtures with each document it applies.
+It files by no reuse or depth class (``ReplayOptions.reuse_class`` and ``depth`` are
+not used). The agent and the device evictor do not run this: docs/policy.md ("A better wa") says
 whether it earned a place there. It must never do I/O.
 """
 
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from heapq import heappop, heappush
 
 import numpy as np
@@ -34,8 +38,7 @@ from controlplane.fit.mle import DEFAULT_RATE_BOUNDS, MixtureFit, censored_ages,
 from controlplane.fit.per_category import FitResult
 from controlplane.fit.reuse_window import StatsSnapshot
 from controlplane.fit.settings import FitSettings
-from controlplane.replay.accesses import access_columns, request_categories
-from controlplane.replay.online import CensoredRefitter, FittedReplayPolicy
+from controlplane.replay.online import CensoredRefitter, FittedReplayPolicy, FittedSetup, Refitter
 from controlplane.replay.options import ReplayOptions
 from controlplane.traces.arrays import F64
 from controlplane.traces.model import Trace
@@ -145,18 +148,31 @@ def mixtures_of(snap: StatsSnapshot, fit: FitResult, settings: FitSettings) -> d
 
 
 class MixtureWA(WAPolicy):
-    """``wa`` with two-phase categories (``mixtures``, by name, set with the document)."""
+    """``wa`` with two-phase categories (``mixtures``, by name, set with the document):
+    with ``fitted``, each ``set_policy`` takes that refitter's mixtures in force."""
 
-    __slots__ = ("_mix", "mixtures")
+    __slots__ = ("_fitted", "_mix", "mixtures")
 
-    def __init__(self, *, category_names: Sequence[str], doc: PolicyDocument) -> None:
+    def __init__(
+        self,
+        *,
+        category_names: Sequence[str],
+        doc: PolicyDocument,
+        fitted: MixtureRefitter | None = None,
+    ) -> None:
         super().__init__(category_names=category_names, doc=doc)
         self.mixtures: dict[str, TwoPhase] = {}
+        self._fitted = fitted
         self._mix: list[TwoPhase | None] = []
 
     def set_mixtures(self, mixtures: dict[str, TwoPhase]) -> None:
         """For the categories named, use their mixtures from the next ``set_policy`` on."""
         self.mixtures = dict(mixtures)
+
+    def set_policy(self, doc: PolicyDocument) -> None:
+        super().set_policy(doc)
+        if self._fitted is not None:
+            self.set_mixtures(self._fitted.mixtures)
 
     def _score(self, row: int, stamp: float, now: float) -> float:
         mix = self._mix[row]
@@ -205,12 +221,13 @@ class MixtureWA(WAPolicy):
 
 
 class MixtureRefitter(CensoredRefitter):
-    """``wa``'s refitter that also hands ``target`` the mixtures of each published refit
-    (one that publishes nothing leaves them as they are)."""
+    """``wa``'s refitter that also fits the mixtures of every ``MIX_EVERY``-th published
+    refit: ``mixtures`` are those of the last document it gave (a refit that publishes
+    nothing leaves them as they are), read by every evictor it feeds (``MixtureWA``)."""
 
-    def __init__(self, names: Sequence[str], settings: FitSettings, target: MixtureWA) -> None:
+    def __init__(self, names: Sequence[str], settings: FitSettings) -> None:
         super().__init__(names, settings)
-        self.target = target
+        self.mixtures: dict[str, TwoPhase] = {}
         self._refits = 0
 
     def document(self, now: float, version: int) -> PolicyDocument | None:
@@ -222,15 +239,24 @@ class MixtureRefitter(CensoredRefitter):
         if doc is None:  # nothing published: the mixtures stay with the document in force
             return None
         if self._refits % MIX_EVERY == 0:
-            self.target.set_mixtures(mixtures_of(snap, fit, self.settings))
+            self.mixtures = mixtures_of(snap, fit, self.settings)
         self._refits += 1
         return doc
 
 
+class MixtureSetup(FittedSetup):
+    """``wa``'s setup (shared by a fleet) with ``wa-mix``'s evictor and refitter."""
+
+    def evictor(self, names: Sequence[str], refitter: Refitter) -> MixtureWA:
+        if not isinstance(refitter, MixtureRefitter):
+            raise TypeError(f"wa-mix's evictor takes a MixtureRefitter's mixtures, not {refitter}")
+        return MixtureWA(category_names=names, doc=BUILTIN_POLICY, fitted=refitter)
+
+    def refitter(self, names: Sequence[str]) -> MixtureRefitter:
+        return MixtureRefitter(names, self.options.fit_settings(self.trace))
+
+
 def fitted_wa_mix(capacity: int, trace: Trace, options: ReplayOptions) -> FittedReplayPolicy:
     """``wa-mix``: ``wa`` fitted online (or split), two-phase where the rule says so."""
-    codes, names = request_categories(trace, options.categories)
-    cols = access_columns(trace, codes, options.attribution)
-    inner = MixtureWA(category_names=names, doc=BUILTIN_POLICY)
-    refitter = MixtureRefitter(names, options.fit_settings(trace), inner)
-    return FittedReplayPolicy(inner, trace, codes.tolist(), cols, refitter, options)
+    plain = replace(options, reuse_class="off", depth="off")
+    return MixtureSetup.of("wa", trace, plain, None, capacity).policy()

@@ -26,7 +26,9 @@ the refit's request, whatever each cache held. ``Refits`` makes each refit once 
 its document to every policy that shares it, as the live controller fits the whole
 fleet's traffic and publishes one document to every worker
 (``FittedReplayPolicy.fleet_mate``). Reuse classes by hit depend on each cache's own hits:
-each policy then has its own refitter and refits.
+each policy then has its own refitter and refits. ``wa-mix``
+(``controlplane.replay.mixture``) is made the same way, with its own evictor and
+refitter (``FittedSetup.evictor``, ``FittedSetup.refitter``).
 
 ``controlplane.replay.catalog`` registers ``fitted_wa`` and ``fitted_wa_ref`` as ``wa`` and
 ``wa-ref``, where they win over the agent registry's unfitted ones. It must never do I/O.
@@ -263,7 +265,7 @@ class FittedReplayPolicy:
         self.refits = refits if refits is not None else Refits(refitter, cols, classes)
         """Where its documents come from: its own, or its fleet's (``fleet_mate``)."""
         self.setup = setup
-        """What ``build`` made it from (None: made otherwise, ``wa-mix``)."""
+        """What it was made from (None: made otherwise, with no fleet to share it)."""
         self._every = options.refit_every_s
         self._online = options.wa_fit == "online"
         self._r = 0
@@ -427,7 +429,8 @@ def read_only(cols: AccessColumns) -> AccessColumns:
 class FittedSetup:
     """What ``build`` derives from the trace and the options alone, the same for every
     cache that replays the trace (the policies of a fleet share it): the category codes,
-    the access columns (read-only), reuse or depth class offsets and request lists."""
+    the access columns (read-only), reuse or depth class offsets and request lists. A
+    subclass gives another evictor and refitter (``wa-mix``) and shares the rest the same way."""
 
     kind: Evictor
     trace: Trace
@@ -494,7 +497,7 @@ class FittedSetup:
             names = classes.names
         refits = shared if shared is not None else Refits(self.refitter(names), self.cols, classes)
         return FittedReplayPolicy(
-            self.evictor(names),
+            self.evictor(names, refits.refitter),
             self.trace,
             self.codes,
             self.cols,
@@ -506,7 +509,9 @@ class FittedSetup:
             setup=self,
         )
 
-    def evictor(self, names: Sequence[str]) -> WAPolicy | WARefPolicy:
+    def evictor(self, names: Sequence[str], refitter: Refitter) -> WAPolicy | WARefPolicy:
+        """A cache's own evictor, applied the documents of ``refitter`` (``wa`` and
+        ``wa-ref`` need nothing else of it)."""
         if self.kind == "wa-ref":
             return WARefPolicy(category_names=names, doc=BUILTIN_POLICY)
         evictor = CostWeightedWA if self.options.depth == "cost" else WAPolicy

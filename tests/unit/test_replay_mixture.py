@@ -74,10 +74,11 @@ def test_a_refit_that_publishes_nothing_keeps_the_mixtures() -> None:
     """A refit under ``min_samples`` publishes no document: the mixtures in force stay
     with the document in force (they were replaced by the refit's, none, on the refit
     that also refits mixtures)."""
-    target = MixtureWA(category_names=["a"], doc=BUILTIN_POLICY)
+    refitter = MixtureRefitter(["a"], FitSettings(window_s=60.0, min_samples=200))
+    target = MixtureWA(category_names=["a"], doc=BUILTIN_POLICY, fitted=refitter)
     kept = {"a": TwoPhase(p=0.5, fast_share=0.5, fast_rate=5.0, slow_rate=0.05)}
-    target.set_mixtures(kept)
-    refitter = MixtureRefitter(["a"], FitSettings(window_s=60.0, min_samples=200), target)
+    refitter.mixtures = kept
+    target.set_policy(BUILTIN_POLICY)
     n = 10
     cols = AccessColumns(
         ts=np.linspace(1.0, 10.0, n),
@@ -88,4 +89,5 @@ def test_a_refit_that_publishes_nothing_keeps_the_mixtures() -> None:
     )
     refitter.ingest(cols, slice(0, n))
     assert refitter.document(11.0, 1) is None
+    assert refitter.mixtures == kept
     assert target.mixtures == kept

@@ -1,16 +1,18 @@
 """A simulated fleet of fitted policies refits once, as one controller fits the whole
 fleet's traffic: without reuse classes by hit every instance's refit takes the same
 accesses (the trace's, up to the refit), so the instances share one refitter, one set of
-access columns and one document per refit; with them each instance refits on its own."""
+access columns and one document per refit (``wa-mix``: and its mixtures); with them each
+instance refits on its own."""
 
 from __future__ import annotations
 
 import pytest
 
 from controlplane.replay import catalog
+from controlplane.replay.mixture import MixtureWA
 from controlplane.replay.online import FittedReplayPolicy
 from controlplane.replay.options import ReplayOptions
-from controlplane.simulate.engine import SimOptions, fleet_policies
+from controlplane.simulate.engine import FleetShared, SimOptions, fleet_policies
 from controlplane.traces.model import Trace
 from controlplane.traces.synth import synthesize
 
@@ -38,7 +40,7 @@ def arrive_all(policies: list[FittedReplayPolicy], trace: Trace) -> None:
             policy.arrive(r)
 
 
-@pytest.mark.parametrize("policy", ["wa", "wa-ref"])
+@pytest.mark.parametrize("policy", ["wa", "wa-ref", "wa-mix"])
 def test_the_fitted_policies_of_a_fleet_share_one_refitter_and_one_set_of_columns(
     toc: Trace, policy: str
 ) -> None:
@@ -59,6 +61,8 @@ def test_the_fitted_policies_of_a_fleet_share_one_refitter_and_one_set_of_column
         ("wa-ref", EVERY_5S),
         ("wa", ReplayOptions(wa_fit="split")),
         ("wa", ReplayOptions(refit_every_s=5.0, reuse_class="trace")),
+        ("wa-mix", EVERY_5S),
+        ("wa-mix", ReplayOptions(wa_fit="split")),
     ],
 )
 def test_a_fleet_refits_as_often_as_one_policy_and_applies_its_documents(
@@ -89,8 +93,23 @@ def test_with_reuse_classes_by_hit_each_instance_refits_on_its_own(toc: Trace) -
     assert all(p.refits.made == fleet[0].refits.made > 0 for p in fleet)
 
 
+def test_a_wa_mix_fleet_applies_the_mixtures_of_one_policy_alone() -> None:
+    """Every instance takes the shared refitter's mixtures with each document, the ones
+    a lone ``wa-mix`` fits (here a two-phase ``api_1``)."""
+    trace = synthesize("to-b", duration_s=300, qps=6, seed=7)
+    replay = ReplayOptions(refit_every_s=30.0)
+    fleet = fitted_fleet(trace, "wa-mix", replay, instances=3)
+    alone = catalog.create("wa-mix", CAPACITY, trace, replay)
+    assert isinstance(alone, FittedReplayPolicy)
+    arrive_all([*fleet, alone], trace)
+    assert isinstance(alone.inner, MixtureWA) and set(alone.inner.mixtures) == {"api_1"}
+    assert fleet[0].refits.made == alone.refits.made
+    for member in fleet:
+        assert isinstance(member.inner, MixtureWA)
+        assert member.inner.mixtures == alone.inner.mixtures
+
+
 def test_a_policy_that_cannot_share_is_made_anew_for_every_instance(toc: Trace) -> None:
-    fleet = fleet_policies("wa-mix", CAPACITY, toc, SimOptions(instances=3, replay=EVERY_5S))
+    fleet = fleet_policies("lru", CAPACITY, toc, SimOptions(instances=3, replay=EVERY_5S))
     assert len({id(p) for p in fleet}) == 3
-    assert all(isinstance(p, FittedReplayPolicy) and p.setup is None for p in fleet)
-    assert len({id(p.refitter) for p in fleet if isinstance(p, FittedReplayPolicy)}) == 3
+    assert not any(isinstance(p, FleetShared) for p in fleet)
