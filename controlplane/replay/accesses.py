@@ -134,13 +134,23 @@ class HitClasses:
     request), and the fitter takes a request's accesses once it has released
     (``released_columns``): a simulated server finishes requests after later ones have
     arrived, as the agent reports a request's classes only at its release. Codes of
-    ``w/re`` are ``w``'s plus ``K``, the number of categories."""
+    ``w/re`` are ``w``'s plus ``K``, the number of categories. ``previous`` is
+    ``previous_access`` of the trace's blocks, read only: it does not depend on the cache,
+    so the caches of a fleet share one."""
 
-    def __init__(self, trace: Trace, cols: AccessColumns, names: Sequence[str], ghost: int) -> None:
+    def __init__(
+        self,
+        trace: Trace,
+        cols: AccessColumns,
+        names: Sequence[str],
+        ghost: int,
+        *,
+        previous: I64,
+    ) -> None:
         self.k = len(names)
         self.names = (*names, *(n + REUSED_SUFFIX for n in names))
         self.tracker = ReturnTracker(ghost)
-        self._prev = previous_access(trace.blocks)
+        self.previous = previous
         self._shift = np.zeros(len(cols), dtype=np.int32)
         self._cat = cols.category.copy()
         self._prev_cat = np.full(len(cols), -1, dtype=np.int32)
@@ -170,6 +180,6 @@ class HitClasses:
         self._released.clear()
         at = np.concatenate(ranges) if ranges else np.empty(0, dtype=np.int64)
         self._cat[at] = self._base[at] + self._shift[at]
-        prev = self._prev[at]
+        prev = self.previous[at]
         self._prev_cat[at] = np.where(prev >= 0, self._cat[np.maximum(prev, 0)], -1)
         return self._cols, at

@@ -26,7 +26,8 @@ the refit's request, whatever each cache held. ``Refits`` makes each refit once 
 its document to every policy that shares it, as the live controller fits the whole
 fleet's traffic and publishes one document to every worker
 (``FittedReplayPolicy.fleet_mate``). Reuse classes by hit depend on each cache's own hits:
-each policy then has its own refitter and refits. ``wa-mix``
+each policy then has its own hit classes, refitter and refits, and shares only the
+trace's previous accesses they read (``FittedSetup.previous``). ``wa-mix``
 (``controlplane.replay.mixture``) is made the same way, with its own evictor and
 refitter (``FittedSetup.evictor``, ``FittedSetup.refitter``).
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Literal, Protocol
 
 import numpy as np
@@ -56,6 +58,7 @@ from controlplane.replay.accesses import (
     HitClasses,
     access_columns,
     block_tokens_of,
+    previous_access,
     request_categories,
     with_reuse_class,
 )
@@ -429,8 +432,9 @@ def read_only(cols: AccessColumns) -> AccessColumns:
 class FittedSetup:
     """What ``build`` derives from the trace and the options alone, the same for every
     cache that replays the trace (the policies of a fleet share it): the category codes,
-    the access columns (read-only), reuse or depth class offsets and request lists. A
-    subclass gives another evictor and refitter (``wa-mix``) and shares the rest the same way."""
+    the access columns (read-only), reuse or depth class offsets and request lists, and
+    with reuse classes by hit the trace's previous accesses (``previous``). A subclass
+    gives another evictor and refitter (``wa-mix``) and shares the rest the same way."""
 
     kind: Evictor
     trace: Trace
@@ -482,6 +486,14 @@ class FittedSetup:
             request_offsets,
         )
 
+    @cached_property
+    def previous(self) -> I64:
+        """Per access, the position of its block's previous access in the trace (-1 for
+        the first), read only: built once, at the first policy with hit classes."""
+        previous = previous_access(self.trace.blocks)
+        previous.setflags(write=False)
+        return previous
+
     @property
     def by_hit(self) -> bool:
         """Reuse classes by hit, each cache's own (``wa-ref`` files by none)."""
@@ -493,7 +505,7 @@ class FittedSetup:
         names, classes = self.names, None
         if self.by_hit:
             ghost = round(self.options.reuse_ghost * self.capacity)
-            classes = HitClasses(self.trace, self.cols, names, ghost)
+            classes = HitClasses(self.trace, self.cols, names, ghost, previous=self.previous)
             names = classes.names
         refits = shared if shared is not None else Refits(self.refitter(names), self.cols, classes)
         return FittedReplayPolicy(

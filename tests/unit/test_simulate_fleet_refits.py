@@ -2,7 +2,7 @@
 fleet's traffic: without reuse classes by hit every instance's refit takes the same
 accesses (the trace's, up to the refit), so the instances share one refitter, one set of
 access columns and one document per refit (``wa-mix``: and its mixtures); with them each
-instance refits on its own."""
+instance refits on its own, sharing only the trace's previous accesses."""
 
 from __future__ import annotations
 
@@ -91,6 +91,16 @@ def test_with_reuse_classes_by_hit_each_instance_refits_on_its_own(toc: Trace) -
     assert len({id(p.hit_classes) for p in fleet}) == len(fleet)
     arrive_all(fleet, toc)
     assert all(p.refits.made == fleet[0].refits.made > 0 for p in fleet)
+
+
+def test_with_reuse_classes_by_hit_a_fleet_shares_one_previous_access_array(toc: Trace) -> None:
+    """Where each access's block was accessed before does not depend on the cache: the
+    instances' hit classes read one array, which none of them can write."""
+    fleet = fitted_fleet(toc, "wa", ReplayOptions(refit_every_s=5.0, reuse_class="hit"))
+    previous = [p.hit_classes.previous for p in fleet if p.hit_classes is not None]
+    assert len(previous) == len(fleet)
+    assert len({id(a) for a in previous}) == 1
+    assert not previous[0].flags.writeable
 
 
 def test_a_wa_mix_fleet_applies_the_mixtures_of_one_policy_alone() -> None:
