@@ -40,6 +40,18 @@ def test_json_is_the_library_result() -> None:
     assert got["qttft_s"]["mean"] > got["ttft_s"]["mean"] > 0  # queues present
 
 
+def test_docs_name_every_key_of_the_json() -> None:
+    """docs/simulate.md's ``--json`` paragraph names every top-level key and every key
+    of a run (it once left ``rechained`` out)."""
+    res = CliRunner().invoke(app, [*BASE, "-p", "lru", "--capacity", "800", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    text = (Path(__file__).resolve().parents[2] / "docs" / "simulate.md").read_text()
+    paragraph = text.split("`--json` prints one object:")[1].split("\n\n")[0]
+    keys = [*doc, *doc["options"], *doc["results"][0]]
+    assert [k for k in keys if f"`{k}`" not in paragraph] == []
+
+
 @pytest.mark.parametrize(
     "sizes", [["--capacity-gib", "10,10.001"], ["--capacity-frac", "0.1,0.100001"]]
 )
