@@ -126,6 +126,18 @@ def test_json_mode_keeps_stderr_quiet() -> None:
     assert code == 0 and json.loads(out)["results"] and err == ""
 
 
+def test_the_docs_json_example_has_every_key_the_command_prints() -> None:
+    """docs/replay.md's ``--json`` example under "Output" has every top-level key and
+    every key of a run (it once left ``options`` and ``scored`` out)."""
+    code, out, _ = run("replay", str(SAMPLE), "-p", "lru", "--capacity", "300", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    text = (Path(__file__).resolve().parents[2] / "docs" / "replay.md").read_text()
+    example = text.split("## Output")[1].split("```json")[1].split("```")[0]
+    keys = [*doc, *doc["scored"], *doc["results"][0]]
+    assert [k for k in keys if f'"{k}"' not in example] == []
+
+
 def test_json_after_an_interrupt_gives_the_finished_runs_and_names_the_others(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
