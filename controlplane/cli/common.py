@@ -359,21 +359,22 @@ def check_writable(path: Path, option: str) -> None:
         fail(f"{option} {exc}")
 
 
-def load_trace_or_fail(path: Path, *, skip_bad_lines: bool = False) -> Trace:
+def load_trace_or_fail(path: Path, *, skip_bad_lines: bool | None = None) -> Trace:
     """``path`` read as a trace; unreadable, malformed or empty: fail with exit code 2.
 
     Skipped lines (``skip_bad_lines``) are counted on stderr with the first reasons, and
-    ids re-chained by prefix (``Trace.rechained``) are said there once.
+    ids re-chained by prefix (``Trace.rechained``) are said there once. ``None``: the
+    command has no ``--skip-bad-lines``, so a malformed line's error does not offer it.
     """
     from controlplane.traces.reader import TraceError, load_trace
 
     try:
         with _reading(path) as progress:
-            trace = load_trace(path, skip_bad_lines=skip_bad_lines, progress=progress)
+            trace = load_trace(path, skip_bad_lines=bool(skip_bad_lines), progress=progress)
     except OSError as exc:  # "nope.jsonl: No such file or directory", not "[Errno 2] ..."
         fail(f"{path}: {exc.strerror or exc}")
     except TraceError as exc:
-        fail(str(exc) + _not_json_lines_hint(exc))
+        fail(str(exc) + (_not_json_lines_hint(exc) or _skip_hint(exc, skip_bad_lines)))
     if trace.skipped_lines:
         first = ", ".join(f"line {ln}: {why}" for ln, why in trace.skipped_lines[:3])
         say(f"skipped {counted(len(trace.skipped_lines), 'bad line')} ({first})")
@@ -402,6 +403,16 @@ def _not_json_lines_hint(exc: TraceError) -> str:
     if exc.line == 1 and exc.field is None and exc.problem.startswith("invalid JSON"):
         return "; a trace must be JSON Lines, one JSON object a line (Bailian or Mooncake)"
     return ""
+
+
+def _skip_hint(exc: TraceError, skip_bad_lines: bool | None) -> str:
+    """Where the command has ``--skip-bad-lines``, the way past one malformed line in a
+    long trace; not for what no skipping reads past (another compression, a Git LFS
+    pointer, a broken gzip stream)."""
+    whole_file = exc.field is None and (exc.line == 1 or exc.problem.startswith("gzip"))
+    return (
+        "; --skip-bad-lines skips such lines" if skip_bad_lines is False and not whole_file else ""
+    )
 
 
 _MIB = 1 << 20

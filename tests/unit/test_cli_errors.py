@@ -493,7 +493,7 @@ def test_bench_serve_refuses_a_prompt_past_its_bound_before_building_it(tmp_path
 
 def test_a_csv_file_is_told_a_trace_is_json_lines(tmp_path: Path) -> None:
     """The parser's words alone ("invalid literal, expected 'true'") left a CSV file's
-    user guessing; a bad later line keeps the plain message."""
+    user guessing; a bad later line keeps the parser's message and offers the skip."""
     csv = tmp_path / "bad.csv"
     csv.write_text("timestamp,hash_ids\n1,2\n")
     res = kvwise("replay", str(csv), "-p", "lru", "--capacity", "4")
@@ -506,7 +506,25 @@ def test_a_csv_file_is_told_a_trace_is_json_lines(tmp_path: Path) -> None:
     with gzip.open(SAMPLE, "rb") as f:
         later.write_bytes(f.readline() + b"nope\n")
     res = kvwise("replay", str(later), "-p", "lru", "--capacity", "4")
-    assert one_error_line(res).endswith("column 1)")
+    assert one_error_line(res).endswith("column 1); --skip-bad-lines skips such lines")
+
+
+@pytest.mark.parametrize("command", ["replay", "simulate", "trace stats"])
+def test_a_malformed_line_offers_skip_bad_lines(tmp_path: Path, command: str) -> None:
+    """One bad line in a long trace stopped the command with no word of the flag that
+    reads past it; what no skipping reads past (a broken gzip stream) offers nothing."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 64, "hash_ids": [1, 2]}\n')
+    res = kvwise(*command.split(), str(trace))
+    assert res.returncode == 2
+    assert one_error_line(res) == (
+        f"error: {trace}:1: field 'output_length': missing; --skip-bad-lines skips such lines"
+    )
+    broken = tmp_path / "t.jsonl.gz"
+    broken.write_bytes(SAMPLE.read_bytes()[:4000])
+    res = kvwise(*command.split(), str(broken))
+    assert res.returncode == 2 and "gzip stream" in one_error_line(res)
+    assert "--skip-bad-lines" not in res.stderr
 
 
 def test_error_lines_at_a_wide_terminal_wrap_at_80_columns(
