@@ -142,6 +142,18 @@ def live_window(settings: ControllerSettings) -> LiveWindow:
     )
 
 
+def checkpoint_store(
+    client: RedisClient, keys: Keys, settings: ControllerSettings
+) -> CheckpointStore:
+    """The window's checkpoint, bounded as ``settings`` bound the window and its size."""
+    return CheckpointStore(
+        client,
+        keys.checkpoint,
+        max_bytes=settings.max_checkpoint_bytes,
+        max_categories=settings.max_categories,
+    )
+
+
 class Controller:
     def __init__(self, settings: ControllerSettings) -> None:
         self.settings = settings
@@ -178,9 +190,7 @@ class Controller:
         self.window = window = live_window(settings)
         # Read at each scrape: right from the first batch on.
         self.metrics.window_categories.set_function(lambda: window.categories)
-        self.checkpoints = CheckpointStore(
-            self.r, self.keys.checkpoint, max_bytes=settings.max_checkpoint_bytes
-        )
+        self.checkpoints = checkpoint_store(self.r, self.keys, settings)
         self.agent_reader = AgentReader(self.r, self.keys, settings.max_workers)
         self.shadow = ShadowLink(settings.shadow_only(), self.metrics, settings.max_workers)
         self.last_fit: FitResult | None = None
@@ -341,7 +351,13 @@ class Controller:
             log.log(level, "checkpoint not read (%s): ingest waits for it", exc)
             return False
         except CheckpointError as exc:
-            log.warning("no checkpoint loaded (%s): %s", exc, self._window_goes_on())
+            self.metrics.checkpoints.labels(outcome="refused").inc()
+            log.warning(
+                "no checkpoint loaded (%s; key %s): %s",
+                exc,
+                self.keys.checkpoint,
+                self._window_goes_on(),
+            )
             return True
         if loaded is None:
             log.info("no checkpoint yet: %s", self._window_goes_on())
@@ -351,7 +367,10 @@ class Controller:
         try:
             self.window.restore(loaded.state)
         except Exception as exc:  # a checkpoint that does not fit is ignored, never fatal
-            log.warning("checkpoint ignored (%s): %s", exc, self._window_goes_on())
+            self.metrics.checkpoints.labels(outcome="refused").inc()
+            log.warning(
+                "checkpoint %s ignored (%s): %s", self.keys.checkpoint, exc, self._window_goes_on()
+            )
             return True
         self.ingestor.forget_uncommitted()
         log.info(

@@ -168,9 +168,9 @@ class ControllerMetrics:
         )
         self.checkpoints = self._counter(
             "kvwise_checkpoints",
-            "Window checkpoints by outcome",
+            "Window checkpoints by outcome (refused: one read at start that could not be used)",
             ("outcome",),
-            each=("written", "failed"),
+            each=("written", "failed", "refused"),
         )
         self.checkpoint_bytes = self._gauge(
             "kvwise_checkpoint_bytes", "Size of the last window checkpoint written"

@@ -9,11 +9,9 @@ import time
 
 import numpy as np
 import pytest
-import redis
 
-from agent.wire import Keys
-from controlplane.fit.reuse_window import ReuseStats
-from controlplane.service.checkpoint import encode as encode_checkpoint
+from controlplane.fit.reuse_window import ReuseStats, WindowState
+from controlplane.service.controller import Controller
 from controlplane.service.settings import ControllerSettings
 from tests.integration.controller_fixtures import controller
 from tests.waiting import wait_until
@@ -21,10 +19,9 @@ from tests.waiting import wait_until
 pytestmark = pytest.mark.integration
 
 
-def checkpoint_naming(name: object) -> bytes:
-    """A checkpoint of a window (the controller's default shape) of one category ``name``
-    (its header is JSON: a damaged or foreign one may name a number) with reuses enough for
-    a fit of its own, opened over the last minute."""
+def window_naming(name: object) -> WindowState:
+    """A window (the controller's default shape) of one category ``name`` with reuses
+    enough for a fit of its own, opened over the last minute."""
     settings = ControllerSettings()
     stats = ReuseStats(
         settings.window_s,
@@ -34,8 +31,7 @@ def checkpoint_naming(name: object) -> bytes:
     n, now = 400, time.time()
     ts = np.linspace(now - 60, now - 1, n)
     stats.ingest(ts, np.zeros(n, np.int32), ts - 5.0, np.zeros(n, np.int32), names=["a"])
-    state = dataclasses.replace(stats.state(), names=(name,))
-    return encode_checkpoint(state, writer="an-older-leader", process="older")
+    return dataclasses.replace(stats.state(), names=(name,))
 
 
 def test_a_scheduled_refit_that_raises_is_counted_said_once_and_tried_again(
@@ -43,12 +39,19 @@ def test_a_scheduled_refit_that_raises_is_counted_said_once_and_tried_again(
 ) -> None:
     """Only ``redis.RedisError`` was caught: anything else went to the scheduler's log
     (kept below warning), uncounted in refits{outcome="error"}, unsaid by the controller.
-    A checkpoint in Redis naming a category 7 is loaded, and every refit's policy document
-    then refuses that name (a pydantic ``ValidationError``)."""
-    r = redis.Redis.from_url(redis_url)
-    r.set(Keys(key_prefix).checkpoint, checkpoint_naming(7))
+    A window holding a category named 7 makes every refit's policy document refuse that
+    name (a pydantic ``ValidationError``). It came from a checkpoint in Redis, which is now
+    refused at takeover (test_controller_checkpoint_refused.py) and reaches no refit; no
+    other real input is known to reach one with an unexpected error, so the window is
+    restored here before the controller starts, as a checkpoint naming 7 restored it."""
+
+    def restore_a_numeric_name(c: Controller) -> None:
+        c.window.restore(window_naming(7))
+
     caplog.set_level(logging.DEBUG, logger="controlplane.service.controller")
-    with controller(redis_url, key_prefix, refit_interval_s=0.1) as c:
+    with controller(
+        redis_url, key_prefix, before_start=restore_a_numeric_name, refit_interval_s=0.1
+    ) as c:
         errors = lambda: c.metrics.registry.get_sample_value(  # noqa: E731
             "kvwise_refits_total", {"outcome": "error"}
         )
