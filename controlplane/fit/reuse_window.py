@@ -193,7 +193,7 @@ class StatsSnapshot:
 @dataclass(frozen=True, eq=False)
 class WindowState:
     """Everything a ``ReuseStats`` counts, compactly: only the buckets inside the window and
-    the categories that hold a count (for checkpoints; ``ReuseStats.from_state`` restores).
+    the categories that hold a count (for checkpoints; ``ReuseStats.restore`` restores).
 
     ``accesses``/``near_concurrent`` are ``[S, C]`` and ``gaps`` ``[S, C, B]`` for the
     ``S`` buckets ``bucket_ids`` and the ``C`` categories ``names``.
