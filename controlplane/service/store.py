@@ -18,15 +18,13 @@ loses nothing; and a Redis restarted empty gets back what a controller last knew
 numbered after every one known, with its base, overrides, pin and hold).
 
 A published document is ``base`` (the last fitted parameters) with the operator's
-overrides applied on top. Everything read back is held to the bounds of what this store
-writes, in bytes before it is read and in categories before it is parsed. A document
-refused (damaged, over them, or written by another hand) reads as not stored; a base or an
-override set refused is read as the document in force holds it (its fitted categories and
-family; its overridden ones at their values), so one damaged key never stops a publication
-nor drops a pin, and the next publication writes it back; a ``current`` pointer refused
-reads as the newest readable kept version (``rewrite_pointer`` writes it back at once).
-Each refusal is logged once and counted (``on_refused``). A failed Redis call is recorded
-in the ``RedisHealth``. It must never fit anything or talk HTTP.
+overrides applied on top. Every read of the stored state goes through ``StoredStateReader``
+(``controlplane.service.stored_state``), held to the bounds of what this store writes: a
+part refused there is read as the document in force holds it, so one damaged key never
+stops a publication nor drops a pin, and the next publication writes it back; a ``current``
+pointer refused is written back at once by ``rewrite_pointer``. A failed Redis call is
+recorded in the ``RedisHealth``. It must never fit anything, talk HTTP, or read the stored
+state back but through its reader.
 """
 
 from __future__ import annotations
@@ -36,43 +34,39 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Literal, NamedTuple, Protocol, TypeVar, cast
+from typing import Any, Final, Protocol, cast
 
 import redis
-from pydantic import ValidationError
 from redis.client import Pipeline
 
 from agent.policy_document import (
-    DEFAULT_FAMILY,
     EVICTOR_FAMILIES,
-    MODEL_PARAMS,
     CategoryParams,
     EvictorFamily,
     PolicyDocument,
 )
 from agent.runtime.connection import RedisClient
-from agent.wire import MAX_CATEGORY_NAME_CHARS, Keys, WireError, decode_policy, encode_policy
+from agent.wire import MAX_CATEGORY_NAME_CHARS, Keys, WireError, encode_policy
 from controlplane.service.health import RedisHealth, guarded
 from controlplane.service.metrics import StoredPart
+from controlplane.service.stored_state import (
+    OVERRIDE_FIELDS,
+    StoredStateReader,
+    apply_override,
+    family_named,
+    overrides_of,
+    stored_pointer,
+)
+from controlplane.service.stored_state import Base as Base
+from controlplane.service.stored_state import StoreError as StoreError
 
 log = logging.getLogger(__name__)
 
-OVERRIDE_FIELDS = MODEL_PARAMS
 MAX_OVERRIDES: Final = 256
 """Default bound of the overrides kept at once (a bound on every document's size)."""
 MAX_FITTED_CATEGORIES: Final = 2048
 """Default bound of the categories a fit brings (the controller's ``max_categories``: its
 statistics window holds no more)."""
-CATEGORY_BYTES: Final = 2048
-"""Bytes one category takes at most in what the store writes (a name of 128 characters of
-four UTF-8 bytes, 12 as a JSON escape in the base, and its parameters), with room."""
-FRAME_BYTES: Final = 16 * 1024
-"""Bytes beside the categories at most (a document's note of 500 characters, its default,
-version and family; a hash's own overhead)."""
-
-
-class StoreError(RuntimeError):
-    """A store operation that cannot be done as asked (e.g. unknown version)."""
 
 
 class TooManyOverrides(StoreError):
@@ -94,28 +88,8 @@ class RefitsHeld(RuntimeError):
     """A fit refused inside its transaction: refits are held (a rollback with ``hold``)."""
 
 
-MAX_FAMILY_BYTES: Final = 64
-"""Bytes of a pinned family's name read back at most (the longest known is far shorter)."""
-MAX_POINTER_BYTES: Final = 32
-"""Bytes of the ``current`` pointer read back at most (as the agents read it)."""
-
 REFITS_HELD = "held: after a rollback; POST /v1/policy/refit"
 """Why an automatic refit publishes nothing while refits are held."""
-
-
-_Part = TypeVar("_Part")
-"""A part of the stored state read back: the base or the overrides."""
-
-
-class _Parts(NamedTuple):
-    """The base, the overrides and the pinned family as read back, and whether one was
-    refused (read as the document in force holds it: a change writes them all back)."""
-
-    base: Base
-    overrides: dict[str, dict[str, float]]
-    pin: EvictorFamily | None
-    rebuilt: bool
-
 
 Fence = Callable[[], bool]
 """Asked right before a publication's transaction: False refuses it (``LeaseLost``)."""
@@ -139,49 +113,6 @@ class Change:
 
 
 @dataclass(frozen=True)
-class Base:
-    """The parameters the last fit produced, before overrides, and the evictor family the
-    controller selected (an operator's pin, kept apart, wins over it)."""
-
-    categories: dict[str, CategoryParams]
-    default: CategoryParams | None
-    evictor: EvictorFamily = DEFAULT_FAMILY
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "categories": {k: v.model_dump() for k, v in self.categories.items()},
-                "default": None if self.default is None else self.default.model_dump(),
-                "evictor": self.evictor,
-            }
-        )
-
-    @classmethod
-    def from_json(cls, raw: bytes | str | None, *, max_categories: int | None = None) -> Base:
-        """The base ``to_json`` wrote (empty if None); ``WireError`` naming the fault if it
-        is damaged or holds more than ``max_categories`` categories (counted before any is
-        parsed) or a name longer than ``MAX_CATEGORY_NAME_CHARS``."""
-        if raw is None:
-            return cls({}, None)
-        try:
-            data = json.loads(raw)
-            stored: dict[str, Any] = data["categories"]
-            if max_categories is not None and len(stored) > max_categories:
-                raise WireError(f"base: {len(stored)} categories > limit {max_categories}")
-            if any(len(name) > MAX_CATEGORY_NAME_CHARS for name in stored):
-                raise WireError(f"base: a category name > limit {MAX_CATEGORY_NAME_CHARS}")
-            cats = {k: CategoryParams.model_validate(v) for k, v in stored.items()}
-            default = data.get("default")
-            family = family_named(data.get("evictor", DEFAULT_FAMILY))
-            fallback = None if default is None else CategoryParams.model_validate(default)
-        except (ValueError, LookupError, TypeError, AttributeError, StoreError) as exc:
-            if isinstance(exc, WireError):
-                raise
-            raise WireError(f"base: {_fault(exc)}") from None
-        return cls(cats, fallback, family)
-
-
-@dataclass(frozen=True)
 class EvictorState:
     """The evictor family: in force (the current document's), pinned by an operator
     (None: not pinned), selected by the controller (what applies when not pinned)."""
@@ -190,14 +121,6 @@ class EvictorState:
     pinned: EvictorFamily | None
     selected: EvictorFamily
     families: tuple[str, ...] = EVICTOR_FAMILIES
-
-
-def family_named(name: str) -> EvictorFamily:
-    """``name`` as a family; ``StoreError`` naming the known ones otherwise."""
-    for family in EVICTOR_FAMILIES:
-        if family == name:
-            return family
-    raise StoreError(f"unknown evictor family {name!r}; known: {', '.join(EVICTOR_FAMILIES)}")
 
 
 @dataclass
@@ -274,19 +197,14 @@ class PolicyStore:
         self.keys = keys
         self.history_size = history_size
         self.max_overrides = max_overrides
-        self.max_document_categories = max_categories + max_overrides
-        """The most categories a document this store publishes holds (a fit's and every
-        pinned one): a stored document (or base) of more is refused when read back."""
-        self.max_document_bytes = self.max_document_categories * CATEGORY_BYTES + FRAME_BYTES
-        """The most bytes of a document (or base) read back: a larger one is not read."""
-        self.max_overrides_bytes = max_overrides * CATEGORY_BYTES + FRAME_BYTES
-        self._refused: dict[int, str] = {}
-        """Why each stored version read back was refused (logged once each)."""
-        self._parts_refused: dict[str, str] = {}
-        """Why the base or the overrides are refused now (logged once until read again)."""
-        self._memory_usage_refused = False
-        self.on_refused = on_refused
-        """Told the part of each refusal logged (``kvwise_policy_state_refused``)."""
+        self.stored = StoredStateReader(
+            keys,
+            history_size=history_size,
+            max_overrides=max_overrides,
+            max_categories=max_categories,
+            on_refused=on_refused,
+        )
+        """Reads the stored state back within this store's bounds (and what it refused)."""
         self.health = health or RedisHealth("redis")
         self.memory = memory
         """Told each publication right after it (in the order published), so that what a
@@ -295,8 +213,8 @@ class PolicyStore:
     # --- reads ---------------------------------------------------------------------------
     @guarded
     def current_version(self) -> int | None:
-        """The version in force (None: none); see ``_pointer``."""
-        return self._pointer(self.r)
+        """The version in force (None: none); see ``StoredStateReader.pointer``."""
+        return self.stored.pointer(self.r)
 
     @guarded
     def current(self) -> PolicyDocument | None:
@@ -306,181 +224,32 @@ class PolicyStore:
     @guarded
     def get(self, version: int) -> PolicyDocument | None:
         """The document of ``version``; None if it is not stored, or is refused."""
-        return self._document(self.r, version)
+        return self.stored.document(self.r, version)
 
     def refusal(self, version: int) -> str | None:
         """Why the stored document of ``version`` was refused when last read (None: it was
         not, or not read since this store last refused a hundred others)."""
-        return self._refused.get(version)
-
-    def _document(self, reader: RedisClient | Pipeline, version: int) -> PolicyDocument | None:
-        """The document of ``version`` read through ``reader`` and decoded within this
-        store's bounds; None if absent or refused: written by another hand, damaged, or
-        over the bounds (not read whole: at most ``max_document_bytes`` + 1 bytes come
-        back). A refused version reads as not stored (logged once with why, counted), so
-        the next change publishes a readable version over it, as agents refuse it and keep
-        their last."""
-        key, limit = self.keys.policy_doc(version), self.max_document_bytes
-        try:
-            raw = _bounded_string(reader, key, limit, "policy: document")
-        except WireError as exc:
-            self._refuse(version, exc.reason)
-            return None
-        return self._decoded(version, raw)
-
-    def _decoded(self, version: int, raw: bytes | str | None) -> PolicyDocument | None:
-        """``raw``, read within ``max_document_bytes`` from the key of ``version`` (None:
-        absent), decoded within this store's bounds; None if refused (``_document``)."""
-        if raw is None:
-            return None
-        try:
-            return decode_policy(raw, max_categories=self.max_document_categories)
-        except WireError as exc:
-            self._refuse(version, exc.reason)
-            return None
-
-    def _refuse(self, version: int, reason: str) -> None:
-        """Record why the stored document of ``version`` is refused: logged and counted
-        the first time."""
-        if version not in self._refused:
-            if len(self._refused) >= self.history_size:
-                self._refused.clear()  # versions refused long ago: said once more at most
-            self._refused[version] = reason
-            log.warning("stored policy v%d refused, read as not stored: %s", version, reason)
-            self._count_refusal("document")
-
-    def _count_refusal(self, part: StoredPart) -> None:
-        if self.on_refused is not None:
-            self.on_refused(part)
+        return self.stored.refused.get(version)
 
     @guarded
     def versions(self) -> list[VersionInfo]:
         """Kept versions, newest first (but those refused: see ``get``)."""
-        listed = [
-            int(v) for v in cast(list[bytes], self.r.zrevrange(self.keys.policy_versions, 0, -1))
-        ]
-        limit = self.max_document_bytes
-        with self.r.pipeline(transaction=False) as pipe:
-            for v in listed:
-                pipe.getrange(self.keys.policy_doc(v), 0, limit)
-            raws = pipe.execute(raise_on_error=False)
-        docs = (
-            # One refused before reading (too large, another type) is read again to say why.
-            self._document(self.r, v)
-            if isinstance(raw, Exception) or len(raw) > limit
-            else self._decoded(v, raw or None)
-            for v, raw in zip(listed, raws, strict=True)
-        )
         return [
             VersionInfo(doc.version, doc.created_at, doc.note, len(doc.categories))
-            for doc in docs
-            if doc is not None
+            for doc in self.stored.kept_documents(self.r)
         ]
 
     @guarded
     def overrides(self) -> dict[str, dict[str, float]]:
-        """The operator's overrides (see ``_parts``: as the document in force holds them
-        if the stored ones are refused)."""
-        return self._parts(self.r).overrides
+        """The operator's overrides (see ``StoredStateReader.parts``: as the document in
+        force holds them if the stored ones are refused)."""
+        return self.stored.parts(self.r).overrides
 
     @guarded
     def base(self) -> Base:
-        """The last fit (see ``_parts``: as the document in force holds it if the stored
-        one is refused)."""
-        return self._parts(self.r).base
-
-    def _parts(self, reader: RedisClient | Pipeline) -> _Parts:
-        """The base, the overrides and the pin stored, each read within its bounds. One
-        refused (damaged, over them, of another type) is read as the document in force
-        holds it (its fitted categories, default and family; its overridden categories at
-        their values: the pins agents apply now; its family, pinned if the selection is
-        another), or empty if that is unreadable too; logged once with which, and counted.
-        A change writes them back (``_read``)."""
-        base, base_news = self._part("base", lambda: self._stored_base(reader))
-        overrides, overrides_news = self._part("overrides", lambda: self._stored_overrides(reader))
-        pin, pin_news = self._part("pin", lambda: self._stored_pin(reader))
-        if base is not None and overrides is not None and pin is not None:
-            return _Parts(base, overrides, pin or None, rebuilt=False)
-        in_force = self._current_in(reader)
-        if in_force is None:
-            read_as = "no readable document in force: read as empty (pins lost: set them again)"
-        else:
-            read_as = f"read as v{in_force.version} in force holds it until a change writes it"
-        parts: tuple[tuple[StoredPart, str | None], ...] = (
-            ("base", base_news),
-            ("overrides", overrides_news),
-            ("pin", pin_news),
-        )
-        for part, news in parts:
-            if news is not None:
-                log.warning("stored policy %s refused: %s; %s", part, news, read_as)
-                self._count_refusal(part)
-        base = base if base is not None else _base_of(in_force)
-        if pin is None:  # pinned only if the selection would not run the family in force
-            running = in_force.evictor if in_force is not None else base.evictor
-            pin = running if running != base.evictor else ""
-        return _Parts(
-            base,
-            overrides if overrides is not None else _overrides_of(in_force),
-            pin or None,
-            rebuilt=True,
-        )
-
-    def _part(self, part: str, read: Callable[[], _Part]) -> tuple[_Part | None, str | None]:
-        """What ``read`` reads of ``part``, or None if it refuses it; and the reason if that
-        refusal is news (not the one last found: each is said once)."""
-        try:
-            value = read()
-        except WireError as exc:
-            news = None if self._parts_refused.get(part) == exc.reason else exc.reason
-            self._parts_refused[part] = exc.reason
-            return None, news
-        self._parts_refused.pop(part, None)
-        return value, None
-
-    def _stored_base(self, reader: RedisClient | Pipeline) -> Base:
-        """The base as stored; ``WireError`` if over this store's bounds or damaged."""
-        raw = _bounded_string(reader, self.keys.policy_base, self.max_document_bytes, "base")
-        return Base.from_json(raw, max_categories=self.max_document_categories)
-
-    def _stored_overrides(self, reader: RedisClient | Pipeline) -> dict[str, dict[str, float]]:
-        """The overrides as stored; ``WireError`` if there are more than ``max_overrides``,
-        if the hash takes more than ``max_overrides_bytes`` in Redis (both asked before it
-        is read), or if one is damaged."""
-        key, limit = self.keys.overrides, self.max_overrides_bytes
-        try:
-            count = reader.hlen(key)
-            if count > self.max_overrides:
-                raise WireError(f"overrides: {count} categories > limit {self.max_overrides}")
-            size = self._memory_usage(reader, key) if count else 0
-            if size is not None and size > limit:
-                raise WireError(f"overrides: {size} bytes > limit {limit} (not read)")
-            return _overrides(reader.hgetall(key))
-        except redis.ResponseError as exc:
-            raise _wrong_type(exc, reader, key, "overrides") from None
-
-    def _stored_pin(self, reader: RedisClient | Pipeline) -> EvictorFamily | Literal[""]:
-        """The family pinned as stored ("": none); ``WireError`` if it is no family."""
-        raw = _bounded_string(reader, self.keys.evictor_pin, MAX_FAMILY_BYTES, "pin")
-        try:
-            return "" if raw is None else family_named(_s(raw))
-        except StoreError as exc:
-            raise WireError(f"pin: {exc}") from None
-
-    def _memory_usage(self, reader: RedisClient | Pipeline, key: str) -> int | None:
-        """The bytes ``key`` takes in Redis (every field counted); None where the server
-        refuses ``MEMORY USAGE`` (some managed ones do): the count bound alone holds then
-        (said once)."""
-        if self._memory_usage_refused:
-            return None
-        try:
-            return reader.memory_usage(key, samples=0)
-        except redis.ResponseError as exc:
-            if str(exc).startswith("WRONGTYPE"):
-                raise
-            self._memory_usage_refused = True
-            log.info("overrides bounded by count only: Redis refuses MEMORY USAGE (%s)", exc)
-            return None
+        """The last fit (see ``StoredStateReader.parts``: as the document in force holds it
+        if the stored one is refused)."""
+        return self.stored.parts(self.r).base
 
     @guarded
     def has_version(self, version: int) -> bool:
@@ -497,10 +266,10 @@ class PolicyStore:
         """The store's state as it is now (None: no version in force); read key by key, as
         a snapshot to restore from (a change between the reads is read again at the next
         version)."""
-        current = self._pointer(self.r)
+        current = self.stored.pointer(self.r)
         if current is None:
             return None
-        base, overrides, pin, _ = self._parts(self.r)
+        base, overrides, pin, _ = self.stored.parts(self.r)
         return StoreState(current, base, overrides, pin, bool(self.r.exists(self.keys.policy_hold)))
 
     @guarded
@@ -560,11 +329,11 @@ class PolicyStore:
                     f"{self.max_overrides}): release one first"
                 )
             merged = {**draft.overrides.get(category, {}), **values}
-            in_force = self._current_in(pipe)
+            in_force = self.stored.current_in(pipe)
             if draft.overrides.get(category) == merged and in_force is not None:
                 raise _SameOverride(in_force)
             # Validate before storing: a bad override must never reach agents.
-            _apply_one(_params_for_override(draft, in_force, category), merged)
+            apply_override(_params_for_override(draft, in_force, category), merged)
             draft.overrides[category] = merged
             draft.note = f"override {category}: {json.dumps(merged, sort_keys=True)}"
             text = json.dumps(merged)
@@ -598,11 +367,11 @@ class PolicyStore:
         force now (a pin is not a selection: releasing it lets the selection apply
         again). With ``hold``, automatic refits stop publishing until a manual refit."""
         old = self.get(version)
-        if old is None and version in self._refused:
-            raise StoreError(f"version {version} is refused: {self._refused[version]}")
+        if old is None and version in self.stored.refused:
+            raise StoreError(f"version {version} is refused: {self.stored.refused[version]}")
         if old is None:
             raise StoreError(f"version {version} is not kept (see GET /v1/policy/versions)")
-        restored = _overrides_of(old)
+        restored = overrides_of(old)
 
         def prepare(pipe: Pipeline) -> _Draft:
             draft = self._read(pipe, f"rollback to version {version}" + (", held" if hold else ""))
@@ -622,7 +391,7 @@ class PolicyStore:
 
     @guarded
     def evictor(self) -> EvictorState:
-        current, parts = self.current(), self._parts(self.r)
+        current, parts = self.current(), self.stored.parts(self.r)
         return EvictorState(
             current.evictor if current is not None else None, parts.pin, parts.base.evictor
         )
@@ -649,7 +418,7 @@ class PolicyStore:
         document in force comes back."""
         chosen = None if family is None else family_named(family)
         current = self.current()
-        if current is not None and self._parts(self.r).pin == chosen:
+        if current is not None and self.stored.parts(self.r).pin == chosen:
             return Change(current, published=False)
 
         def prepare(pipe: Pipeline) -> _Draft:
@@ -674,7 +443,7 @@ class PolicyStore:
         def prepare(pipe: Pipeline) -> _Draft:
             note = f"restored after Redis lost its state: {state.describe()}"
             draft = self._read(pipe, note, restoring=True)
-            if self._pointer(pipe) is not None:
+            if self.stored.pointer(pipe) is not None:
                 raise _AlreadyInForce
             self._set_base(draft, state.base)
             draft.overrides = dict(state.overrides)
@@ -697,8 +466,8 @@ class PolicyStore:
 
     @property
     def pointer_refused(self) -> bool:
-        """Whether the ``current`` pointer was refused when last read (``_pointer``)."""
-        return "current" in self._parts_refused
+        """Whether the ``current`` pointer was refused when last read."""
+        return self.stored.pointer_refused
 
     @guarded
     def rewrite_pointer(self) -> PolicyDocument | None:
@@ -708,7 +477,7 @@ class PolicyStore:
 
         def prepare(pipe: Pipeline) -> _Draft:
             try:
-                _stored_pointer(pipe, self.keys.policy_current)
+                stored_pointer(pipe, self.keys.policy_current)
             except WireError as exc:
                 return self._read(pipe, f"current pointer written back ({exc.reason})")
             raise _AlreadyInForce
@@ -727,12 +496,12 @@ class PolicyStore:
         """What a change starts from, read through ``pipe`` after its WATCH; ``PolicyLost``
         while Redis has lost the state this replica remembers (but for its restore)."""
         lost = self.memory is not None and self.memory.state is not None
-        if lost and not restoring and self._pointer(pipe) is None:
+        if lost and not restoring and self.stored.pointer(pipe) is None:
             raise PolicyLost(
                 "Redis has lost the policy state (restarted empty?): the leader restores "
                 "it within restore_wait_s; try again then"
             )
-        base, overrides, pin, rebuilt = self._parts(pipe)
+        base, overrides, pin, rebuilt = self.stored.parts(pipe)
         draft = _Draft(base, overrides, note, pin=pin)
         if rebuilt:  # read as the document in force holds them: written back
             self._set_base(draft, base)
@@ -750,37 +519,6 @@ class PolicyStore:
         """``draft`` publishes ``base`` and stores it as the base."""
         draft.base = base
         draft.writes.append(lambda p: p.set(self.keys.policy_base, base.to_json()))
-
-    def _current_in(self, reader: RedisClient | Pipeline) -> PolicyDocument | None:
-        version = self._pointer(reader)
-        return None if version is None else self._document(reader, version)
-
-    def _pointer(self, reader: RedisClient | Pipeline) -> int | None:
-        """The version the ``current`` pointer names (None: no pointer). One refused (no
-        version number, over ``MAX_POINTER_BYTES``, of another type) reads as the newest
-        readable kept version, or as none in force if no kept one reads (then a Redis that
-        lost the policy: restored, or the defaults published); logged once, counted, and
-        written back by the next publication, which every one writes."""
-        key = self.keys.policy_current
-        version, news = self._part("current", lambda: _stored_pointer(reader, key))
-        if version is not None:
-            return version or None
-        newest = self._newest_readable(reader)
-        if news is not None:
-            read_as = (
-                f"read as v{newest.version}, the newest readable kept version"
-                if newest is not None
-                else "no readable kept version: read as none in force"
-            )
-            log.warning("stored policy current refused: %s; %s until a publication", news, read_as)
-            self._count_refusal("current")
-        return None if newest is None else newest.version
-
-    def _newest_readable(self, reader: RedisClient | Pipeline) -> PolicyDocument | None:
-        """The newest kept version whose document reads (None: none does)."""
-        listed = cast(list[bytes], reader.zrevrange(self.keys.policy_versions, 0, -1))
-        readable = (self._document(reader, int(v)) for v in listed)
-        return next((doc for doc in readable if doc is not None), None)
 
     def _publish(self, prepare: Prepare, fence: Fence | None = None) -> PolicyDocument:
         k = self.keys
@@ -864,36 +602,6 @@ class _SameOverride(Exception):
         self.document = document
 
 
-def _overrides(raw: Mapping[bytes | str, bytes | str]) -> dict[str, dict[str, float]]:
-    """The overrides hash as read; ``WireError`` naming the first one damaged: not JSON,
-    not a mapping of override fields to numbers, or a name past the length bound."""
-    overrides: dict[str, dict[str, float]] = {}
-    for key, value in raw.items():
-        name = _s(key)
-        try:
-            values = json.loads(value)
-        except ValueError:
-            values = None
-        fine = isinstance(values, dict) and 0 < len(name) <= MAX_CATEGORY_NAME_CHARS
-        if not fine or not values or set(values) - set(OVERRIDE_FIELDS):
-            raise WireError(f"overrides: {name[:40]!r}: not an override of {OVERRIDE_FIELDS}")
-        try:  # in range (every composition applies it: one out of range would fail them all)
-            _apply_one(PolicyDocument(version=0).default, values)
-        except ValueError as exc:
-            raise WireError(f"overrides: {name[:40]!r}: {_fault(exc)}") from None
-        overrides[name] = values
-    return overrides
-
-
-def _fault(exc: Exception) -> str:
-    """What is wrong with a part read back, in a line: pydantic's first errors by field,
-    or the exception's kind and first line."""
-    if isinstance(exc, ValidationError):
-        errors = exc.errors(include_url=False, include_context=False, include_input=False)
-        return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors[:3])
-    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
-
-
 def _overrides_written(
     key: str, overrides: Mapping[str, Mapping[str, float]]
 ) -> Callable[[Pipeline], None]:
@@ -907,78 +615,13 @@ def _overrides_written(
     return write
 
 
-def _overrides_of(doc: PolicyDocument | None) -> dict[str, dict[str, float]]:
-    """The overrides ``doc`` shows (each category it marks ``override``, at its values)."""
-    if doc is None:
-        return {}
-    return {
-        name: {field: getattr(params, field) for field in OVERRIDE_FIELDS}
-        for name, params in doc.categories.items()
-        if params.source == "override"
-    }
-
-
-def _base_of(doc: PolicyDocument | None) -> Base:
-    """The base ``doc`` was published from, as far as it shows it: its fitted categories
-    (not the overridden ones: their fit is not in it), default and family."""
-    if doc is None:
-        return Base({}, None)
-    fitted = {n: p for n, p in doc.categories.items() if p.source != "override"}
-    return Base(fitted, doc.default, doc.evictor)
-
-
-def _bounded_string(
-    reader: RedisClient | Pipeline, key: str, limit: int, what: str
-) -> bytes | None:
-    """The string at ``key`` (None: absent or empty), never read whole past ``limit``: one
-    GETRANGE of ``limit`` + 1 bytes (the agents' subscriber reads a document this way);
-    ``WireError`` if it holds more (its size asked then) or another type than a string."""
-    try:
-        raw = reader.getrange(key, 0, limit)
-        if len(raw) > limit:
-            size = reader.strlen(key)
-            raise WireError(f"{what} of {size} bytes > limit {limit} (not read)")
-    except redis.ResponseError as exc:
-        raise _wrong_type(exc, reader, key, what) from None
-    if not raw:
-        return None
-    return raw if isinstance(raw, bytes) else raw.encode()
-
-
-def _stored_pointer(reader: RedisClient | Pipeline, key: str) -> int:
-    """The version the ``current`` pointer at ``key`` names (0: none stored); ``WireError``
-    if it names none: not a positive number as the agents read one, too long, or of
-    another type than a string."""
-    raw = _bounded_string(reader, key, MAX_POINTER_BYTES, "current")
-    if raw is None:
-        return 0
-    try:
-        version = int(raw)
-    except ValueError:
-        version = 0
-    if version < 1:
-        raise WireError(f"current is not a version number: {raw[:40]!r}")
-    return version
-
-
-def _wrong_type(
-    exc: redis.ResponseError, reader: RedisClient | Pipeline, key: str, what: str
-) -> WireError:
-    """``exc`` as a ``WireError`` if it says ``key`` holds another type (named); re-raised
-    otherwise."""
-    if not str(exc).startswith("WRONGTYPE"):
-        raise exc
-    held = reader.type(key)
-    return WireError(f"{what}: {key} is a {_s(held)} (not read)")
-
-
 def _composed(
     base: Base, overrides: Mapping[str, Mapping[str, float]]
 ) -> tuple[dict[str, CategoryParams], CategoryParams | None]:
     cats = dict(base.categories)
     for name, values in overrides.items():
         start = cats.get(name) or base.default or PolicyDocument(version=0).default
-        cats[name] = _apply_one(start, values)
+        cats[name] = apply_override(start, values)
     return cats, base.default
 
 
@@ -990,14 +633,3 @@ def _params_for_override(
     if current is not None:
         return current.params_for(category)
     return draft.base.default or PolicyDocument(version=0).default
-
-
-def _apply_one(params: CategoryParams, values: Mapping[str, Any]) -> CategoryParams:
-    data = params.model_dump()
-    data.update(values)
-    data["source"] = "override"
-    return CategoryParams.model_validate(data)
-
-
-def _s(v: bytes | str) -> str:
-    return v.decode() if isinstance(v, bytes) else v
