@@ -18,13 +18,15 @@ loses nothing; and a Redis restarted empty gets back what a controller last knew
 numbered after every one known, with its base, overrides, pin and hold).
 
 A published document is ``base`` (the last fitted parameters) with the operator's
-overrides applied on top. Every read of the stored state goes through ``StoredStateReader``
+overrides applied on top. Every read of a stored document or part (the base, the
+overrides, the pin, the ``current`` pointer) goes through ``StoredStateReader``
 (``controlplane.service.stored_state``), held to the bounds of what this store writes: a
 part refused there is read as the document in force holds it, so one damaged key never
 stops a publication nor drops a pin, and the next publication writes it back; a ``current``
 pointer refused is written back at once by ``rewrite_pointer``. A failed Redis call is
-recorded in the ``RedisHealth``. It must never fit anything, talk HTTP, or read the stored
-state back but through its reader.
+recorded in the ``RedisHealth``. It must never fit anything, talk HTTP, or read a stored
+document or part but through its reader (it reads only the hold flag and the version index
+itself, inside its transactions).
 """
 
 from __future__ import annotations
