@@ -7,6 +7,7 @@ import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import pytest
 import redis
@@ -14,7 +15,15 @@ import redis
 from agent.policy_document import CategoryParams
 from agent.wire import Keys, decode_policy, encode_policy
 from controlplane.service.policy_memory import PolicyMemory
-from controlplane.service.store import Base, LeaseLost, PolicyLost, PolicyStore, StoreError
+from controlplane.service.store import (
+    MAX_FITTED_CATEGORIES,
+    MAX_OVERRIDES,
+    Base,
+    LeaseLost,
+    PolicyLost,
+    PolicyStore,
+    StoreError,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -26,6 +35,45 @@ def _p(rate: float, p: float = 0.5, life: float = 10.0) -> CategoryParams:
 @pytest.fixture
 def store(redis_url: str, key_prefix: str) -> PolicyStore:
     return PolicyStore(redis.Redis.from_url(redis_url), Keys(key_prefix), history_size=5)
+
+
+@dataclass(frozen=True)
+class Watched:
+    """A store whose refusals are counted (``on_refused``), and its client, to damage its
+    keys."""
+
+    client: redis.Redis
+    store: PolicyStore
+    counted: list[str]
+
+
+def _watched(redis_url: str, key_prefix: str, max_categories: int, max_overrides: int) -> Watched:
+    client, counted = redis.Redis.from_url(redis_url), list[str]()
+    store = PolicyStore(
+        client,
+        Keys(key_prefix),
+        max_categories=max_categories,
+        max_overrides=max_overrides,
+        on_refused=counted.append,
+    )
+    return Watched(client, store, counted)
+
+
+@pytest.fixture
+def watched(redis_url: str, key_prefix: str) -> Watched:
+    """A store of the default bounds, its refusals counted."""
+    return _watched(redis_url, key_prefix, MAX_FITTED_CATEGORIES, MAX_OVERRIDES)
+
+
+@pytest.fixture
+def watched_small(redis_url: str, key_prefix: str) -> Watched:
+    """A store of 4 fitted categories and 2 overrides at most, its refusals counted."""
+    return _watched(redis_url, key_prefix, max_categories=4, max_overrides=2)
+
+
+def _said(caplog: pytest.LogCaptureFixture, refused: str = "refused") -> list[str]:
+    """The messages logged that hold ``refused``."""
+    return [r.getMessage() for r in caplog.records if refused in r.getMessage()]
 
 
 def test_versions_strictly_increase_and_current_moves(store: PolicyStore) -> None:
@@ -173,8 +221,7 @@ def _as_hash(client: redis.Redis, key: str, _: bytes) -> None:
     ids=["too many categories", "not JSON", "too many bytes", "a hash"],
 )
 def test_a_stored_document_refused_on_reading_back_reads_as_not_stored(
-    redis_url: str,
-    key_prefix: str,
+    watched_small: Watched,
     caplog: pytest.LogCaptureFixture,
     damage: Damage,
     reason: str,
@@ -184,11 +231,7 @@ def test_a_stored_document_refused_on_reading_back_reads_as_not_stored(
     every read and change (the API answered 500 to all of them; a hash in the key too):
     refused within the bounds of a document it publishes (bytes before reading), logged
     once and counted, it reads as not stored, and the next change publishes over it."""
-    client = redis.Redis.from_url(redis_url)
-    counted: list[str] = []
-    store = PolicyStore(
-        client, Keys(key_prefix), max_categories=4, max_overrides=2, on_refused=counted.append
-    )
+    client, store, counted = watched_small.client, watched_small.store, watched_small.counted
     doc = store.publish_fit({"text_1": _p(0.1)}, None, "fit")
     key = store.keys.policy_doc(doc.version)
     damage(client, key, encode_policy(doc))
@@ -196,7 +239,7 @@ def test_a_stored_document_refused_on_reading_back_reads_as_not_stored(
     for _ in range(2):
         assert store.current() is None and store.get(1) is None
         assert store.versions() == []
-    refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    refusals = _said(caplog)
     assert len(refusals) == 1 and refusals[0].startswith(
         f"stored policy v1 refused, read as not stored: {reason}"
     )
@@ -246,8 +289,7 @@ def _base_damages() -> list[tuple[Damage, str]]:
     ],
 )
 def test_a_damaged_base_is_read_as_the_document_in_force_holds_it(
-    redis_url: str,
-    key_prefix: str,
+    watched_small: Watched,
     caplog: pytest.LogCaptureFixture,
     damage: Damage,
     reason: str,
@@ -257,11 +299,7 @@ def test_a_damaged_base_is_read_as_the_document_in_force_holds_it(
     refused within the bounds (logged once, counted), it is read as the document in force
     holds it (its fitted categories, default and family), so a change publishes the fleet's
     parameters unchanged, and writes it back."""
-    client = redis.Redis.from_url(redis_url)
-    counted: list[str] = []
-    store = PolicyStore(
-        client, Keys(key_prefix), max_categories=4, max_overrides=2, on_refused=counted.append
-    )
+    client, store, counted = watched_small.client, watched_small.store, watched_small.counted
     store.publish_fit({"text_1": _p(0.1)}, _p(0.3), "fit")
     in_force = store.set_override("text_2", {"life_s": 5.0}).document
     stored = Base({"text_1": in_force.categories["text_1"]}, in_force.default)
@@ -269,7 +307,7 @@ def test_a_damaged_base_is_read_as_the_document_in_force_holds_it(
     damage(client, key, stored.to_json().encode())
     for _ in range(2):
         assert store.base() == stored
-    said = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    said = _said(caplog)
     assert len(said) == 1 and said[0].startswith(
         f"stored policy base refused: {reason.format(key=key)}"
     ), said
@@ -306,8 +344,7 @@ def test_a_damaged_base_is_read_as_the_document_in_force_holds_it(
     ids=["not JSON", "too many", "too many bytes", "out of range", "a string"],
 )
 def test_damaged_overrides_are_read_as_the_document_in_force_holds_them(
-    redis_url: str,
-    key_prefix: str,
+    watched_small: Watched,
     caplog: pytest.LogCaptureFixture,
     damage: Damage,
     reason: str,
@@ -316,11 +353,7 @@ def test_damaged_overrides_are_read_as_the_document_in_force_holds_them(
     new pins only), and a damaged one raised from every publication: refused (logged once,
     counted), they are read as the document in force holds them (never silently dropped:
     the pins agents apply now stay), the next publication keeps them and writes them back."""
-    client = redis.Redis.from_url(redis_url)
-    counted: list[str] = []
-    store = PolicyStore(
-        client, Keys(key_prefix), max_categories=4, max_overrides=2, on_refused=counted.append
-    )
+    client, store, counted = watched_small.client, watched_small.store, watched_small.counted
     store.publish_fit({"text_1": _p(0.1)}, None, "fit")
     pinned = store.set_override("text_2", {"life_s": 5.0}).document.categories["text_2"]
     key = store.keys.overrides
@@ -328,7 +361,7 @@ def test_damaged_overrides_are_read_as_the_document_in_force_holds_them(
     in_force = {"text_2": {f: getattr(pinned, f) for f in ("rate", "p_reuse", "life_s")}}
     for _ in range(2):
         assert store.overrides() == in_force
-    said = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    said = _said(caplog)
     assert len(said) == 1, said
     assert re.match(
         f"stored policy overrides refused: {reason.format(key=re.escape(key))}", said[0]
@@ -427,7 +460,7 @@ def test_refused_overrides_beside_an_unreadable_document_in_force_read_as_none(
     client.hset(store.keys.overrides, "text_2", "{damaged")
     client.set(store.keys.policy_doc(2), b"{damaged")
     assert store.overrides() == {}
-    said = [r.getMessage() for r in caplog.records if "overrides refused" in r.getMessage()]
+    said = _said(caplog, "overrides refused")
     assert len(said) == 1 and said[0].endswith(
         "no readable document in force: read as empty (pins lost: set them again)"
     ), said
@@ -447,8 +480,7 @@ def test_refused_overrides_beside_an_unreadable_document_in_force_read_as_none(
 )
 @pytest.mark.parametrize("pinned", ["lru", None])
 def test_a_damaged_pin_is_read_as_the_family_in_force(
-    redis_url: str,
-    key_prefix: str,
+    watched: Watched,
     caplog: pytest.LogCaptureFixture,
     damage: Callable[[redis.Redis, str], object],
     reason: str,
@@ -458,9 +490,7 @@ def test_a_damaged_pin_is_read_as_the_family_in_force(
     and read (one damaged key stopped every refit for good): refused (logged once,
     counted), it reads as the family in force, pinned only where the controller's
     selection is another, and the next publication writes it back."""
-    client = redis.Redis.from_url(redis_url)
-    counted: list[str] = []
-    store = PolicyStore(client, Keys(key_prefix), on_refused=counted.append)
+    client, store, counted = watched.client, watched.store, watched.counted
     store.publish_fit({"text_1": _p(0.1)}, None, "fit")
     store.select_evictor("s3fifo", "selected")
     if pinned is not None:
@@ -469,7 +499,7 @@ def test_a_damaged_pin_is_read_as_the_family_in_force(
     damage(client, key)
     for _ in range(2):
         assert store.evictor().pinned == pinned
-    said = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    said = _said(caplog)
     assert len(said) == 1 and said[0].startswith(
         f"stored policy pin refused: {reason.format(key=key)}"
     ), said
@@ -489,8 +519,7 @@ def test_a_damaged_pin_is_read_as_the_family_in_force(
     ids=["not a number", "zero", "too many bytes", "a list"],
 )
 def test_a_damaged_current_pointer_reads_as_the_newest_readable_version(
-    redis_url: str,
-    key_prefix: str,
+    watched: Watched,
     caplog: pytest.LogCaptureFixture,
     damage: Callable[[redis.Redis, str], object],
     reason: str,
@@ -499,9 +528,7 @@ def test_a_damaged_current_pointer_reads_as_the_newest_readable_version(
     publication (one damaged key stopped every refit and change for good): refused (logged
     once, counted), it reads as the newest readable kept version, and the next publication
     writes it back."""
-    client = redis.Redis.from_url(redis_url)
-    counted: list[str] = []
-    store = PolicyStore(client, Keys(key_prefix), on_refused=counted.append)
+    client, store, counted = watched.client, watched.store, watched.counted
     store.publish_fit({"text_1": _p(0.1)}, None, "fit")
     store.set_override("text_1", {"life_s": 5.0})
     store.publish_fit({"text_1": _p(0.2)}, None, "refit")
@@ -513,7 +540,7 @@ def test_a_damaged_current_pointer_reads_as_the_newest_readable_version(
         state = store.state()
         assert state is not None and state.version == 2
         assert store.overrides() == {"text_1": {"life_s": 5.0}}
-    said = [r.getMessage() for r in caplog.records if "current refused" in r.getMessage()]
+    said = _said(caplog, "current refused")
     assert said == [
         f"stored policy current refused: {reason.format(key=key)}; read as v2, the newest "
         "readable kept version until a publication"
