@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from agent.wire import EventBatch, EventKind, Keys, encode_batch
 from controlplane.api.server import build_app
 from controlplane.dev.embedded_redis import free_port
+from controlplane.fit.reuse_window import ReuseStats, WindowState
 from controlplane.service.controller import Controller
 from controlplane.service.settings import ControllerSettings
 from tests.loopback_server import serving
@@ -164,3 +165,21 @@ def acknowledged_stream(client: redis.Redis, keys: Keys, worker: str) -> str:
     [(_, [(entry_id, _)])] = client.xreadgroup("controller", "ctl", {stream: ">"})
     client.xack(stream, "controller", entry_id)
     return stream
+
+
+def recent_window(names: list[str], accesses_each: int = 100) -> WindowState:
+    """A window of the controller's default shape holding ``names``, each with
+    ``accesses_each`` accesses (and their reuses, 5 s apart) over the last minute, as a
+    leader would checkpoint it."""
+    settings = ControllerSettings()
+    stats = ReuseStats(
+        settings.window_s,
+        near_concurrent_s=settings.near_concurrent_s,
+        n_buckets=settings.window_buckets,
+    )
+    now = time.time()
+    ts = np.linspace(now - 60, now - 1, accesses_each)
+    for code in range(len(names)):
+        cat = np.full(accesses_each, code, np.int32)
+        stats.ingest(ts, cat, ts - 5.0, cat, names=names)
+    return stats.state()

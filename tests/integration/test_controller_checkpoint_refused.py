@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import numpy as np
 import pytest
@@ -18,8 +18,8 @@ from agent.wire import MAX_CATEGORY_NAME_CHARS, Keys
 from controlplane.fit.reuse_window import ReuseStats, WindowState
 from controlplane.service.checkpoint import decode as decode_checkpoint
 from controlplane.service.checkpoint import encode as encode_checkpoint
-from controlplane.service.settings import ControllerSettings
-from tests.integration.controller_fixtures import controller
+from controlplane.service.controller import Controller
+from tests.integration.controller_fixtures import controller, recent_window
 
 pytestmark = pytest.mark.integration
 
@@ -27,27 +27,20 @@ MAX_CATEGORIES = 2
 """The controllers' ``max_categories`` here: a checkpoint of three holds too many."""
 
 
-def window_state(names: list[str]) -> WindowState:
-    """A window (the controller's default shape) of ``names``, each with reuses over the
-    last minute, as a leader would checkpoint it."""
-    settings = ControllerSettings()
-    stats = ReuseStats(
-        settings.window_s,
-        near_concurrent_s=settings.near_concurrent_s,
-        n_buckets=settings.window_buckets,
+def small_controller(redis_url: str, key_prefix: str) -> AbstractContextManager[Controller]:
+    """A controller whose window holds ``MAX_CATEGORIES`` categories."""
+    return controller(
+        redis_url,
+        key_prefix,
+        max_categories=MAX_CATEGORIES,
+        max_categories_per_worker=MAX_CATEGORIES,
     )
-    n, now = 100, time.time()
-    ts = np.linspace(now - 60, now - 1, n)
-    for code in range(len(names)):
-        cat = np.full(n, code, np.int32)
-        stats.ingest(ts, cat, ts - 5.0, cat, names=names)
-    return stats.state()
 
 
 def with_count(field: str, value: float) -> WindowState:
     """A window of one category whose first ``field`` count is ``value`` (float counts
     are stored as floats, as a foreign writer might)."""
-    state = window_state(["a"])
+    state = recent_window(["a"])
     counts = getattr(state, field).astype(np.float64 if np.isnan(value) else np.int64)
     counts[(0,) * counts.ndim] = value
     return dataclasses.replace(state, **{field: counts})
@@ -55,12 +48,12 @@ def with_count(field: str, value: float) -> WindowState:
 
 DAMAGE: dict[str, tuple[Callable[[], WindowState], str]] = {
     "a numeric category name": (
-        lambda: dataclasses.replace(window_state(["a"]), names=(7,)),  # type: ignore[arg-type]
+        lambda: dataclasses.replace(recent_window(["a"]), names=(7,)),  # type: ignore[arg-type]
         "field 'names', category 0 (7)",
     ),
     "a name of 129 characters": (
         lambda: dataclasses.replace(
-            window_state(["a"]), names=("x" * (MAX_CATEGORY_NAME_CHARS + 1),)
+            recent_window(["a"]), names=("x" * (MAX_CATEGORY_NAME_CHARS + 1),)
         ),
         f"of {MAX_CATEGORY_NAME_CHARS + 1} characters): a category name is a string of 1 to "
         f"{MAX_CATEGORY_NAME_CHARS} characters",
@@ -71,7 +64,7 @@ DAMAGE: dict[str, tuple[Callable[[], WindowState], str]] = {
         "'near_concurrent', category 'a': count -1",
     ),
     "too many categories": (
-        lambda: window_state(["a", "b", "c"]),
+        lambda: recent_window(["a", "b", "c"]),
         f"holds 3 categories > max_categories ({MAX_CATEGORIES})",
     ),
 }
@@ -86,12 +79,7 @@ def test_a_damaged_checkpoint_is_refused_counted_and_overwritten(
     r = redis.Redis.from_url(redis_url)
     r.set(key, encode_checkpoint(damaged(), writer="an-older-leader", process="older"))
     caplog.set_level(logging.INFO, logger="controlplane.service.controller")
-    with controller(
-        redis_url,
-        key_prefix,
-        max_categories=MAX_CATEGORIES,
-        max_categories_per_worker=MAX_CATEGORIES,
-    ) as c:
+    with small_controller(redis_url, key_prefix) as c:
         refused = c.metrics.registry.get_sample_value(
             "kvwise_checkpoints_total", {"outcome": "refused"}
         )
@@ -119,14 +107,9 @@ def test_a_sound_checkpoint_still_loads(
     """The checks refuse damage only: a leader's own checkpoint of as many categories as
     the window may hold loads."""
     r = redis.Redis.from_url(redis_url)
-    state = window_state(["a", "b"])
+    state = recent_window(["a", "b"])
     r.set(Keys(key_prefix).checkpoint, encode_checkpoint(state, writer="w", process="older"))
-    with controller(
-        redis_url,
-        key_prefix,
-        max_categories=MAX_CATEGORIES,
-        max_categories_per_worker=MAX_CATEGORIES,
-    ) as c:
+    with small_controller(redis_url, key_prefix) as c:
         assert c.window.categories == 2
         assert (
             c.metrics.registry.get_sample_value("kvwise_checkpoints_total", {"outcome": "refused"})

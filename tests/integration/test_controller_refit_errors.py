@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 
-import numpy as np
 import pytest
 
-from controlplane.fit.reuse_window import ReuseStats, WindowState
+from controlplane.fit.reuse_window import WindowState
 from controlplane.service.controller import Controller
-from controlplane.service.settings import ControllerSettings
-from tests.integration.controller_fixtures import controller
+from tests.integration.controller_fixtures import controller, recent_window
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -22,16 +19,7 @@ pytestmark = pytest.mark.integration
 def window_naming(name: object) -> WindowState:
     """A window (the controller's default shape) of one category ``name`` with reuses
     enough for a fit of its own, opened over the last minute."""
-    settings = ControllerSettings()
-    stats = ReuseStats(
-        settings.window_s,
-        near_concurrent_s=settings.near_concurrent_s,
-        n_buckets=settings.window_buckets,
-    )
-    n, now = 400, time.time()
-    ts = np.linspace(now - 60, now - 1, n)
-    stats.ingest(ts, np.zeros(n, np.int32), ts - 5.0, np.zeros(n, np.int32), names=["a"])
-    return dataclasses.replace(stats.state(), names=(name,))
+    return dataclasses.replace(recent_window(["a"], accesses_each=400), names=(name,))
 
 
 def test_a_scheduled_refit_that_raises_is_counted_said_once_and_tried_again(
