@@ -1,7 +1,8 @@
 """What the API accepts that the domain has no type for: request bodies and path names.
 
 Owns the request bodies (``OverrideBody``, ``RollbackBody``), the bounds of a category
-name in a path (any name an agent can send, pinned or read alike), the spelling of a
+name in a path (any name an agent can send, pinned or read alike; ``{name:category}``
+routes it whole), the spelling of a
 version in a path, and ``HealthOut``. Responses are the domain's own types
 (``PolicyDocument``, ``VersionInfo``, ``RefitOutcome``, ``CategorySummary``,
 ``AgentStatus``): a model here never copies one. Bodies take JSON numbers and booleans
@@ -24,6 +25,7 @@ from pydantic import (
     field_validator,
 )
 from pydantic.json_schema import SkipJsonSchema
+from starlette.convertors import Convertor, register_url_convertor
 
 from agent.policy_document import EvictorFamily, PositiveFinite, Probability
 from agent.wire import MAX_CATEGORY_NAME_CHARS
@@ -39,8 +41,26 @@ CategoryInPath = Annotated[
         "`encodeURIComponent`); the rest of the path is the name, `/` included",
     ),
 ]
-"""Routed as ``{name:path}``: Starlette decodes ``%2F`` before routing, so a name holding
-``/`` (a reuse class, ``<category>/re``) reaches no one-segment parameter."""
+"""Routed as ``{name:category}`` (``CategoryName``): Starlette decodes ``%2F`` before
+routing, so a name holding ``/`` (a reuse class, ``<category>/re``) reaches no one-segment
+parameter."""
+
+
+class CategoryName(Convertor[str]):
+    """The rest of a path as a category name: every character, ``/`` and line breaks
+    included (Starlette's ``path`` matches no line break, so a name holding one found no
+    route: a 404 where its bounds answer)."""
+
+    regex = r"[\s\S]*"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("category", CategoryName())
 
 
 def _json_number(v: object) -> object:

@@ -8,7 +8,7 @@ import re
 import select
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -16,7 +16,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 from fastapi.routing import APIRoute
-from starlette.routing import Match
+from starlette.routing import BaseRoute, Match
 
 from controlplane.api.access import MAX_BODY_BYTES
 from tests.conftest import delete_prefix
@@ -260,6 +260,8 @@ AGENT_NAMES = {
     "slashes around": "/x/",
     "URL marks": "50%?#",
     "128 two-byte characters": "é" * 128,
+    "a line break": "a\nb",
+    "a control character": "a\x1fb",
 }
 
 
@@ -294,10 +296,23 @@ def test_names_no_agent_can_send_are_refused(
     assert r.json()["message"] == "must be 1 to 128 characters"
 
 
+def _api_routes(routes: Sequence[BaseRoute]) -> Iterator[APIRoute]:
+    """Every API route under ``routes``, through the routers included (FastAPI lists an
+    included router as one entry, its routes kept on ``original_router``)."""
+    for route in routes:
+        if isinstance(route, APIRoute):
+            yield route
+        elif (included := getattr(route, "original_router", None)) is not None:
+            yield from _api_routes(included.routes)
+
+
 def test_the_name_routes_shadow_no_other_route(ctl: RunningController) -> None:
-    """A name is the rest of the path (``{name:path}``): no other route may lie under it."""
-    routes = [r for r in ctl.app.routes if isinstance(r, APIRoute)]
-    for catch_all in (r for r in routes if ":path}" in r.path):
+    """A name is the rest of the path (``{name:category}``): no other route may lie under
+    it."""
+    routes = list(_api_routes(ctl.app.routes))
+    catch_alls = [r for r in routes if ":category}" in r.path]
+    assert len(catch_alls) == 3
+    for catch_all in catch_alls:
         for other in routes:
             concrete = re.sub(r"{[^}]*}", "x", other.path)
             for method in other.methods:

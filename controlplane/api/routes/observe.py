@@ -28,7 +28,7 @@ def list_categories(controller: ControllerDep) -> list[CategorySummary]:
 
 
 @reads.get(
-    "/v1/categories/{name:path}",
+    "/v1/categories/{name:category}",
     response_model=CategoryDetail,
     responses=documented(404, 422),
     dependencies=[NEEDS_REDIS],

@@ -32,7 +32,7 @@ def list_overrides(controller: ControllerDep) -> dict[str, dict[str, float]]:
 
 
 @writes.put(
-    "/v1/policy/overrides/{category:path}",
+    "/v1/policy/overrides/{category:category}",
     response_model=PolicyDocument,
     responses=documented(409, 422),
 )
@@ -54,7 +54,7 @@ def put_override(
 
 
 @writes.delete(
-    "/v1/policy/overrides/{category:path}",
+    "/v1/policy/overrides/{category:category}",
     response_model=PolicyDocument,
     responses=documented(404, 422),
     dependencies=[NO_BODY],
