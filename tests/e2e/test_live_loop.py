@@ -81,7 +81,9 @@ def test_workers_apply_fitted_versions_and_reject_a_bad_one(
         what="every agent to report the rejection",
     )
     for a in _agents(url).values():
-        assert a["applied_version"] < bad
+        # Never the bad one; the controller may already have published over it (a
+        # refused document in force is replaced by the next publication).
+        assert a["applied_version"] != bad
         assert "rate" in a["last_rejection"]
     r.set(keys.policy_current, str(good))
 
