@@ -485,6 +485,9 @@ _OPTIONAL_STATUS_FIELDS: Final = frozenset(
         "engine_sampled_calls",
         "engine_sampled_blocks",
         "engine_sampled_ns",
+        "publisher_unexpected_errors",
+        "subscriber_unexpected_errors",
+        "heartbeat_unexpected_errors",
     }
 )
 """Fields added after schema 1 shipped: an older agent's heartbeat omits them."""
@@ -556,6 +559,24 @@ class AgentStatus:
     """Blocks the timed calls handled."""
     engine_sampled_ns: int = 0
     """Engine-thread time the timed calls took, in nanoseconds."""
+    publisher_unexpected_errors: int = 0
+    """Rounds (or waits between rounds) of the agent's event publisher failed by an error
+    not Redis's (a bug, most likely: its log has the traceback) since the agent started; 0
+    in a heartbeat that predates the field, as the two below."""
+    subscriber_unexpected_errors: int = 0
+    """The same of its policy subscriber."""
+    heartbeat_unexpected_errors: int = 0
+    """The same of its heartbeat."""
+
+    @property
+    def loop_unexpected_errors(self) -> dict[str, int]:
+        """The ``*_unexpected_errors`` counts, by loop: ``publisher``, ``subscriber``,
+        ``heartbeat``."""
+        return {
+            "publisher": self.publisher_unexpected_errors,
+            "subscriber": self.subscriber_unexpected_errors,
+            "heartbeat": self.heartbeat_unexpected_errors,
+        }
 
     @property
     def engine_time(self) -> EngineTimeSnapshot:

@@ -367,6 +367,9 @@ class Agent:
             reuse_classes=self._returns is not None,
             reuse_ghost_blocks=0 if self._returns is None else self._returns.ghost_size,
             **self._engine_time_fields(),
+            publisher_unexpected_errors=self.publisher.unexpected_errors,
+            subscriber_unexpected_errors=self.subscriber.unexpected_errors,
+            heartbeat_unexpected_errors=self.heartbeat.unexpected_errors,
         )
 
     def _engine_time_fields(self) -> dict[str, int]:

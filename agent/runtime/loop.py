@@ -6,8 +6,9 @@ Owns a daemon thread's lifecycle (``start``, ``stop``, ``close``; restartable af
 ``interval_s``, at once on ``wake``, and exponential backoff up to ``max_backoff_s`` while
 rounds fail) and how failures are told: one warning when rounds start failing (naming the
 Redis state: unreachable, out of memory, ...), one line when they succeed again, and a
-traceback only for an unexpected error, once per type within ``QUIET_S``. A failed round
-(or a failed wait between rounds) never ends the thread. Subclasses say what one round
+traceback only for an unexpected error, once per type within ``QUIET_S``, each one counted
+in ``unexpected_errors`` (the agent's heartbeat carries its loops'). A failed round (or a
+failed wait between rounds) never ends the thread. Subclasses say what one round
 does (``step``) and may change how to wait (``pause``), how long (``next_wait``) and what
 to do once the loop ends (``finish``).
 ``AgentLoop`` is the agent's threads' common start: their settings, client and keys, and a
@@ -73,6 +74,9 @@ class BackgroundLoop(ABC):
         """Consecutive failed rounds (0: the last round succeeded)."""
         self.last_error = ""
         """Why the last round failed ("" once one succeeds)."""
+        self.unexpected_errors = 0
+        """Rounds (and waits between rounds) failed by an error not Redis's, a bug most
+        likely, since the loop was made: a total, never reset."""
         self._said: tuple[str, float] | None = None  # the outage last said, and when
         self._saying = False  # this outage was said: its end is said too
 
@@ -179,6 +183,7 @@ class BackgroundLoop(ABC):
 
     def _failed(self, error: str, *, unexpected: bool) -> None:
         if unexpected:
+            self.unexpected_errors += 1
             # Told by its type: a message may name the item at hand, another each round.
             if error != self.last_error and self._to_say(error.partition(":")[0]):
                 log.exception(

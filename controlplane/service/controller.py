@@ -678,7 +678,7 @@ class Controller:
                     m.param.labels(category=name, param=field).set(getattr(p, field))
                 m.samples.labels(category=name).set(p.samples)
         # Agents whose heartbeat expired leave the gauges instead of lingering as stale series.
-        for gauge in (m.agent_evictor, *m.per_agent.values()):
+        for gauge in (m.agent_evictor, m.agent_loop_unexpected_errors, *m.per_agent.values()):
             gauge.clear()
         m.agents_not_listed.set(listing.not_listed)
         m.heartbeats_refused.set(listing.refused)
@@ -687,6 +687,8 @@ class Controller:
                 m.agent_evictor.labels(agent=a.id, family=a.evictor).set(1)
             for field, gauge in m.per_agent.items():
                 gauge.labels(agent=a.id).set(getattr(a, field))
+            for loop, errors in a.loop_unexpected_errors.items():
+                m.agent_loop_unexpected_errors.labels(agent=a.id, loop=loop).set(errors)
 
 
 def _change_words(old: dict[str, CategoryParams], new: dict[str, CategoryParams]) -> str:

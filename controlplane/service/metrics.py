@@ -212,6 +212,13 @@ class ControllerMetrics:
             "1 for the evictor family each live agent runs (label family)",
             ("agent", "family"),
         )
+        self.agent_loop_unexpected_errors = self._gauge(
+            "kvwise_agent_loop_unexpected_errors",
+            "Rounds of each live agent's background loop (publisher, subscriber, heartbeat) "
+            "failed by an error not Redis's since it started (the agent's log has the "
+            "traceback); 0 for an agent that predates the count",
+            ("agent", "loop"),
+        )
         self.family_switches = self._counter(
             "kvwise_evictor_family_selected_total",
             "Evictor families the controller selected and published, by family",

@@ -155,6 +155,7 @@ def test_a_wait_that_raises_is_logged_counted_and_the_thread_goes_on(
         assert loop.close(timeout=5)
     messages = [r.getMessage() for r in caplog.records]
     assert sum("RuntimeError: pubsub connection not set" in m for m in messages) == 1
+    assert loop.unexpected_errors == 1
     assert loop.finished == 1
 
 
@@ -172,3 +173,22 @@ def test_a_bug_whose_message_changes_each_round_is_told_once_a_quiet_spell(
     tracebacks = [r.getMessage() for r in caplog.records if r.exc_info]
     assert len(tracebacks) == 1, tracebacks
     assert "KeyError: 0" in tracebacks[0]
+
+
+def test_every_unexpected_error_is_counted_and_the_loop_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A loop whose step raised every round logged one traceback a quiet spell and went
+    on, and nothing counted them: an operator could not tell a publisher failing every
+    round from a healthy one. Every such error counts, said or not; Redis's do not (an
+    outage is the Redis state's to tell); a good round resets nothing."""
+    down = redis.ConnectionError("Connection refused")
+    loop = Counting([ValueError("a bug"), down, None, ValueError("a bug"), KeyError(1), None])
+    with caplog.at_level(logging.WARNING, logger="agent.runtime.loop"):
+        loop.start()
+        wait_until(lambda: loop.steps >= 7, what="the failing rounds and one more")
+        assert loop.close(timeout=5)
+    assert loop.unexpected_errors == 3
+    assert loop.failures == 0
+    tracebacks = [r.getMessage() for r in caplog.records if r.exc_info]
+    assert len(tracebacks) == 2, tracebacks  # the second ValueError within the quiet spell

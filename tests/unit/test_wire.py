@@ -40,6 +40,7 @@ from tests.wire_samples import (
     FULL_STATUS,
     MAX_POLICY_BYTES,
     MAX_POLICY_CATEGORIES,
+    agent_status,
     event_batch,
     filled,
     largest_policy,
@@ -519,11 +520,31 @@ def test_heartbeat_staged_version_defaults_to_the_applied_one() -> None:
     assert AgentStatus(id="w", engine="sim", capacity=1, applied_version=2).staged_version == 2
 
 
+def test_heartbeat_loop_errors_round_trip_and_an_older_heartbeat_reads_0() -> None:
+    """The ``*_unexpected_errors`` counts came after schema 1: an older agent's heartbeat
+    omits them and is read, its counts 0."""
+    failing = agent_status(publisher_unexpected_errors=7, heartbeat_unexpected_errors=1)
+    read = AgentStatus.from_json(failing.to_json())
+    assert read.loop_unexpected_errors == {"publisher": 7, "subscriber": 0, "heartbeat": 1}
+    old = json.loads(failing.to_json())
+    for loop in ("publisher", "subscriber", "heartbeat"):
+        del old[f"{loop}_unexpected_errors"]
+    assert AgentStatus.from_json(json.dumps(old)) == FULL_STATUS
+    with pytest.raises(WireError, match="subscriber_unexpected_errors is not a int"):
+        AgentStatus.from_json(json.dumps({**old, "subscriber_unexpected_errors": 1.5}))
+
+
 def test_agent_status_refuses_a_negative_count_naming_the_field() -> None:
     """A capacity sizes the shadow's caches, a ghost its trackers; the rest are counts
     and versions: none is negative, bar ``staged_version``'s -1 (not reported)."""
     obj = json.loads(FULL_STATUS.to_json())
-    for name in ("capacity", "reuse_ghost_blocks", "events_sent", "applied_version"):
+    for name in (
+        "capacity",
+        "reuse_ghost_blocks",
+        "events_sent",
+        "applied_version",
+        "publisher_unexpected_errors",
+    ):
         with pytest.raises(WireError, match=f"heartbeat: {name} is negative: -1"):
             AgentStatus.from_json(json.dumps({**obj, name: -1}))
     assert AgentStatus.from_json(json.dumps({**obj, "capacity": 0})).capacity == 0

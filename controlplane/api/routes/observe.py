@@ -55,7 +55,9 @@ def list_agents(controller: ControllerDep, response: Response) -> list[AgentView
     (`applied_version`) and the one it received (`staged_version`), which an engine
     applies at its next call into the agent (an idle vLLM engine makes none); and the
     controller's counts of their events (ingested, dropped for their clock, refused,
-    dead-lettered, batches missing). At most `KVWISE_MAX_WORKERS` agents, the workers
+    dead-lettered, batches missing). `*_unexpected_errors`: steps of the agent's publisher,
+    subscriber and heartbeat threads failed by an error not Redis's (0 from an agent that
+    predates them). At most `KVWISE_MAX_WORKERS` agents, the workers
     ingested first, then by id: header `Kvwise-Agents-Not-Listed` counts the heartbeats
     left out, `Kvwise-Heartbeats-Refused` those unreadable (too large, corrupt, ...),
     `Kvwise-Ledgers-Refused` the agents listed with `counts_known` false (their ledger
