@@ -8,10 +8,14 @@ so a checkpoint stays bounded. The leader writes one on a schedule and on shutdo
 leader loads the last one another process wrote before it ingests. A checkpoint from another
 format or other window settings is reported and ignored (the window starts empty), and so is
 one whose bytes are damaged in any way: every failure to read one is a ``CheckpointError``.
-A checkpoint is checked whole before anything is restored (names as the wire allows them,
-at most ``max_categories``; counts whole, non-negative, of the window's dtypes; shapes and
-buckets that fit the header), since a window restored from a bad one would fail every
-refit until the key is deleted. It must never decide when to checkpoint.
+A stored one is read within bounds before anything is unpacked: no more than ``max_bytes``
+of it (its size asked first; a key of another type refused), a zip end record of at most its
+six members, and each member's array header declaring no more than a full window of these
+settings holds (``CheckpointBounds``), so a small archive that unpacks to gigabytes is
+refused unpacked. It is then checked whole before anything is restored (names as the wire
+allows them, at most ``max_categories``; counts whole, non-negative, of the window's dtypes;
+shapes and buckets that fit the header), since a window restored from a bad one would fail
+every refit until the key is deleted. It must never decide when to checkpoint.
 """
 
 from __future__ import annotations
@@ -19,26 +23,66 @@ from __future__ import annotations
 import io
 import json
 import math
+import struct
 import time
+import zipfile
 from dataclasses import dataclass
-from typing import Final, TypeGuard
+from typing import IO, Final, TypeGuard
 
 import numpy as np
+import redis
 
 from agent.runtime.connection import RedisClient
 from agent.wire import MAX_CATEGORY_NAME_CHARS
-from controlplane.fit.reuse_window import WindowState
+from controlplane.fit.reuse_window import ReuseStats, WindowState
 
 FORMAT: Final = 1
 """Version of the stored form; another version is ignored, never misread."""
 
 _ARRAYS: Final = ("edges", "bucket_ids", "accesses", "near_concurrent", "gaps")
+_MEMBERS: Final = ("header", *_ARRAYS)
 _COUNTS: Final = {"accesses": np.int64, "near_concurrent": np.int64, "gaps": np.int32}
 """Count arrays and the dtype the window holds them in (a value must fit it as it is)."""
 
 
 class CheckpointError(ValueError):
-    """A stored checkpoint that cannot be used (format, settings, corruption)."""
+    """A stored checkpoint that cannot be used (format, settings, corruption, size)."""
+
+
+_HEADER_BYTES: Final = 64 << 10
+"""A header's JSON less its category names: numbers, the writer's name, its process id."""
+_NAME_BYTES: Final = 12 * MAX_CATEGORY_NAME_CHARS + 4
+"""A category name in the header's JSON at most: 12 bytes a character (a character past
+the BMP escaped as two ``\\uXXXX``), its quotes and separator."""
+_MAX_ITEM_BYTES: Final = 8
+"""The widest element a member may hold (the window counts in int64 at most)."""
+
+
+@dataclass(frozen=True)
+class CheckpointBounds:
+    """The most a checkpoint for a window of ``buckets`` buckets, ``gap_bins`` gap bins
+    and at most ``categories`` categories may hold: what that window, full, holds. A stored
+    one that declares more is refused before anything of it is unpacked."""
+
+    buckets: int
+    categories: int
+    gap_bins: int
+
+    @classmethod
+    def of(cls, window: ReuseStats, max_categories: int) -> CheckpointBounds:
+        return cls(window.n_buckets, max_categories, len(window.edges) - 1)
+
+    def elements(self, member: str) -> int:
+        """Elements ``member`` may declare, at most (bytes, for the header)."""
+        cells = self.buckets * self.categories
+        return {
+            "header": _HEADER_BYTES + self.categories * _NAME_BYTES,
+            "edges": self.gap_bins + 1,
+            "bucket_ids": self.buckets,
+            "accesses": cells,
+            "near_concurrent": cells,
+            "gaps": cells * self.gap_bins,
+        }[member]
 
 
 @dataclass(frozen=True)
@@ -75,25 +119,25 @@ def encode(
     return out.getvalue()
 
 
-def decode(raw: bytes, *, max_categories: int | None = None) -> Loaded:
+def decode(raw: bytes, *, bounds: CheckpointBounds | None = None) -> Loaded:
     """The ``WindowState`` stored as ``raw``; ``CheckpointError`` if it cannot be used
-    (also when it holds more than ``max_categories`` categories)."""
+    (also when it holds more than ``bounds`` allow; None: bytes this process wrote)."""
     try:
-        return _decode(raw, max_categories)
+        return _decode(raw, bounds)
     except CheckpointError:
         raise
     except Exception as exc:  # damaged bytes raise anything (BadZipFile, KeyError, ...)
         raise CheckpointError(f"unreadable checkpoint: {type(exc).__name__}: {exc}") from None
 
 
-def _decode(raw: bytes, max_categories: int | None) -> Loaded:
-    with np.load(io.BytesIO(raw), allow_pickle=False) as archive:
-        header = json.loads(archive["header"].tobytes())
-        arrays = {name: archive[name] for name in _ARRAYS}
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        found = header.get("format") if isinstance(header, dict) else header
-        raise CheckpointError(f"checkpoint format {found!r}, not {FORMAT}")
-    names = _names(header.get("names"), max_categories)
+def _decode(raw: bytes, bounds: CheckpointBounds | None) -> Loaded:
+    with _opened(raw) as archive:
+        header = json.loads(_member(archive, "header", bounds).tobytes())
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            found = header.get("format") if isinstance(header, dict) else header
+            raise CheckpointError(f"checkpoint format {found!r}, not {FORMAT}")
+        names = _names(header.get("names"), None if bounds is None else bounds.categories)
+        arrays = {name: _member(archive, name, bounds) for name in _ARRAYS}
     head = _optional_number(header, "head", whole=True)
     state = WindowState(
         window_s=float(_number(header, "window_s")),
@@ -113,6 +157,80 @@ def _decode(raw: bytes, max_categories: int | None) -> Loaded:
         _text(header, "process"),
         len(raw),
     )
+
+
+_END_RECORD: Final = struct.Struct("<4s4H2LH")
+"""A zip archive's end record: signature, disk numbers, members on this disk and in all,
+the directory's size and offset, the comment's length."""
+_END_SIGNATURE: Final = b"PK\x05\x06"
+_ZIP64_LOCATOR: Final = b"PK\x06\x07"
+"""20 bytes ahead of the end record, it points at a zip64 one, which zipfile would read
+instead (never in a checkpoint: a Redis string is far smaller)."""
+_DIRECTORY_ENTRY_BYTES: Final = 1 << 10
+"""A member's entry in the archive's directory, at most (numpy writes about 60 bytes)."""
+
+
+def _opened(raw: bytes) -> zipfile.ZipFile:
+    """``raw`` opened as a zip archive once its end record says it holds no more than a
+    checkpoint's members in a directory of their size, and it lists exactly those; each
+    member is unpacked by ``_member``, only once its declared shape and dtype fit."""
+    _check_end_record(raw)
+    archive = zipfile.ZipFile(io.BytesIO(raw))
+    listed = [info.filename.removesuffix(".npy") for info in archive.infolist()]
+    if sorted(listed) != sorted(_MEMBERS):
+        archive.close()
+        raise CheckpointError(f"checkpoint archive holds {listed!r:.200}, not {_MEMBERS}")
+    return archive
+
+
+def _check_end_record(raw: bytes) -> None:
+    """``CheckpointError`` unless the end record zipfile will read (found as it finds it)
+    declares at most the checkpoint's members and a directory of their size: zipfile lists
+    every entry its directory holds, and a forged one can name a million."""
+    size = _END_RECORD.size
+    last = len(raw) - size
+    if raw[last : last + 4] == _END_SIGNATURE and raw[-2:] == b"\0\0":
+        at = last  # no comment
+    else:  # after a comment of up to 64 KiB
+        at = raw.rfind(_END_SIGNATURE, max(last - 0xFFFF, 0))
+    if at < 0 or at > last:
+        raise CheckpointError("unreadable checkpoint: not a zip archive (no end record)")
+    _, _, _, here, members, directory, _, _ = _END_RECORD.unpack_from(raw, at)
+    most = len(_MEMBERS)
+    zip64 = at >= 20 and raw[at - 20 : at - 16] == _ZIP64_LOCATOR
+    if zip64 or max(here, members) > most or directory > most * _DIRECTORY_ENTRY_BYTES:
+        raise CheckpointError(
+            f"checkpoint archive declares {members:,} members in a directory of "
+            f"{directory:,} bytes{' (zip64)' if zip64 else ''}: a checkpoint has {most} "
+            "(not unpacked)"
+        )
+
+
+def _member(archive: zipfile.ZipFile, name: str, bounds: CheckpointBounds | None) -> np.ndarray:
+    """Member ``name`` unpacked, once its array header declares no more than ``bounds``
+    allow it (no more elements than a full window holds, none wider than 8 bytes)."""
+    if bounds is not None:
+        with archive.open(f"{name}.npy") as member:
+            shape, dtype = _declared(member)
+        count, most = math.prod(shape), bounds.elements(name)
+        if count > most or dtype.itemsize > _MAX_ITEM_BYTES:
+            raise CheckpointError(
+                f"checkpoint array {name!r} declares shape {shape} of {dtype} "
+                f"({count * dtype.itemsize:,} bytes): more than a window of these settings "
+                f"holds ({most:,} elements of at most {_MAX_ITEM_BYTES} bytes; not unpacked)"
+            )
+    with archive.open(f"{name}.npy") as member:
+        return np.lib.format.read_array(member, allow_pickle=False)
+
+
+def _declared(member: IO[bytes]) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype a member's array header declares."""
+    major, _ = np.lib.format.read_magic(member)
+    read = {1: np.lib.format.read_array_header_1_0, 2: np.lib.format.read_array_header_2_0}
+    if major not in read:
+        raise CheckpointError(f"checkpoint array of npy format {major}, not 1 or 2")
+    shape, _, dtype = read[major](member)
+    return shape, dtype
 
 
 def _number(
@@ -216,15 +334,16 @@ def _check_counts(field: str, counts: np.ndarray, dtype: np.dtype, names: tuple[
 
 
 class CheckpointStore:
-    """Reads and writes the one checkpoint under ``key``."""
+    """Reads and writes the one checkpoint under ``key``, at most ``max_bytes`` of it, and
+    reads back only one that fits ``bounds``."""
 
     def __init__(
-        self, client: RedisClient, key: str, *, max_bytes: int, max_categories: int | None = None
+        self, client: RedisClient, key: str, *, max_bytes: int, bounds: CheckpointBounds
     ) -> None:
         self.r = client
         self.key = key
         self.max_bytes = max_bytes
-        self.max_categories = max_categories
+        self.bounds = bounds
 
     def save(self, state: WindowState, *, writer: str = "", process: str = "") -> int:
         """Write ``state``; returns its size. ``CheckpointError`` (nothing written) when it
@@ -238,10 +357,37 @@ class CheckpointStore:
         return len(raw)
 
     def load(self) -> Loaded | None:
-        """The last checkpoint, or None if there is none; ``CheckpointError`` if it cannot
-        be used."""
-        raw = self.r.get(self.key)
+        """The last checkpoint, or None if there is none; ``CheckpointError`` (saying its
+        size) if it cannot be used."""
+        raw = self._stored()
         if raw is None:
             return None
-        raw = raw if isinstance(raw, bytes) else raw.encode("latin-1")
-        return decode(raw, max_categories=self.max_categories)
+        try:
+            return decode(raw, bounds=self.bounds)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{exc}; {len(raw):,} bytes stored") from None
+
+    def _stored(self) -> bytes | None:
+        """The stored bytes (None: absent or empty), never read past ``max_bytes``: its size
+        is asked first, so a refusal reads nothing, then one GETRANGE of a byte more, so
+        one that grew in between is refused too. ``CheckpointError`` if it is larger or
+        the key holds another type than a string."""
+        try:
+            size = self.r.strlen(self.key)
+            fits = 0 < size <= self.max_bytes
+            raw = self.r.getrange(self.key, 0, self.max_bytes) if fits else b""
+        except redis.ResponseError as exc:
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            held = self.r.type(self.key)
+            held = held.decode() if isinstance(held, bytes) else held
+            raise CheckpointError(f"the key holds a {held}, not a checkpoint (not read)") from None
+        size = max(size, len(raw))
+        if size > self.max_bytes:
+            raise CheckpointError(
+                f"checkpoint of {size:,} bytes > max_checkpoint_bytes ({self.max_bytes:,}; "
+                "not read)"
+            )
+        if not raw:
+            return None
+        return raw if isinstance(raw, bytes) else raw.encode("latin-1")

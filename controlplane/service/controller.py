@@ -37,7 +37,7 @@ from controlplane.fit.gof import ReuseCurve
 from controlplane.fit.per_category import max_relative_change
 from controlplane.fit.reuse_window import ReuseStats
 from controlplane.service.agents import AgentListing, AgentReader, AgentView
-from controlplane.service.checkpoint import CheckpointError, CheckpointStore
+from controlplane.service.checkpoint import CheckpointBounds, CheckpointError, CheckpointStore
 from controlplane.service.health import RedisHealth, guarded
 from controlplane.service.housekeeping import Housekeeper, HousekeepingSettings
 from controlplane.service.ingest import Ingestor, IngestSettings
@@ -143,14 +143,14 @@ def live_window(settings: ControllerSettings) -> LiveWindow:
 
 
 def checkpoint_store(
-    client: RedisClient, keys: Keys, settings: ControllerSettings
+    client: RedisClient, keys: Keys, settings: ControllerSettings, window: LiveWindow
 ) -> CheckpointStore:
-    """The window's checkpoint, bounded as ``settings`` bound the window and its size."""
+    """The checkpoint of ``window``, bounded as ``settings`` bound the window and its size."""
     return CheckpointStore(
         client,
         keys.checkpoint,
         max_bytes=settings.max_checkpoint_bytes,
-        max_categories=settings.max_categories,
+        bounds=CheckpointBounds.of(window.stats, settings.max_categories),
     )
 
 
@@ -190,7 +190,7 @@ class Controller:
         self.window = window = live_window(settings)
         # Read at each scrape: right from the first batch on.
         self.metrics.window_categories.set_function(lambda: window.categories)
-        self.checkpoints = checkpoint_store(self.r, self.keys, settings)
+        self.checkpoints = checkpoint_store(self.r, self.keys, settings, window)
         self.agent_reader = AgentReader(self.r, self.keys, settings.max_workers)
         self.shadow = ShadowLink(settings.shadow_only(), self.metrics, settings.max_workers)
         self.last_fit: FitResult | None = None

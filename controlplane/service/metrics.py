@@ -168,7 +168,8 @@ class ControllerMetrics:
         )
         self.checkpoints = self._counter(
             "kvwise_checkpoints",
-            "Window checkpoints by outcome (refused: one read at start that could not be used)",
+            "Window checkpoints by outcome (refused: one read at start that could not be used: "
+            "damaged, over its bounds or of another type)",
             ("outcome",),
             each=("written", "failed", "refused"),
         )

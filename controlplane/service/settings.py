@@ -123,7 +123,10 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
         default=60.0, gt=0, description="Seconds between checkpoints of the statistics window"
     )
     max_checkpoint_bytes: int = Field(
-        default=64 << 20, ge=1 << 16, description="Largest checkpoint written (compressed)"
+        default=64 << 20,
+        ge=1 << 16,
+        description="Largest checkpoint written, or read back (compressed; a larger one "
+        "stored is not read)",
     )
 
     # --- fitting (and every field of FitSettings) -------------------------------------

@@ -1,7 +1,10 @@
 """A damaged checkpoint in Redis is refused whole at takeover: said with the key, the field
-and the category, counted in checkpoints{outcome="refused"}; the window starts empty and the
-next checkpoint overwrites it. Each case loaded before (and a numeric name then failed every
-refit)."""
+and the category (or its size, its type, what it declares), counted in
+checkpoints{outcome="refused"}; the window starts empty and the next checkpoint overwrites
+it. Each case loaded before (and a numeric name then failed every refit), or worse: a value
+over max_checkpoint_bytes and an archive declaring far more than the window holds were read
+and unpacked whole, and a key of another type read as Redis failing, so the leader never
+ingested."""
 
 from __future__ import annotations
 
@@ -19,12 +22,18 @@ from controlplane.fit.reuse_window import ReuseStats, WindowState
 from controlplane.service.checkpoint import decode as decode_checkpoint
 from controlplane.service.checkpoint import encode as encode_checkpoint
 from controlplane.service.controller import Controller
+from tests import checkpoint_bombs
 from tests.integration.controller_fixtures import controller, recent_window
 
 pytestmark = pytest.mark.integration
 
 MAX_CATEGORIES = 2
 """The controllers' ``max_categories`` here: a checkpoint of three holds too many."""
+MAX_CHECKPOINT_BYTES = 1 << 16
+"""The controllers' ``max_checkpoint_bytes`` here (the least allowed)."""
+BOMB_BYTES = 32 << 20
+"""What the zip bomb's gap counts declare (in about 32 KiB): ten thousand times what the
+window holds."""
 
 
 def small_controller(redis_url: str, key_prefix: str) -> AbstractContextManager[Controller]:
@@ -34,6 +43,18 @@ def small_controller(redis_url: str, key_prefix: str) -> AbstractContextManager[
         key_prefix,
         max_categories=MAX_CATEGORIES,
         max_categories_per_worker=MAX_CATEGORIES,
+        max_checkpoint_bytes=MAX_CHECKPOINT_BYTES,
+    )
+
+
+Store = Callable[[redis.Redis, str], object]
+"""Writes a damaged checkpoint to the key."""
+
+
+def storing(damaged: Callable[[], WindowState]) -> Store:
+    """Stores ``damaged()`` as an older leader's checkpoint."""
+    return lambda r, key: r.set(
+        key, encode_checkpoint(damaged(), writer="an-older-leader", process="older")
     )
 
 
@@ -46,26 +67,47 @@ def with_count(field: str, value: float) -> WindowState:
     return dataclasses.replace(state, **{field: counts})
 
 
-DAMAGE: dict[str, tuple[Callable[[], WindowState], str]] = {
+DAMAGE: dict[str, tuple[Store, str]] = {
     "a numeric category name": (
-        lambda: dataclasses.replace(recent_window(["a"]), names=(7,)),  # type: ignore[arg-type]
+        storing(lambda: dataclasses.replace(recent_window(["a"]), names=(7,))),  # type: ignore[arg-type]
         "field 'names', category 0 (7)",
     ),
     "a name of 129 characters": (
-        lambda: dataclasses.replace(
-            recent_window(["a"]), names=("x" * (MAX_CATEGORY_NAME_CHARS + 1),)
+        storing(
+            lambda: dataclasses.replace(
+                recent_window(["a"]), names=("x" * (MAX_CATEGORY_NAME_CHARS + 1),)
+            )
         ),
         f"of {MAX_CATEGORY_NAME_CHARS + 1} characters): a category name is a string of 1 to "
         f"{MAX_CATEGORY_NAME_CHARS} characters",
     ),
-    "a NaN count": (lambda: with_count("accesses", np.nan), "'accesses' holds float64 counts"),
+    "a NaN count": (
+        storing(lambda: with_count("accesses", np.nan)),
+        "'accesses' holds float64 counts",
+    ),
     "a negative count": (
-        lambda: with_count("near_concurrent", -1),
+        storing(lambda: with_count("near_concurrent", -1)),
         "'near_concurrent', category 'a': count -1",
     ),
     "too many categories": (
-        lambda: recent_window(["a", "b", "c"]),
+        storing(lambda: recent_window(["a", "b", "c"])),
         f"holds 3 categories > max_categories ({MAX_CATEGORIES})",
+    ),
+    "a value over max_checkpoint_bytes": (
+        lambda r, key: r.set(key, b"x" * (MAX_CHECKPOINT_BYTES + 1)),
+        f"checkpoint of {MAX_CHECKPOINT_BYTES + 1:,} bytes > max_checkpoint_bytes "
+        f"({MAX_CHECKPOINT_BYTES:,}; not read)",
+    ),
+    "a key of another type": (
+        lambda r, key: r.rpush(key, b"a list"),
+        "the key holds a list, not a checkpoint (not read)",
+    ),
+    "a zip bomb": (
+        lambda r, key: r.set(
+            key, checkpoint_bombs.declaring(encode_checkpoint(recent_window(["a"])), BOMB_BYTES)
+        ),
+        f"'gaps' declares shape ({BOMB_BYTES // 4},) of int32 ({BOMB_BYTES:,} bytes): more than "
+        "a window of these settings holds",
     ),
 }
 
@@ -74,10 +116,10 @@ DAMAGE: dict[str, tuple[Callable[[], WindowState], str]] = {
 def test_a_damaged_checkpoint_is_refused_counted_and_overwritten(
     damage: str, redis_url: str, key_prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    damaged, said = DAMAGE[damage]
+    store, said = DAMAGE[damage]
     key = Keys(key_prefix).checkpoint
     r = redis.Redis.from_url(redis_url)
-    r.set(key, encode_checkpoint(damaged(), writer="an-older-leader", process="older"))
+    store(r, key)
     caplog.set_level(logging.INFO, logger="controlplane.service.controller")
     with small_controller(redis_url, key_prefix) as c:
         refused = c.metrics.registry.get_sample_value(

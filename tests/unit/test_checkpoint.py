@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import tracemalloc
 
 import numpy as np
 import pytest
 
 from controlplane.fit.reuse_window import ReuseStats, WindowState
-from controlplane.service.checkpoint import CheckpointError, decode, encode
+from controlplane.service.checkpoint import CheckpointBounds, CheckpointError, decode, encode
+from tests import checkpoint_bombs
 
 
 def _stored() -> bytes:
@@ -48,6 +50,11 @@ def test_a_checkpoint_reads_back() -> None:
 def test_any_damage_is_a_checkpoint_error(raw: bytes) -> None:
     with pytest.raises(CheckpointError, match="checkpoint"):
         decode(raw)
+
+
+def _bounds(categories: int) -> CheckpointBounds:
+    """The bounds of ``_counted``'s window shape with room for ``categories``."""
+    return CheckpointBounds.of(ReuseStats(100.0, n_buckets=10), categories)
 
 
 def _counted() -> WindowState:
@@ -89,7 +96,7 @@ def _buckets(oldest: int, newest: int) -> bytes:
 
 def test_a_counted_window_reads_back_whole() -> None:
     counted = _counted()
-    state = decode(encode(counted), max_categories=2).state
+    state = decode(encode(counted), bounds=_bounds(2)).state
     assert state.names == ("a", "b") and int(state.accesses.sum()) > 0
     for field in ("bucket_ids", "accesses", "near_concurrent", "gaps"):
         assert np.array_equal(getattr(state, field), getattr(counted, field))
@@ -118,7 +125,7 @@ def test_a_counted_window_reads_back_whole() -> None:
             id="float counts",
         ),
         pytest.param(
-            _replaced(accesses=np.zeros((10, 3), np.int64)), "of shape (10, 3)", id="shape"
+            _replaced(accesses=np.zeros((10, 1), np.int64)), "of shape (10, 1)", id="shape"
         ),
         pytest.param(
             _replaced(gaps=np.zeros((10, 2, 4), np.int32)), "(10, 2, 4)", id="gaps not edges"
@@ -138,7 +145,7 @@ def test_a_counted_window_reads_back_whole() -> None:
 )
 def test_a_checkpoint_is_checked_whole(raw: bytes, said: str) -> None:
     with pytest.raises(CheckpointError, match="checkpoint") as refused:
-        decode(raw, max_categories=2)
+        decode(raw, bounds=_bounds(2))
     assert said in str(refused.value)
 
 
@@ -146,4 +153,39 @@ def test_more_categories_than_the_window_may_hold_are_refused() -> None:
     raw = encode(_counted())
     assert decode(raw).state.names == ("a", "b")  # no bound: read
     with pytest.raises(CheckpointError, match=r"holds 2 categories > max_categories \(1\)"):
-        decode(raw, max_categories=1)
+        decode(raw, bounds=_bounds(1))
+
+
+DECLARED_BYTES = 64 << 20
+"""What the bomb's one member declares: a window of ``_bounds(2)`` holds 2,060 gap counts."""
+
+
+def test_an_archive_declaring_more_than_the_window_holds_is_refused_unpacked() -> None:
+    """The gaps member declares 64 MiB of counts in about 64 KiB: refused from its array
+    header, before its data is unpacked (the bound is far under what unpacking it takes,
+    so it fails for any unpacking first, whatever the allocator)."""
+    bomb = checkpoint_bombs.declaring(encode(_counted()), DECLARED_BYTES)
+    assert len(bomb) < DECLARED_BYTES // 256
+    tracemalloc.start()
+    try:
+        with pytest.raises(CheckpointError) as refused:
+            decode(bomb, bounds=_bounds(2))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert f"'gaps' declares shape ({DECLARED_BYTES // 4},) of int32" in str(refused.value)
+    assert "not unpacked" in str(refused.value)
+    assert peak < DECLARED_BYTES // 16
+
+
+def test_an_archive_of_more_members_than_a_checkpoint_is_refused() -> None:
+    raw = checkpoint_bombs.with_members(_stored(), 1000)
+    with pytest.raises(CheckpointError, match=r"declares 1,006 members in a directory of"):
+        decode(raw)
+
+
+def test_an_archive_without_a_member_is_refused() -> None:
+    with np.load(io.BytesIO(_stored()), allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files if name != "gaps"}
+    with pytest.raises(CheckpointError, match=r"holds \['header', 'edges'"):
+        decode(_archive(**arrays))
