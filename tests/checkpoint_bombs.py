@@ -2,7 +2,7 @@
 tests and the load benchmark.
 
 ``declaring`` keeps a real checkpoint's members but one, whose array header declares
-``declared_bytes`` of int32 counts and whose data is streamed through the compressor a
+``declared_bytes`` (of int32 counts by default) and whose data is streamed through the compressor a
 megabyte at a time (mostly zeros, so it compresses about a thousand to one): building one
 never holds the declared array. ``with_members`` pads an archive's directory with empty
 members instead.
@@ -19,13 +19,19 @@ CHUNK_BYTES = 1 << 20
 
 
 def declaring(
-    checkpoint: bytes, declared_bytes: int, *, member: str = "gaps", noise: float = 0.0
+    checkpoint: bytes,
+    declared_bytes: int,
+    *,
+    member: str = "gaps",
+    dtype: str = "<i4",
+    noise: float = 0.0,
 ) -> bytes:
-    """``checkpoint`` with ``member`` replaced by int32 counts of ``declared_bytes`` (a
-    multiple of 4; shape ``(declared_bytes // 4,)``), a ``noise`` share of them 1 at seeded
-    random places (the rest 0), so the archive grows with ``noise``."""
+    """``checkpoint`` with ``member`` replaced by a flat array of ``dtype`` declaring
+    ``declared_bytes`` (a multiple of its size), zeros but for a ``noise`` share of int32
+    ones at seeded random places (so the archive grows with ``noise``)."""
     out = io.BytesIO()
     rng = np.random.default_rng(0)
+    shape = (declared_bytes // np.dtype(dtype).itemsize,)
     with (
         zipfile.ZipFile(io.BytesIO(checkpoint)) as real,
         zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as bomb,
@@ -35,7 +41,7 @@ def declaring(
                 bomb.writestr(info.filename, real.read(info))
                 continue
             with bomb.open(info.filename, "w", force_zip64=True) as fp:
-                header = {"descr": "<i4", "fortran_order": False, "shape": (declared_bytes // 4,)}
+                header = {"descr": dtype, "fortran_order": False, "shape": shape}
                 np.lib.format.write_array_header_1_0(fp, header)
                 for start in range(0, declared_bytes, CHUNK_BYTES):
                     n = min(CHUNK_BYTES, declared_bytes - start) // 4

@@ -189,3 +189,19 @@ def test_an_archive_without_a_member_is_refused() -> None:
         arrays = {name: archive[name] for name in archive.files if name != "gaps"}
     with pytest.raises(CheckpointError, match=r"holds \['header', 'edges'"):
         decode(_archive(**arrays))
+
+
+def test_an_array_of_elements_wider_than_a_count_is_refused_unpacked() -> None:
+    """One element of 1 MB passes any bound on the count of elements."""
+    raw = checkpoint_bombs.declaring(encode(_counted()), 1 << 20, member="edges", dtype="|V1048576")
+    with pytest.raises(CheckpointError, match=r"'edges' declares shape \(1,\) of \|V1048576"):
+        decode(raw, bounds=_bounds(2))
+
+
+def test_an_archive_pointing_at_a_zip64_end_record_is_refused() -> None:
+    """zipfile would read the zip64 record's member count and directory size instead."""
+    raw = _stored()
+    at = raw.rfind(b"PK\x05\x06")
+    pointed = raw[:at] + b"PK\x06\x07" + bytes(16) + raw[at:]
+    with pytest.raises(CheckpointError, match=r"\(zip64\): a checkpoint has 6"):
+        decode(pointed)
