@@ -191,8 +191,8 @@ def _check_end_record(raw: bytes) -> None:
     last = len(raw) - size
     if raw[last : last + 4] == _END_SIGNATURE and raw[-2:] == b"\0\0":
         at = last  # no comment
-    else:  # after a comment of up to 64 KiB
-        at = raw.rfind(_END_SIGNATURE, max(last - 0xFFFF, 0))
+    else:  # after a comment (up to 64 KiB), searched where zipfile searches
+        at = raw.rfind(_END_SIGNATURE, max(last - (1 << 16), 0))
     if at < 0 or at > last:
         raise CheckpointError("unreadable checkpoint: not a zip archive (no end record)")
     _, _, _, here, members, directory, _, _ = _END_RECORD.unpack_from(raw, at)
