@@ -80,7 +80,10 @@ def counter_bytes(
     """Bytes the counters of a ``ReuseStats`` of this shape hold once it holds
     ``categories`` categories (``ReuseStats.nbytes`` then): per bucket and category room,
     two int64 counts and one int32 per gap bin; per bucket two int64. A snapshot or a
-    checkpoint copies the buckets it reads, briefly about as much again."""
+    checkpoint copies the buckets it reads, briefly about as much again. The Helm chart
+    repeats this arithmetic (helm/kvwise/templates/_window.tpl) to refuse at install what
+    the controller's settings refuse; tests/integration/test_helm_window_bound.py holds
+    the two equal."""
     edges = window_edges(window_s, n_buckets, min_gap_s, bins_per_decade)
     per_cell = 2 * 8 + 4 * (len(edges) - 1)
     return n_buckets * (category_capacity(categories) * per_cell + 2 * 8)

@@ -330,6 +330,7 @@ Takes (dict "values" map "nullable" list-of-keys).
 {{- fail (printf "controller.config.%s (%v) must not exceed controller.config.%s (%v)" $low (index $config $low) $high (index $config $high)) }}
 {{- end }}
 {{- end }}
+{{- include "kvwise.validate.window" . }}
 {{- with .Values.controller.metrics.serviceMonitor }}
 {{- if and .enabled (gt (include "kvwise.durationMs" .scrapeTimeout | int64) (include "kvwise.durationMs" .interval | int64)) }}
 {{- fail (printf "controller.metrics.serviceMonitor.scrapeTimeout (%s) must not exceed controller.metrics.serviceMonitor.interval (%s): Prometheus refuses such a scrape" .scrapeTimeout .interval) }}
