@@ -1,7 +1,8 @@
-"""An agent's background loops failing by a bug, seen from the controller: the heartbeat's
-``*_unexpected_errors`` counts in GET /v1/agents and in
-``kvwise_agent_loop_unexpected_errors{agent,loop}``, over real HTTP with a real Redis; and
-a heartbeat of an agent that predates the counts, still listed."""
+"""Background loops failing by a bug, seen from the controller: an agent's, by the
+heartbeat's ``*_unexpected_errors`` counts in GET /v1/agents and in
+``kvwise_agent_loop_unexpected_errors{agent,loop}``, and a heartbeat of an agent that
+predates the counts, still listed; the controller's own ingest loop, in
+``kvwise_ingest_unexpected_errors``; over real HTTP with a real Redis."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ from agent.wire import Events, Keys
 from tests.integration.agent_fixtures import fast_settings
 from tests.integration.controller_fixtures import (
     RunningController,
+    good_batch,
     live_settings,
     running_controller,
+    send,
 )
 from tests.waiting import wait_until
 from tests.wire_samples import agent_status
@@ -41,6 +44,13 @@ def loop_errors_exported(ctl: RunningController, agent: str) -> dict[str, float]
     families = text_string_to_metric_families(ctl.client.get("/metrics").text)
     family = next(f for f in families if f.name == "kvwise_agent_loop_unexpected_errors")
     return {s.labels["loop"]: s.value for s in family.samples if s.labels["agent"] == agent}
+
+
+def exported(ctl: RunningController, name: str) -> float:
+    """The one sample of the unlabelled gauge ``name`` in a scrape."""
+    families = text_string_to_metric_families(ctl.client.get("/metrics").text)
+    (sample,) = next(f for f in families if f.name == name).samples
+    return sample.value
 
 
 def listed(ctl: RunningController) -> dict[str, dict[str, object]]:
@@ -98,3 +108,32 @@ def test_a_live_agents_failing_publisher_is_counted_at_the_controller(
         agent.free([2, 1], [1, 0], time.time(), "chat")
         wait_until(lambda: agent.events_sent >= 2, what="the publisher sending again")
         assert agent.publisher.unexpected_errors == seen
+
+
+def test_an_ingest_pass_failing_by_a_bug_is_counted_in_the_metrics(
+    ctl: RunningController, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ingest whose every pass raises goes on (its thread lives) and /metrics shows its
+    count rising; fixed, it ingests again and the count stays."""
+    ingestor = ctl.controller.ingestor
+    wait_until(lambda: ingestor.running, what="the leader ingesting")
+    assert exported(ctl, "kvwise_ingest_unexpected_errors") == 0
+
+    def broken_pass() -> int:
+        raise RuntimeError("a bug in ingest")
+
+    monkeypatch.setattr(ingestor, "poll_once", broken_pass)
+    wait_until(
+        lambda: exported(ctl, "kvwise_ingest_unexpected_errors") >= 3,
+        what="three failed ingest passes in /metrics",
+    )
+    assert ingestor.running
+    monkeypatch.undo()
+    keys = Keys(ctl.controller.settings.key_prefix)
+    send(redis.Redis.from_url(redis_url), keys, good_batch("w-after", 1))
+    wait_until(lambda: ingestor.counters.batches == 1, what="ingest working again")
+    failed = exported(ctl, "kvwise_ingest_unexpected_errors")
+    assert failed == ingestor.unexpected_errors >= 3
+    send(redis.Redis.from_url(redis_url), keys, good_batch("w-after", 2))
+    wait_until(lambda: ingestor.counters.batches == 2, what="a second batch ingested")
+    assert exported(ctl, "kvwise_ingest_unexpected_errors") == failed
