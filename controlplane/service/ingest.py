@@ -4,7 +4,8 @@ Owns the consumer group over the ``events:*`` streams (new workers discovered by
 to ``max_workers``: one found past them is left unread, counted and told once), the
 reading of them in bounded passes (``stream_io``: no entry over ``max_entry_bytes`` and no
 pass over about ``max_read_bytes`` reaches this process), reclaiming entries a dead consumer
-left pending, each worker's ledger (sequence gaps and counts, ``ledger``), and the
+left pending, each worker's ledger (sequence gaps and counts, ``ledger``; read back within
+bounds, ``ledger_reads``), and the
 dead-letter stream. Each entry ends one way: applied; a duplicate (a resent batch); or
 dead-lettered with its reason, its ids and a bounded prefix of its payload, and deleted from
 its stream. Any failure on one entry (bad bytes, a limit, an exception in ``apply``)
@@ -37,6 +38,7 @@ from agent.runtime.loop import BackgroundLoop, RedisObserver
 from agent.wire import BatchLimits, EventBatch, Keys, WireError, WireLimitError, decode_batch
 from controlplane.service.housekeeping import Housekeeper
 from controlplane.service.ledger import MAX_OUT_OF_ORDER, EntryCounts, WorkerLedger
+from controlplane.service.ledger_reads import LedgerReader
 from controlplane.service.metrics import DEAD_LETTER_REASONS, ControllerMetrics
 from controlplane.service.stream_io import (
     DELETED,
@@ -182,6 +184,7 @@ class Ingestor(BackgroundLoop):
         self.io = StreamIO(client, group=settings.group, consumer=settings.consumer)
         self.counters = IngestCounters()
         self.ledgers: dict[str, WorkerLedger] = {}
+        self.ledger_reader = LedgerReader(client, keys, settings.max_out_of_order, metrics)
         self._pass_applied: dict[BatchId, int] = {}
         """This pass's batches applied to the window, each with the events its clock lost."""
         self._applied_uncommitted: dict[BatchId, int] = {}
@@ -529,22 +532,12 @@ class Ingestor(BackgroundLoop):
 
     def _load_ledgers(self, streams: list[bytes]) -> None:
         workers = [w for w in map(self._worker_of, streams) if w and w not in self.ledgers]
-        if not workers:
-            return
-        pipe = self.r.pipeline(transaction=False)
-        for worker in workers:
-            pipe.hgetall(self.keys.ingest_state(worker))
-        for worker, raw in zip(workers, pipe.execute(), strict=True):
-            try:
-                ledger = WorkerLedger.from_hash(worker, raw, self.settings.max_out_of_order)
-            except ValueError as exc:
-                log.warning("ledger of %s unreadable (%s): starting it again", worker, exc)
-                ledger = WorkerLedger(worker, self.settings.max_out_of_order)
-            self.ledgers[worker] = ledger
+        self.ledgers.update(self.ledger_reader.read(workers))
 
     def forget(self, worker: str) -> None:
         """Drop what this process holds of a worker whose stream was expired."""
         self.ledgers.pop(worker, None)
+        self.ledger_reader.forget(worker)
         self.counters.gaps.pop(worker, None)
         for stream in (self.keys.events_stream(worker).encode(), worker.encode()):
             if stream in self._streams:

@@ -5,7 +5,8 @@ Owns ``SequenceTracker`` (per worker epoch: batches up to ``floor`` arrived or w
 off, ``above`` arrived past the first gap; memory bounded by ``max_out_of_order``) and
 ``WorkerLedger`` (the trackers of a worker's last few epochs plus its counts), the counts
 themselves (``EntryCounts``, also an ingest process's totals), with their
-flat form under ``Keys.ingest_state(worker)``: ingest writes it in the same call that
+flat form under ``Keys.ingest_state(worker)`` (``HASH_FIELDS``, each within
+``hash_field_bytes``: the bounds it is read back within): ingest writes it in the same call that
 acknowledges the entries it covers, so after a restart (or a new leader) sequence tracking
 and counts go on where they were, and the gap gauge does not jump. Any replica reads it to
 answer ``/v1/agents``. It must never talk to Redis itself.
@@ -25,6 +26,16 @@ is written off as lost."""
 
 EPOCHS_KEPT: Final = 4
 """Epochs (agent starts) tracked per worker; an older one's gaps are no longer shown."""
+
+MAX_HASH_FIELDS: Final = 32
+"""Fields a stored ledger may hold: ``to_hash`` writes ``len(HASH_FIELDS)`` (9), with room
+for a later release's few more. A ledger holding more was written by another hand."""
+NUMBER_BYTES: Final = 32
+"""Bytes of one stored number at most: a count, ``updated_at`` or, in ``epochs``, one
+sequence number with its separator (an agent's count from 1 stays far below 20 digits)."""
+EPOCH_NAME_BYTES: Final = 1024
+"""Bytes of one epoch's entry in ``epochs`` beside its numbers (an agent's epoch is 16 hex
+characters), with room."""
 
 
 @dataclass
@@ -90,6 +101,23 @@ class WorkerCounts(EntryCounts):
 
     refused: int = 0
     """In entries that decoded but broke a limit (dead-lettered)."""
+
+
+HASH_FIELDS: Final = (
+    *(f.name for f in fields(WorkerCounts)),
+    "epochs",
+    "missing",
+    "updated_at",
+)
+"""The fields ``WorkerLedger.to_hash`` writes, each of them every time."""
+
+
+def hash_field_bytes(max_out_of_order: int) -> dict[str, int]:
+    """The most bytes each of ``HASH_FIELDS`` holds as ``to_hash`` writes it: a count,
+    ``NUMBER_BYTES``; ``epochs``, ``EPOCHS_KEPT`` trackers of ``max_out_of_order`` numbers
+    above their floor (a tracker holds one more for a moment, never when stored)."""
+    per_epoch = EPOCH_NAME_BYTES + (max_out_of_order + 3) * NUMBER_BYTES
+    return {name: NUMBER_BYTES for name in HASH_FIELDS} | {"epochs": EPOCHS_KEPT * per_epoch}
 
 
 @dataclass

@@ -138,6 +138,11 @@ class ControllerMetrics:
             ("reason",),
             each=DEAD_LETTER_REASONS,
         )
+        self.ledgers_refused = self._counter(
+            "kvwise_ingest_ledgers_refused",
+            "Worker ledgers read back refused (not a hash, over the field count or a field's "
+            "size, unparsable) and started again; ingest's next commit replaces them",
+        )
         self.dead_letters_unwritten = self._counter(
             "kvwise_ingest_dead_letters_unwritten",
             "Dead letters Redis refused to store (out of memory, ...); their entries were "

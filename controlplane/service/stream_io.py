@@ -8,7 +8,8 @@ as a stub (its size and a bounded prefix), never whole, and the read stops once 
 acknowledge, delete refused entries, trim what the group has acknowledged and is older than
 the grace it is given by Redis's clock (``XTRIM MINID``: nothing unread or pending is ever
 trimmed, and other plain readers of the stream, such as ``kvwise trace record``, have that
-long to read an entry after ingest did) and write the worker's ledger, in one call on one
+long to read an entry after ingest did) and write the worker's ledger whole, over whatever
+the key held (another type, fields written by another hand), in one call on one
 shard (the stream and the ledger share the worker's hash tag). Acknowledge and trim come
 first, so that a Redis out of memory still frees the memory ingest can free.
 
@@ -114,7 +115,15 @@ if floor then
   end
   trimmed = redis.call('XTRIM', stream, 'MINID', floor)
 end
-for name, value in pairs(job.ledger) do redis.call('HSET', ledger, name, value) end
+if next(job.ledger) then
+  local flat = {}
+  for name, value in pairs(job.ledger) do
+    flat[#flat + 1] = name
+    flat[#flat + 1] = value
+  end
+  redis.call('UNLINK', ledger)
+  redis.call('HSET', ledger, unpack(flat))
+end
 return trimmed
 """
 
