@@ -4,8 +4,7 @@ Owns the consumer group over the ``events:*`` streams (new workers discovered by
 to ``max_workers``: one found past them is left unread, counted and told once), the
 reading of them in bounded passes (``stream_io``: no entry over ``max_entry_bytes`` and no
 pass over about ``max_read_bytes`` reaches this process), reclaiming entries a dead consumer
-left pending, each worker's ledger (sequence gaps and counts, ``ledger``; read back within
-bounds, ``ledger_reads``), and the
+left pending, each worker's ledger (``ledger``, read back by ``ledger_reads``), and the
 dead-letter stream. Each entry ends one way: applied; a duplicate (a resent batch); or
 dead-lettered with its reason, its ids and a bounded prefix of its payload, and deleted from
 its stream. Any failure on one entry (bad bytes, a limit, an exception in ``apply``)

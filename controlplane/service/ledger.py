@@ -4,12 +4,12 @@ how many events were applied or refused, persisted so that a restart forgets not
 Owns ``SequenceTracker`` (per worker epoch: batches up to ``floor`` arrived or were written
 off, ``above`` arrived past the first gap; memory bounded by ``max_out_of_order``) and
 ``WorkerLedger`` (the trackers of a worker's last few epochs plus its counts), the counts
-themselves (``EntryCounts``, also an ingest process's totals), with their
-flat form under ``Keys.ingest_state(worker)`` (``HASH_FIELDS``, each within
-``hash_field_bytes``: the bounds it is read back within): ingest writes it in the same call that
-acknowledges the entries it covers, so after a restart (or a new leader) sequence tracking
-and counts go on where they were, and the gap gauge does not jump. Any replica reads it to
-answer ``/v1/agents``. It must never talk to Redis itself.
+themselves (``EntryCounts``, also an ingest process's totals), with their flat form under
+``Keys.ingest_state(worker)`` (``HASH_FIELDS``, each within ``hash_field_bytes``: the bounds
+``ledger_reads`` reads it back within): ingest writes it in the same call that acknowledges
+the entries it covers, so after a restart (or a new leader) sequence tracking and counts go
+on where they were, and the gap gauge does not jump. Any replica reads it to answer
+``/v1/agents``. It must never talk to Redis itself.
 """
 
 from __future__ import annotations
