@@ -13,6 +13,8 @@ import redis
 from redis.cluster import RedisCluster
 
 from agent.wire import Keys
+from controlplane.service.ledger_reads import LedgerReader
+from controlplane.service.stream_io import Commit, StreamIO
 from controlplane.traces.synth import synthesize
 from controlplane.traces.writer import write_bailian
 from tests.e2e.procs import Stack, get, metric, version_in_force
@@ -104,3 +106,32 @@ def test_the_live_loop_on_a_cluster_survives_a_master_failover(
     client.close()
     # The policy state it keeps to restore an emptied Redis reads on a cluster too.
     assert "policy state not read" not in ctl.output()
+
+
+def test_ledgers_on_a_cluster_are_read_within_bounds_and_written_over(
+    cluster: LocalCluster,
+) -> None:
+    """Ledgers on several shards are read in one call, a bloated and a mistyped one refused
+    unread, and ingest's commit (one script over a worker's stream and ledger) writes a
+    ledger over the mistyped key: each script keeps its keys on the worker's shard."""
+    client = RedisCluster.from_url(cluster.url)
+    keys = Keys("cl-ledger:")
+    workers = [f"w{i}" for i in range(6)]
+    assert len({cluster.master_of(keys.ingest_state(w)).port for w in workers}) >= 2
+    client.hset(keys.ingest_state("w0"), mapping={f"f{i}": "x" for i in range(1000)})
+    client.rpush(keys.ingest_state("w1"), "not a hash")
+    client.hset(keys.ingest_state("w2"), mapping={"events": 7, "epochs": "{}"})
+    reader = LedgerReader(client, keys)
+    ledgers = reader.read(workers)
+    assert [ledgers[w].counts.events for w in workers] == [0, 0, 7, 0, 0, 0]
+    assert reader.refused == 2
+
+    stream = keys.events_stream("w1")
+    entry = client.xadd(stream, {"x": "1"})
+    client.xgroup_create(stream, "controller", id="0")
+    client.xreadgroup("controller", "ctl", {stream: ">"})
+    job = Commit(ack=[entry], ledger={"events": "3", "epochs": "{}"})
+    io = StreamIO(client, group="controller", consumer="ctl")
+    assert not io.commit({stream.encode(): keys.ingest_state("w1")}, {stream.encode(): job}).failed
+    assert reader.read(["w1"])["w1"].counts.events == 3 and reader.refused == 2
+    client.close()
