@@ -7,10 +7,11 @@ only if the same blocks ``0..i`` were cached before. A trace whose ids are prefi
 id wherever it appears (the first block of a request follows none), and so no id repeats
 inside a request. A trace whose ids hash each block's own tokens does not: the same id
 after different prefixes, or twice in one request. ``prefix_chained`` checks the first
-property (a few passes over the block array) and, where it fails, re-chains the ids: a
-block's new id is a dense id of (its parent's new id, its old id), depth by depth, which is
-what a prefix cache keys. On an already chained trace re-chaining would give the same
-blocks (``rechain_by_prefix``; the tests hold it to that), so it is skipped.
+property (two passes over the block array, a slice at a time) and, where it fails,
+re-chains the ids: a block's new id is a dense id of (its parent's new id, its old id),
+depth by depth, which is what a prefix cache keys. On an already chained trace
+re-chaining would give the same blocks (``rechain_by_prefix``; the tests hold it to
+that), so it is skipped.
 
 Owns ``prefix_chained`` and ``rechain_by_prefix``. It must never read files, refuse a trace or
 know about policies.
@@ -23,7 +24,7 @@ from dataclasses import replace
 import numpy as np
 from numpy.typing import NDArray
 
-from controlplane.traces.arrays import I64
+from controlplane.traces.arrays import I64, SLICE
 from controlplane.traces.model import RechainResult, Trace
 
 _NO_PARENT = -1
@@ -33,14 +34,9 @@ _NO_PARENT = -1
 def prefix_chained(trace: Trace) -> Trace:
     """``trace`` itself when its ids are prefix-chained; else a copy with every block
     re-chained by prefix and ``Trace.rechained`` saying why."""
-    predecessors = _predecessors(trace.blocks, trace.offsets)
-    one_each = np.full(trace.n_unique, _NO_PARENT - 1, dtype=np.int64)
-    one_each[trace.blocks] = predecessors  # one of each id's predecessors, any one
-    other = one_each[trace.blocks] != predecessors
-    if not other.any():
+    several = _ids_after_several_blocks(trace.blocks, trace.offsets, trace.n_unique)
+    if not several.any():
         return trace
-    several = np.zeros(trace.n_unique, dtype=np.bool_)
-    several[trace.blocks[other]] = True
     found = RechainResult(
         ids_after_several_blocks=int(several.sum()),
         requests_repeating_an_id=_requests_repeating_an_id(trace, several),
@@ -57,12 +53,31 @@ def rechain_by_prefix(trace: Trace) -> Trace:
     return replace(trace, blocks=blocks, hashes=np.arange(n_keys, dtype=np.int64))
 
 
-def _predecessors(blocks: I64, offsets: I64) -> I64:
-    """The block before each access in its request; ``_NO_PARENT`` for a first block."""
-    predecessors = np.empty_like(blocks)
-    predecessors[1:] = blocks[:-1]
+def _ids_after_several_blocks(blocks: I64, offsets: I64, n_ids: int) -> NDArray[np.bool_]:
+    """Whether each id follows more than one block (``_NO_PARENT`` counts as one), a slice
+    of accesses at a time: one pass records one of each id's predecessors, any one, and a
+    second flags every id with an access whose predecessor is another."""
     starts = offsets[:-1][np.diff(offsets) > 0]
-    predecessors[starts] = _NO_PARENT
+    one_each = np.full(n_ids, _NO_PARENT - 1, dtype=np.int64)
+    for at in range(0, len(blocks), SLICE):
+        one_each[blocks[at : at + SLICE]] = _predecessors(blocks, starts, at)
+    several = np.zeros(n_ids, dtype=np.bool_)
+    for at in range(0, len(blocks), SLICE):
+        part = blocks[at : at + SLICE]
+        several[part[one_each[part] != _predecessors(blocks, starts, at)]] = True
+    return several
+
+
+def _predecessors(blocks: I64, starts: I64, at: int) -> I64:
+    """The block before each access of ``blocks[at:at + SLICE]`` in its request;
+    ``_NO_PARENT`` for a request's first block (``starts``: where each request that has a
+    block starts)."""
+    end = min(at + SLICE, len(blocks))
+    predecessors = np.empty(end - at, dtype=np.int64)
+    predecessors[1:] = blocks[at : end - 1]
+    predecessors[0] = blocks[at - 1] if at else _NO_PARENT
+    firsts = starts[np.searchsorted(starts, at) : np.searchsorted(starts, end)]
+    predecessors[firsts - at] = _NO_PARENT
     return predecessors
 
 

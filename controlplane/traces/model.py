@@ -1,7 +1,8 @@
 """The in-memory trace: flat numpy arrays in replay order, never one object per block.
 
-Owns the ``Trace`` container and ``Trace.from_requests`` (the one place that remaps block
-hashes to dense ids and puts requests in replay order). It must never read files (see
+Owns the ``Trace`` container and ``Trace.from_arrays`` (the one place that puts requests in
+replay order and has their block hashes remapped to dense ids, by
+``controlplane.traces.dense_ids``). It must never read files (see
 ``controlplane.traces.reader``) or know about policies.
 """
 
@@ -13,7 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from controlplane.traces.arrays import F64, I32, I64
+from controlplane.traces.arrays import F64, I32, I64, SLICE
+from controlplane.traces.dense_ids import dense_ids
 
 UNKNOWN_CATEGORY = "unknown"
 """Category of requests that carry no type or turn (Mooncake traces)."""
@@ -128,7 +130,7 @@ class Trace:
         hash_ids, lengths, timestamps = _checked(hash_ids, lengths, timestamps)
         order = np.argsort(timestamps, kind="stable")
         sorted_hashes, offsets = _in_replay_order(hash_ids, lengths, order)
-        blocks, hashes = _dense_ids(sorted_hashes)
+        blocks, hashes = dense_ids(sorted_hashes)
 
         def column(values: I64 | None) -> I64:
             return _request_column(values, order)
@@ -205,34 +207,31 @@ def _checked(hash_ids: I64, lengths: I64, timestamps: F64) -> tuple[I64, I64, F6
 
 def _in_replay_order(hash_ids: I64, lengths: I64, order: NDArray[np.intp]) -> tuple[I64, I64]:
     """Every request's hash ids, requests in ``order``, and the offsets of each request."""
-    n = len(lengths)
-    if np.all(order[1:] > order[:-1]):
-        sorted_hashes, sorted_lengths = hash_ids, lengths
-    else:
-        sorted_lengths = lengths[order]
-        file_offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(lengths, out=file_offsets[1:])
-        # Gather each request's slice in replay order, vectorised: where its slice starts
-        # in the file, plus each hash id's position inside the request.
-        starts = np.repeat(file_offsets[:-1][order], sorted_lengths)
-        within = np.arange(len(hash_ids), dtype=np.int64) - np.repeat(
-            np.cumsum(sorted_lengths) - sorted_lengths, sorted_lengths
-        )
-        sorted_hashes = hash_ids[starts + within]
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(sorted_lengths, out=offsets[1:])
-    return sorted_hashes, offsets
+    in_file_order = bool(np.all(order[1:] > order[:-1]))
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths if in_file_order else lengths[order], out=offsets[1:])
+    if in_file_order:
+        return hash_ids, offsets
+    return _gathered(hash_ids, lengths, order, offsets), offsets
 
 
-def _dense_ids(sorted_hashes: I64) -> tuple[I64, I64]:
-    """``(blocks, hashes)``: dense ids numbered by first appearance (so small traces read
-    naturally in tests), and the hash of each dense id."""
-    uniq, first_pos, inverse = np.unique(sorted_hashes, return_index=True, return_inverse=True)
-    rank = np.empty(len(uniq), dtype=np.int64)
-    rank[np.argsort(first_pos, kind="stable")] = np.arange(len(uniq), dtype=np.int64)
-    hashes = np.empty(len(uniq), dtype=np.int64)
-    hashes[rank] = uniq
-    return rank[inverse.reshape(-1)], hashes
+def _gathered(hash_ids: I64, lengths: I64, order: NDArray[np.intp], offsets: I64) -> I64:
+    """``hash_ids`` with the requests in ``order`` (request ``r`` lands at ``offsets[r]``),
+    gathered whole requests at a time, about ``SLICE`` hash ids a pass: a hash id's place
+    in the file is where its request starts in the file plus its place in the request."""
+    file_starts = np.cumsum(lengths) - lengths
+    shift = file_starts[order] - offsets[:-1]  # file position minus replay position
+    gathered = np.empty_like(hash_ids)
+    first = 0
+    while first < len(order):
+        reach = int(np.searchsorted(offsets, offsets[first] + SLICE, side="right")) - 1
+        last = max(first + 1, reach)
+        lo, hi = int(offsets[first]), int(offsets[last])
+        at = np.repeat(shift[first:last], np.diff(offsets[first : last + 1]))
+        at += np.arange(lo, hi, dtype=np.int64)
+        gathered[lo:hi] = hash_ids[at]
+        first = last
+    return gathered
 
 
 def _request_column(values: I64 | None, order: NDArray[np.intp]) -> I64:

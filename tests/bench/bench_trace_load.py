@@ -9,9 +9,11 @@ is the steadier figure on a shared machine), the peak resident-set growth (``ru_
 after minus before the load), ``Trace.nbytes()``, a baseline in the same process
 (``orjson.loads`` of every line and nothing else: the floor for any reader built on
 orjson) and, with ``--tracemalloc``, the tracemalloc peak of one more load (tracing slows
-that load several times over).
+that load several times over). ``--shuffled`` also times a copy with its lines in a seeded
+random order: requests out of time order, which ``Trace.from_arrays`` gathers into it.
 
-    python -m tests.bench.bench_trace_load [--blocks 10000000] [--gzip] [--tracemalloc]
+    python -m tests.bench.bench_trace_load [--blocks 10000000] [--gzip] [--shuffled]
+        [--tracemalloc]
 
 Not collected by pytest (no ``test_`` prefix); results go in docs/benchmarks.md.
 """
@@ -22,6 +24,7 @@ import argparse
 import gzip
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -177,6 +180,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="timed loads per file (best)")
     parser.add_argument("--gzip", action="store_true", help="also time a gzip copy")
     parser.add_argument(
+        "--shuffled", action="store_true", help="also time a copy with lines out of order"
+    )
+    parser.add_argument(
         "--tracemalloc", action="store_true", help="one more load per file under tracemalloc"
     )
     args = parser.parse_args()
@@ -193,6 +199,13 @@ def main() -> None:
                 while chunk := src.read(1 << 22):
                     dst.write(chunk)
             report("gzip", gz, args.repeat, args.tracemalloc)
+        if args.shuffled:
+            shuffled = path.with_suffix(".shuffled.jsonl")
+            lines = path.read_bytes().splitlines(keepends=True)
+            random.Random(args.seed).shuffle(lines)
+            shuffled.write_bytes(b"".join(lines))
+            del lines
+            report("shuffled", shuffled, args.repeat, args.tracemalloc)
 
 
 if __name__ == "__main__":
