@@ -37,7 +37,15 @@ if TYPE_CHECKING:
 
 bench_app = typer.Typer(
     name="bench",
-    help="Measure a real serving deployment with trace-driven load.",
+    help=(
+        "Measure a real serving deployment with trace-driven load.\n\n"
+        "serve sends a trace's requests to an OpenAI-compatible server at trace times and "
+        "writes what it measured; --compare sets two such runs side by side "
+        "(docs/bench-serve.md).\n\n"
+        "Examples:\n\n"
+        "    kvwise bench serve toc.jsonl.gz --url http://127.0.0.1:8000 -o a.json\n"
+        "    kvwise bench serve --compare a.json b.json"
+    ),
     no_args_is_help=True,
 )
 

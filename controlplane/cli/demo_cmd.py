@@ -68,7 +68,7 @@ SpeedOpt = Annotated[
 DurationOpt = Annotated[
     float,
     typer.Option(
-        parser=non_negative, metavar="SECONDS", help="Stop after this long (0 = until Ctrl-C)"
+        parser=non_negative, metavar="SECONDS", help="Wall-clock seconds to run (0 = until Ctrl-C)"
     ),
 ]
 RefitOpt = Annotated[

@@ -39,7 +39,14 @@ if TYPE_CHECKING:
 
 trace_app = typer.Typer(
     name="trace",
-    help="Synthesize traces and characterize them the way the paper does.",
+    help=(
+        "Synthesize traces and characterize them the way the paper does.\n\n"
+        "A trace is a Bailian or Mooncake JSONL file (.gz ok): synth writes one, stats "
+        "describes one, record captures live workers' requests as one (docs/traces.md).\n\n"
+        "Examples:\n\n"
+        "    kvwise trace synth --profile to-c --duration 600 -o toc.jsonl.gz\n"
+        "    kvwise trace stats toc.jsonl.gz --plot figures/"
+    ),
     no_args_is_help=True,
 )
 
@@ -75,7 +82,12 @@ def synth(
         typer.Option(metavar="NAME", help="Workload: to-c (people chatting) or to-b (API calls)"),
     ] = "to-c",
     duration: Annotated[
-        float, typer.Option(parser=positive, metavar="SECONDS", help="Seconds of trace")
+        float,
+        typer.Option(
+            parser=positive,
+            metavar="SECONDS",
+            help="Trace seconds the requests' timestamps span (not how long it runs)",
+        ),
     ] = 600.0,
     qps: Annotated[
         float, typer.Option(parser=positive, metavar="RATE", help="Mean requests per second")

@@ -71,7 +71,9 @@ OutputOpt = Annotated[
 ]
 DurationOpt = Annotated[
     float | None,
-    typer.Option(parser=positive, metavar="SECONDS", help="Stop after this long [default: Ctrl-C]"),
+    typer.Option(
+        parser=positive, metavar="SECONDS", help="Wall-clock seconds to record [default: Ctrl-C]"
+    ),
 ]
 WorkerOpt = Annotated[
     list[str] | None,

@@ -84,18 +84,26 @@ def test_examples_stand_one_blank_line_from_the_text(path: list[str]) -> None:
     assert doubled == [], lines
 
 
-def with_examples() -> list[list[str]]:
-    """The root and every command that is not a group: each shows how it is run."""
-    groups = {" ".join(p[:-1]) for p in command_paths() if p}
-    return [p for p in command_paths() if not p or " ".join(p) not in groups]
-
-
-@pytest.mark.parametrize("path", with_examples(), ids=lambda p: " ".join(p) or "kvwise")
-def test_the_root_and_every_command_show_examples(path: list[str]) -> None:
-    """``kvwise``, ``demo``, ``controller`` and ``config`` showed none."""
+@pytest.mark.parametrize("path", command_paths(), ids=lambda p: " ".join(p) or "kvwise")
+def test_the_root_and_every_command_and_group_show_examples(path: list[str]) -> None:
+    """``kvwise``, ``demo``, ``controller`` and ``config`` showed none, nor did the
+    ``trace`` and ``bench`` groups."""
     lines = [line.strip() for line in run(*path, "--help").splitlines()]
     heading = next(i for i, line in enumerate(lines) if line in ("Example:", "Examples:"))
     assert lines[heading + 2].split()[0].startswith(("kvwise", "KVWISE_")), lines
+
+
+@pytest.mark.parametrize(
+    ("path", "clock"),
+    [(["demo"], "Wall-clock"), (["trace", "record"], "Wall-clock"), (["trace", "synth"], "Trace")],
+)
+def test_each_duration_says_which_clock_its_seconds_run_on(path: list[str], clock: str) -> None:
+    """``demo --duration`` and ``trace record --duration`` are seconds of running, ``trace
+    synth --duration`` seconds of trace time; their help said "Stop after this long" and
+    "Seconds of trace"."""
+    text = re.sub(r"[│\s]+", " ", run(*path, "--help"))
+    said = text.split("--duration SECONDS ", 1)[1]
+    assert said.startswith(f"{clock} seconds "), said[:80]
 
 
 @pytest.mark.parametrize("path", command_paths(), ids=lambda p: " ".join(p) or "kvwise")
