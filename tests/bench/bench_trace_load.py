@@ -24,7 +24,6 @@ import argparse
 import gzip
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -84,6 +83,19 @@ def write_synthetic(path: Path, n_blocks: int, seed: int) -> tuple[int, int]:
             requests += 1
             blocks += length
     return requests, blocks
+
+
+def write_shuffled(src: Path, dst: Path, seed: int) -> None:
+    """``src``'s lines in a seeded random order, written by a child process: holding them
+    all here would raise this process's resident set, which the loads' processes would
+    start from (``ru_maxrss`` survives fork and exec) and so report too small a growth."""
+    code = (
+        "import random, sys; from pathlib import Path; "
+        "lines = Path(sys.argv[1]).read_bytes().splitlines(keepends=True); "
+        "random.Random(int(sys.argv[3])).shuffle(lines); "
+        "Path(sys.argv[2]).write_bytes(b''.join(lines))"
+    )
+    subprocess.run([sys.executable, "-c", code, str(src), str(dst), str(seed)], check=True)
 
 
 def _bare_parse(path: str) -> float:
@@ -201,10 +213,7 @@ def main() -> None:
             report("gzip", gz, args.repeat, args.tracemalloc)
         if args.shuffled:
             shuffled = path.with_suffix(".shuffled.jsonl")
-            lines = path.read_bytes().splitlines(keepends=True)
-            random.Random(args.seed).shuffle(lines)
-            shuffled.write_bytes(b"".join(lines))
-            del lines
+            write_shuffled(path, shuffled, args.seed)
             report("shuffled", shuffled, args.repeat, args.tracemalloc)
 
 
