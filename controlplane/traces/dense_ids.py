@@ -6,8 +6,8 @@ at once: about six times the column beside it. Here one stable argsort (its perm
 kept as int32 while the positions fit) is the only full-size temporary besides one flag
 per access; every other pass walks the accesses a slice at a time.
 
-Owns ``dense_ids``. It must never reorder requests, read files or know what
-a block id means (``controlplane.traces.model`` calls it).
+Owns ``dense_ids``. It must never reorder requests, read files or know what a block id
+means (``controlplane.traces.model`` calls it).
 """
 
 from __future__ import annotations
