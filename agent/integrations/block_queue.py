@@ -3,9 +3,12 @@ is a kvwise evictor's, and the per-block side table that feeds it.
 
 Owns the free blocks of one block pool, in three zones, popped in this order:
 
-1. *fresh*: blocks that hold no cached content (never filled, or freed without a hash),
-   last in first out, as vLLM's ``prepend_n`` does; at start-up every block in id order,
-   so the first ``popleft`` returns block 0 (vLLM's null block);
+1. *fresh*: the blocks ``prepend_n`` puts back at the front, last in first out, as
+   vLLM's does: mostly blocks that hold no cached content (never filled, or freed without
+   a hash); at start-up every block in id order, so the first ``popleft`` returns block 0
+   (vLLM's null block). One prepended with its hash still holds cached content (a hit may
+   take it back): its content is reported evicted when it is popped for reuse, not
+   before;
 2. *cached*: free blocks with a block hash, held by the evictor (``wa`` by default), which
    decides the victims; their ids are vLLM block ids;
 3. *unpinned*: hash-less blocks given back with ``append`` (vLLM's ``unpin_blocks``: still
@@ -147,6 +150,7 @@ class KvwiseFreeQueue:
         # one prompt in one step store it twice), and whether a block is counted there.
         self._copies: dict[int, int] = {}
         self._counted = [False] * n
+        self._fresh_held = 0  # fresh blocks counted there (prepended with their hash)
 
     # --- vLLM's surface --------------------------------------------------------------------
     def popleft(self) -> Any:
@@ -167,6 +171,8 @@ class KvwiseFreeQueue:
         fresh = self._fresh
         if fresh:
             out = [fresh.popitem()[1] for _ in range(min(n, len(fresh)))]
+            if self._fresh_held:
+                self._reuse_held(out)
             if len(out) < n:
                 out += self._evict(n - len(out))
         else:
@@ -203,6 +209,15 @@ class KvwiseFreeQueue:
             self.hooks.evicted(hashes, self.clock())
         return out
 
+    def _reuse_held(self, popped: list[Any]) -> None:
+        """Fresh blocks ``popped`` for reuse: the content of those prepended with their
+        hash leaves the cache now (where no other block holds it)."""
+        ids = list(map(BLOCK_ID, popped))
+        self._fresh_held -= sum(map(self._counted.__getitem__, ids))
+        hashes = self._uncount(ids)
+        if hashes and self.hooks is not None:
+            self.hooks.evicted(hashes, self.clock())
+
     def _uncount(self, ids: Sequence[int]) -> list[int]:
         """Blocks ``ids`` are reused: the hashes no other block holds any more (their
         content left the cache)."""
@@ -224,7 +239,9 @@ class KvwiseFreeQueue:
         bid = block.block_id
         if self._cached.pop(bid, 0) is None:
             self._hits.append(bid)  # the evictor hears of it, batched, before its next use
-        elif self._fresh.pop(bid, None) is None and self._unpinned.pop(bid, None) is None:
+        elif self._fresh.pop(bid, None) is not None:
+            self._fresh_held -= self._counted[bid]  # a hit on a block prepended with its hash
+        elif self._unpinned.pop(bid, None) is None:
             raise RuntimeError(f"remove() called on a block that is not free: {bid}")
         self.num_free_blocks -= 1
 
@@ -289,7 +306,20 @@ class KvwiseFreeQueue:
             return
         self._fresh.update((block.block_id, block) for block in reversed(blocks))
         self.num_free_blocks += len(blocks)
-        self._dropped_in_use(blocks)
+        counted = self._counted
+        held = [block for block in blocks if counted[block.block_id]]
+        if held:
+            self._prepend_held(held)
+
+    def _prepend_held(self, held: list[Any]) -> None:
+        """Blocks with stored content put back at the front: one that kept its hash still
+        holds that content (reported evicted when popped for reuse); one without lost it
+        while in use."""
+        hash_of = self.hash_of
+        hashless = [block for block in held if hash_of(block) is None]
+        self._fresh_held += len(held) - len(hashless)
+        if hashless:
+            self._dropped_in_use(hashless)
 
     def _dropped_in_use(self, hashless: Sequence[Any]) -> None:
         """Blocks given back without a hash: one that had stored content lost it while in

@@ -217,6 +217,25 @@ def test_content_cached_in_two_blocks_is_reported_evicted_once_when_its_last_blo
     assert hooks.hashes == [hash64(key(7))]
 
 
+def test_a_block_put_back_at_the_front_with_its_hash_is_evicted_only_when_popped() -> None:
+    """``prepend_n`` of a block that kept its hash (reused first, as vLLM frees blocks it
+    wants reused first): its content is still cached and a hit may take it back, so it is
+    reported evicted when popped for reuse, not when put back."""
+    blocks = [Blk(i) for i in range(4)]
+    hooks = Hooks()
+    q = KvwiseFreeQueue(blocks, create("lru", 4), hooks=hooks, clock=lambda: 1.0)
+    got = q.popleft_n(4)
+    cache(q, got[1:3])
+    q.prepend_n([got[1], got[2]])
+    assert hooks.hashes == []
+    q.remove(got[1])  # a prefix hit takes it back
+    assert [b.block_id for b in q.popleft_n(1)] == [2]
+    assert hooks.hashes == [hash64(key(1002))]
+    q.append_n([got[1]])  # the request that hit it is done
+    q.popleft_n(1)
+    assert hooks.hashes == [hash64(key(1002)), hash64(key(1001))]
+
+
 def test_a_block_whose_hash_was_dropped_while_in_use_is_reported_evicted_when_freed() -> None:
     """A connector's ``evict_blocks`` drops the hash of a block a request still holds:
     vLLM frees it hash-less (``prepend_n``), its content gone from the cache."""
