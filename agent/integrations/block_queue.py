@@ -202,8 +202,8 @@ class KvwiseFreeQueue:
         blocks = self.blocks
         out = [blocks[block_id] for block_id in victims]
         # Every victim was cached when freed, so the side table holds its hash; one whose
-        # hash vLLM dropped while it was free (a prefix-cache reset, a connector's
-        # eviction) left the cache then, and is reported now.
+        # hash vLLM dropped while it was free (a connector's eviction) left the cache then,
+        # and is reported now (a prefix-cache reset is reported at once: drop_all_cached).
         hashes = self._uncount(victims)
         if hashes and self.hooks is not None:
             self.hooks.evicted(hashes, self.clock())
@@ -348,6 +348,21 @@ class KvwiseFreeQueue:
                 seen = True
 
     # --- side table (called by the integration's wrappers) ----------------------------------
+    def drop_all_cached(self) -> None:
+        """The engine dropped every block's hash (vLLM's ``reset_prefix_cache``): all the
+        content stored left the cache, reported evicted now; the free blocks the evictor
+        held hold nothing any more and are reused first."""
+        gone = list(self._copies)
+        self._copies.clear()
+        self._counted = [False] * len(self.blocks)
+        self._fresh_held = 0
+        if gone and self.hooks is not None:
+            self.hooks.evicted(gone, self.clock())
+        if self._hits:
+            self._send_hits()
+        emptied = self._evict(len(self._cached))
+        self._fresh.update((block.block_id, block) for block in reversed(emptied))
+
     def _send_hits(self) -> None:
         hits, self._hits = self._hits, []
         self.evictor.touch(hits, self.clock())

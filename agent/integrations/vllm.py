@@ -9,16 +9,19 @@ Owns the seam into vLLM v1, and is the only kvwise module that imports vLLM:
 - sends the agent's own log lines (``agent.*``: each policy version put in force, Redis
   warnings) to vLLM's log, in its format;
 - wraps ``BlockPool.cache_full_blocks`` (blocks stored, with their request),
-  ``BlockPool.touch`` (prefix hits), ``KVCacheManager.allocate_slots`` (which request
-  the hits belong to) and ``KVCacheManager.free`` (the request is done) to fill the
-  queue's side table and report events; the wrappers call the original first and only
-  read what it left (``free`` records the request first: the blocks it frees may be
+  ``BlockPool.touch`` (prefix hits), ``BlockPool.reset_prefix_cache`` (every cached
+  block's content dropped, reported evicted at once), ``KVCacheManager.allocate_slots``
+  (which request the hits belong to) and ``KVCacheManager.free`` (the request is done) to
+  fill the queue's side table and report events; the wrappers call the original first and
+  only read what it left (``free`` records the request first: the blocks it frees may be
   reported evicted at once). A request's hits and its prompt's stored blocks are held on the
   request (``RequestReport``) and recorded once its prompt is whole (after the
   ``allocate_slots`` that stores its last prompt block, or when it is freed), all at the
   time it first reported: the controller can rebuild each request from the events.
   The kvwise part of each wrapped call (not vLLM's original) and the queue's calls are
-  timed on a sample (``agent.engine_time``), reported in the agent's heartbeat.
+  timed on a sample (``agent.engine_time``), reported in the agent's heartbeat, but for
+  a prefix-cache reset: rare and as long as the pool, one timed reset would stand for
+  a whole sample of calls.
 
 vLLM loads general plugins in every process it starts (API server, engine core, workers);
 ``register`` only patches classes there, and the agent (its threads and Redis connection)
@@ -126,6 +129,7 @@ def register() -> None:
     pool_cls = block_pool.BlockPool
     pool_cls.cache_full_blocks = _wrap_cache_full_blocks(pool_cls.cache_full_blocks)
     pool_cls.touch = _wrap_touch(pool_cls.touch)
+    pool_cls.reset_prefix_cache = _wrap_reset_prefix_cache(pool_cls.reset_prefix_cache)
     manager_cls = kv_cache_manager.KVCacheManager
     manager_cls.allocate_slots = _wrap_allocate_slots(manager_cls.allocate_slots)
     manager_cls.free = _wrap_free(manager_cls.free)
@@ -157,7 +161,7 @@ def route_agent_logs() -> None:
 def _missing_surface(block_pool: Any, kv_cache_manager: Any) -> list[str]:
     surface = (
         (block_pool, "FreeKVCacheBlockQueue", QUEUE_SURFACE),
-        (block_pool, "BlockPool", ("cache_full_blocks", "touch")),
+        (block_pool, "BlockPool", ("cache_full_blocks", "touch", "reset_prefix_cache")),
         (kv_cache_manager, "KVCacheManager", ("allocate_slots", "free")),
     )
     return [
@@ -306,6 +310,18 @@ def _wrap_touch(orig: Callable[..., None]) -> Callable[..., None]:
             engine.engine_time.end(started, len(blocks))
 
     return touch
+
+
+def _wrap_reset_prefix_cache(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def reset_prefix_cache(self: Any, *args: Any, **kwargs: Any) -> Any:
+        done = orig(self, *args, **kwargs)
+        queue = _state.queue
+        if done and queue is not None and self.free_block_queue is queue:
+            queue.drop_all_cached()  # refused (blocks in use), it dropped nothing
+        return done
+
+    return reset_prefix_cache
 
 
 def _report_hits(engine: EngineAgent, queue: KvwiseFreeQueue, blocks: Sequence[Any]) -> None:

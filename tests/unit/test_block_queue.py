@@ -180,8 +180,9 @@ def test_holds_exactly_the_free_blocks(script: list[tuple[str, int]], evictor: s
 
 
 def test_cached_blocks_whose_hash_was_reset_while_free_are_reported_evicted_when_reused() -> None:
-    """vLLM's ``reset_prefix_cache`` (and a connector's ``evict_blocks``) drop the hashes of
-    free cached blocks: their content left the cache. Reused, they must be reported evicted,
+    """A connector's ``evict_blocks`` drops the hashes of free cached blocks (and so does a
+    prefix-cache reset, which the plugin reports at once: ``drop_all_cached``): their
+    content left the cache. Reused, they must be reported evicted,
     or the agent's history keeps them cached and the same content stored again is taken
     for a block it already holds (no INSERT)."""
     blocks = [Blk(i) for i in range(4)]
@@ -234,6 +235,31 @@ def test_a_block_put_back_at_the_front_with_its_hash_is_evicted_only_when_popped
     q.append_n([got[1]])  # the request that hit it is done
     q.popleft_n(1)
     assert hooks.hashes == [hash64(key(1002)), hash64(key(1001))]
+
+
+def test_a_prefix_cache_reset_reports_every_stored_content_evicted_at_once() -> None:
+    """vLLM's ``reset_prefix_cache`` drops every hash, every block free: all the content
+    stored is reported evicted then (once, whatever zone its block was in), and the
+    emptied blocks are reused before any block cached after the reset."""
+    blocks = [Blk(i) for i in range(6)]
+    hooks = Hooks()
+    q = KvwiseFreeQueue(blocks, create("lru", 6), hooks=hooks, clock=lambda: 1.0)
+    got = q.popleft_n(6)
+    cache(q, got[1:4])
+    q.append_n([got[2], got[1]])  # the evictor's
+    q.prepend_n([got[3], got[5]])  # at the front, one with its hash
+    q.append_n([got[4]])  # hash-less: unpinned
+    for b in blocks:
+        b.block_hash = None
+    q.drop_all_cached()
+    assert sorted(hooks.hashes) == sorted(hash64(key(1000 + i)) for i in (1, 2, 3))
+    assert q.num_free_blocks == 5 and len(q.evictor) == 0
+    popped = q.popleft_n(2)
+    cache(q, popped)
+    q.append_n(popped)  # cached after the reset
+    emptied = {1, 2, 3, 5} - {b.block_id for b in popped}
+    assert {b.block_id for b in q.popleft_n(2)} == emptied
+    assert len(hooks.hashes) == 3
 
 
 def test_a_block_whose_hash_was_dropped_while_in_use_is_reported_evicted_when_freed() -> None:

@@ -5,6 +5,7 @@ The plugin inside a real engine is tested in tests/e2e/test_vllm.py."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from types import SimpleNamespace
@@ -133,6 +134,9 @@ class PluginEngine:
         self._store = plugin._wrap_cache_full_blocks(self._give_hashes)
         self._touch = plugin._wrap_touch(self._remove_free)
         self._free = plugin._wrap_free(lambda manager, request: None)
+        self.reset = functools.partial(
+            plugin._wrap_reset_prefix_cache(self._drop_hashes), self.pool
+        )
 
     @staticmethod
     def request(prompt_blocks: int) -> Any:
@@ -144,6 +148,13 @@ class PluginEngine:
     def _give_hashes(pool: Any, request: Any, blocks: list[Blk], cached: int, full: int) -> None:
         for block in blocks[cached:full]:  # vLLM's cache_full_blocks
             block.block_hash = (500 + block.block_id).to_bytes(32, "big") + bytes(4)
+
+    def _drop_hashes(self, pool: Any, blocks_in_use: bool) -> bool:
+        if blocks_in_use:  # vLLM's reset_prefix_cache refuses, changing nothing
+            return False
+        for block in self.queue.blocks:
+            block.block_hash = None
+        return True
 
     def _remove_free(self, pool: Any, blocks: list[Blk]) -> None:
         free = self.queue.get_all_free_blocks()
@@ -212,3 +223,21 @@ def test_a_request_freed_while_waiting_is_recorded_before_its_blocks_can_be_evic
     order = [(kind, block) for kind, block, _ in vllm.events()]
     assert ("EVICT", 1) in order
     assert order.index(("INSERT", 1)) < order.index(("EVICT", 1))
+
+
+def test_a_prefix_cache_reset_reports_the_stored_content_evicted_at_once(
+    monkeypatch: pytest.MonkeyPatch, redis_url: str, key_prefix: str
+) -> None:
+    """vLLM's ``reset_prefix_cache`` drops every cached block's hash: the agent reports
+    that content evicted then (the controller and its shadow would otherwise count it
+    cached until each block happens to be reused); a refused reset reports nothing."""
+    vllm = PluginEngine(monkeypatch, redis_url, key_prefix)
+    request = vllm.request(2)
+    held = vllm.queue.popleft_n(2)
+    vllm.allocate(request, held, [], 0)
+    assert vllm.reset(True) is False  # blocks in use: refused
+    vllm.free(request, held)
+    assert vllm.reset(False) is True
+    order = [(kind, block) for kind, block, _ in vllm.events()]
+    assert sorted(order[:2]) == [("INSERT", 0), ("INSERT", 1)]
+    assert sorted(order[2:]) == [("EVICT", 0), ("EVICT", 1)]
