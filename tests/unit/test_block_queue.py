@@ -275,3 +275,95 @@ def test_a_block_whose_hash_was_dropped_while_in_use_is_reported_evicted_when_fr
     got[2].block_hash = None
     q.append_n([got[2]])  # the same, given back hash-less with append
     assert hooks.hashes == [hash64(key(1001)), hash64(key(1002))]
+
+
+class PrefixCache:
+    """vLLM's side of the queue, as a model: which blocks are free or in use, the content
+    (hash) each holds and how many blocks hold each content; a content leaves the cache
+    when its last block is overwritten or its hash dropped."""
+
+    def __init__(self, n: int) -> None:
+        self.blocks = [Blk(i) for i in range(n)]
+        self.free = set(range(n))
+        self.in_use: list[Blk] = []
+        self.copies: dict[int, int] = {}
+
+    def drop(self, block: Blk) -> list[int]:
+        """``block``'s hash is dropped; the content that left the cache with it."""
+        assert block.block_hash is not None
+        content = hash64(block.block_hash)
+        block.block_hash = None
+        self.copies[content] -= 1
+        if self.copies[content]:
+            return []
+        del self.copies[content]
+        return [content]
+
+    def store(self, blocks: list[Blk], first: int) -> None:
+        for i, block in enumerate(blocks):
+            block.block_hash = key((first + i) % 5)  # five contents: copies are common
+            content = hash64(block.block_hash)
+            self.copies[content] = self.copies.get(content, 0) + 1
+
+    def free_cached(self, k: int) -> list[Blk]:
+        return [b for b in self.blocks if b.block_id in self.free and b.block_hash][:k]
+
+
+def _step(q: KvwiseFreeQueue, vllm: PrefixCache, kind: str, k: int, first: int) -> list[int]:
+    """One queue call as vLLM makes it; the contents that left the cache with it."""
+    left: list[int] = []
+    if kind == "pop" and vllm.free:
+        got = q.popleft_n(min(k, len(vllm.free)))
+        for b in got:  # get_new_blocks: a reused block's hash goes
+            left += vllm.drop(b) if b.block_hash else []
+        vllm.free -= {b.block_id for b in got}
+        vllm.in_use += got
+    elif kind == "store":  # cache_full_blocks on hash-less blocks in use
+        blocks = [b for b in vllm.in_use if b.block_hash is None][:k]
+        vllm.store(blocks, first)
+        q.note_stored(blocks, 0, first % 3)
+    elif kind in ("append", "prepend"):  # either, with or without a hash
+        batch, vllm.in_use = vllm.in_use[:k], vllm.in_use[k:]
+        (q.append_n if kind == "append" else q.prepend_n)(batch)
+        vllm.free |= {b.block_id for b in batch}
+    elif kind == "hit":  # touch: free cached blocks back in use
+        for b in vllm.free_cached(k):
+            q.remove(b)
+            vllm.free.discard(b.block_id)
+            vllm.in_use.append(b)
+    elif kind == "reset":  # reset_prefix_cache, then the plugin's wrapper
+        for b in vllm.blocks:
+            left += vllm.drop(b) if b.block_hash else []
+        q.drop_all_cached()
+    return left
+
+
+queue_calls = st.lists(
+    st.tuples(
+        st.sampled_from(["pop", "store", "append", "prepend", "hit", "reset"]),
+        st.integers(1, 4),
+        st.integers(0, 4),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(script=queue_calls, evictor=st.sampled_from(["wa", "lru", "s3fifo", "arc"]))
+def test_content_is_reported_evicted_exactly_when_it_leaves_the_cache(
+    script: list[tuple[str, int, int]], evictor: str
+) -> None:
+    """Any sequence of vLLM's queue calls (``popleft_n``, ``append_n`` and ``prepend_n``
+    of blocks with or without a hash, ``remove`` of hits, a prefix-cache reset): each call
+    reports evicted exactly the contents whose last block it overwrote or dropped, never
+    one still cached."""
+    n = 10
+    vllm = PrefixCache(n)
+    hooks = Hooks()
+    q = KvwiseFreeQueue(vllm.blocks, create(evictor, n), hooks=hooks, clock=lambda: 1.0)
+    for kind, k, first in script:
+        reported = len(hooks.hashes)
+        left = _step(q, vllm, kind, k, first)
+        assert sorted(hooks.hashes[reported:]) == sorted(left), kind
+        assert not set(hooks.hashes[reported:]) & set(vllm.copies)
+        assert q.num_free_blocks == len(vllm.free)
