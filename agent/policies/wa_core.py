@@ -477,10 +477,15 @@ class WACore(Generic[LaneT]):
         single = len(self._rows) == 1
         victims = self._drain_only_lane(n) if single else self._evict_compared(n)
         if self._by_creator:
-            creator = self._creator
-            for block in victims:
-                del creator[block]
+            self._forget_creators(victims)
         return victims
+
+    def _forget_creators(self, victims: list[int]) -> None:
+        """Evicted, ``victims`` are no longer cached: stored again, a block is filed by
+        its new creator."""
+        creator = self._creator
+        for block in victims:
+            del creator[block]
 
     def _drain_only_lane(self, n: int) -> list[int]:
         """One category: its queue order is the victim order, no score to compare."""

@@ -32,6 +32,7 @@ from scipy.optimize import minimize
 from scipy.special import expit
 
 from agent.policies.wa import WAPolicy
+from agent.policies.wa_core import Attribution
 from agent.policies.wa_queue import Entry, Key
 from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 from controlplane.fit.mle import DEFAULT_RATE_BOUNDS, MixtureFit, censored_ages, clipped_logit
@@ -149,7 +150,9 @@ def mixtures_of(snap: StatsSnapshot, fit: FitResult, settings: FitSettings) -> d
 
 class MixtureWA(WAPolicy):
     """``wa`` with two-phase categories (``mixtures``, by name, set with the document):
-    with ``fitted``, each ``set_policy`` takes that refitter's mixtures in force."""
+    with ``fitted``, each ``set_policy`` takes that refitter's mixtures in force. Blocks
+    are attributed as ``wa``'s are (``attribution``: the last accessor's category, or
+    the creator's)."""
 
     __slots__ = ("_fitted", "_mix", "mixtures")
 
@@ -159,8 +162,9 @@ class MixtureWA(WAPolicy):
         category_names: Sequence[str],
         doc: PolicyDocument,
         fitted: MixtureRefitter | None = None,
+        attribution: Attribution | None = None,
     ) -> None:
-        super().__init__(category_names=category_names, doc=doc)
+        super().__init__(category_names=category_names, doc=doc, attribution=attribution)
         self.mixtures: dict[str, TwoPhase] = {}
         self._fitted = fitted
         self._mix: list[TwoPhase | None] = []
@@ -213,6 +217,8 @@ class MixtureWA(WAPolicy):
             if head is not None:
                 heappush(heads, self._key(row, head, now))
         self._bounds_valid = False
+        if self._by_creator:
+            self._forget_creators(victims)
         return victims
 
     def _key(self, row: int, head: Entry, now: float) -> Key:
@@ -250,7 +256,9 @@ class MixtureSetup(FittedSetup):
     def evictor(self, names: Sequence[str], refitter: Refitter) -> MixtureWA:
         if not isinstance(refitter, MixtureRefitter):
             raise TypeError(f"wa-mix's evictor takes a MixtureRefitter's mixtures, not {refitter}")
-        return MixtureWA(category_names=names, doc=BUILTIN_POLICY, fitted=refitter)
+        return MixtureWA(
+            category_names=names, doc=BUILTIN_POLICY, fitted=refitter, attribution=self.attribution
+        )
 
     def refitter(self, names: Sequence[str]) -> MixtureRefitter:
         return MixtureRefitter(names, self.options.fit_settings(self.trace))

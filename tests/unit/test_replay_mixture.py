@@ -5,8 +5,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from agent.policy_document import BUILTIN_POLICY
+from agent.policies.wa import WAPolicy
+from agent.policies.wa_core import Attribution
+from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
 from controlplane.fit.mle import fit_cure_rate_many
 from controlplane.fit.settings import FitSettings
 from controlplane.replay import catalog
@@ -91,3 +96,54 @@ def test_a_refit_that_publishes_nothing_keeps_the_mixtures() -> None:
     assert refitter.document(11.0, 1) is None
     assert refitter.mixtures == kept
     assert target.mixtures == kept
+
+
+@pytest.mark.parametrize("attribution", ["last", "creator"])
+def test_wa_mix_follows_the_attribution_option_as_wa_does(attribution: Attribution) -> None:
+    trace = synthesize("to-b", duration_s=60, qps=4, seed=3)
+    options = ReplayOptions(attribution=attribution)
+    made = {name: catalog.create(name, 50, trace, options) for name in ("wa", "wa-mix")}
+    assert {name: policy.inner.attribution for name, policy in made.items()} == {
+        "wa": attribution,
+        "wa-mix": attribution,
+    }
+
+
+_TWO = PolicyDocument(
+    version=1,
+    categories={
+        "a": CategoryParams(rate=0.5, p_reuse=0.9, life_s=30),
+        "b": CategoryParams(rate=0.01, p_reuse=0.2, life_s=300),
+    },
+)
+_calls = st.lists(
+    st.one_of(
+        st.tuples(st.just("free"), st.lists(st.integers(0, 9), max_size=5), st.integers(0, 1)),
+        st.tuples(st.just("touch"), st.lists(st.integers(0, 9), max_size=3), st.just(0)),
+        st.tuples(st.just("evict"), st.just([]), st.integers(1, 4)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(calls=_calls, attribution=st.sampled_from(["last", "creator"]))
+def test_wa_mix_without_mixtures_evicts_as_wa_under_either_attribution(
+    calls: list[tuple[str, list[int], int]], attribution: Attribution
+) -> None:
+    """With no category two-phase, ``wa-mix`` is ``wa``: the same victims, whichever
+    category a block is attributed to (a block evicted and stored again by another
+    category is filed by its new creator)."""
+    wa = WAPolicy(category_names=["a", "b"], doc=_TWO, attribution=attribution)
+    mix = MixtureWA(category_names=["a", "b"], doc=_TWO, attribution=attribution)
+    for now, (kind, blocks, arg) in enumerate(calls):
+        if kind == "free":
+            offsets = list(range(len(blocks)))
+            for policy in (wa, mix):
+                policy.free(blocks, offsets, float(now), arg)
+        elif kind == "touch":
+            for policy in (wa, mix):
+                policy.touch(blocks, float(now))
+        else:
+            assert mix.evict(arg) == wa.evict(arg)
+    assert mix.evict(10) == wa.evict(10)
