@@ -247,7 +247,7 @@ class FittedReplayPolicy:
         classes: HitClasses | None = None,
         *,
         refits: Refits | None = None,
-        setup: FittedSetup | None = None,
+        setup: FittedSetup,
     ) -> None:
         if refits is not None and refits.refitter is not refitter:
             raise ValueError("refits given with another refitter than its own")
@@ -262,13 +262,11 @@ class FittedReplayPolicy:
         self.versions_applied = 0
         """Documents swapped in since the start (all of them)."""
         self._codes = codes
-        self._ts, self._offsets = (
-            (setup.times, setup.offsets) if setup is not None else request_lists(trace)
-        )
+        self._ts, self._offsets = setup.times, setup.offsets
         self.refits = refits if refits is not None else Refits(refitter, cols, classes)
         """Where its documents come from: its own, or its fleet's (``fleet_mate``)."""
         self.setup = setup
-        """What it was made from (None: made otherwise, with no fleet to share it)."""
+        """What it was made from, and its fleet mates with it (``fleet_mate``)."""
         self._every = options.refit_every_s
         self._online = options.wa_fit == "online"
         self._r = 0
@@ -295,13 +293,10 @@ class FittedReplayPolicy:
     def refitter(self) -> Refitter:
         return self.refits.refitter
 
-    def fleet_mate(self) -> FittedReplayPolicy | None:
+    def fleet_mate(self) -> FittedReplayPolicy:
         """The policy of another cache of a fleet serving the same trace, made before the
         replay starts: an evictor of its own; this one's codes and access columns and,
-        without reuse classes by hit, its refits (one refit for the fleet). None when it
-        was not made by ``build``: make that one anew."""
-        if self.setup is None:
-            return None
+        without reuse classes by hit, its refits (one refit for the fleet)."""
         return self.setup.policy(self.refits if self._hit_classes is None else None)
 
     def _refit(self, r: int) -> None:

@@ -73,8 +73,8 @@ class FleetShared(Protocol):
     what does not depend on the cache (a fitted ``wa``: the trace's category codes,
     access columns and refits)."""
 
-    def fleet_mate(self) -> EvictionPolicy | None:
-        """Another instance's policy, made before the run (None: make it anew)."""
+    def fleet_mate(self) -> EvictionPolicy:
+        """Another instance's policy, made before the run."""
 
 
 def fleet_policies(
@@ -84,9 +84,10 @@ def fleet_policies(
     first = catalog.create(policy, capacity, trace, options.replay)
     made = [first]
     for _ in range(1, options.instances):
-        mate = first.fleet_mate() if isinstance(first, FleetShared) else None
         made.append(
-            catalog.create(policy, capacity, trace, options.replay) if mate is None else mate
+            first.fleet_mate()
+            if isinstance(first, FleetShared)
+            else catalog.create(policy, capacity, trace, options.replay)
         )
     return made
 
