@@ -174,7 +174,7 @@ def test_kvwise_queue_keeps_vllm_block_pool_invariants(
     )
     assert got["checks"] == 3000
     # The run exercised every path: allocations that evicted cached blocks, hits, frees.
-    assert got["evicted"] > 100 and got["hit"] > 100 and got["free"] > 100
+    assert got["evicted"] > 100 and got["hit"] > 100 and got["free"] > 100 and got["reset"] > 5
 
 
 def test_stock_lru_loses_the_shared_system_prompt(vllm_python: Path, tmp_path: Path) -> None:

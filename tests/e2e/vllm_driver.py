@@ -177,14 +177,22 @@ def pool(args: argparse.Namespace) -> dict[str, Any]:
     assert kv.null_block.block_id == 0 and stock.null_block.block_id == 0
     rng = random.Random(args.seed)
     live: list[tuple[list[Any], list[Any]]] = []  # running requests' blocks: stock, kvwise
-    counts = {"alloc": 0, "hit": 0, "free": 0, "evicted": 0}
+    counts = {"alloc": 0, "hit": 0, "free": 0, "evicted": 0, "reset": 0}
 
     def cached_free(p: Any) -> list[Any]:
         return [b for b in p.blocks if b.ref_cnt == 0 and b.block_hash is not None]
 
     for step in range(args.ops):
         kind = rng.random()
-        if kind < 0.45 and stock.get_num_free_blocks() > 1:
+        if kind < 0.01:  # every request done, then a prefix-cache reset
+            for s_b, k_b in live:
+                stock.free_blocks(reversed(s_b))
+                kv.free_blocks(reversed(k_b))
+            live.clear()
+            assert stock.reset_prefix_cache() and kv.reset_prefix_cache(), step
+            assert not cached_free(kv) and len(kv.free_block_queue.evictor) == 0, step
+            counts["reset"] += 1
+        elif kind < 0.45 and stock.get_num_free_blocks() > 1:
             n = rng.randint(1, min(8, stock.get_num_free_blocks()))
             hashed = rng.random() < 0.8
             pair = []
