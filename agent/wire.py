@@ -303,6 +303,13 @@ class WireLimitError(WireError):
     """A well-formed message over a ``BatchLimits`` bound."""
 
 
+MAX_EPOCH_CHARS: Final = 64
+"""Longest epoch (``e``) a batch may carry, in visible ASCII characters: an agent's is 16
+hex characters. The controller keeps the last few epochs of each worker in its ledger,
+sized by this bound (``controlplane.service.ledger``)."""
+_EPOCH: Final = re.compile(rf"[\x21-\x7e]{{1,{MAX_EPOCH_CHARS}}}")
+
+
 def decode_batch(
     fields: Mapping[bytes, bytes] | Mapping[str, bytes] | Mapping[str, str],
     limits: BatchLimits | None = None,
@@ -343,7 +350,7 @@ def decode_batch(
     return EventBatch(
         worker=_text(raw["w"], "w"),
         seq=seq,
-        epoch=_text(raw["e"], "e"),
+        epoch=_epoch(raw["e"]),
         categories=categories,
         **cols,
     )
@@ -363,6 +370,15 @@ def _text(value: bytes | str, name: str) -> str:
         return value.decode()
     except UnicodeDecodeError:
         raise WireError(f"{name}: not UTF-8 ({value[:40]!r})") from None
+
+
+def _epoch(value: bytes | str) -> str:
+    text = _text(value, "e")
+    if len(text) > MAX_EPOCH_CHARS:
+        raise WireLimitError(f"e: an epoch of {len(text)} characters > limit {MAX_EPOCH_CHARS}")
+    if _EPOCH.fullmatch(text) is None:
+        raise WireError(f"e: {text!r} is not 1 to {MAX_EPOCH_CHARS} visible ASCII characters")
+    return text
 
 
 def _data(value: bytes | str) -> bytes:

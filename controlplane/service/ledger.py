@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
+from agent.wire import MAX_EPOCH_CHARS
+
 MAX_OUT_OF_ORDER: Final = 4096
 """Default bound of sequence numbers tracked above the first gap; past it, the oldest gap
 is written off as lost."""
@@ -33,9 +35,10 @@ for a later release's few more. A ledger holding more was written by another han
 NUMBER_BYTES: Final = 32
 """Bytes of one stored number at most: a count, ``updated_at`` or, in ``epochs``, one
 sequence number with its separator (an agent's count from 1 stays far below 20 digits)."""
-EPOCH_NAME_BYTES: Final = 1024
-"""Bytes of one epoch's entry in ``epochs`` beside its numbers (an agent's epoch is 16 hex
-characters), with room."""
+EPOCH_NAME_BYTES: Final = 2 * MAX_EPOCH_CHARS + 64
+"""Bytes of one epoch's entry in ``epochs`` beside its numbers: the epoch, at most
+``MAX_EPOCH_CHARS`` visible ASCII characters of 2 bytes each as JSON escapes them (a batch's
+longer one is refused), and its tracker's keys and punctuation (under 64 bytes)."""
 
 
 @dataclass

@@ -191,6 +191,38 @@ def test_a_restart_keeps_sequence_tracking_and_the_fit(
         assert gap == 0
 
 
+def test_an_epoch_past_its_bound_is_a_limit_dead_letter_and_the_ledger_reads_back(
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
+) -> None:
+    """A batch's epoch was taken at any length: a 400 KB entry whose epoch is 200,000 "é"
+    was applied, its worker's ledger stored it escaped (1.2 MB of ``epochs``) and every
+    later start refused that ledger, so its counts began again and a resent batch was
+    applied twice. The entry is refused as over a limit; the ledger reads back whole."""
+    with controller(redis_url, key_prefix) as c:
+        r.xadd(keys.events_stream("w1"), raw_fields(e="\u00e9".encode() * 200_000))
+        ingest_good_batches(c, r, "w1", 2)
+        wait_until(lambda: c.ingestor.counters.dead_letters == 1, what="the entry refused")
+        wait_until(lambda: c.ingestor.pending() == 0, what="its pass committed")
+        limit = c.metrics.registry.get_sample_value(
+            "kvwise_ingest_dead_letters_total", {"reason": "limit"}
+        )
+        assert limit == 1
+        (letter,) = dead_letters(r, keys)
+        assert letter[b"reason"].startswith(b"e: an epoch of 200000 characters > limit")
+    with controller(redis_url, key_prefix, consumer_name="ctl-next") as c:
+        send(r, keys, good_batch("w1", 2))  # resent: applied before the restart
+        send(r, keys, good_batch("w1", 3))
+        wait_until(lambda: c.ingestor.counters.batches == 1, what="the new batch")
+        wait_until(lambda: c.ingestor.counters.duplicates == 1, what="the resent one seen")
+        assert c.ingestor.ledger_reader.refused == 0
+    ledger = r.hgetall(keys.ingest_state("w1"))
+    assert (ledger[b"batches"], ledger[b"dead_letters"], ledger[b"duplicates"]) == (
+        b"3",
+        b"1",
+        b"1",
+    )
+
+
 def test_streams_stay_small_and_dead_workers_and_consumers_go(
     redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
 ) -> None:

@@ -20,6 +20,7 @@ from tests.integration.controller_fixtures import (
     ingest_good_batches,
     send,
 )
+from tests.ledger_samples import fullest_ledger
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -108,3 +109,15 @@ def test_a_ledger_at_the_field_limit_or_missing_reads_as_written(
     assert ledgers["w2"].counts.events == 0 and reader.refused == 0
     r.hset(keys.ingest_state("w1"), "one_more", "1")
     assert reader.read(["w1"])["w1"].counts.events == 0 and reader.refused == 1
+
+
+def test_the_fullest_ledger_ingest_can_write_reads_back_whole(r: redis.Redis, keys: Keys) -> None:
+    """The largest ledger ingest writes within the wire's bounds (every kept epoch as long
+    as a batch may name it, in escaped characters, each with ``max_out_of_order`` numbers
+    of 19 digits) is read back as written, not refused."""
+    ledger = fullest_ledger("w1")
+    r.hset(keys.ingest_state("w1"), mapping=ledger.to_hash())
+    reader = LedgerReader(r, keys)
+    back = reader.read(["w1"])["w1"]
+    assert reader.refused == 0
+    assert back.epochs == ledger.epochs and back.counts == ledger.counts

@@ -3,19 +3,18 @@ ledger that survives its stored form (so a restart does not move the gap gauge).
 
 from __future__ import annotations
 
-import secrets
-from dataclasses import fields
-
+from agent.wire import decode_batch, encode_batch
 from controlplane.service.ledger import (
     EPOCHS_KEPT,
     HASH_FIELDS,
     MAX_HASH_FIELDS,
     MAX_OUT_OF_ORDER,
     SequenceTracker,
-    WorkerCounts,
     WorkerLedger,
     hash_field_bytes,
 )
+from tests.ledger_samples import fullest_ledger, longest_epochs
+from tests.wire_samples import event_batch
 
 
 def test_in_order_has_no_gap() -> None:
@@ -84,21 +83,24 @@ def test_old_epochs_are_forgotten() -> None:
     assert ledger.missing == EPOCHS_KEPT
 
 
-def test_the_fullest_ledger_an_agent_can_make_is_stored_within_its_read_bounds() -> None:
+def test_the_fullest_ledger_ingest_can_write_is_stored_within_its_read_bounds() -> None:
     """The bounds a ledger is read back within (``hash_field_bytes``) must hold the largest
-    one ingest writes: every kept epoch (an agent's 16 hex characters) with
-    ``max_out_of_order`` sequence numbers of 19 digits above its floor, and counts as large;
-    else a real worker's ledger would be refused."""
-    ledger = WorkerLedger("w1")
-    big = 10**18
-    for _ in range(EPOCHS_KEPT):
-        epoch = secrets.token_hex(8)
-        for seq in range(big + 2, big + 2 * MAX_OUT_OF_ORDER + 4, 2):  # a gap before each
-            ledger.see(epoch, seq)
-    for count in fields(WorkerCounts):
-        setattr(ledger.counts, count.name, 9 * big)
+    one ingest writes: every kept epoch as long as a batch may carry (all but a character
+    escaped in JSON) with ``max_out_of_order`` sequence numbers of 19 digits above its
+    floor, and counts as large; else a worker's ledger would be refused at every start."""
+    for epoch in longest_epochs():
+        assert (
+            decode_batch(
+                encode_batch(
+                    event_batch(epoch=epoch, ts=1.0, block=1, category=0, offset=0, kind=1)
+                )
+            ).epoch
+            == epoch
+        )
+    ledger = fullest_ledger()
     stored = ledger.to_hash()
     assert tuple(stored) == HASH_FIELDS and len(HASH_FIELDS) <= MAX_HASH_FIELDS
+    assert len(ledger.epochs) == EPOCHS_KEPT
     assert all(len(t.above) == MAX_OUT_OF_ORDER for t in ledger.epochs.values())
     bounds = hash_field_bytes(MAX_OUT_OF_ORDER)
     over = {f: len(v) for f, v in stored.items() if len(v.encode()) > bounds[f]}

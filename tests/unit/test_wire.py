@@ -20,6 +20,7 @@ from agent.policy_document import BUILTIN_POLICY, CategoryParams, PolicyDocument
 from agent.wire import (
     COLUMNS,
     MAX_CATEGORY_NAME_CHARS,
+    MAX_EPOCH_CHARS,
     MAX_LOCATION_PART_CHARS,
     ROW_BYTES,
     WIRE_SCHEMA_VERSION,
@@ -144,6 +145,10 @@ def assert_same(a: EventBatch, b: EventBatch) -> None:
         assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), name
 
 
+EPOCH_ALPHABET = st.characters(min_codepoint=0x21, max_codepoint=0x7E)
+"""The characters an epoch may hold: visible ASCII."""
+
+
 @st.composite
 def batches(draw: st.DrawFn) -> EventBatch:
     n = draw(st.integers(0, 40))
@@ -157,7 +162,7 @@ def batches(draw: st.DrawFn) -> EventBatch:
     return EventBatch(
         worker=draw(st.text(min_size=1, max_size=20)),
         seq=draw(st.integers(1, 2**62)),
-        epoch=draw(st.text(min_size=1, max_size=16)),
+        epoch=draw(st.text(EPOCH_ALPHABET, min_size=1, max_size=MAX_EPOCH_CHARS)),
         categories=cats,
         ts=col("f8", finite),
         block=col("i8", st.integers(-(2**63), 2**63 - 1)),
@@ -217,6 +222,9 @@ MALFORMED_FIELDS: list[tuple[bytes, bytes | None, str]] = [
     (b"v", b"\xff", "v: not UTF-8"),
     (b"w", b"\xc3\x28", "w: not UTF-8"),
     (b"e", b"\x80", "e: not UTF-8"),
+    (b"e", b"", "e: '' is not 1 to"),
+    (b"e", "\u00e9".encode(), "e: '\u00e9' is not 1 to"),
+    (b"e", b"a b", "e: 'a b' is not 1 to"),
     (b"c", b"[" * 50_000 + b"]" * 50_000, "c: not JSON (RecursionError"),
     (b"c", b'["\xff"]', "c: not JSON"),
 ]
@@ -293,6 +301,19 @@ def test_limits_are_wire_limit_errors_checked_before_parsing() -> None:
     with pytest.raises(WireLimitError, match=r"c: \d+ bytes > limit"):
         decode_batch(small, limits)
     assert len(small[b"d"]) + 1000 < limits.max_entry_bytes
+
+
+def test_an_epoch_past_its_bound_is_a_limit_error() -> None:
+    """An epoch of any length was taken: one of 200,000 characters made the controller
+    write a ledger it then refused to read back at every start (counts and duplicate
+    detection lost)."""
+    fields = as_redis(encode_batch(make_batch(2)))
+    fields[b"e"] = b"x" * MAX_EPOCH_CHARS
+    assert decode_batch(fields).epoch == "x" * MAX_EPOCH_CHARS
+    for epoch in (b"x" * (MAX_EPOCH_CHARS + 1), "\u00e9".encode() * 200_000):
+        fields[b"e"] = epoch
+        with pytest.raises(WireLimitError, match=f"e: an epoch of .* > limit {MAX_EPOCH_CHARS}"):
+            decode_batch(fields)
 
 
 def test_empty_batch_round_trips() -> None:
