@@ -173,7 +173,11 @@ ROW_BYTES: Final = sum(dt.itemsize for _, dt in COLUMNS)
 """Bytes per event in field ``d`` (37)."""
 
 _FIELDS: Final = ("v", "w", "e", "s", "c", "n", "d")
-_DECIMAL: Final = re.compile(r"-?[0-9]{1,19}")
+MAX_WIRE_INT: Final = 2**63 - 1
+"""The largest integer a message carries (a batch's numbers, a heartbeat's counts and
+versions): a signed 64-bit one, as the controller's gauges and Redis take; a larger one is
+refused."""
+_DECIMAL: Final = re.compile(rf"-?[0-9]{{1,{len(str(MAX_WIRE_INT))}}}")
 
 
 RAW_COLUMNS: Final = COLUMNS[:5]
@@ -395,7 +399,10 @@ def _int_field(raw: Mapping[str, bytes | str], name: str) -> int:
     # int() also takes "1_0", " 1" and non-ASCII digits; the wire allows plain decimals.
     if _DECIMAL.fullmatch(text) is None:
         raise WireError(f"{name}: {text[:40]!r} is not an integer")
-    return int(text)
+    value = int(text)
+    if abs(value) > MAX_WIRE_INT:
+        raise WireError(f"{name}: {text} is past the limit {MAX_WIRE_INT}")
+    return value
 
 
 def _categories(value: bytes | str, limits: BatchLimits) -> tuple[str, ...]:
@@ -613,8 +620,9 @@ class AgentStatus:
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> AgentStatus:
-        """Parse a heartbeat; unknown keys are ignored, missing or mistyped ones, and a
-        negative integer (bar ``staged_version``'s -1), raise ``WireError``."""
+        """Parse a heartbeat; unknown keys are ignored, missing or mistyped ones, an integer
+        past ``MAX_WIRE_INT`` and a negative one (bar ``staged_version``'s -1) raise
+        ``WireError``."""
         try:
             obj = json.loads(raw)
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
@@ -638,6 +646,8 @@ class AgentStatus:
 
 
 def _typed(name: str, type_: str, value: object) -> object:
+    if isinstance(value, int) and abs(value) > MAX_WIRE_INT:  # not a gauge's, nor a float's
+        raise WireError(f"heartbeat: {name} is an integer past the limit {MAX_WIRE_INT}")
     if type_ == "str" and isinstance(value, str):
         return value
     if type_ == "bool" and isinstance(value, bool):

@@ -490,6 +490,27 @@ def test_agents_metrics_and_openapi(ctl: RunningController, redis_url: str) -> N
     json.dumps(spec)
 
 
+def test_a_heartbeat_integer_past_64_bits_is_refused_and_metrics_still_answer(
+    ctl: RunningController, redis_url: str
+) -> None:
+    """Heartbeat integers were taken at any size: a count of 10**400 failed the gauge it
+    was set on (OverflowError), so /metrics answered 500 while that heartbeat lived. Such
+    a heartbeat is refused and counted as other unreadable ones; the rest are listed."""
+    keys = Keys(ctl.controller.settings.key_prefix)
+    r = redis.Redis.from_url(redis_url)
+    r.set(keys.agent("w1"), agent_status(id="w1").to_json(), ex=30)
+    for field in ("events_dropped", "applied_version", "heartbeat_unexpected_errors"):
+        huge = {**json.loads(agent_status(id=field).to_json()), field: 10**400}
+        r.set(keys.agent(field), json.dumps(huge), ex=30)
+    scrape = ctl.client.get("/metrics")
+    assert scrape.status_code == 200
+    assert "kvwise_agent_heartbeats_refused 3.0" in scrape.text
+    assert 'kvwise_agent_applied_version{agent="w1"} 1.0' in scrape.text
+    answer = ctl.client.get("/v1/agents")
+    assert [a["id"] for a in answer.json()] == ["w1"]
+    assert answer.headers["Kvwise-Heartbeats-Refused"] == "3"
+
+
 def test_a_live_agents_engine_time_is_served_in_agents_and_metrics(
     ctl: RunningController, redis_url: str
 ) -> None:

@@ -22,6 +22,7 @@ from agent.wire import (
     MAX_CATEGORY_NAME_CHARS,
     MAX_EPOCH_CHARS,
     MAX_LOCATION_PART_CHARS,
+    MAX_WIRE_INT,
     ROW_BYTES,
     WIRE_SCHEMA_VERSION,
     AgentStatus,
@@ -212,6 +213,7 @@ MALFORMED_FIELDS: list[tuple[bytes, bytes | None, str]] = [
     (b"s", b"x7", "s:"),
     (b"s", b"1.5", "s:"),
     (b"s", b"0", "s:"),
+    (b"s", b"9223372036854775808", "s: 9223372036854775808 is past the limit"),
     (b"n", b"four", "n:"),
     (b"n", b"5", "d:"),
     (b"c", b"[text", "c:"),
@@ -571,3 +573,21 @@ def test_agent_status_refuses_a_negative_count_naming_the_field() -> None:
     assert AgentStatus.from_json(json.dumps({**obj, "capacity": 0})).capacity == 0
     unreported = AgentStatus.from_json(json.dumps({**obj, "staged_version": -1}))
     assert unreported.staged_version == unreported.applied_version
+
+
+def test_agent_status_refuses_an_integer_past_64_bits_in_any_field() -> None:
+    """Integers of any size were taken: a count of 10**400 made every /metrics answer 500
+    (a gauge cannot hold it) while its heartbeat lived, and one in a float field raised
+    OverflowError out of the parser."""
+    obj = json.loads(FULL_STATUS.to_json())
+    at_limit = AgentStatus.from_json(json.dumps({**obj, "events_dropped": MAX_WIRE_INT}))
+    assert at_limit.events_dropped == MAX_WIRE_INT
+    for name, value in (
+        ("events_dropped", MAX_WIRE_INT + 1),
+        ("applied_version", 10**400),
+        ("heartbeat_unexpected_errors", 10**400),
+        ("staged_version", -(10**400)),
+        ("updated_at", 10**400),
+    ):
+        with pytest.raises(WireError, match=f"heartbeat: {name} is an integer past the limit"):
+            AgentStatus.from_json(json.dumps({**obj, name: value}))
