@@ -50,7 +50,8 @@ class CheckpointError(ValueError):
 
 
 _HEADER_BYTES: Final = 64 << 10
-"""A header's JSON less its category names: numbers, the writer's name, its process id."""
+"""A header's JSON less its category names: numbers, the writer's name (a controller's
+``consumer_name``, 253 characters at most: about 3 KB escaped), its process id."""
 _NAME_BYTES: Final = 12 * MAX_CATEGORY_NAME_CHARS + 4
 """A category name in the header's JSON at most: 12 bytes a character (a character past
 the BMP escaped as two ``\\uXXXX``), its quotes and separator."""

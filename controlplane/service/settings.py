@@ -7,7 +7,7 @@ the prefix). It must never read files or talk to Redis.
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import Final, Literal, Self
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -18,6 +18,10 @@ from controlplane.fit.reuse_window import category_capacity, counter_bytes
 from controlplane.fit.settings import FitSettings
 from controlplane.service.store import MAX_FITTED_CATEGORIES
 from controlplane.shadow.settings import ShadowSettings
+
+MAX_CONSUMER_NAME_CHARS: Final = 253
+"""Longest ``consumer_name`` (a Kubernetes pod name's bound): it also names the writer in
+the header of each checkpoint, whose size the controller bounds when it reads one back."""
 
 
 class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSettings):
@@ -48,7 +52,12 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
 
     # --- ingest ------------------------------------------------------------------------
     consumer_group: str = Field(default="controller", description="Stream consumer group")
-    consumer_name: str = Field(default="", description="This replica's consumer; default host-pid")
+    consumer_name: str = Field(
+        default="",
+        max_length=MAX_CONSUMER_NAME_CHARS,
+        description=f"This replica's consumer, {MAX_CONSUMER_NAME_CHARS} characters at most; "
+        "default host-pid",
+    )
     ingest_count: int = Field(
         default=64,
         gt=0,

@@ -7,12 +7,14 @@ import dataclasses
 import io
 import json
 import tracemalloc
+import uuid
 
 import numpy as np
 import pytest
 
 from controlplane.fit.reuse_window import ReuseStats, WindowState
 from controlplane.service.checkpoint import CheckpointBounds, CheckpointError, decode, encode
+from controlplane.service.settings import MAX_CONSUMER_NAME_CHARS
 from tests import checkpoint_bombs
 
 
@@ -34,6 +36,15 @@ def _header(**fields: object) -> np.ndarray:
 def test_a_checkpoint_reads_back() -> None:
     loaded = decode(_stored())
     assert loaded.state.names == ("a",) and loaded.writer == "w" and loaded.taken_at == 1.0
+
+
+def test_a_checkpoint_by_the_longest_consumer_name_reads_back_within_its_bounds() -> None:
+    """The writer is the controller's ``consumer_name``: the longest one, in characters
+    JSON escapes the most, still fits the header's allowance."""
+    stats = ReuseStats(100.0, n_buckets=10, categories=["a"])
+    writer = "\U0001f600" * MAX_CONSUMER_NAME_CHARS
+    raw = encode(stats.state(), writer=writer, process=uuid.uuid4().hex)
+    assert decode(raw, bounds=CheckpointBounds.of(stats, 1)).writer == writer
 
 
 @pytest.mark.parametrize(

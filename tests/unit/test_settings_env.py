@@ -9,7 +9,7 @@ import typer
 from agent.settings import AgentSettings, read_agent_settings
 from controlplane.cli.common import agent_settings_or_fail
 from controlplane.fit.settings import FitSettings
-from controlplane.service.settings import ControllerSettings
+from controlplane.service.settings import MAX_CONSUMER_NAME_CHARS, ControllerSettings
 from controlplane.shadow.selection import SelectionSettings
 
 
@@ -50,6 +50,18 @@ def test_ingest_count_stops_where_one_commit_can_still_acknowledge_the_entries()
     assert ControllerSettings(ingest_count=4096).ingest_count == 4096
     with pytest.raises(ValueError, match="ingest_count"):
         ControllerSettings(ingest_count=8001)
+
+
+def test_a_consumer_name_past_a_pod_names_bound_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The consumer name had no bound, and it names the writer in each checkpoint's header:
+    one of 70,000 characters made the controller refuse its own checkpoint."""
+    longest = "c" * MAX_CONSUMER_NAME_CHARS
+    assert ControllerSettings(consumer_name=longest).consumer_name == longest
+    monkeypatch.setenv("KVWISE_CONSUMER_NAME", "c" * 70_000)
+    with pytest.raises(ValueError, match=r"consumer_name\n.* at most 253 characters"):
+        ControllerSettings()
 
 
 @pytest.mark.parametrize(
