@@ -104,9 +104,12 @@ def test_a_live_agents_failing_publisher_is_counted_at_the_controller(
         assert exported["publisher"] >= shown["publisher_unexpected_errors"]
         assert exported["subscriber"] == exported["heartbeat"] == 0
         monkeypatch.undo()  # the last flush at close works
-        seen = agent.publisher.unexpected_errors
+        # A round failing as the patch went may still count: a good send comes after it.
         agent.free([2, 1], [1, 0], time.time(), "chat")
         wait_until(lambda: agent.events_sent >= 2, what="the publisher sending again")
+        seen = agent.publisher.unexpected_errors
+        agent.free([4, 3], [1, 0], time.time(), "chat")
+        wait_until(lambda: agent.events_sent >= 4, what="the publisher sending on")
         assert agent.publisher.unexpected_errors == seen
 
 
