@@ -4,13 +4,14 @@ events (from the worker's ledger, so any replica, leader or not, answers the sam
 Owns ``AgentView``, ``AgentListing`` and reading them from Redis: the heartbeat keys (SCAN,
 page by page), the first ``max_agents`` of them in a fixed order (the workers ingested, then
 by key) read (``MAX_HEARTBEAT_BYTES`` of each at most), and the counts of those workers'
-ledgers (``LEDGER_FIELDS`` only, never the whole hash), in two round trips. The heartbeat
-keys past ``max_agents`` are counted, not read: any process may write them. A heartbeat this
-release cannot read (too large, not a string, an agent of another wire schema, a corrupt
-value) is counted, skipped and said once per agent key while that key lives; a ledger it
-cannot read (not a hash, a count not a number) leaves its worker listed with its counts
-unknown (``counts_known``), counted and said once per worker while it is listed. It must
-never write.
+ledgers (``LEDGER_FIELDS`` only, within the bounds ``ledger_reads`` reads any ledger in),
+in two round trips. The heartbeat keys past ``max_agents`` are counted, not read: any
+process may write them. A heartbeat this release cannot read (too large, not a string, an
+agent of another wire schema, a corrupt value) is counted, skipped and said once per agent
+key while that key lives; a ledger it cannot read (not a hash, more fields than a ledger
+holds, a count too long or not a number) leaves its worker listed with its counts unknown
+(``counts_known``), counted and said once per worker while it is listed. It must never
+write.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 from agent.runtime.connection import RedisClient
 from agent.wire import MAX_HEARTBEAT_BYTES, AgentStatus, Keys, WireError
+from controlplane.service.ledger_reads import LedgerFields
 from controlplane.told_once import ToldOnce
 
 log = logging.getLogger(__name__)
@@ -54,8 +56,8 @@ class AgentView(AgentStatus):
     engine_seconds_per_block: float = 0.0
     """Engine-thread time of the timed calls per block they handled."""
     counts_known: bool = True
-    """False: the worker's ledger could not be read (not a hash, a count not a number); the
-    counts above read 0."""
+    """False: the worker's ledger could not be read (not a hash, more fields than a ledger
+    holds, a count too long or not a number); the counts above read 0."""
     ingest_refused: bool | None = None
     """Its stream was found past ``KVWISE_MAX_WORKERS`` streams: the leader leaves it
     unread (and the shadow leaves the worker out) until one ingested expires. None: not
@@ -74,7 +76,7 @@ class AgentListing:
     refused: int = 0
     """Heartbeats read but unreadable: too large, not a string, another schema, corrupt."""
     ledgers_refused: int = 0
-    """Agents listed whose ledger was unreadable (not a hash, a count not a number)."""
+    """Agents listed whose ledger was unreadable (``AgentView.counts_known``)."""
 
 
 class AgentReader:
@@ -86,6 +88,7 @@ class AgentReader:
         self.max_agents = max_agents
         self._told: ToldOnce[bytes] = ToldOnce()
         self._told_ledgers: ToldOnce[str] = ToldOnce()
+        self._ledgers = LedgerFields(client, keys, LEDGER_FIELDS)
 
     def read(self, preferred: Collection[str] = ()) -> AgentListing:
         """The first ``max_agents`` live agents, the workers ``preferred`` (those ingested)
@@ -104,21 +107,17 @@ class AgentReader:
 
     def _views(self, live: list[AgentStatus]) -> list[AgentView]:
         """``live`` with their ledgers' counts (``LEDGER_FIELDS`` only)."""
-        pipe = self.r.pipeline(transaction=False)
-        for status in live:
-            pipe.hmget(self.keys.ingest_state(status.id), LEDGER_FIELDS)
-        raws = pipe.execute(raise_on_error=False)  # a key of another type fails alone
+        raws = self._ledgers.read([s.id for s in live])
         self._told_ledgers.keep_only(s.id for s in live)  # a worker gone is forgotten
         return [self._view(s, raw) for s, raw in zip(live, raws, strict=True)]
 
-    def _view(self, status: AgentStatus, raw: list[bytes | None] | Exception) -> AgentView:
+    def _view(self, status: AgentStatus, raw: dict[bytes, bytes] | ValueError) -> AgentView:
         """``status`` with its ledger's counts; unknown (said once) if unreadable."""
         try:
-            if isinstance(raw, Exception):
-                if not str(raw).startswith("WRONGTYPE"):
-                    raise raw  # Redis's trouble: the health's
-                raise ValueError("not a hash (WRONGTYPE)")
-            events, clock_rejected, refused, dead_letters, missing = (int(v or 0) for v in raw)
+            if isinstance(raw, ValueError):
+                raise raw
+            counts = (int(raw.get(f.encode(), b"0")) for f in LEDGER_FIELDS)
+            events, clock_rejected, refused, dead_letters, missing = counts
         except ValueError as exc:
             if self._told_ledgers.first(status.id):
                 log.warning("counts of %r unknown: its ledger is unreadable: %s", status.id, exc)

@@ -467,23 +467,30 @@ def test_a_mistyped_or_bloated_ledger_leaves_its_worker_counts_unknown_the_other
 ) -> None:
     """Each listed worker's ledger was read whole (HGETALL): a ledger holding a hash key of
     another type failed the listing of every agent (WRONGTYPE), and megabytes beside the
-    counts were read and parsed at every listing (and, unparsable, zeroed the counts). Only
-    the counts' fields are read; a mistyped ledger leaves its worker's counts unknown,
-    counted and told once."""
-    for worker in ("w1", "w2", "w3"):
+    counts were read and parsed at every listing (and, unparsable, zeroed the counts). Then
+    its counts' fields were read with no bound: a count of a megabyte (a digit and spaces,
+    which int() takes) was read at every listing and scrape. Only the counts' fields are
+    read, each within its bound, as ingest reads a ledger; a mistyped ledger or one with a
+    count over its bound leaves its worker's counts unknown, counted and told once."""
+    for worker in ("w1", "w2", "w3", "w4"):
         heartbeat(r, keys, worker)
     r.hset(keys.ingest_state("w1"), mapping={"events": 7, "missing": 2, "epochs": "x" * 4_000_000})
     r.set(keys.ingest_state("w2"), b"not a hash")
     r.hset(keys.ingest_state("w3"), mapping={"events": "9" * 5000})  # past int()'s digits
+    r.hset(keys.ingest_state("w4"), mapping={"events": "7" + " " * 1_000_000})
     reader = AgentReader(r, keys, max_agents=10)
     for _ in range(2):
         listing = reader.read()
         views = {a.id: a for a in listing.agents}
-        assert sorted(views) == ["w1", "w2", "w3"] and listing.ledgers_refused == 2
+        assert sorted(views) == ["w1", "w2", "w3", "w4"] and listing.ledgers_refused == 3
         assert (views["w1"].events_ingested, views["w1"].gap_batches) == (7, 2)
-        assert [views[w].counts_known for w in ("w1", "w2", "w3")] == [True, False, False]
-    told = [m for m in caplog.messages if "its ledger is unreadable" in m]
-    assert len(told) == 2 and any("WRONGTYPE" in m for m in told), told
+        known = [views[w].counts_known for w in ("w1", "w2", "w3", "w4")]
+        assert known == [True, False, False, False]
+    told = sorted(m for m in caplog.messages if "its ledger is unreadable" in m)
+    assert len(told) == 3, told
+    assert "a string, not a hash" in told[0]
+    assert "events: 5000 bytes > limit" in told[1]
+    assert "events: 1000001 bytes > limit" in told[2]
 
 
 def test_a_worker_whose_stream_went_leaves_its_ledger_and_series(
