@@ -13,7 +13,8 @@ import redis
 from redis.cluster import RedisCluster
 
 from agent.wire import Keys
-from controlplane.service.ledger_reads import LedgerReader
+from controlplane.service.agents import LEDGER_FIELDS
+from controlplane.service.ledger_reads import LedgerFields, LedgerReader
 from controlplane.service.stream_io import Commit, StreamIO
 from controlplane.traces.synth import synthesize
 from controlplane.traces.writer import write_bailian
@@ -111,9 +112,10 @@ def test_the_live_loop_on_a_cluster_survives_a_master_failover(
 def test_ledgers_on_a_cluster_are_read_within_bounds_and_written_over(
     cluster: LocalCluster,
 ) -> None:
-    """Ledgers on several shards are read in one call, a bloated and a mistyped one refused
-    unread, and ingest's commit (one script over a worker's stream and ledger) writes a
-    ledger over the mistyped key: each script keeps its keys on the worker's shard."""
+    """Ledgers on several shards are read in one call (whole, and their counts alone, as an
+    agents listing reads them), a bloated and a mistyped one refused unread, and ingest's
+    commit (one script over a worker's stream and ledger) writes a ledger over the mistyped
+    key: each script keeps its keys on the worker's shard."""
     client = RedisCluster.from_url(cluster.url)
     keys = Keys("cl-ledger:")
     workers = [f"w{i}" for i in range(6)]
@@ -125,6 +127,9 @@ def test_ledgers_on_a_cluster_are_read_within_bounds_and_written_over(
     ledgers = reader.read(workers)
     assert [ledgers[w].counts.events for w in workers] == [0, 0, 7, 0, 0, 0]
     assert reader.refused == 2
+    counts = LedgerFields(client, keys, LEDGER_FIELDS).read(workers)  # an agents listing's
+    assert [isinstance(c, ValueError) for c in counts] == [True, True] + [False] * 4
+    assert counts[2:] == [{b"events": b"7"}, {}, {}, {}]
 
     stream = keys.events_stream("w1")
     entry = client.xadd(stream, {"x": "1"})
