@@ -376,13 +376,21 @@ def load_trace_or_fail(path: Path, *, skip_bad_lines: bool | None = None) -> Tra
     except TraceError as exc:
         fail(str(exc) + (_not_json_lines_hint(exc) or _skip_hint(exc, skip_bad_lines)))
     if trace.skipped_lines:
-        first = ", ".join(f"line {ln}: {why}" for ln, why in trace.skipped_lines[:3])
-        say(f"skipped {counted(len(trace.skipped_lines), 'bad line')} ({first})")
+        say(_skipped_text(trace.skipped_lines))
     if trace.n_requests == 0:
         fail(f"{path}: no requests")
     if trace.rechained is not None:
         note(_rechained_text(trace.rechained))
     return trace
+
+
+def _skipped_text(skipped: tuple[tuple[int, str], ...], *, shown: int = 3) -> str:
+    """``skipped N bad lines (line 2: why, ..., and M more)``: the first ``shown`` reasons,
+    and how many were left out, so that the ones quoted do not read as all of them."""
+    first = [f"line {line}: {why}" for line, why in skipped[:shown]]
+    if len(skipped) > shown:
+        first.append(f"and {len(skipped) - shown:,} more")
+    return f"skipped {counted(len(skipped), 'bad line')} ({', '.join(first)})"
 
 
 def _rechained_text(found: RechainResult) -> str:

@@ -455,6 +455,20 @@ def test_replay_cli_skips_bad_lines_when_asked(tmp_path: Path) -> None:
     assert "skipped 1 bad line (line 2: field 'hash_ids'" in res.stderr
 
 
+def test_the_skipped_lines_summary_says_how_many_reasons_it_left_out(tmp_path: Path) -> None:
+    """It quoted the first three reasons and stopped: "skipped 5 bad lines (line 2: ...,
+    line 3: ..., line 4: ...)" read as if those three were all of them."""
+    lines = [mooncake(0), *(mooncake(i, []) for i in range(1, 6)), mooncake(6)]
+    path = write(tmp_path / "trace.jsonl", lines)
+    args = ["replay", str(path), "-p", "inf", "--capacity", "4", "--skip-bad-lines"]
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    summary = next(ln for ln in res.stderr.splitlines() if ln.startswith("skipped "))
+    assert summary.startswith("skipped 5 bad lines (line 2: field 'hash_ids'")
+    assert "line 4: " in summary and "line 5: " not in summary
+    assert summary.endswith(", and 2 more)")
+
+
 @pytest.mark.parametrize("gzipped", [False, True])
 def test_a_trace_reads_from_a_pipe(tmp_path: Path, gzipped: bool) -> None:
     """``kvwise replay <(zcat t.gz)`` or ``... | kvwise replay /dev/stdin``: the file was
