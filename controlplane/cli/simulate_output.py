@@ -162,6 +162,11 @@ def _blocks(r: SimResult) -> str:
     return "any" if _unbounded(r) else f"{r.capacity:,}"
 
 
+VS_LRU = "vs lru: change of mean QTTFT from lru's at this size; - is faster"
+"""The QTTFT table's caption: the column sits beside the hit ratio, where +0.9% would
+read as better."""
+
+
 def _print_tables(trace: Trace, options: SimOptions, block: int, results: list[SimResult]) -> None:
     from rich.console import Console
 
@@ -180,6 +185,7 @@ def _print_tables(trace: Trace, options: SimOptions, block: int, results: list[S
     q = _table("QTTFT = queue + time to first token (s)", ["hit", "mean", "p50", "p90", "p99"])
     if lru:
         q.add_column("vs lru", justify="right")
+        q.caption, q.caption_justify = VS_LRU, "left"
     for r, cells in zip(rows, _columns([_quad(r.qttft) for r in rows]), strict=True):
         row = [f"{r.hit_ratio:.3f}", *cells]
         base = None if _unbounded(r) else lru.get(r.capacity)

@@ -90,6 +90,21 @@ def test_tables_fit_80_columns_and_default_to_the_gpus_pool() -> None:
     assert "(2/2 runs done, " in runs[-1] and "blocks done" in runs[0]
 
 
+VS_LRU = "vs lru: change of mean QTTFT from lru's at this size; - is faster"
+
+
+@pytest.mark.parametrize("policies", ["lru,wa", "wa"])
+def test_the_vs_lru_column_says_what_it_compares(policies: str) -> None:
+    """Beside the hit ratio, "vs lru +0.9%" read as 0.9 % better: it is mean QTTFT, and
+    + is slower. The table says so under it, only when the column is there."""
+    args = ["simulate", str(SAMPLE), "-p", policies, "--capacity", "800", "-j", "1"]
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    flat = " ".join(res.stdout.split())
+    assert (VS_LRU in flat) == ("lru" in policies.split(","))
+    assert max(len(line) for line in res.stdout.splitlines()) <= 80
+
+
 def test_plot_writes_a_png(tmp_path: Path) -> None:
     out = tmp_path / "sim.png"
     args = [*BASE, "--capacity-gib", "10,20", "--plot", str(out), "--json"]
