@@ -193,13 +193,17 @@ def check_names(names: list[str], known: Iterable[str], option: str, what: str) 
 
 
 def policy_names(policy: str) -> list[str]:
-    """The replay catalogue's policies ``policy`` names (comma-separated, or ``all``)."""
+    """The replay catalogue's policies ``policy`` names (comma-separated, or ``all``
+    alone)."""
     import controlplane.shadow.auto_replay  # noqa: F401  (registers auto in the catalogue)
     from controlplane.replay import catalog
 
-    if policy == "all":
+    names = split_list(policy, "--policy")
+    if names == ["all"]:
         return catalog.names()
-    return check_names(split_list(policy, "--policy"), catalog.names(), "--policy", "policy")
+    if "all" in names:
+        fail("--policy: 'all' stands alone (every policy): give -p all, or names without it")
+    return check_names(names, catalog.names(), "--policy", "policy")
 
 
 NUMBER_WITH_SEPARATORS = re.compile(r"[1-9]\d?(,\d{3})+")

@@ -73,6 +73,9 @@ def test_fractions_that_round_to_one_size_are_one_run() -> None:
         (["--near-concurrent", "nan"], "error: --near-concurrent: "),
         (["--wa-fit", "twice"], "error: --wa-fit: "),
         (["-p", "lru,nope"], "--policy: unknown policy 'nope'"),
+        # 'all' is a name the help offers: refused in a list as "unknown" with a list of
+        # names that left it out
+        (["-p", "all,lru"], "--policy: 'all' stands alone (every policy): give -p all"),
         (["--capacity", "5,x"], "--capacity: 'x' is not an integer"),
         (["--capacity", ""], "--capacity: empty list"),
         (["--capacity-frac", ""], "--capacity-frac: empty list"),
