@@ -76,6 +76,9 @@ def test_fractions_that_round_to_one_size_are_one_run() -> None:
         # 'all' is a name the help offers: refused in a list as "unknown" with a list of
         # names that left it out
         (["-p", "all,lru"], "--policy: 'all' stands alone (every policy): give -p all"),
+        # a name one letter off, or in capitals: the error says which name was meant
+        (["-p", "lru,s3fif0"], "unknown policy 's3fif0' (did you mean 's3fifo'?); known: "),
+        (["-p", "LRU"], "unknown policy 'LRU' (did you mean 'lru'?); known: "),
         (["--capacity", "5,x"], "--capacity: 'x' is not an integer"),
         (["--capacity", ""], "--capacity: empty list"),
         (["--capacity-frac", ""], "--capacity-frac: empty list"),

@@ -120,6 +120,7 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
         (["-p", "lru,nope"], "unknown policy 'nope'"),
         # the choice checks every command makes, in the same words (--policy, replay's)
         (["--router", "random"], "--router: unknown router 'random'; known: round-robin"),
+        (["--router", "prefx"], "--router: unknown router 'prefx' (did you mean 'prefix'?)"),
         # names the options given (it read as if none was)
         (
             ["--capacity", "10", "--capacity-gib", "2"],
