@@ -122,6 +122,7 @@ def _replay(
 
     stop = SignalFlag()
     sim = TraceWorker(agent, trace, speed=speed, loop=loop, stop=stop, policy_name=policy)
+    _stage_the_policy_in_force(agent)
 
     def report(p: WorkerProgress) -> None:
         typer.echo(_status_line(p), err=True)
@@ -129,6 +130,19 @@ def _replay(
     with stop_on_signals(stop), agent:
         sim.run(report if status_every > 0 else None, every_s=status_every or 5.0)
     return sim.progress()
+
+
+def _stage_the_policy_in_force(agent: Agent) -> None:
+    """One poll of the fleet's policy before the agent's threads start, so the replay's
+    first request runs under the document in force (a short replay could end before the
+    subscriber's first poll, and run wholly under the default). Redis unreachable: the
+    subscriber's loop tries again as it always does."""
+    import redis
+
+    try:
+        agent.subscriber.check()
+    except redis.RedisError as exc:
+        typer.echo(f"note: policy in force not read yet ({type(exc).__name__})", err=True)
 
 
 def _status_line(p: WorkerProgress) -> str:
