@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from agent.policies.base import EvictionPolicy
+from agent.unknown_names import unknown_name
 
 PolicyFactory = Callable[[int], EvictionPolicy]
 """Builds a policy for a cache of ``capacity`` blocks."""
@@ -19,7 +20,8 @@ _REGISTRY: dict[str, PolicyFactory] = {}
 
 
 class UnknownPolicyError(KeyError):
-    """Raised for a policy name nobody registered; the message lists the known ones."""
+    """Raised for a policy name nobody registered; the message lists the known ones, the
+    name a slip was meant as first (``unknown_name``)."""
 
     def __init__(self, name: str, known: list[str]) -> None:
         super().__init__(name)
@@ -27,7 +29,7 @@ class UnknownPolicyError(KeyError):
         self.known = known
 
     def __str__(self) -> str:
-        return f"unknown policy {self.name!r}; known policies: {', '.join(self.known)}"
+        return unknown_name("policy", self.name, self.known)
 
 
 def register(name: str) -> Callable[[_F], _F]:

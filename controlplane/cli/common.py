@@ -185,24 +185,14 @@ def split_list(value: str, option: str) -> list[str]:
 
 def check_names(names: list[str], known: Iterable[str], option: str, what: str) -> list[str]:
     """``names`` if each is ``known``; else fail naming the first unknown one, and the
-    known name it was surely meant as, if one is (``_meant``)."""
+    known name it was surely meant as, if one is (``unknown_name``)."""
+    from agent.unknown_names import unknown_name
+
     catalog = list(known)
     for name in names:
         if name not in catalog:
-            names_known = ", ".join(catalog)
-            fail(f"{option}: unknown {what} {name!r}{_meant(name, catalog)}; known: {names_known}")
+            fail(f"{option}: {unknown_name(what, name, catalog)}")
     return names
-
-
-def _meant(name: str, catalog: list[str]) -> str:
-    """`` (did you mean 'lru'?)`` when exactly one known name is ``name`` but for its case
-    or about a letter; nothing when none is, or two are as close (``to-x``: ``to-c`` or
-    ``to-b``?)."""
-    import difflib
-
-    lowered = {known.lower(): known for known in catalog}
-    close = difflib.get_close_matches(name.lower(), list(lowered), n=2, cutoff=0.8)
-    return f" (did you mean {lowered[close[0]]!r}?)" if len(close) == 1 else ""
 
 
 def policy_names(policy: str) -> list[str]:

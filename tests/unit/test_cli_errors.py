@@ -46,6 +46,13 @@ def one_error_line(res: subprocess.CompletedProcess[str]) -> str:
         ([], {"KVWISE_BATCH_EVENTS": "many"}, "bad agent setting KVWISE_BATCH_EVENTS='many': "),
         (["--policy", "nope"], {}, "--policy: unknown policy 'nope'"),
         ([], {"KVWISE_EVICTOR": "nope"}, "KVWISE_EVICTOR: unknown policy 'nope'"),
+        # a slip is answered as replay's and simulate's are: the name meant, then the list
+        (["--policy", "LRU"], {}, "--policy: unknown policy 'LRU' (did you mean 'lru'?); known: "),
+        (
+            [],
+            {"KVWISE_EVICTOR": "devce"},
+            "KVWISE_EVICTOR: unknown policy 'devce' (did you mean 'device'?); known: ",
+        ),
         # an empty option is given, as in every command: not passed over for the variable
         (["--redis-url", ""], {"KVWISE_REDIS_URL": "notaurl"}, "--redis-url: "),
         (["--policy", ""], {"KVWISE_EVICTOR": "lru"}, "--policy: unknown policy ''"),
