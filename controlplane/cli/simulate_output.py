@@ -1,5 +1,5 @@
-"""What ``kvwise simulate`` prints: its tables, its JSON document, its plot and its note
-when the simulated fleet falls behind the arrivals.
+"""What ``kvwise simulate`` prints: its tables, its JSON document, its plot and its notes
+when the simulated fleet falls behind the arrivals or a cache of 0 blocks was asked for.
 
 Owns the command's output only: it never runs a simulation, reads a trace or parses an
 option (``controlplane.cli.simulate_cmd`` does).
@@ -50,7 +50,26 @@ def report(
     note_one_category(trace, [r.policy for r in results], options.replay.categories)
     sized = [r.capacity for r in results if not _unbounded(r)]
     note_no_eviction(trace, sized, where=" per instance")
-    _note_overload(trace, options, results)
+    _note_zero_blocks(results)
+    _note_overload(trace, options, [r for r in results if not _cacheless(r)])
+
+
+def _cacheless(r: SimResult) -> bool:
+    """Whether ``r`` ran a sized policy in a cache of 0 blocks (``--capacity 0``)."""
+    return r.capacity == 0 and not _unbounded(r)
+
+
+def _note_zero_blocks(results: list[SimResult]) -> None:
+    """Say what a cache of 0 blocks does, where one ran: it hits nothing, and it holds no
+    running request's KV either, so each instance serves one request at a time. Its queue
+    is that, not a fleet too small for the arrivals, so ``_note_overload`` leaves it out."""
+    if any(_cacheless(r) for r in results):
+        note(
+            "a cache of 0 blocks can hit nothing: every prompt is computed in full there, "
+            "whatever the policy. It holds no running request's KV either, so each "
+            "instance serves one request at a time: its queue comes from that, not from "
+            "too few --instances."
+        )
 
 
 OVERLOADED = 1.5

@@ -191,6 +191,23 @@ def test_an_unlabelled_trace_and_a_fleet_that_falls_behind_are_said() -> None:
     assert "labels every request" not in res.stderr
 
 
+def test_a_zero_block_cache_is_said_to_hit_nothing_not_the_fleet_to_fall_behind() -> None:
+    """``--capacity 0`` (a fleet with no prefix cache) is accepted, but its queue was put
+    down to the fleet falling behind, with more --instances or a lower --speed for a cure:
+    a cache of none hits nothing, and holding no running request's KV either, runs one
+    request at a time. Other sizes of the same run are still judged."""
+    args = ["simulate", str(SAMPLE), "-p", "lru", "-j", "1", "--capacity"]
+    res = CliRunner().invoke(app, [*args, "0"])
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.stderr.split())
+    assert "note: a cache of 0 blocks can hit nothing" in said
+    assert "falls behind" not in said
+    res = CliRunner().invoke(app, [*args, "0,800"])
+    said = " ".join(res.stderr.split())
+    assert "note: a cache of 0 blocks can hit nothing" in said
+    assert "note: the fleet falls behind" in said and "(lru at 800 blocks)" in said
+
+
 def test_a_short_trace_whose_queue_stays_short_is_not_said_to_fall_behind(
     tmp_path: Path,
 ) -> None:
