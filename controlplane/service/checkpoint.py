@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from typing import IO, Final, TypeGuard
 
 import numpy as np
-import redis
 
 from agent.runtime.connection import RedisClient
 from agent.wire import MAX_CATEGORY_NAME_CHARS
 from controlplane.fit.reuse_window import ReuseStats, WindowState
+from controlplane.service.bounded_string import StringTooLarge, WrongType, read_bounded_string
 
 FORMAT: Final = 1
 """Version of the stored form; another version is ignored, never misread."""
@@ -369,26 +369,17 @@ class CheckpointStore:
             raise CheckpointError(f"{exc}; {len(raw):,} bytes stored") from None
 
     def _stored(self) -> bytes | None:
-        """The stored bytes (None: absent or empty), never read past ``max_bytes``: its size
-        is asked first, so a refusal reads nothing, then one GETRANGE of a byte more, so
-        one that grew in between is refused too. ``CheckpointError`` if it is larger or
-        the key holds another type than a string."""
+        """The stored bytes (None: absent or empty), never read past ``max_bytes``
+        (``read_bounded_string``, its size asked first, so a refusal reads nothing).
+        ``CheckpointError`` if it is larger or the key holds another type than a string."""
         try:
-            size = self.r.strlen(self.key)
-            fits = 0 < size <= self.max_bytes
-            raw = self.r.getrange(self.key, 0, self.max_bytes) if fits else b""
-        except redis.ResponseError as exc:
-            if not str(exc).startswith("WRONGTYPE"):
-                raise
-            held = self.r.type(self.key)
-            held = held.decode() if isinstance(held, bytes) else held
-            raise CheckpointError(f"the key holds a {held}, not a checkpoint (not read)") from None
-        size = max(size, len(raw))
-        if size > self.max_bytes:
+            return read_bounded_string(self.r, self.key, self.max_bytes, size_first=True)
+        except StringTooLarge as exc:
             raise CheckpointError(
-                f"checkpoint of {size:,} bytes > max_checkpoint_bytes ({self.max_bytes:,}; "
+                f"checkpoint of {exc.size:,} bytes > max_checkpoint_bytes ({self.max_bytes:,}; "
                 "not read)"
-            )
-        if not raw:
-            return None
-        return raw if isinstance(raw, bytes) else raw.encode("latin-1")
+            ) from None
+        except WrongType as exc:
+            raise CheckpointError(
+                f"the key holds a {exc.held}, not a checkpoint (not read)"
+            ) from None

@@ -34,6 +34,12 @@ from agent.policy_document import (
 )
 from agent.runtime.connection import RedisClient
 from agent.wire import MAX_CATEGORY_NAME_CHARS, Keys, WireError, decode_policy
+from controlplane.service.bounded_string import (
+    StringTooLarge,
+    WrongType,
+    read_bounded_string,
+    wrong_type,
+)
 from controlplane.service.metrics import StoredPart
 
 log = logging.getLogger(__name__)
@@ -283,7 +289,7 @@ class StoredStateReader:
                 raise WireError(f"overrides: {size} bytes > limit {limit} (not read)")
             return _overrides_parsed(reader.hgetall(key))
         except redis.ResponseError as exc:
-            raise _wrong_type(exc, reader, key, "overrides") from None
+            raise _wrong_type_error(wrong_type(exc, reader, key), key, "overrides") from None
 
     def _stored_pin(self, reader: RedisClient | Pipeline) -> EvictorFamily | Literal[""]:
         """The family pinned as stored ("": none); ``WireError`` if it is no family."""
@@ -393,19 +399,15 @@ def _base_of(doc: PolicyDocument | None) -> Base:
 def _bounded_string(
     reader: RedisClient | Pipeline, key: str, limit: int, what: str
 ) -> bytes | None:
-    """The string at ``key`` (None: absent or empty), never read whole past ``limit``: one
-    GETRANGE of ``limit`` + 1 bytes (the agents' subscriber reads a document this way);
-    ``WireError`` if it holds more (its size asked then) or another type than a string."""
+    """The string at ``key`` (None: absent or empty), never read whole past ``limit``
+    (``read_bounded_string``; the agents' subscriber reads a document this way);
+    ``WireError`` if it holds more or another type than a string."""
     try:
-        raw = reader.getrange(key, 0, limit)
-        if len(raw) > limit:
-            size = reader.strlen(key)
-            raise WireError(f"{what} of {size} bytes > limit {limit} (not read)")
-    except redis.ResponseError as exc:
-        raise _wrong_type(exc, reader, key, what) from None
-    if not raw:
-        return None
-    return raw if isinstance(raw, bytes) else raw.encode()
+        return read_bounded_string(reader, key, limit)
+    except StringTooLarge as exc:
+        raise WireError(f"{what} of {exc.size} bytes > limit {limit} (not read)") from None
+    except WrongType as exc:
+        raise _wrong_type_error(exc, key, what) from None
 
 
 def stored_pointer(reader: RedisClient | Pipeline, key: str) -> int:
@@ -424,15 +426,8 @@ def stored_pointer(reader: RedisClient | Pipeline, key: str) -> int:
     return version
 
 
-def _wrong_type(
-    exc: redis.ResponseError, reader: RedisClient | Pipeline, key: str, what: str
-) -> WireError:
-    """``exc`` as a ``WireError`` if it says ``key`` holds another type (named); re-raised
-    otherwise."""
-    if not str(exc).startswith("WRONGTYPE"):
-        raise exc
-    held = reader.type(key)
-    return WireError(f"{what}: {key} is a {_s(held)} (not read)")
+def _wrong_type_error(exc: WrongType, key: str, what: str) -> WireError:
+    return WireError(f"{what}: {key} is a {exc.held} (not read)")
 
 
 def apply_override(params: CategoryParams, values: Mapping[str, Any]) -> CategoryParams:
