@@ -1,11 +1,11 @@
 """The to-B generative model: applications calling an OpenAI-compatible API (trace B).
 
-Owns ``ToBKnobs`` and ``generate_to_b``. Programs, not people, send these requests, so
-nearly all of them are single-turn (a stateless API call carries its whole context, so
-an agent's tenth call is still ``turn 1``). Each part of the model is there to reproduce a
-finding of the paper; in brackets, the finding it answers to, as docs/traces.md ("What the
-paper found") lists them ("Synthetic traces" there gives targets, tolerances and measured
-values):
+Owns ``ToBKnobs``, with its app classes, and ``generate_to_b``. Programs, not people, send
+these requests, so nearly all of them are single-turn (a stateless API call carries its
+whole context, so an agent's tenth call is still ``turn 1``). Each part of the model is
+there to reproduce a finding of the paper; in brackets, the finding it answers to, as
+docs/traces.md ("What the paper found") lists them ("Synthetic traces" there gives
+targets, tolerances and measured values):
 
 - *Plain* apps (most traffic, Zipf popularity): a short per-app system prompt, or none,
   and a unique user input. A hot app reuses its system prompt every few hundred
@@ -53,32 +53,52 @@ class AppClass:
 
 
 @dataclass(frozen=True)
+class PlainApps(AppClass):
+    """The plain apps; some are chat apps, whose calls may get a second turn."""
+
+    text_share: float = 0.15
+    """Share of the apps whose calls are typed ``text`` (the rest ``api``)."""
+    p_next_text: float = 0.001
+    """Probability that a ``text`` call gets a second turn."""
+    next_delay_s: float = 60.0
+    """Mean (exponential) delay of that second turn."""
+
+
+@dataclass(frozen=True)
+class BatchApps(AppClass):
+    """The batch apps: each task fans one long document out to several calls."""
+
+    document: tuple[float, float] = (20_000.0, 0.4)
+    """(mean, sigma) tokens of a fanned-out document."""
+    extra_calls: float = 2.0
+    """A fan-out sends 2 + Poisson(this) calls."""
+    spread_s: float = 0.05
+    """Mean (exponential) offset of each fanned-out call from the task's start."""
+
+
+@dataclass(frozen=True)
+class AgentApps(AppClass):
+    """The agent apps: each task is a chain of calls, each extending the previous one."""
+
+    steps: float = 4.0
+    """Mean calls per chain (geometric)."""
+    gap_s: float = 2.0
+    """Mean (exponential) time between a chain's calls."""
+
+
+@dataclass(frozen=True)
 class ToBKnobs(ProfileKnobs):
     """Every number of the to-B model, beside the ones every profile has (``ProfileKnobs``);
     defaults are the calibrated ones."""
 
     output: tuple[float, float] = (250.0, 1.0)
     warmup_s: float = 120.0
-    plain: AppClass = AppClass(0.968, 300, (100.0, 0.7), 0.6, (500.0, 1.1))
+    plain: PlainApps = PlainApps(0.968, 300, (100.0, 0.7), 0.6, (500.0, 1.1))
     templated: AppClass = AppClass(0.015, 3, (14_000.0, 0.3), 1.0, (400.0, 1.0))
-    batch: AppClass = AppClass(0.011, 20, (300.0, 1.0), 1.0, (80.0, 0.8))
-    agent: AppClass = AppClass(0.006, 30, (800.0, 0.8), 1.0, (300.0, 1.0))
+    batch: BatchApps = BatchApps(0.011, 20, (300.0, 1.0), 1.0, (80.0, 0.8))
+    agent: AgentApps = AgentApps(0.006, 30, (800.0, 0.8), 1.0, (300.0, 1.0))
     zipf: float = 1.0
-    batch_document: tuple[float, float] = (20_000.0, 0.4)
-    """(mean, sigma) tokens of a fanned-out document."""
-    batch_extra_calls: float = 2.0
-    """A fan-out sends 2 + Poisson(this) calls."""
-    batch_spread_s: float = 0.05
-    """Mean (exponential) offset of each fanned-out call from the task's start."""
-    agent_steps: float = 4.0
-    """Mean calls per agent chain (geometric)."""
-    agent_gap_s: float = 2.0
-    """Mean (exponential) time between an agent's calls."""
-    text_app_share: float = 0.15
-    """Share of plain apps whose calls are typed ``text`` (the rest ``api``)."""
-    p_next_text: float = 0.001
-    """Probability that a ``text`` call gets a second turn."""
-    next_delay_s: float = 60.0
+    """Exponent of the apps' Zipf popularity within a class."""
 
 
 def generate_to_b(
@@ -86,10 +106,10 @@ def generate_to_b(
 ) -> None:
     """Add a to-B workload of about ``qps`` requests per second to ``builder``."""
     per_task = (
-        k.plain.task_share * (1 + k.text_app_share * k.p_next_text)
+        k.plain.task_share * (1 + k.plain.text_share * k.plain.p_next_text)
         + k.templated.task_share
-        + k.batch.task_share * (2 + k.batch_extra_calls)
-        + k.agent.task_share * k.agent_steps
+        + k.batch.task_share * (2 + k.batch.extra_calls)
+        + k.agent.task_share * k.agent.steps
     )
     span = duration_s + k.warmup_s
     task_rate = qps / per_task
@@ -105,7 +125,7 @@ def generate_to_b(
         start = rng.uniform(-k.warmup_s, duration_s, n)
         return sys_nodes[app], start, app_type[app].astype(np.int64)
 
-    parent, start, ty = tasks(k.plain, k.text_app_share)
+    parent, start, ty = tasks(k.plain, k.plain.text_share)
     first = _single_calls(builder, rng, k, k.plain, parent, start, ty)
     _second_turns(builder, rng, k, first, ty == text, duration_s)
     _single_calls(builder, rng, k, k.templated, *tasks(k.templated))
@@ -166,8 +186,8 @@ def _second_turns(
     duration_s: float,
 ) -> None:
     nodes, length, time, out = first
-    go = is_text & (rng.random(len(nodes)) < k.p_next_text)
-    t2 = time + rng.exponential(k.next_delay_s, len(nodes))
+    go = is_text & (rng.random(len(nodes)) < k.plain.p_next_text)
+    t2 = time + rng.exponential(k.plain.next_delay_s, len(nodes))
     new = lognormal_tokens(rng, *k.plain.user_input, len(nodes), k.max_context // 2)
     live = go & (t2 < duration_s)
     m = int(live.sum())
@@ -189,9 +209,9 @@ def _fan_outs(
     """Each task: a document template under the app's prompt, then 2+ calls on it."""
     n = len(parent)
     prefix = _prefix(builder, parent)
-    doc = prefix + lognormal_tokens(rng, *k.batch_document, n, k.max_context // 2)
+    doc = prefix + lognormal_tokens(rng, *k.batch.document, n, k.max_context // 2)
     docs = builder.templates(parent=parent, shared=prefix, length=doc)
-    calls = 2 + rng.poisson(k.batch_extra_calls, n)
+    calls = 2 + rng.poisson(k.batch.extra_calls, n)
     task = np.repeat(np.arange(n), calls)
     m = len(task)
     length = doc[task] + lognormal_tokens(rng, *k.batch.user_input, m, 4096)
@@ -199,7 +219,7 @@ def _fan_outs(
         parent=docs[task],
         shared=doc[task],
         length=length,
-        time=start[task] + rng.exponential(k.batch_spread_s, m),
+        time=start[task] + rng.exponential(k.batch.spread_s, m),
         type_code=ty[task],
         output=k.output_tokens(rng, m),
     )
@@ -211,11 +231,11 @@ def _agent_chains(
     """Each task: calls that each extend the previous prompt with its answer and a tool
     result; every call is a fresh single-turn API request."""
     nodes, length, time, out = _single_calls(builder, rng, k, k.agent, parent, start, ty)
-    steps = rng.geometric(1.0 / k.agent_steps, len(nodes))
+    steps = rng.geometric(1.0 / k.agent.steps, len(nodes))
     step = 1
     while len(nodes):
         n = len(nodes)
-        new_time = time + rng.exponential(k.agent_gap_s, n)
+        new_time = time + rng.exponential(k.agent.gap_s, n)
         new_len = length + out + lognormal_tokens(rng, *k.agent.user_input, n, 8192)
         new_out = k.output_tokens(rng, n)
         live = (steps > step) & (new_len <= k.max_context)
