@@ -17,8 +17,9 @@ write.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable
-from dataclasses import asdict, dataclass
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Final
 
 from agent.runtime.connection import RedisClient
 from agent.wire import MAX_HEARTBEAT_BYTES, AgentStatus, Keys, WireError
@@ -29,24 +30,27 @@ log = logging.getLogger(__name__)
 
 SCAN_PAGE = 500
 """Heartbeat keys asked of one SCAN call, and names held beside those kept."""
-LEDGER_FIELDS = ("events", "clock_rejected", "refused", "dead_letters", "missing")
-"""The fields of a worker's ledger (``WorkerLedger.to_hash``) a listing reads: its counts.
-The sequence tracking beside them (``epochs``, up to thousands of numbers) is ingest's."""
+
+
+def _ledger_count(name: str) -> int:
+    """An ``AgentView`` field that holds the count ``name`` of its worker's ledger
+    (``LEDGER_COUNTS``); 0 where the ledger has none or was unreadable."""
+    return field(default=0, metadata={"ledger": name})
 
 
 @dataclass(frozen=True)
 class AgentView(AgentStatus):
     """An agent's heartbeat and the controller's counts of its events."""
 
-    events_ingested: int = 0
+    events_ingested: int = _ledger_count("events")
     """Events of this worker applied to the statistics window."""
-    clock_rejected: int = 0
+    clock_rejected: int = _ledger_count("clock_rejected")
     """Events dropped: their time was outside ``clock_tolerance_s`` of the controller's."""
-    events_refused: int = 0
+    events_refused: int = _ledger_count("refused")
     """Events in entries dead-lettered for a limit or a failure to apply."""
-    dead_letters: int = 0
+    dead_letters: int = _ledger_count("dead_letters")
     """Entries of this worker dead-lettered."""
-    gap_batches: int = 0
+    gap_batches: int = _ledger_count("missing")
     """Batches missing from its sequence (lost before ingest)."""
     engine_seconds: float = 0.0
     """Estimated engine-thread time of kvwise's calls since the agent started (its sampled
@@ -77,6 +81,15 @@ class AgentListing:
     """Heartbeats read but unreadable: too large, not a string, another schema, corrupt."""
     ledgers_refused: int = 0
     """Agents listed whose ledger was unreadable (``AgentView.counts_known``)."""
+
+
+LEDGER_COUNTS: Final = {
+    f.metadata["ledger"]: f.name for f in fields(AgentView) if "ledger" in f.metadata
+}
+"""Each count of a worker's ledger a listing reads, and the ``AgentView`` field it fills."""
+LEDGER_FIELDS: Final = tuple(LEDGER_COUNTS)
+"""The fields of a worker's ledger (``WorkerLedger.to_hash``) a listing reads: its counts.
+The sequence tracking beside them (``epochs``, up to thousands of numbers) is ingest's."""
 
 
 class AgentReader:
@@ -116,13 +129,12 @@ class AgentReader:
         try:
             if isinstance(raw, ValueError):
                 raise raw
-            counts = (int(raw.get(f.encode(), b"0")) for f in LEDGER_FIELDS)
-            events, clock_rejected, refused, dead_letters, missing = counts
+            counts = {view: int(raw.get(f.encode(), b"0")) for f, view in LEDGER_COUNTS.items()}
         except ValueError as exc:
             if self._told_ledgers.first(status.id):
                 log.warning("counts of %r unknown: its ledger is unreadable: %s", status.id, exc)
             return _view(status, counts_known=False)
-        return _view(status, events, clock_rejected, refused, dead_letters, missing)
+        return _view(status, counts)
 
     def first_keys(
         self, preferred: Collection[bytes] = (), excluded: Collection[bytes] = (), limit: int = -1
@@ -183,17 +195,13 @@ def _pages(items: Iterable[bytes], size: int) -> Iterable[list[bytes]]:
         yield page
 
 
-def _view(status: AgentStatus, *counts: int, counts_known: bool = True) -> AgentView:
-    """``status`` with its ledger's ``counts`` (``LEDGER_FIELDS``' order; none: all 0)."""
-    events, clock_rejected, refused, dead_letters, missing = counts or (0, 0, 0, 0, 0)
+def _view(
+    status: AgentStatus, counts: Mapping[str, int] | None = None, *, counts_known: bool = True
+) -> AgentView:
+    """``status`` with its ledger's ``counts`` (by ``AgentView`` field; none: all 0)."""
     cost = status.engine_time
     return AgentView(
-        **asdict(status),
-        events_ingested=events,
-        clock_rejected=clock_rejected,
-        events_refused=refused,
-        dead_letters=dead_letters,
-        gap_batches=missing,
+        **asdict(status) | dict(counts or {}),
         engine_seconds=cost.seconds,
         engine_seconds_per_call=cost.seconds_per_call,
         engine_seconds_per_block=cost.seconds_per_block,
