@@ -109,7 +109,8 @@ class RadixHooks:
         self._evicting = False
 
     def install(self) -> RadixHooks:
-        """Make the order the cache's strategy and wrap the cache's methods."""
+        """Make the order the cache's strategy and wrap the cache's methods (each wrapper
+        takes its method's name and docstring)."""
         cache = self.cache
         cache.eviction_strategy = self.order
         for name, wrap in (
@@ -121,7 +122,8 @@ class RadixHooks:
             ("_delete_leaf", self._wrap_delete_leaf),
             ("_insert_cache", self._wrap_insert_cache),
         ):
-            setattr(cache, name, wrap(getattr(cache, name)))
+            orig = getattr(cache, name)
+            setattr(cache, name, functools.update_wrapper(wrap(orig), orig))
         return self
 
     # --- categories ----------------------------------------------------------------------
@@ -202,7 +204,6 @@ class RadixHooks:
     def _wrap_match_prefix(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         timing = self.engine.engine_time
 
-        @functools.wraps(orig)
         def match_prefix(params: Any) -> Any:
             self.engine.before_call()
             result = orig(params)
@@ -218,7 +219,6 @@ class RadixHooks:
     def _wrap_insert(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         timing = self.engine.engine_time
 
-        @functools.wraps(orig)
         def insert(params: Any) -> Any:
             result = orig(params)
             key = params.key
@@ -234,7 +234,6 @@ class RadixHooks:
     def _wrap_evict(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         timing = self.engine.engine_time
 
-        @functools.wraps(orig)
         def evict(params: Any) -> Any:
             self.engine.before_call()
             self.order.begin(time.monotonic())  # the clock of the tree's access times
@@ -260,7 +259,6 @@ class RadixHooks:
     def _wrap_delete_leaf(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         timing = self.engine.engine_time
 
-        @functools.wraps(orig)
         def _delete_leaf(node: Any) -> Any:
             started = timing.begin()
             block = self._id_of(node)  # before the tree forgets its place
@@ -276,7 +274,6 @@ class RadixHooks:
         return _delete_leaf
 
     def _wrap_split_node(self, orig: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(orig)
         def _split_node(key: Any, child: Any, split_len: int) -> Any:
             upper = orig(key, child, split_len)
             self.order.split(upper, child, split_len // self.page_size)
@@ -285,7 +282,6 @@ class RadixHooks:
         return _split_node
 
     def _wrap_reset(self, orig: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(orig)
         def reset(*args: Any, **kwargs: Any) -> Any:
             gone = self.order.blocks()
             result = orig(*args, **kwargs)
@@ -297,7 +293,6 @@ class RadixHooks:
         return reset
 
     def _wrap_insert_cache(self, orig: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(orig)
         def _insert_cache(req: Any, *args: Any, **kwargs: Any) -> Any:
             with self.serving(req):
                 return orig(req, *args, **kwargs)

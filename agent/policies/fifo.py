@@ -111,12 +111,9 @@ class FIFOPolicy:
 
     def hand_over(self) -> Handover:
         handover = drain(self, self._in_use.blocks)
-        self._cached.clear()
-        self._unqueued.clear()
-        self._order.clear()
-        self._returned.clear()
-        self._parked_at.clear()
-        self._in_use.parked.clear()
+        parking = (self._returned, self._parked_at, self._in_use.parked)
+        for part in (self._cached, self._unqueued, self._order, *parking):
+            part.clear()
         return handover
 
     def adopt(self, handover: Handover, now: float) -> None:

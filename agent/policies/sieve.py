@@ -94,10 +94,8 @@ class SievePolicy:
 
     def hand_over(self) -> Handover:
         handover = drain(self, self._in_use.blocks)
-        self._visited.clear()
-        self._ahead.clear()
-        self._behind.clear()
-        self._in_use.parked.clear()
+        for part in (self._visited, self._ahead, self._behind, self._in_use.parked):
+            part.clear()
         return handover
 
     def adopt(self, handover: Handover, now: float) -> None:

@@ -18,7 +18,6 @@ import secrets
 import socket
 import time
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -418,9 +417,7 @@ class Agent:
     def __enter__(self) -> Agent:
         return self.start()
 
-    def __exit__(
-        self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _new_category(self, name: str, code: int) -> None:

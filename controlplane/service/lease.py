@@ -48,6 +48,9 @@ class LeaderLease:
         *,
         observer: RedisObserver | None = None,
     ) -> None:
+        """The lease is ``key`` in ``client``'s Redis, holding ``holder`` (this replica's
+        name, unique to its process) for ``ttl_s`` from each renewal (whole milliseconds, at
+        least 1); ``observer`` is told whether each ``tick`` reached Redis."""
         self.r = client
         self.observer = observer
         self.key = key

@@ -19,19 +19,18 @@ from controlplane.shadow.view import ShadowView
 
 TAG = "observe"
 reads = APIRouter(tags=[TAG])
+_store_reads = APIRouter(dependencies=[NEEDS_REDIS])
+"""The routes that read Redis, part of ``reads`` (the shadow view is the leader's own)."""
 
 
-@reads.get("/v1/categories", response_model=list[CategorySummary], dependencies=[NEEDS_REDIS])
+@_store_reads.get("/v1/categories", response_model=list[CategorySummary])
 def list_categories(controller: ControllerDep) -> list[CategorySummary]:
     """Per category: samples, fitted and published parameters, fit quality."""
     return controller.categories()
 
 
-@reads.get(
-    "/v1/categories/{name:category}",
-    response_model=CategoryDetail,
-    responses=documented(404, 422),
-    dependencies=[NEEDS_REDIS],
+@_store_reads.get(
+    "/v1/categories/{name:category}", response_model=CategoryDetail, responses=documented(404, 422)
 )
 def get_category(name: CategoryInPath, controller: ControllerDep) -> CategoryDetail:
     """One category with its empirical and fitted reuse-time CDF points."""
@@ -49,7 +48,7 @@ LEDGERS_REFUSED_HEADER = "Kvwise-Ledgers-Refused"
 """Response header of GET /v1/agents: agents listed whose ledger was unreadable."""
 
 
-@reads.get("/v1/agents", response_model=list[AgentView], dependencies=[NEEDS_REDIS])
+@_store_reads.get("/v1/agents", response_model=list[AgentView])
 def list_agents(controller: ControllerDep, response: Response) -> list[AgentView]:
     """Live agents (heartbeat not expired): the policy version each has in force
     (`applied_version`) and the one it received (`staged_version`), which an engine
@@ -70,6 +69,9 @@ def list_agents(controller: ControllerDep, response: Response) -> list[AgentView
     response.headers[HEARTBEATS_REFUSED_HEADER] = str(listing.refused)
     response.headers[LEDGERS_REFUSED_HEADER] = str(listing.ledgers_refused)
     return listing.agents
+
+
+reads.include_router(_store_reads)
 
 
 @reads.get("/v1/shadow", response_model=ShadowView)
