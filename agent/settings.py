@@ -7,11 +7,14 @@ mirror these one to one. It must never read anything but the environment.
 from __future__ import annotations
 
 import os
-from typing import Self
+from typing import Annotated, Self
 
 from pydantic import (
     BaseModel,
     Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
     TypeAdapter,
     ValidationError,
     field_validator,
@@ -26,6 +29,9 @@ MIN_WAIT_S = 0.01
 ask: shorter, the thread spins on Redis round trips and takes the engine process's CPU."""
 MIN_HEARTBEAT_S = 0.1
 """The shortest heartbeat period: a beat is a write the controller reads at its own pace."""
+
+Wait = Annotated[float, Field(ge=MIN_WAIT_S)]
+"""An agent thread's wait (seconds), ``MIN_WAIT_S`` at least."""
 
 
 class RedisSettings(BaseModel):
@@ -60,39 +66,32 @@ class AgentSettings(BaseSettings, RedisSettings):
     worker_id: str = Field(default="", description="This worker's id; default host-pid")
     evictor: str = Field(default="wa", description="Policy name: wa, lru, ... or 'device'")
     device: str = Field(default="cpu", description="Device of the torch evictor: cuda, cpu")
-    buffer_events: int = Field(
-        default=1 << 18, gt=0, description="Events held before the publisher drops"
+    buffer_events: PositiveInt = Field(
+        default=1 << 18, description="Events held before the publisher drops"
     )
-    batch_events: int = Field(default=8192, gt=0, description="Events per stream entry")
-    flush_interval_s: float = Field(
-        default=0.2, ge=MIN_WAIT_S, description="Longest wait to send (s, at least 0.01)"
+    batch_events: PositiveInt = Field(default=8192, description="Events per stream entry")
+    flush_interval_s: Wait = Field(
+        default=0.2, description="Longest wait to send (s, at least 0.01)"
     )
-    stream_maxlen: int = Field(default=10_000, gt=0, description="XADD MAXLEN ~ per worker")
-    poll_interval_s: float = Field(
+    stream_maxlen: PositiveInt = Field(default=10_000, description="XADD MAXLEN ~ per worker")
+    poll_interval_s: Wait = Field(
         default=2.0,
-        ge=MIN_WAIT_S,
         description="Polling of the current policy (s, at least 0.01; pub/sub is a hint)",
     )
     heartbeat_interval_s: float = Field(
         default=5.0, ge=MIN_HEARTBEAT_S, description="Heartbeat period (s, at least 0.1)"
     )
-    heartbeat_ttl_s: float = Field(
-        default=30.0, gt=0, description="Heartbeat key TTL; more than heartbeat_interval_s"
+    heartbeat_ttl_s: PositiveFloat = Field(
+        default=30.0, description="Heartbeat key TTL; more than heartbeat_interval_s"
     )
-    redis_timeout_s: float = Field(
-        default=2.0,
-        ge=MIN_WAIT_S,
-        description="Connect and socket timeout of every Redis call (s, at least 0.01)",
+    redis_timeout_s: Wait = Field(
+        default=2.0, description="Connect and socket timeout of every Redis call (s, at least 0.01)"
     )
-    reconnect_max_s: float = Field(
-        default=5.0,
-        ge=MIN_WAIT_S,
-        description="Longest wait between reconnection attempts (s, at least 0.01)",
+    reconnect_max_s: Wait = Field(
+        default=5.0, description="Longest wait between reconnection attempts (s, at least 0.01)"
     )
-    ghost_blocks: int = Field(
-        default=0,
-        ge=0,
-        description="Evicted blocks whose last access is still remembered (0 = capacity)",
+    ghost_blocks: NonNegativeInt = Field(
+        default=0, description="Evicted blocks whose last access is still remembered (0 = capacity)"
     )
     reuse_classes: bool = Field(
         default=False,
@@ -100,9 +99,8 @@ class AgentSettings(BaseSettings, RedisSettings):
         "cached or re-inserts after a recent eviction (name/re) and the others, each with "
         "its own fitted curve",
     )
-    reuse_ghost_blocks: int = Field(
+    reuse_ghost_blocks: NonNegativeInt = Field(
         default=0,
-        ge=0,
         description="Evicted blocks that reuse classes count as returns when inserted again "
         "(0 = 16 x capacity)",
     )
@@ -112,8 +110,8 @@ class AgentSettings(BaseSettings, RedisSettings):
         description="Largest policy document accepted (bytes); it bounds the GIL the "
         "subscriber holds to parse one (the engine's thread waits meanwhile)",
     )
-    max_policy_categories: int = Field(
-        default=4096, gt=0, description="Most categories a policy document may hold"
+    max_policy_categories: PositiveInt = Field(
+        default=4096, description="Most categories a policy document may hold"
     )
     max_categories: int = Field(
         default=BatchLimits.max_categories,

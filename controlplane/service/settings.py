@@ -9,7 +9,17 @@ from __future__ import annotations
 
 from typing import Final, Literal, Self
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.settings import RedisSettings
@@ -65,28 +75,25 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
         description="Entries read per stream per ingest pass, at most (up to 4096: one Lua "
         "call acknowledges them, and Lua's stack takes about 8000)",
     )
-    ingest_block_ms: int = Field(
-        default=500, ge=0, description="Wait after an ingest pass that found nothing (ms)"
+    ingest_block_ms: NonNegativeInt = Field(
+        default=500, description="Wait after an ingest pass that found nothing (ms)"
     )
-    reclaim_idle_ms: int = Field(
-        default=30_000, gt=0, description="Pending entries idle this long are reclaimed"
+    reclaim_idle_ms: PositiveInt = Field(
+        default=30_000, description="Pending entries idle this long are reclaimed"
     )
-    ingest_max_events: int = Field(
+    ingest_max_events: PositiveInt = Field(
         default=BatchLimits.max_events,
-        gt=0,
         description="Events one stream entry may hold; more: dead-lettered",
     )
     ingest_max_read_bytes: int = Field(
         default=32 << 20, ge=1 << 20, description="Bytes one ingest pass may read, about"
     )
-    clock_tolerance_s: float = Field(
+    clock_tolerance_s: PositiveFloat = Field(
         default=60.0,
-        gt=0,
         description="Events further than this from the controller's clock are dropped, counted",
     )
-    stream_trim_grace_s: float = Field(
+    stream_trim_grace_s: NonNegativeFloat = Field(
         default=30.0,
-        ge=0,
         description="While kvwise trace record runs, acknowledged stream entries are trimmed "
         "only once this old, so that it reads them too (else at once)",
     )
@@ -117,19 +124,18 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
     )
 
     # --- housekeeping and checkpoints -----------------------------------------------------
-    housekeeping_interval_s: float = Field(
-        default=60.0, gt=0, description="Seconds between sweeps of dead workers and consumers"
+    housekeeping_interval_s: PositiveFloat = Field(
+        default=60.0, description="Seconds between sweeps of dead workers and consumers"
     )
-    worker_expire_s: float = Field(
+    worker_expire_s: PositiveFloat = Field(
         default=3600.0,
-        gt=0,
         description="A worker with no entry and no heartbeat this long: its stream is deleted",
     )
-    stale_consumer_s: float = Field(
-        default=600.0, gt=0, description="A consumer idle this long with nothing pending is removed"
+    stale_consumer_s: PositiveFloat = Field(
+        default=600.0, description="A consumer idle this long with nothing pending is removed"
     )
-    checkpoint_interval_s: float = Field(
-        default=60.0, gt=0, description="Seconds between checkpoints of the statistics window"
+    checkpoint_interval_s: PositiveFloat = Field(
+        default=60.0, description="Seconds between checkpoints of the statistics window"
     )
     max_checkpoint_bytes: int = Field(
         default=64 << 20,
@@ -139,18 +145,15 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
     )
 
     # --- fitting (and every field of FitSettings) -------------------------------------
-    refit_interval_s: float = Field(
-        default=30.0,
-        gt=0,
-        description="Seconds between refits (none published while no access arrives)",
+    refit_interval_s: PositiveFloat = Field(
+        default=30.0, description="Seconds between refits (none published while no access arrives)"
     )
 
     # --- store and leadership ------------------------------------------------------------
     history_size: int = Field(default=100, ge=2, description="Policy versions kept")
-    lease_ttl_s: float = Field(default=10.0, gt=0, description="Leader lease time")
-    restore_wait_s: float = Field(
+    lease_ttl_s: PositiveFloat = Field(default=10.0, description="Leader lease time")
+    restore_wait_s: NonNegativeFloat = Field(
         default=6.0,
-        ge=0,
         description="Seconds the leader waits, once Redis has lost the policy (restarted "
         "empty), before restoring it: the workers' heartbeats come back meanwhile, and the "
         "restored version is numbered after any version they hold (at least the agents' "

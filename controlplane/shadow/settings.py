@@ -8,13 +8,18 @@ must never read the environment or files.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, field_validator
 
 from agent.policies import names as policy_names
 from controlplane.shadow.selection import Margin, MinAccesses, SelectionSettings, Windows
 
 DEFAULT_RATE = 0.05
 """Default sampling rate (chosen on one seed, reported on another: docs/shadow.md)."""
+
+PerWorkerBound = Annotated[int, Field(ge=1)]
+"""The most the shadow models, keeps or replays for one worker: one at least."""
 
 
 class ShadowSettings(BaseModel):
@@ -46,32 +51,28 @@ class ShadowSettings(BaseModel):
         default="0.25,0.5,1,2,4",
         description="Capacities replayed, as multiples of the worker's (comma-separated)",
     )
-    shadow_max_capacity: int = Field(
+    shadow_max_capacity: PerWorkerBound = Field(
         default=2**23,
-        ge=1,
         description="Largest worker capacity modeled (blocks): a heartbeat's larger one is "
         "modeled at this, its worker listed in its group's capped_workers",
     )
-    shadow_window_s: float = Field(
-        default=3600.0, gt=0, description="Sliding window of the shadow hit ratios (s)"
+    shadow_window_s: PositiveFloat = Field(
+        default=3600.0, description="Sliding window of the shadow hit ratios (s)"
     )
     shadow_buckets: int = Field(
         default=60, ge=1, le=10_000, description="Time buckets of the shadow window"
     )
-    shadow_max_requests: int = Field(
+    shadow_max_requests: PerWorkerBound = Field(
         default=5_000,
-        ge=1,
         description="Sampled requests kept per worker for the refit guard, at most",
     )
-    shadow_max_kept_blocks: int = Field(
+    shadow_max_kept_blocks: PerWorkerBound = Field(
         default=1_000_000,
-        ge=1,
         description="Blocks of the sampled requests kept per worker, at most (about 40 "
         "bytes each); the oldest are let go first, counted in kept_requests_dropped",
     )
-    guard_max_accesses: int = Field(
+    guard_max_accesses: PerWorkerBound = Field(
         default=50_000,
-        ge=1,
         description="Sampled accesses the refit guard replays per worker, newest first, at most",
     )
     guard_margin: float = Field(
@@ -81,9 +82,8 @@ class ShadowSettings(BaseModel):
         description="A fit whose shadow hit ratio is lower than the version in force's by "
         "more than this is not published",
     )
-    guard_min_accesses: int = Field(
+    guard_min_accesses: NonNegativeInt = Field(
         default=5000,
-        ge=0,
         description="Sampled accesses the guard needs; fewer: it waits and the fit is published",
     )
 
