@@ -14,7 +14,6 @@ Not collected by pytest; results go in docs/benchmarks.md ("Hot-reload latency")
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 import uuid
@@ -25,19 +24,20 @@ import numpy as np
 
 from controlplane.traces.synth import synthesize
 from controlplane.traces.writer import write_bailian
+from tests.bench.command_line import REDIS_URL, run_from_command_line
 from tests.e2e.procs import Stack, get
 from tests.waiting import wait_until
 
 TOKEN = "bench"
 
 
-def run(workers: int, rounds: int, url: str) -> None:
+def run(workers: int, rounds: int, redis_url: str) -> None:
     with tempfile.TemporaryDirectory(prefix="kvwise-bench-") as tmp:
         work = Path(tmp)
         trace = synthesize("to-c", duration_s=600, qps=3, seed=3)
         path = work / "toc.jsonl"
         write_bailian(trace, path)
-        stack = Stack(work, url, f"kvwise-bench-{uuid.uuid4().hex[:6]}:")
+        stack = Stack(work, redis_url, f"kvwise-bench-{uuid.uuid4().hex[:6]}:")
         try:
             _, api = stack.controller("ctl", KVWISE_REFIT_INTERVAL_S="3600", KVWISE_API_TOKEN=TOKEN)
             for i in range(workers):
@@ -80,12 +80,7 @@ def run(workers: int, rounds: int, url: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=25)
-    ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    a = ap.parse_args()
-    run(a.workers, a.rounds, a.redis_url)
+    run_from_command_line(__doc__, run, workers=8, rounds=25, redis_url=REDIS_URL)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ Not collected by pytest; results go in docs/benchmarks.md ("Ledger read").
 
 from __future__ import annotations
 
-import argparse
 import secrets
 import socket
 import statistics
@@ -29,6 +28,7 @@ import redis
 from agent.wire import Keys
 from controlplane.service.ledger import EPOCHS_KEPT, MAX_OUT_OF_ORDER, WorkerLedger
 from controlplane.service.ledger_reads import LedgerReader
+from tests.bench.command_line import REDIS_URL, run_from_command_line
 
 VALUE_BYTES = 80
 """Bytes of each field another hand wrote into the bloated ledger."""
@@ -130,8 +130,8 @@ def measure(
     return statistics.median(walls), size, events
 
 
-def run(url: str, fields: int, repeat: int) -> None:
-    r = redis.Redis.from_url(url, connection_class=CountingConnection)
+def run(redis_url: str, fields: int, repeat: int) -> None:
+    r = redis.Redis.from_url(redis_url, connection_class=CountingConnection)
     keys = Keys(f"kvwise-bench-ledger-{uuid.uuid4().hex[:8]}:")
     try:
         r.hset(keys.ingest_state("fullest"), mapping=fullest_ledger("fullest"))
@@ -148,12 +148,7 @@ def run(url: str, fields: int, repeat: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--fields", type=int, default=1_000_000)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    args = parser.parse_args()
-    run(args.redis_url, args.fields, args.repeat)
+    run_from_command_line(__doc__, run, fields=1_000_000, repeat=3, redis_url=REDIS_URL)
 
 
 if __name__ == "__main__":

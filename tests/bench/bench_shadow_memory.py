@@ -10,14 +10,16 @@ then what its miniature caches alone hold (the difference once they are let go),
 block they hold and per block of the worker's capacity.
 
     python -m tests.bench.bench_shadow_memory [--duration 3600] [--share 0.02]
-        [--reuse-classes]
+        [--rate 0.05] [--reuse-classes]
+
+``--duration``: the trace's seconds; ``--share``: the capacity, a share of its unique
+blocks; ``--rate``: the shadow's sampling rate; ``--reuse-classes``: file by reuse class.
 
 Not collected by pytest; results go in docs/shadow.md ("Its memory").
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import tracemalloc
 
@@ -26,6 +28,7 @@ from controlplane.shadow.evaluator import ShadowEvaluator
 from controlplane.shadow.settings import ShadowSettings
 from controlplane.traces.synth import synthesize
 from tests.agent_stream import agent_batches
+from tests.bench.command_line import run_from_command_line
 
 
 def _traced() -> int:
@@ -71,13 +74,7 @@ def run(duration: float, share: float, rate: float, reuse_classes: bool) -> None
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=3600.0, help="trace seconds")
-    parser.add_argument("--share", type=float, default=0.02, help="capacity / unique blocks")
-    parser.add_argument("--rate", type=float, default=0.05, help="shadow sampling rate")
-    parser.add_argument("--reuse-classes", action="store_true", help="file by reuse class")
-    args = parser.parse_args()
-    run(args.duration, args.share, args.rate, args.reuse_classes)
+    run_from_command_line(__doc__, run, duration=3600.0, share=0.02, rate=0.05, reuse_classes=False)
 
 
 if __name__ == "__main__":

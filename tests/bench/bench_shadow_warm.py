@@ -11,12 +11,14 @@ evaluator's method that took it).
 
     python -m tests.bench.bench_shadow_warm [--duration 900] [--kept 0.75] [--rate 1.0]
 
+``--duration``: the trace's seconds; ``--kept``: the share of its batches applied (and
+kept) before the capacity comes; ``--rate``: the shadow's sampling rate.
+
 Not collected by pytest; results go in docs/shadow.md ("Its error and its cost").
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import threading
 import time
@@ -27,6 +29,7 @@ from controlplane.shadow.evaluator import ShadowEvaluator
 from controlplane.shadow.settings import ShadowSettings
 from controlplane.traces.synth import synthesize
 from tests.agent_stream import agent_batches
+from tests.bench.command_line import run_from_command_line
 
 
 class TimedLock:
@@ -98,12 +101,7 @@ def run(duration: float, kept: float, rate: float) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=900.0, help="trace seconds")
-    parser.add_argument("--kept", type=float, default=0.75, help="share applied before")
-    parser.add_argument("--rate", type=float, default=1.0, help="shadow sampling rate")
-    args = parser.parse_args()
-    run(args.duration, args.kept, args.rate)
+    run_from_command_line(__doc__, run, duration=900.0, kept=0.75, rate=1.0)
 
 
 if __name__ == "__main__":

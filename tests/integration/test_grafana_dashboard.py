@@ -508,18 +508,20 @@ def _label_values(query: str) -> str:
     return f"count by ({m.group(2)}) ({m.group(1)})"
 
 
+NOT_EXPORTED = {
+    "name": ("rate(kvwise_refits[5m])", "", "kvwise_refits is not exported"),
+    "matcher-label": ('kvwise_agent_hit_ratio{worker="w"}', "", "has no label 'worker'"),
+    "matcher-value": ('kvwise_category_param{param="mean"}', "", "{param='mean'} never exported"),
+    "by-label": ("sum by (pool) (kvwise_agent_hit_ratio)", "", "label 'pool'"),
+    "legend-label": ("max(kvwise_policy_version)", "{{agent}}", "label 'agent'"),
+    "variable": ("label_values(kvwise_leader, agent)", "", "label 'agent'"),
+}
+"""Queries of what is not exported, by case: ``(expr, legend, what the live check says)``."""
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize(
-    ("expr", "legend", "says"),
-    [
-        ("rate(kvwise_refits[5m])", "", "kvwise_refits is not exported"),
-        ('kvwise_agent_hit_ratio{worker="w"}', "", "has no label 'worker'"),
-        ('kvwise_category_param{param="mean"}', "", "{param='mean'} never exported"),
-        ("sum by (pool) (kvwise_agent_hit_ratio)", "", "label 'pool'"),
-        ("max(kvwise_policy_version)", "{{agent}}", "label 'agent'"),
-        ("label_values(kvwise_leader, agent)", "", "label 'agent'"),
-    ],
-    ids=["name", "matcher-label", "matcher-value", "by-label", "legend-label", "variable"],
+    ("expr", "legend", "says"), list(NOT_EXPORTED.values()), ids=list(NOT_EXPORTED)
 )
 def test_the_live_check_catches_what_is_not_exported(
     live_metrics: dict[str, dict[str, set[str]]], expr: str, legend: str, says: str

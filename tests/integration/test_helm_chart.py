@@ -181,17 +181,46 @@ def test_object_names_are_refused_at_install_unless_the_api_server_takes_them(pa
     assert [n for n in bad if takes(n)] == [], path
 
 
-def refused_by_pattern(path: str, value: str, case: str) -> Any:
-    """A case of ``BAD_VALUES``: ``value`` at the dotted ``path``, which the schema's pattern
-    there refuses, in Helm's words and in jsonschema's."""
+def nested(path: str, value: Any) -> dict[str, Any]:
+    """Values holding ``value`` at the dotted ``path``."""
     keys = path.split(".")
     bad: dict[str, Any] = {keys[-1]: value}
     for key in reversed(keys[:-1]):
         bad = {key: bad}
+    return bad
+
+
+def refused_by_pattern(path: str, value: str, case: str) -> Any:
+    """A case of ``BAD_VALUES``: ``value`` at the dotted ``path``, which the schema's pattern
+    there refuses, in Helm's words and in jsonschema's."""
+    keys = path.split(".")
     return pytest.param(
-        bad,
+        nested(path, value),
         f"at '/{'/'.join(keys)}': '{value}' does not match pattern",
         f"'{value}' does not match {pattern_at(*keys)!r}",
+        id=case,
+    )
+
+
+def refused_by_enum(path: str, value: str, choices: list[str], case: str) -> Any:
+    """A case of ``BAD_VALUES``: ``value`` at the dotted ``path``, where the schema takes only
+    one of ``choices``, in Helm's words and in jsonschema's."""
+    return pytest.param(
+        nested(path, value),
+        f"at '/{path.replace('.', '/')}': value must be one of {', '.join(map(repr, choices))}",
+        f"{value!r} is not one of {choices!r}",
+        id=case,
+    )
+
+
+def refused_as_unknown(path: str, value: Any, case: str) -> Any:
+    """A case of ``BAD_VALUES``: ``value`` at the dotted ``path``, a key the schema does not
+    know there, in Helm's words and in jsonschema's."""
+    parent, key = path.rsplit(".", 1)
+    return pytest.param(
+        nested(path, value),
+        f"at '/{parent.replace('.', '/')}': additional properties '{key}' not allowed",
+        f"Additional properties are not allowed ('{key}' was unexpected)",
         id=case,
     )
 
@@ -199,18 +228,8 @@ def refused_by_pattern(path: str, value: str, case: str) -> Any:
 BAD_VALUES = [
     refused_by_pattern("controller.config.shadowPolicies", "lru,bogus", "unknown-shadow-policy"),
     refused_by_pattern("controller.config.shadowLadder", "0,-1", "shadow-ladder-out-of-range"),
-    pytest.param(
-        {"controller": {"config": {"lifeRule": "median"}}},
-        "at '/controller/config/lifeRule': value must be one of 'quantile', 'fixed'",
-        "'median' is not one of ['quantile', 'fixed']",
-        id="wrong-enum",
-    ),
-    pytest.param(
-        {"controller": {"config": {"refitInterval": 30}}},
-        "at '/controller/config': additional properties 'refitInterval' not allowed",
-        "Additional properties are not allowed ('refitInterval' was unexpected)",
-        id="unknown-key",
-    ),
+    refused_by_enum("controller.config.lifeRule", "median", ["quantile", "fixed"], "wrong-enum"),
+    refused_as_unknown("controller.config.refitInterval", 30, "unknown-key"),
     pytest.param(
         {"controller": {"replicaCount": "two"}},
         "at '/controller/replicaCount': got string, want integer",
@@ -232,12 +251,7 @@ BAD_VALUES = [
         refused_by_pattern(path, "8GB", f"not-a-quantity-{path.split('.')[-1]}")
         for path in ("workers.shmSizeLimit", "workers.modelCache.sizeLimit")
     ),
-    pytest.param(
-        {"workers": {"engine": "tgi"}},
-        "at '/workers/engine': value must be one of 'vllm', 'sglang'",
-        "'tgi' is not one of ['vllm', 'sglang']",
-        id="unknown-engine",
-    ),
+    refused_by_enum("workers.engine", "tgi", ["vllm", "sglang"], "unknown-engine"),
     refused_by_pattern("controller.config.keyPrefix", "kv{a}:", "key-prefix-hash-tag"),
     pytest.param(  # Helm drops a null key: a setting cannot be nulled back to its default
         {"controller": {"config": {"windowBuckets": None}}},

@@ -353,11 +353,7 @@ def test_housekeeping_removes_a_dead_workers_stream_that_holds_only_acknowledged
 
 
 def test_streams_past_max_workers_are_not_ingested_counted_named_and_told_once(
-    redis_url: str,
-    key_prefix: str,
-    r: redis.Redis,
-    keys: Keys,
-    caplog: pytest.LogCaptureFixture,
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Every stream found was read and shadowed, each with a ledger, gauges and miniature
     caches of its own: a flood of worker streams grew the controller without limit. Past
@@ -438,11 +434,7 @@ def test_heartbeats_past_max_workers_are_counted_not_read_those_ingested_kept(
 
 
 def test_a_huge_or_mistyped_heartbeat_is_refused_by_size_and_the_others_listed(
-    redis_url: str,
-    key_prefix: str,
-    r: redis.Redis,
-    keys: Keys,
-    caplog: pytest.LogCaptureFixture,
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A heartbeat key holding megabytes of valid JSON was read and parsed whole at every
     listing, and one holding a hash failed the listing of every agent (WRONGTYPE). Each is

@@ -33,11 +33,7 @@ def _told(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def test_a_ledger_of_too_many_fields_or_another_type_is_refused_and_replaced(
-    redis_url: str,
-    key_prefix: str,
-    r: redis.Redis,
-    keys: Keys,
-    caplog: pytest.LogCaptureFixture,
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys, caplog: pytest.LogCaptureFixture
 ) -> None:
     """w1's ledger holds 10,000 fields beside its counts, w2's is a list, w3's is one
     ingest wrote: w1 and w2 are refused unread and started again, each told once with its

@@ -47,6 +47,16 @@ def make(n: int, evictor: Any = None) -> tuple[KvwiseFreeQueue, list[Blk]]:
     return queue, blocks
 
 
+def all_taken(n: int, evictor: str) -> tuple[KvwiseFreeQueue, Hooks, list[Blk]]:
+    """A queue of ``n`` blocks under ``evictor``, its clock stopped at 1 s, whose hook calls
+    ``Hooks`` counts, once every block is taken (``popleft_n``, one hook call): the queue,
+    its hooks and the blocks in id order."""
+    blocks = [Blk(i) for i in range(n)]
+    hooks = Hooks()
+    q = KvwiseFreeQueue(blocks, create(evictor, n), hooks=hooks, clock=lambda: 1.0)
+    return q, hooks, q.popleft_n(n)
+
+
 def cache(q: KvwiseFreeQueue, blocks: list[Blk], code: int = 0) -> None:
     """Give ``blocks`` hashes (as ``cache_full_blocks`` does) and note them."""
     for b in blocks:
@@ -112,10 +122,7 @@ def test_remove_takes_a_hit_out_of_the_victims_and_it_comes_back_when_freed() ->
 
 
 def test_hooks_see_every_call_and_the_hashes_of_evicted_cached_blocks() -> None:
-    blocks = [Blk(i) for i in range(4)]
-    hooks = Hooks()
-    q = KvwiseFreeQueue(blocks, create("lru", 4), hooks=hooks, clock=lambda: 1.0)
-    got = q.popleft_n(4)
+    q, hooks, got = all_taken(4, "lru")
     cache(q, got[2:])
     q.append_n([got[3], got[2]])
     q.prepend_n([got[1]])
@@ -185,14 +192,11 @@ def test_cached_blocks_whose_hash_was_reset_while_free_are_reported_evicted_when
     content left the cache. Reused, they must be reported evicted,
     or the agent's history keeps them cached and the same content stored again is taken
     for a block it already holds (no INSERT)."""
-    blocks = [Blk(i) for i in range(4)]
-    hooks = Hooks()
-    q = KvwiseFreeQueue(blocks, create("lru", 4), hooks=hooks, clock=lambda: 1.0)
-    got = q.popleft_n(4)
+    q, hooks, got = all_taken(4, "lru")
     cache(q, got[1:3])
     q.append_n([got[2], got[1]])
     q.prepend_n([got[3]])
-    for b in blocks:  # the prefix-cache reset, every block free
+    for b in got:  # the prefix-cache reset, every block free
         b.block_hash = None
     q.popleft_n(3)
     assert hooks.hashes == [hash64(key(1002)), hash64(key(1001))]
@@ -202,10 +206,7 @@ def test_content_cached_in_two_blocks_is_reported_evicted_once_when_its_last_blo
     """vLLM does not deduplicate: two requests computing the same prompt in one step store
     it in two blocks with one hash. Reusing one block leaves the content cached (a later
     request hits the other), so only the last one is an eviction of that hash."""
-    blocks = [Blk(i) for i in range(4)]
-    hooks = Hooks()
-    q = KvwiseFreeQueue(blocks, create("lru", 4), hooks=hooks, clock=lambda: 1.0)
-    got = q.popleft_n(4)
+    q, hooks, got = all_taken(4, "lru")
     for b in got[1:3]:
         b.block_hash = key(7)
         q.note_stored([b], 0, 0)
@@ -222,10 +223,7 @@ def test_a_block_put_back_at_the_front_with_its_hash_is_evicted_only_when_popped
     """``prepend_n`` of a block that kept its hash (reused first, as vLLM frees blocks it
     wants reused first): its content is still cached and a hit may take it back, so it is
     reported evicted when popped for reuse, not when put back."""
-    blocks = [Blk(i) for i in range(4)]
-    hooks = Hooks()
-    q = KvwiseFreeQueue(blocks, create("lru", 4), hooks=hooks, clock=lambda: 1.0)
-    got = q.popleft_n(4)
+    q, hooks, got = all_taken(4, "lru")
     cache(q, got[1:3])
     q.prepend_n([got[1], got[2]])
     assert hooks.hashes == []
@@ -241,15 +239,12 @@ def test_a_prefix_cache_reset_reports_every_stored_content_evicted_at_once() -> 
     """vLLM's ``reset_prefix_cache`` drops every hash, every block free: all the content
     stored is reported evicted then (once, whatever zone its block was in), and the
     emptied blocks are reused before any block cached after the reset."""
-    blocks = [Blk(i) for i in range(6)]
-    hooks = Hooks()
-    q = KvwiseFreeQueue(blocks, create("lru", 6), hooks=hooks, clock=lambda: 1.0)
-    got = q.popleft_n(6)
+    q, hooks, got = all_taken(6, "lru")
     cache(q, got[1:4])
     q.append_n([got[2], got[1]])  # the evictor's
     q.prepend_n([got[3], got[5]])  # at the front, one with its hash
     q.append_n([got[4]])  # hash-less: unpinned
-    for b in blocks:
+    for b in got:
         b.block_hash = None
     q.drop_all_cached()
     assert sorted(hooks.hashes) == sorted(hash64(key(1000 + i)) for i in (1, 2, 3))
@@ -265,10 +260,7 @@ def test_a_prefix_cache_reset_reports_every_stored_content_evicted_at_once() -> 
 def test_a_block_whose_hash_was_dropped_while_in_use_is_reported_evicted_when_freed() -> None:
     """A connector's ``evict_blocks`` drops the hash of a block a request still holds:
     vLLM frees it hash-less (``prepend_n``), its content gone from the cache."""
-    blocks = [Blk(i) for i in range(3)]
-    hooks = Hooks()
-    q = KvwiseFreeQueue(blocks, create("wa", 3), hooks=hooks, clock=lambda: 1.0)
-    got = q.popleft_n(3)
+    q, hooks, got = all_taken(3, "wa")
     cache(q, got[1:])
     got[1].block_hash = None  # evicted from the prefix cache while in use
     q.prepend_n([got[1]])

@@ -160,7 +160,7 @@ def test_rebuild_drops_and_counts_a_request_missing_its_first_block() -> None:
         ts=[1.0, 1.0, 2.0, 2.0],
         block=[11, 12, 20, 21],
         offset=[1, 2, 0, 1],
-        kind=[HIT, HIT, HIT, HIT],
+        kind=HIT,
         categories=("a", "b"),
         category=[0, 0, 1, 1],
     )

@@ -349,9 +349,9 @@ class NaiveWA:
 
     def touch(self, blocks: Sequence[int], now: float) -> None:
         self.clock = max(self.clock, now)
+        self.in_use.update(blocks)
         for b in blocks:
             self.rec.pop(b, None)
-            self.in_use.add(b)
 
     def free(
         self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
