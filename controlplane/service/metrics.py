@@ -117,7 +117,7 @@ class ControllerMetrics:
             "kvwise_ingest_streams_refused",
             "Worker streams found past KVWISE_MAX_WORKERS at the last discovery, left unread",
         )
-        self.ingest_unexpected_errors = self._gauge(
+        self.ingest_unexpected_errors = self._counter(
             "kvwise_ingest_unexpected_errors",
             "Passes of this controller's ingest loop (and waits between them) failed by an "
             "error not Redis's since it started, a bug most likely (its log has the "
