@@ -57,9 +57,15 @@ class CategoryFit:
 
 @dataclass(frozen=True)
 class FitDurations:
+    """Wall-clock seconds one ``fit_all`` spent, by part."""
+
     mle_s: float
+    """The maximum-likelihood fits: the pooled one and each category's own."""
     diagnostics_s: float
+    """The rest: each category's blend with the pooled fit, its parameters and the
+    goodness of fit of the curves."""
     total_s: float
+    """The whole call."""
 
 
 @dataclass(frozen=True)

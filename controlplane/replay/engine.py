@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import compress
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -27,6 +27,8 @@ from controlplane.traces.model import Trace
 
 ProgressFn = Callable[[int], None]
 """Called with the number of requests replayed so far."""
+PROGRESS_EVERY: Final = 2000
+"""Requests replayed between two calls of a replay's ``progress``."""
 
 
 class HitCounts:
@@ -95,10 +97,10 @@ def replay_hits(
     capacity: int,
     *,
     progress: ProgressFn | None = None,
-    progress_every: int = 2000,
     check: bool = False,
 ) -> NDArray[np.int64]:
     """Replay ``trace`` through ``policy``; return the prefix-hit block count per request.
+    ``progress`` is told the requests replayed every ``PROGRESS_EVERY`` and at the end.
 
     With ``check`` (tests: slow) it verifies after every request that the policy evicted
     only cached blocks, no more than asked, and enough to fit ``capacity``, and that its
@@ -142,7 +144,7 @@ def replay_hits(
             _check_request(r, policy, capacity, excess, victims, req, cached)
         if victims:
             cached[victims] = False
-        if progress is not None and r % progress_every == 0:
+        if progress is not None and r % PROGRESS_EVERY == 0:
             progress(r)
     if progress is not None:
         progress(n)

@@ -228,42 +228,36 @@ class FittedReplayPolicy:
     know which request is being served), or through ``TraceIndexed`` (``arrive`` in trace
     order, then ``free_request`` in any order). ``free``'s category argument is
     replaced by this run's category code of the request (labels or inferred), plus, with
-    ``block_class`` (per access, in trace order), that access's class offset, or with
-    ``classes`` the class the agent would give it (a hit or an insert): the blocks of a
-    request are then released in runs of equal codes, in release order. With ``classes``
-    the split protocol fits when the first scored request arrives (the classes of the
-    fitted part are known only once it has been replayed).
+    the setup's ``block_class`` (per access, in trace order), that access's class offset,
+    or with ``classes`` the class the agent would give it (a hit or an insert): the blocks
+    of a request are then released in runs of equal codes, in release order. With
+    ``classes`` the split protocol fits when the first scored request arrives (the classes
+    of the fitted part are known only once it has been replayed). Made by
+    ``FittedSetup.policy``: the trace, options, codes and columns are its setup's, and
+    ``refits`` (its own or its fleet's) hold its refitter.
     """
 
     def __init__(
         self,
         inner: WAPolicy | WARefPolicy,
-        trace: Trace,
-        codes: Sequence[int],
-        cols: AccessColumns,
-        refitter: Refitter,
-        options: ReplayOptions,
-        block_class: Sequence[int] | None = None,
-        classes: HitClasses | None = None,
-        *,
-        refits: Refits | None = None,
         setup: FittedSetup,
+        refits: Refits,
+        classes: HitClasses | None = None,
     ) -> None:
-        if refits is not None and refits.refitter is not refitter:
-            raise ValueError("refits given with another refitter than its own")
+        trace, options = setup.trace, setup.options
         self.inner = inner
         self.in_force: EvictionPolicy = inner
         """What takes the touches, releases and evictions: ``inner``, or the baseline
         ``auto`` switched to (reuse classes are still decided, and refits still made)."""
-        self._class = block_class
+        self._class = setup.block_class
         self._hit_classes = classes
         self.applied: deque[AppliedVersion] = deque(maxlen=APPLIED_KEPT)
         """The newest documents swapped in, oldest first (at most ``APPLIED_KEPT``)."""
         self.versions_applied = 0
         """Documents swapped in since the start (all of them)."""
-        self._codes = codes
+        self._codes = setup.codes
         self._ts, self._offsets = setup.times, setup.offsets
-        self.refits = refits if refits is not None else Refits(refitter, cols, classes)
+        self.refits = refits
         """Where its documents come from: its own, or its fleet's (``fleet_mate``)."""
         self.setup = setup
         """What it was made from, and its fleet mates with it (``fleet_mate``)."""
@@ -503,18 +497,7 @@ class FittedSetup:
             classes = HitClasses(self.trace, self.cols, names, ghost, previous=self.previous)
             names = classes.names
         refits = shared if shared is not None else Refits(self.refitter(names), self.cols, classes)
-        return FittedReplayPolicy(
-            self.evictor(names, refits.refitter),
-            self.trace,
-            self.codes,
-            self.cols,
-            refits.refitter,
-            self.options,
-            self.block_class,
-            classes,
-            refits=refits,
-            setup=self,
-        )
+        return FittedReplayPolicy(self.evictor(names, refits.refitter), self, refits, classes)
 
     def evictor(self, names: Sequence[str], refitter: Refitter) -> WAPolicy | WARefPolicy:
         """A cache's own evictor, applied the documents of ``refitter`` (``wa`` and

@@ -204,8 +204,7 @@ class Controller:
         self._checkpoint_read = False
         """Whether this replica, since it last took the lease, has read the checkpoint."""
         self._role_said = False  # its role logged once known
-        self.ingestor = ingestor = self._make_ingestor()
-        self.metrics.ingest_unexpected_errors.set_function(lambda: ingestor.unexpected_errors)
+        self.ingestor = self._make_ingestor()
         self.scheduler = BackgroundScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None}
         )

@@ -101,11 +101,11 @@ class Housekeeper:
         settings: HousekeepingSettings,
     ) -> None:
         self.r = client
+        self._delete_if_gone = client.register_script(_DELETE_IF_GONE)
         self.keys = keys
         self.group = group
         self.consumer = consumer
         self.settings = settings
-        self._delete_if_gone = client.register_script(_DELETE_IF_GONE)
 
     def sweep(self, streams: Sequence[bytes], now: float | None = None) -> Swept:
         """One round over ``streams``."""

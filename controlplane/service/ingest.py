@@ -180,6 +180,7 @@ class Ingestor(BackgroundLoop):
         self.apply = apply
         self.settings = settings
         self.metrics = metrics
+        self._errors_counted = 0  # unexpected_errors as last added to the metric (run_step)
         self.io = StreamIO(client, group=settings.group, consumer=settings.consumer)
         self.counters = IngestCounters()
         self.ledgers: dict[str, WorkerLedger] = {}
@@ -229,6 +230,15 @@ class Ingestor(BackgroundLoop):
             return
         if self.between_passes is not None:
             self.between_passes()
+
+    def run_step(self) -> bool:
+        """A round, as the loop runs it; then what it counted as unexpected errors since
+        the last round (this one, and a failed wait before it) goes to the metric too."""
+        succeeded = super().run_step()
+        if self.metrics is not None and self.unexpected_errors > self._errors_counted:
+            self.metrics.ingest_unexpected_errors.inc(self.unexpected_errors - self._errors_counted)
+            self._errors_counted = self.unexpected_errors
+        return succeeded
 
     def next_wait(self) -> float:
         if self.failures:

@@ -117,7 +117,7 @@ class ControllerMetrics:
             "kvwise_ingest_streams_refused",
             "Worker streams found past KVWISE_MAX_WORKERS at the last discovery, left unread",
         )
-        self.ingest_unexpected_errors = self._gauge(
+        self.ingest_unexpected_errors = self._counter(
             "kvwise_ingest_unexpected_errors",
             "Passes of this controller's ingest loop (and waits between them) failed by an "
             "error not Redis's since it started, a bug most likely (its log has the "
@@ -250,7 +250,8 @@ class ControllerMetrics:
         )
 
     def _shadow_metrics(self) -> None:
-        curve = ("capacity", "policy", "multiple")
+        group = ("capacity",)  # a worker group: the workers of one capacity
+        curve = (*group, "policy", "multiple")
         self.shadow_hit_ratio = self._gauge(
             "kvwise_shadow_hit_ratio",
             "Shadow estimate of the hit ratio a policy would have had at a multiple of a "
@@ -265,7 +266,7 @@ class ControllerMetrics:
         self.shadow_sampled = self._gauge(
             "kvwise_shadow_sampled_accesses",
             "Sampled accesses in the shadow window, per worker group (capacity)",
-            ("capacity",),
+            group,
         )
         self.guard = self._counter(
             "kvwise_refit_guard",

@@ -64,6 +64,8 @@ from controlplane.service.stored_state import StoreError as StoreError
 
 log = logging.getLogger(__name__)
 
+HISTORY_SIZE: Final = 100
+"""Default count of the policy versions kept (the controller's ``history_size``)."""
 MAX_OVERRIDES: Final = 256
 """Default bound of the overrides kept at once (a bound on every document's size)."""
 MAX_FITTED_CATEGORIES: Final = 2048
@@ -187,7 +189,7 @@ class PolicyStore:
         self,
         client: RedisClient,
         keys: Keys,
-        history_size: int = 100,
+        history_size: int = HISTORY_SIZE,
         *,
         max_overrides: int = MAX_OVERRIDES,
         max_categories: int = MAX_FITTED_CATEGORIES,
@@ -461,10 +463,7 @@ class PolicyStore:
             draft.lowest_version = max(state.version, after) + 1
             return draft
 
-        try:
-            return self._publish(prepare)
-        except _AlreadyInForce:
-            return None
+        return self._publish_unless_in_force(prepare)
 
     @property
     def pointer_refused(self) -> bool:
@@ -484,10 +483,7 @@ class PolicyStore:
                 return self._read(pipe, f"current pointer written back ({exc.reason})")
             raise _AlreadyInForce
 
-        try:
-            return self._publish(prepare)
-        except _AlreadyInForce:
-            return None
+        return self._publish_unless_in_force(prepare)
 
     @guarded
     def release_hold(self) -> None:
@@ -557,6 +553,14 @@ class PolicyStore:
                     self.memory.remember(_state_of(doc, draft))
                 self._notify(doc.version)
                 return doc
+
+    def _publish_unless_in_force(self, prepare: Prepare) -> PolicyDocument | None:
+        """``_publish``, or None (nothing written) where ``prepare`` finds the state it was
+        to write in force already (``_AlreadyInForce``)."""
+        try:
+            return self._publish(prepare)
+        except _AlreadyInForce:
+            return None
 
     def _notify(self, version: int) -> None:
         """The notice on the channel, after the transaction (a cluster pipeline cannot

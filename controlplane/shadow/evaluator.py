@@ -327,33 +327,30 @@ class ShadowEvaluator:
         """``worker_id``'s state, made when it first comes (None: past ``max_workers``,
         it is left out, said once)."""
         worker = self._workers.get(worker_id)
-        if worker is None:
-            if self.max_workers is not None and len(self._workers) >= self.max_workers:
-                self._refuse(worker_id)
-                return None
-            self.refused.forget(worker_id)
-            depth = self.settings.shadow_key_depth
-            rebuilder = RequestRebuilder(self.sampler, self.table, depth, GATHER_EVENTS)
-            window, buckets = self.settings.shadow_window_s, self.settings.shadow_buckets
-            worker = self._workers[worker_id] = _Worker(
-                rebuilder,
-                deque(),
-                WindowCounts(window, buckets),
-                InflowShare(self.sampler.rate),
-                RunCounts(window, buckets),
-                doc=self._doc,
-            )
+        if worker is not None:
+            return worker
+        if self.max_workers is not None and len(self._workers) >= self.max_workers:
+            if self.refused.first(worker_id):
+                log.warning(
+                    "shadow evaluation leaves %s out: it shadows %d workers already "
+                    "(KVWISE_MAX_WORKERS)",
+                    worker_id,
+                    self.max_workers,
+                )
+            return None
+        self.refused.forget(worker_id)
+        depth = self.settings.shadow_key_depth
+        rebuilder = RequestRebuilder(self.sampler, self.table, depth, GATHER_EVENTS)
+        window, buckets = self.settings.shadow_window_s, self.settings.shadow_buckets
+        worker = self._workers[worker_id] = _Worker(
+            rebuilder,
+            deque(),
+            WindowCounts(window, buckets),
+            InflowShare(self.sampler.rate),
+            RunCounts(window, buckets),
+            doc=self._doc,
+        )
         return worker
-
-    def _refuse(self, worker_id: str) -> None:
-        """Leave ``worker_id`` out, past ``max_workers``: said once while it stays out."""
-        if self.refused.first(worker_id):
-            log.warning(
-                "shadow evaluation leaves %s out: it shadows %d workers already "
-                "(KVWISE_MAX_WORKERS)",
-                worker_id,
-                self.max_workers,
-            )
 
     def _begin_warming(self, worker: _Worker, capacity: int, ghost: int | None) -> Warming:
         """What new miniatures at ``capacity`` (and ``ghost``) are warmed from, as it stands

@@ -1,8 +1,8 @@
 """Background loops failing by a bug, seen from the controller: an agent's, by the
 heartbeat's ``*_unexpected_errors`` counts in GET /v1/agents and in
 ``kvwise_agent_loop_unexpected_errors{agent,loop}``, and a heartbeat of an agent that
-predates the counts, still listed; the controller's own ingest loop, in
-``kvwise_ingest_unexpected_errors``; over real HTTP with a real Redis."""
+predates the counts, still listed; the controller's own ingest loop, in the counter
+``kvwise_ingest_unexpected_errors_total``; over real HTTP with a real Redis."""
 
 from __future__ import annotations
 
@@ -46,10 +46,13 @@ def loop_errors_exported(ctl: RunningController, agent: str) -> dict[str, float]
     return {s.labels["loop"]: s.value for s in family.samples if s.labels["agent"] == agent}
 
 
-def exported(ctl: RunningController, name: str) -> float:
-    """The one sample of the unlabelled gauge ``name`` in a scrape."""
+def ingest_errors_exported(ctl: RunningController) -> float:
+    """``kvwise_ingest_unexpected_errors_total`` in a scrape: a counter, one series."""
     families = text_string_to_metric_families(ctl.client.get("/metrics").text)
-    (sample,) = next(f for f in families if f.name == name).samples
+    family = next(f for f in families if f.name == "kvwise_ingest_unexpected_errors")
+    assert family.type == "counter"
+    (sample,) = family.samples
+    assert sample.name == "kvwise_ingest_unexpected_errors_total"
     return sample.value
 
 
@@ -120,14 +123,14 @@ def test_an_ingest_pass_failing_by_a_bug_is_counted_in_the_metrics(
     count rising; fixed, it ingests again and the count stays."""
     ingestor = ctl.controller.ingestor
     wait_until(lambda: ingestor.running, what="the leader ingesting")
-    assert exported(ctl, "kvwise_ingest_unexpected_errors") == 0
+    assert ingest_errors_exported(ctl) == 0
 
     def broken_pass() -> int:
         raise RuntimeError("a bug in ingest")
 
     monkeypatch.setattr(ingestor, "poll_once", broken_pass)
     wait_until(
-        lambda: exported(ctl, "kvwise_ingest_unexpected_errors") >= 3,
+        lambda: ingest_errors_exported(ctl) >= 3,
         what="three failed ingest passes in /metrics",
     )
     assert ingestor.running
@@ -135,8 +138,8 @@ def test_an_ingest_pass_failing_by_a_bug_is_counted_in_the_metrics(
     keys = Keys(ctl.controller.settings.key_prefix)
     send(redis.Redis.from_url(redis_url), keys, good_batch("w-after", 1))
     wait_until(lambda: ingestor.counters.batches == 1, what="ingest working again")
-    failed = exported(ctl, "kvwise_ingest_unexpected_errors")
+    failed = ingest_errors_exported(ctl)
     assert failed == ingestor.unexpected_errors >= 3
     send(redis.Redis.from_url(redis_url), keys, good_batch("w-after", 2))
     wait_until(lambda: ingestor.counters.batches == 2, what="a second batch ingested")
-    assert exported(ctl, "kvwise_ingest_unexpected_errors") == failed
+    assert ingest_errors_exported(ctl) == failed
