@@ -106,6 +106,10 @@ class BackgroundLoop(ABC):
     def redis_failed(self, exc: redis.RedisError) -> None:  # noqa: B027 (a hook, as finish)
         """Told of each Redis error that failed a round, before it is counted."""
 
+    def failed_unexpectedly(self) -> None:  # noqa: B027 (a hook, as finish)
+        """Told of each round (or wait) failed by an error not Redis's, as it is counted in
+        ``unexpected_errors``."""
+
     # --- lifecycle -------------------------------------------------------------------------
     def start(self, *, wait_s: float = 1.0) -> bool:
         """Start the thread (again, after ``close``); a no-op while it runs. A thread still
@@ -184,6 +188,7 @@ class BackgroundLoop(ABC):
     def _failed(self, error: str, *, unexpected: bool) -> None:
         if unexpected:
             self.unexpected_errors += 1
+            self.failed_unexpectedly()
             # Told by its type: a message may name the item at hand, another each round.
             if error != self.last_error and self._to_say(error.partition(":")[0]):
                 log.exception(

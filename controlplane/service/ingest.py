@@ -180,7 +180,6 @@ class Ingestor(BackgroundLoop):
         self.apply = apply
         self.settings = settings
         self.metrics = metrics
-        self._errors_counted = 0  # unexpected_errors as last added to the metric (run_step)
         self.io = StreamIO(client, group=settings.group, consumer=settings.consumer)
         self.counters = IngestCounters()
         self.ledgers: dict[str, WorkerLedger] = {}
@@ -231,14 +230,9 @@ class Ingestor(BackgroundLoop):
         if self.between_passes is not None:
             self.between_passes()
 
-    def run_step(self) -> bool:
-        """A round, as the loop runs it; then what it counted as unexpected errors since
-        the last round (this one, and a failed wait before it) goes to the metric too."""
-        succeeded = super().run_step()
-        if self.metrics is not None and self.unexpected_errors > self._errors_counted:
-            self.metrics.ingest_unexpected_errors.inc(self.unexpected_errors - self._errors_counted)
-            self._errors_counted = self.unexpected_errors
-        return succeeded
+    def failed_unexpectedly(self) -> None:
+        if self.metrics is not None:
+            self.metrics.ingest_unexpected_errors.inc()
 
     def next_wait(self) -> float:
         if self.failures:
