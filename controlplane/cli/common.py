@@ -4,9 +4,10 @@ Owns how the CLI reports a user error (one red line naming the option, environme
 variable or file that was wrong, exit code 2), the parsing of comma-separated option
 values (duplicates merged, first order kept), the options several commands declare alike
 (a trace argument, ``--json``, ``--skip-bad-lines``, ``--block-tokens``, a replay's
-``--speed``), loading a trace for a command (bad lines reported, an empty trace refused),
-printing a ``--json`` document, and checking settings and Redis URLs before a command
-starts anything. It must never contain command logic.
+``--speed``; each option names itself, so every command spells it alike), loading a trace
+for a command (bad lines reported, an empty trace refused), printing a ``--json``
+document, and checking settings and Redis URLs before a command starts anything. It must
+never contain command logic.
 """
 
 from __future__ import annotations
@@ -83,11 +84,13 @@ JobsOpt = Annotated[
     ),
 ]
 RedisUrlOpt = Annotated[
-    str | None, typer.Option(metavar="URL", help="Redis URL [default: KVWISE_REDIS_URL]")
+    str | None,
+    typer.Option("--redis-url", metavar="URL", help="Redis URL [default: KVWISE_REDIS_URL]"),
 ]
 BlockTokensOpt = Annotated[
     int,
     typer.Option(
+        "--block-tokens",
         parser=whole_number(1),
         metavar="TOKENS",
         help="Tokens per block of the engine, so per trace block (vLLM on GPUs: 16)",
@@ -323,13 +326,17 @@ non_negative = finite_at_least(0.0)
 SpeedOpt = Annotated[
     float,
     typer.Option(
-        parser=positive, metavar="FACTOR", help="Replay speed: trace time divided by this"
+        "--speed",
+        parser=positive,
+        metavar="FACTOR",
+        help="Replay speed: trace time divided by this",
     ),
 ]
 """How much faster than the trace a command that replays it in time runs (2: twice)."""
 StatusEveryOpt = Annotated[
     float,
     typer.Option(
+        "--status-every",
         parser=non_negative,
         metavar="SECONDS",
         help="Seconds between status lines on stderr (0 = none)",

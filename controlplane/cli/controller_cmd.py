@@ -11,7 +11,7 @@ them.
 from __future__ import annotations
 
 import socket
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -20,16 +20,17 @@ def register(app: typer.Typer) -> None:
     app.command("controller")(controller)
 
 
-# The fallbacks are ControllerSettings' defaults (a test holds them equal); importing the
-# settings here would slow every command's start.
-HostOpt = Annotated[
-    str | None,
-    typer.Option(metavar="HOST", help="Bind address [default: KVWISE_HOST, else 127.0.0.1]"),
-]
-PortOpt = Annotated[
-    int | None,
-    typer.Option(metavar="PORT", help="Port of the API [default: KVWISE_PORT, else 8080]"),
-]
+def _overriding(field: str, help_text: str, fallback: str) -> Any:
+    """The option that overrides the controller setting ``field``, its value named
+    ``FIELD``; its help names the variable (``KVWISE_FIELD``) and ``fallback``, the
+    setting's default in ``ControllerSettings`` (a test holds them equal; importing the
+    settings here would slow every command's start)."""
+    name = field.upper()
+    return typer.Option(metavar=name, help=f"{help_text} [default: KVWISE_{name}, else {fallback}]")
+
+
+HostOpt = Annotated[str | None, _overriding("host", "Bind address", fallback="127.0.0.1")]
+PortOpt = Annotated[int | None, _overriding("port", "Port of the API", fallback="8080")]
 
 
 def controller(host: HostOpt = None, port: PortOpt = None) -> None:

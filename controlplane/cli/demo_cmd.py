@@ -49,6 +49,14 @@ def _worker_count(text: str) -> int:
     return count
 
 
+def _at_least(minimum: float, metavar: str, help_text: str) -> Any:
+    """An option of a finite number >= ``minimum``, the bound written once: its parser's,
+    and its help's ``(0.1 or more)``."""
+    return typer.Option(
+        parser=finite_at_least(minimum), metavar=metavar, help=f"{help_text} ({minimum:g} or more)"
+    )
+
+
 WorkersOpt = Annotated[
     int,
     typer.Option(
@@ -57,26 +65,14 @@ WorkersOpt = Annotated[
         help=f"Simulated workers, 2 to {MAX_WORKERS}: half wa, half lru (odd: one more wa)",
     ),
 ]
-SpeedOpt = Annotated[
-    float,
-    typer.Option(
-        parser=finite_at_least(0.1),
-        metavar="FACTOR",
-        help="Trace time runs this much faster (0.1 or more)",
-    ),
-]
+SpeedOpt = Annotated[float, _at_least(0.1, "FACTOR", "Trace time runs this much faster")]
 DurationOpt = Annotated[
     float,
     typer.Option(
         parser=non_negative, metavar="SECONDS", help="Wall-clock seconds to run (0 = until Ctrl-C)"
     ),
 ]
-RefitOpt = Annotated[
-    float,
-    typer.Option(
-        parser=finite_at_least(0.5), metavar="SECONDS", help="Controller refit period (0.5 or more)"
-    ),
-]
+RefitOpt = Annotated[float, _at_least(0.5, "SECONDS", "Controller refit period")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="No live view; final JSON summary")]
 
 

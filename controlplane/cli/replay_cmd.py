@@ -53,7 +53,7 @@ DEFAULT_FRACS = "0.05,0.1,0.2,0.4"
 # Options grouped in the help by what they are about.
 _sizes = partial(typer.Option, rich_help_panel="Policies and cache sizes")
 _output = partial(typer.Option, rich_help_panel="Output")
-_auto_panel = partial(typer.Option, rich_help_panel="auto (family selected by a shadow)")
+_auto = partial(typer.Option, rich_help_panel="auto (family selected by a shadow)")
 
 KNOWN_POLICIES = "arc, fifo, lfu, lru, s3fifo, sieve, wa, wa-ref, wa-mix, auto, belady, inf"
 """The replay catalogue's names, for --help: the catalogue loads SciPy and the shadow
@@ -128,15 +128,15 @@ def _share(text: str) -> float:
 
 AutoRateOpt = Annotated[
     float,
-    _auto_panel(parser=_share, metavar="SHARE", help="Share of prefix trees the shadow keeps"),
+    _auto(parser=_share, metavar="SHARE", help="Share of prefix trees the shadow keeps"),
 ]
 AutoWindowOpt = Annotated[
     float,
-    _auto_panel(parser=positive, metavar="SECONDS", help="Trace seconds of one shadow window"),
+    _auto(parser=positive, metavar="SECONDS", help="Trace seconds of one shadow window"),
 ]
 AutoWindowsOpt = Annotated[
     int,
-    _auto_panel(
+    _auto(
         parser=whole_number(1, 1000),
         metavar="N",
         help="Windows in a row a family must lead to be selected (1 to 1000)",
@@ -144,13 +144,11 @@ AutoWindowsOpt = Annotated[
 ]
 AutoMarginOpt = Annotated[
     float,
-    _auto_panel(parser=ratio, metavar="RATIO", help="Hit ratio a family must lead by"),
+    _auto(parser=ratio, metavar="RATIO", help="Hit ratio a family must lead by"),
 ]
 AutoMinAccessesOpt = Annotated[
     int,
-    _auto_panel(
-        parser=whole_number(0), metavar="N", help="Sampled accesses a window needs to count"
-    ),
+    _auto(parser=whole_number(0), metavar="N", help="Sampled accesses a window needs to count"),
 ]
 
 
@@ -207,7 +205,7 @@ def replay(
         near_concurrent_s=near_concurrent,
         life_s=life,
         reuse_class=reuse_class,
-        **_auto(auto_rate, auto_window, auto_windows, auto_margin, auto_min_accesses),
+        **_auto_fields(auto_rate, auto_window, auto_windows, auto_margin, auto_min_accesses),
     )
     trace = _labelled(load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines), options)
     _check_scored_part(trace, options)
@@ -260,7 +258,7 @@ def _names(policy: str, plot: Path | None) -> list[str]:
     return names
 
 
-def _auto(
+def _auto_fields(
     rate: float, window: float, windows: int, margin: float, min_accesses: int
 ) -> dict[str, Any]:
     """``auto``'s options, by ``ReplayOptions`` field."""

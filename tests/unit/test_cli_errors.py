@@ -150,9 +150,10 @@ def test_demo_fails_in_one_line_and_leaves_nothing(tmp_path: Path, url: str, say
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--speed", "inf"], "error: --speed: must be a finite number >= 0.1, got inf"),
-        (["--speed", "nan"], "error: --speed: must be a finite number >= 0.1, got nan"),
-        (["--speed", "0.05"], "error: --speed: must be a finite number >= 0.1, got 0.05"),
+        *(
+            (["--speed", speed], f"error: --speed: must be a finite number >= 0.1, got {speed}")
+            for speed in ("inf", "nan", "0.05")
+        ),
         (["--refit-interval", "inf"], "error: --refit-interval: must be a finite number >= 0.5"),
         # worded as the others, not pydantic's "Input should be greater than or equal to 2"
         (
