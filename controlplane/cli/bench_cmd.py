@@ -3,7 +3,9 @@
 Owns the command's options, its progress display and its output (a table, ``--json``, the
 summary file and the per-request JSON lines), and the side-by-side view of two runs
 (``--compare``). A ``--controller`` that does not answer never stops a run: it is said
-once and the summary keeps the reason. The load generator itself is
+once and the summary keeps the reason; one that refuses its token before the run stops the
+command before anything is sent. The tokens (``--api-key``, ``--controller-token``) are
+read by ``bench_tokens``; they never reach the summary or the output. The load generator is
 ``controlplane.loadgen``; trace reading is ``controlplane.traces.reader``.
 """
 
@@ -12,11 +14,20 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from controlplane.cli.bench_tokens import (
+    CONTROLLER_TOKEN,
+    SERVER_KEY,
+    Token,
+    how_to_give,
+    read_token,
+    refusal,
+)
 from controlplane.cli.common import (
     BlockTokensOpt,
     SkipBadLinesFlag,
@@ -33,6 +44,7 @@ from controlplane.cli.common import (
 
 if TYPE_CHECKING:
     from controlplane.loadgen.client import RequestResult
+    from controlplane.loadgen.observe import ServerUnreachable
     from controlplane.loadgen.plan import PlannedRequest
 
 bench_app = typer.Typer(
@@ -144,6 +156,21 @@ ControllerOpt = Annotated[
     str | None,
     typer.Option(metavar="URL", help="kvwise controller URL: report its agents' versions"),
 ]
+ApiKeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="KEY",
+        help="Bearer token for the server (vLLM's --api-key; default: $OPENAI_API_KEY)",
+    ),
+]
+ControllerTokenOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="TOKEN",
+        help="Bearer token for --controller: its read token (default: "
+        "$KVWISE_API_READ_TOKEN, else $KVWISE_API_TOKEN)",
+    ),
+]
 OutputOpt = Annotated[
     Path | None, typer.Option("--output", "-o", help="Write the summary JSON here")
 ]
@@ -173,6 +200,8 @@ def serve(
     no_categories: NoCategoriesFlag = False,
     timeout: TimeoutOpt = 600.0,
     controller: ControllerOpt = None,
+    api_key: ApiKeyOpt = None,
+    controller_token: ControllerTokenOpt = None,
     output: OutputOpt = None,
     requests_out: RequestsOutOpt = None,
     json_out: JsonOutFlag = False,
@@ -192,9 +221,12 @@ def serve(
         limit=limit, concurrency=concurrency, max_tokens=max_tokens, max_blocks=max_blocks,
         categories=not no_categories, timeout=timeout, controller=controller,
     )  # fmt: skip
+    tokens = _Tokens(
+        read_token(SERVER_KEY, api_key), read_token(CONTROLLER_TOKEN, controller_token)
+    )
     if output is not None:
         check_writable(output, "--output")  # now: a run is minutes of a server's time
-    summary = _serve(trace_path, run_args, requests_out, skip_bad_lines, quiet=json_out)
+    summary = _serve(trace_path, run_args, tokens, requests_out, skip_bad_lines, quiet=json_out)
     if json_out:
         print_json(summary)
     else:
@@ -205,19 +237,29 @@ def serve(
         except OSError as exc:
             fail(f"--output {output}: {exc.strerror or exc}")
     if summary["errors"]:
+        _say_requests_refused(summary, tokens.server)
         raise typer.Exit(1)
+
+
+@dataclass(frozen=True)
+class _Tokens:
+    """The run's two tokens, each for its own service."""
+
+    server: Token
+    """``--api-key``: sent to the server only."""
+    controller: Token
+    """``--controller-token``: sent to the controller only."""
 
 
 def _serve(
     trace_path: Path,
     args: dict[str, Any],
+    tokens: _Tokens,
     requests_out: Path | None,
     skip_bad_lines: bool,
     quiet: bool,
 ) -> dict[str, Any]:
-    import httpx
-
-    from controlplane.loadgen.observe import ServerUnreachable, served_model
+    from controlplane.loadgen.observe import ServerUnreachable
     from controlplane.loadgen.prompts import TokenSpace
     from controlplane.loadgen.report import summarize
     from controlplane.loadgen.runner import ServerOptions, run_bench
@@ -225,14 +267,12 @@ def _serve(
     plan = _plan(trace_path, args, skip_bad_lines)
     base_url = _base_url(args["url"])
     controller = args["controller"].rstrip("/") if args["controller"] else None
-    try:
-        with httpx.Client(timeout=30) as client:
-            model = args["model"] or served_model(client, base_url)
-    except ServerUnreachable as exc:
-        fail(str(exc))
-    kvwise = _kvwise_before(controller) if controller else None
+    model = args["model"] or _served_model(base_url, tokens.server)
+    kvwise = _kvwise_before(controller, tokens.controller) if controller else None
     space = TokenSpace(block_tokens=args["block_tokens"], vocab=args["vocab"], salt=args["salt"])
-    server = ServerOptions(base_url, model, args["concurrency"], args["timeout"])
+    server = ServerOptions(
+        base_url, model, args["concurrency"], args["timeout"], api_key=tokens.server.value
+    )
     lines = _open_lines(requests_out)
     try:
         with _Progress(len(plan), quiet) as progress:
@@ -244,46 +284,100 @@ def _serve(
 
             run = run_bench(plan, space, server, on_result=done)
     except ServerUnreachable as exc:  # its /metrics, read before anything is sent
-        fail(str(exc))
+        fail(_server_error(exc, tokens.server))
     finally:
         if lines is not None:
             lines.close()
     summary = summarize(run, {**args, "url": base_url, "model": model, "trace": str(trace_path)})
     if controller and kvwise is not None:
-        _kvwise_after(controller, kvwise)
+        _kvwise_after(controller, tokens.controller, kvwise)
     summary["kvwise"] = kvwise
     return summary
 
 
-def _kvwise_before(controller: str) -> dict[str, Any]:
+def _served_model(base_url: str, key: Token) -> str:
+    """The server's first model; a server that does not list one fails, saying why."""
+    import httpx
+
+    from controlplane.loadgen.observe import ServerUnreachable, bearer_headers, served_model
+
+    try:
+        with httpx.Client(timeout=30, headers=bearer_headers(key.value)) as client:
+            return served_model(client, base_url)
+    except ServerUnreachable as exc:
+        fail(_server_error(exc, key))
+
+
+def _server_error(exc: ServerUnreachable, key: Token) -> str:
+    """``exc`` with what to do about it: which key to give for a 401 or 403, and what
+    ``--url`` is for a 404."""
+    from controlplane.loadgen.observe import HttpStatus
+
+    if not isinstance(exc, HttpStatus):
+        return str(exc)
+    if exc.status == 404:
+        return (
+            f"{exc}: is this an OpenAI-compatible server? --url is the server's root "
+            "(http://host:port)"
+        )
+    return refusal(SERVER_KEY, key, exc.url, exc.status) or str(exc)
+
+
+def _say_requests_refused(summary: dict[str, Any], key: Token) -> None:
+    """After a run whose requests the server refused (401, 403: ``--model`` skipped the
+    check of ``/v1/models``), which key to give."""
+    refused = [e for e in summary["top_errors"] if e["error"].startswith(("HTTP 401", "HTTP 403"))]
+    if not refused:
+        return
+    said = "refused the key from " + str(key.source) if key.value else "wants an API key"
+    say(f"the server {said}: give it with {how_to_give(SERVER_KEY)}", lead="hint: ")
+
+
+def _kvwise_before(controller: str, token: Token) -> dict[str, Any]:
     """The controller's versions before the run; one that does not answer is said once
-    (the run goes on without the version report), and its reason kept as ``error``."""
-    before, error = _kvwise_state(controller)
+    (the run goes on without the version report), and its reason kept as ``error``; one
+    that refuses the token stops the command before anything is sent."""
+    before, error = _kvwise_state(controller, token, refused_fails=True)
     if error is None:
         return {"before": before, "after": None}
     _say_no_report(error)
     return {"before": None, "after": None, "error": error}
 
 
-def _kvwise_after(controller: str, kvwise: dict[str, Any]) -> None:
+def _kvwise_after(controller: str, token: Token, kvwise: dict[str, Any]) -> None:
     """The versions after the run, unless the controller did not answer before it."""
     if "error" in kvwise:
         return  # said once already
-    kvwise["after"], error = _kvwise_state(controller)
+    kvwise["after"], error = _kvwise_state(controller, token)
     if error is not None:
         kvwise["error"] = error
         _say_no_report(error)
 
 
-def _kvwise_state(controller: str) -> tuple[dict[str, Any] | None, str | None]:
-    """The controller's policy version and its agents' now, or why they cannot be read."""
+def _kvwise_state(
+    controller: str, token: Token, refused_fails: bool = False
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The controller's policy version and its agents' now, or why they cannot be read
+    (a refused token says which token to give; with ``refused_fails``, as a failure)."""
     import httpx
 
-    from controlplane.loadgen.observe import ServerUnreachable, kvwise_state
+    from controlplane.loadgen.observe import (
+        HttpStatus,
+        ServerUnreachable,
+        bearer_headers,
+        kvwise_state,
+    )
 
     try:
-        with httpx.Client(timeout=30) as client:
+        with httpx.Client(timeout=30, headers=bearer_headers(token.value)) as client:
             return kvwise_state(client, controller), None
+    except HttpStatus as exc:
+        refused = refusal(CONTROLLER_TOKEN, token, exc.url, exc.status)
+        if refused is not None and refused_fails:
+            fail(f"--controller: {refused}")
+        if exc.status == 404:
+            return None, f"{exc}: is --controller a kvwise controller's root URL?"
+        return None, refused or str(exc)
     except ServerUnreachable as exc:
         return None, str(exc)
 

@@ -11,8 +11,10 @@ asked for uncompressed (``Accept-Encoding: identity``) and one compressed anyway
 refused: a chunk of gzip inflates a thousandfold before any bound can see it. An answer
 must end within ``ANSWER_DEADLINE_S`` in all (the client's timeout bounds each read only,
 so a server trickling bytes would hold the run for ever); the check runs as each chunk
-arrives, so it stops at most one read timeout past the deadline.
-It must never write to either service.
+arrives, so it stops at most one read timeout past the deadline. A service that wants a
+token is given one by the caller's client (``bearer_headers``); an answer other than 200
+is an ``HttpStatus`` carrying the URL and status, so the caller can say which token to
+give. It must never write to either service, nor put a token in a message.
 """
 
 from __future__ import annotations
@@ -42,6 +44,14 @@ class ServerUnreachable(RuntimeError):
     """The server (or controller) did not answer as expected; the message says how."""
 
 
+class HttpStatus(ServerUnreachable):
+    """A JSON answer with a status other than 200 (``status``, from ``url``)."""
+
+    def __init__(self, url: str, status: int) -> None:
+        super().__init__(f"{url} answered HTTP {status}")
+        self.url, self.status = url, status
+
+
 class AnswerTooLarge(ServerUnreachable):
     """An answer went on past its bound (bytes, or ``ANSWER_DEADLINE_S``); the message
     names the URL and the bound."""
@@ -64,6 +74,11 @@ class CacheCounters:
     @property
     def hit_ratio(self) -> float | None:
         return self.hits / self.queries if self.queries > 0 else None
+
+
+def bearer_headers(token: str | None) -> dict[str, str]:
+    """The headers that send ``token`` as a bearer token (none when it is None)."""
+    return {} if token is None else {"Authorization": f"Bearer {token}"}
 
 
 def served_model(client: httpx.Client, base_url: str) -> str:
@@ -120,7 +135,7 @@ def kvwise_state(client: httpx.Client, controller_url: str) -> dict[str, Any]:
 def _get_json(client: httpx.Client, url: str) -> Any:
     status, body = _get_bounded(client, url, MAX_JSON_BYTES)
     if status != 200:
-        raise ServerUnreachable(f"{url} answered HTTP {status}")
+        raise HttpStatus(url, status)
     try:
         return orjson.loads(body)
     except ValueError:

@@ -16,12 +16,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
 from controlplane.loadgen.client import Completion, RequestResult, send_completion
-from controlplane.loadgen.observe import CacheCounters, ServerUnreachable, cache_counters
+from controlplane.loadgen.observe import (
+    CacheCounters,
+    ServerUnreachable,
+    bearer_headers,
+    cache_counters,
+)
 from controlplane.loadgen.plan import PlannedRequest
 from controlplane.loadgen.prompts import TokenSpace
 
@@ -39,6 +44,9 @@ class ServerOptions:
     timeout_s: float = 600.0
     """Time each request has in all, from its send to the end of its response (the wait
     for a free slot not counted)."""
+    api_key: str | None = field(default=None, repr=False)
+    """Sent as ``Authorization: Bearer`` with every request to the server (None: no
+    ``Authorization``); never shown."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -90,7 +98,7 @@ def run_bench(
     on_result: Callable[[RequestResult], None] | None = None,
 ) -> BenchRun:
     """Send ``plan`` to ``server``; ``on_result`` is called as each request ends."""
-    with httpx.Client(timeout=30) as sync:
+    with httpx.Client(timeout=30, headers=bearer_headers(server.api_key)) as sync:
         before = cache_counters(sync, server.base_url)
         started_at = time.time()
         start = time.perf_counter()
@@ -136,7 +144,8 @@ async def _send_all(
     # The run's deadline is per request (asyncio.timeout); httpx's own timeouts only stop
     # a connection that hangs longer than that.
     timeout = httpx.Timeout(server.timeout_s + 5)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    headers = bearer_headers(server.api_key)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=headers) as client:
         start = time.perf_counter()
         for request in plan:
             delay = start + request.send_at - time.perf_counter()

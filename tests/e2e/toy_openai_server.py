@@ -7,7 +7,9 @@ holds the hash chains of full ``block_size``-token blocks, LRU, ``capacity`` blo
 request reuses its longest cached prefix of blocks, at most ``len(prompt) - 1`` tokens (the
 last prompt token is always computed). ``/metrics`` exports vLLM's two prefix-cache
 counters. Prompts longer than ``max_len`` get vLLM's 400 error body. Every request body is
-kept in ``bodies``; ``max_in_flight`` is the most requests served at once.
+kept in ``bodies``; ``max_in_flight`` is the most requests served at once. With ``api_key``
+set, ``/v1/`` answers 401 to a request without ``Authorization: Bearer <api_key>``, as
+vLLM started with ``--api-key`` does (``/metrics`` stays open).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +30,7 @@ from starlette.routing import Route
 from tests.loopback_server import serving
 
 MODEL = "toy-model"
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 @dataclass
@@ -39,6 +42,7 @@ class ToyServer:
     export_metrics: bool = True
     endless_line_bytes: int = 0
     """When set, every stream is one line of this many bytes that never ends."""
+    api_key: str | None = None
     bodies: list[dict[str, Any]] = field(default_factory=list)
     hits: int = 0
     queries: int = 0
@@ -121,11 +125,22 @@ class ToyServer:
             ]
         return PlainTextResponse("\n".join(lines) + "\n")
 
+    def _keyed(self, endpoint: Endpoint) -> Endpoint:
+        """``endpoint`` behind ``api_key`` (vLLM's answer to a missing or wrong key)."""
+
+        async def keyed(request: Request) -> Response:
+            sent = request.headers.get("Authorization")
+            if self.api_key is not None and sent != f"Bearer {self.api_key}":
+                return JSONResponse({"error": "Unauthorized"}, 401)
+            return await endpoint(request)
+
+        return keyed
+
     def app(self) -> Starlette:
         return Starlette(
             routes=[
-                Route("/v1/completions", self.completions, methods=["POST"]),
-                Route("/v1/models", self.models),
+                Route("/v1/completions", self._keyed(self.completions), methods=["POST"]),
+                Route("/v1/models", self._keyed(self.models)),
                 Route("/metrics", self.metrics),
             ]
         )
