@@ -591,7 +591,9 @@ def _compare(paths: tuple[Path, Path], json_out: bool) -> None:
 
     table = Table(title=f"A = {paths[0]}\nB = {paths[1]}", title_justify="left")
     for col in ("metric", "A", "B", "B vs A", "95 % interval"):
-        table.add_column(col, justify="left" if col == "metric" else "right")
+        table.add_column(
+            col, justify="left" if col == "metric" else "right", no_wrap=col == "metric"
+        )
     for r in rows:
         change = "" if r["change"] is None else signed_percent(r["change"])
         interval = "" if r["interval"] is None else " .. ".join(map(signed_percent, r["interval"]))

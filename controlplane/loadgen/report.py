@@ -101,8 +101,8 @@ def _server_counters(run: BenchRun) -> dict[str, Any] | None:
 COMPARED: tuple[tuple[str, str, str], ...] = (
     ("requests", "requests", ""),
     ("errors", "errors", ""),
-    ("hit ratio (cached tokens)", "hit_ratio", "ratio"),
-    ("hit ratio (server counters)", "server.hit_ratio", "ratio"),
+    ("hit ratio (cached)", "hit_ratio", "ratio"),
+    ("hit ratio (server)", "server.hit_ratio", "ratio"),
     ("TTFT mean", "ttft_s.mean", "s"),
     ("TTFT p50", "ttft_s.p50", "s"),
     ("TTFT p90", "ttft_s.p90", "s"),
@@ -116,7 +116,8 @@ COMPARED: tuple[tuple[str, str, str], ...] = (
     ("wall time", "wall_s", "s"),
 )
 """Rows of ``compare``: label, dotted path into a summary, unit (``s``, ``ratio`` or a
-count)."""
+count). A label is at most 18 characters: the table, with its interval column, then fits
+80 columns without breaking a row."""
 
 
 def compare(

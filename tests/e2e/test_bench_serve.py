@@ -131,7 +131,7 @@ def test_compare_two_runs_and_a_server_without_counters(toy: ToyServer, tmp_path
     assert rows["hit_ratio"]["a"] == pytest.approx(rows["hit_ratio"]["b"])  # same sharing
     assert rows["server.hit_ratio"]["b"] is None
     code, out = bench("--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
-    assert code == 0 and "hit ratio (cached tokens)" in out and "TTFT p99" in out
+    assert code == 0 and "hit ratio (cached)" in out and "TTFT p99" in out
 
 
 def test_an_oversized_stream_is_an_error_not_a_memory_leak(

@@ -1,16 +1,28 @@
 """The load generator's pure parts: blocks -> token ids, the plan of a run, the summary's
-distributions and the comparison of two runs. Sending is tested over real HTTP in
-tests/e2e/test_bench_serve.py."""
+distributions and the comparison of two runs (and its table at 80 columns). Sending is
+tested over real HTTP in tests/e2e/test_bench_serve.py."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from controlplane.cli import app
 from controlplane.loadgen.observe import CacheCounters
 from controlplane.loadgen.plan import PlanOptions, plan_requests
 from controlplane.loadgen.prompts import TokenSpace
-from controlplane.loadgen.report import SUMMARY_SCHEMA, compare, distribution, summarize
+from controlplane.loadgen.report import (
+    COMPARED,
+    SUMMARY_SCHEMA,
+    compare,
+    distribution,
+    summarize,
+)
 from controlplane.loadgen.runner import BenchRun
 from controlplane.traces.model import Trace
 
@@ -129,3 +141,37 @@ def test_counters_that_go_down_during_a_run_give_no_hit_ratio_and_say_why(
         "prefix_cache_queries": 60.0,
         "hit_ratio": 0.5,
     }
+
+
+def test_compare_keeps_every_row_on_one_line_at_80_columns(tmp_path: Path) -> None:
+    """``hit ratio (server counters)`` wrapped over two lines at 80 columns."""
+    rng = np.random.default_rng(0)
+    n = 100
+    wide = {"mean": 1.3107, "p50": 12.3456, "p90": 9.9999, "p99": 1234.5678, "max": 1500.0}
+
+    def summary(shift: float) -> dict[str, Any]:
+        ttft = rng.uniform(0.01, 0.2, n) * shift
+        per_request = {
+            "index": list(range(n)),
+            "ttft_s": ttft.tolist(),
+            "prompt_tokens": [1000] * n,
+            "cached_tokens": rng.integers(0, 1000, n).tolist(),
+        }
+        return {
+            "schema": SUMMARY_SCHEMA, "requests": 1_200_000, "errors": 10_000,
+            "hit_ratio": 0.5, "server": {"hit_ratio": 0.4},
+            "ttft_s": wide, "latency_s": wide, "queue_wait_s": wide,
+            "output_tokens_per_s": 123_456.7, "wall_s": 12_345.6, "per_request": per_request,
+        }  # fmt: skip
+
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, shift in zip(paths, (1.0, 2.5), strict=True):
+        path.write_text(json.dumps(summary(shift)))
+    res = CliRunner().invoke(
+        app, ["bench", "serve", "--compare", *map(str, paths)], env={"COLUMNS": "80"}
+    )
+    assert res.exit_code == 0, res.output
+    body = [line for line in res.stdout.splitlines() if line.startswith("│")]
+    assert [line.split("│")[1].strip() for line in body] == [label for label, _, _ in COMPARED]
+    assert max(len(line) for line in res.stdout.splitlines()) <= 80
+    assert "%" in body[2].split("│")[-2]  # the interval column is there, whole
