@@ -249,6 +249,9 @@ def test_inf_runs_once_and_each_column_has_one_precision(tmp_path: Path) -> None
     res = CliRunner().invoke(app, args, env={"COLUMNS": "80"})
     assert res.exit_code == 0, res.output
     assert "(3/3 runs done" in res.stderr and "4 runs" not in res.stderr
+    # it said "inf at 102 blocks done" beside a table that gives inf at "any" size
+    assert "simulate: inf at any size done (3/3 runs done, " in res.stderr
+    assert "inf at 102 blocks" not in res.stderr
     first = res.stdout.split("TTFT and queue")[0]
     rows = [line.split("│")[1:-1] for line in first.splitlines() if line.startswith("│")]
     assert [(r[0].strip(), r[1].strip()) for r in rows] == [
