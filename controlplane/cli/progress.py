@@ -6,12 +6,14 @@ Owns ``requests_bar`` (the bar of requests done that replay and simulate draw) a
 (requests done per job, then each job once its result is in: a job said done has a result
 an interrupt keeps). On a terminal a transient bar counts requests over every job and
 names the jobs finished; when stderr is a file or a pipe, one line per finished job
-(none with ``quiet``). It must never write to stdout, which carries the results.
+(none with ``quiet``), a policy run once for every size (``sizeless``) said to be at any
+size, as the results say. It must never write to stdout, which carries the results.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -49,10 +51,18 @@ class MatrixProgress:
     """Counts requests replayed by each job of a matrix of ``jobs`` jobs."""
 
     def __init__(
-        self, requests_per_job: int, jobs: int, *, quiet: bool = False, command: str = "replay"
+        self,
+        requests_per_job: int,
+        jobs: int,
+        *,
+        quiet: bool = False,
+        command: str = "replay",
+        sizeless: Collection[str] = (),
     ) -> None:
         self.command = command
         """What runs the jobs (``replay`` or ``simulate``), as the lines and the bar say."""
+        self.sizeless = frozenset(sizeless)
+        """Policies run at one size that stands for every size (simulate's ``inf``)."""
         self.requests_per_job = requests_per_job
         self.jobs = jobs
         self.quiet = quiet
@@ -100,8 +110,9 @@ class MatrixProgress:
         self._show_bar()
         if self._bar is None and not self.quiet:
             elapsed = time.monotonic() - self._t0
+            size = "any size" if job.policy in self.sizeless else counted(job.capacity, "block")
             self.console.print(
-                f"{self.command}: {job.policy} at {counted(job.capacity, 'block')} done "
+                f"{self.command}: {job.policy} at {size} done "
                 f"({self._jobs_text()}, {elapsed:.1f} s)",
                 highlight=False,
                 soft_wrap=True,

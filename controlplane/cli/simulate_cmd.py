@@ -317,11 +317,14 @@ def _run_with_progress(
 ) -> list[SimResult]:
     from controlplane.cli.progress import MatrixProgress
     from controlplane.replay.pool import WorkerDied
+    from controlplane.simulate.engine import UNBOUNDED
     from controlplane.simulate.runner import run_matrix, sim_jobs
 
     cells = len(sim_jobs(names, capacities))
     try:
-        with MatrixProgress(trace.n_requests, cells, quiet=quiet, command="simulate") as shown:
+        with MatrixProgress(
+            trace.n_requests, cells, quiet=quiet, command="simulate", sizeless=UNBOUNDED
+        ) as shown:
             return run_matrix(
                 trace,
                 names,

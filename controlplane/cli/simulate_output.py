@@ -22,6 +22,7 @@ from controlplane.cli.common import (
     signed_percent,
     trace_json,
 )
+from controlplane.cli.tables import print_even, print_titled
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -191,33 +192,34 @@ def _print_tables(trace: Trace, options: SimOptions, block: int, results: list[S
 
     console = Console()
     prof = options.profile
-    console.print(
+    print_even(
+        console,
         f"[bold]{trace.name}[/]: {counted(trace.n_requests, 'request')}, "
-        f"{counted(trace.n_accesses, 'block')} of {block} tokens, {trace.n_unique:,} unique"
+        f"{counted(trace.n_accesses, 'block')} of {block} tokens, {trace.n_unique:,} unique",
     )
-    console.print(
+    print_even(
+        console,
         f"{prof.name} x {options.instances} ({options.router}), speed x{options.speed:g}; "
-        f"its KV pool holds {prof.kv_pool_blocks(block):,} blocks per instance"
+        f"its KV pool holds {prof.kv_pool_blocks(block):,} blocks per instance",
     )
     rows = _shown(results)
     lru = {r.capacity: r.qttft.mean for r in results if r.policy == "lru"}
-    q = _table("QTTFT = queue + time to first token (s)", ["hit", "mean", "p50", "p90", "p99"])
+    q = _table(["hit", "mean", "p50", "p90", "p99"])
     if lru:
         q.add_column("vs lru", justify="right")
-        q.caption, q.caption_justify = VS_LRU, "left"
     for r, cells in zip(rows, _columns([_quad(r.qttft) for r in rows]), strict=True):
         row = [f"{r.hit_ratio:.3f}", *cells]
         base = None if _unbounded(r) else lru.get(r.capacity)
         if lru:
             row.append(signed_percent(r.qttft.mean / base - 1) if base else "-")
         q.add_row(r.policy, _blocks(r), *row)
-    console.print(q)
-    t = _table("TTFT and queue (s)", ["mean", "p50", "p90", "p99", "queue", "q p99"])
+    print_titled(console, "QTTFT = queue + time to first token (s)", q, VS_LRU if lru else "")
+    t = _table(["mean", "p50", "p90", "p99", "queue", "q p99"])
     times = [[*_quad(r.ttft), r.queue.mean, r.queue.p99] for r in rows]
     for r, cells in zip(rows, _columns(times), strict=True):
         t.add_row(r.policy, _blocks(r), *cells)
-    console.print(t)
-    s = _table("Prefill saved and throughput", ["saved", "tokens", "out tok/s", "req/s", "wall s"])
+    print_titled(console, "TTFT and queue (s)", t)
+    s = _table(["saved", "tokens", "out tok/s", "req/s", "wall s"])
     for r in rows:
         s.add_row(
             r.policy,
@@ -228,13 +230,15 @@ def _print_tables(trace: Trace, options: SimOptions, block: int, results: list[S
             f"{r.requests_per_s:.2f}",
             f"{r.seconds:.1f}",
         )
-    console.print(s)
+    print_titled(console, "Prefill saved and throughput", s)
 
 
-def _table(title: str, columns: list[str]) -> Table:
+def _table(columns: list[str]) -> Table:
+    """A table of these columns after policy and blocks; its title and caption are
+    printed outside it (``print_titled``)."""
     from rich.table import Table
 
-    t = Table(title=title, title_justify="left")
+    t = Table()
     t.add_column("policy")
     t.add_column("blocks", justify="right")
     for c in columns:

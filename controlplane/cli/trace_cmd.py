@@ -29,6 +29,7 @@ from controlplane.cli.common import (
     trace_json,
     whole_number,
 )
+from controlplane.cli.tables import even_wrap, print_titled
 from controlplane.cli.trace_record_cmd import record
 
 if TYPE_CHECKING:
@@ -201,10 +202,11 @@ def _na(value: float | None, fmt: str = "{:.3f}") -> str:
     return "n/a" if value is None else fmt.format(value)
 
 
-def _shares(d: dict[str, float] | None) -> str:
+def _shares(d: dict[str, float] | None) -> list[str]:
+    """Each share as ``name 12.3%``, the largest first (``n/a`` where there are none)."""
     if d is None:
-        return "n/a"
-    return ", ".join(f"{k} {v:.1%}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]))
+        return ["n/a"]
+    return [f"{k} {v:.1%}" for k, v in sorted(d.items(), key=lambda kv: -kv[1])]
 
 
 def _print(s: TraceStats, top: int) -> None:
@@ -212,10 +214,11 @@ def _print(s: TraceStats, top: int) -> None:
     from rich.table import Table
 
     console = Console()
-    summary = Table(title=f"{s.name} ({s.source_format})", title_justify="left", show_header=False)
-    summary.add_column("statistic")
+    summary = Table(show_header=False)
+    # The labels stay whole; the values (the shares by type) wrap beside them.
+    summary.add_column("statistic", no_wrap=True)
     summary.add_column("value", overflow="fold")
-    rows = [
+    rows: list[tuple[str, str | list[str]]] = [
         ("requests", f"{s.requests:,}"),
         ("block accesses", f"{s.block_accesses:,}"),
         ("unique blocks", f"{s.unique_blocks:,}"),
@@ -233,11 +236,14 @@ def _print(s: TraceStats, top: int) -> None:
         ("next-turn probability after later turns", _na(s.next_turn_prob_later)),
         ("type mix", _shares(s.type_mix)),
     ]  # fmt: skip
-    for row in rows:
-        summary.add_row(*row)
-    console.print(summary)
+    # What is left of the width beside the labels: one space each side of each cell and
+    # three borders. Shares break only between one and the next.
+    room = console.width - max(len(label) for label, _ in rows) - 7
+    for label, value in rows:
+        summary.add_row(label, value if isinstance(value, str) else even_wrap(value, room))
+    print_titled(console, f"{s.name} ({s.source_format})", summary)
 
-    q = Table(title="Times (s): P50 / P80 / P90 / P99", title_justify="left")
+    q = Table()
     for col in ("sample", "count", "P50", "P80", "P90", "P99"):
         q.add_column(col, justify="left" if col == "sample" else "right")
     _quantile_row(q, "reuse time, all", s.reuse_time)
@@ -246,7 +252,7 @@ def _print(s: TraceStats, top: int) -> None:
     cats = sorted(s.reuse_time_by_category.items(), key=lambda kv: -kv[1].count)
     for name, quant in cats[: max(top, 0)]:
         _quantile_row(q, f"reuse time, {name}", quant)
-    console.print(q)
+    print_titled(console, "Times (s): P50 / P80 / P90 / P99", q)
 
 
 def _quantile_row(table: Table, label: str, q: Quantiles | None) -> None:

@@ -18,6 +18,8 @@ from controlplane.cli import app
 from controlplane.plots.capacity_curve import write_capacity_curve
 from controlplane.plots.common import DEFAULT_SIZE, Size
 from controlplane.replay.engine import ReplayResult
+from controlplane.simulate.engine import SimOptions
+from controlplane.simulate.report import SimResult
 from controlplane.traces.synth import synthesize
 from controlplane.traces.writer import write_bailian
 from tests.conftest import REPO
@@ -196,3 +198,48 @@ def test_trace_stats_says_a_plot_folder_that_is_a_file_is_a_file(tmp_path: Path)
     assert res.stderr.strip() == (
         f"error: --plot: {taken} is a file: it takes a folder for the figures"
     )
+
+
+def sim_results(quantiles: list[float]) -> list[SimResult]:
+    """lru and wa at two sizes whose QTTFT CDF at the smaller goes over ``quantiles``
+    (0.01 apart), the rest of each result as a real run made it."""
+    from dataclasses import replace
+
+    from controlplane.simulate.report import QUANTILES
+    from controlplane.simulate.runner import SimJob, run_one
+    from controlplane.traces.reader import load_trace
+
+    base = run_one(load_trace(SAMPLE), SimJob("lru", 400), SimOptions(instances=4))
+    xs = np.interp(np.linspace(0, 1, len(QUANTILES)), np.linspace(0, 1, len(quantiles)), quantiles)
+    return [
+        replace(base, policy=policy, capacity=capacity, qttft_quantiles=tuple(xs * scale))
+        for policy, scale in (("lru", 1.0), ("wa", 1.1))
+        for capacity in (400, 800)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("quantiles", "labels"),
+    [
+        # an unloaded fleet: it had symlog's linear part up to 2 s, labelled
+        # -6.76857 x 10^-2 and 1.57865 x 10^0, and started below 0
+        ([0.0065, 0.05, 0.3, 1.58], ["0", "0.001", "0.01", "0.1", "1", "10"]),
+        ([0.011, 2.0, 30.0, 90.0], ["0", "0.01", "0.1", "1", "10", "100"]),
+        ([0.0, 0.0, 0.00002, 0.0003, 0.004], ["0", "0.0001", "0.001", "0.01"]),
+        ([0.0, 0.0], ["0", "1"]),
+    ],
+    ids=["unloaded", "loaded", "sub-ms-and-zeros", "all-zero"],
+)
+def test_the_qttft_cdf_axis_reads_from_0_over_every_decade_of_the_data(
+    quantiles: list[float], labels: list[str]
+) -> None:
+    from controlplane.plots.simulate import simulation_figure
+
+    fig = simulation_figure(sim_results(quantiles))
+    cdf = fig.axes[0]
+    fig.canvas.draw()
+    left, right = cdf.get_xlim()
+    assert cdf.get_xscale() == "symlog"
+    assert left == 0 and right >= 1.1 * max(quantiles)
+    shown = [t for t in cdf.get_xticklabels() if left <= t.get_position()[0] <= right]
+    assert [t.get_text() for t in shown] == labels

@@ -15,6 +15,7 @@ from controlplane.simulate.engine import SimOptions
 from controlplane.simulate.profiles import BUILTIN
 from controlplane.simulate.runner import SimJob, run_one
 from controlplane.traces.reader import load_trace
+from tests.terminal_text import assert_reads_at
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "mooncake_synthetic.jsonl.gz"
 BASE = ["simulate", str(SAMPLE), "-p", "lru,wa", "--instances", "4", "-j", "1"]
@@ -103,6 +104,20 @@ def test_the_vs_lru_column_says_what_it_compares(policies: str) -> None:
     flat = " ".join(res.stdout.split())
     assert (VS_LRU in flat) == ("lru" in policies.split(","))
     assert max(len(line) for line in res.stdout.splitlines()) <= 80
+
+
+def test_the_output_reads_at_80_columns_where_its_tables_are_narrow() -> None:
+    """QTTFT of 1,000 s and more takes four characters a column: the table grew narrower
+    than its caption, which wrapped at the table's width and left "faster" on a line of
+    its own; the fleet line left "instance" alone; the titles were padded with spaces to
+    the tables' width."""
+    args = [*BASE, "--instances", "1", "--capacity", "800", "--speed", "2"]
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    table = next(line for line in res.stdout.splitlines() if line.startswith("┏"))
+    assert len(table) < len(VS_LRU)  # the case: the caption is wider than its table
+    assert VS_LRU in res.stdout.splitlines()
+    assert_reads_at(80, res.stdout)
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:
@@ -234,6 +249,9 @@ def test_inf_runs_once_and_each_column_has_one_precision(tmp_path: Path) -> None
     res = CliRunner().invoke(app, args, env={"COLUMNS": "80"})
     assert res.exit_code == 0, res.output
     assert "(3/3 runs done" in res.stderr and "4 runs" not in res.stderr
+    # it said "inf at 102 blocks done" beside a table that gives inf at "any" size
+    assert "simulate: inf at any size done (3/3 runs done, " in res.stderr
+    assert "inf at 102 blocks" not in res.stderr
     first = res.stdout.split("TTFT and queue")[0]
     rows = [line.split("│")[1:-1] for line in first.splitlines() if line.startswith("│")]
     assert [(r[0].strip(), r[1].strip()) for r in rows] == [

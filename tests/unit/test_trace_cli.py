@@ -13,6 +13,8 @@ from controlplane.cli import app
 from controlplane.traces.reader import load_trace
 from controlplane.traces.synth import synthesize
 from controlplane.traces.workload_stats import trace_stats
+from controlplane.traces.writer import write_bailian
+from tests.terminal_text import assert_reads_at
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "mooncake_synthetic.jsonl.gz"
 
@@ -75,6 +77,25 @@ def test_stats_table_on_a_mooncake_trace_says_n_a() -> None:
     assert f"{s.ideal_hit_ratio:.4f}" in res.stdout
     assert "n/a" in res.stdout  # type mix, turns: Mooncake has none
     assert "reuse time, unknown" in res.stdout
+
+
+def test_stats_table_reads_at_80_columns(tmp_path: Path) -> None:
+    """Its labels wrapped ("next-turn probability after later" over "turns") beside a
+    half-empty value column, shares broke between a type and its share ("search" over
+    "61.9%"), and the titles were padded with spaces to the tables' width."""
+    trace = tmp_path / "toc.jsonl"
+    write_bailian(synthesize("to-c", duration_s=120, qps=4, seed=1), trace)
+    res = CliRunner().invoke(app, ["trace", "stats", str(trace)], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    assert_reads_at(80, res.stdout)
+    summary = res.stdout.split("Times (s)")[0].splitlines()
+    rows = [line.split("│")[1:-1] for line in summary if line.startswith("│")]
+    labels = [row[0].strip() for row in rows]
+    assert "next-turn probability after later turns" in labels
+    assert "type mix" in labels
+    for _, value in rows:  # shares ("text 70.9%, ...") break between one and the next
+        if "%" in value:
+            assert all(s.endswith("%") for s in value.strip().rstrip(",").split(", ")), value
 
 
 def test_user_errors_exit_2(tmp_path: Path) -> None:
