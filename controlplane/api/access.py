@@ -3,22 +3,26 @@
 Owns ``AccessRules`` (the API token, the optional read token, which request needs which,
 tokens compared in constant time), ``AccessGuard`` (pure ASGI middleware that answers
 401/403 and 413 from the request line and headers alone, and cuts a body off once it
-streams past ``MAX_BODY_BYTES``) and the OpenAPI declaration of the bearer scheme on the
-routes that need one. The checks sit in front of the app because FastAPI reads a body
-before it runs a route's dependencies. Rules: mutations (any method but GET, HEAD,
-OPTIONS) need the API token when one is set; reads under ``/v1/`` and ``/metrics`` need
-the read token (or the API token) when a read token is set; probes and the API's own
-description stay open. It must never log per request (a flood of bad tokens must not
-flood the log) or know what a route does.
+streams past ``MAX_BODY_BYTES``; a refusal sent while the client is still sending its
+body is followed by a bounded linger, ``LINGER_S``, so that the server's close does not
+reset the connection before the client has read the answer) and the OpenAPI declaration
+of the bearer scheme on the routes that need one. The checks sit in front of the app
+because FastAPI reads a body before it runs a route's dependencies. Rules: mutations
+(any method but GET, HEAD, OPTIONS) need the API token when one is set; reads under
+``/v1/`` and ``/metrics`` need the read token (or the API token) when a read token is
+set; probes and the API's own description stay open. It must never log per request (a
+flood of bad tokens must not flood the log) or know what a route does.
 """
 
 from __future__ import annotations
 
 import enum
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 from fastapi import Security
 from fastapi.security import HTTPBearer
 from pydantic import SecretStr
@@ -33,6 +37,14 @@ MAX_BODY_BYTES = 16 * 1024
 BODY_TOO_LARGE = 413
 """What the guard answers a body over ``MAX_BODY_BYTES``, on any route (the app declares
 it on every one)."""
+
+LINGER_S = 2.0
+"""After refusing a body the client is still sending, how long the guard goes on reading
+and dropping it before the server closes. Closing on unread bytes makes the kernel send a
+reset, which can destroy the answer before the client reads it (curl then shows the 413
+with no body); a client that reads while it sends stops within a round trip."""
+LINGER_BYTES = 64 << 20
+"""The most body bytes dropped while lingering."""
 
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _REALM = 'Bearer realm="kvwise"'
@@ -140,9 +152,12 @@ class AccessGuard:
             # after the answer instead of draining the body to keep it alive.
             if "content-length" in headers or "transfer-encoding" in headers:
                 refusal = refusal.closing()
+                if headers.get("expect", "").lower() != "100-continue":  # body under way
+                    send = _lingering(send, receive)
             await refusal.response()(scope, receive, send)
             return
-        await self.app(scope, self._bounded(receive), send)
+        bound = _BodyBound(receive, send, self.max_body_bytes, self._too_large)
+        await self.app(scope, bound.receive, bound.send)
 
     def _oversized(self, content_length: str | None) -> ApiError | None:
         # The server has checked the header's syntax; digits only reach here.
@@ -154,20 +169,52 @@ class AccessGuard:
         reason = f"request bodies are limited to {self.max_body_bytes} bytes"
         return ApiError(413, "body_too_large", reason).closing()
 
-    def _bounded(self, receive: Receive) -> Receive:
-        """``receive`` that raises 413 once the body (e.g. chunked) passes the bound."""
-        seen = 0
 
-        async def receive_within_bound() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_body_bytes:
-                    raise self._too_large()
-            return message
+class _BodyBound:
+    """One request's body against the bound: ``receive`` raises the 413 once the body
+    (e.g. chunked, whose size no header says) passes it; ``send`` then sends the answer
+    lingering (``_lingering``) if the client is still sending."""
 
-        return receive_within_bound
+    def __init__(
+        self, receive: Receive, send: Send, limit: int, too_large: Callable[[], ApiError]
+    ) -> None:
+        self._receive, self._send, self._limit, self._too_large = receive, send, limit, too_large
+        self._seen = 0
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self._seen += len(message.get("body", b""))
+            if self._seen > self._limit:
+                if message.get("more_body", False):  # the client is still sending
+                    self._send = _lingering(self._send, self._receive)
+                raise self._too_large()
+        return message
+
+    async def send(self, message: Message) -> None:
+        await self._send(message)
+
+
+def _lingering(send: Send, receive: Receive) -> Send:
+    """``send`` that holds the end of the answer: the answer's bytes go out, then what the
+    client still sends is read and dropped (``LINGER_S``, ``LINGER_BYTES``, or until the
+    body ends or the client leaves), then the answer ends and the server closes."""
+
+    async def send_then_linger(message: Message) -> None:
+        if message["type"] != "http.response.body" or message.get("more_body", False):
+            await send(message)
+            return
+        await send({**message, "more_body": True})
+        dropped = 0
+        with anyio.move_on_after(LINGER_S):
+            while dropped <= LINGER_BYTES:
+                sent = await receive()
+                if sent["type"] != "http.request" or not sent.get("more_body", False):
+                    break
+                dropped += len(sent.get("body", b""))
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    return send_then_linger
 
 
 def _bearer_token(authorization: str | None) -> bytes | None:

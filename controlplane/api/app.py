@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from controlplane.api.access import BODY_TOO_LARGE, MAX_BODY_BYTES, Access, AccessGuard, AccessRules
 from controlplane.api.errors import documented, install_error_handlers
 from controlplane.api.head import HeadAsGet
+from controlplane.api.models import P_REUSE_MESSAGE
 from controlplane.api.routes import observe, ops, overrides, policy
 from controlplane.service.controller import Controller
 
@@ -29,8 +30,9 @@ probes and this description are always open. Request bodies are limited to
 {MAX_BODY_BYTES} bytes.
 
 Every error is JSON: ``{{"error": code, "reason": text}}``; a bad value adds ``field``
-and ``message`` (``{{"error": "invalid_value", "field": "p_reuse", "message": "must be in
-[0, 1]", ...}}``). While Redis is unavailable, routes that need it answer 503.
+and ``message`` (``{{"error": "invalid_value", "field": "p_reuse", "message":
+"{P_REUSE_MESSAGE}", ...}}``). While Redis is unavailable, routes that need it answer
+503.
 """
 
 _TAGS = [

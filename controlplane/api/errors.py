@@ -25,6 +25,7 @@ from starlette.routing import compile_path
 
 from agent.runtime.connection import RedisState, describe_redis_error, redis_state
 from controlplane.api.field_messages import NOT_JSON, FieldProblem, field_problems
+from controlplane.api.models import P_REUSE_MESSAGE
 from controlplane.service.store import PolicyLost
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ class FieldErrorBody(ErrorBody):
     """A request that names a bad value: which field, and what it must be."""
 
     field: str = Field(description="The body field or path parameter at fault; 'body': all")
-    message: str = Field(description="What that field must be, e.g. 'must be a number in [0, 1]'")
+    message: str = Field(description=f"What that field must be, e.g. '{P_REUSE_MESSAGE}'")
 
 
 class ApiError(StarletteHTTPException):

@@ -1,6 +1,7 @@
 """What the API accepts that the domain has no type for: request bodies and path names.
 
-Owns the request bodies (``OverrideBody``, ``RollbackBody``), the bounds of a category
+Owns the request bodies (``OverrideBody``, ``RollbackBody``; ``P_REUSE_MESSAGE``, what the
+API answers a bad ``p_reuse``, the example its description quotes), the bounds of a category
 name in a path (any name an agent can send, pinned or read alike; ``{name:category}``
 routes it whole), the spelling of a
 version in a path, and ``HealthOut``. Responses are the domain's own types
@@ -29,6 +30,7 @@ from starlette.convertors import Convertor, register_url_convertor
 
 from agent.policy_document import EvictorFamily, PositiveFinite, Probability
 from agent.wire import MAX_CATEGORY_NAME_CHARS
+from controlplane.api.field_messages import expectation
 
 CategoryInPath = Annotated[
     str,
@@ -138,6 +140,11 @@ class OverrideBody(BaseModel):
     def given(self) -> dict[str, float]:
         """The parameters given, by name."""
         return self.model_dump(exclude_none=True)
+
+
+P_REUSE_MESSAGE = str(expectation(OverrideBody.model_json_schema()["properties"]["p_reuse"]))
+"""The ``message`` of a 422 for a bad ``p_reuse``, worded from the schema as the errors
+are: the example the API's description and ``FieldErrorBody`` quote."""
 
 
 class EvictorBody(BaseModel):

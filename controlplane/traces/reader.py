@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import math
 import os
 import re
@@ -99,13 +100,16 @@ class TraceError(ValueError):
 
 
 class _Bad(Exception):
-    """A line's defect, before the reader knows the path and line number."""
+    """A line's defect, before the reader knows the path and line number. ``inexact``:
+    the value it quotes may be an integer orjson could only read as a float
+    (``_maybe_huge_integer``), so the line is read again exactly to quote it as written."""
 
-    def __init__(self, field: str | None, problem: str, kind: str) -> None:
+    def __init__(self, field: str | None, problem: str, kind: str, inexact: bool = False) -> None:
         super().__init__(problem)
         self.field = field
         self.problem = problem
         self.kind = kind  # short form kept for skipped lines past MAX_SKIP_DETAILS
+        self.inexact = inexact
 
     def reason(self, detailed: bool) -> str:
         text = self.problem if detailed else self.kind
@@ -121,6 +125,24 @@ def _shown(value: object) -> str:
     return text if len(text) <= _SHOWN_MAX else text[: _SHOWN_MAX - 3] + "..."
 
 
+def _maybe_huge_integer(value: object) -> bool:
+    """Whether ``value`` may stand for an integer literal that orjson read as a float (it
+    does so outside [-2**63, 2**64): ``99999999999999999999999`` becomes ``1e+23``)."""
+    return type(value) is float and value.is_integer() and abs(value) >= _INT64_MAX
+
+
+def _as_written(bad: _Bad, line: bytes, fmt: str) -> _Bad:
+    """``bad``, found again on ``line`` read by the standard library's parser, which keeps
+    integers exact: a huge integer is then out of range, quoted as written, not a float."""
+    try:
+        _Columns(fmt).add(json.loads(line))
+    except _Bad as exact:
+        return exact if exact.field == bad.field else bad
+    except (ValueError, RecursionError):  # e.g. an integer longer than Python converts
+        pass
+    return bad
+
+
 def _field(obj: dict[str, Any], key: str) -> Any:
     try:
         return obj[key]
@@ -132,7 +154,8 @@ def _int(obj: dict[str, Any], key: str, minimum: int) -> int:
     value = _field(obj, key)
     # type() rather than isinstance: JSON true/false must not pass as 1/0.
     if type(value) is not int:
-        raise _Bad(key, f"expected an integer, got {_shown(value)}", "not an integer")
+        problem = f"expected an integer, got {_shown(value)}"
+        raise _Bad(key, problem, "not an integer", _maybe_huge_integer(value))
     if not minimum <= value <= _INT64_MAX:
         want = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
         raise _Bad(key, f"expected {want} (64-bit), got {value}", "out of range")
@@ -172,7 +195,7 @@ def _hash_ids(obj: dict[str, Any]) -> list[int]:
     if set(map(type, value)) != {int}:
         i, item = next((i, x) for i, x in enumerate(value) if type(x) is not int)
         problem = f"{_HASHES_WANTED}, got {_shown(item)} at index {i}"
-        raise _Bad("hash_ids", problem, "not a list of integers")
+        raise _Bad("hash_ids", problem, "not a list of integers", _maybe_huge_integer(item))
     return value
 
 
@@ -347,26 +370,24 @@ class _GzipOver(gzip.GzipFile):
             self._raw.close()
 
 
-def _records(f: IO[bytes], path: str) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed object or ``_Bad``) for every non-blank line."""
+def _records(f: IO[bytes], path: str) -> Iterator[tuple[int, bytes, Any]]:
+    """(line number, the line, parsed object or ``_Bad``) for every non-blank line."""
     lineno = 0
     try:
         for lineno, line in enumerate(_lines(f), 1):
             if line is None:
                 problem = f"line longer than {MAX_LINE_BYTES:,} bytes (no newline within them)"
-                yield lineno, _Bad(None, problem, "line too long")
+                yield lineno, b"", _Bad(None, problem, "line too long")
                 continue
             if lineno == 1:
                 line = _first_line(line, f, path)
             try:
-                yield lineno, orjson.loads(line)
+                yield lineno, line, orjson.loads(line)
             except orjson.JSONDecodeError as exc:
                 if line.isspace():
                     continue
-                yield (
-                    lineno,
-                    _Bad(None, f"invalid JSON ({exc.msg}, column {exc.pos + 1})", "bad JSON"),
-                )
+                problem = f"invalid JSON ({exc.msg}, column {exc.pos + 1})"
+                yield lineno, line, _Bad(None, problem, "bad JSON")
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         # A broken stream cannot be skipped past: nothing after it can be read.
         raise TraceError(
@@ -428,7 +449,7 @@ def load_trace(
     f, counted = _open(shown)
     with f:
         size, told = counted.size(), 0
-        for lineno, obj in _records(f, shown):
+        for lineno, line, obj in _records(f, shown):
             if progress is not None and counted.consumed != told:
                 told = counted.consumed
                 progress(told, size)
@@ -441,6 +462,8 @@ def load_trace(
                     columns = _Columns(_detect_format(obj))
                 columns.add(obj)
             except _Bad as bad:
+                if bad.inexact and columns is not None:
+                    bad = _as_written(bad, line, columns.fmt)
                 if not skip_bad_lines:
                     raise TraceError(shown, lineno, bad.field, bad.problem) from None
                 if len(skipped) < MAX_SKIP_DETAILS:

@@ -5,8 +5,9 @@ public ``qwen_trace*_blksz_16.jsonl`` files (``chat_id``, ``parent_chat_id``,
 ``timestamp``, ``input_length``, ``output_length``, ``type``, ``turn``, ``hash_ids``, and
 ``block_tokens`` on every line when the trace says its block size) and the trace's original
 hash ids (``trace.hashes[trace.blocks]``), so reading the file back
-gives the same arrays. A name ending in ``.gz`` (any case) is written gzip-compressed. It must never
-change the trace (no re-numbering, no re-timing) or write any other format.
+gives the same arrays. A name ending in ``.gz`` (any case) is written gzip-compressed, its header
+naming the file without ``.gz`` (as gzip(1) does), never the temporary file it is written
+to. It must never change the trace (no re-numbering, no re-timing) or write any other format.
 """
 
 from __future__ import annotations
@@ -24,8 +25,13 @@ from controlplane.traces.model import Trace
 _OPTIONS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY
 
 
-def write_bailian(trace: Trace, path: str | os.PathLike[str]) -> None:
+def write_bailian(
+    trace: Trace, path: str | os.PathLike[str], *, final_name: str | None = None
+) -> None:
     """Write ``trace`` as Bailian JSONL at ``path`` (gzip when the name ends in ``.gz``).
+
+    ``final_name``: the name the file will bear once its writer renames it (default:
+    ``path``'s); a gzip header records it, without ``.gz``, for ``gunzip -N``.
 
     Raises ``ValueError`` when the trace lacks the Bailian metadata (a Mooncake trace has
     no type, turn or chat id), ``OSError`` when the file cannot be written.
@@ -44,19 +50,29 @@ def write_bailian(trace: Trace, path: str | os.PathLike[str]) -> None:
         )
     target = Path(path)
     if target.exists() and not target.is_file():  # a device or a pipe: written as it goes
-        _write_records(trace, target, compressed=False)
+        _write_records(trace, target, gzip_name=None)
         return
+    gzip_name = _without_gz(final_name or target.name) if _gzipped(target.name) else None
     # Whole or not at all: an interrupted write (Ctrl-C, a full disk) leaves what was there.
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     try:
-        _write_records(trace, partial, compressed=target.name.lower().endswith(".gz"))
+        _write_records(trace, partial, gzip_name=gzip_name)
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
 
 
-def _write_records(trace: Trace, target: Path, *, compressed: bool) -> None:
-    with _open(target, compressed) as f:
+def _gzipped(name: str) -> bool:
+    return name.lower().endswith(".gz")
+
+
+def _without_gz(name: str) -> str:
+    return name[:-3] if _gzipped(name) else name
+
+
+def _write_records(trace: Trace, target: Path, *, gzip_name: str | None) -> None:
+    """``gzip_name``: compress, the header naming the file so (None: plain JSONL)."""
+    with open(target, "wb") as raw, _compressed(raw, gzip_name) as f:
         hashes = trace.hashes[trace.blocks]  # original ids, serialised straight from numpy
         offsets = trace.offsets.tolist()
         columns = zip(
@@ -90,9 +106,11 @@ def _write_records(trace: Trace, target: Path, *, compressed: bool) -> None:
         f.write(b"".join(lines))
 
 
-def _open(path: Path, compressed: bool) -> IO[bytes]:
-    if compressed:
-        # Level 1: on these id lists it writes files ~15 % larger than level 6 in a
-        # seventh of the time.
-        return cast(IO[bytes], gzip.open(path, "wb", compresslevel=1))
-    return open(path, "wb")
+def _compressed(raw: IO[bytes], gzip_name: str | None) -> IO[bytes]:
+    """``raw`` itself, or gzip over it, its header naming ``gzip_name`` (closing the gzip
+    stream leaves ``raw`` to its own ``with``)."""
+    if gzip_name is None:
+        return raw
+    # Level 1: on these id lists it writes files ~15 % larger than level 6 in a seventh
+    # of the time.
+    return cast(IO[bytes], gzip.GzipFile(gzip_name, "wb", compresslevel=1, fileobj=raw))

@@ -237,6 +237,40 @@ def test_a_client_that_asks_first_sends_no_byte_of_the_body(
     assert b"100 Continue" not in reply
 
 
+# Past what the kernel's socket buffers hold: the client is still sending when it is refused.
+SENT_WHOLE = 24 * 2**20
+SENDERS = ["length", "chunked", "chunked-asked-first"]
+
+
+@pytest.mark.parametrize("sender", SENDERS)
+def test_a_client_that_reads_once_it_has_sent_its_body_reads_the_413(
+    ctl: RunningController, sender: str
+) -> None:
+    """A client that sends its whole body before it reads (curl after ``100 Continue``,
+    which a chunked body gets as the guard must read it to size it) once saw a reset, or
+    the 413's status without its JSON: the server closed on unread bytes. The guard reads
+    and drops the rest for a while, so the answer arrives whole and the connection ends."""
+    chunked = sender != "length"
+    piece = b"x" * 65536
+    frame = (b"%x\r\n" % len(piece) + piece + b"\r\n") if chunked else piece
+    body = frame * (SENT_WHOLE // len(piece)) + (b"0\r\n\r\n" if chunked else b"")
+    asks = sender == "chunked-asked-first"
+    with _connect(ctl.url) as sock:
+        sock.sendall(_head(AS_WRITER, None if chunked else SENT_WHOLE, expect=asks))
+        if asks:
+            assert sock.recv(4096).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        sock.sendall(body)
+        reply, closed = _read_to_end(sock)
+    pushed = Pushed(len(body), reply, closed)
+    assert pushed.closed
+    assert pushed.status() == 413, reply[:200]
+    assert reply.endswith(
+        b'{"error":"body_too_large","reason":"request bodies are limited to '
+        + str(MAX_BODY_BYTES).encode()
+        + b' bytes"}'
+    )
+
+
 def test_a_body_at_the_bound_is_read(ctl: RunningController) -> None:
     padded = b'{"rate": 1' + b" " * (MAX_BODY_BYTES - 12) + b"}"
     assert len(padded) == MAX_BODY_BYTES - 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import threading
 import uuid
@@ -275,6 +276,19 @@ def test_bad_override_values_name_the_field(
         "message": message,
         "reason": f"{field}: {message}",
     }
+
+
+def test_the_description_quotes_the_message_the_api_answers(ctl: RunningController) -> None:
+    """The API's description once quoted "must be in [0, 1]" for a bad ``p_reuse``, while
+    the API answers "must be a number in [0, 1]"."""
+    said = ctl.client.put("/v1/policy/overrides/text_1", json={"p_reuse": 2}, headers=AUTH)
+    assert said.status_code == 422 and said.json()["field"] == "p_reuse", said.text
+    message = said.json()["message"]
+    spec = ctl.client.get("/openapi.json").json()
+    quoted = re.findall(r'"field": "p_reuse", "message":\s+"([^"]*)"', spec["info"]["description"])
+    assert quoted == [message]
+    field_doc = spec["components"]["schemas"]["FieldErrorBody"]["properties"]["message"]
+    assert field_doc["description"].endswith(f"e.g. '{message}'")
 
 
 def test_other_validation_errors_keep_the_shape(ctl: RunningController) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import pickle
 import subprocess
@@ -268,6 +269,10 @@ Make = Callable[[int], dict[str, Any]]
 HUGE_ID_LINE = (
     f'{{"timestamp": 9, "input_length": 1, "output_length": 1, "hash_ids": [{2**64 + 5}]}}'
 )
+HUGE = 10**23 - 1
+"""Written whole (the standard library's JSON writes integers of any size), orjson reads
+it as 1e+23."""
+HUGE_GOT = f"expected a non-negative integer (64-bit), got {HUGE}"
 
 # (case id, format's line maker, bad line as dict or raw text, field, words in the message)
 MALFORMED: list[tuple[str, Make, Any, str | None, str]] = [
@@ -300,8 +305,18 @@ MALFORMED: list[tuple[str, Make, Any, str | None, str]] = [
     ("ids-string", mooncake, mooncake(9, ["4"]), "hash_ids", 'got "4" at index 0'),
     ("ids-nested", mooncake, mooncake(9, [[4]]), "hash_ids", "got [4] at index 0"),
     ("ids-64bit", mooncake, mooncake(9, [1, 2**63]), "hash_ids", "64-bit"),
-    # Past 64 bits JSON numbers parse as floats: not an integer either.
-    ("ids-huge", mooncake, HUGE_ID_LINE, "hash_ids", "at index 0"),
+    # Past 64 bits orjson reads an integer as a float: the message quotes it as written.
+    ("ids-huge", mooncake, HUGE_ID_LINE, "hash_ids", f"(64-bit), got {2**64 + 5} at index 0"),
+    (
+        "ids-huge-2",
+        bailian,
+        json.dumps(bailian(9, [7, HUGE])),
+        "hash_ids",
+        f"got {HUGE} at index 1",
+    ),
+    ("ids-float-1e23", mooncake, mooncake(9, [1, 1e23]), "hash_ids", "got 1e+23 at index 1"),
+    ("input-huge", mooncake, json.dumps(mooncake(9, input_length=HUGE)), "input_length", HUGE_GOT),
+    ("chat-huge", bailian, json.dumps(bailian(9, chat_id=-HUGE)), "chat_id", f"got {-HUGE}"),
 ] + [
     # The good lines before it have fixed the format, so every field is checked.
     (f"missing-{key}", maker, without(maker(9), key), key, "missing")

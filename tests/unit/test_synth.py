@@ -202,3 +202,24 @@ def test_prompt_forest_ids_by_hand() -> None:
             length=np.array([71]),
             copy=np.array([True]),
         )
+
+
+@pytest.mark.parametrize(
+    ("name", "final_name", "recorded"),
+    [
+        ("tob.jsonl.gz", None, b"tob.jsonl"),
+        ("TOB.JSONL.GZ", None, b"TOB.JSONL"),
+        (".claimed-tob.jsonl.gz", "tob.jsonl.gz", b"tob.jsonl"),
+    ],
+)
+def test_a_gzip_header_names_the_file_not_its_temporary(
+    tmp_path: Path, name: str, final_name: str | None, recorded: bytes
+) -> None:
+    """The header's FNAME (RFC 1952) once named the hidden partial file the trace was
+    written to, so ``gunzip -N`` restored ``.tob.jsonl.gz.<pid>.partial``."""
+    path = tmp_path / name
+    write_bailian(synthesize("to-b", duration_s=10, qps=2, seed=1), path, final_name=final_name)
+    head = path.read_bytes()
+    assert head[:2] == b"\x1f\x8b" and head[3] & 0x08, "no FNAME flag"
+    assert head[10 : head.index(b"\0", 10)] == recorded
+    assert load_trace(path).n_requests > 0
