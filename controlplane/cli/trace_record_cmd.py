@@ -378,7 +378,9 @@ def _write(run: _Run, files: tuple[Path, Path], block_tokens: int) -> None:
     if not len(run.gathered):
         fail(_nothing_line(run, seconds), code=1)
     try:
-        write_bailian(run.gathered.trace(output.name, block_tokens), partial)
+        write_bailian(
+            run.gathered.trace(output.name, block_tokens), partial, final_name=output.name
+        )
         os.replace(partial, output)
     except OSError as exc:
         fail(f"{output}: {exc.strerror or exc}")

@@ -160,6 +160,8 @@ def test_records_a_live_agents_requests_as_a_trace(
     assert not r.exists(keys.recording)  # its notice to the controller withdrawn
 
     assert [p.name for p in tmp_path.iterdir()] == [out.name]  # written, then renamed
+    head = out.read_bytes()  # gzip's FNAME names the file, not its temporary (RFC 1952)
+    assert head[10 : head.index(b"\0", 10)] == b"mine.jsonl"
     got = load_trace(out)
     assert got.n_requests == trace.n_requests and got.source_format == "bailian"
     want_times = (trace.timestamps - trace.timestamps[0]) / SPEED
