@@ -1,8 +1,8 @@
 """``kvwise config``: show every setting, its environment variable, default and value.
 
-Owns rendering of settings (markdown for docs/configuration.md, ``NAME=value`` lines with
-their meaning, or JSON). Secrets are masked, and so is a password inside a URL; a bad value
-fails in one line naming its variable. The settings themselves are declared in
+Owns rendering of settings (markdown for docs/configuration.md, byte for byte, ``NAME=value``
+lines with their meaning, or JSON). Secrets are masked, and so is a password inside a URL;
+a bad value fails in one line naming its variable. The settings themselves are declared in
 ``controlplane.service.settings`` and ``agent.settings``; this module must never declare
 one.
 """
@@ -56,7 +56,8 @@ def _rows(settings: BaseSettings) -> list[dict[str, Any]]:
 
 
 def markdown() -> str:
-    """The body of docs/configuration.md (both settings classes, defaults only)."""
+    """docs/configuration.md, its last newline included (both settings classes, defaults
+    only)."""
     from agent.settings import AgentSettings
     from controlplane.service.settings import ControllerSettings
 
@@ -77,7 +78,7 @@ def markdown() -> str:
             default = "" if row["default"] is None else f"`{row['default']}`"
             out.append(f"| `{row['env']}` | {default} | {row['description']} |")
         out.append("")
-    return "\n".join(out)
+    return "\n".join(out[:-1]) + "\n"
 
 
 def config(
@@ -101,7 +102,7 @@ def config(
     from controlplane.service.settings import ControllerSettings
 
     if markdown_out:
-        typer.echo(markdown())
+        typer.echo(markdown(), nl=False)
         return
     rows = {
         "controller": _rows(settings_or_fail(ControllerSettings, {}, {}, what="controller")),
