@@ -215,6 +215,29 @@ def test_config_names_a_bad_setting_and_its_value_in_one_line(variable: str, val
     assert one_error_line(res).startswith(f"error: bad controller setting {variable}='{value}': ")
 
 
+@pytest.mark.parametrize(
+    ("variable", "command"),
+    [
+        ("KVWISE_EVICTOR", ["worker", "--trace", str(SAMPLE), "--capacity", "100"]),
+        ("KVWISE_REDIS_URL", ["worker", "--trace", str(SAMPLE), "--capacity", "100"]),
+        ("KVWISE_REDIS_URL", ["controller", "--port", str(free_port())]),
+    ],
+)
+def test_config_refuses_what_the_commands_refuse_in_their_line(
+    variable: str, command: list[str]
+) -> None:
+    """An unknown evictor or a malformed Redis URL was printed as the value in effect
+    (exit 0) while the commands that read it refused it."""
+    env = {variable: "bogus"}
+    refused = kvwise(*command, env=env)
+    assert refused.returncode == 2
+    for args in ((), ("--json",)):
+        res = kvwise("config", *args, env=env)
+        assert res.returncode == 2
+        assert one_error_line(res) == one_error_line(refused)
+        assert res.stdout == ""
+
+
 def test_a_bad_token_is_named_but_never_shown() -> None:
     res = kvwise("config", env={"KVWISE_API_TOKEN": "s3cret", "KVWISE_API_READ_TOKEN": "s3cret"})
     assert res.returncode == 2
