@@ -38,9 +38,26 @@ TraceOpt = Annotated[Path, typer.Option("--trace", help="Bailian or Mooncake JSO
 CapacityOpt = Annotated[
     int, typer.Option(parser=whole_number(1), metavar="BLOCKS", help="Cache size in blocks")
 ]
+
+
+def _worker_id(text: str) -> str:
+    """Typer parser of ``--id``: an empty id is refused, not taken for the default (only
+    an unset or empty ``KVWISE_WORKER_ID`` means host-pid)."""
+    if not text:
+        raise typer.BadParameter(
+            "must not be empty (leave --id out for KVWISE_WORKER_ID, else host-pid)"
+        )
+    return text
+
+
 WorkerIdOpt = Annotated[
     str | None,
-    typer.Option("--id", metavar="NAME", help="Worker id [default: KVWISE_WORKER_ID or host-pid]"),
+    typer.Option(
+        "--id",
+        parser=_worker_id,
+        metavar="NAME",
+        help="Worker id [default: KVWISE_WORKER_ID or host-pid]",
+    ),
 ]
 PolicyOpt = Annotated[
     str | None,
