@@ -1,8 +1,10 @@
 """``kvwise config``: show every setting, its environment variable, default and value.
 
-Owns rendering of settings (markdown for docs/configuration.md, ``NAME=value`` lines with
-their meaning, or JSON). Secrets are masked, and so is a password inside a URL; a bad value
-fails in one line naming its variable. The settings themselves are declared in
+Owns rendering of settings (markdown for docs/configuration.md, byte for byte, ``NAME=value``
+lines with their meaning, or JSON). Secrets are masked, and so is a password inside a URL;
+a bad value fails in one line naming its variable, the line the commands that read it fail
+with: their checks (``controlplane.cli.common``'s settings and Redis URL, the worker's
+evictor) are applied here, never written again. The settings themselves are declared in
 ``controlplane.service.settings`` and ``agent.settings``; this module must never declare
 one.
 """
@@ -18,7 +20,8 @@ from pydantic import SecretStr
 from pydantic_settings import BaseSettings
 
 from agent.runtime.connection import redact
-from controlplane.cli.common import settings_or_fail
+from controlplane.cli.common import agent_settings_or_fail, settings_or_fail
+from controlplane.cli.worker_cmd import check_evictor
 
 
 def register(app: typer.Typer) -> None:
@@ -56,7 +59,8 @@ def _rows(settings: BaseSettings) -> list[dict[str, Any]]:
 
 
 def markdown() -> str:
-    """The body of docs/configuration.md (both settings classes, defaults only)."""
+    """docs/configuration.md, its last newline included (both settings classes, defaults
+    only)."""
     from agent.settings import AgentSettings
     from controlplane.service.settings import ControllerSettings
 
@@ -77,7 +81,7 @@ def markdown() -> str:
             default = "" if row["default"] is None else f"`{row['default']}`"
             out.append(f"| `{row['env']}` | {default} | {row['description']} |")
         out.append("")
-    return "\n".join(out)
+    return "\n".join(out[:-1]) + "\n"
 
 
 def config(
@@ -89,7 +93,9 @@ def config(
     """Show every `KVWISE_*` setting with the value in effect here and what it means.
 
     Each setting prints as `NAME=value` (copyable into a shell) with its meaning below;
-    `--markdown` adds the defaults (docs/configuration.md), `--json` both.
+    `--markdown` adds the defaults (docs/configuration.md), `--json` both. A value the
+    commands would refuse (e.g. an unknown `KVWISE_EVICTOR`, a `KVWISE_REDIS_URL` that is
+    not a Redis URL) is refused here too, with the same error line (exit code 2).
 
     Examples:
 
@@ -97,16 +103,15 @@ def config(
         KVWISE_REFIT_INTERVAL_S=30 kvwise config | grep REFIT
         kvwise config --markdown > docs/configuration.md
     """
-    from agent.settings import AgentSettings
     from controlplane.service.settings import ControllerSettings
 
     if markdown_out:
-        typer.echo(markdown())
+        typer.echo(markdown(), nl=False)
         return
-    rows = {
-        "controller": _rows(settings_or_fail(ControllerSettings, {}, {}, what="controller")),
-        "agent": _rows(settings_or_fail(AgentSettings, {}, {}, what="agent")),
-    }
+    controller = settings_or_fail(ControllerSettings, {}, {}, what="controller")
+    agent = agent_settings_or_fail({}, {})  # KVWISE_REDIS_URL checked, the controller's too
+    check_evictor(agent, "KVWISE_EVICTOR")
+    rows = {"controller": _rows(controller), "agent": _rows(agent)}
     if json_out:
         typer.echo(json.dumps(rows, default=str))
         return

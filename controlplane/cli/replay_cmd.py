@@ -53,7 +53,7 @@ DEFAULT_FRACS = "0.05,0.1,0.2,0.4"
 # Options grouped in the help by what they are about.
 _sizes = partial(typer.Option, rich_help_panel="Policies and cache sizes")
 _output = partial(typer.Option, rich_help_panel="Output")
-_auto = partial(typer.Option, rich_help_panel="auto (family selected by a shadow)")
+_AUTO_PANEL = "auto (family selected by a shadow)"
 
 KNOWN_POLICIES = "arc, fifo, lfu, lru, s3fifo, sieve, wa, wa-ref, wa-mix, auto, belady, inf"
 """The replay catalogue's names, for --help: the catalogue loads SciPy and the shadow
@@ -126,29 +126,50 @@ def _share(text: str) -> float:
     return value
 
 
+def _auto(field: str, **option: Any) -> Any:
+    """An option of ``auto``, listed in its own panel of the help; its default is
+    ``DEFAULT_OPTIONS``'s ``field``, said in the help, so that the option is None unless
+    given (``_auto_fields`` refuses one given without ``auto``, as ``--split`` is)."""
+    help_text = f"{option.pop('help')} [default: {getattr(DEFAULT_OPTIONS, field):g}]"
+    return typer.Option(rich_help_panel=_AUTO_PANEL, help=help_text, **option)
+
+
 AutoRateOpt = Annotated[
-    float,
-    _auto(parser=_share, metavar="SHARE", help="Share of prefix trees the shadow keeps"),
+    float | None,
+    _auto(
+        "auto_rate", parser=_share, metavar="SHARE", help="Share of prefix trees the shadow keeps"
+    ),
 ]
 AutoWindowOpt = Annotated[
-    float,
-    _auto(parser=positive, metavar="SECONDS", help="Trace seconds of one shadow window"),
+    float | None,
+    _auto(
+        "auto_window_s",
+        parser=positive,
+        metavar="SECONDS",
+        help="Trace seconds of one shadow window",
+    ),
 ]
 AutoWindowsOpt = Annotated[
-    int,
+    int | None,
     _auto(
+        "auto_windows",
         parser=whole_number(1, 1000),
         metavar="N",
         help="Windows in a row a family must lead to be selected (1 to 1000)",
     ),
 ]
 AutoMarginOpt = Annotated[
-    float,
-    _auto(parser=ratio, metavar="RATIO", help="Hit ratio a family must lead by"),
+    float | None,
+    _auto("auto_margin", parser=ratio, metavar="RATIO", help="Hit ratio a family must lead by"),
 ]
 AutoMinAccessesOpt = Annotated[
-    int,
-    _auto(parser=whole_number(0), metavar="N", help="Sampled accesses a window needs to count"),
+    int | None,
+    _auto(
+        "auto_min_accesses",
+        parser=whole_number(0),
+        metavar="N",
+        help="Sampled accesses a window needs to count",
+    ),
 ]
 
 
@@ -174,11 +195,11 @@ def replay(
     near_concurrent: NearConcurrentOpt = None,
     life: LifeOpt = None,
     reuse_class: ReuseClassOpt = "off",
-    auto_rate: AutoRateOpt = DEFAULT_OPTIONS.auto_rate,
-    auto_window: AutoWindowOpt = DEFAULT_OPTIONS.auto_window_s,
-    auto_windows: AutoWindowsOpt = DEFAULT_OPTIONS.auto_windows,
-    auto_margin: AutoMarginOpt = DEFAULT_OPTIONS.auto_margin,
-    auto_min_accesses: AutoMinAccessesOpt = DEFAULT_OPTIONS.auto_min_accesses,
+    auto_rate: AutoRateOpt = None,
+    auto_window: AutoWindowOpt = None,
+    auto_windows: AutoWindowsOpt = None,
+    auto_margin: AutoMarginOpt = None,
+    auto_min_accesses: AutoMinAccessesOpt = None,
 ) -> None:
     """Replay TRACE through eviction policies at several cache sizes.
 
@@ -205,7 +226,7 @@ def replay(
         near_concurrent_s=near_concurrent,
         life_s=life,
         reuse_class=reuse_class,
-        **_auto_fields(auto_rate, auto_window, auto_windows, auto_margin, auto_min_accesses),
+        **_auto_fields(names, auto_rate, auto_window, auto_windows, auto_margin, auto_min_accesses),
     )
     trace = _labelled(load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines), options)
     _check_scored_part(trace, options)
@@ -258,16 +279,28 @@ def _names(policy: str, plot: Path | None) -> list[str]:
     return names
 
 
-def _auto_fields(
-    rate: float, window: float, windows: int, margin: float, min_accesses: int
-) -> dict[str, Any]:
-    """``auto``'s options, by ``ReplayOptions`` field."""
+_AUTO_FIELDS = {
+    "--auto-rate": "auto_rate",
+    "--auto-window": "auto_window_s",
+    "--auto-windows": "auto_windows",
+    "--auto-margin": "auto_margin",
+    "--auto-min-accesses": "auto_min_accesses",
+}
+"""``auto``'s options and the ``ReplayOptions`` field each sets."""
+
+
+def _auto_fields(names: list[str], *values: float | None) -> dict[str, Any]:
+    """``auto``'s options (``values``, in ``_AUTO_FIELDS``'s order, None where not given)
+    by ``ReplayOptions`` field, the defaults where not given. Like ``--split``, one given
+    applies only with what it is for: ``auto`` among the policies ``names``."""
+    given = dict(zip(_AUTO_FIELDS, values, strict=True))
+    named = [option for option, value in given.items() if value is not None]
+    if named and "auto" not in names:
+        verb = "applies" if len(named) == 1 else "apply"
+        fail(f"{', '.join(named)} {verb} only when --policy includes auto")
     return {
-        "auto_rate": rate,
-        "auto_window_s": window,
-        "auto_windows": windows,
-        "auto_margin": margin,
-        "auto_min_accesses": min_accesses,
+        field: getattr(DEFAULT_OPTIONS, field) if given[option] is None else given[option]
+        for option, field in _AUTO_FIELDS.items()
     }
 
 

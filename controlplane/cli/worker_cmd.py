@@ -1,6 +1,7 @@
 """``kvwise worker``: a simulated inference worker that replays a trace through a live agent.
 
-Owns the command's options and the checks on them (settings, Redis URL), signal handling
+Owns the command's options and the checks on them (settings, Redis URL, the configured
+evictor: ``check_evictor``, which ``kvwise config`` applies too), signal handling
 (SIGINT/SIGTERM stop the replay, then the agent flushes) and output: a status line on
 stderr every few seconds and a final summary on stdout in every case ("done: ..." or JSON
 with ``--json``). Exits 1 when the run could send no event at all (Redis unreachable
@@ -37,9 +38,26 @@ TraceOpt = Annotated[Path, typer.Option("--trace", help="Bailian or Mooncake JSO
 CapacityOpt = Annotated[
     int, typer.Option(parser=whole_number(1), metavar="BLOCKS", help="Cache size in blocks")
 ]
+
+
+def _worker_id(text: str) -> str:
+    """Typer parser of ``--id``: an empty id is refused, not taken for the default (only
+    an unset or empty ``KVWISE_WORKER_ID`` means host-pid)."""
+    if not text:
+        raise typer.BadParameter(
+            "must not be empty (leave --id out for KVWISE_WORKER_ID, else host-pid)"
+        )
+    return text
+
+
 WorkerIdOpt = Annotated[
     str | None,
-    typer.Option("--id", metavar="NAME", help="Worker id [default: KVWISE_WORKER_ID or host-pid]"),
+    typer.Option(
+        "--id",
+        parser=_worker_id,
+        metavar="NAME",
+        help="Worker id [default: KVWISE_WORKER_ID or host-pid]",
+    ),
 ]
 PolicyOpt = Annotated[
     str | None,
@@ -86,8 +104,9 @@ def worker(
     """
     given = {"worker_id": worker_id, "evictor": policy, "redis_url": redis_url}
     settings = agent_settings_or_fail(given, _OPTION_OF_FIELD)
+    check_evictor(settings, "KVWISE_EVICTOR" if policy is None else "--policy")
     trace = load_trace_or_fail(trace_path)
-    agent = _agent(settings, capacity, "KVWISE_EVICTOR" if policy is None else "--policy")
+    agent = _agent(settings, capacity)
     result = _replay(agent, trace, speed, loop, status_every, settings.evictor)
     if json_out:
         print_json({"trace": str(trace_path), **result.to_json()})
@@ -102,14 +121,24 @@ def worker(
         )
 
 
-def _agent(settings: AgentSettings, capacity: int, policy_from: str) -> Agent:
+def check_evictor(settings: AgentSettings, where: str) -> str:
+    """The family of the configured evictor, by the rule an agent starts by
+    (``agent.runtime.family``); an unknown name fails naming ``where`` (the option or
+    environment variable it came from) and every name accepted."""
     from agent.policies import UnknownPolicyError
-    from agent.runtime.agent import Agent
+    from agent.runtime.family import configured_family
 
     try:
-        return Agent(settings, capacity=capacity, engine="sim")
+        return configured_family(settings)
     except UnknownPolicyError as exc:
-        fail(f"{policy_from}: {exc}")
+        fail(f"{where}: {exc}")
+
+
+def _agent(settings: AgentSettings, capacity: int) -> Agent:
+    """The worker's agent; its evictor was checked (``check_evictor``)."""
+    from agent.runtime.agent import Agent
+
+    return Agent(settings, capacity=capacity, engine="sim")
 
 
 def _replay(

@@ -56,6 +56,13 @@ def one_error_line(res: subprocess.CompletedProcess[str]) -> str:
         # an empty option is given, as in every command: not passed over for the variable
         (["--redis-url", ""], {"KVWISE_REDIS_URL": "notaurl"}, "--redis-url: "),
         (["--policy", ""], {"KVWISE_EVICTOR": "lru"}, "--policy: unknown policy ''"),
+        # an empty --id was passed over for the default id, as an unset KVWISE_WORKER_ID is
+        # (were it taken, a fast replay to a Redis that is not there ends it, exit code 1)
+        (
+            ["--id", "", "--speed", "5000", "--redis-url", f"redis://127.0.0.1:{free_port()}/0"],
+            {"KVWISE_WORKER_ID": "w1"},
+            "--id: must not be empty",
+        ),
     ],
 )
 def test_worker_refuses_bad_settings(args: list[str], env: dict[str, str], names: str) -> None:
@@ -213,6 +220,40 @@ def test_config_names_a_bad_setting_and_its_value_in_one_line(variable: str, val
     res = kvwise("config", env={variable: value})
     assert res.returncode == 2
     assert one_error_line(res).startswith(f"error: bad controller setting {variable}='{value}': ")
+
+
+@pytest.mark.parametrize(
+    ("variable", "command"),
+    [
+        ("KVWISE_EVICTOR", ["worker", "--trace", str(SAMPLE), "--capacity", "100"]),
+        ("KVWISE_REDIS_URL", ["worker", "--trace", str(SAMPLE), "--capacity", "100"]),
+        ("KVWISE_REDIS_URL", ["controller", "--port", str(free_port())]),
+    ],
+)
+def test_config_refuses_what_the_commands_refuse_in_their_line(
+    variable: str, command: list[str]
+) -> None:
+    """An unknown evictor or a malformed Redis URL was printed as the value in effect
+    (exit 0) while the commands that read it refused it."""
+    env = {variable: "bogus"}
+    refused = kvwise(*command, env=env)
+    assert refused.returncode == 2
+    for args in ((), ("--json",)):
+        res = kvwise("config", *args, env=env)
+        assert res.returncode == 2
+        assert one_error_line(res) == one_error_line(refused)
+        assert res.stdout == ""
+
+
+def test_an_empty_worker_id_variable_keeps_the_default_id() -> None:
+    """``KVWISE_WORKER_ID`` defaults to empty, which means host-pid: set empty, it is the
+    default, not an error (an empty ``--id`` is refused)."""
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    args = ["--capacity", "500", "--speed", "5000", "--status-every", "0", "--redis-url", url]
+    res = kvwise("worker", "--trace", str(SAMPLE), "--policy", "lru", *args,
+                 env={"KVWISE_WORKER_ID": ""})  # fmt: skip
+    assert res.returncode == 1, res.stderr
+    assert res.stdout.startswith(f"done: worker {socket.gethostname()}-")
 
 
 def test_a_bad_token_is_named_but_never_shown() -> None:

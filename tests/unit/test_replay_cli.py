@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from controlplane.cli import app
 from controlplane.replay import catalog
+from controlplane.replay.options import DEFAULT_OPTIONS
 from controlplane.replay.runner import ReplayJob
 from controlplane.traces.synth import synthesize
 from controlplane.traces.writer import write_bailian
@@ -68,6 +69,15 @@ def test_fractions_that_round_to_one_size_are_one_run() -> None:
         (["-j", "-3"], "error: --jobs: "),
         (["--split", "1.5"], "error: --split: must be in (0, 1), got 1.5"),
         (["--split", "0.3"], "--split applies only with --wa-fit split"),
+        # auto's options, given with no auto to apply them to, are refused as --split is
+        (
+            ["-p", "lru", "--auto-window", "10"],
+            "error: --auto-window applies only when --policy includes auto",
+        ),
+        (
+            ["-p", "lru,wa", "--auto-rate", "0.5", "--auto-min-accesses", "0"],
+            "error: --auto-rate, --auto-min-accesses apply only when --policy includes auto",
+        ),
         (["--refit-every", "0"], "error: --refit-every: "),
         (["--life", "-1"], "error: --life: "),
         (["--near-concurrent", "nan"], "error: --near-concurrent: "),
@@ -243,10 +253,28 @@ def test_auto_notes_wrap_between_words_with_a_hanging_indent(columns: int) -> No
 
 def test_every_auto_option_of_the_replay_can_be_given() -> None:
     """``auto_min_accesses`` (the sampled accesses a window needs to count) was in the
-    JSON options with no option to set it."""
-    args = ("-p", "lru", "--capacity", "300", "--json")
-    code, out, err = run("replay", str(SAMPLE), *args, "--auto-min-accesses", "0")
+    JSON options with no option to set it. Each option given reaches the options; none
+    given, they are the defaults."""
+    args = ("-p", "lru,auto", "--capacity", "300", "--json")
+    given = {
+        "--auto-rate": ("auto_rate", "0.5", 0.5),
+        "--auto-window": ("auto_window_s", "30", 30.0),
+        "--auto-windows": ("auto_windows", "2", 2),
+        "--auto-margin": ("auto_margin", "0.05", 0.05),
+        "--auto-min-accesses": ("auto_min_accesses", "0", 0),
+    }
+    options = [arg for option, (_, text, _) in given.items() for arg in (option, text)]
+    code, out, err = run("replay", str(SAMPLE), *args, *options)
     assert code == 0, err
-    assert json.loads(out)["options"]["auto_min_accesses"] == 0
+    doc = json.loads(out)["options"]
+    assert {field: doc[field] for field, _, _ in given.values()} == {
+        field: value for field, _, value in given.values()
+    }
+    code, out, err = run("replay", str(SAMPLE), "-p", "lru", "--capacity", "300", "--json")
+    assert code == 0, err
+    doc = json.loads(out)["options"]
+    assert {field: doc[field] for field, _, _ in given.values()} == {
+        field: getattr(DEFAULT_OPTIONS, field) for field, _, _ in given.values()
+    }
     code, _, err = run("replay", str(SAMPLE), *args, "--auto-min-accesses", "-1")
     assert code == 2 and "--auto-min-accesses" in err
