@@ -6,8 +6,8 @@ values (duplicates merged, first order kept), the options several commands decla
 (a trace argument, ``--json``, ``--skip-bad-lines``, ``--block-tokens``, a replay's
 ``--speed``; each option names itself, so every command spells it alike), loading a trace
 for a command (bad lines reported, an empty trace refused), printing a ``--json``
-document, and checking settings and Redis URLs before a command starts anything. It must
-never contain command logic.
+document, and checking settings, Redis URLs and the configured evictor before a command
+starts anything. It must never contain command logic.
 """
 
 from __future__ import annotations
@@ -550,6 +550,19 @@ def check_redis_url(url: str, where: str) -> str:
     except RedisUrlError as exc:
         fail(f"{where}: {exc}")
     return url
+
+
+def check_evictor(settings: AgentSettings, where: str) -> str:
+    """The family of the configured evictor, by the rule an agent starts by
+    (``agent.runtime.family``); an unknown name fails naming ``where`` (the option or
+    environment variable it came from) and every name accepted."""
+    from agent.policies import UnknownPolicyError
+    from agent.runtime.family import configured_family
+
+    try:
+        return configured_family(settings)
+    except UnknownPolicyError as exc:
+        fail(f"{where}: {exc}")
 
 
 def check_plotting(option: str, png: Path | None = None, *, folder: Path | None = None) -> None:

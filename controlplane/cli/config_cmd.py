@@ -20,8 +20,7 @@ from pydantic import SecretStr
 from pydantic_settings import BaseSettings
 
 from agent.runtime.connection import redact
-from controlplane.cli.common import agent_settings_or_fail, settings_or_fail
-from controlplane.cli.worker_cmd import check_evictor
+from controlplane.cli.common import agent_settings_or_fail, check_evictor, settings_or_fail
 
 
 def register(app: typer.Typer) -> None:

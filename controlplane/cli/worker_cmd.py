@@ -1,7 +1,7 @@
 """``kvwise worker``: a simulated inference worker that replays a trace through a live agent.
 
 Owns the command's options and the checks on them (settings, Redis URL, the configured
-evictor: ``check_evictor``, which ``kvwise config`` applies too), signal handling
+evictor, ``common.check_evictor``), signal handling
 (SIGINT/SIGTERM stop the replay, then the agent flushes) and output: a status line on
 stderr every few seconds and a final summary on stdout in every case ("done: ..." or JSON
 with ``--json``). Exits 1 when the run could send no event at all (Redis unreachable
@@ -22,6 +22,7 @@ from controlplane.cli.common import (
     SpeedOpt,
     StatusEveryOpt,
     agent_settings_or_fail,
+    check_evictor,
     fail,
     load_trace_or_fail,
     print_json,
@@ -119,19 +120,6 @@ def worker(
             "Redis took none for the whole run (the lines above say why)",
             code=1,
         )
-
-
-def check_evictor(settings: AgentSettings, where: str) -> str:
-    """The family of the configured evictor, by the rule an agent starts by
-    (``agent.runtime.family``); an unknown name fails naming ``where`` (the option or
-    environment variable it came from) and every name accepted."""
-    from agent.policies import UnknownPolicyError
-    from agent.runtime.family import configured_family
-
-    try:
-        return configured_family(settings)
-    except UnknownPolicyError as exc:
-        fail(f"{where}: {exc}")
 
 
 def _agent(settings: AgentSettings, capacity: int) -> Agent:
