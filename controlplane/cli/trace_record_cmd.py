@@ -1,12 +1,16 @@
 """``kvwise trace record``: record live workers' requests as a Bailian trace.
 
 Owns the command's options and the checks on them (settings, Redis URL, key prefix, a
-file created beside the output, Redis answering, workers to record), the recording loop's
-timing (until ``--duration``, ``--max-requests`` or SIGINT/SIGTERM, then what was gathered
-is written to that file and renamed to the output; without ``--worker``, a look for workers
-started since every ``NEW_WORKERS_EVERY_S``), status lines on stderr, the one-line
-summary on stdout and the exit codes (2: nothing could start; 1: Redis failed mid-run,
-after writing what was gathered, or no whole request was seen). Tailing the streams is
+file created beside the output, Redis answering, workers to record), the wait for a first
+worker when none is live at the start (up to ``--wait``, a look every
+``WAIT_LOOK_EVERY_S``; its streams are then read from the wait's start), the recording
+loop's timing (``--duration`` counted from the first worker, until it, ``--max-requests``
+or SIGINT/SIGTERM, then what was gathered is written to that file and renamed to the
+output; without ``--worker``, a look for workers started since every
+``NEW_WORKERS_EVERY_S``), status lines on stderr, the one-line summary on stdout and the
+exit codes (2: nothing could start, no worker within the wait included; 1: Redis failed
+mid-run, after writing what was gathered, or no whole request was seen, or SIGINT/SIGTERM
+came while it waited). Tailing the streams is
 ``controlplane.service.trace_recording``; the trace is ``controlplane.traces.recorded``,
 written by ``controlplane.traces.writer``. It must never write to Redis.
 """
@@ -20,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
@@ -32,6 +36,7 @@ from controlplane.cli.common import (
     agent_settings_or_fail,
     counted,
     fail,
+    non_negative,
     note,
     positive,
     say,
@@ -59,6 +64,14 @@ the end, about 12 KiB for one of 143 blocks (2,300 tokens) half of them new, so 
 IDLE_WAIT_S = 0.1
 """Wait after a read that found nothing new, before reading again."""
 
+WAIT_S = 300.0
+"""Seconds ``--wait`` waits by default for a first worker when none is live at the start:
+enough for a vLLM server started after the recording to load its model."""
+
+WAIT_LOOK_EVERY_S = 0.5
+"""Seconds between two looks for a first worker while it waits (one ``SCAN`` of the
+heartbeat keys and a read of the new ones each, as ``NewWorkers`` looks)."""
+
 NEW_WORKERS_EVERY_S = 2.0
 """Seconds between two looks for workers started since the recording did (one ``SCAN`` of
 the heartbeat keys each; without ``--worker`` only)."""
@@ -72,7 +85,19 @@ OutputOpt = Annotated[
 DurationOpt = Annotated[
     float | None,
     typer.Option(
-        parser=positive, metavar="SECONDS", help="Wall-clock seconds to record [default: Ctrl-C]"
+        parser=positive,
+        metavar="SECONDS",
+        help="Wall-clock seconds to record, from the first worker (a --wait is not counted) "
+        "[default: Ctrl-C]",
+    ),
+]
+WaitOpt = Annotated[
+    float,
+    typer.Option(
+        parser=non_negative,
+        metavar="SECONDS",
+        help="With no worker live at the start, wait this long for the first one's heartbeat "
+        "(0 = fail at once)",
     ),
 ]
 WorkerOpt = Annotated[
@@ -128,6 +153,7 @@ class _Run:
 def record(
     output: OutputOpt,
     duration: DurationOpt = None,
+    wait: WaitOpt = WAIT_S,
     worker: WorkerOpt = None,
     max_requests: MaxRequestsOpt = MAX_REQUESTS,
     redis_url: RedisUrlOpt = None,
@@ -144,9 +170,13 @@ def record(
     renumbered in order of first sight, the category as type and turn (docs/traces.md,
     "Recording your own traffic").
 
-    Example:
+    Started before any worker (then start or restart the servers), it waits up to --wait
+    for the first one's heartbeat; --duration counts from there.
+
+    Examples:
 
         kvwise trace record --duration 600 -o mine.jsonl.gz
+        kvwise trace record --wait 900 --duration 600 -o mine.jsonl.gz
     """
     from controlplane.cli.signals import SignalFlag, stop_on_signals
 
@@ -155,12 +185,12 @@ def record(
     partial = _claim(output)
     try:
         client, keys = _connect(settings)
-        with _redis_failure_fails():
-            choice = _workers(client, keys, worker or [], settings)
-            run = _start(client, keys, choice, max_requests, watch=not worker)
-        typer.echo(_starting_line(choice.record, duration), err=True)
         stop = SignalFlag()
         with stop_on_signals(stop):
+            with _redis_failure_fails():
+                choice, waited = _choose(_Redis(client, keys, settings), worker or [], wait, stop)
+                run = _start(client, keys, choice, max_requests, watch=not worker, waited=waited)
+            typer.echo(_starting_line(choice.record, duration), err=True)
             _loop(run, stop, duration, status_every)
         _finish(run)
         _write(run, (partial, output), block_tokens)
@@ -218,22 +248,105 @@ def _redis_failure_fails() -> Iterator[None]:
         fail(describe_redis_error(exc))
 
 
-def _workers(
-    client: RedisClient, keys: Keys, wanted: list[str], settings: AgentSettings
-) -> WorkerChoice:
-    """The workers to record and those left out (said, one line each)."""
+@dataclass(frozen=True)
+class _Redis:
+    """Where the workers are looked for."""
+
+    client: RedisClient
+    keys: Keys
+    settings: AgentSettings
+
+
+def _workers(at: _Redis, wanted: list[str], *, waits: bool) -> WorkerChoice:
+    """The workers to record and those left out (said, one line each); none to record is
+    the error unless it ``waits`` for one (the workers named and missing are then said
+    after the wait, those that do not report requests whole now)."""
     from controlplane.service.trace_recording import choose_workers
 
-    choice = choose_workers(client, keys, wanted)
+    choice = choose_workers(at.client, at.keys, wanted)
+    if choice.record or not waits:
+        _say_missing(choice, at.keys)
+    _say_not_whole(choice)
+    if not choice.record and not waits:
+        _no_worker(choice, at)
+    return choice
+
+
+def _say_missing(choice: WorkerChoice, keys: Keys) -> None:
     for w in choice.missing:
         say(f"worker {w}: no heartbeat under prefix {keys.prefix!r}: skipped", lead="warning: ")
-    _say_not_whole(choice)
-    if not choice.record:
-        where = f"under prefix {keys.prefix!r} at {redact(settings.redis_url)}"
-        if choice.not_whole:
-            fail(f"no worker to record {where}: none reports its requests whole")
-        fail(f"no worker to record: no agent heartbeat {where} (is an agent running?)")
-    return choice
+
+
+def _no_worker(choice: WorkerChoice, at: _Redis, wait: float = 0) -> NoReturn:
+    """The error for no worker to record (after a wait of ``wait`` seconds, if any)."""
+    where = f"under prefix {at.keys.prefix!r} at {redact(at.settings.redis_url)}"
+    where += f" within --wait {wait:g} s" if wait else ""
+    if choice.not_whole:
+        fail(f"no worker to record {where}: none reports its requests whole")
+    fail(f"no worker to record: no agent heartbeat {where} (is an agent running?)")
+
+
+@dataclass(frozen=True)
+class _Waited:
+    """The first workers found by the wait, and what found them."""
+
+    choice: WorkerChoice
+    tail: StreamTail
+    """Reading the workers to record from the wait's start on."""
+    newcomers: NewWorkers
+
+
+def _choose(
+    at: _Redis, wanted: list[str], wait: float, stop: SignalFlag
+) -> tuple[WorkerChoice, _Waited | None]:
+    """The workers to record: those live now, else (``wait`` > 0) the first to come."""
+    first = _workers(at, wanted, waits=wait > 0)
+    if first.record:
+        return first, None
+    waited = _wait(at, wanted, (first, wait), stop)
+    return waited.choice, waited
+
+
+def _wait(
+    at: _Redis, wanted: list[str], start: tuple[WorkerChoice, float], stop: SignalFlag
+) -> _Waited:
+    """The first workers to record (``wanted`` only, if any), once a look finds one, after
+    ``start``: the choice at the start (none to record) and the seconds to wait. The tail,
+    started with the wait, reads their streams from its start, so that the requests a
+    worker served before it was noticed are kept. No worker within the wait is the error;
+    a signal meanwhile ends the command (exit code 1, as a recording stopped with nothing
+    recorded)."""
+    from controlplane.service.trace_recording import NewWorkers, StreamTail, WorkerChoice
+
+    (first, seconds), keys = start, at.keys
+    whose = f"a heartbeat of --worker {', '.join(wanted)}" if wanted else "a worker's heartbeat"
+    typer.echo(
+        f"waiting up to {seconds:g} s for {whose} under prefix {keys.prefix!r} at "
+        f"{redact(at.settings.redis_url)} (Ctrl-C to stop)",
+        err=True,
+    )
+    tail = StreamTail(at.client, keys, [])
+    newcomers = NewWorkers(at.client, keys, first.not_whole)
+    found: list[str] = []
+    not_whole = list(first.not_whole)
+    end = time.monotonic() + seconds
+    while not found and time.monotonic() < end:
+        if stop.wait(min(WAIT_LOOK_EVERY_S, max(end - time.monotonic(), 0.0))):
+            tail.notice.withdraw()
+            fail("stopped while waiting for a worker: nothing recorded, nothing written", code=1)
+        tail.poll()  # renews the recording's notice; no stream is read yet
+        look = newcomers.look()
+        found = [w for w in look.record if not wanted or w in wanted]
+        fresh = [w for w in look.not_whole if not wanted or w in wanted]
+        _say_not_whole(WorkerChoice([], fresh, []))
+        not_whole += fresh
+    left = sorted(w for w in dict.fromkeys(wanted) if w not in found and w not in not_whole)
+    choice = WorkerChoice(sorted(found), sorted(not_whole), left)
+    _say_missing(choice, keys)
+    if not found:
+        tail.notice.withdraw()
+        _no_worker(choice, at, seconds)
+    return _Waited(choice, tail, newcomers)
 
 
 def _say_not_whole(choice: WorkerChoice) -> None:
@@ -246,12 +359,24 @@ def _say_not_whole(choice: WorkerChoice) -> None:
 
 
 def _start(
-    client: RedisClient, keys: Keys, choice: WorkerChoice, max_requests: int, *, watch: bool
+    client: RedisClient,
+    keys: Keys,
+    choice: WorkerChoice,
+    max_requests: int,
+    *,
+    watch: bool,
+    waited: _Waited | None,
 ) -> _Run:
-    """The recording, before its first read; ``watch``: it takes on workers started since."""
+    """The recording, before its first read; ``watch``: it takes on workers started since;
+    ``waited``: the wait's tail and looks go on (its workers read from the wait's start)."""
     from controlplane.service.trace_recording import NewWorkers, StreamTail
     from controlplane.traces.recorded import RecordedRequests
 
+    if waited:
+        for w in choice.record:
+            waited.tail.add(w)
+        newcomers = waited.newcomers if watch else None
+        return _Run(waited.tail, RecordedRequests(), max_requests, 0.0, newcomers)
     seen = [*choice.record, *choice.not_whole]
     newcomers = NewWorkers(client, keys, seen) if watch else None
     tail = StreamTail(client, keys, choice.record)

@@ -21,6 +21,7 @@ import redis
 from typer.testing import CliRunner
 
 from agent.runtime.agent import Agent
+from agent.runtime.connection import redact
 from agent.wire import EventKind, Keys, encode_batch
 from controlplane.cli import app
 from controlplane.dev.embedded_redis import free_port
@@ -62,9 +63,11 @@ def known_trace() -> Trace:
     return Trace.from_requests(requests, times, types=types, turns=turns)
 
 
-def start_recording(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
-    """``kvwise trace record`` in its own process, once it says it is recording, and what
-    it said on stderr until then."""
+def start_recording(
+    args: list[str], env: dict[str, str], *, until: str = "recording "
+) -> tuple[subprocess.Popen[str], str]:
+    """``kvwise trace record`` in its own process, once it says a line starting ``until``
+    (by default: it is recording), and what it said on stderr until then."""
     cmd = [sys.executable, "-m", "controlplane", "trace", "record", *args]
     full = {**os.environ, "COLUMNS": "200", **env}
     proc = subprocess.Popen(
@@ -74,9 +77,9 @@ def start_recording(args: list[str], env: dict[str, str]) -> tuple[subprocess.Po
     said = []
     for line in proc.stderr:
         said.append(line)
-        if line.startswith("recording "):
+        if line.startswith(until):
             return proc, "".join(said)
-    raise AssertionError(f"never started recording: {''.join(said)}")
+    raise AssertionError(f"never said {until!r}: {''.join(said)}")
 
 
 class Lines:
@@ -111,12 +114,21 @@ class Lines:
 
 class Recording:
     """``kvwise trace record -o OUT --duration SECONDS`` on a test's Redis, started (it said
-    it records), its stderr gathered as it comes; ``stop`` is its Ctrl-C."""
+    it records, or ``until``), its stderr gathered as it comes; ``stop`` is its Ctrl-C."""
 
-    def __init__(self, out: Path, seconds: int, redis_url: str, key_prefix: str) -> None:
-        args = ["-o", str(out), "--duration", str(seconds), "--status-every", "0.1"]
+    def __init__(
+        self,
+        out: Path,
+        seconds: int,
+        redis_url: str,
+        key_prefix: str,
+        *,
+        more: tuple[str, ...] = (),
+        until: str = "recording ",
+    ) -> None:
+        args = ["-o", str(out), "--duration", str(seconds), "--status-every", "0.1", *more]
         self.proc, said = start_recording(
-            [*args, "--redis-url", redis_url, "--key-prefix", key_prefix], {}
+            [*args, "--redis-url", redis_url, "--key-prefix", key_prefix], {}, until=until
         )
         assert self.proc.stderr is not None and self.proc.stdout is not None
         self.said, self.lines = said, Lines(self.proc.stderr)
@@ -304,12 +316,116 @@ def test_a_recording_says_the_entries_trimmed_before_it_read_them(
 
 
 def test_no_worker_is_one_error_line(redis_url: str, key_prefix: str, tmp_path: Path) -> None:
-    args = ["trace", "record", "-o", str(tmp_path / "t.jsonl"), "--duration", "1"]
+    """With ``--wait 0``, as before there was a wait: the error at once, nothing else said."""
+    args = ["trace", "record", "-o", str(tmp_path / "t.jsonl"), "--duration", "1", "--wait", "0"]
     args += ["--redis-url", redis_url, "--key-prefix", key_prefix]
+    started = time.monotonic()
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2
     assert res.stderr.startswith("error: no worker to record: no agent heartbeat under prefix")
-    assert not (tmp_path / "t.jsonl").exists()
+    assert res.stderr.strip().endswith("(is an agent running?)") and "--wait" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert time.monotonic() - started < 5
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_recording_started_before_any_worker_records_the_first_one_to_come(
+    tmp_path: Path, redis_url: str, key_prefix: str
+) -> None:
+    """An operator starts the recording, then the servers: it exited 2 ("no worker to
+    record"). It waits for the first worker, says so once, and records it, the requests it
+    served before the wait's next look included (read from the wait's start); a worker
+    whose requests cannot be rebuilt does not end the wait. --duration counts from the
+    first worker."""
+    trace = known_trace()
+    out = tmp_path / "mine.jsonl"
+    keys, r = Keys(key_prefix), redis.Redis.from_url(redis_url)
+    radix = agent_status(id="w2", whole_requests=False, updated_at=time.time())
+    r.set(keys.agent("w2"), radix.to_json(), ex=60)
+    more = ("--wait", "60")
+    recording = Recording(out, 60, redis_url, key_prefix, more=more, until="waiting ")
+    said = recording.said
+    assert said.count("worker w2: its agent does not report requests whole") == 1
+    assert said.splitlines()[-1] == (
+        f"waiting up to 60 s for a worker's heartbeat under prefix {key_prefix!r} at "
+        f"{redact(redis_url)} (Ctrl-C to stop)"
+    )
+    time.sleep(1.5)  # three looks: w2 is no worker to record, nor said again
+    lines = recording.lines
+    assert "recording " not in lines.text() and recording.proc.poll() is None
+    with Agent(fast_settings(redis_url, key_prefix, worker_id="w1"), capacity=1000) as agent:
+        TraceWorker(agent, trace, speed=SPEED).run()  # before the wait's next look, likely
+        wait_until(lambda: "recording " in lines.text(), timeout=30, what="the recording")
+    wait_until(lambda: lines.recorded() >= trace.n_requests - 1, timeout=30, what="reads")
+    code, stdout, text = recording.stop()
+    assert code == 0, text
+    assert text.count("waiting up to") == 1 and text.count("does not report requests") == 1
+    assert "recording 1 worker (w1) for 60 s" in text
+    assert stdout.startswith(f"wrote {out}: 30 requests from 1 worker over ")
+    assert stdout.strip().endswith("dropped none")
+    got = load_trace(out)
+    assert got.n_requests == trace.n_requests
+    assert np.array_equal(got.blocks, trace.blocks)
+    assert not r.exists(keys.recording)
+
+
+def test_a_recording_waiting_for_named_workers_takes_only_them(
+    tmp_path: Path, redis_url: str, key_prefix: str
+) -> None:
+    """With --worker, the wait ends on a named worker's heartbeat, not another's; a named
+    one still missing then is said and skipped, as at the start."""
+    keys, r = Keys(key_prefix), redis.Redis.from_url(redis_url)
+    more = ("--wait", "60", "--worker", "w2", "--worker", "w3")
+    recording = Recording(tmp_path / "t.jsonl", 60, redis_url, key_prefix, more=more, until="wait")
+    assert "for a heartbeat of --worker w2, w3 under prefix" in recording.said
+    other = agent_status(id="w1", whole_requests=True, updated_at=time.time())
+    r.set(keys.agent("w1"), other.to_json(), ex=60)
+    time.sleep(1.5)  # three looks
+    lines = recording.lines
+    assert "recording " not in lines.text() and recording.proc.poll() is None
+    named = agent_status(id="w2", whole_requests=True, updated_at=time.time())
+    r.set(keys.agent("w2"), named.to_json(), ex=60)
+    wait_until(lambda: "recording " in lines.text(), timeout=30, what="the recording")
+    code, _, text = recording.stop()
+    assert code == 1, text  # stopped with nothing recorded
+    assert "recording 1 worker (w2) for 60 s" in text
+    assert "warning: worker w3: no heartbeat under prefix" in text
+    assert "worker w1" not in text
+
+
+def test_no_worker_within_the_wait_is_the_error_naming_it(
+    redis_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    args = ["trace", "record", "-o", str(tmp_path / "t.jsonl"), "--wait", "1.5"]
+    args += ["--redis-url", redis_url, "--key-prefix", key_prefix]
+    started = time.monotonic()
+    res = CliRunner().invoke(app, args)
+    assert time.monotonic() - started >= 1.5
+    assert res.exit_code == 2
+    said = res.stderr.strip().splitlines()
+    assert said[0].startswith("waiting up to 1.5 s for a worker's heartbeat under prefix")
+    assert said[1].startswith("error: no worker to record: no agent heartbeat under prefix")
+    assert said[1].endswith(" within --wait 1.5 s (is an agent running?)")
+    assert len(said) == 2
+    assert list(tmp_path.iterdir()) == []
+    assert not redis.Redis.from_url(redis_url).exists(Keys(key_prefix).recording)
+
+
+def test_ctrl_c_while_waiting_ends_cleanly_with_nothing_written(
+    redis_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    """Waiting by default (no --wait): a Ctrl-C ends it as one with nothing recorded does."""
+    args = ["-o", str(tmp_path / "t.jsonl"), "--redis-url", redis_url, "--key-prefix", key_prefix]
+    proc, said = start_recording(args, {}, until="waiting ")
+    assert said.startswith("waiting up to 300 s for a worker's heartbeat")
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=20)
+    assert proc.returncode == 1, stderr
+    assert (
+        stderr == "error: stopped while waiting for a worker: nothing recorded, nothing written\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+    assert not redis.Redis.from_url(redis_url).exists(Keys(key_prefix).recording)
 
 
 def test_unreachable_redis_is_one_error_line(tmp_path: Path) -> None:
