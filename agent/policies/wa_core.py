@@ -461,26 +461,23 @@ class WACore(Generic[LaneT]):
     # --- the Protocol ----------------------------------------------------------------------
     def touch(self, blocks: Sequence[int], now: float) -> None:
         self._tick(now)
-        self._not_evictable(blocks)
-        self._in_use.update(blocks)
-
-    def discard(self, blocks: Sequence[int]) -> None:
-        """``Discards``: ``blocks`` are held no more, evictable or in use; stored again,
-        a block is filed by its new creator."""
-        self._not_evictable(blocks)
-        self._in_use.difference_update(blocks)
-        if self._by_creator:
-            creator = self._creator
-            for block in blocks:
-                creator.pop(block, None)
-
-    def _not_evictable(self, blocks: Sequence[int]) -> None:
-        """``blocks`` leave the evictable map; their queued positions go stale."""
         evictable = self._ev
         count_before = len(evictable)
         released = list(map(evictable.pop, blocks, repeat(None)))
         # The positions a hit makes stale at run tails go at once: held no longer.
         self._stale += count_before - len(evictable) - retire_tails(self._tails, released)
+        self._in_use.update(blocks)
+
+    def discard(self, blocks: Sequence[int]) -> None:
+        """``Discards``: ``blocks`` are held no more, evictable or in use (a touch at the
+        clock's time takes them out of the queues, as a hit does, and records nothing
+        else); stored again, a block is filed by its new creator."""
+        self.touch(blocks, self._clock)
+        self._in_use.difference_update(blocks)
+        if self._by_creator:
+            creator = self._creator
+            for block in blocks:
+                creator.pop(block, None)
 
     def evict(self, n: int) -> list[int]:
         """Remove and return up to ``n`` victims in key order, at the clock's time."""
