@@ -376,7 +376,7 @@ class KvwiseFreeQueue:
         hash_of, blocks, cached = self.hash_of, self.blocks, self._cached
         emptied: list[int] = []
         held: list[int] = []
-        for block_id in ids:
+        for block_id in dict.fromkeys(ids):  # each once, in the order named
             if hash_of(blocks[block_id]) is not None:
                 continue
             if block_id in cached:
