@@ -417,6 +417,18 @@ class KvwiseFreeQueue:
         if gone and self.hooks is not None:
             self.hooks.evicted(gone, self.clock())
 
+    def note_partial(self, block: Any, position: int, code: int | None) -> None:
+        """``block`` (in use) got a partial prefix-cache entry (vLLM's
+        ``cache_partial_block``), which is not reported stored. If it holds no content
+        noted here, the evictor files it, once freed, at prompt block ``position`` under
+        ``code`` (the storing request's; ``None``: left as is), not as what it last held."""
+        block_id = block.block_id
+        if self._counted[block_id] or self.hash_of(block) is None:
+            return
+        self.offset[block_id] = position
+        if code is not None:
+            self.code[block_id] = code
+
     def _send_hits(self) -> None:
         hits, self._hits = self._hits, []
         self.evictor.touch(hits, self.clock())

@@ -27,7 +27,8 @@ A connector's ``BlockPool.evict_blocks`` on the real ``BlockPool`` with the kvwi
 free cached blocks whose hashes it drops leave the evictor, are reported evicted at the
 drop and are the next blocks allocated; blocks in use are reported when freed. Also
 ``move_block_hashes``: the copy carries the content's side-table entry, and freeing the
-original reports nothing. Checks as it goes; prints (or writes) one JSON line.
+original reports nothing; ``cache_partial_block``: the block gets the request's prompt
+position and category. Checks as it goes; prints (or writes) one JSON line.
 """
 
 from __future__ import annotations
@@ -329,6 +330,26 @@ def drop(args: argparse.Namespace) -> dict[str, Any]:
     assert dst[0].block_id in queue.evictor
     kv.evict_blocks({dst[0].block_id})
     assert seen.calls[calls:] == [(src_hashes, seen.calls[-1][1])], seen.calls[calls:]
+    check_free()
+
+    # A prompt tail ending inside a block of a group with 64-token blocks: a partial entry.
+    keys = [rng.randbytes(32) for _ in range(3)]
+    extra = {"kv_category": "tail"}
+    tail = SimpleNamespace(
+        block_hashes=keys,
+        num_prompt_tokens=3 * BLOCK,
+        sampling_params=SimpleNamespace(extra_args=extra),
+    )
+    part = kv.get_new_blocks(1)
+    code = plugin._category(plugin._state.engine, tail)[1]
+    part_id = part[0].block_id
+    queue.offset[part_id], queue.code[part_id] = 7, code + 1  # what it held before
+    kv.cache_partial_block(tail, part[0], 3 * BLOCK, 0, 2 * BLOCK)
+    assert part[0].block_hash is not None
+    assert (queue.offset[part_id], queue.code[part_id]) == (1, code)
+    calls = len(seen.calls)
+    kv.free_blocks(part)
+    assert part_id in queue.evictor and len(seen.calls) == calls  # never reported stored
     check_free()
     return {"dropped": sorted(dropped), "fresh_before": fresh, "events": len(seen.calls)}
 

@@ -324,6 +324,23 @@ def test_hashes_moved_to_a_copy_move_the_side_table_entry_with_them() -> None:
     assert hooks.hashes == [hash64(key(1001))]
 
 
+def test_a_block_holding_only_a_partial_entry_is_filed_as_its_request_stored_it() -> None:
+    """vLLM's ``cache_partial_block`` gives a block in use a hash that kvwise does not
+    report: freed, the block is filed at its request's prompt position and category, not
+    as the content it last held; a block holding noted content keeps its entry."""
+    q, hooks, got = all_taken(3, "wa")
+    cache(q, got[1:2], code=1)
+    q.offset[2], q.code[2] = 7, 1  # what block 2 held before it was reused
+    for b in got[1:]:
+        q.note_partial(b, 3, 2)  # block 1: a partial entry beside its full hash
+    assert (q.offset[1], q.code[1], q.offset[2], q.code[2]) == (0, 1, 7, 1)  # 2: no hash
+    got[2].block_hash = key(2)
+    q.note_partial(got[2], 3, 2)
+    assert (q.offset[2], q.code[2]) == (3, 2)
+    q.append_n([got[2]])
+    assert hooks.hashes == []
+
+
 class PrefixCache:
     """vLLM's side of the queue, as a model: which blocks are free or in use, the content
     (hash) each holds and how many blocks hold each content; a content leaves the cache
