@@ -8,7 +8,8 @@ Owns the free blocks of one block pool, in three zones, popped in this order:
    a hash); at start-up every block in id order, so the first ``popleft`` returns block 0
    (vLLM's null block). One prepended with its hash still holds cached content (a hit may
    take it back): its content is reported evicted when it is popped for reuse, not
-   before;
+   before. A cached free block whose hash the engine drops (``drop_hashes``) joins them
+   at the head: it holds nothing;
 2. *cached*: free blocks with a block hash, held by the evictor (``wa`` by default), which
    decides the victims; their ids are vLLM block ids;
 3. *unpinned*: hash-less blocks given back with ``append`` (vLLM's ``unpin_blocks``: still
@@ -32,13 +33,13 @@ from __future__ import annotations
 import struct
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import compress, groupby, repeat
 from operator import attrgetter, is_not
 from typing import Any, Protocol
 
 from agent.engine_time import EngineTime
-from agent.policies.base import EvictionPolicy
+from agent.policies.base import Discards, EvictionPolicy
 from agent.policies.handover import hand_over
 
 
@@ -202,8 +203,9 @@ class KvwiseFreeQueue:
         blocks = self.blocks
         out = [blocks[block_id] for block_id in victims]
         # Every victim was cached when freed, so the side table holds its hash; one whose
-        # hash vLLM dropped while it was free (a connector's eviction) left the cache then,
-        # and is reported now (a prefix-cache reset is reported at once: drop_all_cached).
+        # hash vLLM dropped while it was free through a path not reported to the queue left
+        # the cache then, and is reported now (a prefix-cache reset or a connector's
+        # evict_blocks is reported at once: drop_all_cached, drop_hashes).
         hashes = self._uncount(victims)
         if hashes and self.hooks is not None:
             self.hooks.evicted(hashes, self.clock())
@@ -362,6 +364,70 @@ class KvwiseFreeQueue:
             self._send_hits()
         emptied = self._evict(len(self._cached))
         self._fresh.update((block.block_id, block) for block in reversed(emptied))
+
+    def drop_hashes(self, ids: Iterable[int]) -> None:
+        """The engine dropped the hashes of blocks ``ids`` (a KV connector's
+        ``evict_blocks``; an id whose block still has its hash is left alone). A free one
+        the evictor held holds nothing any more: it leaves the evictor (``Discards``; any
+        other evictor holds it as in use, never a victim, until it is freed again) for the
+        head of the fresh zone, reused first. Its content, and that of a fresh one
+        prepended with its hash, is reported evicted now (where no other block holds it).
+        One in use is reported when freed, without its hash (``_dropped_in_use``)."""
+        hash_of, blocks, cached = self.hash_of, self.blocks, self._cached
+        emptied: list[int] = []
+        held: list[int] = []
+        for block_id in dict.fromkeys(ids):  # each once, in the order named
+            if hash_of(blocks[block_id]) is not None:
+                continue
+            if block_id in cached:
+                emptied.append(block_id)
+            elif self._counted[block_id] and block_id in self._fresh:
+                held.append(block_id)
+        if emptied:
+            self._empty(emptied)
+        if held:
+            self._fresh_held -= len(held)
+        hashes = self._uncount(emptied + held)
+        if hashes and self.hooks is not None:
+            self.hooks.evicted(hashes, self.clock())
+
+    def _empty(self, ids: list[int]) -> None:
+        """Free cached blocks ``ids`` lost their hash: out of the evictor, to the head of
+        the fresh zone (the last one named is popped first)."""
+        cached, fresh, blocks = self._cached, self._fresh, self.blocks
+        for block_id in ids:
+            del cached[block_id]
+            fresh[block_id] = blocks[block_id]
+        evictor = self.evictor
+        if isinstance(evictor, Discards):
+            evictor.discard(ids)
+        else:
+            self._hits += ids  # touched with the next hits: in use, never a victim
+
+    def moved(self, src: Any, dst: Any) -> None:
+        """The engine moved ``src``'s hashes to ``dst`` (vLLM's ``move_block_hashes``: a
+        private copy of the content takes over its cache entries; both are in use): the
+        side table's entry follows the content, which stays cached."""
+        s, d = src.block_id, dst.block_id
+        if self.hash_of(dst) is None:
+            return  # ``src`` had no hash: nothing moved
+        gone = self._uncount([d]) if self._counted[d] else []
+        self.offset[d], self.code[d], self.hash[d] = self.offset[s], self.code[s], self.hash[s]
+        self._counted[d], self._counted[s] = self._counted[s], False
+        if gone and self.hooks is not None:
+            self.hooks.evicted(gone, self.clock())
+
+    def note_partial(self, block: Any, position: int, code: int | None) -> None:
+        """``block`` (in use) got a partial prefix-cache entry (vLLM's
+        ``cache_partial_block``), which is not reported stored. If it holds no content
+        noted here, the evictor files it, once freed, at prompt block ``position`` under
+        ``code`` (the storing request's; ``None``: left as is), not as what it last held."""
+        block_id = block.block_id
+        if self._counted[block_id] or self.hash_of(block) is None:
+            return
+        self.offset[block_id] = position
+        if code is not None:
+            self.code[block_id] = code
 
     def _send_hits(self) -> None:
         hits, self._hits = self._hits, []

@@ -10,7 +10,12 @@ Owns the seam into vLLM v1, and is the only kvwise module that imports vLLM:
   warnings) to vLLM's log, in its format;
 - wraps ``BlockPool.cache_full_blocks`` (blocks stored, with their request),
   ``BlockPool.touch`` (prefix hits), ``BlockPool.reset_prefix_cache`` (every cached
-  block's content dropped, reported evicted at once), ``KVCacheManager.allocate_slots``
+  block's content dropped, reported evicted at once), ``BlockPool.evict_blocks`` (a KV
+  connector drops blocks' hashes: a free one leaves the evictor and is reused first, its
+  content reported evicted at once), ``BlockPool.move_block_hashes`` (a block's cache
+  entries move to its copy: so does its side-table entry), ``BlockPool.cache_partial_block``
+  (a partial entry, not reported: a block holding only such entries gets the request's
+  prompt position and category in the side table), ``KVCacheManager.allocate_slots``
   (which request the hits belong to) and ``KVCacheManager.free`` (the request is done) to
   fill the queue's side table and report events; the wrappers call the original first and
   only read what it left (``free`` records the request first: the blocks it frees may be
@@ -38,7 +43,7 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from operator import attrgetter
 from types import MemberDescriptorType
 from typing import Any
@@ -130,6 +135,11 @@ def register() -> None:
     pool_cls.cache_full_blocks = _wrap_cache_full_blocks(pool_cls.cache_full_blocks)
     pool_cls.touch = _wrap_touch(pool_cls.touch)
     pool_cls.reset_prefix_cache = _wrap_reset_prefix_cache(pool_cls.reset_prefix_cache)
+    pool_cls.evict_blocks = _wrap_evict_blocks(pool_cls.evict_blocks)
+    if hasattr(pool_cls, "move_block_hashes"):  # copy-on-write of partial blocks
+        pool_cls.move_block_hashes = _wrap_move_block_hashes(pool_cls.move_block_hashes)
+    if hasattr(pool_cls, "cache_partial_block"):
+        pool_cls.cache_partial_block = _wrap_cache_partial_block(pool_cls.cache_partial_block)
     manager_cls = kv_cache_manager.KVCacheManager
     manager_cls.allocate_slots = _wrap_allocate_slots(manager_cls.allocate_slots)
     manager_cls.free = _wrap_free(manager_cls.free)
@@ -161,7 +171,11 @@ def route_agent_logs() -> None:
 def _missing_surface(block_pool: Any, kv_cache_manager: Any) -> list[str]:
     surface = (
         (block_pool, "FreeKVCacheBlockQueue", QUEUE_SURFACE),
-        (block_pool, "BlockPool", ("cache_full_blocks", "touch", "reset_prefix_cache")),
+        (
+            block_pool,
+            "BlockPool",
+            ("cache_full_blocks", "touch", "reset_prefix_cache", "evict_blocks"),
+        ),
         (kv_cache_manager, "KVCacheManager", ("allocate_slots", "free")),
     )
     return [
@@ -322,6 +336,54 @@ def _wrap_reset_prefix_cache(orig: Callable[..., Any]) -> Callable[..., Any]:
         return done
 
     return reset_prefix_cache
+
+
+def _wrap_evict_blocks(orig: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(orig)
+    def evict_blocks(self: Any, block_ids: Iterable[int], *args: Any, **kwargs: Any) -> None:
+        if not isinstance(block_ids, Collection):  # read twice: by vLLM, then here
+            block_ids = list(block_ids)
+        orig(self, block_ids, *args, **kwargs)
+        queue = _state.queue
+        if queue is not None and self.free_block_queue is queue and block_ids:
+            queue.drop_hashes(block_ids)
+
+    return evict_blocks
+
+
+def _wrap_move_block_hashes(orig: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(orig)
+    def move_block_hashes(self: Any, src_block: Any, dst_block: Any) -> None:
+        orig(self, src_block, dst_block)
+        queue = _state.queue
+        if queue is not None and self.free_block_queue is queue:
+            queue.moved(src_block, dst_block)
+
+    return move_block_hashes
+
+
+def _wrap_cache_partial_block(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def cache_partial_block(
+        self: Any,
+        request: Any,
+        block: Any,
+        num_tokens: int,
+        kv_cache_group_id: int,
+        block_size: int,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        key = orig(self, request, block, num_tokens, kv_cache_group_id, block_size, *args, **kwargs)
+        queue, engine = _state.queue, _state.engine
+        if key is not None and queue is not None and self.free_block_queue is queue:
+            assert engine is not None
+            report: RequestReport | None = getattr(request, REQUEST_REPORT_ATTR, None)
+            code = report.code if report is not None else _category(engine, request)[1]
+            queue.note_partial(block, (num_tokens - 1) // block_size, code)
+        return key
+
+    return cache_partial_block
 
 
 def _report_hits(engine: EngineAgent, queue: KvwiseFreeQueue, blocks: Sequence[Any]) -> None:

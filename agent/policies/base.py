@@ -1,8 +1,8 @@
 """The eviction-policy Protocol every evictor implements, CPU or device, baseline or fitted.
 
 Owns the contract only: the three verbs vLLM's block pool uses (touch, free, evict) plus
-membership and size, and one optional ability, ``Resizable``. It must never do I/O, read
-settings or know about traces.
+membership and size, and two optional abilities, ``Resizable`` and ``Discards``. It must
+never do I/O, read settings or know about traces.
 
 The life of a cached block, in vLLM's words:
 
@@ -58,3 +58,14 @@ class Resizable(Protocol):
 
     def resize(self, capacity: int) -> None:
         """From now on, size that bookkeeping for ``capacity`` blocks."""
+
+
+@runtime_checkable
+class Discards(Protocol):
+    """A policy that can let blocks go without evicting them: the engine dropped their
+    content (a KV connector's ``evict_blocks``), so they must be neither a victim nor
+    counted as cached."""
+
+    def discard(self, blocks: Sequence[int]) -> None:
+        """``blocks`` leave the policy, evictable or in use, as an eviction would leave
+        them (a block freed later is a new insertion); a block not held is ignored."""

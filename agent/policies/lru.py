@@ -37,6 +37,11 @@ class LRUPolicy:
         self._in_use.difference_update(blocks)
         self._free.update(zip(blocks, repeat(None)))
 
+    def discard(self, blocks: Sequence[int]) -> None:
+        """``Discards``: ``blocks`` are held no more, evictable or in use."""
+        deque(map(self._free.pop, blocks, repeat(None)), maxlen=0)
+        self._in_use.difference_update(blocks)
+
     def evict(self, n: int) -> list[int]:
         victims = list(islice(self._free, max(n, 0)))
         deque(map(self._free.__delitem__, victims), maxlen=0)

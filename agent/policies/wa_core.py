@@ -468,6 +468,17 @@ class WACore(Generic[LaneT]):
         self._stale += count_before - len(evictable) - retire_tails(self._tails, released)
         self._in_use.update(blocks)
 
+    def discard(self, blocks: Sequence[int]) -> None:
+        """``Discards``: ``blocks`` are held no more, evictable or in use (a touch at the
+        clock's time takes them out of the queues, as a hit does, and records nothing
+        else); stored again, a block is filed by its new creator."""
+        self.touch(blocks, self._clock)
+        self._in_use.difference_update(blocks)
+        if self._by_creator:
+            creator = self._creator
+            for block in blocks:
+                creator.pop(block, None)
+
     def evict(self, n: int) -> list[int]:
         """Remove and return up to ``n`` victims in key order, at the clock's time."""
         if n <= 0 or not self._ev:

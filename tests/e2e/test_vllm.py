@@ -177,6 +177,17 @@ def test_kvwise_queue_keeps_vllm_block_pool_invariants(
     assert got["evicted"] > 100 and got["hit"] > 100 and got["free"] > 100 and got["reset"] > 5
 
 
+@pytest.mark.parametrize("evictor", ["wa", "device"])  # one that Discards, one that does not
+def test_a_connectors_dropped_free_blocks_leave_the_evictor_and_are_reused_first(
+    vllm_python: Path, tmp_path: Path, evictor: str
+) -> None:
+    """vLLM's real ``BlockPool.evict_blocks`` (and ``move_block_hashes``) with the kvwise
+    queue; the driver checks each step (see ``vllm_driver.drop``)."""
+    got = driver(vllm_python, ["drop", "--evictor", evictor], {"KVWISE_DEVICE": "cpu"}, tmp_path)
+    assert got["dropped"] == [2, 3] and got["fresh_before"] == [8, 9]
+    assert got["events"] == 3
+
+
 def test_stock_lru_loses_the_shared_system_prompt(vllm_python: Path, tmp_path: Path) -> None:
     got = driver(
         vllm_python,

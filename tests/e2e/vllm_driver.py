@@ -20,6 +20,15 @@ registered), applies the same random allocate / cache / hit / free operations to
 checks after each one that both hold the same free-block count, that the kvwise queue holds
 exactly the blocks with no reference, that popped blocks are unlinked, and that the null
 block is block 0. Prints (or writes) one JSON line.
+
+    python vllm_driver.py drop [--evictor wa]
+
+A connector's ``BlockPool.evict_blocks`` on the real ``BlockPool`` with the kvwise queue:
+free cached blocks whose hashes it drops leave the evictor, are reported evicted at the
+drop and are the next blocks allocated; blocks in use are reported when freed. Also
+``move_block_hashes``: the copy carries the content's side-table entry, and freeing the
+original reports nothing; ``cache_partial_block``: the block gets the request's prompt
+position and category. Checks as it goes; prints (or writes) one JSON line.
 """
 
 from __future__ import annotations
@@ -233,6 +242,118 @@ def pool(args: argparse.Namespace) -> dict[str, Any]:
     return {"checks": args.ops, **counts, "free_at_end": kv.get_num_free_blocks()}
 
 
+class SeenEvictions:
+    """The queue's hooks, passed through, with each ``evicted`` call kept."""
+
+    def __init__(self, hooks: Any) -> None:
+        self.hooks = hooks
+        self.calls: list[tuple[list[int], float]] = []
+
+    def before_call(self) -> object:
+        return self.hooks.before_call()
+
+    def evicted(self, hashes: list[int], now: float) -> None:
+        self.calls.append((list(hashes), now))
+        self.hooks.evicted(hashes, now)
+
+
+def drop(args: argparse.Namespace) -> dict[str, Any]:
+    """A connector's ``evict_blocks`` and a ``move_block_hashes`` on the real pool."""
+    from types import SimpleNamespace
+
+    os.environ["KVWISE_ENABLE"] = "1"
+    os.environ.setdefault("KVWISE_REDIS_URL", "redis://127.0.0.1:1/0")  # no events needed
+    os.environ["KVWISE_EVICTOR"] = args.evictor
+    from vllm.v1.core import block_pool as bp
+    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+    from agent.integrations import vllm as plugin
+    from agent.integrations.block_queue import hash64
+    from agent.policies.base import Discards
+
+    plugin.register()
+    kv = bp.BlockPool(12, enable_caching=True, hash_block_size=BLOCK)
+    queue = kv.free_block_queue
+    assert type(queue).__name__ == "KvwiseFreeQueue", queue
+    seen = SeenEvictions(queue.hooks)
+    queue.hooks = seen
+    rng = random.Random(args.seed)
+
+    def stored(n: int) -> tuple[list[Any], list[int]]:
+        """``n`` new blocks, stored by a request (``cache_full_blocks``), and their hashes."""
+        keys = [rng.randbytes(32) for _ in range(n)]
+        request = SimpleNamespace(
+            block_hashes=keys,
+            num_prompt_tokens=n * BLOCK,
+            sampling_params=SimpleNamespace(extra_args={}),
+        )
+        blocks = kv.get_new_blocks(n)
+        kv.cache_full_blocks(request, blocks, 0, n, BLOCK, 0)
+        return blocks, [hash64(make_block_hash_with_group_id(k, 0)) for k in keys]
+
+    def check_free() -> None:
+        listed = {b.block_id for b in queue.get_all_free_blocks()}
+        assert listed == {b.block_id for b in kv.blocks if b.ref_cnt == 0 and not b.is_null}
+
+    a, a_hashes = stored(4)  # blocks 1-4, freed: cached, the evictor's
+    kv.free_blocks(reversed(a))
+    b, b_hashes = stored(3)  # blocks 5-7, in use
+    fresh = [b.block_id for b in queue.get_all_free_blocks()][:2]  # never filled: 8, 9
+    dropped = {a[1].block_id, a[2].block_id}
+    before = time.time()
+    kv.evict_blocks({*dropped, b[0].block_id})
+    after = time.time()
+    assert all(a[i].block_hash is None for i in (1, 2)) and b[0].block_hash is None
+    assert len(seen.calls) == 1, seen.calls
+    hashes, at = seen.calls[0]
+    assert sorted(hashes) == sorted(a_hashes[1:3]) and before <= at <= after, seen.calls
+    if isinstance(queue.evictor, Discards):  # any other holds them as in use
+        assert not dropped & {i for i in range(12) if i in queue.evictor}
+    assert a[0].block_id in queue.evictor and a[3].block_id in queue.evictor
+    check_free()
+    taken = kv.get_new_blocks(2)
+    assert {t.block_id for t in taken} == dropped, (taken, fresh)
+    assert len(seen.calls) == 1, seen.calls  # reported at the drop, not again
+    kv.free_blocks(reversed(b))  # b[0] comes back hash-less: reported now
+    assert seen.calls[1][0] == b_hashes[:1], seen.calls
+    check_free()
+
+    src, src_hashes = stored(1)  # a request keeps writing into its block: a copy
+    queue.code[src[0].block_id] = 3
+    dst = kv.get_new_blocks(1)
+    calls = len(seen.calls)
+    kv.move_block_hashes(src[0], dst[0])
+    kv.free_blocks(src)  # hash-less now, but its content lives on in dst
+    assert len(seen.calls) == calls, seen.calls[calls:]
+    assert queue.code[dst[0].block_id] == 3
+    kv.free_blocks(dst)
+    assert dst[0].block_id in queue.evictor
+    kv.evict_blocks({dst[0].block_id})
+    assert seen.calls[calls:] == [(src_hashes, seen.calls[-1][1])], seen.calls[calls:]
+    check_free()
+
+    # A prompt tail ending inside a block of a group with 64-token blocks: a partial entry.
+    keys = [rng.randbytes(32) for _ in range(3)]
+    extra = {"kv_category": "tail"}
+    tail = SimpleNamespace(
+        block_hashes=keys,
+        num_prompt_tokens=3 * BLOCK,
+        sampling_params=SimpleNamespace(extra_args=extra),
+    )
+    part = kv.get_new_blocks(1)
+    code = plugin._category(plugin._state.engine, tail)[1]
+    part_id = part[0].block_id
+    queue.offset[part_id], queue.code[part_id] = 7, code + 1  # what it held before
+    kv.cache_partial_block(tail, part[0], 3 * BLOCK, 0, 2 * BLOCK)
+    assert part[0].block_hash is not None
+    assert (queue.offset[part_id], queue.code[part_id]) == (1, code)
+    calls = len(seen.calls)
+    kv.free_blocks(part)
+    assert part_id in queue.evictor and len(seen.calls) == calls  # never reported stored
+    check_free()
+    return {"dropped": sorted(dropped), "fresh_before": fresh, "events": len(seen.calls)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -249,9 +370,13 @@ def main() -> None:
     p.add_argument("--blocks", type=int, default=48)
     p.add_argument("--ops", type=int, default=2000)
     p.add_argument("--seed", type=int, default=1)
+    d = sub.add_parser("drop")
+    d.add_argument("--seed", type=int, default=1)
+    d.add_argument("--evictor", default="wa")
     ap.add_argument("--out", default="", help="write the JSON result here (else stdout)")
     args = ap.parse_args()
-    result = workload(args) if args.cmd == "workload" else pool(args)
+    commands = {"workload": workload, "pool": pool, "drop": drop}
+    result = commands[args.cmd](args)
     if args.out:
         Path(args.out).write_text(json.dumps(result))
     else:

@@ -269,6 +269,78 @@ def test_a_block_whose_hash_was_dropped_while_in_use_is_reported_evicted_when_fr
     assert hooks.hashes == [hash64(key(1001)), hash64(key(1002))]
 
 
+@pytest.mark.parametrize("evictor", ["wa", "lru"])
+def test_free_cached_blocks_a_connector_drops_leave_the_evictor_and_are_reused_first(
+    evictor: str,
+) -> None:
+    """A connector's ``evict_blocks`` drops the hashes of free cached blocks: they hold
+    nothing, so the evictor lets them go (it would otherwise keep them as candidates and
+    evict content before them), they are the next blocks reused, and their content is
+    reported evicted at the drop, once, not again when they are reused."""
+    q, hooks, got = all_taken(6, evictor)
+    cache(q, got[1:5])
+    q.append_n([got[4], got[3], got[2], got[1]])
+    for b in (got[2], got[3]):
+        b.block_hash = None
+    q.drop_hashes([2, 3, 4, 5, 3])  # 4 kept its hash; 5 is in use and kept none
+    assert sorted(hooks.hashes) == sorted(hash64(key(1000 + i)) for i in (2, 3))
+    assert 2 not in q.evictor and 3 not in q.evictor and len(q.evictor) == 2
+    assert q.num_free_blocks == 4
+    assert {b.block_id for b in q.popleft_n(2)} == {2, 3}
+    assert len(hooks.hashes) == 2
+    assert {b.block_id for b in q.get_all_free_blocks()} == {1, 4}
+
+
+def test_a_connector_drop_on_blocks_in_use_is_reported_when_they_are_freed() -> None:
+    """Blocks a request holds keep today's path: nothing at the drop, reported when vLLM
+    frees them hash-less; a fresh block put back with its hash is reported at the drop."""
+    q, hooks, got = all_taken(4, "wa")
+    cache(q, got[1:4])
+    q.prepend_n([got[3]])  # free, at the front, with its hash
+    got[1].block_hash = got[3].block_hash = None
+    q.drop_hashes([1, 3])
+    assert hooks.hashes == [hash64(key(1003))]
+    q.prepend_n([got[1]])
+    assert hooks.hashes == [hash64(key(1003)), hash64(key(1001))]
+    q.popleft_n(2)
+    assert len(hooks.hashes) == 2
+
+
+def test_hashes_moved_to_a_copy_move_the_side_table_entry_with_them() -> None:
+    """vLLM's ``move_block_hashes``: a request keeps writing into its block, a private
+    copy takes over its cache entries. The content stays cached: freeing the original
+    (hash-less) reports nothing; the copy carries its offset, category and hash, and is
+    reported evicted when reused."""
+    q, hooks, got = all_taken(3, "wa")
+    got[1].block_hash = key(1001)
+    q.note_stored([got[1]], 5, 2)
+    got[2].block_hash, got[1].block_hash = got[1].block_hash, None
+    q.moved(got[1], got[2])
+    assert (q.offset[2], q.code[2], q.hash[2]) == (5, 2, hash64(key(1001)))
+    q.prepend_n([got[1]])
+    q.append_n([got[2]])
+    assert hooks.hashes == []
+    q.popleft_n(2)
+    assert hooks.hashes == [hash64(key(1001))]
+
+
+def test_a_block_holding_only_a_partial_entry_is_filed_as_its_request_stored_it() -> None:
+    """vLLM's ``cache_partial_block`` gives a block in use a hash that kvwise does not
+    report: freed, the block is filed at its request's prompt position and category, not
+    as the content it last held; a block holding noted content keeps its entry."""
+    q, hooks, got = all_taken(3, "wa")
+    cache(q, got[1:2], code=1)
+    q.offset[2], q.code[2] = 7, 1  # what block 2 held before it was reused
+    for b in got[1:]:
+        q.note_partial(b, 3, 2)  # block 1: a partial entry beside its full hash
+    assert (q.offset[1], q.code[1], q.offset[2], q.code[2]) == (0, 1, 7, 1)  # 2: no hash
+    got[2].block_hash = key(2)
+    q.note_partial(got[2], 3, 2)
+    assert (q.offset[2], q.code[2]) == (3, 2)
+    q.append_n([got[2]])
+    assert hooks.hashes == []
+
+
 class PrefixCache:
     """vLLM's side of the queue, as a model: which blocks are free or in use, the content
     (hash) each holds and how many blocks hold each content; a content leaves the cache
@@ -323,6 +395,11 @@ def _step(q: KvwiseFreeQueue, vllm: PrefixCache, kind: str, k: int, first: int) 
             q.remove(b)
             vllm.free.discard(b.block_id)
             vllm.in_use.append(b)
+    elif kind == "drop":  # a connector's evict_blocks on free blocks, then the wrapper
+        dropped = [b for b in vllm.blocks if b.block_id in vllm.free and b.block_hash][:k]
+        for b in dropped:
+            left += vllm.drop(b)
+        q.drop_hashes([b.block_id for b in dropped])
     elif kind == "reset":  # reset_prefix_cache, then the plugin's wrapper
         for b in vllm.blocks:
             left += vllm.drop(b) if b.block_hash else []
@@ -332,7 +409,7 @@ def _step(q: KvwiseFreeQueue, vllm: PrefixCache, kind: str, k: int, first: int) 
 
 queue_calls = st.lists(
     st.tuples(
-        st.sampled_from(["pop", "store", "append", "prepend", "hit", "reset"]),
+        st.sampled_from(["pop", "store", "append", "prepend", "hit", "drop", "reset"]),
         st.integers(1, 4),
         st.integers(0, 4),
     ),
@@ -346,7 +423,8 @@ def test_content_is_reported_evicted_exactly_when_it_leaves_the_cache(
     script: list[tuple[str, int, int]], evictor: str
 ) -> None:
     """Any sequence of vLLM's queue calls (``popleft_n``, ``append_n`` and ``prepend_n``
-    of blocks with or without a hash, ``remove`` of hits, a prefix-cache reset): each call
+    of blocks with or without a hash, ``remove`` of hits, a connector's drop of free
+    blocks' hashes, a prefix-cache reset): each call
     reports evicted exactly the contents whose last block it overwrote or dropped, never
     one still cached."""
     n = 10
@@ -359,3 +437,4 @@ def test_content_is_reported_evicted_exactly_when_it_leaves_the_cache(
         assert sorted(hooks.hashes[reported:]) == sorted(left), kind
         assert not set(hooks.hashes[reported:]) & set(vllm.copies)
         assert q.num_free_blocks == len(vllm.free)
+        assert {b.block_id for b in q.get_all_free_blocks()} == vllm.free

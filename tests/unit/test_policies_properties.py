@@ -12,6 +12,8 @@
   can do it) neither raises nor leaks: once freed, the block is evicted like any other.
   From the touch on, ``len`` and ``in`` count it as held, as they count what ``evict``
   will give back.
+- A policy that ``Discards`` (``wa``, ``lru``) lets blocks go, evictable or in use, and
+  takes one freed again as a new block.
 - Unknown names fail with the list of known ones.
 """
 
@@ -24,7 +26,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import agent.policies as agent_policies
+from agent.policies.base import Discards
 from agent.policies.registry import UnknownPolicyError
+from agent.policies.wa import WAPolicy
 from controlplane.replay import catalog
 from controlplane.replay.engine import ReplayCheckError, replay_hits
 from controlplane.traces.model import Trace
@@ -239,3 +243,35 @@ def test_unknown_names_list_the_known_ones(name: str) -> None:
 def test_baselines_are_registered() -> None:
     assert {"lru", "fifo", "lfu", "s3fifo", "sieve", "arc"} <= set(agent_policies.names())
     assert {"belady", "inf"} <= set(catalog.names())
+
+
+DISCARDS = [n for n in agent_policies.names() if isinstance(agent_policies.create(n, 8), Discards)]
+
+
+def test_the_default_evictor_and_vllms_order_can_discard() -> None:
+    assert {"wa", "lru"} <= set(DISCARDS)
+
+
+@pytest.mark.parametrize("name", DISCARDS)
+def test_a_discarded_block_is_held_no_more_and_freed_again_is_a_new_block(name: str) -> None:
+    """``Discards`` (the engine dropped the blocks' content): an evictable block and one in
+    use leave the policy, an unknown one is ignored; freed again, a block is evictable as
+    any new one, and nothing discarded is ever a victim."""
+    policy = agent_policies.create(name, 8)
+    policy.free([1, 2, 3, 4], [3, 2, 1, 0], 1.0, 0)
+    policy.touch([4], 2.0)
+    policy.discard([2, 4, 9])
+    assert 2 not in policy and 4 not in policy and 9 not in policy and len(policy) == 2
+    policy.free([2], [0], 3.0, 0)
+    assert 2 in policy and len(policy) == 3
+    assert sorted(policy.evict(8)) == [1, 2, 3] and len(policy) == 0
+
+
+def test_wa_by_creator_files_a_discarded_block_stored_again_by_its_new_creator() -> None:
+    policy = WAPolicy(8, category_names=["x", "y"], attribution="creator")
+    x, y = policy.add_category("x"), policy.add_category("y")
+    policy.free([5], [0], 1.0, x)
+    policy.discard([5])
+    policy.free([5], [0], 2.0, y)
+    policy.free([5], [0], 3.0, x)  # a hit by x: the creator, y, keeps it
+    assert policy._creator == {5: y}

@@ -41,6 +41,7 @@ class Pool:
         self.cache_full_blocks = plugin._wrap_cache_full_blocks(self._give_hashes)
         self.touch = plugin._wrap_touch(self._take_free)
         self.free = plugin._wrap_free(self._release)
+        self.evict_blocks = plugin._wrap_evict_blocks(self._drop_ids)
 
     def _give_hashes(self, pool: Any, request: Any, blocks: list[Blk], lo: int, hi: int) -> None:
         for i in range(lo, hi):
@@ -95,11 +96,16 @@ class Pool:
         plugin._record_held(request, only_whole=True)
 
     def drop_hashes(self, keys: list[bytes]) -> None:
-        """A connector's ``evict_blocks`` (or, every block free, ``reset_prefix_cache``):
-        the blocks holding ``keys`` lose them, free or in use."""
-        for key in keys:
-            for block_id in self.by_hash.pop(key, []):
-                self.queue.blocks[block_id].block_hash = None
+        """A connector's ``evict_blocks`` (all of them, every block free: a prefix-cache
+        reset's drop): the blocks holding ``keys`` lose them, free or in use."""
+        ids = {block_id for key in keys for block_id in self.by_hash.get(key, [])}
+        self.evict_blocks(self.block_pool, ids)
+
+    def _drop_ids(self, pool: Any, block_ids: set[int]) -> None:
+        for block_id in block_ids:
+            block = self.queue.blocks[block_id]
+            self.by_hash.pop(block.block_hash, None)
+            block.block_hash = None
 
     def drain(self) -> None:
         """Every free block reused: what was cached and free is evicted."""

@@ -137,6 +137,10 @@ class PluginEngine:
         self.reset = functools.partial(
             plugin._wrap_reset_prefix_cache(self._drop_hashes), self.pool
         )
+        self.evict_blocks = functools.partial(
+            plugin._wrap_evict_blocks(self._evict_blocks), self.pool
+        )
+        self.queue.clock = lambda: self.now
 
     @staticmethod
     def request(prompt_blocks: int) -> Any:
@@ -155,6 +159,10 @@ class PluginEngine:
         for block in self.queue.blocks:
             block.block_hash = None
         return True
+
+    def _evict_blocks(self, pool: Any, block_ids: Any) -> None:
+        for block_id in block_ids:  # vLLM's evict_blocks: the hashes go, free or in use
+            self.queue.blocks[block_id].block_hash = None
 
     def _remove_free(self, pool: Any, blocks: list[Blk]) -> None:
         free = self.queue.get_all_free_blocks()
@@ -241,3 +249,25 @@ def test_a_prefix_cache_reset_reports_the_stored_content_evicted_at_once(
     order = [(kind, block) for kind, block, _ in vllm.events()]
     assert sorted(order[:2]) == [("INSERT", 0), ("INSERT", 1)]
     assert sorted(order[2:]) == [("EVICT", 0), ("EVICT", 1)]
+
+
+def test_a_connectors_eviction_reports_free_blocks_at_the_drop_and_in_use_ones_when_freed(
+    monkeypatch: pytest.MonkeyPatch, redis_url: str, key_prefix: str
+) -> None:
+    """``BlockPool.evict_blocks`` (a KV connector) drops blocks' hashes: a free cached
+    block's content is reported evicted at the drop, and the block is reused first; one a
+    request holds is reported when it is freed, as before."""
+    vllm = PluginEngine(monkeypatch, redis_url, key_prefix)
+    first, second = vllm.request(2), vllm.request(1)
+    held = vllm.queue.popleft_n(3)
+    vllm.allocate(first, held[:2], [], 0)
+    vllm.allocate(second, held[2:], [], 0)
+    vllm.free(first, held[:2])
+    vllm.now = 200.0
+    vllm.evict_blocks(iter([0, 2]))  # an iterator: read by vLLM, then by the wrapper
+    assert [b.block_id for b in vllm.queue.popleft_n(1)] == [0]
+    vllm.now = 300.0
+    vllm.queue.prepend_n(held[2:])  # the second request done: its block comes back hash-less
+    vllm._free(None, second)
+    evictions = [(block, ts) for kind, block, ts in vllm.events() if kind == "EVICT"]
+    assert evictions == [(0, 200.0), (2, 300.0)]
