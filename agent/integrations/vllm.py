@@ -287,10 +287,8 @@ def _wrap_cache_full_blocks(orig: Callable[..., None]) -> Callable[..., None]:
         **kwargs: Any,
     ) -> None:
         orig(self, request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
-        queue = _state.queue
-        if queue is None or self.free_block_queue is not queue:
-            return
-        if num_full_blocks <= num_cached_blocks:
+        queue = _kvwise_queue(self)
+        if queue is None or num_full_blocks <= num_cached_blocks:
             return
         engine = _state.engine
         assert engine is not None
@@ -313,8 +311,8 @@ def _wrap_touch(orig: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(orig)
     def touch(self: Any, blocks: Sequence[Any]) -> None:
         orig(self, blocks)
-        queue = _state.queue
-        if queue is None or self.free_block_queue is not queue or not blocks:
+        queue = _kvwise_queue(self)
+        if queue is None or not blocks:
             return
         engine = _state.engine
         assert engine is not None
@@ -330,8 +328,8 @@ def _wrap_reset_prefix_cache(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def reset_prefix_cache(self: Any, *args: Any, **kwargs: Any) -> Any:
         done = orig(self, *args, **kwargs)
-        queue = _state.queue
-        if done and queue is not None and self.free_block_queue is queue:
+        queue = _kvwise_queue(self)
+        if done and queue is not None:
             queue.drop_all_cached()  # refused (blocks in use), it dropped nothing
         return done
 
@@ -344,8 +342,8 @@ def _wrap_evict_blocks(orig: Callable[..., None]) -> Callable[..., None]:
         if not isinstance(block_ids, Collection):  # read twice: by vLLM, then here
             block_ids = list(block_ids)
         orig(self, block_ids, *args, **kwargs)
-        queue = _state.queue
-        if queue is not None and self.free_block_queue is queue and block_ids:
+        queue = _kvwise_queue(self)
+        if queue is not None and block_ids:
             queue.drop_hashes(block_ids)
 
     return evict_blocks
@@ -355,8 +353,8 @@ def _wrap_move_block_hashes(orig: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(orig)
     def move_block_hashes(self: Any, src_block: Any, dst_block: Any) -> None:
         orig(self, src_block, dst_block)
-        queue = _state.queue
-        if queue is not None and self.free_block_queue is queue:
+        queue = _kvwise_queue(self)
+        if queue is not None:
             queue.moved(src_block, dst_block)
 
     return move_block_hashes
@@ -375,8 +373,8 @@ def _wrap_cache_partial_block(orig: Callable[..., Any]) -> Callable[..., Any]:
         **kwargs: Any,
     ) -> Any:
         key = orig(self, request, block, num_tokens, kv_cache_group_id, block_size, *args, **kwargs)
-        queue, engine = _state.queue, _state.engine
-        if key is not None and queue is not None and self.free_block_queue is queue:
+        queue, engine = _kvwise_queue(self), _state.engine
+        if key is not None and queue is not None:
             assert engine is not None
             report: RequestReport | None = getattr(request, REQUEST_REPORT_ATTR, None)
             code = report.code if report is not None else _category(engine, request)[1]
@@ -384,6 +382,13 @@ def _wrap_cache_partial_block(orig: Callable[..., Any]) -> Callable[..., Any]:
         return key
 
     return cache_partial_block
+
+
+def _kvwise_queue(pool: Any) -> KvwiseFreeQueue | None:
+    """kvwise's queue if it is ``pool``'s (the engine's first GPU pool: ``_make_queue``);
+    None for any other pool, or before kvwise made its queue."""
+    queue = _state.queue
+    return queue if queue is not None and pool.free_block_queue is queue else None
 
 
 def _report_hits(engine: EngineAgent, queue: KvwiseFreeQueue, blocks: Sequence[Any]) -> None:

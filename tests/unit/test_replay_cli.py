@@ -70,14 +70,8 @@ def test_fractions_that_round_to_one_size_are_one_run() -> None:
         (["--split", "1.5"], "error: --split: must be in (0, 1), got 1.5"),
         (["--split", "0.3"], "--split applies only with --wa-fit split"),
         # auto's options, given with no auto to apply them to, are refused as --split is
-        (
-            ["-p", "lru", "--auto-window", "10"],
-            "error: --auto-window applies only when --policy includes auto",
-        ),
-        (
-            ["-p", "lru,wa", "--auto-rate", "0.5", "--auto-min-accesses", "0"],
-            "error: --auto-rate, --auto-min-accesses apply only when --policy includes auto",
-        ),
+        (["-p", "lru", "--auto-window", "10"], "error: --auto-window applies only when --policy"),
+        (["-p", "wa", "--auto-rate=1", "--auto-margin=0"], "--auto-rate, --auto-margin apply"),
         (["--refit-every", "0"], "error: --refit-every: "),
         (["--life", "-1"], "error: --life: "),
         (["--near-concurrent", "nan"], "error: --near-concurrent: "),
