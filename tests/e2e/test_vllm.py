@@ -177,7 +177,7 @@ def test_kvwise_queue_keeps_vllm_block_pool_invariants(
     assert got["evicted"] > 100 and got["hit"] > 100 and got["free"] > 100 and got["reset"] > 5
 
 
-@pytest.mark.parametrize("evictor", ["wa", "device"])  # one that Discards, one that does not
+@pytest.mark.parametrize("evictor", ["wa", "s3fifo"])  # one that Discards, one that does not
 def test_a_connectors_dropped_free_blocks_leave_the_evictor_and_are_reused_first(
     vllm_python: Path, tmp_path: Path, evictor: str
 ) -> None:

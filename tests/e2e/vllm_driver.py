@@ -257,47 +257,73 @@ class SeenEvictions:
         self.hooks.evicted(hashes, now)
 
 
-def drop(args: argparse.Namespace) -> dict[str, Any]:
-    """A connector's ``evict_blocks`` and a ``move_block_hashes`` on the real pool."""
-    from types import SimpleNamespace
+class DropPool:
+    """A real 12-block ``BlockPool`` with the kvwise queue, its eviction reports kept."""
 
+    def __init__(self, seed: int) -> None:
+        from vllm.v1.core import block_pool as bp
+
+        self.kv = bp.BlockPool(12, enable_caching=True, hash_block_size=BLOCK)
+        self.queue = self.kv.free_block_queue
+        assert type(self.queue).__name__ == "KvwiseFreeQueue", self.queue
+        self.seen = SeenEvictions(self.queue.hooks)
+        self.queue.hooks = self.seen
+        self.rng = random.Random(seed)
+
+    def request(self, n: int, category: str | None = None) -> Any:
+        """A request of ``n`` new prompt blocks, of ``category`` (None: unnamed)."""
+        from types import SimpleNamespace
+
+        extra = {} if category is None else {"kv_category": category}
+        return SimpleNamespace(
+            block_hashes=[self.rng.randbytes(32) for _ in range(n)],
+            num_prompt_tokens=n * BLOCK,
+            sampling_params=SimpleNamespace(extra_args=extra),
+        )
+
+    def stored(self, n: int) -> tuple[list[Any], list[int]]:
+        """``n`` new blocks, stored by a request (``cache_full_blocks``), and their hashes."""
+        from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+        from agent.integrations.block_queue import hash64
+
+        request = self.request(n)
+        blocks = self.kv.get_new_blocks(n)
+        self.kv.cache_full_blocks(request, blocks, 0, n, BLOCK, 0)
+        keys = request.block_hashes
+        return blocks, [hash64(make_block_hash_with_group_id(k, 0)) for k in keys]
+
+    def check_free(self) -> None:
+        listed = {b.block_id for b in self.queue.get_all_free_blocks()}
+        assert listed == {b.block_id for b in self.kv.blocks if b.ref_cnt == 0 and not b.is_null}
+
+
+def drop(args: argparse.Namespace) -> dict[str, Any]:
+    """A connector's ``evict_blocks``, a ``move_block_hashes`` and a
+    ``cache_partial_block`` on the real pool."""
     os.environ["KVWISE_ENABLE"] = "1"
     os.environ.setdefault("KVWISE_REDIS_URL", "redis://127.0.0.1:1/0")  # no events needed
     os.environ["KVWISE_EVICTOR"] = args.evictor
-    from vllm.v1.core import block_pool as bp
-    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
-
     from agent.integrations import vllm as plugin
-    from agent.integrations.block_queue import hash64
-    from agent.policies.base import Discards
 
     plugin.register()
-    kv = bp.BlockPool(12, enable_caching=True, hash_block_size=BLOCK)
-    queue = kv.free_block_queue
-    assert type(queue).__name__ == "KvwiseFreeQueue", queue
-    seen = SeenEvictions(queue.hooks)
-    queue.hooks = seen
-    rng = random.Random(args.seed)
+    pool = DropPool(args.seed)
+    dropped, fresh = _connector_drop(pool)
+    _hashes_moved(pool)
+    _partial_entry(pool)
+    return {"dropped": dropped, "fresh_before": fresh, "events": len(pool.seen.calls)}
 
-    def stored(n: int) -> tuple[list[Any], list[int]]:
-        """``n`` new blocks, stored by a request (``cache_full_blocks``), and their hashes."""
-        keys = [rng.randbytes(32) for _ in range(n)]
-        request = SimpleNamespace(
-            block_hashes=keys,
-            num_prompt_tokens=n * BLOCK,
-            sampling_params=SimpleNamespace(extra_args={}),
-        )
-        blocks = kv.get_new_blocks(n)
-        kv.cache_full_blocks(request, blocks, 0, n, BLOCK, 0)
-        return blocks, [hash64(make_block_hash_with_group_id(k, 0)) for k in keys]
 
-    def check_free() -> None:
-        listed = {b.block_id for b in queue.get_all_free_blocks()}
-        assert listed == {b.block_id for b in kv.blocks if b.ref_cnt == 0 and not b.is_null}
+def _connector_drop(pool: DropPool) -> tuple[list[int], list[int]]:
+    """Two free cached blocks and one in use lose their hashes (``evict_blocks``): the free
+    ones leave the evictor, are reported at once and reused first; the one in use is
+    reported when freed. The blocks dropped, and the two never filled before them."""
+    from agent.policies.base import Discards
 
-    a, a_hashes = stored(4)  # blocks 1-4, freed: cached, the evictor's
+    kv, queue, seen = pool.kv, pool.queue, pool.seen
+    a, a_hashes = pool.stored(4)  # blocks 1-4, freed: cached, the evictor's
     kv.free_blocks(reversed(a))
-    b, b_hashes = stored(3)  # blocks 5-7, in use
+    b, b_hashes = pool.stored(3)  # blocks 5-7, in use
     fresh = [b.block_id for b in queue.get_all_free_blocks()][:2]  # never filled: 8, 9
     dropped = {a[1].block_id, a[2].block_id}
     before = time.time()
@@ -310,15 +336,22 @@ def drop(args: argparse.Namespace) -> dict[str, Any]:
     if isinstance(queue.evictor, Discards):  # any other holds them as in use
         assert not dropped & {i for i in range(12) if i in queue.evictor}
     assert a[0].block_id in queue.evictor and a[3].block_id in queue.evictor
-    check_free()
+    pool.check_free()
     taken = kv.get_new_blocks(2)
     assert {t.block_id for t in taken} == dropped, (taken, fresh)
     assert len(seen.calls) == 1, seen.calls  # reported at the drop, not again
     kv.free_blocks(reversed(b))  # b[0] comes back hash-less: reported now
     assert seen.calls[1][0] == b_hashes[:1], seen.calls
-    check_free()
+    pool.check_free()
+    return sorted(dropped), fresh
 
-    src, src_hashes = stored(1)  # a request keeps writing into its block: a copy
+
+def _hashes_moved(pool: DropPool) -> None:
+    """A request keeps writing into its block: a copy takes over its cache entries
+    (``move_block_hashes``); freeing the original reports nothing, dropping the copy's
+    hash reports the content."""
+    kv, queue, seen = pool.kv, pool.queue, pool.seen
+    src, src_hashes = pool.stored(1)
     queue.code[src[0].block_id] = 3
     dst = kv.get_new_blocks(1)
     calls = len(seen.calls)
@@ -330,16 +363,17 @@ def drop(args: argparse.Namespace) -> dict[str, Any]:
     assert dst[0].block_id in queue.evictor
     kv.evict_blocks({dst[0].block_id})
     assert seen.calls[calls:] == [(src_hashes, seen.calls[-1][1])], seen.calls[calls:]
-    check_free()
+    pool.check_free()
 
-    # A prompt tail ending inside a block of a group with 64-token blocks: a partial entry.
-    keys = [rng.randbytes(32) for _ in range(3)]
-    extra = {"kv_category": "tail"}
-    tail = SimpleNamespace(
-        block_hashes=keys,
-        num_prompt_tokens=3 * BLOCK,
-        sampling_params=SimpleNamespace(extra_args=extra),
-    )
+
+def _partial_entry(pool: DropPool) -> None:
+    """A prompt tail ending inside a block of a group with 64-token blocks gets a partial
+    entry (``cache_partial_block``): the block is filed at its request's position and
+    category, never reported stored."""
+    from agent.integrations import vllm as plugin
+
+    kv, queue, seen = pool.kv, pool.queue, pool.seen
+    tail = pool.request(3, category="tail")
     part = kv.get_new_blocks(1)
     code = plugin._category(plugin._state.engine, tail)[1]
     part_id = part[0].block_id
@@ -350,8 +384,7 @@ def drop(args: argparse.Namespace) -> dict[str, Any]:
     calls = len(seen.calls)
     kv.free_blocks(part)
     assert part_id in queue.evictor and len(seen.calls) == calls  # never reported stored
-    check_free()
-    return {"dropped": sorted(dropped), "fresh_before": fresh, "events": len(seen.calls)}
+    pool.check_free()
 
 
 def main() -> None:
