@@ -56,11 +56,11 @@ CONTROLLER_TOKEN = _Kind(
 
 def read_token(kind: _Kind, given: str | None) -> Token:
     """The token of ``kind``: ``given`` (its option), else the first of its environment
-    variables that is set and not empty; surrounding whitespace (a newline read from a
+    variables that holds more than white space; surrounding whitespace (a newline read from a
     file) goes. One that cannot be a header value fails naming its source, never its
     value."""
     found = [(kind.option, given)] if given is not None else []
-    found += [(name, os.environ[name]) for name in kind.variables if os.environ.get(name)]
+    found += [(v, os.environ[v]) for v in kind.variables if os.environ.get(v, "").strip()]
     if not found or not found[0][1].strip():
         return Token(None, None)
     source, value = found[0][0], found[0][1].strip()
