@@ -113,4 +113,6 @@ def _compressed(raw: IO[bytes], gzip_name: str | None) -> IO[bytes]:
         return raw
     # Level 1: on these id lists it writes files ~15 % larger than level 6 in a seventh
     # of the time.
-    return cast(IO[bytes], gzip.GzipFile(gzip_name, "wb", compresslevel=1, fileobj=raw))
+    # GzipFile records the name it is given less one ".gz" (and only in lower case).
+    name = f"{gzip_name}.gz"
+    return cast(IO[bytes], gzip.GzipFile(name, "wb", compresslevel=1, fileobj=raw))

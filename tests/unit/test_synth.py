@@ -210,6 +210,7 @@ def test_prompt_forest_ids_by_hand() -> None:
         ("tob.jsonl.gz", None, b"tob.jsonl"),
         ("TOB.JSONL.GZ", None, b"TOB.JSONL"),
         (".claimed-tob.jsonl.gz", "tob.jsonl.gz", b"tob.jsonl"),
+        ("twice.jsonl.gz.gz", None, b"twice.jsonl.gz"),  # one .gz off, as gzip(1) does
     ],
 )
 def test_a_gzip_header_names_the_file_not_its_temporary(
