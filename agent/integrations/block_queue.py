@@ -368,8 +368,7 @@ class KvwiseFreeQueue:
     def drop_hashes(self, ids: Iterable[int]) -> None:
         """The engine dropped the hashes of blocks ``ids`` (a KV connector's
         ``evict_blocks``; an id whose block still has its hash is left alone). A free one
-        the evictor held holds nothing any more: it leaves the evictor (``Discards``; any
-        other evictor holds it as in use, never a victim, until it is freed again) for the
+        the evictor held holds nothing any more: it leaves the evictor (``_empty``) for the
         head of the fresh zone, reused first. Its content, and that of a fresh one
         prepended with its hash, is reported evicted now (where no other block holds it).
         One in use is reported when freed, without its hash (``_dropped_in_use``)."""
@@ -393,7 +392,13 @@ class KvwiseFreeQueue:
 
     def _empty(self, ids: list[int]) -> None:
         """Free cached blocks ``ids`` lost their hash: out of the evictor, to the head of
-        the fresh zone (the last one named is popped first)."""
+        the fresh zone (the last one named is popped first).
+
+        Every built-in evictor (each registered policy, and the device evictor through
+        ``wa``'s) ``Discards``: it forgets them, and each is a new block when freed again.
+        One without that ability (registered outside kvwise) is told they are in use, a
+        touch sent with the next hits: it holds them, never as victims, until they are
+        freed again, when it takes the new content for a hit of the old."""
         cached, fresh, blocks = self._cached, self._fresh, self.blocks
         for block_id in ids:
             del cached[block_id]

@@ -33,6 +33,10 @@ In the replay a request's blocks are already in when it evicts, so case IV's ``+
 A block in use stays counted in its list (``t2``: it was hit) but out of the order, so it is
 never a victim; when the chosen list has only blocks in use, the other list gives the
 victim.
+
+``discard`` (``Discards``) takes blocks out of ``t1`` or ``t2`` in O(1) and, unlike an
+eviction, remembers none in ``b1`` or ``b2``: the content is gone, not evicted too early, so
+freed again a block is a plain miss (``t1``) that moves neither ``p`` nor a credit.
 """
 
 from __future__ import annotations
@@ -171,6 +175,25 @@ class ARCPolicy:
             self._credits.append(_T2)
             return True
         return False
+
+    def discard(self, blocks: Sequence[int]) -> None:
+        """``Discards``: ``blocks`` are held no more; no ghost entry is left for them."""
+        lists, in_use, t1, t2 = self._list, self._in_use, self._t1, self._t2
+        for b in blocks:
+            listed = lists.pop(b, None)
+            if listed is None:  # not held
+                continue
+            if b in in_use:  # counted in t2, out of the order
+                in_use.discard(b)
+            else:
+                del (t1 if listed == _T1 else t2)[b]
+            if listed == _T1:
+                self._n1 -= 1
+            else:
+                self._n2 -= 1
+            # A block touched while not cached may still be a ghost, or announced as one.
+            for ghosts in (self._b1, self._b2, self._admitted):
+                ghosts.pop(b, None)
 
     def evict(self, n: int) -> list[int]:
         victims: list[int] = []

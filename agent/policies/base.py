@@ -68,4 +68,10 @@ class Discards(Protocol):
 
     def discard(self, blocks: Sequence[int]) -> None:
         """``blocks`` leave the policy, evictable or in use, as an eviction would leave
-        them (a block freed later is a new insertion); a block not held is ignored."""
+        them (a block freed later is a new insertion); a block not held is ignored.
+
+        Unlike an eviction, nothing of a discarded block is remembered: the content is
+        gone, not chosen as a victim, so no policy keeps a ghost entry (ARC's ``b1`` and
+        ``b2``, S3-FIFO's ghost), a count or a frequency for it, and its next insertion
+        never reads as a return. What it did to the rest stays (ARC's target, the place
+        of a queue's hand)."""

@@ -15,16 +15,19 @@ the blocks in use. It never reads timestamps or categories.
 A touched block that was not cached (the contract forbids it; an engine bug or a race can
 do it) is held from then on, in use and in no order yet; freed, it joins the tail as a
 miss does.
+
+``discard`` (``Discards``) forgets blocks wherever they are: in the queue, parked or
+returned, in use or not; freed again, one joins the tail as a miss does.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 
 from agent.policies.handover import Handover, drain, queue_up
-from agent.policies.parking import InUse
+from agent.policies.parking import InUse, purge
 from agent.policies.registry import register
 
 
@@ -76,6 +79,32 @@ class FIFOPolicy:
     def _return(self, block: int) -> None:
         """A parked block is freed: it goes back where it was, ahead of the queue."""
         heappush(self._returned, (self._parked_at[block], block))
+
+    def discard(self, blocks: Sequence[int]) -> None:
+        """``Discards``: ``blocks`` are held no more, nothing of them kept (O(1) per block,
+        plus one pass over the queue, or over the returned parked blocks, if any of them
+        sat there: ``purge``)."""
+        gone = {b for b in blocks if b in self._cached or b in self._unqueued}
+        if not gone:
+            return
+        in_use, parked, parked_at = self._in_use.blocks, self._in_use.parked, self._parked_at
+        queued = returned = False
+        for b in gone:
+            in_use.discard(b)
+            self._unqueued.discard(b)
+            if b in self._cached:
+                self._cached.discard(b)
+                if b in parked_at:  # parked: in the heap unless in use again
+                    del parked_at[b]
+                    returned = returned or b not in parked
+                    parked.discard(b)
+                else:
+                    queued = True
+        if queued:
+            purge(self._order, gone)
+        if returned:
+            self._returned[:] = [entry for entry in self._returned if entry[1] not in gone]
+            heapify(self._returned)
 
     def evict(self, n: int) -> list[int]:
         order = self._order

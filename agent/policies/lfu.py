@@ -12,7 +12,8 @@ frequency comes from a heap of the frequencies that have a bucket: a bucket is c
 and its frequency pushed, when it gets its first block, and dropped when eviction finds it
 empty at the top of the heap, so the heap holds only the few distinct frequencies
 (``O(log F)`` per bucket created, none per block). Blocks in use are in no bucket, so
-eviction never has to skip them.
+eviction never has to skip them. ``discard`` (``Discards``) forgets a block and its
+frequency in O(1): freed again, it is a miss at frequency 1.
 """
 
 from __future__ import annotations
@@ -76,6 +77,18 @@ class LFUPolicy:
                 if ones is None:
                     ones = self._bucket(1)
                 ones[b] = None
+
+    def discard(self, blocks: Sequence[int]) -> None:
+        """``Discards``: ``blocks`` are held no more, their frequencies forgotten."""
+        freq, buckets, in_use = self._freq, self._buckets, self._in_use
+        for b in blocks:
+            f = freq.pop(b, None)
+            if f is None:  # not held
+                continue
+            if b in in_use:  # in no bucket
+                in_use.discard(b)
+            else:  # an emptied bucket is dropped when eviction finds it, as usual
+                del buckets[f][b]
 
     def evict(self, n: int) -> list[int]:
         heap, buckets, freq = self._heap, self._buckets, self._freq

@@ -27,6 +27,10 @@ A request's misses are looked up together, then the ghost is trimmed once.
 A block in use cannot be evicted: the scan parks it (out of its queue, count kept) instead
 of passing it on every later scan; freed, it rejoins the tail of its queue.
 
+``discard`` (``Discards``) takes blocks out of their queue (or the parked ones) with their
+counts, and leaves no ghost: the policy did not choose them, so freed again, a block is a
+miss that goes to ``small`` (or ``main``, as any miss before the first eviction).
+
 One deliberate difference at tiny capacities: libCacheSim refuses a capacity under 10
 (empty small queue) and admits nothing under 20 (its object-size guard wants a small queue
 of two slots or more). Blocks are unit-sized here, so the small queue gets at least one.
@@ -39,6 +43,7 @@ from collections.abc import Sequence
 from itertools import islice, repeat
 
 from agent.policies.handover import Handover, drain, queue_up
+from agent.policies.parking import purge
 from agent.policies.registry import register
 
 SMALL_RATIO = 0.1
@@ -126,6 +131,23 @@ class S3FIFOPolicy:
         excess = len(ghost) - size
         if excess > 0:
             deque(map(ghost.__delitem__, list(islice(ghost, excess))), maxlen=0)
+
+    def discard(self, blocks: Sequence[int]) -> None:
+        """``Discards``: ``blocks`` are held no more, counts and any ghost entry forgotten
+        (O(1) per block, plus one pass over each queue if any of them sat in one:
+        ``purge``)."""
+        count, in_use, parked, ghost = self._count, self._in_use, self._parked, self._ghost
+        gone = {b for b in blocks if b in count}
+        queued = False
+        for b in gone:
+            del count[b]
+            in_use.discard(b)
+            ghost.pop(b, None)  # a block touched while not cached may still have one
+            if parked.pop(b, None) is None:
+                queued = True
+        if queued:
+            purge(self._small, gone)
+            purge(self._main, gone)
 
     def evict(self, n: int) -> list[int]:
         self._has_evicted = True

@@ -19,6 +19,10 @@ and each block is passed at most once per turn of the hand.
 A block in use cannot be evicted: the hand parks it (out of the queue) instead of passing
 it on every turn; freed, it rejoins as the newest. A touched block that was not cached is
 parked at once, so it rejoins the same way.
+
+``discard`` (``Discards``) takes blocks out wherever they are, queued or parked, with their
+bits; the hand stays where it was, or on the next newer block if it was on one of them, as
+after an eviction. Freed again, a block joins as a miss does.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from collections.abc import Sequence
 from itertools import repeat
 
 from agent.policies.handover import Handover, drain, queue_up
-from agent.policies.parking import InUse
+from agent.policies.parking import InUse, purge
 from agent.policies.registry import register
 
 
@@ -64,6 +68,25 @@ class SievePolicy:
             if b not in visited:
                 visited[b] = False
                 ahead.append(b)
+
+    def discard(self, blocks: Sequence[int]) -> None:
+        """``Discards``: ``blocks`` are held no more (O(1) per block, plus one pass over
+        the queue if any of them sat there: ``purge``)."""
+        visited, in_use, parked = self._visited, self._in_use.blocks, self._in_use.parked
+        gone = {b for b in blocks if b in visited}
+        queued = False
+        for b in gone:
+            del visited[b]
+            in_use.discard(b)
+            if b in parked:  # out of the queue
+                parked.discard(b)
+            else:
+                queued = True
+        if queued:
+            purge(self._ahead, gone)
+            purge(self._behind, gone)
+            if not self._ahead:  # the hand left the newest block, as in ``evict``
+                self._ahead, self._behind = self._behind, self._ahead
 
     def evict(self, n: int) -> list[int]:
         ahead, behind = self._ahead, self._behind

@@ -12,13 +12,17 @@
   can do it) neither raises nor leaks: once freed, the block is evicted like any other.
   From the touch on, ``len`` and ``in`` count it as held, as they count what ``evict``
   will give back.
-- A policy that ``Discards`` (``wa``, ``lru``) lets blocks go, evictable or in use, and
-  takes one freed again as a new block.
+- A policy that ``Discards`` (every agent policy) lets blocks go, evictable or in use,
+  and takes one freed again as a new block: with discards among the live calls, no
+  discarded block is a victim or counted by ``len`` and ``in``, and the victims are those
+  of a twin policy to which each discarded block, freed again, is a block never seen
+  (so no ghost, count, frequency or stale queue entry of the old one is left).
 - Unknown names fail with the list of known ones.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -140,7 +144,14 @@ def _evict(policy: agent_policies.EvictionPolicy, m: Model, n: int) -> None:
 @settings(max_examples=80, deadline=None)
 @given(script=ops, capacity=st.integers(1, 12))
 def test_evict_never_returns_a_block_in_use(name: str, script: list[Op], capacity: int) -> None:
-    policy = agent_policies.create(name, capacity)
+    _play(agent_policies.create(name, capacity), script)
+
+
+def _play(policy: agent_policies.EvictionPolicy, script: list[Op]) -> None:
+    """``script``'s calls as vLLM's pool makes them (a discarded block is no longer cached;
+    one in use stays in use until its request frees it, which caches it again), ``len``
+    and ``in`` checked after each; then the drain: every request finishes, and the whole
+    cache must come out."""
     m = Model()
     for kind, arg, blocks in script:
         m.clock += 1.0
@@ -150,10 +161,16 @@ def test_evict_never_returns_a_block_in_use(name: str, script: list[Op], capacit
             _finish(policy, m, arg)
         elif kind == "evict":
             _evict(policy, m, arg)
+        elif kind == "discard":
+            assert isinstance(policy, Discards)
+            if arg and m.cached:
+                cached = sorted(m.cached)
+                blocks = [cached[i % len(cached)] for i in blocks]
+            policy.discard(blocks)
+            m.cached.difference_update(blocks)
         assert len(policy) == len(m.cached)
         for b in range(16):
             assert (b in policy) == (b in m.cached), b
-    # Drain: finish everything, then the whole cache must come out.
     while m.running:
         _finish(policy, m, 0)
     _evict(policy, m, len(m.cached) + 1)
@@ -248,8 +265,10 @@ def test_baselines_are_registered() -> None:
 DISCARDS = [n for n in agent_policies.names() if isinstance(agent_policies.create(n, 8), Discards)]
 
 
-def test_the_default_evictor_and_vllms_order_can_discard() -> None:
-    assert {"wa", "lru"} <= set(DISCARDS)
+def test_every_agent_policy_can_discard() -> None:
+    """The vLLM queue lets a block whose content the engine dropped go (``Discards``)
+    instead of holding it as in use, whichever family the fleet selects."""
+    assert agent_policies.names() == DISCARDS
 
 
 @pytest.mark.parametrize("name", DISCARDS)
@@ -265,6 +284,127 @@ def test_a_discarded_block_is_held_no_more_and_freed_again_is_a_new_block(name: 
     policy.free([2], [0], 3.0, 0)
     assert 2 in policy and len(policy) == 3
     assert sorted(policy.evict(8)) == [1, 2, 3] and len(policy) == 0
+
+
+discard_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("start"), st.just(0), st.lists(st.integers(0, 15), max_size=5)),
+        st.tuples(st.just("finish"), st.integers(0, 7), st.just([])),
+        st.tuples(st.just("evict"), st.integers(0, 6), st.just([])),
+        # Blocks named by id (0: held or not), or by rank among the cached blocks (1).
+        st.tuples(st.just("discard"), st.integers(0, 1), st.lists(st.integers(0, 15), max_size=4)),
+    ),
+    max_size=60,
+)
+
+
+class Twins:
+    """One policy driven with the live calls' block ids, and a twin driven with the same
+    calls, except that a block discarded while held is renamed from then on (a fresh id,
+    never seen). Every call goes to both; their victims, ``len`` and ``in`` must agree
+    under the renaming."""
+
+    def __init__(self, name: str, capacity: int) -> None:
+        self.policy = agent_policies.create(name, capacity)
+        self.twin = agent_policies.create(name, capacity)
+        self.alias: dict[int, int] = {}  # block id -> the twin's id for it now
+        self.fresh = 1000
+
+    def _ids(self, blocks: Sequence[int]) -> list[int]:
+        return [self.alias.get(b, b) for b in blocks]
+
+    def touch(self, blocks: Sequence[int], now: float) -> None:
+        self.policy.touch(blocks, now)
+        self.twin.touch(self._ids(blocks), now)
+
+    def free(
+        self, blocks: Sequence[int], offsets: Sequence[int], now: float, category: int
+    ) -> None:
+        self.policy.free(blocks, offsets, now, category)
+        self.twin.free(self._ids(blocks), offsets, now, category)
+
+    def discard(self, blocks: Sequence[int]) -> None:
+        policy, twin = self.policy, self.twin
+        assert isinstance(policy, Discards) and isinstance(twin, Discards)
+        held = [b for b in blocks if b in policy]
+        policy.discard(blocks)
+        twin.discard(self._ids(blocks))
+        for b in held:  # from now on, the twin knows this block by a new id
+            self.fresh += 1
+            self.alias[b] = self.fresh
+
+    def evict(self, n: int) -> list[int]:
+        victims = self.policy.evict(n)
+        assert self.twin.evict(n) == self._ids(victims), "a discarded block left a trace"
+        return victims
+
+    def __len__(self) -> int:
+        assert len(self.policy) == len(self.twin)
+        return len(self.policy)
+
+    def __contains__(self, block: object) -> bool:
+        held = block in self.policy
+        twin_id = self.alias.get(block, block) if isinstance(block, int) else block
+        assert (twin_id in self.twin) == held, block
+        return held
+
+
+@pytest.mark.parametrize("name", DISCARDS)
+@settings(max_examples=80, deadline=None)
+@given(script=discard_ops, capacity=st.integers(1, 12))
+def test_discarded_blocks_are_never_victims_and_come_back_as_new_ones(
+    name: str, script: list[Op], capacity: int
+) -> None:
+    """Live calls with discards: no discarded block is a victim, ``len`` and ``in`` count
+    none (``_play``), and a twin that knows each one, once discarded, by a new id evicts
+    the same blocks."""
+    _play(Twins(name, capacity), script)
+
+
+PLACES: list[Op] = [
+    ("start", 0, [5, 4, 3, 2, 1, 0]),
+    ("finish", 0, []),
+    ("start", 0, [0, 2]),
+    ("start", 0, [3]),
+    ("finish", 0, []),
+    ("evict", 2, []),
+    ("start", 0, [1, 4, 6]),
+    ("finish", 0, []),
+    ("evict", 1, []),
+    ("start", 0, [0, 5, 7]),
+    ("evict", 2, []),
+    ("finish", 1, []),
+    ("finish", 0, []),
+    ("evict", 3, []),
+    ("start", 0, [2, 6, 0, 8]),
+    ("finish", 0, []),
+    ("evict", 2, []),
+]
+"""Calls that leave blocks in each place a policy keeps them: ahead of and behind a hand,
+parked in use, parked and freed again, in ``small`` and ``main``, in ``t1`` and ``t2``, in
+several frequency buckets; random scripts rarely reach some of them."""
+
+
+@pytest.mark.parametrize("name", DISCARDS)
+def test_a_block_discarded_wherever_it_sits_leaves_no_trace(name: str) -> None:
+    """Each block, discarded after each call of ``PLACES`` and named again by the calls
+    after it: the same checks as for random scripts (``_play``, ``Twins``)."""
+    for k in range(len(PLACES) + 1):
+        for b in range(9):
+            _play(Twins(name, 6), [*PLACES[:k], ("discard", 0, [b]), *PLACES[k:]])
+
+
+def test_sieves_hand_wraps_when_the_newest_block_it_was_on_is_discarded() -> None:
+    """As when it evicts the newest block, the hand goes back to the oldest: a block
+    inserted after the discard is the newest, not the next one the hand looks at."""
+    policy = agent_policies.create("sieve", 8)
+    policy.free([1, 2, 3, 4], range(4), 0.0, 0)
+    policy.touch([1, 2], 1.0)
+    policy.free([1, 2], range(2), 2.0, 0)
+    assert policy.evict(1) == [3]  # 1 and 2 lose their bits; the hand stops on 4
+    policy.discard([4])
+    policy.free([5], [0], 3.0, 0)
+    assert policy.evict(3) == [1, 2, 5]
 
 
 def test_wa_by_creator_files_a_discarded_block_stored_again_by_its_new_creator() -> None:
