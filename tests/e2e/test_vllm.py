@@ -33,6 +33,7 @@ import httpx
 import pytest
 import redis
 
+import agent.policies as agent_policies
 from agent.wire import Keys
 from tests.conftest import REPO
 from tests.e2e.procs import Proc, Stack, get, stop_process
@@ -177,12 +178,13 @@ def test_kvwise_queue_keeps_vllm_block_pool_invariants(
     assert got["evicted"] > 100 and got["hit"] > 100 and got["free"] > 100 and got["reset"] > 5
 
 
-@pytest.mark.parametrize("evictor", ["wa", "s3fifo"])  # one that Discards, one that does not
+@pytest.mark.parametrize("evictor", agent_policies.names())  # device: wa's discard
 def test_a_connectors_dropped_free_blocks_leave_the_evictor_and_are_reused_first(
     vllm_python: Path, tmp_path: Path, evictor: str
 ) -> None:
     """vLLM's real ``BlockPool.evict_blocks`` (and ``move_block_hashes``) with the kvwise
-    queue; the driver checks each step (see ``vllm_driver.drop``)."""
+    queue, over every built-in evictor (each ``Discards``); the driver checks each step
+    (see ``vllm_driver.drop``)."""
     got = driver(vllm_python, ["drop", "--evictor", evictor], {"KVWISE_DEVICE": "cpu"}, tmp_path)
     assert got["dropped"] == [2, 3] and got["fresh_before"] == [8, 9]
     assert got["events"] == 3

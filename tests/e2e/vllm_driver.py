@@ -24,8 +24,9 @@ block is block 0. Prints (or writes) one JSON line.
     python vllm_driver.py drop [--evictor wa]
 
 A connector's ``BlockPool.evict_blocks`` on the real ``BlockPool`` with the kvwise queue:
-free cached blocks whose hashes it drops leave the evictor, are reported evicted at the
-drop and are the next blocks allocated; blocks in use are reported when freed. Also
+free cached blocks whose hashes it drops leave the evictor (any built-in one: each
+``Discards``), are reported evicted at the drop and are the next blocks allocated; blocks
+in use are reported when freed. Also
 ``move_block_hashes``: the copy carries the content's side-table entry, and freeing the
 original reports nothing; ``cache_partial_block``: the block gets the request's prompt
 position and category. Checks as it goes; prints (or writes) one JSON line.
@@ -333,9 +334,10 @@ def _connector_drop(pool: DropPool) -> tuple[list[int], list[int]]:
     assert len(seen.calls) == 1, seen.calls
     hashes, at = seen.calls[0]
     assert sorted(hashes) == sorted(a_hashes[1:3]) and before <= at <= after, seen.calls
-    if isinstance(queue.evictor, Discards):  # any other holds them as in use
-        assert not dropped & {i for i in range(12) if i in queue.evictor}
+    assert isinstance(queue.evictor, Discards)  # every built-in evictor lets them go
+    assert not dropped & {i for i in range(12) if i in queue.evictor}
     assert a[0].block_id in queue.evictor and a[3].block_id in queue.evictor
+    assert len(queue.evictor) == 2
     pool.check_free()
     taken = kv.get_new_blocks(2)
     assert {t.block_id for t in taken} == dropped, (taken, fresh)

@@ -14,7 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.integrations.block_queue import KvwiseFreeQueue, hash64
-from agent.policies import create
+from agent.policies import create, names
+from agent.policies.base import Discards, EvictionPolicy
+from agent.policies.fifo import FIFOPolicy
 from agent.policies.wa import WAPolicy
 from agent.policy_document import CategoryParams, PolicyDocument
 from tests.vllm_block import Blk
@@ -47,13 +49,27 @@ def make(n: int, evictor: Any = None) -> tuple[KvwiseFreeQueue, list[Blk]]:
     return queue, blocks
 
 
+class Holding(FIFOPolicy):
+    """An evictor without ``Discards`` (every built-in one has it; one registered outside
+    kvwise may not): ``fifo`` with ``discard`` taken away (``None`` hides a method from
+    ``isinstance``, as for the collections ABCs)."""
+
+    __slots__ = ()
+    discard = None  # type: ignore[assignment]
+
+
+def evictor_named(name: str, n: int) -> EvictionPolicy:
+    """A registered evictor, or ``Holding`` for ``"holding"``."""
+    return Holding(n) if name == "holding" else create(name, n)
+
+
 def all_taken(n: int, evictor: str) -> tuple[KvwiseFreeQueue, Hooks, list[Blk]]:
-    """A queue of ``n`` blocks under ``evictor``, its clock stopped at 1 s, whose hook calls
-    ``Hooks`` counts, once every block is taken (``popleft_n``, one hook call): the queue,
-    its hooks and the blocks in id order."""
+    """A queue of ``n`` blocks under ``evictor`` (``evictor_named``), its clock stopped at
+    1 s, whose hook calls ``Hooks`` counts, once every block is taken (``popleft_n``, one
+    hook call): the queue, its hooks and the blocks in id order."""
     blocks = [Blk(i) for i in range(n)]
     hooks = Hooks()
-    q = KvwiseFreeQueue(blocks, create(evictor, n), hooks=hooks, clock=lambda: 1.0)
+    q = KvwiseFreeQueue(blocks, evictor_named(evictor, n), hooks=hooks, clock=lambda: 1.0)
     return q, hooks, q.popleft_n(n)
 
 
@@ -269,7 +285,7 @@ def test_a_block_whose_hash_was_dropped_while_in_use_is_reported_evicted_when_fr
     assert hooks.hashes == [hash64(key(1001)), hash64(key(1002))]
 
 
-@pytest.mark.parametrize("evictor", ["wa", "lru"])
+@pytest.mark.parametrize("evictor", names())
 def test_free_cached_blocks_a_connector_drops_leave_the_evictor_and_are_reused_first(
     evictor: str,
 ) -> None:
@@ -289,6 +305,25 @@ def test_free_cached_blocks_a_connector_drops_leave_the_evictor_and_are_reused_f
     assert {b.block_id for b in q.popleft_n(2)} == {2, 3}
     assert len(hooks.hashes) == 2
     assert {b.block_id for b in q.get_all_free_blocks()} == {1, 4}
+
+
+def test_an_evictor_that_cannot_discard_holds_a_dropped_block_as_in_use_until_freed() -> None:
+    """The fallback for an evictor without ``Discards``: the emptied block is touched
+    (in use: counted, never a victim) and still reused first; freed again with new
+    content, it is evictable, and the queue stays in step with the evictor."""
+    q, hooks, got = all_taken(6, "holding")
+    assert not isinstance(q.evictor, Discards)
+    cache(q, got[1:5])
+    q.append_n([got[4], got[3], got[2], got[1]])
+    got[2].block_hash = None
+    q.drop_hashes([2])
+    assert hooks.hashes == [hash64(key(1002))]
+    assert [b.block_id for b in q.popleft_n(1)] == [2]  # reused first; the touch is sent
+    assert 2 in q.evictor and len(q.evictor) == 4
+    assert {b.block_id for b in q.popleft_n(3)} == {1, 3, 4}  # never 2 while in use
+    cache(q, [got[2]])
+    q.append_n([got[2]])
+    assert [b.block_id for b in q.popleft_n(1)] == [2] and len(q.evictor) == 0
 
 
 def test_a_connector_drop_on_blocks_in_use_is_reported_when_they_are_freed() -> None:
@@ -418,7 +453,7 @@ queue_calls = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(script=queue_calls, evictor=st.sampled_from(["wa", "lru", "s3fifo", "arc"]))
+@given(script=queue_calls, evictor=st.sampled_from(["wa", "lru", "s3fifo", "arc", "holding"]))
 def test_content_is_reported_evicted_exactly_when_it_leaves_the_cache(
     script: list[tuple[str, int, int]], evictor: str
 ) -> None:
@@ -430,7 +465,7 @@ def test_content_is_reported_evicted_exactly_when_it_leaves_the_cache(
     n = 10
     vllm = PrefixCache(n)
     hooks = Hooks()
-    q = KvwiseFreeQueue(vllm.blocks, create(evictor, n), hooks=hooks, clock=lambda: 1.0)
+    q = KvwiseFreeQueue(vllm.blocks, evictor_named(evictor, n), hooks=hooks, clock=lambda: 1.0)
     for kind, k, first in script:
         reported = len(hooks.hashes)
         left = _step(q, vllm, kind, k, first)
