@@ -25,6 +25,7 @@ from controlplane.cli.bench_tokens import (
     SERVER_KEY,
     Token,
     how_to_give,
+    option_help,
     read_token,
     refusal,
 )
@@ -158,17 +159,12 @@ ControllerOpt = Annotated[
 ]
 ApiKeyOpt = Annotated[
     str | None,
-    typer.Option(
-        metavar="KEY",
-        help="Bearer token for the server (vLLM's --api-key; default: $OPENAI_API_KEY)",
-    ),
+    typer.Option(metavar="KEY", help=option_help(SERVER_KEY, "the server, vLLM's --api-key")),
 ]
 ControllerTokenOpt = Annotated[
     str | None,
     typer.Option(
-        metavar="TOKEN",
-        help="Bearer token for --controller: its read token (default: "
-        "$KVWISE_API_READ_TOKEN, else $KVWISE_API_TOKEN)",
+        metavar="TOKEN", help=option_help(CONTROLLER_TOKEN, "--controller: its read token")
     ),
 ]
 OutputOpt = Annotated[

@@ -69,6 +69,12 @@ def read_token(kind: _Kind, given: str | None) -> Token:
     return Token(value, source)
 
 
+def option_help(kind: _Kind, what: str) -> str:
+    """The help of ``kind``'s option: a bearer token for ``what``, and the environment
+    variables read when it is not given."""
+    return f"Bearer token for {what} (default: {', else '.join(f'${v}' for v in kind.variables)})"
+
+
 def how_to_give(kind: _Kind) -> str:
     """Where ``kind`` is given: its option and its environment variables."""
     return " or ".join((f"{kind.option} TOKEN", *(f"{v}=TOKEN" for v in kind.variables)))

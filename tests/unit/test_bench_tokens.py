@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.cli.bench_tokens import CONTROLLER_TOKEN, read_token
+from controlplane.cli.bench_tokens import CONTROLLER_TOKEN, SERVER_KEY, option_help, read_token
 
 
 def test_a_variable_of_white_space_is_passed_over_for_the_next(
@@ -23,3 +23,10 @@ def test_the_option_wins_and_an_empty_one_means_no_token(
     monkeypatch.setenv("KVWISE_API_READ_TOKEN", "r3ad")
     assert read_token(CONTROLLER_TOKEN, "given").source == "--controller-token"
     assert read_token(CONTROLLER_TOKEN, "").value is None
+
+
+def test_each_options_help_names_the_variables_it_reads_in_order() -> None:
+    assert option_help(CONTROLLER_TOKEN, "x") == (
+        "Bearer token for x (default: $KVWISE_API_READ_TOKEN, else $KVWISE_API_TOKEN)"
+    )
+    assert option_help(SERVER_KEY, "y").endswith("(default: $OPENAI_API_KEY)")
