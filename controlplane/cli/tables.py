@@ -50,8 +50,7 @@ class FoldedTable:
             suffix = f" ({i + 1}/{len(groups)})" if len(groups) > 1 else ""
             # The title stands above the table, not in it: a table's title wraps at the
             # table's width, and a narrow table would fold it over several lines.
-            print_even(console, self.title + suffix, style="table.title", highlight=False)
-            console.print(self._table(group))
+            print_titled(console, self.title + suffix, self._table(group))
 
     def _width(self, header: str, cells: list[str]) -> int:
         lines = [*header.splitlines(), *cells]
