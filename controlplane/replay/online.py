@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
-from typing import Literal, Protocol
+from typing import Literal, Protocol, Self
 
 import numpy as np
 
@@ -423,7 +423,8 @@ class FittedSetup:
     cache that replays the trace (the policies of a fleet share it): the category codes,
     the access columns (read-only), reuse or depth class offsets and request lists, and
     with reuse classes by hit the trace's previous accesses (``previous``). A subclass
-    gives another evictor and refitter (``wa-mix``) and shares the rest the same way."""
+    gives another evictor and refitter (``wa-mix``, ``wa-pace``) and shares the rest the same
+    way."""
 
     kind: Evictor
     trace: Trace
@@ -446,7 +447,7 @@ class FittedSetup:
         options: ReplayOptions,
         fitter: Fitter | None,
         capacity: int,
-    ) -> FittedSetup:
+    ) -> Self:
         codes, names = request_categories(trace, options.categories)
         attr: Attribution = "creator" if kind == "wa-ref" else options.attribution
         cols = access_columns(trace, codes, attr)

@@ -9,7 +9,8 @@ On synthetic to-C and to-B traces (``controlplane.traces.synth``: synthetic, cal
 the paper's published statistics, not the real traces) with their labels, and the bundled
 Mooncake sample with inferred categories, at capacities of 1-40 % of each trace's unique
 blocks, it replays the baselines, ``wa`` (online refits, ``ReplayOptions`` defaults), each
-variant in ``VARIANTS`` and ``belady``, and prints per trace the hit ratios and the gap
+variant in ``VARIANTS``, the replay-only policies of ``REPLAY_ONLY`` (``wa-mix``, ``wa-pace``
+at each prior tried) and ``belady``, and prints per trace the hit ratios and the gap
 closed, ``(x - lru) / (belady - lru)``. Choose on one seed, report on others. Results go
 to stdout; progress to stderr.
 """
@@ -21,7 +22,9 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from controlplane.replay import catalog
 from controlplane.replay.options import ReplayOptions
+from controlplane.replay.pace import paced_wa
 from controlplane.traces.model import Trace
 from controlplane.traces.reader import load_trace
 from controlplane.traces.synth import synthesize
@@ -82,12 +85,28 @@ def best_table(rows: dict[str, list[float]], labels: dict[str, str]) -> str:
 
 MIXTURE = "wa-mix (two-phase where one exponential fits badly)"
 """The replay-only ``wa-mix`` (``controlplane.replay.mixture``), run with the defaults."""
+PACE_PRIORS = (1.0, 4.0, 16.0)
+"""The gamma priors (in gaps) ``wa-pace`` was tried with on seed 7."""
+PACE = {f"wa-pace (conversation pace; prior {k:g} gaps)": k for k in PACE_PRIORS}
+"""Label -> prior of each ``wa-pace`` row (``controlplane.replay.pace``)."""
+REPLAY_ONLY = [MIXTURE, *PACE]
+"""The rows of replay-only policies of their own, not options of ``wa``."""
+
+
+def register_replay_only(label: str) -> str:
+    """Register the policy of a ``REPLAY_ONLY`` row (before the runner forks); its name."""
+    if label == MIXTURE:
+        return "wa-mix"
+    name = f"wa-pace:prior {PACE[label]:g}"
+    catalog.register_offline(name)(paced_wa(PACE[label]))
+    return name
 
 
 def report(trace: Trace, jobs: int, defaults: ReplayOptions, chosen: Sequence[str]) -> str:
-    labels = {"wa-mix": MIXTURE} if MIXTURE in chosen else {}
+    labels: dict[str, str] = {}
     for label in chosen:
-        if label == MIXTURE:
+        if label in REPLAY_ONLY:
+            labels[register_replay_only(label)] = label
             continue
         v = Variant(f"{trace.name}:{label}", "wa", "censored", VARIANTS[label](defaults))
         labels[v.register()] = label
@@ -110,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--mooncake", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--fracs", default="0.01,0.02,0.05,0.1,0.2,0.4")
     ap.add_argument(
-        "--variants", default=",".join([*VARIANTS, MIXTURE]), help="labels, comma-separated"
+        "--variants", default=",".join([*VARIANTS, *REPLAY_ONLY]), help="labels, comma-separated"
     )
     args = ap.parse_args(argv)
     FRACS[:] = [float(f) for f in args.fracs.split(",")]
