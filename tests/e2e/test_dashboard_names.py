@@ -1,6 +1,7 @@
 """The /ui dashboard pins and releases categories of any name an agent can send, in a real
 browser against a controller on a real Redis: a reuse class (``<category>/re``), a label
-with spaces around it, characters a URL reserves. Each reaches the API as that one name.
+with spaces around it, characters a URL reserves, ``.`` and ``..``. Each reaches the API as
+that one name.
 """
 
 from __future__ import annotations
@@ -44,14 +45,15 @@ def test_categories_of_any_name_are_pinned_and_released(
     page: tuple[RunningController, Any],
 ) -> None:
     """The form once sent a known name trimmed (another category: `` a label `` pinned as
-    ``a label``); each name goes as one path segment, ``/``, ``%``, ``?`` and ``#`` encoded."""
+    ``a label``), and a name ``.`` or ``..`` in the path, which the browser resolved as a
+    step; each name goes in the query, ``/``, ``%``, ``?`` and ``#`` encoded."""
     rc, driver = page
 
     def overrides() -> dict[str, dict[str, float]]:
         return dict(rc.client.get("/v1/policy/overrides").json())
 
     expected = {SPACED: {"rate": 1, "life_s": 5}}
-    for name in (SPACED, "text_1/re", "50%?#/.."):
+    for name in (SPACED, "text_1/re", "50%?#/..", ".", ".."):
         _fill(driver, "ov-category", name)
         _fill(driver, "ov-life", "5")
         _submit(driver, "override-form")

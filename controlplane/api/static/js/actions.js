@@ -103,6 +103,12 @@ function published(doc) {
   return `Published version ${doc.version}: ${doc.note}. Workers apply it at their next poll.`;
 }
 
+/** A category's override, named in the query: a browser resolves a path segment "." or ".."
+ * (even encoded as %2E) as a step, so only the query form reaches every category. */
+function overridePath(category) {
+  return `/v1/policy/overrides?category=${encodeURIComponent(category)}`;
+}
+
 export function makeActions(afterChange) {
   const actions = {
     rollback: (version, hold = false) => run(
@@ -112,10 +118,10 @@ export function makeActions(afterChange) {
     removeOverride: (category) => run(
       [`Remove the override of ${category}?`,
         `A new version is published with ${category}'s fitted values.`, "Remove override"],
-      () => api.delete(`/v1/policy/overrides/${encodeURIComponent(category)}`),
+      () => api.delete(overridePath(category)),
       published, afterChange),
     override: (category, values) => run(overrideQuestion(category, values),
-      () => api.put(`/v1/policy/overrides/${encodeURIComponent(category)}`, values),
+      () => api.put(overridePath(category), values),
       published, afterChange),
     refit: () => run(
       ["Refit now?", "Every category is fitted now; a new version is published if the guard passes. A rollback hold is released.", "Refit"],
