@@ -2,7 +2,7 @@
 // confirmation in a modal dialog, sends one REST call with the bearer token, and shows the
 // outcome: the new version, or the API's error exactly as it answered.
 
-import { api, ApiError } from "./api.js";
+import { api, ApiError, categoryPaths } from "./api.js";
 import { el, fmtAge, fmtNum, fmtTime } from "./dom.js";
 
 const OVERRIDE_FIELDS = [["ov-p", "p_reuse", "p"], ["ov-rate", "rate", "a"], ["ov-life", "life_s", "Life window"]];
@@ -103,12 +103,6 @@ function published(doc) {
   return `Published version ${doc.version}: ${doc.note}. Workers apply it at their next poll.`;
 }
 
-/** A category's override, named in the query: a browser resolves a path segment "." or ".."
- * (even encoded as %2E) as a step, so only the query form reaches every category. */
-function overridePath(category) {
-  return `/v1/policy/overrides?category=${encodeURIComponent(category)}`;
-}
-
 export function makeActions(afterChange) {
   const actions = {
     rollback: (version, hold = false) => run(
@@ -118,10 +112,10 @@ export function makeActions(afterChange) {
     removeOverride: (category) => run(
       [`Remove the override of ${category}?`,
         `A new version is published with ${category}'s fitted values.`, "Remove override"],
-      () => api.delete(overridePath(category)),
+      () => api.delete(categoryPaths.override(category)),
       published, afterChange),
     override: (category, values) => run(overrideQuestion(category, values),
-      () => api.put(overridePath(category), values),
+      () => api.put(categoryPaths.override(category), values),
       published, afterChange),
     refit: () => run(
       ["Refit now?", "Every category is fitted now; a new version is published if the guard passes. A rollback hold is released.", "Refit"],
