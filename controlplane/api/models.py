@@ -3,19 +3,19 @@
 Owns the request bodies (``OverrideBody``, ``RollbackBody``; ``P_REUSE_MESSAGE``, what the
 API answers a bad ``p_reuse``, the example its description quotes), the bounds of a category
 name in a path (any name an agent can send, pinned or read alike; ``{name:category}``
-routes it whole), the spelling of a
-version in a path, and ``HealthOut``. Responses are the domain's own types
-(``PolicyDocument``, ``VersionInfo``, ``RefitOutcome``, ``CategorySummary``,
-``AgentStatus``): a model here never copies one. Bodies take JSON numbers and booleans
-only (pydantic's lax mode would also take ``"1"`` and ``true`` for a number). It must
-never reach the controller.
+routes it whole) and in a query (``CategoryInQuery``: the form that also names ``.`` and
+``..``), the spelling of a version in a path, and ``HealthOut``. Responses are the
+domain's own types (``PolicyDocument``, ``VersionInfo``, ``RefitOutcome``,
+``CategorySummary``, ``AgentStatus``): a model here never copies one. Bodies take JSON
+numbers and booleans only (pydantic's lax mode would also take ``"1"`` and ``true`` for a
+number). It must never reach the controller.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import Path
+from fastapi import Path, Query
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -32,20 +32,37 @@ from agent.policy_document import EvictorFamily, PositiveFinite, Probability
 from agent.wire import MAX_CATEGORY_NAME_CHARS
 from controlplane.api.field_messages import expectation
 
+_ANY_CATEGORY = (
+    "A category as an agent names it: any name of 1 to "
+    f"{MAX_CATEGORY_NAME_CHARS} characters (agents send no longer one)"
+)
 CategoryInPath = Annotated[
     str,
     Path(
         min_length=1,
         max_length=MAX_CATEGORY_NAME_CHARS,
-        description="A category as an agent names it: any name of 1 to "
-        f"{MAX_CATEGORY_NAME_CHARS} characters (agents send no longer one), percent-encoded "
+        description=f"{_ANY_CATEGORY}, percent-encoded "
         "as one path segment (`/` as `%2F`, a space as `%20`: JavaScript's "
-        "`encodeURIComponent`); the rest of the path is the name, `/` included",
+        "`encodeURIComponent`); the rest of the path is the name, `/` included. A name of "
+        "exactly `.` or `..` cannot be named here: HTTP clients resolve it as a path step "
+        "(browsers even as `%2E`); the route's query form names it",
     ),
 ]
 """Routed as ``{name:category}`` (``CategoryName``): Starlette decodes ``%2F`` before
 routing, so a name holding ``/`` (a reuse class, ``<category>/re``) reaches no one-segment
 parameter."""
+CategoryInQuery = Annotated[
+    str,
+    Query(
+        min_length=1,
+        max_length=MAX_CATEGORY_NAME_CHARS,
+        description=f"{_ANY_CATEGORY}, percent-encoded (JavaScript's "
+        "`encodeURIComponent`). No client resolves a query as a path, so this form names "
+        "every category, `.` and `..` included",
+    ),
+]
+"""The query form of a route that names a category in its path: a path segment ``.`` or
+``..`` is resolved away by the client before it is sent."""
 
 
 class CategoryName(Convertor[str]):

@@ -40,9 +40,11 @@ class WorkerProgress:
     seconds: float
 
     def to_json(self) -> dict[str, object]:
-        """The agent's counters and the replay's, in one flat object."""
+        """The agent's counters and the replay's, in one flat object; the worker's id is
+        its ``worker`` field alone (the heartbeat's ``id`` is not repeated)."""
+        counters = {k: v for k, v in asdict(self.agent).items() if k != "id"}
         replay = {k: v for k, v in asdict(self).items() if k != "agent"}
-        return {"worker": self.agent.id, **asdict(self.agent), **replay}
+        return {"worker": self.agent.id, **counters, **replay}
 
 
 ProgressFn = Callable[[WorkerProgress], None]

@@ -1,6 +1,8 @@
 """A stand-in controller for page tests of what a real one rarely does on cue: the
 dashboard's own static files (``mount_ui``) beside REST answers a test sets, path by path
 (a body, an HTTP status, a delay), counting the requests and the most in flight at once.
+A read that names a category in its query is answered and counted by path and query
+(``curve_path``).
 
 ``captured_answers`` takes every answer the page reads from a real controller on a real
 Redis, so the bodies a test starts from have the API's own shapes; a test then changes
@@ -17,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import redis
 from fastapi import FastAPI
@@ -54,6 +57,17 @@ READ_PATHS = (
 CATEGORY = "text_1"
 
 
+def curve_path(name: str) -> str:
+    """Where the page reads ``name``'s curve, as the stand-in answers and counts it."""
+    return _with_query("/v1/category", [("name", name)])
+
+
+def _with_query(path: str, params: list[tuple[str, str]]) -> str:
+    """``path`` and its query parameters, percent-encoded one way however a request encoded
+    them (``encodeURIComponent`` leaves ``!'()*`` as they are, ``quote`` does not)."""
+    return f"{path}?{urlencode(params, quote_via=quote)}" if params else path
+
+
 @dataclass
 class Answer:
     """What the stand-in answers on one path."""
@@ -67,8 +81,8 @@ class Answer:
 
 @dataclass
 class ScriptedApi:
-    """The answers by path (``/v1/categories/NAME`` included; ``POST /v1/policy/refit``
-    for a method other than GET) and what was asked, counted the same way."""
+    """The answers by path (and query: ``curve_path``; ``POST /v1/policy/refit`` for a
+    method other than GET) and what was asked, counted the same way."""
 
     answers: dict[str, Answer]
     url: str = ""
@@ -89,8 +103,9 @@ class ScriptedApi:
         self.answers[path] = Answer(kept, status, delay_s, media_type)
 
     async def serve(self, request: Request) -> Response:
-        # A read goes by its path, any other method by "METHOD path".
-        method, path = request.method, request.url.path
+        # A read goes by its path and query, any other method by "METHOD path".
+        method = request.method
+        path = _with_query(request.url.path, request.query_params.multi_items())
         path = path if method == "GET" else f"{method} {path}"
         self.asked[path] += 1
         self.in_flight[path] += 1
@@ -126,7 +141,7 @@ def captured_answers(redis_url: str, key_prefix: str) -> dict[str, Answer]:
         send(r, keys, fit_events)
         wait_until(lambda: rc.controller.ingestor.counters.batches >= 1, what="the batch")
         assert rc.client.post("/v1/policy/refit", headers=AUTH).json()["published"]
-        paths = (*READ_PATHS, f"/v1/categories/{CATEGORY}")
+        paths = (*READ_PATHS, curve_path(CATEGORY))
         answers = {p: Answer(rc.client.get(p, headers=AUTH).json()) for p in paths}
         return {**answers, "/v1/shadow": Answer(shadow)}
 

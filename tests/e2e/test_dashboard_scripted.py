@@ -33,6 +33,7 @@ from tests.e2e.scripted_api import (
     CATEGORY,
     Answer,
     ScriptedApi,
+    curve_path,
     scripted_api,
 )
 from tests.e2e.test_dashboard import _confirm, _fill, _refreshes, _result, _submit, _until
@@ -268,12 +269,12 @@ def _categories(api: ScriptedApi, count: int = 20) -> list[str]:
     """``count`` categories like the captured one (``cat_000``, ``cat_001``…), most samples
     first; their names."""
     summary = api.answers["/v1/categories"].body[0]
-    detail = api.answers[f"/v1/categories/{CATEGORY}"].body
+    detail = api.answers[curve_path(CATEGORY)].body
     names = [f"cat_{i:03d}" for i in range(count)]
     listed = [summary | {"name": n, "samples": 1000 - i} for i, n in enumerate(names)]
     api.set("/v1/categories", listed)
     for entry in listed:
-        api.set(f"/v1/categories/{entry['name']}", detail | entry)
+        api.set(curve_path(entry["name"]), detail | entry)
     return names
 
 
@@ -295,10 +296,10 @@ def test_the_curves_follow_a_filter_typed_while_they_load(
     api, driver = page
     names = _categories(api)
     for name in names[:12]:
-        api.set(f"/v1/categories/{name}", delay_s=2.0)
+        api.set(curve_path(name), delay_s=2.0)
     seen = _refreshes(driver)
     driver.find_element("id", "refresh-now").click()
-    _until(driver, "the fetches", lambda: api.in_flight[f"/v1/categories/{names[0]}"])
+    _until(driver, "the fetches", lambda: api.in_flight[curve_path(names[0])])
     driver.find_element("id", "cat-filter").send_keys(names[19])
     _until(driver, "the filtered curve", lambda: _charts(driver) == [names[19]])
     _until(driver, "the refresh", lambda: _refreshes(driver) > seen)

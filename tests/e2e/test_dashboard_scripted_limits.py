@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.browser import console_problems
-from tests.e2e.scripted_api import ScriptedApi
+from tests.e2e.scripted_api import ScriptedApi, curve_path
 from tests.e2e.test_dashboard import _fill, _refreshes, _until
 from tests.e2e.test_dashboard_scripted import (
     PROXY_PAGE,
@@ -50,8 +50,8 @@ def test_the_curves_kept_are_bounded(page: tuple[ScriptedApi, Any]) -> None:
         _filter_to(driver, f"cat_{k:02d}", names)
     _filter_to(driver, "cat_00", names)
     _filter_to(driver, "cat_11", names)
-    assert api.asked["/v1/categories/cat_000"] == 2
-    assert api.asked["/v1/categories/cat_119"] == 1
+    assert api.asked[curve_path("cat_000")] == 2
+    assert api.asked[curve_path("cat_119")] == 1
 
 
 def test_a_curve_wanted_while_it_is_read_is_read_once(page: tuple[ScriptedApi, Any]) -> None:
@@ -60,7 +60,7 @@ def test_a_curve_wanted_while_it_is_read_is_read_once(page: tuple[ScriptedApi, A
     curve beside the first)."""
     api, driver = page
     names = _categories(api)
-    busiest = f"/v1/categories/{names[0]}"
+    busiest = curve_path(names[0])
     api.set(busiest, delay_s=2.0)
     seen = _refreshes(driver)
     driver.find_element("id", "refresh-now").click()

@@ -8,9 +8,10 @@ import re
 import select
 import socket
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -120,6 +121,7 @@ def test_openapi_declares_401_on_guarded_reads_and_413_everywhere(
     assert takes_body == {
         ("post", "/v1/policy/rollback"),
         ("put", "/v1/policy/overrides/{category}"),
+        ("put", "/v1/policy/overrides"),
         ("put", "/v1/policy/evictor"),
     }
     for path, item in spec["paths"].items():
@@ -299,35 +301,82 @@ AGENT_NAMES = {
 }
 
 
+@dataclass(frozen=True)
+class Naming:
+    """Where a request names its category: each route's request arguments for a name."""
+
+    override: Callable[[str], dict[str, Any]]
+    """``PUT`` and ``DELETE`` of an override."""
+    category: Callable[[str], dict[str, Any]]
+    """``GET`` of one category."""
+
+
+IN_THE_PATH = Naming(
+    override=lambda name: {"url": f"/v1/policy/overrides/{quote(name, safe='')}"},
+    category=lambda name: {"url": f"/v1/categories/{quote(name, safe='')}"},
+)
+IN_THE_QUERY = Naming(
+    override=lambda name: {"url": "/v1/policy/overrides", "params": {"category": name}},
+    category=lambda name: {"url": "/v1/category", "params": {"name": name}},
+)
+NAMINGS = pytest.mark.parametrize("naming", [IN_THE_PATH, IN_THE_QUERY], ids=["path", "query"])
+
+
+def _pinned_read_and_released(ctl: RunningController, name: str, naming: Naming) -> None:
+    r = ctl.client.put(**naming.override(name), json={"rate": 1}, headers=AS_WRITER)
+    assert r.status_code == 200, r.text
+    assert r.json()["categories"][name]["source"] == "override"
+    assert ctl.client.get("/v1/policy/overrides", headers=AS_READER).json() == {name: {"rate": 1}}
+    read = ctl.client.get(**naming.category(name), headers=AS_READER)
+    assert read.status_code == 200 and read.json()["name"] == name, read.text
+    assert ctl.client.delete(**naming.override(name), headers=AS_WRITER).status_code == 200
+    assert ctl.client.get("/v1/policy/overrides", headers=AS_READER).json() == {}
+
+
+@NAMINGS
 @pytest.mark.parametrize("name", AGENT_NAMES.values(), ids=AGENT_NAMES.keys())
 def test_every_name_an_agent_can_send_is_pinned_and_released(
-    ctl: RunningController, name: str
+    ctl: RunningController, name: str, naming: Naming
 ) -> None:
     """Pins once took 1 to 64 characters of ``[A-Za-z0-9._:-]`` (and no ``/`` reached the
     route), while agents name categories with up to 128 characters of any kind (a reuse
     class is ``<category>/re``): some categories listed could not be pinned."""
-    path = f"/v1/policy/overrides/{quote(name, safe='')}"
-    r = ctl.client.put(path, json={"rate": 1}, headers=AS_WRITER)
-    assert r.status_code == 200, r.text
-    assert r.json()["categories"][name]["source"] == "override"
-    assert ctl.client.get("/v1/policy/overrides", headers=AS_READER).json() == {name: {"rate": 1}}
-    read = ctl.client.get(f"/v1/categories/{quote(name, safe='')}", headers=AS_READER)
-    assert read.status_code == 200 and read.json()["name"] == name, read.text
-    assert ctl.client.delete(path, headers=AS_WRITER).status_code == 200
-    assert ctl.client.get("/v1/policy/overrides", headers=AS_READER).json() == {}
+    _pinned_read_and_released(ctl, name, naming)
 
 
+@pytest.mark.parametrize("name", [".", ".."], ids=["one dot", "two dots"])
+def test_a_name_clients_resolve_as_a_path_step_is_named_in_the_query(
+    ctl: RunningController, name: str
+) -> None:
+    """An agent may name a category ``.`` or ``..``, and HTTP clients resolve such a path
+    segment as a step (browsers even as ``%2E``): ``/v1/categories/..`` was sent as
+    ``/v1/``, and no request could pin, read or release the category. The query form
+    names it."""
+    walked = ctl.client.get(**IN_THE_PATH.category(name), headers=AS_READER)
+    assert walked.request.url.path != f"/v1/categories/{name}"  # the client's doing
+    _pinned_read_and_released(ctl, name, IN_THE_QUERY)
+
+
+@NAMINGS
 @pytest.mark.parametrize("name", ["", "x" * 129, "é" * 129], ids=["empty", "129", "129 two-byte"])
 @pytest.mark.parametrize("method", ["PUT", "DELETE"])
 def test_names_no_agent_can_send_are_refused(
-    ctl: RunningController, name: str, method: str
+    ctl: RunningController, name: str, method: str, naming: Naming
 ) -> None:
     body = {"json": {"rate": 1}} if method == "PUT" else {}
-    path = f"/v1/policy/overrides/{quote(name, safe='')}"
-    r = ctl.client.request(method, path, headers=AS_WRITER, **body)
+    r = ctl.client.request(method, **naming.override(name), headers=AS_WRITER, **body)
     assert r.status_code == 422, r.text
     assert r.json()["field"] == "category"
     assert r.json()["message"] == "must be 1 to 128 characters"
+
+
+@pytest.mark.parametrize("method", ["PUT", "DELETE"])
+def test_the_query_form_without_a_name_names_its_field(ctl: RunningController, method: str) -> None:
+    """No ``?category=``: a 422 naming the parameter, never every override at once."""
+    body = {"json": {"rate": 1}} if method == "PUT" else {}
+    r = ctl.client.request(method, "/v1/policy/overrides", headers=AS_WRITER, **body)
+    assert r.status_code == 422, r.text
+    assert (r.json()["field"], r.json()["message"]) == ("category", "is required")
 
 
 def _api_routes(routes: Sequence[BaseRoute]) -> Iterator[APIRoute]:

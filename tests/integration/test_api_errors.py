@@ -46,11 +46,14 @@ REQUESTS: dict[tuple[str, str], tuple[str, dict[str, Any] | None]] = {
     ("GET", "/v1/policy/overrides"): ("/v1/policy/overrides", None),
     ("PUT", "/v1/policy/overrides/{category}"): ("/v1/policy/overrides/text_1", {"rate": 1}),
     ("DELETE", "/v1/policy/overrides/{category}"): ("/v1/policy/overrides/text_1", None),
+    ("PUT", "/v1/policy/overrides"): ("/v1/policy/overrides?category=.", {"rate": 1}),
+    ("DELETE", "/v1/policy/overrides"): ("/v1/policy/overrides?category=..", None),
     ("GET", "/v1/policy/evictor"): ("/v1/policy/evictor", None),
     ("PUT", "/v1/policy/evictor"): ("/v1/policy/evictor", {"family": "lru"}),
     ("DELETE", "/v1/policy/evictor"): ("/v1/policy/evictor", None),
     ("GET", "/v1/categories"): ("/v1/categories", None),
     ("GET", "/v1/categories/{name}"): ("/v1/categories/text_1", None),
+    ("GET", "/v1/category"): ("/v1/category?name=.", None),
     ("GET", "/v1/agents"): ("/v1/agents", None),
 }
 WITHOUT_REDIS = {

@@ -480,6 +480,7 @@ def test_agents_metrics_and_openapi(ctl: RunningController, redis_url: str) -> N
         "/v1/policy/overrides/{category}",
         "/v1/categories",
         "/v1/categories/{name}",
+        "/v1/category",
         "/v1/agents",
         "/healthz",
         "/readyz",

@@ -85,6 +85,21 @@ def test_worker_replays_a_trace_into_decodable_batches(
     r.close()
 
 
+def test_the_json_summary_names_the_worker_once(
+    tmp_path: Path, redis_url: str, key_prefix: str
+) -> None:
+    """The agent's counters join the replay's in one flat object: the id is its ``worker``
+    field alone, not repeated as the heartbeat's ``id``."""
+    trace_path = write_trace(tmp_path / "t.jsonl", n=20)
+    args = ["worker", "--trace", str(trace_path), "--speed", "100", "--capacity", "30"]
+    args += ["--id", "sim-5", "--policy", "lru", "--redis-url", redis_url, "--json"]
+    res = CliRunner().invoke(app, args, env={"KVWISE_KEY_PREFIX": key_prefix})
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert [k for k, v in summary.items() if v == "sim-5"] == ["worker"]
+    assert "id" not in summary and summary["engine"] == "sim"
+
+
 def test_worker_ends_with_one_summary_line(tmp_path: Path, redis_url: str, key_prefix: str) -> None:
     trace_path = write_trace(tmp_path / "t.jsonl", n=50)
     args = ["worker", "--trace", str(trace_path), "--speed", "100", "--capacity", "30"]

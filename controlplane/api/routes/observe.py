@@ -1,5 +1,6 @@
-"""Routes of the ``observe`` tag: categories (fit beside published), live agents and the
-shadow evaluation.
+"""Routes of the ``observe`` tag: categories (fit beside published; one by name in the path
+or, for any name, ``.`` and ``..`` included, in the query), live agents and the shadow
+evaluation.
 
 Responses are the controller's ``CategorySummary``/``CategoryDetail``, ``AgentView``
 (each agent's heartbeat with what ingest did with its events) and ``ShadowView``.
@@ -11,7 +12,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from controlplane.api.errors import ApiError, documented
-from controlplane.api.models import CategoryInPath
+from controlplane.api.models import CategoryInPath, CategoryInQuery
 from controlplane.api.routes import NEEDS_REDIS, ControllerDep
 from controlplane.service.agents import AgentView
 from controlplane.service.controller import CategoryDetail, CategorySummary
@@ -38,6 +39,13 @@ def get_category(name: CategoryInPath, controller: ControllerDep) -> CategoryDet
     if detail is None:
         raise ApiError(404, "unknown_category", f"category {name!r} has not been seen")
     return detail
+
+
+@_store_reads.get("/v1/category", response_model=CategoryDetail, responses=documented(404, 422))
+def get_category_named_in_query(name: CategoryInQuery, controller: ControllerDep) -> CategoryDetail:
+    """``GET /v1/categories/{name}`` with the name in the query (``?name=NAME``): it names
+    any category, ``.`` and ``..`` too, which clients resolve in a path as a step."""
+    return get_category(name, controller)
 
 
 AGENTS_NOT_LISTED_HEADER = "Kvwise-Agents-Not-Listed"

@@ -5,18 +5,21 @@ Each change publishes a new policy version (the store composes it); one that cha
 nothing (the same pin again) publishes nothing and answers with the document in force,
 which the ``Kvwise-Published`` header of every answer says (``false``). Names and counts
 are bounded here, at the edge: a category is any name an agent can send
-(``CategoryInPath``: the rest of the path, ``/`` included), and at most ``max_overrides``
-categories are pinned. It must never write Redis itself.
+(``CategoryInPath``: the rest of the path, ``/`` included; or ``CategoryInQuery``,
+``?category=``, for a name a client would resolve as a path step: ``.``, ``..``), and at
+most ``max_overrides`` categories are pinned. It must never write Redis itself.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from fastapi import APIRouter, Response
 
 from agent.policy_document import PolicyDocument
 from controlplane.api.errors import ApiError, FieldError, documented
 from controlplane.api.field_messages import FieldProblem
-from controlplane.api.models import CategoryInPath, EvictorBody, OverrideBody
+from controlplane.api.models import CategoryInPath, CategoryInQuery, EvictorBody, OverrideBody
 from controlplane.api.routes import NEEDS_REDIS, NO_BODY, ControllerDep, answer
 from controlplane.service.store import Change, EvictorState, StoreError, TooManyOverrides
 
@@ -31,17 +34,37 @@ def list_overrides(controller: ControllerDep) -> dict[str, dict[str, float]]:
     return controller.store.overrides()
 
 
-@writes.put(
-    "/v1/policy/overrides/{category:category}",
-    response_model=PolicyDocument,
-    responses=documented(409, 422),
-)
+_PIN: dict[str, Any] = {"response_model": PolicyDocument, "responses": documented(409, 422)}
+_RELEASE: dict[str, Any] = {
+    "response_model": PolicyDocument,
+    "responses": documented(404, 422),
+    "dependencies": [NO_BODY],
+}
+
+
+@writes.put("/v1/policy/overrides/{category:category}", **_PIN)
 def put_override(
     category: CategoryInPath, body: OverrideBody, controller: ControllerDep, response: Response
 ) -> PolicyDocument:
     """Pin any of ``rate``, ``p_reuse``, ``life_s`` for a category; publishes a version,
     unless the category's override is exactly that already: then nothing is published, the
     document in force comes back and the ``Kvwise-Published`` header says ``false``."""
+    return _pin(category, body, controller, response)
+
+
+@writes.put("/v1/policy/overrides", **_PIN)
+def put_override_named_in_query(
+    category: CategoryInQuery, body: OverrideBody, controller: ControllerDep, response: Response
+) -> PolicyDocument:
+    """``PUT /v1/policy/overrides/{category}`` with the category in the query
+    (``?category=NAME``): it names any category, ``.`` and ``..`` too, which clients resolve
+    in a path as a step."""
+    return _pin(category, body, controller, response)
+
+
+def _pin(
+    category: str, body: OverrideBody, controller: ControllerDep, response: Response
+) -> PolicyDocument:
     values = body.given()
     if not values:
         raise FieldError(FieldProblem("invalid_value", "body", "give rate, p_reuse or life_s"))
@@ -53,16 +76,24 @@ def put_override(
         raise FieldError(FieldProblem("invalid_value", "body", str(exc))) from None
 
 
-@writes.delete(
-    "/v1/policy/overrides/{category:category}",
-    response_model=PolicyDocument,
-    responses=documented(404, 422),
-    dependencies=[NO_BODY],
-)
+@writes.delete("/v1/policy/overrides/{category:category}", **_RELEASE)
 def delete_override(
     category: CategoryInPath, controller: ControllerDep, response: Response
 ) -> PolicyDocument:
     """Release a category's pinned parameters; publishes a version."""
+    return _release(category, controller, response)
+
+
+@writes.delete("/v1/policy/overrides", **_RELEASE)
+def delete_override_named_in_query(
+    category: CategoryInQuery, controller: ControllerDep, response: Response
+) -> PolicyDocument:
+    """``DELETE /v1/policy/overrides/{category}`` with the category in the query
+    (``?category=NAME``): it names any category, ``.`` and ``..`` too."""
+    return _release(category, controller, response)
+
+
+def _release(category: str, controller: ControllerDep, response: Response) -> PolicyDocument:
     try:
         return answer(Change(controller.store.delete_override(category), True), response)
     except StoreError as exc:

@@ -2,7 +2,7 @@
 // confirmation in a modal dialog, sends one REST call with the bearer token, and shows the
 // outcome: the new version, or the API's error exactly as it answered.
 
-import { api, ApiError } from "./api.js";
+import { api, ApiError, categoryPaths } from "./api.js";
 import { el, fmtAge, fmtNum, fmtTime } from "./dom.js";
 
 const OVERRIDE_FIELDS = [["ov-p", "p_reuse", "p"], ["ov-rate", "rate", "a"], ["ov-life", "life_s", "Life window"]];
@@ -112,10 +112,10 @@ export function makeActions(afterChange) {
     removeOverride: (category) => run(
       [`Remove the override of ${category}?`,
         `A new version is published with ${category}'s fitted values.`, "Remove override"],
-      () => api.delete(`/v1/policy/overrides/${encodeURIComponent(category)}`),
+      () => api.delete(categoryPaths.override(category)),
       published, afterChange),
     override: (category, values) => run(overrideQuestion(category, values),
-      () => api.put(`/v1/policy/overrides/${encodeURIComponent(category)}`, values),
+      () => api.put(categoryPaths.override(category), values),
       published, afterChange),
     refit: () => run(
       ["Refit now?", "Every category is fitted now; a new version is published if the guard passes. A rollback hold is released.", "Refit"],

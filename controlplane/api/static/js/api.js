@@ -86,6 +86,21 @@ export const api = {
 };
 
 /**
+ * Where one category is read or pinned: each route's query form, the name in the query. A
+ * browser resolves a path segment "." or ".." (even encoded as %2E) as a step, so the path
+ * form (/v1/categories/{name}) cannot reach a category of either name; the query reaches
+ * every one.
+ */
+export const categoryPaths = {
+  detail: (name) => inQuery("/v1/category", "name", name),
+  override: (name) => inQuery("/v1/policy/overrides", "category", name),
+};
+
+function inQuery(path, parameter, name) {
+  return `${path}?${parameter}=${encodeURIComponent(name)}`;
+}
+
+/**
  * The paths the controller serves, from its OpenAPI document (read once a minute at most):
  * optional routes are looked up here instead of probed, so a controller without one shows
  * no failed request.

@@ -1,8 +1,9 @@
 // The categories section: every category in a table, and for the busiest of those the filter
 // lets through, the fitted curve p (1 - e^{-a t}) over the empirical life-table CDF of the
-// last fit (GET /v1/categories/{name}), with the published curve too when an override moves it.
+// last fit (GET /v1/category?name=NAME: the query names every category, "." and ".." too),
+// with the published curve too when an override moves it.
 
-import { api } from "./api.js";
+import { api, categoryPaths } from "./api.js";
 import { lineChart, PALETTE } from "./charts.js";
 import { el, fmtInt, fmtNum, setText, showError, syncRows } from "./dom.js";
 
@@ -116,7 +117,7 @@ async function fetchCurves(names, version) {
 function readCurve(name, version) {
   const readKey = `${version} ${name}`;
   if (!reading.has(readKey)) {
-    const read = api.get(`/v1/categories/${encodeURIComponent(name)}`).then((detail) => {
+    const read = api.get(categoryPaths.detail(name)).then((detail) => {
       curves.set(name, { detail, at: Date.now(), version, key: JSON.stringify(detail) });
     });
     reading.set(readKey, read.finally(() => reading.delete(readKey)));
