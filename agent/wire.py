@@ -326,12 +326,12 @@ def decode_batch(
     """
     limits = limits or BatchLimits()
     raw = {_text(k, "field name"): v for k, v in fields.items()}
+    # The schema first: another schema's entry may lack a field of this one.
+    if "v" in raw and (v := _int_field(raw, "v")) != WIRE_SCHEMA_VERSION:
+        raise WireError(_other_schema(v))
     missing = [f for f in _FIELDS if f not in raw]
     if missing:
         raise WireError(f"missing field {missing[0]!r}")
-    v = _int_field(raw, "v")
-    if v != WIRE_SCHEMA_VERSION:
-        raise WireError(_other_schema(v))
     seq = _int_field(raw, "s")
     if seq < 1:
         raise WireError(f"s: sequence number {seq} < 1")

@@ -81,6 +81,18 @@ def test_poison_entries_are_dead_lettered_and_the_reclaim_loop_goes_on(
         assert r.xlen(stream) == 0  # dead-lettered sources deleted, applied ones trimmed
 
 
+def test_another_schemas_entry_is_dead_lettered_for_its_schema(
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
+) -> None:
+    """An entry of schema 9 lacking this schema's fields was dead-lettered with "missing
+    field 'e'", not the schema reason docs/controller.md documents."""
+    r.xadd(keys.events_stream("junk"), {b"v": b"9", b"w": b"junk", b"n": b"1"})
+    with controller(redis_url, key_prefix, reclaim_idle_ms=200):
+        wait_until(lambda: len(dead_letters(r, keys)) == 1, what="the dead letter")
+        (reason,) = [f[b"reason"].decode() for f in dead_letters(r, keys)]
+        assert "v: the sender speaks wire schema 9, this side 2" in reason, reason
+
+
 def test_a_clock_hours_ahead_moves_nothing_and_is_counted(
     redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
 ) -> None:
