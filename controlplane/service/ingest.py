@@ -133,6 +133,12 @@ class IngestCounters(EntryCounts):
     gaps: dict[str, int] = field(default_factory=dict)
 
 
+def shown(name: bytes) -> str:
+    """A Redis key or entry id as the log shows it: text (bytes not UTF-8 escaped), never
+    a bytes repr."""
+    return name.decode(errors="backslashreplace")
+
+
 @dataclass
 class _Refusal:
     entry_id: bytes
@@ -289,9 +295,9 @@ class Ingestor(BackgroundLoop):
         """Leave ``stream`` unread, past ``max_workers``: said once per stream."""
         if self.refused.first(stream):
             log.warning(
-                "stream %r left unread: this controller reads %d worker streams already "
+                "stream %s left unread: this controller reads %d worker streams already "
                 "(KVWISE_MAX_WORKERS); it is read once one of them expires",
-                stream,
+                shown(stream),
                 self.settings.max_workers,
             )
 
@@ -522,9 +528,9 @@ class Ingestor(BackgroundLoop):
         except WireError:
             if self._schema1_told.first(stream):
                 log.error(
-                    "stream %r is not a schema-2 worker stream (an agent of an older kvwise "
+                    "stream %s is not a schema-2 worker stream (an agent of an older kvwise "
                     "release?): its entries are dead-lettered",
-                    stream,
+                    shown(stream),
                 )
             return None
 
@@ -567,7 +573,11 @@ class Ingestor(BackgroundLoop):
         self._told[key] = (now, 0)
         more = f" ({quiet} more like it not logged)" if quiet else ""
         log.warning(
-            "dead-lettered entry %s of %s: %s%s", refusal.entry_id, stream, refusal.reason, more
+            "dead-lettered entry %s of %s: %s%s",
+            shown(refusal.entry_id),
+            shown(stream),
+            refusal.reason,
+            more,
         )
 
     def _dead_letter(self, refusals: list[tuple[bytes, _Refusal]]) -> None:

@@ -93,6 +93,23 @@ def test_another_schemas_entry_is_dead_lettered_for_its_schema(
         assert "v: the sender speaks wire schema 9, this side 2" in reason, reason
 
 
+def test_the_log_names_dead_lettered_entries_and_streams_in_plain_text(
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The log once read "dead-lettered entry b'1796599269086-0' of b'...'": bytes reprs
+    (and "stream b'...\\xc3\\xa9' is not a schema-2 worker stream")."""
+    stream = keys.events_stream("junk")
+    entry = r.xadd(stream, raw_fields(v=b"\xff")).decode()
+    r.xadd(f"{key_prefix}events:\u00e9", raw_fields())
+    with controller(redis_url, key_prefix, reclaim_idle_ms=200):
+        wait_until(lambda: len(dead_letters(r, keys)) == 2, what="the dead letters")
+    told = [m for m in caplog.messages if "dead-lettered entry" in m or "schema-2" in m]
+    assert any(f"dead-lettered entry {entry} of {stream}: v: not UTF-8" in m for m in told), told
+    assert any(f"stream {key_prefix}events:\u00e9 is not" in m for m in told), told
+    named = ("entry b'", "of b'", "stream b'")  # the reason may quote payload bytes
+    assert not [m for m in told if any(bad in m for bad in named)], told
+
+
 def test_a_clock_hours_ahead_moves_nothing_and_is_counted(
     redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
 ) -> None:
