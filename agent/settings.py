@@ -7,7 +7,8 @@ mirror these one to one. It must never read anything but the environment.
 from __future__ import annotations
 
 import os
-from typing import Annotated, Self
+import re
+from typing import Annotated, Final, Self
 
 from pydantic import (
     BaseModel,
@@ -32,6 +33,13 @@ MIN_HEARTBEAT_S = 0.1
 
 Wait = Annotated[float, Field(ge=MIN_WAIT_S)]
 """An agent thread's wait (seconds), ``MIN_WAIT_S`` at least."""
+
+DEVICE_TYPES: Final = ("cpu", "cuda", "xpu", "hpu", "mps")
+"""The torch device types the device evictor may be put on, by torch's names: a device is
+one of them, or one with ``:N`` (the index of one of its kind), as ``torch.device`` reads
+it. Checked here without torch (the agent runs without it); whether this machine's torch
+can use the device is found when the evictor is built (``agent.device_evictor``)."""
+_DEVICE: Final = re.compile(rf"(?:{'|'.join(DEVICE_TYPES)})(?::[0-9]+)?")
 
 
 class RedisSettings(BaseModel):
@@ -65,7 +73,11 @@ class AgentSettings(BaseSettings, RedisSettings):
     enable: bool = Field(default=False, description="Turn the agent (and engine plugin) on")
     worker_id: str = Field(default="", description="This worker's id; default host-pid")
     evictor: str = Field(default="wa", description="Policy name: wa, lru, ... or 'device'")
-    device: str = Field(default="cpu", description="Device of the torch evictor: cuda, cpu")
+    device: str = Field(
+        default="cpu",
+        description="Device of the torch evictor: cpu, cuda or cuda:N (N the GPU's index); "
+        "also xpu, hpu, mps, each with :N",
+    )
     buffer_events: PositiveInt = Field(
         default=1 << 18, description="Events held before the publisher drops"
     )
@@ -118,6 +130,17 @@ class AgentSettings(BaseSettings, RedisSettings):
         gt=1,
         description="Distinct categories tracked; later ones share 'other'",
     )
+
+    @field_validator("device")
+    @classmethod
+    def _a_torch_device_kvwise_runs_on(cls, device: str) -> str:
+        if not _DEVICE.fullmatch(device):
+            kinds = ", ".join(DEVICE_TYPES[2:])
+            raise ValueError(
+                f"not a device the torch evictor runs on: cpu, cuda or cuda:N (N the GPU's "
+                f"index); also {kinds}, each with :N"
+            )
+        return device
 
     @model_validator(mode="after")
     def _heartbeat_outlives_its_interval(self) -> Self:

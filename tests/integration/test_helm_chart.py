@@ -519,6 +519,19 @@ def test_an_open_api_renders_when_asked_for() -> None:
     assert "KVWISE_API_TOKEN" not in {e["name"] for e in env}
 
 
+@pytest.mark.parametrize(
+    "device", ["cpu", "cuda", "cuda:0", "cuda:12", "xpu:1", "mps", "tpu", "CUDA", "cuda:x", "cuda "]
+)
+def test_schema_takes_the_devices_the_agent_takes(device: str) -> None:
+    """A device the agent refuses at start is refused at install."""
+    try:
+        AgentSettings(device=device)
+        agent_takes = True
+    except ValidationError:
+        agent_takes = False
+    assert bool(re.search(pattern_at("workers", "agent", "device"), device)) == agent_takes
+
+
 # --- the settings mirror ----------------------------------------------------------------------
 def test_controller_values_mirror_controller_settings_one_to_one() -> None:
     fields = ControllerSettings.model_fields

@@ -90,6 +90,15 @@ def test_a_key_prefix_with_a_hash_tag_is_one_error_line(command: list[str], what
     assert "must not contain braces" in line
 
 
+def test_config_refuses_a_device_the_evictor_would_refuse() -> None:
+    """``KVWISE_DEVICE=tpu kvwise config`` exited 0; the worker's evictor refused it later."""
+    res = kvwise("config", env={"KVWISE_DEVICE": "tpu"})
+    assert res.returncode == 2
+    line = one_error_line(res)
+    assert line.startswith("error: bad agent setting KVWISE_DEVICE='tpu': "), line
+    assert "cpu, cuda or cuda:N" in line
+
+
 @pytest.mark.parametrize("command", ["replay", "simulate", "trace stats"])
 def test_a_missing_trace_is_named_in_plain_words(command: str) -> None:
     res = kvwise(*command.split(), "no-such-trace.jsonl")

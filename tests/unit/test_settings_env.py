@@ -195,3 +195,19 @@ def test_an_engine_reads_a_check_across_settings_as_one_line(
     monkeypatch.setenv("KVWISE_HEARTBEAT_TTL_S", "5")
     with pytest.raises(ValueError, match=r"^kvwise: bad agent settings: KVWISE_HEARTBEAT_TTL_S"):
         read_agent_settings()
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:0", "cuda:12", "xpu:1", "mps"])
+def test_a_torch_device_kvwise_runs_on_is_taken(device: str) -> None:
+    assert AgentSettings(device=device).device == device
+
+
+@pytest.mark.parametrize("device", ["tpu", "CUDA", "cuda:x", "cuda:-1", "cuda 0", " cpu", ""])
+def test_a_device_that_is_not_one_is_refused_at_settings_naming_the_forms(
+    device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``KVWISE_DEVICE=tpu`` passed ``kvwise config``; the evictor refused it at start."""
+    monkeypatch.setenv("KVWISE_DEVICE", device)
+    with pytest.raises(ValueError, match="bad agent setting KVWISE_DEVICE: ") as err:
+        read_agent_settings()
+    assert "cpu, cuda or cuda:N" in str(err.value)
