@@ -285,7 +285,8 @@ class BatchLimits:
     """What a decoder accepts in one stream entry: over a limit is ``WireLimitError``.
 
     Its defaults are the settings' defaults on both ends: the controller's
-    ``ingest_max_events`` and ``max_categories_per_worker``, an agent's ``max_categories``
+    ``ingest_max_events`` and ``max_categories_per_worker``, an agent's
+    ``max_tracked_categories``
     (an agent never names more categories than the controller takes from it)."""
 
     max_events: int = 65_536

@@ -113,7 +113,7 @@ class Agent:
         # The evictor may number categories itself (``add_category``): map agent codes
         # to its codes, so the two tables never have to agree.
         self._evictor_codes: list[int] = []
-        self.categories = CategoryTable(settings.max_categories, on_new=self._new_category)
+        self.categories = CategoryTable(settings.max_tracked_categories, on_new=self._new_category)
         unknown = self.categories.code(UNKNOWN_CATEGORY)
         ghosts = settings.ghost_blocks or capacity
         self._returns = return_tracker(settings, capacity)

@@ -369,8 +369,14 @@ BAD_COMBINATIONS = [
         id="read-token-is-the-api-token",
     ),
     pytest.param(
-        {"workers": {"enabled": True, "model": {"name": "m"}, "agent": {"maxCategories": 2048}}},
-        "workers.agent.maxCategories (2048) must not exceed "
+        {
+            "workers": {
+                "enabled": True,
+                "model": {"name": "m"},
+                "agent": {"maxTrackedCategories": 2048},
+            }
+        },
+        "workers.agent.maxTrackedCategories (2048) must not exceed "
         "controller.config.maxCategoriesPerWorker (1024)",
         id="agent-names-more-categories-than-the-controller-takes",
     ),

@@ -99,6 +99,36 @@ def test_config_refuses_a_device_the_evictor_would_refuse() -> None:
     assert "cpu, cuda or cuda:N" in line
 
 
+@pytest.mark.parametrize(
+    ("env", "warned"),
+    [
+        ({"KVWISE_MAX_CATEGORIES": "4096"}, "KVWISE_MAX_CATEGORIES (4096, deprecated here)"),
+        ({"KVWISE_MAX_TRACKED_CATEGORIES": "2048"}, "KVWISE_MAX_TRACKED_CATEGORIES (2048)"),
+        ({"KVWISE_MAX_CATEGORIES": "4096", "KVWISE_MAX_TRACKED_CATEGORIES": "1024"}, None),
+    ],
+)
+def test_config_names_each_category_limit_once_and_warns_where_agents_would_be_refused(
+    env: dict[str, str], warned: str | None
+) -> None:
+    """``kvwise config`` printed ``KVWISE_MAX_CATEGORIES`` twice (the controller's window
+    and the agent's limit), and said nothing of an agent limit past the controller's
+    per-worker one, which the chart refuses at install."""
+    res = kvwise("config", env=env)
+    assert res.returncode == 0, res.stderr
+    names = [line.split("=")[0] for line in res.stdout.splitlines() if "=" in line]
+    assert names.count("KVWISE_MAX_CATEGORIES") == 1
+    assert names.count("KVWISE_MAX_TRACKED_CATEGORIES") == 1
+    said = [line for line in res.stderr.splitlines() if line.startswith("warning: ")]
+    if warned is None:
+        assert said == [], res.stderr
+    else:
+        assert said == [
+            f"warning: {warned} exceeds KVWISE_MAX_CATEGORIES_PER_WORKER (1024): a controller "
+            "of this environment dead-letters every entry of an agent of this environment "
+            "once it names more categories than that"
+        ], res.stderr
+
+
 @pytest.mark.parametrize("command", ["replay", "simulate", "trace stats"])
 def test_a_missing_trace_is_named_in_plain_words(command: str) -> None:
     res = kvwise(*command.split(), "no-such-trace.jsonl")

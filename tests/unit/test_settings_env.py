@@ -211,3 +211,27 @@ def test_a_device_that_is_not_one_is_refused_at_settings_naming_the_forms(
     with pytest.raises(ValueError, match="bad agent setting KVWISE_DEVICE: ") as err:
         read_agent_settings()
     assert "cpu, cuda or cuda:N" in str(err.value)
+
+
+def test_the_agents_category_limit_has_its_own_name_apart_from_the_controllers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``KVWISE_MAX_CATEGORIES`` set both the controller's window (2048) and the agent's
+    limit (1024): one environment could not give each its own."""
+    monkeypatch.setenv("KVWISE_MAX_CATEGORIES", "4096")
+    monkeypatch.setenv("KVWISE_MAX_TRACKED_CATEGORIES", "512")
+    assert ControllerSettings().max_categories == 4096
+    assert read_agent_settings().max_tracked_categories == 512
+
+
+def test_the_old_name_still_sets_an_agent_without_the_new_one_and_says_it_is_deprecated(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("kvwise_max_categories", "300")  # names are read in any case
+    assert read_agent_settings().max_tracked_categories == 300
+    (said,) = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+    assert said.startswith("KVWISE_MAX_CATEGORIES (300) set the agent's category limit: ")
+    assert "set KVWISE_MAX_TRACKED_CATEGORIES" in said
+    monkeypatch.setenv("KVWISE_MAX_CATEGORIES", "many")
+    with pytest.raises(ValueError, match="KVWISE_MAX_TRACKED_CATEGORIES: "):
+        read_agent_settings()
