@@ -92,7 +92,7 @@ class Keys:
 
     def worker_of(self, stream: str | bytes) -> str:
         """The worker id of an ``events_stream`` key (inverse of ``events_stream``)."""
-        key = stream.decode() if isinstance(stream, bytes) else stream
+        key = _text(stream, "stream key")  # a WireError for bytes that are not UTF-8
         head = f"{self.prefix}events:"
         if not (key.startswith(head + "{") and key.endswith("}")):
             raise WireError(f"stream key {key!r} is not {head}{{worker}}")

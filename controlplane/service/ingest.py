@@ -534,10 +534,11 @@ class Ingestor(BackgroundLoop):
                 )
             return None
 
-    def _ledger_key(self, stream: bytes) -> str:
+    def _ledger_key(self, stream: bytes) -> str | bytes:
         worker = self._worker_of(stream)
-        # An untagged (schema 1) stream: no ledger; its own key keeps the call on one shard.
-        return self.keys.ingest_state(worker) if worker is not None else stream.decode()
+        # An untagged (schema 1) stream, or one whose name is not text: no ledger; its own
+        # key keeps the call on one shard.
+        return self.keys.ingest_state(worker) if worker is not None else stream
 
     def _load_ledgers(self, streams: list[bytes]) -> None:
         workers = [w for w in map(self._worker_of, streams) if w and w not in self.ledgers]

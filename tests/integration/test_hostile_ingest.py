@@ -110,6 +110,19 @@ def test_the_log_names_dead_lettered_entries_and_streams_in_plain_text(
     assert not [m for m in told if any(bad in m for bad in named)], told
 
 
+@pytest.mark.parametrize("name", [b"\xff", b"{\xff}"])
+def test_a_stream_named_in_bytes_that_are_not_utf8_stops_no_ingest(
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys, name: bytes
+) -> None:
+    """Its name's decoding raised out of the round: every round failed, and no worker's
+    batches were ingested while the stream was there."""
+    r.xadd(f"{key_prefix}events:".encode() + name, raw_fields())
+    send(r, keys, good_batch("w1", 1))
+    with controller(redis_url, key_prefix, reclaim_idle_ms=200) as c:
+        wait_until(lambda: c.ingestor.counters.batches == 1, what="the good batch")
+        wait_until(lambda: len(dead_letters(r, keys)) == 1, what="the dead letter")
+
+
 def test_a_clock_hours_ahead_moves_nothing_and_is_counted(
     redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
 ) -> None:
