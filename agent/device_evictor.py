@@ -42,6 +42,26 @@ from agent.policies.wa_core import Attribution
 from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 
 
+class DeviceUnusable(RuntimeError):
+    """This torch cannot put a tensor on the device named (not built for its kind, no such
+    device, no such index)."""
+
+
+def usable_device(device: str | torch.device) -> torch.device:
+    """``device`` as torch's, once a tensor was put on it: an unusable device is found as
+    the evictor is built, not at its first eviction inside the engine. Otherwise
+    ``DeviceUnusable`` naming it and torch's reason (torch raises a different error for
+    each kind of device it cannot use)."""
+    try:
+        found = torch.device(device)
+        torch.empty(1, device=found)
+    except (RuntimeError, AssertionError, ImportError) as exc:
+        raise DeviceUnusable(
+            f"device {str(device)!r} cannot be used by this torch ({torch.__version__}): {exc}"
+        ) from None
+    return found
+
+
 class DeviceEvictor(WAPolicy):
     """Workload-aware eviction whose category bounds are scored and sorted on a torch
     device; victims identical to ``WAPolicy``'s.
@@ -65,7 +85,7 @@ class DeviceEvictor(WAPolicy):
         attribution: Attribution = "last",
     ) -> None:
         super().__init__(category_names=category_names, doc=doc, attribution=attribution)
-        self.device = torch.device(device)
+        self.device = usable_device(device)
         self._capacity = max(int(capacity), 1)
         # Every row's lc and a on the device (None: to upload before the next pass).
         self._constants_on_device: torch.Tensor | None = None

@@ -6,8 +6,10 @@ mirror these one to one. It must never read anything but the environment.
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Annotated, Self
+import re
+from typing import Annotated, Final, Self
 
 from pydantic import (
     BaseModel,
@@ -24,6 +26,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.wire import BatchLimits, Keys
 
+log = logging.getLogger(__name__)
+
 MIN_WAIT_S = 0.01
 """The shortest wait of an agent thread (flush, poll, backoff, Redis timeout) a setting may
 ask: shorter, the thread spins on Redis round trips and takes the engine process's CPU."""
@@ -32,6 +36,13 @@ MIN_HEARTBEAT_S = 0.1
 
 Wait = Annotated[float, Field(ge=MIN_WAIT_S)]
 """An agent thread's wait (seconds), ``MIN_WAIT_S`` at least."""
+
+DEVICE_TYPES: Final = ("cpu", "cuda", "xpu", "hpu", "mps")
+"""The torch device types the device evictor may be put on, by torch's names: a device is
+one of them, or one with ``:N`` (the index of one of its kind), as ``torch.device`` reads
+it. Checked here without torch (the agent runs without it); whether this machine's torch
+can use the device is found when the evictor is built (``agent.device_evictor``)."""
+_DEVICE: Final = re.compile(rf"(?:{'|'.join(DEVICE_TYPES)})(?::[0-9]+)?")
 
 
 class RedisSettings(BaseModel):
@@ -65,7 +76,11 @@ class AgentSettings(BaseSettings, RedisSettings):
     enable: bool = Field(default=False, description="Turn the agent (and engine plugin) on")
     worker_id: str = Field(default="", description="This worker's id; default host-pid")
     evictor: str = Field(default="wa", description="Policy name: wa, lru, ... or 'device'")
-    device: str = Field(default="cpu", description="Device of the torch evictor: cuda, cpu")
+    device: str = Field(
+        default="cpu",
+        description="Device of the torch evictor: cpu, cuda or cuda:N (N the GPU's index); "
+        "also xpu, hpu, mps, each with :N",
+    )
     buffer_events: PositiveInt = Field(
         default=1 << 18, description="Events held before the publisher drops"
     )
@@ -113,11 +128,40 @@ class AgentSettings(BaseSettings, RedisSettings):
     max_policy_categories: PositiveInt = Field(
         default=4096, description="Most categories a policy document may hold"
     )
-    max_categories: int = Field(
+    max_tracked_categories: int = Field(
         default=BatchLimits.max_categories,
         gt=1,
-        description="Distinct categories tracked; later ones share 'other'",
+        description="Distinct categories tracked; later ones share 'other'. At most the "
+        "controller's KVWISE_MAX_CATEGORIES_PER_WORKER. Unset, KVWISE_MAX_CATEGORIES is read "
+        "in its place (deprecated: that name is the controller's window)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _the_deprecated_name_of_the_category_limit(cls, data: object) -> object:
+        """``KVWISE_MAX_CATEGORIES`` where ``KVWISE_MAX_TRACKED_CATEGORIES`` is not set (the
+        name both sides once shared), said as deprecated."""
+        old = category_limit_by_deprecated_name()
+        if old is None or not isinstance(data, dict) or "max_tracked_categories" in data:
+            return data
+        log.warning(
+            "%s (%s) set the agent's category limit: deprecated, the name is the controller's "
+            "window; set KVWISE_MAX_TRACKED_CATEGORIES",
+            DEPRECATED_CATEGORY_LIMIT,
+            old,
+        )
+        return {**data, "max_tracked_categories": old}
+
+    @field_validator("device")
+    @classmethod
+    def _a_torch_device_kvwise_runs_on(cls, device: str) -> str:
+        if not _DEVICE.fullmatch(device):
+            kinds = ", ".join(DEVICE_TYPES[2:])
+            raise ValueError(
+                f"not a device the torch evictor runs on: cpu, cuda or cuda:N (N the GPU's "
+                f"index); also {kinds}, each with :N"
+            )
+        return device
 
     @model_validator(mode="after")
     def _heartbeat_outlives_its_interval(self) -> Self:
@@ -131,6 +175,24 @@ class AgentSettings(BaseSettings, RedisSettings):
         return self
 
 
+DEPRECATED_CATEGORY_LIMIT: Final = "KVWISE_MAX_CATEGORIES"
+"""The agent's category limit as it was once named, the controller's window's name too."""
+
+
+def environment_value(name: str) -> str | None:
+    """The environment's value of ``name``, read as the settings read it (any case)."""
+    names = {key.upper(): value for key, value in os.environ.items()}
+    return names.get(name.upper())
+
+
+def category_limit_by_deprecated_name() -> str | None:
+    """``KVWISE_MAX_CATEGORIES`` where it sets the agent's category limit: where
+    ``KVWISE_MAX_TRACKED_CATEGORIES`` is not set."""
+    if environment_value("KVWISE_MAX_TRACKED_CATEGORIES") is not None:
+        return None
+    return environment_value(DEPRECATED_CATEGORY_LIMIT)
+
+
 def agent_enabled() -> bool:
     """Whether ``KVWISE_ENABLE`` turns the agent on, read alone.
 
@@ -138,10 +200,8 @@ def agent_enabled() -> bool:
     ``KVWISE_*`` setting must not stop an engine that runs without kvwise. A bad value of
     ``KVWISE_ENABLE`` itself is an error naming it.
     """
-    config = AgentSettings.model_config
-    prefix = config.get("env_prefix", "")
-    names = {name.upper(): value for name, value in os.environ.items()}
-    raw = names.get(f"{prefix}ENABLE".upper())
+    prefix = AgentSettings.model_config.get("env_prefix", "")
+    raw = environment_value(f"{prefix}ENABLE")
     if raw is None:
         return bool(AgentSettings.model_fields["enable"].default)
     try:

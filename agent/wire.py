@@ -92,7 +92,7 @@ class Keys:
 
     def worker_of(self, stream: str | bytes) -> str:
         """The worker id of an ``events_stream`` key (inverse of ``events_stream``)."""
-        key = stream.decode() if isinstance(stream, bytes) else stream
+        key = _text(stream, "stream key")  # a WireError for bytes that are not UTF-8
         head = f"{self.prefix}events:"
         if not (key.startswith(head + "{") and key.endswith("}")):
             raise WireError(f"stream key {key!r} is not {head}{{worker}}")
@@ -285,7 +285,8 @@ class BatchLimits:
     """What a decoder accepts in one stream entry: over a limit is ``WireLimitError``.
 
     Its defaults are the settings' defaults on both ends: the controller's
-    ``ingest_max_events`` and ``max_categories_per_worker``, an agent's ``max_categories``
+    ``ingest_max_events`` and ``max_categories_per_worker``, an agent's
+    ``max_tracked_categories``
     (an agent never names more categories than the controller takes from it)."""
 
     max_events: int = 65_536
@@ -326,12 +327,12 @@ def decode_batch(
     """
     limits = limits or BatchLimits()
     raw = {_text(k, "field name"): v for k, v in fields.items()}
+    # The schema first: another schema's entry may lack a field of this one.
+    if "v" in raw and (v := _int_field(raw, "v")) != WIRE_SCHEMA_VERSION:
+        raise WireError(_other_schema(v))
     missing = [f for f in _FIELDS if f not in raw]
     if missing:
         raise WireError(f"missing field {missing[0]!r}")
-    v = _int_field(raw, "v")
-    if v != WIRE_SCHEMA_VERSION:
-        raise WireError(_other_schema(v))
     seq = _int_field(raw, "s")
     if seq < 1:
         raise WireError(f"s: sequence number {seq} < 1")

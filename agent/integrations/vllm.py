@@ -55,10 +55,7 @@ from agent.integrations.engine_agent import (
     EngineAgent,
     RequestReport,
 )
-from agent.policies import create
-from agent.policies.base import EvictionPolicy
-from agent.policy_document import DEFAULT_FAMILY
-from agent.runtime.family import configured_family
+from agent.runtime.family import build_evictor
 from agent.settings import AgentSettings, agent_enabled, read_agent_settings
 
 # Under "vllm": vLLM configures that logger tree, so these lines show in its log.
@@ -184,20 +181,6 @@ def _missing_surface(block_pool: Any, kv_cache_manager: Any) -> list[str]:
         for method in methods
         if not hasattr(getattr(module, cls_name, None), method)
     ]
-
-
-def build_evictor(
-    settings: AgentSettings, num_blocks: int, family: str | None = None
-) -> EvictionPolicy:
-    """An evictor of ``family`` (default: the configured one's) for a pool of
-    ``num_blocks`` blocks: ``wa`` is the torch evictor when ``device`` is configured; a
-    baseline is the CPU policy everywhere."""
-    family = family or configured_family(settings)
-    if family == DEFAULT_FAMILY and settings.evictor == "device":
-        from agent.device_evictor import DeviceEvictor  # torch: only when asked for
-
-        return DeviceEvictor(num_blocks, device=settings.device)
-    return create(family, num_blocks)
 
 
 def _make_queue(blocks: list[Any]) -> Any:

@@ -25,7 +25,7 @@ import numpy as np
 from agent.category_table import CategoryTable, reused_name
 from agent.engine_time import EngineTime
 from agent.history import EVICT, FREE, HIT, AccessHistory
-from agent.policies import EvictionPolicy, create
+from agent.policies import EvictionPolicy
 from agent.policies.handover import NamesCategories, ReloadsPolicy, hand_over
 from agent.policies.wa_core import runs
 from agent.policy_document import BUILTIN_POLICY, PolicyDocument
@@ -34,6 +34,7 @@ from agent.reuse_classes import REUSE_GHOST_CAPACITIES, ReturnTracker
 from agent.runtime.connection import AGENT_CALL_RETRIES, connect
 from agent.runtime.family import (
     SwitchesFamily,
+    build_evictor,
     configured_family,
     follows_document,
 )
@@ -106,12 +107,13 @@ class Agent:
         self.keys = Keys(settings.key_prefix)
         self.family = configured_family(settings)  # the evictor family in force
         self.follows_family = follows_document(settings)
-        self.policy = policy if policy is not None else create(self.family, capacity)
+        # The configured evictor: the torch one for ``device`` (``build_evictor``).
+        self.policy = policy if policy is not None else build_evictor(settings, capacity)
         self.last_now = 0.0  # the latest ``now`` of a hook: the time of a family switch
         # The evictor may number categories itself (``add_category``): map agent codes
         # to its codes, so the two tables never have to agree.
         self._evictor_codes: list[int] = []
-        self.categories = CategoryTable(settings.max_categories, on_new=self._new_category)
+        self.categories = CategoryTable(settings.max_tracked_categories, on_new=self._new_category)
         unknown = self.categories.code(UNKNOWN_CATEGORY)
         ghosts = settings.ghost_blocks or capacity
         self._returns = return_tracker(settings, capacity)
@@ -312,7 +314,7 @@ class Agent:
         """A fresh evictor of ``doc``'s family takes ``doc``, then every cached block in
         the old one's victim order: a refusal of either comes before anything moved (or,
         for the blocks, puts them back: ``hand_over``)."""
-        new = create(doc.evictor, self.capacity)
+        new = build_evictor(self.settings, self.capacity, doc.evictor)
         set_parameters(new, doc)
         codes = [self._code_in(new, name, code) for code, name in enumerate(self.categories.names)]
         hand_over(self.policy, new, self.last_now)

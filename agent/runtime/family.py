@@ -3,18 +3,21 @@
 Owns the rule and the builder: an agent configured with ``wa`` (or ``device``, the torch
 ``wa``) follows the ``evictor`` the document names; one configured with a baseline
 (``KVWISE_EVICTOR=lru``, as the demo's control workers) is a fixed control and keeps it.
-The ``wa`` family is the torch evictor where the agent was configured with ``device``
-(the vLLM integration builds it); a baseline runs on the CPU policy of the agent registry
-everywhere (there is no device baseline). It also owns the names an agent accepts (every
-registered policy and ``device``) and how a run names a family the document put in place
-of the configured one. It must never do I/O or import torch.
+The ``wa`` family is the torch evictor on ``KVWISE_DEVICE`` where the agent was
+configured with ``device`` (``build_evictor``, for the agent and the engine integrations
+alike: at start and at each family switch); a baseline runs on the CPU policy of the
+agent registry everywhere (there is no device baseline). It also owns the names an agent
+accepts (every registered policy and ``device``) and how a run names a family the
+document put in place of the configured one. It must never do I/O, nor import torch
+other than through ``agent.device_evictor``, and that only when ``device`` is configured
+(an agent without torch runs every other evictor).
 """
 
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from agent.policies import UnknownPolicyError, names
+from agent.policies import EvictionPolicy, UnknownPolicyError, create, names
 from agent.policy_document import DEFAULT_FAMILY, PolicyDocument
 from agent.settings import AgentSettings
 
@@ -43,12 +46,49 @@ def configured_family(settings: AgentSettings) -> str:
     return DEFAULT_FAMILY if settings.evictor == DEVICE else settings.evictor
 
 
+class EvictorUnavailable(RuntimeError):
+    """The configured evictor cannot be built here: the device evictor without torch, or
+    on a device this torch cannot use."""
+
+
+def build_evictor(
+    settings: AgentSettings, capacity: int, family: str | None = None
+) -> EvictionPolicy:
+    """An evictor of ``family`` (default: the configured one's) sized for ``capacity``
+    blocks: ``wa`` is the torch evictor where ``device`` is configured; a baseline is the
+    CPU policy everywhere."""
+    family = family or configured_family(settings)
+    if family == DEFAULT_FAMILY and settings.evictor == DEVICE:
+        return device_evictor(settings, capacity)
+    return create(family, capacity)
+
+
+def device_evictor(settings: AgentSettings, capacity: int) -> EvictionPolicy:
+    """The torch ``wa`` on ``KVWISE_DEVICE``; ``EvictorUnavailable`` naming the variable
+    and the device where torch is missing or cannot use it (never a CPU ``wa`` instead)."""
+    where = f"KVWISE_DEVICE={settings.device}"
+    try:
+        from agent.device_evictor import DeviceEvictor, DeviceUnusable  # torch: only here
+    except ImportError as exc:
+        raise EvictorUnavailable(
+            f"{where}: the device evictor needs torch, which cannot be imported here ({exc}): "
+            "install kvwise[torch], or configure another evictor"
+        ) from None
+    try:
+        return DeviceEvictor(capacity, device=settings.device)
+    except DeviceUnusable as exc:
+        raise EvictorUnavailable(f"{where}: {exc}") from None
+
+
 def family_label(configured: str, in_force: str) -> str:
-    """How a run names its evictor: the family in force, and, where the document's family
-    (the fleet's pin or selection) replaced the configured one, what was configured
-    (``device -> s3fifo (fleet)``). A baseline never follows, so it is never replaced."""
-    if configured not in FOLLOWING or in_force == DEFAULT_FAMILY:
+    """How a run names its evictor: the family in force (``device`` where the torch ``wa``
+    runs), and, where the document's family (the fleet's pin or selection) replaced the
+    configured one, what was configured (``device -> s3fifo (fleet)``). A baseline never
+    follows, so it is never replaced."""
+    if configured not in FOLLOWING:
         return in_force
+    if in_force == DEFAULT_FAMILY:
+        return configured
     return f"{configured} -> {in_force} (fleet)"
 
 

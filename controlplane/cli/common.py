@@ -30,6 +30,7 @@ from rich.text import Text
 
 if TYPE_CHECKING:
     from agent.settings import AgentSettings
+    from controlplane.service.settings import ControllerSettings
     from controlplane.traces.model import RechainResult, Trace
     from controlplane.traces.reader import ReadProgress, TraceError
 
@@ -537,6 +538,27 @@ def agent_settings_or_fail(given: dict[str, Any], options: dict[str, str]) -> Ag
     where = "--redis-url" if given.get("redis_url") is not None else "KVWISE_REDIS_URL"
     check_redis_url(settings.redis_url, where)
     return settings
+
+
+def warn_unless_agents_fit(controller: ControllerSettings, agent: AgentSettings) -> None:
+    """Warn on stderr where an agent of this environment could name more categories than a
+    controller of this environment takes from one worker: it would dead-letter that
+    agent's every entry from then on (the chart refuses the same values at install)."""
+    from agent.settings import category_limit_by_deprecated_name
+
+    limit, per_worker = agent.max_tracked_categories, controller.max_categories_per_worker
+    if limit <= per_worker:
+        return
+    if category_limit_by_deprecated_name() is None:
+        named = f"KVWISE_MAX_TRACKED_CATEGORIES ({limit})"
+    else:
+        named = f"KVWISE_MAX_CATEGORIES ({limit}, deprecated here)"
+    typer.echo(
+        f"warning: {named} exceeds KVWISE_MAX_CATEGORIES_PER_WORKER ({per_worker}): a "
+        "controller of this environment dead-letters every entry of an agent of this "
+        "environment once it names more categories than that",
+        err=True,
+    )
 
 
 def check_redis_url(url: str, where: str) -> str:

@@ -20,7 +20,12 @@ from pydantic import SecretStr
 from pydantic_settings import BaseSettings
 
 from agent.runtime.connection import redact
-from controlplane.cli.common import agent_settings_or_fail, check_evictor, settings_or_fail
+from controlplane.cli.common import (
+    agent_settings_or_fail,
+    check_evictor,
+    settings_or_fail,
+    warn_unless_agents_fit,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -110,6 +115,7 @@ def config(
     controller = settings_or_fail(ControllerSettings, {}, {}, what="controller")
     agent = agent_settings_or_fail({}, {})  # KVWISE_REDIS_URL checked, the controller's too
     check_evictor(agent, "KVWISE_EVICTOR")
+    warn_unless_agents_fit(controller, agent)
     rows = {"controller": _rows(controller), "agent": _rows(agent)}
     if json_out:
         typer.echo(json.dumps(rows, default=str))

@@ -123,10 +123,16 @@ def worker(
 
 
 def _agent(settings: AgentSettings, capacity: int) -> Agent:
-    """The worker's agent; its evictor was checked (``check_evictor``)."""
+    """The worker's agent; its evictor was checked (``check_evictor``). A device evictor
+    this machine cannot build (no torch, a device its torch cannot use) fails naming
+    ``KVWISE_DEVICE``."""
     from agent.runtime.agent import Agent
+    from agent.runtime.family import EvictorUnavailable
 
-    return Agent(settings, capacity=capacity, engine="sim")
+    try:
+        return Agent(settings, capacity=capacity, engine="sim")
+    except EvictorUnavailable as exc:
+        fail(str(exc))
 
 
 def _replay(

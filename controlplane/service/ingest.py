@@ -133,6 +133,12 @@ class IngestCounters(EntryCounts):
     gaps: dict[str, int] = field(default_factory=dict)
 
 
+def shown(name: bytes) -> str:
+    """A Redis key or entry id as the log shows it: text (bytes not UTF-8 escaped), never
+    a bytes repr."""
+    return name.decode(errors="backslashreplace")
+
+
 @dataclass
 class _Refusal:
     entry_id: bytes
@@ -289,9 +295,9 @@ class Ingestor(BackgroundLoop):
         """Leave ``stream`` unread, past ``max_workers``: said once per stream."""
         if self.refused.first(stream):
             log.warning(
-                "stream %r left unread: this controller reads %d worker streams already "
+                "stream %s left unread: this controller reads %d worker streams already "
                 "(KVWISE_MAX_WORKERS); it is read once one of them expires",
-                stream,
+                shown(stream),
                 self.settings.max_workers,
             )
 
@@ -522,16 +528,17 @@ class Ingestor(BackgroundLoop):
         except WireError:
             if self._schema1_told.first(stream):
                 log.error(
-                    "stream %r is not a schema-2 worker stream (an agent of an older kvwise "
+                    "stream %s is not a schema-2 worker stream (an agent of an older kvwise "
                     "release?): its entries are dead-lettered",
-                    stream,
+                    shown(stream),
                 )
             return None
 
-    def _ledger_key(self, stream: bytes) -> str:
+    def _ledger_key(self, stream: bytes) -> str | bytes:
         worker = self._worker_of(stream)
-        # An untagged (schema 1) stream: no ledger; its own key keeps the call on one shard.
-        return self.keys.ingest_state(worker) if worker is not None else stream.decode()
+        # An untagged (schema 1) stream, or one whose name is not text: no ledger; its own
+        # key keeps the call on one shard.
+        return self.keys.ingest_state(worker) if worker is not None else stream
 
     def _load_ledgers(self, streams: list[bytes]) -> None:
         workers = [w for w in map(self._worker_of, streams) if w and w not in self.ledgers]
@@ -567,7 +574,11 @@ class Ingestor(BackgroundLoop):
         self._told[key] = (now, 0)
         more = f" ({quiet} more like it not logged)" if quiet else ""
         log.warning(
-            "dead-lettered entry %s of %s: %s%s", refusal.entry_id, stream, refusal.reason, more
+            "dead-lettered entry %s of %s: %s%s",
+            shown(refusal.entry_id),
+            shown(stream),
+            refusal.reason,
+            more,
         )
 
     def _dead_letter(self, refusals: list[tuple[bytes, _Refusal]]) -> None:

@@ -112,7 +112,8 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
     max_categories_per_worker: int = Field(
         default=BatchLimits.max_categories,
         ge=2,
-        description="Categories one worker may name (the agents' max_categories) and bring in",
+        description="Categories one worker may name (the agents' KVWISE_MAX_TRACKED_CATEGORIES) "
+        "and bring in",
     )
 
     max_workers: int = Field(

@@ -212,7 +212,10 @@ class StreamIO:
         return [_parsed(s, reply) for s, reply in zip(streams, replies, strict=True)]
 
     def commit(
-        self, ledger_keys: Mapping[bytes, str], commits: Mapping[bytes, Commit], grace_ms: int = 0
+        self,
+        ledger_keys: Mapping[bytes, str | bytes],
+        commits: Mapping[bytes, Commit],
+        grace_ms: int = 0,
     ) -> Committed:
         """Apply ``commits`` (stream -> what to write), trimming acknowledged entries once
         ``grace_ms`` old. Each stream's commit stands alone: one that fails leaves the

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def engine(redis_url: str, key_prefix: str) -> Iterator[tuple[EngineAgent, KvwiseFreeQueue]]:
     settings = AgentSettings(
-        enable=True, redis_url=redis_url, key_prefix=key_prefix, max_categories=5
+        enable=True, redis_url=redis_url, key_prefix=key_prefix, max_tracked_categories=5
     )
     evictor = WAPolicy()
     ea = EngineAgent(settings, evictor, capacity=8, engine="vllm", infer=False)

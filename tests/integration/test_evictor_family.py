@@ -72,14 +72,25 @@ def _fill(agent: Agent, requests: int) -> None:
     agent.touch([0, 1], now + requests, "text_0")
 
 
+def wa_evictor_of(configured: str) -> type[WAPolicy]:
+    """The ``wa`` evictor an agent configured with ``configured`` runs."""
+    evictor: type[WAPolicy] = WAPolicy
+    if configured == "device":
+        evictor = pytest.importorskip("agent.device_evictor").DeviceEvictor
+    return evictor
+
+
+@pytest.mark.parametrize("configured", ["wa", "device"])
 def test_a_following_agent_switches_family_on_hot_reload_and_back(
-    store: PolicyStore, redis_url: str, key_prefix: str
+    store: PolicyStore, redis_url: str, key_prefix: str, configured: str
 ) -> None:
-    settings = fast_settings(redis_url, key_prefix, worker_id="w-follow", evictor="wa")
+    """An agent configured with ``device`` came back from ``lru`` to the CPU ``wa``."""
+    wa_evictor = wa_evictor_of(configured)
+    settings = fast_settings(redis_url, key_prefix, worker_id="w-follow", evictor=configured)
     with Agent(settings, capacity=100) as agent:
         _fill(agent, 12)
         held = len(agent.policy)
-        assert isinstance(agent.policy, WAPolicy)
+        assert type(agent.policy) is wa_evictor
         expected = copy.deepcopy(agent.policy).evict(held)
         store.pin_evictor("lru")
         wait_until(agent.apply_pending, timeout=10)
@@ -88,7 +99,7 @@ def test_a_following_agent_switches_family_on_hot_reload_and_back(
         assert agent.status().evictor == "lru"
         store.pin_evictor("wa")
         wait_until(agent.apply_pending, timeout=10)
-        assert agent.family == "wa" and isinstance(agent.policy, WAPolicy)
+        assert agent.family == "wa" and type(agent.policy) is wa_evictor
         assert len(agent.policy) == held
         # Every block that was evictable comes out in the order it had before the two
         # switches; the two in use stay.

@@ -369,8 +369,14 @@ BAD_COMBINATIONS = [
         id="read-token-is-the-api-token",
     ),
     pytest.param(
-        {"workers": {"enabled": True, "model": {"name": "m"}, "agent": {"maxCategories": 2048}}},
-        "workers.agent.maxCategories (2048) must not exceed "
+        {
+            "workers": {
+                "enabled": True,
+                "model": {"name": "m"},
+                "agent": {"maxTrackedCategories": 2048},
+            }
+        },
+        "workers.agent.maxTrackedCategories (2048) must not exceed "
         "controller.config.maxCategoriesPerWorker (1024)",
         id="agent-names-more-categories-than-the-controller-takes",
     ),
@@ -517,6 +523,19 @@ def test_an_open_api_renders_when_asked_for() -> None:
     r = hs.render(hs.chart(), {"controller": {"auth": {"enabled": False}, "config": config}})
     env = hs.container(r.component("Deployment", "controller"), "controller").get("env", [])
     assert "KVWISE_API_TOKEN" not in {e["name"] for e in env}
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", "cuda", "cuda:0", "cuda:12", "xpu:1", "mps", "tpu", "CUDA", "cuda:x", "cuda "]
+)
+def test_schema_takes_the_devices_the_agent_takes(device: str) -> None:
+    """A device the agent refuses at start is refused at install."""
+    try:
+        AgentSettings(device=device)
+        agent_takes = True
+    except ValidationError:
+        agent_takes = False
+    assert bool(re.search(pattern_at("workers", "agent", "device"), device)) == agent_takes
 
 
 # --- the settings mirror ----------------------------------------------------------------------

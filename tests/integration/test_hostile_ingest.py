@@ -81,6 +81,48 @@ def test_poison_entries_are_dead_lettered_and_the_reclaim_loop_goes_on(
         assert r.xlen(stream) == 0  # dead-lettered sources deleted, applied ones trimmed
 
 
+def test_another_schemas_entry_is_dead_lettered_for_its_schema(
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
+) -> None:
+    """An entry of schema 9 lacking this schema's fields was dead-lettered with "missing
+    field 'e'", not the schema reason docs/controller.md documents."""
+    r.xadd(keys.events_stream("junk"), {b"v": b"9", b"w": b"junk", b"n": b"1"})
+    with controller(redis_url, key_prefix, reclaim_idle_ms=200):
+        wait_until(lambda: len(dead_letters(r, keys)) == 1, what="the dead letter")
+        (reason,) = [f[b"reason"].decode() for f in dead_letters(r, keys)]
+        assert "v: the sender speaks wire schema 9, this side 2" in reason, reason
+
+
+def test_the_log_names_dead_lettered_entries_and_streams_in_plain_text(
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The log once read "dead-lettered entry b'1796599269086-0' of b'...'": bytes reprs
+    (and "stream b'...\\xc3\\xa9' is not a schema-2 worker stream")."""
+    stream = keys.events_stream("junk")
+    entry = r.xadd(stream, raw_fields(v=b"\xff")).decode()
+    r.xadd(f"{key_prefix}events:\u00e9", raw_fields())
+    with controller(redis_url, key_prefix, reclaim_idle_ms=200):
+        wait_until(lambda: len(dead_letters(r, keys)) == 2, what="the dead letters")
+    told = [m for m in caplog.messages if "dead-lettered entry" in m or "schema-2" in m]
+    assert any(f"dead-lettered entry {entry} of {stream}: v: not UTF-8" in m for m in told), told
+    assert any(f"stream {key_prefix}events:\u00e9 is not" in m for m in told), told
+    named = ("entry b'", "of b'", "stream b'")  # the reason may quote payload bytes
+    assert not [m for m in told if any(bad in m for bad in named)], told
+
+
+@pytest.mark.parametrize("name", [b"\xff", b"{\xff}"])
+def test_a_stream_named_in_bytes_that_are_not_utf8_stops_no_ingest(
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys, name: bytes
+) -> None:
+    """Its name's decoding raised out of the round: every round failed, and no worker's
+    batches were ingested while the stream was there."""
+    r.xadd(f"{key_prefix}events:".encode() + name, raw_fields())
+    send(r, keys, good_batch("w1", 1))
+    with controller(redis_url, key_prefix, reclaim_idle_ms=200) as c:
+        wait_until(lambda: c.ingestor.counters.batches == 1, what="the good batch")
+        wait_until(lambda: len(dead_letters(r, keys)) == 1, what="the dead letter")
+
+
 def test_a_clock_hours_ahead_moves_nothing_and_is_counted(
     redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
 ) -> None:

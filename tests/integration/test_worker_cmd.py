@@ -133,6 +133,32 @@ def test_the_summary_says_when_the_fleets_family_replaced_the_requested_one(
     assert res.stdout.startswith(f"done: worker sim-4 [{shown}, 30 blocks]: 50 requests")
 
 
+def test_a_device_worker_runs_the_device_evictor_and_hits_as_wa_does(
+    tmp_path: Path, redis_url: str, key_prefix: str
+) -> None:
+    """``--policy device`` ran the CPU ``wa`` and said ``[wa, ...]``; it runs the torch
+    evictor on ``KVWISE_DEVICE`` (the same victims: the same hit ratio), and a device this
+    torch cannot use is one error line naming the variable, not a ``wa`` run instead."""
+    pytest.importorskip("torch")
+    trace_path = write_trace(tmp_path / "t.jsonl", n=200)
+    env = {"KVWISE_KEY_PREFIX": key_prefix, "KVWISE_DEVICE": "cpu"}
+    runs = {}
+    for policy in ("device", "wa"):
+        args = ["worker", "--trace", str(trace_path), "--speed", "200", "--capacity", "30"]
+        args += ["--id", f"sim-{policy}", "--policy", policy, "--redis-url", redis_url]
+        res = CliRunner().invoke(app, args, env=env)
+        assert res.exit_code == 0, res.output
+        runs[policy] = res.stdout.splitlines()
+    assert runs["device"][0].startswith("done: worker sim-device [device, 30 blocks]: 200 ")
+    assert runs["wa"][0].startswith("done: worker sim-wa [wa, 30 blocks]: 200 ")
+    hits = [runs[policy][1].split(", applied")[0] for policy in ("device", "wa")]
+    assert hits[0] == hits[1] and hits[0] != "  hit ratio 0.0000", hits
+    args = ["worker", "--trace", str(trace_path), "--capacity", "30", "--policy", "device"]
+    res = CliRunner().invoke(app, args, env={**env, "KVWISE_DEVICE": "cuda:99"})
+    assert res.exit_code == 2
+    assert "error: KVWISE_DEVICE=cuda:99: device 'cuda:99' cannot be used" in res.output
+
+
 def test_worker_rejects_unknown_policy_and_missing_trace(tmp_path: Path) -> None:
     trace_path = write_trace(tmp_path / "t.jsonl", n=3)
     runner = CliRunner()

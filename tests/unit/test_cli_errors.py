@@ -90,6 +90,45 @@ def test_a_key_prefix_with_a_hash_tag_is_one_error_line(command: list[str], what
     assert "must not contain braces" in line
 
 
+def test_config_refuses_a_device_the_evictor_would_refuse() -> None:
+    """``KVWISE_DEVICE=tpu kvwise config`` exited 0; the worker's evictor refused it later."""
+    res = kvwise("config", env={"KVWISE_DEVICE": "tpu"})
+    assert res.returncode == 2
+    line = one_error_line(res)
+    assert line.startswith("error: bad agent setting KVWISE_DEVICE='tpu': "), line
+    assert "cpu, cuda or cuda:N" in line
+
+
+@pytest.mark.parametrize(
+    ("env", "warned"),
+    [
+        ({"KVWISE_MAX_CATEGORIES": "4096"}, "KVWISE_MAX_CATEGORIES (4096, deprecated here)"),
+        ({"KVWISE_MAX_TRACKED_CATEGORIES": "2048"}, "KVWISE_MAX_TRACKED_CATEGORIES (2048)"),
+        ({"KVWISE_MAX_CATEGORIES": "4096", "KVWISE_MAX_TRACKED_CATEGORIES": "1024"}, None),
+    ],
+)
+def test_config_names_each_category_limit_once_and_warns_where_agents_would_be_refused(
+    env: dict[str, str], warned: str | None
+) -> None:
+    """``kvwise config`` printed ``KVWISE_MAX_CATEGORIES`` twice (the controller's window
+    and the agent's limit), and said nothing of an agent limit past the controller's
+    per-worker one, which the chart refuses at install."""
+    res = kvwise("config", env=env)
+    assert res.returncode == 0, res.stderr
+    names = [line.split("=")[0] for line in res.stdout.splitlines() if "=" in line]
+    assert names.count("KVWISE_MAX_CATEGORIES") == 1
+    assert names.count("KVWISE_MAX_TRACKED_CATEGORIES") == 1
+    said = [line for line in res.stderr.splitlines() if line.startswith("warning: ")]
+    if warned is None:
+        assert said == [], res.stderr
+    else:
+        assert said == [
+            f"warning: {warned} exceeds KVWISE_MAX_CATEGORIES_PER_WORKER (1024): a controller "
+            "of this environment dead-letters every entry of an agent of this environment "
+            "once it names more categories than that"
+        ], res.stderr
+
+
 @pytest.mark.parametrize("command", ["replay", "simulate", "trace stats"])
 def test_a_missing_trace_is_named_in_plain_words(command: str) -> None:
     res = kvwise(*command.split(), "no-such-trace.jsonl")

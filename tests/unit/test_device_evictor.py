@@ -241,16 +241,45 @@ def test_agent_with_reuse_classes_evicts_the_same_on_the_device_evictor() -> Non
         Agent(settings, capacity=12, policy=WAPolicy(doc=doc)),
         Agent(settings, capacity=12, policy=DeviceEvictor.simulated(12, doc=doc)),
     ]
-    victims: list[list[int]] = [[], []]
-    for r in range(300):
+    victims = drive(agents, requests=300)
+    assert victims[0] == victims[1] and len(victims[0]) > 200
+    assert agents[1].policy.category_names == agents[0].policy.category_names
+    assert {"a/re", "b/re"} <= set(agents[0].policy.category_names)
+    for agent in agents:
+        agent.close()
+
+
+def drive(agents: Sequence[Any], requests: int) -> list[list[int]]:
+    """The same requests through each agent (two categories, blocks shared across
+    requests), evicting down to capacity after each: each agent's victims in order."""
+    victims: list[list[int]] = [[] for _ in agents]
+    for r in range(requests):
         blocks = [(r * 7 + i * 3) % 41 for i in range(1 + r % 5)]
         for agent, out in zip(agents, victims, strict=True):
             found = [b for b in blocks if b in agent.policy]
             agent.touch(found, float(r), "ab"[r % 2])
             agent.free(blocks[::-1], range(len(blocks) - 1, -1, -1), float(r), "ab"[r % 2])
             out += agent.evict(len(agent.policy) - agent.capacity, float(r))
+    return victims
+
+
+def test_an_agent_configured_with_device_runs_the_device_evictor_and_evicts_as_wa() -> None:
+    """``KVWISE_EVICTOR=device`` (``kvwise worker --policy device``) built the CPU ``wa``:
+    only the vLLM integration built the torch evictor. The agent builds it too, on
+    ``KVWISE_DEVICE``, and its victims are ``wa``'s."""
+    from agent.runtime.agent import Agent
+    from agent.settings import AgentSettings
+
+    settings = AgentSettings(redis_url="redis://127.0.0.1:9/0", worker_id="t", device="cpu")
+    agents = [
+        Agent(settings.model_copy(update={"evictor": evictor}), capacity=12)
+        for evictor in ("wa", "device")
+    ]
+    assert type(agents[0].policy) is WAPolicy
+    assert type(agents[1].policy) is DeviceEvictor
+    assert agents[1].policy.device == torch.device("cpu")
+    assert agents[1].family == "wa"  # the family it reports: the torch one is wa's order
+    victims = drive(agents, requests=300)
     assert victims[0] == victims[1] and len(victims[0]) > 200
-    assert agents[1].policy.category_names == agents[0].policy.category_names
-    assert {"a/re", "b/re"} <= set(agents[0].policy.category_names)
     for agent in agents:
         agent.close()

@@ -195,3 +195,43 @@ def test_an_engine_reads_a_check_across_settings_as_one_line(
     monkeypatch.setenv("KVWISE_HEARTBEAT_TTL_S", "5")
     with pytest.raises(ValueError, match=r"^kvwise: bad agent settings: KVWISE_HEARTBEAT_TTL_S"):
         read_agent_settings()
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:0", "cuda:12", "xpu:1", "mps"])
+def test_a_torch_device_kvwise_runs_on_is_taken(device: str) -> None:
+    assert AgentSettings(device=device).device == device
+
+
+@pytest.mark.parametrize("device", ["tpu", "CUDA", "cuda:x", "cuda:-1", "cuda 0", " cpu", ""])
+def test_a_device_that_is_not_one_is_refused_at_settings_naming_the_forms(
+    device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``KVWISE_DEVICE=tpu`` passed ``kvwise config``; the evictor refused it at start."""
+    monkeypatch.setenv("KVWISE_DEVICE", device)
+    with pytest.raises(ValueError, match="bad agent setting KVWISE_DEVICE: ") as err:
+        read_agent_settings()
+    assert "cpu, cuda or cuda:N" in str(err.value)
+
+
+def test_the_agents_category_limit_has_its_own_name_apart_from_the_controllers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``KVWISE_MAX_CATEGORIES`` set both the controller's window (2048) and the agent's
+    limit (1024): one environment could not give each its own."""
+    monkeypatch.setenv("KVWISE_MAX_CATEGORIES", "4096")
+    monkeypatch.setenv("KVWISE_MAX_TRACKED_CATEGORIES", "512")
+    assert ControllerSettings().max_categories == 4096
+    assert read_agent_settings().max_tracked_categories == 512
+
+
+def test_the_old_name_still_sets_an_agent_without_the_new_one_and_says_it_is_deprecated(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("kvwise_max_categories", "300")  # names are read in any case
+    assert read_agent_settings().max_tracked_categories == 300
+    (said,) = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+    assert said.startswith("KVWISE_MAX_CATEGORIES (300) set the agent's category limit: ")
+    assert "set KVWISE_MAX_TRACKED_CATEGORIES" in said
+    monkeypatch.setenv("KVWISE_MAX_CATEGORIES", "many")
+    with pytest.raises(ValueError, match="KVWISE_MAX_TRACKED_CATEGORIES: "):
+        read_agent_settings()

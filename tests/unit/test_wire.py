@@ -247,6 +247,13 @@ def test_malformed_fields_raise_wire_error_naming_the_field(
     assert isinstance(err.value, ValueError)
 
 
+def test_another_schema_is_told_before_the_fields_it_lacks() -> None:
+    """A sender of another schema may name other fields: its entry is refused for the
+    schema it speaks, not for a field of this one it does not send."""
+    with pytest.raises(WireError, match="v: the sender speaks wire schema 9, this side 2"):
+        decode_batch({b"v": b"9", b"w": b"junk", b"n": b"1"})
+
+
 def test_a_truncated_column_raises_wire_error_naming_it() -> None:
     fields = as_redis(encode_batch(make_batch(4)))
     fields[b"d"] = fields[b"d"][:-1]

@@ -401,8 +401,8 @@ category table with every entry), and a policy restore waits for their heartbeat
 {{- if lt (float64 $config.restoreWaitS) (float64 $agent.heartbeatIntervalS) }}
 {{- fail (printf "controller.config.restoreWaitS (%v) must be at least workers.agent.heartbeatIntervalS (%v): a leader restoring the policy into an emptied Redis waits that long for the workers' heartbeats, to number it after every version they hold" $config.restoreWaitS $agent.heartbeatIntervalS) }}
 {{- end }}
-{{- if gt (int64 $agent.maxCategories) (int64 $config.maxCategoriesPerWorker) }}
-{{- fail (printf "workers.agent.maxCategories (%d) must not exceed controller.config.maxCategoriesPerWorker (%d): once a worker names more, the controller dead-letters its every entry" (int64 $agent.maxCategories) (int64 $config.maxCategoriesPerWorker)) }}
+{{- if gt (int64 $agent.maxTrackedCategories) (int64 $config.maxCategoriesPerWorker) }}
+{{- fail (printf "workers.agent.maxTrackedCategories (%d) must not exceed controller.config.maxCategoriesPerWorker (%d): once a worker names more, the controller dead-letters its every entry" (int64 $agent.maxTrackedCategories) (int64 $config.maxCategoriesPerWorker)) }}
 {{- end }}
 {{- end }}
 {{- end }}
