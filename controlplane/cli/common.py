@@ -111,6 +111,15 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def exit_interrupted(said: str) -> NoReturn:
+    """End a command a Ctrl-C cut, after what it could still give: ``said`` on stderr, and
+    exit code 130 (``INTERRUPTED``), as Typer ends a command a Ctrl-C reaches."""
+    from controlplane.cli import INTERRUPTED
+
+    say(said)
+    raise typer.Exit(INTERRUPTED)
+
+
 def say(text: str, *, lead: str = "") -> None:
     """Print ``lead`` (bold red) and ``text`` on stderr, wrapped between words at 80
     columns or a narrower terminal's width (a path is never cut); one line where a program
