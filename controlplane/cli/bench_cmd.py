@@ -500,11 +500,11 @@ class _Progress:
             self.bar.update(self.task, completed=self.done, note=self._note())
         elif time.monotonic() - self.last_line >= PROGRESS_EVERY_S or self.done == self.total:
             self.last_line = time.monotonic()
-            typer.echo(f"bench: {self.done}/{self.total} done, {self._note()}", err=True)
+            typer.echo(f"bench: {self.done:,}/{self.total:,} done, {self._note()}", err=True)
 
     def _note(self) -> str:
         hit = f"{self.cached / self.prompt:.3f}" if self.prompt else "n/a"
-        return f"{self.errors} errors, hit ratio {hit}"
+        return f"{self.errors:,} errors, hit ratio {hit}"
 
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
@@ -531,7 +531,7 @@ def _print_summary(s: dict[str, Any]) -> None:
         f"[bold]{Path(cfg['trace']).name}[/] -> {cfg['url']} ({cfg['model']})", highlight=False
     )
     console.print(
-        f"{s['requests']:,} requests in {s['wall_s']:.1f} s, {s['errors']} errors",
+        f"{s['requests']:,} requests in {s['wall_s']:.1f} s, {s['errors']:,} errors",
         highlight=False,
     )
     table = Table(show_header=True, title_justify="left")
@@ -558,7 +558,7 @@ def _print_summary(s: dict[str, Any]) -> None:
     if server.get("error"):
         console.print(f"server counters unavailable: {server['error']}", highlight=False)
     for e in s["top_errors"]:
-        console.print(f"[red]{e['count']} x[/] {e['error']}", highlight=False)
+        console.print(f"[red]{e['count']:,} x[/] {e['error']}", highlight=False)
     kvwise = s["kvwise"]
     if kvwise and kvwise.get("error"):
         console.print(f"kvwise version report unavailable: {kvwise['error']}", highlight=False)
