@@ -4,8 +4,9 @@ Owns the start-up rules of an open API. Without ``KVWISE_API_TOKEN`` anyone who 
 the port can change or roll back the policy, so the controller refuses to bind anything
 but a loopback address that way unless ``KVWISE_ALLOW_OPEN_API`` says so, and it warns
 at every start that runs open: a warning on loopback, an error-level line on any other
-address. (Empty or blank tokens never get this far: the settings refuse them.) It must
-never read or log a token's value.
+address. (Empty or blank tokens never get this far: the settings refuse them.) It also
+owns how the API's address is written for people (``host_port``). It must never read or
+log a token's value.
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ log = logging.getLogger(__name__)
 
 class UnsafeExposure(ValueError):
     """The API would be open to the network without the operator having said so."""
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as a URL writes it: an IPv6 address in brackets (``[::1]:8080``), so
+    the port never reads as part of the address."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def is_loopback(host: str) -> bool:
@@ -46,7 +53,7 @@ def check_exposure(settings: ControllerSettings) -> None:
 
 def announce_exposure(settings: ControllerSettings) -> None:
     """Log, once at start, who may call the API."""
-    where = f"{settings.host}:{settings.port}"
+    where = host_port(settings.host, settings.port)
     if settings.api_token is None and is_loopback(settings.host):
         log.warning(
             "the API on %s is open: no KVWISE_API_TOKEN, so any local process can change "

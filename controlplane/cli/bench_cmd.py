@@ -178,6 +178,13 @@ CompareOpt = Annotated[
     tuple[Path, Path] | None,
     typer.Option(metavar="A B", help="Show two saved summaries (-o) side by side"),
 ]
+UnpairedFlag = Annotated[
+    bool,
+    typer.Option(
+        "--unpaired",
+        help="--compare runs that sent different requests, without intervals",
+    ),
+]
 
 
 @bench_app.command("serve", help=SERVE_HELP)
@@ -202,14 +209,17 @@ def serve(
     requests_out: RequestsOutOpt = None,
     json_out: JsonOutFlag = False,
     compare: CompareOpt = None,
+    unpaired: UnpairedFlag = False,
     skip_bad_lines: SkipBadLinesFlag = False,
 ) -> None:
     """Replay a trace against a real server (help: ``SERVE_HELP``)."""
     if compare is not None:
         if trace_path is not None:
             fail("--compare takes two summary files and no TRACE")
-        _compare(compare, json_out)
+        _compare(compare, json_out, unpaired)
         return
+    if unpaired:
+        fail("--unpaired goes with --compare A.json B.json")
     if trace_path is None:
         fail("missing TRACE (or --compare A.json B.json)")
     run_args = dict(
@@ -260,7 +270,7 @@ def _serve(
     from controlplane.loadgen.report import summarize
     from controlplane.loadgen.runner import ServerOptions, run_bench
 
-    plan = _plan(trace_path, args, skip_bad_lines)
+    plan, digest = _plan(trace_path, args, skip_bad_lines)
     base_url = _base_url(args["url"])
     controller = args["controller"].rstrip("/") if args["controller"] else None
     model = args["model"] or _served_model(base_url, tokens.server)
@@ -284,7 +294,8 @@ def _serve(
     finally:
         if lines is not None:
             lines.close()
-    summary = summarize(run, {**args, "url": base_url, "model": model, "trace": str(trace_path)})
+    config = {**args, "url": base_url, "model": model, "trace": str(trace_path)}
+    summary = summarize(run, config | {"trace_digest": digest})
     if controller and kvwise is not None:
         _kvwise_after(controller, tokens.controller, kvwise)
     summary["kvwise"] = kvwise
@@ -382,8 +393,11 @@ def _say_no_report(error: str) -> None:
     say(f"--controller: {error}: the kvwise version report is unavailable", lead="warning: ")
 
 
-def _plan(trace_path: Path, args: dict[str, Any], skip_bad_lines: bool) -> list[PlannedRequest]:
-    from controlplane.loadgen.plan import PlanOptions, plan_requests
+def _plan(
+    trace_path: Path, args: dict[str, Any], skip_bad_lines: bool
+) -> tuple[list[PlannedRequest], str]:
+    """The requests to send and the trace's ``trace_digest``."""
+    from controlplane.loadgen.plan import PlanOptions, plan_requests, trace_digest
 
     trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
     options = PlanOptions(
@@ -398,7 +412,7 @@ def _plan(trace_path: Path, args: dict[str, Any], skip_bad_lines: bool) -> list[
     except ValueError as exc:  # the one thing the options' parsers cannot see: the span
         fail(f"--speed: {str(exc).removeprefix('speed ')}")
     _check_prompt_sizes(plan, args["block_tokens"])
-    return plan
+    return plan, trace_digest(trace)
 
 
 def _check_prompt_sizes(plan: list[PlannedRequest], block_tokens: int) -> None:
@@ -486,11 +500,11 @@ class _Progress:
             self.bar.update(self.task, completed=self.done, note=self._note())
         elif time.monotonic() - self.last_line >= PROGRESS_EVERY_S or self.done == self.total:
             self.last_line = time.monotonic()
-            typer.echo(f"bench: {self.done}/{self.total} done, {self._note()}", err=True)
+            typer.echo(f"bench: {self.done:,}/{self.total:,} done, {self._note()}", err=True)
 
     def _note(self) -> str:
         hit = f"{self.cached / self.prompt:.3f}" if self.prompt else "n/a"
-        return f"{self.errors} errors, hit ratio {hit}"
+        return f"{self.errors:,} errors, hit ratio {hit}"
 
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
@@ -517,7 +531,7 @@ def _print_summary(s: dict[str, Any]) -> None:
         f"[bold]{Path(cfg['trace']).name}[/] -> {cfg['url']} ({cfg['model']})", highlight=False
     )
     console.print(
-        f"{s['requests']:,} requests in {s['wall_s']:.1f} s, {s['errors']} errors",
+        f"{s['requests']:,} requests in {s['wall_s']:.1f} s, {s['errors']:,} errors",
         highlight=False,
     )
     table = Table(show_header=True, title_justify="left")
@@ -544,7 +558,7 @@ def _print_summary(s: dict[str, Any]) -> None:
     if server.get("error"):
         console.print(f"server counters unavailable: {server['error']}", highlight=False)
     for e in s["top_errors"]:
-        console.print(f"[red]{e['count']} x[/] {e['error']}", highlight=False)
+        console.print(f"[red]{e['count']:,} x[/] {e['error']}", highlight=False)
     kvwise = s["kvwise"]
     if kvwise and kvwise.get("error"):
         console.print(f"kvwise version report unavailable: {kvwise['error']}", highlight=False)
@@ -558,30 +572,51 @@ def _print_summary(s: dict[str, Any]) -> None:
             )
 
 
-def _compare(paths: tuple[Path, Path], json_out: bool) -> None:
-    from controlplane.loadgen.report import compare
+def _compare(paths: tuple[Path, Path], json_out: bool, unpaired: bool) -> None:
+    from controlplane.loadgen.report import NotPaired, compare, config_differences
 
-    runs = []
-    for p in paths:
-        try:
-            with p.open("rb") as f:
-                text = f.read(MAX_SUMMARY_BYTES + 1)
-            if len(text) > MAX_SUMMARY_BYTES:
-                fail(f"--compare {p}: over {MAX_SUMMARY_BYTES:,} bytes, not a bench summary")
-            runs.append(json.loads(text))
-        except OSError as exc:
-            fail(f"--compare {p}: {exc.strerror or exc}")
-        except ValueError as exc:
-            fail(f"--compare {p}: not JSON ({exc})")
-        if not isinstance(runs[-1], dict):
-            fail(f"--compare {p}: not a bench summary (a JSON object)")
+    runs = [_read_summary(p) for p in paths]
     try:
-        rows = compare(runs[0], runs[1], names=(str(paths[0]), str(paths[1])))
+        rows = compare(runs[0], runs[1], names=(str(paths[0]), str(paths[1])), paired=not unpaired)
+    except NotPaired as exc:
+        fail(f"--compare: {exc}; --unpaired compares them without intervals")
     except ValueError as exc:
         fail(f"--compare: {exc}")
+    differences = config_differences(runs[0], runs[1])
     if json_out:
-        print_json({"a": str(paths[0]), "b": str(paths[1]), "rows": rows})
+        print_json(
+            {"a": str(paths[0]), "b": str(paths[1]), "paired": not unpaired}
+            | {"differences": {k: list(v) for k, v in differences.items()}, "rows": rows}
+        )
         return
+    _print_comparison(paths, rows)
+    if unpaired:
+        _say_unpaired(differences)
+    elif not any(r["interval"] for r in rows):
+        say(
+            "--compare: no intervals (a summary without per-request figures, or fewer than "
+            "30 requests both runs finished)"
+        )
+
+
+def _read_summary(path: Path) -> dict[str, Any]:
+    """A ``--compare`` file's JSON object, or a one-line error naming the file."""
+    try:
+        with path.open("rb") as f:
+            text = f.read(MAX_SUMMARY_BYTES + 1)
+        if len(text) > MAX_SUMMARY_BYTES:
+            fail(f"--compare {path}: over {MAX_SUMMARY_BYTES:,} bytes, not a bench summary")
+        summary = json.loads(text)
+    except OSError as exc:
+        fail(f"--compare {path}: {exc.strerror or exc}")
+    except ValueError as exc:
+        fail(f"--compare {path}: not JSON ({exc})")
+    if not isinstance(summary, dict):
+        fail(f"--compare {path}: not a bench summary (a JSON object)")
+    return summary
+
+
+def _print_comparison(paths: tuple[Path, Path], rows: list[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -596,8 +631,16 @@ def _compare(paths: tuple[Path, Path], json_out: bool) -> None:
         a, b = _fmt(r["a"], r["unit"]), _fmt(r["b"], r["unit"])
         table.add_row(r["metric"], a, b, change, interval)
     Console().print(table)
-    if not any(r["interval"] for r in rows):
+
+
+def _say_unpaired(differences: dict[str, tuple[Any, Any]]) -> None:
+    from controlplane.loadgen.report import differences_text
+
+    if differences:
         say(
-            "--compare: no intervals (a summary without per-request figures, or fewer than "
-            "30 requests both runs finished)"
+            f"--unpaired: the runs sent different requests ({differences_text(differences)}); "
+            "each figure is its run's own, with no interval",
+            lead="warning: ",
         )
+    else:
+        say("--unpaired: no intervals (the runs sent the same requests: without it they pair)")

@@ -112,6 +112,15 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def exit_interrupted(said: str) -> NoReturn:
+    """End a command a Ctrl-C cut, after what it could still give: ``said`` on stderr, and
+    exit code 130 (``INTERRUPTED``), as Typer ends a command a Ctrl-C reaches."""
+    from controlplane.cli import INTERRUPTED
+
+    say(said)
+    raise typer.Exit(INTERRUPTED)
+
+
 def say(text: str, *, lead: str = "") -> None:
     """Print ``lead`` (bold red) and ``text`` on stderr, wrapped between words at 80
     columns or a narrower terminal's width (a path is never cut); one line where a program
@@ -402,10 +411,17 @@ def load_trace_or_fail(path: Path, *, skip_bad_lines: bool | None = None) -> Tra
 def _skipped_text(skipped: tuple[tuple[int, str], ...], *, shown: int = 3) -> str:
     """``skipped N bad lines (line 2: why, ..., and M more)``: the first ``shown`` reasons,
     and how many were left out, so that the ones quoted do not read as all of them."""
-    first = [f"line {line}: {why}" for line, why in skipped[:shown]]
-    if len(skipped) > shown:
-        first.append(f"and {len(skipped) - shown:,} more")
-    return f"skipped {counted(len(skipped), 'bad line')} ({', '.join(first)})"
+    first = listed([f"line {line}: {why}" for line, why in skipped], shown)
+    return f"skipped {counted(len(skipped), 'bad line')} ({first})"
+
+
+def listed(items: Sequence[str], shown: int) -> str:
+    """The first ``shown`` of ``items``, comma-separated, and how many were left out
+    (``a, b, c, and 7 more``), so that a list quoted in a line stays bounded."""
+    first = list(items[:shown])
+    if len(items) > shown:
+        first.append(f"and {len(items) - shown:,} more")
+    return ", ".join(first)
 
 
 def _rechained_text(found: RechainResult) -> str:

@@ -27,6 +27,11 @@ from controlplane.cli.common import (
     warn_unless_agents_fit,
 )
 
+NULL_WORD = "none"
+"""How a setting whose value is None while its default is not prints (``NAME=none``): a
+word the settings read as null (``controlplane.fit.settings.NONE_WORDS``), where
+``(unset)`` would mean the default."""
+
 
 def register(app: typer.Typer) -> None:
     app.command("config")(config)
@@ -144,13 +149,18 @@ def _print(rows: dict[str, list[dict[str, Any]]]) -> None:
         console.print(Text(_SECTIONS[section], style="bold underline"))
         for r in items:
             line = Text(r["env"], style="bold cyan")
-            if r["value"] is None:
+            if r["value"] is None and r["default"] is None:
                 line.append("  (unset)", style="dim")
             else:
-                line.append(f"={r['value']}")
+                line.append(f"={_shell_value(r['value'])}")
             console.print(line, soft_wrap=True)
             meaning = textwrap.fill(
                 r["description"], width, initial_indent=indent, subsequent_indent=indent
             )
             console.print(Text(meaning, style="dim"), soft_wrap=True)
         console.print()
+
+
+def _shell_value(value: Any) -> str:
+    """``value`` as the variable would be set to mean it (None: ``NULL_WORD``)."""
+    return NULL_WORD if value is None else str(value)

@@ -88,6 +88,7 @@ def controller(host: HostOpt = None, port: PortOpt = None) -> None:
 def _bound_socket(host: str, port: int) -> socket.socket:
     """The API's socket, bound before the controller starts: a port already taken fails
     here (exit code 2), before this replica leads or writes anything to Redis."""
+    from controlplane.api.exposure import host_port
     from controlplane.cli.common import fail
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -97,5 +98,5 @@ def _bound_socket(host: str, port: int) -> socket.socket:
         listening.bind((host, port))
     except OSError as exc:
         listening.close()
-        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+        fail(f"cannot listen on {host_port(host, port)}: {exc.strerror or exc}")
     return listening

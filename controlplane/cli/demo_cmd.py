@@ -13,7 +13,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from contextlib import suppress
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -23,6 +23,7 @@ from agent.runtime.connection import redact
 from controlplane.cli.common import (
     agent_settings_or_fail,
     as_whole_number,
+    exit_interrupted,
     fail,
     finite_at_least,
     non_negative,
@@ -97,7 +98,7 @@ def demo(
     localhost and workers in pairs on the same trace: one with kvwise's fitted policy
     (wa), one with stock LRU. Watch the controller fit per-category parameters and every
     worker apply each new version. Ctrl-C stops every process and removes what the demo
-    created.
+    created (exit code 130; the `--json` summary then says `"interrupted": true`).
 
     Examples:
 
@@ -121,17 +122,27 @@ def demo(
         deadline = time.monotonic() + duration if duration else None
         _run_view(stack, stopping, deadline, view, live=not json_out and sys.stdout.isatty())
     except KeyboardInterrupt:
-        pass
+        view.interrupted = True
     finally:
         stack.stop()
-    if json_out:
-        print_json(view.snap)
-    else:
-        if not view.shown_whole and "agents" in view.snap:
-            from rich.console import Console
+    _end(view, json_out)
 
-            print_summary(view.snap, Console())
-        _say("stopped every process and removed the demo's data.")
+
+def _end(view: _View, json_out: bool) -> None:
+    """The summary of what the demo saw last, once every process is gone (so without the
+    controller's URLs), saying whether a Ctrl-C ended it; then exit code 130 if one did."""
+    summary = {k: v for k, v in view.snap.items() if k not in GONE_WITH_THE_DEMO}
+    summary["interrupted"] = view.interrupted
+    if json_out:
+        print_json(summary)
+    elif not view.shown_whole and "agents" in summary:
+        from rich.console import Console
+
+        print_summary(summary, Console())
+    done = "stopped every process and removed the demo's data."
+    if view.interrupted:
+        exit_interrupted(f"kvwise demo: interrupted; {done}")
+    _say(done)
 
 
 def _say(message: str) -> None:
@@ -177,6 +188,11 @@ def _dashboard(stack: DemoStack) -> str:
     return f"{stack.api_url}/ui/"
 
 
+GONE_WITH_THE_DEMO = ("api", "dashboard")
+"""Snapshot fields left out of the summary: they point at the demo's controller, stopped
+before the summary is printed."""
+
+
 def _snapshot(stack: DemoStack) -> dict[str, Any]:
     try:
         policy = stack.get("/v1/policy")
@@ -207,6 +223,8 @@ class _View:
 
     snap: dict[str, Any] = field(default_factory=dict)
     shown_whole: bool = False
+    interrupted: bool = False
+    """Whether a Ctrl-C ended the demo (not ``--duration`` or a SIGTERM)."""
 
 
 def _run_view(
@@ -222,23 +240,32 @@ def _run_view(
         return not stopping["flag"] and (deadline is None or time.monotonic() < deadline)
 
     if not live:  # --json, or the output goes to a file or a pipe: the summary at the end
-        with suppress(KeyboardInterrupt):
-            while running():
-                time.sleep(1.0)
+        _watch(running, view, lambda: None)
         _say("stopping the workers to read their final counters")
         _read_final(stack, view)
         return
     with Live(refresh_per_second=2, screen=False) as screen:
-        with suppress(KeyboardInterrupt):
-            while running():
-                view.snap = _snapshot(stack)
-                frame, view.shown_whole = _render(view.snap, screen.console)
-                screen.update(frame)
-                time.sleep(1.0)
+
+        def show() -> None:
+            view.snap = _snapshot(stack)
+            frame, view.shown_whole = _render(view.snap, screen.console)
+            screen.update(frame)
+
+        _watch(running, view, show)
         screen.console.print("stopping the workers to read their final counters", style="dim")
         _read_final(stack, view)
         frame, view.shown_whole = _render(view.snap, screen.console)
         screen.update(frame)
+
+
+def _watch(running: Callable[[], bool], view: _View, each: Callable[[], None]) -> None:
+    """``each`` once a second while ``running``; a Ctrl-C ends it, noted in ``view``."""
+    try:
+        while running():
+            each()
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        view.interrupted = True
 
 
 def _read_final(stack: DemoStack, view: _View) -> None:
@@ -283,10 +310,12 @@ def _frames(snap: dict[str, Any]) -> list[RenderableType]:
     from rich.console import Group
     from rich.text import Text
 
+    live = "dashboard" in snap  # else the summary, once the controller is gone
     head = Text.from_markup(
         f"[bold]kvwise demo[/]  policy version [bold cyan]{snap['policy_version']}[/]  "
-        f"cache {snap['capacity_blocks']:,} blocks  (Ctrl-C to stop)\n"
-        f"dashboard [bold]{snap['dashboard']}[/]  redis {snap['redis']}"
+        f"cache {snap['capacity_blocks']:,} blocks{'  (Ctrl-C to stop)' if live else ''}\n"
+        + (f"dashboard [bold]{snap['dashboard']}[/]  " if live else "")
+        + f"redis {snap['redis']}"
     )
     workers = _workers_table(snap)
     parameters, legend = _categories_table(snap)

@@ -16,6 +16,7 @@ import typer
 
 from controlplane.cli.common import (
     counted,
+    exit_interrupted,
     fail,
     note_no_eviction,
     note_one_category,
@@ -46,15 +47,14 @@ class Runs(NamedTuple):
 
 def end_interrupted(runs: Runs) -> None:
     """After the finished runs' results: which runs did not finish, and exit code 130."""
-    from controlplane.cli import INTERRUPTED
-
     sizes: dict[str, list[str]] = {}
     for policy, capacity in runs.not_finished:
         sizes.setdefault(policy, []).append(f"{capacity:,}")
     cut = "; ".join(f"{p} at {', '.join(c)} blocks" for p, c in sizes.items())
     total = len(runs.results) + len(runs.not_finished)
-    say(f"replay: interrupted after {len(runs.results)}/{total} runs done; not finished: {cut}")
-    raise typer.Exit(INTERRUPTED)
+    exit_interrupted(
+        f"replay: interrupted after {len(runs.results)}/{total} runs done; not finished: {cut}"
+    )
 
 
 def report(

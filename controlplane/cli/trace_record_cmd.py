@@ -36,6 +36,7 @@ from controlplane.cli.common import (
     agent_settings_or_fail,
     counted,
     fail,
+    listed,
     non_negative,
     note,
     positive,
@@ -76,6 +77,8 @@ NEW_WORKERS_EVERY_S = 2.0
 """Seconds between two looks for workers started since the recording did (one ``SCAN`` of
 the heartbeat keys each; without ``--worker`` only)."""
 
+OTHERS_SHOWN = 10
+"""Live workers named, at most, in the error for a --worker with no heartbeat."""
 _OPTION_OF_FIELD = {"redis_url": "--redis-url", "key_prefix": "--key-prefix"}
 
 
@@ -264,7 +267,7 @@ def _workers(at: _Redis, wanted: list[str], *, waits: bool) -> WorkerChoice:
     from controlplane.service.trace_recording import choose_workers
 
     choice = choose_workers(at.client, at.keys, wanted)
-    if choice.record or not waits:
+    if choice.record:
         _say_missing(choice, at.keys)
     _say_not_whole(choice)
     if not choice.record and not waits:
@@ -282,7 +285,14 @@ def _no_worker(choice: WorkerChoice, at: _Redis, wait: float = 0) -> NoReturn:
     where = f"under prefix {at.keys.prefix!r} at {redact(at.settings.redis_url)}"
     where += f" within --wait {wait:g} s" if wait else ""
     if choice.not_whole:
+        _say_missing(choice, at.keys)
         fail(f"no worker to record {where}: none reports its requests whole")
+    if choice.missing:
+        named = ", ".join(choice.missing)
+        instead = "no other worker has one (is an agent running?)"
+        if choice.others:
+            instead = f"live workers there: {listed(choice.others, OTHERS_SHOWN)}"
+        fail(f"no worker to record: no heartbeat of --worker {named} {where}; {instead}")
     fail(f"no worker to record: no agent heartbeat {where} (is an agent running?)")
 
 
@@ -326,9 +336,9 @@ def _wait(
         err=True,
     )
     tail = StreamTail(at.client, keys, [])
-    newcomers = NewWorkers(at.client, keys, first.not_whole)
+    newcomers = NewWorkers(at.client, keys, [*first.not_whole, *first.others])
     found: list[str] = []
-    not_whole = list(first.not_whole)
+    not_whole, others = list(first.not_whole), list(first.others)
     end = time.monotonic() + seconds
     while not found and time.monotonic() < end:
         if stop.wait(min(WAIT_LOOK_EVERY_S, max(end - time.monotonic(), 0.0))):
@@ -340,12 +350,13 @@ def _wait(
         fresh = [w for w in look.not_whole if not wanted or w in wanted]
         _say_not_whole(WorkerChoice([], fresh, []))
         not_whole += fresh
+        others += [w for w in (*look.record, *look.not_whole) if wanted and w not in wanted]
     left = sorted(w for w in dict.fromkeys(wanted) if w not in found and w not in not_whole)
-    choice = WorkerChoice(sorted(found), sorted(not_whole), left)
-    _say_missing(choice, keys)
+    choice = WorkerChoice(sorted(found), sorted(not_whole), left, sorted(others))
     if not found:
         tail.notice.withdraw()
         _no_worker(choice, at, seconds)
+    _say_missing(choice, keys)
     return _Waited(choice, tail, newcomers)
 
 

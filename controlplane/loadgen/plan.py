@@ -5,11 +5,14 @@ Owns the slice of the trace (the first ``limit`` requests in replay order), the 
 0; a speed that puts a send past a float's range is refused), each request's output
 length and category, and the cut of over-long prompts to their first ``max_blocks``
 blocks (their prefix, so the sharing of prefixes is kept). Prompts are built only when a
-request is sent (``PlannedRequest.prompt``). It must never do I/O.
+request is sent (``PlannedRequest.prompt``), and ``trace_digest`` names a trace's requests
+whatever its file is called (so two runs can tell whether they replayed the same ones). It
+must never do I/O.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,3 +99,25 @@ def plan_requests(trace: Trace, options: PlanOptions) -> list[PlannedRequest]:
 
 def _send_at(trace_offset_s: float, speed: float) -> float:
     return 0.0 if speed == 0 else trace_offset_s / speed
+
+
+DIGEST_HEX = 16
+"""Hex digits of ``trace_digest`` kept (64 bits: two different traces never meet by chance
+among the runs one compares)."""
+
+
+def trace_digest(trace: Trace) -> str:
+    """What a run can send of ``trace``, as a short hex digest: each request's time, block
+    ids in order, output length and category, never the file's name, format or
+    compression."""
+    digest = hashlib.sha256()
+    for array in (
+        trace.offsets,
+        trace.timestamps,
+        trace.hashes[trace.blocks],
+        trace.output_lengths,
+        trace.categories,
+    ):
+        digest.update(np.ascontiguousarray(array).tobytes())
+    digest.update("\0".join(trace.category_names).encode())
+    return digest.hexdigest()[:DIGEST_HEX]

@@ -1,5 +1,6 @@
 """A run's summary and the comparison of two: ``summarize``, ``compare`` (with the
-intervals of ``paired`` where both summaries keep per-request figures).
+intervals of ``paired`` where both summaries keep per-request figures and both runs sent
+the same requests: ``config_differences`` over ``PAIRED_CONFIG``).
 
 Owns the definitions. The hit ratio is cached prompt tokens over prompt tokens, both as the
 server reports them per request (``usage``), over the requests that finished; vLLM's own
@@ -13,6 +14,7 @@ I/O; the CLI renders what this returns.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -120,23 +122,79 @@ count). A label is at most 18 characters: the table, with its interval column, t
 80 columns without breaking a row."""
 
 
+PAIRED_CONFIG: tuple[str, ...] = (
+    "trace_digest",
+    "limit",
+    "max_blocks",
+    "max_tokens",
+    "categories",
+    "block_tokens",
+    "speed",
+    "concurrency",
+)
+"""The ``config`` fields that say which requests a run sent, how long and when: two runs
+are paired request by request only where all of these agree (the trace's requests, the
+slice, the prompts' and answers' lengths, the categories sent, the send times and the
+client's slots). A summary without ``trace_digest`` (written before it) names its trace by
+``trace``, the path it was given."""
+UNPAIRED_CONFIG: tuple[str, ...] = ("url", "model", "controller", "salt", "vocab", "timeout")
+"""The ``config`` fields two paired runs may differ in: the server, its model and the
+controller are what an A/B compares; ``salt`` is fresh for each run so that none inherits
+another's cache, and with ``vocab`` it picks the token ids, never how many or which are
+shared; ``timeout`` decides which requests finish, and only requests both finished are
+paired. ``trace`` (the path) is the trace's name only: ``trace_digest`` is its content."""
+
+
+class NotPaired(ValueError):
+    """Two summaries whose runs did not send the same requests, compared paired."""
+
+
+def config_differences(a: dict[str, Any], b: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """By field of ``PAIRED_CONFIG``, the values of two summaries' ``config`` that differ
+    (a field one of them lacks is None there)."""
+    config_a, config_b = (_config(s) for s in (a, b))
+    fields = PAIRED_CONFIG
+    if "trace_digest" not in config_a or "trace_digest" not in config_b:
+        fields = ("trace", *PAIRED_CONFIG[1:])
+    return {
+        field: (config_a.get(field), config_b.get(field))
+        for field in fields
+        if config_a.get(field) != config_b.get(field)
+    }
+
+
+def _config(summary: dict[str, Any]) -> dict[str, Any]:
+    config = summary.get("config")
+    return config if isinstance(config, dict) else {}
+
+
+def differences_text(differences: dict[str, tuple[Any, Any]]) -> str:
+    """``field A vs B, ...``, each value as JSON writes it."""
+    return ", ".join(
+        f"{field} {json.dumps(a)} vs {json.dumps(b)}" for field, (a, b) in differences.items()
+    )
+
+
 def compare(
-    a: dict[str, Any], b: dict[str, Any], names: tuple[str, str] = ("A", "B")
+    a: dict[str, Any],
+    b: dict[str, Any],
+    names: tuple[str, str] = ("A", "B"),
+    paired: bool = True,
 ) -> list[dict[str, Any]]:
     """Rows ``{metric, key, unit, a, b, change, interval}``; ``change`` is ``(b - a) / a``
     (None when either is missing or ``a`` is 0), ``interval`` its 95 % interval from the
     requests both runs finished (``paired``; None for the rows it is not drawn for, or
-    when a summary kept no per-request figures). ``names`` name the runs in errors."""
-    for name, summary in zip(names, (a, b), strict=True):
-        if summary.get("schema") != SUMMARY_SCHEMA:
-            raise ValueError(
-                f"{name} is not a bench summary of schema {SUMMARY_SCHEMA} "
-                f"(schema {summary.get('schema')!r})"
-            )
-        bad = _non_finite(summary)
-        if bad is not None:  # Python's JSON reads NaN and Infinity: a hand-written file
-            raise ValueError(f"{name}: field {bad[0]!r} is {bad[1]}, not a finite number")
-    intervals = change_intervals(a.get("per_request"), b.get("per_request"))
+    when a summary kept no per-request figures). ``names`` name the runs in errors. Runs
+    whose ``config_differences`` are not empty raise ``NotPaired``; with ``paired`` False
+    they are compared without intervals."""
+    _check_summaries(a, b, names)
+    differences = config_differences(a, b)
+    if paired and differences:
+        raise NotPaired(
+            f"{names[0]} and {names[1]} did not send the same requests "
+            f"({differences_text(differences)}), so no request pairs with another"
+        )
+    intervals = change_intervals(a.get("per_request"), b.get("per_request")) if paired else {}
     rows = []
     for label, key, unit in COMPARED:
         va, vb = _dig(a, key), _dig(b, key)
@@ -147,6 +205,19 @@ def compare(
             | {"interval": None if interval is None else list(interval)}
         )
     return rows
+
+
+def _check_summaries(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) -> None:
+    """Refuse what is not a bench summary of this schema, or holds a non-finite number."""
+    for name, summary in zip(names, (a, b), strict=True):
+        if summary.get("schema") != SUMMARY_SCHEMA:
+            raise ValueError(
+                f"{name} is not a bench summary of schema {SUMMARY_SCHEMA} "
+                f"(schema {summary.get('schema')!r})"
+            )
+        bad = _non_finite(summary)
+        if bad is not None:  # Python's JSON reads NaN and Infinity: a hand-written file
+            raise ValueError(f"{name}: field {bad[0]!r} is {bad[1]}, not a finite number")
 
 
 def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:

@@ -352,7 +352,7 @@ class CheckpointStore:
         raw = encode(state, writer=writer, process=process)
         if len(raw) > self.max_bytes:
             raise CheckpointError(
-                f"checkpoint of {len(raw)} bytes > max_checkpoint_bytes ({self.max_bytes})"
+                f"checkpoint of {len(raw):,} bytes > max_checkpoint_bytes ({self.max_bytes:,})"
             )
         self.r.set(self.key, raw)
         return len(raw)

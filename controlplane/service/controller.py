@@ -374,10 +374,10 @@ class Controller:
             return True
         self.ingestor.forget_uncommitted()
         log.info(
-            "loaded the window checkpoint of %.0f s ago: %d categories, %d bytes",
+            "loaded the window checkpoint of %.0f s ago: %s categories, %s bytes",
             time.time() - loaded.taken_at,
-            len(loaded.state.names),
-            loaded.nbytes,
+            f"{len(loaded.state.names):,}",
+            f"{loaded.nbytes:,}",
         )
         return True
 
@@ -386,7 +386,9 @@ class Controller:
         keeps what it gathered)."""
         held = self.window.categories
         return (
-            f"the window goes on with its {held} categories" if held else "the window starts empty"
+            f"the window goes on with its {held:,} categories"
+            if held
+            else "the window starts empty"
         )
 
     def _checkpoint_if_due(self) -> None:
@@ -402,7 +404,7 @@ class Controller:
         """Age unused categories out, then save the window; returns the bytes written."""
         aged = self.window.age_out()
         if aged:
-            log.info("%d unused categories aged out of the window", aged)
+            log.info("%s unused categories aged out of the window", f"{aged:,}")
         try:
             size = self.health.guard(self.checkpoints.save)(
                 self.window.state(), writer=self.name, process=self.process_id
@@ -519,8 +521,8 @@ class Controller:
             return self._outcome(
                 "skipped",
                 None,
-                f"skipped: {result.accesses} accesses seen, fewer than min_samples "
-                f"({self.settings.min_samples})",
+                f"skipped: {result.accesses:,} accesses seen, fewer than min_samples "
+                f"({self.settings.min_samples:,})",
                 seconds,
             )
         base, in_force = self.store.base(), self.store.current()
@@ -539,7 +541,7 @@ class Controller:
         verdict = self.shadow.guard(self.store.preview_fit(fitted, result.pooled), in_force)
         if verdict.outcome == "refused":
             return self._outcome("refused", None, verdict.reason, seconds)
-        note = f"refit of {result.accesses} accesses ({_change_words(base.categories, fitted)})"
+        note = f"refit of {result.accesses:,} accesses ({_change_words(base.categories, fitted)})"
         if verdict.outcome != "off":
             note += f"; guard {verdict.reason}"
         if result.not_converged.count:

@@ -295,10 +295,10 @@ class Ingestor(BackgroundLoop):
         """Leave ``stream`` unread, past ``max_workers``: said once per stream."""
         if self.refused.first(stream):
             log.warning(
-                "stream %s left unread: this controller reads %d worker streams already "
+                "stream %s left unread: this controller reads %s worker streams already "
                 "(KVWISE_MAX_WORKERS); it is read once one of them expires",
                 shown(stream),
-                self.settings.max_workers,
+                f"{self.settings.max_workers:,}",
             )
 
     def ingested_workers(self) -> set[str]:
@@ -618,8 +618,8 @@ class Ingestor(BackgroundLoop):
         if not self._unwritten_told:
             self._unwritten_told = True
             log.warning(
-                "%d dead letters not written (%s); their entries are acknowledged and deleted",
-                len(errors),
+                "%s dead letters not written (%s); their entries are acknowledged and deleted",
+                f"{len(errors):,}",
                 errors[0],
             )
 

@@ -57,6 +57,8 @@ class WorkerChoice:
     """Heartbeats that say their agent does not report requests whole."""
     missing: list[str]
     """Asked for by id, with no heartbeat under the prefix."""
+    others: list[str] = field(default_factory=list)
+    """Heartbeats of workers not asked for, where some were named (what is there instead)."""
 
 
 def choose_workers(client: RedisClient, keys: Keys, wanted: Sequence[str] = ()) -> WorkerChoice:
@@ -70,6 +72,7 @@ def choose_workers(client: RedisClient, keys: Keys, wanted: Sequence[str] = ()) 
         record=sorted(w for w in live if agents[w].whole_requests),
         not_whole=sorted(w for w in live if not agents[w].whole_requests),
         missing=sorted(w for w in ids if w not in agents),
+        others=sorted(w for w in agents if w not in ids),
     )
 
 

@@ -160,6 +160,7 @@ def test_an_oversized_stream_is_an_error_not_a_memory_leak(
         (["TRACE", "--compare", "a.json", "b.json"], "no TRACE"),
         (["--compare", "TRACE", "TRACE"], "trace.jsonl is not a bench summary"),
         (["--compare", "nope.json", "TRACE"], "--compare nope.json"),
+        (["TRACE", "--unpaired"], "--unpaired goes with --compare"),
     ],
 )
 def test_bad_usage_is_one_line_and_exit_code_2(
@@ -193,3 +194,50 @@ def test_a_controller_that_does_not_answer_is_said_once_and_the_run_goes_on(
     res = CliRunner().invoke(app, run, env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     assert f"kvwise version report unavailable: cannot reach {down}" in res.stdout
+
+
+def test_compare_pairs_only_runs_that_sent_the_same_requests(
+    toy: ToyServer, tmp_path: Path
+) -> None:
+    """Runs over two traces and block sizes were paired by trace index, with an interval."""
+    import gzip
+
+    from controlplane.loadgen.report import PAIRED_CONFIG, UNPAIRED_CONFIG
+
+    requests = [[1 + i % 3, 20 + i] for i in range(40)]
+    path = _trace_file(tmp_path, requests)
+    copy = tmp_path / "copy.jsonl.gz"  # the same requests under another name and format
+    copy.write_bytes(gzip.compress(path.read_bytes()))
+    (tmp_path / "other").mkdir()
+    other = _trace_file(tmp_path / "other", [[5 + i % 2, 70 + i] for i in range(40)])
+    common = ["--url", toy.url, "--speed", "0", "--block-tokens", str(BLOCK)]
+    runs = {
+        "a": [str(path), *common],
+        "copy": [str(copy), *common, "--salt", "3", "--timeout", "60"],
+        "other": [str(other), *common, "--concurrency", "8"],
+    }
+    for name, args in runs.items():
+        assert bench(*args, "-o", str(tmp_path / f"{name}.json"))[0] == 0
+    a = json.loads((tmp_path / "a.json").read_text())
+    assert set(a["config"]) == {"trace", *PAIRED_CONFIG, *UNPAIRED_CONFIG}  # each classified
+
+    def compare(b: str, *extra: str) -> tuple[int, str]:
+        return bench("--compare", str(tmp_path / "a.json"), str(tmp_path / f"{b}.json"), *extra)
+
+    code, out = compare("copy", "--json")
+    assert code == 0, out
+    shown = json.loads(out)
+    assert shown["paired"] and shown["differences"] == {}
+    assert any(r["interval"] for r in shown["rows"])
+    code, out = compare("other")
+    assert code == 2, out
+    said = " ".join(out.split())
+    assert "did not send the same requests" in said and "concurrency 64 vs 8" in said
+    assert "trace_digest" in said and "--unpaired" in said and "TTFT" not in said
+    code, out = compare("other", "--unpaired", "--json")
+    assert code == 0, out
+    shown = json.loads(out)
+    assert not shown["paired"] and set(shown["differences"]) == {"trace_digest", "concurrency"}
+    assert not any(r["interval"] for r in shown["rows"])
+    code, out = compare("other", "--unpaired")
+    assert code == 0 and "TTFT mean" in out and "concurrency 64 vs 8" in " ".join(out.split())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -26,6 +27,7 @@ def test_demo_summary_shows_shadow_curves(redis_url: str) -> None:
     assert res.returncode == 0, res.stderr[-3000:]
     assert max(len(line) for line in res.stderr.splitlines()) <= 80, res.stderr
     summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["interrupted"] is False
     shadow = summary["shadow"]
     assert shadow["enabled"] is True
     (group,) = shadow["groups"]  # the demo's workers share one capacity
@@ -59,3 +61,29 @@ def test_demo_into_a_file_prints_the_whole_summary_on_stdout(redis_url: str) -> 
         assert res.stdout.count(title) == 1, res.stdout
     assert "taller terminal" not in res.stdout + res.stderr
     assert "stopped every process" in res.stderr
+
+
+def test_a_ctrl_c_ends_the_demo_with_exit_code_130_and_says_so(redis_url: str) -> None:
+    """A Ctrl-C ended the demo with exit code 0 (a replay's is 130), and its JSON still
+    gave the URLs of the controller it had stopped."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controlplane", "demo", "--workers", "2", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "KVWISE_REDIS_URL": redis_url},
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a terminal
+    )
+    assert proc.stderr is not None
+    said = [proc.stderr.readline() for _ in range(7)]  # up to "on synthetic to-C traces"
+    assert "synthetic to-C traces" in said[-1], said
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole group
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        "kvwise demo: interrupted; stopped every process and removed the demo's data."
+    )
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["interrupted"] is True
+    assert "api" not in summary and "dashboard" not in summary  # the controller is gone

@@ -95,3 +95,18 @@ def test_a_token_on_the_network_starts_quietly(redis_url: str, key_prefix: str) 
     log = _start_log(_env(redis_url, key_prefix, KVWISE_API_TOKEN="t0ken"), "0.0.0.0")
     assert "mutations need the API token; reads are open" in log
     assert "OPEN TO THE NETWORK" not in log and "is open" not in log
+
+
+@pytest.mark.parametrize(
+    ("host", "written"), [("127.0.0.1", "127.0.0.1"), ("::1", "[::1]")], ids=["ipv4", "ipv6"]
+)
+def test_the_start_line_writes_an_ipv6_address_in_brackets(
+    caplog: pytest.LogCaptureFixture, host: str, written: str
+) -> None:
+    """``--host ::1`` logged "the API on ::1:18085": the port read as part of the address."""
+    from controlplane.api.exposure import announce_exposure
+    from controlplane.service.settings import ControllerSettings
+
+    with caplog.at_level("INFO", logger="controlplane.api.exposure"):
+        announce_exposure(ControllerSettings(host=host, port=18085, api_token=None))
+    assert f"the API on {written}:18085 is open" in caplog.text

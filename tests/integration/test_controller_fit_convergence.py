@@ -3,6 +3,7 @@ and in the published version's note. It failed before its fix."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -61,3 +62,23 @@ def test_a_refit_says_how_many_fits_did_not_converge(redis_url: str, key_prefix:
     assert gauge == 2
     assert doc is not None and doc.note.endswith(f"; {said}")
     assert doc.categories["ridge"].source == "fit"  # published all the same
+
+
+def test_the_refit_note_and_checkpoint_line_write_counts_with_separators(
+    redis_url: str, key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The note said ``refit of 100200 accesses`` and the log ``..., 13675 bytes`` beside
+    ``checkpoint written (13,675 bytes)``: counts for people are written one way."""
+    r = redis.Redis.from_url(redis_url)
+    r.set(Keys(key_prefix).checkpoint, ridge_checkpoint())
+    small = {"window_buckets": BUCKETS, "max_categories": 64, "max_categories_per_worker": 64}
+    logged = caplog.at_level("INFO", logger="controlplane.service.controller")
+    with logged, controller(redis_url, key_prefix, **small) as c:
+        c.refit(manual=True)
+        doc = c.store.current()
+    assert doc is not None and doc.note.startswith("refit of 100,200 accesses ("), doc.note
+    loaded = re.search(
+        r"loaded the window checkpoint of \d+ s ago: 1 categories, (\S+) bytes", caplog.text
+    )
+    assert loaded is not None, caplog.text
+    assert re.fullmatch(r"\d{1,3}(,\d{3})+", loaded[1]), loaded[1]  # about 10 kB

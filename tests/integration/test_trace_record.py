@@ -499,3 +499,27 @@ def test_heartbeat_keys_past_the_cap_are_said_once(
         "note: 50 new heartbeat keys past the 1,024 workers it reads at most are not read: the "
         "workers they name are not recorded" in " ".join(text.split())
     )
+
+
+@pytest.mark.parametrize("wait", ["0", "1"])
+def test_a_named_worker_without_a_heartbeat_is_the_error_listing_the_live_ones(
+    redis_url: str, key_prefix: str, tmp_path: Path, wait: str
+) -> None:
+    """``--worker nosuch`` while other workers heartbeat said "no agent heartbeat under
+    prefix ... (is an agent running?)"; it names the worker and those that are there."""
+    keys, r = Keys(key_prefix), redis.Redis.from_url(redis_url)
+    for n in range(12):
+        status = agent_status(id=f"w{n:02}", whole_requests=True, updated_at=time.time())
+        r.set(keys.agent(f"w{n:02}"), status.to_json(), ex=60)
+    args = ["trace", "record", "-o", str(tmp_path / "t.jsonl"), "--duration", "3"]
+    args += ["--redis-url", redis_url, "--key-prefix", key_prefix]
+    res = CliRunner().invoke(app, [*args, "--worker", "nosuch", "--wait", wait])
+    assert res.exit_code == 2, res.stderr
+    error = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
+    assert error == [
+        f"error: no worker to record: no heartbeat of --worker nosuch under prefix "
+        f"{key_prefix!r} at {redact(redis_url)}{' within --wait 1 s' if wait == '1' else ''}; "
+        "live workers there: w00, w01, w02, w03, w04, w05, w06, w07, w08, w09, and 2 more"
+    ]
+    assert "warning" not in res.stderr  # the error names it: said once
+    assert list(tmp_path.iterdir()) == []

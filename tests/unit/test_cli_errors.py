@@ -152,19 +152,23 @@ def test_controller_refuses_at_start_a_window_past_max_window_bytes() -> None:
     assert "(21.06 GiB)" in line and "KVWISE_MAX_WINDOW_BYTES (1,073,741,824)" in line
 
 
+@pytest.mark.parametrize(
+    ("host", "written"), [("127.0.0.1", "127.0.0.1"), ("::1", "[::1]")], ids=["ipv4", "ipv6"]
+)
 def test_a_controller_whose_port_is_taken_fails_before_it_writes_anything(
-    redis_url: str, key_prefix: str
+    redis_url: str, key_prefix: str, host: str, written: str
 ) -> None:
     """It led, published v1 and wrote a checkpoint, then failed to bind: the next
-    controller loaded that checkpoint as if a replica had run."""
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
+    controller loaded that checkpoint as if a replica had run. An IPv6 address is written
+    in brackets (it said ``::1:PORT``)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as taken:
+        taken.bind((host, 0))
         taken.listen()
         port = taken.getsockname()[1]
         env = {"KVWISE_REDIS_URL": redis_url, "KVWISE_KEY_PREFIX": key_prefix}
-        res = kvwise("controller", "--host", "127.0.0.1", "--port", str(port), env=env)
+        res = kvwise("controller", "--host", host, "--port", str(port), env=env)
     assert res.returncode == 2
-    assert one_error_line(res).startswith(f"error: cannot listen on 127.0.0.1:{port}: ")
+    assert one_error_line(res).startswith(f"error: cannot listen on {written}:{port}: ")
     assert not list(redis.Redis.from_url(redis_url).scan_iter(match=key_prefix + "*"))
 
 

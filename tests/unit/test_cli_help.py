@@ -3,6 +3,7 @@ reflowed rather than ragged, and ``kvwise --version``."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -124,8 +125,6 @@ def test_version() -> None:
 
 
 def test_config_names_stay_whole_and_copyable_at_80_columns() -> None:
-    import json
-
     out = run("config")
     assert max(len(line) for line in out.splitlines()) <= WIDTH
     assert [line for line in out.splitlines() if line != line.rstrip()] == []
@@ -135,8 +134,24 @@ def test_config_names_stay_whole_and_copyable_at_80_columns() -> None:
     for rows in doc.values():
         for row in rows:
             name, value = row["env"], row["value"]
-            want = f"{name}  (unset)" if value is None else f"{name}={value}"
+            if value is None and row["default"] is None:
+                want = f"{name}  (unset)"
+            else:
+                want = f"{name}={'none' if value is None else value}"
             assert want in lines, want
+
+
+def test_config_prints_a_knob_set_to_none_as_it_is_set() -> None:
+    """``KVWISE_LIFE_S_OVERRIDE=none`` printed as ``(unset)``, which means its default."""
+    name = "KVWISE_LIFE_S_OVERRIDE"
+    env = {"COLUMNS": str(WIDTH), name: "none"}
+    out = CliRunner().invoke(app, ["config"], env=env).output
+    line = next(line for line in out.splitlines() if line.startswith(name))
+    assert line == f"{name}=none"
+    copied = dict([line.split("=", 1)])  # the line, copied into a shell, means the same
+    shown = CliRunner().invoke(app, ["config", "--json"], env=copied).output
+    (row,) = [r for r in json.loads(shown)["controller"] if r["env"] == name]
+    assert row["value"] is None and row["default"] is not None
 
 
 def test_the_app_loads_without_scipy_or_the_shadow() -> None:
