@@ -17,7 +17,7 @@ window's hit ratios go to the ``FamilySelector`` (the controller's rule); when i
 switches, every block of the cache moves into the new family in its victim order
 (``agent.policies.handover``), as an agent's does on hot reload. ``wa`` keeps being
 refitted while a baseline runs, so a switch back finds the newest document. ``switches``
-records each switch.
+records each switch, ``verdicts`` every word of the selector.
 
 Each request is judged on what came before it: the shadow serves a request after the
 windows ending before it are judged, and refits see only earlier requests. It must never
@@ -157,6 +157,8 @@ class AutoReplayPolicy:
             )
         )
         self.switches: list[Switch] = []
+        self.verdicts: list[tuple[int, SelectionView]] = []
+        """Every word of the selector, with the index of the first request served after it."""
         self._trace = trace
         self._ts = trace.timestamps.tolist()
         self._shadow = _Shadow(trace, capacity, options, self.wa)
@@ -215,6 +217,7 @@ class AutoReplayPolicy:
         else:
             self._windows_judged += 1
         verdict = self.selector.observe(reading, self.family)
+        self.verdicts.append((request, verdict))
         if not verdict.switches:
             return
         chosen = verdict.chosen

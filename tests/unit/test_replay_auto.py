@@ -45,6 +45,10 @@ def test_switches_keep_the_cache_whole_and_consistent(trace: Trace) -> None:
     assert 0 < hits.sum() <= trace.n_accesses
     windows = [s.verdict.window_end for s in policy.switches]
     assert windows == sorted(windows)
+    # Every word of the selector is kept, a switch among them with its first request.
+    said = [(request, view) for request, view in policy.verdicts if view.switches]
+    assert said == [(s.request, s.verdict) for s in policy.switches]
+    assert len(policy.verdicts) > len(policy.switches)
     assert all(s.request > 0 and s.at_s <= trace.timestamps[s.request] for s in policy.switches)
 
 
