@@ -206,9 +206,7 @@ class KvwiseFreeQueue:
         # hash vLLM dropped while it was free through a path not reported to the queue left
         # the cache then, and is reported now (a prefix-cache reset or a connector's
         # evict_blocks is reported at once: drop_all_cached, drop_hashes).
-        hashes = self._uncount(victims)
-        if hashes and self.hooks is not None:
-            self.hooks.evicted(hashes, self.clock())
+        self._content_left(victims)
         return out
 
     def _reuse_held(self, popped: list[Any]) -> None:
@@ -216,6 +214,11 @@ class KvwiseFreeQueue:
         hash leaves the cache now (where no other block holds it)."""
         ids = list(map(BLOCK_ID, popped))
         self._fresh_held -= sum(map(self._counted.__getitem__, ids))
+        self._content_left(ids)
+
+    def _content_left(self, ids: Sequence[int]) -> None:
+        """Blocks ``ids`` no longer hold what they held: the hashes no other block holds
+        are reported evicted now."""
         hashes = self._uncount(ids)
         if hashes and self.hooks is not None:
             self.hooks.evicted(hashes, self.clock())
@@ -326,9 +329,7 @@ class KvwiseFreeQueue:
     def _dropped_in_use(self, hashless: Sequence[Any]) -> None:
         """Blocks given back without a hash: one that had stored content lost it while in
         use (a connector's ``evict_blocks``), so that content left the cache."""
-        hashes = self._uncount(list(map(BLOCK_ID, hashless)))
-        if hashes and self.hooks is not None:
-            self.hooks.evicted(hashes, self.clock())
+        self._content_left(list(map(BLOCK_ID, hashless)))
 
     def get_all_free_blocks(self) -> list[Any]:
         """Every free block: fresh (pop order), cached (release order, not the evictor's
@@ -386,9 +387,7 @@ class KvwiseFreeQueue:
             self._empty(emptied)
         if held:
             self._fresh_held -= len(held)
-        hashes = self._uncount(emptied + held)
-        if hashes and self.hooks is not None:
-            self.hooks.evicted(hashes, self.clock())
+        self._content_left(emptied + held)
 
     def _empty(self, ids: list[int]) -> None:
         """Free cached blocks ``ids`` lost their hash: out of the evictor, to the head of
@@ -416,18 +415,29 @@ class KvwiseFreeQueue:
         s, d = src.block_id, dst.block_id
         if self.hash_of(dst) is None:
             return  # ``src`` had no hash: nothing moved
-        gone = self._uncount([d]) if self._counted[d] else []
+        self._content_left([d])
         self.offset[d], self.code[d], self.hash[d] = self.offset[s], self.code[s], self.hash[s]
         self._counted[d], self._counted[s] = self._counted[s], False
-        if gone and self.hooks is not None:
-            self.hooks.evicted(gone, self.clock())
 
-    def note_partial(self, block: Any, position: int, code: int | None) -> None:
-        """``block`` (in use) got a partial prefix-cache entry (vLLM's
-        ``cache_partial_block``), which is not reported stored. If it holds no content
-        noted here, the evictor files it, once freed, at prompt block ``position`` under
-        ``code`` (the storing request's; ``None``: left as is), not as what it last held."""
+    def held_content(self, block: Any) -> int | None:
+        """The hash (low 64 bits) of the content noted in ``block`` (``note_stored``), or
+        None where it holds none noted here."""
         block_id = block.block_id
+        return self.hash[block_id] if self._counted[block_id] else None
+
+    def note_partial(
+        self, block: Any, position: int, code: int | None, *, replaced: bool = False
+    ) -> None:
+        """``block`` (in use) got a partial prefix-cache entry (vLLM's
+        ``cache_partial_block``), which is not reported stored. ``replaced``: the engine
+        wrote over its content first and dropped its cache entries (a hybrid model's state
+        checkpoint), so what it held left the cache, reported evicted now (where no other
+        block holds it). If it holds no content noted here, the evictor files it, once
+        freed, at prompt block ``position`` under ``code`` (the storing request's;
+        ``None``: left as is), not as what it last held."""
+        block_id = block.block_id
+        if replaced:
+            self._content_left([block_id])
         if self._counted[block_id] or self.hash_of(block) is None:
             return
         self.offset[block_id] = position

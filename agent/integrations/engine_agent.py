@@ -352,6 +352,15 @@ class EngineAgent:
                 seen.add(id(first))
             self._record_unwaited(first)
 
+    def record_holders(self, hash_: int) -> None:
+        """Record now, as ``record_done`` would, every request still holding an INSERT or a
+        HIT of ``hash_``: its content is about to be reported evicted while requests are
+        still on it (a block written over in place), and an eviction must never come
+        before the events it ends. Rare, so the open reports are searched."""
+        holders = [r for r in self._open.values() if hash_ in (*r.stored_hashes, *r.hit_hashes)]
+        for report in holders:
+            self.record_done(report)
+
     def _record_unwaited(self, report: RequestReport) -> None:
         """Record ``report`` now, then the requests waiting for it."""
         report.recorded, report.waiting = True, False

@@ -15,9 +15,11 @@ Owns the seam into vLLM v1, and is the only kvwise module that imports vLLM:
   content reported evicted at once), ``BlockPool.move_block_hashes`` (a block's cache
   entries move to its copy: so does its side-table entry), ``BlockPool.cache_partial_block``
   (a partial entry, not reported: a block holding only such entries gets the request's
-  prompt position and category in the side table), ``KVCacheManager.allocate_slots``
-  (which request the hits belong to) and ``KVCacheManager.free`` (the request is done) to
-  fill the queue's side table and report events; the wrappers call the original first and
+  prompt position and category in the side table; one written over first, a hybrid
+  model's checkpoint, has its old content reported evicted at once),
+  ``KVCacheManager.allocate_slots`` (which request the hits belong to) and
+  ``KVCacheManager.free`` (the request is done) to fill the queue's side table and report
+  events; the wrappers call the original first and
   only read what it left (``free`` records the request first: the blocks it frees may be
   reported evicted at once). A request's hits and its prompt's stored blocks are held on the
   request (``RequestReport``) and recorded once its prompt is whole (after the
@@ -355,16 +357,34 @@ def _wrap_cache_partial_block(orig: Callable[..., Any]) -> Callable[..., Any]:
         *args: Any,
         **kwargs: Any,
     ) -> Any:
+        held = block.block_hash
         key = orig(self, request, block, num_tokens, kv_cache_group_id, block_size, *args, **kwargs)
-        queue, engine = _kvwise_queue(self), _state.engine
+        queue = _kvwise_queue(self)
         if key is not None and queue is not None:
-            assert engine is not None
-            report: RequestReport | None = getattr(request, REQUEST_REPORT_ATTR, None)
-            code = report.code if report is not None else _category(engine, request)[1]
-            queue.note_partial(block, (num_tokens - 1) // block_size, code)
+            # Written over (``replace_existing_hashes``: a hybrid model's checkpoint) or
+            # superseded by a longer entry: vLLM dropped every entry the block had.
+            replaced = kwargs.get("replace_existing_hashes", args[0] if args else False)
+            replaced = bool(replaced) or (held is not None and block.block_hash != held)
+            _note_partial(queue, request, block, (num_tokens - 1) // block_size, replaced)
         return key
 
     return cache_partial_block
+
+
+def _note_partial(
+    queue: KvwiseFreeQueue, request: Any, block: Any, position: int, replaced: bool
+) -> None:
+    """``block`` got a partial entry for ``request`` at prompt block ``position``; if
+    ``replaced``, what it held left the cache: the requests still holding its INSERT are
+    recorded first, then its EVICT."""
+    engine = _state.engine
+    assert engine is not None
+    report: RequestReport | None = getattr(request, REQUEST_REPORT_ATTR, None)
+    code = report.code if report is not None else _category(engine, request)[1]
+    content = queue.held_content(block) if replaced else None
+    if content is not None:
+        engine.record_holders(content)
+    queue.note_partial(block, position, code, replaced=replaced)
 
 
 def _kvwise_queue(pool: Any) -> KvwiseFreeQueue | None:

@@ -182,12 +182,12 @@ def test_kvwise_queue_keeps_vllm_block_pool_invariants(
 def test_a_connectors_dropped_free_blocks_leave_the_evictor_and_are_reused_first(
     vllm_python: Path, tmp_path: Path, evictor: str
 ) -> None:
-    """vLLM's real ``BlockPool.evict_blocks`` (and ``move_block_hashes``) with the kvwise
-    queue, over every built-in evictor (each ``Discards``); the driver checks each step
-    (see ``vllm_driver.drop``)."""
+    """vLLM's real ``BlockPool.evict_blocks`` (and ``move_block_hashes``,
+    ``cache_partial_block``) with the kvwise queue, over every built-in evictor (each
+    ``Discards``); the driver checks each step (see ``vllm_driver.drop``)."""
     got = driver(vllm_python, ["drop", "--evictor", evictor], {"KVWISE_DEVICE": "cpu"}, tmp_path)
     assert got["dropped"] == [2, 3] and got["fresh_before"] == [8, 9]
-    assert got["events"] == 3
+    assert got["events"] == 5  # the drops 2, the move 1, the overwrite 1, the last reuse 1
 
 
 def test_stock_lru_loses_the_shared_system_prompt(vllm_python: Path, tmp_path: Path) -> None:

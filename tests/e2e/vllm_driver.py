@@ -312,6 +312,7 @@ def drop(args: argparse.Namespace) -> dict[str, Any]:
     dropped, fresh = _connector_drop(pool)
     _hashes_moved(pool)
     _partial_entry(pool)
+    _written_over(pool)
     return {"dropped": dropped, "fresh_before": fresh, "events": len(pool.seen.calls)}
 
 
@@ -386,6 +387,35 @@ def _partial_entry(pool: DropPool) -> None:
     calls = len(seen.calls)
     kv.free_blocks(part)
     assert part_id in queue.evictor and len(seen.calls) == calls  # never reported stored
+    pool.check_free()
+
+
+def _written_over(pool: DropPool) -> None:
+    """A hybrid model's checkpoint written over a stored block still in use
+    (``cache_partial_block`` replacing its entries): what it held is reported evicted at
+    once, after the request's INSERT of it (the request is recorded first, its prompt
+    not yet whole), and not again when the block is reused."""
+    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+    from agent.integrations import vllm as plugin
+    from agent.integrations.block_queue import hash64
+
+    kv, seen = pool.kv, pool.seen
+    request = pool.request(3)
+    blocks = kv.get_new_blocks(2)
+    kv.cache_full_blocks(request, blocks, 0, 2, BLOCK, 0)
+    content = hash64(make_block_hash_with_group_id(request.block_hashes[1], 0))
+    assert not getattr(request, plugin.REQUEST_REPORT_ATTR).recorded  # prompt not whole
+    calls = len(seen.calls)
+    kv.cache_partial_block(
+        request, blocks[1], 3 * BLOCK, 0, 2 * BLOCK, replace_existing_hashes=True
+    )
+    assert [hashes for hashes, _ in seen.calls[calls:]] == [[content]], seen.calls[calls:]
+    report = getattr(request, plugin.REQUEST_REPORT_ATTR)
+    assert report.recorded and not report.stored_hashes  # its INSERTs went first
+    kv.free_blocks(reversed(blocks))
+    kv.get_new_blocks(kv.get_num_free_blocks())  # every free block reused
+    assert content not in [h for hashes, _ in seen.calls[calls + 1 :] for h in hashes]
     pool.check_free()
 
 

@@ -376,6 +376,26 @@ def test_a_block_holding_only_a_partial_entry_is_filed_as_its_request_stored_it(
     assert hooks.hashes == []
 
 
+def test_a_block_written_over_in_place_reports_what_it_held_evicted_at_once() -> None:
+    """A hybrid model's checkpoint writes over a block in use and drops its entries
+    (``cache_partial_block`` with ``replace_existing_hashes``): its old content leaves the
+    cache then, not when the block is next reused; a content another block holds stays.
+    The block is then filed as its partial entry's request stored it."""
+    q, hooks, got = all_taken(4, "wa")
+    cache(q, got[1:3], code=1)
+    got[3].block_hash = got[2].block_hash  # a second copy of block 2's content
+    q.note_stored([got[3]], 1, 1)
+    assert q.held_content(got[1]) == hash64(key(1001))
+    for b in got[1:3]:
+        b.block_hash = key(5000 + b.block_id)
+        q.note_partial(b, 3, 2, replaced=True)
+    assert hooks.hashes == [hash64(key(1001))]  # block 2's content lives on in block 3
+    assert q.held_content(got[1]) is None and (q.offset[1], q.code[1]) == (3, 2)
+    q.append_n(got[1:3])
+    q.popleft_n(2)
+    assert hooks.hashes == [hash64(key(1001))]  # not again when reused
+
+
 class PrefixCache:
     """vLLM's side of the queue, as a model: which blocks are free or in use, the content
     (hash) each holds and how many blocks hold each content; a content leaves the cache

@@ -1,13 +1,15 @@
 """The vLLM plugin's event stream against a stand-in block pool, over random workloads.
 
 ``Pool`` plays vLLM's part around the plugin's wrappers (``cache_full_blocks``, ``touch``,
-``allocate_slots``, ``free``) the way vLLM's block pool does: prefix hits by block hash,
-several blocks per hash when two requests computed one prompt, chunked prefill,
-preemption, hash-less blocks prepended when freed, hashes dropped by a prefix-cache reset
-or a connector's eviction. Whatever the interleaving, the agent's events must tell a cache
-that vLLM could have held: a block is inserted before it is hit or evicted, never inserted
-while held, and once every free block is reused nothing is left cached. The real engine
-runs in tests/e2e/test_vllm.py.
+``allocate_slots``, ``free``, ``evict_blocks``, ``cache_partial_block``) the way vLLM's
+block pool does: prefix hits by block hash, several blocks per hash when two requests
+computed one prompt, chunked prefill, preemption, hash-less blocks prepended when freed,
+hashes dropped by a prefix-cache reset or a connector's eviction, blocks written over in
+place (a hybrid model's checkpoint). Whatever the interleaving, the agent's events must
+tell the cache vLLM holds: a block is inserted before it is hit or evicted, never
+inserted while held; once every request is done the events leave cached exactly what
+vLLM holds, and once every free block is reused nothing. The real engine runs in
+tests/e2e/test_vllm.py.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ class Pool:
         self.touch = plugin._wrap_touch(self._take_free)
         self.free = plugin._wrap_free(self._release)
         self.evict_blocks = plugin._wrap_evict_blocks(self._drop_ids)
+        self.cache_partial_block = plugin._wrap_cache_partial_block(self._write_over)
+        self.checkpoints = 0
+        self.partial_keys: set[bytes] = set()
 
     def _give_hashes(self, pool: Any, request: Any, blocks: list[Blk], lo: int, hi: int) -> None:
         for i in range(lo, hi):
@@ -68,9 +73,7 @@ class Pool:
         got: list[Blk] = self.queue.popleft_n(n)
         for block in got:
             if block.block_hash is not None:
-                self.by_hash[block.block_hash].remove(block.block_id)
-                if not self.by_hash[block.block_hash]:
-                    del self.by_hash[block.block_hash]
+                self._forget(block)
                 block.block_hash = None
             self.refs[block.block_id] += 1
         return got
@@ -107,12 +110,39 @@ class Pool:
             self.by_hash.pop(block.block_hash, None)
             block.block_hash = None
 
+    def checkpoint(self, request: Any) -> None:
+        """A hybrid model's state checkpoint written over the request's last block that
+        holds a hash (``cache_partial_block`` replacing its entries)."""
+        hashed = [i for i, block in enumerate(request.blocks) if block.block_hash is not None]
+        if hashed:
+            i = hashed[-1]
+            self.cache_partial_block(
+                self.block_pool, request, request.blocks[i], i + 1, 0, 1,
+                replace_existing_hashes=True,
+            )  # fmt: skip
+
+    def _write_over(self, pool: Any, request: Any, block: Blk, *args: Any, **kwargs: Any) -> bytes:
+        """Its entries dropped, a partial entry of its own (never a prompt's key)."""
+        self._forget(block)
+        self.checkpoints += 1
+        block.block_hash = (10**6 + self.checkpoints).to_bytes(32, "big") + bytes(4)
+        self.partial_keys.add(block.block_hash)
+        self.by_hash[block.block_hash] = [block.block_id]
+        return block.block_hash
+
+    def _forget(self, block: Blk) -> None:
+        assert block.block_hash is not None
+        self.by_hash[block.block_hash].remove(block.block_id)
+        if not self.by_hash[block.block_hash]:
+            del self.by_hash[block.block_hash]
+
     def drain(self) -> None:
         """Every free block reused: what was cached and free is evicted."""
         self._pop(len(self.queue))
 
     def cached(self) -> set[int]:
-        return {hash64(key) for key in self.by_hash}
+        """The contents cached, but partial entries (never reported)."""
+        return {hash64(key) for key in self.by_hash if key not in self.partial_keys}
 
 
 def run_workload(pool: Pool, rng: random.Random, steps: int) -> None:
@@ -131,6 +161,8 @@ def run_workload(pool: Pool, rng: random.Random, steps: int) -> None:
             if len(request.blocks) < len(request.keys):
                 request.blocks = []
                 preempted.append(request)
+        elif running and x < 0.34:
+            pool.checkpoint(rng.choice(running))
         elif preempted and x < 0.45:
             running.append(preempted.pop(0))
             pool.allocate(running[-1], rng.randint(1, 3))
@@ -180,13 +212,19 @@ def test_the_events_tell_the_cache_vllm_holds(
     rng = random.Random(seed)
     pool = Pool(queue, rng)
     run_workload(pool, rng, 1500)
+    events = told(engine)  # every request is done: all of it recorded
+    assert cache_told(events) == pool.cached()
     pool.drain()
-    batches = engine.agent.publisher.collect()
+    events += told(engine)
     engine.close()
-    events = [
-        (EventKind(int(kind)).name, int(block))
-        for batch in batches
-        for kind, block in zip(batch.kind, batch.block, strict=True)
-    ]
     assert pool.cached() == set()
     assert cache_told(events) == set()
+
+
+def told(engine: EngineAgent) -> list[tuple[str, int]]:
+    """The events recorded since last asked: (kind, block)."""
+    return [
+        (EventKind(int(kind)).name, int(block))
+        for batch in engine.agent.publisher.collect()
+        for kind, block in zip(batch.kind, batch.block, strict=True)
+    ]
