@@ -727,8 +727,8 @@ def compare(
     if sampled < settings.guard_min_accesses:
         return GuardView(
             "waiting",
-            f"waiting: {sampled} sampled accesses in the window, fewer than "
-            f"guard_min_accesses ({settings.guard_min_accesses}); published unjudged",
+            f"waiting: {sampled:,} sampled accesses in the window, fewer than "
+            f"guard_min_accesses ({settings.guard_min_accesses:,}); published unjudged",
             in_force_version=in_force.version,
             margin=margin,
             sampled_accesses=sampled,
@@ -739,7 +739,7 @@ def compare(
     words = "passed" if passed else "refused"
     reason = (
         f"{words}: candidate's shadow hit ratio {new:.4f} against {old:.4f} of version "
-        f"{in_force.version} in force (margin {margin}, {sampled} sampled accesses)"
+        f"{in_force.version} in force (margin {margin}, {sampled:,} sampled accesses)"
     )
     return GuardView(
         "passed" if passed else "refused",

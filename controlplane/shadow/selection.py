@@ -101,7 +101,7 @@ class FamilySelector:
         others = {f: r for f, r in ratios.items() if f != in_force}
         if reading.accesses < s.min_accesses or own is None or not others:
             why = (
-                f"{reading.accesses} sampled accesses, fewer than {s.min_accesses}"
+                f"{reading.accesses:,} sampled accesses, fewer than {s.min_accesses:,}"
                 if reading.accesses < s.min_accesses
                 else f"{in_force} is not among the shadow's families ({', '.join(ratios)})"
             )
