@@ -10,9 +10,9 @@ the paper's published statistics, not the real traces) with their labels, and th
 Mooncake sample with inferred categories, at capacities of 1-40 % of each trace's unique
 blocks, it replays the baselines, ``wa`` (online refits, ``ReplayOptions`` defaults), each
 variant in ``VARIANTS``, the replay-only policies of ``REPLAY_ONLY`` (``wa-mix``, ``wa-pace``
-at each prior tried) and ``belady``, and prints per trace the hit ratios and the gap
-closed, ``(x - lru) / (belady - lru)``. Choose on one seed, report on others. Results go
-to stdout; progress to stderr.
+at each prior tried, ``wa-superseded`` under each rule) and ``belady``, and prints per
+trace the hit ratios and the gap closed, ``(x - lru) / (belady - lru)``. Choose on one
+seed, report on others. Results go to stdout; progress to stderr.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from controlplane.replay import catalog
+from controlplane.replay.catalog import ReplayFactory
 from controlplane.replay.options import ReplayOptions
 from controlplane.replay.pace import paced_wa
+from controlplane.replay.superseded import SCOPES, superseding_wa
 from controlplane.traces.model import Trace
 from controlplane.traces.reader import load_trace
 from controlplane.traces.synth import synthesize
@@ -87,18 +89,31 @@ MIXTURE = "wa-mix (two-phase where one exponential fits badly)"
 """The replay-only ``wa-mix`` (``controlplane.replay.mixture``), run with the defaults."""
 PACE_PRIORS = (1.0, 4.0, 16.0)
 """The gamma priors (in gaps) ``wa-pace`` was tried with on seed 7."""
-PACE = {f"wa-pace (conversation pace; prior {k:g} gaps)": k for k in PACE_PRIORS}
-"""Label -> prior of each ``wa-pace`` row (``controlplane.replay.pace``)."""
-REPLAY_ONLY = [MIXTURE, *PACE]
-"""The rows of replay-only policies of their own, not options of ``wa``."""
+PACE = {
+    f"wa-pace (conversation pace; prior {k:g} gaps)": (f"wa-pace:prior {k:g}", paced_wa(k))
+    for k in PACE_PRIORS
+}
+"""Label -> name and factory of each ``wa-pace`` row (``controlplane.replay.pace``)."""
+SUPERSEDED = {
+    f"wa-superseded ({scope})": (f"wa-superseded:{scope}", superseding_wa(scope))
+    for scope in SCOPES
+}
+"""Label -> name and factory of each ``wa-superseded`` row, one per rule
+(``controlplane.replay.superseded``)."""
+REPLAY_ONLY: dict[str, tuple[str, ReplayFactory | None]] = {
+    MIXTURE: ("wa-mix", None),
+    **PACE,
+    **SUPERSEDED,
+}
+"""The rows of replay-only policies of their own, not options of ``wa``: label -> the
+name it replays under and the factory to register it with (None: in the catalogue)."""
 
 
 def register_replay_only(label: str) -> str:
     """Register the policy of a ``REPLAY_ONLY`` row (before the runner forks); its name."""
-    if label == MIXTURE:
-        return "wa-mix"
-    name = f"wa-pace:prior {PACE[label]:g}"
-    catalog.register_offline(name)(paced_wa(PACE[label]))
+    name, factory = REPLAY_ONLY[label]
+    if factory is not None:
+        catalog.register_offline(name)(factory)
     return name
 
 
