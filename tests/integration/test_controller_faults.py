@@ -195,4 +195,6 @@ def test_a_batch_the_shadow_fails_on_is_applied_not_dead_lettered(
         stream = keys.events_stream("w1")
         wait_until(lambda: r.xlen(stream) == 0, what="the batch judged and committed")
         assert c.ingestor.counters.batches == 1
+        # The ledger is written by that commit; a dead letter only after it.
+        assert r.hget(keys.ingest_state("w1"), "dead_letters") == b"0"
         assert r.xlen(keys.dead_letter) == 0
