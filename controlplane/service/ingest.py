@@ -12,7 +12,10 @@ dead-letters that entry and the pass goes on. An entry is acknowledged only afte
 applied or judged for the dead letters, in the same call that records it in the worker's
 ledger and trims what the group has acknowledged (while a recording announces itself
 under ``Keys.recording``, only once it is ``trim_grace_ms`` old: the recording has that long
-to read it; else at once); a crash re-delivers instead of losing.
+to read it; else at once); a crash re-delivers instead of losing. A worker's ledger in
+memory runs ahead of the stored one only within a pass: after a failed commit it is read
+back from Redis, and the pass's entries, re-delivered, are counted then (once; its batches
+are not applied again).
 Dead letters are written after that call, best effort: a Redis that refuses writes (out of
 memory) must not keep the commit from freeing what it can. If Redis restarts and forgets the
 group, the group is recreated on the next pass. After each pass, ``between_passes`` (the
@@ -193,9 +196,9 @@ class Ingestor(BackgroundLoop):
         self._pass_applied: dict[BatchId, int] = {}
         """This pass's batches applied to the window, each with the events its clock lost."""
         self._applied_uncommitted: dict[BatchId, int] = {}
-        """Batches in the window whose pass lost the lease before its commit: reclaimed
-        later by this replica, leading again, they are counted, not applied a second time
-        (``forget_uncommitted`` once the window is replaced)."""
+        """Batches in the window whose pass lost the lease, or whose stream's commit failed,
+        before they were committed: reclaimed later by this replica, they are counted, not
+        applied a second time (``forget_uncommitted`` once the window is replaced)."""
         self._streams: list[bytes] = []
         self._next = 0  # where the next pass starts in _streams
         self._cursors: dict[bytes, bytes] = {}
@@ -399,11 +402,12 @@ class Ingestor(BackgroundLoop):
         if commits:
             try:
                 self._check_lease()
-            except NoLongerLeader:
-                self._remember_uncommitted(self._pass_applied)
+                ledger_keys = {s: self._ledger_key(s) for s in commits}
+                done = self.io.commit(ledger_keys, commits, self._trim_grace_ms())
+            except Exception:  # the lease lost, or Redis failed: none, or not all, done
+                self._uncommitted(list(commits))
                 raise
-            ledger_keys = {s: self._ledger_key(s) for s in commits}
-            done = self.io.commit(ledger_keys, commits, self._trim_grace_ms())
+            self._uncommitted(list(done.failed))
             self.counters.trimmed += done.trimmed
             # After the commit (a Redis out of memory refuses these first), for the streams
             # it deleted them from: a failed stream's entries are judged again.
@@ -413,6 +417,16 @@ class Ingestor(BackgroundLoop):
             if done.failed:
                 raise next(iter(done.failed.values()))
         return handled
+
+    def _uncommitted(self, streams: list[bytes]) -> None:
+        """The pass's commit of ``streams`` failed (or may have): their workers' ledgers are
+        read back from Redis, as last committed, before they judge again (this pass's
+        entries, still pending, come back through the reclaim and are counted then, once);
+        the batches of theirs this pass applied are remembered as in the window."""
+        workers = {w for w in map(self._worker_of, streams) if w is not None}
+        for worker in workers:
+            self.ledgers.pop(worker, None)
+        self._remember_uncommitted({b: n for b, n in self._pass_applied.items() if b[0] in workers})
 
     def _remember_uncommitted(self, applied: dict[BatchId, int]) -> None:
         self._applied_uncommitted.update(applied)
@@ -482,8 +496,8 @@ class Ingestor(BackgroundLoop):
             self.counters.duplicates += 1
             return None  # a pipeline resent after a timeout: applied the first time
         in_window = self._applied_uncommitted.pop((batch.worker, batch.epoch, batch.seq), None)
-        if in_window is not None:
-            self._account(ledger, batch, in_window)  # applied before the lease was lost
+        if in_window is not None:  # applied (and counted by this process) uncommitted
+            _count_in_ledger(ledger, batch, in_window)
             return None
         return self._apply(ledger, entry_id, batch, fields)
 
@@ -504,14 +518,12 @@ class Ingestor(BackgroundLoop):
         return None
 
     def _account(self, ledger: WorkerLedger, batch: EventBatch, rejected: int) -> None:
-        taken = len(batch) - rejected
-        c, w = self.counters, ledger.counts
+        """Count a batch just applied, in its worker's ledger and this process's totals."""
+        _count_in_ledger(ledger, batch, rejected)
+        taken, c = len(batch) - rejected, self.counters
         c.events += taken
         c.batches += 1
         c.clock_rejected += rejected
-        w.events += taken
-        w.batches += 1
-        w.clock_rejected += rejected
         if self.metrics:
             m = self.metrics
             m.events.inc(taken)
@@ -622,6 +634,14 @@ class Ingestor(BackgroundLoop):
                 f"{len(errors):,}",
                 errors[0],
             )
+
+
+def _count_in_ledger(ledger: WorkerLedger, batch: EventBatch, rejected: int) -> None:
+    """Count an applied batch, of which the clock lost ``rejected`` events, in ``ledger``."""
+    w = ledger.counts
+    w.events += len(batch) - rejected
+    w.batches += 1
+    w.clock_rejected += rejected
 
 
 def _prefix(fields: Fields, limit: int) -> bytes:

@@ -2,7 +2,8 @@
 checkpoint, or failing a request: a lease lost between apply and commit, a worker coming
 back while the sweep deletes its stream, a body nested past the JSON parser, a checkpoint
 read that fails at takeover, a ledger stored in a shape this release cannot read, one
-stream's commit failing beside others, a bug in the shadow."""
+stream's commit failing beside others or before its entries are reclaimed, a bug in the
+shadow."""
 
 from __future__ import annotations
 
@@ -177,6 +178,47 @@ def test_a_stream_whose_commit_fails_leaves_the_others_dead_letters_written(
         wait_until(lambda: r.xlen(keys.dead_letter) == 1, what="w1's dead letter")
         assert r.xlen(keys.events_stream("w1")) == 0
         r.delete(keys.events_stream("w2"))
+
+
+def test_entries_of_a_failed_commit_are_counted_once_when_reclaimed(
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
+) -> None:
+    """w1's first commit fails before it writes anything (Redis refuses an id its script
+    acknowledges): its good batch and its poison entry stay pending. The reclaim brings
+    them back; the ledger had counted them in memory at the failed pass and counted them
+    again (a duplicate, a second dead letter). Each must be counted, and applied, once."""
+    batch = good_batch("w1", 1)
+    send(r, keys, batch)
+    r.xadd(keys.events_stream("w1"), {b"v": b"\xff"})
+    failed: list[bool] = []
+
+    def first_commit_refused(c: Controller) -> None:
+        commit = c.ingestor.io.commit
+
+        def refused_once(ledger_keys: Any, commits: Any, grace_ms: int = 0) -> Committed:
+            if not failed:
+                failed.append(True)
+                for job in commits.values():
+                    job.ack.append(b"not-an-id")  # XACK refuses it before acknowledging any
+            return commit(ledger_keys, commits, grace_ms)
+
+        c.ingestor.io.commit = refused_once  # type: ignore[method-assign]
+
+    with controller(
+        redis_url, key_prefix, reclaim_idle_ms=200, before_start=first_commit_refused
+    ) as c:
+        stream = keys.events_stream("w1")
+        wait_until(lambda: bool(failed), what="the failed commit")
+        wait_until(lambda: r.xlen(stream) == 0, what="the entries reclaimed and committed")
+        ledger = r.hgetall(keys.ingest_state("w1"))
+        assert ledger[b"events"] == str(len(batch)).encode()
+        assert ledger[b"batches"] == b"1"
+        assert ledger[b"duplicates"] == b"0"
+        assert ledger[b"dead_letters"] == b"1"
+        wait_until(lambda: r.xlen(keys.dead_letter) == 1, what="the dead letter")
+        assert c.window.snapshot(time.time()).total_accesses == len(batch)
+        counted = c.ingestor.counters  # this process's: applied once, counted once
+        assert (counted.batches, counted.events, counted.duplicates) == (1, len(batch), 0)
 
 
 def test_a_batch_the_shadow_fails_on_is_applied_not_dead_lettered(
