@@ -328,9 +328,11 @@ class PolicyStore:
             draft = self._read(pipe, "")
             full = len(draft.overrides) >= self.max_overrides
             if category not in draft.overrides and full:
+                pinned = len(draft.overrides)
                 raise TooManyOverrides(
-                    f"{len(draft.overrides)} categories are pinned already (max_overrides "
-                    f"{self.max_overrides}): release one first"
+                    f"{pinned:,} {'category is' if pinned == 1 else 'categories are'} pinned "
+                    f"already, the most KVWISE_MAX_OVERRIDES ({self.max_overrides:,}) allows: "
+                    "release one first"
                 )
             merged = {**draft.overrides.get(category, {}), **values}
             in_force = self.stored.current_in(pipe)

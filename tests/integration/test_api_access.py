@@ -430,6 +430,8 @@ def test_override_count_is_bounded_and_a_pin_can_always_change(ctl: RunningContr
     one_more = c.put("/v1/policy/overrides/cat-x", json={"rate": 1}, headers=AS_WRITER)
     assert one_more.status_code == 409
     assert one_more.json()["error"] == "too_many_overrides"
+    said = f"{MAX_OVERRIDES} categories are pinned already, the most KVWISE_MAX_OVERRIDES"
+    assert said in one_more.json()["reason"], one_more.json()
     changed = c.put(f"/v1/policy/overrides/{names[0]}", json={"rate": 2}, headers=AS_WRITER)
     assert changed.status_code == 200
     assert changed.json()["categories"][names[0]]["rate"] == 2
