@@ -407,7 +407,8 @@ class Ingestor(BackgroundLoop):
             except Exception:  # the lease lost, or Redis failed: none, or not all, done
                 self._uncommitted(list(commits))
                 raise
-            self._uncommitted(list(done.failed))
+            if done.failed:
+                self._uncommitted(list(done.failed))
             self.counters.trimmed += done.trimmed
             # After the commit (a Redis out of memory refuses these first), for the streams
             # it deleted them from: a failed stream's entries are judged again.
