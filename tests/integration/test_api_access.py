@@ -379,6 +379,28 @@ def test_the_query_form_without_a_name_names_its_field(ctl: RunningController, m
     assert (r.json()["field"], r.json()["message"]) == ("category", "is required")
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("PUT", "/v1/policy/overrides?category=a&=null"),
+        ("DELETE", "/v1/policy/overrides?category=a&categroy=b"),
+        ("GET", "/v1/category?name=a&names=b"),
+    ],
+)
+def test_a_query_form_refuses_a_parameter_it_does_not_take(
+    ctl: RunningController, method: str, path: str
+) -> None:
+    """A stray or misspelt query parameter is a 422 naming it, not ignored (a fuzzer sent
+    ``&=null`` and the pin was published)."""
+    body = {"json": {"rate": 1}} if method == "PUT" else {}
+    headers = AS_READER if method == "GET" else AS_WRITER
+    r = ctl.client.request(method, path, headers=headers, **body)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == "unknown_field", r.json()
+    assert "is not a query parameter here" in r.json()["message"], r.json()
+    assert ctl.client.get("/v1/policy/overrides", headers=AS_READER).json().get("a") is None
+
+
 def _api_routes(routes: Sequence[BaseRoute]) -> Iterator[APIRoute]:
     """Every API route under ``routes``, through the routers included (FastAPI lists an
     included router as one entry, its routes kept on ``original_router``)."""

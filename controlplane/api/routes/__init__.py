@@ -3,7 +3,8 @@
 Each module offers a ``reads`` router (GET) and, where it changes state, a ``writes``
 router; ``controlplane.api.app`` attaches the access each needs. Routes reach the
 ``Controller`` through ``ControllerDep`` and declare their ``response_model`` and error
-responses; a route that takes no body declares ``NO_BODY``, which refuses one. Every
+responses; a route that takes no body declares ``NO_BODY``, which refuses one, and one
+that takes query parameters ``KNOWN_QUERY_ONLY``, which refuses any it does not declare. Every
 change that answers with a document says in ``PUBLISHED_HEADER`` whether it published a
 version (``answer``). They must never check tokens (the access guard did) or build Redis
 keys.
@@ -17,7 +18,7 @@ from fastapi import Depends, Request, Response
 
 from agent.policy_document import PolicyDocument
 from controlplane.api.errors import FieldError
-from controlplane.api.field_messages import unwanted_body
+from controlplane.api.field_messages import FieldProblem, unwanted_body
 from controlplane.service.controller import Controller
 from controlplane.service.store import Change
 
@@ -57,6 +58,25 @@ async def _takes_no_body(request: Request) -> None:
 
 
 NO_BODY = Depends(_takes_no_body)
+
+
+async def _known_query_only(request: Request) -> None:
+    """A route that takes query parameters refuses one it does not declare (422, each
+    ``unknown_field``, as a body refuses a field it does not know): ignored, a misspelt
+    or stray parameter would look accepted."""
+    route = request.scope.get("route")
+    declared = {p.alias for p in getattr(getattr(route, "dependant", None), "query_params", [])}
+    taken = ", ".join(sorted(declared)) or "none"
+    problems = [
+        FieldProblem("unknown_field", name or "query", f"is not a query parameter here ({taken})")
+        for name in dict.fromkeys(request.query_params.keys())
+        if name not in declared
+    ]
+    if problems:
+        raise FieldError(*problems)
+
+
+KNOWN_QUERY_ONLY = Depends(_known_query_only)
 
 
 def answer(change: Change, response: Response) -> PolicyDocument:

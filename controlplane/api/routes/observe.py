@@ -13,7 +13,7 @@ from fastapi import APIRouter, Response
 
 from controlplane.api.errors import ApiError, documented
 from controlplane.api.models import CategoryInPath, CategoryInQuery
-from controlplane.api.routes import NEEDS_REDIS, ControllerDep
+from controlplane.api.routes import KNOWN_QUERY_ONLY, NEEDS_REDIS, ControllerDep
 from controlplane.service.agents import AgentView
 from controlplane.service.controller import CategoryDetail, CategorySummary
 from controlplane.shadow.view import ShadowView
@@ -41,7 +41,12 @@ def get_category(name: CategoryInPath, controller: ControllerDep) -> CategoryDet
     return detail
 
 
-@_store_reads.get("/v1/category", response_model=CategoryDetail, responses=documented(404, 422))
+@_store_reads.get(
+    "/v1/category",
+    response_model=CategoryDetail,
+    responses=documented(404, 422),
+    dependencies=[KNOWN_QUERY_ONLY],
+)
 def get_category_named_in_query(name: CategoryInQuery, controller: ControllerDep) -> CategoryDetail:
     """``GET /v1/categories/{name}`` with the name in the query (``?name=NAME``): it names
     any category, ``.`` and ``..`` too, which clients resolve in a path as a step."""

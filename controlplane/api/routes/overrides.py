@@ -20,7 +20,7 @@ from agent.policy_document import PolicyDocument
 from controlplane.api.errors import ApiError, FieldError, documented
 from controlplane.api.field_messages import FieldProblem
 from controlplane.api.models import CategoryInPath, CategoryInQuery, EvictorBody, OverrideBody
-from controlplane.api.routes import NEEDS_REDIS, NO_BODY, ControllerDep, answer
+from controlplane.api.routes import KNOWN_QUERY_ONLY, NEEDS_REDIS, NO_BODY, ControllerDep, answer
 from controlplane.service.store import Change, EvictorState, StoreError, TooManyOverrides
 
 TAG = "overrides"
@@ -52,7 +52,7 @@ def put_override(
     return _pin(category, body, controller, response)
 
 
-@writes.put("/v1/policy/overrides", **_PIN)
+@writes.put("/v1/policy/overrides", **_PIN, dependencies=[KNOWN_QUERY_ONLY])
 def put_override_named_in_query(
     category: CategoryInQuery, body: OverrideBody, controller: ControllerDep, response: Response
 ) -> PolicyDocument:
@@ -84,7 +84,7 @@ def delete_override(
     return _release(category, controller, response)
 
 
-@writes.delete("/v1/policy/overrides", **_RELEASE)
+@writes.delete("/v1/policy/overrides", **{**_RELEASE, "dependencies": [NO_BODY, KNOWN_QUERY_ONLY]})
 def delete_override_named_in_query(
     category: CategoryInQuery, controller: ControllerDep, response: Response
 ) -> PolicyDocument:
