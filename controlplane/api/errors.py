@@ -26,7 +26,7 @@ from starlette.routing import compile_path
 from agent.runtime.connection import RedisState, describe_redis_error, redis_state
 from controlplane.api.field_messages import NOT_JSON, FieldProblem, field_problems
 from controlplane.api.models import P_REUSE_MESSAGE
-from controlplane.service.store import PolicyLost
+from controlplane.service.store_terms import PolicyLost
 
 log = logging.getLogger(__name__)
 

@@ -46,11 +46,11 @@ from controlplane.service.metrics import ControllerMetrics, RefitOutcomeLabel
 from controlplane.service.policy_memory import PolicyMemory
 from controlplane.service.settings import ControllerSettings
 from controlplane.service.shadowing import ShadowLink
-from controlplane.service.store import (
+from controlplane.service.store import PolicyStore
+from controlplane.service.store_terms import (
     REFITS_HELD,
     LeaseLost,
     PolicyLost,
-    PolicyStore,
     RefitsHeld,
     StoreState,
 )

@@ -28,7 +28,8 @@ from collections.abc import Callable, Iterable
 import redis
 
 from controlplane.service.agents import AgentView
-from controlplane.service.store import PolicyStore, StoreState
+from controlplane.service.store import PolicyStore
+from controlplane.service.store_terms import StoreState
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from agent.settings import RedisSettings
 from agent.wire import BatchLimits
 from controlplane.fit.reuse_window import category_capacity, counter_bytes
 from controlplane.fit.settings import FitSettings
-from controlplane.service.store import MAX_FITTED_CATEGORIES
+from controlplane.service.store_terms import MAX_FITTED_CATEGORIES
 from controlplane.shadow.settings import ShadowSettings
 
 MAX_CONSUMER_NAME_CHARS: Final = 253

@@ -15,14 +15,12 @@ import redis
 from agent.policy_document import CategoryParams
 from agent.wire import Keys, decode_policy, encode_policy
 from controlplane.service.policy_memory import PolicyMemory
-from controlplane.service.store import (
+from controlplane.service.store import Base, PolicyStore, StoreError
+from controlplane.service.store_terms import (
     MAX_FITTED_CATEGORIES,
     MAX_OVERRIDES,
-    Base,
     LeaseLost,
     PolicyLost,
-    PolicyStore,
-    StoreError,
 )
 
 pytestmark = pytest.mark.integration

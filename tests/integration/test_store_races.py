@@ -13,7 +13,8 @@ from agent.policy_document import CategoryParams
 from agent.wire import Keys
 from controlplane.service.agents import AgentView
 from controlplane.service.policy_memory import PolicyMemory
-from controlplane.service.store import PolicyLost, PolicyStore, RefitsHeld, Remembers, StoreState
+from controlplane.service.store import PolicyStore
+from controlplane.service.store_terms import PolicyLost, RefitsHeld, Remembers, StoreState
 from tests.conftest import delete_prefix
 
 pytestmark = pytest.mark.integration

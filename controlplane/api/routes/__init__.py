@@ -20,7 +20,7 @@ from agent.policy_document import PolicyDocument
 from controlplane.api.errors import FieldError
 from controlplane.api.field_messages import FieldProblem, unwanted_body
 from controlplane.service.controller import Controller
-from controlplane.service.store import Change
+from controlplane.service.store_terms import Change
 
 PUBLISHED_HEADER = "Kvwise-Published"
 """In a change's answer: ``true`` if it published a version, ``false`` if the change was

@@ -21,7 +21,8 @@ from controlplane.api.errors import ApiError, FieldError, documented
 from controlplane.api.field_messages import FieldProblem
 from controlplane.api.models import CategoryInPath, CategoryInQuery, EvictorBody, OverrideBody
 from controlplane.api.routes import KNOWN_QUERY_ONLY, NEEDS_REDIS, NO_BODY, ControllerDep, answer
-from controlplane.service.store import Change, EvictorState, StoreError, TooManyOverrides
+from controlplane.service.store import StoreError
+from controlplane.service.store_terms import Change, EvictorState, TooManyOverrides
 
 TAG = "overrides"
 reads = APIRouter(tags=[TAG], dependencies=[NEEDS_REDIS])

@@ -14,7 +14,8 @@ from controlplane.api.errors import ApiError, documented
 from controlplane.api.models import RollbackBody, VersionInPath
 from controlplane.api.routes import NEEDS_REDIS, NO_BODY, ControllerDep, answer
 from controlplane.service.controller import RefitOutcome, RefitStatus
-from controlplane.service.store import Change, StoreError, VersionInfo
+from controlplane.service.store import StoreError
+from controlplane.service.store_terms import Change, VersionInfo
 
 TAG = "policy"
 reads = APIRouter(tags=[TAG], dependencies=[NEEDS_REDIS])
