@@ -40,7 +40,8 @@ from controlplane.service.agents import AgentListing, AgentReader, AgentView
 from controlplane.service.checkpoint import CheckpointBounds, CheckpointError, CheckpointStore
 from controlplane.service.health import RedisHealth, guarded
 from controlplane.service.housekeeping import Housekeeper, HousekeepingSettings
-from controlplane.service.ingest import Ingestor, IngestSettings
+from controlplane.service.ingest import Ingestor
+from controlplane.service.ingest_settings import IngestSettings
 from controlplane.service.lease import LeaderLease
 from controlplane.service.metrics import ControllerMetrics, RefitOutcomeLabel
 from controlplane.service.policy_memory import PolicyMemory

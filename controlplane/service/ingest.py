@@ -21,6 +21,9 @@ memory) must not keep the commit from freeing what it can. If Redis restarts and
 group, the group is recreated on the next pass. After each pass, ``between_passes`` (the
 controller's checkpoint) runs on the ingest thread.
 
+This module owns the ``Ingestor``: the streams read, the passes, the ledgers and the
+commit. What each entry becomes is ``ingest_judge``'s (``EntryJudge``), the dead-letter
+stream and its log ``dead_letters``' (``DeadLetters``), the tunables ``ingest_settings``'.
 It must never fit or publish.
 """
 
@@ -30,134 +33,35 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, cast
+from typing import Final, cast
 
 import redis
 
 from agent.runtime.connection import RedisClient
 from agent.runtime.loop import BackgroundLoop, RedisObserver
-from agent.wire import BatchLimits, EventBatch, Keys, WireError, WireLimitError, decode_batch
+from agent.wire import Keys, WireError
+from controlplane.service.dead_letters import DEAD_LETTER_PREFIX_BYTES, DeadLetters, shown
 from controlplane.service.housekeeping import Housekeeper
-from controlplane.service.ledger import MAX_OUT_OF_ORDER, EntryCounts, WorkerLedger
+from controlplane.service.ingest_judge import ApplyFn, EntryJudge, IngestCounters, Refusal
+from controlplane.service.ingest_settings import IngestSettings
+from controlplane.service.ledger import WorkerLedger
 from controlplane.service.ledger_reads import LedgerReader
-from controlplane.service.metrics import DEAD_LETTER_REASONS, ControllerMetrics
-from controlplane.service.stream_io import (
-    DELETED,
-    OVERSIZE,
-    PREFIX,
-    Commit,
-    Fields,
-    ReadLimits,
-    StreamIO,
-    StreamRead,
-)
-from controlplane.service.window import BatchRefused
+from controlplane.service.metrics import ControllerMetrics
+from controlplane.service.stream_io import Commit, ReadLimits, StreamIO, StreamRead
 from controlplane.told_once import ToldOnce
-
-if TYPE_CHECKING:
-    from controlplane.service.settings import ControllerSettings
 
 log = logging.getLogger(__name__)
 
-ApplyFn = Callable[[EventBatch], int]
-"""Adds a batch to the statistics; returns the events it dropped for their clock; raises
-``BatchRefused`` for a batch over a limit."""
 BetweenPasses = Callable[[], object]
 """Runs on the ingest thread after each pass that committed: the window then holds exactly
 the batches the ledgers in Redis say were applied (the controller's checkpoint)."""
 
-DECODE, LIMIT, APPLY = DEAD_LETTER_REASONS
-DEAD_LETTER_MAXLEN: Final = 10_000
-DEAD_LETTER_PREFIX_BYTES: Final = 1024
 DISCOVER_EVERY_S: Final = 2.0
-TELL_EVERY_S: Final = 60.0
-"""Dead letters of one kind from one stream are logged at most this often (all counted)."""
 MAX_BACKOFF_S: Final = 5.0
-
-
-@dataclass(frozen=True)
-class IngestSettings:
-    """How one replica's ingest reads the event streams: ``from_settings`` takes them from
-    the controller's settings, where each is defaulted and documented."""
-
-    group: str
-    """The consumer group all replicas read in."""
-    consumer: str
-    """This replica's consumer in the group."""
-    count: int
-    """Entries per stream per read."""
-    block_ms: int
-    """Wait after a pass that found nothing."""
-    reclaim_idle_ms: int
-    """Entries another consumer left pending this long are taken over."""
-    limits: BatchLimits
-    """What one entry may hold; an entry over a limit is dead-lettered."""
-    max_read_bytes: int
-    """Bytes one read may bring in, about; it also bounds how many streams one read
-    covers (``max_read_bytes // limits.max_entry_bytes``, taken round robin)."""
-    trim_grace_ms: int = 0
-    """While a recording is announced, acknowledged entries younger than this stay in the
-    stream for it."""
-    max_out_of_order: int = MAX_OUT_OF_ORDER
-    """Sequence numbers a worker's ledger tracks above its first gap."""
-    max_workers: int = 1024
-    """Streams read, at most: one found past them is left unread (``refused``)."""
-
-    @classmethod
-    def from_settings(cls, settings: ControllerSettings, consumer: str) -> IngestSettings:
-        """The ingest of ``settings`` for this replica's ``consumer``."""
-        return cls(
-            group=settings.consumer_group,
-            consumer=consumer,
-            count=settings.ingest_count,
-            block_ms=settings.ingest_block_ms,
-            reclaim_idle_ms=settings.reclaim_idle_ms,
-            limits=BatchLimits(
-                max_events=settings.ingest_max_events,
-                max_categories=settings.max_categories_per_worker,
-            ),
-            max_read_bytes=settings.ingest_max_read_bytes,
-            trim_grace_ms=round(settings.stream_trim_grace_s * 1000),
-            max_workers=settings.max_workers,
-        )
-
-
-@dataclass
-class IngestCounters(EntryCounts):
-    """This process's totals (the per-worker ones live in the ledgers)."""
-
-    reclaimed: int = 0
-    """Entries taken over from a consumer that stopped acknowledging."""
-    trimmed: int = 0
-    """Acknowledged entries trimmed from the streams."""
-    dead_letters_unwritten: int = 0
-    """Dead letters Redis refused to store (their entries were deleted all the same)."""
-    gaps: dict[str, int] = field(default_factory=dict)
-
-
-def shown(name: bytes) -> str:
-    """A Redis key or entry id as the log shows it: text (bytes not UTF-8 escaped), never
-    a bytes repr."""
-    return name.decode(errors="backslashreplace")
-
-
-@dataclass
-class _Refusal:
-    entry_id: bytes
-    reason: str
-    label: str
-    fields: Fields
 
 
 class NoLongerLeader(Exception):
     """This replica no longer holds the leader lease: the pass ends uncommitted."""
-
-
-BatchId = tuple[str, str, int]
-"""A batch as its worker's ledger knows it: worker, epoch, sequence number."""
-MAX_APPLIED_UNCOMMITTED = 100_000
-"""Batches remembered as in the window but not committed, at most (a pass holds far fewer)."""
 
 
 class Ingestor(BackgroundLoop):
@@ -191,14 +95,10 @@ class Ingestor(BackgroundLoop):
         self.metrics = metrics
         self.io = StreamIO(client, group=settings.group, consumer=settings.consumer)
         self.counters = IngestCounters()
+        self.judge = EntryJudge(settings.limits, self.counters, metrics)
+        self.dead_letters = DeadLetters(client, keys, settings.consumer, self.counters, metrics)
         self.ledgers: dict[str, WorkerLedger] = {}
         self.ledger_reader = LedgerReader(client, keys, settings.max_out_of_order, metrics)
-        self._pass_applied: dict[BatchId, int] = {}
-        """This pass's batches applied to the window, each with the events its clock lost."""
-        self._applied_uncommitted: dict[BatchId, int] = {}
-        """Batches in the window whose pass lost the lease, or whose stream's commit failed,
-        before they were committed: reclaimed later by this replica, they are counted, not
-        applied a second time (``forget_uncommitted`` once the window is replaced)."""
         self._streams: list[bytes] = []
         self._next = 0  # where the next pass starts in _streams
         self._cursors: dict[bytes, bytes] = {}
@@ -212,8 +112,6 @@ class Ingestor(BackgroundLoop):
         self.refused: ToldOnce[bytes] = ToldOnce(cap=settings.max_workers)
         """Streams found past ``max_workers`` and left unread (told once each; as many
         names as ``max_workers`` at most, the rest counted only)."""
-        self._unwritten_told = False
-        self._told: dict[tuple[bytes, str], tuple[float, int]] = {}
         per_stream = settings.limits.max_entry_bytes
         self._width = max(1, settings.max_read_bytes // per_stream)
         self._read_limits = ReadLimits(
@@ -383,10 +281,10 @@ class Ingestor(BackgroundLoop):
 
     # --- entries -----------------------------------------------------------------------------
     def _handle_reads(self, reads: list[StreamRead]) -> int:
-        self._pass_applied = {}
+        self.judge.begin_pass()
         self._load_ledgers([r.stream for r in reads if r.entries])
         commits: dict[bytes, Commit] = {}
-        refusals: list[tuple[bytes, _Refusal]] = []
+        refusals: list[tuple[bytes, Refusal]] = []
         handled = 0
         for read in reads:
             if read.no_group:
@@ -395,7 +293,9 @@ class Ingestor(BackgroundLoop):
                 continue
             if not read.entries:
                 continue
-            commit, refused = self._judge_all(read)
+            worker = self._worker_of(read.stream)
+            ledger = self.ledgers.get(worker) if worker is not None else None
+            commit, refused = self.judge.judge_all(read, worker, ledger, self.apply)
             commits[read.stream] = commit
             refusals += [(read.stream, r) for r in refused]
             handled += len(read.entries)
@@ -414,7 +314,7 @@ class Ingestor(BackgroundLoop):
             # it deleted them from: a failed stream's entries are judged again.
             refusals = [(s, refusal) for s, refusal in refusals if s not in done.failed]
             if refusals:
-                self._dead_letter(refusals)
+                self.dead_letters.write(refusals)
             if done.failed:
                 raise next(iter(done.failed.values()))
         return handled
@@ -427,17 +327,12 @@ class Ingestor(BackgroundLoop):
         workers = {w for w in map(self._worker_of, streams) if w is not None}
         for worker in workers:
             self.ledgers.pop(worker, None)
-        self._remember_uncommitted({b: n for b, n in self._pass_applied.items() if b[0] in workers})
-
-    def _remember_uncommitted(self, applied: dict[BatchId, int]) -> None:
-        self._applied_uncommitted.update(applied)
-        while len(self._applied_uncommitted) > MAX_APPLIED_UNCOMMITTED:
-            del self._applied_uncommitted[next(iter(self._applied_uncommitted))]
+        self.judge.uncommitted(workers)
 
     def forget_uncommitted(self) -> None:
         """The window was replaced (a checkpoint restored): the batches it held uncommitted
         are no longer in it."""
-        self._applied_uncommitted.clear()
+        self.judge.forget_uncommitted()
 
     def _trim_grace_ms(self) -> int:
         """The grace acknowledged entries get before they are trimmed: the setting's while
@@ -449,92 +344,7 @@ class Ingestor(BackgroundLoop):
         if self.leads is not None and not self.leads():
             raise NoLongerLeader
 
-    def _judge_all(self, read: StreamRead) -> tuple[Commit, list[_Refusal]]:
-        worker = self._worker_of(read.stream)
-        ledger = self.ledgers.get(worker) if worker is not None else None
-        commit = Commit()
-        refused: list[_Refusal] = []
-        for entry_id, fields in read.entries:
-            refusal = self._judge(worker, ledger, entry_id, fields)
-            commit.ack.append(entry_id)
-            if refusal is not None:
-                refused.append(refusal)
-                commit.delete.append(entry_id)
-                if ledger is not None:
-                    ledger.counts.dead_letters += 1
-        if ledger is not None:
-            commit.ledger = ledger.to_hash()
-            self.counters.gaps[ledger.worker] = ledger.missing
-            if self.metrics:
-                self.metrics.gaps.labels(worker=ledger.worker).set(ledger.missing)
-        return commit, refused
-
-    def _judge(
-        self, worker: str | None, ledger: WorkerLedger | None, entry_id: bytes, fields: Fields
-    ) -> _Refusal | None:
-        """Apply one entry or say why not (None: applied, a duplicate or a deleted one)."""
-        if DELETED in fields:
-            return None
-        if OVERSIZE in fields:
-            reason = (
-                f"entry of {int(fields[OVERSIZE])} bytes > max_entry_bytes "
-                f"({self.settings.limits.max_entry_bytes})"
-            )
-            return _Refusal(entry_id, reason, LIMIT, {PREFIX: fields.get(PREFIX, b"")})
-        try:
-            batch = decode_batch(fields, self.settings.limits)
-        except WireError as exc:
-            kind = LIMIT if isinstance(exc, WireLimitError) else DECODE
-            return _Refusal(entry_id, exc.reason, kind, fields)
-        except Exception as exc:  # WireError is the contract; anything else is still refused
-            return _Refusal(entry_id, f"decode failed: {exc!r}"[:300], DECODE, fields)
-        if ledger is None or batch.worker != worker:
-            where = "a stream not named for a worker" if worker is None else "another's stream"
-            reason = f"w: worker {batch.worker!r} wrote into {where}"
-            return _Refusal(entry_id, reason, DECODE, fields)
-        if not ledger.see(batch.epoch, batch.seq):
-            ledger.counts.duplicates += 1
-            self.counters.duplicates += 1
-            return None  # a pipeline resent after a timeout: applied the first time
-        in_window = self._applied_uncommitted.pop((batch.worker, batch.epoch, batch.seq), None)
-        if in_window is not None:  # applied (and counted by this process) uncommitted
-            _count_in_ledger(ledger, batch, in_window)
-            return None
-        return self._apply(ledger, entry_id, batch, fields)
-
-    def _apply(
-        self, ledger: WorkerLedger, entry_id: bytes, batch: EventBatch, fields: Fields
-    ) -> _Refusal | None:
-        try:
-            rejected = self.apply(batch)
-        except BatchRefused as exc:
-            ledger.counts.refused += len(batch)
-            return _Refusal(entry_id, str(exc), LIMIT, fields)
-        except Exception as exc:  # a bug in apply must not wedge the stream
-            log.exception("applying batch %s of %s failed", entry_id, batch.worker)
-            ledger.counts.refused += len(batch)
-            return _Refusal(entry_id, f"apply failed: {exc!r}"[:300], APPLY, fields)
-        self._account(ledger, batch, rejected)
-        self._pass_applied[batch.worker, batch.epoch, batch.seq] = rejected
-        return None
-
-    def _account(self, ledger: WorkerLedger, batch: EventBatch, rejected: int) -> None:
-        """Count a batch just applied, in its worker's ledger and this process's totals."""
-        _count_in_ledger(ledger, batch, rejected)
-        taken, c = len(batch) - rejected, self.counters
-        c.events += taken
-        c.batches += 1
-        c.clock_rejected += rejected
-        if self.metrics:
-            m = self.metrics
-            m.events.inc(taken)
-            m.batches.inc()
-            if rejected:
-                m.clock_rejected.labels(worker=ledger.worker).inc(rejected)
-            if len(batch):
-                m.ingest_lag.set(max(0.0, time.time() - float(batch.ts.max())))
-
-    # --- ledgers and dead letters ------------------------------------------------------------
+    # --- workers and their ledgers ----------------------------------------------------------
     def _worker_of(self, stream: bytes) -> str | None:
         try:
             return self.keys.worker_of(stream)
@@ -568,86 +378,8 @@ class Ingestor(BackgroundLoop):
             self._cursors.pop(stream, None)
             self._rejoin.discard(stream)
             self._schema1_told.forget(stream)
-            for told in [k for k in self._told if k[0] == stream]:
-                del self._told[told]
+            self.dead_letters.forget(stream)
         if self.metrics:
             for series in (self.metrics.gaps, self.metrics.clock_rejected):
                 with contextlib.suppress(KeyError):
                     series.remove(worker)
-
-    def _tell(self, stream: bytes, refusal: _Refusal) -> None:
-        """Log a dead letter: the first of a kind per stream each ``TELL_EVERY_S``, with the
-        count of those not logged since (a flood of poison must not flood the log)."""
-        key = (stream, refusal.label)
-        now = time.monotonic()
-        last, quiet = self._told.get(key, (-TELL_EVERY_S, 0))
-        if now - last < TELL_EVERY_S:
-            self._told[key] = (last, quiet + 1)
-            return
-        self._told[key] = (now, 0)
-        more = f" ({quiet} more like it not logged)" if quiet else ""
-        log.warning(
-            "dead-lettered entry %s of %s: %s%s",
-            shown(refusal.entry_id),
-            shown(stream),
-            refusal.reason,
-            more,
-        )
-
-    def _dead_letter(self, refusals: list[tuple[bytes, _Refusal]]) -> None:
-        pipe = self.r.pipeline(transaction=False)
-        for stream, refusal in refusals:
-            self.counters.dead_letters += 1
-            if self.metrics:
-                self.metrics.dead_letters.labels(reason=refusal.label).inc()
-            self._tell(stream, refusal)
-            record = {
-                "stream": stream,
-                "id": refusal.entry_id,
-                "reason": refusal.reason[:1000],
-                "consumer": self.settings.consumer,
-                "prefix": _prefix(refusal.fields, DEAD_LETTER_PREFIX_BYTES),
-            }
-            pipe.xadd(
-                self.keys.dead_letter,
-                record,  # type: ignore[arg-type]  # redis-py's field type is invariant
-                maxlen=DEAD_LETTER_MAXLEN,
-                approximate=True,
-            )
-        try:
-            replies = pipe.execute(raise_on_error=False)
-        except redis.RedisError as exc:
-            replies = [exc] * len(refusals)
-        self._count_unwritten([r for r in replies if isinstance(r, Exception)])
-
-    def _count_unwritten(self, errors: list[Exception]) -> None:
-        """Count the dead letters Redis refused; log once until one is written again."""
-        if not errors:
-            self._unwritten_told = False
-            return
-        self.counters.dead_letters_unwritten += len(errors)
-        if self.metrics:
-            self.metrics.dead_letters_unwritten.inc(len(errors))
-        if not self._unwritten_told:
-            self._unwritten_told = True
-            log.warning(
-                "%s dead letters not written (%s); their entries are acknowledged and deleted",
-                f"{len(errors):,}",
-                errors[0],
-            )
-
-
-def _count_in_ledger(ledger: WorkerLedger, batch: EventBatch, rejected: int) -> None:
-    """Count an applied batch, of which the clock lost ``rejected`` events, in ``ledger``."""
-    w = ledger.counts
-    w.events += len(batch) - rejected
-    w.batches += 1
-    w.clock_rejected += rejected
-
-
-def _prefix(fields: Fields, limit: int) -> bytes:
-    """``name=value`` pairs of an entry, each value cut at 64 bytes, the whole at ``limit``."""
-    if PREFIX in fields:
-        return fields[PREFIX][:limit]
-    parts = [k + b"=" + v[:64] for k, v in fields.items()]
-    return b" ".join(parts)[:limit]

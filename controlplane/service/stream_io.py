@@ -13,7 +13,7 @@ the key held (another type, fields written by another hand), in one call on one
 shard (the stream and the ledger share the worker's hash tag). Acknowledge and trim come
 first, so that a Redis out of memory still frees the memory ingest can free.
 
-It must never decode or judge entries (``controlplane.service.ingest`` does).
+It must never decode or judge entries (``controlplane.service.ingest_judge`` does).
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ import redis
 
 from agent.wire import EventBatch, EventKind, Keys, decode_batch, encode_batch
 from controlplane.fit.reuse_window import ReuseStats
-from controlplane.service.ingest import Ingestor, IngestSettings
+from controlplane.service.ingest import Ingestor
+from controlplane.service.ingest_settings import IngestSettings
 from controlplane.service.settings import ControllerSettings
 from controlplane.service.window import LiveWindow, WindowLimits
 from tests.synth_reuse import chain_stream

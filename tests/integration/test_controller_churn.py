@@ -9,7 +9,9 @@ import redis
 
 from agent.wire import Keys
 from controlplane.service.agents import AgentReader
-from controlplane.service.ingest import Ingestor, IngestSettings, _Refusal
+from controlplane.service.ingest import Ingestor
+from controlplane.service.ingest_judge import Refusal
+from controlplane.service.ingest_settings import IngestSettings
 from controlplane.service.settings import ControllerSettings
 from tests.integration.controller_fixtures import controller
 
@@ -26,10 +28,10 @@ def test_forgetting_a_worker_drops_its_cursor_and_what_was_told_of_its_stream(
     ingestor._streams.append(stream)
     ingestor._cursors[stream] = b"0-0"
     ingestor._schema1_told.first(stream)
-    ingestor._tell(stream, _Refusal(b"1-0", "bad", "decode", {}))
+    ingestor.dead_letters.tell(stream, Refusal(b"1-0", "bad", "decode", {}))
     ingestor.forget("w1")
     assert not (ingestor._streams or ingestor._cursors or ingestor._schema1_told)
-    assert not ingestor._told
+    assert not ingestor.dead_letters._told
 
 
 def test_an_unreadable_heartbeat_is_forgotten_once_its_key_expires(
