@@ -10,8 +10,13 @@ publishes (fenced: only while the lease key still holds its name). A new leader 
 last checkpoint before it ingests, so a restart keeps the fit. A standby replica serves
 reads and takes over within one lease time. Redis trouble is told once per change of state
 (``RedisHealth``), and a failed call reaches the API as the ``redis.RedisError`` it was; a
-refit that publishes nothing says why once per change of reason. It must never parse HTTP
-(``controlplane.api.app``) or encode wire data itself (``agent.wire``).
+refit that publishes nothing says why once per change of reason.
+
+This module owns the ``Controller`` and the order of its work; the refit itself is
+``refit``'s (``Refitter``), the parts built from the settings ``controller_parts``', the
+categories as operators read them ``categories``', the gauges a scrape sets ``gauges``'.
+It must never parse HTTP (``controlplane.api.app``) or encode wire data itself
+(``agent.wire``).
 """
 
 from __future__ import annotations
@@ -21,138 +26,47 @@ import dataclasses
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
-from dataclasses import dataclass, replace
 
 import redis
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from agent.policy_document import DEFAULT_FAMILY, MODEL_PARAMS, CategoryParams, PolicyDocument
-from agent.runtime.connection import RedisClient, connect, describe_redis_error, redact
+from agent.runtime.connection import redact
 from agent.wire import EventBatch, Keys
-from controlplane.fit import FitResult, fit_all
-from controlplane.fit.gof import ReuseCurve
-from controlplane.fit.per_category import max_relative_change
-from controlplane.fit.reuse_window import ReuseStats
+from controlplane.fit import FitResult
 from controlplane.service.agents import AgentListing, AgentReader, AgentView
-from controlplane.service.checkpoint import CheckpointBounds, CheckpointError, CheckpointStore
+from controlplane.service.categories import CategoryDetail, CategorySummary, detail, summaries
+from controlplane.service.checkpoint import CheckpointError
+from controlplane.service.controller_parts import (
+    PROBE_TIMEOUT_S,
+    checkpoint_store,
+    live_window,
+    redis_client,
+)
+from controlplane.service.gauges import show_agents, show_policy
 from controlplane.service.health import RedisHealth, guarded
 from controlplane.service.housekeeping import Housekeeper, HousekeepingSettings
 from controlplane.service.ingest import Ingestor
 from controlplane.service.ingest_settings import IngestSettings
 from controlplane.service.lease import LeaderLease
-from controlplane.service.metrics import ControllerMetrics, RefitOutcomeLabel
+from controlplane.service.metrics import ControllerMetrics
 from controlplane.service.policy_memory import PolicyMemory
+from controlplane.service.refit import RefitOutcome, RefitStatus, Refitter
 from controlplane.service.settings import ControllerSettings
 from controlplane.service.shadowing import ShadowLink
 from controlplane.service.store import PolicyStore
 from controlplane.service.store_terms import (
-    REFITS_HELD,
-    LeaseLost,
-    PolicyLost,
-    RefitsHeld,
     StoreState,
 )
-from controlplane.service.window import LiveWindow, WindowLimits
 from controlplane.shadow.selection import SelectionView
 from controlplane.shadow.view import ShadowView
-from controlplane.told_once import ToldOnce
 
 log = logging.getLogger(__name__)
 
-CALL_RETRIES = 3
-"""Retries of one Redis call (capped exponential backoff) before the controller sees it."""
-PROBE_TIMEOUT_S = 1.0
-"""Longest wait of a probe (one call, no retry): a stalled Redis costs readiness and a
-scrape this long, within a kubelet's timeout, not the retried calls' tens of seconds."""
 SHADOW_REFRESH_S = 5.0
 """Seconds between reads of the workers' capacities and the document in force (shadow),
 and between settings of the shadow's gauges that a scrape serves."""
-
-
-@dataclass(frozen=True)
-class RefitOutcome:
-    """What one refit did: published a version, or why not."""
-
-    published: bool
-    version: int | None
-    reason: str
-    seconds: float
-
-
-@dataclass(frozen=True)
-class RefitStatus:
-    """Why the workers have the version they have: the last refit's outcome on this
-    replica (None on a standby, or before the first) and whether a rollback holds
-    automatic refits back."""
-
-    held: bool
-    last: RefitOutcome | None
-    last_at: float | None
-    """Unix time of the last refit."""
-
-
-@dataclass(frozen=True)
-class CategorySummary:
-    """One category as operators see it: the last fit beside the published parameters."""
-
-    name: str
-    samples: int
-    fitted: CategoryParams | None
-    published: CategoryParams | None
-    published_version: int | None
-    """The version in force, which holds ``published`` (None: it holds no such category)."""
-    fit_quality: float | None
-
-
-@dataclass(frozen=True)
-class CategoryDetail(CategorySummary):
-    """A summary with the empirical and fitted reuse-time CDF (None: no fit data)."""
-
-    cdf: ReuseCurve | None
-
-
-def redis_client(
-    settings: ControllerSettings, *, timeout_s: float = 5.0, retries: int = CALL_RETRIES
-) -> RedisClient:
-    """The controller's client for ``settings.redis_url`` (``RedisUrlError`` if malformed)."""
-    return connect(
-        settings.redis_url,
-        timeout_s=timeout_s,
-        retries=retries,
-        cluster=settings.redis_cluster,
-        health_check_s=15,
-    )
-
-
-def live_window(settings: ControllerSettings) -> LiveWindow:
-    """An empty statistics window as ``settings`` size and bound it."""
-    return LiveWindow(
-        ReuseStats(
-            window_s=settings.window_s,
-            near_concurrent_s=settings.near_concurrent_s,
-            n_buckets=settings.window_buckets,
-        ),
-        WindowLimits(
-            clock_tolerance_s=settings.clock_tolerance_s,
-            max_categories=settings.max_categories,
-            max_categories_per_worker=settings.max_categories_per_worker,
-        ),
-    )
-
-
-def checkpoint_store(
-    client: RedisClient, keys: Keys, settings: ControllerSettings, window: LiveWindow
-) -> CheckpointStore:
-    """The checkpoint of ``window``, bounded as ``settings`` bound the window and its size."""
-    return CheckpointStore(
-        client,
-        keys.checkpoint,
-        max_bytes=settings.max_checkpoint_bytes,
-        bounds=CheckpointBounds.of(window.stats, settings.max_categories),
-    )
 
 
 class Controller:
@@ -194,13 +108,10 @@ class Controller:
         self.checkpoints = checkpoint_store(self.r, self.keys, settings, window)
         self.agent_reader = AgentReader(self.r, self.keys, settings.max_workers)
         self.shadow = ShadowLink(settings.shadow_only(), self.metrics, settings.max_workers)
-        self.last_fit: FitResult | None = None
-        self._last_refit: tuple[RefitOutcome, float] | None = None
-        self._last_refusal = ""
-        self._refit_failures_told: ToldOnce[type[Exception]] = ToldOnce()
-        self._refit_revision = -1  # the window's revision at the last refit that ran through
-        self._refit_said = ""  # what the last refit that ran through said
-        self._refit_lock = threading.RLock()  # one refit at a time: scheduled or manual
+        self.refitter = Refitter(
+            settings, self.store, window, self.shadow, self.metrics, self.memory, self.lease
+        )
+        """Refits and family selections, one at a time, on the leader."""
         self._last_checkpoint = time.monotonic()
         self._checkpoint_read = False
         """Whether this replica, since it last took the lease, has read the checkpoint."""
@@ -240,7 +151,7 @@ class Controller:
         s = self.settings
         jobs = (
             (self._tick_lease, s.lease_ttl_s / 3, "lease"),
-            (self._scheduled_refit, s.refit_interval_s, "refit"),
+            (self.refitter.scheduled, s.refit_interval_s, "refit"),
             (self._refresh_shadow, SHADOW_REFRESH_S, "shadow"),
         )
         for job, seconds, name in jobs:
@@ -420,159 +331,23 @@ class Controller:
         return size
 
     # --- refit ---------------------------------------------------------------------------
-    def _scheduled_refit(self) -> None:
-        if not self.lease.is_leader:
-            return
-        try:
-            with self._refit_lock:
-                self.select_family()
-                outcome = self.refit(manual=False)
-        except redis.RedisError as exc:
-            self.metrics.refits.labels(outcome="error").inc()
-            self._said_unpublished("error", describe_redis_error(exc), logging.WARNING)
-            return
-        except Exception as exc:  # never out to the scheduler: its log is kept below warning
-            self.metrics.refits.labels(outcome="error").inc()
-            self._said_failed(exc)
-            return
-        if outcome.published:
-            self._last_refusal = ""
-            return
-        kind = outcome.reason.split(":")[0]
-        level = logging.WARNING if kind == "refused" else logging.INFO
-        self._said_unpublished(kind, outcome.reason, level)
-
-    def _said_failed(self, exc: Exception) -> None:
-        """Log a scheduled refit that raised: with its traceback the first time its kind
-        comes, at debug after (every tick may raise it again); the next tick tries again."""
-        self._last_refusal = "error"
-        if self._refit_failures_told.first(type(exc)):
-            log.exception("refit failed (%s); the next refit tries again", type(exc).__name__)
-        else:
-            log.debug("refit failed again (%s: %s)", type(exc).__name__, exc)
-
-    def _said_unpublished(self, kind: str, reason: str, level: int) -> None:
-        """Log why a scheduled refit published nothing: once per kind in a row."""
-        if kind != self._last_refusal:
-            log.log(level, "refit published nothing: %s", reason)
-            self._last_refusal = kind
-        else:
-            log.debug("refit published nothing: %s", reason)
+    @property
+    def last_fit(self) -> FitResult | None:
+        """The last refit's fit (None: none yet)."""
+        return self.refitter.last_fit
 
     def select_family(self) -> SelectionView | None:
-        """Judge the last full shadow window (``controlplane.shadow.selection``); when the
-        selector switches, publish its family (an operator's pin still wins in the
-        document), log it once with the figures and count it."""
-        verdict = self.shadow.select(self.store.evictor().in_force or DEFAULT_FAMILY)
-        if verdict is None or not verdict.switches:
-            return verdict
-        note = f"evictor family: {verdict.reason}"
-        try:
-            doc = self.store.select_evictor(verdict.chosen, note, fence=self.lease.confirm)
-        except (LeaseLost, PolicyLost):
-            return verdict  # the new leader, or the restored state, is judged again
-        self.shadow.set_policy(doc)
-        self.metrics.family_switches.labels(family=verdict.chosen).inc()
-        self.metrics.policy_version.set(doc.version)
-        log.info("evictor family selected (version %d): %s", doc.version, verdict.reason)
-        return verdict
+        """See ``Refitter.select_family``."""
+        return self.refitter.select_family()
 
     def refit(self, *, manual: bool) -> RefitOutcome:
-        """Snapshot, fit, guard, publish. Manual refits also release a rollback hold; a
-        scheduled one with no access new since the last refit publishes nothing (with
-        no traffic, only the censored ages grow: a new version each tick would reload
-        every worker for no evidence). One runs at a time, and publishes only while this
-        replica still holds the lease."""
-        with self._refit_lock:
-            return self._refit_once(manual=manual)
-
-    def _refit_once(self, *, manual: bool) -> RefitOutcome:
-        revision = self.window.revision
-        if not manual and revision == self._refit_revision:
-            said = f"unchanged: no new accesses since the last refit ({self._refit_said})"
-            outcome = self._outcome("unchanged", None, said, 0.0)
-        else:
-            released = manual and self.store.held()
-            outcome = self._refit(manual=manual)
-            if self.last_fit is not None and self.last_fit.not_converged.count:
-                words = self.last_fit.not_converged.words()
-                outcome = replace(outcome, reason=f"{outcome.reason}; {words}")
-            self._refit_revision = revision  # not on an exception: the next tick tries again
-            self._refit_said = outcome.reason
-            if released:
-                reason = f"{outcome.reason}; the rollback hold is released"
-                outcome = replace(outcome, reason=reason)
-        self._last_refit = (outcome, time.time())
-        return outcome
-
-    def _refit(self, *, manual: bool) -> RefitOutcome:
-        t0 = time.perf_counter()
-        result = fit_all(self.window.snapshot(time.time()), self.settings)
-        seconds = time.perf_counter() - t0
-        self.metrics.refit_seconds.observe(seconds)
-        self.metrics.fits_not_converged.set(result.not_converged.count)
-        self.last_fit = result
-        if manual:
-            self.store.release_hold()
-            self.memory.track(self.store)  # the hold's release known at once, as a publication is
-        elif self.store.held():
-            return self._outcome("held", None, REFITS_HELD, seconds)
-        fitted = result.fitted
-        if not fitted:
-            return self._outcome(
-                "skipped",
-                None,
-                f"skipped: {result.accesses:,} accesses seen, fewer than min_samples "
-                f"({self.settings.min_samples:,})",
-                seconds,
-            )
-        base, in_force = self.store.base(), self.store.current()
-        change = max_relative_change(base.categories, fitted)
-        # Unchanged only beside a document in force: one unreadable (refused, missing) is
-        # published over, or the agents would keep the last they read for good.
-        same = change < self.settings.change_threshold and set(fitted) <= set(base.categories)
-        if same and in_force is not None:
-            return self._outcome(
-                "unchanged",
-                None,
-                f"unchanged: largest relative change {change:.3f} < change_threshold "
-                f"{self.settings.change_threshold}",
-                seconds,
-            )
-        verdict = self.shadow.guard(self.store.preview_fit(fitted, result.pooled), in_force)
-        if verdict.outcome == "refused":
-            return self._outcome("refused", None, verdict.reason, seconds)
-        note = f"refit of {result.accesses:,} accesses ({_change_words(base.categories, fitted)})"
-        if verdict.outcome != "off":
-            note += f"; guard {verdict.reason}"
-        if result.not_converged.count:
-            note += f"; {result.not_converged.words()}"
-        try:
-            doc = self.store.publish_fit(
-                fitted, result.pooled, note, fence=self.lease.confirm, unless_held=True
-            )
-        except LeaseLost as exc:
-            return self._outcome("lost_lease", None, str(exc), seconds)
-        except RefitsHeld as exc:  # a rollback with hold landed since the check above
-            return self._outcome("held", None, str(exc), seconds)
-        except PolicyLost as exc:
-            return self._outcome("skipped", None, f"skipped: {exc}", seconds)
-        self.shadow.set_policy(doc)
-        self.metrics.policy_version.set(doc.version)
-        return self._outcome("published", doc.version, f"published version {doc.version}", seconds)
-
-    def _outcome(
-        self, label: RefitOutcomeLabel, version: int | None, reason: str, s: float
-    ) -> RefitOutcome:
-        self.metrics.refits.labels(outcome=label).inc()
-        return RefitOutcome(label == "published", version, reason, s)
+        """See ``Refitter.refit``."""
+        return self.refitter.refit(manual=manual)
 
     @guarded
     def refit_status(self) -> RefitStatus:
-        """The last refit's outcome here (none on a standby: what it did while it led is
-        old news) and whether refits are held (a Redis read)."""
-        last, at = (self._last_refit if self.lease.is_leader else None) or (None, None)
-        return RefitStatus(self.store.held(), last, at)
+        """See ``Refitter.status``."""
+        return self.refitter.status()
 
     # --- reads for the API -----------------------------------------------------------------
     def shadow_view(self) -> ShadowView:
@@ -603,36 +378,11 @@ class Controller:
 
     @guarded
     def categories(self) -> list[CategorySummary]:
-        current = self.store.current()
-        fit = self.last_fit
-        names = set(current.categories if current else ()) | set(fit.categories if fit else ())
-        return [self._category_summary(n, current, fit) for n in sorted(names)]
+        return summaries(self.store.current(), self.last_fit)
 
     @guarded
     def category(self, name: str) -> CategoryDetail | None:
-        current = self.store.current()
-        fit = self.last_fit
-        if (current is None or name not in current.categories) and (
-            fit is None or name not in fit.categories
-        ):
-            return None
-        curve = fit.cdf_points(name) if fit is not None else None
-        return CategoryDetail(**vars(self._category_summary(name, current, fit)), cdf=curve)
-
-    @staticmethod
-    def _category_summary(
-        name: str, current: PolicyDocument | None, fit: FitResult | None
-    ) -> CategorySummary:
-        published = current.categories.get(name) if current else None
-        fitted = fit.categories.get(name) if fit else None
-        return CategorySummary(
-            name=name,
-            samples=fitted.samples if fitted else (published.samples if published else 0),
-            fitted=fitted,
-            published=published,
-            published_version=current.version if current and published else None,
-            fit_quality=fitted.fit_quality if fitted else None,
-        )
+        return detail(name, self.store.current(), self.last_fit)
 
     def ready(self) -> tuple[bool, str]:
         """Readiness and, when not ready, why (Redis's state named: out of memory, ...)."""
@@ -671,35 +421,5 @@ class Controller:
         except Exception as exc:  # a read of another thread's list: never fail a scrape
             log.debug("gauges not refreshed: %s", exc)
             return
-        # Categories no longer published leave the gauges instead of lingering as stale series.
-        m.param.clear()
-        m.samples.clear()
-        if cur is not None:
-            m.policy_version.set(cur.version)
-            for name, p in cur.categories.items():
-                for field in MODEL_PARAMS:
-                    m.param.labels(category=name, param=field).set(getattr(p, field))
-                m.samples.labels(category=name).set(p.samples)
-        # Agents whose heartbeat expired leave the gauges instead of lingering as stale series.
-        for gauge in (m.agent_evictor, m.agent_loop_unexpected_errors, *m.per_agent.values()):
-            gauge.clear()
-        m.agents_not_listed.set(listing.not_listed)
-        m.heartbeats_refused.set(listing.refused)
-        for a in listing.agents:
-            if a.evictor:
-                m.agent_evictor.labels(agent=a.id, family=a.evictor).set(1)
-            for field, gauge in m.per_agent.items():
-                gauge.labels(agent=a.id).set(getattr(a, field))
-            for loop, errors in a.loop_unexpected_errors.items():
-                m.agent_loop_unexpected_errors.labels(agent=a.id, loop=loop).set(errors)
-
-
-def _change_words(old: dict[str, CategoryParams], new: dict[str, CategoryParams]) -> str:
-    """What a refit changes, for its note: new categories, and the largest relative change
-    of those fitted before (an unbounded change reads "inf" otherwise)."""
-    added = len(set(new) - set(old))
-    kept = {name: params for name, params in new.items() if name in old}
-    words = [f"{added} new categor{'y' if added == 1 else 'ies'}"] if added else []
-    if kept or not added:
-        words.append(f"largest relative change {max_relative_change(old, kept):.3g}")
-    return ", ".join(words)
+        show_policy(m, cur)
+        show_agents(m, listing)

@@ -35,7 +35,7 @@ import redis
 
 from agent.wire import Keys
 from controlplane.service.checkpoint import CheckpointError, encode
-from controlplane.service.controller import checkpoint_store, live_window
+from controlplane.service.controller_parts import checkpoint_store, live_window
 from controlplane.service.settings import ControllerSettings
 from tests import checkpoint_bombs
 

@@ -21,7 +21,7 @@ import redis
 
 from agent.wire import Keys
 from controlplane.dev.embedded_redis import EmbeddedRedis, free_port
-from controlplane.service.controller import PROBE_TIMEOUT_S
+from controlplane.service.controller_parts import PROBE_TIMEOUT_S
 from controlplane.service.settings import ControllerSettings
 from tests.conftest import delete_prefix
 from tests.integration.controller_fixtures import (

@@ -36,7 +36,7 @@ def test_a_scheduled_refit_that_raises_is_counted_said_once_and_tried_again(
     def restore_a_numeric_name(c: Controller) -> None:
         c.window.restore(window_naming(7))
 
-    caplog.set_level(logging.DEBUG, logger="controlplane.service.controller")
+    caplog.set_level(logging.DEBUG, logger="controlplane.service.refit")
     with controller(
         redis_url, key_prefix, before_start=restore_a_numeric_name, refit_interval_s=0.1
     ) as c:
@@ -48,7 +48,7 @@ def test_a_scheduled_refit_that_raises_is_counted_said_once_and_tried_again(
     said = [
         rec
         for rec in caplog.records
-        if rec.name == "controlplane.service.controller" and "refit failed" in rec.getMessage()
+        if rec.name == "controlplane.service.refit" and "refit failed" in rec.getMessage()
     ]
     loud = [rec for rec in said if rec.levelno >= logging.WARNING]
     assert len(loud) == 1, [rec.getMessage() for rec in loud]

@@ -15,7 +15,7 @@ from controlplane.api.errors import ApiError, documented
 from controlplane.api.models import CategoryInPath, CategoryInQuery
 from controlplane.api.routes import KNOWN_QUERY_ONLY, NEEDS_REDIS, ControllerDep
 from controlplane.service.agents import AgentView
-from controlplane.service.controller import CategoryDetail, CategorySummary
+from controlplane.service.categories import CategoryDetail, CategorySummary
 from controlplane.shadow.view import ShadowView
 
 TAG = "observe"

@@ -13,7 +13,7 @@ from agent.policy_document import PolicyDocument
 from controlplane.api.errors import ApiError, documented
 from controlplane.api.models import RollbackBody, VersionInPath
 from controlplane.api.routes import NEEDS_REDIS, NO_BODY, ControllerDep, answer
-from controlplane.service.controller import RefitOutcome, RefitStatus
+from controlplane.service.refit import RefitOutcome, RefitStatus
 from controlplane.service.store import StoreError
 from controlplane.service.store_terms import Change, VersionInfo
 
