@@ -628,6 +628,27 @@ def test_the_notes_read_the_token_keys_with_a_valid_jsonpath() -> None:
     assert paths == ["{.data.read\\.token}", "{.data.api\\.token}"]
 
 
+@pytest.mark.parametrize("port", [80, 443, 8080, 9000])
+def test_the_notes_port_forward_a_local_port_a_user_may_open(port: int) -> None:
+    """kubectl port-forward opens its local port as the user who runs it: a Service on a
+    privileged port (80, 443) must still be reached through an unprivileged local port, and
+    every curl in the notes must use the local one."""
+    values = {
+        "controller": {"service": {"port": port}},
+        "workers": {"enabled": True, "model": {"name": "m"}, "service": {"port": port}},
+    }
+    notes = hs.render(hs.chart(), values).notes
+    forwards = re.findall(r"port-forward svc/(\S+) (\d+):(\d+)", notes)
+    assert [(svc, int(remote)) for svc, _, remote in forwards] == [
+        (f"{FULLNAME}-controller", port),
+        (f"{FULLNAME}-worker", port),
+    ]
+    local = [int(local) for _, local, _ in forwards]
+    assert all(p >= 1024 for p in local), forwards
+    curled = {int(p) for p in re.findall(r"http://127\.0\.0\.1:(\d+)/", notes)}
+    assert curled == {local[0]}
+
+
 def test_the_notes_mutation_example_needs_a_version_filled_in() -> None:
     """Pasted as printed, the rollback example must change nothing: a fixed version (1 is
     the built-in defaults) would reset the fleet."""
