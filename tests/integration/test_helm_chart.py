@@ -335,6 +335,21 @@ BAD_COMBINATIONS = [
         "got redis://h:6379/2",
         id="cluster-database",
     ),
+    pytest.param(
+        {"redis": {"resources": {"limits": {"memory": "2Gi"}}}},
+        "redis.resources.limits.memory (2Gi) needs --maxmemory in redis.extraArgs",
+        id="redis-memory-limit-without-maxmemory",
+    ),
+    pytest.param(
+        {
+            "redis": {
+                "resources": {"limits": {"memory": "2Gi"}},
+                "extraArgs": ["--maxmemory-policy", "noeviction"],
+            }
+        },
+        "redis.resources.limits.memory (2Gi) needs --maxmemory in redis.extraArgs",
+        id="redis-memory-limit-with-another-maxmemory-flag",
+    ),
     pytest.param({"workers": {"enabled": True}}, "'/workers/model/name': minLength", id="no-model"),
     pytest.param(
         {"controller": {"auth": {"enabled": False}}},
@@ -492,6 +507,13 @@ def test_bad_combinations_fail_with_what_to_set(bad: dict[str, Any], says: str) 
     with pytest.raises(helm.HelmError) as err:
         hs.render(hs.chart(), bad)
     assert says in str(err.value)
+
+
+@pytest.mark.parametrize("args", [["--maxmemory", "1600mb"], ["--maxmemory 1600mb"]])
+def test_a_redis_memory_limit_with_maxmemory_renders(args: list[str]) -> None:
+    redis_values = {"resources": {"limits": {"memory": "2Gi"}}, "extraArgs": args}
+    r = hs.render(hs.chart(), {"redis": redis_values})
+    assert hs.container(r.component("StatefulSet", "redis"), "redis")["args"][-len(args) :] == args
 
 
 def test_a_scrape_timeout_within_the_interval_renders() -> None:

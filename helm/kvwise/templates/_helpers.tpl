@@ -290,6 +290,18 @@ Takes (dict "values" map "nullable" list-of-keys).
 {{- if and .Values.redis.auth.password (not (regexMatch "^[A-Za-z0-9._~-]+$" .Values.redis.auth.password)) }}
 {{- fail "redis.auth.password may hold only letters, digits and -._~ (it is placed in a Redis URL)" }}
 {{- end }}
+{{- /* A memory limit alone turns a stream backlog into an OOM kill (and a restart loop once
+the append-only file no longer loads within it); with --maxmemory Redis refuses writes. */}}
+{{- $memoryLimit := dig "limits" "memory" "" (default dict .Values.redis.resources) }}
+{{- if and .Values.redis.enabled (ne (toString $memoryLimit) "") }}
+{{- $capped := false }}
+{{- range .Values.redis.extraArgs }}
+{{- if regexMatch "^--maxmemory(\\s|$)" . }}{{ $capped = true }}{{ end }}
+{{- end }}
+{{- if not $capped }}
+{{- fail (printf "redis.resources.limits.memory (%v) needs --maxmemory in redis.extraArgs, about 80%% of the limit (e.g. [\"--maxmemory\", \"1600mb\"] for 2Gi): without it a backlog gets Redis OOM-killed instead of refusing writes (docs/deploy.md, Sizing)" $memoryLimit) }}
+{{- end }}
+{{- end }}
 {{- if not .Values.redis.enabled }}
 {{- $ext := .Values.redis.external }}
 {{- if not $ext.url }}
