@@ -1,0 +1,161 @@
+"""The Helm commands the docs tell an operator to run, run in their order against the chart.
+
+Each ``bash`` block of a doc is read as the operator would paste it: ``helm install``,
+``helm upgrade`` (with ``--install``, ``--reuse-values``, ``-f`` and ``--set``) and the
+``kubectl`` commands that need a namespace. The releases and namespaces they create are
+tracked, so a command Helm or kubectl would refuse at that point (a second ``helm install``
+of a release the doc installed already, a namespace never created) fails here; every
+install and upgrade is rendered with Helm's Go SDK from the values it would give.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tests.integration import helm_support as hs
+
+DOCS = [REPO / "docs" / "deploy.md", REPO / "README.md", hs.CHART / "README.md"]
+
+
+def commands(doc: Path) -> Iterator[tuple[int, list[str]]]:
+    """(line, argv) of every command in the doc's bash blocks, continuations joined."""
+    text = doc.read_text()
+    for block in re.finditer(r"```bash\n(.*?)```", text, re.S):
+        line = text[: block.start()].count("\n") + 2
+        pending, start = "", line
+        for raw in block.group(1).splitlines():
+            if not pending:
+                start = line
+            line += 1
+            if raw.endswith("\\"):
+                pending += raw[:-1] + " "
+                continue
+            argv = shlex.split(pending + raw, comments=True)
+            pending = ""
+            if argv:
+                yield start, argv
+
+
+# Options of helm and kubectl that take a value (the rest are flags or positional).
+TAKES_VALUE = {"-n", "--namespace", "-f", "--values", "--set", "--set-string", "-o"}
+
+
+def parse(argv: list[str]) -> tuple[list[str], list[tuple[str, str]], set[str]]:
+    """Positional arguments, (option, value) pairs in order, and flags."""
+    positional: list[str] = []
+    options: list[tuple[str, str]] = []
+    flags: set[str] = set()
+    args = iter(argv)
+    for arg in args:
+        if arg in TAKES_VALUE:
+            options.append((arg, next(args)))
+        elif arg.startswith("-"):
+            flags.add(arg)
+        else:
+            positional.append(arg)
+    return positional, options, flags
+
+
+def typed(value: str) -> Any:
+    """A --set value as Helm's strvals types it."""
+    if value in ("true", "false"):
+        return value == "true"
+    if value == "null":
+        return None
+    if re.fullmatch(r"-?[0-9]+", value) and not re.fullmatch(r"-?0[0-9]+", value):
+        return int(value)
+    return value
+
+
+def set_path(values: dict[str, Any], assignment: str) -> None:
+    path, _, value = assignment.partition("=")
+    *parents, leaf = re.split(r"(?<!\\)\.", path)
+    node = values
+    for key in parents:
+        node = node.setdefault(key.replace("\\.", "."), {})
+    node[leaf.replace("\\.", ".")] = typed(value)
+
+
+def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def run_doc(doc: Path) -> list[str]:
+    """Play the doc's commands in order; what Helm or kubectl would refuse, as messages."""
+    releases: dict[tuple[str, str], dict[str, Any]] = {}
+    namespaces = {"default"}
+    refused: list[str] = []
+    for line, argv in commands(doc):
+        positional, options, flags = parse(argv)
+        where = f"{doc.name}:{line} {' '.join(positional[:3])}"
+        namespace = next((v for o, v in options if o in ("-n", "--namespace")), "default")
+        if positional[0] == "kubectl":
+            if positional[1:3] == ["create", "namespace"]:
+                namespaces.add(positional[3])
+            elif namespace not in namespaces:
+                refused.append(f"{where}: namespace {namespace} does not exist yet")
+            continue
+        if positional[0] != "helm" or positional[1] not in ("install", "upgrade"):
+            continue
+        release, exists = positional[2], (namespace, positional[2]) in releases
+        if positional[1] == "install" and exists:
+            refused.append(f"{where}: release {release} is in use in {namespace} already")
+            continue
+        if positional[1] == "upgrade" and "--install" not in flags and not exists:
+            refused.append(f"{where}: no release {release} in {namespace} to upgrade")
+            continue
+        if not exists and namespace not in namespaces:
+            if "--create-namespace" not in flags:
+                refused.append(f"{where}: namespace {namespace} does not exist yet")
+                continue
+            namespaces.add(namespace)
+        values = dict(releases[(namespace, release)]) if "--reuse-values" in flags else {}
+        own_file = False  # the operator's own values file (my-values.yaml): not rendered
+        for option, value in options:
+            if option in ("-f", "--values"):
+                path = REPO / value
+                own_file = own_file or not path.exists()
+                if path.exists():
+                    values = merged(values, yaml.safe_load(path.read_text()) or {})
+            elif option == "--set":
+                extra: dict[str, Any] = {}
+                set_path(extra, value)
+                values = merged(values, extra)
+        if not own_file:
+            hs.render(hs.chart(), values, name=release, namespace=namespace)
+        releases[(namespace, release)] = values
+    return refused
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_the_docs_helm_commands_run_in_order(doc: Path) -> None:
+    assert run_doc(doc) == []
+
+
+def test_what_helm_and_kubectl_would_refuse_is_caught(tmp_path: Path) -> None:
+    image = "--set controller.image.repository=registry.example/kvwise"
+    install = f"helm install kv helm/kvwise -n ml --create-namespace \\\n  {image}\n"
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        f"```bash\nkubectl -n ml create secret generic s\n{install}```\n\n"
+        f"```bash\n{install}helm upgrade other helm/kvwise -n ml {image}\n```\n"
+    )
+    assert run_doc(doc) == [
+        "doc.md:2 kubectl create secret: namespace ml does not exist yet",
+        "doc.md:8 helm install kv: release kv is in use in ml already",
+        "doc.md:10 helm upgrade other: no release other in ml to upgrade",
+    ]
