@@ -350,6 +350,17 @@ BAD_COMBINATIONS = [
         "redis.resources.limits.memory (2Gi) needs --maxmemory in redis.extraArgs",
         id="redis-memory-limit-with-another-maxmemory-flag",
     ),
+    pytest.param(
+        {
+            "controller": {
+                "auth": {"readToken": {"enabled": True}},
+                "metrics": {"serviceMonitor": {"enabled": True, "namespace": "monitoring"}},
+            }
+        },
+        "controller.metrics.serviceMonitor.namespace (monitoring) is not the release's "
+        "namespace (ml), where the chart's token Secret is",
+        id="read-token-secret-out-of-the-service-monitors-reach",
+    ),
     pytest.param({"workers": {"enabled": True}}, "'/workers/model/name': minLength", id="no-model"),
     pytest.param(
         {"controller": {"auth": {"enabled": False}}},
@@ -514,6 +525,29 @@ def test_a_redis_memory_limit_with_maxmemory_renders(args: list[str]) -> None:
     redis_values = {"resources": {"limits": {"memory": "2Gi"}}, "extraArgs": args}
     r = hs.render(hs.chart(), {"redis": redis_values})
     assert hs.container(r.component("StatefulSet", "redis"), "redis")["args"][-len(args) :] == args
+
+
+@pytest.mark.parametrize("namespace", ["", "ml"])
+def test_a_read_token_scrape_from_the_release_namespace_renders(namespace: str) -> None:
+    monitor = {"enabled": True, "namespace": namespace}
+    auth = {"readToken": {"enabled": True}}
+    r = hs.render(
+        hs.chart(), {"controller": {"auth": auth, "metrics": {"serviceMonitor": monitor}}}
+    )
+    (sm,) = r.of_kind("ServiceMonitor")
+    secret = sm["spec"]["endpoints"][0]["authorization"]["credentials"]["name"]
+    assert sm["metadata"]["namespace"] == "ml"
+    assert r.get("Secret", secret)["metadata"]["namespace"] == "ml"
+
+
+def test_a_read_token_scrape_elsewhere_renders_with_an_existing_secret() -> None:
+    """An existing Secret may be copied into the ServiceMonitor's namespace (docs/deploy.md)."""
+    monitor = {"enabled": True, "namespace": "monitoring"}
+    auth = {"existingSecret": "kvwise-tokens", "readToken": {"enabled": True}}
+    r = hs.render(
+        hs.chart(), {"controller": {"auth": auth, "metrics": {"serviceMonitor": monitor}}}
+    )
+    assert r.of_kind("ServiceMonitor")[0]["metadata"]["namespace"] == "monitoring"
 
 
 def test_a_scrape_timeout_within_the_interval_renders() -> None:

@@ -347,6 +347,12 @@ the append-only file no longer loads within it); with --maxmemory Redis refuses 
 {{- if and .enabled (gt (include "kvwise.durationMs" .scrapeTimeout | int64) (include "kvwise.durationMs" .interval | int64)) }}
 {{- fail (printf "controller.metrics.serviceMonitor.scrapeTimeout (%s) must not exceed controller.metrics.serviceMonitor.interval (%s): Prometheus refuses such a scrape" .scrapeTimeout .interval) }}
 {{- end }}
+{{- /* Prometheus reads the scrape's token Secret in the ServiceMonitor's namespace; the
+chart's own Secret is in the release's. An existing one may be copied there by hand. */}}
+{{- $auth := $.Values.controller.auth }}
+{{- if and .enabled $auth.readToken.enabled (not $auth.existingSecret) .namespace (ne .namespace $.Release.Namespace) }}
+{{- fail (printf "controller.metrics.serviceMonitor.namespace (%s) is not the release's namespace (%s), where the chart's token Secret is: Prometheus reads the read token from the ServiceMonitor's namespace and could not scrape. Leave the namespace empty, or set controller.auth.existingSecret to a Secret you create in both" .namespace $.Release.Namespace) }}
+{{- end }}
 {{- end }}
 {{- with .Values.controller.metrics.grafanaDashboard }}
 {{- if and .enabled (hasKey .labels .sidecarLabel) }}
