@@ -244,7 +244,8 @@ def test_gpus_given_in_workers_resources_as_in_workers_gpu_render() -> None:
         }
     }
     engine = hs.container(hs.render(hs.chart(), values).component("Deployment", "worker"), "vllm")
-    assert engine["resources"] == {"requests": {**gpus, "cpu": "4"}, "limits": gpus}
+    requests = {**gpus, "cpu": "4", "memory": "8Gi"}  # the default memory request merged in
+    assert engine["resources"] == {"requests": requests, "limits": gpus}
 
 
 @pytest.mark.parametrize("case", WORKER_CASES)
@@ -291,16 +292,16 @@ def test_controller_probes_and_ports(case: str) -> None:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_controller_and_redis_request_cpu_and_memory(case: str) -> None:
-    """A pod that requests nothing is BestEffort: the first the kubelet evicts when its
-    node runs short of memory."""
-    r = hs.rendered(case)
-    components = [("Deployment", "controller")]
-    if r.values["redis"]["enabled"]:
-        components.append(("StatefulSet", "redis"))
-    for kind, component in components:
-        resources = hs.container(r.component(kind, component), component)["resources"]
-        assert {"cpu", "memory"} <= set(resources["requests"]), component
+def test_every_container_requests_cpu_and_memory(case: str) -> None:
+    """A pod that requests no CPU and no memory is BestEffort (a GPU request does not
+    count: QoS looks at CPU and memory only), the first the kubelet evicts when its node
+    runs short of memory; and a namespace with a ResourceQuota on them admits no container
+    that does not request both."""
+    for workload in hs.rendered(case).workloads():
+        spec = hs.pod_spec(workload)
+        for ctr in spec.get("initContainers", []) + spec["containers"]:
+            requests = ctr.get("resources", {}).get("requests", {})
+            assert {"cpu", "memory"} <= set(requests), (workload["metadata"]["name"], ctr["name"])
 
 
 @pytest.mark.parametrize("case", CASES)
