@@ -650,6 +650,37 @@ def test_the_notes_port_forward_a_local_port_a_user_may_open(port: int) -> None:
     assert curled == {local[0]}
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_the_notes_tell_own_engine_pods_the_redis_the_chart_uses(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/deploy.md sends operators joining their own engine pods to the NOTES for the
+    Redis URL and its Secret: filled in from that Secret, the URL the NOTES give must be
+    the one the controller connects to, cluster flag included, for every kind of Redis."""
+    r = hs.rendered(case)
+    env, _ = controller_env(r, monkeypatch)
+    url = re.search(r"KVWISE_REDIS_URL=(\S+)", r.notes)
+    assert url is not None, r.notes
+    given = url.group(1)
+    secret = re.search(r"secret (\S+), keys? ([^;)]+)", r.notes[url.end() :])
+    if "<password>" in given:
+        assert secret is not None, r.notes
+        keys = dict(re.findall(r"(\S+) for <(\w+)>", secret.group(2)))
+        secrets = hs.all_secrets(r)
+        for key, placeholder in keys.items():
+            given = given.replace(f"<{placeholder}>", secrets[(secret.group(1), key)])
+    assert given == env["KVWISE_REDIS_URL"]
+    cluster = env["KVWISE_REDIS_CLUSTER"] == "true"
+    assert ("KVWISE_REDIS_CLUSTER=true" in r.notes) == cluster
+
+
+def test_the_notes_tell_own_engine_pods_of_a_redis_cluster() -> None:
+    external = {"url": "redis://redis-cluster.example.internal:6379/0", "cluster": True}
+    notes = hs.render(hs.chart(), {"redis": {"enabled": False, "external": external}}).notes
+    assert "KVWISE_REDIS_CLUSTER=true" in notes
+    assert "KVWISE_REDIS_URL=redis://redis-cluster.example.internal:6379/0\n" in notes
+
+
 def test_the_notes_mutation_example_needs_a_version_filled_in() -> None:
     """Pasted as printed, the rollback example must change nothing: a fixed version (1 is
     the built-in defaults) would reset the fleet."""
