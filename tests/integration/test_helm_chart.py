@@ -361,6 +361,22 @@ BAD_COMBINATIONS = [
         "namespace (ml), where the chart's token Secret is",
         id="read-token-secret-out-of-the-service-monitors-reach",
     ),
+    *(
+        pytest.param(
+            {"controller": {"replicaCount": replicas, "pdb": pdb}},
+            f"controller.pdb.{next(iter(pdb))} ({next(iter(pdb.values()))}) lets no controller "
+            f"pod be evicted with controller.replicaCount {replicas}",
+            id=f"pdb-blocking-every-drain-{replicas}-{next(iter(pdb.values()))}",
+        )
+        for replicas, pdb in [
+            (1, {"minAvailable": 1}),
+            (2, {"minAvailable": 2}),
+            (2, {"minAvailable": "60%"}),
+            (1, {"minAvailable": "100%"}),
+            (2, {"maxUnavailable": 0}),
+            (3, {"maxUnavailable": "0%"}),
+        ]
+    ),
     pytest.param({"workers": {"enabled": True}}, "'/workers/model/name': minLength", id="no-model"),
     pytest.param(
         {"controller": {"auth": {"enabled": False}}},
@@ -548,6 +564,22 @@ def test_a_read_token_scrape_elsewhere_renders_with_an_existing_secret() -> None
         hs.chart(), {"controller": {"auth": auth, "metrics": {"serviceMonitor": monitor}}}
     )
     assert r.of_kind("ServiceMonitor")[0]["metadata"]["namespace"] == "monitoring"
+
+
+@pytest.mark.parametrize(
+    ("replicas", "pdb"),
+    [
+        (0, {"minAvailable": 1}),
+        (2, {"minAvailable": 1}),
+        (2, {"minAvailable": "50%"}),
+        (1, {"maxUnavailable": 1}),
+        (2, {"maxUnavailable": "10%"}),
+    ],
+)
+def test_a_pdb_that_lets_a_drain_through_renders(replicas: int, pdb: dict[str, Any]) -> None:
+    values = {"controller": {"replicaCount": replicas, "pdb": pdb}}
+    (rendered,) = hs.render(hs.chart(), values).of_kind("PodDisruptionBudget")
+    assert rendered["spec"].items() >= pdb.items()
 
 
 def test_a_scrape_timeout_within_the_interval_renders() -> None:

@@ -363,6 +363,19 @@ chart's own Secret is in the release's. An existing one may be copied there by h
 {{- if and .create (eq (toString .minAvailable) "") (eq (toString .maxUnavailable) "") }}
 {{- fail "controller.pdb.create=true needs controller.pdb.minAvailable or controller.pdb.maxUnavailable: a PodDisruptionBudget with neither protects nothing (controller.pdb.create=false for none)" }}
 {{- end }}
+{{- /* How many pods the budget lets go at once (Kubernetes rounds a percentage up); none
+means every node drain waits on the controller forever. */}}
+{{- $replicas := int $.Values.controller.replicaCount }}
+{{- $key := ternary "minAvailable" "maxUnavailable" (ne (toString .minAvailable) "") }}
+{{- $given := toString (index . $key) }}
+{{- $pods := int $given }}
+{{- if hasSuffix "%" $given }}
+{{- $pods = div (add (mul (int (trimSuffix "%" $given)) $replicas) 99) 100 }}
+{{- end }}
+{{- $evictable := ternary (sub $replicas $pods) $pods (eq $key "minAvailable") }}
+{{- if and .create (gt $replicas 0) (le (int $evictable) 0) }}
+{{- fail (printf "controller.pdb.%s (%s) lets no controller pod be evicted with controller.replicaCount %d: every node drain (a cluster upgrade too) would wait on it forever. Raise controller.replicaCount, loosen the budget, or set controller.pdb.create=false" $key $given $replicas) }}
+{{- end }}
 {{- end }}
 {{- end }}
 
