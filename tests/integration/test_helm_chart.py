@@ -156,6 +156,7 @@ OBJECT_NAMES = [
     "workers.modelCache.existingClaim",
     "workers.serviceAccount.name",
     "workers.priorityClassName",
+    "workers.runtimeClassName",
 ]
 NAMESPACES = [
     "controller.metrics.serviceMonitor.namespace",

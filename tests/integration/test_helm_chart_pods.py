@@ -248,6 +248,15 @@ def test_gpus_given_in_workers_resources_as_in_workers_gpu_render() -> None:
     assert engine["resources"] == {"requests": requests, "limits": gpus}
 
 
+@pytest.mark.parametrize("runtime", ["", "nvidia"])
+def test_workers_run_under_the_runtime_class_given(runtime: str) -> None:
+    """Where the NVIDIA runtime is not the node's default, a GPU pod must name its
+    RuntimeClass or it starts without the GPU's devices and libraries."""
+    values = {"workers": {"enabled": True, "model": {"name": "m"}, "runtimeClassName": runtime}}
+    spec = hs.pod_spec(hs.render(hs.chart(), values).component("Deployment", "worker"))
+    assert spec.get("runtimeClassName", "") == runtime
+
+
 @pytest.mark.parametrize("case", WORKER_CASES)
 def test_a_worker_rollout_outlasts_its_startup_probe(case: str) -> None:
     """A Deployment whose new pods show no progress for progressDeadlineSeconds (600 by
