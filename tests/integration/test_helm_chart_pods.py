@@ -248,6 +248,20 @@ def test_gpus_given_in_workers_resources_as_in_workers_gpu_render() -> None:
     assert engine["resources"] == {"requests": requests, "limits": gpus}
 
 
+def test_a_controller_image_upgrade_rolls_the_workers_as_the_docs_say() -> None:
+    """The plugin bundle comes from the controller image: a new tag changes the workers'
+    pod template (a rollout that reloads every model), which the upgrade notes must say."""
+    workers = {"enabled": True, "model": {"name": "m"}}
+
+    def template(tag: str) -> Any:
+        values = {"controller": {"image": {"tag": tag}}, "workers": workers}
+        return hs.render(hs.chart(), values).component("Deployment", "worker")["spec"]["template"]
+
+    assert template("0.1.0") != template("0.1.1")
+    upgrade = hs.DEPLOY_DOC.read_text().split("## Upgrade", 1)[1].split("\n## ", 1)[0]
+    assert "A new controller image (`controller.image`) rolls the workers too" in upgrade
+
+
 @pytest.mark.parametrize("runtime", ["", "nvidia"])
 def test_workers_run_under_the_runtime_class_given(runtime: str) -> None:
     """Where the NVIDIA runtime is not the node's default, a GPU pod must name its
