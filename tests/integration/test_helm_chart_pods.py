@@ -262,6 +262,28 @@ def test_a_controller_image_upgrade_rolls_the_workers_as_the_docs_say() -> None:
     assert "A new controller image (`controller.image`) rolls the workers too" in upgrade
 
 
+@pytest.mark.parametrize(
+    ("given", "strategy"),
+    [
+        ({"type": "Recreate"}, {"type": "Recreate"}),
+        (
+            {"rollingUpdate": {"maxUnavailable": 2}},
+            {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 2}},
+        ),
+    ],
+    ids=["recreate", "rolling"],
+)
+def test_the_worker_update_strategy_is_one_the_api_server_takes(
+    given: dict[str, Any], strategy: dict[str, Any]
+) -> None:
+    """Helm merges the given strategy into the default one: a Recreate must not keep the
+    default's rollingUpdate, which the API server refuses beside it ("may not be specified
+    when strategy type is 'Recreate'")."""
+    values = {"workers": {"enabled": True, "model": {"name": "m"}, "updateStrategy": given}}
+    deploy = hs.render(hs.chart(), values).component("Deployment", "worker")
+    assert deploy["spec"]["strategy"] == strategy
+
+
 @pytest.mark.parametrize("runtime", ["", "nvidia"])
 def test_workers_run_under_the_runtime_class_given(runtime: str) -> None:
     """Where the NVIDIA runtime is not the node's default, a GPU pod must name its
