@@ -293,6 +293,28 @@ def test_workers_run_under_the_runtime_class_given(runtime: str) -> None:
     assert spec.get("runtimeClassName", "") == runtime
 
 
+@pytest.mark.parametrize(
+    ("given", "requests"),
+    [
+        ({}, {"cpu": "2", "memory": "8Gi"}),
+        ({"limits": {"memory": "4Gi", "cpu": "1"}}, {}),  # the kubelet requests the limits
+        ({"limits": {"memory": "4Gi"}}, {"cpu": "2"}),
+        ({"requests": {"memory": "64Gi"}}, {"cpu": "2", "memory": "64Gi"}),
+    ],
+    ids=["none", "limits", "memory-limit", "memory-request"],
+)
+def test_the_workers_default_requests_fill_only_what_is_not_given(
+    given: dict[str, Any], requests: dict[str, str]
+) -> None:
+    """A CPU or memory the values neither request nor limit is requested at the default
+    floor; one they limit is left to Kubernetes, which requests the limit (a default
+    request above a smaller limit would be refused by the API server)."""
+    values = {"workers": {"enabled": True, "model": {"name": "m"}, "resources": given}}
+    engine = hs.container(hs.render(hs.chart(), values).component("Deployment", "worker"), "vllm")
+    got = {k: v for k, v in engine["resources"]["requests"].items() if k in ("cpu", "memory")}
+    assert got == requests
+
+
 @pytest.mark.parametrize("case", WORKER_CASES)
 def test_a_worker_rollout_outlasts_its_startup_probe(case: str) -> None:
     """A Deployment whose new pods show no progress for progressDeadlineSeconds (600 by
