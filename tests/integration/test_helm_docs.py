@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import pytest
-import yaml
 
 from tests.conftest import REPO
 from tests.integration import helm_support as hs
@@ -62,26 +62,6 @@ def parse(argv: list[str]) -> tuple[list[str], list[tuple[str, str]], set[str]]:
         else:
             positional.append(arg)
     return positional, options, flags
-
-
-def typed(value: str) -> Any:
-    """A --set value as Helm's strvals types it."""
-    if value in ("true", "false"):
-        return value == "true"
-    if value == "null":
-        return None
-    if re.fullmatch(r"-?[0-9]+", value) and not re.fullmatch(r"-?0[0-9]+", value):
-        return int(value)
-    return value
-
-
-def set_path(values: dict[str, Any], assignment: str) -> None:
-    path, _, value = assignment.partition("=")
-    *parents, leaf = re.split(r"(?<!\\)\.", path)
-    node = values
-    for key in parents:
-        node = node.setdefault(key.replace("\\.", "."), {})
-    node[leaf.replace("\\.", ".")] = typed(value)
 
 
 def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -130,11 +110,9 @@ def run_doc(doc: Path) -> list[str]:
                 path = REPO / value
                 own_file = own_file or not path.exists()
                 if path.exists():
-                    values = merged(values, yaml.safe_load(path.read_text()) or {})
+                    values = merged(values, helm.values_from_yaml(path.read_text()))
             elif option == "--set":
-                extra: dict[str, Any] = {}
-                set_path(extra, value)
-                values = merged(values, extra)
+                values = merged(values, helm.parse_set_string(value))
         if not own_file:
             hs.render(hs.chart(), values, name=release, namespace=namespace)
         releases[(namespace, release)] = values
