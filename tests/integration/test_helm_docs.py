@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,8 +45,12 @@ def commands(doc: Path) -> Iterator[tuple[int, list[str]]]:
                 yield start, argv
 
 
+# Helm 3 (and 4) upgrade with --reuse-values on the old release's chart defaults, not the
+# new chart's: a value added since is missing, and the schema, which requires every value,
+# refuses the upgrade (test_a_value_missing_from_the_defaults_is_refused).
+REUSE_VALUES = "renders the new chart on the old chart's defaults, which lack any value added since"
 # Options of helm and kubectl that take a value (the rest are flags or positional).
-TAKES_VALUE = {"-n", "--namespace", "-f", "--values", "--set", "--set-string", "-o"}
+TAKES_VALUE = {"-n", "--namespace", "-f", "--values", "--set", "--set-string", "-o", ">"}
 
 
 def parse(argv: list[str]) -> tuple[list[str], list[tuple[str, str]], set[str]]:
@@ -79,6 +84,7 @@ def run_doc(doc: Path) -> list[str]:
     releases: dict[tuple[str, str], dict[str, Any]] = {}
     namespaces = {"default"}
     refused: list[str] = []
+    saved: dict[str, dict[str, Any]] = {}  # files written by helm get values
     for line, argv in commands(doc):
         positional, options, flags = parse(argv)
         where = f"{doc.name}:{line} {' '.join(positional[:3])}"
@@ -89,7 +95,14 @@ def run_doc(doc: Path) -> list[str]:
             elif namespace not in namespaces:
                 refused.append(f"{where}: namespace {namespace} does not exist yet")
             continue
+        target = next((v for o, v in options if o == ">"), None)
+        if positional[:3] == ["helm", "get", "values"] and target:
+            saved[target] = releases[(namespace, positional[3])]
+            continue
         if positional[0] != "helm" or positional[1] not in ("install", "upgrade"):
+            continue
+        if "--reuse-values" in flags:
+            refused.append(f"{where}: --reuse-values {REUSE_VALUES}")
             continue
         release, exists = positional[2], (namespace, positional[2]) in releases
         if positional[1] == "install" and exists:
@@ -103,10 +116,12 @@ def run_doc(doc: Path) -> list[str]:
                 refused.append(f"{where}: namespace {namespace} does not exist yet")
                 continue
             namespaces.add(namespace)
-        values = dict(releases[(namespace, release)]) if "--reuse-values" in flags else {}
+        values: dict[str, Any] = {}
         own_file = False  # the operator's own values file (my-values.yaml): not rendered
         for option, value in options:
-            if option in ("-f", "--values"):
+            if option in ("-f", "--values") and value in saved:
+                values = merged(values, saved[value])
+            elif option in ("-f", "--values"):
                 path = REPO / value
                 own_file = own_file or not path.exists()
                 if path.exists():
@@ -137,3 +152,30 @@ def test_what_helm_and_kubectl_would_refuse_is_caught(tmp_path: Path) -> None:
         "doc.md:8 helm install kv: release kv is in use in ml already",
         "doc.md:10 helm upgrade other: no release other in ml to upgrade",
     ]
+
+
+def test_a_value_missing_from_the_defaults_is_refused(tmp_path: Path) -> None:
+    """What --reuse-values does to an upgrade to a chart that added a value: the new
+    templates render on the old defaults, and the schema names the missing one."""
+    chart = tmp_path / "kvwise"
+    shutil.copytree(hs.CHART, chart)
+    defaults = chart / "values.yaml"
+    defaults.write_text(defaults.read_text().replace("  shmSizeLimit: 8Gi\n", ""))
+    old = helm.Chart.load(chart)
+    with pytest.raises(helm.HelmValuesError) as err:
+        hs.render(old, {})
+    assert "shmSizeLimit" in str(err.value)
+
+
+def test_an_upgrade_on_saved_values_renders_and_reuse_values_is_caught(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "```bash\n"
+        "helm install kv helm/kvwise -n ml --create-namespace \\\n"
+        "  --set controller.image.repository=registry.example/kvwise\n"
+        "helm get values kv -n ml -o yaml > kv-values.yaml\n"
+        "helm upgrade kv helm/kvwise -n ml -f kv-values.yaml --set controller.replicaCount=2\n"
+        "helm upgrade kv helm/kvwise -n ml --reuse-values --set controller.replicaCount=3\n"
+        "```\n"
+    )
+    assert run_doc(doc) == [f"doc.md:6 helm upgrade kv: --reuse-values {REUSE_VALUES}"]
