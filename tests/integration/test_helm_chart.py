@@ -70,8 +70,13 @@ def test_manifests_are_valid_kubernetes_objects(case: str) -> None:
         except kubernetes_validate.ValidationError as exc:
             where = ".".join(str(p) for p in exc.path)
             pytest.fail(f"{m['kind']}/{m['metadata']['name']}: {where}: {exc.message}")
-    # Only the Prometheus Operator's CRD has no built-in schema (its shape is checked below).
-    assert without_schema <= {"monitoring.coreos.com/v1/ServiceMonitor"}
+    # Only the Prometheus Operator's CRDs have no built-in schema (their shape is checked
+    # below and in test_helm_alerts.py).
+    operator = {
+        "monitoring.coreos.com/v1/ServiceMonitor",
+        "monitoring.coreos.com/v1/PrometheusRule",
+    }
+    assert without_schema <= operator
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -161,6 +166,7 @@ OBJECT_NAMES = [
 NAMESPACES = [
     "controller.metrics.serviceMonitor.namespace",
     "controller.metrics.grafanaDashboard.namespace",
+    "controller.metrics.prometheusRule.namespace",
 ]
 
 

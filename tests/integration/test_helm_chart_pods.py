@@ -634,6 +634,7 @@ LABEL_MAPS = [
     "workers.podLabels",
     "controller.metrics.serviceMonitor.labels",
     "controller.metrics.grafanaDashboard.labels",
+    "controller.metrics.prometheusRule.labels",
 ]
 
 
