@@ -11,9 +11,12 @@ them.
 from __future__ import annotations
 
 import socket
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    import uvicorn
 
 
 def register(app: typer.Typer) -> None:
@@ -82,7 +85,38 @@ def controller(host: HostOpt = None, port: PortOpt = None) -> None:
     # controller), then raises the signal again under the handlers it found: these, so a
     # graceful stop exits 0 on either signal instead of dying of SIGTERM (143).
     with stop_on_signals(SignalFlag()):
-        uvicorn.Server(config).run(sockets=[listening])
+        _server_class()(config).run(sockets=[listening])
+
+
+def _serving_line(host: str, port: int) -> str:
+    """What the controller says once it serves: where (uvicorn says nothing of a socket
+    handed to it), and the paths a user looks for first."""
+    from controlplane.api.exposure import host_port
+
+    return (
+        f"serving the API on http://{host_port(host, port)} (OpenAPI docs at /docs, "
+        "dashboard at /ui/, metrics at /metrics)"
+    )
+
+
+def _server_class() -> type[uvicorn.Server]:
+    """uvicorn's server, imported here as the command runs (not when the CLI loads)."""
+    import logging
+
+    import uvicorn
+
+    class SayingWhere(uvicorn.Server):
+        """uvicorn's server that logs ``_serving_line`` once its startup is complete."""
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if not self.should_exit:
+                config = self.config
+                logging.getLogger("controlplane.cli.controller").info(
+                    _serving_line(config.host, config.port)
+                )
+
+    return SayingWhere
 
 
 def _bound_socket(host: str, port: int) -> socket.socket:

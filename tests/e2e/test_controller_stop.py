@@ -31,3 +31,15 @@ def test_a_leader_stops_with_exit_code_0_and_says_what_it_did(
     said = [line for line in proc.output().splitlines() if "ctl-stop stopped:" in line]
     assert len(said) == 1, proc.output()[-2000:]
     assert "checkpoint written (" in said[0] and said[0].endswith(", lease released")
+
+
+def test_a_controller_says_where_it_serves(stack: Stack) -> None:
+    """uvicorn says nothing of the socket the command binds itself: without this line a
+    user who ran ``kvwise controller`` saw no address to open."""
+    proc, url = stack.controller("ctl-where")
+    wait_until(lambda: "serving the API on" in proc.output(), timeout=10, what="the line")
+    said = [line for line in proc.output().splitlines() if "serving the API on" in line]
+    assert len(said) == 1, proc.output()[-2000:]
+    assert said[0].endswith(
+        f"serving the API on {url} (OpenAPI docs at /docs, dashboard at /ui/, metrics at /metrics)"
+    )
