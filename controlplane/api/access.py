@@ -107,7 +107,7 @@ class AccessRules:
         token = _bearer_token(authorization)
         if token is None:
             return ApiError(
-                401, "unauthorized", "missing bearer token", {"WWW-Authenticate": _REALM}
+                401, "unauthorized", _no_token(authorization), {"WWW-Authenticate": _REALM}
             )
         granted = self.granted(token)
         if granted >= needed:
@@ -215,6 +215,15 @@ def _lingering(send: Send, receive: Receive) -> Send:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     return send_then_linger
+
+
+def _no_token(authorization: str | None) -> str:
+    """Why a request carries no token: none sent, or an ``Authorization`` header of another
+    form (the bare token, ``Basic``, an empty one), which says how to send it (never what
+    the header held: it may be a secret)."""
+    if authorization is None:
+        return "missing bearer token"
+    return "missing bearer token: the Authorization header is not 'Bearer <token>'"
 
 
 def _bearer_token(authorization: str | None) -> bytes | None:

@@ -67,6 +67,22 @@ def test_reads_need_the_read_token_or_the_api_token(ctl: RunningController, path
     assert c.get(path, headers=AS_WRITER).status_code == 200
 
 
+@pytest.mark.parametrize("authorization", [READ, f"Basic {READ}", "Bearer", f"Token {READ}"])
+def test_a_token_not_sent_as_bearer_says_how_to_send_it(
+    ctl: RunningController, authorization: str
+) -> None:
+    """The bare token (a user who left out ``Bearer``) or another scheme read as no token;
+    the 401 says the header's form is wrong, not only that a token is missing, and never
+    repeats what the header held."""
+    refused = ctl.client.get("/v1/agents", headers={"Authorization": authorization})
+    assert refused.status_code == 401
+    assert refused.json() == {
+        "error": "unauthorized",
+        "reason": "missing bearer token: the Authorization header is not 'Bearer <token>'",
+    }
+    assert READ not in refused.text
+
+
 @pytest.mark.parametrize("scheme", ["bearer", "BEARER", "BeArEr"])
 def test_the_scheme_is_case_insensitive(ctl: RunningController, scheme: str) -> None:
     """RFC 7235: the auth-scheme is case-insensitive, for reads and mutations alike."""
