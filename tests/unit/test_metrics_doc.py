@@ -7,6 +7,7 @@ Run as a script it regenerates the table: ``python -m tests.unit.test_metrics_do
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from typing import Any
 
@@ -51,6 +52,20 @@ def test_the_metrics_table_is_generated_from_the_registry() -> None:
     assert _current_table() == metrics_table(), (
         "docs/controller.md's metrics table is stale: run python -m tests.unit.test_metrics_doc"
     )
+
+
+def test_the_docs_name_counters_as_exposed() -> None:
+    """A counter is exposed as ``<name>_total`` only: prose that names it without the
+    suffix sends a reader to a query that finds nothing."""
+    counters = {m._name for m in _declared() if m._type == "counter"}
+    docs = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    bare = [
+        f"{doc.relative_to(REPO)}: {name}"
+        for doc in docs
+        for name in re.findall(r"\b(kvwise_[a-z0-9_]+)\b", doc.read_text())
+        if name in counters
+    ]
+    assert not bare, f"counters named without _total: {bare}"
 
 
 if __name__ == "__main__":
