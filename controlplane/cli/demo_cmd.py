@@ -95,7 +95,8 @@ def demo(
     fresh prefix of its own (`kvwise-demo-XXXXXXXX:`, not `KVWISE_KEY_PREFIX`), so it never
     touches a deployment's keys sharing that Redis, and are deleted when it ends. Generates to-C
     synthetic traces (calibrated to the paper; synthetic data), starts the controller on
-    localhost and workers in pairs on the same trace: one with kvwise's fitted policy
+    localhost (open, without a deployment's `KVWISE_API_TOKEN` or `KVWISE_API_READ_TOKEN`
+    from the environment) and workers in pairs on the same trace: one with kvwise's fitted policy
     (wa), one with stock LRU. Watch the controller fit per-category parameters and every
     worker apply each new version. Ctrl-C stops every process and removes what the demo
     created (exit code 130; the `--json` summary then says `"interrupted": true`).

@@ -30,6 +30,9 @@ from agent.runtime.connection import connect, redact
 from controlplane.dev.embedded_redis import EmbeddedRedis, free_port, redis_answers
 
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
+DEPLOYMENT_TOKENS = ("KVWISE_API_TOKEN", "KVWISE_API_READ_TOKEN")
+"""Tokens a user exports for a deployment's controller (``kvwise bench serve`` reads them
+too); the demo's controller, on loopback and its own keys, runs open without them."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,10 @@ class DemoStack:
         return paths
 
     def _env(self, **extra: str) -> dict[str, str]:
-        env = dict(os.environ)
+        """The children's environment: the user's, less a deployment's API tokens (the demo
+        reads its own controller without any, and would be refused every read), with the
+        demo's Redis and prefix."""
+        env = {k: v for k, v in os.environ.items() if k not in DEPLOYMENT_TOKENS}
         env.update(
             KVWISE_REDIS_URL=self.redis_url,
             KVWISE_KEY_PREFIX=self.prefix,

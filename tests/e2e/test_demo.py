@@ -87,3 +87,23 @@ def test_a_ctrl_c_ends_the_demo_with_exit_code_130_and_says_so(redis_url: str) -
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["interrupted"] is True
     assert "api" not in summary and "dashboard" not in summary  # the controller is gone
+
+
+def test_a_deployments_tokens_in_the_environment_leave_the_demo_open(redis_url: str) -> None:
+    """An operator who exported a cluster controller's tokens (``kvwise bench serve`` reads
+    them) ran a demo whose controller demanded them: its own reads were refused, and the
+    summary was one error line instead of the fitted policy and the workers."""
+    tokens = {"KVWISE_API_TOKEN": "deploy-write-1", "KVWISE_API_READ_TOKEN": "deploy-read-1"}
+    args = ("demo", "--workers", "2", "--duration", "8", "--json")
+    res = subprocess.run(
+        [sys.executable, "-m", "controlplane", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "KVWISE_REDIS_URL": redis_url, **tokens},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert "error" not in summary, summary
+    assert summary["policy_version"] >= 1
+    assert sorted(a["id"] for a in summary["agents"]) == ["lru-1", "wa-1"]
