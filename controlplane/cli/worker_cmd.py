@@ -25,6 +25,7 @@ from controlplane.cli.common import (
     check_evictor,
     fail,
     load_trace_or_fail,
+    note,
     print_json,
     whole_number,
 )
@@ -113,13 +114,26 @@ def worker(
         print_json({"trace": str(trace_path), **result.to_json()})
     else:
         typer.echo(f"done: {_status_line(result)}")
-    if result.agent.events_sent == 0 and result.agent.events_dropped > 0:
-        dropped = result.agent.events_dropped
+    dropped = result.agent.events_dropped
+    if result.agent.events_sent > 0 and dropped > 0:
+        _note_dropped(dropped, settings.buffer_events)
+    if result.agent.events_sent == 0 and dropped > 0:
         fail(
             f"sent no event to {redact(settings.redis_url)} ({dropped:,} dropped): "
             "Redis took none for the whole run (the lines above say why)",
             code=1,
         )
+
+
+def _note_dropped(dropped: int, buffer_events: int) -> None:
+    """Say what dropped events cost and what keeps them: the summary's count alone read as
+    a detail, while the controller fitted and shadowed without them."""
+    note(
+        f"{dropped:,} events never reached Redis, so the controller fits and shadows "
+        "without them: the agent's buffer (KVWISE_BUFFER_EVENTS, "
+        f"{buffer_events:,}) filled faster than Redis took it, or sends failed (the lines "
+        "above then say so). A lower --speed sends them all."
+    )
 
 
 def _agent(settings: AgentSettings, capacity: int) -> Agent:

@@ -116,6 +116,24 @@ def test_worker_ends_with_one_summary_line(tmp_path: Path, redis_url: str, key_p
     assert sent > 0 and "dropped 0," in line and "applied version 0" in line
 
 
+def test_dropped_events_are_explained(tmp_path: Path, redis_url: str, key_prefix: str) -> None:
+    """A replay faster than the agent's buffer drains ended with 'dropped N' in the summary
+    and nothing more, though the controller fitted and shadowed without those events."""
+    trace_path = write_trace(tmp_path / "t.jsonl", n=400)
+    args = ["worker", "--trace", str(trace_path), "--speed", "1000", "--capacity", "30"]
+    args += ["--id", "sim-6", "--policy", "lru", "--redis-url", redis_url]
+    env = {"KVWISE_KEY_PREFIX": key_prefix, "KVWISE_BUFFER_EVENTS": "16"}
+    res = CliRunner().invoke(app, args, env=env)
+    assert res.exit_code == 0, res.output
+    sent_line = res.stdout.strip().splitlines()[-1]
+    dropped = int(sent_line.split(" dropped ")[1].split()[0].rstrip(",").replace(",", ""))
+    assert dropped > 0, sent_line
+    said = " ".join(res.stderr.split())
+    assert f"note: {dropped:,} events never reached Redis" in said, res.stderr
+    assert "KVWISE_BUFFER_EVENTS, 16" in said and "A lower --speed" in said
+    assert max(len(line) for line in res.stderr.splitlines()) <= 80
+
+
 @pytest.mark.parametrize(
     ("policy", "shown"), [("device", "device -> s3fifo (fleet)"), ("lru", "lru")]
 )
