@@ -55,7 +55,12 @@ def controller(host: HostOpt = None, port: PortOpt = None) -> None:
 
     from controlplane.api.exposure import UnsafeExposure
     from controlplane.api.server import build_app
-    from controlplane.cli.common import check_redis_url, fail, settings_or_fail
+    from controlplane.cli.common import (
+        check_redis_url,
+        fail,
+        settings_or_fail,
+        warn_unknown_variables,
+    )
     from controlplane.cli.signals import SignalFlag, stop_on_signals
     from controlplane.service.settings import ControllerSettings
 
@@ -66,6 +71,7 @@ def controller(host: HostOpt = None, port: PortOpt = None) -> None:
         what="controller",
     )
     check_redis_url(settings.redis_url, "KVWISE_REDIS_URL")
+    warn_unknown_variables()
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -28,6 +28,7 @@ from controlplane.cli.common import (
     finite_at_least,
     non_negative,
     print_json,
+    warn_unknown_variables,
 )
 
 if TYPE_CHECKING:
@@ -163,6 +164,7 @@ def _redis_url_set(stack: DemoStack) -> str | None:
     anything is created, not in every worker; the key prefix is the stack's own, so the
     user's ``KVWISE_KEY_PREFIX`` is neither read nor refused."""
     settings = agent_settings_or_fail({"key_prefix": stack.prefix}, {})
+    warn_unknown_variables()
     return settings.redis_url if "redis_url" in settings.model_fields_set else None
 
 

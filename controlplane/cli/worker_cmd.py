@@ -27,6 +27,7 @@ from controlplane.cli.common import (
     load_trace_or_fail,
     note,
     print_json,
+    warn_unknown_variables,
     whole_number,
 )
 
@@ -107,6 +108,7 @@ def worker(
     given = {"worker_id": worker_id, "evictor": policy, "redis_url": redis_url}
     settings = agent_settings_or_fail(given, _OPTION_OF_FIELD)
     check_evictor(settings, "KVWISE_EVICTOR" if policy is None else "--policy")
+    warn_unknown_variables()
     trace = load_trace_or_fail(trace_path)
     agent = _agent(settings, capacity)
     result = _replay(agent, trace, speed, loop, status_every, settings.evictor)

@@ -639,3 +639,40 @@ def test_error_lines_at_a_wide_terminal_wrap_at_80_columns(
     lines = shown.getvalue().splitlines()
     assert len(lines) > 1 and all(len(line) <= 80 for line in lines), lines
     assert " ".join(lines).startswith("error: --profile: unknown profile 'nope'")
+
+
+MISSPELT = {
+    "KVWISE_REFIT_INTERVAL": "30",  # for KVWISE_REFIT_INTERVAL_S
+    "KVWISE_ENABLED": "1",  # for KVWISE_ENABLE: the vLLM plugin stayed off
+    "KVWISE_REDIS_HOST": "redis.example",  # no such setting, none close
+    "kvwise_refit_interval_s": "30",  # read: the settings ignore case
+    "KVWISE_TEST_SOMETHING": "1",  # the test suite's own
+}
+
+
+NO_REDIS = {"KVWISE_REDIS_URL": "redis://127.0.0.1:1/0"}  # each command ends early
+
+
+@pytest.mark.parametrize("command", ["config", "worker", "demo", "controller"])
+def test_a_kvwise_variable_that_no_setting_reads_is_warned_of(command: str) -> None:
+    """A misspelt variable was ignored without a word, its setting left at the default.
+    Each command here then stops early: no trace, no Redis, a port taken."""
+    port = free_port()
+    args = {
+        "config": ["config"],
+        "worker": ["worker", "--trace", "no-such-trace.jsonl", "--capacity", "10"],
+        "demo": ["demo", "--duration", "1"],
+        "controller": ["controller", "--port", str(port)],
+    }[command]
+    with socket.create_server(("127.0.0.1", port)):
+        res = kvwise(*args, env={**MISSPELT, **NO_REDIS})
+    assert "Traceback" not in res.stderr, res.stderr
+    said = [line for line in res.stderr.splitlines() if line.startswith("warning: ")]
+    assert said == [
+        "warning: KVWISE_ENABLED is not a kvwise setting: nothing reads it "
+        "(did you mean KVWISE_ENABLE?)",
+        "warning: KVWISE_REDIS_HOST is not a kvwise setting: nothing reads it "
+        "(kvwise config lists them)",
+        "warning: KVWISE_REFIT_INTERVAL is not a kvwise setting: nothing reads it "
+        "(did you mean KVWISE_REFIT_INTERVAL_S?)",
+    ], res.stderr
