@@ -164,6 +164,13 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
         default="info", description="Log level of the controller process"
     )
 
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _any_case(cls, level: object) -> object:
+        """``DEBUG`` as ``debug``: logging and uvicorn take either case, and so do most
+        deployments' ``LOG_LEVEL`` values."""
+        return level.lower() if isinstance(level, str) else level
+
     @field_validator("api_token", "api_read_token")
     @classmethod
     def _no_blank_token(cls, token: SecretStr | None) -> SecretStr | None:

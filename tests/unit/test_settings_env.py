@@ -235,3 +235,16 @@ def test_the_old_name_still_sets_an_agent_without_the_new_one_and_says_it_is_dep
     monkeypatch.setenv("KVWISE_MAX_CATEGORIES", "many")
     with pytest.raises(ValueError, match="KVWISE_MAX_TRACKED_CATEGORIES: "):
         read_agent_settings()
+
+
+@pytest.mark.parametrize(("given", "level"), [("DEBUG", "debug"), ("Warning", "warning")])
+def test_the_log_level_is_taken_in_any_case(
+    given: str, level: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``KVWISE_LOG_LEVEL=DEBUG``, as deployments write log levels, stopped the controller
+    at start; logging and uvicorn take either case."""
+    monkeypatch.setenv("KVWISE_LOG_LEVEL", given)
+    assert ControllerSettings().log_level == level
+    monkeypatch.setenv("KVWISE_LOG_LEVEL", "verbose")
+    with pytest.raises(ValueError, match="log_level"):
+        ControllerSettings()
