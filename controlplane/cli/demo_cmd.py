@@ -322,15 +322,21 @@ def _frames(snap: dict[str, Any]) -> list[RenderableType]:
     )
     workers = _workers_table(snap)
     parameters, legend = _categories_table(snap)
-    more = Text(
-        "(a taller terminal shows more: the shadow curves, the workers, the legend; all "
-        "are printed when the demo ends)",
-        style="dim",
-    )
+    fewer, _ = _categories_table(snap, top=FEWER_CATEGORIES)
+
+    def more(what: str) -> Text:
+        return Text(
+            f"(a taller terminal shows more: {what}; all are printed when the demo ends)",
+            style="dim",
+        )
+
     return [
         Group(head, workers, *_shadow_tables(snap["shadow"]), parameters, legend),
-        Group(head, parameters, workers, more),
-        Group(head, parameters, more),
+        Group(head, parameters, workers, more("the shadow curves, the legend")),
+        # An 80x24 terminal: the workers (wa beside lru, each one's applied version, what
+        # the demo is there to show) over fewer categories, rather than no workers at all.
+        Group(head, fewer, workers, more("the shadow curves, more categories, the legend")),
+        Group(head, parameters, more("the shadow curves, the workers, the legend")),
     ]
 
 
@@ -412,20 +418,26 @@ def print_summary(snap: dict[str, Any], console: Console) -> None:
     console.print(_frames(snap)[0])
 
 
+FEWER_CATEGORIES = 5
+"""Categories the live frame shows beside the workers where ten and the workers do not fit
+(an 80x24 terminal with four workers)."""
+
 _CATEGORY_COLUMNS = ("category", "samples", "p_reuse", "rate /s", "reuse s", "life s")
 """Short headers: the table, KS and source included, fits 80 columns with every header on
 one line ("mean reuse s" folded in two)."""
 
 
-def _categories_table(snap: dict[str, Any]) -> tuple[Table, RenderableType]:
-    """The fitted parameters (top 10 categories by samples) and what each column means."""
+def _categories_table(snap: dict[str, Any], top: int = 10) -> tuple[Table, RenderableType]:
+    """The fitted parameters (the ``top`` categories by samples) and what each column
+    means."""
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title="Fitted parameters per category (top 10 by samples)", title_justify="left")
+    title = f"Fitted parameters per category (top {top} by samples)"
+    table = Table(title=title, title_justify="left")
     for col in (*_CATEGORY_COLUMNS, "KS", "source"):
         table.add_column(col, justify="left" if col in ("category", "source") else "right")
-    rows = sorted(snap["categories"], key=lambda c: -(c.get("samples") or 0))[:10]
+    rows = sorted(snap["categories"], key=lambda c: -(c.get("samples") or 0))[:top]
     for c in rows:
         p = c.get("published") or c.get("fitted")
         if not p:

@@ -106,3 +106,16 @@ def test_the_fitted_parameters_headers_stand_on_one_line_at_80_columns() -> None
     top = next(i for i, line in enumerate(lines) if line.startswith("┏"))
     assert lines[top + 2].startswith("┡"), lines[top : top + 4]
     assert "reuse s" in lines[top + 1]
+
+
+def test_an_80x24_terminal_shows_the_workers_beside_the_top_categories() -> None:
+    """At 24 rows the live view showed the fitted parameters alone: not the workers, wa
+    beside stock LRU with each one's applied version, which the demo is there to show."""
+    console = Console(file=io.StringIO(), width=80, height=24)
+    frame, whole = _render(_snapshot(), console)
+    lines = console.render_lines(frame)
+    text = "\n".join("".join(segment.text for segment in line) for line in lines)
+    assert len(lines) < 24 and not whole
+    assert "Workers (synthetic" in text and all(f"w{i} " in text for i in range(4))
+    assert "(top 5 by samples)" in text and "chat_11" in text and "chat_6" not in text
+    assert "a taller terminal shows more: the shadow curves, more categories" in text
