@@ -262,10 +262,6 @@ class _Columns:
 
     def _add_bailian(self, obj: dict[str, Any]) -> None:
         block_tokens = _block_tokens(obj)
-        if self.chat_ids and block_tokens != self.block_tokens:
-            said = "none" if self.block_tokens is None else self.block_tokens
-            problem = f"expected the earlier lines' block size ({said}), got {block_tokens}"
-            raise _Bad("block_tokens", problem, "differs from the earlier lines")
         chat = _int(obj, "chat_id", 0)
         parent = _int(obj, "parent_chat_id", -1)
         ts = _timestamp(obj)
@@ -273,7 +269,16 @@ class _Columns:
         out = _int(obj, "output_length", 0)
         type_ = _type(obj)
         turn = _int(obj, "turn", 0)
-        self._extend_hashes(_hash_ids(obj))
+        hash_ids = _hash_ids(obj)
+        # After the fields a line needs, so that a line missing them says so first.
+        if self.chat_ids and block_tokens != self.block_tokens:
+            said, got = ("none" if n is None else n for n in (self.block_tokens, block_tokens))
+            problem = (
+                f"expected the earlier lines' block size ({said}), got {got} (a trace gives "
+                "block_tokens on every line or on none)"
+            )
+            raise _Bad("block_tokens", problem, "differs from the earlier lines")
+        self._extend_hashes(hash_ids)
         self.chat_ids.append(chat)
         self.parent_chat_ids.append(parent)
         self.timestamps.append(ts)

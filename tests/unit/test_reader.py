@@ -103,8 +103,16 @@ def test_a_bailian_traces_block_size_is_read_when_its_lines_say_it(tmp_path: Pat
     with pytest.raises(TraceError) as err:
         load_trace(mixed)
     assert str(err.value) == (
-        f"{mixed}:4: field 'block_tokens': expected the earlier lines' block size (32), got 16"
+        f"{mixed}:4: field 'block_tokens': expected the earlier lines' block size (32), got 16 "
+        "(a trace gives block_tokens on every line or on none)"
     )
+    # A line without it said 'got None'; one that lacks more says that first.
+    unsaid = write(tmp_path / "unsaid.jsonl", [*said, bailian(3)])
+    with pytest.raises(TraceError, match=r"\(32\), got none \(a trace gives block_tokens"):
+        load_trace(unsaid)
+    bare = write(tmp_path / "bare.jsonl", [*said, {"chat_id": 3}])
+    with pytest.raises(TraceError, match=r":4: field 'parent_chat_id': missing$"):
+        load_trace(bare)
     trace = load_trace(mixed, skip_bad_lines=True)
     assert trace.n_requests == 3 and trace.block_tokens == 32
     with pytest.raises(TraceError, match="field 'block_tokens': expected an integer >= 1"):
