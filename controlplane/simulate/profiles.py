@@ -176,6 +176,8 @@ def load_profile(name_or_path: str) -> Profile:
     except ValidationError as exc:
         first = exc.errors()[0]
         reason = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":  # pydantic's "Extra inputs are not permitted"
+            reason = f"not a profile field (the fields: {', '.join(Profile.model_fields)})"
         where = ".".join(str(p) for p in first["loc"])  # none: a check across fields
         field = f" field {where!r}:" if where else ""
         raise ProfileError(f"{path}:{field} {reason}") from None

@@ -97,6 +97,13 @@ def test_bad_profiles_say_what_and_where(tmp_path: Path) -> None:
     path.write_text("[1, 2]")
     with pytest.raises(ProfileError, match="expected an object"):
         load_profile(str(path))
+    # A field a profile does not have was "Extra inputs are not permitted": pydantic's words.
+    path.write_text(json.dumps(BUILTIN["llama3-8b-h100"].model_dump() | {"gpus": 2}))
+    with pytest.raises(ProfileError) as refused:
+        load_profile(str(path))
+    assert str(refused.value).startswith(
+        f"{path}: field 'gpus': not a profile field (the fields: name, description, "
+    )
 
 
 def test_profile_sizes() -> None:
