@@ -32,7 +32,7 @@ import uuid
 import redis
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from agent.runtime.connection import redact
+from agent.runtime.connection import RedisState, redact
 from agent.wire import EventBatch, Keys
 from controlplane.fit import FitResult
 from controlplane.service.agents import AgentListing, AgentReader, AgentView
@@ -147,7 +147,14 @@ class Controller:
 
     # --- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
-        self._tick_lease()  # probes Redis first: trouble is said once, here
+        # One probe that waits PROBE_TIMEOUT_S, not retried: a Redis that takes the
+        # connection but never answers (stalled, or TLS on one side only) is said once,
+        # here, and the lease waits for its scheduled tick. The first tick's retried calls
+        # took over a minute there, during which the API served nothing, /healthz included,
+        # and a kubelet restarted the pod before it ever said why.
+        first = self.health.probe(self.probe_r, self.keys.probe(self.name))
+        if first.state is not RedisState.UNREACHABLE:
+            self._tick_lease()  # probes Redis again: trouble is said once, here
         s = self.settings
         jobs = (
             (self._tick_lease, s.lease_ttl_s / 3, "lease"),

@@ -240,3 +240,44 @@ def test_a_batch_the_shadow_fails_on_is_applied_not_dead_lettered(
         # The ledger is written by that commit; a dead letter only after it.
         assert r.hget(keys.ingest_state("w1"), "dead_letters") == b"0"
         assert r.xlen(keys.dead_letter) == 0
+
+
+def test_a_redis_that_never_answers_leaves_the_api_serving_at_once(key_prefix: str) -> None:
+    """A Redis that takes the connection but never answers (stalled, or a rediss:// URL
+    on a plain port) held the lifespan in the first lease tick's retried calls for over a
+    minute: no /healthz, so a kubelet restarted the pod before it said why. The API serves
+    within a second or two, /readyz saying why it is not ready."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    done = threading.Event()
+
+    def take_and_hold() -> None:
+        listener.settimeout(0.2)
+        while not done.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    taker = threading.Thread(target=take_and_hold, daemon=True)
+    taker.start()
+    port = listener.getsockname()[1]
+    settings = live_settings(redis_url=f"redis://127.0.0.1:{port}/0", key_prefix=key_prefix)
+    started = time.monotonic()
+    try:
+        with running_controller(settings) as rc:
+            assert time.monotonic() - started < 10
+            ready = rc.client.get("/readyz")
+            assert ready.status_code == 503
+            assert ready.json()["reason"].startswith("redis unavailable: Timeout")
+            # Redis gone for good (refused, not stalled): the stop does not wait on it.
+            done.set()
+            taker.join()
+            for conn in (*held, listener):
+                conn.close()
+    finally:
+        done.set()
+        listener.close()
