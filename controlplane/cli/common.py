@@ -81,7 +81,7 @@ JobsOpt = Annotated[
         "-j",
         parser=whole_number(0),
         metavar="N",
-        help="Worker processes (0 = one per core)",
+        help="Worker processes (0 = one per core, within a container's CPU limit)",
     ),
 ]
 RedisUrlOpt = Annotated[

@@ -11,6 +11,7 @@ that had finished. It must never print or know what a job computes.
 from __future__ import annotations
 
 import contextlib
+import math
 import multiprocessing as mp
 import os
 import signal
@@ -18,6 +19,7 @@ import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 J = TypeVar("J", bound=Hashable)
@@ -47,10 +49,30 @@ _FN: Callable[[Any, JobProgress | None], Any] | None = None
 _QUEUE: Any = None
 
 
-def default_workers() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def default_workers(cgroup_root: Path = CGROUP_ROOT) -> int:
+    """One worker per core this process may use: the cores it may run on, and no more
+    than a CPU quota allows (a container's CPU limit, which the affinity does not show: a
+    pod limited to 2 CPUs on a 64-core node forked 64 workers, each slowed to a sliver)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    quota = cgroup_cpus(cgroup_root)
+    return max(1, min(cores or 1, quota or cores or 1))
+
+
+def cgroup_cpus(root: Path) -> int | None:
+    """The CPUs a cgroup CPU quota grants, rounded up (cgroup v2 ``cpu.max``, else v1
+    ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``); None without a quota or a cgroup."""
+    with contextlib.suppress(OSError, ValueError):
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
+    with contextlib.suppress(OSError, ValueError):
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        if quota_us > 0 and period_us > 0:
+            return max(1, math.ceil(quota_us / period_us))
+    return None
 
 
 def _worker(job: Any) -> Any:
