@@ -8,6 +8,9 @@ cluster.
 
 from __future__ import annotations
 
+from typing import Any
+
+import helm_python as helm
 import pytest
 
 from tests.integration import helm_support as hs
@@ -31,3 +34,78 @@ def test_client_ip_affinity_keeps_a_client_on_one_worker(timeout: int) -> None:
     spec = hs.render(hs.chart(), values).component("Service", "worker")["spec"]
     assert spec["sessionAffinity"] == "ClientIP"
     assert spec["sessionAffinityConfig"] == {"clientIP": {"timeoutSeconds": timeout}}
+
+
+# --- the external Redis's TLS files -----------------------------------------------------------
+TLS = hs.case_values("tls")["redis"]
+
+
+def reads_tls(workload: hs.Manifest, name: str, image_ids: tuple[int, int]) -> bool:
+    """Whether container ``name`` can read the files of the TLS volume, as the kubelet lays
+    them out: owned by root and by the pod's fsGroup (root's group without one), with the
+    volume's mode. ``image_ids`` stand for the image's user and group where the security
+    contexts name none."""
+    spec = hs.pod_spec(workload)
+    (volume,) = [v["secret"] for v in spec["volumes"] if v["name"] == "redis-tls"]
+    mode = volume.get("defaultMode", 0o644)
+    pod, ctr = (
+        spec.get("securityContext", {}),
+        hs.container(workload, name).get("securityContext", {}),
+    )
+    uid = ctr.get("runAsUser", pod.get("runAsUser", image_ids[0]))
+    gid = ctr.get("runAsGroup", pod.get("runAsGroup", image_ids[1]))
+    groups = {gid, *pod.get("supplementalGroups", [])}
+    owner_group = pod.get("fsGroup", 0)
+    if "fsGroup" in pod:
+        groups.add(pod["fsGroup"])
+    return bool(uid == 0 or (owner_group in groups and mode & 0o040) or mode & 0o004)
+
+
+NON_ROOT = [
+    pytest.param({"containerSecurityContext": {"runAsUser": 1000}}, id="container-uid"),
+    pytest.param({"podSecurityContext": {"runAsUser": 1000, "runAsGroup": 1000}}, id="pod-uid"),
+    pytest.param({"podSecurityContext": {"runAsNonRoot": True}}, id="image-user-non-root"),
+]
+
+
+@pytest.mark.parametrize("given", NON_ROOT)
+def test_a_non_root_worker_without_an_fs_group_is_refused_with_external_tls(
+    given: dict[str, Any],
+) -> None:
+    """The CA is mounted 0440: a worker running as another user than root, with no fsGroup,
+    could not read it and would fail every Redis connection; the install says what to set."""
+    values = {"redis": TLS, "workers": {**WORKERS, **given}}
+    with pytest.raises(helm.HelmError) as err:
+        hs.render(hs.chart(), values)
+    assert "set workers.podSecurityContext.fsGroup" in str(err.value)
+
+
+@pytest.mark.parametrize("given", NON_ROOT)
+def test_a_non_root_worker_with_an_fs_group_reads_the_tls_files(given: dict[str, Any]) -> None:
+    pod = {**given.get("podSecurityContext", {}), "fsGroup": 2000}
+    values = {"redis": TLS, "workers": {**WORKERS, **given, "podSecurityContext": pod}}
+    deploy = hs.render(hs.chart(), values).component("Deployment", "worker")
+    assert reads_tls(deploy, "vllm", image_ids=(1000, 1000))
+
+
+@pytest.mark.parametrize(
+    "workers",
+    [
+        pytest.param({}, id="default"),
+        pytest.param({"podSecurityContext": {"runAsUser": 0}}, id="root"),
+        pytest.param({"podSecurityContext": {"runAsUser": 1000, "runAsGroup": 0}}, id="group-0"),
+    ],
+)
+def test_every_pod_mounting_the_tls_files_can_read_them(workers: dict[str, Any]) -> None:
+    """The controller (fsGroup 10001 by default) and a worker running as root or in group 0
+    read the files; the default worker runs as its image's user, root for the engines."""
+    r = hs.render(hs.chart(), {"redis": TLS, "workers": {**WORKERS, **workers}})
+    assert reads_tls(r.component("Deployment", "controller"), "controller", (10001, 10001))
+    assert reads_tls(r.component("Deployment", "worker"), "vllm", image_ids=(0, 0))
+
+
+def test_a_controller_without_its_fs_group_is_refused_with_external_tls() -> None:
+    values = {"redis": TLS, "controller": {"podSecurityContext": {"fsGroup": None}}}
+    with pytest.raises(helm.HelmError) as err:
+        hs.render(hs.chart(), values)
+    assert "set controller.podSecurityContext.fsGroup" in str(err.value)

@@ -280,6 +280,7 @@ Takes (dict "values" map "nullable" list-of-keys).
 {{/* Checks of combinations the schema cannot express, each with a message that says what to set. */}}
 {{- define "kvwise.validate" -}}
 {{- include "kvwise.validate.redis" . }}
+{{- include "kvwise.validate.tlsReadable" . }}
 {{- include "kvwise.validate.controller" . }}
 {{- include "kvwise.validate.auth" . }}
 {{- include "kvwise.validate.workers" . }}
@@ -401,6 +402,35 @@ means every node drain waits on the controller forever. */}}
 {{- range $key, $token := dict "controller.auth.apiToken" $auth.apiToken "controller.auth.readToken.value" $auth.readToken.value }}
 {{- if and $token (not (trim $token)) }}
 {{- fail (printf "%s is blank: give a real token or leave it empty to have one generated" $key) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The external Redis's TLS files are mounted 0440, owned by root and by the pod's fsGroup
+(root's group without one): a pod whose security contexts run its container as another
+user must have an fsGroup, or a group 0, to read the CA. An image's own USER is not seen.
+*/}}
+{{- define "kvwise.validate.tlsReadable" -}}
+{{- if and (not .Values.redis.enabled) .Values.redis.external.tls.existingSecret }}
+{{- $pods := dict "controller" .Values.controller }}
+{{- if .Values.workers.enabled }}
+{{- $_ := set $pods "workers" .Values.workers }}
+{{- end }}
+{{- range $name, $v := $pods }}
+{{- $pod := default dict $v.podSecurityContext }}
+{{- $ctr := default dict $v.containerSecurityContext }}
+{{- $user := hasKey $ctr "runAsUser" | ternary $ctr.runAsUser $pod.runAsUser }}
+{{- $group := hasKey $ctr "runAsGroup" | ternary $ctr.runAsGroup $pod.runAsGroup }}
+{{- $nonRoot := hasKey $ctr "runAsNonRoot" | ternary $ctr.runAsNonRoot $pod.runAsNonRoot }}
+{{- $asOther := kindIs "invalid" $user | ternary $nonRoot (ne (int64 $user) 0) }}
+{{- $rootGroup := and (not (kindIs "invalid" $group)) (eq (int64 $group) 0) }}
+{{- range $g := default list $pod.supplementalGroups }}
+{{- $rootGroup = or $rootGroup (eq (int64 $g) 0) }}
+{{- end }}
+{{- if and $asOther (kindIs "invalid" $pod.fsGroup) (not $rootGroup) }}
+{{- fail (printf "%s run as a non-root user (%s.podSecurityContext or %s.containerSecurityContext) but the Redis TLS Secret %s is mounted readable by root and the pod's fsGroup only: set %s.podSecurityContext.fsGroup (any group id; the kubelet gives the files that group)" $name $name $name $.Values.redis.external.tls.existingSecret $name) }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- end }}
