@@ -109,3 +109,47 @@ def test_a_controller_without_its_fs_group_is_refused_with_external_tls() -> Non
     with pytest.raises(helm.HelmError) as err:
         hs.render(hs.chart(), values)
     assert "set controller.podSecurityContext.fsGroup" in str(err.value)
+
+
+# --- the controller's Service opened outside the cluster --------------------------------------
+OUTSIDE = "requests from outside the cluster"
+
+
+@pytest.mark.parametrize("kind", ["NodePort", "LoadBalancer"])
+def test_an_api_opened_outside_the_cluster_under_the_policy_is_warned_of(kind: str) -> None:
+    """Outside traffic has no pod or namespace: the default API policy, pod selectors only,
+    drops it with no error anywhere; the NOTES say so and what to change."""
+    r = hs.render(hs.chart(), {"controller": {"service": {"type": kind}}})
+    policy = r.component("NetworkPolicy", "controller")
+    peers = [p for rule in policy["spec"]["ingress"] for p in rule["from"]]
+    assert peers and not any("ipBlock" in p for p in peers)
+    assert r.component("Service", "controller")["spec"]["type"] == kind
+    assert f"WARNING: controller.service.type is {kind}" in r.notes
+    assert OUTSIDE in r.notes
+    assert "ipBlock in networkPolicy.controller.allowedClients" in r.notes
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param({}, id="cluster-ip"),
+        pytest.param(
+            {"controller": {"service": {"type": "NodePort"}}, "networkPolicy": {"enabled": False}},
+            id="no-policy",
+        ),
+        pytest.param(
+            {
+                "controller": {"service": {"type": "LoadBalancer"}},
+                "networkPolicy": {
+                    "controller": {"allowedClients": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}
+                },
+            },
+            id="ip-block-admitted",
+        ),
+        pytest.param(
+            {"workers": {**WORKERS, "service": {"type": "NodePort"}}}, id="workers-no-policy"
+        ),
+    ],
+)
+def test_no_warning_where_outside_traffic_gets_in(values: dict[str, Any]) -> None:
+    assert OUTSIDE not in hs.render(hs.chart(), values).notes
