@@ -8,12 +8,19 @@ cluster.
 
 from __future__ import annotations
 
+import re
+import shutil
+import socket
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 import pytest
+import redis
 
 from tests.integration import helm_support as hs
+from tests.waiting import wait_until
 
 WORKERS = {"enabled": True, "model": {"name": "m"}}
 
@@ -153,3 +160,89 @@ def test_an_api_opened_outside_the_cluster_under_the_policy_is_warned_of(kind: s
 )
 def test_no_warning_where_outside_traffic_gets_in(values: dict[str, Any]) -> None:
     assert OUTSIDE not in hs.render(hs.chart(), values).notes
+
+
+# --- the in-chart Redis's memory headroom -----------------------------------------------------
+_REDIS_UNITS = {"": 1, "k": 1000, "kb": 1024, "m": 10**6, "mb": 1024**2, "g": 10**9, "gb": 1024**3}
+_K8S_UNITS = {"": 1, "k": 1000, "M": 10**6, "G": 10**9, "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}
+
+
+def redis_bytes(text: str) -> int:
+    """A redis-server memory argument (``1gb`` is 1024**3 bytes, ``1g`` 10**9)."""
+    match = re.fullmatch(r"(\d+)([a-z]*)", text.strip().lower())
+    assert match, text
+    return int(match.group(1)) * _REDIS_UNITS[match.group(2)]
+
+
+def k8s_bytes(text: str) -> int:
+    match = re.fullmatch(r"(\d+)([A-Za-z]*)", str(text))
+    assert match, text
+    return int(match.group(1)) * _K8S_UNITS[match.group(2)]
+
+
+def maxmemory(args: list[str]) -> str | None:
+    words = [w for a in args for w in a.split()]
+    return words[words.index("--maxmemory") + 1] if "--maxmemory" in words else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+def test_the_chart_redis_forks_to_persist(tmp_path: Path) -> None:
+    """The premise of the headroom: started with the rendered arguments, Redis keeps an
+    append-only file and its default snapshot rules, so it forks for both (copy-on-write
+    pages that count against the container's memory limit)."""
+    statefulset = hs.rendered("default").component("StatefulSet", "redis")
+    args = hs.container(statefulset, "redis")["args"]
+    port, password = _free_port(), "pw"
+    given = {"--port": str(port), "--dir": str(tmp_path), "--requirepass": password}
+    args = [given.get(prev, a) for prev, a in zip(["", *args[:-1]], args, strict=True)]
+    server = subprocess.Popen(["redis-server", *args], stdout=subprocess.DEVNULL)
+    try:
+        client = redis.Redis(port=port, password=password, decode_responses=True)
+        wait_until(lambda: _pings(client), timeout=10)
+        assert client.config_get("appendonly") == {"appendonly": "yes"}
+        assert client.config_get("save")["save"] != ""  # snapshots (BGSAVE) as well
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+@pytest.mark.parametrize("case", hs.CASES)
+def test_a_redis_memory_limit_leaves_room_for_a_fork(case: str) -> None:
+    """A fork can copy most of a dataset that the streams keep writing: the value sets the
+    chart ships keep maxmemory at most half of the memory limit."""
+    r = hs.rendered(case)
+    if not r.values["redis"]["enabled"]:
+        return
+    redis_ctr = hs.container(r.component("StatefulSet", "redis"), "redis")
+    limit = redis_ctr.get("resources", {}).get("limits", {}).get("memory")
+    if limit is None:
+        return
+    given = maxmemory(redis_ctr["args"])
+    assert given is not None
+    assert redis_bytes(given) <= k8s_bytes(limit) // 2, (given, limit)
+
+
+def test_the_install_refusal_and_the_docs_advise_half_the_limit() -> None:
+    with pytest.raises(helm.HelmError) as err:
+        hs.render(hs.chart(), {"redis": {"resources": {"limits": {"memory": "2Gi"}}}})
+    example = re.search(r'\["--maxmemory", "(\w+)"\] for (\w+)', str(err.value).replace("\\", ""))
+    assert example is not None, str(err.value)
+    assert redis_bytes(example.group(1)) <= k8s_bytes(example.group(2)) // 2
+    sizing = hs.DEPLOY_DOC.read_text().split("## Sizing", 1)[1].split("\n## ", 1)[0]
+    advice = re.search(r'"--maxmemory", "<about ([^>]*)>"', " ".join(sizing.split()))
+    assert advice is not None
+    assert advice.group(1) == "half the limit"

@@ -292,7 +292,9 @@ Takes (dict "values" map "nullable" list-of-keys).
 {{- fail "redis.auth.password may hold only letters, digits and -._~ (it is placed in a Redis URL)" }}
 {{- end }}
 {{- /* A memory limit alone turns a stream backlog into an OOM kill (and a restart loop once
-the append-only file no longer loads within it); with --maxmemory Redis refuses writes. */}}
+the append-only file no longer loads within it); with --maxmemory Redis refuses writes.
+The Redis forks for its snapshots and AOF rewrites, whose copy-on-write pages count against
+the same limit: maxmemory about half of it. */}}
 {{- $memoryLimit := dig "limits" "memory" "" (default dict .Values.redis.resources) }}
 {{- if and .Values.redis.enabled (ne (toString $memoryLimit) "") }}
 {{- $capped := false }}
@@ -300,7 +302,7 @@ the append-only file no longer loads within it); with --maxmemory Redis refuses 
 {{- if regexMatch "^--maxmemory(\\s|$)" . }}{{ $capped = true }}{{ end }}
 {{- end }}
 {{- if not $capped }}
-{{- fail (printf "redis.resources.limits.memory (%v) needs --maxmemory in redis.extraArgs, about 80%% of the limit (e.g. [\"--maxmemory\", \"1600mb\"] for 2Gi): without it a backlog gets Redis OOM-killed instead of refusing writes (docs/deploy.md, Sizing)" $memoryLimit) }}
+{{- fail (printf "redis.resources.limits.memory (%v) needs --maxmemory in redis.extraArgs, about half the limit (e.g. [\"--maxmemory\", \"1gb\"] for 2Gi; its snapshot and append-only-file rewrites fork, and the pages they copy count against the same limit): without it a backlog gets Redis OOM-killed instead of refusing writes (docs/deploy.md, Sizing)" $memoryLimit) }}
 {{- end }}
 {{- end }}
 {{- if not .Values.redis.enabled }}
