@@ -16,10 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import helm_python as helm
+import kubernetes_validate
 import pytest
 import redis
+import yaml
 
 from tests.integration import helm_support as hs
+from tests.integration.test_helm_chart import K8S_VERSION
 from tests.waiting import wait_until
 
 WORKERS = {"enabled": True, "model": {"name": "m"}}
@@ -38,7 +41,9 @@ def test_client_ip_affinity_keeps_a_client_on_one_worker(timeout: int) -> None:
     keeps a client address on one replica for the timeout Kubernetes takes (1 to 86400 s)."""
     service = {"sessionAffinity": "ClientIP", "sessionAffinityTimeoutSeconds": timeout}
     values = {"workers": {**WORKERS, "replicaCount": 2, "service": service}}
-    spec = hs.render(hs.chart(), values).component("Service", "worker")["spec"]
+    service = hs.render(hs.chart(), values).component("Service", "worker")
+    kubernetes_validate.validate(service, K8S_VERSION, strict=True)
+    spec = service["spec"]
     assert spec["sessionAffinity"] == "ClientIP"
     assert spec["sessionAffinityConfig"] == {"clientIP": {"timeoutSeconds": timeout}}
 
@@ -92,6 +97,7 @@ def test_a_non_root_worker_with_an_fs_group_reads_the_tls_files(given: dict[str,
     pod = {**given.get("podSecurityContext", {}), "fsGroup": 2000}
     values = {"redis": TLS, "workers": {**WORKERS, **given, "podSecurityContext": pod}}
     deploy = hs.render(hs.chart(), values).component("Deployment", "worker")
+    kubernetes_validate.validate(deploy, K8S_VERSION, strict=True)
     assert reads_tls(deploy, "vllm", image_ids=(1000, 1000))
 
 
@@ -246,3 +252,15 @@ def test_the_install_refusal_and_the_docs_advise_half_the_limit() -> None:
     advice = re.search(r'"--maxmemory", "<about ([^>]*)>"', " ".join(sizing.split()))
     assert advice is not None
     assert advice.group(1) == "half the limit"
+
+
+def test_the_docs_fs_group_example_lets_a_non_root_engine_read_the_tls_files() -> None:
+    doc = hs.DEPLOY_DOC.read_text().split("**TLS files and non-root engines.**", 1)[1]
+    block = re.search(r"```yaml\n(.*?)```", doc, re.S)
+    assert block is not None
+    example = yaml.safe_load(block.group(1))["workers"]
+    example["containerSecurityContext"] = {"runAsUser": 1000, "runAsGroup": 1000}
+    values = {"redis": TLS, "workers": {**WORKERS, **example}}
+    deploy = hs.render(hs.chart(), values).component("Deployment", "worker")
+    kubernetes_validate.validate(deploy, K8S_VERSION, strict=True)
+    assert reads_tls(deploy, "vllm", image_ids=(1000, 1000))
