@@ -42,10 +42,12 @@ import redis
 from redis.client import Pipeline
 
 from agent.policy_document import (
+    DEFAULT_SUPERSEDE,
     EVICTOR_FAMILIES,
     CategoryParams,
     EvictorFamily,
     PolicyDocument,
+    SupersedeRule,
 )
 from agent.runtime.connection import RedisClient
 from agent.wire import MAX_CATEGORY_NAME_CHARS, Keys, WireError, encode_policy
@@ -191,6 +193,7 @@ class PolicyStore:
         keys: Keys,
         history_size: int = HISTORY_SIZE,
         *,
+        supersede: SupersedeRule = DEFAULT_SUPERSEDE,
         max_overrides: int = MAX_OVERRIDES,
         max_categories: int = MAX_FITTED_CATEGORIES,
         health: RedisHealth | None = None,
@@ -200,6 +203,8 @@ class PolicyStore:
         self.r = client
         self.keys = keys
         self.history_size = history_size
+        self.supersede = supersede
+        """The supersede rule every document published carries (the controller's setting)."""
         self.max_overrides = max_overrides
         self.stored = StoredStateReader(
             keys,
@@ -584,6 +589,7 @@ class PolicyStore:
             cats, default = _composed(draft.base, draft.overrides)
         fields: dict[str, Any] = {"version": version, "categories": cats}
         fields["evictor"] = draft.pin or draft.base.evictor
+        fields["supersede"] = self.supersede
         fields.update(note=draft.note[:500], created_at=time.time())
         if default is not None:
             fields["default"] = default
