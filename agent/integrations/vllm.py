@@ -19,7 +19,9 @@ Owns the seam into vLLM v1, and is the only kvwise module that imports vLLM:
   model's checkpoint, has its old content reported evicted at once),
   ``KVCacheManager.allocate_slots`` (which request the hits belong to) and
   ``KVCacheManager.free`` (the request is done) to fill the queue's side table and report
-  events; the wrappers call the original first and
+  events (and, with the document's ``supersede`` on, its branches: a request's hits, and
+  each store with the block before it and whether it is the request's first, where the
+  request parts from its hits); the wrappers call the original first and
   only read what it left (``free`` records the request first: the blocks it frees may be
   reported evicted at once). A request's hits and its prompt's stored blocks are held on the
   request (``RequestReport``) and recorded once its prompt is whole (after the
