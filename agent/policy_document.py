@@ -44,7 +44,7 @@ SupersedeRule = Literal["tree", "off"]
 """Whether ``wa`` evicts first the cached branches newer requests have left: ``tree``
 (the prefix-tree rule of the replay's ``wa-superseded``, docs/policy.md) or ``off``."""
 SUPERSEDE_RULES: tuple[SupersedeRule, ...] = ("tree", "off")
-DEFAULT_SUPERSEDE: SupersedeRule = "off"
+DEFAULT_SUPERSEDE: SupersedeRule = "tree"
 
 
 class CategoryParams(BaseModel):
