@@ -8,7 +8,8 @@ on the engine's own blocks, by block id:
     its first store leaves pd-1 for a new block; if pd-1 had a child c, and no branch
       parted at pd-1 before, c and its latest-child chain are superseded: the blocks
       the last request through c accessed from c on (the chain stops where their
-      stamps drop, i.e. where that request ended)
+      stamps drop, i.e. where that request ended, or at a block still marked: it and
+      the chain below it were marked together, and keep that place)
     an eviction takes first the oldest superseded blocks still free, cached and not
       accessed since (tail first within a branch), then the evictor's own order
 
@@ -17,9 +18,12 @@ for "no parent"), and the superseded blocks in marking order, keyed by block id:
 grows past the pool. Block ids are reused, so a link is believed only where the child
 names the parent back (``parent``) and a mark only where the block was not accessed or
 stored again since (``seen``): a block's links and marks end with its content, nothing
-is forgotten on eviction (no work on the eviction path). What it cannot know: a fork
-block evicted and computed again is a new block without children, so a parting there
-supersedes nothing (the replay, which never forgets, supersedes the old branch).
+is forgotten on eviction (no work on the eviction path). A block is walked once per
+access at most (a walk marks only blocks not marked since their last access), so the
+work is O(1) per block hit or stored, amortized; the replay marks such a branch again,
+behind the marks made since. What it cannot know: a fork block evicted and computed
+again is a new block without children, so a parting there supersedes nothing (the
+replay, which never forgets, supersedes the old branch).
 
 It must never import vLLM, do I/O or hold a Python object per block.
 """
@@ -94,15 +98,19 @@ class SupersededBranches:
 
     def _branch(self, first: int) -> list[int]:
         """``first`` and the latest-child chain after it, as far as the blocks' latest
-        accesses go on (one request's blocks from ``first`` on)."""
-        child, parents, seen = self._child, self._parent, self._seen
-        branch = [first]
+        accesses go on (one request's blocks from ``first`` on), up to the first block
+        still marked: untouched since, it and the chain below it were marked together."""
+        child, parents, seen, marked = self._child, self._parent, self._seen, self.superseded
+        branch: list[int] = []
         block = first
         for _ in range(self.root):  # a bound: valid links never cycle
+            by = marked.get(block)
+            if by is not None and seen[block] < by:
+                break
+            branch.append(block)
             nxt = child[block]
             if nxt < 0 or parents[nxt] != block or seen[nxt] < seen[block]:
                 break
-            branch.append(nxt)
             block = nxt
         return branch
 

@@ -153,6 +153,23 @@ def test_a_branch_ends_where_its_last_request_ended() -> None:
     assert pending(engine) == [2, 1]
 
 
+def test_a_branch_superseded_again_keeps_its_first_place() -> None:
+    """Where the queue differs from the replay by choice: a parting whose old branch is
+    still marked (superseded before, untouched since) marks nothing again, so those
+    blocks keep the place of their first supersession; the replay moves them behind the
+    marks made since. Each block is walked once per access, whatever the branch's depth
+    (O(1) per block, amortized), where re-marking would walk a deep branch again at each
+    fork above it."""
+    prompts = [[0, 1, 2, 3, 4], [0, 5], [6, 7, 8], [6, 9], [0, 1, 2, 10]]
+    engine, replay = PrefixEngine(32, "tree"), ReplayedBranches(prompts)
+    for request, prompt in enumerate(prompts):
+        replay.mark(request, replay.arrive(request))
+        engine.run(prompt)
+    assert pending(engine) == [4, 3, 8, 7]  # 3 and 4 where request 1 marked them
+    untouched = [c for c, by in replay.superseded.items() if replay.last.untouched_since(c, by)]
+    assert untouched == [8, 7, 4, 3]  # request 4 moved them behind request 3's marks
+
+
 def test_what_left_the_cache_is_forgotten() -> None:
     """Where the live path knows less than the replay: a block evicted takes its links and
     marks along. A branch evicted before a parting is not marked (the replay marks it,
