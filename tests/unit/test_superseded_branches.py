@@ -11,6 +11,7 @@ from collections import OrderedDict
 import pytest
 from pydantic import ValidationError
 
+from agent.policies import create
 from agent.policy_document import BUILTIN_POLICY, DEFAULT_SUPERSEDE, PolicyDocument
 from agent.wire import decode_policy, encode_policy
 from controlplane.replay.superseded import BranchTracker, LastAccess
@@ -229,6 +230,17 @@ def test_turned_off_or_under_a_baseline_the_queue_evicts_in_the_evictors_order()
         engine.run([7])
         assert engine.evicted == [first], (rule, evictor)
         assert (engine.queue.branches is not None) == (first == 4)
+
+
+def test_a_family_switch_takes_the_rule_along_only_under_wa() -> None:
+    engine = PrefixEngine(9, "tree")
+    queue = engine.queue
+    queue.switch_evictor(create("lru", 9))
+    assert queue.branches is None  # a baseline runs its own order
+    queue.switch_evictor(create("wa", 9))
+    engine.run([1, 2, 3])
+    engine.run([1, 4])  # tracked again from the switch on
+    assert pending(engine) == [3, 2]
 
 
 def test_the_rule_switches_with_the_document_in_force() -> None:
