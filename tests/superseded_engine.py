@@ -14,7 +14,7 @@ their content leaves, as ``_maybe_evict_cached_block`` does); give them their ha
 from __future__ import annotations
 
 from agent.integrations.block_queue import KvwiseFreeQueue
-from agent.policies import create
+from agent.policies import EvictionPolicy, create
 from agent.policy_document import SupersedeRule
 from tests.vllm_block import Blk
 
@@ -26,16 +26,23 @@ def key(content: int) -> bytes:
 
 class PrefixEngine:
     """A pool of ``n`` blocks (block 0 the null block) behind a ``KvwiseFreeQueue`` over
-    ``evictor`` (a registered name) with the supersede ``rule``."""
+    ``evictor`` (a registered name, or an evictor of ``n`` blocks) with the supersede
+    ``rule``."""
 
     def __init__(
-        self, n: int, rule: SupersedeRule, evictor: str = "wa", *, partial_tails: bool = False
+        self,
+        n: int,
+        rule: SupersedeRule,
+        evictor: str | EvictionPolicy = "wa",
+        *,
+        partial_tails: bool = False,
     ) -> None:
         self.partial_tails = partial_tails
         self.blocks = [Blk(i) for i in range(n)]
         ticks = iter(range(1 << 62))
+        policy = create(evictor, n) if isinstance(evictor, str) else evictor
         self.queue = KvwiseFreeQueue(
-            self.blocks, create(evictor, n), clock=lambda: float(next(ticks)), supersede=rule
+            self.blocks, policy, clock=lambda: float(next(ticks)), supersede=rule
         )
         self.queue.popleft()  # the null block, as vLLM takes it at start
         self.holders: dict[int, dict[int, None]] = {}

@@ -11,7 +11,7 @@ from collections import OrderedDict
 import pytest
 from pydantic import ValidationError
 
-from agent.policies import create
+from agent.policies import EvictionPolicy, create
 from agent.policy_document import BUILTIN_POLICY, DEFAULT_SUPERSEDE, PolicyDocument
 from agent.wire import decode_policy, encode_policy
 from controlplane.replay.superseded import BranchTracker, LastAccess
@@ -187,21 +187,32 @@ def test_what_left_the_cache_is_forgotten() -> None:
     assert pending(engine) == [9]
 
 
-def test_the_live_queue_keeps_the_replays_gain() -> None:
+@pytest.mark.parametrize("evictor", ["wa", "device"])
+def test_the_live_queue_keeps_the_replays_gain(evictor: str) -> None:
     """The replay test's conversations that replace part of each prompt (synthetic,
     ``test_wa_superseded_keeps_slow_conversations_over_quick_ones_dead_branches``) on a
-    150-block queue over ``wa``: 432 hits of 2,146 accesses without the rule (the
-    replay's ``wa``: 432), 718 with it (the replay's ``wa-superseded``: 768; the queue
-    learns a request's marks only once its blocks are allocated)."""
+    150-block queue over ``wa``, or the torch ``wa`` on the CPU: 432 hits of 2,146
+    accesses without the rule (the replay's ``wa``: 432), 718 with it (the replay's
+    ``wa-superseded``: 768; the queue learns a request's marks only once its blocks are
+    allocated)."""
     trace = _replacing_trace()
     prompts = [trace.request_blocks(r).tolist() for r in range(trace.n_requests)]
     hits = {}
     for rule in ("off", "tree"):
-        engine = PrefixEngine(151, rule)  # 150 blocks and the null block
+        engine = PrefixEngine(151, rule, evictor_of(evictor, 151))  # and the null block
         for prompt in prompts:
             engine.run(prompt)
         hits[rule] = engine.hits
     assert hits == {"off": 432, "tree": 718}
+
+
+def evictor_of(name: str, n: int) -> EvictionPolicy:
+    """A registered evictor of ``n`` blocks, or ``device``: the torch ``wa`` on the CPU
+    (the test skipped without torch)."""
+    if name != "device":
+        return create(name, n)
+    device_evictor = pytest.importorskip("agent.device_evictor")
+    return device_evictor.DeviceEvictor(n, device="cpu")
 
 
 def test_a_copy_is_new_content() -> None:
