@@ -40,6 +40,12 @@ or a baseline of the agent registry (which ignores the parameters)."""
 EVICTOR_FAMILIES: tuple[EvictorFamily, ...] = ("wa", "lru", "fifo", "lfu", "s3fifo", "sieve", "arc")
 DEFAULT_FAMILY: EvictorFamily = "wa"
 
+SupersedeRule = Literal["tree", "off"]
+"""Whether ``wa`` evicts first the cached branches newer requests have left: ``tree``
+(the prefix-tree rule of the replay's ``wa-superseded``, docs/policy.md) or ``off``."""
+SUPERSEDE_RULES: tuple[SupersedeRule, ...] = ("tree", "off")
+DEFAULT_SUPERSEDE: SupersedeRule = "tree"
+
 
 class CategoryParams(BaseModel):
     """Reuse model of one request category: ``F(t) = p_reuse * (1 - exp(-rate * t))``.
@@ -94,6 +100,12 @@ class PolicyDocument(BaseModel):
         default=DEFAULT_FAMILY,
         description="The evictor family in force on agents that follow the document "
         "(omitted from the stored JSON when it is wa, so agents that predate it read it)",
+    )
+    supersede: SupersedeRule = Field(
+        default=DEFAULT_SUPERSEDE,
+        description="Whether agents whose engine reports request boundaries (vLLM) evict "
+        "superseded branches first, under a wa evictor (omitted from the stored JSON at "
+        "its default, so agents that predate it read it)",
     )
 
     def params_for(self, category: str) -> CategoryParams:

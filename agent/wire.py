@@ -35,7 +35,12 @@ from numpy.typing import NDArray
 from pydantic import ValidationError
 
 from agent.engine_time import EngineTimeSnapshot
-from agent.policy_document import DEFAULT_FAMILY, PolicyDocument, json_shape_fault
+from agent.policy_document import (
+    DEFAULT_FAMILY,
+    DEFAULT_SUPERSEDE,
+    PolicyDocument,
+    json_shape_fault,
+)
 
 WIRE_SCHEMA_VERSION: Final = 2
 """2: keys carry Redis Cluster hash tags (see ``Keys``). 1: untagged keys."""
@@ -446,12 +451,16 @@ def _check_columns(cols: Mapping[str, NDArray[Any]], k: int) -> None:
 
 def encode_policy(doc: PolicyDocument) -> bytes:
     """The JSON document stored under ``Keys.policy_doc(doc.version)``. The evictor family
-    is written only when it is not the default (``wa``): an agent that predates the field
-    (``extra="forbid"``) reads every ``wa`` document as before and rejects, keeping its
-    last good one, only a document that names a baseline, which it could not run."""
+    and the supersede rule are written only when not at their defaults (``wa``, and
+    ``DEFAULT_SUPERSEDE``): an agent that predates a field (``extra="forbid"``) reads
+    every document at its default as before and rejects, keeping its last good one, only
+    a document that asks what it could not run."""
+    left_out = set()
     if doc.evictor == DEFAULT_FAMILY:
-        return doc.model_dump_json(exclude={"evictor"}).encode()
-    return doc.model_dump_json().encode()
+        left_out.add("evictor")
+    if doc.supersede == DEFAULT_SUPERSEDE:
+        left_out.add("supersede")
+    return doc.model_dump_json(exclude=left_out).encode()
 
 
 MAX_LOCATION_PART_CHARS: Final = 40

@@ -18,7 +18,11 @@ Owns the free blocks of one block pool, in three zones, popped in this order:
 It also owns the side table (per block id: prompt offset, evictor category code, the low
 64 bits of the block hash), filled by the integration from the engine's cache and hit
 paths, and how many blocks hold each hash (vLLM may store one content twice): a hash is
-reported evicted when the last of them is reused. The invariants of vLLM's queue hold: it
+reported evicted when the last of them is reused. Where the policy document's
+``supersede`` is ``tree`` and the evictor is ``wa``'s (it takes the document and
+``Discards``), it also feeds ``SupersededBranches`` (``agent.integrations.branches``) each
+request's hits and stores, and each eviction takes the superseded blocks still free and
+untouched first, then the evictor's victims. The invariants of vLLM's queue hold: it
 holds exactly the free blocks and ``num_free_blocks`` is their count; ``remove`` is O(1)
 (a hit's evictor ``touch`` is staged and applied, batched, at the next ``popleft_n`` or
 ``append_n``); ``popleft_n(n)`` returns ``n`` blocks or raises; blocks are never linked
@@ -36,11 +40,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import compress, groupby, repeat
 from operator import attrgetter, is_not
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from agent.engine_time import EngineTime
+from agent.integrations.branches import SupersededBranches
 from agent.policies.base import Discards, EvictionPolicy
-from agent.policies.handover import hand_over
+from agent.policies.handover import ReloadsPolicy, hand_over
+from agent.policy_document import PolicyDocument, SupersedeRule
 
 
 class Block(Protocol):
@@ -124,10 +130,12 @@ class KvwiseFreeQueue:
         clock: Callable[[], float] = time.time,
         hash_of: HashOf = BLOCK_HASH,
         engine_time: EngineTime | None = None,
+        supersede: SupersedeRule = "off",
     ) -> None:
         """``hash_of`` reads a block's hash: by default its ``block_hash``; the engine
         integration may pass a cheaper read of the same value. ``engine_time`` (the
-        agent's, else one of its own) times ``popleft_n`` and ``append_n`` on a sample."""
+        agent's, else one of its own) times ``popleft_n`` and ``append_n`` on a sample.
+        ``supersede``: the rule in force until ``set_supersede`` (the document's)."""
         n = len(blocks)
         if any(block.block_id != i for i, block in enumerate(blocks)):
             raise ValueError("blocks[i].block_id must equal i")
@@ -152,6 +160,10 @@ class KvwiseFreeQueue:
         self._copies: dict[int, int] = {}
         self._counted = [False] * n
         self._fresh_held = 0  # fresh blocks counted there (prepended with their hash)
+        self.supersede: SupersedeRule = supersede
+        self.branches: SupersededBranches | None = None
+        """The ``tree`` rule's links and marks while it is in force on this evictor."""
+        self._track_branches()
 
     # --- vLLM's surface --------------------------------------------------------------------
     def popleft(self) -> Any:
@@ -191,7 +203,11 @@ class KvwiseFreeQueue:
         return out
 
     def _evict(self, n: int) -> list[Any]:
-        victims = self.evictor.evict(n)
+        branches = self.branches
+        if branches is not None and branches.superseded:
+            victims = self._superseded_victims(branches, n)
+        else:
+            victims = self.evictor.evict(n)
         if not victims:
             return []
         cached = self._cached
@@ -208,6 +224,16 @@ class KvwiseFreeQueue:
         # evict_blocks is reported at once: drop_all_cached, drop_hashes).
         self._content_left(victims)
         return out
+
+    def _superseded_victims(self, branches: SupersededBranches, n: int) -> list[int]:
+        """Superseded blocks still free and untouched first (out of the evictor, which
+        ``Discards``), then the evictor's victims."""
+        victims = branches.victims(n, self._cached)
+        if victims:
+            cast(Discards, self.evictor).discard(victims)  # ``_track_branches`` checked
+        if len(victims) < n:
+            victims += self.evictor.evict(n - len(victims))
+        return victims
 
     def _reuse_held(self, popped: list[Any]) -> None:
         """Fresh blocks ``popped`` for reuse: the content of those prepended with their
@@ -305,6 +331,31 @@ class KvwiseFreeQueue:
             self._send_hits()
         hand_over(self.evictor, evictor, self.clock())
         self.evictor = evictor
+        self._track_branches()
+
+    def follow(self, doc: PolicyDocument) -> None:
+        """The queue's part of a document put in force (engine thread): its ``supersede``."""
+        self.set_supersede(doc.supersede)
+
+    def set_supersede(self, rule: SupersedeRule) -> None:
+        """From the next call on, demote what ``rule`` supersedes (the document's
+        ``supersede``; engine thread). Tracking starts afresh when it is turned on and
+        is kept across documents that leave it on."""
+        if rule != self.supersede:
+            self.supersede = rule
+            self.branches = None
+            self._track_branches()
+
+    def _track_branches(self) -> None:
+        """Track branches where the rule is on and the evictor is ``wa``'s (it takes the
+        document and ``Discards``); a baseline, a fixed control, runs as it is."""
+        evictor = self.evictor
+        on = self.supersede == "tree"
+        on = on and isinstance(evictor, ReloadsPolicy) and isinstance(evictor, Discards)
+        if not on:
+            self.branches = None
+        elif self.branches is None:
+            self.branches = SupersededBranches(len(self.blocks), self.hash)
 
     def prepend_n(self, blocks: Sequence[Any]) -> None:
         if not blocks:
@@ -449,12 +500,20 @@ class KvwiseFreeQueue:
         self.evictor.touch(hits, self.clock())
 
     def note_stored(
-        self, blocks: Sequence[Any], first: int, code: int
+        self,
+        blocks: Sequence[Any],
+        first: int,
+        code: int,
+        *,
+        parent: Any | None = None,
+        parting: bool = False,
     ) -> tuple[list[int], Sequence[int], list[int]]:
         """``blocks`` (a request's, from prompt position ``first``) just got their hashes:
         remember position, category and hash. Returns the hashes, their prompt positions
         and the ids of the blocks that have them (blocks without a hash, e.g. null or
-        masked ones, are skipped and get none)."""
+        masked ones, are skipped and get none). ``parent``: the request's block before
+        them (None from its prompt's start); ``parting``: this is the request's first
+        store, after its hits (both read only while branches are tracked)."""
         keys: list[Any] = list(map(self.hash_of, blocks))
         ids = list(map(BLOCK_ID, blocks))
         offsets: Sequence[int] = range(first, first + len(ids))
@@ -473,6 +532,10 @@ class KvwiseFreeQueue:
             table[bid] = hash_
             copies[hash_] = copies.get(hash_, 0) + 1
             counted[bid] = True
+        branches = self.branches
+        if branches is not None and ids:
+            after = branches.root if parent is None else parent.block_id
+            branches.stored(after, ids, parting)
         return hashes, offsets, ids
 
     def note_hits(self, blocks: Sequence[Any], code: int) -> tuple[list[int], list[int]]:
@@ -482,6 +545,8 @@ class KvwiseFreeQueue:
         ids = [block.block_id for block in blocks]
         for bid in ids:
             codes[bid] = code
+        if self.branches is not None and ids:
+            self.branches.touched(ids)
         return list(map(self.hash.__getitem__, ids)), list(map(self.offset.__getitem__, ids))
 
     def __len__(self) -> int:

@@ -43,6 +43,9 @@ REQUEST_REPORT_ATTR = "_kvwise_report"
 """Attribute where a request keeps its ``RequestReport``."""
 BuildFamily = Callable[[str], "EngineEvictor"]
 """A fresh evictor of the family named."""
+FollowDocument = Callable[[PolicyDocument], None]
+"""Reads, on the engine thread, each document put in force, after the evictor took it
+(vLLM: the free queue's ``supersede`` rule)."""
 InstallEvictor = Callable[[Any], None]
 """Hands every block of the engine's order over to a fresh evictor and drives it from
 then on (vLLM: ``KvwiseFreeQueue.switch_evictor``)."""
@@ -75,6 +78,9 @@ class RequestReport:
     stored_offsets: list[int] = field(default_factory=list)
     recorded: bool = False
     """Whether its held blocks went to the agent (afterwards it holds nothing)."""
+    stored_any: bool = False
+    """Whether it stored a block yet: its first store leaves its prefix hits, where a
+    branch it supersedes is looked for (``KvwiseFreeQueue.note_stored``'s ``parting``)."""
     waiting: bool = False
     """Whole, but waiting for another request that still holds blocks it hit."""
     holder: RequestReport | None = None
@@ -105,6 +111,11 @@ class EngineOrder:
         self.codes: dict[str, int] = {}
         self._build: BuildFamily | None = None
         self._install: InstallEvictor | None = None
+        self._follow: FollowDocument | None = None
+
+    def add_follower(self, follow: FollowDocument) -> None:
+        """Let the engine's own order read each document put in force (``follow``)."""
+        self._follow = follow
 
     def enable_switch(self, build: BuildFamily, install: InstallEvictor) -> None:
         """Let a document's evictor family replace the engine's evictor (``switch_family``)."""
@@ -124,6 +135,8 @@ class EngineOrder:
                     raise SwitchRefused(f"category {name!r} would change code")
         self._install(new)
         self.evictor = new
+        if self._follow is not None:
+            self._follow(doc)
 
     def touch(self, blocks: Sequence[int], now: float) -> None:
         """Already applied by the queue (by block id)."""
@@ -139,6 +152,8 @@ class EngineOrder:
 
     def set_policy(self, doc: PolicyDocument) -> None:
         set_parameters(self.evictor, doc)
+        if self._follow is not None:
+            self._follow(doc)
 
     def add_category(self, name: str) -> int:
         evictor = self.evictor

@@ -19,7 +19,9 @@ Owns the seam into vLLM v1, and is the only kvwise module that imports vLLM:
   model's checkpoint, has its old content reported evicted at once),
   ``KVCacheManager.allocate_slots`` (which request the hits belong to) and
   ``KVCacheManager.free`` (the request is done) to fill the queue's side table and report
-  events; the wrappers call the original first and
+  events (and, with the document's ``supersede`` on, its branches: a request's hits, and
+  each store with the block before it and whether it is the request's first, where the
+  request parts from its hits); the wrappers call the original first and
   only read what it left (``free`` records the request first: the blocks it frees may be
   reported evicted at once). A request's hits and its prompt's stored blocks are held on the
   request (``RequestReport``) and recorded once its prompt is whole (after the
@@ -209,11 +211,13 @@ def _make_queue(blocks: list[Any]) -> Any:
         hooks=engine,
         hash_of=hash_reader(type(blocks[0])),
         engine_time=engine.engine_time,
+        supersede=engine.agent.document.supersede,
     )
     # A document naming another evictor family swaps the queue's evictor, blocks kept.
     engine.order.enable_switch(
         lambda family: build_evictor(settings, len(blocks), family), queue.switch_evictor
     )
+    engine.order.add_follower(queue.follow)
     _state.engine, _state.queue = engine.start(), queue
     atexit.register(engine.close)
     log.info(
@@ -280,7 +284,11 @@ def _wrap_cache_full_blocks(orig: Callable[..., None]) -> Callable[..., None]:
         started = engine.engine_time.begin()
         report = _request_report(engine, request)
         stored = blocks[num_cached_blocks:num_full_blocks]
-        hashes, offsets, hashed = queue.note_stored(stored, num_cached_blocks, report.code)
+        parent = blocks[num_cached_blocks - 1] if num_cached_blocks else None
+        parting, report.stored_any = not report.stored_any, True
+        hashes, offsets, hashed = queue.note_stored(
+            stored, num_cached_blocks, report.code, parent=parent, parting=parting
+        )
         if engine.files_returns:  # reuse classes: stored again after an eviction = a return
             codes = engine.stored_codes(hashes, report.name, report.code)
             for block_id, block_code in zip(hashed, codes or (), strict=True):

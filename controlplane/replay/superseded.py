@@ -1,4 +1,4 @@
-"""``wa-superseded``, replay only: a cached branch that a newer request has left is evicted first.
+"""``wa-superseded`` in replay: a cached branch that a newer request has left is evicted first.
 
 Owns the two rules that say which blocks a request supersedes (``BranchTracker``: the
 prefix tree, ``ChatTracker``: the conversation), ``SupersedingReplayPolicy`` (``wa``'s
@@ -27,8 +27,10 @@ Superseded blocks are demoted outright: each eviction takes the oldest supersede
 still cached and not accessed since (tail first within a branch), dropping them from
 ``wa``'s queues, before ``wa`` picks from its own. Filing them under a class of their
 own would move a block between time-ordered queues mid-idle and fit a curve from
-accesses the refitter does not see classified, so this experiment does not. The agent
-does not run it: docs/policy.md ("A better wa") says what it measured. It must never do
+accesses the refitter does not see classified, so this experiment does not.
+docs/policy.md ("A better wa") says what it measured. The vLLM agent runs the ``tree``
+rule on its own blocks (``agent.integrations.branches``, behind the document's
+``supersede``), checked against ``BranchTracker`` in tests. It must never do
 I/O.
 """
 

@@ -89,6 +89,7 @@ class Controller:
             self.r,
             self.keys,
             settings.history_size,
+            supersede=settings.supersede,
             max_overrides=settings.max_overrides,
             max_categories=settings.max_categories,
             health=self.health,

@@ -22,6 +22,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agent.policy_document import DEFAULT_SUPERSEDE, SupersedeRule
 from agent.settings import RedisSettings
 from agent.wire import BatchLimits
 from controlplane.fit.reuse_window import category_capacity, counter_bytes
@@ -152,6 +153,11 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
 
     # --- store and leadership ------------------------------------------------------------
     history_size: int = Field(default=100, ge=2, description="Policy versions kept")
+    supersede: SupersedeRule = Field(
+        default=DEFAULT_SUPERSEDE,
+        description="The supersede rule each published document carries: tree (vLLM agents "
+        "under wa evict first the cached branches newer requests left) or off",
+    )
     lease_ttl_s: PositiveFloat = Field(default=10.0, description="Leader lease time")
     restore_wait_s: NonNegativeFloat = Field(
         default=6.0,

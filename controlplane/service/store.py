@@ -42,7 +42,12 @@ from typing import Any
 
 from redis.client import Pipeline
 
-from agent.policy_document import CategoryParams, PolicyDocument
+from agent.policy_document import (
+    DEFAULT_SUPERSEDE,
+    CategoryParams,
+    PolicyDocument,
+    SupersedeRule,
+)
 from agent.runtime.connection import RedisClient
 from agent.wire import MAX_CATEGORY_NAME_CHARS, Keys, WireError
 from controlplane.service.health import RedisHealth, guarded
@@ -87,6 +92,7 @@ class PolicyStore:
         keys: Keys,
         history_size: int = HISTORY_SIZE,
         *,
+        supersede: SupersedeRule = DEFAULT_SUPERSEDE,
         max_overrides: int = MAX_OVERRIDES,
         max_categories: int = MAX_FITTED_CATEGORIES,
         health: RedisHealth | None = None,
@@ -109,7 +115,7 @@ class PolicyStore:
         self.memory = memory
         """Told each publication right after it (in the order published), so that what a
         replica itself changed is known before any read."""
-        self._writer = PolicyWriter(client, keys, self.stored, memory, history_size)
+        self._writer = PolicyWriter(client, keys, self.stored, memory, history_size, supersede)
         """Runs each change as one optimistic transaction and publishes it."""
 
     # --- reads ---------------------------------------------------------------------------

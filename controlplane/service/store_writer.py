@@ -24,7 +24,13 @@ from typing import Any, cast
 import redis
 from redis.client import Pipeline
 
-from agent.policy_document import CategoryParams, EvictorFamily, PolicyDocument
+from agent.policy_document import (
+    DEFAULT_SUPERSEDE,
+    CategoryParams,
+    EvictorFamily,
+    PolicyDocument,
+    SupersedeRule,
+)
 from agent.runtime.connection import RedisClient
 from agent.wire import Keys, encode_policy
 from controlplane.service.store_terms import (
@@ -71,6 +77,8 @@ class PolicyWriter:
     memory: Remembers | None
     """Told each publication right after it (``PolicyStore.memory``)."""
     history_size: int
+    supersede: SupersedeRule = DEFAULT_SUPERSEDE
+    """The supersede rule every document published carries (the controller's setting)."""
 
     def read(self, pipe: Pipeline, note: str, *, restoring: bool = False) -> Draft:
         """What a change starts from, read through ``pipe`` after its WATCH; ``PolicyLost``
@@ -164,6 +172,7 @@ class PolicyWriter:
             cats, default = composed(draft.base, draft.overrides)
         fields: dict[str, Any] = {"version": version, "categories": cats}
         fields["evictor"] = draft.pin or draft.base.evictor
+        fields["supersede"] = self.supersede
         fields.update(note=draft.note[:500], created_at=time.time())
         if default is not None:
             fields["default"] = default

@@ -214,6 +214,28 @@ def test_a_published_version_reaches_the_evictor_at_the_next_queue_call(
     assert ea.order.evictor.policy == doc and ea.agent.applied_version == 7
 
 
+def test_a_published_supersede_rule_reaches_the_queue_at_its_next_call(
+    engine: Any, redis_url: str, key_prefix: str
+) -> None:
+    ea, queue = engine
+    ea.order.add_follower(queue.follow)  # as the vLLM plugin wires it
+    queue.set_supersede("tree")
+    branches = queue.branches
+    assert branches is not None
+    client, keys = redis.Redis.from_url(redis_url), Keys(key_prefix)
+    for version, rule in ((7, "tree"), (8, "off"), (9, "tree")):
+        client.set(
+            keys.policy_doc(version), encode_policy(PolicyDocument(version=version, supersede=rule))
+        )
+        client.set(keys.policy_current, version)
+        assert ea.agent.subscriber.check() is not None
+        assert queue.supersede == ("tree" if version != 9 else "off")  # staged only
+        queue.append_n(queue.popleft_n(1))
+        assert queue.supersede == rule and ea.agent.applied_version == version
+        assert (queue.branches is branches) == (version == 7)  # kept while left on
+        assert (queue.branches is None) == (rule == "off")
+
+
 def test_an_idle_engine_reports_the_version_staged_and_applies_it_at_its_next_call(
     redis_url: str, key_prefix: str
 ) -> None:

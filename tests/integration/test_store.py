@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 import redis
 
-from agent.policy_document import CategoryParams
+from agent.policy_document import CategoryParams, SupersedeRule
 from agent.wire import Keys, decode_policy, encode_policy
 from controlplane.service.policy_memory import PolicyMemory
 from controlplane.service.store import Base, PolicyStore, StoreError
@@ -570,3 +570,15 @@ def test_a_damaged_current_pointer_with_no_readable_version_is_restored(
     assert restored is not None and restored.version == 3
     assert client.get(store.keys.policy_current) == b"3"
     assert store.overrides() == {"text_1": {"life_s": 5.0}}
+
+
+@pytest.mark.parametrize("rule", ["tree", "off"])
+def test_each_document_carries_the_controllers_supersede_rule(
+    redis_url: str, key_prefix: str, rule: SupersedeRule
+) -> None:
+    store = PolicyStore(redis.Redis.from_url(redis_url), Keys(key_prefix), supersede=rule)
+    store.publish_fit({"text_1": _p(0.1)}, None, "fit")
+    store.set_override("text_1", {"p_reuse": 0.9})
+    store.rollback(1)
+    raw = [redis.Redis.from_url(redis_url).get(store.keys.policy_doc(v)) for v in (1, 2, 3)]
+    assert [decode_policy(r).supersede for r in raw if r is not None] == [rule] * 3

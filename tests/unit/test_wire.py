@@ -400,8 +400,8 @@ _PARAMETERS = filled(b'{"version":1,"categories":{"a":{', b'"k":0', b"}}}")
         (_EMPTY_OBJECTS, f"{_EMPTY_OBJECTS.count(b'{') - 2} categories > limit 4096"),
         (
             _FIELDS,
-            f"{_FIELDS.count(b':')} keys at depth 1 > limit 7 (the document's fields); the "
-            'first past it at byte 52 (after b\':0,"k":0,"k":0,"k":0,"k"\')',
+            f"{_FIELDS.count(b':')} keys at depth 1 > limit 8 (the document's fields); the "
+            'first past it at byte 58 (after b\':0,"k":0,"k":0,"k":0,"k"\')',
         ),
         (
             _NAMES,
