@@ -95,7 +95,7 @@ class Ingestor(BackgroundLoop):
         self.metrics = metrics
         self.io = StreamIO(client, group=settings.group, consumer=settings.consumer)
         self.counters = IngestCounters()
-        self.judge = EntryJudge(settings.limits, self.counters, metrics)
+        self.judge = EntryJudge(settings.limits, self.counters, metrics, settings.max_workers)
         self.dead_letters = DeadLetters(client, keys, settings.consumer, self.counters, metrics)
         self.ledgers: dict[str, WorkerLedger] = {}
         self.ledger_reader = LedgerReader(client, keys, settings.max_out_of_order, metrics)
@@ -151,12 +151,14 @@ class Ingestor(BackgroundLoop):
 
     def finish(self) -> None:
         """Forget the ledgers: another leader may write them before this one ingests again,
-        and a stale copy would overwrite its counts (the next pass reads them back). Its
-        per-worker gap series and lag go too: a standby's frozen figures would stand beside
-        the leader's live ones on a dashboard (GET /v1/agents reads the ledgers anew)."""
+        and a stale copy would overwrite its counts (the next pass reads them back). Its per-worker
+        gap and id-conflict series and lag go too: a standby's frozen figures would stand
+        beside the leader's live ones on a dashboard (GET /v1/agents reads the ledgers
+        anew)."""
         self.ledgers.clear()
         if self.metrics is not None:
             self.metrics.gaps.clear()
+            self.metrics.worker_id_conflict.clear()
             self.metrics.ingest_lag.set(0)
 
     # --- one pass ----------------------------------------------------------------------------
@@ -372,6 +374,7 @@ class Ingestor(BackgroundLoop):
         self.ledgers.pop(worker, None)
         self.ledger_reader.forget(worker)
         self.counters.gaps.pop(worker, None)
+        self.judge.id_conflicts.forget(worker)
         for stream in (self.keys.events_stream(worker).encode(), worker.encode()):
             if stream in self._streams:
                 self._streams.remove(stream)
@@ -380,6 +383,10 @@ class Ingestor(BackgroundLoop):
             self._schema1_told.forget(stream)
             self.dead_letters.forget(stream)
         if self.metrics:
-            for series in (self.metrics.gaps, self.metrics.clock_rejected):
+            for series in (
+                self.metrics.gaps,
+                self.metrics.worker_id_conflict,
+                self.metrics.clock_rejected,
+            ):
                 with contextlib.suppress(KeyError):
                     series.remove(worker)
