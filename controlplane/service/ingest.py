@@ -4,8 +4,9 @@ Owns the consumer group over the ``events:*`` streams (new workers discovered by
 to ``max_workers``: one found past them is left unread, counted and told once), the
 reading of them in bounded passes (``stream_io``: no entry over ``max_entry_bytes`` and no
 pass over about ``max_read_bytes`` reaches this process), reclaiming entries a dead consumer
-left pending, each worker's ledger (``ledger``, read back by ``ledger_reads``), and the
-dead-letter stream. Each entry ends one way: applied; a duplicate (a resent batch); or
+left pending, each worker's ledger (``ledger``, read back by ``ledger_reads``; its flag of
+several processes writing under one id falls, stored too, once the stream is quiet), and
+the dead-letter stream. Each entry ends one way: applied; a duplicate (a resent batch); or
 dead-lettered with its reason, its ids and a bounded prefix of its payload, and deleted from
 its stream. Any failure on one entry (bad bytes, a limit, an exception in ``apply``)
 dead-letters that entry and the pass goes on. An entry is acknowledged only after it was
@@ -58,6 +59,12 @@ the batches the ledgers in Redis say were applied (the controller's checkpoint).
 
 DISCOVER_EVERY_S: Final = 2.0
 MAX_BACKOFF_S: Final = 5.0
+
+
+_SETTLE: Final = """
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'id_conflict', '0') end
+"""
+"""A stored ledger's ``id_conflict`` set to 0, unless the ledger is gone (housekeeping)."""
 
 
 class NoLongerLeader(Exception):
@@ -194,6 +201,26 @@ class Ingestor(BackgroundLoop):
                 self.forget(worker)
         self._rejoin.clear()
 
+    def _settle_conflicts(self) -> None:
+        """Workers flagged for several processes writing at once whose streams got nothing
+        for the grace (by Redis's clock, one ``TIME`` while any is flagged) are no longer:
+        their batches, which recompute it, have stopped coming."""
+        flagged = [ledger for ledger in self.ledgers.values() if ledger.id_conflict]
+        if not flagged:
+            return
+        reply = cast(tuple[int, int] | dict[str, tuple[int, int]], self.r.time())
+        seconds, micros = min(reply.values()) if isinstance(reply, dict) else reply  # a cluster
+        settled = [ledger for ledger in flagged if ledger.settle(seconds * 1000 + micros // 1000)]
+        if not settled:
+            return
+        # The listing reads the stored ledgers: their flags fall too (where they still are).
+        pipe = self.r.pipeline(transaction=False)
+        for ledger in settled:
+            pipe.execute_command("EVAL", _SETTLE, 1, self.keys.ingest_state(ledger.worker))
+        pipe.execute()
+        for ledger in settled:
+            self.judge.id_conflicts.update(ledger)
+
     def _refuse(self, stream: bytes) -> None:
         """Leave ``stream`` unread, past ``max_workers``: said once per stream."""
         if self.refused.first(stream):
@@ -219,6 +246,7 @@ class Ingestor(BackgroundLoop):
         now = time.monotonic()
         if now - self._last_discover > DISCOVER_EVERY_S or not self._streams:
             self.discover()
+            self._settle_conflicts()
         if not self._streams:
             return 0
         handled = 0

@@ -78,7 +78,7 @@ class IdConflicts:
             )
         elif not n and worker in self.told:
             self.told.forget(worker)
-            log.info("worker id %r: one agent process writes under it again", worker)
+            log.info("worker id %r: no longer written by several processes at once", worker)
 
     def forget(self, worker: str) -> None:
         """``worker`` is gone (its stream expired): a conflict of its id is news again."""

@@ -192,8 +192,22 @@ class WorkerLedger:
             self.id_conflict = self._writing_at_once()
         return True
 
+    def settle(self, now_ms: int) -> bool:
+        """No batch of any epoch since ``ID_CONFLICT_GRACE_MS`` before ``now_ms`` (Redis's
+        clock): none writes any more, so none at once (the processes stopped, or an id
+        fixed by a redeploy). True if ``id_conflict`` fell to 0 here."""
+        if not self.id_conflict:
+            return False
+        newest = max((t.last_ms for t in self.epochs.values()), default=0)
+        if now_ms - newest <= ID_CONFLICT_GRACE_MS:
+            return False
+        self.id_conflict = self.crowded_ms = 0
+        return True
+
     def _writing_at_once(self) -> int:
         """The epochs writing at once now (``id_conflict``); a few comparisons a batch."""
+        if len(self.epochs) < 2 and not self.crowded_ms:  # one agent, restarts forgotten
+            return 0
         now = max(t.last_ms for t in self.epochs.values())
         if self.crowded_ms >= now - ID_CONFLICT_GRACE_MS:
             return EPOCHS_KEPT + 1

@@ -115,7 +115,25 @@ def test_two_agents_with_one_id_are_flagged_and_nothing_is_lost(
     assert len(warned) == 1, warned
     assert f"worker id {WORKER!r}: 2 agent processes" in warned[0]
     assert "KVWISE_WORKER_ID" in warned[0]
-    assert sum("one agent process writes under it again" in m for m in caplog.messages) == 1
+    cleared = "no longer written by several processes at once"
+    assert sum(cleared in m for m in caplog.messages) == 1
+
+
+def test_the_flag_falls_once_no_process_writes_under_the_id(
+    redis_url: str, key_prefix: str, r: redis.Redis, keys: Keys
+) -> None:
+    """Both processes stopped (or were given their own ids): no batch recomputes the flag,
+    so it stood until housekeeping expired the worker (an hour), an alert firing on after
+    the fix. Once the stream is quiet for the grace by Redis's clock, it is 0."""
+    heartbeat(r, keys)
+    stream = Stream(r, keys)
+    stream.t0_ms = int(r.time()[0] * 1000) - 60_000 - ID_CONFLICT_GRACE_MS - 5_000
+    stream.side_by_side(["aaaa", "bbbb"], 0, 60_000)  # ended over the grace ago
+    with controller(redis_url, key_prefix) as c:
+        ingested(c, stream)
+        wait_until(lambda: gauge(c) == 0, timeout=10, what="the flag to fall")
+        c.ingestor.ledgers.clear()  # read back: what a commit wrote, not what settled
+        wait_until(lambda: listed(r, keys)[0] == 0, timeout=10, what="the stored flag to fall")
 
 
 def test_a_restart_is_not_flagged_even_with_the_old_epochs_last_batches_late(
@@ -130,9 +148,12 @@ def test_a_restart_is_not_flagged_even_with_the_old_epochs_last_batches_late(
     stream.write("new2", at)
     stream.write("old1", at + 500)  # in flight when the new one started
     stream.write("old1", at + 5_000)  # the close's last flush
-    at = stream.alone("new2", at + 5_001, 20_000)
-    at = stream.alone("new3", at, 60_000)  # restarted again within the grace
+    at = stream.alone("new2", at + 5_001, 20_000)  # the old one's last still recent
     with controller(redis_url, key_prefix) as c:
+        ingested(c, stream)
+        assert listed(r, keys) == (0, stream.events)
+        assert gauge(c) == 0
+        stream.alone("new3", at, 60_000)  # restarted again within the grace
         ingested(c, stream)
         assert listed(r, keys) == (0, stream.events)
         assert gauge(c) == 0
