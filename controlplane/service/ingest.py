@@ -158,10 +158,10 @@ class Ingestor(BackgroundLoop):
 
     def finish(self) -> None:
         """Forget the ledgers: another leader may write them before this one ingests again,
-        and a stale copy would overwrite its counts (the next pass reads them back). Its per-worker
-        gap and id-conflict series and lag go too: a standby's frozen figures would stand
-        beside the leader's live ones on a dashboard (GET /v1/agents reads the ledgers
-        anew)."""
+        and a stale copy would overwrite its counts (the next pass reads them back). Its
+        per-worker gap and id-conflict series and lag go too: a standby's frozen figures
+        would stand beside the leader's live ones on a dashboard (GET /v1/agents reads the
+        ledgers anew)."""
         self.ledgers.clear()
         if self.metrics is not None:
             self.metrics.gaps.clear()

@@ -48,7 +48,7 @@ ID_CONFLICT_GRACE_MS: Final = 30_000
 """How long two epochs (agent starts) of one worker id may both write to its stream, by the
 stream's clock (Redis's, in its entry ids), before they count as two processes sharing the
 id (``WorkerLedger.id_conflict``): a restart's old epoch may still land its last batches
-after the new one's first (an agent's ``close`` flushes for up to 10 s), never for this
+after the new one's first (an agent's ``close`` flushes for up to 10 s), not for this
 long. It is also how recently an epoch must have written to count as writing now."""
 
 
