@@ -1,7 +1,7 @@
 """The fullest ledger ingest can write for one worker, within the wire's bounds: every kept
 epoch as long as a batch may name it (``MAX_EPOCH_CHARS``) in the characters JSON escapes,
-each with ``MAX_OUT_OF_ORDER`` sequence numbers of 19 digits above its floor, and counts as
-large."""
+each with ``MAX_OUT_OF_ORDER`` sequence numbers of 19 digits above its floor and stream
+times as long, and counts as large."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def fullest_ledger(worker: str = "w1") -> WorkerLedger:
     ledger = WorkerLedger(worker)
     for epoch in longest_epochs():
         for seq in range(LARGE + 2, LARGE + 2 * MAX_OUT_OF_ORDER + 4, 2):  # a gap before each
-            ledger.see(epoch, seq)
+            ledger.see(epoch, seq, LARGE)
     for count in fields(WorkerCounts):
         setattr(ledger.counts, count.name, 9 * LARGE)
     return ledger

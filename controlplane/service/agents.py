@@ -52,6 +52,12 @@ class AgentView(AgentStatus):
     """Entries of this worker dead-lettered."""
     gap_batches: int = _ledger_count("missing")
     """Batches missing from its sequence (lost before ingest)."""
+    id_conflict: int = _ledger_count("id_conflict")
+    """Agent processes (starts) writing events under this worker id at the same time, for
+    over 30 s, as of ingest's last batch of it: two replicas given one ``KVWISE_WORKER_ID``
+    read 2, their events counted as this one worker's (``events_ingested`` then exceeds
+    this heartbeat's ``events_sent``, and the heartbeat is either one's); 0 when none do,
+    a restart included."""
     engine_seconds: float = 0.0
     """Estimated engine-thread time of kvwise's calls since the agent started (its sampled
     ``engine_*`` counts: ``EngineTimeSnapshot``)."""

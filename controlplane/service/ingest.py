@@ -4,8 +4,9 @@ Owns the consumer group over the ``events:*`` streams (new workers discovered by
 to ``max_workers``: one found past them is left unread, counted and told once), the
 reading of them in bounded passes (``stream_io``: no entry over ``max_entry_bytes`` and no
 pass over about ``max_read_bytes`` reaches this process), reclaiming entries a dead consumer
-left pending, each worker's ledger (``ledger``, read back by ``ledger_reads``), and the
-dead-letter stream. Each entry ends one way: applied; a duplicate (a resent batch); or
+left pending, each worker's ledger (``ledger``, read back by ``ledger_reads``; its flag of
+several processes writing under one id falls, stored too, once the stream is quiet), and
+the dead-letter stream. Each entry ends one way: applied; a duplicate (a resent batch); or
 dead-lettered with its reason, its ids and a bounded prefix of its payload, and deleted from
 its stream. Any failure on one entry (bad bytes, a limit, an exception in ``apply``)
 dead-letters that entry and the pass goes on. An entry is acknowledged only after it was
@@ -60,6 +61,12 @@ DISCOVER_EVERY_S: Final = 2.0
 MAX_BACKOFF_S: Final = 5.0
 
 
+_SETTLE: Final = """
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'id_conflict', '0') end
+"""
+"""A stored ledger's ``id_conflict`` set to 0, unless the ledger is gone (housekeeping)."""
+
+
 class NoLongerLeader(Exception):
     """This replica no longer holds the leader lease: the pass ends uncommitted."""
 
@@ -95,7 +102,7 @@ class Ingestor(BackgroundLoop):
         self.metrics = metrics
         self.io = StreamIO(client, group=settings.group, consumer=settings.consumer)
         self.counters = IngestCounters()
-        self.judge = EntryJudge(settings.limits, self.counters, metrics)
+        self.judge = EntryJudge(settings.limits, self.counters, metrics, settings.max_workers)
         self.dead_letters = DeadLetters(client, keys, settings.consumer, self.counters, metrics)
         self.ledgers: dict[str, WorkerLedger] = {}
         self.ledger_reader = LedgerReader(client, keys, settings.max_out_of_order, metrics)
@@ -152,11 +159,13 @@ class Ingestor(BackgroundLoop):
     def finish(self) -> None:
         """Forget the ledgers: another leader may write them before this one ingests again,
         and a stale copy would overwrite its counts (the next pass reads them back). Its
-        per-worker gap series and lag go too: a standby's frozen figures would stand beside
-        the leader's live ones on a dashboard (GET /v1/agents reads the ledgers anew)."""
+        per-worker gap and id-conflict series and lag go too: a standby's frozen figures
+        would stand beside the leader's live ones on a dashboard (GET /v1/agents reads the
+        ledgers anew)."""
         self.ledgers.clear()
         if self.metrics is not None:
             self.metrics.gaps.clear()
+            self.metrics.worker_id_conflict.clear()
             self.metrics.ingest_lag.set(0)
 
     # --- one pass ----------------------------------------------------------------------------
@@ -192,6 +201,26 @@ class Ingestor(BackgroundLoop):
                 self.forget(worker)
         self._rejoin.clear()
 
+    def _settle_conflicts(self) -> None:
+        """Workers flagged for several processes writing at once whose streams got nothing
+        for the grace (by Redis's clock, one ``TIME`` while any is flagged) are no longer:
+        their batches, which recompute it, have stopped coming."""
+        flagged = [ledger for ledger in self.ledgers.values() if ledger.id_conflict]
+        if not flagged:
+            return
+        reply = cast(tuple[int, int] | dict[str, tuple[int, int]], self.r.time())
+        seconds, micros = min(reply.values()) if isinstance(reply, dict) else reply  # a cluster
+        settled = [ledger for ledger in flagged if ledger.settle(seconds * 1000 + micros // 1000)]
+        if not settled:
+            return
+        # The listing reads the stored ledgers: their flags fall too (where they still are).
+        pipe = self.r.pipeline(transaction=False)
+        for ledger in settled:
+            pipe.execute_command("EVAL", _SETTLE, 1, self.keys.ingest_state(ledger.worker))
+        pipe.execute()
+        for ledger in settled:
+            self.judge.id_conflicts.update(ledger)
+
     def _refuse(self, stream: bytes) -> None:
         """Leave ``stream`` unread, past ``max_workers``: said once per stream."""
         if self.refused.first(stream):
@@ -217,6 +246,7 @@ class Ingestor(BackgroundLoop):
         now = time.monotonic()
         if now - self._last_discover > DISCOVER_EVERY_S or not self._streams:
             self.discover()
+            self._settle_conflicts()
         if not self._streams:
             return 0
         handled = 0
@@ -372,6 +402,7 @@ class Ingestor(BackgroundLoop):
         self.ledgers.pop(worker, None)
         self.ledger_reader.forget(worker)
         self.counters.gaps.pop(worker, None)
+        self.judge.id_conflicts.forget(worker)
         for stream in (self.keys.events_stream(worker).encode(), worker.encode()):
             if stream in self._streams:
                 self._streams.remove(stream)
@@ -380,6 +411,10 @@ class Ingestor(BackgroundLoop):
             self._schema1_told.forget(stream)
             self.dead_letters.forget(stream)
         if self.metrics:
-            for series in (self.metrics.gaps, self.metrics.clock_rejected):
+            for series in (
+                self.metrics.gaps,
+                self.metrics.worker_id_conflict,
+                self.metrics.clock_rejected,
+            ):
                 with contextlib.suppress(KeyError):
                     series.remove(worker)

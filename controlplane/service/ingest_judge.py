@@ -3,12 +3,14 @@ its reason; and the counts of each, in its worker's ledger and this process's to
 
 Owns ``EntryJudge``: an entry deleted since it was read or over ``max_entry_bytes`` is
 judged from its marker; else it is decoded within the limits, checked to come from the
-stream's own worker, told to the worker's ledger (a sequence number seen is a duplicate),
-and applied (``ApplyFn``; a batch refused or an exception there is a ``Refusal``, never a
-failed pass). It remembers the pass's batches applied, and those applied whose commit
-failed (``uncommitted``): re-delivered, they are counted, not applied again. Also
-``IngestCounters``, the process's totals. It must never read or write Redis (the
-``Ingestor`` commits what it judged, ``DeadLetters`` writes the refusals), fit or publish.
+stream's own worker, told to the worker's ledger with the entry's stream time (a sequence
+number seen is a duplicate; epochs that write at once are two processes sharing the worker
+id, gauged and said once per change: ``IdConflicts``), and applied (``ApplyFn``; a batch
+refused or an exception there is a ``Refusal``, never a failed pass). It remembers the
+pass's batches applied, and those applied whose commit failed (``uncommitted``):
+re-delivered, they are counted, not applied again. Also ``IngestCounters``, the process's
+totals. It must never read or write Redis (the ``Ingestor`` commits what it judged,
+``DeadLetters`` writes the refusals), fit or publish.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent.wire import BatchLimits, EventBatch, WireError, WireLimitError, decode_batch
-from controlplane.service.ledger import EntryCounts, WorkerLedger
+from controlplane.service.ledger import ID_CONFLICT_GRACE_MS, EntryCounts, WorkerLedger
 from controlplane.service.metrics import DEAD_LETTER_REASONS, ControllerMetrics
 from controlplane.service.stream_io import DELETED, OVERSIZE, PREFIX, Commit, Fields, StreamRead
 from controlplane.service.window import BatchRefused
+from controlplane.told_once import ToldOnce
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,38 @@ class IngestCounters(EntryCounts):
     gaps: dict[str, int] = field(default_factory=dict)
 
 
+class IdConflicts:
+    """Says when a worker's ledger finds several processes writing under its id
+    (``WorkerLedger.id_conflict``): its gauge each pass, the log once per change (a warning
+    when it starts, a note when it ends), for ``max_workers`` workers at most."""
+
+    def __init__(self, metrics: ControllerMetrics | None, max_workers: int | None) -> None:
+        self.metrics = metrics
+        self.told: ToldOnce[str] = ToldOnce(cap=max_workers)
+
+    def update(self, ledger: WorkerLedger) -> None:
+        worker, n = ledger.worker, ledger.id_conflict
+        if self.metrics:
+            self.metrics.worker_id_conflict.labels(worker=worker).set(n)
+        if n and self.told.first(worker):
+            log.warning(
+                "worker id %r: %d agent processes write events under it at once (each start "
+                "is an epoch; these wrote side by side for over %d s): ingest counts their "
+                "events as one worker's; give each replica its own KVWISE_WORKER_ID (e.g. "
+                "the pod's name)",
+                worker,
+                n,
+                ID_CONFLICT_GRACE_MS // 1000,
+            )
+        elif not n and worker in self.told:
+            self.told.forget(worker)
+            log.info("worker id %r: no longer written by several processes at once", worker)
+
+    def forget(self, worker: str) -> None:
+        """``worker`` is gone (its stream expired): a conflict of its id is news again."""
+        self.told.forget(worker)
+
+
 @dataclass
 class Refusal:
     """An entry refused: why (``reason``, ``label`` its kind), and what of it the dead
@@ -65,11 +100,16 @@ class EntryJudge:
     """Judges the entries of each read (see the module's docstring); on the ingest thread."""
 
     def __init__(
-        self, limits: BatchLimits, counters: IngestCounters, metrics: ControllerMetrics | None
+        self,
+        limits: BatchLimits,
+        counters: IngestCounters,
+        metrics: ControllerMetrics | None,
+        max_workers: int | None = None,
     ) -> None:
         self.limits = limits
         self.counters = counters
         self.metrics = metrics
+        self.id_conflicts = IdConflicts(metrics, max_workers)
         self._pass_applied: dict[BatchId, int] = {}
         """This pass's batches applied to the window, each with the events its clock lost."""
         self._applied_uncommitted: dict[BatchId, int] = {}
@@ -117,6 +157,7 @@ class EntryJudge:
             self.counters.gaps[ledger.worker] = ledger.missing
             if self.metrics:
                 self.metrics.gaps.labels(worker=ledger.worker).set(ledger.missing)
+            self.id_conflicts.update(ledger)
         return commit, refused
 
     def _judge(
@@ -147,7 +188,7 @@ class EntryJudge:
             where = "a stream not named for a worker" if worker is None else "another's stream"
             reason = f"w: worker {batch.worker!r} wrote into {where}"
             return Refusal(entry_id, reason, DECODE, fields)
-        if not ledger.see(batch.epoch, batch.seq):
+        if not ledger.see(batch.epoch, batch.seq, _stream_ms(entry_id)):
             ledger.counts.duplicates += 1
             self.counters.duplicates += 1
             return None  # a pipeline resent after a timeout: applied the first time
@@ -201,3 +242,9 @@ def _count_in_ledger(ledger: WorkerLedger, batch: EventBatch, rejected: int) -> 
     w.events += len(batch) - rejected
     w.batches += 1
     w.clock_rejected += rejected
+
+
+def _stream_ms(entry_id: bytes) -> int:
+    """The time Redis gave a stream entry, in ms (its id's first part); 0 if not an id."""
+    head = entry_id.partition(b"-")[0]
+    return int(head) if head.isdigit() else 0

@@ -113,6 +113,13 @@ class ControllerMetrics:
             "Batches now missing from a worker's sequence (trimmed or lost before ingest)",
             ("worker",),
         )
+        self.worker_id_conflict = self._gauge(
+            "kvwise_ingest_worker_id_conflict",
+            "Agent processes (starts) writing events under one worker id at the same time, "
+            "for over 30 s (replicas given one KVWISE_WORKER_ID: their events are counted as "
+            "one worker's); 0 when none do, a restart included",
+            ("worker",),
+        )
         self.streams_refused = self._gauge(
             "kvwise_ingest_streams_refused",
             "Worker streams found past KVWISE_MAX_WORKERS at the last discovery, left unread",
