@@ -42,4 +42,5 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
   echo "sglang stage: virtualenv $VENV ready in $((SECONDS - start)) s"
 fi
 
-KVWISE_TEST_SGLANG=1 "$PY" -m pytest -p no:cacheprovider -m sglang tests/integration/test_sglang_radix.py
+KVWISE_TEST_SGLANG=1 "$PY" -m pytest -p no:cacheprovider -m sglang tests/integration/test_sglang_radix.py \
+  tests/integration/test_sglang_superseded.py

@@ -3,12 +3,14 @@
 
 A radix tree evicts leaves only, and a parent joins the candidates once its last child is
 gone. ``wa_victims`` replays that with a fresh ``WAPolicy`` per step, fed the candidate
-leaves (category code, last access, depth, mark order) and asked for one victim.
+leaves (category code, last access, depth, mark order) and asked for one victim; the
+candidates marked superseded (``demoted``: their superseding stamp and mark order) go
+first, the oldest stamp first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.policies.wa import WAPolicy
@@ -46,6 +48,7 @@ def wa_victims(
     now: float,
     size: Callable[[Hashable], int],
     parent_joins: Callable[[Hashable, set[Hashable]], Leaf | None],
+    demoted: Mapping[Hashable, tuple[int, int]] | None = None,
 ) -> list[Hashable]:
     """Victims, in order, of one eviction pass of ``tokens_wanted`` tokens. ``size`` gives a
     node's tokens; ``parent_joins(victim, gone)`` gives the victim's parent as a new
@@ -55,7 +58,11 @@ def wa_victims(
     out: list[Hashable] = []
     freed = 0
     while freed < tokens_wanted and pool:
-        leaf = wa_first(list(pool.values()), names, doc, now)
+        first = [pool[n] for n in pool if demoted and n in demoted]
+        if first:
+            leaf = min(first, key=lambda c: demoted[c.node])  # type: ignore[index]
+        else:
+            leaf = wa_first(list(pool.values()), names, doc, now)
         del pool[leaf.node]
         gone.add(leaf.node)
         out.append(leaf.node)

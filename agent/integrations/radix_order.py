@@ -17,9 +17,25 @@ It also owns the side table (per node: category code, depth, mark order, content
 keyed by the node object, filled by the engine integration from its hit, insert and split
 paths and emptied when a node is evicted or the tree is reset. Hot reload: ``set_policy``
 works out every constant of the document, then swaps them in at once (a document refused
-changes nothing); the next ``get_priority`` uses them, and no node is re-marked. Only the
-engine's scheduler thread calls it. It must never import an engine, do I/O or wait on
-another thread.
+changes nothing); the next ``get_priority`` uses them, and no node is re-marked.
+
+Superseded branches: where the document's ``supersede`` is ``tree`` (the order is ``wa``'s,
+so the rule applies whenever the document asks for it), the side table also runs the
+replay's ``wa-superseded`` tree rule (``controlplane.replay.superseded``) on the tree's own
+nodes. The tree gives each node's parent and children; the row adds what it does not:
+the node's latest child (on the path of the last request through it: ``walked``,
+``stored``), the stamp of its latest access (a hit or its insert), whether a branch
+parted there since it was inserted, and the stamp of the parting that superseded it. A
+request's first new node (``stored`` with ``parting``) below a node whose latest child is
+another one, where no branch parted before, supersedes that child and its latest-child
+chain as far as the accesses go on (the last request's path from the child on), up to a
+node still marked, which keeps its first place (as the vLLM queue's
+``agent.integrations.branches`` does). A superseded node not accessed since keys as
+``(-inf, -inf, stamp, q)``: before every ``wa`` key, the oldest parting first; SGLang's
+loop evicts leaves only, so a branch goes tail first, each node once its children are
+gone. Rows leave with their nodes: nothing outgrows the tree. Only the engine's
+scheduler thread calls it. It must never import an engine, do I/O or wait on another
+thread.
 """
 
 from __future__ import annotations
@@ -27,13 +43,14 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from agent.policies.wa_core import Const, checked_const, curve_label, log_weight
-from agent.policy_document import BUILTIN_POLICY, PolicyDocument
+from agent.policy_document import BUILTIN_POLICY, PolicyDocument, SupersedeRule
 
 RadixKeyTuple = tuple[float, float, int, int]
-"""``(log reuse probability, last access, -depth, mark order)``: smaller is evicted first."""
+"""``(log reuse probability, last access, -depth, mark order)``: smaller is evicted first.
+A superseded node's: ``(-inf, -inf, superseding stamp, mark order)``."""
 
 
 class RadixNode(Protocol):
@@ -44,15 +61,22 @@ class RadixNode(Protocol):
 
 
 class NodeMark:
-    """One node's row of the side table."""
+    """One node's row of the side table. ``seen``: the stamp of its latest access;
+    ``by``: of the parting that superseded it (superseded while ``by > seen``);
+    ``latest``: its latest child (believed while that child has a row and names this
+    node as its parent); ``parted``: a branch parted here since it was inserted."""
 
-    __slots__ = ("block", "code", "depth", "seq")
+    __slots__ = ("block", "by", "code", "depth", "latest", "parted", "seen", "seq")
 
     def __init__(self, code: int, depth: int, seq: int, block: int) -> None:
         self.code = code
         self.depth = depth
         self.seq = seq
         self.block = block
+        self.seen = seq
+        self.by = 0
+        self.latest: Any = None
+        self.parted = False
 
     def __repr__(self) -> str:
         return f"NodeMark(code={self.code}, depth={self.depth}, seq={self.seq})"
@@ -104,6 +128,7 @@ class RadixOrder:
         "_marks",
         "_names",
         "_seq",
+        "_tree",
         "now",
     )
 
@@ -113,6 +138,7 @@ class RadixOrder:
         self._doc, self._default, self._curves, self._consts = doc, *self._constants_of(doc)
         self._marks: dict[object, NodeMark] = {}
         self._seq = 0
+        self._tree = doc.supersede == "tree"
         self.now = -math.inf
         """The eviction clock (the engine's time at the start of the pass)."""
 
@@ -124,6 +150,8 @@ class RadixOrder:
         if mark is None:
             lc, a = self._default
             return (lc - a * (self.now - t), t, 0, 0)
+        if mark.by > mark.seen:  # superseded, untouched since
+            return (-math.inf, -math.inf, mark.by, mark.seq)
         lc, a = self._consts[mark.code]
         return (lc - a * (self.now - t), t, -mark.depth, mark.seq)
 
@@ -147,6 +175,23 @@ class RadixOrder:
         if not isinstance(doc, PolicyDocument):
             raise TypeError(f"expected a PolicyDocument, got {type(doc).__name__}")
         self._doc, self._default, self._curves, self._consts = doc, *self._constants_of(doc)
+        self._follow_supersede(doc.supersede)
+
+    @property
+    def supersede(self) -> SupersedeRule:
+        """The superseded-branch rule in force (the document's ``supersede``)."""
+        return "tree" if self._tree else "off"
+
+    def _follow_supersede(self, rule: SupersedeRule) -> None:
+        """Demote what ``rule`` supersedes from the next key on. Turned off, every mark and
+        link is dropped (once, O(nodes)), so turned on again it starts afresh; a document
+        that leaves it on keeps them."""
+        tree = rule == "tree"
+        if tree == self._tree:
+            return
+        self._tree = tree
+        for mark in self._marks.values():
+            mark.by, mark.latest, mark.parted = 0, None, False
 
     def _constants_of(self, doc: PolicyDocument) -> tuple[Const, dict[str, Const], list[Const]]:
         """``doc``'s constants: the default curve's, each category's it names (kept for
@@ -172,12 +217,12 @@ class RadixOrder:
     def mark(self, node: object, code: int, depth: int, block: int) -> None:
         """``node`` (prompt depth ``depth``, content id ``block``) was just accessed by a
         request of category ``code``: the last accessor's category becomes the node's."""
-        self._seq += 1
+        self._seq = seq = self._seq + 1
         mark = self._marks.get(node)
         if mark is None:
-            self._marks[node] = NodeMark(code, depth, self._seq, block)
+            self._marks[node] = NodeMark(code, depth, seq, block)
         else:
-            mark.code, mark.depth, mark.seq, mark.block = code, depth, self._seq, block
+            mark.code, mark.depth, mark.seq, mark.block, mark.seen = code, depth, seq, block, seq
 
     def marks(self, nodes: Sequence[object]) -> list[NodeMark | None]:
         get = self._marks.get
@@ -190,18 +235,83 @@ class RadixOrder:
         """``lower`` was cut: ``upper`` (new, its first ``upper_pages`` pages) now stands
         above it. ``upper`` takes ``lower``'s category and order and content id 0 (not
         computed yet: see ``path_ids``); ``lower`` keeps its id (same last
-        token), starts deeper and gets a fresh order number."""
+        token), starts deeper and gets a fresh order number. ``upper`` also takes
+        ``lower``'s latest access and supersession (the same content until now) and, as
+        its latest child, ``lower``; where ``lower`` was its parent's latest child,
+        ``upper`` is now. No branch has parted at ``upper`` yet."""
         mark = self._marks.get(lower)
         if mark is None:
             return
-        self._marks[upper] = NodeMark(mark.code, mark.depth, mark.seq, 0)
+        up = self._marks[upper] = NodeMark(mark.code, mark.depth, mark.seq, 0)
         self._seq += 1
         mark.depth += upper_pages
         mark.seq = self._seq
+        if self._tree:
+            up.seen, up.by, up.latest = mark.seen, mark.by, lower
+            above = self._marks.get(getattr(upper, "parent", None))
+            if above is not None and above.latest is lower:
+                above.latest = upper
 
     def forget(self, node: object) -> NodeMark | None:
-        """``node`` left the tree (evicted): drop and return its row."""
+        """``node`` left the tree (evicted): drop and return its row (a link to it is no
+        longer believed: it has no row)."""
         return self._marks.pop(node, None)
+
+    # --- superseded branches (the ``tree`` rule) -----------------------------------------
+    def walked(self, nodes: Sequence[Any]) -> None:
+        """A request's path went through ``nodes`` (each the child of the one before, the
+        first a child of its own parent): each becomes its parent's latest child."""
+        if not self._tree:
+            return
+        get = self._marks.get
+        for node in nodes:
+            above = get(node.parent)
+            if above is not None:
+                above.latest = node
+
+    def stored(self, node: Any, parting: bool) -> int:
+        """The request being cached added ``node`` (already marked) below its parent; with
+        ``parting`` (its first new node, after its hits), the first parting at that
+        parent supersedes the branch through the parent's latest child. ``node`` becomes
+        the latest child. Returns how many nodes were marked superseded."""
+        if not self._tree:
+            return 0
+        above = self._marks.get(node.parent)
+        if above is None:  # below the root: a request without hits leaves nothing
+            return 0
+        marked = 0
+        old = above.latest
+        if parting and old is not None and old is not node and not above.parted:
+            first = self._marks.get(old)
+            if first is not None and old.parent is node.parent:
+                above.parted = True
+                marked = self._supersede(old, first)
+        above.latest = node
+        return marked
+
+    def _supersede(self, node: Any, mark: NodeMark) -> int:
+        """``node`` and its latest-child chain, as far as their accesses go on (each no
+        older than the one above it: the path of the last request through ``node``),
+        superseded now, up to a node still marked (it and the chain below it were marked
+        together, and keep that place); how many."""
+        self._seq = stamp = self._seq + 1
+        get = self._marks.get
+        marked = 0
+        while mark.by <= mark.seen:
+            mark.by = stamp
+            marked += 1
+            child = mark.latest
+            below = get(child) if child is not None else None
+            if below is None or below.seen < mark.seen or child.parent is not node:
+                break
+            node, mark = child, below
+        return marked
+
+    def superseded(self) -> list[Any]:
+        """The nodes marked superseded and not accessed since, in eviction order (oldest
+        parting first)."""
+        rows = [(m.by, m.seq, n) for n, m in self._marks.items() if m.by > m.seen]
+        return [n for _, _, n in sorted(rows, key=lambda row: row[:2])]
 
     def blocks(self) -> list[int]:
         """Content ids of every node with a row and a known id."""

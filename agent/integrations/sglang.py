@@ -12,7 +12,9 @@ SGLang:
   ``match_prefix`` with a request (prefix hits), ``insert`` (new nodes), ``_split_node``,
   ``_delete_leaf`` (evictions), ``evict`` (one pass: the clock, the pending policy),
   ``reset`` and ``_insert_cache`` (which request is being cached). Each wrapper calls
-  SGLang's method first and only reads what it left. Its reports (hits, inserts, victims
+  SGLang's method first and only reads what it left. A hit's path and each new node also
+  feed the order's superseded-branch rule (the document's ``supersede``): a request's
+  first new node is where it parts from the path it hit. Its reports (hits, inserts, victims
   and a victim's id) are timed on a sample (``agent.engine_time``); the order's ranking,
   inside SGLang's own eviction loop, is not.
 
@@ -61,6 +63,8 @@ CACHE_SURFACE = (
 INFER_BLOCK_TOKENS = 16
 """Tokens per block of the prompt hashes that category inference reads."""
 _REPORTED_ATTR = "_kvwise_reported"
+_STORED_ATTR = "_kvwise_stored"
+"""Set on a request once it added a node (its later nodes do not part from its hits)."""
 
 
 def version_ok(version: str) -> bool:
@@ -187,6 +191,7 @@ class RadixHooks:
         mark = self.order.mark
         for node, depth, block in zip(nodes, depths, ids, strict=True):
             mark(node, code, depth, block)
+        self.order.walked(nodes)
         self.engine.hit(ids, depths, self.clock(), name)
         with contextlib.suppress(AttributeError):
             setattr(request, _REPORTED_ATTR, prefix_len)
@@ -199,6 +204,17 @@ class RadixHooks:
         depth = start // self.page_size
         codes = self.engine.cached([block], [depth], self.clock(), name)
         self.order.mark(node, code if codes is None else codes[0], depth, block)
+        self.order.stored(node, self._first_store(self.request))
+
+    @staticmethod
+    def _first_store(request: Any) -> bool:
+        """Whether this is ``request``'s first new node (where it parts from its hits);
+        one inserted without a request stands alone."""
+        if request is None or getattr(request, _STORED_ATTR, False):
+            return request is None
+        with contextlib.suppress(AttributeError):
+            setattr(request, _STORED_ATTR, True)
+        return True
 
     # --- wrappers ------------------------------------------------------------------------
     def _wrap_match_prefix(self, orig: Callable[..., Any]) -> Callable[..., Any]:

@@ -3,7 +3,8 @@
 Redis and a real controller.
 
 Shows: (a) every eviction pass takes the victims the CPU ``wa`` evictor picks on the same
-state (leaves, then parents left childless), locked nodes are never evicted, and the
+state (leaves, then parents left childless), after the superseded ones the document's
+``supersede`` rule marked (oldest first), locked nodes are never evicted, and the
 tree's own bookkeeping (sizes, evictable leaves, allocator slots) stays exact; (b) the
 cache's hits, inserts and evictions reach the controller, which fits the requests'
 categories; (c) a policy version pushed through the controller's REST API applies to the
@@ -261,9 +262,14 @@ def evict_checked(t: Tree, n: int) -> list[Any]:
         leaf = before[node].leaf
         assert leaf is not None, "an evictable node has no side-table row"
         candidates.append(leaf)
+    order = t.hooks.order
+    demoted = {}
+    for node in order.superseded():
+        mark = order.mark_of(node)
+        assert mark is not None
+        demoted[node] = (mark.by, mark.seq)
     t.victims.clear()
     t.cache.evict(t.sg.EvictParams(num_tokens=n))
-    order = t.hooks.order
 
     def parent_joins(victim: Hashable, gone: set[Hashable]) -> Leaf | None:
         parent = before[victim].parent
@@ -280,6 +286,7 @@ def evict_checked(t: Tree, n: int) -> list[Any]:
         now=order.now,
         size=lambda node: before[node].tokens,
         parent_joins=parent_joins,
+        demoted=demoted,
     )
     assert t.victims == expected
     return list(t.victims)
@@ -335,13 +342,17 @@ def random_doc(rng: random.Random) -> PolicyDocument:
     )
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_victims_follow_wa_and_the_tree_stays_consistent(tree: Tree, seed: int) -> None:
+@pytest.mark.parametrize(("seed", "rule"), [(1, "tree"), (2, "tree"), (1, "off")])
+def test_victims_follow_wa_and_the_tree_stays_consistent(tree: Tree, seed: int, rule: str) -> None:
     rng = random.Random(seed)
+    order = tree.hooks.order
     if seed == 2:
-        tree.hooks.order.set_policy(random_doc(rng))
+        order.set_policy(random_doc(rng))
     else:
-        assert tree.hooks.order.policy == BUILTIN_POLICY
+        assert order.policy == BUILTIN_POLICY and order.supersede == "tree"  # the default
+    if rule == "off":
+        order.set_policy(order.policy.model_copy(update={"supersede": "off"}))
+    demoted = 0
     prefixes = [[rng.randrange(1, 5000) for _ in range(rng.choice([8, 40, 96]))] for _ in range(6)]
     held: list[Any] = []
     evictions = 0
@@ -357,10 +368,17 @@ def test_victims_follow_wa_and_the_tree_stays_consistent(tree: Tree, seed: int) 
         elif roll < 0.85 and held:
             tree.cache.dec_lock_ref(held.pop(rng.randrange(len(held))))
         else:
-            evictions += len(evict_checked(tree, rng.randrange(1, 300)))
+            marked = set(order.superseded())
+            victims = evict_checked(tree, rng.randrange(1, 300))
+            evictions += len(victims)
+            demoted += sum(v in marked for v in victims)
         check_tree(tree, held)
         time.sleep(0.0005)  # distinct access times (exact ties: tests/unit/test_radix_order.py)
     assert evictions > 100, evictions  # the run exercised eviction passes
+    if rule == "tree":
+        assert demoted > 20, demoted  # and superseded victims
+    else:
+        assert demoted == 0 and not order.superseded()
     assert tree.hooks.engine.agent.hits > 0
     # Named categories as sent; unnamed requests got an inferred one (turn, new tokens).
     names = set(tree.hooks.engine.agent.categories.names)

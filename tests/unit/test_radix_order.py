@@ -159,3 +159,37 @@ def test_content_ids_follow_the_tokens_not_the_node_boundaries() -> None:
     hashes = prompt_block_hashes(a + b + c[:8], 16)
     assert len(hashes) == 2 and hashes[0] == prompt_block_hashes(a, 16)[0]
     assert prompt_block_hashes(b + b, 16)[1] != prompt_block_hashes(a + b, 16)[1]  # chained
+
+
+class TreeNode(Node):
+    """A node with its parent, as the superseded-branch rule reads it."""
+
+    def __init__(self, t: float, parent: TreeNode | None) -> None:
+        super().__init__(t)
+        self.parent = parent
+
+
+def test_a_superseded_node_keys_before_every_wa_key_until_accessed() -> None:
+    """The tree rule's key: before a node of a category never reused (``-inf``), the
+    oldest parting first; a hit ends it; under ``off`` nothing is superseded."""
+    doc = PolicyDocument(
+        version=2, categories={"doc": CategoryParams(rate=1.0, p_reuse=0.0, life_s=1.0)}
+    )
+    for rule in ("tree", "off"):
+        order = RadixOrder(doc.model_copy(update={"supersede": rule}))
+        never = order.add_category("doc")
+        root_child = TreeNode(1.0, None)
+        old, new, dead = TreeNode(2.0, root_child), TreeNode(3.0, root_child), TreeNode(0.5, None)
+        order.mark(dead, never, 0, block=1)
+        for node in (root_child, old):
+            order.mark(node, 0, 0, block=2)
+        order.walked([root_child, old])
+        order.mark(new, 0, 1, block=3)
+        assert order.stored(new, parting=True) == (1 if rule == "tree" else 0)
+        order.begin(10.0)
+        assert order.get_priority(dead)[0] == -math.inf
+        first = min((dead, old, new), key=order.get_priority)
+        assert first is (old if rule == "tree" else dead), rule
+        assert order.superseded() == ([old] if rule == "tree" else [])
+        order.mark(old, 0, 1, block=2)  # hit again
+        assert order.superseded() == []
