@@ -95,14 +95,32 @@ def test_a_branch_ends_where_its_last_request_ended(tree: Tree) -> None:
     assert blocks_of(tree, tree.hooks.order.superseded()) == [2, 1]
 
 
+def test_a_superseded_node_waits_for_its_children(tree: Tree) -> None:
+    """Where the tree differs from the replay and from vLLM: it evicts leaves only, so a
+    superseded node whose older child the branch did not go through waits until that
+    child is evicted in ``wa``'s order; the replay (and vLLM's queue) takes it at once."""
+    prompts = [[0, 1, 2, 3], [0, 1, 2, 4], [0, 1, 2, 3], [0, 1, 5]]
+    replay = ReplayedBranches(prompts)
+    for request, prompt in enumerate(prompts):
+        replay.mark(request, replay.arrive(request))
+        serve(tree, tokens_of(prompt), None)
+    assert blocks_of(tree, tree.hooks.order.superseded()) == [3, 2]
+    assert replay.victims(3, {c for p in prompts for c in p}) == [3, 2]
+    victims = evict_checked(tree, 3 * B)
+    assert blocks_of(tree, victims) == [3, 4, 2]  # 4, an older child of 2, first
+
+
 @pytest.mark.parametrize("seed", [7, 2028])
 def test_superseded_nodes_equal_the_replay_tree_rule(tree: Tree, seed: int) -> None:
     """Request by request, on synthetic forking conversations (blocks of ``B`` tokens,
     nothing evicted), the nodes marked superseded and untouched hold exactly the blocks
-    the replay's ``BranchTracker`` marks and has not seen accessed since. The tree
-    parts exactly at block boundaries here (each block's tokens are its own), so node
-    granularity loses nothing; only the order differs by choice: a branch superseded
-    again while still marked keeps its first place (the replay moves it back)."""
+    the replay's ``BranchTracker`` marks and has not seen accessed since; then one pass
+    evicting that much takes exactly the replay's victims, in its order. The tree parts
+    exactly at block boundaries here (each block's tokens are its own), so node
+    granularity loses nothing. Where they may differ (not met on these two traces): a
+    branch superseded again while still marked keeps its first place (the replay moves
+    it back), and a superseded node waits for its children, which the replay's blocks
+    do not (the tree evicts leaves only)."""
     prompts = forking_chats(seed, 300, retries=True)
     assert len({c for p in prompts for c in p}) * B <= SIZE  # no eviction
     assert isinstance(ReplayedBranches(prompts[:1]).tracker, BranchTracker)
@@ -119,6 +137,10 @@ def test_superseded_nodes_equal_the_replay_tree_rule(tree: Tree, seed: int) -> N
         assert sorted(live) == sorted(untouched), request
         assert len(live) == len(set(live)), request
     assert marks > 30, marks  # the comparison covered many partings
+    # Then one eviction pass of as many tokens: the victims, in order, are the replay's
+    # (``SupersedingReplayPolicy``'s first victims, everything being cached).
+    expected = replay.victims(len(live), {c for p in prompts for c in p})
+    assert blocks_of(tree, evict_checked(tree, len(live) * B)) == expected
     check_tree(tree, [])
 
 
