@@ -156,7 +156,7 @@ class ControllerSettings(BaseSettings, RedisSettings, FitSettings, ShadowSetting
     supersede: SupersedeRule = Field(
         default=DEFAULT_SUPERSEDE,
         description="The supersede rule each published document carries: tree (vLLM agents "
-        "under wa evict first the cached branches newer requests left) or off",
+        "under wa and SGLang agents evict first the cached branches newer requests left) or off",
     )
     lease_ttl_s: PositiveFloat = Field(default=10.0, description="Leader lease time")
     restore_wait_s: NonNegativeFloat = Field(
