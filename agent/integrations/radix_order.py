@@ -308,8 +308,8 @@ class RadixOrder:
         return marked
 
     def superseded(self) -> list[Any]:
-        """The nodes marked superseded and not accessed since, in eviction order (oldest
-        parting first)."""
+        """The nodes marked superseded and not accessed since, in key order (oldest
+        parting first; the tree takes each once it is a leaf)."""
         rows = [(m.by, m.seq, n) for n, m in self._marks.items() if m.by > m.seen]
         return [n for _, _, n in sorted(rows, key=lambda row: row[:2])]
 
