@@ -116,8 +116,12 @@ def run_jobs(
         with _signals_deferred() as signals:
             results: list[R] = _collect(pool, jobs, hooks, signals)
     except BrokenProcessPool:
-        pool.shutdown(wait=False, cancel_futures=True)
+        # The pool's own thread has ended the pool by now: wait for it. Left running
+        # (``wait=False``), it could try to replace the dead workers after the pool was
+        # reset and fail on a closed pipe (CPython gh-132969, fixed after 3.11): CI saw
+        # "OSError: [Errno 9] Bad file descriptor" printed after this error.
         _end_workers(pids)
+        pool.shutdown(wait=True, cancel_futures=True)
         raise WorkerDied(
             "a worker process died while it ran a job (killed: out of memory?); "
             "fewer --jobs need less memory"
