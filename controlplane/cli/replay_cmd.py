@@ -40,7 +40,7 @@ from controlplane.cli.fitted_options import (
     fitted_option,
 )
 from controlplane.cli.replay_output import Runs, end_interrupted, plot_curve, report
-from controlplane.replay.options import DEFAULT_OPTIONS, Attribution, FitMode
+from controlplane.replay.options import DEFAULT_OPTIONS, Attribution, AutoSupersede, FitMode
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -133,7 +133,9 @@ def _auto(field: str, **option: Any) -> Any:
     """An option of ``auto``, listed in its own panel of the help; its default is
     ``DEFAULT_OPTIONS``'s ``field``, said in the help, so that the option is None unless
     given (``_auto_fields`` refuses one given without ``auto``, as ``--split`` is)."""
-    help_text = f"{option.pop('help')} [default: {getattr(DEFAULT_OPTIONS, field):g}]"
+    default = getattr(DEFAULT_OPTIONS, field)
+    shown = default if isinstance(default, str) else f"{default:g}"
+    help_text = f"{option.pop('help')} [default: {shown}]"
     return typer.Option(rich_help_panel=_AUTO_PANEL, help=help_text, **option)
 
 
@@ -174,6 +176,15 @@ AutoMinAccessesOpt = Annotated[
         help="Sampled accesses a window needs to count",
     ),
 ]
+AutoSupersedeOpt = Annotated[
+    AutoSupersede | None,
+    _auto(
+        "auto_supersede",
+        help="tree: auto's wa evicts superseded branches first while in force, as a vLLM "
+        "worker under the document's supersede: tree; off: without (its shadow judges wa "
+        "without it either way)",
+    ),
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -203,6 +214,7 @@ def replay(
     auto_windows: AutoWindowsOpt = None,
     auto_margin: AutoMarginOpt = None,
     auto_min_accesses: AutoMinAccessesOpt = None,
+    auto_supersede: AutoSupersedeOpt = None,
 ) -> None:
     """Replay TRACE through eviction policies at several cache sizes.
 
@@ -220,6 +232,7 @@ def replay(
     """
     sizes = _capacities(capacity, capacity_frac)
     names = _names(policy, plot)
+    auto = (auto_rate, auto_window, auto_windows, auto_margin, auto_min_accesses, auto_supersede)
     options = _options(
         refit_every_s=refit_every,
         wa_fit=wa_fit,
@@ -229,10 +242,9 @@ def replay(
         near_concurrent_s=near_concurrent,
         life_s=life,
         reuse_class=reuse_class,
-        **_auto_fields(names, auto_rate, auto_window, auto_windows, auto_margin, auto_min_accesses),
+        **_auto_fields(names, *auto),
     )
-    trace = _labelled(load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines), options)
-    _check_scored_part(trace, options)
+    trace = _replayed_trace(trace_path, skip_bad_lines, options)
     capacities = sizes(trace)
     runs = _run_with_progress(trace, names, capacities, jobs, options, json_out)
     plot_curve(plot, trace, runs)
@@ -256,6 +268,14 @@ def _options(attribution: Attribution | None, **settings: Any) -> ReplayOptions:
         return ReplayOptions(attribution=attribution or DEFAULT_ATTRIBUTION, **settings)
     except ValueError as exc:
         fail(str(exc))
+
+
+def _replayed_trace(path: Path, skip_bad_lines: bool, options: ReplayOptions) -> Trace:
+    """The trace at ``path`` as the replay sees it (``_labelled``), its scored part
+    checked (``_check_scored_part``)."""
+    trace = _labelled(load_trace_or_fail(path, skip_bad_lines=skip_bad_lines), options)
+    _check_scored_part(trace, options)
+    return trace
 
 
 def _labelled(trace: Trace, options: ReplayOptions) -> Trace:
@@ -288,11 +308,12 @@ _AUTO_FIELDS = {
     "--auto-windows": "auto_windows",
     "--auto-margin": "auto_margin",
     "--auto-min-accesses": "auto_min_accesses",
+    "--auto-supersede": "auto_supersede",
 }
 """``auto``'s options and the ``ReplayOptions`` field each sets."""
 
 
-def _auto_fields(names: list[str], *values: float | None) -> dict[str, Any]:
+def _auto_fields(names: list[str], *values: float | str | None) -> dict[str, Any]:
     """``auto``'s options (``values``, in ``_AUTO_FIELDS``'s order, None where not given)
     by ``ReplayOptions`` field, the defaults where not given. Like ``--split``, one given
     applies only with what it is for: ``auto`` among the policies ``names``."""

@@ -498,7 +498,13 @@ class FittedSetup:
             classes = HitClasses(self.trace, self.cols, names, ghost, previous=self.previous)
             names = classes.names
         refits = shared if shared is not None else Refits(self.refitter(names), self.cols, classes)
-        return FittedReplayPolicy(self.evictor(names, refits.refitter), self, refits, classes)
+        return self.driver(self.evictor(names, refits.refitter), refits, classes)
+
+    def driver(
+        self, evictor: WAPolicy | WARefPolicy, refits: Refits, classes: HitClasses | None
+    ) -> FittedReplayPolicy:
+        """The replay policy that drives ``evictor`` (a subclass may drive it its own way)."""
+        return FittedReplayPolicy(evictor, self, refits, classes)
 
     def evictor(self, names: Sequence[str], refitter: Refitter) -> WAPolicy | WARefPolicy:
         """A cache's own evictor, applied the documents of ``refitter`` (``wa`` and

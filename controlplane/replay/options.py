@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Literal, get_args
 
+from agent.policy_document import SUPERSEDE_RULES, SupersedeRule
 from agent.reuse_classes import REUSE_GHOST_CAPACITIES
 from controlplane.fit.settings import FitSettings
 from controlplane.traces.model import Trace
@@ -30,6 +31,9 @@ ReuseClass = Literal["off", "hit", "trace"]
 """How a replay splits categories into reuse classes (``ReplayOptions.reuse_class``)."""
 DepthMode = Literal["off", "classes", "cost"]
 """Prefix depth in a replay's ``wa`` (``ReplayOptions.depth``; replay only)."""
+
+AutoSupersede = SupersedeRule
+"""Whether ``auto``'s ``wa`` demotes superseded branches (``ReplayOptions.auto_supersede``)."""
 
 DEFAULT_ATTRIBUTION: Attribution = "last"
 """Chosen by measurement (docs/policy.md, "Measured settings")."""
@@ -55,7 +59,10 @@ class ReplayOptions:
     family selection of ``auto`` (``controlplane.shadow.auto_replay``): sampling rate,
     window (trace seconds), the margin a family must lead by, in how many windows in a
     row, and the sampled accesses a window needs (docs/policy.md says how they were
-    chosen).
+    chosen); ``auto_supersede``: ``"tree"`` serves ``auto``'s ``wa`` as a vLLM worker runs
+    it under the policy document's ``supersede: tree`` (the superseded branches evicted
+    first while ``wa`` is in force, ``controlplane.replay.superseded``), ``"off"`` without
+    (its shadow judges ``wa`` without it either way, as the controller's does).
     """
 
     refit_every_s: float = 60.0
@@ -76,6 +83,7 @@ class ReplayOptions:
     auto_margin: float = 0.01
     auto_windows: int = 1
     auto_min_accesses: int = 2000
+    auto_supersede: AutoSupersede = "off"
     fit: FitSettings = field(default_factory=FitSettings, compare=False)
 
     def __post_init__(self) -> None:
@@ -107,6 +115,8 @@ class ReplayOptions:
             raise ValueError(
                 "auto_rate must be in (0, 1], auto_windows >= 1, auto_min_accesses >= 0"
             )
+        if self.auto_supersede not in SUPERSEDE_RULES:
+            raise ValueError(f"auto_supersede must be tree or off, got {self.auto_supersede!r}")
         if self.min_samples is not None and self.min_samples < 1:
             raise ValueError(f"min_samples must be >= 1, got {self.min_samples}")
         for name in ("near_concurrent_s", "shrinkage_samples"):

@@ -3,7 +3,8 @@
 Owns the two rules that say which blocks a request supersedes (``BranchTracker``: the
 prefix tree, ``ChatTracker``: the conversation), ``SupersedingReplayPolicy`` (``wa``'s
 fitted replay with a queue of superseded blocks in front of its own) and
-``superseding_wa``, the catalogue's factory.
+``superseding_wa``, the catalogue's factory (``superseding``: the same for ``auto``'s
+``wa`` with ``auto_supersede``, reuse classes included; only while ``wa`` is in force).
 
 The idea: a request that follows a cached chain for its first ``d`` blocks and then
 diverges has replaced what followed block ``d`` before: a turn whose app dropped old
@@ -43,9 +44,10 @@ from itertools import pairwise, repeat
 from typing import Literal, Protocol
 
 from agent.policies.wa import WAPolicy
-from agent.policy_document import BUILTIN_POLICY
+from controlplane.replay.accesses import HitClasses
 from controlplane.replay.online import FittedReplayPolicy, FittedSetup, Refits
 from controlplane.replay.options import ReplayOptions
+from controlplane.replay.reference.wa_ref import WARefPolicy
 from controlplane.traces.model import Trace
 
 Scope = Literal["tree", "chat", "tree-every-fork"]
@@ -163,45 +165,78 @@ def tracker(scope: Scope, trace: Trace, last: LastAccess) -> Tracker:
     return BranchTracker(trace, last, every_fork=scope == "tree-every-fork")
 
 
+class Marks:
+    """The rule's state since tracking (re)started: each block's last access, the rule's
+    tracker, and the superseded blocks (block -> the request that superseded it), oldest
+    first."""
+
+    def __init__(self, scope: Scope, trace: Trace) -> None:
+        self.last = LastAccess()
+        self.tracker = tracker(scope, trace, self.last)
+        self.superseded: OrderedDict[int, int] = OrderedDict()
+
+
 class SupersedingReplayPolicy(FittedReplayPolicy):
     """``wa``'s fitted replay whose evictions take superseded blocks first: the oldest
-    superseded, still cached and not accessed since it was superseded."""
+    superseded, still cached and not accessed since it was superseded.
 
-    def __init__(self, inner: WAPolicy, setup: FittedSetup, refits: Refits, scope: Scope) -> None:
-        super().__init__(inner, setup, refits)
+    Only while ``wa`` is in force: when ``auto`` runs a baseline instead (``in_force``),
+    the baseline keeps its own order and nothing is tracked, and tracking starts afresh
+    when ``wa`` is back, as the vLLM agent's free queue does on a switch of family
+    (``agent.integrations.block_queue``)."""
+
+    def __init__(
+        self,
+        inner: WAPolicy,
+        setup: FittedSetup,
+        refits: Refits,
+        scope: Scope,
+        classes: HitClasses | None = None,
+    ) -> None:
+        super().__init__(inner, setup, refits, classes)
         self._wa = inner
         self._blocks = setup.trace.blocks
-        self._last = LastAccess()
-        self._tracker = tracker(scope, setup.trace, self._last)
-        self._superseded: OrderedDict[int, int] = OrderedDict()
-        """Block -> the request that superseded it, oldest first."""
+        self._scope = scope
+        self._marks: Marks | None = Marks(scope, setup.trace)
         self.demoted = 0
         """Blocks evicted because they were superseded."""
 
     def arrive(self, request: int) -> None:
         super().arrive(request)
+        if self.in_force is not self._wa:
+            self._marks = None
+            return
+        marks = self._marks
+        if marks is None:
+            marks = self._marks = Marks(self._scope, self.setup.trace)
         offsets = self.setup.offsets
         lo, hi = offsets[request], offsets[request + 1]
         blocks = self._blocks[lo:hi].tolist()
-        superseded = self._superseded
-        for block in reversed(self._tracker.arrive(request, blocks)):
+        superseded = marks.superseded
+        for block in reversed(marks.tracker.arrive(request, blocks)):
             superseded.pop(block, None)
             superseded[block] = request
-        self._last.accessed(request, blocks)
+        marks.last.accessed(request, blocks)
 
     def evict(self, n: int) -> list[int]:
         victims = self._superseded_victims(n)
         if victims:
             self._wa.discard(victims)
             self.demoted += len(victims)
+            if self.hit_classes is not None:
+                self.hit_classes.tracker.evicted(victims)
         if len(victims) < n:
             victims += super().evict(n - len(victims))
         return victims
 
     def _superseded_victims(self, n: int) -> list[int]:
-        """Up to ``n`` superseded blocks still cached and untouched since, oldest first."""
+        """Up to ``n`` superseded blocks still cached and untouched since, oldest first
+        (none while a baseline is in force)."""
         victims: list[int] = []
-        superseded, wa, last = self._superseded, self._wa, self._last
+        marks = self._marks
+        if marks is None or self.in_force is not self._wa:
+            return victims
+        superseded, wa, last = marks.superseded, self._wa, marks.last
         while superseded and len(victims) < n:
             block, by = superseded.popitem(last=False)
             if block in wa and last.untouched_since(block, by):
@@ -215,12 +250,17 @@ class SupersededSetup(FittedSetup):
 
     scope: Scope = "tree"
 
+    def driver(
+        self, evictor: WAPolicy | WARefPolicy, refits: Refits, classes: HitClasses | None
+    ) -> SupersedingReplayPolicy:
+        if not isinstance(evictor, WAPolicy):
+            raise TypeError("superseded blocks are demoted by wa, not wa-ref")
+        return SupersedingReplayPolicy(evictor, self, refits, self.scope, classes)
+
     def policy(self, shared: Refits | None = None) -> SupersedingReplayPolicy:
-        refits = shared if shared is not None else Refits(self.refitter(self.names), self.cols)
-        inner = WAPolicy(
-            category_names=self.names, doc=BUILTIN_POLICY, attribution=self.attribution
-        )
-        return SupersedingReplayPolicy(inner, self, refits, self.scope)
+        policy = super().policy(shared)
+        assert isinstance(policy, SupersedingReplayPolicy)  # ``driver``'s
+        return policy
 
 
 SupersedingFactory = Callable[[int, Trace, ReplayOptions], SupersedingReplayPolicy]
@@ -233,10 +273,19 @@ def superseding_wa(scope: Scope = "tree") -> SupersedingFactory:
 
     def factory(capacity: int, trace: Trace, options: ReplayOptions) -> SupersedingReplayPolicy:
         plain = replace(options, reuse_class="off", depth="off")
-        setup = SupersededSetup.of("wa", trace, plain, None, capacity)
-        return replace(setup, scope=scope).policy()
+        return superseding(trace, plain, capacity, scope)
 
     return factory
+
+
+def superseding(
+    trace: Trace, options: ReplayOptions, capacity: int, scope: Scope = "tree"
+) -> SupersedingReplayPolicy:
+    """``online.build``'s ``wa`` for ``options`` (reuse or depth classes included) whose
+    evictions take first what the rule of ``scope`` supersedes: ``auto``'s ``wa`` with
+    the policy document's ``supersede: tree`` (``ReplayOptions.auto_supersede``)."""
+    setup = SupersededSetup.of("wa", trace, options, None, capacity)
+    return replace(setup, scope=checked_scope(scope)).policy()
 
 
 fitted_wa_superseded = superseding_wa(DEFAULT_SCOPE)

@@ -3,8 +3,10 @@
 Owns ``AutoReplayPolicy`` and its registration as ``auto`` in the replay catalogue
 (``controlplane.replay.catalog``; the catalogue sits below the shadow, so this module
 registers itself when imported, as the replay command does). The cache starts as ``wa``
-refitted online (as ``kvwise replay --policy wa``: ``controlplane.replay.online``). Beside
-it runs a shadow of the replayed past, as the controller's: requests kept by a
+refitted online (as ``kvwise replay --policy wa``: ``controlplane.replay.online``; with
+``auto_supersede`` ``"tree"``, evicting superseded branches first while it is in force, as
+a vLLM worker under the document's ``supersede: tree``: ``controlplane.replay.superseded``).
+Beside it runs a shadow of the replayed past, as the controller's: requests kept by a
 ``PrefixSampler`` on their key block (the controller's key depth; the rate is
 ``auto_rate``) are served by one miniature cache per candidate family (``wa`` under the
 document in force, and the controller's default baselines), each at the cache's capacity
@@ -39,6 +41,7 @@ from agent.reuse_classes import ReturnTracker
 from controlplane.replay import catalog, online
 from controlplane.replay.online import FittedReplayPolicy
 from controlplane.replay.options import ReplayOptions
+from controlplane.replay.superseded import superseding
 from controlplane.shadow.estimator import MiniCache, ReuseClassing, WindowCounts
 from controlplane.shadow.inflow import InflowShare
 from controlplane.shadow.rebuild import Request
@@ -146,7 +149,11 @@ class AutoReplayPolicy:
 
     def __init__(self, capacity: int, trace: Trace, options: ReplayOptions) -> None:
         self.capacity = capacity
-        self.wa = online.build("wa", trace, options, capacity=capacity)
+        self.wa: FittedReplayPolicy = (
+            superseding(trace, options, capacity)
+            if options.auto_supersede == "tree"
+            else online.build("wa", trace, options, capacity=capacity)
+        )
         assert isinstance(self.wa.inner, WAPolicy)  # "wa" builds the agent's evictor
         self.family: str = DEFAULT_FAMILY
         self.selector = FamilySelector(

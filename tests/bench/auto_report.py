@@ -67,7 +67,13 @@ def register(overrides: dict[str, Any]) -> str:
     return name
 
 
-_SHORT = {"auto_rate": "r", "auto_window_s": "w", "auto_windows": "n", "auto_margin": "m"}
+_SHORT = {
+    "auto_rate": "r",
+    "auto_window_s": "w",
+    "auto_windows": "n",
+    "auto_margin": "m",
+    "auto_supersede": "supersede",
+}
 
 
 def auto_settings(options: ReplayOptions) -> dict[str, Any]:

@@ -72,6 +72,8 @@ def test_fractions_that_round_to_one_size_are_one_run() -> None:
         # auto's options, given with no auto to apply them to, are refused as --split is
         (["-p", "lru", "--auto-window", "10"], "error: --auto-window applies only when --policy"),
         (["-p", "wa", "--auto-rate=1", "--auto-margin=0"], "--auto-rate, --auto-margin apply"),
+        (["-p", "wa", "--auto-supersede", "tree"], "--auto-supersede applies only when"),
+        (["-p", "auto", "--auto-supersede", "chat"], "error: --auto-supersede: "),
         (["--refit-every", "0"], "error: --refit-every: "),
         (["--life", "-1"], "error: --life: "),
         (["--near-concurrent", "nan"], "error: --near-concurrent: "),
@@ -256,6 +258,7 @@ def test_every_auto_option_of_the_replay_can_be_given() -> None:
         "--auto-windows": ("auto_windows", "2", 2),
         "--auto-margin": ("auto_margin", "0.05", 0.05),
         "--auto-min-accesses": ("auto_min_accesses", "0", 0),
+        "--auto-supersede": ("auto_supersede", "tree", "tree"),
     }
     options = [arg for option, (_, text, _) in given.items() for arg in (option, text)]
     code, out, err = run("replay", str(SAMPLE), *args, *options)
