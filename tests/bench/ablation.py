@@ -242,6 +242,22 @@ def synthetic_trace_parser(
     return ap
 
 
+def report_traces(
+    args: argparse.Namespace, defaults: ReplayOptions
+) -> list[tuple[Trace, ReplayOptions]]:
+    """The traces a report runs, each with its options: one synthetic trace per profile of
+    ``args.profiles`` (by ``synthetic_trace_parser``'s options), then, with
+    ``args.mooncake``, the Mooncake sample with inferred categories."""
+    traces = [
+        (synthesize(p, duration_s=args.duration, qps=args.qps, seed=args.seed), defaults)
+        for p in args.profiles.split(",")
+        if p
+    ]
+    if args.mooncake:
+        traces.append((load_trace(MOONCAKE), replace(defaults, categories="auto")))
+    return traces
+
+
 def headline(trace: Trace, about: str = "") -> str:
     """The line a report prints above a trace's tables."""
     return (

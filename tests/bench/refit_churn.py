@@ -26,9 +26,7 @@ from controlplane.fit.per_category import max_relative_change
 from controlplane.replay.online import CensoredRefitter, FittedSetup
 from controlplane.replay.options import ReplayOptions
 from controlplane.traces.model import Trace
-from controlplane.traces.reader import load_trace
-from controlplane.traces.synth import synthesize
-from tests.bench.ablation import MOONCAKE, headline, synthetic_trace_parser
+from tests.bench.ablation import headline, report_traces, synthetic_trace_parser
 
 
 @dataclass(frozen=True)
@@ -129,13 +127,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--refit-every", type=float, default=60.0, help="trace seconds")
     args = ap.parse_args(argv)
     defaults = replace(ReplayOptions(), refit_every_s=args.refit_every)
-    traces: list[tuple[Trace, ReplayOptions]] = [
-        (synthesize(p, duration_s=args.duration, qps=args.qps, seed=args.seed), defaults)
-        for p in args.profiles.split(",")
-        if p
-    ]
-    if args.mooncake:
-        traces.append((load_trace(MOONCAKE), replace(defaults, categories="auto")))
+    traces = report_traces(args, defaults)
     for trace, options in traces:
         print(headline(trace))
         print(report(verdicts(trace, options)), flush=True)

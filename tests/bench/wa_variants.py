@@ -28,14 +28,12 @@ from controlplane.replay.options import ReplayOptions
 from controlplane.replay.pace import paced_wa
 from controlplane.replay.superseded import SCOPES, superseding_wa
 from controlplane.traces.model import Trace
-from controlplane.traces.reader import load_trace
-from controlplane.traces.synth import synthesize
 from tests.bench.ablation import (
     BASELINES,
     FRACS,
-    MOONCAKE,
     Variant,
     headline,
+    report_traces,
     run,
     synthetic_trace_parser,
     table,
@@ -150,13 +148,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     FRACS[:] = [float(f) for f in args.fracs.split(",")]
     chosen = [v for v in args.variants.split(",") if v]
     defaults = ReplayOptions()
-    traces: list[tuple[Trace, ReplayOptions]] = [
-        (synthesize(p, duration_s=args.duration, qps=args.qps, seed=args.seed), defaults)
-        for p in args.profiles.split(",")
-        if p
-    ]
-    if args.mooncake:
-        traces.append((load_trace(MOONCAKE), replace(defaults, categories="auto")))
+    traces = report_traces(args, defaults)
     for trace, options in traces:
         print(headline(trace))
         print(report(trace, args.jobs, options, chosen), flush=True)
