@@ -146,10 +146,18 @@ def max_relative_change(
         q = old.get(name)
         if q is None:
             return float("inf")
-        for field in MODEL_PARAMS:
-            a, b = getattr(q, field), getattr(p, field)
-            worst = max(worst, abs(a - b) / max(abs(a), 1e-12))
+        worst = max(worst, relative_change(q, p))
     return worst
+
+
+def relative_change(old: CategoryParams, new: CategoryParams) -> float:
+    """The largest relative change of one category's fitted parameters (``MODEL_PARAMS``)
+    from ``old`` to ``new``."""
+    changes: list[float] = [
+        abs(getattr(old, f) - getattr(new, f)) / max(abs(getattr(old, f)), 1e-12)
+        for f in MODEL_PARAMS
+    ]
+    return max(changes)
 
 
 def life_window(rate: float, settings: FitSettings) -> float:

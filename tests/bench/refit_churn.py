@@ -21,8 +21,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from agent.policy_document import MODEL_PARAMS, CategoryParams
-from controlplane.fit.per_category import max_relative_change
+from agent.policy_document import CategoryParams
+from controlplane.fit.per_category import max_relative_change, relative_change
 from controlplane.replay.online import CensoredRefitter, FittedSetup
 from controlplane.replay.options import ReplayOptions
 from controlplane.traces.model import Trace
@@ -38,14 +38,6 @@ class RefitVerdict:
     driver: str = ""
     driver_had_new_accesses: bool = True
     weighted_change: float = 0.0
-
-
-def relative_change(old: CategoryParams, new: CategoryParams) -> float:
-    """The largest relative change of one category's fitted parameters."""
-    return max(
-        abs(getattr(old, f) - getattr(new, f)) / max(abs(getattr(old, f)), 1e-12)
-        for f in MODEL_PARAMS
-    )
 
 
 def judge(
