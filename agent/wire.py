@@ -514,6 +514,7 @@ _OPTIONAL_STATUS_FIELDS: Final = frozenset(
         "evictor",
         "reuse_classes",
         "reuse_ghost_blocks",
+        "supersedes_branches",
         "engine_calls",
         "engine_sampled_calls",
         "engine_sampled_blocks",
@@ -583,6 +584,10 @@ class AgentStatus:
     False in a heartbeat that predates the field."""
     reuse_ghost_blocks: int = 0
     """With reuse classes, how many recently evicted blocks count as returns (its ghost)."""
+    supersedes_branches: bool = False
+    """Whether the engine's eviction runs the document's ``supersede`` rule under ``wa``
+    (the vLLM free queue and SGLang's radix order do; the generic agent API does not);
+    False in a heartbeat that predates the field."""
     engine_calls: int = 0
     """kvwise's calls on the engine thread since the agent started (``agent.engine_time``);
     0 in a heartbeat that predates the field, as the three below."""

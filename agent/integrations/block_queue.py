@@ -20,7 +20,7 @@ It also owns the side table (per block id: prompt offset, evictor category code,
 paths, and how many blocks hold each hash (vLLM may store one content twice): a hash is
 reported evicted when the last of them is reused. Where the policy document's
 ``supersede`` is ``tree`` and the evictor is ``wa``'s (it takes the document and
-``Discards``), it also feeds ``SupersededBranches`` (``agent.integrations.branches``) each
+``Discards``), it also feeds ``SupersededBranches`` (``agent.branches``) each
 request's hits and stores, and each eviction takes the superseded blocks still free and
 untouched first, then the evictor's victims. The invariants of vLLM's queue hold: it
 holds exactly the free blocks and ``num_free_blocks`` is their count; ``remove`` is O(1)
@@ -42,8 +42,8 @@ from itertools import compress, groupby, repeat
 from operator import attrgetter, is_not
 from typing import Any, Protocol, cast
 
+from agent.branches import SupersededBranches
 from agent.engine_time import EngineTime
-from agent.integrations.branches import SupersededBranches
 from agent.policies.base import Discards, EvictionPolicy
 from agent.policies.handover import ReloadsPolicy, hand_over
 from agent.policy_document import PolicyDocument, SupersedeRule

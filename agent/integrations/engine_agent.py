@@ -183,11 +183,13 @@ class EngineAgent:
         infer: bool = True,
         block_tokens: int = 16,
         whole_requests: bool = True,
+        supersedes_branches: bool = False,
     ) -> None:
         """``block_tokens``: tokens per block hash of the engine (vLLM's hash block size,
         its ``--block-size``), which category inference counts new tokens in.
         ``whole_requests``: whether the engine reports each request whole (through
-        ``RequestReport``s, or hits and stores at one time), said in the heartbeat."""
+        ``RequestReport``s, or hits and stores at one time), and whether its eviction runs
+        the document's ``supersede`` rule, both said in the heartbeat."""
         self.order = EngineOrder(evictor)
         self.agent = Agent(
             settings,
@@ -195,6 +197,7 @@ class EngineAgent:
             engine=engine,
             policy=self.order,
             whole_requests=whole_requests,
+            supersedes_branches=supersedes_branches,
         )
         self.before_call = self.agent.apply_pending
         self.evicted = self.agent.record_evicted

@@ -30,7 +30,7 @@ request's first new node (``stored`` with ``parting``) below a node whose latest
 another one, where no branch parted before, supersedes that child and its latest-child
 chain as far as the accesses go on (the last request's path from the child on), up to a
 node still marked, which keeps its first place (as the vLLM queue's
-``agent.integrations.branches`` does). A superseded node not accessed since keys as
+``agent.branches`` does). A superseded node not accessed since keys as
 ``(-inf, -inf, stamp, q)``: before every ``wa`` key, the oldest parting first; SGLang's
 loop evicts leaves only, so a branch goes tail first, each node once its children are
 gone. Rows leave with their nodes: nothing outgrows the tree. Only the engine's

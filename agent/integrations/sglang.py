@@ -384,7 +384,14 @@ def attach(cache: Any, settings: AgentSettings) -> RadixHooks:
     capacity = max(size // max(int(cache.page_size), 1), 1)
     # A radix node is a run of pages, reported at its first page: its events do not
     # rebuild into requests of whole blocks.
-    engine = EngineAgent(settings, order, capacity=capacity, engine="sglang", whole_requests=False)
+    engine = EngineAgent(
+        settings,
+        order,
+        capacity=capacity,
+        engine="sglang",
+        whole_requests=False,
+        supersedes_branches=True,
+    )
     hooks = RadixHooks(cache, engine, order).install()
     _state.settings, _state.hooks = settings, hooks
     engine.start()

@@ -203,7 +203,12 @@ def _make_queue(blocks: list[Any]) -> Any:
     # request's block_hashes, which category inference counts in.
     block_tokens = int(pool.hash_block_size)
     engine = EngineAgent(
-        settings, evictor, capacity=len(blocks), engine="vllm", block_tokens=block_tokens
+        settings,
+        evictor,
+        capacity=len(blocks),
+        engine="vllm",
+        block_tokens=block_tokens,
+        supersedes_branches=True,
     )
     queue = KvwiseFreeQueue(
         blocks,

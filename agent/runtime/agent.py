@@ -94,12 +94,17 @@ class Agent:
         engine: str = "sim",
         policy: EvictionPolicy | None = None,
         whole_requests: bool = True,
+        supersedes_branches: bool = False,
     ) -> None:
         """``whole_requests``: whether the caller reports each request whole, its ``touch``
         then its ``free`` at one time, none of another request's in between (said in the
-        heartbeat: a controller rebuilds requests only from such workers' events)."""
+        heartbeat: a controller rebuilds requests only from such workers' events).
+        ``supersedes_branches``: whether the caller's eviction runs the document's
+        ``supersede`` rule under ``wa`` (said in the heartbeat: the controller's shadow
+        replays ``wa`` with it for such a worker)."""
         self.settings = settings
         self.whole_requests = whole_requests
+        self.supersedes_branches = supersedes_branches
         self.capacity = capacity
         self.engine = engine
         self.worker_id = settings.worker_id or default_worker_id()
@@ -367,6 +372,7 @@ class Agent:
             whole_requests=self.whole_requests,
             reuse_classes=self._returns is not None,
             reuse_ghost_blocks=0 if self._returns is None else self._returns.ghost_size,
+            supersedes_branches=self.supersedes_branches,
             **self._engine_time_fields(),
             publisher_unexpected_errors=self.publisher.unexpected_errors,
             subscriber_unexpected_errors=self.subscriber.unexpected_errors,

@@ -30,7 +30,7 @@ still cached and not accessed since (tail first within a branch), dropping them 
 own would move a block between time-ordered queues mid-idle and fit a curve from
 accesses the refitter does not see classified, so this experiment does not.
 docs/policy.md ("A better wa") says what it measured. The vLLM agent runs the ``tree``
-rule on its own blocks (``agent.integrations.branches``, behind the document's
+rule on its own blocks (``agent.branches``, behind the document's
 ``supersede``), checked against ``BranchTracker`` in tests. It must never do
 I/O.
 """

@@ -78,6 +78,7 @@ class ShadowLink:
             {a.id: a.capacity for a in agents},
             {a.id: a.whole_requests for a in agents},
             {a.id: a.reuse_ghost_blocks if a.reuse_classes else None for a in agents},
+            {a.id: a.supersedes_branches for a in agents},
         )
         if current is not None:
             self.evaluator.set_policy(current)

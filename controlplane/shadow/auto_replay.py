@@ -9,10 +9,12 @@ a vLLM worker under the document's ``supersede: tree``: ``controlplane.replay.su
 Beside it runs a shadow of the replayed past, as the controller's: requests kept by a
 ``PrefixSampler`` on their key block (the controller's key depth; the rate is
 ``auto_rate``) are served by one miniature cache per candidate family (``wa`` under the
-document in force, and the controller's default baselines), each at the cache's capacity
-times the rate (below a rate of 1, sized as the controller sizes them by the sample's
-share of the replayed cache's inflow, and each window's figures moved by that cache's own
-hit ratio: the replayed cache stands for the worker); with reuse classes by hit, the
+document in force, evicting superseded branches first when the replayed ``wa`` does, as
+the controller's shadow of a vLLM worker; and the controller's default baselines), each
+at the cache's capacity times the rate (below a rate of 1, sized as the controller
+sizes them by the sample's share of the replayed cache's inflow, and each window's
+figures moved by that cache's own hit ratio: the replayed cache stands for the worker);
+with reuse classes by hit, the
 miniature ``wa`` files by reuse class on its own hits and evictions, as the controller's
 shadow does for a classing worker. At the end of every ``auto_window_s`` trace seconds the
 window's hit ratios go to the ``FamilySelector`` (the controller's rule); when it
@@ -44,6 +46,7 @@ from controlplane.replay.options import ReplayOptions
 from controlplane.replay.superseded import superseding
 from controlplane.shadow.estimator import MiniCache, ReuseClassing, WindowCounts
 from controlplane.shadow.inflow import InflowShare
+from controlplane.shadow.miniatures import branch_rule
 from controlplane.shadow.rebuild import Request
 from controlplane.shadow.sampler import PrefixSampler
 from controlplane.shadow.selection import (
@@ -93,10 +96,9 @@ class _Shadow:
         self.families = (DEFAULT_FAMILY, *defaults.baselines)
         wa = fitted.inner
         self.wa = WAPolicy(size, category_names=wa.category_names, doc=wa.policy)
-        self.caches = [
-            MiniCache(self.wa, size, _classing(fitted, options, size)),
-            *(MiniCache(create(f, size), size) for f in defaults.baselines),
-        ]
+        wa_cache = MiniCache(self.wa, size, _classing(fitted, options, size))
+        wa_cache.run_branch_rule(branch_rule(options.auto_supersede == "tree", wa.policy))
+        self.caches = [wa_cache, *(MiniCache(create(f, size), size) for f in defaults.baselines)]
         self._start_window()
 
     @property

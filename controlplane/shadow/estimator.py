@@ -4,7 +4,9 @@ Owns ``MiniCache`` (one policy at one capacity, replaying sampled requests with 
 the semantics of ``controlplane.replay.engine``: the longest cached prefix is the
 request's hits, cached blocks are touched, every block is freed tail first, then the cache
 evicts down to capacity; with ``ReuseClassing``, releases are filed by reuse class as the
-agent files them, decided on the miniature's own hits and evictions), ``WindowCounts``
+agent files them, decided on the miniature's own hits and evictions; running the
+document's ``supersede`` rule, superseded branches are evicted first, as a vLLM or SGLang
+worker under ``wa`` evicts them: ``agent.branches``), ``WindowCounts``
 (per time bucket and per sampled subtree: hits, accesses and the worker's own hits),
 ``RunCounts`` (a worker's whole and incomplete runs of events), the ``BucketRing`` of
 time buckets both keep, and ``Totals`` (the estimate: the regression of the miniature's
@@ -24,7 +26,8 @@ from itertools import compress
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.policies.base import EvictionPolicy, Resizable
+from agent.branches import CachedBranches
+from agent.policies.base import Discards, EvictionPolicy, Resizable
 from agent.policies.wa_core import runs
 from agent.reuse_classes import ReturnTracker
 from controlplane.shadow.rebuild import Request
@@ -65,6 +68,10 @@ class MiniCache:
         """The policy, when it resizes its own bookkeeping (checked once: a Protocol's
         ``isinstance`` is slow)."""
         self._cached: set[int] = set()
+        self.branches: CachedBranches | None = None
+        """The ``supersede`` rule's links and marks while the cache runs it
+        (``run_branch_rule``)."""
+        self._discard: Callable[[Sequence[int]], None] = _no_discard
         self._ghost_per_block = 0.0
         if classing is not None:
             self._ghost_per_block = classing.ghost_per_block or (
@@ -82,6 +89,19 @@ class MiniCache:
         if self.classing is not None:
             self.classing.tracker.ghost_size = round(capacity * self._ghost_per_block)
 
+    def run_branch_rule(self, on: bool) -> None:
+        """Evict superseded branches first from the next request on, tracked afresh from
+        there (``on``, the document's ``supersede: tree``), or no longer; as a worker's
+        free queue does on a change of document."""
+        if not on:
+            self.branches = None
+        elif self.branches is None:
+            policy = self.policy
+            if not isinstance(policy, Discards):
+                raise TypeError(f"{type(policy).__name__} cannot drop superseded blocks")
+            self._discard = policy.discard
+            self.branches = CachedBranches()
+
     def serve(self, request: Request) -> int:
         """Replay ``request``; returns its prefix hits."""
         ids = request.blocks
@@ -97,15 +117,31 @@ class MiniCache:
             self.policy.touch(found, request.ts)
             if self.classing is not None:
                 self.classing.tracker.touched(found)
+        if self.branches is not None:
+            _tell_branches(self.branches, ids, hits)
         self._release(ids[::-1], n, request)
         cached.update(ids)
         excess = len(self.policy) - self.capacity
         if excess > 0:
-            victims = self.policy.evict(excess)
+            victims = self._evict(excess)
             cached.difference_update(victims)
             if self.classing is not None:
                 self.classing.tracker.evicted(victims)
         return hits
+
+    def _evict(self, n: int) -> list[int]:
+        """``n`` victims: the oldest superseded blocks first while the rule runs, then the
+        policy's own."""
+        branches = self.branches
+        if branches is None:
+            return self.policy.evict(n)
+        victims = branches.victims(n, self.policy)
+        if victims:
+            self._discard(victims)
+        if len(victims) < n:
+            victims += self.policy.evict(n - len(victims))
+        branches.forget(victims)
+        return victims
 
     def _release(self, released: list[int], n: int, request: Request) -> None:
         """Every block, tail first, under its category (or its reuse class)."""
@@ -115,6 +151,20 @@ class MiniCache:
             return
         for code, lo, hi in runs(self.classing.codes(request.category, released)):
             self.policy.free(released[lo:hi], offsets[lo:hi], request.ts, code)
+
+
+def _no_discard(blocks: Sequence[int]) -> None:
+    raise RuntimeError("superseded blocks dropped while the rule does not run")
+
+
+def _tell_branches(branches: CachedBranches, ids: list[int], hits: int) -> None:
+    """A request of ``ids`` whose first ``hits`` were cached: its hits, then its stores
+    after them, leaving its last hit (as an engine reports them)."""
+    if hits:
+        branches.touched(ids[:hits])
+    if hits < len(ids):
+        parent = ids[hits - 1] if hits else branches.root
+        branches.stored(parent, ids[hits:], parting=True)
 
 
 @dataclass(frozen=True)

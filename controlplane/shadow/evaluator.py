@@ -42,7 +42,7 @@ from controlplane.shadow.estimator import MiniCache, RunCounts, Totals, WindowCo
 from controlplane.shadow.fair_lock import FairLock
 from controlplane.shadow.guard import compare, unjudgeable
 from controlplane.shadow.inflow import InflowShare
-from controlplane.shadow.miniatures import WA, Served
+from controlplane.shadow.miniatures import WA, Modeled, Served
 from controlplane.shadow.readout import group_view, own_ratio
 from controlplane.shadow.rebuild import CategoryTable, Rebuilt, RequestRebuilder
 from controlplane.shadow.rewarm import begin_warming, warm
@@ -130,11 +130,14 @@ class ShadowEvaluator:
         capacities: Mapping[str, int],
         whole_requests: Mapping[str, bool] | None = None,
         reuse_ghosts: Mapping[str, int | None] | None = None,
+        supersedes: Mapping[str, bool] | None = None,
     ) -> None:
-        """Workers' capacities, whether they report requests whole and the ghost of their
-        reuse classes (None: they file none), from their heartbeats (a capacity above
-        ``shadow_max_capacity`` is modeled at it, and shown capped); a change of capacity
-        or of reuse classes starts that worker's miniature caches afresh, warmed with the
+        """Workers' capacities, whether they report requests whole, the ghost of their
+        reuse classes (None: they file none) and whether their eviction runs the
+        document's ``supersede`` rule, from their heartbeats (a capacity above
+        ``shadow_max_capacity`` is modeled at it, and shown capped; a mapping not given
+        leaves what it says as it stands); a change of what a worker's miniatures stand
+        for (``Modeled``) starts its miniature caches afresh, warmed with the
         window's sampled requests kept so far. What that worker gathered before is
         replayed first, as it stood (the curves do not depend on whether a read came
         first); the others keep gathering. The new miniatures are warmed on this thread,
@@ -155,15 +158,19 @@ class ShadowEvaluator:
                     continue
                 told = reuse_ghosts.get(worker_id) if reuse_ghosts is not None else None
                 capacity, ghost, worker.capped = self._modeled(capacity, told)
+                before = worker.target() or Modeled(0)
                 if reuse_ghosts is None:  # not told: the ghost stays as modeled
-                    ghost = worker.target()[1]
-                if (capacity, ghost) == worker.target():
+                    ghost = before.reuse_ghost
+                runs_rule = before.supersedes
+                if supersedes is not None:
+                    runs_rule = supersedes.get(worker_id, False)
+                modeled = Modeled(capacity, ghost, runs_rule)
+                if modeled == worker.target():
                     continue
                 self._take_guarded(worker_id, worker, worker.rebuilder.drain)
                 warming = begin_warming(
                     worker,
-                    capacity,
-                    ghost,
+                    modeled,
                     self.settings,
                     self.multiples,
                     self.sampler,

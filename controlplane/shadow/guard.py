@@ -21,6 +21,7 @@ from agent.policies.wa import WAPolicy
 from agent.policy_document import PolicyDocument
 from agent.reuse_classes import ReturnTracker
 from controlplane.shadow.estimator import MiniCache, ReuseClassing
+from controlplane.shadow.miniatures import branch_rule
 from controlplane.shadow.rebuild import Request
 from controlplane.shadow.settings import ShadowSettings
 from controlplane.shadow.view import GuardView
@@ -73,6 +74,8 @@ class GuardWork:
     requests: list[Request]
     reuse_ghost: int | None = None
     """The miniature's ghost of reuse classes, None when the worker files none."""
+    supersedes: bool = False
+    """Whether the worker's eviction runs the document's ``supersede`` rule."""
 
 
 def compare(
@@ -119,7 +122,8 @@ def compare(
 
 def _replayed(work: list[GuardWork], names: tuple[str, ...], doc: PolicyDocument) -> float:
     """Hit ratio of ``wa`` under ``doc`` over every worker's requests, each from cold (a
-    classing worker's filed by reuse class)."""
+    classing worker's filed by reuse class, superseded branches evicted first where the
+    worker does and ``doc`` says so)."""
     code_of = {name: code for code, name in enumerate(names)}
 
     def reuse_class_code(code: int) -> int:
@@ -132,6 +136,7 @@ def _replayed(work: list[GuardWork], names: tuple[str, ...], doc: PolicyDocument
         if part.reuse_ghost is not None:
             classing = ReuseClassing(ReturnTracker(part.reuse_ghost), reuse_class_code)
         cache = MiniCache(wa, part.capacity, classing)
+        cache.run_branch_rule(branch_rule(part.supersedes, doc))
         for request in part.requests:
             hits += cache.serve(request)
             accesses += len(request.blocks)

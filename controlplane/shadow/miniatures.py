@@ -1,6 +1,8 @@
 """A worker's miniature caches at one capacity, and new ones warmed while the old serve on.
 
-Owns ``Miniatures`` (every policy at every ladder step, each with its window's counts)
+Owns ``Modeled`` (what a worker's miniatures stand for), ``Miniatures`` (every policy at
+every ladder step, each with its window's counts; ``wa`` under the document in force,
+filing by reuse class and evicting superseded branches first where the worker does)
 and ``Warming`` (a worker's next miniatures: built and warmed with the window's kept
 requests off the evaluator's lock, then caught up on what came meanwhile, in the order it
 came, until they replace the old). A warm replays up to the whole buffer of kept requests
@@ -28,6 +30,17 @@ from controlplane.shadow.settings import ShadowSettings
 WA = "wa"
 
 
+@dataclass(frozen=True)
+class Modeled:
+    """What a worker's miniatures stand for, from its heartbeat: its capacity (as the
+    shadow models it), the ghost of its reuse classes in blocks (None: it files none),
+    and whether its eviction runs the document's ``supersede`` rule under ``wa``."""
+
+    capacity: int
+    reuse_ghost: int | None = None
+    supersedes: bool = False
+
+
 @dataclass
 class Ladder:
     """One policy at every multiple of the worker's capacity."""
@@ -49,6 +62,12 @@ CatchUp = Served | PolicyDocument
 """What came while new miniatures warmed: requests, or a new document for ``wa``."""
 
 
+def branch_rule(supersedes: bool, doc: PolicyDocument) -> bool:
+    """Whether ``wa`` evicts superseded branches first under ``doc`` for a worker whose
+    eviction runs the rule where a document says so (``supersedes``)."""
+    return supersedes and doc.supersede == "tree"
+
+
 def ghost_share(capacity: int, reuse_ghost: int | None, size: int) -> int | None:
     """A miniature of ``size`` blocks' ghost: the worker's ghost-to-capacity share (None:
     the worker files no reuse classes)."""
@@ -58,24 +77,25 @@ def ghost_share(capacity: int, reuse_ghost: int | None, size: int) -> int | None
 
 
 class Miniatures:
-    """Every policy at every ladder step of one worker at one ``capacity`` (each cache
-    built at its nominal size, ``sizes``; the first request served resizes it), ``wa``
-    replaying ``doc`` with the category ``names`` known so far."""
+    """Every policy at every ladder step of one worker as ``modeled`` (each cache built at
+    its nominal size, ``sizes``; the first request served resizes it), ``wa`` replaying
+    ``doc`` with the category ``names`` known so far."""
 
     def __init__(
         self,
-        capacity: int,
-        reuse_ghost: int | None,
+        modeled: Modeled,
         sizes: list[int],
         doc: PolicyDocument,
         names: Sequence[str],
         settings: ShadowSettings,
     ) -> None:
-        self.capacity = capacity
-        self.reuse_ghost = reuse_ghost
+        self.modeled = modeled
+        self.capacity = modeled.capacity
+        self.reuse_ghost = modeled.reuse_ghost
         """The ghost of its reuse classes in blocks (None: it files none)."""
         self.ladders: dict[str, Ladder] = {}
         self.wa: list[WAPolicy] = []
+        self.wa_caches: list[MiniCache] = []
         self.names = list(names)
         """The category names the ``wa`` caches have been told, by code."""
         self._codes = {name: code for code, name in enumerate(names)}
@@ -95,11 +115,14 @@ class Miniatures:
         wa = WAPolicy(size, category_names=names, doc=doc)
         self.wa.append(wa)
         ghost = ghost_share(self.capacity, self.reuse_ghost, size)
-        if ghost is None or self.reuse_ghost is None:
-            return MiniCache(wa, size)
-        per_block = self.reuse_ghost / self.capacity
-        classing = ReuseClassing(ReturnTracker(ghost), self._reuse_class_code, per_block)
-        return MiniCache(wa, size, classing)
+        classing = None
+        if ghost is not None and self.reuse_ghost is not None:
+            per_block = self.reuse_ghost / self.capacity
+            classing = ReuseClassing(ReturnTracker(ghost), self._reuse_class_code, per_block)
+        cache = MiniCache(wa, size, classing)
+        cache.run_branch_rule(branch_rule(self.modeled.supersedes, doc))
+        self.wa_caches.append(cache)
+        return cache
 
     def _reuse_class_code(self, code: int) -> int:
         """The code of the reuse class of the category coded ``code``, as told."""
@@ -128,6 +151,8 @@ class Miniatures:
         """The document the ``wa`` caches replay from the next request on."""
         for wa in self.wa:
             wa.set_policy(doc)
+        for cache in self.wa_caches:
+            cache.run_branch_rule(branch_rule(self.modeled.supersedes, doc))
 
     def resize(self, sizes: list[int]) -> None:
         """Every cache at its step's size of ``sizes``."""
@@ -163,12 +188,11 @@ class Miniatures:
 @dataclass
 class Warming:
     """A worker's next miniatures, from what the evaluator handed over when it began:
-    the new capacity and ghost, its caches' nominal sizes and their sizes for the kept
-    requests (the inflow share as it stood), the document in force, the category names
-    known and the kept requests, counted from ``curves_since`` (None: all)."""
+    what they stand for, its caches' nominal sizes and their sizes for the kept requests
+    (the inflow share as it stood), the document in force, the category names known and
+    the kept requests, counted from ``curves_since`` (None: all)."""
 
-    capacity: int
-    reuse_ghost: int | None
+    modeled: Modeled
     nominal: list[int]
     sizes: list[int]
     doc: PolicyDocument
@@ -179,6 +203,10 @@ class Warming:
     """What came since it began and is not caught up yet (the evaluator appends)."""
     miniatures: Miniatures | None = None
 
+    @property
+    def capacity(self) -> int:
+        return self.modeled.capacity
+
     def pending_accesses(self) -> int:
         """Accesses of the requests still to catch up."""
         served = (item for item in self.pending if isinstance(item, Served))
@@ -188,8 +216,7 @@ class Warming:
         """Build the new miniatures and replay the kept requests through them (the long
         part: the evaluator runs it off its lock)."""
         miniatures = Miniatures(
-            self.capacity,
-            self.reuse_ghost,
+            self.modeled,
             self.nominal,
             self.doc,
             self.names,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from controlplane.shadow.fair_lock import FairLock
-from controlplane.shadow.miniatures import Warming
+from controlplane.shadow.miniatures import Modeled, Warming
 from controlplane.shadow.rebuild import CategoryTable
 from controlplane.shadow.sampler import PrefixSampler
 from controlplane.shadow.settings import ShadowSettings
@@ -33,28 +33,26 @@ shadow cannot keep up with the traffic)."""
 
 def begin_warming(
     worker: WorkerState,
-    capacity: int,
-    ghost: int | None,
+    modeled: Modeled,
     settings: ShadowSettings,
     multiples: tuple[float, ...],
     sampler: PrefixSampler,
     names: list[str],
 ) -> Warming:
-    """What new miniatures at ``capacity`` (and ``ghost``) are warmed from, as it stands
+    """What new miniatures standing for ``modeled`` are warmed from, as it stands
     now (under the lock). They replay the window's requests still kept, at the sizes
     the inflow share gives now. When the buffer has let some go, they are counted from
     the first whole time bucket after the oldest kept (the workers' own hits are read
     from there on, so both cover the same span; the requests before it only warm the
     caches); else all of them."""
-    fulls = [round(capacity * m) for m in multiples]
+    fulls = [round(modeled.capacity * m) for m in multiples]
     requests = list(worker.buffer)
     counted_from = None
     if requests and worker.buffer_dropped:
         bucket_s = settings.shadow_window_s / settings.shadow_buckets
         counted_from = (math.floor(requests[0].ts / bucket_s) + 1) * bucket_s
     worker.warming = Warming(
-        capacity,
-        ghost,
+        modeled,
         nominal=[sampler.scaled(full) for full in fulls],
         sizes=[worker.share.capacity(full) for full in fulls],
         doc=worker.doc,

@@ -20,7 +20,13 @@ from agent.policy_document import BUILTIN_POLICY, PolicyDocument
 from controlplane.shadow.estimator import RunCounts, WindowCounts
 from controlplane.shadow.guard import GuardWork, few_incomplete, newest
 from controlplane.shadow.inflow import InflowShare
-from controlplane.shadow.miniatures import Ladder, Miniatures, Warming, ghost_share
+from controlplane.shadow.miniatures import (
+    Ladder,
+    Miniatures,
+    Modeled,
+    Warming,
+    ghost_share,
+)
 from controlplane.shadow.rebuild import Request, RequestRebuilder, Seen
 from controlplane.shadow.settings import ShadowSettings
 
@@ -86,11 +92,11 @@ class WorkerState:
         read from then on, over the span the curves cover."""
         return self.miniatures.curves_since if self.miniatures is not None else None
 
-    def target(self) -> tuple[int | None, int | None]:
-        """The capacity and reuse ghost its miniatures stand for, or will once warm."""
+    def target(self) -> Modeled | None:
+        """What its miniatures stand for, or will once warm (None: nothing yet)."""
         if self.warming is not None:
-            return self.warming.capacity, self.warming.reuse_ghost
-        return self.capacity, self.reuse_ghost
+            return self.warming.modeled
+        return self.miniatures.modeled if self.miniatures is not None else None
 
 
 def keep(
@@ -162,8 +168,10 @@ def guard_work(worker: WorkerState, max_accesses: int) -> GuardWork:
     """``worker``'s part of the guard's replay: its newest kept requests, at most
     ``max_accesses`` accesses, at its miniature capacity."""
     size = worker.share.capacity(worker.capacity or 0)
+    modeled = worker.miniatures.modeled if worker.miniatures is not None else Modeled(0)
     return GuardWork(
         size,
         newest(worker.buffer, max_accesses),
         ghost_share(worker.capacity or 0, worker.reuse_ghost, size),
+        modeled.supersedes,
     )

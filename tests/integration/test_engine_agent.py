@@ -160,6 +160,7 @@ def test_a_request_reported_over_several_steps_is_recorded_whole(engine: Any) ->
     assert ea.agent.hits == 2 and ea.agent.accesses == 2 + 2 + 3 + 1
     assert asdict(ea.agent.status())["whole_requests"] is True
     assert asdict(ea.agent.status())["reuse_classes"] is False
+    assert asdict(ea.agent.status())["supersedes_branches"] is False  # the generic API
 
 
 def test_a_request_hitting_blocks_another_still_holds_is_recorded_after_it(

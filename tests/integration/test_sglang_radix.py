@@ -441,6 +441,7 @@ def test_events_reach_the_controller_and_a_pushed_version_applies_live(
         row = wait_until(agent, timeout=30, what="the agent's heartbeat with the pushed version")
         assert row["engine"] == "sglang" and row["hits"] > 0 and row["events_sent"] > 0
         assert row["whole_requests"] is False  # radix nodes: the shadow leaves it out
+        assert row["supersedes_branches"] is True  # its radix order runs the rule
 
         def fitted() -> dict[str, Any] | None:
             r = ctl.client.post("/v1/policy/refit", headers=AUTH, timeout=30)

@@ -90,3 +90,11 @@ def test_the_branch_a_request_left_is_evicted_first(
         if not pool.get_cached_block(h, [0])
     ]
     assert gone == hashes(evicted)
+
+
+def test_the_heartbeat_says_the_queue_runs_the_rule(pool: Any) -> None:
+    """The controller's shadow replays ``wa`` with the rule for a worker whose heartbeat
+    says its eviction runs it: the vLLM queue's does."""
+    engine = plugin._state.engine
+    assert engine is not None
+    assert engine.agent.status().supersedes_branches is True

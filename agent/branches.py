@@ -1,4 +1,5 @@
-"""``SupersededBranches``: which cached branches a newer request has left, for a free queue.
+"""Which cached branches a newer request has left: the ``tree`` rule, for a free queue and
+for a cache model.
 
 The ``tree`` rule of the replay's ``wa-superseded`` (``controlplane.replay.superseded``)
 on the engine's own blocks, by block id:
@@ -13,38 +14,75 @@ on the engine's own blocks, by block id:
     an eviction takes first the oldest superseded blocks still free, cached and not
       accessed since (tail first within a branch), then the evictor's own order
 
-Owns those links and marks, in lists of the pool's size plus one (the last slot stands
-for "no parent"), and the superseded blocks in marking order, keyed by block id: nothing
-grows past the pool. Block ids are reused, so a link is believed only where the child
-names the parent back (``parent``) and a mark only where the block was not accessed or
-stored again since (``seen``): a block's links and marks end with its content, nothing
-is forgotten on eviction (no work on the eviction path). A block is walked once per
-access at most (a walk marks only blocks not marked since their last access), so the
-work is O(1) per block hit or stored, amortized; the replay marks such a branch again,
-behind the marks made since. What it cannot know: a fork block evicted and computed
-again is a new block without children, so a parting there supersedes nothing (the
-replay, which never forgets, supersedes the old branch).
+Owns ``SupersededBranches``: those links and marks over an engine's pool, in lists of the
+pool's size plus one (the last slot stands for "no parent"), and the superseded blocks in
+marking order, keyed by block id: nothing grows past the pool. Block ids are reused, so
+a link is believed only where the child names the parent back (``parent``) and a mark
+only where the block was not accessed or stored again since (``seen``): a block's links
+and marks end with its content, nothing is forgotten on eviction (no work on the
+eviction path). A block is walked once per access at most (a walk marks only blocks not
+marked since their last access), so the work is O(1) per block hit or stored, amortized;
+the replay marks such a branch again, behind the marks made since. What it cannot know:
+a fork block evicted and computed again is a new block without children, so a parting
+there supersedes nothing (the replay, which never forgets, supersedes the old branch).
 
-It must never import vLLM, do I/O or hold a Python object per block.
+And ``CachedBranches``, the same rule over blocks named by their content (the
+controller's shadow caches, whose block ids are hashes and never come back): its links
+and marks are dicts that hold the cached blocks only, each block's dropped when it is
+evicted (``forget``), as an engine loses an evicted block's links when its id is given
+to other content.
+
+It must never import vLLM, do I/O or hold a Python object per block of an engine's pool.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container, Sequence
+from collections.abc import Container, Iterable, Sequence
+from typing import Protocol
+
+NO_CHILD = -(1 << 64)
+"""A block's child before it has one: below every 64-bit block id or hash."""
+
+
+class IntOf(Protocol):
+    """Per block, an int, read only."""
+
+    def __getitem__(self, block: int, /) -> int: ...
+
+
+class IntTable(IntOf, Protocol):
+    """Per block, an int: a list indexed by block id, or a ``Defaulted`` dict."""
+
+    def __setitem__(self, block: int, value: int, /) -> None: ...
+
+    def __len__(self) -> int: ...
+
+
+class Defaulted(dict[int, int]):
+    """A dict read as a list filled with ``default`` is: a block never set reads it."""
+
+    __slots__ = ("default",)
+
+    def __init__(self, default: int) -> None:
+        super().__init__()
+        self.default = default
+
+    def __missing__(self, block: int) -> int:
+        return self.default
 
 
 class SupersededBranches:
     """The ``tree`` rule over a pool of ``n`` blocks; ``hashes[i]`` is block ``i``'s hash
     (the free queue's side table, read only)."""
 
-    def __init__(self, n: int, hashes: Sequence[int]) -> None:
+    def __init__(self, n: int, hashes: IntOf) -> None:
         self.root = n
         """The slot that stands for "no parent" (a prompt's first block follows it)."""
         self._hashes = hashes
-        self._child = [-1] * (n + 1)
-        self._parent = [n] * (n + 1)
-        self._seen = [0] * (n + 1)
+        self._child: IntTable = [NO_CHILD] * (n + 1)
+        self._parent: IntTable = [n] * (n + 1)
+        self._seen: IntTable = [0] * (n + 1)
         """Per block, the stamp of its latest access (hit or store)."""
         self._parted: set[int] = set()
         """Blocks where branches have parted (since their content was stored)."""
@@ -67,7 +105,7 @@ class SupersededBranches:
         if self._parted:
             self._parted.difference_update(ids)  # new content: no parting there yet
         self._link(parent, ids, stamp)
-        self._child[ids[-1]] = -1
+        self._child[ids[-1]] = NO_CHILD
 
     def _link(self, parent: int, ids: Sequence[int], stamp: int) -> None:
         """Each of ``ids`` becomes the latest child of the one before it (the first, of
@@ -85,7 +123,7 @@ class SupersededBranches:
         through ``fork``'s latest child is superseded, unless ``new`` holds that child's
         content (a copy computed again, as vLLM does for a prompt's last block)."""
         old = self._child[fork]
-        if old < 0 or self._parent[old] != fork or fork in self._parted:
+        if old == NO_CHILD or self._parent[old] != fork or fork in self._parted:
             return
         if self._hashes[old] == self._hashes[new]:
             self._seen[old] = stamp  # its content is accessed again, in a copy
@@ -102,14 +140,14 @@ class SupersededBranches:
         still marked: untouched since, it and the chain below it were marked together."""
         child, parents, seen, marked = self._child, self._parent, self._seen, self.superseded
         branch: list[int] = []
-        block = first
-        for _ in range(self.root):  # a bound: valid links never cycle
+        block, none = first, NO_CHILD
+        for _ in range(len(seen)):  # a bound: valid links never cycle
             by = marked.get(block)
             if by is not None and seen[block] < by:
                 break
             branch.append(block)
             nxt = child[block]
-            if nxt < 0 or parents[nxt] != block or seen[nxt] < seen[block]:
+            if nxt == none or parents[nxt] != block or seen[nxt] < seen[block]:
                 break
             block = nxt
         return branch
@@ -130,3 +168,40 @@ class SupersededBranches:
         still cached is the queue's to say)."""
         seen = self._seen
         return [block for block, by in self.superseded.items() if seen[block] < by]
+
+
+class _OwnHash:
+    """Block ids that are their content's hash: each block's hash is its id."""
+
+    def __getitem__(self, block: int) -> int:
+        return block
+
+
+CACHED_ROOT = NO_CHILD - 1
+"""``CachedBranches``' "no parent": below every block hash and ``NO_CHILD``."""
+
+
+class CachedBranches(SupersededBranches):
+    """The ``tree`` rule over a cache whose block ids are content hashes: it holds the
+    cached blocks' links and marks only (``forget`` each evicted block)."""
+
+    def __init__(self) -> None:
+        super().__init__(0, _OwnHash())
+        self.root = CACHED_ROOT
+        self._children = Defaulted(NO_CHILD)
+        self._parents = Defaulted(CACHED_ROOT)
+        self._stamps = Defaulted(0)
+        self._child, self._parent, self._seen = self._children, self._parents, self._stamps
+
+    def __len__(self) -> int:
+        """Blocks whose links it holds."""
+        return len(self._stamps)
+
+    def forget(self, ids: Iterable[int]) -> None:
+        """``ids`` left the cache: their links, stamps and marks go with them."""
+        tables = (self._children, self._parents, self._stamps, self.superseded)
+        parted = self._parted
+        for block in ids:
+            for table in tables:
+                table.pop(block, None)
+            parted.discard(block)
