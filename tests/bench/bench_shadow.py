@@ -12,10 +12,14 @@ per rate, for the estimate the shadow serves and for the miniature's own figure 
 the regression moves it: the largest absolute error over every sample, policy and step,
 the mean of each sample's largest, the root mean square, how often the full figure lies
 in the served estimate's 95 % interval, and the shadow's CPU time per wire event
-(``time.process_time`` around ``ShadowEvaluator.apply``).
+(``time.process_time`` around ``ShadowEvaluator.apply``). With ``--supersede`` the worker
+runs the document's ``supersede`` rule under ``wa`` (a vLLM worker's default), as its
+heartbeat says: the shadow's ``wa`` replays the rule, and so does the full replay of
+``wa`` it is judged against.
 
     python -m tests.bench.bench_shadow [--profile to-c] [--seed 11] [--min-accesses 1000000]
-        [--capacity-frac 0.05] [--rates 0.02,0.05,0.1,0.2] [--salts 10] [--json]
+        [--capacity-frac 0.05] [--rates 0.02,0.05,0.1,0.2] [--salts 10] [--supersede]
+        [--json]
 
 Choose the default rate on one seed; report on another. Not collected by pytest; results
 go in docs/benchmarks.md ("Shadow evaluation") and docs/shadow.md.
@@ -33,7 +37,9 @@ from agent.policies.wa import WAPolicy
 from agent.policy_document import PolicyDocument
 from agent.wire import EventBatch
 from controlplane.replay.engine import replay_hits
+from controlplane.shadow.estimator import MiniCache
 from controlplane.shadow.evaluator import ShadowEvaluator
+from controlplane.shadow.rebuild import Request
 from controlplane.shadow.settings import ShadowSettings
 from controlplane.traces.model import Trace
 from controlplane.traces.synth import synthesize
@@ -103,15 +109,20 @@ def build_trace(profile: str, seed: int, min_accesses: int) -> Trace:
         duration *= 1.2 * min_accesses / max(trace.n_accesses, 1)
 
 
-def full_replays(trace: Trace, capacity: int, doc: PolicyDocument) -> dict[str, list[float]]:
+def full_replays(
+    trace: Trace, capacity: int, doc: PolicyDocument, supersede: bool
+) -> dict[str, list[float]]:
     """Per policy, per ladder step: the full replay's hit ratio (the shadow stands for the
-    same full-size caches)."""
+    same full-size caches; ``wa`` evicting superseded branches first with ``supersede``)."""
     settings = ShadowSettings(shadow_ladder=LADDER)
     out: dict[str, list[float]] = {}
     for name in ("wa", *BASELINES.split(",")):
         ratios = []
         for multiple in settings.multiples:
             size = round(capacity * multiple)
+            if name == "wa" and supersede:
+                ratios.append(superseding_wa_replay(trace, size, doc))
+                continue
             policy = (
                 WAPolicy(size, category_names=trace.category_names, doc=doc)
                 if name == "wa"
@@ -120,6 +131,19 @@ def full_replays(trace: Trace, capacity: int, doc: PolicyDocument) -> dict[str, 
             ratios.append(float(replay_hits(trace, policy, size).sum()) / trace.n_accesses)
         out[name] = ratios
     return out
+
+
+def superseding_wa_replay(trace: Trace, size: int, doc: PolicyDocument) -> float:
+    """``wa`` under ``doc`` at ``size`` blocks over the whole trace, superseded branches
+    evicted first as a vLLM worker's queue does: a miniature cache at full size and rate
+    (the replay's semantics: ``MiniCache``)."""
+    cache = MiniCache(WAPolicy(size, category_names=trace.category_names, doc=doc), size)
+    cache.run_branch_rule(True)
+    hits = 0
+    times, codes = trace.timestamps.tolist(), trace.categories.tolist()
+    for r in range(trace.n_requests):
+        hits += cache.serve(Request(times[r], codes[r], trace.request_blocks(r).tolist()))
+    return hits / trace.n_accesses
 
 
 @dataclass(frozen=True)
@@ -131,6 +155,8 @@ class Stream:
     capacity: int
     doc: PolicyDocument
     span: float
+    supersede: bool = False
+    """Whether the worker's heartbeat says its eviction runs the ``supersede`` rule."""
 
 
 def shadow_run(
@@ -145,7 +171,7 @@ def shadow_run(
         shadow_buckets=1,
     )
     shadow = ShadowEvaluator(settings, salt)
-    shadow.set_capacities({"w1": stream.capacity})
+    shadow.set_capacities({"w1": stream.capacity}, supersedes={"w1": stream.supersede})
     shadow.set_policy(stream.doc)
     t0 = time.process_time()
     for batch in stream.batches:
@@ -227,6 +253,9 @@ def main() -> None:
     ap.add_argument("--key-depths", default=str(ShadowSettings().shadow_key_depth))
     ap.add_argument("--salts", type=int, default=10, help="samples drawn per setting")
     ap.add_argument("--verbose", action="store_true", help="every sample's errors")
+    ap.add_argument(
+        "--supersede", action="store_true", help="the worker runs the supersede rule under wa"
+    )
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     trace = build_trace(a.profile, a.seed, a.min_accesses)
@@ -236,13 +265,14 @@ def main() -> None:
         capacity,
         fitted_document(trace),
         float(trace.timestamps[-1] - trace.timestamps[0]) + 1.0,
+        a.supersede,
     )
     events = sum(len(b) for b in stream.batches)
     print(
         f"{trace.name}: {trace.n_requests:,} requests, {trace.n_accesses:,} accesses, "
         f"{trace.n_unique:,} unique blocks; worker capacity {capacity:,}; {events:,} wire events"
     )
-    full = full_replays(trace, capacity, stream.doc)
+    full = full_replays(trace, capacity, stream.doc, a.supersede)
     rows = []
     for rate in (float(r) for r in a.rates.split(",")):
         for depth in (int(d) for d in a.key_depths.split(",")):
