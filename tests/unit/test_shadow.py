@@ -300,10 +300,15 @@ def test_the_regression_corrects_a_sample_poorer_in_reuse_than_the_traffic() -> 
 
 # --- exactness -------------------------------------------------------------------------------
 def _shadow_at_full_rate(
-    trace: Trace, capacity: int, doc: PolicyDocument, reuse_ghost: int | None = None
+    trace: Trace,
+    capacity: int,
+    doc: PolicyDocument,
+    reuse_ghost: int | None = None,
+    supersedes: bool = False,
 ) -> ShadowEvaluator:
-    """Worker ``w1`` of ``capacity`` blocks (and ``reuse_ghost``) shadowed with every request
-    sampled, in one window, and the guard replaying all of it: the offline replay's twin."""
+    """Worker ``w1`` of ``capacity`` blocks (``reuse_ghost``, and whether its eviction runs
+    the ``supersede`` rule) shadowed with every request sampled, in one window, and the
+    guard replaying all of it: the offline replay's twin."""
     settings = ShadowSettings(
         shadow_rate=1.0,
         shadow_policies="lru,s3fifo,arc",
@@ -314,7 +319,7 @@ def _shadow_at_full_rate(
         guard_max_accesses=trace.n_accesses,
     )
     shadow = ShadowEvaluator(settings)
-    shadow.set_capacities({"w1": capacity}, {"w1": True}, {"w1": reuse_ghost})
+    shadow.set_capacities({"w1": capacity}, {"w1": True}, {"w1": reuse_ghost}, {"w1": supersedes})
     shadow.set_policy(doc)
     for batch in agent_batches(trace, capacity, batch_events=1000):
         shadow.apply(batch)

@@ -16,13 +16,12 @@ from controlplane.replay import catalog
 from controlplane.replay.engine import replay_hits
 from controlplane.replay.options import ReplayOptions
 from controlplane.shadow.estimator import MiniCache
-from controlplane.shadow.evaluator import ShadowEvaluator
 from controlplane.shadow.guard import GuardWork, compare
 from controlplane.shadow.rebuild import Request
 from controlplane.shadow.settings import ShadowSettings
 from controlplane.traces.model import Trace
-from tests.agent_stream import agent_batches
 from tests.unit.test_replay_superseded import _replacing_trace
+from tests.unit.test_shadow import _shadow_at_full_rate
 from tests.unit.test_superseded_branches import forking_chats
 
 REPLACING_CAPACITY = 150
@@ -112,25 +111,10 @@ def test_the_rule_runs_only_where_the_policy_can_drop_a_block() -> None:
 def shadow_wa_hit_ratio(trace: Trace, doc: PolicyDocument, supersedes: bool) -> float:
     """``wa``'s hit ratio at 1x in a full-rate shadow of worker ``w1`` of the replay
     test's capacity, its heartbeat saying whether its eviction runs the rule."""
-    settings = ShadowSettings(
-        shadow_rate=1.0,
-        shadow_policies="lru",
-        shadow_ladder="1",
-        shadow_window_s=1e9,
-        shadow_buckets=1,
-        shadow_max_requests=trace.n_requests,
-    )
-    shadow = ShadowEvaluator(settings)
-    shadow.set_capacities(
-        {"w1": REPLACING_CAPACITY}, {"w1": True}, {"w1": None}, {"w1": supersedes}
-    )
-    shadow.set_policy(doc)
-    for batch in agent_batches(trace, REPLACING_CAPACITY, batch_events=1000):
-        shadow.apply(batch)
-    shadow.flush("w1")
+    shadow = _shadow_at_full_rate(trace, REPLACING_CAPACITY, doc, supersedes=supersedes)
     (group,) = shadow.view().groups
-    ((point,),) = (c.points for c in group.curves if c.policy == "wa")
-    return point.hit_ratio
+    ((wa_points),) = (c.points for c in group.curves if c.policy == "wa")
+    return next(p.hit_ratio for p in wa_points if p.multiple == 1.0)
 
 
 def test_the_shadow_runs_the_rule_for_a_worker_that_does() -> None:
