@@ -15,7 +15,9 @@ over one or several scheduling steps) reports them through one, which holds them
 request's prompt is whole and then records them in one go, at one time: the request's HITs
 in prompt order, then its INSERTs tail first, as a replayed request would make them. A
 controller can then rebuild each request from the event stream (the shadow evaluation).
-It must never import an engine or wait on I/O.
+Made, it warns of each ``KVWISE_*`` variable of the engine's environment that nothing
+reads (``agent.setting_names``): once per engine, where the agent starts, not in each
+process the engine's plugin loads in. It must never import an engine or wait on I/O.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from agent.category_table import reused_name
 from agent.policies.handover import NamesCategories, SwitchRefused
 from agent.policy_document import PolicyDocument
 from agent.runtime.agent import Agent, set_parameters
+from agent.setting_names import warn_of_unread_variables
 from agent.settings import AgentSettings
 from agent.wire import MAX_CATEGORY_NAME_CHARS
 
@@ -190,6 +193,7 @@ class EngineAgent:
         ``whole_requests``: whether the engine reports each request whole (through
         ``RequestReport``s, or hits and stores at one time), and whether its eviction runs
         the document's ``supersede`` rule, both said in the heartbeat."""
+        warn_of_unread_variables()  # the plugin read ``settings`` from this environment
         self.order = EngineOrder(evictor)
         self.agent = Agent(
             settings,

@@ -16,7 +16,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -577,43 +577,18 @@ def warn_unless_agents_fit(controller: ControllerSettings, agent: AgentSettings)
     )
 
 
-NOT_SETTINGS = ("KVWISE_TEST_", "KVWISE_VLLM_VENV", "KVWISE_SGLANG_VENV", "KVWISE_DOCS_")
-"""``KVWISE_*`` names (prefixes) the test suite and its tools read, not settings: never
-warned of."""
-
-
-def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
-    """Each ``KVWISE_*`` variable of ``environ`` that no setting of the controller or the
-    agent reads (matched as the settings match names, ignoring case), with the setting's
-    name it is closest to, if one is close."""
-    from difflib import get_close_matches
-
-    from agent.settings import AgentSettings
-    from controlplane.service.settings import ControllerSettings
-
-    known: set[str] = set()
-    for cls in (ControllerSettings, AgentSettings):
-        prefix = str(cls.model_config.get("env_prefix", ""))
-        known |= {f"{prefix}{name}".upper() for name in cls.model_fields}
-    unknown = []
-    for name in sorted(environ):
-        upper = name.upper()
-        if not upper.startswith("KVWISE_") or upper in known or upper.startswith(NOT_SETTINGS):
-            continue
-        close = get_close_matches(upper, sorted(known), n=1, cutoff=0.82)
-        unknown.append((name, close[0] if close else None))
-    return unknown
-
-
 def warn_unknown_variables() -> None:
     """Warn on stderr of each ``KVWISE_*`` variable that nothing reads: a misspelt one
     (``KVWISE_REFIT_INTERVAL`` for ``KVWISE_REFIT_INTERVAL_S``, ``KVWISE_ENABLED``) was
-    ignored without a word, its setting left at the default."""
+    ignored without a word, its setting left at the default. The agent inside an engine
+    warns of the same variables (``agent.setting_names.unread_variables``), in the same words."""
     import os
 
-    for name, close in unknown_variables(os.environ):
-        hint = f" (did you mean {close}?)" if close else " (kvwise config lists them)"
-        say(f"{name} is not a kvwise setting: nothing reads it{hint}", lead="warning: ")
+    from agent.setting_names import unread_variables
+    from agent.unknown_names import not_a_setting
+
+    for name, close in unread_variables(os.environ):
+        say(not_a_setting(name, close), lead="warning: ")
 
 
 def check_redis_url(url: str, where: str) -> str:

@@ -81,7 +81,10 @@ def markdown() -> str:
         "`kvwise config --markdown` from the settings classes; a test keeps it current.",
         "Helm values mirror these one to one (docs/deploy.md). A `KVWISE_*` variable that no",
         "setting reads (a misspelt one) is ignored: `kvwise config`, `kvwise controller`,",
-        "`kvwise worker` and `kvwise demo` warn of it, naming the closest setting.",
+        "`kvwise worker` and `kvwise demo` warn of it on stderr, and the agent inside a vLLM",
+        "or SGLang engine in the engine's log when it starts, naming the setting it was",
+        "probably meant as. A setting of either side is never warned of, wherever it is set:",
+        "one environment may serve both.",
         "",
     ]
     for title, cls in (

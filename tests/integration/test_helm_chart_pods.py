@@ -24,6 +24,7 @@ import pytest
 import redis
 from pydantic import SecretStr
 
+from agent.setting_names import unread_variables
 from agent.settings import AgentSettings
 from controlplane.service.settings import ControllerSettings
 from tests.integration import helm_support as hs
@@ -70,6 +71,7 @@ def test_configmap_holds_every_controller_setting_but_the_per_pod_ones(
     env, settings = controller_env(r, monkeypatch)
     # Every setting reaches the process: the ConfigMap's, and the per-pod ones from env.
     set_in_pod = {k for k in env if k.startswith("KVWISE_")}
+    assert unread_variables(env) == []  # `kvwise controller` warns of none
     unset = {env_name(f) for f in ControllerSettings.model_fields} - set_in_pod
     auth = r.values["controller"]["auth"]
     token_off = set() if auth["enabled"] else {env_name("api_token")}
@@ -206,6 +208,7 @@ def test_worker_env_carries_every_agent_setting(case: str, monkeypatch: pytest.M
     assert {k for k in env if k.startswith("KVWISE_")} == {
         env_name(f) for f in AgentSettings.model_fields
     }
+    assert unread_variables(env) == []  # the agent warns of none in the engine's log
     assert env["KVWISE_ENABLE"] == "1"
     plugins_env, plugins_value = ENGINE_PLUGINS[w["engine"]]
     other_env = {e for e, _ in ENGINE_PLUGINS.values()} - {plugins_env}
