@@ -114,6 +114,11 @@ class Keys:
         """The controller's record of one worker: sequence floors per epoch, counts."""
         return f"{self.prefix}ingest:{{{worker}}}"
 
+    def heartbeat_conflict(self, worker: str) -> str:
+        """Present while the controller finds several agents' heartbeats under one worker
+        id: how many (a decimal count), expiring when the evidence would be too old."""
+        return f"{self.prefix}beatconflict:{{{worker}}}"
+
     # --- policy: tag {policy} --------------------------------------------------------------
     policy_current = _Key("{policy}:current")
     """The current policy version, as a decimal string: the only mutable pointer."""

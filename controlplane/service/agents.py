@@ -1,17 +1,20 @@
 """What the controller says about each agent: its heartbeat plus what ingest did with its
-events (from the worker's ledger, so any replica, leader or not, answers the same).
+events (from the worker's ledger, so any replica, leader or not, answers the same) and
+whether its id's heartbeat shows several agents (the leader's flag, stored likewise).
 
 Owns ``AgentView``, ``AgentListing`` and reading them from Redis: the heartbeat keys (SCAN,
 page by page), the first ``max_agents`` of them in a fixed order (the workers ingested, then
 by key) read (``MAX_HEARTBEAT_BYTES`` of each at most), and the counts of those workers'
-ledgers (``LEDGER_FIELDS`` only, within the bounds ``ledger_reads`` reads any ledger in),
-in two round trips. The heartbeat keys past ``max_agents`` are counted, not read: any
-process may write them. A heartbeat this release cannot read (too large, not a string, an
-agent of another wire schema, a corrupt value) is counted, skipped and said once per agent
-key while that key lives; a ledger it cannot read (not a hash, more fields than a ledger
-holds, a count too long or not a number) leaves its worker listed with its counts unknown
-(``counts_known``), counted and said once per worker while it is listed. It must never
-write.
+ledgers (``LEDGER_FIELDS`` only, within the bounds ``ledger_reads`` reads any ledger in)
+and the flags the leader stored of their heartbeats (``heartbeat_watch``: an id several
+agents beat under), in three round trips. The heartbeat keys past ``max_agents`` are
+counted, not read: any process may write them. A heartbeat this release cannot read (too
+large, not a string, an agent of another wire schema, a corrupt value) is counted, skipped
+and said once per agent key while that key lives; a ledger it cannot read (not a hash,
+more fields than a ledger holds, a count too long or not a number) leaves its worker listed
+with its counts unknown (``counts_known``), counted and said once per worker while it is
+listed; a flag it cannot read reads 0, said once per worker while it is listed. It must
+never write.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Final
 
 from agent.runtime.connection import RedisClient
 from agent.wire import MAX_HEARTBEAT_BYTES, AgentStatus, Keys, WireError
+from controlplane.service.heartbeat_watch import read_flags
 from controlplane.service.ledger_reads import LedgerFields
 from controlplane.told_once import ToldOnce
 
@@ -53,11 +57,17 @@ class AgentView(AgentStatus):
     gap_batches: int = _ledger_count("missing")
     """Batches missing from its sequence (lost before ingest)."""
     id_conflict: int = _ledger_count("id_conflict")
-    """Agent processes (starts) writing events under this worker id at the same time, for
-    over 30 s, as of ingest's last batch of it: two replicas given one ``KVWISE_WORKER_ID``
-    read 2, their events counted as this one worker's (``events_ingested`` then exceeds
-    this heartbeat's ``events_sent``, and the heartbeat is either one's); 0 when none do,
-    a restart included."""
+    """Agent processes (starts) found alive under this worker id at the same time, for over
+    30 s: two replicas given one ``KVWISE_WORKER_ID`` read 2, this heartbeat being either
+    one's; 0 when none are, a restart included. The larger of two findings: ingest's, of
+    the processes writing events at once as of its last batch of the worker (their events
+    counted as this one worker's: ``events_ingested`` then exceeds this heartbeat's
+    ``events_sent``), and ``heartbeat_id_conflict``, which sees replicas that send none."""
+    heartbeat_id_conflict: int = 0
+    """Agent processes whose heartbeats the leader's reads found taking turns under this id
+    (one start seen, then another, then the first again 30 s or more after the other was
+    first seen), each seen within the last 10 minutes; 0 when none (a restart is one start
+    after another)."""
     engine_seconds: float = 0.0
     """Estimated engine-thread time of kvwise's calls since the agent started (its sampled
     ``engine_*`` counts: ``EngineTimeSnapshot``)."""
@@ -107,6 +117,7 @@ class AgentReader:
         self.max_agents = max_agents
         self._told: ToldOnce[bytes] = ToldOnce()
         self._told_ledgers: ToldOnce[str] = ToldOnce()
+        self._told_flags: ToldOnce[str] = ToldOnce()
         self._ledgers = LedgerFields(client, keys, LEDGER_FIELDS)
 
     def read(self, preferred: Collection[str] = ()) -> AgentListing:
@@ -125,13 +136,23 @@ class AgentReader:
         )
 
     def _views(self, live: list[AgentStatus]) -> list[AgentView]:
-        """``live`` with their ledgers' counts (``LEDGER_FIELDS`` only)."""
-        raws = self._ledgers.read([s.id for s in live])
-        self._told_ledgers.keep_only(s.id for s in live)  # a worker gone is forgotten
-        return [self._view(s, raw) for s, raw in zip(live, raws, strict=True)]
+        """``live`` with their ledgers' counts (``LEDGER_FIELDS`` only) and the flags of
+        their heartbeats (``heartbeat_watch``)."""
+        workers = [s.id for s in live]
+        raws = self._ledgers.read(workers)
+        flags = read_flags(self.r, self.keys, workers)
+        self._told_ledgers.keep_only(workers)  # a worker gone is forgotten
+        self._told_flags.keep_only(workers)
+        return [
+            self._view(s, raw, self._flag(s.id, flag))
+            for s, raw, flag in zip(live, raws, flags, strict=True)
+        ]
 
-    def _view(self, status: AgentStatus, raw: dict[bytes, bytes] | ValueError) -> AgentView:
-        """``status`` with its ledger's counts; unknown (said once) if unreadable."""
+    def _view(
+        self, status: AgentStatus, raw: dict[bytes, bytes] | ValueError, flag: int
+    ) -> AgentView:
+        """``status`` with its ledger's counts (unknown, said once, if unreadable) and its
+        heartbeats' flag ``flag``."""
         try:
             if isinstance(raw, ValueError):
                 raise raw
@@ -139,8 +160,17 @@ class AgentReader:
         except ValueError as exc:
             if self._told_ledgers.first(status.id):
                 log.warning("counts of %r unknown: its ledger is unreadable: %s", status.id, exc)
-            return _view(status, counts_known=False)
-        return _view(status, counts)
+            return _view(status, {"id_conflict": flag}, flag, counts_known=False)
+        counts["id_conflict"] = max(counts["id_conflict"], flag)
+        return _view(status, counts, flag)
+
+    def _flag(self, worker: str, flag: int | ValueError) -> int:
+        """The heartbeats' flag of ``worker``; 0 (said once) if unreadable."""
+        if isinstance(flag, ValueError):
+            if self._told_flags.first(worker):
+                log.warning("ignoring the heartbeat conflict flag of %r: %s", worker, flag)
+            return 0
+        return flag
 
     def first_keys(
         self, preferred: Collection[bytes] = (), excluded: Collection[bytes] = (), limit: int = -1
@@ -202,12 +232,14 @@ def _pages(items: Iterable[bytes], size: int) -> Iterable[list[bytes]]:
 
 
 def _view(
-    status: AgentStatus, counts: Mapping[str, int] | None = None, *, counts_known: bool = True
+    status: AgentStatus, counts: Mapping[str, int], flag: int, *, counts_known: bool = True
 ) -> AgentView:
-    """``status`` with its ledger's ``counts`` (by ``AgentView`` field; none: all 0)."""
+    """``status`` with its ledger's ``counts`` (by ``AgentView`` field; one missing: 0) and
+    its heartbeats' ``flag``."""
     cost = status.engine_time
     return AgentView(
-        **asdict(status) | dict(counts or {}),
+        **asdict(status) | dict(counts),
+        heartbeat_id_conflict=flag,
         engine_seconds=cost.seconds,
         engine_seconds_per_call=cost.seconds_per_call,
         engine_seconds_per_block=cost.seconds_per_block,
