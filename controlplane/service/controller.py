@@ -3,7 +3,7 @@ checkpoints and the store.
 
 Owns the controller's lifecycle and its background work: an APScheduler scheduler
 (``coalesce``, ``max_instances=1``; its own chatter kept below warning) runs the lease tick,
-the refit and the shadow refresh (which also watches the heartbeats for several agents
+the refit and the shadow refresh (which also tends the instances hashes: several agents
 under one id); the ingest thread, between passes, the window checkpoint
 and the ageing out of unused categories (so a checkpoint never holds a batch its ledger does
 not); the leader alone runs the ingest thread, refits (one at a time), checkpoints and
@@ -36,6 +36,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from agent.runtime.connection import RedisState, redact
 from agent.wire import EventBatch, Keys
 from controlplane.fit import FitResult
+from controlplane.service.agent_instances import InstanceConflicts
 from controlplane.service.agents import AgentListing, AgentReader, AgentView
 from controlplane.service.categories import CategoryDetail, CategorySummary, detail, summaries
 from controlplane.service.checkpoint import CheckpointError
@@ -47,7 +48,6 @@ from controlplane.service.controller_parts import (
 )
 from controlplane.service.gauges import show_agents, show_policy
 from controlplane.service.health import RedisHealth, guarded
-from controlplane.service.heartbeat_watch import HeartbeatConflicts
 from controlplane.service.housekeeping import Housekeeper, HousekeepingSettings
 from controlplane.service.ingest import Ingestor
 from controlplane.service.ingest_settings import IngestSettings
@@ -67,15 +67,8 @@ from controlplane.shadow.view import ShadowView
 log = logging.getLogger(__name__)
 
 SHADOW_REFRESH_S = 5.0
-"""Mean seconds between reads of the workers' heartbeats (their capacities for the shadow,
-their starts for ``HeartbeatConflicts``) and the document in force, and between settings of
-the shadow's gauges that a scrape serves."""
-SHADOW_JITTER_S = SHADOW_REFRESH_S
-"""Each run of the shadow job comes half of ``SHADOW_REFRESH_S`` after the last plus a
-random part of up to this (APScheduler's ``jitter``): 5 s on average, at no fixed phase. At
-a fixed 5 s, the agents' default heartbeat period, each read would find the same one of two
-agents beating under one id for hours (whichever beats just before the read's phase), and
-the heartbeat watch would never see them take turns (modelled in its tests)."""
+"""Seconds between reads of the workers' capacities and the document in force (shadow),
+and between settings of the shadow's gauges that a scrape serves."""
 
 
 class Controller:
@@ -117,8 +110,9 @@ class Controller:
         self.metrics.window_categories.set_function(lambda: window.categories)
         self.checkpoints = checkpoint_store(self.r, self.keys, settings, window)
         self.agent_reader = AgentReader(self.r, self.keys, settings.max_workers)
-        self.heartbeat_conflicts = HeartbeatConflicts(self.r, self.keys, settings.max_workers)
-        """The leader's watch of several agents beating under one id (the shadow job's)."""
+        self.instance_conflicts = InstanceConflicts(self.r, self.keys, settings.max_workers)
+        """The leader's care of the instances hashes (the shadow job's): stale fields
+        removed, several agents under one id said."""
         self.shadow = ShadowLink(settings.shadow_only(), self.metrics, settings.max_workers)
         self.refitter = Refitter(
             settings, self.store, window, self.shadow, self.metrics, self.memory, self.lease
@@ -169,12 +163,12 @@ class Controller:
             self._tick_lease()  # probes Redis again: trouble is said once, here
         s = self.settings
         jobs = (
-            (self._tick_lease, s.lease_ttl_s / 3, None, "lease"),
-            (self.refitter.scheduled, s.refit_interval_s, None, "refit"),
-            (self._refresh_shadow, SHADOW_REFRESH_S / 2, SHADOW_JITTER_S, "shadow"),
+            (self._tick_lease, s.lease_ttl_s / 3, "lease"),
+            (self.refitter.scheduled, s.refit_interval_s, "refit"),
+            (self._refresh_shadow, SHADOW_REFRESH_S, "shadow"),
         )
-        for job, seconds, jitter, name in jobs:
-            self.scheduler.add_job(job, "interval", seconds=seconds, jitter=jitter, id=name)
+        for job, seconds, name in jobs:
+            self.scheduler.add_job(job, "interval", seconds=seconds, id=name)
         self.scheduler.start()
 
     def stop(self) -> None:
@@ -263,16 +257,15 @@ class Controller:
 
     def _refresh_shadow(self) -> None:
         """The shadow job: on the leader, the workers' capacities and the document in force
-        as read now, and the agents' starts told to the heartbeat watch; on every replica,
-        the shadow's gauges set from its view (a scrape serves them as set here: it never
-        waits for the shadow's replays)."""
+        as read now, and the instances hashes read with them tended (``InstanceConflicts``);
+        on every replica, the shadow's gauges set from its view (a scrape serves them as set
+        here: it never waits for the shadow's replays)."""
         if self.lease.is_leader:
             with contextlib.suppress(redis.RedisError):  # said by the health; next tick tries
-                agents, current = self._read_agents().agents, self.store.current()
-                flags = self.heartbeat_conflicts.observe(agents)  # before a warm's seconds
-                ingested = [a for a in agents if not a.ingest_refused]
+                listing, current = self._read_agents(), self.store.current()
+                ingested = [a for a in listing.agents if not a.ingest_refused]
                 self.shadow.refresh(ingested, current, idle_s=SHADOW_REFRESH_S)
-                self.heartbeat_conflicts.store(flags)  # a write Redis may refuse: last
+                self.instance_conflicts.tend(listing.instances)  # a write Redis may refuse
         self.shadow.export()
 
     def _load_checkpoint(self, *, first_try: bool) -> bool:

@@ -51,10 +51,9 @@ PER_AGENT: Final[dict[str, tuple[str, str]]] = {
     "events_dropped": ("kvwise_agent_events_dropped", "Events each live agent dropped"),
     "heartbeat_id_conflict": (
         "kvwise_agent_heartbeat_id_conflict",
-        "Agent processes whose heartbeats take turns under one worker id (one start seen, "
-        "another, the first again 30 s or more later; each seen within 10 minutes): "
-        "replicas given one KVWISE_WORKER_ID, those sending no events included; 0 when "
-        "none, a restart included",
+        "Agent processes beating under one worker id at once, each beside another for "
+        "over 30 s (by the id's instances hash): replicas given one KVWISE_WORKER_ID, "
+        "those sending no events included; 0 when none, a restart included",
     ),
     "engine_seconds": (
         "kvwise_agent_engine_seconds",
