@@ -114,6 +114,11 @@ class Keys:
         """The controller's record of one worker: sequence floors per epoch, counts."""
         return f"{self.prefix}ingest:{{{worker}}}"
 
+    def instances(self, worker: str) -> str:
+        """Hash of the agent processes beating under one worker id: field its epoch, value
+        its ``AgentInstance``; expires with the heartbeat."""
+        return f"{self.prefix}instances:{{{worker}}}"
+
     # --- policy: tag {policy} --------------------------------------------------------------
     policy_current = _Key("{policy}:current")
     """The current policy version, as a decimal string: the only mutable pointer."""
@@ -677,3 +682,38 @@ def _typed(name: str, type_: str, value: object) -> object:
     ):
         return float(value)
     raise WireError(f"heartbeat: {name} is not a {type_}: {value!r}")
+
+
+MAX_INSTANCE_BYTES: Final = 64
+"""Bytes of an ``AgentInstance`` value (three numbers: about 40) accepted at most."""
+
+
+@dataclass(frozen=True)
+class AgentInstance:
+    """One agent process beating under a worker id, as its heartbeat records it in
+    ``Keys.instances(id)`` (field: its epoch): when it started, when it last beat, and its
+    heartbeat period, by its own clock. A compact value, ``"<started_at> <updated_at>
+    <interval_s>"``, written beside every beat."""
+
+    started_at: float
+    updated_at: float
+    interval_s: float
+
+    def to_field(self) -> str:
+        return f"{self.started_at:.3f} {self.updated_at:.3f} {self.interval_s:g}"
+
+    @classmethod
+    def from_field(cls, raw: bytes) -> AgentInstance:
+        """Parse a value of ``to_field``'s form; anything else (too long, not three finite
+        numbers, a start after the beat, a period not positive) is a ``WireError``."""
+        if len(raw) > MAX_INSTANCE_BYTES:
+            raise WireError(f"agent instance: more than {MAX_INSTANCE_BYTES} bytes")
+        try:
+            started, updated, interval = (float(x) for x in raw.split())
+        except ValueError:  # not three numbers (UnicodeDecodeError is a ValueError)
+            raise WireError(f"agent instance: {raw!r} is not three numbers") from None
+        if not all(math.isfinite(x) for x in (started, updated, interval)):
+            raise WireError(f"agent instance: {raw!r} is not three finite numbers")
+        if started > updated or interval <= 0:
+            raise WireError(f"agent instance: {raw!r} starts after it beat or has no period")
+        return cls(started, updated, interval)

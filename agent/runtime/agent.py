@@ -160,7 +160,7 @@ class Agent:
             unknown_category=unknown_category,
         )
         self.subscriber = PolicySubscriber(settings, self.client)
-        self.heartbeat = Heartbeat(settings, self.client, self.status)
+        self.heartbeat = Heartbeat(settings, self.client, self.status, self.epoch)
 
     # --- engine-thread hooks -------------------------------------------------------------
     # Each hook below is one engine call, timed on a sample (``engine_time``); its

@@ -1,16 +1,21 @@
 """What the controller says about each agent: its heartbeat plus what ingest did with its
-events (from the worker's ledger, so any replica, leader or not, answers the same).
+events (from the worker's ledger, so any replica, leader or not, answers the same) and
+whether several agent processes beat under its id (from the id's instances hash, likewise).
 
 Owns ``AgentView``, ``AgentListing`` and reading them from Redis: the heartbeat keys (SCAN,
 page by page), the first ``max_agents`` of them in a fixed order (the workers ingested, then
 by key) read (``MAX_HEARTBEAT_BYTES`` of each at most), and the counts of those workers'
-ledgers (``LEDGER_FIELDS`` only, within the bounds ``ledger_reads`` reads any ledger in),
-in two round trips. The heartbeat keys past ``max_agents`` are counted, not read: any
-process may write them. A heartbeat this release cannot read (too large, not a string, an
-agent of another wire schema, a corrupt value) is counted, skipped and said once per agent
-key while that key lives; a ledger it cannot read (not a hash, more fields than a ledger
-holds, a count too long or not a number) leaves its worker listed with its counts unknown
-(``counts_known``), counted and said once per worker while it is listed. It must never
+ledgers (``LEDGER_FIELDS`` only, within the bounds ``ledger_reads`` reads any ledger in)
+and their instances hashes (``agent_instances``: the processes beating under the id, within
+its bounds), in three round trips. The heartbeat keys past ``max_agents`` are
+counted, not read: any process may write them. A heartbeat this release cannot read (too
+large, not a string, an agent of another wire schema, a corrupt value) is counted, skipped
+and said once per agent key while that key lives; a ledger it cannot read (not a hash,
+more fields than a ledger holds, a count too long or not a number) leaves its worker listed
+with its counts unknown (``counts_known``), counted and said once per worker while it is
+listed; an instances hash it cannot read (not a hash), or a field of one (too long, not an
+``AgentInstance``), reads as nothing, and fields past its bound are left unread, each said
+once per worker while it is listed and until its hash reads well again. It must never
 write.
 """
 
@@ -23,6 +28,11 @@ from typing import Final
 
 from agent.runtime.connection import RedisClient
 from agent.wire import MAX_HEARTBEAT_BYTES, AgentStatus, Keys, WireError
+from controlplane.service.agent_instances import (
+    MAX_INSTANCES_READ,
+    WorkerInstances,
+    read_instances,
+)
 from controlplane.service.ledger_reads import LedgerFields
 from controlplane.told_once import ToldOnce
 
@@ -53,11 +63,17 @@ class AgentView(AgentStatus):
     gap_batches: int = _ledger_count("missing")
     """Batches missing from its sequence (lost before ingest)."""
     id_conflict: int = _ledger_count("id_conflict")
-    """Agent processes (starts) writing events under this worker id at the same time, for
-    over 30 s, as of ingest's last batch of it: two replicas given one ``KVWISE_WORKER_ID``
-    read 2, their events counted as this one worker's (``events_ingested`` then exceeds
-    this heartbeat's ``events_sent``, and the heartbeat is either one's); 0 when none do,
-    a restart included."""
+    """Agent processes (starts) found alive under this worker id at the same time, for over
+    30 s: two replicas given one ``KVWISE_WORKER_ID`` read 2, this heartbeat being either
+    one's; 0 when none are, a restart included. The larger of two findings: ingest's, of
+    the processes writing events at once as of its last batch of the worker (their events
+    counted as this one worker's: ``events_ingested`` then exceeds this heartbeat's
+    ``events_sent``), and ``heartbeat_id_conflict``, which sees replicas that send none."""
+    heartbeat_id_conflict: int = 0
+    """Agent processes beating under this id at once, by its instances hash: each still
+    beating (its last beat within two of its periods of the newest there) and beside
+    another for over 30 s; 0 when none (a restart: the old one's beats stop as the new
+    one's begin) and for agents that predate the hash."""
     engine_seconds: float = 0.0
     """Estimated engine-thread time of kvwise's calls since the agent started (its sampled
     ``engine_*`` counts: ``EngineTimeSnapshot``)."""
@@ -87,6 +103,9 @@ class AgentListing:
     """Heartbeats read but unreadable: too large, not a string, another schema, corrupt."""
     ledgers_refused: int = 0
     """Agents listed whose ledger was unreadable (``AgentView.counts_known``)."""
+    instances: Mapping[str, WorkerInstances] = field(default_factory=dict, repr=False)
+    """What each listed worker's instances hash says (its stale fields, for the leader to
+    remove); a worker whose hash was refused is absent."""
 
 
 LEDGER_COUNTS: Final = {
@@ -107,6 +126,7 @@ class AgentReader:
         self.max_agents = max_agents
         self._told: ToldOnce[bytes] = ToldOnce()
         self._told_ledgers: ToldOnce[str] = ToldOnce()
+        self._told_instances: ToldOnce[str] = ToldOnce()
         self._ledgers = LedgerFields(client, keys, LEDGER_FIELDS)
 
     def read(self, preferred: Collection[str] = ()) -> AgentListing:
@@ -116,22 +136,32 @@ class AgentReader:
         statuses = self.statuses(keys)
         live = [s for s in statuses if isinstance(s, AgentStatus)]
         refused = sum(s is False for s in statuses)
-        views = self._views(live)
+        instances = self._instances(live)
+        views = self._views(live, instances)
         return AgentListing(
             sorted(views, key=lambda a: a.id),
             not_listed,
             refused,
             ledgers_refused=sum(not v.counts_known for v in views),
+            instances=instances,
         )
 
-    def _views(self, live: list[AgentStatus]) -> list[AgentView]:
-        """``live`` with their ledgers' counts (``LEDGER_FIELDS`` only)."""
-        raws = self._ledgers.read([s.id for s in live])
-        self._told_ledgers.keep_only(s.id for s in live)  # a worker gone is forgotten
-        return [self._view(s, raw) for s, raw in zip(live, raws, strict=True)]
+    def _views(
+        self, live: list[AgentStatus], instances: Mapping[str, WorkerInstances]
+    ) -> list[AgentView]:
+        """``live`` with their ledgers' counts (``LEDGER_FIELDS`` only) and the processes
+        their instances hashes find beating at once."""
+        workers = [s.id for s in live]
+        raws = self._ledgers.read(workers)
+        self._told_ledgers.keep_only(workers)  # a worker gone is forgotten
+        shared = {w: i.conflict for w, i in instances.items()}
+        return [self._view(s, raw, shared.get(s.id, 0)) for s, raw in zip(live, raws, strict=True)]
 
-    def _view(self, status: AgentStatus, raw: dict[bytes, bytes] | ValueError) -> AgentView:
-        """``status`` with its ledger's counts; unknown (said once) if unreadable."""
+    def _view(
+        self, status: AgentStatus, raw: dict[bytes, bytes] | ValueError, shared: int
+    ) -> AgentView:
+        """``status`` with its ledger's counts (unknown, said once, if unreadable) and the
+        processes ``shared`` its instances hash finds beating at once."""
         try:
             if isinstance(raw, ValueError):
                 raise raw
@@ -139,8 +169,23 @@ class AgentReader:
         except ValueError as exc:
             if self._told_ledgers.first(status.id):
                 log.warning("counts of %r unknown: its ledger is unreadable: %s", status.id, exc)
-            return _view(status, counts_known=False)
-        return _view(status, counts)
+            return _view(status, {"id_conflict": shared}, shared, counts_known=False)
+        counts["id_conflict"] = max(counts["id_conflict"], shared)
+        return _view(status, counts, shared)
+
+    def _instances(self, live: list[AgentStatus]) -> dict[str, WorkerInstances]:
+        """What the instances hash of each worker ``live`` says; one refused, or with fields
+        refused or unread, said once (a refused one left out)."""
+        workers = [s.id for s in live]
+        self._told_instances.keep_only(workers)
+        read = dict(zip(workers, read_instances(self.r, self.keys, live), strict=True))
+        for worker, got in read.items():
+            trouble = _instances_trouble(got)
+            if not trouble:
+                self._told_instances.forget(worker)  # told again if it comes back
+            elif self._told_instances.first(worker):
+                log.warning("instances hash of %r: %s", worker, trouble)
+        return {w: got for w, got in read.items() if isinstance(got, WorkerInstances)}
 
     def first_keys(
         self, preferred: Collection[bytes] = (), excluded: Collection[bytes] = (), limit: int = -1
@@ -201,13 +246,24 @@ def _pages(items: Iterable[bytes], size: int) -> Iterable[list[bytes]]:
         yield page
 
 
+def _instances_trouble(got: WorkerInstances | ValueError) -> str:
+    """What is wrong with a worker's instances hash as read ("": nothing)."""
+    if isinstance(got, ValueError):
+        return f"refused ({got}): read as no processes"
+    told = [f"{n} fields past {MAX_INSTANCES_READ} left unread" for n in [got.unread] if n]
+    told += [f"ignoring {reason}" for reason in got.bad]
+    return "; ".join(told)
+
+
 def _view(
-    status: AgentStatus, counts: Mapping[str, int] | None = None, *, counts_known: bool = True
+    status: AgentStatus, counts: Mapping[str, int], shared: int, *, counts_known: bool = True
 ) -> AgentView:
-    """``status`` with its ledger's ``counts`` (by ``AgentView`` field; none: all 0)."""
+    """``status`` with its ledger's ``counts`` (by ``AgentView`` field; one missing: 0) and
+    the processes ``shared`` its instances hash finds beating at once."""
     cost = status.engine_time
     return AgentView(
-        **asdict(status) | dict(counts or {}),
+        **asdict(status) | dict(counts),
+        heartbeat_id_conflict=shared,
         engine_seconds=cost.seconds,
         engine_seconds_per_call=cost.seconds_per_call,
         engine_seconds_per_block=cost.seconds_per_block,

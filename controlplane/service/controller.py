@@ -3,7 +3,8 @@ checkpoints and the store.
 
 Owns the controller's lifecycle and its background work: an APScheduler scheduler
 (``coalesce``, ``max_instances=1``; its own chatter kept below warning) runs the lease tick,
-the refit and the shadow refresh; the ingest thread, between passes, the window checkpoint
+the refit and the shadow refresh (which also tends the instances hashes: several agents
+under one id); the ingest thread, between passes, the window checkpoint
 and the ageing out of unused categories (so a checkpoint never holds a batch its ledger does
 not); the leader alone runs the ingest thread, refits (one at a time), checkpoints and
 publishes (fenced: only while the lease key still holds its name). A new leader loads the
@@ -35,6 +36,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from agent.runtime.connection import RedisState, redact
 from agent.wire import EventBatch, Keys
 from controlplane.fit import FitResult
+from controlplane.service.agent_instances import InstanceConflicts
 from controlplane.service.agents import AgentListing, AgentReader, AgentView
 from controlplane.service.categories import CategoryDetail, CategorySummary, detail, summaries
 from controlplane.service.checkpoint import CheckpointError
@@ -108,6 +110,9 @@ class Controller:
         self.metrics.window_categories.set_function(lambda: window.categories)
         self.checkpoints = checkpoint_store(self.r, self.keys, settings, window)
         self.agent_reader = AgentReader(self.r, self.keys, settings.max_workers)
+        self.instance_conflicts = InstanceConflicts(self.r, self.keys, settings.max_workers)
+        """The leader's care of the instances hashes (the shadow job's): stale fields
+        removed, several agents under one id said."""
         self.shadow = ShadowLink(settings.shadow_only(), self.metrics, settings.max_workers)
         self.refitter = Refitter(
             settings, self.store, window, self.shadow, self.metrics, self.memory, self.lease
@@ -252,13 +257,15 @@ class Controller:
 
     def _refresh_shadow(self) -> None:
         """The shadow job: on the leader, the workers' capacities and the document in force
-        as read now; on every replica, the shadow's gauges set from its view (a scrape
-        serves them as set here: it never waits for the shadow's replays)."""
+        as read now, and the instances hashes read with them tended (``InstanceConflicts``);
+        on every replica, the shadow's gauges set from its view (a scrape serves them as set
+        here: it never waits for the shadow's replays)."""
         if self.lease.is_leader:
             with contextlib.suppress(redis.RedisError):  # said by the health; next tick tries
-                agents, current = self._read_agents().agents, self.store.current()
-                ingested = [a for a in agents if not a.ingest_refused]
+                listing, current = self._read_agents(), self.store.current()
+                ingested = [a for a in listing.agents if not a.ingest_refused]
                 self.shadow.refresh(ingested, current, idle_s=SHADOW_REFRESH_S)
+                self.instance_conflicts.tend(listing.instances)  # a write Redis may refuse
         self.shadow.export()
 
     def _load_checkpoint(self, *, first_try: bool) -> bool:

@@ -49,6 +49,12 @@ PER_AGENT: Final[dict[str, tuple[str, str]]] = {
     ),
     "hit_ratio": ("kvwise_agent_hit_ratio", "Block hit ratio each live agent reports"),
     "events_dropped": ("kvwise_agent_events_dropped", "Events each live agent dropped"),
+    "heartbeat_id_conflict": (
+        "kvwise_agent_heartbeat_id_conflict",
+        "Agent processes beating under one worker id at once, each beside another for "
+        "over 30 s (by the id's instances hash): replicas given one KVWISE_WORKER_ID, "
+        "those sending no events included; 0 when none, a restart included",
+    ),
     "engine_seconds": (
         "kvwise_agent_engine_seconds",
         "Engine-thread time each live agent's kvwise calls took since it started "

@@ -12,13 +12,16 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from agent.wire import Keys
-from controlplane.service.agents import LEDGER_FIELDS
+from agent.runtime.agent import Agent
+from agent.wire import AgentInstance, Keys
+from controlplane.service.agent_instances import InstanceConflicts
+from controlplane.service.agents import LEDGER_FIELDS, AgentReader
 from controlplane.service.ledger_reads import LedgerFields, LedgerReader
 from controlplane.service.stream_io import Commit, StreamIO
 from controlplane.traces.synth import synthesize
 from controlplane.traces.writer import write_bailian
 from tests.e2e.procs import Stack, get, metric, version_in_force
+from tests.integration.agent_fixtures import fast_settings
 from tests.redis_cluster import LocalCluster
 from tests.waiting import wait_until
 
@@ -139,4 +142,41 @@ def test_ledgers_on_a_cluster_are_read_within_bounds_and_written_over(
     io = StreamIO(client, group="controller", consumer="ctl")
     assert not io.commit({stream.encode(): keys.ingest_state("w1")}, {stream.encode(): job}).failed
     assert reader.read(["w1"])["w1"].counts.events == 3 and reader.refused == 2
+    client.close()
+
+
+def test_agent_instances_on_a_cluster_are_recorded_read_and_pruned_on_each_shard(
+    cluster: LocalCluster,
+) -> None:
+    """Agents on the cluster client record themselves beside their heartbeats (one pipeline
+    on the worker's shard); a listing reads the instances hashes of workers on several
+    shards in one call, finds the two agents under one id, and the leader's removal of the
+    records crashed processes left reaches every shard."""
+    client = RedisCluster.from_url(cluster.url)
+    keys = Keys("cl-instances:")
+    workers = [f"w{i}" for i in range(6)]
+    assert len({cluster.master_of(keys.instances(w)).port for w in workers}) >= 2
+    crashed = AgentInstance(1.0, 2.0, 0.1).to_field()  # long dead
+    for worker in workers:
+        client.hset(keys.instances(worker), "crashed", crashed)
+    settings = {w: fast_settings(cluster.url, keys.prefix, worker_id=w, redis_cluster=True)
+                for w in workers}  # fmt: skip
+    agents = [Agent(settings[w], capacity=10) for w in [*workers, "w0"]]
+    for agent in agents:
+        agent.started_at -= 120  # as if they had run two minutes
+        agent.start()
+    try:
+        wait_until(
+            lambda: all(client.hexists(keys.instances(a.worker_id), a.epoch) for a in agents),
+            what="every agent's record",
+        )
+        listing = AgentReader(client, keys, max_agents=10).read()
+        assert {a.id: a.heartbeat_id_conflict for a in listing.agents} == {
+            w: 2 if w == "w0" else 0 for w in workers
+        }
+        InstanceConflicts(client, keys).tend(listing.instances)
+        assert not any(client.hexists(keys.instances(w), "crashed") for w in workers)
+    finally:
+        for agent in agents:
+            agent.close()
     client.close()

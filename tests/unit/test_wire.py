@@ -82,6 +82,7 @@ def test_keys_follow_the_contract() -> None:
     assert k.policy_channel == "p:policy:notify"
     assert k.agent("w1") == "p:agent:{w1}"
     assert k.agents_match == "p:agent:*"
+    assert k.instances("w1") == "p:instances:{w1}"
     assert k.leader == "p:leader"
     assert k.overrides == "p:{policy}:overrides"
     assert Keys().events_stream("x") == "kvwise:events:{x}"
@@ -104,6 +105,7 @@ def _slot(key: str) -> str:
 def test_a_workers_keys_share_a_shard_and_so_do_the_policy_keys() -> None:
     k = Keys("kvwise:")
     worker = {k.events_stream("w7"), k.agent("w7"), k.ingest_state("w7")}
+    worker.add(k.instances("w7"))
     assert {_slot(key) for key in worker} == {"w7"}
     assert _slot(k.events_stream("w8")) != _slot(k.events_stream("w7"))
     policy = {k.policy_current, k.policy_doc(3), k.policy_versions, k.overrides}

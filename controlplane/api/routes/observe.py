@@ -67,7 +67,9 @@ def list_agents(controller: ControllerDep, response: Response) -> list[AgentView
     (`applied_version`) and the one it received (`staged_version`), which an engine
     applies at its next call into the agent (an idle vLLM engine makes none); and the
     controller's counts of their events (ingested, dropped for their clock, refused,
-    dead-lettered, batches missing). `*_unexpected_errors`: steps of the agent's publisher,
+    dead-lettered, batches missing). `id_conflict`: agent processes found alive under the
+    worker's id at once, by their events or (`heartbeat_id_conflict`) the instances
+    their heartbeats record; 0 when none. `*_unexpected_errors`: steps of the agent's publisher,
     subscriber and heartbeat threads failed by an error not Redis's (0 from an agent that
     predates them). At most `KVWISE_MAX_WORKERS` agents, the workers
     ingested first, then by id: header `Kvwise-Agents-Not-Listed` counts the heartbeats
