@@ -1,7 +1,8 @@
 """The one Redis client factory of kvwise, and the one reading of what a Redis error means.
 
 Owns how every process connects (``connect``: one pooled, thread-safe client per URL, with
-explicit timeouts and retries, standalone or Redis Cluster), the clear error for a URL that
+explicit timeouts and retries, standalone or Redis Cluster, and optionally a switch that
+gives its calls up when the process stops), the clear error for a URL that
 is not a Redis URL (``RedisUrlError``), and ``RedisState``: whether an error means Redis is
 unreachable, out of memory, read-only, loading or refusing our credentials, so that every
 log line and readiness answer names the real cause. The agent's threads and the controller
@@ -12,14 +13,16 @@ network.
 
 from __future__ import annotations
 
+import copy
 import re
 import threading
+from collections.abc import Callable
 from enum import StrEnum
-from typing import Any, Final, TypeAlias, cast
+from typing import Any, Final, TypeAlias, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
-from redis.backoff import ExponentialBackoff
+from redis.backoff import AbstractBackoff, ExponentialBackoff
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
@@ -28,6 +31,11 @@ RedisClient: TypeAlias = redis.Redis | RedisCluster
 """What ``connect`` returns: a standalone client or a cluster client (same commands)."""
 
 URL_SCHEMES: Final = ("redis://", "rediss://", "unix://")
+
+GIVEN_UP: Final = "call given up: the process is stopping and Redis does not answer"
+"""The error of a call made through a client whose ``give_up`` is set."""
+
+T = TypeVar("T")
 
 AGENT_CALL_RETRIES: Final = 1
 """Retries of one Redis call inside redis-py before an agent thread sees the error; one,
@@ -144,19 +152,23 @@ def connect(
     retries: int,
     cluster: bool = False,
     health_check_s: int = 0,
+    give_up: threading.Event | None = None,
 ) -> RedisClient:
     """A pooled client for ``url`` returning bytes; ``cluster`` for Redis Cluster (the URL
     names any one node; the client discovers the rest and follows MOVED/ASK and failovers).
 
     Each call is retried ``retries`` times with capped exponential backoff on connection
-    errors and timeouts. Raises ``RedisUrlError`` for a URL that is not a Redis URL.
+    errors and timeouts. Once ``give_up`` is set, calls fail at once (``redis.ConnectionError``,
+    ``GIVEN_UP``) and none is retried: a call waiting on the socket then ends within its one
+    attempt (``timeout_s``). Raises ``RedisUrlError`` for a URL that is not a Redis URL.
     """
     if not url.startswith(URL_SCHEMES):
         raise RedisUrlError(
             f"Redis URL {redact(url)!r} must start with {', '.join(URL_SCHEMES)} "
             "(e.g. redis://127.0.0.1:6379/0)"
         )
-    retry = Retry(ExponentialBackoff(cap=1.0, base=0.02), retries)
+    backoff = ExponentialBackoff(cap=1.0, base=0.02)
+    retry = Retry(backoff, retries) if give_up is None else _GivingUp(backoff, retries, give_up)
     try:
         if cluster:
             return cast(RedisCluster, _LazyCluster(url, timeout_s, retry))
@@ -174,6 +186,36 @@ def connect(
         )
     except ValueError as exc:
         raise RedisUrlError(f"Redis URL {redact(url)!r} is malformed: {exc}") from None
+
+
+class _GivingUp(Retry):
+    """``Retry`` that makes no attempt once ``give_up`` is set, and retries no failure after.
+    redis-py gives each connection a deep copy of its client's retry: the copies share
+    ``give_up`` (an event cannot be copied, and a copy of it would never be set)."""
+
+    def __init__(self, backoff: AbstractBackoff, retries: int, give_up: threading.Event):
+        super().__init__(backoff, retries)
+        self.give_up = give_up
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _GivingUp:
+        twin = _GivingUp(copy.deepcopy(self._backoff, memo), self._retries, self.give_up)
+        twin._supported_errors = self._supported_errors
+        return twin
+
+    def call_with_retry(
+        self,
+        do: Callable[[], T],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> T:
+        if self.give_up.is_set():
+            raise redis.ConnectionError(GIVEN_UP)
+
+        def retryable(error: Exception) -> bool:
+            return not self.give_up.is_set() and (is_retryable is None or is_retryable(error))
+
+        return super().call_with_retry(do, fail, retryable, with_failure_count)
 
 
 class _LazyCluster:

@@ -3,7 +3,9 @@
 Owns the command's options, the checks on the settings before anything starts (a bad
 value or a malformed Redis URL is one error line naming its variable, exit code 2) and
 the process lifecycle (the API's socket bound first, then uvicorn, signals: a graceful stop
-on SIGINT or SIGTERM exits 0). Settings
+on SIGINT or SIGTERM exits 0; the controller's stop begins with the server's, so requests
+waiting on a Redis that hangs are given up with the rest, see ``Controller.begin_stop``).
+Settings
 come from the environment (``KVWISE_*``, see docs/configuration.md); options override
 them.
 """
@@ -11,6 +13,7 @@ them.
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -91,7 +94,7 @@ def controller(host: HostOpt = None, port: PortOpt = None) -> None:
     # controller), then raises the signal again under the handlers it found: these, so a
     # graceful stop exits 0 on either signal instead of dying of SIGTERM (143).
     with stop_on_signals(SignalFlag()):
-        _server_class()(config).run(sockets=[listening])
+        _server_class(app.state.controller.begin_stop)(config).run(sockets=[listening])
 
 
 def _serving_line(host: str, port: int) -> str:
@@ -105,14 +108,21 @@ def _serving_line(host: str, port: int) -> str:
     )
 
 
-def _server_class() -> type[uvicorn.Server]:
+def _server_class(begin_stop: Callable[[], None]) -> type[uvicorn.Server]:
     """uvicorn's server, imported here as the command runs (not when the CLI loads)."""
     import logging
 
     import uvicorn
 
     class SayingWhere(uvicorn.Server):
-        """uvicorn's server that logs ``_serving_line`` once its startup is complete."""
+        """uvicorn's server that logs ``_serving_line`` once its startup is complete, and
+        calls ``begin_stop`` as its shutdown begins: uvicorn waits for the requests in
+        flight before the lifespan stops the controller, and one waiting on a Redis that
+        hangs would hold it for its calls' timeouts and retries (a minute and more)."""
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            begin_stop()
+            await super().shutdown(sockets=sockets)
 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)

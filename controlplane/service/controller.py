@@ -11,7 +11,10 @@ publishes (fenced: only while the lease key still holds its name). A new leader 
 last checkpoint before it ingests, so a restart keeps the fit. A standby replica serves
 reads and takes over within one lease time. Redis trouble is told once per change of state
 (``RedisHealth``), and a failed call reaches the API as the ``redis.RedisError`` it was; a
-refit that publishes nothing says why once per change of reason.
+refit that publishes nothing says why once per change of reason. A stop waits for the jobs
+and ingest, then a leader checkpoints and releases the lease (one attempt each); where Redis
+stops answering meanwhile (a ping every ``STOP_GRACE_S``), every Redis call still waiting is
+given up, nothing more is written, and its last line says what it could not leave.
 
 This module owns the ``Controller`` and the order of its work; the refit itself is
 ``refit``'s (``Refitter``), the parts built from the settings ``controller_parts``', the
@@ -27,19 +30,20 @@ import dataclasses
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 
 import redis
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from agent.runtime.connection import RedisState, redact
+from agent.runtime.connection import RedisState, describe_redis_error, redact, redis_state
 from agent.wire import EventBatch, Keys
 from controlplane.fit import FitResult
 from controlplane.service.agent_instances import InstanceConflicts
 from controlplane.service.agents import AgentListing, AgentReader, AgentView
 from controlplane.service.categories import CategoryDetail, CategorySummary, detail, summaries
-from controlplane.service.checkpoint import CheckpointError
+from controlplane.service.checkpoint import CheckpointError, CheckpointStore
 from controlplane.service.controller_parts import (
     PROBE_TIMEOUT_S,
     checkpoint_store,
@@ -69,14 +73,39 @@ log = logging.getLogger(__name__)
 SHADOW_REFRESH_S = 5.0
 """Seconds between reads of the workers' capacities and the document in force (shadow),
 and between settings of the shadow's gauges that a scrape serves."""
+STOP_GRACE_S = 3.0
+"""Seconds between the pings of a stop that still waits (the first this long after it
+began): while Redis answers one within ``PROBE_TIMEOUT_S``, the stop waits for its work as
+long as it takes; the first it does not answer gives up its Redis calls."""
+
+
+@dataclasses.dataclass
+class _Stop:
+    """Where a controller's stop stands (``Controller.begin_stop``)."""
+
+    begun: threading.Event = dataclasses.field(default_factory=threading.Event)
+    """Set as the stop begins: no lease tick starts ingest again."""
+    give_up: threading.Event = dataclasses.field(default_factory=threading.Event)
+    """Set once Redis does not answer the stop's ping: the calls of the controller's
+    clients (not the probes' or ``final_r``) fail at once, and none is retried."""
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    silent: str = ""
+    """Why the stop gave up: what the ping that Redis did not answer got."""
+    led: bool = False
+    """Whether the replica led as its stop began (a lease tick given up drops the lease)."""
+    jobs: threading.Thread | None = None
+    """The scheduler's shutdown, waiting for the jobs that run."""
 
 
 class Controller:
     def __init__(self, settings: ControllerSettings) -> None:
         self.settings = settings
         self.keys = Keys(settings.key_prefix)
-        self.r = redis_client(settings)
+        self._stop = _Stop()
+        self.r = redis_client(settings, give_up=self._stop.give_up)
         self.probe_r = redis_client(settings, timeout_s=PROBE_TIMEOUT_S, retries=0)
+        self.final_r = redis_client(settings, retries=0)  # the stop's last writes: one try
         self.metrics = ControllerMetrics()
         self.health = RedisHealth(redact(settings.redis_url), self.metrics)
         self.health.follow(self.r, self.probe_r)
@@ -109,6 +138,7 @@ class Controller:
         # Read at each scrape: right from the first batch on.
         self.metrics.window_categories.set_function(lambda: window.categories)
         self.checkpoints = checkpoint_store(self.r, self.keys, settings, window)
+        self.final_checkpoints = checkpoint_store(self.final_r, self.keys, settings, window)
         self.agent_reader = AgentReader(self.r, self.keys, settings.max_workers)
         self.instance_conflicts = InstanceConflicts(self.r, self.keys, settings.max_workers)
         """The leader's care of the instances hashes (the shadow job's): stale fields
@@ -134,7 +164,7 @@ class Controller:
     def _make_ingestor(self) -> Ingestor:
         s = self.settings
         # A blocked read may wait ingest_block_ms on the server: its own client, longer timeout.
-        client = redis_client(s, timeout_s=s.ingest_block_ms / 1000 + 5)
+        client = redis_client(s, timeout_s=s.ingest_block_ms / 1000 + 5, give_up=self._stop.give_up)
         self.health.follow(client)
         sweep = HousekeepingSettings.from_settings(s)
         return Ingestor(
@@ -171,27 +201,108 @@ class Controller:
             self.scheduler.add_job(job, "interval", seconds=seconds, id=name)
         self.scheduler.start()
 
+    def begin_stop(self) -> None:
+        """Begin the stop and return at once (the server calls it as its own stop begins, so
+        that API requests waiting on a Redis that hangs are given up with the rest): no job
+        or ingest pass starts any more, and while the stop still waits, Redis is pinged
+        every ``STOP_GRACE_S``; the first ping it does not answer gives up every Redis call
+        still waiting (each ends within the attempt it has in flight, ``CALL_TIMEOUT_S``)."""
+        stop = self._stop
+        with stop.lock:
+            if stop.begun.is_set():
+                return
+            stop.begun.set()
+            stop.led = self.lease.is_leader
+        self.ingestor.stop()  # its pass ends and commits; a lease tick starts it no more
+        stop.jobs = threading.Thread(target=self._stop_jobs, name="kvwise-stop-jobs", daemon=True)
+        stop.jobs.start()
+        watch = threading.Thread(target=self._watch_stop, name="kvwise-stop-watch", daemon=True)
+        watch.start()
+
     def stop(self) -> None:
-        """Stop the jobs; a leader checkpoints its window and releases the lease. Logs one
-        line saying what it did."""
-        if self.scheduler.running:
-            self.scheduler.shutdown(wait=True)
+        """Stop the jobs and ingest; a leader checkpoints its window and releases the lease,
+        one attempt each (``final_r``). Where Redis does not answer, the stop gives up
+        (``begin_stop``) and writes nothing. Logs one line saying what it did and left."""
+        self.begin_stop()
+        try:
+            if self._stop.jobs is not None:
+                self._stop.jobs.join()
+            ingest_ended = self._stop_ingest()
+            self._leave(ingest_ended)
+        finally:
+            self._stop.done.set()
+
+    def _leave(self, ingest_ended: bool) -> None:
+        """What a stop leaves in Redis, said in one line."""
+        if self._stop.give_up.is_set() and self._stop.led:
+            log.warning(
+                "%s stopped: %s: no checkpoint (what the window took since the last one is "
+                "lost, as after a crash), lease left to expire (within %g s)",
+                self.name,
+                self._stop.silent,
+                self.settings.lease_ttl_s,
+            )
+            return
         if not self.lease.is_leader:
             self.lease.release()
             log.info("%s stopped: a standby, no lease or checkpoint to leave", self.name)
             return
-        # Between passes only: a checkpoint beside a pass would hold batches its ledgers
-        # do not (applied, not yet committed), counted twice after a crash.
-        if not self._stop_ingest():
-            saved = "no checkpoint (ingest was still in a pass)"
-        elif not self._checkpoint_read:
-            saved = "no checkpoint (the last one was never read: it stays)"
-        elif (size := self.checkpoint()) is None:
-            saved = "checkpoint not written"
-        else:
-            saved = f"checkpoint written ({size:,} bytes)"
-        released = "lease released" if self.lease.release() else "lease left to expire"
+        saved, answered = self._final_checkpoint(ingest_ended)
+        released = "lease left to expire"
+        if answered:  # else a second call would wait out its timeout too
+            released = "lease released" if self.lease.release(self.final_r) else released
         log.info("%s stopped: %s, %s", self.name, saved, released)
+
+    def _watch_stop(self) -> None:
+        """Until the stop is done: every ``STOP_GRACE_S``, a ping; the first one Redis does
+        not answer gives its calls up (``begin_stop``)."""
+        began = time.monotonic()
+        while not self._stop.done.wait(STOP_GRACE_S):
+            silent = self._redis_silent()
+            if silent is None:
+                continue  # slow work, and Redis answers: the stop waits, as it always did
+            self._stop.silent = silent
+            self._stop.give_up.set()
+            log.warning(
+                "%s stopping: still at work after %.0f s, and Redis does not answer (a ping "
+                "got %s): its calls are given up",
+                self.name,
+                time.monotonic() - began,
+                silent,
+            )
+            return
+
+    def _stop_jobs(self) -> None:
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=True)
+
+    def _redis_silent(self) -> str | None:
+        """None if Redis answers a ping within ``PROBE_TIMEOUT_S``; else why not, in one
+        line. A Redis that answers with an error (loading, say) answers."""
+        try:
+            self.probe_r.ping()
+        except redis.RedisError as exc:
+            if redis_state(exc) is RedisState.UNREACHABLE:
+                return describe_redis_error(exc)
+        return None
+
+    def _final_checkpoint(self, ingest_ended: bool) -> tuple[str, bool]:
+        """The stop's checkpoint (one attempt, ``CALL_TIMEOUT_S``): what it left, and
+        whether Redis answered. Between passes only: a checkpoint beside a pass would hold
+        batches its ledgers do not (applied, not yet committed), counted twice after a
+        crash."""
+        if not ingest_ended:
+            return "no checkpoint (ingest was still in a pass)", True
+        if not self._checkpoint_read:
+            return "no checkpoint (the last one was never read: it stays)", True
+        try:
+            size = self._save_window(self.final_checkpoints)
+        except CheckpointError as exc:
+            return f"checkpoint not written ({exc})", True
+        except redis.RedisError as exc:
+            answered = redis_state(exc) is not RedisState.UNREACHABLE
+            return f"checkpoint not written ({describe_redis_error(exc)})", answered
+        return f"checkpoint written ({size:,} bytes)", True
 
     def _tick_lease(self) -> None:
         self.health.probe(self.r, self.keys.probe(self.name))
@@ -201,6 +312,8 @@ class Controller:
         if now:
             self._lead(newly=not was)
             self._role_said = True
+        elif was and self._stop.begun.is_set():
+            return  # a tick the stop gave up: the stop ends ingest and says what it left
         elif was:
             log.warning("%s lost the leader lease", self.name)
             self._stop_ingest()
@@ -225,6 +338,8 @@ class Controller:
             self._checkpoint_read = self._load_checkpoint(first_try=newly)
             if not self._checkpoint_read:
                 return
+        if self._stop.begun.is_set():
+            return  # the stop waits for ingest to end: never start it again
         self.ingestor.start(wait_s=0)  # never hold the lease tick: the next one tries again
 
     def _said_standby(self) -> bool:
@@ -328,19 +443,27 @@ class Controller:
             self.checkpoint()
 
     def checkpoint(self) -> int | None:
-        """Age unused categories out, then save the window; returns the bytes written."""
+        """Age unused categories out, then save the window; returns the bytes written (None:
+        not written, counted, and said by the health or here)."""
+        try:
+            return self._save_window(self.checkpoints)
+        except (redis.RedisError, CheckpointError):
+            return None
+
+    def _save_window(self, store: CheckpointStore) -> int:
+        """``checkpoint`` through ``store``, its failure raised (and counted)."""
         aged = self.window.age_out()
         if aged:
             log.info("%s unused categories aged out of the window", f"{aged:,}")
         try:
-            size = self.health.guard(self.checkpoints.save)(
+            size = self.health.guard(store.save)(
                 self.window.state(), writer=self.name, process=self.process_id
             )
         except (redis.RedisError, CheckpointError) as exc:
             self.metrics.checkpoints.labels(outcome="failed").inc()
             if isinstance(exc, CheckpointError):
                 log.warning("checkpoint not written: %s", exc)
-            return None
+            raise
         self.metrics.checkpoints.labels(outcome="written").inc()
         self.metrics.checkpoint_bytes.set(size)
         return size

@@ -2,12 +2,15 @@
 window and the window's checkpoint store.
 
 Owns ``redis_client`` (with ``CALL_RETRIES`` retries, or none for a probe bounded by
-``PROBE_TIMEOUT_S``), ``live_window`` and ``checkpoint_store``: each sized and bounded by
-``ControllerSettings``, built once at start (and by the offline benches alike). It must
-never start anything, take the lease or read the environment (the settings do).
+``PROBE_TIMEOUT_S``; its calls optionally given up as the controller stops),
+``live_window`` and ``checkpoint_store``: each sized and bounded by ``ControllerSettings``,
+built once at start (and by the offline benches alike). It must never start anything,
+take the lease or read the environment (the settings do).
 """
 
 from __future__ import annotations
+
+import threading
 
 from agent.runtime.connection import RedisClient, connect
 from agent.wire import Keys
@@ -16,6 +19,8 @@ from controlplane.service.checkpoint import CheckpointBounds, CheckpointStore
 from controlplane.service.settings import ControllerSettings
 from controlplane.service.window import LiveWindow, WindowLimits
 
+CALL_TIMEOUT_S = 5.0
+"""Longest wait of one attempt of a controller's Redis call (connect, send or read)."""
 CALL_RETRIES = 3
 """Retries of one Redis call (capped exponential backoff) before the controller sees it."""
 PROBE_TIMEOUT_S = 1.0
@@ -24,15 +29,21 @@ scrape this long, within a kubelet's timeout, not the retried calls' tens of sec
 
 
 def redis_client(
-    settings: ControllerSettings, *, timeout_s: float = 5.0, retries: int = CALL_RETRIES
+    settings: ControllerSettings,
+    *,
+    timeout_s: float = CALL_TIMEOUT_S,
+    retries: int = CALL_RETRIES,
+    give_up: threading.Event | None = None,
 ) -> RedisClient:
-    """The controller's client for ``settings.redis_url`` (``RedisUrlError`` if malformed)."""
+    """The controller's client for ``settings.redis_url`` (``RedisUrlError`` if malformed);
+    once ``give_up`` is set, its calls fail at once and retry nothing (``connect``)."""
     return connect(
         settings.redis_url,
         timeout_s=timeout_s,
         retries=retries,
         cluster=settings.redis_cluster,
         health_check_s=15,
+        give_up=give_up,
     )
 
 

@@ -93,14 +93,15 @@ class LeaderLease:
             return None
         return raw.decode() if isinstance(raw, bytes) else str(raw)
 
-    def release(self) -> bool:
-        """Give the lease up; False only where this replica led and Redis did not take the
-        release (the key then expires after its TTL)."""
+    def release(self, client: RedisClient | None = None) -> bool:
+        """Give the lease up (through ``client``, else the lease's own); False only where
+        this replica led and Redis did not take the release (the key then expires after
+        its TTL)."""
         with self._lock:
             released = True
             if self._leader:
                 try:
-                    self._release(keys=[self.key], args=[self.holder])
+                    self._release(keys=[self.key], args=[self.holder], client=client)
                 except redis.RedisError:
                     released = False
             self._leader = False

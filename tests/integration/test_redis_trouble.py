@@ -4,7 +4,11 @@ raises the ``redis.RedisError`` (the API's 503), never a traceback per call."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -12,11 +16,12 @@ import pytest
 import redis
 
 from agent.runtime.agent import Agent
-from agent.runtime.connection import RedisState, RedisUrlError
+from agent.runtime.connection import GIVEN_UP, RedisState, RedisUrlError, connect
 from agent.settings import AgentSettings
 from agent.wire import Keys
 from controlplane.dev.embedded_redis import EmbeddedRedis, free_port
-from controlplane.service.controller import Controller
+from controlplane.service.controller import STOP_GRACE_S, Controller
+from controlplane.service.controller_parts import CALL_TIMEOUT_S, PROBE_TIMEOUT_S
 from controlplane.service.settings import ControllerSettings
 from tests.integration.agent_fixtures import fast_settings
 from tests.integration.controller_fixtures import good_batch, live_settings, send
@@ -140,6 +145,78 @@ def test_close_keeps_to_its_timeout_while_redis_hangs(key_prefix: str, tmp_path:
         took = time.monotonic() - started
         assert took < 1.5, f"close(timeout=1.0) took {took:.1f} s"
         assert not done, "a write was still pending: close must say so"
+
+
+def test_a_client_given_up_ends_its_call_in_flight_and_makes_no_other(
+    redis_url: str, key_prefix: str, r: redis.Redis
+) -> None:
+    """What a stop relies on where Redis hangs: once ``give_up`` is set, a call waiting on
+    the socket ends with the attempt in flight (not after its retries: 4 attempts of 1 s
+    here), and a new call fails at once. The call waits on a real Redis: a BLPOP of a key
+    that never fills, seen blocked by the server."""
+    give_up = threading.Event()
+    client = connect(redis_url, timeout_s=1.0, retries=3, give_up=give_up)
+    took: list[float] = []
+    client_id = int(client.client_id())  # the pool's one connection, which the BLPOP takes
+
+    def blocked_pop() -> None:
+        started = time.monotonic()
+        with contextlib.suppress(redis.RedisError):
+            client.blpop([f"{key_prefix}never-filled"], timeout=0)
+        took.append(time.monotonic() - started)
+
+    waiting = threading.Thread(target=blocked_pop, daemon=True)
+    waiting.start()
+    wait_until(lambda: _blocked(r, client_id), what="the BLPOP blocked")
+    give_up.set()
+    waiting.join(timeout=10)
+    started = time.monotonic()
+    with pytest.raises(redis.ConnectionError, match=GIVEN_UP):
+        client.get(f"{key_prefix}given-up")
+    refused_in = time.monotonic() - started
+    assert took and took[0] < 1.5, f"the call in flight took {took} s"
+    assert refused_in < 0.1
+
+
+def _blocked(r: redis.Redis, client_id: int) -> bool:
+    """Whether the server's client ``client_id`` waits in a BLPOP."""
+    return any(
+        int(c["id"]) == client_id and c["cmd"] == "blpop" and "b" in c["flags"]
+        for c in r.client_list()
+    )
+
+
+@pytest.mark.slow
+def test_a_leader_stops_within_its_bound_while_redis_hangs(
+    key_prefix: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Redis that takes connections and never answers (SIGSTOP) held ``stop`` for over a
+    minute: the jobs and ingest waited out their calls' timeouts and retries. It now gives
+    them up once a ping goes unanswered, and says what it could not leave."""
+    with EmbeddedRedis(tmp_path) as server:
+        assert server.proc is not None
+        c = Controller(settings(server.url, key_prefix, consumer_name="ctl-hung"))
+        c.start()
+        wait_until(lambda: c.lease.is_leader and c.ingestor.running, what="leadership")
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            # The readiness probe (1 s, no retry) finds it: the jobs and ingest wait on it.
+            wait_until(lambda: not c.ready()[0], what="readiness lost")
+            started = time.monotonic()
+            with caplog.at_level(logging.INFO, logger="controlplane.service.controller"):
+                c.stop()
+            took = time.monotonic() - started
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+    bound = STOP_GRACE_S + PROBE_TIMEOUT_S + CALL_TIMEOUT_S + c.settings.ingest_block_ms / 1000
+    assert took < bound + 1, f"stop took {took:.1f} s"
+    said = [r.getMessage() for r in caplog.records if "ctl-hung stopped:" in r.getMessage()]
+    assert said == [
+        "ctl-hung stopped: redis unavailable: Timeout reading from socket: no checkpoint (what "
+        "the window took since the last one is lost, as after a crash), lease left to expire "
+        "(within 0.6 s)"
+    ]
+    assert not c.ingestor.running
 
 
 def test_writes_resume_after_a_failover_behind_one_address(key_prefix: str, tmp_path: Path) -> None:
