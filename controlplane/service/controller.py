@@ -37,7 +37,13 @@ import uuid
 import redis
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from agent.runtime.connection import RedisState, describe_redis_error, redact, redis_state
+from agent.runtime.connection import (
+    RedisClient,
+    RedisState,
+    describe_redis_error,
+    redact,
+    redis_state,
+)
 from agent.wire import EventBatch, Keys
 from controlplane.fit import FitResult
 from controlplane.service.agent_instances import InstanceConflicts
@@ -103,9 +109,7 @@ class Controller:
         self.settings = settings
         self.keys = Keys(settings.key_prefix)
         self._stop = _Stop()
-        self.r = redis_client(settings, give_up=self._stop.give_up)
-        self.probe_r = redis_client(settings, timeout_s=PROBE_TIMEOUT_S, retries=0)
-        self.final_r = redis_client(settings, retries=0)  # the stop's last writes: one try
+        self.r, self.probe_r, self.final_r = self._redis_clients()
         self.metrics = ControllerMetrics()
         self.health = RedisHealth(redact(settings.redis_url), self.metrics)
         self.health.follow(self.r, self.probe_r)
@@ -160,6 +164,16 @@ class Controller:
             # Its "skipped: maximum number of running instances" comes with every slow tick
             # while Redis is unreachable, which RedisHealth has already said once.
             logging.getLogger("apscheduler").setLevel(logging.ERROR)
+
+    def _redis_clients(self) -> tuple[RedisClient, RedisClient, RedisClient]:
+        """The main client (its calls given up once a stop finds Redis unanswering), the
+        health probe's, and the one for the stop's last writes (one try each)."""
+        settings = self.settings
+        return (
+            redis_client(settings, give_up=self._stop.give_up),
+            redis_client(settings, timeout_s=PROBE_TIMEOUT_S, retries=0),
+            redis_client(settings, retries=0),
+        )
 
     def _make_ingestor(self) -> Ingestor:
         s = self.settings
