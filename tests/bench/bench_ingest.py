@@ -175,10 +175,10 @@ def shadow_overhead(min_accesses: int, batch_events: int, seed: int = 12) -> Non
                 shadow.flush("w1")  # what is still gathered, counted too
             cpu[label].append((time.process_time() - t0) / events * 1e6)
     base = min(cpu["without"])
-    print(f"  decode + apply              {base:.3f} us/event  (runs: {_runs(cpu['without'])})")
+    print(f"  decode + apply                {base:.3f} us/event  (runs: {_runs(cpu['without'])})")
     for label, words in (("with", "+ shadow"), ("with the rule", "+ shadow, rule")):
         more = min(cpu[label])
-        print(f"  decode + apply {words:<13}{more:.3f} us/event  (runs: {_runs(cpu[label])})")
+        print(f"  decode + apply {words:<15}{more:.3f} us/event  (runs: {_runs(cpu[label])})")
         print(
             f"  shadow at rate {settings.shadow_rate:g}{', rule' * (label != 'with')}: "
             f"+{more - base:.3f} us/event, +{(more / base - 1) * 100:.0f} % per-event CPU "
