@@ -37,8 +37,9 @@ It must never import vLLM, do I/O or hold a Python object per block of an engine
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Container, Iterable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Container, Sequence
+from itertools import repeat
 from typing import Protocol
 
 NO_CHILD = -(1 << 64)
@@ -197,11 +198,8 @@ class CachedBranches(SupersededBranches):
         """Blocks whose links it holds."""
         return len(self._stamps)
 
-    def forget(self, ids: Iterable[int]) -> None:
+    def forget(self, ids: Sequence[int]) -> None:
         """``ids`` left the cache: their links, stamps and marks go with them."""
-        tables = (self._children, self._parents, self._stamps, self.superseded)
-        parted = self._parted
-        for block in ids:
-            for table in tables:
-                table.pop(block, None)
-            parted.discard(block)
+        for table in (self._children, self._parents, self._stamps, self.superseded):
+            deque(map(table.pop, ids, repeat(None)), maxlen=0)  # a loop in C, not Python
+        self._parted.difference_update(ids)

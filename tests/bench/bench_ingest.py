@@ -14,7 +14,9 @@ batches of ``--batch`` events, as an agent sends them. Three measurements in one
    block accesses as the wire batches a worker sends (``tests.agent_stream``: whole
    requests, hits and inserts, evictions), decoded and applied (``LiveWindow.apply``),
    then the same plus ``ShadowEvaluator.apply`` at the default settings; runs alternate,
-   three each, CPU time (``time.process_time``) per wire event; once per size in
+   ``--shadow-rounds`` each (default three), CPU time (``time.process_time``) per wire
+   event, the best run of each and the median over rounds of each round's difference
+   from the run without (a paired figure, steadier on a loaded machine); once per size in
    ``--shadow-batches`` (a lightly loaded worker sends small batches, a busy one full
    ones: the agent's default is 8,192 events). A third run, ``with the rule``, is the
    shadow of a worker whose heartbeat says its eviction runs the document's ``supersede``
@@ -23,6 +25,7 @@ batches of ``--batch`` events, as an agent sends them. Three measurements in one
     python -m tests.bench.bench_ingest [--events 4000000] [--batch 8192] [--redis-url URL]
                                        [--shadow-accesses 1000000]
                                        [--shadow-batches 1000,8192] [--shadow-only]
+                                       [--shadow-rounds 3]
 
 Not collected by pytest; results go in docs/benchmarks.md ("Controller ingest").
 """
@@ -139,9 +142,9 @@ def run(n_events: int, batch: int, url: str) -> None:
     )
 
 
-def shadow_overhead(min_accesses: int, batch_events: int, seed: int = 12) -> None:
+def shadow_overhead(min_accesses: int, batch_events: int, rounds: int, seed: int = 12) -> None:
     """CPU per wire event of decode + apply, without and with the shadow (default
-    settings, the worker's capacity known), alternating, three runs each."""
+    settings, the worker's capacity known), alternating, ``rounds`` runs each."""
     from controlplane.shadow.evaluator import ShadowEvaluator
     from controlplane.shadow.settings import ShadowSettings
     from tests.agent_stream import agent_batches
@@ -160,7 +163,7 @@ def shadow_overhead(min_accesses: int, batch_events: int, seed: int = 12) -> Non
     )
     settings = ShadowSettings()
     cpu: dict[str, list[float]] = {"without": [], "with": [], "with the rule": []}
-    for _ in range(3):
+    for _ in range(rounds):
         for label in cpu:
             window = live_window()
             shadow = ShadowEvaluator(settings)
@@ -175,15 +178,21 @@ def shadow_overhead(min_accesses: int, batch_events: int, seed: int = 12) -> Non
                 shadow.flush("w1")  # what is still gathered, counted too
             cpu[label].append((time.process_time() - t0) / events * 1e6)
     base = min(cpu["without"])
-    print(f"  decode + apply              {base:.3f} us/event  (runs: {_runs(cpu['without'])})")
+    print(f"  decode + apply                {base:.3f} us/event  (runs: {_runs(cpu['without'])})")
     for label, words in (("with", "+ shadow"), ("with the rule", "+ shadow, rule")):
         more = min(cpu[label])
-        print(f"  decode + apply {words:<13}{more:.3f} us/event  (runs: {_runs(cpu[label])})")
+        print(f"  decode + apply {words:<15}{more:.3f} us/event  (runs: {_runs(cpu[label])})")
         print(
             f"  shadow at rate {settings.shadow_rate:g}{', rule' * (label != 'with')}: "
             f"+{more - base:.3f} us/event, +{(more / base - 1) * 100:.0f} % per-event CPU "
-            "(best of three each)"
+            f"(best of {rounds} each); median of the rounds' differences "
+            f"+{_median_difference(cpu[label], cpu['without']):.3f} us/event"
         )
+
+
+def _median_difference(runs: list[float], without: list[float]) -> float:
+    """The median over rounds of a run's CPU less the same round's run without."""
+    return float(np.median(np.subtract(runs, without)))
 
 
 def _runs(values: list[float]) -> str:
@@ -212,12 +221,13 @@ def main() -> None:
         "--shadow-batches", default="1000,8192", help="part 4's wire batch sizes (events)"
     )
     ap.add_argument("--shadow-only", action="store_true", help="part 4 only")
+    ap.add_argument("--shadow-rounds", type=int, default=3, help="part 4's runs of each")
     a = ap.parse_args()
     if not a.shadow_only:
         run(a.events, a.batch, a.redis_url)
     if a.shadow_accesses:
         for batch_events in (int(size) for size in a.shadow_batches.split(",")):
-            shadow_overhead(a.shadow_accesses, batch_events)
+            shadow_overhead(a.shadow_accesses, batch_events, a.shadow_rounds)
 
 
 if __name__ == "__main__":

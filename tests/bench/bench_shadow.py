@@ -10,7 +10,8 @@ replay's hit ratio (``controlplane.replay.engine.replay_hits``), then runs the s
 ``--rates``, once per sample (``--salts``: each salt draws other subtrees), and reports
 per rate, for the estimate the shadow serves and for the miniature's own figure before
 the regression moves it: the largest absolute error over every sample, policy and step,
-the mean of each sample's largest, the root mean square, how often the full figure lies
+the mean of each sample's largest, the root mean square (and the served estimate's
+largest and root mean square per policy), how often the full figure lies
 in the served estimate's 95 % interval, and the shadow's CPU time per wire event
 (``time.process_time`` around ``ShadowEvaluator.apply``). With ``--supersede`` the worker
 runs the document's ``supersede`` rule under ``wa`` (a vLLM worker's default), as its
@@ -233,6 +234,9 @@ def report(row: RateRow, full: dict[str, list[float]], verbose: bool) -> None:
             f"    {label:16s} |error| largest {e.largest:.4f}  mean of largest "
             f"{e.mean_largest:.4f}  rms {e.rms:.4f}"
         )
+    for policy in row.draws[0].served:
+        e = Errors.of([{policy: d.served[policy]} for d in row.draws])
+        print(f"    served, {policy:7s} |error| largest {e.largest:.4f}  rms {e.rms:.4f}")
     for d in row.draws if verbose else row.draws[:1]:
         print(
             f"    salt {d.salt}: worker's own hit ratio {d.observed:.4f} over all requests, "
