@@ -116,19 +116,13 @@ def run_jobs(
         with _signals_deferred() as signals:
             results: list[R] = _collect(pool, jobs, hooks, signals)
     except BrokenProcessPool:
-        # The pool's own thread has ended the pool by now: wait for it. Left running
-        # (``wait=False``), it could try to replace the dead workers after the pool was
-        # reset and fail on a closed pipe (CPython gh-132969, fixed after 3.11): CI saw
-        # "OSError: [Errno 9] Bad file descriptor" printed after this error.
-        _end_workers(pids)
-        pool.shutdown(wait=True, cancel_futures=True)
+        _end_pool(pool, pids)
         raise WorkerDied(
             "a worker process died while it ran a job (killed: out of memory?); "
             "fewer --jobs need less memory"
         ) from None
     except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        _end_workers(pids)
+        _end_pool(pool, pids)
         raise
     finally:
         _FN = None
@@ -232,6 +226,21 @@ def _start_worker(pids: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     pids.put(os.getpid())
+
+
+def _end_pool(pool: ProcessPoolExecutor, pids: Any) -> None:
+    """End every worker, then wait for the pool's own thread to end. Left running
+    (``shutdown(wait=False)``), that thread closed its wake-up pipe while the interpreter's
+    exit hook wrote into it (CPython gh-132969, fixed after 3.11): a Ctrl-C or a worker
+    killed mid-run printed "OSError: [Errno 9] Bad file descriptor" after the command's own
+    last line, at times. Workers are ended again while it waits: one that started a job
+    after the first round had not said its pid yet, and would run its job to the end."""
+    _end_workers(pids)
+    closing = threading.Thread(target=pool.shutdown, kwargs={"cancel_futures": True})
+    closing.start()
+    while closing.is_alive():
+        closing.join(0.05)
+        _end_workers(pids)
 
 
 def _end_workers(pids: Any) -> None:

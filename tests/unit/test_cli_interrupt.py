@@ -181,3 +181,18 @@ def test_an_interrupt_while_the_commands_load_ends_in_one_line() -> None:
     assert res.returncode == 130, res.stderr
     assert res.stderr == "kvwise: interrupted\n"
     assert res.stdout == ""
+
+
+@pytest.mark.usefixtures("interrupts")
+def test_an_interrupt_leaves_no_pool_thread_running() -> None:
+    """The pool's thread, left running after a Ctrl-C, closed its wake-up pipe while the
+    exit hook wrote into it: "OSError: [Errno 9] Bad file descriptor" after the command's
+    last line, at times (seen on replay and simulate)."""
+
+    def interrupt(job: str) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(JobsInterrupted):
+        run_jobs(["stuck", "quick"], _quick_or_stuck, workers=2, finished=interrupt)
+    pool_threads = [t for t in threading.enumerate() if type(t).__name__.endswith("ManagerThread")]
+    assert pool_threads == []
