@@ -94,7 +94,13 @@ class DemoStack:
             self._embedded = EmbeddedRedis(self.workdir).start()
             self.redis_url, self.redis_source = self._embedded.url, "embedded"
         if not redis_answers(self.redis_url):
-            raise RuntimeError(f"Redis at {redact(self.redis_url)} does not answer")
+            said = f"Redis at {redact(self.redis_url)} does not answer"
+            if self.redis_source == "KVWISE_REDIS_URL":
+                said += (
+                    " (KVWISE_REDIS_URL names it; unset, the demo uses a Redis answering "
+                    "on 127.0.0.1:6379, else starts its own)"
+                )
+            raise RuntimeError(said)
 
     def _dir(self) -> Path:
         if self.workdir is None:

@@ -676,3 +676,14 @@ def test_a_kvwise_variable_that_no_setting_reads_is_warned_of(command: str) -> N
         "warning: KVWISE_REFIT_INTERVAL is not a kvwise setting: nothing reads it "
         "(did you mean KVWISE_REFIT_INTERVAL_S?)",
     ], res.stderr
+
+
+def test_demo_names_the_setting_behind_a_redis_that_does_not_answer(tmp_path: Path) -> None:
+    """The line "Redis at redis://...:6390/0 does not answer" did not say that the URL came
+    from the environment, nor that without it the demo finds or starts a Redis of its own."""
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    res = kvwise("demo", "--duration", "1", env={"KVWISE_REDIS_URL": url}, tmp=tmp_path)
+    assert res.returncode == 2
+    line = one_error_line(res)
+    assert line.startswith(f"error: Redis at {url} does not answer (KVWISE_REDIS_URL names it;")
+    assert "else starts its own" in line
