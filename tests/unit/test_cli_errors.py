@@ -14,6 +14,8 @@ import pytest
 import redis
 
 from controlplane.dev.embedded_redis import free_port
+from controlplane.traces.synth import synthesize
+from controlplane.traces.writer import write_bailian
 from tests.conftest import REPO
 
 SAMPLE = REPO / "tests" / "data" / "mooncake_synthetic.jsonl.gz"
@@ -339,6 +341,25 @@ def test_worker_that_sends_nothing_exits_1_after_its_summary() -> None:
     line = one_error_line(res)
     assert "sent no event" in line and url.replace("hunter2", "***") in line
     assert "hunter2" not in res.stderr + res.stdout
+
+
+def test_worker_on_a_cluster_that_never_answers_counts_what_it_could_not_send(
+    tmp_path: Path,
+) -> None:
+    """With ``KVWISE_REDIS_CLUSTER`` the summary said "events sent 0 dropped 0" and the
+    worker exited 0: the cluster client, made on first use, failed before the send that
+    counts a failure, and the events it had drained were lost uncounted. (A trace short
+    enough that the agent's buffer never fills: its drops are counted either way.)"""
+    trace = tmp_path / "short.jsonl"
+    write_bailian(synthesize("to-c", duration_s=10, qps=4, seed=1), trace)
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    args = ["--capacity", "500", "--speed", "100", "--status-every", "0", "--redis-url", url]
+    env = {"KVWISE_REDIS_CLUSTER": "true"}
+    res = kvwise("worker", "--trace", str(trace), "--policy", "lru", *args, env=env)
+    assert res.returncode == 1, res.stderr
+    sent = res.stdout.strip().splitlines()[2]
+    assert sent.startswith("  events sent 0 dropped ") and " dropped 0," not in sent, sent
+    assert "sent no event" in one_error_line(res)
 
 
 @pytest.mark.parametrize("command", ["replay", "simulate"])
