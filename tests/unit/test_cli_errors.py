@@ -4,6 +4,7 @@ naming the option or variable, the right exit code, no traceback, nothing left b
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import socket
 import subprocess
@@ -708,3 +709,13 @@ def test_demo_names_the_setting_behind_a_redis_that_does_not_answer(tmp_path: Pa
     line = one_error_line(res)
     assert line.startswith(f"error: Redis at {url} does not answer (KVWISE_REDIS_URL names it;")
     assert "else starts its own" in line
+
+
+def test_demo_on_its_own_redis_ignores_a_cluster_setting(tmp_path: Path) -> None:
+    """An exported ``KVWISE_REDIS_CLUSTER=true`` reached the demo's controller and workers,
+    which then asked the single Redis the demo reused or started for its cluster slots:
+    "the controller did not become ready in 30 s", and no word why."""
+    env = {"KVWISE_REDIS_CLUSTER": "true"}
+    res = kvwise("demo", "--duration", "1", "--json", env=env, tmp=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["redis_source"] in ("reused", "embedded")
