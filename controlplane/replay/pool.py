@@ -146,12 +146,33 @@ def _in_turn(jobs: Sequence[J], fn: Callable[[J, JobProgress | None], R], hooks:
     """Every job's result, one job after another in this process."""
     results: dict[J, R] = {}
     try:
-        for job in jobs:
-            results[job] = fn(job, _bind(hooks.progress, job))
-            hooks.finish(job)
+        with _sigterm_exits():
+            for job in jobs:
+                results[job] = fn(job, _bind(hooks.progress, job))
+                hooks.finish(job)
     except KeyboardInterrupt:
         raise JobsInterrupted(results) from None
     return [results[job] for job in jobs]
+
+
+@contextlib.contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """In the main thread, SIGTERM ends jobs run in turn as it ends a pool's: as
+    ``SystemExit(128 + SIGTERM)``, so that the caller can say it stopped. It killed the
+    process silently before (``timeout`` on one core: progress lines, then nothing). Raised
+    from the handler, as no pool's lock can be held here."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _collect(

@@ -30,10 +30,12 @@ def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _busy_run(trace_file: Path, *command: str) -> tuple[subprocess.Popen[bytes], str]:
-    """``kvwise COMMAND TRACE -j 2`` in a session of its own, once a run is done (its
-    workers busy with the next ones), and the line that said so."""
-    args = [sys.executable, "-m", "controlplane", *command, str(trace_file), "-j", "2"]
+def _busy_run(
+    trace_file: Path, *command: str, jobs: int = 2
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``kvwise COMMAND TRACE -j JOBS`` in a session of its own, once a run is done (the
+    next ones running), and the line that said so."""
+    args = [sys.executable, "-m", "controlplane", *command, str(trace_file), "-j", str(jobs)]
     proc = subprocess.Popen(
         args,
         cwd=REPO,
@@ -134,6 +136,17 @@ def test_sigterm_ends_a_parallel_run_and_its_workers(trace_file: Path) -> None:
     assert proc.returncode == 128 + signal.SIGTERM
     assert "replay: stopped after" in err.decode()
     wait_until(lambda: not _group_alive(proc.pid), timeout=5, what="no worker left")
+
+
+@pytest.mark.parametrize("command", [["replay"], ["simulate", "-p", "lru,wa"]])
+def test_sigterm_ends_runs_in_one_process_saying_so(command: list[str], trace_file: Path) -> None:
+    """With ``-j 1`` (a container of one core) SIGTERM killed the process silently: the
+    progress lines, then nothing, where the same run in a pool says it stopped."""
+    proc, _ = _busy_run(trace_file, *command, jobs=1)
+    proc.terminate()
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert f"{command[0]}: stopped after " in err.decode()
 
 
 def test_a_worker_killed_mid_run_fails_the_run_in_plain_words(trace_file: Path) -> None:
