@@ -44,6 +44,8 @@ from controlplane.cli.common import (
 )
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from controlplane.loadgen.client import RequestResult
     from controlplane.loadgen.observe import ServerUnreachable
     from controlplane.loadgen.plan import PlannedRequest
@@ -511,6 +513,19 @@ class _Progress:
             self.bar.stop()
 
 
+def _print_other_errors(console: Console, s: dict[str, Any]) -> None:
+    """The errors past the most common kinds listed: "7 errors" over five lines of one
+    each read as errors lost."""
+    listed = sum(e["count"] for e in s["top_errors"])
+    if s["errors"] > listed:
+        rest = s["errors"] - listed
+        console.print(
+            f"[red]{rest:,} x[/] other error{'' if rest == 1 else 's'} (--requests FILE "
+            "keeps each request's)",
+            highlight=False,
+        )
+
+
 def _fmt(value: float | None, unit: str = "") -> str:
     if value is None:
         return "n/a"
@@ -559,6 +574,7 @@ def _print_summary(s: dict[str, Any]) -> None:
         console.print(f"server counters unavailable: {server['error']}", highlight=False)
     for e in s["top_errors"]:
         console.print(f"[red]{e['count']:,} x[/] {e['error']}", highlight=False)
+    _print_other_errors(console, s)
     kvwise = s["kvwise"]
     if kvwise and kvwise.get("error"):
         console.print(f"kvwise version report unavailable: {kvwise['error']}", highlight=False)

@@ -241,3 +241,18 @@ def test_compare_pairs_only_runs_that_sent_the_same_requests(
     assert not any(r["interval"] for r in shown["rows"])
     code, out = compare("other", "--unpaired")
     assert code == 0 and "TTFT mean" in out and "concurrency 64 vs 8" in " ".join(out.split())
+
+
+def test_errors_past_the_kinds_listed_are_counted_under_them(
+    toy: ToyServer, tmp_path: Path
+) -> None:
+    """Seven prompts too long, each by another length: "7 errors", then five lines of one
+    error each, the other two in no line."""
+    requests = [list(range(100 * i, 100 * i + 7 + i)) for i in range(7)]  # 8 to 14 blocks
+    path = _trace_file(tmp_path, requests)
+    args = ("--url", toy.url, "--block-tokens", str(BLOCK), "--speed", "0", "--max-tokens", "1")
+    code, out = bench(str(path), *args)
+    assert code == 1
+    listed = [line for line in out.splitlines() if " x HTTP 400: " in line]
+    assert len(listed) == 5
+    assert "2 x other errors (--requests FILE keeps each request's)" in out
