@@ -33,6 +33,7 @@ from controlplane.cli.common import (
     BlockTokensOpt,
     SkipBadLinesFlag,
     check_writable,
+    exit_interrupted,
     fail,
     load_trace_or_fail,
     non_negative,
@@ -282,8 +283,9 @@ def _serve(
         base_url, model, args["concurrency"], args["timeout"], api_key=tokens.server.value
     )
     lines = _open_lines(requests_out)
+    progress = _Progress(len(plan), quiet)
     try:
-        with _Progress(len(plan), quiet) as progress:
+        with progress:
 
             def done(result: RequestResult) -> None:
                 progress.update(result)
@@ -293,6 +295,8 @@ def _serve(
             run = run_bench(plan, space, server, on_result=done)
     except ServerUnreachable as exc:  # its /metrics, read before anything is sent
         fail(_server_error(exc, tokens.server))
+    except KeyboardInterrupt:
+        exit_interrupted(_interrupted(progress, requests_out))
     finally:
         if lines is not None:
             lines.close()
@@ -302,6 +306,16 @@ def _serve(
         _kvwise_after(controller, tokens.controller, kvwise)
     summary["kvwise"] = kvwise
     return summary
+
+
+def _interrupted(progress: _Progress, requests_out: Path | None) -> str:
+    """What a Ctrl-C mid-run leaves: it ended silently, the minutes of the run lost
+    without a word. A summary covers a whole run, so none is written or printed."""
+    kept = f"; {requests_out} holds them" if requests_out is not None else ""
+    return (
+        f"bench: interrupted after {progress.done:,}/{progress.total:,} requests done"
+        f"{kept}; no summary (one covers a whole run: --limit N sends fewer)"
+    )
 
 
 def _served_model(base_url: str, key: Token) -> str:
