@@ -88,6 +88,12 @@ RedisUrlOpt = Annotated[
     str | None,
     typer.Option("--redis-url", metavar="URL", help="Redis URL [default: KVWISE_REDIS_URL]"),
 ]
+KeyPrefixOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="PREFIX", help="Prefix of kvwise's Redis keys [default: KVWISE_KEY_PREFIX]"
+    ),
+]
 BlockTokensOpt = Annotated[
     int,
     typer.Option(

@@ -48,6 +48,7 @@ def one_error_line(res: subprocess.CompletedProcess[str]) -> str:
         ([], {"KVWISE_REDIS_URL": "notaurl"}, "KVWISE_REDIS_URL: "),
         ([], {"KVWISE_BATCH_EVENTS": "many"}, "bad agent setting KVWISE_BATCH_EVENTS='many': "),
         (["--policy", "nope"], {}, "--policy: unknown policy 'nope'"),
+        (["--key-prefix", "a{b}:"], {}, "--key-prefix='a{b}:': key prefix 'a{b}:' must not"),
         ([], {"KVWISE_EVICTOR": "nope"}, "KVWISE_EVICTOR: unknown policy 'nope'"),
         # a slip is answered as replay's and simulate's are: the name meant, then the list
         (["--policy", "LRU"], {}, "--policy: unknown policy 'LRU' (did you mean 'lru'?); known: "),
