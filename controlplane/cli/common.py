@@ -162,6 +162,29 @@ def note_one_category(trace: Trace, names: Sequence[str], categories: str) -> No
         )
 
 
+def refuse_fit_options_unused(
+    names: Sequence[str], refit_every: float, reuse_class: str, **given: bool
+) -> None:
+    """Fail when options of the fitted policies, set to other than their defaults
+    (``--refit-every``, ``--reuse-class``, and each of ``given`` that is True, its name the
+    option's), come with a --policy that names none of those policies: ``--reuse-class hit
+    -p lru`` ran and changed nothing, silently. Refused, as ``--auto-*`` are without auto."""
+    from controlplane.replay import catalog
+    from controlplane.replay.options import DEFAULT_OPTIONS
+
+    set_options = {
+        "--refit-every": refit_every != DEFAULT_OPTIONS.refit_every_s,
+        **{"--" + name.replace("_", "-"): is_set for name, is_set in given.items()},
+        "--reuse-class": reuse_class != DEFAULT_OPTIONS.reuse_class,
+    }
+    named = [option for option, is_set in set_options.items() if is_set]
+    if not named or any(catalog.is_fitted(name) for name in names):
+        return
+    fitted = ", ".join(n for n in catalog.names() if catalog.is_fitted(n))
+    verb = "applies" if len(named) == 1 else "apply"
+    fail(f"{', '.join(named)} {verb} only to the fitted policies ({fitted}); --policy names none")
+
+
 def note_no_eviction(trace: Trace, capacities: Iterable[int], where: str = "") -> None:
     """Say, on stderr, which cache sizes hold every block the trace uses: no block is ever
     evicted there, so every policy scores the same (a frequent surprise when a default

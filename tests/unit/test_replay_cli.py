@@ -92,6 +92,12 @@ def test_fractions_that_round_to_one_size_are_one_run() -> None:
         (["--capacity-frac", "1.5"], "--capacity-frac: 1.5 is not in (0, 1]"),
         (["--capacity", "5", "--capacity-frac", "0.1"], "not both"),
         (["--reuse-class", "hit", "--attribution", "creator"], "(--attribution last)"),
+        # a fitted policy's options with none to apply them to changed nothing, silently
+        (
+            ["-p", "lru,s3fifo", "--reuse-class", "hit", "--life", "5"],
+            "error: --life, --reuse-class apply only to the fitted policies (wa, wa-ref,",
+        ),
+        (["-p", "lru", "--refit-every", "5"], "--refit-every applies only to the fitted"),
     ],
 )
 def test_bad_options_exit_2_naming_the_option(args: list[str], says: str) -> None:
