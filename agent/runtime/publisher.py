@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from agent.history import AccessHistory
 from agent.recorder import EventRecorder
@@ -23,9 +22,6 @@ from agent.runtime.connection import RedisClient
 from agent.runtime.loop import AgentLoop
 from agent.settings import AgentSettings
 from agent.wire import EventBatch, Events, encode_batch
-
-if TYPE_CHECKING:
-    from redis.client import Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -102,16 +98,12 @@ class EventPublisher(AgentLoop):
         chunks = self.collect()
         if not chunks:
             return 0
-        pipe = self.client.pipeline(transaction=False)
-        try:
-            self._queue(pipe, chunks)
-            results = pipe.execute(raise_on_error=False)
-        except BaseException:  # nothing is known to have arrived
-            self.dropped += sum(len(c) for c in chunks)
-            raise
-        finally:
-            pipe.reset()
         sizes = [len(c) for c in chunks]
+        try:
+            results = self._send(self._batches(chunks))
+        except BaseException:  # nothing is known to have arrived
+            self.dropped += sum(sizes)
+            raise
         sent, refusal = tally(sizes, results)
         self.sent += sent
         self.dropped += sum(sizes) - sent
@@ -119,19 +111,34 @@ class EventPublisher(AgentLoop):
             raise refusal
         return sent
 
-    def _queue(self, pipe: Pipeline, chunks: list[Events]) -> None:
-        """One XADD per chunk, each a batch with the next sequence number."""
+    def _batches(self, chunks: list[Events]) -> list[dict[str, bytes]]:
+        """Each chunk encoded as a batch with the next sequence number: spent before the
+        send, so a batch that never arrives is a gap the controller counts."""
         names = self._categories()
+        encoded: list[dict[str, bytes]] = []
         for events in chunks:
             self.seq += 1
             batch = EventBatch.of(events, worker=self.worker, seq=self.seq, epoch=self.epoch,
                                   categories=names)  # fmt: skip
-            pipe.xadd(
-                self.stream,
-                encode_batch(batch),  # type: ignore[arg-type]
-                maxlen=self.settings.stream_maxlen,
-                approximate=True,
-            )
+            encoded.append(encode_batch(batch))
+        return encoded
+
+    def _send(self, batches: list[dict[str, bytes]]) -> list[object]:
+        """One pipeline of one XADD per batch, each batch's reply or refusal. The pipeline
+        is made here, where a failure is a failed send: a cluster client connects when
+        first used, and one unreachable then lost the events it drained uncounted."""
+        pipe = self.client.pipeline(transaction=False)
+        try:
+            for fields in batches:
+                pipe.xadd(
+                    self.stream,
+                    fields,  # type: ignore[arg-type]
+                    maxlen=self.settings.stream_maxlen,
+                    approximate=True,
+                )
+            return list(pipe.execute(raise_on_error=False))
+        finally:
+            pipe.reset()
 
 
 def tally(sizes: list[int], replies: list[object]) -> tuple[int, Exception | None]:

@@ -33,6 +33,7 @@ from controlplane.cli.common import (
     BlockTokensOpt,
     SkipBadLinesFlag,
     check_writable,
+    exit_interrupted,
     fail,
     load_trace_or_fail,
     non_negative,
@@ -44,6 +45,8 @@ from controlplane.cli.common import (
 )
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from controlplane.loadgen.client import RequestResult
     from controlplane.loadgen.observe import ServerUnreachable
     from controlplane.loadgen.plan import PlannedRequest
@@ -280,8 +283,9 @@ def _serve(
         base_url, model, args["concurrency"], args["timeout"], api_key=tokens.server.value
     )
     lines = _open_lines(requests_out)
+    progress = _Progress(len(plan), quiet)
     try:
-        with _Progress(len(plan), quiet) as progress:
+        with progress:
 
             def done(result: RequestResult) -> None:
                 progress.update(result)
@@ -291,6 +295,8 @@ def _serve(
             run = run_bench(plan, space, server, on_result=done)
     except ServerUnreachable as exc:  # its /metrics, read before anything is sent
         fail(_server_error(exc, tokens.server))
+    except KeyboardInterrupt:
+        exit_interrupted(_interrupted(progress, requests_out))
     finally:
         if lines is not None:
             lines.close()
@@ -300,6 +306,16 @@ def _serve(
         _kvwise_after(controller, tokens.controller, kvwise)
     summary["kvwise"] = kvwise
     return summary
+
+
+def _interrupted(progress: _Progress, requests_out: Path | None) -> str:
+    """What a Ctrl-C mid-run leaves: it ended silently, the minutes of the run lost
+    without a word. A summary covers a whole run, so none is written or printed."""
+    kept = f"; {requests_out} holds them" if requests_out is not None else ""
+    return (
+        f"bench: interrupted after {progress.done:,}/{progress.total:,} requests done"
+        f"{kept}; no summary (one covers a whole run: --limit N sends fewer)"
+    )
 
 
 def _served_model(base_url: str, key: Token) -> str:
@@ -511,6 +527,19 @@ class _Progress:
             self.bar.stop()
 
 
+def _print_other_errors(console: Console, s: dict[str, Any]) -> None:
+    """The errors past the most common kinds listed: "7 errors" over five lines of one
+    each read as errors lost."""
+    listed = sum(e["count"] for e in s["top_errors"])
+    if s["errors"] > listed:
+        rest = s["errors"] - listed
+        console.print(
+            f"[red]{rest:,} x[/] other error{'' if rest == 1 else 's'} (--requests FILE "
+            "keeps each request's)",
+            highlight=False,
+        )
+
+
 def _fmt(value: float | None, unit: str = "") -> str:
     if value is None:
         return "n/a"
@@ -559,6 +588,7 @@ def _print_summary(s: dict[str, Any]) -> None:
         console.print(f"server counters unavailable: {server['error']}", highlight=False)
     for e in s["top_errors"]:
         console.print(f"[red]{e['count']:,} x[/] {e['error']}", highlight=False)
+    _print_other_errors(console, s)
     kvwise = s["kvwise"]
     if kvwise and kvwise.get("error"):
         console.print(f"kvwise version report unavailable: {kvwise['error']}", highlight=False)

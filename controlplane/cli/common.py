@@ -88,6 +88,12 @@ RedisUrlOpt = Annotated[
     str | None,
     typer.Option("--redis-url", metavar="URL", help="Redis URL [default: KVWISE_REDIS_URL]"),
 ]
+KeyPrefixOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="PREFIX", help="Prefix of kvwise's Redis keys [default: KVWISE_KEY_PREFIX]"
+    ),
+]
 BlockTokensOpt = Annotated[
     int,
     typer.Option(
@@ -154,6 +160,29 @@ def note_one_category(trace: Trace, names: Sequence[str], categories: str) -> No
             f"the trace labels every request {trace.category_names[0]!r}: the fitted policies "
             "see one category. --categories auto infers them."
         )
+
+
+def refuse_fit_options_unused(
+    names: Sequence[str], refit_every: float, reuse_class: str, **given: bool
+) -> None:
+    """Fail when options of the fitted policies, set to other than their defaults
+    (``--refit-every``, ``--reuse-class``, and each of ``given`` that is True, its name the
+    option's), come with a --policy that names none of those policies: ``--reuse-class hit
+    -p lru`` ran and changed nothing, silently. Refused, as ``--auto-*`` are without auto."""
+    from controlplane.replay import catalog
+    from controlplane.replay.options import DEFAULT_OPTIONS
+
+    set_options = {
+        "--refit-every": refit_every != DEFAULT_OPTIONS.refit_every_s,
+        **{"--" + name.replace("_", "-"): is_set for name, is_set in given.items()},
+        "--reuse-class": reuse_class != DEFAULT_OPTIONS.reuse_class,
+    }
+    named = [option for option, is_set in set_options.items() if is_set]
+    if not named or any(catalog.is_fitted(name) for name in names):
+        return
+    fitted = ", ".join(n for n in catalog.names() if catalog.is_fitted(n))
+    verb = "applies" if len(named) == 1 else "apply"
+    fail(f"{', '.join(named)} {verb} only to the fitted policies ({fitted}); --policy names none")
 
 
 def note_no_eviction(trace: Trace, capacities: Iterable[int], where: str = "") -> None:

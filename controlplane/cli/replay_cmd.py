@@ -30,6 +30,7 @@ from controlplane.cli.common import (
     policy_names,
     positive,
     ratio,
+    refuse_fit_options_unused,
     unique,
     whole_number,
 )
@@ -234,6 +235,7 @@ def replay(
     names = _names(policy, plot)
     auto = (auto_rate, auto_window, auto_windows, auto_margin, auto_min_accesses, auto_supersede)
     options = _options(
+        names,
         refit_every_s=refit_every,
         wa_fit=wa_fit,
         split=_split(split, wa_fit),
@@ -245,8 +247,7 @@ def replay(
         **_auto_fields(names, *auto),
     )
     trace = _replayed_trace(trace_path, skip_bad_lines, options)
-    capacities = sizes(trace)
-    runs = _run_with_progress(trace, names, capacities, jobs, options, json_out)
+    runs = _run_with_progress(trace, names, capacities := sizes(trace), jobs, options, json_out)
     plot_curve(plot, trace, runs)
     report(trace_path, trace, names, capacities, runs, options, top_categories, json_out)
     if runs.not_finished:
@@ -260,9 +261,19 @@ def _split(split: float | None, wa_fit: str) -> float:
     return DEFAULT_OPTIONS.split if split is None else split
 
 
-def _options(attribution: Attribution | None, **settings: Any) -> ReplayOptions:
-    """The replay's settings, or a one-line error naming the flag that conflicts."""
+def _options(names: list[str], attribution: Attribution | None, **settings: Any) -> ReplayOptions:
+    """The replay's settings, or a one-line error naming the flag that conflicts (one of
+    the fitted policies' given with none of them among ``names`` included)."""
     from controlplane.replay.options import DEFAULT_ATTRIBUTION, ReplayOptions
+
+    refuse_fit_options_unused(
+        names,
+        settings["refit_every_s"],
+        settings["reuse_class"],
+        attribution=attribution is not None,
+        near_concurrent=settings["near_concurrent_s"] is not None,
+        life=settings["life_s"] is not None,
+    )
 
     try:
         return ReplayOptions(attribution=attribution or DEFAULT_ATTRIBUTION, **settings)

@@ -154,13 +154,43 @@ def _print_tables(
     for name in names:
         table.add_row([name], [_ratio_cell(by.get((name, c))) for c in capacities])
     table.print(console)
-    for r in results:
-        for note in r.notes:
-            said = _hanging(f"{r.policy} at {counted(r.capacity, 'block')}: {note}", console.width)
-            console.print(said, highlight=False, soft_wrap=True)
+    for note, runs in _runs_by_note(results).items():
+        said = _hanging(f"{_runs_named(runs, capacities)}: {note}", console.width)
+        console.print(said, highlight=False, soft_wrap=True)
     if len(trace.category_names) > 1 and top > 0:
         ran = [c for c in capacities if any((n, c) in by for n in names)]  # Ctrl-C: not all
         _print_category_tables(console, names, ran, by, top)
+
+
+def _runs_by_note(results: list[ReplayResult]) -> dict[str, dict[str, list[int]]]:
+    """Each note once, with the runs that gave it (policy: capacities), in the order the
+    runs came: a short trace gave every fitted policy at every size the same note, and
+    printed alone each one filled a screen."""
+    runs: dict[str, dict[str, list[int]]] = {}
+    for r in results:
+        for note in r.notes:
+            runs.setdefault(note, {}).setdefault(r.policy, []).append(r.capacity)
+    return runs
+
+
+def _runs_named(runs: dict[str, list[int]], capacities: list[int]) -> str:
+    """``wa, wa-ref at every size`` or ``wa at 500 / 900 blocks; auto at 500 blocks``:
+    the policies that share the same sizes named together."""
+    policies_of: dict[tuple[int, ...], list[str]] = {}
+    for policy, sizes in runs.items():
+        policies_of.setdefault(tuple(sizes), []).append(policy)
+    return "; ".join(
+        f"{', '.join(policies)} at {_sizes(list(sizes), capacities)}"
+        for sizes, policies in policies_of.items()
+    )
+
+
+def _sizes(sizes: list[int], capacities: list[int]) -> str:
+    if len(sizes) > 1 and sorted(sizes) == sorted(capacities):
+        return "every size"
+    if len(sizes) == 1:
+        return counted(sizes[0], "block")
+    return f"{' / '.join(f'{c:,}' for c in sizes)} blocks"
 
 
 def _hanging(text: str, width: int) -> str:

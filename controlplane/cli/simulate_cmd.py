@@ -28,6 +28,7 @@ from controlplane.cli.common import (
     parse_fracs,
     parse_ints,
     policy_names,
+    refuse_fit_options_unused,
     unique,
 )
 from controlplane.cli.fitted_options import CategoriesOpt, RefitEveryOpt, ReuseClassOpt
@@ -138,6 +139,7 @@ def simulate(
     if plot is not None:
         check_plotting("--plot", png=plot)
     names = policy_names(policy)
+    refuse_fit_options_unused(names, refit_every, reuse_class)
     options = _options(
         _profile(profile),
         instances,

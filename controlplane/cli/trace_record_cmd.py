@@ -31,6 +31,7 @@ import typer
 from agent.runtime.connection import redact
 from controlplane.cli.common import (
     BlockTokensOpt,
+    KeyPrefixOpt,
     RedisUrlOpt,
     StatusEveryOpt,
     agent_settings_or_fail,
@@ -118,12 +119,6 @@ MaxRequestsOpt = Annotated[
         parser=whole_number(0),
         metavar="N",
         help="Stop after N requests (each held until the end; 0 = no bound)",
-    ),
-]
-KeyPrefixOpt = Annotated[
-    str | None,
-    typer.Option(
-        metavar="PREFIX", help="Prefix of kvwise's Redis keys [default: KVWISE_KEY_PREFIX]"
     ),
 ]
 

@@ -18,6 +18,7 @@ import typer
 
 from agent.runtime.connection import redact
 from controlplane.cli.common import (
+    KeyPrefixOpt,
     RedisUrlOpt,
     SpeedOpt,
     StatusEveryOpt,
@@ -75,7 +76,12 @@ LoopFlag = Annotated[
 ]
 JsonSummaryFlag = Annotated[bool, typer.Option("--json", help="Final summary as JSON")]
 
-_OPTION_OF_FIELD = {"worker_id": "--id", "evictor": "--policy", "redis_url": "--redis-url"}
+_OPTION_OF_FIELD = {
+    "worker_id": "--id",
+    "evictor": "--policy",
+    "redis_url": "--redis-url",
+    "key_prefix": "--key-prefix",
+}
 
 
 def register(app: typer.Typer) -> None:
@@ -89,6 +95,7 @@ def worker(
     worker_id: WorkerIdOpt = None,
     policy: PolicyOpt = None,
     redis_url: RedisUrlOpt = None,
+    key_prefix: KeyPrefixOpt = None,
     loop: LoopFlag = False,
     status_every: StatusEveryOpt = 5.0,
     json_out: JsonSummaryFlag = False,
@@ -105,7 +112,12 @@ def worker(
 
         kvwise worker --trace trace.jsonl --speed 10 --capacity 20000 --id w1
     """
-    given = {"worker_id": worker_id, "evictor": policy, "redis_url": redis_url}
+    given = {
+        "worker_id": worker_id,
+        "evictor": policy,
+        "redis_url": redis_url,
+        "key_prefix": key_prefix,
+    }
     settings = agent_settings_or_fail(given, _OPTION_OF_FIELD)
     check_evictor(settings, "KVWISE_EVICTOR" if policy is None else "--policy")
     warn_unknown_variables()

@@ -94,7 +94,13 @@ class DemoStack:
             self._embedded = EmbeddedRedis(self.workdir).start()
             self.redis_url, self.redis_source = self._embedded.url, "embedded"
         if not redis_answers(self.redis_url):
-            raise RuntimeError(f"Redis at {redact(self.redis_url)} does not answer")
+            said = f"Redis at {redact(self.redis_url)} does not answer"
+            if self.redis_source == "KVWISE_REDIS_URL":
+                said += (
+                    " (KVWISE_REDIS_URL names it; unset, the demo uses a Redis answering "
+                    "on 127.0.0.1:6379, else starts its own)"
+                )
+            raise RuntimeError(said)
 
     def _dir(self) -> Path:
         if self.workdir is None:
@@ -118,8 +124,12 @@ class DemoStack:
     def _env(self, **extra: str) -> dict[str, str]:
         """The children's environment: the user's, less a deployment's API tokens (the demo
         reads its own controller without any, and would be refused every read), with the
-        demo's Redis and prefix."""
+        demo's Redis and prefix. A ``KVWISE_REDIS_CLUSTER`` is kept only with the user's
+        ``KVWISE_REDIS_URL``: the Redis the demo reuses or starts is a single server, and
+        its children, told to use a cluster client there, never became ready."""
         env = {k: v for k, v in os.environ.items() if k not in DEPLOYMENT_TOKENS}
+        if self.redis_source != "KVWISE_REDIS_URL":
+            env.pop("KVWISE_REDIS_CLUSTER", None)
         env.update(
             KVWISE_REDIS_URL=self.redis_url,
             KVWISE_KEY_PREFIX=self.prefix,
@@ -155,16 +165,19 @@ class DemoStack:
             ["controller", "--host", "127.0.0.1", "--port", str(port)], env, "controller.log"
         )
         deadline = time.monotonic() + 30
+        said = ""
         while time.monotonic() < deadline:
             try:
-                if httpx.get(self.api_url + "/readyz", timeout=1).status_code == 200:
+                ready = httpx.get(self.api_url + "/readyz", timeout=1)
+                if ready.status_code == 200:
                     return
-            except httpx.TransportError:
+                said = f" (/readyz: {ready.json().get('reason', ready.text)})"
+            except (httpx.TransportError, ValueError):
                 pass
             if self._procs[-1].poll() is not None:
                 raise RuntimeError(self._exit_reason("controller.log"))
             time.sleep(0.1)
-        raise RuntimeError("the controller did not become ready in 30 s")
+        raise RuntimeError(f"the controller did not become ready in 30 s{said}")
 
     def start_workers(self) -> None:
         """Synthetic traces, then the workers in pairs on the same trace: one kvwise (wa),

@@ -116,19 +116,13 @@ def run_jobs(
         with _signals_deferred() as signals:
             results: list[R] = _collect(pool, jobs, hooks, signals)
     except BrokenProcessPool:
-        # The pool's own thread has ended the pool by now: wait for it. Left running
-        # (``wait=False``), it could try to replace the dead workers after the pool was
-        # reset and fail on a closed pipe (CPython gh-132969, fixed after 3.11): CI saw
-        # "OSError: [Errno 9] Bad file descriptor" printed after this error.
-        _end_workers(pids)
-        pool.shutdown(wait=True, cancel_futures=True)
+        _end_pool(pool, pids)
         raise WorkerDied(
             "a worker process died while it ran a job (killed: out of memory?); "
             "fewer --jobs need less memory"
         ) from None
     except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        _end_workers(pids)
+        _end_pool(pool, pids)
         raise
     finally:
         _FN = None
@@ -152,12 +146,33 @@ def _in_turn(jobs: Sequence[J], fn: Callable[[J, JobProgress | None], R], hooks:
     """Every job's result, one job after another in this process."""
     results: dict[J, R] = {}
     try:
-        for job in jobs:
-            results[job] = fn(job, _bind(hooks.progress, job))
-            hooks.finish(job)
+        with _sigterm_exits():
+            for job in jobs:
+                results[job] = fn(job, _bind(hooks.progress, job))
+                hooks.finish(job)
     except KeyboardInterrupt:
         raise JobsInterrupted(results) from None
     return [results[job] for job in jobs]
+
+
+@contextlib.contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """In the main thread, SIGTERM ends jobs run in turn as it ends a pool's: as
+    ``SystemExit(128 + SIGTERM)``, so that the caller can say it stopped. It killed the
+    process silently before (``timeout`` on one core: progress lines, then nothing). Raised
+    from the handler, as no pool's lock can be held here."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _collect(
@@ -232,6 +247,21 @@ def _start_worker(pids: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     pids.put(os.getpid())
+
+
+def _end_pool(pool: ProcessPoolExecutor, pids: Any) -> None:
+    """End every worker, then wait for the pool's own thread to end. Left running
+    (``shutdown(wait=False)``), that thread closed its wake-up pipe while the interpreter's
+    exit hook wrote into it (CPython gh-132969, fixed after 3.11): a Ctrl-C or a worker
+    killed mid-run printed "OSError: [Errno 9] Bad file descriptor" after the command's own
+    last line, at times. Workers are ended again while it waits: one that started a job
+    after the first round had not said its pid yet, and would run its job to the end."""
+    _end_workers(pids)
+    closing = threading.Thread(target=pool.shutdown, kwargs={"cancel_futures": True})
+    closing.start()
+    while closing.is_alive():
+        closing.join(0.05)
+        _end_workers(pids)
 
 
 def _end_workers(pids: Any) -> None:

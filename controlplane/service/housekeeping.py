@@ -143,7 +143,10 @@ class Housekeeper:
                 continue
             self.r.xgroup_delconsumer(stream, self.group, name)
             log.info(
-                "removed consumer %s of %s (idle %.0f s, nothing pending)", name, stream, idle_s
+                "removed consumer %s of %s (idle %.0f s, nothing pending)",
+                name,
+                _text(stream),
+                idle_s,
             )
             dropped += 1
         return dropped

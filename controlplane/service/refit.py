@@ -201,8 +201,9 @@ class Refitter:
             return self._outcome(
                 "unchanged",
                 None,
-                f"unchanged: largest relative change {change:.3f} < change_threshold "
-                f"{self.settings.change_threshold}",
+                f"unchanged: largest relative change "
+                f"{shown_below(change, self.settings.change_threshold)} < change_threshold "
+                f"{self.settings.change_threshold:g}",
                 seconds,
             )
         verdict = self.shadow.guard(self.store.preview_fit(fitted, result.pooled), in_force)
@@ -238,6 +239,16 @@ class Refitter:
         old news) and whether refits are held (a Redis read)."""
         last, at = (self._last_refit if self.lease.is_leader else None) or (None, None)
         return RefitStatus(self.store.held(), last, at)
+
+
+def shown_below(value: float, bound: float) -> str:
+    """``value`` (below ``bound``) to three significant digits, or as many more as it
+    takes to read as below it: "0.050 < change_threshold 0.05" read as a contradiction."""
+    for digits in range(3, 17):
+        text = f"{value:.{digits}g}"
+        if float(text) < bound:
+            return text
+    return repr(value)
 
 
 def _change_words(old: dict[str, CategoryParams], new: dict[str, CategoryParams]) -> str:

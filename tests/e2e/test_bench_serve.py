@@ -8,6 +8,11 @@ tests/e2e/test_vllm.py."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +21,9 @@ import pytest
 from typer.testing import CliRunner
 
 from controlplane.cli import app
+from tests.conftest import REPO
 from tests.e2e.toy_openai_server import ToyServer, running_toy_server
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 BLOCK = 4
@@ -241,3 +248,40 @@ def test_compare_pairs_only_runs_that_sent_the_same_requests(
     assert not any(r["interval"] for r in shown["rows"])
     code, out = compare("other", "--unpaired")
     assert code == 0 and "TTFT mean" in out and "concurrency 64 vs 8" in " ".join(out.split())
+
+
+def test_errors_past_the_kinds_listed_are_counted_under_them(
+    toy: ToyServer, tmp_path: Path
+) -> None:
+    """Seven prompts too long, each by another length: "7 errors", then five lines of one
+    error each, the other two in no line."""
+    requests = [list(range(100 * i, 100 * i + 7 + i)) for i in range(7)]  # 8 to 14 blocks
+    path = _trace_file(tmp_path, requests)
+    args = ("--url", toy.url, "--block-tokens", str(BLOCK), "--speed", "0", "--max-tokens", "1")
+    code, out = bench(str(path), *args)
+    assert code == 1
+    listed = [line for line in out.splitlines() if " x HTTP 400: " in line]
+    assert len(listed) == 5
+    assert "2 x other errors (--requests FILE keeps each request's)" in out
+
+
+def test_an_interrupted_run_says_what_it_did_and_writes_no_summary(
+    toy: ToyServer, tmp_path: Path
+) -> None:
+    """Ctrl-C mid-run ended the command silently (exit code 130, nothing on stderr)."""
+    path = _trace_file(tmp_path, [[i, i + 1000] for i in range(200)])  # 0.05 s apart: 10 s
+    lines, summary = tmp_path / "a.jsonl", tmp_path / "a.json"
+    args = ["--url", toy.url, "--block-tokens", str(BLOCK), "--max-tokens", "1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controlplane", "bench", "serve", str(path), *args,
+         "-o", str(summary), "--requests", str(lines)],
+        cwd=REPO, stderr=subprocess.PIPE, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a terminal
+    )  # fmt: skip
+    wait_until(lambda: lines.exists() and lines.read_text().count("\n") >= 3, what="3 done")
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 130
+    said = " ".join(err.decode().split())
+    assert re.search(r"bench: interrupted after \d+/200 requests done; \S+ holds them", said)
+    assert "no summary" in said and not summary.exists()

@@ -13,6 +13,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from agent.runtime.agent import Agent
+from agent.runtime.connection import connect
 from agent.wire import AgentInstance, Keys
 from controlplane.service.agent_instances import InstanceConflicts
 from controlplane.service.agents import LEDGER_FIELDS, AgentReader
@@ -180,3 +181,17 @@ def test_agent_instances_on_a_cluster_are_recorded_read_and_pruned_on_each_shard
         for agent in agents:
             agent.close()
     client.close()
+
+
+def test_a_script_registered_on_the_lazy_cluster_client_runs_on_each_shard(
+    cluster: LocalCluster,
+) -> None:
+    """Scripts are registered on the lazy client without connecting (the controller does it
+    as it starts); run, each goes to its key's shard, and is loaded again once flushed."""
+    client = connect(cluster.url, cluster=True, timeout_s=2, retries=2)
+    incr = client.register_script("return redis.call('INCR', KEYS[1])")
+    keys = ["{w0}n", "{w1}n", "{w2}n", "{w3}n"]
+    assert len({cluster.master_of(k).port for k in keys}) >= 2
+    assert [incr(keys=[k]) for k in keys] == [1, 1, 1, 1]
+    client.script_flush()
+    assert incr(keys=[keys[0]]) == 2

@@ -133,6 +133,24 @@ def test_redis_never_reachable_every_route_answers_503_json(
         _no_tracebacks(caplog)
 
 
+def test_a_redis_cluster_never_reachable_is_answered_as_redis_is(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With ``KVWISE_REDIS_CLUSTER`` the controller died at start with a traceback
+    ("Redis Cluster cannot be connected"): its lease registered a script, and the cluster
+    client connects when first used."""
+    caplog.set_level(logging.INFO)
+    settings = _settings(f"redis://127.0.0.1:{free_port()}/0").model_copy(
+        update={"redis_cluster": True}
+    )
+    with running_controller(settings) as rc:
+        answer = rc.client.get("/v1/policy")
+        assert answer.status_code == 503 and answer.json()["error"] == "redis_unavailable"
+        assert "Redis Cluster at " in answer.json()["reason"]
+        _probes_still_answer(rc)
+        _no_tracebacks(caplog)
+
+
 def _probes_still_answer(rc: RunningController) -> None:
     assert rc.client.get("/healthz").status_code == 200
     ready = rc.client.get("/readyz")

@@ -558,3 +558,19 @@ def test_a_standby_does_not_claim_to_know_which_streams_the_leader_refused(
         assert not standby.lease.is_leader
         assert [(a.id, a.ingest_refused) for a in standby.agents()] == [("w1", None)]
         assert [(a.id, a.ingest_refused) for a in leader.agents()] == [("w1", False)]
+
+
+def test_housekeeping_names_the_stream_of_a_removed_consumer_as_text(
+    r: redis.Redis, keys: Keys, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The log read "removed consumer c1 of b'kvwise:events:{w1}'": the key's bytes."""
+    stream = keys.events_stream("w1")
+    r.xadd(stream, {"x": "1"})
+    r.xgroup_create(stream, "controller", id="$")
+    r.xgroup_createconsumer(stream, "controller", "ghost")  # another process's, holding none
+    time.sleep(0.05)
+    sweep = HousekeepingSettings(interval_s=1, worker_expire_s=3600, stale_consumer_s=0.01)
+    keeper = Housekeeper(r, keys, group="controller", consumer="ctl", settings=sweep)
+    with caplog.at_level("INFO", logger="controlplane.service.housekeeping"):
+        keeper.sweep([stream.encode()], now=time.time())
+    assert f"removed consumer ghost of {stream} (idle " in caplog.text

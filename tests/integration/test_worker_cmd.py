@@ -100,6 +100,23 @@ def test_the_json_summary_names_the_worker_once(
     assert "id" not in summary and summary["engine"] == "sim"
 
 
+def test_the_key_prefix_option_wins_over_the_variable(
+    tmp_path: Path, redis_url: str, key_prefix: str
+) -> None:
+    """The worker took its prefix from ``KVWISE_KEY_PREFIX`` only, though ``trace record``
+    has ``--key-prefix``: a worker for a controller under its own prefix needed the
+    variable, and its --help said nothing of it."""
+    trace_path = write_trace(tmp_path / "t.jsonl", n=20)
+    other = key_prefix + "other:"
+    args = ["worker", "--trace", str(trace_path), "--speed", "100", "--capacity", "30"]
+    args += ["--id", "sim-6", "--redis-url", redis_url, "--key-prefix", key_prefix]
+    res = CliRunner().invoke(app, args, env={"KVWISE_KEY_PREFIX": other})
+    assert res.exit_code == 0, res.output
+    r = redis.Redis.from_url(redis_url)
+    assert r.xlen(Keys(key_prefix).events_stream("sim-6")) > 0
+    assert not r.exists(Keys(other).events_stream("sim-6"))
+
+
 def test_worker_ends_with_one_summary_line(tmp_path: Path, redis_url: str, key_prefix: str) -> None:
     trace_path = write_trace(tmp_path / "t.jsonl", n=50)
     args = ["worker", "--trace", str(trace_path), "--speed", "100", "--capacity", "30"]

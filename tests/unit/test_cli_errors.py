@@ -4,6 +4,7 @@ naming the option or variable, the right exit code, no traceback, nothing left b
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import socket
 import subprocess
@@ -14,6 +15,8 @@ import pytest
 import redis
 
 from controlplane.dev.embedded_redis import free_port
+from controlplane.traces.synth import synthesize
+from controlplane.traces.writer import write_bailian
 from tests.conftest import REPO
 
 SAMPLE = REPO / "tests" / "data" / "mooncake_synthetic.jsonl.gz"
@@ -45,6 +48,7 @@ def one_error_line(res: subprocess.CompletedProcess[str]) -> str:
         ([], {"KVWISE_REDIS_URL": "notaurl"}, "KVWISE_REDIS_URL: "),
         ([], {"KVWISE_BATCH_EVENTS": "many"}, "bad agent setting KVWISE_BATCH_EVENTS='many': "),
         (["--policy", "nope"], {}, "--policy: unknown policy 'nope'"),
+        (["--key-prefix", "a{b}:"], {}, "--key-prefix='a{b}:': key prefix 'a{b}:' must not"),
         ([], {"KVWISE_EVICTOR": "nope"}, "KVWISE_EVICTOR: unknown policy 'nope'"),
         # a slip is answered as replay's and simulate's are: the name meant, then the list
         (["--policy", "LRU"], {}, "--policy: unknown policy 'LRU' (did you mean 'lru'?); known: "),
@@ -339,6 +343,25 @@ def test_worker_that_sends_nothing_exits_1_after_its_summary() -> None:
     line = one_error_line(res)
     assert "sent no event" in line and url.replace("hunter2", "***") in line
     assert "hunter2" not in res.stderr + res.stdout
+
+
+def test_worker_on_a_cluster_that_never_answers_counts_what_it_could_not_send(
+    tmp_path: Path,
+) -> None:
+    """With ``KVWISE_REDIS_CLUSTER`` the summary said "events sent 0 dropped 0" and the
+    worker exited 0: the cluster client, made on first use, failed before the send that
+    counts a failure, and the events it had drained were lost uncounted. (A trace short
+    enough that the agent's buffer never fills: its drops are counted either way.)"""
+    trace = tmp_path / "short.jsonl"
+    write_bailian(synthesize("to-c", duration_s=10, qps=4, seed=1), trace)
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    args = ["--capacity", "500", "--speed", "100", "--status-every", "0", "--redis-url", url]
+    env = {"KVWISE_REDIS_CLUSTER": "true"}
+    res = kvwise("worker", "--trace", str(trace), "--policy", "lru", *args, env=env)
+    assert res.returncode == 1, res.stderr
+    sent = res.stdout.strip().splitlines()[2]
+    assert sent.startswith("  events sent 0 dropped ") and " dropped 0," not in sent, sent
+    assert "sent no event" in one_error_line(res)
 
 
 @pytest.mark.parametrize("command", ["replay", "simulate"])
@@ -676,3 +699,24 @@ def test_a_kvwise_variable_that_no_setting_reads_is_warned_of(command: str) -> N
         "warning: KVWISE_REFIT_INTERVAL is not a kvwise setting: nothing reads it "
         "(did you mean KVWISE_REFIT_INTERVAL_S?)",
     ], res.stderr
+
+
+def test_demo_names_the_setting_behind_a_redis_that_does_not_answer(tmp_path: Path) -> None:
+    """The line "Redis at redis://...:6390/0 does not answer" did not say that the URL came
+    from the environment, nor that without it the demo finds or starts a Redis of its own."""
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    res = kvwise("demo", "--duration", "1", env={"KVWISE_REDIS_URL": url}, tmp=tmp_path)
+    assert res.returncode == 2
+    line = one_error_line(res)
+    assert line.startswith(f"error: Redis at {url} does not answer (KVWISE_REDIS_URL names it;")
+    assert "else starts its own" in line
+
+
+def test_demo_on_its_own_redis_ignores_a_cluster_setting(tmp_path: Path) -> None:
+    """An exported ``KVWISE_REDIS_CLUSTER=true`` reached the demo's controller and workers,
+    which then asked the single Redis the demo reused or started for its cluster slots:
+    "the controller did not become ready in 30 s", and no word why."""
+    env = {"KVWISE_REDIS_CLUSTER": "true"}
+    res = kvwise("demo", "--duration", "1", "--json", env=env, tmp=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["redis_source"] in ("reused", "embedded")

@@ -30,10 +30,12 @@ def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _busy_run(trace_file: Path, *command: str) -> tuple[subprocess.Popen[bytes], str]:
-    """``kvwise COMMAND TRACE -j 2`` in a session of its own, once a run is done (its
-    workers busy with the next ones), and the line that said so."""
-    args = [sys.executable, "-m", "controlplane", *command, str(trace_file), "-j", "2"]
+def _busy_run(
+    trace_file: Path, *command: str, jobs: int = 2
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``kvwise COMMAND TRACE -j JOBS`` in a session of its own, once a run is done (the
+    next ones running), and the line that said so."""
+    args = [sys.executable, "-m", "controlplane", *command, str(trace_file), "-j", str(jobs)]
     proc = subprocess.Popen(
         args,
         cwd=REPO,
@@ -136,6 +138,17 @@ def test_sigterm_ends_a_parallel_run_and_its_workers(trace_file: Path) -> None:
     wait_until(lambda: not _group_alive(proc.pid), timeout=5, what="no worker left")
 
 
+@pytest.mark.parametrize("command", [["replay"], ["simulate", "-p", "lru,wa"]])
+def test_sigterm_ends_runs_in_one_process_saying_so(command: list[str], trace_file: Path) -> None:
+    """With ``-j 1`` (a container of one core) SIGTERM killed the process silently: the
+    progress lines, then nothing, where the same run in a pool says it stopped."""
+    proc, _ = _busy_run(trace_file, *command, jobs=1)
+    proc.terminate()
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert f"{command[0]}: stopped after " in err.decode()
+
+
 def test_a_worker_killed_mid_run_fails_the_run_in_plain_words(trace_file: Path) -> None:
     """The OOM killer's SIGKILL of a worker: a traceback of BrokenProcessPool before."""
     proc, _ = _busy_run(trace_file, "replay")
@@ -181,3 +194,18 @@ def test_an_interrupt_while_the_commands_load_ends_in_one_line() -> None:
     assert res.returncode == 130, res.stderr
     assert res.stderr == "kvwise: interrupted\n"
     assert res.stdout == ""
+
+
+@pytest.mark.usefixtures("interrupts")
+def test_an_interrupt_leaves_no_pool_thread_running() -> None:
+    """The pool's thread, left running after a Ctrl-C, closed its wake-up pipe while the
+    exit hook wrote into it: "OSError: [Errno 9] Bad file descriptor" after the command's
+    last line, at times (seen on replay and simulate)."""
+
+    def interrupt(job: str) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(JobsInterrupted):
+        run_jobs(["stuck", "quick"], _quick_or_stuck, workers=2, finished=interrupt)
+    pool_threads = [t for t in threading.enumerate() if type(t).__name__.endswith("ManagerThread")]
+    assert pool_threads == []

@@ -92,6 +92,12 @@ def test_fractions_that_round_to_one_size_are_one_run() -> None:
         (["--capacity-frac", "1.5"], "--capacity-frac: 1.5 is not in (0, 1]"),
         (["--capacity", "5", "--capacity-frac", "0.1"], "not both"),
         (["--reuse-class", "hit", "--attribution", "creator"], "(--attribution last)"),
+        # a fitted policy's options with none to apply them to changed nothing, silently
+        (
+            ["-p", "lru,s3fifo", "--reuse-class", "hit", "--life", "5"],
+            "error: --life, --reuse-class apply only to the fitted policies (wa, wa-ref,",
+        ),
+        (["-p", "lru", "--refit-every", "5"], "--refit-every applies only to the fitted"),
     ],
 )
 def test_bad_options_exit_2_naming_the_option(args: list[str], says: str) -> None:
@@ -275,3 +281,15 @@ def test_every_auto_option_of_the_replay_can_be_given() -> None:
     }
     code, _, err = run("replay", str(SAMPLE), *args, "--auto-min-accesses", "-1")
     assert code == 2 and "--auto-min-accesses" in err
+
+
+def test_a_note_every_run_gives_is_said_once_naming_the_runs() -> None:
+    """A trace shorter than one refit period gave each fitted policy at each size the same
+    three-line note, one after another: 24 of them for the default policies and sizes."""
+    args = ("-p", "lru,wa,wa-ref", "--capacity", "300,500", "--refit-every", "1000000")
+    code, out, _ = run("replay", str(SAMPLE), *args, "--top-categories", "0")
+    assert code == 0
+    assert out.count("no refit published a policy") == 1
+    assert "\nwa, wa-ref at every size: no refit published a policy" in out
+    code, out, _ = run("replay", str(SAMPLE), *args[:2], "--capacity", "300", *args[4:])
+    assert code == 0 and "\nwa, wa-ref at 300 blocks: no refit published" in out

@@ -166,6 +166,8 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
         (["--categories", "magic"], "--categories: 'magic' is not one of 'labels', 'auto'"),
         (["--reuse-class", "some"], "--reuse-class: 'some' is not one of 'off', 'hit', 'trace'"),
         (["--plot", "out.svg"], "plots are written as .png"),
+        # a fitted policy's option with none to apply it to changed nothing, silently
+        (["-p", "lru", "--reuse-class", "hit"], "--reuse-class applies only to the fitted"),
     ],
 )
 def test_user_errors_exit_2(extra: list[str], message: str, tmp_path: Path) -> None:
