@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Final, Self, overload
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import ValidationError
+from pydantic import ConfigDict, ValidationError
 
 from agent.engine_time import EngineTimeSnapshot
 from agent.policy_document import (
@@ -543,6 +543,9 @@ field, ``last_rejection``, is at most 400 characters); a larger value is refused
 @dataclass(frozen=True)
 class AgentStatus:
     """An agent's heartbeat, stored as JSON under ``Keys.agent(id)`` with a TTL."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(use_attribute_docstrings=True)
+    """Each field's docstring is its description in the controller's OpenAPI schema."""
 
     id: str
     """The worker's id (``KVWISE_WORKER_ID``, else ``host-pid``)."""

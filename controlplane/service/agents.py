@@ -24,7 +24,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Final
+from typing import Any, ClassVar, Final
+
+from pydantic import ConfigDict, TypeAdapter
 
 from agent.runtime.connection import RedisClient
 from agent.wire import MAX_HEARTBEAT_BYTES, AgentStatus, Keys, WireError
@@ -48,9 +50,23 @@ def _ledger_count(name: str) -> int:
     return field(default=0, metadata={"ledger": name})
 
 
+def _heartbeat_descriptions(schema: dict[str, Any]) -> None:
+    """The heartbeat's fields described in ``AgentView``'s schema as in ``AgentStatus``'s
+    (a field's docstring is read from the class that declares it only)."""
+    heartbeat = TypeAdapter(AgentStatus).json_schema()["properties"]
+    for name, prop in schema.get("properties", {}).items():
+        described = heartbeat.get(name, {}).get("description")
+        if described is not None:
+            prop.setdefault("description", described)
+
+
 @dataclass(frozen=True)
 class AgentView(AgentStatus):
     """An agent's heartbeat and the controller's counts of its events."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(
+        use_attribute_docstrings=True, json_schema_extra=_heartbeat_descriptions
+    )
 
     events_ingested: int = _ledger_count("events")
     """Events of this worker applied to the statistics window."""

@@ -489,6 +489,10 @@ def test_agents_metrics_and_openapi(ctl: RunningController, redis_url: str) -> N
         assert path in spec["paths"], path
     assert c.get("/docs").status_code == 200
     json.dumps(spec)
+    agent_fields = spec["components"]["schemas"]["AgentView"]["properties"]
+    undescribed = [name for name, prop in agent_fields.items() if not prop.get("description")]
+    assert len(agent_fields) > 30 and undescribed == []  # the heartbeat's and ingest's
+    assert agent_fields["capacity"]["description"] == "Blocks the engine's cache holds."
 
 
 def test_a_heartbeat_integer_past_64_bits_is_refused_and_metrics_still_answer(
