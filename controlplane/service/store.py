@@ -241,7 +241,7 @@ class PolicyStore:
             merged = {**draft.overrides.get(category, {}), **values}
             in_force = self.stored.current_in(pipe)
             if draft.overrides.get(category) == merged and in_force is not None:
-                raise _SameOverride(in_force)
+                raise _OverrideInForce(in_force)
             # Validate before storing: a bad override must never reach agents.
             apply_override(_params_for_override(draft, in_force, category), merged)
             draft.overrides[category] = merged
@@ -250,21 +250,31 @@ class PolicyStore:
             draft.writes.append(lambda p: p.hset(self.keys.overrides, category, text))
             return draft
 
-        try:
-            return Change(self._writer.publish(prepare), published=True)
-        except _SameOverride as same:
-            return Change(same.document, published=False)
+        return self._publish_override_change(prepare)
 
     @guarded
-    def delete_override(self, category: str) -> PolicyDocument:
+    def delete_override(self, category: str) -> Change:
+        """Release the category's override and publish; releasing no override publishes
+        nothing (as releasing no evictor pin): the document in force comes back."""
+
         def prepare(pipe: Pipeline) -> Draft:
             draft = self._writer.read(pipe, f"override {category} removed")
-            if draft.overrides.pop(category, None) is None:
-                raise StoreError(f"no override for category {category!r}")
+            in_force = self.stored.current_in(pipe)
+            if category not in draft.overrides and in_force is not None:
+                raise _OverrideInForce(in_force)
+            draft.overrides.pop(category, None)
             draft.writes.append(lambda p: p.hdel(self.keys.overrides, category))
             return draft
 
-        return self._writer.publish(prepare)
+        return self._publish_override_change(prepare)
+
+    def _publish_override_change(self, prepare: Callable[[Pipeline], Draft]) -> Change:
+        """Publish what ``prepare`` drafts, or nothing when it finds the change in force
+        already (it raises ``_OverrideInForce``): then the document in force comes back."""
+        try:
+            return Change(self._writer.publish(prepare), published=True)
+        except _OverrideInForce as same:
+            return Change(same.document, published=False)
 
     @guarded
     def rollback(self, version: int, *, hold: bool = False) -> PolicyDocument:
@@ -398,8 +408,9 @@ class PolicyStore:
         self.r.delete(self.keys.policy_hold)
 
 
-class _SameOverride(Exception):
-    """An override already in force as asked: nothing to publish; ``document`` is in force."""
+class _OverrideInForce(Exception):
+    """An override change in force already (the same pin, or no pin to release): nothing
+    to publish; ``document`` is in force."""
 
     def __init__(self, document: PolicyDocument) -> None:
         super().__init__()

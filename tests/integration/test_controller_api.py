@@ -117,7 +117,26 @@ def test_override_rollback_and_errors(ctl: RunningController) -> None:
     assert r.json()["version"] == 3
     assert r.json()["categories"] == {}
     assert c.post("/v1/policy/rollback", json={"version": 77}, headers=AUTH).status_code == 404
-    assert c.delete("/v1/policy/overrides/nope", headers=AUTH).status_code == 404
+
+
+def test_releasing_what_is_not_pinned_answers_as_releasing_the_evictor_pin(
+    ctl: RunningController,
+) -> None:
+    """Releasing an override never pinned was a 404 while releasing no evictor pin was a
+    200: both answer 200 with the document in force, ``Kvwise-Published: false``, so an
+    operator's script may release what it pinned without reading first."""
+    c = ctl.client
+    c.put("/v1/policy/overrides/kept", json={"rate": 0.5}, headers=AUTH)  # v2
+    for path in (
+        "/v1/policy/overrides/nope",
+        "/v1/policy/overrides?category=..",
+        "/v1/policy/evictor",
+    ):
+        released = c.delete(path, headers=AUTH)
+        assert released.status_code == 200, (path, released.text)
+        assert (released.json()["version"], released.headers["Kvwise-Published"]) == (2, "false")
+    assert c.get("/v1/policy/overrides").json() == {"kept": {"rate": 0.5}}
+    assert [v["version"] for v in c.get("/v1/policy/versions").json()] == [2, 1]
 
 
 def test_the_override_in_force_put_again_publishes_nothing(ctl: RunningController) -> None:
