@@ -134,6 +134,17 @@ class PolicyStore:
         """The document of ``version``; None if it is not stored, or is refused."""
         return self.stored.document(self.r, version)
 
+    def kept(self, version: int) -> PolicyDocument:
+        """The document of ``version``, or a ``StoreError`` saying why not (refused, or not
+        kept): the one wording of both, for reading a version and for rolling back to it."""
+        doc = self.get(version)
+        if doc is not None:
+            return doc
+        refused = self.refusal(version)
+        if refused is not None:
+            raise StoreError(f"stored version {version} refused: {refused}")
+        raise StoreError(f"version {version} is not kept (see GET /v1/policy/versions)")
+
     def refusal(self, version: int) -> str | None:
         """Why the stored document of ``version`` was refused when last read (None: it was
         not, or not read since this store last refused a hundred others)."""
@@ -286,11 +297,7 @@ class PolicyStore:
         family becomes the controller's selection, unless it is the operator's pin in
         force now (a pin is not a selection: releasing it lets the selection apply
         again). With ``hold``, automatic refits stop publishing until a manual refit."""
-        old = self.get(version)
-        if old is None and version in self.stored.refused:
-            raise StoreError(f"version {version} is refused: {self.stored.refused[version]}")
-        if old is None:
-            raise StoreError(f"version {version} is not kept (see GET /v1/policy/versions)")
+        old = self.kept(version)
         restored = overrides_of(old)
 
         def prepare(pipe: Pipeline) -> Draft:

@@ -243,7 +243,7 @@ def test_a_stored_document_refused_on_reading_back_reads_as_not_stored(
     )
     assert (store.refusal(1) or "").startswith(reason)
     assert counted == ["document"]
-    with pytest.raises(StoreError, match=f"version 1 is refused: {re.escape(reason)}"):
+    with pytest.raises(StoreError, match=f"stored version 1 refused: {re.escape(reason)}"):
         store.rollback(1)
     after = store.set_override("text_2", {"life_s": 5.0}).document
     assert after.version == 2 and store.current() == after
