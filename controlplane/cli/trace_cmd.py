@@ -145,6 +145,11 @@ PlotDirOpt = Annotated[
 ]
 
 
+SAID_BY_THE_TRACE_SUMMARY = ("name", "block_accesses")
+"""Fields of ``TraceStats`` that ``stats --json`` leaves out: the trace summary every
+command's JSON opens with says them already, as ``trace`` (the path) and ``accesses``."""
+
+
 @trace_app.command("stats")
 def stats(
     trace_path: TraceArgument,
@@ -179,8 +184,10 @@ def stats(
     if plot is not None:
         _plot(plot, trace, samples, top_categories)
     if json_out:
-        doc = trace_json(trace_path, trace) | s.to_json()
-        print_json(doc)
+        said = s.to_json()
+        for key in SAID_BY_THE_TRACE_SUMMARY:
+            del said[key]
+        print_json(trace_json(trace_path, trace) | said)
         return
     _print(s, top_categories)
 
