@@ -30,6 +30,12 @@ def test_synth_writes_the_same_trace_as_the_library(tmp_path: Path, profile: str
     assert got.n_requests == want.n_requests > 0
     assert (got.hashes[got.blocks] == want.hashes[want.blocks]).all()
     head, tail = res.stdout.strip().splitlines()  # two lines: each fits 80 columns
+    assert res.stderr.splitlines() == [  # seconds to minutes of work: its steps, said
+        f"trace synth: drawing {profile} requests (60 s at 5 QPS, "
+        f"{1800 if profile == 'to-c' else 120:,} s warm-up, seed 4)",
+        f"trace synth: writing {out}",
+        "trace synth: counting its statistics",
+    ]
     assert head.startswith(f"wrote {out}") and f"{want.n_requests:,} requests" in head
     assert tail.endswith(f"ideal hit ratio {trace_stats(want).ideal_hit_ratio:.3f}")
     assert len(tail) <= 80
