@@ -1,5 +1,5 @@
-"""Progress of a replay or simulation matrix on stderr: a live bar on a terminal, plain
-lines elsewhere.
+"""Progress of a replay or simulation matrix, or of a command's few steps, on stderr: a
+live bar or status line on a terminal, plain lines elsewhere.
 
 Owns ``requests_bar`` (the bar of requests done that replay and simulate draw) and
 ``MatrixProgress``, the sink the replay's and the simulator's ``run_matrix`` report to
@@ -7,7 +7,9 @@ Owns ``requests_bar`` (the bar of requests done that replay and simulate draw) a
 an interrupt keeps). On a terminal a transient bar counts requests over every job and
 names the jobs finished; when stderr is a file or a pipe, one line per finished job
 (none with ``quiet``), a policy run once for every size (``sizeless``) said to be at any
-size, as the results say. It must never write to stdout, which carries the results.
+size, as the results say. ``Steps`` says the step a command of a few long steps is at
+(``trace synth``, ``trace stats``) and, after a Ctrl-C, which one it cut. It must never
+write to stdout, which carries the results.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.status import Status
+from rich.text import Text
 
 from controlplane.cli.common import counted
 
@@ -123,3 +127,47 @@ class MatrixProgress:
             self._bar.update(
                 self._task, completed=sum(self.done.values()), description=self._jobs_text()
             )
+
+
+class Steps:
+    """The step a command is at, for ``command``: a transient status line on a terminal,
+    else one line a step (none unless ``shown``: the command shows its own progress, or
+    none); a Ctrl-C is said as ``COMMAND: interrupted while STEP after N s`` and goes on
+    (exit code 130), with what the step left (``cut``)."""
+
+    def __init__(self, command: str, *, shown: bool = True) -> None:
+        self.command = command
+        self.shown = shown
+        self.console = Console(stderr=True)
+        self.now = "starting"
+        self.cut = ""
+        self._t0 = time.monotonic()
+        self._status: Status | None = None
+
+    def __enter__(self) -> Steps:
+        self._t0 = time.monotonic()
+        if self.shown and self.console.is_terminal:
+            self._status = self.console.status("", spinner="dots")
+            self._status.start()
+        return self
+
+    def step(self, doing: str, *, detail: str = "", cut: str = "") -> None:
+        """Say that the command is ``doing`` now (and ``detail``, on the line only);
+        ``cut``: what a Ctrl-C then leaves."""
+        self.now, self.cut = doing, cut
+        line = Text(f"{self.command}: {doing}{f' ({detail})' if detail else ''}")
+        if self._status is not None:
+            self._status.update(line)
+        elif self.shown:
+            self.console.print(line, soft_wrap=True)
+
+    def __exit__(
+        self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._status is not None:
+            self._status.stop()
+        if t is not None and issubclass(t, KeyboardInterrupt):
+            elapsed = time.monotonic() - self._t0
+            left = f"; {self.cut}" if self.cut else ""
+            said = f"{self.command}: interrupted while {self.now} after {elapsed:.1f} s{left}"
+            self.console.print(Text(said), soft_wrap=True)

@@ -29,6 +29,7 @@ from controlplane.cli.common import (
     trace_json,
     whole_number,
 )
+from controlplane.cli.progress import Steps
 from controlplane.cli.tables import even_wrap, print_titled
 from controlplane.cli.trace_record_cmd import record
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from controlplane.traces.model import Trace
+    from controlplane.traces.synth import Profile
     from controlplane.traces.workload_stats import Quantiles, TraceStats, WorkloadSamples
 
 trace_app = typer.Typer(
@@ -104,34 +106,49 @@ def synth(
 
         kvwise trace synth --profile to-c --duration 600 --seed 1 -o toc.jsonl.gz
     """
-    from controlplane.traces.synth import PROFILES, Profile, generated_requests, synthesize
+    from controlplane.traces.synth import PROFILES, Profile, synthesize
     from controlplane.traces.workload_stats import trace_stats
     from controlplane.traces.writer import write_bailian
 
     check_names([profile], PROFILES, "--profile", "profile")
     check_writable(output, "--output")  # now: a large trace is minutes of work
     chosen = cast(Profile, profile)
-    asked = generated_requests(chosen, duration_s=duration, qps=qps)
-    if asked > MAX_SYNTH_REQUESTS:
-        warmup = asked / qps - duration
-        fail(
-            f"--duration x --qps asks for about {asked:,.0f} requests ({warmup:,.0f} s of "
-            f"warm-up before the window included); at most {MAX_SYNTH_REQUESTS:,} in one trace"
-        )
-    trace = synthesize(chosen, duration_s=duration, qps=qps, seed=seed)
-    if not trace.n_requests:
-        fail(f"--duration {duration:g} at --qps {qps:g} gave no request: ask for more")
-    try:
-        write_bailian(trace, output)
-    except OSError as exc:
-        fail(f"{output}: {exc.strerror or exc}")
-    s = trace_stats(trace)
+    warmup = _warmup_within_the_cap(chosen, duration, qps)
+    with Steps("trace synth") as steps:
+        left = f"{output} left as it was"
+        drawing = f"{duration:g} s at {qps:g} QPS, {warmup:,.0f} s warm-up, seed {seed}"
+        steps.step(f"drawing {profile} requests", detail=drawing, cut=left)
+        trace = synthesize(chosen, duration_s=duration, qps=qps, seed=seed)
+        if not trace.n_requests:
+            fail(f"--duration {duration:g} at --qps {qps:g} gave no request: ask for more")
+        steps.step(f"writing {output}", cut=left)
+        try:
+            write_bailian(trace, output)
+        except OSError as exc:
+            fail(f"{output}: {exc.strerror or exc}")
+        steps.step("counting its statistics", cut=f"{output} written whole")
+        s = trace_stats(trace)
     typer.echo(
         f"wrote {output}: {counted(s.requests, 'request')} over {duration:g} s\n"
         f"{counted(s.block_accesses, 'block access', 'block accesses')}, "
         f"{counted(s.unique_blocks, 'unique block')}; "
         f"ideal hit ratio {s.ideal_hit_ratio:.3f}"
     )
+
+
+def _warmup_within_the_cap(profile: Profile, duration: float, qps: float) -> float:
+    """The seconds of warm-up drawn before the window; fail if the trace asked for would
+    draw more than ``MAX_SYNTH_REQUESTS`` (the warm-up counted)."""
+    from controlplane.traces.synth import generated_requests
+
+    asked = generated_requests(profile, duration_s=duration, qps=qps)
+    warmup = asked / qps - duration
+    if asked > MAX_SYNTH_REQUESTS:
+        fail(
+            f"--duration x --qps asks for about {asked:,.0f} requests ({warmup:,.0f} s of "
+            f"warm-up before the window included); at most {MAX_SYNTH_REQUESTS:,} in one trace"
+        )
+    return warmup
 
 
 PlotDirOpt = Annotated[
@@ -143,6 +160,11 @@ PlotDirOpt = Annotated[
         "per category, lifespan CDF, hit share by turn, skew. Needs the plot extra",
     ),
 ]
+
+
+SAID_BY_THE_TRACE_SUMMARY = ("name", "block_accesses")
+"""Fields of ``TraceStats`` that ``stats --json`` leaves out: the trace summary every
+command's JSON opens with says them already, as ``trace`` (the path) and ``accesses``."""
 
 
 @trace_app.command("stats")
@@ -173,14 +195,20 @@ def stats(
 
     if plot is not None:
         check_plotting("--plot", folder=plot)
-    trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
-    samples = workload_samples(trace)
-    s = trace_stats(trace, samples)
-    if plot is not None:
-        _plot(plot, trace, samples, top_categories)
+    with Steps("trace stats", shown=False) as steps:  # reading shows its own status line
+        steps.step(f"reading {trace_path}")
+        trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
+        steps.step("counting its statistics")
+        samples = workload_samples(trace)
+        s = trace_stats(trace, samples)
+        if plot is not None:
+            steps.step(f"drawing figures into {plot}")
+            _plot(plot, trace, samples, top_categories)
     if json_out:
-        doc = trace_json(trace_path, trace) | s.to_json()
-        print_json(doc)
+        said = s.to_json()
+        for key in SAID_BY_THE_TRACE_SUMMARY:
+            del said[key]
+        print_json(trace_json(trace_path, trace) | said)
         return
     _print(s, top_categories)
 

@@ -211,13 +211,23 @@ def _check_summaries(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str
     """Refuse what is not a bench summary of this schema, or holds a non-finite number."""
     for name, summary in zip(names, (a, b), strict=True):
         if summary.get("schema") != SUMMARY_SCHEMA:
-            raise ValueError(
-                f"{name} is not a bench summary of schema {SUMMARY_SCHEMA} "
-                f"(schema {summary.get('schema')!r})"
-            )
+            raise ValueError(_not_a_summary(name, summary))
         bad = _non_finite(summary)
         if bad is not None:  # Python's JSON reads NaN and Infinity: a hand-written file
             raise ValueError(f"{name}: field {bad[0]!r} is {bad[1]}, not a finite number")
+
+
+def _not_a_summary(name: str, found: dict[str, Any]) -> str:
+    """Why ``found`` is refused as a summary: what it lacks, and what was expected."""
+    expected = (
+        f'a bench summary of schema {SUMMARY_SCHEMA} (the JSON object with "schema": '
+        f"{SUMMARY_SCHEMA} that `kvwise bench serve -o FILE` writes)"
+    )
+    if "schema" not in found:
+        return f'{name} is not a bench summary: it has no "schema" field; expected {expected}'
+    said = json.dumps(found["schema"])
+    said = said if len(said) <= 40 else said[:40] + "..."
+    return f'{name} has "schema": {said}; expected {expected}'
 
 
 def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:

@@ -134,6 +134,17 @@ class PolicyStore:
         """The document of ``version``; None if it is not stored, or is refused."""
         return self.stored.document(self.r, version)
 
+    def kept(self, version: int) -> PolicyDocument:
+        """The document of ``version``, or a ``StoreError`` saying why not (refused, or not
+        kept): the one wording of both, for reading a version and for rolling back to it."""
+        doc = self.get(version)
+        if doc is not None:
+            return doc
+        refused = self.refusal(version)
+        if refused is not None:
+            raise StoreError(f"stored version {version} refused: {refused}")
+        raise StoreError(f"version {version} is not kept (see GET /v1/policy/versions)")
+
     def refusal(self, version: int) -> str | None:
         """Why the stored document of ``version`` was refused when last read (None: it was
         not, or not read since this store last refused a hundred others)."""
@@ -241,7 +252,7 @@ class PolicyStore:
             merged = {**draft.overrides.get(category, {}), **values}
             in_force = self.stored.current_in(pipe)
             if draft.overrides.get(category) == merged and in_force is not None:
-                raise _SameOverride(in_force)
+                raise _OverrideInForce(in_force)
             # Validate before storing: a bad override must never reach agents.
             apply_override(_params_for_override(draft, in_force, category), merged)
             draft.overrides[category] = merged
@@ -250,21 +261,31 @@ class PolicyStore:
             draft.writes.append(lambda p: p.hset(self.keys.overrides, category, text))
             return draft
 
-        try:
-            return Change(self._writer.publish(prepare), published=True)
-        except _SameOverride as same:
-            return Change(same.document, published=False)
+        return self._publish_override_change(prepare)
 
     @guarded
-    def delete_override(self, category: str) -> PolicyDocument:
+    def delete_override(self, category: str) -> Change:
+        """Release the category's override and publish; releasing no override publishes
+        nothing (as releasing no evictor pin): the document in force comes back."""
+
         def prepare(pipe: Pipeline) -> Draft:
             draft = self._writer.read(pipe, f"override {category} removed")
-            if draft.overrides.pop(category, None) is None:
-                raise StoreError(f"no override for category {category!r}")
+            in_force = self.stored.current_in(pipe)
+            if category not in draft.overrides and in_force is not None:
+                raise _OverrideInForce(in_force)
+            draft.overrides.pop(category, None)
             draft.writes.append(lambda p: p.hdel(self.keys.overrides, category))
             return draft
 
-        return self._writer.publish(prepare)
+        return self._publish_override_change(prepare)
+
+    def _publish_override_change(self, prepare: Callable[[Pipeline], Draft]) -> Change:
+        """Publish what ``prepare`` drafts, or nothing when it finds the change in force
+        already (it raises ``_OverrideInForce``): then the document in force comes back."""
+        try:
+            return Change(self._writer.publish(prepare), published=True)
+        except _OverrideInForce as same:
+            return Change(same.document, published=False)
 
     @guarded
     def rollback(self, version: int, *, hold: bool = False) -> PolicyDocument:
@@ -276,11 +297,7 @@ class PolicyStore:
         family becomes the controller's selection, unless it is the operator's pin in
         force now (a pin is not a selection: releasing it lets the selection apply
         again). With ``hold``, automatic refits stop publishing until a manual refit."""
-        old = self.get(version)
-        if old is None and version in self.stored.refused:
-            raise StoreError(f"version {version} is refused: {self.stored.refused[version]}")
-        if old is None:
-            raise StoreError(f"version {version} is not kept (see GET /v1/policy/versions)")
+        old = self.kept(version)
         restored = overrides_of(old)
 
         def prepare(pipe: Pipeline) -> Draft:
@@ -398,8 +415,9 @@ class PolicyStore:
         self.r.delete(self.keys.policy_hold)
 
 
-class _SameOverride(Exception):
-    """An override already in force as asked: nothing to publish; ``document`` is in force."""
+class _OverrideInForce(Exception):
+    """An override change in force already (the same pin, or no pin to release): nothing
+    to publish; ``document`` is in force."""
 
     def __init__(self, document: PolicyDocument) -> None:
         super().__init__()

@@ -59,6 +59,24 @@ def test_health_readiness_and_initial_policy(ctl: RunningController) -> None:
     assert missing.json()["error"] == "unknown_version"
 
 
+def test_a_version_not_kept_is_said_alike_by_reading_it_and_rolling_back_to_it(
+    ctl: RunningController,
+) -> None:
+    """GET /v1/policy/versions/N said "version N is not kept" without the hint that
+    POST /v1/policy/rollback gives for the same N: both now say the same thing."""
+    read = ctl.client.get("/v1/policy/versions/99")
+    rolled = ctl.client.post("/v1/policy/rollback", json={"version": 99}, headers=AUTH)
+    assert (
+        read.json()
+        == rolled.json()
+        == {
+            "error": "unknown_version",
+            "reason": "version 99 is not kept (see GET /v1/policy/versions)",
+        }
+    )
+    assert (read.status_code, rolled.status_code) == (404, 404)
+
+
 def test_a_change_while_redis_has_lost_the_policy_waits_for_the_restore(
     ctl: RunningController, redis_url: str, key_prefix: str
 ) -> None:
@@ -117,7 +135,26 @@ def test_override_rollback_and_errors(ctl: RunningController) -> None:
     assert r.json()["version"] == 3
     assert r.json()["categories"] == {}
     assert c.post("/v1/policy/rollback", json={"version": 77}, headers=AUTH).status_code == 404
-    assert c.delete("/v1/policy/overrides/nope", headers=AUTH).status_code == 404
+
+
+def test_releasing_what_is_not_pinned_answers_as_releasing_the_evictor_pin(
+    ctl: RunningController,
+) -> None:
+    """Releasing an override never pinned was a 404 while releasing no evictor pin was a
+    200: both answer 200 with the document in force, ``Kvwise-Published: false``, so an
+    operator's script may release what it pinned without reading first."""
+    c = ctl.client
+    c.put("/v1/policy/overrides/kept", json={"rate": 0.5}, headers=AUTH)  # v2
+    for path in (
+        "/v1/policy/overrides/nope",
+        "/v1/policy/overrides?category=..",
+        "/v1/policy/evictor",
+    ):
+        released = c.delete(path, headers=AUTH)
+        assert released.status_code == 200, (path, released.text)
+        assert (released.json()["version"], released.headers["Kvwise-Published"]) == (2, "false")
+    assert c.get("/v1/policy/overrides").json() == {"kept": {"rate": 0.5}}
+    assert [v["version"] for v in c.get("/v1/policy/versions").json()] == [2, 1]
 
 
 def test_the_override_in_force_put_again_publishes_nothing(ctl: RunningController) -> None:
@@ -282,6 +319,8 @@ def test_a_refused_document_in_force_is_named_so_and_leaves_the_controller_ready
     one = ctl.client.get(f"/v1/policy/versions/{version}")
     assert one.status_code == 404
     assert one.json()["reason"].startswith(f"stored version {version} refused: policy:")
+    rolled = ctl.client.post("/v1/policy/rollback", json={"version": version}, headers=AUTH)
+    assert (rolled.status_code, rolled.json()) == (404, one.json())
     assert ctl.client.get("/readyz").status_code == 200
 
 

@@ -117,11 +117,11 @@ def test_override_publishes_and_delete_restores_fit(store: PolicyStore) -> None:
     doc = store.publish_fit({"text_1": _p(0.3, 0.4, 20)}, None, "refit")
     assert doc.categories["text_1"].life_s == 99.0
     assert doc.categories["text_1"].rate == 0.3
-    doc = store.delete_override("text_1")
-    assert doc.categories["text_1"].life_s == 20.0
-    assert doc.version == 4
-    with pytest.raises(StoreError, match="no override"):
-        store.delete_override("text_1")
+    released = store.delete_override("text_1")
+    assert released.published and released.document.categories["text_1"].life_s == 20.0
+    assert released.document.version == 4
+    again = store.delete_override("text_1")  # no override left: nothing published
+    assert (again.published, again.document.version) == (False, 4)
 
 
 def test_bad_override_is_rejected_and_nothing_published(store: PolicyStore) -> None:
@@ -162,7 +162,7 @@ def test_rollback_brings_back_the_overrides_the_version_carried(store: PolicySto
         "text_2": {"rate": want.rate, "p_reuse": want.p_reuse, "life_s": want.life_s}
     }
     assert doc.categories["text_1"].p_reuse == _p(0.1).p_reuse
-    after = store.delete_override("text_2")
+    after = store.delete_override("text_2").document
     assert after.categories["text_2"].source != "override" and store.overrides() == {}
 
 
@@ -243,7 +243,7 @@ def test_a_stored_document_refused_on_reading_back_reads_as_not_stored(
     )
     assert (store.refusal(1) or "").startswith(reason)
     assert counted == ["document"]
-    with pytest.raises(StoreError, match=f"version 1 is refused: {re.escape(reason)}"):
+    with pytest.raises(StoreError, match=f"stored version 1 refused: {re.escape(reason)}"):
         store.rollback(1)
     after = store.set_override("text_2", {"life_s": 5.0}).document
     assert after.version == 2 and store.current() == after

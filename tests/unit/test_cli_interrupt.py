@@ -1,7 +1,8 @@
 """Ctrl-C during a replay or simulation that runs in several processes: the command ends
 at once, says so, and leaves no worker behind. It went on for seconds to minutes (every
 running job finished first) and then printed nothing. A replay prints the results of the
-runs that had finished and names those that had not."""
+runs that had finished and names those that had not; ``trace synth`` and ``trace stats``
+name the step they were at."""
 
 from __future__ import annotations
 
@@ -180,17 +181,22 @@ main()
 """
 
 
-def test_an_interrupt_while_the_commands_load_ends_in_one_line() -> None:
-    """Ctrl-C in the seconds the command modules take to load printed a traceback of
-    the imports: now one line and exit code 130 (the signal comes as a module loads)."""
-    res = subprocess.run(
-        [sys.executable, "-c", INTERRUPT_WHILE_LOADING],
+def _run_script(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -c SCRIPT ARGS`` from the repository, Ctrl-C raising as at a terminal."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=60,
         preexec_fn=_interrupts_as_at_a_terminal,
     )
+
+
+def test_an_interrupt_while_the_commands_load_ends_in_one_line() -> None:
+    """Ctrl-C in the seconds the command modules take to load printed a traceback of
+    the imports: now one line and exit code 130 (the signal comes as a module loads)."""
+    res = _run_script(INTERRUPT_WHILE_LOADING)
     assert res.returncode == 130, res.stderr
     assert res.stderr == "kvwise: interrupted\n"
     assert res.stdout == ""
@@ -209,3 +215,51 @@ def test_an_interrupt_leaves_no_pool_thread_running() -> None:
         run_jobs(["stuck", "quick"], _quick_or_stuck, workers=2, finished=interrupt)
     pool_threads = [t for t in threading.enumerate() if type(t).__name__.endswith("ManagerThread")]
     assert pool_threads == []
+
+
+INTERRUPT_IN_A_STEP = """
+import os, signal, sys, time
+import {module} as where
+
+def interrupted(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)  # as a Ctrl-C comes: between two bytecodes
+    time.sleep(30)
+
+where.{function} = interrupted
+from controlplane.cli import main
+sys.argv = ["kvwise", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("command", "module", "function", "said"),
+    [
+        (
+            ["trace", "synth", "--duration", "60", "-o", "{out}"],
+            "controlplane.traces.writer",
+            "write_bailian",
+            "trace synth: interrupted while writing {out} after {s} s; {out} left as it was",
+        ),
+        (
+            ["trace", "stats", "{trace}"],
+            "controlplane.traces.workload_stats",
+            "workload_samples",
+            "trace stats: interrupted while counting its statistics after {s} s",
+        ),
+    ],
+)
+def test_an_interrupted_trace_command_names_the_step_it_cut(
+    tmp_path: Path, trace_file: Path, command: list[str], module: str, function: str, said: str
+) -> None:
+    """``trace synth`` and ``trace stats`` ended a Ctrl-C with exit code 130 and nothing
+    said: now one line names the step cut (and, for synth, what it left of the output)."""
+    out = tmp_path / "t.jsonl"
+    args = [a.format(out=out, trace=trace_file) for a in command]
+    script = INTERRUPT_IN_A_STEP.format(module=module, function=function)
+    res = _run_script(script, *args)
+    assert res.returncode == 130, res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    pattern = re.escape(said.format(out=out, s="@")).replace("@", r"\d+\.\d")
+    assert re.fullmatch(pattern, last), res.stderr
+    assert "Traceback" not in res.stderr and not out.exists()

@@ -128,6 +128,30 @@ def test_compare_refuses_a_file_over_its_bound(
 
 
 @pytest.mark.parametrize(
+    ("written", "said"),
+    [
+        (
+            {"name": "t", "requests": 3},
+            'is not a bench summary: it has no "schema" field; expected a bench summary of '
+            'schema 1 (the JSON object with "schema": 1 that `kvwise bench serve -o FILE` writes)',
+        ),
+        ({"schema": 2, "requests": 3}, 'has "schema": 2; expected a bench summary of schema 1'),
+    ],
+)
+def test_compare_says_what_a_file_that_is_no_summary_lacks(
+    tmp_path: Path, written: dict[str, object], said: str
+) -> None:
+    """A JSON object that is not a summary was refused as "(schema None)"."""
+    good, other = tmp_path / "a.json", tmp_path / "b.json"
+    good.write_text(json.dumps({"schema": SUMMARY_SCHEMA, "requests": 3}))
+    other.write_text(json.dumps(written))
+    code, out = _bench("--compare", str(good), str(other))
+    assert code == 2, out
+    assert f"--compare: {other} {said}" in out
+    assert "None" not in out
+
+
+@pytest.mark.parametrize(
     ("written", "field"),
     [
         ('"ttft_s": {"mean": NaN}', "'ttft_s.mean' is nan"),

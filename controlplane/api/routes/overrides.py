@@ -2,8 +2,9 @@
 evictor family of every worker that follows the document.
 
 Each change publishes a new policy version (the store composes it); one that changes
-nothing (the same pin again) publishes nothing and answers with the document in force,
-which the ``Kvwise-Published`` header of every answer says (``false``). Names and counts
+nothing (the same pin again, or releasing no pin) publishes nothing and answers with the
+document in force, which the ``Kvwise-Published`` header of every answer says (``false``):
+a release is idempotent, never a 404. Names and counts
 are bounded here, at the edge: a category is any name an agent can send
 (``CategoryInPath``: the rest of the path, ``/`` included; or ``CategoryInQuery``,
 ``?category=``, for a name a client would resolve as a path step: ``.``, ``..``), and at
@@ -22,7 +23,7 @@ from controlplane.api.field_messages import FieldProblem
 from controlplane.api.models import CategoryInPath, CategoryInQuery, EvictorBody, OverrideBody
 from controlplane.api.routes import KNOWN_QUERY_ONLY, NEEDS_REDIS, NO_BODY, ControllerDep, answer
 from controlplane.service.store import StoreError
-from controlplane.service.store_terms import Change, EvictorState, TooManyOverrides
+from controlplane.service.store_terms import EvictorState, TooManyOverrides
 
 TAG = "overrides"
 reads = APIRouter(tags=[TAG], dependencies=[NEEDS_REDIS])
@@ -38,7 +39,7 @@ def list_overrides(controller: ControllerDep) -> dict[str, dict[str, float]]:
 _PIN: dict[str, Any] = {"response_model": PolicyDocument, "responses": documented(409, 422)}
 _RELEASE: dict[str, Any] = {
     "response_model": PolicyDocument,
-    "responses": documented(404, 422),
+    "responses": documented(422),
     "dependencies": [NO_BODY],
 }
 
@@ -81,7 +82,8 @@ def _pin(
 def delete_override(
     category: CategoryInPath, controller: ControllerDep, response: Response
 ) -> PolicyDocument:
-    """Release a category's pinned parameters; publishes a version."""
+    """Release a category's pinned parameters; publishes a version, unless the category
+    has none pinned (``Kvwise-Published: false``, as releasing no evictor pin)."""
     return _release(category, controller, response)
 
 
@@ -95,10 +97,7 @@ def delete_override_named_in_query(
 
 
 def _release(category: str, controller: ControllerDep, response: Response) -> PolicyDocument:
-    try:
-        return answer(Change(controller.store.delete_override(category), True), response)
-    except StoreError as exc:
-        raise ApiError(404, "no_override", str(exc)) from None
+    return answer(controller.store.delete_override(category), response)
 
 
 @reads.get("/v1/policy/evictor", response_model=EvictorState)

@@ -51,13 +51,10 @@ def list_versions(controller: ControllerDep) -> list[VersionInfo]:
 )
 def get_version(version: VersionInPath, controller: ControllerDep) -> PolicyDocument:
     """One kept version."""
-    doc = controller.store.get(version)
-    refused = None if doc is not None else controller.store.refusal(version)
-    if refused is not None:
-        raise ApiError(404, "unknown_version", f"stored version {version} refused: {refused}")
-    if doc is None:
-        raise ApiError(404, "unknown_version", f"version {version} is not kept")
-    return doc
+    try:
+        return controller.store.kept(version)
+    except StoreError as exc:
+        raise ApiError(404, "unknown_version", str(exc)) from None
 
 
 @reads.get("/v1/policy/refit", response_model=RefitStatus)
