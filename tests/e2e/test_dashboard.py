@@ -304,6 +304,11 @@ def test_dashboard_shows_the_loop_and_acts_through_the_api(
         assert doc["note"].startswith(f"override {category}")
         assert doc["categories"][category]["life_s"] == 7.5
         assert doc["categories"][category]["source"] == "override"
+        # The same override again publishes nothing, and the dialog's outcome says so.
+        _submit(driver, "override-form")
+        _confirm(driver)
+        _until(driver, "nothing to change", lambda: "Nothing to change" in _result(driver))
+        assert "Published version" not in _result(driver)
         _until(
             driver,
             "the version in the history",

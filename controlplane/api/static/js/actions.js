@@ -2,7 +2,7 @@
 // confirmation in a modal dialog, sends one REST call with the bearer token, and shows the
 // outcome: the new version, or the API's error exactly as it answered.
 
-import { api, ApiError, categoryPaths } from "./api.js";
+import { api, ApiError, categoryPaths, change } from "./api.js";
 import { el, fmtAge, fmtNum, fmtTime } from "./dom.js";
 
 const OVERRIDE_FIELDS = [["ov-p", "p_reuse", "p"], ["ov-rate", "rate", "a"], ["ov-life", "life_s", "Life window"]];
@@ -99,7 +99,8 @@ function overrideQuestion(category, values) {
   return [title, body, "Publish override"];
 }
 
-function published(doc) {
+function published({ doc, published: isNew }) {
+  if (!isNew) return `Nothing to change: version ${doc.version} stays in force (${doc.note}).`;
   return `Published version ${doc.version}: ${doc.note}. Workers apply it at their next poll.`;
 }
 
@@ -107,15 +108,15 @@ export function makeActions(afterChange) {
   const actions = {
     rollback: (version, hold = false) => run(
       [`Roll back to version ${version}?`, rollbackText(version, hold), "Roll back"],
-      () => api.post("/v1/policy/rollback", { version, hold }),
+      () => change("POST", "/v1/policy/rollback", { version, hold }),
       published, afterChange),
     removeOverride: (category) => run(
       [`Remove the override of ${category}?`,
         `A new version is published with ${category}'s fitted values.`, "Remove override"],
-      () => api.delete(categoryPaths.override(category)),
+      () => change("DELETE", categoryPaths.override(category)),
       published, afterChange),
     override: (category, values) => run(overrideQuestion(category, values),
-      () => api.put(categoryPaths.override(category), values),
+      () => change("PUT", categoryPaths.override(category), values),
       published, afterChange),
     refit: () => run(
       ["Refit now?", "Every category is fitted now; a new version is published if the guard passes. A rollback hold is released.", "Refit"],

@@ -36,6 +36,20 @@ function plainText(response, text) {
 }
 
 async function call(method, path, body) {
+  return (await exchange(method, path, body)).body;
+}
+
+/**
+ * A change of policy (PUT, POST, DELETE) answered with the document in force: the document,
+ * and whether the change published it (Kvwise-Published: false when nothing changed, as
+ * releasing an override or a pin already gone).
+ */
+export async function change(method, path, body) {
+  const answer = await exchange(method, path, body);
+  return { doc: answer.body, published: answer.response.headers.get("Kvwise-Published") !== "false" };
+}
+
+async function exchange(method, path, body) {
   const headers = { Accept: "application/json" };
   if (body !== undefined) headers["Content-Type"] = "application/json";
   // Reads need a token too when the controller has a read token (KVWISE_API_READ_TOKEN).
@@ -75,7 +89,7 @@ async function call(method, path, body) {
     const reason = parsed && typeof parsed.reason === "string" ? parsed.reason : plainText(response, text);
     throw new ApiError(method, path, response.status, error, reason, text);
   }
-  return parsed;
+  return { body: parsed, response };
 }
 
 export const api = {
