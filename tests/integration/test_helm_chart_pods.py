@@ -344,6 +344,9 @@ def check_engine_command(w: dict[str, Any], engine: dict[str, Any]) -> None:
         assert engine["command"] == ["vllm", "serve"]
         assert args[0] == w["model"]["name"] and "--enable-prefix-caching" in args
         assert args[args.index("--tensor-parallel-size") + 1] == str(w["gpu"]["count"])
+        # vLLM's default (0) aborts and force-kills the engine core: the agent never leaves.
+        grace = int(w["terminationGracePeriodSeconds"])
+        assert args[args.index("--shutdown-timeout") + 1] == str(max(1, grace - 10))
     assert engine["image"] == f"{image['repository']}:{image['tag']}"
     assert args[args.index("--port") + 1] == str(w["port"])
     assert args[len(args) - len(w["extraArgs"]) :] == w["extraArgs"]
