@@ -57,8 +57,8 @@ _output = partial(typer.Option, rich_help_panel="Output")
 _AUTO_PANEL = "auto (family selected by a shadow)"
 
 KNOWN_POLICIES = (
-    "arc, fifo, lfu, lru, s3fifo, sieve, wa, wa-ref, wa-mix, wa-pace, wa-superseded, auto, "
-    "belady, inf"
+    "arc, fifo, lfu, lru, s3fifo, sieve, wa, wa-ref, wa-mix, wa-pace, wa-superseded, "
+    "wa-shared, auto, belady, inf"
 )
 """The replay catalogue's names, for --help: the catalogue loads SciPy and the shadow
 (seconds), so the command loads it when it runs (a test keeps the two the same)."""

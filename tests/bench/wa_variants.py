@@ -9,8 +9,9 @@ On synthetic to-C and to-B traces (``controlplane.traces.synth``: synthetic, cal
 the paper's published statistics, not the real traces) with their labels, and the bundled
 Mooncake sample with inferred categories, at capacities of 1-40 % of each trace's unique
 blocks, it replays the baselines, ``wa`` (online refits, ``ReplayOptions`` defaults), each
-variant in ``VARIANTS``, the replay-only policies of ``REPLAY_ONLY`` (``wa-mix``, ``wa-pace``
-at each prior tried, ``wa-superseded`` under each rule) and ``belady``, and prints per
+variant in ``VARIANTS``, the replay-only policies of ``REPLAY_ONLY`` (``wa-mix``,
+``wa-shared``, ``wa-pace`` at each prior tried, ``wa-superseded`` under each rule) and
+``belady``, and prints per
 trace the hit ratios and the gap closed, ``(x - lru) / (belady - lru)``. Choose on one
 seed, report on others. Results go to stdout; progress to stderr.
 """
@@ -98,8 +99,11 @@ SUPERSEDED = {
 }
 """Label -> name and factory of each ``wa-superseded`` row, one per rule
 (``controlplane.replay.superseded``)."""
+SHARED = "wa-shared (shared prefixes at their own rate)"
+"""The replay-only ``wa-shared`` (``controlplane.replay.shared_rate``), with its defaults."""
 REPLAY_ONLY: dict[str, tuple[str, ReplayFactory | None]] = {
     MIXTURE: ("wa-mix", None),
+    SHARED: ("wa-shared", None),
     **PACE,
     **SUPERSEDED,
 }
