@@ -34,6 +34,8 @@ DepthMode = Literal["off", "classes", "cost"]
 
 AutoSupersede = SupersedeRule
 """Whether ``auto``'s ``wa`` demotes superseded branches (``ReplayOptions.auto_supersede``)."""
+AutoWA = Literal["wa", "wa-shared"]
+"""Which ``wa`` ``auto`` serves and shadows (``ReplayOptions.auto_wa``)."""
 
 DEFAULT_ATTRIBUTION: Attribution = "last"
 """Chosen by measurement (docs/policy.md, "Measured settings")."""
@@ -62,7 +64,10 @@ class ReplayOptions:
     chosen); ``auto_supersede``: ``"tree"`` serves ``auto``'s ``wa`` as a vLLM worker runs
     it under the policy document's ``supersede: tree`` (the superseded branches evicted
     first while ``wa`` is in force, ``controlplane.replay.superseded``), ``"off"`` without
-    (its shadow judges ``wa`` without it either way, as the controller's does).
+    (its shadow judges ``wa`` without it either way, as the controller's does);
+    ``auto_wa``: ``"wa-shared"`` serves and shadows the replay-only ``wa-shared``
+    (``controlplane.replay.shared_rate``; reuse classes by hit included) as ``auto``'s
+    ``wa`` family, ``"wa"`` the agent's ``wa``.
     """
 
     refit_every_s: float = 60.0
@@ -84,6 +89,7 @@ class ReplayOptions:
     auto_windows: int = 1
     auto_min_accesses: int = 2000
     auto_supersede: AutoSupersede = "off"
+    auto_wa: AutoWA = "wa"
     fit: FitSettings = field(default_factory=FitSettings, compare=False)
 
     def __post_init__(self) -> None:
@@ -117,6 +123,10 @@ class ReplayOptions:
             )
         if self.auto_supersede not in SUPERSEDE_RULES:
             raise ValueError(f"auto_supersede must be tree or off, got {self.auto_supersede!r}")
+        if self.auto_wa not in get_args(AutoWA):
+            raise ValueError(f"auto_wa must be wa or wa-shared, got {self.auto_wa!r}")
+        if self.auto_wa == "wa-shared" and self.auto_supersede != "off":
+            raise ValueError("auto_wa wa-shared does not run the superseded-branch rule")
         if self.min_samples is not None and self.min_samples < 1:
             raise ValueError(f"min_samples must be >= 1, got {self.min_samples}")
         for name in ("near_concurrent_s", "shrinkage_samples"):

@@ -2,7 +2,8 @@
 
 Owns ``BlockHistory`` (what one cache knows of each block it holds or recently evicted),
 the rate classes (``rate_class``, ``RATE_CLASS_NAMES``), ``SharedRateWA`` (``wa``'s
-evictor over them) and ``fitted_wa_shared``.
+evictor over them), ``SharedRateFiling`` (the codes a release is filed under, for this
+replay and for a shadow's miniature of it) and ``fitted_wa_shared``.
 
 Why: a category's curve is fitted over all its blocks, and a few of them are not like
 the rest. A platform's system prompt, or an application's long template, is read by
@@ -169,9 +170,44 @@ class SharedRateWA(WAPolicy):
         return super()._const_of(name)
 
 
+class SharedRateFiling:
+    """Files a cache's released blocks under their rate class where ``history`` gives
+    one: the codes from ``first_rate_code`` on name ``RATE_CLASS_NAMES``. What the replay
+    of ``wa-shared`` and a shadow's miniature of it both run."""
+
+    def __init__(self, history: BlockHistory, first_rate_code: int, capacity: int) -> None:
+        self.history = history
+        self.first_rate_code = first_rate_code
+        self._ghost_per_block = history.ghost_size / capacity if capacity else 0.0
+
+    def resize(self, capacity: int) -> None:
+        """The cache holds ``capacity`` blocks now: the ghost keeps its share of them."""
+        self.history.ghost_size = round(capacity * self._ghost_per_block)
+
+    def codes(
+        self, blocks: Sequence[int], offsets: Sequence[int], codes: list[int], now: float
+    ) -> list[int]:
+        """The codes of a request's released ``blocks`` (at ``offsets`` in its prompt,
+        in any order), ``codes`` as filed without rate classes; the history reads the
+        prompt first."""
+        in_prompt_order = sorted(range(len(blocks)), key=offsets.__getitem__)
+        history = self.history
+        history.read([blocks[i] for i in in_prompt_order], now)
+        first = self.first_rate_code
+        out = list(codes)
+        for i, block in enumerate(blocks):
+            rate = history.rate_class(block, now)
+            if rate is not None:
+                out[i] = first + rate
+        return out
+
+    def evicted(self, victims: Sequence[int]) -> None:
+        self.history.evicted(victims)
+
+
 class SharedRateReplayPolicy(FittedReplayPolicy):
     """``wa``'s fitted replay with reuse classes by hit, whose shared blocks with reads
-    before are filed under their rate class instead."""
+    before are filed under their rate class instead (``filing``)."""
 
     def __init__(
         self,
@@ -184,9 +220,9 @@ class SharedRateReplayPolicy(FittedReplayPolicy):
         if classes is None:
             raise ValueError("wa-shared files the other blocks by reuse class: it needs them")
         super().__init__(inner, setup, refits, classes)
-        self.history = history
         self._classes = classes
-        self._first_rate_code = len(inner.category_names) - len(RATE_CLASS_NAMES)
+        first_rate_code = len(inner.category_names) - len(RATE_CLASS_NAMES)
+        self.filing = SharedRateFiling(history, first_rate_code, setup.capacity)
 
     def free_request(
         self, request: int, blocks: Sequence[int], offsets: Sequence[int], now: float
@@ -195,21 +231,16 @@ class SharedRateReplayPolicy(FittedReplayPolicy):
         classes.finished(request)
         if not len(blocks):
             return
-        in_prompt_order = sorted(range(len(blocks)), key=offsets.__getitem__)
-        self.history.read([blocks[i] for i in in_prompt_order], now)
         code = self.request_code(request)
         first = self.setup.offsets[request]
-        keys = [code + shift for shift in classes.classify(first, blocks, offsets)]
-        for i, block in enumerate(blocks):
-            rate = self.history.rate_class(block, now)
-            if rate is not None:
-                keys[i] = self._first_rate_code + rate
+        by_class = [code + shift for shift in classes.classify(first, blocks, offsets)]
+        keys = self.filing.codes(blocks, offsets, by_class, now)
         for key, lo, hi in runs(keys):
             self.in_force.free(blocks[lo:hi], offsets[lo:hi], now, key)
 
     def evict(self, n: int) -> list[int]:
         victims = super().evict(n)
-        self.history.evicted(victims)
+        self.filing.evicted(victims)
         return victims
 
 

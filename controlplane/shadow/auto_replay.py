@@ -5,7 +5,9 @@ Owns ``AutoReplayPolicy`` and its registration as ``auto`` in the replay catalog
 registers itself when imported, as the replay command does). The cache starts as ``wa``
 refitted online (as ``kvwise replay --policy wa``: ``controlplane.replay.online``; with
 ``auto_supersede`` ``"tree"``, evicting superseded branches first while it is in force, as
-a vLLM worker under the document's ``supersede: tree``: ``controlplane.replay.superseded``).
+a vLLM worker under the document's ``supersede: tree``: ``controlplane.replay.superseded``;
+with ``auto_wa`` ``"wa-shared"``, the replay-only ``wa-shared``, shadowed as it is served:
+``controlplane.replay.shared_rate``).
 Beside it runs a shadow of the replayed past, as the controller's: requests kept by a
 ``PrefixSampler`` on their key block (the controller's key depth; the rate is
 ``auto_rate``) are served by one miniature cache per candidate family (``wa`` under the
@@ -43,6 +45,12 @@ from agent.reuse_classes import ReturnTracker
 from controlplane.replay import catalog, online
 from controlplane.replay.online import FittedReplayPolicy
 from controlplane.replay.options import ReplayOptions
+from controlplane.replay.shared_rate import (
+    BlockHistory,
+    SharedRateFiling,
+    SharedRateReplayPolicy,
+    fitted_wa_shared,
+)
 from controlplane.replay.superseded import superseding
 from controlplane.shadow.estimator import MiniCache, ReuseClassing, WindowCounts
 from controlplane.shadow.inflow import InflowShare
@@ -95,8 +103,10 @@ class _Shadow:
         size = sampler.scaled(capacity)
         self.families = (DEFAULT_FAMILY, *defaults.baselines)
         wa = fitted.inner
-        self.wa = WAPolicy(size, category_names=wa.category_names, doc=wa.policy)
-        wa_cache = MiniCache(self.wa, size, _classing(fitted, options, size))
+        self.wa = type(wa)(size, category_names=wa.category_names, doc=wa.policy)
+        wa_cache = MiniCache(
+            self.wa, size, _classing(fitted, options, size), _filing(fitted, options, size)
+        )
         wa_cache.run_branch_rule(branch_rule(options.auto_supersede == "tree", wa.policy))
         self.caches = [wa_cache, *(MiniCache(create(f, size), size) for f in defaults.baselines)]
         self._start_window()
@@ -154,6 +164,8 @@ class AutoReplayPolicy:
         self.wa: FittedReplayPolicy = (
             superseding(trace, options, capacity)
             if options.auto_supersede == "tree"
+            else fitted_wa_shared(capacity, trace, options)
+            if options.auto_wa == "wa-shared"
             else online.build("wa", trace, options, capacity=capacity)
         )
         assert isinstance(self.wa.inner, WAPolicy)  # "wa" builds the agent's evictor
@@ -309,6 +321,17 @@ def _classing(
     tracker = ReturnTracker(round(options.reuse_ghost * size))
     offset = classes.k
     return ReuseClassing(tracker, lambda code: code + offset, float(options.reuse_ghost))
+
+
+def _filing(
+    fitted: FittedReplayPolicy, options: ReplayOptions, size: int
+) -> SharedRateFiling | None:
+    """The miniature ``wa``'s rate classes, when the replayed ``wa`` is ``wa-shared``
+    (a history of its own, its ghost scaled as the cache is)."""
+    if not isinstance(fitted, SharedRateReplayPolicy):
+        return None
+    history = BlockHistory(round(options.reuse_ghost * size))
+    return SharedRateFiling(history, fitted.filing.first_rate_code, size)
 
 
 @catalog.register_offline("auto")

@@ -22,6 +22,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -54,16 +55,35 @@ class ReuseClassing:
         return [again if back else category for back in self.tracker.returns(released)]
 
 
+class ReleaseFiling(Protocol):
+    """Files a miniature's released blocks under other codes than their categories' (or
+    reuse classes'), on what the miniature itself read and evicted: replay's
+    ``wa-shared`` (``controlplane.replay.shared_rate.SharedRateFiling``)."""
+
+    def codes(
+        self, blocks: Sequence[int], offsets: Sequence[int], codes: list[int], now: float
+    ) -> list[int]: ...
+
+    def evicted(self, victims: Sequence[int]) -> None: ...
+
+    def resize(self, capacity: int) -> None: ...
+
+
 class MiniCache:
     """``policy`` holding at most ``capacity`` blocks, fed one request at a time (with
-    ``classing``, releases are filed by reuse class)."""
+    ``classing``, releases are filed by reuse class; with ``filing``, then by it)."""
 
     def __init__(
-        self, policy: EvictionPolicy, capacity: int, classing: ReuseClassing | None = None
+        self,
+        policy: EvictionPolicy,
+        capacity: int,
+        classing: ReuseClassing | None = None,
+        filing: ReleaseFiling | None = None,
     ) -> None:
         self.policy = policy
         self.capacity = capacity
         self.classing = classing
+        self.filing = filing
         self._resizable = policy if isinstance(policy, Resizable) else None
         """The policy, when it resizes its own bookkeeping (checked once: a Protocol's
         ``isinstance`` is slow)."""
@@ -88,6 +108,8 @@ class MiniCache:
             self._resizable.resize(capacity)
         if self.classing is not None:
             self.classing.tracker.ghost_size = round(capacity * self._ghost_per_block)
+        if self.filing is not None:
+            self.filing.resize(capacity)
 
     def run_branch_rule(self, on: bool) -> None:
         """Evict superseded branches first from the next request on, tracked afresh from
@@ -127,6 +149,8 @@ class MiniCache:
             cached.difference_update(victims)
             if self.classing is not None:
                 self.classing.tracker.evicted(victims)
+            if self.filing is not None:
+                self.filing.evicted(victims)
         return hits
 
     def _evict(self, n: int) -> list[int]:
@@ -146,10 +170,17 @@ class MiniCache:
     def _release(self, released: list[int], n: int, request: Request) -> None:
         """Every block, tail first, under its category (or its reuse class)."""
         offsets = range(n - 1, -1, -1)
-        if self.classing is None or not n:
+        if (self.classing is None and self.filing is None) or not n:
             self.policy.free(released, offsets, request.ts, request.category)
             return
-        for code, lo, hi in runs(self.classing.codes(request.category, released)):
+        codes = (
+            [request.category] * n
+            if self.classing is None
+            else self.classing.codes(request.category, released)
+        )
+        if self.filing is not None:
+            codes = self.filing.codes(released, offsets, codes, request.ts)
+        for code, lo, hi in runs(codes):
             self.policy.free(released[lo:hi], offsets[lo:hi], request.ts, code)
 
 

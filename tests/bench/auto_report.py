@@ -73,6 +73,7 @@ _SHORT = {
     "auto_windows": "n",
     "auto_margin": "m",
     "auto_supersede": "supersede",
+    "auto_wa": "wa",
 }
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
+from agent.reuse_classes import ReturnTracker
 from controlplane.replay import catalog
 from controlplane.replay.engine import replay_hits
 from controlplane.replay.options import ReplayOptions
@@ -14,9 +16,15 @@ from controlplane.replay.shared_rate import (
     MAX_READS,
     RATE_CLASS_NAMES,
     BlockHistory,
+    SharedRateFiling,
+    SharedRateReplayPolicy,
+    SharedRateWA,
     rate_class,
     rate_class_const,
 )
+from controlplane.shadow.auto_replay import AutoReplayPolicy
+from controlplane.shadow.estimator import MiniCache, ReuseClassing
+from controlplane.shadow.rebuild import Request
 from controlplane.traces.model import Trace
 
 
@@ -111,3 +119,50 @@ def _templates_trace() -> Trace:
         types=["api"] * n,
         turns=np.ones(n, dtype=np.int64),
     )
+
+
+def test_a_miniature_of_wa_shared_at_full_size_hits_as_its_replay_does() -> None:
+    """The shadow's miniature (``MiniCache`` with reuse classes and the rate classes'
+    filing) served every request at the cache's size, under the document the replay
+    never refits, gives the replay's hits request by request."""
+    trace = _templates_trace()
+    capacity = 120
+    never = ReplayOptions(refit_every_s=1e9)
+    replayed = replay_hits(trace, catalog.create("wa-shared", capacity, trace, never), capacity)
+    fitted = catalog.create("wa-shared", capacity, trace, never)
+    assert isinstance(fitted, SharedRateReplayPolicy)
+    names = fitted.inner.category_names
+    classes = fitted.hit_classes
+    assert classes is not None
+    ghost = round(never.reuse_ghost * capacity)
+    mini = MiniCache(
+        SharedRateWA(capacity, category_names=names, doc=fitted.inner.policy),
+        capacity,
+        ReuseClassing(ReturnTracker(ghost), lambda code: code + classes.k),
+        SharedRateFiling(BlockHistory(ghost), fitted.filing.first_rate_code, capacity),
+    )
+    codes = trace.categories.tolist()
+    served = [
+        mini.serve(Request(float(trace.timestamps[r]), codes[r], trace.request_blocks(r).tolist()))
+        for r in range(trace.n_requests)
+    ]
+    assert served == replayed.tolist()
+    assert sum(served) > 0
+
+
+def test_auto_that_never_switches_serves_wa_shared() -> None:
+    trace = _templates_trace()
+    never = ReplayOptions(auto_wa="wa-shared", auto_min_accesses=10**12, refit_every_s=20.0)
+    auto = catalog.create("auto", 120, trace, never)
+    assert isinstance(auto, AutoReplayPolicy)
+    alone = catalog.create("wa-shared", 120, trace, never)
+    assert (replay_hits(trace, auto, 120) == replay_hits(trace, alone, 120)).all()
+    assert not auto.switches
+    assert isinstance(auto.shadow_caches[0].policy, SharedRateWA)
+
+
+def test_auto_wa_shared_refuses_the_superseded_branch_rule() -> None:
+    with pytest.raises(ValueError, match="does not run the superseded-branch rule"):
+        ReplayOptions(auto_wa="wa-shared", auto_supersede="tree")
+    with pytest.raises(ValueError, match="auto_wa must be wa or wa-shared"):
+        ReplayOptions(auto_wa="shared")  # type: ignore[arg-type]
