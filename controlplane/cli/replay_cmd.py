@@ -41,7 +41,13 @@ from controlplane.cli.fitted_options import (
     fitted_option,
 )
 from controlplane.cli.replay_output import Runs, end_interrupted, plot_curve, report
-from controlplane.replay.options import DEFAULT_OPTIONS, Attribution, AutoSupersede, FitMode
+from controlplane.replay.options import (
+    DEFAULT_OPTIONS,
+    Attribution,
+    AutoSupersede,
+    AutoWA,
+    FitMode,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -186,6 +192,14 @@ AutoSupersedeOpt = Annotated[
         "without it either way)",
     ),
 ]
+AutoWAOpt = Annotated[
+    AutoWA | None,
+    _auto(
+        "auto_wa",
+        help="wa-shared: auto's wa family is the replay-only wa-shared (shared prefixes at "
+        "their own reuse rate, reuse classes by hit), shadowed as served; wa: the agent's",
+    ),
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -216,6 +230,7 @@ def replay(
     auto_margin: AutoMarginOpt = None,
     auto_min_accesses: AutoMinAccessesOpt = None,
     auto_supersede: AutoSupersedeOpt = None,
+    auto_wa: AutoWAOpt = None,
 ) -> None:
     """Replay TRACE through eviction policies at several cache sizes.
 
@@ -233,7 +248,15 @@ def replay(
     """
     sizes = _capacities(capacity, capacity_frac)
     names = _names(policy, plot)
-    auto = (auto_rate, auto_window, auto_windows, auto_margin, auto_min_accesses, auto_supersede)
+    auto = (
+        auto_rate,
+        auto_window,
+        auto_windows,
+        auto_margin,
+        auto_min_accesses,
+        auto_supersede,
+        auto_wa,
+    )
     options = _options(
         names,
         refit_every_s=refit_every,
@@ -320,6 +343,7 @@ _AUTO_FIELDS = {
     "--auto-margin": "auto_margin",
     "--auto-min-accesses": "auto_min_accesses",
     "--auto-supersede": "auto_supersede",
+    "--auto-wa": "auto_wa",
 }
 """``auto``'s options and the ``ReplayOptions`` field each sets."""
 

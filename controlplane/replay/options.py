@@ -126,7 +126,10 @@ class ReplayOptions:
         if self.auto_wa not in get_args(AutoWA):
             raise ValueError(f"auto_wa must be wa or wa-shared, got {self.auto_wa!r}")
         if self.auto_wa == "wa-shared" and self.auto_supersede != "off":
-            raise ValueError("auto_wa wa-shared does not run the superseded-branch rule")
+            raise ValueError(
+                "auto's wa-shared (--auto-wa wa-shared) does not run the superseded-branch "
+                "rule: leave --auto-supersede off"
+            )
         if self.min_samples is not None and self.min_samples < 1:
             raise ValueError(f"min_samples must be >= 1, got {self.min_samples}")
         for name in ("near_concurrent_s", "shrinkage_samples"):

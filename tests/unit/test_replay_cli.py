@@ -74,6 +74,12 @@ def test_fractions_that_round_to_one_size_are_one_run() -> None:
         (["-p", "wa", "--auto-rate=1", "--auto-margin=0"], "--auto-rate, --auto-margin apply"),
         (["-p", "wa", "--auto-supersede", "tree"], "--auto-supersede applies only when"),
         (["-p", "auto", "--auto-supersede", "chat"], "error: --auto-supersede: "),
+        (["-p", "wa", "--auto-wa", "wa-shared"], "--auto-wa applies only when"),
+        (["-p", "auto", "--auto-wa", "shared"], "error: --auto-wa: "),
+        (
+            ["-p", "auto", "--auto-wa", "wa-shared", "--auto-supersede", "tree"],
+            "error: auto's wa-shared (--auto-wa wa-shared) does not run the superseded-branch",
+        ),
         (["--refit-every", "0"], "error: --refit-every: "),
         (["--life", "-1"], "error: --life: "),
         (["--near-concurrent", "nan"], "error: --near-concurrent: "),
@@ -281,6 +287,18 @@ def test_every_auto_option_of_the_replay_can_be_given() -> None:
     }
     code, _, err = run("replay", str(SAMPLE), *args, "--auto-min-accesses", "-1")
     assert code == 2 and "--auto-min-accesses" in err
+
+
+def test_auto_can_serve_wa_shared() -> None:
+    """``--auto-wa wa-shared``: auto's wa family is wa-shared; staying with it (no window
+    judged on so short a trace), it hits as wa-shared does."""
+    args = ("-p", "wa-shared,auto", "--capacity", "300", "--json", "--auto-wa", "wa-shared")
+    code, out, err = run("replay", str(SAMPLE), *args)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["options"]["auto_wa"] == "wa-shared"
+    hits = {result["policy"]: result["hits"] for result in doc["results"]}
+    assert hits["auto"] == hits["wa-shared"] > 0
 
 
 def test_a_note_every_run_gives_is_said_once_naming_the_runs() -> None:
