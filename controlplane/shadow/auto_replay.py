@@ -49,6 +49,7 @@ from controlplane.replay.shared_rate import (
     BlockHistory,
     SharedRateFiling,
     SharedRateReplayPolicy,
+    SharedRateWA,
     fitted_wa_shared,
 )
 from controlplane.replay.superseded import superseding
@@ -103,7 +104,9 @@ class _Shadow:
         size = sampler.scaled(capacity)
         self.families = (DEFAULT_FAMILY, *defaults.baselines)
         wa = fitted.inner
-        self.wa = type(wa)(size, category_names=wa.category_names, doc=wa.policy)
+        shared = isinstance(fitted, SharedRateReplayPolicy)
+        miniature = SharedRateWA if shared else WAPolicy
+        self.wa = miniature(size, category_names=wa.category_names, doc=wa.policy)
         wa_cache = MiniCache(
             self.wa, size, _classing(fitted, options, size), _filing(fitted, options, size)
         )

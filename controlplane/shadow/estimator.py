@@ -168,7 +168,8 @@ class MiniCache:
         return victims
 
     def _release(self, released: list[int], n: int, request: Request) -> None:
-        """Every block, tail first, under its category (or its reuse class)."""
+        """Every block, tail first, under its category (or its reuse class, then the
+        code ``filing`` gives)."""
         offsets = range(n - 1, -1, -1)
         if (self.classing is None and self.filing is None) or not n:
             self.policy.free(released, offsets, request.ts, request.category)
