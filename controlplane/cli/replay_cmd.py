@@ -234,29 +234,20 @@ def replay(
 ) -> None:
     """Replay TRACE through eviction policies at several cache sizes.
 
-    Every request's hits are the longest cached prefix of its blocks; blocks are released
-    tail first and the cache evicts down to capacity after each request (docs/replay.md).
-    Belady (farthest next use) and an infinite cache are the reference bounds.
+    A request's hits are its longest cached prefix; blocks are released tail first, then the
+    cache evicts to capacity (docs/replay.md). Belady and an infinite cache are the bounds.
 
     Examples:
 
         kvwise replay trace.jsonl --capacity-frac 0.05,0.1,0.2,0.4
         kvwise replay trace.jsonl -p lru,s3fifo --capacity 5000 --json
-        kvwise replay trace.jsonl -p lru,wa,wa-ref --wa-fit split --split 0.5
         kvwise replay trace.jsonl -p lru,s3fifo,wa --plot curve.png
         kvwise replay trace.jsonl -p lru,arc,wa,auto --capacity-frac 0.01,0.05
     """
     sizes = _capacities(capacity, capacity_frac)
     names = _names(policy, plot)
-    auto = (
-        auto_rate,
-        auto_window,
-        auto_windows,
-        auto_margin,
-        auto_min_accesses,
-        auto_supersede,
-        auto_wa,
-    )
+    auto: tuple[float | str | None, ...] = (auto_rate, auto_window, auto_windows, auto_margin)
+    auto += (auto_min_accesses, auto_supersede, auto_wa)
     options = _options(
         names,
         refit_every_s=refit_every,
