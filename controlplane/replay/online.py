@@ -353,21 +353,28 @@ class FittedReplayPolicy:
         self, request: int, blocks: Sequence[int], offsets: Sequence[int], now: float
     ) -> None:
         """Release ``blocks`` (at ``offsets`` in the prompt) of ``request``."""
-        r = request
-        code = self._codes[r]
-        lo = self._offsets[r]
-        classes, by_trace = self._hit_classes, self._class
-        if classes is not None:
-            classes.finished(r)
-        if classes is not None and len(blocks):
-            keys = [code + shift for shift in classes.classify(lo, blocks, offsets)]
-        elif by_trace is not None and len(blocks):
-            keys = [code + by_trace[lo + o] for o in offsets]
-        else:
-            self.in_force.free(blocks, offsets, now, code)
+        if self._hit_classes is not None:
+            self._hit_classes.finished(request)
+        keys = self.release_codes(request, blocks, offsets, now) if len(blocks) else None
+        if keys is None:
+            self.in_force.free(blocks, offsets, now, self._codes[request])
             return
         for key, a, b in runs(keys):
             self.in_force.free(blocks[a:b], offsets[a:b], now, key)
+
+    def release_codes(
+        self, request: int, blocks: Sequence[int], offsets: Sequence[int], now: float
+    ) -> list[int] | None:
+        """The code each of ``blocks`` of ``request`` is filed under (by reuse or depth
+        class), or None when they all take the request's category."""
+        code = self._codes[request]
+        lo = self._offsets[request]
+        classes, by_trace = self._hit_classes, self._class
+        if classes is not None:
+            return [code + shift for shift in classes.classify(lo, blocks, offsets)]
+        if by_trace is not None:
+            return [code + by_trace[lo + o] for o in offsets]
+        return None
 
     def evict(self, n: int) -> list[int]:
         victims = self.in_force.evict(n)

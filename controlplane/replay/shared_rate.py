@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from agent.policies.wa import WAPolicy
-from agent.policies.wa_core import Const, runs
+from agent.policies.wa_core import Const
 from agent.policy_document import BUILTIN_POLICY
 from controlplane.replay.accesses import HitClasses
 from controlplane.replay.online import FittedReplayPolicy, FittedSetup, Refits, Refitter
@@ -220,23 +220,15 @@ class SharedRateReplayPolicy(FittedReplayPolicy):
         if classes is None:
             raise ValueError("wa-shared files the other blocks by reuse class: it needs them")
         super().__init__(inner, setup, refits, classes)
-        self._classes = classes
         first_rate_code = len(inner.category_names) - len(RATE_CLASS_NAMES)
         self.filing = SharedRateFiling(history, first_rate_code, setup.capacity)
 
-    def free_request(
+    def release_codes(
         self, request: int, blocks: Sequence[int], offsets: Sequence[int], now: float
-    ) -> None:
-        classes = self._classes
-        classes.finished(request)
-        if not len(blocks):
-            return
-        code = self.request_code(request)
-        first = self.setup.offsets[request]
-        by_class = [code + shift for shift in classes.classify(first, blocks, offsets)]
-        keys = self.filing.codes(blocks, offsets, by_class, now)
-        for key, lo, hi in runs(keys):
-            self.in_force.free(blocks[lo:hi], offsets[lo:hi], now, key)
+    ) -> list[int]:
+        by_class = super().release_codes(request, blocks, offsets, now)
+        assert by_class is not None  # the constructor refused a policy without reuse classes
+        return self.filing.codes(blocks, offsets, by_class, now)
 
     def evict(self, n: int) -> list[int]:
         victims = super().evict(n)

@@ -9,7 +9,7 @@ traces) at one capacity through each policy of ``--policies`` and ``belady``, an
 every policy's hits among the accesses of each row: by the time since the block's
 previous access (the reuse gap; a first access is never a hit), and by the block's
 kind, read with trace knowledge no engine has: *shared* when requests of two or more
-conversations (chains of ``parent_chat_id``) have used it by then, else *own*.
+conversations (``controlplane.replay.pace.conversations``) have used it by then, else *own*.
 The replay's hits are prefixes: a request's first ``h`` blocks are hits. Prints a
 Markdown table; progress goes to stderr.
 """
@@ -26,24 +26,13 @@ from numpy.typing import NDArray
 from controlplane.replay import catalog
 from controlplane.replay.engine import replay_hits
 from controlplane.replay.options import ReplayOptions
+from controlplane.replay.pace import conversations
 from controlplane.traces.model import Trace
 from controlplane.traces.synth import synthesize
 from tests.bench.ablation import synthetic_trace_parser
 
 GAP_EDGES_S = (1.0, 10.0, 60.0, 300.0)
 """Upper edges of the reuse-gap rows, in seconds (the last row is open)."""
-
-
-def conversations(trace: Trace) -> NDArray[np.int64]:
-    """Per request, the chat id of its conversation's first request."""
-    root: dict[int, int] = {}
-    out = np.empty(trace.n_requests, dtype=np.int64)
-    for r, (chat, parent) in enumerate(
-        zip(trace.chat_ids.tolist(), trace.parent_chat_ids.tolist(), strict=True)
-    ):
-        root[chat] = root.get(parent, chat) if parent >= 0 else chat
-        out[r] = root[chat]
-    return out
 
 
 def access_rows(trace: Trace) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
@@ -57,7 +46,7 @@ def access_rows(trace: Trace) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
     offsets, times = trace.offsets.tolist(), trace.timestamps.tolist()
     blocks = trace.blocks.tolist()
     for r in range(trace.n_requests):
-        now, c = times[r], int(conv[r])
+        now, c = times[r], conv[r]
         for i in range(offsets[r], offsets[r + 1]):
             block = blocks[i]
             seen_at = last_time.get(block)
