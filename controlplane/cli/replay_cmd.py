@@ -126,6 +126,14 @@ LifeOpt = Annotated[
     float | None,
     fitted_option(parser=positive, metavar="SECONDS", help="One life window for every category"),
 ]
+ShrinkageOpt = Annotated[
+    float | None,
+    fitted_option(
+        parser=non_negative,
+        metavar="SAMPLES",
+        help="Pseudo-samples of the pooled fit in each category's fit (docs/fitting.md)",
+    ),
+]
 
 
 def _share(text: str) -> float:
@@ -223,6 +231,7 @@ def replay(
     attribution: AttributionOpt = None,
     near_concurrent: NearConcurrentOpt = None,
     life: LifeOpt = None,
+    shrinkage: ShrinkageOpt = None,
     reuse_class: ReuseClassOpt = "off",
     auto_rate: AutoRateOpt = None,
     auto_window: AutoWindowOpt = None,
@@ -255,9 +264,8 @@ def replay(
         split=_split(split, wa_fit),
         categories=categories,
         attribution=attribution,
-        near_concurrent_s=near_concurrent,
-        life_s=life,
         reuse_class=reuse_class,
+        **_fit_overrides(near_concurrent, life, shrinkage),
         **_auto_fields(names, *auto),
     )
     trace = _replayed_trace(trace_path, skip_bad_lines, options)
@@ -266,6 +274,13 @@ def replay(
     report(trace_path, trace, names, capacities, runs, options, top_categories, json_out)
     if runs.not_finished:
         end_interrupted(runs)
+
+
+def _fit_overrides(
+    near_concurrent: float | None, life: float | None, shrinkage: float | None
+) -> dict[str, float | None]:
+    """The fitting knobs the replay overrides (None: the controller's default)."""
+    return {"near_concurrent_s": near_concurrent, "life_s": life, "shrinkage_samples": shrinkage}
 
 
 def _split(split: float | None, wa_fit: str) -> float:
@@ -287,6 +302,7 @@ def _options(names: list[str], attribution: Attribution | None, **settings: Any)
         attribution=attribution is not None,
         near_concurrent=settings["near_concurrent_s"] is not None,
         life=settings["life_s"] is not None,
+        shrinkage=settings["shrinkage_samples"] is not None,
     )
 
     try:

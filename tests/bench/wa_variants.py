@@ -23,7 +23,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from controlplane.replay import catalog
+from agent.policies.base import EvictionPolicy
+from controlplane.replay import catalog, shared_rate
 from controlplane.replay.catalog import ReplayFactory
 from controlplane.replay.options import ReplayOptions
 from controlplane.replay.pace import paced_wa
@@ -40,6 +41,9 @@ from tests.bench.ablation import (
     table,
 )
 
+SHRINKAGE_TRIED = 500.0
+"""The pooled fit's pseudo-samples tried against the default (docs/policy.md, "Shrinkage by
+the goal's rule")."""
 VARIANTS: dict[str, Callable[[ReplayOptions], ReplayOptions]] = {
     "wa": lambda o: o,
     "wa + reuse classes (hit, no ghost)": lambda o: replace(o, reuse_class="hit", reuse_ghost=0),
@@ -55,6 +59,10 @@ VARIANTS: dict[str, Callable[[ReplayOptions], ReplayOptions]] = {
     "wa + reuse classes (trace knowledge)": lambda o: replace(o, reuse_class="trace"),
     "wa + depth classes": lambda o: replace(o, depth="classes"),
     "wa + depth classes + saved-prefill weights": lambda o: replace(o, depth="cost"),
+    "wa with shrinkage 500": lambda o: replace(o, shrinkage_samples=SHRINKAGE_TRIED),
+    "wa + reuse classes (hit or ghost 16x) with shrinkage 500": lambda o: replace(
+        o, reuse_class="hit", reuse_ghost=16.0, shrinkage_samples=SHRINKAGE_TRIED
+    ),
 }
 """Label -> the options of the row, from the run's defaults."""
 
@@ -101,9 +109,20 @@ SUPERSEDED = {
 (``controlplane.replay.superseded``)."""
 SHARED = "wa-shared (shared prefixes at their own rate)"
 """The replay-only ``wa-shared`` (``controlplane.replay.shared_rate``), with its defaults."""
+SHARED_SHRUNK = "wa-shared with shrinkage 500"
+"""``wa-shared`` with ``SHRINKAGE_TRIED`` pseudo-samples of the pooled fit."""
+
+
+def wa_shared_shrunk(capacity: int, trace: Trace, options: ReplayOptions) -> EvictionPolicy:
+    """``wa-shared`` fitted with ``SHRINKAGE_TRIED`` pseudo-samples of the pooled fit."""
+    shrunk = replace(options, shrinkage_samples=SHRINKAGE_TRIED)
+    return shared_rate.fitted_wa_shared(capacity, trace, shrunk)
+
+
 REPLAY_ONLY: dict[str, tuple[str, ReplayFactory | None]] = {
     MIXTURE: ("wa-mix", None),
     SHARED: ("wa-shared", None),
+    SHARED_SHRUNK: ("wa-shared:shrinkage 500", wa_shared_shrunk),
     **PACE,
     **SUPERSEDED,
 }

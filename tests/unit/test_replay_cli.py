@@ -82,6 +82,8 @@ def test_fractions_that_round_to_one_size_are_one_run() -> None:
         ),
         (["--refit-every", "0"], "error: --refit-every: "),
         (["--life", "-1"], "error: --life: "),
+        (["--shrinkage", "-5"], "error: --shrinkage: "),
+        (["-p", "lru", "--shrinkage", "50"], "error: --shrinkage applies only to the fitted"),
         (["--near-concurrent", "nan"], "error: --near-concurrent: "),
         (["--wa-fit", "twice"], "error: --wa-fit: "),
         (["-p", "lru,nope"], "--policy: unknown policy 'nope'"),
@@ -110,8 +112,9 @@ def test_bad_options_exit_2_naming_the_option(args: list[str], says: str) -> Non
     code, out, err = run("replay", str(SAMPLE), *args)
     assert code == 2, out + err
     assert says in " ".join(err.split())
-    for internal in ("refit_every_s", "life_s", "near_concurrent_s", "Traceback"):
+    for internal in ("refit_every_s", "life_s", "near_concurrent_s", "shrinkage_samples"):
         assert internal not in err
+    assert "Traceback" not in err
 
 
 def test_reuse_classes_by_hit_run_with_every_policy() -> None:

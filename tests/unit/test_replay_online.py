@@ -387,7 +387,7 @@ def test_cli_options_reach_the_factory(tmp_path: Path, monkeypatch: pytest.Monke
     args = ["replay", str(path), "-p", "probe,lru", "--capacity", "10", "-j", "1", "--json"]
     args += ["--wa-fit", "split", "--split", "0.5", "--refit-every", "5", "--categories", "auto"]
     args += ["--attribution", "creator", "--near-concurrent", "0.2", "--life", "7"]
-    args += ["--reuse-class", "trace"]
+    args += ["--shrinkage", "80", "--reuse-class", "trace"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     want = ReplayOptions(
@@ -398,6 +398,7 @@ def test_cli_options_reach_the_factory(tmp_path: Path, monkeypatch: pytest.Monke
         attribution="creator",
         near_concurrent_s=0.2,
         life_s=7.0,
+        shrinkage_samples=80.0,
         reuse_class="trace",
     )
     assert seen == [want]
