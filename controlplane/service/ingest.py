@@ -398,9 +398,8 @@ class Ingestor(BackgroundLoop):
         self.ledgers.update(self.ledger_reader.read(workers))
 
     def forget(self, worker: str) -> None:
-        """Drop what this process holds of a worker whose stream was expired. Its ledger
-        goes last: once it is gone, so is the rest (a reader on another thread may take
-        its absence to mean the worker is forgotten)."""
+        """Drop what this process holds of a worker whose stream was expired."""
+        self.ledgers.pop(worker, None)
         self.ledger_reader.forget(worker)
         self.counters.gaps.pop(worker, None)
         self.judge.id_conflicts.forget(worker)
@@ -419,4 +418,3 @@ class Ingestor(BackgroundLoop):
             ):
                 with contextlib.suppress(KeyError):
                     series.remove(worker)
-        self.ledgers.pop(worker, None)

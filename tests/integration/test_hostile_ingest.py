@@ -549,8 +549,9 @@ def test_a_worker_whose_stream_went_leaves_its_ledger_and_series(
             send(r, keys, good_batch(worker, 2))  # seq 1 missing: a gap series
             wait_until(lambda n=n: c.ingestor.counters.batches == n, what=f"{worker}'s batch")
             r.delete(keys.events_stream(worker))
-            # Its ledger can be out of ``ledgers`` while a batch is judged (the gap series
-            # set after it): forgotten means both gone.
+            # The commit of its batch can fail on the deleted stream, which takes its
+            # ledger out of ``ledgers`` (to be read back) and leaves its gap series until
+            # discovery forgets it: forgotten means both gone.
             wait_until(lambda w=worker: forgotten(c, w), what=f"{worker} forgotten")
         gaps = c.metrics.gaps.collect()[0].samples
         assert gaps == [] and len(c.ingestor.ledgers) == 0
