@@ -16,7 +16,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 import agent.policies as agent_policies
 from agent.policies.base import EvictionPolicy
 from agent.policies.registry import UnknownPolicyError
-from controlplane.replay import mixture, online, pace, shared_rate, superseded
+from controlplane.replay import experts, mixture, online, pace, shared_rate, superseded
 from controlplane.replay.bounds import BeladyPolicy, InfinitePolicy
 from controlplane.replay.options import DEFAULT_OPTIONS, ReplayOptions
 from controlplane.traces.model import Trace
@@ -67,6 +67,7 @@ register_offline("wa-mix")(mixture.fitted_wa_mix)
 register_offline("wa-pace")(pace.fitted_wa_pace)
 register_offline("wa-superseded")(superseded.fitted_wa_superseded)
 register_offline("wa-shared")(shared_rate.fitted_wa_shared)
+register_offline("wa-regret")(experts.fitted_wa_regret)
 register_offline("belady")(lambda capacity, trace, options: BeladyPolicy(capacity, trace))
 register_offline("inf")(lambda capacity, trace, options: InfinitePolicy(capacity, trace))
 

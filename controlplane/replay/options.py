@@ -36,6 +36,8 @@ AutoSupersede = SupersedeRule
 """Whether ``auto``'s ``wa`` demotes superseded branches (``ReplayOptions.auto_supersede``)."""
 AutoWA = Literal["wa", "wa-shared"]
 """Which ``wa`` ``auto`` serves and shadows (``ReplayOptions.auto_wa``)."""
+AutoSwitch = Literal["hand-over", "kept"]
+"""How ``auto`` changes family (``ReplayOptions.auto_switch``)."""
 
 DEFAULT_ATTRIBUTION: Attribution = "last"
 """Chosen by measurement (docs/policy.md, "Measured settings")."""
@@ -67,7 +69,11 @@ class ReplayOptions:
     (its shadow judges ``wa`` without it either way, as the controller's does);
     ``auto_wa``: ``"wa-shared"`` serves and shadows the replay-only ``wa-shared``
     (``controlplane.replay.shared_rate``; reuse classes by hit included) as ``auto``'s
-    ``wa`` family, ``"wa"`` the agent's ``wa``.
+    ``wa`` family, ``"wa"`` the agent's ``wa``. ``auto_switch``: ``"hand-over"`` moves
+    the cache's blocks into the new family, as an agent does on hot reload; ``"kept"``
+    (replay only) keeps every family's evictor over the cache's blocks all along
+    (``controlplane.replay.experts.KeptExperts``), so a switch only changes which one
+    takes the victims.
     """
 
     refit_every_s: float = 60.0
@@ -90,6 +96,7 @@ class ReplayOptions:
     auto_min_accesses: int = 2000
     auto_supersede: AutoSupersede = "off"
     auto_wa: AutoWA = "wa"
+    auto_switch: AutoSwitch = "hand-over"
     fit: FitSettings = field(default_factory=FitSettings, compare=False)
 
     def __post_init__(self) -> None:
@@ -130,6 +137,10 @@ class ReplayOptions:
                 "auto's wa-shared (--auto-wa wa-shared) does not run the superseded-branch "
                 "rule: leave --auto-supersede off"
             )
+        if self.auto_switch not in get_args(AutoSwitch):
+            raise ValueError(f"auto_switch must be hand-over or kept, got {self.auto_switch!r}")
+        if self.auto_switch == "kept" and self.auto_supersede != "off":
+            raise ValueError("auto's kept families do not run the superseded-branch rule")
         if self.min_samples is not None and self.min_samples < 1:
             raise ValueError(f"min_samples must be >= 1, got {self.min_samples}")
         for name in ("near_concurrent_s", "shrinkage_samples"):

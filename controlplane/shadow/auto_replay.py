@@ -43,6 +43,7 @@ from agent.policies.wa import WAPolicy
 from agent.policy_document import DEFAULT_FAMILY
 from agent.reuse_classes import ReturnTracker
 from controlplane.replay import catalog, online
+from controlplane.replay.experts import KeptExperts
 from controlplane.replay.online import FittedReplayPolicy
 from controlplane.replay.options import ReplayOptions
 from controlplane.replay.shared_rate import (
@@ -186,6 +187,11 @@ class AutoReplayPolicy:
         self._trace = trace
         self._ts = trace.timestamps.tolist()
         self._shadow = _Shadow(trace, capacity, options, self.wa)
+        self._kept: KeptExperts | None = None
+        if options.auto_switch == "kept":
+            baselines = [create(f, capacity) for f in self._shadow.families[1:]]
+            self._kept = KeptExperts([self.wa.inner, *baselines])
+            self.wa.in_force = self._kept
         self._window_s = options.auto_window_s
         self._window_start = self._ts[0] if self._ts else 0.0
         self._docs_seen = 0
@@ -245,9 +251,13 @@ class AutoReplayPolicy:
         if not verdict.switches:
             return
         chosen = verdict.chosen
-        new = self.wa.inner if chosen == DEFAULT_FAMILY else create(chosen, self.capacity)
-        hand_over(self.wa.in_force, new, reading.end)
-        self.wa.in_force, self.family = new, chosen
+        if self._kept is not None:
+            self._kept.chosen = self._shadow.families.index(chosen)
+        else:
+            new = self.wa.inner if chosen == DEFAULT_FAMILY else create(chosen, self.capacity)
+            hand_over(self.wa.in_force, new, reading.end)
+            self.wa.in_force = new
+        self.family = chosen
         self.switches.append(Switch(reading.end, request, verdict))
 
     @property

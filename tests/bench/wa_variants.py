@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from agent.policies.base import EvictionPolicy
-from controlplane.replay import catalog, shared_rate
+from controlplane.replay import catalog, experts, shared_rate
 from controlplane.replay.catalog import ReplayFactory
 from controlplane.replay.options import ReplayOptions
 from controlplane.replay.pace import paced_wa
@@ -119,10 +119,17 @@ def wa_shared_shrunk(capacity: int, trace: Trace, options: ReplayOptions) -> Evi
     return shared_rate.fitted_wa_shared(capacity, trace, shrunk)
 
 
+REGRET = "wa-regret (wa-shared and lru by regret)"
+"""The replay-only ``wa-regret`` (``controlplane.replay.experts``)."""
+REGRET_ARC = "wa-regret (wa-shared and lru and arc by regret)"
+"""The same mix with ``arc`` as a third expert."""
+
 REPLAY_ONLY: dict[str, tuple[str, ReplayFactory | None]] = {
     MIXTURE: ("wa-mix", None),
     SHARED: ("wa-shared", None),
     SHARED_SHRUNK: ("wa-shared:shrinkage 500", wa_shared_shrunk),
+    REGRET: ("wa-regret", None),
+    REGRET_ARC: ("wa-regret:lru+arc", experts.regret_wa("lru", "arc")),
     **PACE,
     **SUPERSEDED,
 }
