@@ -74,6 +74,7 @@ _SHORT = {
     "auto_margin": "m",
     "auto_supersede": "supersede",
     "auto_wa": "wa",
+    "auto_switch": "switch",
 }
 
 
