@@ -64,7 +64,7 @@ _AUTO_PANEL = "auto (family selected by a shadow)"
 
 KNOWN_POLICIES = (
     "arc, fifo, lfu, lru, s3fifo, sieve, wa, wa-ref, wa-mix, wa-pace, wa-superseded, "
-    "wa-shared, auto, belady, inf"
+    "wa-shared, wa-regret, auto, belady, inf"
 )
 """The replay catalogue's names, for --help: the catalogue loads SciPy and the shadow
 (seconds), so the command loads it when it runs (a test keeps the two the same)."""
