@@ -21,7 +21,10 @@ miniature ``wa`` files by reuse class on its own hits and evictions, as the cont
 shadow does for a classing worker. At the end of every ``auto_window_s`` trace seconds the
 window's hit ratios go to the ``FamilySelector`` (the controller's rule); when it
 switches, every block of the cache moves into the new family in its victim order
-(``agent.policies.handover``), as an agent's does on hot reload. ``wa`` keeps being
+(``agent.policies.handover``), as an agent's does on hot reload; with ``auto_switch``
+``"kept"`` (replay only) every family's evictor runs over the cache's blocks from the
+start instead (``controlplane.replay.experts.KeptExperts``), and a switch only changes
+which one takes the victims. ``wa`` keeps being
 refitted while a baseline runs, so a switch back finds the newest document. ``switches``
 records each switch, ``verdicts`` every word of the selector.
 
