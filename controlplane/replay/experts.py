@@ -1,10 +1,11 @@
 """Several evictors kept over one cache's blocks, and ``wa-regret`` (replay only), which
-evicts by the one whose past victims came back least.
+evicts by an expert drawn by weight: the more of its recent victims come back, the less
+it is drawn.
 
 Owns ``KeptExperts`` (every expert told every touch and release, the chosen one's
 victims taken: ``auto``'s kept-families switch, ``controlplane.shadow.auto_replay``),
-``RegretMix`` (the chosen expert drawn per eviction by regret weights) and the replay
-factories that put a mix under a fitted ``wa-shared``.
+``RegretMix`` (the chosen expert drawn per eviction by regret weights) and
+``RegretSetup``, which puts a mix under a fitted ``wa-shared``.
 
 Why: ``auto`` switches the whole cache to a baseline when the shadow shows one ahead over
 a window, and docs/policy.md found its misses in the switches themselves: a lead that does
@@ -13,14 +14,14 @@ sees every touch and release, so each keeps its own order over the same blocks; 
 eviction asks one of them, drawn by weight, and the others let its victims go (``discard``).
 Each expert remembers its own last victims (as many as the cache holds). A block computed
 again while in an expert's memory was a mistake of that expert, and its weight is cut by
-``exp(-learning_rate * discount ** age)``, ``age`` the blocks evicted since, ``discount``
-such that a mistake a whole cache ago weighs ``FORGET_AT`` of a fresh one; the weights are
-then normalised. The idea is LeCaR's (Vietri et al., HotStorage 2018: regret-weighted
+``exp(-learning_rate * discount ** age)``, ``age`` the blocks evicted since the call that
+evicted it began (that call's own included), ``discount`` such that a mistake a whole
+cache ago weighs ``FORGET_AT`` of a fresh one; the weights are then normalised. The idea is LeCaR's (Vietri et al., HotStorage 2018: regret-weighted
 choice between LRU and LFU), here over a fitted policy and baselines; its published
 defaults were the starting point, ``learning_rate`` 0.45 and a discount to 0.005 over a
 cache.
 
-Draws come from a generator seeded per cache, so a replay is deterministic. The agent,
+Draws come from a generator with a fixed seed, so a replay is deterministic. The agent,
 the device evictor and the shadow do not run this. It must never do I/O.
 """
 
@@ -30,13 +31,17 @@ import math
 import random
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from agent.policies.arc import ARCPolicy
 from agent.policies.base import Discards, EvictionPolicy
 from agent.policies.lru import LRUPolicy
-from controlplane.replay import shared_rate
-from controlplane.replay.online import FittedReplayPolicy
+from agent.policies.wa import WAPolicy
+from controlplane.replay.accesses import HitClasses
+from controlplane.replay.online import FittedReplayPolicy, Refits
 from controlplane.replay.options import ReplayOptions
+from controlplane.replay.reference.wa_ref import WARefPolicy
+from controlplane.replay.shared_rate import SharedRateReplayPolicy, SharedRateSetup
 from controlplane.traces.model import Trace
 
 LEARNING_RATE = 0.45
@@ -158,6 +163,22 @@ BASELINES: dict[str, Baseline] = {"lru": LRUPolicy, "arc": ARCPolicy}
 """The baselines a mix may hold beside ``wa-shared``, by name."""
 
 
+@dataclass(frozen=True, eq=False)
+class RegretSetup(SharedRateSetup):
+    """``wa-shared``'s setup whose every cache (a fleet's too: ``fleet_mate``) evicts by a
+    ``RegretMix`` of its ``wa-shared`` and ``baselines``."""
+
+    baselines: tuple[str, ...] = ("lru",)
+
+    def driver(
+        self, evictor: WAPolicy | WARefPolicy, refits: Refits, classes: HitClasses | None
+    ) -> SharedRateReplayPolicy:
+        policy = super().driver(evictor, refits, classes)
+        others = [BASELINES[name](self.capacity) for name in self.baselines]
+        policy.in_force = RegretMix([policy.inner, *others], self.capacity)
+        return policy
+
+
 def regret_wa(*baselines: str) -> Callable[[int, Trace, ReplayOptions], FittedReplayPolicy]:
     """A factory of ``wa-shared`` (fitted as ``-p wa-shared`` fits it) mixed with
     ``baselines``; ``wa-regret`` is ``regret_wa("lru")``."""
@@ -166,10 +187,9 @@ def regret_wa(*baselines: str) -> Callable[[int, Trace, ReplayOptions], FittedRe
         raise ValueError(f"a regret mix takes baselines among {sorted(BASELINES)}: {baselines}")
 
     def fitted(capacity: int, trace: Trace, options: ReplayOptions) -> FittedReplayPolicy:
-        policy = shared_rate.fitted_wa_shared(capacity, trace, options)
-        others = [BASELINES[name](capacity) for name in baselines]
-        policy.in_force = RegretMix([policy.inner, *others], capacity)
-        return policy
+        by_hit = replace(options, reuse_class="hit", depth="off")
+        setup = RegretSetup.of("wa", trace, by_hit, None, capacity)
+        return replace(setup, baselines=baselines).policy()
 
     return fitted
 

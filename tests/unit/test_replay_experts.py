@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 
@@ -12,7 +13,14 @@ from agent.policies.lfu import LFUPolicy
 from agent.policies.lru import LRUPolicy
 from controlplane.replay import catalog
 from controlplane.replay.engine import replay_hits
-from controlplane.replay.experts import KeptExperts, RegretMix, regret_wa
+from controlplane.replay.experts import (
+    FORGET_AT,
+    LEARNING_RATE,
+    KeptExperts,
+    RegretMix,
+    regret_wa,
+)
+from controlplane.replay.online import FittedReplayPolicy
 from controlplane.replay.options import ReplayOptions
 from controlplane.shadow.auto_replay import AutoReplayPolicy
 from controlplane.traces.model import Trace
@@ -71,8 +79,8 @@ def test_kept_experts_evict_as_the_chosen_expert_alone() -> None:
     for t, block in enumerate(accesses):
         solo.access(block, float(t))
         mixed.access(block, float(t))
-        assert {b for b in range(300) if b in alone} == {b for b in range(300) if b in kept}
-        assert all(len(e) == len(alone) for e in kept.experts)
+        held = {b for b in range(300) if b in alone}
+        assert all({b for b in range(300) if b in e} == held for e in kept.experts)
     assert solo.hits == mixed.hits
     assert kept.evictions_by[1:] == [0, 0] and kept.evictions_by[0] > 0
 
@@ -113,6 +121,37 @@ def test_a_regret_mix_learns_which_expert_to_follow() -> None:
     assert _replay(again, 40, accesses) == mixed, "a seeded mix replays the same"
 
 
+def _evicted_by_the_first(mix: RegretMix, n: int) -> list[int]:
+    """``n`` evictions taken by expert 0 (its weight made certain for them)."""
+    weights, mix.weights = mix.weights, [1.0, 0.0]
+    victims = [block for _ in range(n) for block in mix.evict(1)]
+    mix.weights = weights
+    return victims
+
+
+@pytest.mark.parametrize("age", [0, 5])
+def test_a_victim_computed_again_cuts_its_experts_weight_by_its_age(age: int) -> None:
+    capacity = 10
+    mix = RegretMix([LRUPolicy(), FIFOPolicy()], capacity)
+    mix.free(list(range(40)), [0] * 40, 0.0, 0)
+    (victim,) = _evicted_by_the_first(mix, 1)
+    _evicted_by_the_first(mix, age)
+    mix.free([victim], [0], 1.0, 0)
+    # Its age counts its own eviction (one block) and the ``age`` after it.
+    loss = math.exp(-LEARNING_RATE * FORGET_AT ** ((1 + age) / capacity))
+    assert mix.weights[0] == pytest.approx(loss / (1 + loss))
+    assert sum(mix.weights) == pytest.approx(1.0)
+
+
+def test_a_victim_older_than_a_cache_of_evictions_is_forgotten() -> None:
+    mix = RegretMix([LRUPolicy(), FIFOPolicy()], 10)
+    mix.free(list(range(40)), [0] * 40, 0.0, 0)
+    (victim,) = _evicted_by_the_first(mix, 1)
+    _evicted_by_the_first(mix, 10)
+    mix.free([victim], [0], 1.0, 0)
+    assert mix.weights == [0.5, 0.5]
+
+
 def test_experts_that_cannot_discard_or_a_single_expert_are_refused() -> None:
     class NoDiscard(LRUPolicy):
         discard = None  # type: ignore[assignment]
@@ -140,10 +179,12 @@ def test_auto_with_kept_families_switches_without_moving_blocks(trace: Trace) ->
     kept = replace(EAGER, auto_switch="kept")
     policy = catalog.create("auto", capacity, trace, kept)
     assert isinstance(policy, AutoReplayPolicy)
-    hits = replay_hits(trace, policy, capacity, check=True)
-    assert len(policy.switches) >= 2
     mix = policy.wa.in_force
     assert isinstance(mix, KeptExperts)
+    experts = list(mix.experts)
+    hits = replay_hits(trace, policy, capacity, check=True)
+    assert len(policy.switches) >= 2
+    assert policy.wa.in_force is mix and mix.experts == experts, "a switch moved nothing"
     assert mix.experts[0] is policy.wa.inner
     assert sum(1 for n in mix.evictions_by if n) >= 2, "more than one family evicted"
     assert 0 < hits.sum() <= trace.n_accesses
@@ -160,9 +201,18 @@ def test_kept_families_refuse_the_superseded_rule() -> None:
         ReplayOptions(auto_switch="swap")  # type: ignore[arg-type]
 
 
-def test_wa_regret_replays_whole(trace: Trace) -> None:
+def test_wa_regret_mixes_wa_shared_and_lru_in_every_cache_of_a_fleet(trace: Trace) -> None:
     capacity = trace.n_unique // 50
     policy = catalog.create("wa-regret", capacity, trace, ReplayOptions())
+    assert isinstance(policy, FittedReplayPolicy)
+    mix = policy.in_force
+    assert isinstance(mix, RegretMix)
+    assert mix.experts[0] is policy.inner and isinstance(mix.experts[1], LRUPolicy)
     hits = replay_hits(trace, policy, capacity, check=True)
     assert 0 < hits.sum() <= trace.n_accesses
-    assert "wa-regret" in catalog.names()
+    assert all(mix.evictions_by), "both experts evicted"
+    assert mix.weights != [0.5, 0.5], "victims came back and moved the weights"
+    mate = policy.fleet_mate()
+    assert isinstance(mate.in_force, RegretMix) and mate.in_force is not mix
+    three = regret_wa("lru", "arc")(capacity, trace, ReplayOptions())
+    assert isinstance(three.in_force, RegretMix) and len(three.in_force.experts) == 3
