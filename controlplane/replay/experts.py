@@ -16,10 +16,10 @@ Each expert remembers its own last victims (as many as the cache holds). A block
 again while in an expert's memory was a mistake of that expert, and its weight is cut by
 ``exp(-learning_rate * discount ** age)``, ``age`` the blocks evicted since the call that
 evicted it began (that call's own included), ``discount`` such that a mistake a whole
-cache ago weighs ``FORGET_AT`` of a fresh one; the weights are then normalised. The idea is LeCaR's (Vietri et al., HotStorage 2018: regret-weighted
-choice between LRU and LFU), here over a fitted policy and baselines; its published
-defaults were the starting point, ``learning_rate`` 0.45 and a discount to 0.005 over a
-cache.
+cache ago weighs ``FORGET_AT`` of a fresh one; the weights are then normalised. The idea
+is LeCaR's (Vietri et al., HotStorage 2018: regret-weighted choice between LRU and LFU),
+here over a fitted policy and baselines; its published defaults were the starting point,
+``learning_rate`` 0.45 and a discount to 0.005 over a cache.
 
 Draws come from a generator with a fixed seed, so a replay is deterministic. The agent,
 the device evictor and the shadow do not run this. It must never do I/O.
