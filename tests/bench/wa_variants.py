@@ -10,7 +10,8 @@ the paper's published statistics, not the real traces) with their labels, and th
 Mooncake sample with inferred categories, at capacities of 1-40 % of each trace's unique
 blocks, it replays the baselines, ``wa`` (online refits, ``ReplayOptions`` defaults), each
 variant in ``VARIANTS``, the replay-only policies of ``REPLAY_ONLY`` (``wa-mix``,
-``wa-shared``, ``wa-pace`` at each prior tried, ``wa-superseded`` under each rule) and
+``wa-shared``, ``wa-pace`` at each prior tried, ``wa-superseded`` under each rule,
+``wa-regret`` with one and two baselines) and
 ``belady``, and prints per
 trace the hit ratios and the gap closed, ``(x - lru) / (belady - lru)``. Choose on one
 seed, report on others. Results go to stdout; progress to stderr.
