@@ -41,7 +41,11 @@ from controlplane.replay.accesses import HitClasses
 from controlplane.replay.online import FittedReplayPolicy, Refits
 from controlplane.replay.options import ReplayOptions
 from controlplane.replay.reference.wa_ref import WARefPolicy
-from controlplane.replay.shared_rate import SharedRateReplayPolicy, SharedRateSetup
+from controlplane.replay.shared_rate import (
+    SharedRateReplayPolicy,
+    SharedRateSetup,
+    wa_shared_options,
+)
 from controlplane.traces.model import Trace
 
 LEARNING_RATE = 0.45
@@ -187,8 +191,7 @@ def regret_wa(*baselines: str) -> Callable[[int, Trace, ReplayOptions], FittedRe
         raise ValueError(f"a regret mix takes baselines among {sorted(BASELINES)}: {baselines}")
 
     def fitted(capacity: int, trace: Trace, options: ReplayOptions) -> FittedReplayPolicy:
-        by_hit = replace(options, reuse_class="hit", depth="off")
-        setup = RegretSetup.of("wa", trace, by_hit, None, capacity)
+        setup = RegretSetup.of("wa", trace, wa_shared_options(options), None, capacity)
         return replace(setup, baselines=baselines).policy()
 
     return fitted

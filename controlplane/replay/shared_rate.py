@@ -255,8 +255,12 @@ class SharedRateSetup(FittedSetup):
         return SharedRateReplayPolicy(evictor, self, refits, classes, history)
 
 
+def wa_shared_options(options: ReplayOptions) -> ReplayOptions:
+    """The run's options as ``wa-shared`` fits by them: reuse classes by hit, no depth."""
+    return replace(options, reuse_class="hit", depth="off")
+
+
 def fitted_wa_shared(capacity: int, trace: Trace, options: ReplayOptions) -> FittedReplayPolicy:
     """``wa-shared``: ``wa`` with reuse classes by hit, fitted online (or split), its
     shared blocks at their own rate."""
-    by_hit = replace(options, reuse_class="hit", depth="off")
-    return SharedRateSetup.of("wa", trace, by_hit, None, capacity).policy()
+    return SharedRateSetup.of("wa", trace, wa_shared_options(options), None, capacity).policy()
