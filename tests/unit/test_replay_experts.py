@@ -25,6 +25,7 @@ from controlplane.replay.options import ReplayOptions
 from controlplane.shadow.auto_replay import AutoReplayPolicy
 from controlplane.traces.model import Trace
 from controlplane.traces.synth import synthesize
+from tests.unit.test_replay_auto import EAGER
 
 
 class _Cache:
@@ -166,12 +167,8 @@ def test_experts_that_cannot_discard_or_a_single_expert_are_refused() -> None:
 
 @pytest.fixture(scope="module")
 def trace() -> Trace:
+    """``test_replay_auto``'s trace: its eager selector switches there."""
     return synthesize("to-b", duration_s=600, qps=4, seed=3)
-
-
-EAGER = ReplayOptions(
-    auto_rate=1.0, auto_window_s=30.0, auto_margin=0.0, auto_windows=1, auto_min_accesses=0
-)
 
 
 def test_auto_with_kept_families_switches_without_moving_blocks(trace: Trace) -> None:
