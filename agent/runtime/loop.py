@@ -82,8 +82,10 @@ class BackgroundLoop(ABC):
 
     # --- what a subclass says --------------------------------------------------------------
     @abstractmethod
-    def step(self) -> None:
-        """One step of work; raise (``redis.RedisError`` or anything) to count a failure."""
+    def step(self) -> bool | None:
+        """One step of work; raise (``redis.RedisError`` or anything) to count a failure.
+        Return False when it had nothing to do and reached no server: such a step says
+        nothing of an outage, so a failing loop keeps its count (and its backoff)."""
 
     def outage_note(self) -> str:
         """What happens while rounds fail, for the warning (e.g. "dropping events")."""
@@ -163,9 +165,10 @@ class BackgroundLoop(ABC):
 
     # --- the loop --------------------------------------------------------------------------
     def run_step(self) -> bool:
-        """Run one step, account for its outcome; True if it succeeded."""
+        """Run one step, account for its outcome; True if it succeeded (or had nothing to
+        do)."""
         try:
-            self.step()
+            reached = self.step()
         except redis.RedisError as exc:
             self.redis_failed(exc)
             if self.observer is not None:
@@ -175,10 +178,17 @@ class BackgroundLoop(ABC):
         except Exception as exc:  # a bug in one step must not end the thread
             self._failed(f"{type(exc).__name__}: {exc}", unexpected=True)
             return False
+        if reached is False:
+            return True
         if self.failures:
             level = logging.WARNING if self._saying else logging.DEBUG
+            rounds = "round" if self.failures == 1 else "rounds"
             log.log(
-                level, "kvwise %s: working again after %d failed rounds", self.name, self.failures
+                level,
+                "kvwise %s: working again after %d failed %s",
+                self.name,
+                self.failures,
+                rounds,
             )
         self._saying = False
         self.failures = 0

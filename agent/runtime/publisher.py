@@ -60,8 +60,9 @@ class EventPublisher(AgentLoop):
         self.filtered = 0
         """Recorded releases of blocks the cache held: not events (see agent.history)."""
 
-    def step(self) -> None:
-        self.flush()
+    def step(self) -> bool:
+        """Send what is recorded; False when there was nothing to send."""
+        return self.flush() > 0
 
     def finish(self) -> None:
         """A last flush of everything recorded before ``stop``."""

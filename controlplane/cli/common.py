@@ -280,7 +280,7 @@ def parse_floats(value: str, option: str, *, at_most: float = math.inf) -> list[
         float,
         "a number",
         lambda f: 0 < f <= at_most and f != math.inf,
-        f"is not in (0, {at_most:g}]",
+        "is not a finite number > 0" if at_most == math.inf else f"is not in (0, {at_most:g}]",
     )
 
 

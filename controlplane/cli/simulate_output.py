@@ -16,7 +16,6 @@ from controlplane.cli.common import (
     counted,
     fail,
     note,
-    note_no_eviction,
     note_one_category,
     print_json,
     signed_percent,
@@ -49,10 +48,26 @@ def report(
         return
     _print_tables(trace, options, block, results)
     note_one_category(trace, [r.policy for r in results], options.replay.categories)
-    sized = [r.capacity for r in results if not _unbounded(r)]
-    note_no_eviction(trace, sized, where=" per instance")
+    _note_nothing_evicted([r for r in results if not _unbounded(r) and not _cacheless(r)])
     _note_zero_blocks(results)
     _note_overload(trace, options, [r for r in results if not _cacheless(r)])
+
+
+def _note_nothing_evicted(sized: list[SimResult]) -> None:
+    """Say which cache sizes no instance ever evicted from, under any policy: every
+    policy scores the same there (a frequent surprise when the default size, a GPU's KV
+    pool, meets a small trace, or a trace spread over many instances)."""
+    by_size: dict[int, bool] = {}
+    for r in sized:
+        by_size[r.capacity] = by_size.get(r.capacity, True) and r.evicted_blocks == 0
+    whole = sorted(size for size, untouched in by_size.items() if untouched)
+    if whole:
+        sizes = ", ".join(f"{c:,}" for c in whole)
+        note(
+            f"no instance evicted a block from a cache of {sizes} blocks: each held all the "
+            "blocks it was sent, so every policy scores the same there. Give smaller sizes "
+            "(--capacity: your engine's KV blocks) to compare the policies."
+        )
 
 
 def _cacheless(r: SimResult) -> bool:

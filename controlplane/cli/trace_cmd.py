@@ -67,6 +67,11 @@ MAX_SYNTH_REQUESTS = 120_000
 so the cap keeps the command under 2 GB (docs/traces.md)."""
 
 
+STANDARD_OUTPUT = Path("/dev/stdout")
+"""Where ``--output -`` writes: the trace itself goes to standard output, so the summary
+goes to standard error, as it does for any output that is not a regular file."""
+
+
 SeedOpt = Annotated[
     int,
     typer.Option(
@@ -78,7 +83,10 @@ SeedOpt = Annotated[
 @trace_app.command("synth")
 def synth(
     output: Annotated[
-        Path, typer.Option("--output", "-o", help="Bailian JSONL file to write (.gz: gzip)")
+        Path,
+        typer.Option(
+            "--output", "-o", help="Bailian JSONL file to write (.gz: gzip; -: standard output)"
+        ),
     ],
     profile: Annotated[
         str,
@@ -111,6 +119,7 @@ def synth(
     from controlplane.traces.writer import write_bailian
 
     check_names([profile], PROFILES, "--profile", "profile")
+    output = STANDARD_OUTPUT if str(output) == "-" else output
     check_writable(output, "--output")  # now: a large trace is minutes of work
     chosen = cast(Profile, profile)
     warmup = _warmup_within_the_cap(chosen, duration, qps)
@@ -128,11 +137,13 @@ def synth(
             fail(f"{output}: {exc.strerror or exc}")
         steps.step("counting its statistics", cut=f"{output} written whole")
         s = trace_stats(trace)
+    # Not a regular file (a pipe, standard output): the summary must not mix with the trace.
     typer.echo(
         f"wrote {output}: {counted(s.requests, 'request')} over {duration:g} s\n"
         f"{counted(s.block_accesses, 'block access', 'block accesses')}, "
         f"{counted(s.unique_blocks, 'unique block')}; "
-        f"ideal hit ratio {s.ideal_hit_ratio:.3f}"
+        f"ideal hit ratio {s.ideal_hit_ratio:.3f}",
+        err=output.exists() and not output.is_file(),
     )
 
 

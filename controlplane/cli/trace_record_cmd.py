@@ -188,7 +188,7 @@ def record(
             with _redis_failure_fails():
                 choice, waited = _choose(_Redis(client, keys, settings), worker or [], wait, stop)
                 run = _start(client, keys, choice, max_requests, watch=not worker, waited=waited)
-            typer.echo(_starting_line(choice.record, duration), err=True)
+            typer.echo(_starting_line(choice.record, duration, max_requests), err=True)
             _loop(run, stop, duration, status_every)
         _finish(run)
         _write(run, (partial, output), block_tokens)
@@ -389,8 +389,10 @@ def _start(
     return _Run(tail, RecordedRequests(), max_requests, 0.0, newcomers)
 
 
-def _starting_line(workers: list[str], duration: float | None) -> str:
+def _starting_line(workers: list[str], duration: float | None, max_requests: int) -> str:
     until = f"for {duration:g} s" if duration is not None else "until Ctrl-C"
+    if max_requests:
+        until += f" or {counted(max_requests, 'request')}"
     return f"recording {counted(len(workers), 'worker')} ({', '.join(workers)}) {until}"
 
 

@@ -119,10 +119,11 @@ def worker(
         "key_prefix": key_prefix,
     }
     settings = agent_settings_or_fail(given, _OPTION_OF_FIELD)
-    check_evictor(settings, "KVWISE_EVICTOR" if policy is None else "--policy")
+    chosen_by = "KVWISE_EVICTOR" if policy is None else "--policy"
+    check_evictor(settings, chosen_by)
     warn_unknown_variables()
     trace = load_trace_or_fail(trace_path)
-    agent = _agent(settings, capacity)
+    agent = _agent(settings, capacity, chosen_by)
     result = _replay(agent, trace, speed, loop, status_every, settings.evictor)
     if json_out:
         print_json({"trace": str(trace_path), **result.to_json()})
@@ -150,9 +151,10 @@ def _note_dropped(dropped: int, buffer_events: int) -> None:
     )
 
 
-def _agent(settings: AgentSettings, capacity: int) -> Agent:
+def _agent(settings: AgentSettings, capacity: int, chosen_by: str) -> Agent:
     """The worker's agent; its evictor was checked (``check_evictor``). A device evictor
     this machine cannot build (no torch, a device its torch cannot use) fails naming
+    where the evictor was chosen (``chosen_by``: ``--policy`` or ``KVWISE_EVICTOR``) and
     ``KVWISE_DEVICE``."""
     from agent.runtime.agent import Agent
     from agent.runtime.family import EvictorUnavailable
@@ -160,7 +162,7 @@ def _agent(settings: AgentSettings, capacity: int) -> Agent:
     try:
         return Agent(settings, capacity=capacity, engine="sim")
     except EvictorUnavailable as exc:
-        fail(str(exc))
+        fail(f"{chosen_by} {settings.evictor}: {exc}")
 
 
 def _replay(

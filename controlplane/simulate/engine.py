@@ -133,6 +133,7 @@ def simulate(
         instances.append(Instance(i, cache, cost, options.profile, work, out))
     router = routers.create(options.router, trace, _Fleet(instances), len(instances), options.slack)
     _run(instances, router, work, progress, progress_every)
+    out.evicted_blocks = sum(inst.cache.evicted for inst in instances)
     return work, out
 
 

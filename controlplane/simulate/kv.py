@@ -70,6 +70,8 @@ class InstanceCache:
         self.resident = np.zeros(n_blocks, dtype=np.bool_)
         self.pinned = 0
         """Cached blocks held by running requests."""
+        self.evicted = 0
+        """Blocks evicted so far."""
         self.working = 0
         """Blocks held by running requests that the policy does not know yet."""
 
@@ -131,6 +133,7 @@ class InstanceCache:
         excess = len(self.policy) + self.working - self.capacity
         if excess > 0:
             victims = self.policy.evict(excess)
+            self.evicted += len(victims)
             if victims:
                 self.cached[victims] = False
                 self.resident[victims] = False

@@ -71,6 +71,8 @@ class SimResult(HitCounts):
     qttft_quantiles: tuple[float, ...] = field(default=(), repr=False)
     seconds: float = 0.0
     """Wall time of the simulation."""
+    evicted_blocks: int = 0
+    """Blocks every instance's cache evicted, all together (0: each held all it saw)."""
 
     @property
     def saved_ratio(self) -> float:
@@ -100,6 +102,7 @@ class SimResult(HitCounts):
             "output_tokens_per_s": self.output_tokens_per_s,
             "requests_per_s": self.requests_per_s,
             "makespan_s": self.makespan_s,
+            "evicted_blocks": self.evicted_blocks,
             "qttft_quantiles_s": list(self.qttft_quantiles),
             "seconds": round(self.seconds, 3),
         }
@@ -139,4 +142,5 @@ def summarize(
         last_start_s=last_start,
         qttft_quantiles=tuple(quantiles),
         seconds=seconds,
+        evicted_blocks=out.evicted_blocks,
     )

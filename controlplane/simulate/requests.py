@@ -122,6 +122,8 @@ class Outcomes:
     started: NDArray[np.float64]
     first_token: NDArray[np.float64]
     finished: NDArray[np.float64]
+    evicted_blocks: int = 0
+    """Blocks the instances' caches evicted, all of them together."""
 
     @classmethod
     def empty(cls, work: Workload) -> Outcomes:

@@ -191,7 +191,9 @@ def test_a_device_worker_runs_the_device_evictor_and_hits_as_wa_does(
     args = ["worker", "--trace", str(trace_path), "--capacity", "30", "--policy", "device"]
     res = CliRunner().invoke(app, args, env={**env, "KVWISE_DEVICE": "cuda:99"})
     assert res.exit_code == 2
-    assert "error: KVWISE_DEVICE=cuda:99: device 'cuda:99' cannot be used" in res.output
+    assert "error: --policy device: KVWISE_DEVICE=cuda:99: device 'cuda:99' cannot be used" in (
+        res.output
+    )
 
 
 def test_worker_rejects_unknown_policy_and_missing_trace(tmp_path: Path) -> None:

@@ -78,6 +78,36 @@ def test_a_flapping_outage_is_said_once_and_its_end_at_warning_level(
     assert sum("working again after 1 failed" in m for m in messages) == 1, messages
 
 
+class Idling(BackgroundLoop):
+    """Each step's outcome in turn: an error to raise, or what ``step`` returns."""
+
+    def __init__(self, outcomes: list[BaseException | bool | None]) -> None:
+        super().__init__("idling", interval_s=0.001, max_backoff_s=0.002)
+        self.outcomes = outcomes
+
+    def step(self) -> bool | None:
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+
+def test_a_step_with_nothing_to_do_is_no_recovery(caplog: pytest.LogCaptureFixture) -> None:
+    """A worker whose Redis never answered said "working again after 1 failed rounds":
+    its last flush had nothing to send, and counted as a success."""
+    down = redis.ConnectionError("Connection refused")
+    loop = Idling([down, False, False, None])
+    with caplog.at_level(logging.DEBUG, logger="agent.runtime.loop"):
+        assert not loop.run_step()
+        assert loop.run_step() and loop.run_step()  # nothing to send: no word of recovery
+        assert loop.failures == 1 and "Connection refused" in loop.last_error
+        assert not any("working again" in r.getMessage() for r in caplog.records)
+        assert loop.run_step()
+    assert loop.failures == 0 and loop.last_error == ""
+    messages = [r.getMessage() for r in caplog.records if "working again" in r.getMessage()]
+    assert messages == ["kvwise idling: working again after 1 failed round"], messages
+
+
 def test_wake_ups_do_not_undo_the_backoff_while_rounds_fail() -> None:
     """A busy engine wakes the publisher at every full batch: during an outage that once
     made it retry at the engine's pace instead of backing off."""

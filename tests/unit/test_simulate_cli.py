@@ -157,6 +157,8 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
         (["--speed", "1e-310"], "--speed: 1e-310 puts arrivals past a float's range"),
         (["--capacity-gib", "x"], "--capacity-gib: 'x' is not a number"),
         (["--capacity-gib", "0.0001"], "--capacity-gib: 0.0001 is under one block"),
+        # once said "inf is not in (0, inf]"
+        (["--capacity-gib", "inf"], "--capacity-gib: inf is not a finite number > 0"),
         # beyond float range in bytes (a traceback: int(nan)), beyond int64 in blocks
         (["--capacity-gib", "1e300"], "--capacity-gib: 1e+300 is too large (at most 5.76e+17"),
         (["--capacity-gib", "1e20"], "--capacity-gib: 1e+20 is too large (at most 5.76e+17"),
@@ -269,14 +271,32 @@ def test_inf_runs_once_and_each_column_has_one_precision(tmp_path: Path) -> None
     assert inf[0]["qttft_s"] == inf[1]["qttft_s"]
 
 
-def test_a_cache_per_instance_that_holds_the_whole_trace_is_said_to_evict_nothing() -> None:
+def test_a_cache_no_instance_evicted_from_is_said_to_tie() -> None:
     """The profile's default pool (tens of thousands of blocks) holds a short trace whole:
     every policy ties there, said; a size under the trace's unique blocks is not."""
     res = CliRunner().invoke(app, [*BASE, "--capacity", "100,10000000"])
     assert res.exit_code == 0, res.output
-    assert "note: a cache of 10,000,000 blocks per instance holds all" in res.stderr
+    assert "note: no instance evicted a block from a cache of 10,000,000 blocks" in res.stderr
+    doc = json.loads(
+        CliRunner().invoke(app, [*BASE, "--capacity", "100,10000000", "--json"]).stdout
+    )
+    evicted = {(r["policy"], r["capacity"]): r["evicted_blocks"] for r in doc["results"]}
+    assert all(evicted[policy, 10_000_000] == 0 for policy, _ in evicted)
+    assert all(evicted[policy, 100] > 0 for policy, _ in evicted)
     res = CliRunner().invoke(app, [*BASE, "--capacity", "100"])
-    assert res.exit_code == 0 and "holds all" not in res.stderr
+    assert res.exit_code == 0 and "no instance evicted" not in res.stderr
+
+
+def test_instances_that_each_hold_what_they_were_sent_are_said_to_tie() -> None:
+    """Spread over 8 instances, each cache held all it saw though it held less than the
+    whole trace: every policy tied, with no word of why (the note compared one cache with
+    the trace's unique blocks)."""
+    trace = load_trace(SAMPLE)
+    per_instance = trace.n_unique // 2  # under the trace's blocks, over any one's share
+    args = ["simulate", str(SAMPLE), "-p", "lru,wa", "--instances", "8", "--capacity"]
+    res = CliRunner().invoke(app, [*args, str(per_instance)])
+    assert res.exit_code == 0, res.output
+    assert f"no instance evicted a block from a cache of {per_instance:,} blocks" in res.stderr
 
 
 def recorded_trace(path: Path, block_tokens: int) -> None:

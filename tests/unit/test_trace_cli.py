@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +41,22 @@ def test_synth_writes_the_same_trace_as_the_library(tmp_path: Path, profile: str
     assert head.startswith(f"wrote {out}") and f"{want.n_requests:,} requests" in head
     assert tail.endswith(f"ideal hit ratio {trace_stats(want).ideal_hit_ratio:.3f}")
     assert len(tail) <= 80
+
+
+def test_synth_to_standard_output_keeps_its_summary_out_of_the_trace(tmp_path: Path) -> None:
+    """``-o -`` made a file named ``-``, and ``-o /dev/stdout`` put the summary after the
+    trace's last line, so ``| kvwise replay /dev/stdin`` failed on it."""
+    args = ["trace", "synth", "--duration", "10", "--seed", "3"]
+    for output in ("-", "/dev/stdout"):
+        command = [sys.executable, "-m", "controlplane", *args, "-o", output]
+        run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        piped = tmp_path / "piped.jsonl"
+        piped.write_text(run.stdout)
+        want = synthesize("to-c", duration_s=10, qps=6, seed=3)
+        assert load_trace(piped).n_requests == want.n_requests > 0
+        assert f"wrote /dev/stdout: {want.n_requests:,} requests" in run.stderr
+        assert not (tmp_path / "-").exists()
 
 
 def test_stats_json_is_trace_stats(tmp_path: Path) -> None:
