@@ -9,13 +9,15 @@ each included with the access it needs. All state lives in the ``Controller``
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI
 
 from controlplane.api.access import BODY_TOO_LARGE, MAX_BODY_BYTES, Access, AccessGuard, AccessRules
 from controlplane.api.errors import documented, install_error_handlers
 from controlplane.api.head import HeadAsGet
 from controlplane.api.models import P_REUSE_MESSAGE
-from controlplane.api.routes import observe, ops, overrides, policy
+from controlplane.api.routes import KNOWN_QUERY_ONLY, observe, ops, overrides, policy
 from controlplane.service.controller import Controller
 
 API_DESCRIPTION = f"""
@@ -43,6 +45,14 @@ _TAGS = [
 ]
 
 
+def _store_route_options(rules: AccessRules, access: Access) -> dict[str, Any]:
+    """The ``include_router`` options of the ``/v1`` routes: ``access``, the 503 of a
+    store that cannot be reached, and no query parameter the route does not declare
+    (``KNOWN_QUERY_ONLY``: ``POST /v1/policy/refit?force=1`` ran a plain refit)."""
+    options = rules.route_options(access, 503)
+    return {**options, "dependencies": [*options["dependencies"], KNOWN_QUERY_ONLY]}
+
+
 def create_app(controller: Controller) -> FastAPI:
     """The API bound to ``controller`` (started and stopped by ``server.build_app``)."""
     app = FastAPI(
@@ -57,11 +67,10 @@ def create_app(controller: Controller) -> FastAPI:
     rules = AccessRules.from_settings(controller.settings)
     app.add_middleware(AccessGuard, rules=rules, max_body_bytes=MAX_BODY_BYTES)
     app.add_middleware(HeadAsGet)  # outermost: the guard judges a HEAD as its GET
-    redis_down = 503  # every route that reads or writes the store
     for module in (policy, overrides, observe):
-        app.include_router(module.reads, **rules.route_options(Access.READ, redis_down))
+        app.include_router(module.reads, **_store_route_options(rules, Access.READ))
     for module in (policy, overrides):
-        app.include_router(module.writes, **rules.route_options(Access.WRITE, redis_down))
+        app.include_router(module.writes, **_store_route_options(rules, Access.WRITE))
     app.include_router(ops.probes)
     app.include_router(ops.reads, **rules.route_options(Access.READ))
     return app

@@ -12,6 +12,7 @@ never decide who may call a route (``controlplane.api.access``) or talk to Redis
 from __future__ import annotations
 
 import logging
+import sys
 from http import HTTPStatus
 from typing import Any
 
@@ -123,7 +124,7 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     if exc.status_code == 400 and exc.__cause__ is not None:
         # FastAPI's answer to a body it could not parse (not UTF-8, nested too deep for
         # the parser): the same 422 as any bad JSON.
-        return FieldError(NOT_JSON).response()
+        return FieldError(_unparsed(exc.__cause__)).response()
     headers = dict(exc.headers or {})
     reason = str(exc.detail)
     if exc.status_code == 404:
@@ -134,6 +135,16 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
         reason = f"{request.method} is not allowed on {request.url.path}; allowed: {allowed}"
     code = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_")
     return ApiError(exc.status_code, code, reason, headers).response()
+
+
+def _unparsed(cause: BaseException) -> FieldProblem:
+    """Why a body could not be read: ``NOT_JSON``, unless it is valid JSON holding an
+    integer longer than Python reads (``sys.get_int_max_str_digits``)."""
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+        limit = f"{sys.get_int_max_str_digits():,}"
+        message = f"holds an integer of more than {limit} digits, which no field takes"
+        return FieldProblem("invalid_value", NOT_JSON.field, message)
+    return NOT_JSON
 
 
 async def _policy_lost(_: Request, exc: PolicyLost) -> JSONResponse:

@@ -207,8 +207,15 @@ def overrides_written(
 def composed(
     base: Base, overrides: Mapping[str, Mapping[str, float]]
 ) -> tuple[dict[str, CategoryParams], CategoryParams | None]:
+    """The categories ``base`` fitted with ``overrides`` applied, and its default. A
+    category pinned before any fit of its own starts from the default's parameters, but
+    none of its samples or fit quality: no access of it was seen."""
     cats = dict(base.categories)
     for name, values in overrides.items():
-        start = cats.get(name) or base.default or PolicyDocument(version=0).default
+        start = cats.get(name) or _unfitted(base.default or PolicyDocument(version=0).default)
         cats[name] = apply_override(start, values)
     return cats, base.default
+
+
+def _unfitted(default: CategoryParams) -> CategoryParams:
+    return default.model_copy(update={"samples": 0, "fit_quality": None})

@@ -195,6 +195,23 @@ def test_the_focus_is_never_under_a_sticky_header(
         assert [c for c in covered if c] == []
 
 
+def test_refresh_in_the_address_sets_any_period(page: tuple[ScriptedApi, Any]) -> None:
+    """``?refresh=30`` stayed at every 5 s: only the menu's own values were taken."""
+    api, driver = page
+    menu = "return [...document.querySelectorAll('#refresh option')].map((o) => o.value);"
+    for asked, chosen, values in (
+        ("30", "30", ["2", "5", "15", "30", "60", "0"]),
+        ("15", "15", ["2", "5", "15", "60", "0"]),
+        ("0", "0", ["2", "5", "15", "60", "0"]),
+        ("9999", "5", ["2", "5", "15", "60", "0"]),  # over an hour: the default stays
+        ("x", "5", ["2", "5", "15", "60", "0"]),
+    ):
+        driver.get(f"{api.url}/ui/?refresh={asked}")
+        _until(driver, "first refresh", lambda: _refreshes(driver) >= 1)
+        value = driver.execute_script("return document.getElementById('refresh').value;")
+        assert (value, driver.execute_script(menu)) == (chosen, values), asked
+
+
 def test_the_dialog_wraps_a_long_category_name(page: tuple[ScriptedApi, Any]) -> None:
     """An override of a 128-character category (the longest an agent sends, and the API
     takes) asks in a dialog that holds the name (it ran out sideways: the dialog

@@ -401,6 +401,10 @@ def test_the_query_form_without_a_name_names_its_field(ctl: RunningController, m
         ("PUT", "/v1/policy/overrides?category=a&=null"),
         ("DELETE", "/v1/policy/overrides?category=a&categroy=b"),
         ("GET", "/v1/category?name=a&names=b"),
+        # routes that take no query: POST /v1/policy/refit?force=1 ran a plain refit
+        ("POST", "/v1/policy/refit?force=1"),
+        ("GET", "/v1/policy?version=1"),
+        ("PUT", "/v1/policy/evictor?family=lru"),
     ],
 )
 def test_a_query_form_refuses_a_parameter_it_does_not_take(
@@ -408,7 +412,9 @@ def test_a_query_form_refuses_a_parameter_it_does_not_take(
 ) -> None:
     """A stray or misspelt query parameter is a 422 naming it, not ignored (a fuzzer sent
     ``&=null`` and the pin was published)."""
-    body = {"json": {"rate": 1}} if method == "PUT" else {}
+    body = (
+        {"json": {"family": "lru"} if "evictor" in path else {"rate": 1}} if method == "PUT" else {}
+    )
     headers = AS_READER if method == "GET" else AS_WRITER
     r = ctl.client.request(method, path, headers=headers, **body)
     assert r.status_code == 422, r.text

@@ -336,6 +336,16 @@ def test_other_validation_errors_keep_the_shape(ctl: RunningController) -> None:
         headers={**AUTH, "Content-Type": "application/json"},
     )
     assert too_deep.status_code == 422 and too_deep.json()["error"] == "invalid_json"
+    # Valid JSON, under the body's bound, but an integer Python will not read: it was
+    # answered as JSON that is not valid.
+    too_long = c.put(
+        "/v1/policy/overrides/text_1",
+        content=b'{"rate": ' + b"1" * 5000 + b"}",
+        headers={**AUTH, "Content-Type": "application/json"},
+    )
+    assert too_long.status_code == 422
+    assert (too_long.json()["error"], too_long.json()["field"]) == ("invalid_value", "body")
+    assert too_long.json()["message"].startswith("holds an integer of more than 4,300 digits")
     # curl -d sends a form's media type: the body is a JSON object, its type is wrong.
     as_form = c.put(
         "/v1/policy/evictor",
@@ -421,6 +431,18 @@ def test_a_category_name_no_agent_can_send_is_invalid_on_a_read(
         unseen = c.get(f"/v1/categories/{unseen_name}")
         assert (unseen.status_code, unseen.json()["error"]) == (404, "unknown_category")
     assert c.get("/v1/categories/" + "a" * 128).status_code == 404
+
+
+def test_a_pin_whose_name_is_not_utf8_once_decoded_is_refused(ctl: RunningController) -> None:
+    """``%FF`` decodes to U+FFFD: the pin went to that name, which no agent sends, and
+    answered 200."""
+    c = ctl.client
+    for url in ("/v1/policy/overrides/%FF", "/v1/policy/overrides?category=%ED%A0%80"):
+        r = c.put(url, json={"life_s": 5}, headers=AUTH)
+        assert r.status_code == 422, r.text
+        assert (r.json()["field"], r.json()["error"]) == ("category", "invalid_value")
+        assert "not UTF-8 once percent-decoded" in r.json()["message"]
+    assert c.get("/v1/policy/overrides").json() == {}
 
 
 def test_unknown_paths_and_methods_answer_json_naming_them(ctl: RunningController) -> None:

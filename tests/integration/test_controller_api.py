@@ -236,6 +236,13 @@ def test_refit_from_ingested_events(ctl: RunningController, redis_url: str) -> N
     detail = c.get("/v1/categories/text_1").json()
     assert detail["cdf"] is not None
     assert c.get("/v1/categories/nope").status_code == 404
+    # Pinned before any access of it: the pooled fit's parameters, none of its samples
+    # (they read as the busiest category's, on the dashboard and in the metrics).
+    assert c.put("/v1/policy/overrides/chat", json={"rate": 0.5}, headers=AUTH).is_success
+    chat = c.get("/v1/categories/chat").json()["published"]
+    assert (chat["source"], chat["rate"], chat["samples"]) == ("override", 0.5, 0)
+    assert chat["fit_quality"] is None
+    assert 'kvwise_category_samples{category="chat"} 0.0' in c.get("/metrics").text
     assert ctl.controller.ingestor.counters.gaps.get("w1") == 0
     # A gap: batch 5 arrives without batch 4.
     send(
@@ -532,6 +539,28 @@ def test_agents_metrics_and_openapi(ctl: RunningController, redis_url: str) -> N
     undescribed = [name for name, prop in agent_fields.items() if not prop.get("description")]
     assert len(agent_fields) > 30 and undescribed == []  # the heartbeat's and ingest's
     assert agent_fields["capacity"]["description"] == "Blocks the engine's cache holds."
+    # The headers the docs make part of the answer are in the description too.
+    agents_headers = spec["paths"]["/v1/agents"]["get"]["responses"]["200"]["headers"]
+    assert set(agents_headers) == {
+        "Kvwise-Agents-Not-Listed",
+        "Kvwise-Heartbeats-Refused",
+        "Kvwise-Ledgers-Refused",
+    }
+    changes = [
+        ("/v1/policy/overrides/{category}", "put"),
+        ("/v1/policy/overrides/{category}", "delete"),
+        ("/v1/policy/overrides", "put"),
+        ("/v1/policy/overrides", "delete"),
+        ("/v1/policy/evictor", "put"),
+        ("/v1/policy/evictor", "delete"),
+        ("/v1/policy/rollback", "post"),
+    ]
+    for path, method in changes:
+        success = spec["paths"][path][method]["responses"]["200"]
+        assert set(success["headers"]) == {"Kvwise-Published"}, (path, method)
+        assert success["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/PolicyDocument"
+        }
 
 
 def test_a_heartbeat_integer_past_64_bits_is_refused_and_metrics_still_answer(

@@ -3,8 +3,9 @@
 Each module offers a ``reads`` router (GET) and, where it changes state, a ``writes``
 router; ``controlplane.api.app`` attaches the access each needs. Routes reach the
 ``Controller`` through ``ControllerDep`` and declare their ``response_model`` and error
-responses; a route that takes no body declares ``NO_BODY``, which refuses one, and one
-that takes query parameters ``KNOWN_QUERY_ONLY``, which refuses any it does not declare. Every
+responses; a route that takes no body declares ``NO_BODY``, which refuses one, and every
+``/v1`` route refuses query parameters it does not declare (``KNOWN_QUERY_ONLY``, which
+``controlplane.api.app`` adds to their routers). Every
 change that answers with a document says in ``PUBLISHED_HEADER`` whether it published a
 version (``answer``). They must never check tokens (the access guard did) or build Redis
 keys.
@@ -12,12 +13,12 @@ keys.
 
 from __future__ import annotations
 
-from typing import Annotated, cast
+from typing import Annotated, Any, cast
 
 from fastapi import Depends, Request, Response
 
 from agent.policy_document import PolicyDocument
-from controlplane.api.errors import FieldError
+from controlplane.api.errors import FieldError, documented
 from controlplane.api.field_messages import FieldProblem, unwanted_body
 from controlplane.service.controller import Controller
 from controlplane.service.store_terms import Change
@@ -25,6 +26,18 @@ from controlplane.service.store_terms import Change
 PUBLISHED_HEADER = "Kvwise-Published"
 """In a change's answer: ``true`` if it published a version, ``false`` if the change was
 in force already (the answer is then the document in force, its version unchanged)."""
+
+
+def publishing(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` of a change answered by ``answer``: the error
+    ``statuses`` (``documented``), and ``PUBLISHED_HEADER`` on its 200."""
+    header = {
+        "description": "true: the change published a version; false: it was in force "
+        "already, and this is the document in force, its version unchanged",
+        "schema": {"type": "string", "enum": ["true", "false"]},
+    }
+    success = {"description": "The document in force", "headers": {PUBLISHED_HEADER: header}}
+    return {200: success, **documented(*statuses)}
 
 
 async def _controller(request: Request) -> Controller:
@@ -61,9 +74,9 @@ NO_BODY = Depends(_takes_no_body)
 
 
 async def _known_query_only(request: Request) -> None:
-    """A route that takes query parameters refuses one it does not declare (422, each
-    ``unknown_field``, as a body refuses a field it does not know): ignored, a misspelt
-    or stray parameter would look accepted."""
+    """A route refuses query parameters it does not declare (422, each ``unknown_field``,
+    as a body refuses a field it does not know): ignored, a misspelt or stray parameter
+    would look accepted."""
     route = request.scope.get("route")
     declared = {p.alias for p in getattr(getattr(route, "dependant", None), "query_params", [])}
     taken = ", ".join(sorted(declared)) or "none"

@@ -9,11 +9,13 @@ Read-only: it must never change state.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Response
 
 from controlplane.api.errors import ApiError, documented
 from controlplane.api.models import CategoryInPath, CategoryInQuery
-from controlplane.api.routes import KNOWN_QUERY_ONLY, NEEDS_REDIS, ControllerDep
+from controlplane.api.routes import NEEDS_REDIS, ControllerDep
 from controlplane.service.agents import AgentView
 from controlplane.service.categories import CategoryDetail, CategorySummary
 from controlplane.shadow.view import ShadowView
@@ -45,7 +47,6 @@ def get_category(name: CategoryInPath, controller: ControllerDep) -> CategoryDet
     "/v1/category",
     response_model=CategoryDetail,
     responses=documented(404, 422),
-    dependencies=[KNOWN_QUERY_ONLY],
 )
 def get_category_named_in_query(name: CategoryInQuery, controller: ControllerDep) -> CategoryDetail:
     """``GET /v1/categories/{name}`` with the name in the query (``?name=NAME``): it names
@@ -61,7 +62,24 @@ LEDGERS_REFUSED_HEADER = "Kvwise-Ledgers-Refused"
 """Response header of GET /v1/agents: agents listed whose ledger was unreadable."""
 
 
-@_store_reads.get("/v1/agents", response_model=list[AgentView])
+def _counted_header(what: str) -> dict[str, Any]:
+    return {"description": what, "schema": {"type": "integer", "minimum": 0}}
+
+
+_AGENTS_HEADERS = {
+    AGENTS_NOT_LISTED_HEADER: _counted_header(
+        "Heartbeat keys found past KVWISE_MAX_WORKERS, not listed"
+    ),
+    HEARTBEATS_REFUSED_HEADER: _counted_header("Heartbeats unreadable (too large, malformed)"),
+    LEDGERS_REFUSED_HEADER: _counted_header("Agents listed whose ingest ledger was unreadable"),
+}
+
+
+@_store_reads.get(
+    "/v1/agents",
+    response_model=list[AgentView],
+    responses={200: {"description": "Live agents", "headers": _AGENTS_HEADERS}},
+)
 def list_agents(controller: ControllerDep, response: Response) -> list[AgentView]:
     """Live agents (heartbeat not expired): the policy version each has in force
     (`applied_version`) and the one it received (`staged_version`), which an engine

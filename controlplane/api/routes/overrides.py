@@ -18,10 +18,16 @@ from typing import Any
 from fastapi import APIRouter, Response
 
 from agent.policy_document import PolicyDocument
-from controlplane.api.errors import ApiError, FieldError, documented
+from controlplane.api.errors import ApiError, FieldError
 from controlplane.api.field_messages import FieldProblem
 from controlplane.api.models import CategoryInPath, CategoryInQuery, EvictorBody, OverrideBody
-from controlplane.api.routes import KNOWN_QUERY_ONLY, NEEDS_REDIS, NO_BODY, ControllerDep, answer
+from controlplane.api.routes import (
+    NEEDS_REDIS,
+    NO_BODY,
+    ControllerDep,
+    answer,
+    publishing,
+)
 from controlplane.service.store import StoreError
 from controlplane.service.store_terms import EvictorState, TooManyOverrides
 
@@ -36,10 +42,10 @@ def list_overrides(controller: ControllerDep) -> dict[str, dict[str, float]]:
     return controller.store.overrides()
 
 
-_PIN: dict[str, Any] = {"response_model": PolicyDocument, "responses": documented(409, 422)}
+_PIN: dict[str, Any] = {"response_model": PolicyDocument, "responses": publishing(409, 422)}
 _RELEASE: dict[str, Any] = {
     "response_model": PolicyDocument,
-    "responses": documented(422),
+    "responses": publishing(422),
     "dependencies": [NO_BODY],
 }
 
@@ -54,7 +60,7 @@ def put_override(
     return _pin(category, body, controller, response)
 
 
-@writes.put("/v1/policy/overrides", **_PIN, dependencies=[KNOWN_QUERY_ONLY])
+@writes.put("/v1/policy/overrides", **_PIN)
 def put_override_named_in_query(
     category: CategoryInQuery, body: OverrideBody, controller: ControllerDep, response: Response
 ) -> PolicyDocument:
@@ -64,9 +70,24 @@ def put_override_named_in_query(
     return _pin(category, body, controller, response)
 
 
+REPLACEMENT_CHARACTER = "\ufffd"
+"""What a percent-encoded byte that is not UTF-8 decodes to."""
+
+
+def _decoded(category: str) -> str:
+    """``category`` as sent, refused if a percent-encoded byte in it was not UTF-8: the pin
+    would go to a U+FFFD name no agent sends, and say it succeeded. (Releasing such a
+    name stays allowed: it removes a pin made before this check.)"""
+    if REPLACEMENT_CHARACTER in category:
+        message = "is not UTF-8 once percent-decoded (a byte that is not reads as U+FFFD)"
+        raise FieldError(FieldProblem("invalid_value", "category", message))
+    return category
+
+
 def _pin(
     category: str, body: OverrideBody, controller: ControllerDep, response: Response
 ) -> PolicyDocument:
+    category = _decoded(category)
     values = body.given()
     if not values:
         raise FieldError(FieldProblem("invalid_value", "body", "give rate, p_reuse or life_s"))
@@ -87,7 +108,7 @@ def delete_override(
     return _release(category, controller, response)
 
 
-@writes.delete("/v1/policy/overrides", **{**_RELEASE, "dependencies": [NO_BODY, KNOWN_QUERY_ONLY]})
+@writes.delete("/v1/policy/overrides", **_RELEASE)
 def delete_override_named_in_query(
     category: CategoryInQuery, controller: ControllerDep, response: Response
 ) -> PolicyDocument:
@@ -110,7 +131,7 @@ def get_evictor(controller: ControllerDep) -> EvictorState:
 @writes.put(
     "/v1/policy/evictor",
     response_model=PolicyDocument,
-    responses=documented(422),
+    responses=publishing(422),
 )
 def put_evictor(body: EvictorBody, controller: ControllerDep, response: Response) -> PolicyDocument:
     """Pin the evictor family; publishes a version, unless that family is pinned already
@@ -125,7 +146,7 @@ def put_evictor(body: EvictorBody, controller: ControllerDep, response: Response
 @writes.delete(
     "/v1/policy/evictor",
     response_model=PolicyDocument,
-    responses=documented(422),
+    responses=publishing(422),
     dependencies=[NO_BODY],
 )
 def delete_evictor(controller: ControllerDep, response: Response) -> PolicyDocument:

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Response
 from agent.policy_document import PolicyDocument
 from controlplane.api.errors import ApiError, documented
 from controlplane.api.models import RollbackBody, VersionInPath
-from controlplane.api.routes import NEEDS_REDIS, NO_BODY, ControllerDep, answer
+from controlplane.api.routes import NEEDS_REDIS, NO_BODY, ControllerDep, answer, publishing
 from controlplane.service.refit import RefitOutcome, RefitStatus
 from controlplane.service.store import StoreError
 from controlplane.service.store_terms import Change, VersionInfo
@@ -82,7 +82,7 @@ def refit(controller: ControllerDep) -> RefitOutcome:
 @writes.post(
     "/v1/policy/rollback",
     response_model=PolicyDocument,
-    responses=documented(404, 422),
+    responses=publishing(404, 422),
 )
 def rollback(body: RollbackBody, controller: ControllerDep, response: Response) -> PolicyDocument:
     """Publish a new version with an earlier version's parameters (always: it also

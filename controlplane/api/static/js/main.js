@@ -184,11 +184,25 @@ function schedule() {
   if (s > 0) timer = setTimeout(refresh, s * 1000);
 }
 
+/** The period ?refresh=N asks for: a menu value, or whole seconds from 1 to 3600, added to
+ * the menu in its place (a period the menu lacked was ignored without a word). */
+function chooseWantedRefresh(select) {
+  const wanted = new URLSearchParams(location.search).get("refresh");
+  if (wanted === null || !/^[0-9]{1,4}$/.test(wanted)) return;
+  const seconds = Number(wanted);
+  if (seconds > 3600) return;
+  const options = [...select.options];
+  if (!options.some((o) => Number(o.value) === seconds)) {
+    const later = options.find((o) => Number(o.value) > seconds || o.value === "0");
+    select.add(new Option(`every ${seconds} s`, String(seconds)), later ?? null);
+  }
+  select.value = options.find((o) => Number(o.value) === seconds)?.value ?? String(seconds);
+}
+
 function initControls() {
   document.getElementById("controls").addEventListener("submit", (event) => event.preventDefault());
   const select = document.getElementById("refresh");
-  const wanted = new URLSearchParams(location.search).get("refresh");
-  if (wanted !== null && [...select.options].some((o) => o.value === wanted)) select.value = wanted;
+  chooseWantedRefresh(select);
   select.addEventListener("change", schedule);
   document.getElementById("refresh-now").addEventListener("click", refresh);
   const input = document.getElementById("token");
