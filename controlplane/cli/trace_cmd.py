@@ -136,8 +136,12 @@ def synth(
         except OSError as exc:
             fail(f"{output}: {exc.strerror or exc}")
         steps.step("counting its statistics", cut=f"{output} written whole")
-        s = trace_stats(trace)
-    # Not a regular file (a pipe, standard output): the summary must not mix with the trace.
+        _say_written(output, trace_stats(trace), duration)
+
+
+def _say_written(output: Path, s: TraceStats, duration: float) -> None:
+    """The summary of a trace written to ``output``: on stderr where the trace itself
+    went to a stream (a pipe, standard output), so the two never mix."""
     typer.echo(
         f"wrote {output}: {counted(s.requests, 'request')} over {duration:g} s\n"
         f"{counted(s.block_accesses, 'block access', 'block accesses')}, "
