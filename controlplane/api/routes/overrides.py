@@ -74,12 +74,12 @@ REPLACEMENT_CHARACTER = "\ufffd"
 """What a percent-encoded byte that is not UTF-8 decodes to."""
 
 
-def _decoded(category: str) -> str:
-    """``category`` as sent, refused if a percent-encoded byte in it was not UTF-8: the pin
-    would go to a U+FFFD name no agent sends, and say it succeeded. (Releasing such a
-    name stays allowed: it removes a pin made before this check.)"""
+def _pinnable(category: str) -> str:
+    """``category``, refused if a percent-encoded byte in it was not UTF-8: the pin would
+    go to a U+FFFD name no agent sends, and say it succeeded. (Releasing such a name stays
+    allowed: it removes a pin made before this check.)"""
     if REPLACEMENT_CHARACTER in category:
-        message = "is not UTF-8 once percent-decoded (a byte that is not reads as U+FFFD)"
+        message = "is not UTF-8 once percent-decoded (a byte that is not UTF-8 reads as U+FFFD)"
         raise FieldError(FieldProblem("invalid_value", "category", message))
     return category
 
@@ -87,7 +87,7 @@ def _decoded(category: str) -> str:
 def _pin(
     category: str, body: OverrideBody, controller: ControllerDep, response: Response
 ) -> PolicyDocument:
-    category = _decoded(category)
+    category = _pinnable(category)
     values = body.given()
     if not values:
         raise FieldError(FieldProblem("invalid_value", "body", "give rate, p_reuse or life_s"))
