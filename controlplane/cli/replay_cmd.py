@@ -196,8 +196,8 @@ AutoSupersedeOpt = Annotated[
     _auto(
         "auto_supersede",
         help="tree: auto's wa evicts superseded branches first while in force, as a vLLM "
-        "worker under the document's supersede: tree; off: without (its shadow judges wa "
-        "without it either way)",
+        "worker under the document's supersede: tree, and its shadow's wa does too; off: "
+        "neither does",
     ),
 ]
 AutoWAOpt = Annotated[
