@@ -407,11 +407,12 @@ def test_the_query_form_without_a_name_names_its_field(ctl: RunningController, m
         ("PUT", "/v1/policy/evictor?family=lru"),
     ],
 )
-def test_a_query_form_refuses_a_parameter_it_does_not_take(
+def test_a_route_refuses_a_query_parameter_it_does_not_take(
     ctl: RunningController, method: str, path: str
 ) -> None:
     """A stray or misspelt query parameter is a 422 naming it, not ignored (a fuzzer sent
-    ``&=null`` and the pin was published)."""
+    ``&=null`` and the pin was published), on routes that take a query and on those that
+    take none."""
     body = (
         {"json": {"family": "lru"} if "evictor" in path else {"rate": 1}} if method == "PUT" else {}
     )
