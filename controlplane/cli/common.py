@@ -185,6 +185,12 @@ def refuse_fit_options_unused(
     fail(f"{', '.join(named)} {verb} only to the fitted policies ({fitted}); --policy names none")
 
 
+COMPARE_SMALLER = (
+    "Give smaller sizes (--capacity: your engine's KV blocks) to compare the policies."
+)
+"""The advice of every note that says a cache size evicted nothing."""
+
+
 def note_no_eviction(trace: Trace, capacities: Iterable[int], where: str = "") -> None:
     """Say, on stderr, which cache sizes hold every block the trace uses: no block is ever
     evicted there, so every policy scores the same (a frequent surprise when a default
@@ -195,8 +201,8 @@ def note_no_eviction(trace: Trace, capacities: Iterable[int], where: str = "") -
     sizes = ", ".join(f"{c:,}" for c in whole)
     note(
         f"a cache of {sizes} blocks{where} holds all {counted(trace.n_unique, 'unique block')} "
-        "of the trace: nothing is evicted there and every policy scores the same. Give "
-        "smaller sizes (--capacity: your engine's KV blocks) to compare the policies."
+        f"of the trace: nothing is evicted there and every policy scores the same. "
+        f"{COMPARE_SMALLER}"
     )
 
 
@@ -396,6 +402,12 @@ def _number(text: str | float) -> float:
     return _read_as(float, text, "a number")
 
 
+def is_stream(path: Path) -> bool:
+    """Whether ``path`` is a device or a pipe that exists (``/dev/stdout``): written as it
+    goes, not a file."""
+    return path.exists() and not path.is_file()
+
+
 def check_writable(path: Path, option: str) -> None:
     """Fail now, naming ``option``, unless ``path`` names a file in a folder that takes
     one (the plots' check; ``path`` itself is not touched): before minutes of work, not
@@ -404,7 +416,7 @@ def check_writable(path: Path, option: str) -> None:
 
     if path.is_dir():
         fail(f"{option} {path}: is a folder")
-    if path.exists() and not path.is_file():
+    if is_stream(path):
         return
     try:
         check_folder(path.parent, path)

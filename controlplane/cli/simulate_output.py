@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from controlplane.cli.common import (
+    COMPARE_SMALLER,
     counted,
     fail,
     note,
@@ -65,8 +66,7 @@ def _note_nothing_evicted(sized: list[SimResult]) -> None:
         sizes = ", ".join(f"{c:,}" for c in whole)
         note(
             f"no instance evicted a block from a cache of {sizes} blocks: each held all the "
-            "blocks it was sent, so every policy scores the same there. Give smaller sizes "
-            "(--capacity: your engine's KV blocks) to compare the policies."
+            f"blocks it was sent, so every policy scores the same there. {COMPARE_SMALLER}"
         )
 
 

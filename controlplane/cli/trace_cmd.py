@@ -23,6 +23,7 @@ from controlplane.cli.common import (
     check_writable,
     counted,
     fail,
+    is_stream,
     load_trace_or_fail,
     positive,
     print_json,
@@ -147,7 +148,7 @@ def _say_written(output: Path, s: TraceStats, duration: float) -> None:
         f"{counted(s.block_accesses, 'block access', 'block accesses')}, "
         f"{counted(s.unique_blocks, 'unique block')}; "
         f"ideal hit ratio {s.ideal_hit_ratio:.3f}",
-        err=output.exists() and not output.is_file(),
+        err=is_stream(output),
     )
 
 

@@ -192,11 +192,12 @@ function chooseWantedRefresh(select) {
   const seconds = Number(wanted);
   if (seconds > 3600) return;
   const options = [...select.options];
-  if (!options.some((o) => Number(o.value) === seconds)) {
+  const listed = options.find((o) => Number(o.value) === seconds);
+  if (!listed) {
     const later = options.find((o) => Number(o.value) > seconds || o.value === "0");
     select.add(new Option(`every ${seconds} s`, String(seconds)), later ?? null);
   }
-  select.value = options.find((o) => Number(o.value) === seconds)?.value ?? String(seconds);
+  select.value = listed?.value ?? String(seconds);
 }
 
 function initControls() {
