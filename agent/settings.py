@@ -221,6 +221,12 @@ def read_agent_settings() -> AgentSettings:
         reason = error["msg"].removeprefix("Value error, ")
         if not error["loc"]:  # a check across settings names them itself
             raise ValueError(f"kvwise: bad agent settings: {reason}") from None
-        prefix = AgentSettings.model_config.get("env_prefix", "")
-        variable = f"{prefix}{error['loc'][0]}".upper()
-        raise ValueError(f"kvwise: bad agent setting {variable}: {reason}") from None
+        raise bad_agent_setting(str(error["loc"][0]), reason) from None
+
+
+def bad_agent_setting(field: str, reason: str) -> ValueError:
+    """The one-line error an engine plugin stops on for a bad value of the setting
+    ``field``: it names the ``KVWISE_*`` variable and why (``reason`` shows no secret)."""
+    prefix = AgentSettings.model_config.get("env_prefix", "")
+    variable = f"{prefix}{field}".upper()
+    return ValueError(f"kvwise: bad agent setting {variable}: {reason}")

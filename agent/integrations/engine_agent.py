@@ -17,7 +17,10 @@ in prompt order, then its INSERTs tail first, as a replayed request would make t
 controller can then rebuild each request from the event stream (the shadow evaluation).
 Made, it warns of each ``KVWISE_*`` variable of the engine's environment that nothing
 reads (``agent.setting_names``): once per engine, where the agent starts, not in each
-process the engine's plugin loads in. It must never import an engine or wait on I/O.
+process the engine's plugin loads in. ``read_engine_settings`` is what a plugin reads its
+settings with: what the agent would refuse only once the engine builds its cache (minutes
+into its start, the model loaded) is refused there, naming its variable. It must never
+import an engine or wait on I/O.
 """
 
 from __future__ import annotations
@@ -28,11 +31,14 @@ from typing import Any, Protocol
 
 from agent.category_inference import CategoryInferrer, InferSettings
 from agent.category_table import reused_name
+from agent.policies import UnknownPolicyError
 from agent.policies.handover import NamesCategories, SwitchRefused
 from agent.policy_document import PolicyDocument
 from agent.runtime.agent import Agent, set_parameters
+from agent.runtime.connection import RedisUrlError, connect
+from agent.runtime.family import configured_family
 from agent.setting_names import warn_of_unread_variables
-from agent.settings import AgentSettings
+from agent.settings import AgentSettings, bad_agent_setting, read_agent_settings
 from agent.wire import MAX_CATEGORY_NAME_CHARS
 
 DEFAULT_CATEGORY = "default"
@@ -56,6 +62,25 @@ PromptOf = Callable[[Any, bool], tuple[Sequence[int], int]]
 """An engine's reading of a request's prompt: called with the request and whether its
 category is to be inferred, it gives the prompt's block hashes (empty when not) and its
 token count."""
+
+
+def read_engine_settings(**fixed: str) -> AgentSettings:
+    """``read_agent_settings``, with the values in ``fixed`` (an engine whose order is
+    fixed: SGLang's is ``wa``'s), and the evictor and the Redis URL checked as the agent
+    checks them when it is made: an unknown ``KVWISE_EVICTOR`` or a ``KVWISE_REDIS_URL``
+    that is not a Redis URL stops the engine as it loads the plugin, one line naming the
+    variable, not minutes later in the engine's cache build. Nothing is connected."""
+    settings = read_agent_settings().model_copy(update=fixed)
+    try:
+        configured_family(settings)
+    except UnknownPolicyError as exc:
+        raise bad_agent_setting("evictor", str(exc)) from None
+    try:
+        url, timeout_s = settings.redis_url, settings.redis_timeout_s
+        connect(url, timeout_s=timeout_s, retries=0, cluster=settings.redis_cluster).close()
+    except RedisUrlError as exc:
+        raise bad_agent_setting("redis_url", str(exc)) from None
+    return settings
 
 
 @dataclass(slots=True)

@@ -38,9 +38,14 @@ from array import array
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from agent.integrations.engine_agent import DEFAULT_CATEGORY, EngineAgent
+from agent.integrations.engine_agent import (
+    DEFAULT_CATEGORY,
+    EngineAgent,
+    read_engine_settings,
+)
 from agent.integrations.radix_order import RadixOrder, path_ids, prompt_block_hashes
-from agent.settings import AgentSettings, agent_enabled, read_agent_settings
+from agent.policy_document import DEFAULT_FAMILY
+from agent.settings import AgentSettings, agent_enabled, environment_value
 
 # Under "sglang": SGLang configures that logger tree, so these lines show in its log.
 log = logging.getLogger("sglang.kvwise")
@@ -363,7 +368,7 @@ def build_cache(ctx: Any) -> Any:
     if not agent_enabled():
         log.info("kvwise: KVWISE_ENABLE is off; stock RadixCache (%s)", cache.eviction_policy)
         return cache
-    settings = read_agent_settings()
+    settings = engine_settings()
     why = _gate()
     if why is not None:
         log.warning("kvwise: %s; keeping SGLang's own eviction (%s)", why, cache.eviction_policy)
@@ -372,6 +377,20 @@ def build_cache(ctx: Any) -> Any:
         return cache
     attach(cache, settings)
     return cache
+
+
+def engine_settings() -> AgentSettings:
+    """The agent's settings in SGLang: the tree's order is ``wa``'s whatever
+    ``KVWISE_EVICTOR`` says (said once if it says another), so the agent reports ``wa`` and
+    follows the document's family, refusing a baseline it cannot run."""
+    configured = environment_value("KVWISE_EVICTOR")
+    if configured is not None and configured != DEFAULT_FAMILY:
+        log.warning(
+            "kvwise: KVWISE_EVICTOR=%s does not apply in SGLang: its radix tree runs %s's order",
+            configured,
+            DEFAULT_FAMILY,
+        )
+    return read_engine_settings(evictor=DEFAULT_FAMILY)
 
 
 def attach(cache: Any, settings: AgentSettings) -> RadixHooks:

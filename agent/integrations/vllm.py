@@ -58,9 +58,10 @@ from agent.integrations.engine_agent import (
     REQUEST_REPORT_ATTR,
     EngineAgent,
     RequestReport,
+    read_engine_settings,
 )
 from agent.runtime.family import build_evictor
-from agent.settings import AgentSettings, agent_enabled, read_agent_settings
+from agent.settings import AgentSettings, agent_enabled
 
 # Under "vllm": vLLM configures that logger tree, so these lines show in its log.
 log = logging.getLogger("vllm.kvwise")
@@ -112,7 +113,7 @@ def register() -> None:
         return
     if not agent_enabled():
         return
-    settings = read_agent_settings()
+    settings = read_engine_settings()  # a bad value stops vLLM here, before the model loads
     _state.registered = True
     route_agent_logs()
     import vllm

@@ -69,6 +69,31 @@ def test_an_enabled_plugin_names_the_variable_of_a_bad_setting(
     assert not plugin._state.registered
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "reason"),
+    [
+        ("KVWISE_EVICTOR", "lur", "unknown policy 'lur'; known: arc, fifo, lfu, lru"),
+        ("KVWISE_REDIS_URL", "http://redis:6379/0", "Redis URL 'http://redis:6379/0' must start"),
+        ("KVWISE_REDIS_URL", "redis://:hunter2@redis:port/0", "Redis URL 'redis://:***@redis:"),
+    ],
+)
+def test_an_enabled_plugin_refuses_as_it_loads_what_the_engines_cache_build_would(
+    variable: str, value: str, reason: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM builds the block pool, where the agent is made, only after loading the model: an
+    evictor or a Redis URL the agent refuses stops the engine as the plugin loads, in one
+    line naming the variable (a URL's password masked), not minutes into its start."""
+    monkeypatch.setattr(plugin, "_state", plugin._State())
+    monkeypatch.setenv("KVWISE_ENABLE", "1")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError) as raised:
+        plugin.register()
+    message = str(raised.value)
+    assert message.startswith(f"kvwise: bad agent setting {variable}: {reason}"), message
+    assert "\n" not in message and "hunter2" not in message
+    assert not plugin._state.registered
+
+
 def test_a_bad_off_switch_is_an_error_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVWISE_ENABLE", "maybe")
     with pytest.raises(ValueError, match="KVWISE_ENABLE: 'maybe' is not a boolean"):
