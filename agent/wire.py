@@ -41,6 +41,7 @@ from agent.policy_document import (
     PolicyDocument,
     json_shape_fault,
 )
+from agent.policy_document import SCHEMA_VERSION as POLICY_SCHEMA_VERSION
 
 WIRE_SCHEMA_VERSION: Final = 2
 """2: keys carry Redis Cluster hash tags (see ``Keys``). 1: untagged keys."""
@@ -483,6 +484,15 @@ def _location(loc: tuple[int | str, ...]) -> str:
     return ".".join(shown) or "document"
 
 
+def _other_policy_schema(version: object) -> str:
+    """Why a document of another schema is refused, and what to do about it."""
+    shown = repr(version) if isinstance(version, int | float | str) else type(version).__name__
+    return (
+        f"policy: schema_version: the document is of schema {shown[:40]}, this side reads "
+        f"{POLICY_SCHEMA_VERSION}: run the same kvwise release on agents and controller"
+    )
+
+
 def decode_policy(
     raw: bytes | str, *, max_bytes: int | None = None, max_categories: int | None = None
 ) -> PolicyDocument:
@@ -499,7 +509,9 @@ def decode_policy(
     try:
         doc = PolicyDocument.model_validate_json(raw)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        errors = exc.errors(include_url=False, include_context=False)
+        if errors[0]["loc"] == ("schema_version",):  # a release mismatch, not a bad fit
+            raise WireError(_other_policy_schema(errors[0].get("input"))) from None
         reasons = "; ".join(f"{_location(e['loc'])}: {e['msg']}" for e in errors[:5])
         raise WireError(f"policy: {reasons}") from None
     for name in doc.categories:

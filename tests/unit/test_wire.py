@@ -370,6 +370,22 @@ def test_invalid_policy_documents_raise_wire_error(raw: str | bytes, reason: str
     assert str(err.value).startswith("policy:")
 
 
+@pytest.mark.parametrize(("schema", "shown"), [("2", "2"), ('"2"', "'2'"), ("{}", "dict")])
+def test_a_document_of_another_schema_is_refused_as_a_release_mismatch(
+    schema: str, shown: str
+) -> None:
+    """A controller of a newer release publishes documents of a newer schema (with fields
+    this agent does not know): the agent's rejection, in its heartbeat, says what to do
+    rather than listing pydantic's complaints."""
+    newer = f'{{"schema_version": {schema}, "version": 3, "admission": "on"}}'
+    with pytest.raises(WireError) as err:
+        decode_policy(newer)
+    assert str(err.value) == (
+        f"policy: schema_version: the document is of schema {shown}, this side reads 1: "
+        "run the same kvwise release on agents and controller"
+    )
+
+
 def test_the_default_size_limit_takes_a_full_document_at_the_category_limit() -> None:
     """The largest legitimate document (every category the limit allows, each of the
     longest name and every parameter at full precision) fits the default with margin."""
