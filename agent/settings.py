@@ -122,8 +122,8 @@ class AgentSettings(BaseSettings, RedisSettings):
     max_policy_bytes: int = Field(
         default=2 << 20,
         ge=1024,
-        description="Largest policy document accepted (bytes); it bounds the GIL the "
-        "subscriber holds to parse one (the engine's thread waits meanwhile)",
+        description="Largest policy document accepted (bytes, at least 1024); it bounds the "
+        "GIL the subscriber holds to parse one (the engine's thread waits meanwhile)",
     )
     max_policy_categories: PositiveInt = Field(
         default=4096, description="Most categories a policy document may hold"
