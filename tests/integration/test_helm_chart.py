@@ -581,12 +581,41 @@ def test_a_read_token_scrape_elsewhere_renders_with_an_existing_secret() -> None
         (2, {"minAvailable": "50%"}),
         (1, {"maxUnavailable": 1}),
         (2, {"maxUnavailable": "10%"}),
+        (2, {"maxUnavailable": "100%"}),
     ],
 )
 def test_a_pdb_that_lets_a_drain_through_renders(replicas: int, pdb: dict[str, Any]) -> None:
     values = {"controller": {"replicaCount": replicas, "pdb": pdb}}
     (rendered,) = hs.render(hs.chart(), values).of_kind("PodDisruptionBudget")
     assert rendered["spec"].items() >= pdb.items()
+
+
+def api_server_takes_disruption_figure(figure: int | str) -> bool:
+    """A PodDisruptionBudget's minAvailable or maxUnavailable as the API server checks it:
+    a whole number, or a percentage of at most 100 (ValidatePositiveIntOrPercent, then
+    IsNotMoreThan100Percent, pkg/apis/policy/validation)."""
+    if isinstance(figure, int):
+        return figure >= 0
+    return re.fullmatch(r"[0-9]+%", figure) is not None and int(figure[:-1]) <= 100
+
+
+@pytest.mark.parametrize("key", ["minAvailable", "maxUnavailable"])
+@pytest.mark.parametrize(
+    "figure", [0, 1, "0%", "50%", "100%", "0100%", "101%", "150%", "1000%", "-5%", "5", "%"]
+)
+def test_schema_takes_the_disruption_figures_the_api_server_takes(
+    key: str, figure: int | str
+) -> None:
+    """A figure the API server refuses would fail the install half way (the PDB last):
+    the schema refuses it first. With no PDB created, only the schema judges it."""
+    values = {"controller": {"pdb": {"create": False, key: figure}}}
+    try:
+        hs.render(hs.chart(), values)
+        schema_takes = True
+    except helm.HelmValuesError as err:
+        assert f"at '/controller/pdb/{key}'" in str(err)
+        schema_takes = False
+    assert schema_takes == api_server_takes_disruption_figure(figure)
 
 
 def test_a_scrape_timeout_within_the_interval_renders() -> None:
