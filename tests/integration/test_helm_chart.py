@@ -494,6 +494,13 @@ BAD_COMBINATIONS = [
         for ttl in (5, 3)
     ),
     pytest.param(
+        {"workers": {"enabled": True, "model": {"name": "m"}, "startupProbe": {"enabled": False}}},
+        "workers.startupProbe.enabled=false leaves workers.livenessProbe probing GET /health "
+        "from the engine's start, which answers only once the model is downloaded and loaded: "
+        "a worker whose model takes more than 60 s",
+        id="liveness-during-the-model-load",
+    ),
+    pytest.param(
         {
             "controller": {
                 "metrics": {
@@ -616,6 +623,16 @@ def test_schema_takes_the_disruption_figures_the_api_server_takes(
         assert f"at '/controller/pdb/{key}'" in str(err)
         schema_takes = False
     assert schema_takes == api_server_takes_disruption_figure(figure)
+
+
+def test_a_liveness_probe_without_the_startup_probe_is_refused_only_for_workers_run() -> None:
+    """Both probes off, or the workers off, render: only a liveness probe counting the
+    model's load as failures is refused (BAD_COMBINATIONS)."""
+    probes_off = {"startupProbe": {"enabled": False}, "livenessProbe": {"enabled": False}}
+    r = hs.render(hs.chart(), {"workers": {"enabled": True, "model": {"name": "m"}, **probes_off}})
+    engine = hs.container(r.component("Deployment", "worker"), "vllm")
+    assert "livenessProbe" not in engine and "startupProbe" not in engine
+    assert hs.render(hs.chart(), {"workers": {"startupProbe": {"enabled": False}}}).manifests
 
 
 def test_a_scrape_timeout_within_the_interval_renders() -> None:

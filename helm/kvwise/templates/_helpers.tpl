@@ -443,6 +443,12 @@ user must have an fsGroup, or a group 0, to read the CA. An image's own USER is 
 {{- if not .Values.workers.model.name }}
 {{- fail "workers.enabled=true needs workers.model.name (a Hugging Face id or a path)" }}
 {{- end }}
+{{- /* The engine answers GET /health only once its model is downloaded and loaded: without
+the startup probe, the liveness probe counts that time as failures and restarts the worker. */}}
+{{- $live := .Values.workers.livenessProbe }}
+{{- if and $live.enabled (not .Values.workers.startupProbe.enabled) }}
+{{- fail (printf "workers.startupProbe.enabled=false leaves workers.livenessProbe probing GET /health from the engine's start, which answers only once the model is downloaded and loaded: a worker whose model takes more than %d s (periodSeconds x failureThreshold) would be restarted again and again. Keep the startup probe (raise its failureThreshold for a slow download) or set workers.livenessProbe.enabled=false too" (mul $live.periodSeconds $live.failureThreshold)) }}
+{{- end }}
 {{- range $kind := list "requests" "limits" }}
 {{- $given := dig $kind $.Values.workers.gpu.resourceName "" (default dict $.Values.workers.resources) }}
 {{- if and (ne (toString $given) "") (ne (toString $given) (toString (int $.Values.workers.gpu.count))) }}
