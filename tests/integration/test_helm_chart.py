@@ -807,6 +807,18 @@ def test_dockerfile_matches_the_chart() -> None:
     assert bundle is not None and f'"{bundle.group(1)}/."' in deploy
 
 
+def test_the_image_installs_the_versions_ci_tested() -> None:
+    """The image's dependencies are pinned by tests/constraints.txt (what CI ran), which its
+    build context lets in; without it each build resolves pyproject.toml's ranges anew."""
+    text = (REPO / "helm" / "Dockerfile").read_text()
+    copied = re.search(r"^COPY tests/constraints\.txt (\S+)$", text, re.M)
+    assert copied is not None
+    (install,) = re.findall(r"pip install (.*/wheels/kvwise-\*\.whl) \\$", text, re.M)
+    assert install.startswith(f"-c {copied.group(1)} ")
+    ignored = (REPO / "helm" / "Dockerfile.dockerignore").read_text().splitlines()
+    assert ignored.index("!tests/constraints.txt") > ignored.index("*")
+
+
 @pytest.mark.parametrize(
     ("release", "claim"), [("kvwise", "data-kvwise-redis-0"), ("kv", "data-kv-kvwise-redis-0")]
 )
