@@ -403,9 +403,11 @@ def _number(text: str | float) -> float:
 
 
 def is_stream(path: Path) -> bool:
-    """Whether ``path`` is a device or a pipe that exists (``/dev/stdout``): written as it
-    goes, not a file."""
-    return path.exists() and not path.is_file()
+    """Whether ``path`` is a device, a pipe or a name under ``/dev`` (``/dev/stdout``, even
+    redirected to a file): written as it goes, not a file replaced whole."""
+    from controlplane.traces.writer import is_written_through
+
+    return is_written_through(path)
 
 
 def check_writable(path: Path, option: str) -> None:

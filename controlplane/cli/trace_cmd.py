@@ -9,6 +9,7 @@ writing ``controlplane.traces.writer`` and figures ``controlplane.plots.trace_fi
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, cast
 
@@ -69,8 +70,9 @@ so the cap keeps the command under 2 GB (docs/traces.md)."""
 
 
 STANDARD_OUTPUT = Path("/dev/stdout")
-"""Where ``--output -`` writes: the trace itself goes to standard output, so the summary
-goes to standard error, as it does for any output that is not a regular file."""
+"""The name ``--output -`` goes by in messages: the trace itself goes to the standard output
+already open, so the summary goes to standard error, as it does for any output that is
+not a regular file."""
 
 
 SeedOpt = Annotated[
@@ -117,10 +119,10 @@ def synth(
     """
     from controlplane.traces.synth import PROFILES, Profile, synthesize
     from controlplane.traces.workload_stats import trace_stats
-    from controlplane.traces.writer import write_bailian
 
     check_names([profile], PROFILES, "--profile", "profile")
-    output = STANDARD_OUTPUT if str(output) == "-" else output
+    to_stdout = str(output) == "-"
+    output = STANDARD_OUTPUT if to_stdout else output
     check_writable(output, "--output")  # now: a large trace is minutes of work
     chosen = cast(Profile, profile)
     warmup = _warmup_within_the_cap(chosen, duration, qps)
@@ -132,12 +134,23 @@ def synth(
         if not trace.n_requests:
             fail(f"--duration {duration:g} at --qps {qps:g} gave no request: ask for more")
         steps.step(f"writing {output}", cut=left)
-        try:
-            write_bailian(trace, output)
-        except OSError as exc:
-            fail(f"{output}: {exc.strerror or exc}")
+        _write(trace, output, to_stdout=to_stdout)
         steps.step("counting its statistics", cut=f"{output} written whole")
         _say_written(output, trace_stats(trace), duration)
+
+
+def _write(trace: Trace, output: Path, *, to_stdout: bool) -> None:
+    """``trace`` written to ``output``, or (``-o -``) to the standard output already open,
+    wherever the shell pointed it (a pipe, a file, appended to or not)."""
+    from controlplane.traces.writer import write_bailian, write_bailian_stream
+
+    try:
+        if to_stdout:
+            write_bailian_stream(trace, sys.stdout.buffer)
+        else:
+            write_bailian(trace, output)
+    except OSError as exc:
+        fail(f"{output}: {exc.strerror or exc}")
 
 
 def _say_written(output: Path, s: TraceStats, duration: float) -> None:

@@ -59,6 +59,31 @@ def test_synth_to_standard_output_keeps_its_summary_out_of_the_trace(tmp_path: P
         assert not (tmp_path / "-").exists()
 
 
+@pytest.mark.parametrize("output", ["-", "/dev/stdout"])
+def test_synth_to_standard_output_redirected_to_a_file_writes_that_file(
+    tmp_path: Path, output: str
+) -> None:
+    """``-o - > t.jsonl`` (stdout a regular file behind ``/dev/stdout``) wrote the trace
+    beside ``/dev/stdout`` and renamed it over the link, replacing ``/dev/stdout`` itself
+    (as root; else it failed), and ``t.jsonl`` held only the summary."""
+    redirected = tmp_path / "t.jsonl"
+    command = [sys.executable, "-m", "controlplane", "trace", "synth", "--duration", "10"]
+    with redirected.open("wb") as stdout:
+        run = subprocess.run(
+            [*command, "--seed", "3", "-o", output],
+            cwd=tmp_path,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    assert run.returncode == 0, run.stderr
+    assert Path("/dev/stdout").is_symlink() or not Path("/dev/stdout").is_file()
+    want = synthesize("to-c", duration_s=10, qps=6, seed=3)
+    assert load_trace(redirected).n_requests == want.n_requests > 0
+    assert f"wrote /dev/stdout: {want.n_requests:,} requests" in run.stderr
+
+
 def test_stats_json_is_trace_stats(tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl"
     CliRunner().invoke(app, ["trace", "synth", "--duration", "90", "--seed", "2", "-o", str(out)])
