@@ -37,6 +37,7 @@ from controlplane.cli.common import (
     agent_settings_or_fail,
     counted,
     fail,
+    is_stream,
     listed,
     non_negative,
     note,
@@ -205,6 +206,8 @@ def _claim(output: Path) -> Path:
         fail(f"--output: {folder} is not a folder")
     if output.is_dir():
         fail(f"--output: {output} is a folder: it takes a file name")
+    if is_stream(output):  # renamed over, /dev/stdout would be replaced, not written
+        fail(f"--output: {output} is not a file: the trace is written to a file, then renamed")
     try:
         fd, name = tempfile.mkstemp(dir=folder, prefix=".kvwise-record-", suffix=output.name)
     except OSError as exc:

@@ -450,6 +450,19 @@ def test_an_output_that_cannot_be_created_fails_before_redis_is_asked(tmp_path: 
     assert res.stderr.startswith("error: --output: cannot create a file in /proc/self (")
 
 
+@pytest.mark.skipif(not Path("/dev/stdout").exists(), reason="needs /dev/stdout")
+def test_an_output_that_is_no_file_fails_before_redis_is_asked() -> None:
+    """``-o /dev/stdout`` claimed a file in /dev and, at the end, renamed it over the link:
+    as root that replaced /dev/stdout itself. A device, a pipe or a name under /dev is
+    refused at once (Redis here would not answer: it is never reached)."""
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    res = CliRunner().invoke(app, ["trace", "record", "-o", "/dev/stdout", "--redis-url", url])
+    assert res.exit_code == 2
+    assert res.stderr == (
+        "error: --output: /dev/stdout is not a file: the trace is written to a file, then renamed\n"
+    )
+
+
 def test_new_workers_are_read_bounded_and_seen_up_to_the_cap(
     redis_url: str, key_prefix: str
 ) -> None:
