@@ -151,6 +151,13 @@ class Steps:
             self._status.start()
         return self
 
+    def show_on_terminal(self) -> None:
+        """Show the steps from now on, on a terminal only: for a command whose first step
+        has a status line of its own (reading a trace), once that step is done."""
+        if self._status is None and self.console.is_terminal:
+            self._status = self.console.status("", spinner="dots")
+            self._status.start()
+
     def step(self, doing: str, *, detail: str = "", cut: str = "") -> None:
         """Say that the command is ``doing`` now (and ``detail``, on the line only);
         ``cut``: what a Ctrl-C then leaves."""

@@ -38,6 +38,7 @@ from controlplane.cli.trace_record_cmd import record
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from controlplane.plots.trace_figures import Written
     from controlplane.traces.model import Trace
     from controlplane.traces.synth import Profile
     from controlplane.traces.workload_stats import Quantiles, TraceStats, WorkloadSamples
@@ -227,12 +228,16 @@ def stats(
     with Steps("trace stats", shown=False) as steps:  # reading shows its own status line
         steps.step(f"reading {trace_path}")
         trace = load_trace_or_fail(trace_path, skip_bad_lines=skip_bad_lines)
+        steps.show_on_terminal()  # seconds on a large trace: say so, as reading did
         steps.step("counting its statistics")
         samples = workload_samples(trace)
         s = trace_stats(trace, samples)
+        figures = None
         if plot is not None:
             steps.step(f"drawing figures into {plot}")
-            _plot(plot, trace, samples, top_categories)
+            figures = _plot(plot, trace, samples, top_categories)
+    if figures is not None:  # said once the status line is gone, not through it
+        _say_figures(figures)
     if json_out:
         said = s.to_json()
         for key in SAID_BY_THE_TRACE_SUMMARY:
@@ -242,13 +247,16 @@ def stats(
     _print(s, top_categories)
 
 
-def _plot(directory: Path, trace: Trace, samples: WorkloadSamples, top: int) -> None:
+def _plot(directory: Path, trace: Trace, samples: WorkloadSamples, top: int) -> Written:
     from controlplane.plots.trace_figures import write_trace_figures
 
     try:
-        written = write_trace_figures(directory, trace, samples, top_categories=max(top, 1))
+        return write_trace_figures(directory, trace, samples, top_categories=max(top, 1))
     except OSError as exc:
         fail(f"--plot: {directory}: {exc.strerror or exc}")
+
+
+def _say_figures(written: Written) -> None:
     for path in written.paths:
         typer.echo(f"wrote {path}", err=True)
     for name, why in written.skipped.items():

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -147,6 +149,40 @@ def test_stats_table_reads_at_80_columns(tmp_path: Path) -> None:
     for _, value in rows:  # shares ("text 70.9%, ...") break between one and the next
         if "%" in value:
             assert all(s.endswith("%") for s in value.strip().rstrip(",").split(", ")), value
+
+
+def test_stats_on_a_terminal_says_each_step_after_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the trace was read, a terminal showed nothing while the statistics were
+    counted and the figures drawn (seconds each on a large trace), and the figures'
+    ``wrote`` lines were printed through the status line."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from controlplane.cli import progress
+    from controlplane.traces import workload_stats
+
+    shown = StringIO()
+    terminal = Console(file=shown, force_terminal=True, width=200, color_system=None)
+    monkeypatch.setattr(progress, "Console", lambda stderr: terminal)
+    counted_at_once = workload_stats.trace_stats
+
+    def counted_slowly(*args: Any) -> Any:  # seconds on a large trace: a few refreshes here
+        time.sleep(0.3)
+        return counted_at_once(*args)
+
+    monkeypatch.setattr(workload_stats, "trace_stats", counted_slowly)
+    trace = tmp_path / "toc.jsonl"
+    write_bailian(synthesize("to-c", duration_s=60, qps=2, seed=1), trace)
+    figures = tmp_path / "figures"
+    res = CliRunner().invoke(app, ["trace", "stats", str(trace), "--plot", str(figures)])
+    assert res.exit_code == 0, res.output
+    assert "trace stats: counting its statistics" in shown.getvalue()
+    assert f"trace stats: drawing figures into {figures}" in shown.getvalue()
+    assert f"wrote {figures / 'skew.png'}" not in shown.getvalue()
+    assert f"wrote {figures / 'skew.png'}\n" in res.stderr
 
 
 def test_user_errors_exit_2(tmp_path: Path) -> None:
