@@ -78,7 +78,12 @@ PolicyOpt = Annotated[
         help=f"Comma-separated policies, or 'all'. Known: {KNOWN_POLICIES}.",
     ),
 ]
-CapacityOpt = Annotated[str | None, _sizes(metavar="BLOCKS", help="Cache sizes, e.g. 5000,10000")]
+BLOCK_SIZES = "a block is 16 tokens in Bailian traces, 512 in Mooncake's"
+"""The trace formats' block sizes, for --help (a test keeps them the replay's)."""
+CapacityOpt = Annotated[
+    str | None,
+    _sizes(metavar="BLOCKS", help=f"Cache sizes in blocks ({BLOCK_SIZES}), e.g. 5000,10000"),
+]
 CapacityFracOpt = Annotated[
     str | None,
     _sizes(

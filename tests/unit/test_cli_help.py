@@ -175,6 +175,14 @@ def test_the_policies_replay_help_lists_are_the_catalogues() -> None:
     assert ", ".join(catalog.names()) == replay_cmd.KNOWN_POLICIES
 
 
+def test_the_block_sizes_replay_help_gives_are_the_replays() -> None:
+    from controlplane.replay.accesses import BLOCK_TOKENS
+
+    said = f"a block is {BLOCK_TOKENS['bailian']} tokens in Bailian traces, "
+    assert replay_cmd.BLOCK_SIZES == f"{said}{BLOCK_TOKENS['mooncake']} in Mooncake's"
+    assert set(BLOCK_TOKENS) == {"bailian", "mooncake"}
+
+
 @pytest.mark.parametrize("path", command_paths(), ids=lambda p: " ".join(p) or "kvwise")
 def test_flags_show_no_value_and_arguments_one_spelling(path: list[str]) -> None:
     """Typer showed ``--json <bool>`` (``--json true`` is refused) and a required argument
