@@ -178,8 +178,9 @@ def test_the_policies_replay_help_lists_are_the_catalogues() -> None:
 def test_the_block_sizes_replay_help_gives_are_the_replays() -> None:
     from controlplane.replay.accesses import BLOCK_TOKENS
 
-    said = f"a block is {BLOCK_TOKENS['bailian']} tokens in Bailian traces, "
-    assert replay_cmd.BLOCK_SIZES == f"{said}{BLOCK_TOKENS['mooncake']} in Mooncake's"
+    bailian, mooncake = BLOCK_TOKENS["bailian"], BLOCK_TOKENS["mooncake"]
+    said = replay_cmd.BLOCK_SIZES
+    assert said == f"a block is {bailian} tokens in Bailian traces, {mooncake} in Mooncake's"
     assert set(BLOCK_TOKENS) == {"bailian", "mooncake"}
 
 
