@@ -227,18 +227,6 @@ class RawEvents:
         """The rows where ``keep`` is true (new arrays); everything else is kept."""
         return replace(self, **{name: getattr(self, name)[keep] for name in self.columns})
 
-    def then(self, later: Self) -> Self:
-        """These rows followed by ``later``'s (new arrays); everything else is this one's."""
-        if not len(self):
-            return later
-        return replace(
-            self,
-            **{
-                name: np.concatenate([getattr(self, name), getattr(later, name)])
-                for name in self.columns
-            },
-        )
-
 
 @dataclass(frozen=True, eq=False)
 class Events(RawEvents):

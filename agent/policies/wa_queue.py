@@ -22,7 +22,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import compress, islice, repeat, takewhile
-from operator import eq, ge, is_, is_not, itemgetter, neg, not_
+from operator import eq, ge, is_, is_not, neg, not_
 from typing import cast
 
 Entry = tuple[float, int, int, int]
@@ -42,12 +42,6 @@ Tails = dict[int, "Run"]
 """The release number of each queued run's last position -> the run (a hit on that
 block retires the run's tail: ``retire_tails``)."""
 
-STAMP = itemgetter(0)
-BLOCK = itemgetter(3)
-"""An entry's fields."""
-KEY_SCORE = itemgetter(0)
-KEY_ROW = itemgetter(4)
-"""A head key's fields."""
 _CHUNK = 256  # positions examined at a time when skipping stale ones
 _TRIM = 4096  # a zero queue drops its consumed prefix once it is this long and half the list
 
