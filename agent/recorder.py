@@ -8,7 +8,8 @@ publisher swaps it for the spare and turns the full one into columns (one numpy 
 batch, not per call) while the engine keeps appending. Together they never hold more than
 ``capacity`` events: when the active half is full, new events are dropped and counted,
 never waited for. It must never do I/O, block on anything but its own short lock, or
-touch numpy on the engine thread.
+build numpy arrays on the engine thread (an array an engine passes is only read, as
+Python ints).
 """
 
 from __future__ import annotations

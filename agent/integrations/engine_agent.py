@@ -216,8 +216,9 @@ class EngineAgent:
         """``block_tokens``: tokens per block hash of the engine (vLLM's hash block size,
         its ``--block-size``), which category inference counts new tokens in.
         ``whole_requests``: whether the engine reports each request whole (through
-        ``RequestReport``s, or hits and stores at one time), and whether its eviction runs
-        the document's ``supersede`` rule, both said in the heartbeat."""
+        ``RequestReport``s, or hits and stores at one time); ``supersedes_branches``:
+        whether its eviction runs the document's ``supersede`` rule; both said in the
+        heartbeat."""
         warn_of_unread_variables()  # the plugin read ``settings`` from this environment
         self.order = EngineOrder(evictor)
         self.agent = Agent(

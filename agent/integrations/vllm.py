@@ -27,10 +27,10 @@ Owns the seam into vLLM v1, and is the only kvwise module that imports vLLM:
   request (``RequestReport``) and recorded once its prompt is whole (after the
   ``allocate_slots`` that stores its last prompt block, or when it is freed), all at the
   time it first reported: the controller can rebuild each request from the events.
-  The kvwise part of each wrapped call (not vLLM's original) and the queue's calls are
-  timed on a sample (``agent.engine_time``), reported in the agent's heartbeat, but for
-  a prefix-cache reset: rare and as long as the pool, one timed reset would stand for
-  a whole sample of calls.
+  The kvwise part of the wrapped stores, hits, slot allocations and frees (not vLLM's
+  original) and the queue's calls are timed on a sample (``agent.engine_time``), reported
+  in the agent's heartbeat; the other wrappers are not (a prefix-cache reset, rare and as
+  long as the pool, would stand for a whole sample of calls if it were).
 
 vLLM loads general plugins in every process it starts (API server, engine core, workers);
 ``register`` only patches classes there, and the agent (its threads and Redis connection)

@@ -1,11 +1,12 @@
 """The ``Agent`` facade: what an engine integration calls, and the threads behind it.
 
 Owns the engine-thread hooks (``touch``, ``free``, ``evict``, ``apply_pending``), which
-drive the evictor and record raw events (slice assignments into a preallocated buffer;
-``agent.history`` resolves them on the publisher thread), plus the hit counters and the
-lifecycle of the publisher, subscriber and heartbeat threads. Every hook is O(blocks)
-C-level work on memory the agent owns; none touches the network or waits on another thread
-for more than a short lock. It must never be imported by ``agent.policies``.
+drive the evictor and record raw events (each call one run appended to the recorder's
+plain lists; ``agent.history`` resolves them on the publisher thread), plus the hit
+counters and the lifecycle of the publisher, subscriber and heartbeat threads. Every hook
+is O(blocks) C-level work on memory the agent owns; none touches the network or waits on
+another thread for more than a short lock. It must never be imported by
+``agent.policies``.
 
 Block ids are block hashes as signed 64-bit ints (vLLM: low 64 bits of the sha256 hash).
 """
