@@ -227,7 +227,7 @@ class StoredStateReader:
         holds it (its fitted categories, default and family; its overridden categories at
         their values: the pins agents apply now; its family, pinned if the selection is
         another), or empty if that is unreadable too; logged once with which, and counted.
-        A change writes them back (the store's ``_read``)."""
+        A change writes them back (``PolicyWriter.read``, ``store_writer``)."""
         base, base_news = self._part("base", lambda: self._stored_base(reader))
         overrides, overrides_news = self._part("overrides", lambda: self._stored_overrides(reader))
         pin, pin_news = self._part("pin", lambda: self._stored_pin(reader))
