@@ -1,7 +1,7 @@
 """Which evictor family to run, chosen from the shadow's figures with hysteresis.
 
 Owns ``FamilySelector``, written once for the controller (``controlplane.service``) and
-for ``kvwise replay --policy auto`` (``controlplane.replay.auto``). It is fed one
+for ``kvwise replay --policy auto`` (``controlplane.shadow.auto_replay``). It is fed one
 ``Reading`` per full window: the shadow hit ratio of every candidate family at the
 workers' capacity over that window, and says which family should be in force. The rule:
 
