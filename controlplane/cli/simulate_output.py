@@ -1,5 +1,6 @@
 """What ``kvwise simulate`` prints: its tables, its JSON document, its plot and its notes
-when the simulated fleet falls behind the arrivals or a cache of 0 blocks was asked for.
+when a cache size was one no instance evicted from, the fitted policies saw one category,
+a cache of 0 blocks was asked for, or the simulated fleet falls behind the arrivals.
 
 Owns the command's output only: it never runs a simulation, reads a trace or parses an
 option (``controlplane.cli.simulate_cmd`` does).
