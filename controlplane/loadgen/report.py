@@ -8,8 +8,8 @@ counters (``vllm:prefix_cache_hits`` over ``..._queries``) count the same tokens
 server that serves nothing else the two agree. TTFT runs from sending a request to the
 first streamed chunk with a choice, latency to the end of its stream; both include the
 client's own queueing only after the request was sent (the wait for a concurrency slot is
-``queue_wait``). Quantiles use numpy's ``inverted_cdf`` (observed values). It must never do
-I/O; the CLI renders what this returns.
+``queue_wait_s``). Quantiles use numpy's ``inverted_cdf`` (observed values). It must never
+do I/O; the CLI renders what this returns.
 """
 
 from __future__ import annotations
