@@ -3,8 +3,9 @@
 Owns how the CLI reports a user error (one red line naming the option, environment
 variable or file that was wrong, exit code 2), the parsing of comma-separated option
 values (duplicates merged, first order kept), the options several commands declare alike
-(a trace argument, ``--json``, ``--skip-bad-lines``, ``--block-tokens``, a replay's
-``--speed``; each option names itself, so every command spells it alike), loading a trace
+(a trace argument, ``--json``, ``--skip-bad-lines``, ``--block-tokens``, the ``--speed``
+of simulate and worker, which replay a trace in time: ``kvwise replay`` takes none; each
+option names itself, so every command spells it alike), loading a trace
 for a command (bad lines reported, an empty trace refused), printing a ``--json``
 document, and checking settings, Redis URLs and the configured evictor before a command
 starts anything. It must never contain command logic.
