@@ -146,14 +146,14 @@ class Steps:
 
     def __enter__(self) -> Steps:
         self._t0 = time.monotonic()
-        if self.shown and self.console.is_terminal:
-            self._status = self.console.status("", spinner="dots")
-            self._status.start()
+        if self.shown:
+            self.show_on_terminal()
         return self
 
     def show_on_terminal(self) -> None:
-        """Show the steps from now on, on a terminal only: for a command whose first step
-        has a status line of its own (reading a trace), once that step is done."""
+        """Show the steps from now on, on a terminal only: at the start for a shown
+        command, else (its first step has a status line of its own: reading a trace)
+        once that step is done."""
         if self._status is None and self.console.is_terminal:
             self._status = self.console.status("", spinner="dots")
             self._status.start()
